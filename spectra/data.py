@@ -1,0 +1,187 @@
+"""Turn a named dataset or a local file into seeded, reproducible batches of token blocks.
+
+Documents are shuffled with the seed, then either packed (`pack`: concatenated with the tokenizer's
+separator and cut into blocks of exactly n tokens including special tokens, the last partial block
+dropped) or truncated (`truncate`: one document per sequence, at most n tokens, padded in the batch).
+Tokenization is lazy: only as many documents are read as the requested samples need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .errors import SpectraError
+
+#: name → (hub path, configuration, default split, text column)
+NAMED = {
+    "imdb": ("stanfordnlp/imdb", None, "test", "text"),
+    "wikitext-103": ("Salesforce/wikitext", "wikitext-103-raw-v1", "test", "text"),
+    "wikitext-2": ("Salesforce/wikitext", "wikitext-2-raw-v1", "test", "text"),
+}
+FILE_TYPES = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+MODES = ("pack", "truncate")
+
+
+@dataclass
+class Corpus:
+    """Documents in their seeded order, and where they came from."""
+
+    name: str
+    source: str
+    split: str | None
+    text_column: str
+    documents: list[str]
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "source": self.source, "split": self.split, "text_column": self.text_column,
+                "documents": len(self.documents)}
+
+
+def _read_txt(path: Path) -> list[str]:
+    """Blank-line separated paragraphs when the file has blank lines, else one document per line."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if any(not line.strip() for line in lines[:-1]) and any(line.strip() for line in lines):
+        return [" ".join(part.split("\n")).strip() for part in text.split("\n\n")]
+    return lines
+
+
+def _read_table(path: Path, text_column: str) -> list[str]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        table = datasets.load_dataset(FILE_TYPES[path.suffix], data_files=str(path), split="train")
+    except Exception as error:  # datasets raises many types for unreadable files
+        raise SpectraError(f"could not read {path} as {path.suffix[1:]}: {str(error).splitlines()[0]}") from None
+    if text_column not in table.column_names:
+        raise SpectraError(
+            f"{path} has no column '{text_column}'; its columns are {', '.join(table.column_names)} (use --text-column)"
+        )
+    return [str(x) for x in table[text_column] if x is not None]
+
+
+def _read_named(name: str, split: str, text_column: str) -> list[str]:
+    import datasets
+
+    hub, config, _, _ = NAMED[name]
+    datasets.disable_progress_bars()
+    try:
+        table = datasets.load_dataset(hub, config, split=split)
+    except Exception as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise SpectraError(
+            f"could not load dataset '{name}' ({hub}, split {split}): {first}; with no network, "
+            "pass a local .txt/.jsonl/.csv/.parquet file instead, or set HF_DATASETS_OFFLINE=1 to use the cache"
+        ) from None
+    if text_column not in table.column_names:
+        raise SpectraError(f"dataset '{name}' has no column '{text_column}'; its columns are {', '.join(table.column_names)}")
+    return table[text_column]
+
+
+def open_corpus(data: str, *, split: str | None = None, text_column: str | None = None, seed: int = 0) -> Corpus:
+    """A named dataset (imdb, wikitext-103, wikitext-2) or a local file, its non-empty documents shuffled."""
+    path = Path(data)
+    if data in NAMED and not path.exists():
+        hub, _, default_split, default_column = NAMED[data]
+        split = split or default_split
+        column = text_column or default_column
+        documents, source = _read_named(data, split, column), hub
+        name = data
+    else:
+        if path.suffix not in FILE_TYPES:
+            if not path.exists():
+                raise SpectraError(
+                    f"data '{data}' is neither a known dataset ({', '.join(NAMED)}) nor an existing file"
+                )
+            raise SpectraError(f"cannot read {data}: use a {', '.join(FILE_TYPES)} file")
+        if not path.is_file():
+            raise SpectraError(f"data file {data} does not exist")
+        if split is not None:
+            raise SpectraError("--split applies to named datasets only, not to a local file")
+        column = text_column or "text"
+        try:
+            documents = _read_txt(path) if path.suffix == ".txt" else _read_table(path, column)
+        except (OSError, UnicodeDecodeError) as error:
+            raise SpectraError(f"could not read {data}: {error}") from None
+        source, name = str(path.resolve()), path.stem
+    documents = [doc for doc in documents if doc and doc.strip()]
+    if not documents:
+        raise SpectraError(f"data '{data}' holds no non-empty text")
+    order = np.random.default_rng(seed).permutation(len(documents))
+    return Corpus(name, source, split, column, [documents[i] for i in order])
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
+
+def _token_chunks(tokenizer, documents: list[str], chunk: int = 256) -> Iterator[list[int]]:
+    for start in range(0, len(documents), chunk):
+        yield from tokenizer(documents[start : start + chunk], add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after a single sequence (e.g. <s> … </s>, [CLS] … [SEP])."""
+    bare = tokenizer("spectra", add_special_tokens=False)["input_ids"]
+    full = tokenizer("spectra", add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return full[:start], full[start + len(bare) :]
+    raise SpectraError("cannot tell the tokenizer's special tokens apart from the text it encodes")
+
+
+def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int]]:
+    """Token id lists of the model's input, in the corpus order (see module docstring)."""
+    prefix, suffix = special_tokens(tokenizer)
+    body = n - len(prefix) - len(suffix)
+    if body < 1:
+        raise SpectraError(f"--length {n} leaves no room for text beside {len(prefix) + len(suffix)} special tokens")
+    if mode == "truncate":
+        for ids in _token_chunks(tokenizer, corpus.documents):
+            if ids:
+                yield prefix + ids[:body] + suffix
+        return
+    separator = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    buffer: list[int] = []
+    for ids in _token_chunks(tokenizer, corpus.documents):
+        buffer.extend(ids)
+        if separator is not None:
+            buffer.append(separator)
+        while len(buffer) >= body:
+            yield prefix + buffer[:body] + suffix
+            del buffer[:body]
+
+
+def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_size: int, skip: int = 0) -> Iterator[Batch]:
+    """Batches of up to `batch_size` sequences, the first `skip` sequences left out (for resuming)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pending: list[list[int]] = []
+    for index, ids in enumerate(sequences(tokenizer, corpus, n, mode)):
+        if index >= samples:
+            break
+        if index < skip:
+            continue
+        pending.append(ids)
+        if len(pending) == batch_size:
+            yield _collate(pending, pad)
+            pending = []
+    if pending:
+        yield _collate(pending, pad)
+
+
+def _collate(rows: list[list[int]], pad: int) -> Batch:
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return Batch(ids, mask)

@@ -1,0 +1,130 @@
+"""Load a model and tokenizer from a hub id or a local directory, switched to the capture attention."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
+
+from . import capture
+from .errors import SpectraError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICES = ("auto", "cpu", "cuda", "mps")
+#: families whose position ids start after the padding index, so two positions are not usable
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text"}
+
+
+@dataclass
+class Loaded:
+    """A model in eval mode on its device with the capture attention, and what describes it."""
+
+    model: PreTrainedModel
+    tokenizer: transformers.PreTrainedTokenizerBase
+    name: str
+    source: str
+    revision: str | None
+    device: torch.device
+    dtype: torch.dtype
+    layers: int
+    heads: int
+    max_length: int
+    masked_lm: bool
+
+
+def pick_device(device: str) -> torch.device:
+    """auto → cuda when present, else cpu; an explicit device must be available."""
+    if device not in DEVICES:
+        raise SpectraError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpectraError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise SpectraError("--device mps was asked for but torch sees no MPS device; use --device cpu or auto")
+    return torch.device(device)
+
+
+def _not_found(source: str) -> SpectraError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    where = "the local cache (HF_HUB_OFFLINE is set)" if offline else "the Hugging Face Hub or the local cache"
+    return SpectraError(
+        f"could not load model '{source}': no local directory of that name and not found in {where}; "
+        "pass a directory saved with save_pretrained, or download it once with network access "
+        "(then HF_HUB_OFFLINE=1 uses the cache)"
+    )
+
+
+def max_length(config: transformers.PretrainedConfig, tokenizer: transformers.PreTrainedTokenizerBase) -> int:
+    """The longest sequence the model can embed (RoBERTa-style models lose padding_idx + 1 positions)."""
+    positions = getattr(config, "max_position_embeddings", None) or 10**9
+    if config.model_type in _OFFSET_POSITIONS:
+        positions -= (config.pad_token_id or 0) + 1
+    model_max = getattr(tokenizer, "model_max_length", None)
+    if model_max and model_max < 10**6:
+        positions = min(positions, int(model_max))
+    return positions
+
+
+def load(
+    source: str,
+    *,
+    device: str = "auto",
+    dtype: str = "float32",
+    masked_lm: bool = False,
+    trust_remote_code: bool = False,
+) -> Loaded:
+    """Load `source` (hub id or directory) with the capture attention; `masked_lm` adds the MLM head."""
+    if dtype not in DTYPES:
+        raise SpectraError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    torch_device = pick_device(device)
+    path = Path(source)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise SpectraError(f"{source} is a directory but has no config.json: not a saved model (use save_pretrained)")
+    if not path.exists() and (source.startswith((".", "/", "~")) or source.count("/") > 1):
+        raise SpectraError(f"model directory {source} does not exist")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except OSError:
+        raise _not_found(source) from None
+    except ValueError as error:
+        raise SpectraError(f"could not read the config of '{source}': {str(error).splitlines()[0]}") from None
+    model_class = AutoModelForMaskedLM if masked_lm else AutoModel
+    try:
+        supports = model_class._model_mapping[type(config)]._supports_attention_backend
+    except (KeyError, AttributeError):
+        supports = None
+    if supports is False:
+        raise SpectraError(
+            f"model family '{config.model_type}' does not route attention through transformers' AttentionInterface, "
+            "so spectra cannot capture it (checked families: roberta, bert)"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = model_class.from_pretrained(
+            source, attn_implementation=capture.NAME, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+        )
+    except OSError:
+        raise _not_found(source) from None
+    except ValueError as error:
+        raise SpectraError(f"could not load '{source}' with the capture attention: {str(error).splitlines()[0]}") from None
+    model.to(torch_device).eval()
+    return Loaded(
+        model=model,
+        tokenizer=tokenizer,
+        name=path.name if path.exists() else source.split("/")[-1],
+        source=str(path.resolve()) if path.exists() else source,
+        revision=getattr(config, "_commit_hash", None),
+        device=torch_device,
+        dtype=DTYPES[dtype],
+        layers=config.num_hidden_layers,
+        heads=config.num_attention_heads,
+        max_length=max_length(config, tokenizer),
+        masked_lm=masked_lm,
+    )

@@ -1,0 +1,165 @@
+"""Singular spectra of the context mapping matrix P and their streaming summaries.
+
+For a sequence of m valid tokens, P's valid block is m×m. Padded rows and columns are zeroed, so the
+batched n×n singular values are the block's m values followed by zeros. The normalized cumulative
+curve c_i = Σ_{j≤i} σ_j / Σ_j σ_j is then resampled onto the relative grid t = j/n (j = 1…n) by linear
+interpolation through (i/m, c_i) with c_0 = 0, so curves of different lengths average index by index;
+for m = n the grid is the absolute index and nothing is interpolated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .capture import key_valid
+
+#: per-matrix summaries, in table order
+METRICS = ("sigma1", "nuclear", "stable_rank", "erank", "rank90", "rank99", "c_at", "length")
+
+
+def singular_values(p: torch.Tensor) -> torch.Tensor:
+    """Descending singular values of a batch of square matrices, in float32 or better."""
+    return torch.linalg.svdvals(p.to(torch.promote_types(p.dtype, torch.float32)))
+
+
+def masked(p: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Zero the rows and columns of padded positions: P (B, H, n, n), valid (B, n)."""
+    keep = valid[:, None, :].to(p.dtype)
+    return p * keep[..., :, None] * keep[..., None, :]
+
+
+def cumulative(sigma: torch.Tensor) -> torch.Tensor:
+    """c_i = Σ_{j≤i} σ_j / Σ_j σ_j along the last axis."""
+    total = sigma.cumsum(-1)
+    return total / total[..., -1:].clamp_min(torch.finfo(sigma.dtype).tiny)
+
+
+def resample(cum: torch.Tensor, lengths: torch.Tensor, size: int) -> torch.Tensor:
+    """Curve values at the relative grid j/size (j = 1…size) of curves whose first `lengths` values are valid.
+
+    cum (..., w) holds c_1…c_w (c_i = 1 for i ≥ m); lengths (...) holds m ≤ w. Exact integer
+    arithmetic places grid points, so m = size reproduces cum without interpolation.
+    """
+    width = cum.shape[-1]
+    padded = torch.cat([torch.zeros_like(cum[..., :1]), cum], dim=-1)  # c_0 … c_w
+    j = torch.arange(1, size + 1, device=cum.device)
+    scaled = j * lengths.to(torch.long)[..., None]  # grid point j/size sits at index scaled/size
+    lo = torch.div(scaled, size, rounding_mode="floor")
+    frac = (scaled - lo * size).to(cum.dtype) / size
+    hi = (lo + 1).clamp_max(width)
+    return padded.gather(-1, lo) * (1 - frac) + padded.gather(-1, hi) * frac
+
+
+def summarize(
+    sigma: torch.Tensor, lengths: torch.Tensor, at: int, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relative-grid curve (..., size) and per-matrix METRICS (..., len(METRICS)) from singular values.
+
+    sigma (..., w) descending, of matrices whose valid blocks are lengths (...) ≤ w; values past a
+    block's length are treated as zero. `at` is a 1-based index of the grid.
+    """
+    index = torch.arange(sigma.shape[-1], device=sigma.device)
+    sigma = torch.where(index < lengths[..., None], sigma, torch.zeros_like(sigma))
+    cum = cumulative(sigma)
+    grid = resample(cum, lengths, size)
+    nuclear = sigma.sum(-1)
+    sigma1 = sigma[..., 0]
+    share = sigma / nuclear[..., None]
+    entropy = -(share * torch.log(share.clamp_min(torch.finfo(share.dtype).tiny))).sum(-1)
+    within = index < lengths[..., None]
+    rank = [((cum < energy) & within).sum(-1) + 1 for energy in (0.9, 0.99)]
+    metrics = torch.stack(
+        [
+            sigma1,
+            nuclear,
+            (sigma**2).sum(-1) / sigma1**2,
+            torch.exp(entropy),
+            rank[0].to(sigma.dtype),
+            rank[1].to(sigma.dtype),
+            grid[..., at - 1],
+            lengths.to(sigma.dtype),
+        ],
+        dim=-1,
+    )
+    return grid, metrics
+
+
+@dataclass
+class Moments:
+    """Streaming count, sum and sum of squares in float64: mean and std without holding the samples."""
+
+    count: np.ndarray
+    total: np.ndarray
+    total_sq: np.ndarray
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...]) -> "Moments":
+        return cls(np.zeros(shape[:-1] if len(shape) > 1 else (), np.float64), np.zeros(shape), np.zeros(shape))
+
+    def add(self, index: int, x: torch.Tensor) -> None:
+        """Add samples x (S, *shape[1:]) — S along axis 0 — to slot `index` of the leading axis."""
+        x = x.detach().to("cpu", torch.float64).numpy()
+        self.count[index] += x.shape[0]
+        self.total[index] += x.sum(0)
+        self.total_sq[index] += (x * x).sum(0)
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.total / self._count()
+
+    @property
+    def std(self) -> np.ndarray:
+        """Population standard deviation over the samples (ddof = 0)."""
+        return np.sqrt(np.maximum(self.total_sq / self._count() - self.mean**2, 0.0))
+
+    def _count(self) -> np.ndarray:
+        count = np.maximum(self.count, 1)
+        return count.reshape(count.shape + (1,) * (self.total.ndim - count.ndim))
+
+    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}.count": self.count, f"{prefix}.total": self.total, f"{prefix}.total_sq": self.total_sq}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> "Moments":
+        return cls(*(np.array(arrays[f"{prefix}.{name}"]) for name in ("count", "total", "total_sq")))
+
+
+class SpectrumProbe:
+    """Streams every layer's P into per-(layer, head) moments of the curve, σ and the METRICS.
+
+    Index convention: curves are on the relative grid j/n, j = 1…n (see module docstring); `sigma`
+    keeps the absolute index with zeros past a sequence's length.
+    """
+
+    def __init__(self, layers: int, heads: int, n: int, at: int) -> None:
+        if not 1 <= at <= n:
+            raise ValueError(f"at must be in 1…{n}, got {at}")
+        self.layers, self.heads, self.n, self.at = layers, heads, n, at
+        self.cum = Moments.zeros((layers, heads, n))
+        self.sigma = Moments.zeros((layers, heads, n))
+        self.metrics = Moments.zeros((layers, heads, len(METRICS)))
+
+    def update(self, layer: int, q, k, v, mask, p: torch.Tensor) -> None:
+        batch, heads, width, _ = p.shape
+        if width > self.n or heads != self.heads:
+            raise ValueError(f"expected P of {self.heads} heads and n ≤ {self.n}, got {heads} and {width}")
+        valid = key_valid(mask, batch, width, p.device)
+        sigma = singular_values(masked(p, valid))
+        lengths = valid.sum(-1)[:, None].expand(batch, heads)
+        grid, metrics = summarize(sigma, lengths, self.at, self.n)
+        sigma = torch.where(torch.arange(width, device=p.device) < lengths[..., None], sigma, 0.0)
+        sigma = torch.nn.functional.pad(sigma, (0, self.n - width))
+        self.cum.add(layer, grid)
+        self.sigma.add(layer, sigma)
+        self.metrics.add(layer, metrics)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**self.cum.arrays("cum"), **self.sigma.arrays("sigma"), **self.metrics.arrays("metrics")}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        self.cum = Moments.from_arrays(arrays, "cum")
+        self.sigma = Moments.from_arrays(arrays, "sigma")
+        self.metrics = Moments.from_arrays(arrays, "metrics")

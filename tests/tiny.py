@@ -1,0 +1,79 @@
+"""Tiny offline models and corpora for the tests: built from configs, saved with save_pretrained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast, RobertaConfig, RobertaForMaskedLM
+
+WORDS = (
+    "the attention matrix of a pretrained transformer is low rank and a projection of keys and values "
+    "along the sequence keeps most of its spectrum while the cost grows linearly with the length "
+    "reviews of films praise the acting the plot and the music or complain about the pacing"
+).split()
+
+
+def corpus_lines(count: int, seed: int = 0) -> list[str]:
+    """Deterministic pseudo-sentences of varied length built from a small vocabulary."""
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))) for _ in range(count)]
+
+
+def write_text(path: Path, count: int = 200, seed: int = 0) -> Path:
+    path.write_text("\n".join(corpus_lines(count, seed)) + "\n")
+    return path
+
+
+def _tokenizer(kind: str) -> PreTrainedTokenizerFast:
+    if kind == "roberta":
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator(corpus_lines(300), trainers.BpeTrainer(vocab_size=120, special_tokens=specials))
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))],
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+            pad_token="<pad>", unk_token="<unk>", mask_token="<mask>",
+        )
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(corpus_lines(300), trainers.WordPieceTrainer(vocab_size=120, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]",
+        mask_token="[MASK]",
+    )
+
+
+def save_model(path: Path, kind: str = "roberta", layers: int = 2, heads: int = 4, hidden: int = 32,
+               positions: int = 64, seed: int = 0) -> Path:
+    """A randomly initialised masked-LM model with its tokenizer, saved to `path`."""
+    import torch
+
+    torch.manual_seed(seed)
+    tokenizer = _tokenizer(kind)
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=2 * hidden, pad_token_id=tokenizer.pad_token_id,
+    )
+    if kind == "roberta":
+        config = RobertaConfig(max_position_embeddings=positions + 2, bos_token_id=tokenizer.cls_token_id,
+                               eos_token_id=tokenizer.sep_token_id, **common)
+        model = RobertaForMaskedLM(config)
+    else:
+        config = BertConfig(max_position_embeddings=positions, **common)
+        model = BertForMaskedLM(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
