@@ -11,6 +11,12 @@ import typer
 
 from .errors import SpectraError
 
+try:  # typer ≥ 0.26 vendors its own copy of click
+    from typer._click.exceptions import UsageError as _TyperUsageError
+except ImportError:  # pragma: no cover - older typer raises click's own
+    _TyperUsageError = click.UsageError
+USAGE_ERRORS = (click.UsageError, _TyperUsageError)
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -67,16 +73,13 @@ def main() -> None:
     except SpectraError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except click.exceptions.Exit as done:
+    except (click.exceptions.Exit, typer.Exit) as done:
         sys.exit(done.exit_code)
-    except click.UsageError as error:
+    except USAGE_ERRORS as error:
         hint = f" (see 'spectra {error.ctx.info_name} --help')" if error.ctx and error.ctx.parent else " (see 'spectra --help')"
         print(f"error: {error.format_message()}{hint}", file=sys.stderr)
         sys.exit(2)
-    except click.Abort:
-        print("interrupted; continue later with --resume", file=sys.stderr)
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (click.Abort, typer.Abort, KeyboardInterrupt):
         print("interrupted; continue later with --resume", file=sys.stderr)
         sys.exit(130)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pandas as pd
 from rich.console import Console
@@ -15,8 +15,12 @@ out = Console()
 
 
 @contextlib.contextmanager
-def progress_bar(description: str) -> Iterator:
-    """A progress(done, total) callback drawing sequences done, sequences/s and the ETA."""
+def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress(done, total) callback drawing sequences done, sequences/s and the ETA.
+
+    The bar appears at the first call (so an input error before any work prints only its message)
+    and is erased if the block ends with an error.
+    """
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -34,11 +38,18 @@ def progress_bar(description: str) -> Iterator:
         now = bar.get_time()
         if not first:
             first.extend([now, done])
+            bar.start()
         rate = (done - first[1]) / (now - first[0]) if now > first[0] and done > first[1] else None
         bar.update(task, completed=done, total=total, rate=f"{rate:.2f}" if rate else "–")
 
-    with bar:
+    try:
         yield update
+    except BaseException:
+        bar.live.transient = True
+        raise
+    finally:
+        if first:
+            bar.stop()
 
 
 def frame_table(frame: pd.DataFrame, title: str | None = None, digits: int = 3) -> Table:

@@ -143,10 +143,10 @@ def analyze(
         changed = sorted(k for k, v in settings.comparable().items() if previous["settings"].get(k) != v)
         raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}")
 
+    corpus = data.open_corpus(data_source, split=split, text_column=text_column, seed=seed)
     loaded = models.load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     if length > loaded.max_length:
         raise SpectraError(f"--length {length} exceeds what {loaded.name} can embed ({loaded.max_length} tokens)")
-    corpus = data.open_corpus(data_source, split=split, text_column=text_column, seed=seed)
     if mode == "pack" and next(data.sequences(loaded.tokenizer, corpus, length, mode), None) is None:
         raise SpectraError(
             f"data '{data_source}' is too short to make one sequence of {length} tokens in pack mode; "
@@ -178,11 +178,11 @@ def analyze(
 
     def after_batch(seen: int) -> None:
         nonlocal last_save
-        if progress is not None:
-            progress(done + seen, samples)
         if time.perf_counter() - last_save >= checkpoint_seconds:
             target.save_checkpoint(probe.state(), done + seen, wall_seconds=elapsed + time.perf_counter() - start)
             last_save = time.perf_counter()
+        if progress is not None:
+            progress(done + seen, samples)
 
     if progress is not None:
         progress(done, samples)

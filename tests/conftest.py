@@ -1,0 +1,30 @@
+"""Shared fixtures: tiny offline models and corpora; the network is never touched."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def roberta_dir(tmp_path_factory) -> Path:
+    return tiny.save_model(tmp_path_factory.mktemp("models") / "tiny-roberta", "roberta")
+
+
+@pytest.fixture(scope="session")
+def bert_dir(tmp_path_factory) -> Path:
+    return tiny.save_model(tmp_path_factory.mktemp("models") / "tiny-bert", "bert")
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory) -> Path:
+    return tiny.write_text(tmp_path_factory.mktemp("data") / "corpus.txt", count=200)

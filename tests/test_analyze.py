@@ -1,0 +1,136 @@
+"""`spectra.analyze` end to end against eager attention + scipy, and the run directory's guarantees."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+import spectra
+from spectra import data
+from spectra.errors import SpectraError
+
+QUIET = dict(progress=None, notify=lambda line: None)
+
+
+def reference(model_dir, text_file, n, samples, mode, at, batch_size=4, seed=0):
+    """Mean curve and metric columns from eager attention weights and scipy, sequence by sequence."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    corpus = data.open_corpus(str(text_file), seed=seed)
+    curves, ranks, c_at, erank = [], [], [], []
+    for batch in data.batches(tokenizer, corpus, n, mode, samples, batch_size):
+        with torch.no_grad():
+            attentions = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               output_attentions=True).attentions
+        p_all = torch.stack(attentions, dim=1).double().numpy()  # (B, L, H, w, w)
+        for b, m in enumerate(batch.attention_mask.sum(1).tolist()):
+            sigma = np.stack([[scipy.linalg.svdvals(p[:m, :m]) for p in layer] for layer in p_all[b]])
+            cum = np.cumsum(sigma, -1) / sigma.sum(-1, keepdims=True)
+            grid = np.stack([[np.interp(np.arange(1, n + 1) / n, np.arange(m + 1) / m, np.r_[0, c]) for c in layer]
+                             for layer in cum])
+            curves.append(grid)
+            ranks.append((cum < 0.9).sum(-1) + 1)
+            c_at.append(grid[..., at - 1])
+            share = sigma / sigma.sum(-1, keepdims=True)
+            erank.append(np.exp(-(share * np.log(np.where(share > 0, share, 1))).sum(-1)))
+    return (np.mean(curves, 0), np.std(curves, 0), np.mean(ranks, 0), np.mean(c_at, 0), np.mean(erank, 0),
+            len(curves))
+
+
+@pytest.mark.parametrize("mode", ["pack", "truncate"])
+def test_run_matches_eager_and_scipy(mode, roberta_dir, text_file, tmp_path) -> None:
+    n, samples = 32, 10
+    run = spectra.analyze(str(roberta_dir), str(text_file), length=n, samples=samples, mode=mode, batch_size=4,
+                          out=tmp_path / "run", **QUIET)
+    cum_mean, cum_std, rank90, c_at, erank, count = reference(roberta_dir, text_file, n, samples, mode, at=8)
+    assert run.meta["samples"] == count == samples and run.at == 8 and run.n == n
+    assert np.abs(run.cum_mean - cum_mean).max() < 1e-5
+    assert np.abs(run.cum_std - cum_std).max() < 1e-4
+    table = run.metrics.set_index(["layer", "head"])
+    assert np.allclose(table["rank90_mean"].to_numpy().reshape(2, 4), rank90)
+    assert np.abs(table["c_at_mean"].to_numpy().reshape(2, 4) - c_at).max() < 1e-5
+    assert np.allclose(table["erank_mean"].to_numpy().reshape(2, 4), erank, rtol=1e-4)
+    assert (table["sequences"] == samples).all()
+    if mode == "truncate":
+        assert table["length_mean"].iloc[0] < n, "truncate mode should see documents shorter than n"
+    else:
+        assert (table["length_mean"] == n).all()
+
+
+def test_bert_and_python_api_round_trip(bert_dir, text_file, tmp_path) -> None:
+    run = spectra.analyze(str(bert_dir), str(text_file), length=20, samples=6, batch_size=3, at=5,
+                          out=tmp_path / "bert", **QUIET)
+    again = spectra.load_run(tmp_path / "bert")
+    assert np.array_equal(again.cum_mean, run.cum_mean)
+    assert again.metrics.equals(run.metrics)
+    meta = json.loads((tmp_path / "bert" / "run.json").read_text())
+    assert meta["model"]["layers"] == 2 and meta["model"]["heads"] == 4
+    assert meta["data"]["mode"] == "pack" and meta["settings"]["seed"] == 0 and meta["at"] == 5
+    assert {"torch", "transformers"} <= set(meta["versions"])
+    tidy = run.curves()
+    assert len(tidy) == 2 * 4 * 20 and list(tidy.columns[:3]) == ["layer", "head", "index"]
+    assert np.allclose(run.metrics["c_at_mean"], run.cum_mean[..., 4].ravel())
+
+
+def test_resume_ends_with_the_same_numbers(roberta_dir, text_file, tmp_path) -> None:
+    settings = dict(length=24, samples=14, batch_size=4, checkpoint_seconds=0.0, notify=lambda line: None)
+    whole = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "whole", progress=None, **settings)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(done, total):
+        if done >= 8:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=interrupt, **settings)
+    assert not (tmp_path / "cut").exists() and (tmp_path / "cut.partial" / "checkpoint.npz").exists()
+    with pytest.raises(SpectraError, match="--resume"):
+        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=None, **settings)
+    with pytest.raises(SpectraError, match="different samples"):
+        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=None, resume=True,
+                        **{**settings, "samples": 15})
+    seen = []
+    resumed = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", resume=True,
+                              progress=lambda done, total: seen.append(done), **settings)
+    assert seen[0] == 8 and seen[-1] == 14
+    assert np.array_equal(resumed.cum_mean, whole.cum_mean)
+    assert np.array_equal(resumed.cum_std, whole.cum_std)
+    assert resumed.metrics.equals(whole.metrics)
+    assert not (tmp_path / "cut.partial").exists()
+
+
+def test_existing_run_is_kept_until_overwrite_completes(roberta_dir, text_file, tmp_path) -> None:
+    out = tmp_path / "run"
+    first = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=out, **QUIET)
+    with pytest.raises(SpectraError, match="already exists.*--overwrite"):
+        spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, **QUIET)
+    assert spectra.load_run(out).meta["samples"] == 2
+    second = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, overwrite=True, **QUIET)
+    assert second.meta["samples"] == 3 and first.meta["samples"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_short_corpus_uses_everything_and_says_so(roberta_dir, tmp_path) -> None:
+    small = tmp_path / "small.txt"
+    small.write_text("\n".join(["the attention matrix is low rank"] * 5) + "\n")
+    lines: list[str] = []
+    run = spectra.analyze(str(roberta_dir), str(small), length=8, samples=100, mode="truncate", out=tmp_path / "r",
+                          progress=None, notify=lines.append)
+    assert run.meta["samples"] == 5
+    assert any("5 sequences of the 100" in line for line in lines)
+
+
+def test_same_seed_same_numbers_other_seed_other_sequences(roberta_dir, text_file, tmp_path) -> None:
+    args = dict(length=16, samples=4, **QUIET)
+    a = spectra.analyze(str(roberta_dir), str(text_file), seed=3, out=tmp_path / "a", **args)
+    b = spectra.analyze(str(roberta_dir), str(text_file), seed=3, out=tmp_path / "b", **args)
+    c = spectra.analyze(str(roberta_dir), str(text_file), seed=4, out=tmp_path / "c", **args)
+    assert np.array_equal(a.cum_mean, b.cum_mean)
+    assert not np.array_equal(a.cum_mean, c.cum_mean)

@@ -1,0 +1,105 @@
+"""The command line: the success path a user sees, and one clear line with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import DebertaV2Config, DebertaV2Model
+
+from spectra import cli
+
+
+def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["spectra", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_analyze_prints_the_per_layer_table(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["spectra", "analyze", str(roberta_dir), "--data", str(text_file),
+                                      "--length", "32", "--samples", "6", "--batch-size", "3"])
+    cli.main()
+    out = capsys.readouterr().out
+    assert "c@8" in out and "rank for 90%" in out and "results written to runs/tiny-roberta-corpus-n32" in out
+    meta = json.loads((workdir / "runs" / "tiny-roberta-corpus-n32" / "run.json").read_text())
+    assert meta["samples"] == 6 and meta["status"] == "complete"
+
+
+@pytest.fixture(scope="module")
+def deberta_dir(tmp_path_factory, bert_dir) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny-deberta"
+    DebertaV2Model(DebertaV2Config(vocab_size=120, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32)).save_pretrained(path)
+    return path
+
+
+def bad_inputs(roberta_dir: Path, text_file: Path, deberta_dir: Path, tmp: Path) -> dict[str, tuple[list[str], str]]:
+    (tmp / "not-a-model").mkdir()
+    (tmp / "empty.txt").write_text("\n\n")
+    (tmp / "short.txt").write_text("low rank\n")
+    (tmp / "reviews.jsonl").write_text('{"body": "a review"}\n')
+    (tmp / "exists").mkdir()
+    model, corpus = str(roberta_dir), ["--data", str(text_file)]
+    return {
+        "unknown model": (["no-such-org/no-such-model", *corpus], "could not load model 'no-such-org/no-such-model'"),
+        "not a model dir": ([str(tmp / "not-a-model"), *corpus], "has no config.json"),
+        "uncapturable": ([str(deberta_dir), *corpus], "'deberta-v2' does not route attention"),
+        "missing file": ([model, "--data", str(tmp / "missing.txt")], "does not exist"),
+        "unknown dataset": ([model, "--data", "imbd"], "neither a known dataset"),
+        "missing column": ([model, "--data", str(tmp / "reviews.jsonl")], "no column 'text'; its columns are body"),
+        "empty corpus": ([model, "--data", str(tmp / "empty.txt")], "no non-empty text"),
+        "too short to pack": ([model, "--data", str(tmp / "short.txt"), "--length", "32"], "too short to make one"),
+        "length too long": ([model, *corpus, "--length", "100"], "exceeds what tiny-roberta can embed (64"),
+        "length too small": ([model, *corpus, "--length", "1"], "--length must be at least 2"),
+        "no samples": ([model, *corpus, "--samples", "0"], "--samples must be at least 1"),
+        "at outside": ([model, *corpus, "--length", "16", "--at", "17"], "--at must be an index in 1…16"),
+        "bad mode": ([model, *corpus, "--mode", "chunk"], "unknown --mode 'chunk'"),
+        "bad dtype": ([model, *corpus, "--dtype", "float8"], "unknown dtype 'float8'"),
+        "no cuda": ([model, *corpus, "--device", "cuda"], "no CUDA device"),
+        "existing out": ([model, *corpus, "--out", str(tmp / "exists")], "already exists; pass --overwrite"),
+        "not a number": ([model, *corpus, "--samples", "many"], "Invalid value for '--samples'"),
+    }
+
+
+CASES = ["unknown model", "not a model dir", "uncapturable", "missing file", "unknown dataset", "missing column",
+         "empty corpus", "too short to pack", "length too long", "length too small", "no samples", "at outside",
+         "bad mode", "bad dtype", "no cuda", "existing out", "not a number"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_exit_2(case, roberta_dir, text_file, deberta_dir, workdir, monkeypatch, capsys):
+    if case == "no cuda" and __import__("torch").cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    args, message = bad_inputs(roberta_dir, text_file, deberta_dir, workdir)[case]
+    before = sorted(p.name for p in workdir.rglob("*"))
+    code, out, err = run_cli(["analyze", *args, "--samples" if "--samples" not in args else "--seed", "2"],
+                             monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0]
+    assert "Traceback" not in err + out
+    assert sorted(p.name for p in workdir.rglob("*")) == before, "nothing may be written"
+
+
+def test_entry_point_runs_as_a_program(tmp_path, text_file) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "spectra.cli", "analyze", str(tmp_path / "nowhere"), "--data",
+                           str(text_file)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: model directory {tmp_path / 'nowhere'} does not exist"
+    assert subprocess.run([sys.executable, "-m", "spectra.cli", "--help"], capture_output=True).returncode == 0

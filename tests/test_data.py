@@ -1,0 +1,90 @@
+"""Corpus reading, seeded shuffling, and the pack/truncate semantics of token blocks."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from transformers import AutoTokenizer
+
+from spectra import data
+from spectra.errors import SpectraError
+
+
+def test_txt_lines_and_paragraphs(tmp_path) -> None:
+    lines = tmp_path / "lines.txt"
+    lines.write_text("first document\nsecond one\nthird\n")
+    paragraphs = tmp_path / "para.txt"
+    paragraphs.write_text("a first\nparagraph\n\nthe second\n")
+    assert sorted(data.open_corpus(str(lines)).documents) == ["first document", "second one", "third"]
+    assert sorted(data.open_corpus(str(paragraphs)).documents) == ["a first paragraph", "the second"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_tables_with_text_column(tmp_path, suffix) -> None:
+    frame = pd.DataFrame({"id": [1, 2, 3], "body": ["one review", "another review", "a third"]})
+    path = tmp_path / f"reviews{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in frame.to_dict("records")))
+    elif suffix == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path)
+    corpus = data.open_corpus(str(path), text_column="body")
+    assert sorted(corpus.documents) == sorted(frame["body"])
+    with pytest.raises(SpectraError, match="no column 'text'.*id, body"):
+        data.open_corpus(str(path))
+
+
+def test_shuffle_is_seeded(text_file) -> None:
+    a = data.open_corpus(str(text_file), seed=1).documents
+    assert a == data.open_corpus(str(text_file), seed=1).documents
+    assert a != data.open_corpus(str(text_file), seed=2).documents
+    assert sorted(a) == sorted(line for line in text_file.read_text().splitlines() if line.strip())
+
+
+def test_pack_makes_exact_blocks_of_the_separated_stream(roberta_dir, text_file) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(roberta_dir)
+    corpus = data.open_corpus(str(text_file), seed=0)
+    n = 24
+    blocks = list(data.sequences(tokenizer, corpus, n, "pack"))
+    stream = []
+    for doc in corpus.documents:
+        stream += tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+    assert all(len(b) == n for b in blocks)
+    assert all(b[0] == tokenizer.cls_token_id and b[-1] == tokenizer.sep_token_id for b in blocks)
+    bodies = [token for b in blocks for token in b[1:-1]]
+    assert bodies == stream[: len(bodies)] and len(stream) - len(bodies) < n - 2
+    batches = list(data.batches(tokenizer, corpus, n, "pack", samples=10, batch_size=4))
+    assert [b.input_ids.shape for b in batches] == [(4, n), (4, n), (2, n)]
+    assert bool(batches[0].attention_mask.all())
+    resumed = list(data.batches(tokenizer, corpus, n, "pack", samples=10, batch_size=4, skip=4))
+    assert all((a.input_ids == b.input_ids).all() for a, b in zip(resumed, batches[1:]))
+
+
+def test_truncate_makes_one_padded_sequence_per_document(bert_dir, text_file) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(bert_dir)
+    corpus = data.open_corpus(str(text_file), seed=0)
+    n = 16
+    sequences = list(data.sequences(tokenizer, corpus, n, "truncate"))
+    assert len(sequences) == len(corpus.documents)
+    for ids, doc in zip(sequences, corpus.documents):
+        assert ids == tokenizer(doc, truncation=True, max_length=n)["input_ids"]
+    batch = next(data.batches(tokenizer, corpus, n, "truncate", samples=8, batch_size=8))
+    lengths = [len(s) for s in sequences[:8]]
+    assert batch.attention_mask.sum(1).tolist() == lengths
+    assert batch.input_ids.shape == (8, max(lengths))
+
+
+def test_bad_sources(tmp_path) -> None:
+    with pytest.raises(SpectraError, match="neither a known dataset"):
+        data.open_corpus("no-such-corpus")
+    with pytest.raises(SpectraError, match="does not exist"):
+        data.open_corpus(str(tmp_path / "missing.txt"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    with pytest.raises(SpectraError, match="no non-empty text"):
+        data.open_corpus(str(empty))
+    with pytest.raises(SpectraError, match="imdb.*HF_DATASETS_OFFLINE"):
+        data.open_corpus("imdb")
