@@ -44,12 +44,14 @@ _state = _State()
 
 
 def _layer_index(module: nn.Module) -> int:
+    """module.layer_idx, or for models without it (DistilBERT, ALBERT) the call's position in the forward pass."""
     layer = getattr(module, "layer_idx", None)
-    if layer is None:
-        raise RuntimeError(
-            f"{type(module).__name__} has no layer_idx; spectra needs it to tell layers apart"
-        )
-    return int(layer)
+    if layer is not None:
+        return int(layer)
+    layers = getattr(getattr(module, "config", None), "num_hidden_layers", None)
+    if not layers:
+        raise RuntimeError(f"{type(module).__name__} has neither layer_idx nor config.num_hidden_layers")
+    return _state.calls % layers
 
 
 def spectra_attention(
@@ -77,7 +79,7 @@ def spectra_attention(
         scores = scores + mask
     p = nn.functional.softmax(scores, dim=-1)
 
-    layer = _layer_index(module)
+    layer = _layer_index(module)  # before counting this call
     _state.calls += 1
     _state.layers_seen.add(layer)
     for probe in _state.probes:

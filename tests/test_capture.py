@@ -94,3 +94,44 @@ def test_no_probe_state_leaks_out_of_the_block(roberta_dir) -> None:
             pass
         model(**tokenizer(TEXTS[:1], return_tensors="pt"))
     assert recorder.seen == {}
+
+
+FAMILIES = {
+    "bert": {},
+    "roberta": {"max_position_embeddings": 66},
+    "xlm-roberta": {"max_position_embeddings": 66},
+    "electra": {"embedding_size": 32},
+    "albert": {"embedding_size": 16},  # one attention module shared by all layers, no layer_idx
+    "distilbert": {"dim": 32, "hidden_dim": 64, "n_layers": 3, "n_heads": 4},  # no layer_idx
+    "modernbert": {"global_attn_every_n_layers": 1, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                   "cls_token_id": 1, "sep_token_id": 2},
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_encoder_families_capture_like_eager(family) -> None:
+    import copy
+
+    from transformers import AutoConfig
+
+    sizes = {"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+             "intermediate_size": 64}
+    if family == "distilbert":
+        sizes = {"vocab_size": 100}
+    config = AutoConfig.for_model(family, **sizes, **FAMILIES[family])
+    torch.manual_seed(0)
+    spectra_model = AutoModel.from_config(copy.deepcopy(config), attn_implementation=capture.NAME).eval()
+    eager_model = AutoModel.from_config(copy.deepcopy(config), attn_implementation="eager").eval()
+    eager_model.load_state_dict(spectra_model.state_dict())
+    ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    recorder = Recorder()
+    with torch.no_grad():
+        with capture.capturing([recorder]):
+            got = spectra_model(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = eager_model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert torch.equal(got, want.last_hidden_state)
+    assert sorted(recorder.seen) == [0, 1, 2]
+    for layer, p in enumerate(want.attentions):
+        assert torch.equal(recorder.seen[layer][4], p)
