@@ -1,11 +1,15 @@
-"""The one loop every analysis shares: model → token blocks → forward with capture → probes → run directory."""
+"""The one loop every analysis shares: model → token blocks → forward with capture → probes → run directory.
+
+`execute` is that loop; `analyze` (and later `theorems`, `approx`) are short functions that pick the
+probe and turn its state into tables.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 import pandas as pd
@@ -18,6 +22,14 @@ from .spectrum import METRICS, SpectrumProbe
 
 #: progress(done, total) after every batch; total is the requested number of sequences
 Progress = Callable[[int, int], None]
+
+
+class Resumable(capture.Probe, Protocol):
+    """A probe whose whole state is a dict of arrays, so a run can checkpoint and resume it."""
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None: ...
 
 
 @dataclass
@@ -33,10 +45,8 @@ class Settings:
     seed: int = 0
     split: str | None = None
     text_column: str | None = None
-    at: int | None = None
     device: str = "auto"
     dtype: str = "float32"
-    trust_remote_code: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -48,28 +58,19 @@ class Settings:
             raise SpectraError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.mode not in data.MODES:
             raise SpectraError(f"unknown --mode '{self.mode}'; use one of {', '.join(data.MODES)}")
-        if self.at is not None and not 1 <= self.at <= self.length:
-            raise SpectraError(f"--at must be an index in 1…{self.length} (the sequence length), got {self.at}")
 
-    def comparable(self) -> dict[str, Any]:
-        """The settings recorded in run.json; all must match for a checkpoint to be resumed."""
-        keep = dict(vars(self))
-        keep.pop("trust_remote_code")
-        return keep
-
-
-def default_out(settings: Settings) -> Path:
-    model = Path(settings.model).name or settings.model
-    corpus = Path(settings.data).stem if Path(settings.data).suffix else settings.data
-    return Path("runs") / f"{model.split('/')[-1]}-{corpus}-n{settings.length}"
+    def default_out(self, kind: str) -> Path:
+        model = Path(self.model).name or self.model
+        corpus = Path(self.data).stem if Path(self.data).suffix else self.data
+        suffix = "" if kind == "analyze" else f"-{kind}"
+        return Path("runs") / f"{model}-{corpus}-n{self.length}{suffix}"
 
 
 def _versions() -> dict[str, str]:
     import importlib.metadata as metadata
 
-    names = ("spectra-attention", "torch", "transformers", "datasets", "numpy")
     found = {}
-    for name in names:
+    for name in ("spectra-attention", "torch", "transformers", "datasets", "numpy"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -92,16 +93,98 @@ def run_probes(
             loaded.model(
                 input_ids=batch.input_ids.to(loaded.device), attention_mask=batch.attention_mask.to(loaded.device)
             )
-        if state.calls == 0 or len(state.layers_seen) != loaded.layers:
+        if len(state.layers_seen) != loaded.layers:
             raise SpectraError(
                 f"the model's attention did not go through transformers' AttentionInterface "
-                f"({len(state.layers_seen)} of {loaded.layers} layers seen), so spectra cannot capture it "
-                f"(checked families: roberta, bert)"
+                f"({len(state.layers_seen)} of {loaded.layers} layers seen), so spectra cannot capture it"
             )
         seen += batch.input_ids.shape[0]
         if after_batch is not None:
             after_batch(seen)
     return seen
+
+
+def execute(
+    kind: str,
+    settings: Settings,
+    make_probe: Callable[[models.Loaded], Resumable],
+    results: Callable[[Resumable], tuple[dict[str, pd.DataFrame], dict[str, dict[str, np.ndarray]]]],
+    *,
+    out: str | Path | None,
+    overwrite: bool,
+    resume: bool,
+    trust_remote_code: bool,
+    progress: Progress | None,
+    notify: Callable[[str], None],
+    checkpoint_seconds: float,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Validate everything, stream the sequences through the probe, write the run; returns its path.
+
+    Nothing touches the disk until the first checkpoint, so bad input leaves no trace.
+    """
+    settings.check()
+    target = RunDir(out or settings.default_out(kind), overwrite=overwrite, resume=resume)
+    if target.complete:
+        notify(f"{target.out} is already complete; loading it")
+        return target.out
+    recorded = asdict(settings)
+    previous = target.checkpoint_meta()
+    if previous is not None and previous["settings"] != recorded:
+        changed = sorted(key for key, value in recorded.items() if previous["settings"].get(key) != value)
+        raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}")
+
+    corpus = data.open_corpus(settings.data, split=settings.split, text_column=settings.text_column, seed=settings.seed)
+    loaded = models.load(settings.model, device=settings.device, dtype=settings.dtype,
+                         trust_remote_code=trust_remote_code)
+    n = settings.length
+    if n > loaded.max_length:
+        raise SpectraError(f"--length {n} exceeds what {loaded.name} can embed ({loaded.max_length} tokens)")
+    if settings.mode == "pack" and next(data.sequences(loaded.tokenizer, corpus, n, "pack"), None) is None:
+        raise SpectraError(
+            f"data '{settings.data}' is too short to make one sequence of {n} tokens in pack mode; "
+            "use a smaller --length, more text or --mode truncate"
+        )
+
+    probe = make_probe(loaded)
+    record: dict[str, Any] = {
+        "kind": kind,
+        "settings": recorded,
+        "model": {"name": loaded.name, "source": loaded.source, "revision": loaded.revision,
+                  "layers": loaded.layers, "heads": loaded.heads},
+        "data": {**corpus.describe(), "mode": settings.mode},
+        "n": n,
+        **(meta or {}),
+        "device": str(loaded.device),
+        "dtype": settings.dtype,
+        "versions": _versions(),
+    }
+    done, elapsed = 0, 0.0
+    if previous is not None:
+        state, done = target.load_checkpoint()
+        probe.load_state(state)
+        elapsed = float(previous.get("wall_seconds", 0.0))
+        notify(f"resuming {target.partial} after {done} sequences")
+    target.begin(record)
+    start = last_save = time.perf_counter()
+
+    def after_batch(seen: int) -> None:
+        nonlocal last_save
+        if time.perf_counter() - last_save >= checkpoint_seconds:
+            target.save_checkpoint(probe.state(), done + seen, wall_seconds=elapsed + time.perf_counter() - start)
+            last_save = time.perf_counter()
+        if progress is not None:
+            progress(done + seen, settings.samples)
+
+    if progress is not None:
+        progress(done, settings.samples)
+    stream = data.batches(loaded.tokenizer, corpus, n, settings.mode, settings.samples, settings.batch_size, skip=done)
+    processed = done + run_probes(loaded, stream, [probe], after_batch=after_batch)
+    if processed < settings.samples:
+        notify(f"the corpus yields {processed} sequences of the {settings.samples} asked for; all of them were used")
+    record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - start)
+    tables, arrays = results(probe)
+    return target.finish(record, tables, arrays)
 
 
 def analyze(
@@ -130,76 +213,24 @@ def analyze(
 
     Returns the loaded run; see `spectra.runs.Run` for its tables and curves.
     """
-    settings = Settings(model, data_source, length, samples, mode, batch_size, seed, split, text_column, at,
-                        device, dtype, trust_remote_code)
-    settings.check()
-    settings.at = at or max(1, length // 4)
-    target = RunDir(out or default_out(settings), overwrite=overwrite, resume=resume)
-    if target.complete:
-        notify(f"{target.out} is already complete; loading it")
-        return load_run(target.out)
-    previous = target.checkpoint_meta()
-    if previous is not None and previous["settings"] != settings.comparable():
-        changed = sorted(k for k, v in settings.comparable().items() if previous["settings"].get(k) != v)
-        raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}")
-
-    corpus = data.open_corpus(data_source, split=split, text_column=text_column, seed=seed)
-    loaded = models.load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-    if length > loaded.max_length:
-        raise SpectraError(f"--length {length} exceeds what {loaded.name} can embed ({loaded.max_length} tokens)")
-    if mode == "pack" and next(data.sequences(loaded.tokenizer, corpus, length, mode), None) is None:
-        raise SpectraError(
-            f"data '{data_source}' is too short to make one sequence of {length} tokens in pack mode; "
-            "use a smaller --length, more text or --mode truncate"
-        )
-
-    probe = SpectrumProbe(loaded.layers, loaded.heads, length, settings.at)
-    meta: dict[str, Any] = {
-        "kind": "analyze",
-        "settings": settings.comparable(),
-        "model": {"name": loaded.name, "source": loaded.source, "revision": loaded.revision,
-                  "layers": loaded.layers, "heads": loaded.heads},
-        "data": {**corpus.describe(), "mode": mode},
-        "n": length,
-        "at": settings.at,
-        "device": str(loaded.device),
-        "dtype": dtype,
-        "versions": _versions(),
-    }
-    done, elapsed = 0, 0.0
-    if previous is not None:
-        state, done = target.load_checkpoint()
-        probe.load_state(state)
-        elapsed = float(previous.get("wall_seconds", 0.0))
-        notify(f"resuming {target.partial} after {done} sequences")
-    target.begin(meta)
-
-    start, last_save = time.perf_counter(), time.perf_counter()
-
-    def after_batch(seen: int) -> None:
-        nonlocal last_save
-        if time.perf_counter() - last_save >= checkpoint_seconds:
-            target.save_checkpoint(probe.state(), done + seen, wall_seconds=elapsed + time.perf_counter() - start)
-            last_save = time.perf_counter()
-        if progress is not None:
-            progress(done + seen, samples)
-
-    if progress is not None:
-        progress(done, samples)
-    stream = data.batches(loaded.tokenizer, corpus, length, mode, samples, batch_size, skip=done)
-    processed = done + run_probes(loaded, stream, [probe], after_batch=after_batch)
-    if processed < samples:
-        notify(f"the corpus yields {processed} sequences of the {samples} asked for; all of them were used")
-
-    meta.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - start)
-    target.finish(meta, {"metrics.csv": metrics_table(probe)}, {"curves.npz": curves_arrays(probe)})
-    return load_run(target.out)
+    if at is not None and not 1 <= at <= length:
+        raise SpectraError(f"--at must be an index in 1…{length} (the sequence length), got {at}")
+    at = at or max(1, length // 4)
+    settings = Settings(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
+                        extra={"at": at})
+    path = execute(
+        "analyze", settings,
+        make_probe=lambda loaded: SpectrumProbe(loaded.layers, loaded.heads, length, at),
+        results=lambda probe: ({"metrics.csv": metrics_table(probe)}, {"curves.npz": curves_arrays(probe)}),
+        out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
+        notify=notify, checkpoint_seconds=checkpoint_seconds, meta={"at": at},
+    )
+    return load_run(path)
 
 
 def metrics_table(probe: SpectrumProbe) -> pd.DataFrame:
     """One row per (layer, head): sequences, then mean and std of every metric."""
-    layers, heads = probe.layers, probe.heads
-    layer, head = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
+    layer, head = np.meshgrid(np.arange(probe.layers), np.arange(probe.heads), indexing="ij")
     columns: dict[str, np.ndarray] = {
         "layer": layer.ravel(),
         "head": head.ravel(),
