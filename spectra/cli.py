@@ -61,8 +61,8 @@ def analyze(
         )
     per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
     per_layer.columns = ["layer", f"c@{run.at}", "rank for 90%"]
-    title = f"{run.label}, n = {run.n}, {run.meta['samples']} sequences (mean over {run.heads} heads)"
-    stdout.print(frame_table(per_layer, title))
+    stdout.print(f"{run.label}: n = {run.n}, {run.meta['samples']} sequences, mean over {run.heads} heads per layer")
+    stdout.print(frame_table(per_layer))
     stdout.print(f"results written to {run.path}")
 
 

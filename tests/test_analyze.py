@@ -134,3 +134,12 @@ def test_same_seed_same_numbers_other_seed_other_sequences(roberta_dir, text_fil
     c = spectra.analyze(str(roberta_dir), str(text_file), seed=4, out=tmp_path / "c", **args)
     assert np.array_equal(a.cum_mean, b.cum_mean)
     assert not np.array_equal(a.cum_mean, c.cum_mean)
+
+
+def test_bfloat16_forward_keeps_float32_spectra(roberta_dir, text_file, tmp_path) -> None:
+    args = dict(length=16, samples=4, **QUIET)
+    full = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "f32", **args)
+    half = spectra.analyze(str(roberta_dir), str(text_file), dtype="bfloat16", out=tmp_path / "bf16", **args)
+    assert half.meta["dtype"] == "bfloat16" and half.cum_mean.dtype == np.float64
+    assert np.abs(half.cum_mean - full.cum_mean).max() < 0.05
+    assert not np.array_equal(half.cum_mean, full.cum_mean)

@@ -88,3 +88,28 @@ def test_bad_sources(tmp_path) -> None:
         data.open_corpus(str(empty))
     with pytest.raises(SpectraError, match="imdb.*HF_DATASETS_OFFLINE"):
         data.open_corpus("imdb")
+
+
+@pytest.mark.parametrize(
+    "name, hub, config",
+    [("imdb", "stanfordnlp/imdb", None), ("wikitext-103", "Salesforce/wikitext", "wikitext-103-raw-v1"),
+     ("wikitext-2", "Salesforce/wikitext", "wikitext-2-raw-v1")],
+)
+def test_named_datasets_load_from_the_hub_ids(name, hub, config, monkeypatch) -> None:
+    """The hub path, configuration and default split of each named dataset (the hub itself is stubbed)."""
+    import datasets
+
+    calls = []
+
+    def fake_load(path, name=None, split=None):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_dict({"text": ["", " = Heading = ", "a paragraph of text"], "label": [0, 1, 0]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    corpus = data.open_corpus(name)
+    assert calls == [(hub, config, "test")]
+    assert sorted(corpus.documents) == [" = Heading = ", "a paragraph of text"]
+    data.open_corpus(name, split="train")
+    assert calls[-1] == (hub, config, "train")
+    with pytest.raises(SpectraError, match="no column 'body'"):
+        data.open_corpus(name, text_column="body")
