@@ -21,10 +21,11 @@ NAME = "spectra"
 
 
 class Probe(Protocol):
-    """A streaming reducer fed once per layer and forward pass."""
+    """A streaming reducer fed once per layer and forward pass; `scaling` is the layer's score scale (1/√d)."""
 
     def update(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: torch.Tensor
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+        p: torch.Tensor, *, scaling: float,
     ) -> None: ...
 
 
@@ -83,7 +84,7 @@ def spectra_attention(
     _state.calls += 1
     _state.layers_seen.add(layer)
     for probe in _state.probes:
-        probe.update(layer, q, k, v, mask, p)
+        probe.update(layer, q, k, v, mask, p, scaling=scaling)
 
     out = None
     if _state.substitute is not None:

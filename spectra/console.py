@@ -52,11 +52,43 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
             bar.stop()
 
 
+def _header(label: str) -> str:
+    """Method labels headed on two short lines: linformer(headwise) → lin / (head), pool-mean → pool / mean."""
+    label = label.replace("linformer(", "lin(").replace("(headwise)", "(head)").replace("(layerwise)", "(layer)")
+    return label.replace("(", "\n(").replace("pool-", "pool\n")
+
+
 def frame_table(frame: pd.DataFrame, title: str | None = None, digits: int = 3) -> Table:
     """A rich table of a DataFrame, floats rounded to `digits`."""
     table = Table(title=title, title_justify="left")
     for column in frame.columns:
-        table.add_column(str(column), justify="right")
+        table.add_column(_header(str(column)), justify="right")
     for row in frame.itertuples(index=False):
         table.add_row(*(f"{x:.{digits}f}" if isinstance(x, float) else str(x) for x in row))
     return table
+
+
+def print_approx(run) -> None:
+    """The per-layer error table of an approx run (one per budget), the k plan, and the end-to-end lines."""
+    per_layer = run.per_layer("out_err")
+    methods = list(dict.fromkeys(per_layer["method"]))
+    for budget, rows in per_layer.groupby("budget", sort=True):
+        wide = rows.pivot(index="layer", columns="method", values="out_err")[methods].reset_index()
+        out.print(f"{run.label}, k = {budget}: relative head-output error ‖PV − Ṽ‖/‖PV‖ "
+                  "(mean over sequences and heads)", soft_wrap=True)
+        out.print(frame_table(wide))
+    if any(label.startswith("linformer(") for label in methods):
+        out.print("lin(s) = linformer with sharing s: none, head(wise), kv, layer(wise)")
+    if len(run.meta["budgets"]) > 1:
+        plan = run.k_needed().pivot(index="layer", columns="method", values="k_needed")[methods].reset_index()
+        plan = plan.astype(object).where(plan.notna(), "—")
+        out.print(f"smallest k in the sweep with mean error ≤ {run.meta['target']} per layer")
+        out.print(frame_table(plan, digits=0))
+    if run.end_to_end is not None:
+        layers = run.end_to_end["layers"].iloc[0]
+        out.print(f"end to end (layers {layers} substituted):")
+        for row in run.end_to_end.itertuples(index=False):
+            line = f"  {row.method}, k={row.budget}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
+            if "ppl" in run.end_to_end.columns:
+                line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({row.ppl_change:+.0%})"
+            out.print(line, soft_wrap=True)

@@ -59,6 +59,11 @@ def _not_found(source: str) -> SpectraError:
     )
 
 
+def has_masked_lm_head(config: transformers.PretrainedConfig) -> bool:
+    """Whether the checkpoint was saved with a masked-LM head (its architectures say so)."""
+    return any(name.endswith(("ForMaskedLM", "ForPreTraining")) for name in config.architectures or ())
+
+
 def max_length(config: transformers.PretrainedConfig, tokenizer: transformers.PreTrainedTokenizerBase) -> int:
     """The longest sequence the model can embed (RoBERTa-style models lose padding_idx + 1 positions)."""
     positions = getattr(config, "max_position_embeddings", None) or 10**9
@@ -78,7 +83,11 @@ def load(
     masked_lm: bool = False,
     trust_remote_code: bool = False,
 ) -> Loaded:
-    """Load `source` (hub id or directory) with the capture attention; `masked_lm` adds the MLM head."""
+    """Load `source` (hub id or directory) with the capture attention.
+
+    `masked_lm` asks for the masked-LM head; it is loaded only when the checkpoint has one (see
+    `Loaded.masked_lm`), never freshly initialised.
+    """
     if dtype not in DTYPES:
         raise SpectraError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
     torch_device = pick_device(device)
@@ -95,6 +104,7 @@ def load(
         raise _not_found(source) from None
     except ValueError as error:
         raise SpectraError(f"could not read the config of '{source}': {str(error).splitlines()[0]}") from None
+    masked_lm = masked_lm and has_masked_lm_head(config)
     model_class = AutoModelForMaskedLM if masked_lm else AutoModel
     try:
         supports = model_class._model_mapping[type(config)]._supports_attention_backend

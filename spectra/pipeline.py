@@ -17,7 +17,9 @@ import torch
 
 from . import capture, data, models
 from .errors import SpectraError
-from .runs import Run, RunDir, load_run
+from .approximate import HeadProbe, check_budgets, expand_methods, substitute
+from .endtoend import EndToEnd
+from .runs import ApproxRun, Run, RunDir, load_run
 from .spectrum import METRICS, SpectrumProbe
 
 #: progress(done, total) after every batch; total is the requested number of sequences
@@ -78,26 +80,45 @@ def _versions() -> dict[str, str]:
     return found
 
 
+def forward(
+    loaded: models.Loaded,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    probes: Iterable[capture.Probe] = (),
+    substitute: capture.Substitute | None = None,
+):
+    """One forward pass with capture active; checks every layer went through the capture attention."""
+    with torch.inference_mode(), capture.capturing(list(probes), substitute) as state:
+        outputs = loaded.model(input_ids=input_ids.to(loaded.device), attention_mask=attention_mask.to(loaded.device),
+                               output_hidden_states=loaded.masked_lm)
+    if len(state.layers_seen) != loaded.layers:
+        raise SpectraError(
+            f"the model's attention did not go through transformers' AttentionInterface "
+            f"({len(state.layers_seen)} of {loaded.layers} layers seen), so spectra cannot capture it"
+        )
+    return outputs
+
+
+#: step(loaded, batch, start, forward): extra work per batch, e.g. substituted forward passes
+Step = Callable[[models.Loaded, data.Batch, int, Callable[..., Any]], None]
+
+
 def run_probes(
     loaded: models.Loaded,
     batches: Iterable[data.Batch],
     probes: list[capture.Probe],
     *,
     after_batch: Callable[[int], None] | None = None,
-    substitute: capture.Substitute | None = None,
+    step: Step | None = None,
+    start: int = 0,
 ) -> int:
-    """Forward every batch with capture active; returns the number of sequences seen."""
+    """Forward every batch with the probes active (then `step`, if any); returns the sequences seen."""
     seen = 0
     for batch in batches:
-        with torch.inference_mode(), capture.capturing(probes, substitute) as state:
-            loaded.model(
-                input_ids=batch.input_ids.to(loaded.device), attention_mask=batch.attention_mask.to(loaded.device)
-            )
-        if len(state.layers_seen) != loaded.layers:
-            raise SpectraError(
-                f"the model's attention did not go through transformers' AttentionInterface "
-                f"({len(state.layers_seen)} of {loaded.layers} layers seen), so spectra cannot capture it"
-            )
+        forward(loaded, batch.input_ids, batch.attention_mask, probes)
+        if step is not None:
+            step(loaded, batch, start + seen,
+                 lambda ids, mask, substitute: forward(loaded, ids, mask, (), substitute))
         seen += batch.input_ids.shape[0]
         if after_batch is not None:
             after_batch(seen)
@@ -117,7 +138,9 @@ def execute(
     progress: Progress | None,
     notify: Callable[[str], None],
     checkpoint_seconds: float,
-    meta: dict[str, Any] | None = None,
+    meta: dict[str, Any] | Callable[[models.Loaded], dict[str, Any]] | None = None,
+    masked_lm: bool = False,
+    step: Callable[[Resumable], Step | None] | None = None,
 ) -> Path:
     """Validate everything, stream the sequences through the probe, write the run; returns its path.
 
@@ -135,7 +158,7 @@ def execute(
         raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}")
 
     corpus = data.open_corpus(settings.data, split=settings.split, text_column=settings.text_column, seed=settings.seed)
-    loaded = models.load(settings.model, device=settings.device, dtype=settings.dtype,
+    loaded = models.load(settings.model, device=settings.device, dtype=settings.dtype, masked_lm=masked_lm,
                          trust_remote_code=trust_remote_code)
     n = settings.length
     if n > loaded.max_length:
@@ -154,7 +177,7 @@ def execute(
                   "layers": loaded.layers, "heads": loaded.heads},
         "data": {**corpus.describe(), "mode": settings.mode},
         "n": n,
-        **(meta or {}),
+        **((meta(loaded) if callable(meta) else meta) or {}),
         "device": str(loaded.device),
         "dtype": settings.dtype,
         "versions": _versions(),
@@ -179,7 +202,8 @@ def execute(
     if progress is not None:
         progress(done, settings.samples)
     stream = data.batches(loaded.tokenizer, corpus, n, settings.mode, settings.samples, settings.batch_size, skip=done)
-    processed = done + run_probes(loaded, stream, [probe], after_batch=after_batch)
+    processed = done + run_probes(loaded, stream, [probe], after_batch=after_batch,
+                                  step=step(probe) if step else None, start=done)
     if processed < settings.samples:
         notify(f"the corpus yields {processed} sequences of the {settings.samples} asked for; all of them were used")
     record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - start)
@@ -251,3 +275,119 @@ def curves_arrays(probe: SpectrumProbe) -> dict[str, np.ndarray]:
         "sigma_mean": probe.sigma.mean,
         "sigma_std": probe.sigma.std,
     }
+
+
+DEFAULT_METHODS = ("svd", "jl", "linformer", "pool-mean", "pool-max")
+
+
+def parse_layers(text: str | None) -> list[int] | None:
+    """'6-11' or '0,3,5-7' → sorted layer indices (0-based); None or 'all' → None (every layer)."""
+    if text is None or text.strip() in ("", "all"):
+        return None
+    layers: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            layers.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise SpectraError(f"--layers '{text}' is not a list of layers like 6-11 or 0,3,5-7") from None
+    if not layers:
+        raise SpectraError(f"--layers '{text}' selects no layer")
+    return sorted(layers)
+
+
+class _ApproxProbe:
+    """The per-head probe and, with --end-to-end, the substitution accumulator, checkpointed together."""
+
+    def __init__(self, heads: HeadProbe, end_to_end: EndToEnd | None) -> None:
+        self.heads, self.end_to_end = heads, end_to_end
+
+    def update(self, *args, **kwargs) -> None:
+        self.heads.update(*args, **kwargs)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**self.heads.state(), **(self.end_to_end.state() if self.end_to_end else {})}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        self.heads.load_state(arrays)
+        if self.end_to_end:
+            self.end_to_end.load_state(arrays)
+
+
+def approx(
+    model: str,
+    data_source: str = "imdb",
+    *,
+    budgets: Iterable[int] = (128,),
+    methods: Iterable[str] = DEFAULT_METHODS,
+    end_to_end: bool = False,
+    layers: str | Iterable[int] | None = None,
+    target: float = 0.1,
+    projection: str = "gaussian",
+    length: int = 512,
+    samples: int = 1000,
+    mode: str = "pack",
+    batch_size: int = 8,
+    seed: int = 0,
+    split: str | None = None,
+    text_column: str | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+    checkpoint_seconds: float = 60.0,
+    notify: Callable[[str], None] = print,
+) -> ApproxRun:
+    """How well each method approximates `model`'s attention at each budget k: per head on the exact
+    model's own q, k, v, and with `end_to_end` substituted into the forward pass (hidden-state drift and,
+    when the checkpoint has a masked-LM head, masked-LM perplexity).
+    """
+    labels = expand_methods(list(methods))
+    budgets = check_budgets(list(budgets), length)
+    if not 0 < target < 1:
+        raise SpectraError(f"--target must be a relative error in (0, 1), got {target}")
+    chosen = parse_layers(layers) if isinstance(layers, (str, type(None))) else sorted(set(layers))
+    settings = Settings(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
+                        extra={"budgets": budgets, "methods": labels, "end_to_end": end_to_end, "layers": chosen,
+                               "target": target, "projection": projection})
+
+    def make_probe(loaded: models.Loaded) -> _ApproxProbe:
+        if chosen is not None and (chosen[0] < 0 or chosen[-1] >= loaded.layers):
+            raise SpectraError(f"--layers must lie in 0…{loaded.layers - 1} for {loaded.name}, got {layers}")
+        if end_to_end and not loaded.masked_lm:
+            notify(f"{loaded.name} has no masked-LM head: --end-to-end measures the hidden-state drift only")
+        heads = HeadProbe(labels, budgets, loaded.layers, loaded.heads, seed=seed, projection=projection,
+                          target=target)
+        subs = {(label, budget): substitute(label, budget, None if chosen is None else set(chosen), seed=seed,
+                                            projection=projection)
+                for label in labels for budget in budgets}
+        return _ApproxProbe(heads, EndToEnd(subs, seed) if end_to_end else None)
+
+    def results(probe: _ApproxProbe) -> tuple[dict[str, pd.DataFrame], dict]:
+        tables = {"heads.csv": probe.heads.table()}
+        if probe.end_to_end is not None:
+            tables["end_to_end.csv"] = probe.end_to_end.table("all" if chosen is None else layers_label(chosen))
+        return tables, {}
+
+    path = execute(
+        "approx", settings, make_probe, results,
+        out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
+        notify=notify, checkpoint_seconds=checkpoint_seconds, masked_lm=end_to_end,
+        meta=lambda loaded: {"budgets": budgets, "methods": labels, "target": target, "projection": projection,
+                             "end_to_end": end_to_end, "layers": chosen, "masked_lm": loaded.masked_lm},
+        step=lambda probe: probe.end_to_end.step if probe.end_to_end else None,
+    )
+    return load_run(path)
+
+
+def layers_label(layers: list[int]) -> str:
+    """[6, 7, 8, 11] → '6-8,11'."""
+    parts, start = [], layers[0]
+    for previous, current in zip(layers, layers[1:] + [None]):
+        if current != previous + 1:
+            parts.append(f"{start}" if start == previous else f"{start}-{previous}")
+            start = current
+    return ",".join(parts)

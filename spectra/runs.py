@@ -184,17 +184,60 @@ class Run:
         )
 
 
-def load_run(path: Path | str) -> Run:
-    """Load a finished `spectra analyze` run directory into pandas/numpy objects."""
-    path = Path(path)
+@dataclass
+class ApproxRun:
+    """A `spectra approx` run loaded back.
+
+    `heads`: one row per (method, budget, layer, head, metric) with samples, mean, median, p95, max,
+    target and pr_below_target; `end_to_end`: one row per (method, budget), or None without --end-to-end.
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    heads: pd.DataFrame
+    end_to_end: pd.DataFrame | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+    def per_layer(self, metric: str = "out_err") -> pd.DataFrame:
+        """Mean over heads of each head's mean error: one row per (method, budget, layer)."""
+        rows = self.heads[self.heads["metric"] == metric]
+        return rows.groupby(["method", "budget", "layer"], sort=False)["mean"].mean().reset_index(name=metric)
+
+    def k_needed(self, target: float | None = None, metric: str = "out_err") -> pd.DataFrame:
+        """Per (method, layer), the smallest budget whose per-layer mean error is ≤ target (NaN if none)."""
+        target = self.meta["target"] if target is None else target
+        layer = self.per_layer(metric)
+        reached = layer[layer[metric] <= target].groupby(["method", "layer"], sort=False)["budget"].min()
+        frame = layer[["method", "layer"]].drop_duplicates().set_index(["method", "layer"])
+        frame["k_needed"] = reached
+        return frame.reset_index()
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
     meta_path = path / "run.json"
     if not meta_path.is_file():
         hint = " (an interrupted run: finish it with --resume)" if path.name.endswith(".partial") else ""
         raise SpectraError(f"{path} is not a spectra run directory: it has no run.json{hint}")
     try:
-        meta = json.loads(meta_path.read_text())
+        return json.loads(meta_path.read_text())
+    except (OSError, ValueError) as error:
+        raise SpectraError(f"{path}/run.json is not readable: {error}") from None
+
+
+def load_run(path: Path | str) -> Run | ApproxRun:
+    """Load a finished run directory (`analyze` → Run, `approx` → ApproxRun) into pandas/numpy objects."""
+    path = Path(path)
+    meta = _read_meta(path)
+    try:
+        if meta.get("kind") == "approx":
+            e2e = path / "end_to_end.csv"
+            e2e_table = pd.read_csv(e2e, dtype={"layers": str}) if e2e.exists() else None
+            return ApproxRun(path, meta, pd.read_csv(path / "heads.csv"), e2e_table)
         if meta.get("kind") != "analyze":
-            raise SpectraError(f"{path} holds a '{meta.get('kind')}' run, not an 'analyze' run")
+            raise SpectraError(f"{path} holds a '{meta.get('kind')}' run, which load_run cannot read")
         metrics = pd.read_csv(path / "metrics.csv")
         curves = read_arrays(path / "curves.npz")
     except (OSError, ValueError, KeyError) as error:

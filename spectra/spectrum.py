@@ -142,7 +142,7 @@ class SpectrumProbe:
         self.sigma = Moments.zeros((layers, heads, n))
         self.metrics = Moments.zeros((layers, heads, len(METRICS)))
 
-    def update(self, layer: int, q, k, v, mask, p: torch.Tensor) -> None:
+    def update(self, layer: int, q, k, v, mask, p: torch.Tensor, *, scaling: float | None = None) -> None:
         batch, heads, width, _ = p.shape
         if width > self.n or heads != self.heads:
             raise ValueError(f"expected P of {self.heads} heads and n ≤ {self.n}, got {heads} and {width}")

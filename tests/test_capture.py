@@ -21,7 +21,7 @@ class Recorder:
     def __init__(self) -> None:
         self.seen: dict[int, tuple[torch.Tensor, ...]] = {}
 
-    def update(self, layer, q, k, v, mask, p) -> None:
+    def update(self, layer, q, k, v, mask, p, *, scaling) -> None:
         self.seen[layer] = (q.clone(), k.clone(), v.clone(), None if mask is None else mask.clone(), p.clone())
 
 

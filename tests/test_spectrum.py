@@ -94,7 +94,7 @@ def test_probe_streams_layers_heads_and_padding() -> None:
     mask = torch.zeros(2, 1, n, n)
     mask[1, ..., 13:] = torch.finfo(torch.float32).min
     p = torch.softmax(torch.randn(2, heads, n, n, generator=torch.Generator().manual_seed(1)) * 2 + mask, dim=-1)
-    probe.update(1, None, None, None, mask, p)
+    probe.update(1, None, None, None, mask, p, scaling=1.0)
     for h in range(heads):
         refs = [reference(p[b, h, : lengths[b], : lengths[b]].numpy(), 5, n) for b in range(2)]
         want = np.mean([r[0] for r in refs], axis=0)

@@ -1,0 +1,106 @@
+"""End to end: substitute an approximation into the forward pass and measure what the model loses.
+
+For every batch the exact model and each (method, budget) substitution run on the same inputs. With a
+masked-LM head the inputs carry a seeded 15% masking (every chosen token replaced by the mask token;
+special and padding tokens are never chosen), and the masked-LM loss is summed over the masked tokens,
+so perplexity = exp(total loss / masked tokens). Without one, the inputs are the plain sequences and
+only the drift of the last hidden states is measured: the relative Frobenius error per sequence and the
+mean cosine similarity per valid token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import capture
+from .data import Batch
+from .models import Loaded
+from .theory import derive_seed
+
+MASK_RATE = 0.15
+_TAG_MASK = 501
+#: per (method, budget): sequences, Σ hidden relative error, Σ token cosine, tokens, Σ loss, masked tokens
+_FIELDS = ("sequences", "hidden_err", "cosine", "tokens", "loss", "masked")
+
+
+def mask_tokens(batch: Batch, loaded: Loaded, seed: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids with seeded MASK_RATE masking and labels (-100 where not masked); sequence i of the run
+    always gets the same mask, whatever the batching."""
+    tokenizer = loaded.tokenizer
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+    ids, labels = batch.input_ids.clone(), torch.full_like(batch.input_ids, -100)
+    for row in range(ids.shape[0]):
+        generator = torch.Generator().manual_seed(derive_seed(seed, _TAG_MASK, start + row))
+        chosen = torch.rand(ids.shape[1], generator=generator) < MASK_RATE
+        chosen &= batch.attention_mask[row].bool() & ~torch.isin(ids[row], special)
+        labels[row, chosen] = ids[row, chosen]
+        ids[row, chosen] = tokenizer.mask_token_id
+    return ids, labels
+
+
+class EndToEnd:
+    """Accumulates hidden-state drift and (with an MLM head) masked-LM loss for each substitution."""
+
+    def __init__(self, substitutes: dict[tuple[str, int], capture.Substitute], seed: int) -> None:
+        self.substitutes, self.seed = substitutes, seed
+        self.keys = list(substitutes)
+        self.sums = np.zeros((len(self.keys) + 1, len(_FIELDS)))  # row 0: the exact model
+
+    def step(self, loaded: Loaded, batch: Batch, start: int,
+             forward: Callable[..., object]) -> None:
+        """Exact and substituted forwards of one batch; `forward(ids, mask, substitute)` runs the model."""
+        ids, labels = (mask_tokens(batch, loaded, self.seed, start) if loaded.masked_lm
+                       else (batch.input_ids, None))
+        valid = batch.attention_mask.to(loaded.device).bool()
+        exact = forward(ids, batch.attention_mask, None)
+        exact_hidden = _last_hidden(exact).float()
+        self._add(0, exact_hidden, exact_hidden, exact, labels, valid, loaded)
+        for row, key in enumerate(self.keys, start=1):
+            approx = forward(ids, batch.attention_mask, self.substitutes[key])
+            self._add(row, _last_hidden(approx).float(), exact_hidden, approx, labels, valid, loaded)
+
+    def _add(self, row: int, hidden, exact_hidden, outputs, labels, valid, loaded: Loaded) -> None:
+        weight = valid[..., None].to(hidden.dtype)
+        diff = ((hidden - exact_hidden) * weight).flatten(1).norm(dim=-1)
+        err = diff / (exact_hidden * weight).flatten(1).norm(dim=-1).clamp_min(torch.finfo(hidden.dtype).tiny)
+        cosine = torch.nn.functional.cosine_similarity(hidden, exact_hidden, dim=-1)[valid]
+        loss, masked = 0.0, 0
+        if labels is not None:
+            labels = labels.to(loaded.device)
+            loss = torch.nn.functional.cross_entropy(
+                outputs.logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum").item()
+            masked = int((labels != -100).sum())
+        self.sums[row] += [hidden.shape[0], err.sum().item(), cosine.sum().item(), cosine.numel(), loss, masked]
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"end_to_end.sums": self.sums}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        self.sums = np.array(arrays["end_to_end.sums"])
+
+    def table(self, layers: str) -> pd.DataFrame:
+        """One row per (method, budget): hidden drift, and exact vs approximate loss and perplexity."""
+        exact = dict(zip(_FIELDS, self.sums[0]))
+        rows = []
+        for key, sums in zip(self.keys, self.sums[1:]):
+            s = dict(zip(_FIELDS, sums))
+            row = {"method": key[0], "budget": key[1], "layers": layers, "sequences": int(s["sequences"]),
+                   "hidden_rel_err": s["hidden_err"] / max(s["sequences"], 1),
+                   "cosine": s["cosine"] / max(s["tokens"], 1)}
+            if exact["masked"] > 0:
+                loss_exact, loss = exact["loss"] / exact["masked"], s["loss"] / s["masked"]
+                row.update(masked_tokens=int(s["masked"]), loss_exact=loss_exact, loss=loss,
+                           ppl_exact=math.exp(loss_exact), ppl=math.exp(loss),
+                           ppl_change=math.exp(loss) / math.exp(loss_exact) - 1)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def _last_hidden(outputs) -> torch.Tensor:
+    hidden = getattr(outputs, "hidden_states", None)
+    return hidden[-1] if hidden is not None else outputs.last_hidden_state
