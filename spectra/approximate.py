@@ -31,7 +31,7 @@ from . import linformer
 from .capture import Substitute
 from .errors import SpectraError
 from .capture import key_valid
-from .spectrum import masked
+from .spectrum import masked, split_threads
 from .theory import ErrorStats, derive_seed, jl_matrix, orthogonal_matrix
 
 MEASURES = ("out_err", "p_err", "tv")
@@ -70,7 +70,9 @@ class Layer:
     def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """U, σ, Vᵀ of P, computed once per layer for every budget."""
         if self._svd is None:
-            self._svd = torch.linalg.svd(self.p, full_matrices=False)
+            parts = split_threads(lambda p: torch.linalg.svd(p, full_matrices=False), self.p)
+            self._svd = tuple(torch.cat(factor).reshape(*self.p.shape[:-2], *factor[0].shape[1:])
+                              for factor in zip(*parts))
         return self._svd
 
     def random(self, budget: int, which: int = 0) -> torch.Tensor:
@@ -277,3 +279,6 @@ def substitute(label: str, budget: int, layers: set[int] | None, *, seed: int = 
         return approximate(x, budget).out.to(q.dtype)
 
     return run
+
+
+from . import families  # noqa: E402,F401  (registers the other efficient-attention families)

@@ -66,6 +66,245 @@ def analyze(
     stdout.print(f"results written to {run.path}")
 
 
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SpectraError(f"{option} '{text}' is not a comma-separated list of integers, e.g. 32,64,128") from None
+
+
+@app.command()
+def approx(
+    model: str = typer.Argument(..., help="Hub id or model directory to evaluate, or an approx run directory to re-plot with --plot."),
+    data: str = typer.Option("imdb", "--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file."),
+    k: str = typer.Option("128", "--k", help="Budget(s) k, comma-separated: projected length = features = landmarks; each ≤ n."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated methods (default svd,jl,linformer,pool-mean,pool-max); 'linformer' means all four sharing levels, 'linformer(kv)' one."),
+    end_to_end: bool = typer.Option(False, "--end-to-end", help="Also substitute each approximation into the forward pass: hidden-state drift and masked-LM perplexity."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Layers to substitute with --end-to-end, e.g. 6-11 or 0,3,5-7 (default all)."),
+    target: float = typer.Option(0.1, "--target", help="Relative output error per layer whose smallest reaching k is reported."),
+    projection: str = typer.Option("gaussian", "--projection", help="Random projections of jl/linformer: gaussian N(0, 1/k) or orthogonal."),
+    length: int = typer.Option(512, "--length", help="Sequence length n, special tokens included."),
+    samples: int = typer.Option(1000, "--samples", help="Number of sequences."),
+    mode: str = typer.Option("pack", "--mode", help="pack or truncate, as for analyze."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the shuffle, the projections and the MLM masking."),
+    split: Optional[str] = typer.Option(None, "--split", help="Split of a named dataset (default: test)."),
+    text_column: Optional[str] = typer.Option(None, "--text-column", help="Text column of table files (default: text)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or mps."),
+    dtype: str = typer.Option("float32", "--dtype", help="Forward-pass dtype: float32, bfloat16 or float16."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<model>-<data>-n<length>-approx)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run directory once the new run is complete."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
+    plot: bool = typer.Option(False, "--plot", help="Draw the run's plots (error vs layer, error vs k, perplexity vs k)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code shipped with the model to run."),
+) -> None:
+    """How well cheap approximations stand in for a model's attention at budget k: per head and end to end."""
+    from .console import out as stdout, print_approx, progress_bar
+    from .pipeline import DEFAULT_METHODS, approx as run_approx
+    from .runs import ApproxRun, load_run
+
+    if Path(model, "run.json").is_file():
+        run = load_run(model)
+        if not isinstance(run, ApproxRun):
+            raise SpectraError(f"{model} is not an approx run; re-plot analyze runs with 'spectra plot'")
+    else:
+        with progress_bar("sequences") as progress:
+            run = run_approx(
+                model, data, budgets=_ints(k, "--k"), methods=methods.split(",") if methods else DEFAULT_METHODS, end_to_end=end_to_end,
+                layers=layers, target=target, projection=projection, length=length, samples=samples, mode=mode,
+                batch_size=batch_size, seed=seed, split=split, text_column=text_column, device=device, dtype=dtype,
+                out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
+                notify=lambda line: print(line, file=sys.stderr),
+            )
+    print_approx(run)
+    if plot:
+        from .plots import plot_approx
+
+        for path in plot_approx(run):
+            stdout.print(f"wrote {path}")
+    stdout.print(f"results in {run.path}")
+
+
+def _show_frame(frame, title: str | None = None, digits: dict[str, int] | None = None) -> None:
+    """Print a DataFrame as a table at its natural width (never truncated), NaN as blank, floats rounded.
+
+    `digits` maps column-name substrings to decimals (default 3); a value of -1 prints a percentage.
+    """
+    import math
+
+    from .console import frame_table, out as stdout
+
+    def cell(column: str, value) -> str:
+        if isinstance(value, float):
+            if math.isnan(value):
+                return ""
+            places = next((d for key, d in (digits or {}).items() if key in column), 3)
+            return f"{value:.1%}" if places < 0 else f"{value:.{places}f}"
+        return str(value)
+
+    shown = frame.astype(object).copy()
+    for column in frame.columns:
+        shown[column] = [cell(str(column), value) for value in frame[column]]
+    if title:
+        stdout.print(title)
+    table = frame_table(shown)
+    natural = stdout.measure(table, options=stdout.options.update(width=10_000)).maximum
+    if natural <= stdout.width:
+        stdout.print(table)
+    else:  # a console as wide as the table: a terminal wraps long lines, rich would elide cells
+        from rich.console import Console
+
+        Console(width=natural, file=stdout.file, color_system=stdout.color_system).print(table)
+
+
+def _floats(text: str, option: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SpectraError(f"{option} '{text}' is not a comma-separated list of numbers, e.g. 0.1,0.2,0.3,0.5") from None
+
+
+@app.command()
+def theorems(
+    model: Optional[str] = typer.Argument(None, help="Hub id or model directory (omit with --synthetic), or a theorems run directory to re-plot with --plot."),
+    data: str = typer.Option("imdb", "--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file."),
+    k: str = typer.Option("16,32,64,128,256", "--k", help="Projected dimensions k to sweep, comma-separated, each ≤ n."),
+    eps: str = typer.Option("0.1,0.2,0.3,0.5", "--eps", help="Relative errors ε in (0, 1), comma-separated."),
+    synthetic: bool = typer.Option(False, "--synthetic", help="Use i.i.d. Gaussian q, k, v instead of a model (with --n, --d, --heads)."),
+    n: int = typer.Option(512, "--n", "--length", help="Sequence length n."),
+    d: int = typer.Option(64, "--d", help="Head dimension of --synthetic q, k, v."),
+    heads: int = typer.Option(1, "--heads", help="Heads per --synthetic sample."),
+    samples: int = typer.Option(100, "--samples", help="Sequences (or synthetic samples)."),
+    mode: str = typer.Option("pack", "--mode", help="pack or truncate, as for analyze."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the shuffle and of every random projection."),
+    split: Optional[str] = typer.Option(None, "--split", help="Split of a named dataset (default: test)."),
+    text_column: Optional[str] = typer.Option(None, "--text-column", help="Text column of table files (default: text)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or mps."),
+    dtype: str = typer.Option("float32", "--dtype", help="Forward-pass dtype: float32, bfloat16 or float16."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<model>-<data>-n<n>-theorems)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run directory once the new run is complete."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
+    plot: bool = typer.Option(False, "--plot", help="Draw success probability vs k (bound dashed) and error vs k."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code shipped with the model to run."),
+) -> None:
+    """Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs k."""
+    from .console import out as stdout, print_theorems, progress_bar
+    from .pipeline import theorems as run_theorems
+    from .runs import TheoremRun, load_run
+
+    if model is not None and Path(model, "run.json").is_file():
+        run = load_run(model)
+        if not isinstance(run, TheoremRun):
+            raise SpectraError(f"{model} is not a theorems run")
+    else:
+        with progress_bar("sequences") as progress:
+            run = run_theorems(
+                model, data, budgets=_ints(k, "--k"), eps=_floats(eps, "--eps"), synthetic=synthetic, d=d,
+                heads=heads, length=n, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
+                text_column=text_column, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
+                trust_remote_code=trust_remote_code, progress=progress,
+                notify=lambda line: print(line, file=sys.stderr),
+            )
+    print_theorems(run)
+    if plot:
+        from .plots import plot_theorems
+
+        for path in plot_theorems(run):
+            stdout.print(f"wrote {path}")
+    stdout.print(f"results in {run.path}")
+
+
+@app.command()
+def figure1(
+    runs: list[Path] = typer.Argument(..., help="Run directories of spectra analyze; one curve panel per model depth."),
+    out: Path = typer.Option(Path("figures/figure1"), "--out", help="Figure path without suffix: writes .png (200 dpi) and .pdf."),
+    heatmap: Optional[Path] = typer.Option(None, "--heatmap", help="Run drawn as the heatmap (default: the first Wikitext run of the shallowest model, else the first run)."),
+    at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index of the heatmap (default n/4: 128 for n = 512)."),
+    band: float = typer.Option(0.1, "--band", help="Shade from this quantile to 1 − it across the layer×head mean curves (0: min–max)."),
+) -> None:
+    """The paper's Figure 1: normalized cumulative singular value per model depth and dataset, and the heatmap at n/4."""
+    from .console import out as stdout
+    from .plots import figure1 as draw_figure1
+
+    paths = draw_figure1(runs, out, heatmap=heatmap, at=at, quantile=band)
+    stdout.print("wrote " + ", ".join(str(path) for path in paths))
+
+
+@app.command()
+def plot(
+    run: Path = typer.Argument(..., help="A run directory of spectra analyze."),
+    at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index of the c heatmap (default: the run's, n/4 unless analysed with --at)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default figures/<run directory name>)."),
+) -> None:
+    """Per-run views: per-layer curves, heatmap of c at an index, and rank needed for 90%/99% per layer and head."""
+    from .console import out as stdout
+    from .plots import plot_run
+
+    written = plot_run(run, out, at=at)
+    stdout.print("wrote " + ", ".join(str(path) for path in written.paths))
+
+
+@app.command("plan-k")
+def plan_k(
+    run: Path = typer.Argument(..., help="A run directory of spectra analyze."),
+    energy: float = typer.Option(0.9, "--energy", help="Share E in (0, 1] of the nuclear norm the top k_proj singular values must reach."),
+    multiple: int = typer.Option(8, "--multiple", help="Round every k_proj up to a multiple of this (capped at n)."),
+    per_head: bool = typer.Option(False, "--per-head", help="Plan each head from its own mean curve; a layer gets the largest of its heads."),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSON plan to write (default <run>/plan-k-e<E>[-per-head].json)."),
+) -> None:
+    """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
+    from .console import out as stdout
+    from .plan import load_analyze, plan_k as make_plan
+    from .runs import write_json
+
+    loaded = load_analyze(run)
+    plan = make_plan(loaded, energy, multiple=multiple, per_head=per_head)
+    target = out or loaded.path / f"plan-k-e{plan.energy:g}{'-per-head' if per_head else ''}.json"
+    if target.is_dir():
+        raise SpectraError(f"--out {target} is a directory; give a .json file path")
+    rule = "the largest of its heads' k_proj" if per_head else f"from the mean curve of its {loaded.heads} heads"
+    _show_frame(plan.by_layer(), f"{loaded.label}, n = {loaded.n}: smallest k_proj whose mean normalized cumulative "
+                f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
+                f"(a layer's k_proj: {rule})")
+    _show_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_json(target, plan.to_json())
+    stdout.print(f"plan written to {target}")
+
+
+@app.command()
+def compare(
+    runs: list[Path] = typer.Argument(..., help="Run directories of spectra analyze (models, datasets or lengths)."),
+    at: Optional[int] = typer.Option(None, "--at", help="1-based index for c (default: each run's, n/4, so different lengths compare at the same relative index)."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the tidy table (one row per run and layer) to this CSV file."),
+) -> None:
+    """Headline numbers of several runs side by side: per layer c at the index and rank needed for 90%."""
+    from .console import out as stdout
+    from .plan import compare as compare_runs, compare_wide, headlines, load_analyze, run_keys
+    from .runs import write_table
+
+    if csv is not None and csv.is_dir():
+        raise SpectraError(f"--csv {csv} is a directory; give a .csv file path")
+    loaded = [load_analyze(path) for path in runs]
+    table = compare_runs(loaded, at)
+    summary = headlines(loaded, at)
+    keys = run_keys(len(loaded))
+    for key, run in zip(keys, loaded):
+        stdout.print(f"{key}  {run.label}, n = {run.n}, {run.meta.get('samples')} sequences: {run.path}")
+    _show_frame(compare_wide(table), "Per layer, mean over heads: c at the index and the rank needed for 90% of the "
+                "nuclear norm", {"rank": 1})
+    summary = summary.drop(columns=["run"]).rename(columns={"c_min": "c min", "c_max": "c max", "c_mean": "c mean",
+                                                           "layer_rho": "rho", "sequences": "seqs"})
+    _show_frame(summary.assign(run=keys)[["run", *summary.columns]],
+                "Per run, over every layer × head: c at the index (min, max, mean), Spearman rho between layer index "
+                "and per-layer mean c (positive: higher layers lower rank), mean rank for 90%", {"rank": 1, "rho": 2})
+    if csv is not None:
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        write_table(csv, table)
+        stdout.print(f"table written to {csv}")
+
+
 def main() -> None:
     """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
     try:

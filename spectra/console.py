@@ -92,3 +92,36 @@ def print_approx(run) -> None:
             if "ppl" in run.end_to_end.columns:
                 line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({row.ppl_change:+.0%})"
             out.print(line, soft_wrap=True)
+
+
+def print_theorems(run) -> None:
+    """Pooled over layers and heads: Pr(error ≤ ε) against the bound per k, and the errors per method."""
+    one, two = run.tables["theorem1"], run.tables["theorem2"]
+    n = int(one["n"].iloc[0])
+    out.print(f"{run.label}, n = {n}: Theorem 1, P̃ = P RᵀR — empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) (bound)", soft_wrap=True)
+    jl = one[one["method"] == "jl"]
+    cells = jl.assign(cell=[f"{p:.3f} ({b:.3f})" for p, b in zip(jl["pr"], jl["bound"])])
+    table = cells.pivot(index="k_proj", columns="eps", values="cell").reset_index()
+    table.columns = ["k"] + [f"ε={e:g}" for e in table.columns[1:]]
+    out.print(frame_table(table))
+    needed = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in jl.groupby("eps")["k_theory"].first().items())
+    out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}", soft_wrap=True)
+    errors = [one.assign(label=one["method"].map({"jl": "jl", "svd": "svd (floor)"}))]
+    arch = two[two["method"] == "linformer"]
+    errors.append(arch.assign(label="linformer(" + arch["variant"] + ")"))
+    delta = two[(two["method"] == "theorem2") & (two["relative_to"] == "output")]
+    errors.append(delta.assign(label="thm2 " + delta["variant"].str.replace("delta=", "δ=")))
+    pooled = pd.concat(errors).drop_duplicates(["label", "k_proj"])
+    for stat in ("median", "p95"):
+        wide = pooled.pivot(index="k_proj", columns="label", values=stat)
+        wide = wide[list(dict.fromkeys(pooled["label"]))].reset_index().rename(columns={"k_proj": "k"})
+        out.print(f"{stat} relative error per column w (jl, svd) or per row (linformer, Theorem 2 relative to ‖softmax(w)V‖)",
+                  soft_wrap=True)
+        out.print(frame_table(wide))
+    rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")]
+    if len(rhs):
+        k2 = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in rhs.groupby("eps")["k_theory"].first().items())
+        out.print(f"Theorem 2 relative to its right side ‖softmax(w)‖‖V‖_F: median "
+                  + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "k_proj"])
+                              .groupby("k_proj")["median"].max().items())
+                  + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}", soft_wrap=True)

@@ -19,8 +19,9 @@ from . import capture, data, models
 from .errors import SpectraError
 from .approximate import HeadProbe, check_budgets, expand_methods, substitute
 from .endtoend import EndToEnd
-from .runs import ApproxRun, Run, RunDir, load_run
+from .runs import ApproxRun, Run, RunDir, TheoremRun, load_run
 from .spectrum import METRICS, SpectrumProbe
+from .theory import (Theorem1Probe, Theorem2Probe, check_eps, check_sweep, derive_seed, feed, gaussian_qkv)
 
 #: progress(done, total) after every batch; total is the requested number of sequences
 Progress = Callable[[int, int], None]
@@ -391,3 +392,105 @@ def layers_label(layers: list[int]) -> str:
             parts.append(f"{start}" if start == previous else f"{start}-{previous}")
             start = current
     return ",".join(parts)
+
+
+class _TheoremProbes:
+    """Theorem 1 and Theorem 2 probes fed together and checkpointed together."""
+
+    def __init__(self, layers: int, heads: int, n: int, budgets: list[int], eps: list[float], seed: int) -> None:
+        self.one = Theorem1Probe(layers, heads, n, budgets, eps, seed=seed)
+        self.two = Theorem2Probe(layers, heads, n, budgets, eps, seed=seed)
+
+    def update(self, *args, **kwargs) -> None:
+        self.one.update(*args, **kwargs)
+        self.two.update(*args, **kwargs)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**self.one.state(), **self.two.state()}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        self.one.load_state(arrays)
+        self.two.load_state(arrays)
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Each theorem pooled over layers and heads, per layer, and per head."""
+        tables = {}
+        for name, probe in (("theorem1", self.one), ("theorem2", self.two)):
+            tables[f"{name}.csv"] = probe.result(pool=("layer", "head"))
+            tables[f"{name}_layers.csv"] = probe.result(pool=("head",))
+            tables[f"{name}_heads.csv"] = probe.result()
+        return tables
+
+
+def theorems(
+    model: str | None,
+    data_source: str = "imdb",
+    *,
+    budgets: Iterable[int] = (16, 32, 64, 128, 256),
+    eps: Iterable[float] = (0.1, 0.2, 0.3, 0.5),
+    synthetic: bool = False,
+    d: int = 64,
+    heads: int = 1,
+    length: int = 512,
+    samples: int = 100,
+    mode: str = "pack",
+    batch_size: int = 8,
+    seed: int = 0,
+    split: str | None = None,
+    text_column: str | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+    checkpoint_seconds: float = 60.0,
+    notify: Callable[[str], None] = print,
+) -> TheoremRun:
+    """Theorems 1 and 2 checked on a model's captured attention, or on Gaussian q, k, v (`synthetic`):
+    empirical Pr(error ≤ ε) against the bounds, and the errors of JL, truncated SVD and eq. 7."""
+    budgets, eps = list(check_sweep(list(budgets), length)), list(check_eps(list(eps)))
+    meta = {"budgets": budgets, "eps": eps, "synthetic": synthetic}
+    if synthetic:
+        return _synthetic_theorems(budgets, eps, d=d, heads=heads, n=length, samples=samples, batch_size=batch_size,
+                                   seed=seed, device=device, out=out, overwrite=overwrite, meta=meta,
+                                   progress=progress)
+    if model is None:
+        raise SpectraError("give a model, or pass --synthetic for Gaussian q, k, v")
+    settings = Settings(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
+                        extra={"budgets": budgets, "eps": eps})
+    path = execute(
+        "theorems", settings,
+        make_probe=lambda loaded: _TheoremProbes(loaded.layers, loaded.heads, length, budgets, eps, seed),
+        results=lambda probe: (probe.tables(), {}),
+        out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
+        notify=notify, checkpoint_seconds=checkpoint_seconds, meta=meta,
+    )
+    return load_run(path)
+
+
+def _synthetic_theorems(budgets: list[int], eps: list[float], *, d: int, heads: int, n: int, samples: int,
+                        batch_size: int, seed: int, device: str, out: str | Path | None, overwrite: bool,
+                        meta: dict[str, Any], progress: Progress | None) -> TheoremRun:
+    """The theorems on i.i.d. N(0, 1) q, k, v of n tokens and d dimensions: no model, no corpus."""
+    if samples < 1 or batch_size < 1 or d < 1 or heads < 1:
+        raise SpectraError("--samples, --batch-size, --d and --heads must be at least 1")
+    target = RunDir(out or Path("runs") / f"synthetic-n{n}-d{d}-theorems", overwrite=overwrite)
+    torch_device = models.pick_device(device)
+    probes = _TheoremProbes(1, heads, n, budgets, eps, seed)
+    target.begin({})
+    start, done = time.perf_counter(), 0
+    while done < samples:
+        batch = min(batch_size, samples - done)
+        q, k, v = gaussian_qkv(n, d, heads=heads, batch=batch, seed=derive_seed(seed, done), device=torch_device)
+        feed([probes], 0, q, k, v)
+        done += batch
+        if progress is not None:
+            progress(done, samples)
+    record = {"kind": "theorems", "settings": {"synthetic": True, "n": n, "d": d, "heads": heads, "samples": samples,
+                                               "batch_size": batch_size, "seed": seed},
+              "model": {"name": f"gaussian(d={d})", "layers": 1, "heads": heads}, "data": {"name": "synthetic"},
+              "n": n, **meta, "samples": samples, "device": str(torch_device), "versions": _versions(),
+              "status": "complete", "wall_seconds": time.perf_counter() - start}
+    return load_run(target.finish(record, probes.tables(), {}))

@@ -216,6 +216,20 @@ class ApproxRun:
         return frame.reset_index()
 
 
+@dataclass
+class TheoremRun:
+    """A `spectra theorems` run loaded back: for each theorem, tables pooled over layers and heads
+    (`theorem1`, `theorem2`), per layer (`*_layers`) and per head (`*_heads`); see theory.py for columns."""
+
+    path: Path
+    meta: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+
 def _read_meta(path: Path) -> dict[str, Any]:
     meta_path = path / "run.json"
     if not meta_path.is_file():
@@ -227,8 +241,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise SpectraError(f"{path}/run.json is not readable: {error}") from None
 
 
-def load_run(path: Path | str) -> Run | ApproxRun:
-    """Load a finished run directory (`analyze` → Run, `approx` → ApproxRun) into pandas/numpy objects."""
+def load_run(path: Path | str) -> Run | ApproxRun | TheoremRun:
+    """Load a finished run directory (`analyze` → Run, `approx` → ApproxRun, `theorems` → TheoremRun)."""
     path = Path(path)
     meta = _read_meta(path)
     try:
@@ -236,6 +250,9 @@ def load_run(path: Path | str) -> Run | ApproxRun:
             e2e = path / "end_to_end.csv"
             e2e_table = pd.read_csv(e2e, dtype={"layers": str}) if e2e.exists() else None
             return ApproxRun(path, meta, pd.read_csv(path / "heads.csv"), e2e_table)
+        if meta.get("kind") == "theorems":
+            names = [f"theorem{i}{scope}" for i in (1, 2) for scope in ("", "_layers", "_heads")]
+            return TheoremRun(path, meta, {name: pd.read_csv(path / f"{name}.csv") for name in names})
         if meta.get("kind") != "analyze":
             raise SpectraError(f"{path} holds a '{meta.get('kind')}' run, which load_run cannot read")
         metrics = pd.read_csv(path / "metrics.csv")

@@ -343,6 +343,15 @@ class ErrorStats:
         typed = {name: type(labels[0]) for name, labels in axes.items() if isinstance(labels[0], (int, np.integer, str))}
         return table.astype(typed)
 
+    def pooled(self, axes: tuple[int, ...]) -> "ErrorStats":
+        """The same statistics with the cell axes `axes` pooled (e.g. over layers and heads): counts and
+        totals add up, min/max reduce, so quantiles of the pooled cells are exact histogram quantiles."""
+        keep = tuple(size for axis, size in enumerate(self.cells) if axis not in axes)
+        pooled = ErrorStats(keep, self.eps, self.lo, self.hi, self.per_decade)
+        pooled.count, pooled.below, pooled.hist = self.count.sum(axes), self.below.sum(axes), self.hist.sum(axes)
+        pooled.total, pooled.min, pooled.max = self.total.sum(axes), self.min.min(axes), self.max.max(axes)
+        return pooled
+
     def state(self, prefix: str) -> dict[str, np.ndarray]:
         names = ("count", "below", "hist", "total", "min", "max")
         return {f"{prefix}.{name}": getattr(self, name) for name in names}
@@ -416,12 +425,13 @@ class Theorem1Probe:
         stacked = torch.stack(errors, dim=1)  # (K, M, B, H, d)
         self.stats.add(layer, stacked.permute(3, 0, 1, 2, 4).reshape(heads, len(self.k_projs), len(self.methods), -1))
 
-    def result(self) -> pd.DataFrame:
+    def result(self, pool: Sequence[str] = ()) -> pd.DataFrame:
         """Rows (layer, head, k_proj, method, eps): samples, pr = Pr(error ≤ ε), median, p95, mean, max,
-        n, bound = Theorem 1's max(0, 1 − 2n e^{−(ε²−ε³)k/4}), k_theory = 5 ln n/(ε² − ε³)."""
-        table = self.stats.frame(
-            {"layer": range(self.layers), "head": range(self.heads), "k_proj": self.k_projs, "method": self.methods}
-        )
+        n, bound = Theorem 1's max(0, 1 − 2n e^{−(ε²−ε³)k/4}), k_theory = 5 ln n/(ε² − ε³).
+        `pool` names axes ("layer", "head") whose cells are pooled into one (and dropped from the table)."""
+        table = _pooled_frame(
+            self.stats, {"layer": range(self.layers), "head": range(self.heads), "k_proj": self.k_projs,
+                         "method": self.methods}, pool)
         table["n"] = self.n
         table["bound"] = [theorem1_bound(e, self.n, k) for e, k in zip(table["eps"], table["k_proj"])]
         table["k_theory"] = table["eps"].map(lambda e: theorem1_k(e, self.n))
@@ -511,17 +521,19 @@ class Theorem2Probe:
         stacked = torch.stack(errors).permute(3, 0, 1, 2, 4).reshape(heads, len(self.k_projs), len(self.variants), -1)
         self.stats.add(layer, stacked, valid.reshape(-1))
 
-    def result(self) -> pd.DataFrame:
+    def result(self, pool: Sequence[str] = ()) -> pd.DataFrame:
         """Rows (layer, head, k_proj, method, variant, relative_to, eps): samples, pr = Pr(error ≤ ε), median,
-        p95, mean, max, n, d, delta (δ at n, NaN for linformer rows), k_theory = min{9 d ln d, 5 ln n}/ε²."""
-        table = self.stats.frame({
+        p95, mean, max, n, d, delta (δ at n, NaN for linformer rows), k_theory = min{9 d ln d, 5 ln n}/ε².
+        `pool` names axes ("layer", "head") whose cells are pooled into one (and dropped from the table)."""
+        table = _pooled_frame(self.stats, {
             "layer": range(self.layers), "head": range(self.heads), "k_proj": self.k_projs,
             "variant": range(len(self.variants)),
-        })
+        }, pool)
         chosen = [self.variants[i] for i in table.pop("variant")]
-        table.insert(3, "method", [m for m, _, _ in chosen])
-        table.insert(4, "variant", [v for _, v, _ in chosen])
-        table.insert(5, "relative_to", [r for _, _, r in chosen])
+        at = list(table.columns).index("k_proj") + 1
+        table.insert(at, "method", [m for m, _, _ in chosen])
+        table.insert(at + 1, "variant", [v for _, v, _ in chosen])
+        table.insert(at + 2, "relative_to", [r for _, _, r in chosen])
         rules = {f"delta={rule}": delta_value(rule, self.n) for rule in self.deltas}
         table["n"] = self.n
         table["d"] = self.d if self.d is not None else np.nan
@@ -535,6 +547,15 @@ class Theorem2Probe:
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         self.stats.load_state(arrays, "theorem2")
         self.d = int(arrays.get("theorem2.d", 0)) or None
+
+
+def _pooled_frame(stats: ErrorStats, axes: dict[str, Sequence], pool: Sequence[str]) -> pd.DataFrame:
+    """stats.frame with the named axes pooled."""
+    unknown = set(pool) - set(axes)
+    if unknown:
+        raise ValueError(f"cannot pool {sorted(unknown)}: the axes are {list(axes)}")
+    pooled = stats.pooled(tuple(i for i, name in enumerate(axes) if name in pool)) if pool else stats
+    return pooled.frame({name: labels for name, labels in axes.items() if name not in pool})
 
 
 def _check_shape(probe: Theorem1Probe | Theorem2Probe, layer: int, heads: int, width: int) -> None:

@@ -1,0 +1,271 @@
+"""Eq. 7 against dense loops, sharing levels, slicing, padding, seeds, bias order, and use inside a model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModel, BertConfig
+
+from spectra import capture
+from spectra.errors import SpectraError
+from spectra.linformer import (
+    LinformerSelfAttention,
+    Projections,
+    jl_pair,
+    linear_attention,
+    substitute,
+)
+from spectra.theory import attention_probs, gaussian_qkv, orthogonal_matrix, padding_mask
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tensors are tiny: intra-op threads only add overhead (and stall badly on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def dense_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """One head of eq. 7 for one sequence, plainly: softmax(q (E k)ᵀ / √d) (F v)."""
+    scores = q @ (e @ k).T / math.sqrt(q.shape[-1])
+    return torch.softmax(scores, dim=-1) @ (f @ v)
+
+
+def dense_layer(x: torch.Tensor, module: LinformerSelfAttention, compress: str) -> torch.Tensor:
+    """Eq. 7 on hidden states with explicit loops over sequences and heads, then W^O."""
+    batch, n, dim = x.shape
+    heads, d = module.heads, dim // module.heads
+    out = torch.zeros(batch, n, dim, dtype=x.dtype)
+    for b in range(batch):
+        concat = []
+        for h in range(heads):
+            rows = slice(h * d, (h + 1) * d)
+
+            def linear(layer: nn.Linear, inp: torch.Tensor) -> torch.Tensor:
+                y = inp @ layer.weight[rows].T
+                return y if layer.bias is None else y + layer.bias[rows]
+
+            e = module.projections.matrix(module.layer, h, "e")[:, :n] * module.projections.e_scale
+            f = module.projections.matrix(module.layer, h, "f")[:, :n] * module.projections.f_scale
+            q = linear(module.w_q, x[b])
+            if compress == "after":  # E (X W^K + b)
+                head = dense_head(q, linear(module.w_k, x[b]), linear(module.w_v, x[b]), e, f)
+            else:  # (E X) W^K + b, with identity "projections" on the compressed keys
+                k_bar, v_bar = linear(module.w_k, e @ x[b]), linear(module.w_v, f @ x[b])
+                eye = torch.eye(e.shape[0], dtype=x.dtype)
+                head = dense_head(q, k_bar, v_bar, eye, eye)
+            concat.append(head)
+        out[b] = module.w_o(torch.cat(concat, dim=-1))
+    return out
+
+
+@pytest.mark.parametrize("sharing", ["none", "headwise", "kv", "layerwise"])
+@pytest.mark.parametrize("compress", ["after", "before"])
+def test_module_equals_dense_eq7(sharing, compress) -> None:
+    torch.manual_seed(0)
+    projections = Projections(3, 4, k_proj=6, max_len=24, sharing=sharing, seed=1)
+    module = LinformerSelfAttention(32, 4, projections, layer=2, compress=compress)
+    x = torch.randn(2, 24, 32)
+    with torch.no_grad():
+        assert torch.allclose(module(x), dense_layer(x, module, compress), atol=1e-5)
+
+
+@pytest.mark.parametrize("sharing", ["none", "headwise", "kv", "layerwise"])
+def test_linear_attention_on_projected_qkv_equals_dense(sharing) -> None:
+    q, k, v = gaussian_qkv(20, 8, heads=3, batch=2, seed=3)
+    e, f = jl_pair(sharing, 1, 3, k_proj=5, n=20, seed=4)
+    got = linear_attention(q, k, v, e, f)
+    for b in range(2):
+        for h in range(3):
+            assert torch.allclose(got[b, h], dense_head(q[b, h], k[b, h], v[b, h], e[h], f[h]), atol=1e-5)
+
+
+def test_sharing_counts_and_identity() -> None:
+    counts = {s: Projections(12, 12, 4, 8, s).count for s in ("none", "headwise", "kv", "layerwise")}
+    assert counts == {"none": 288, "headwise": 24, "kv": 12, "layerwise": 1}
+    none, headwise = Projections(2, 3, 4, 8, "none"), Projections(2, 3, 4, 8, "headwise")
+    kv, layerwise = Projections(2, 3, 4, 8, "kv"), Projections(2, 3, 4, 8, "layerwise")
+    assert not torch.equal(none.matrix(0, 0, "e"), none.matrix(0, 1, "e"))
+    assert not torch.equal(none.matrix(0, 0, "e"), none.matrix(0, 0, "f"))
+    assert headwise.matrix(1, 0, "e") is headwise.matrix(1, 2, "e")
+    assert headwise.matrix(1, 0, "e") is not headwise.matrix(1, 0, "f")
+    assert headwise.matrix(0, 0, "e") is not headwise.matrix(1, 0, "e")
+    assert kv.matrix(1, 0, "e") is kv.matrix(1, 2, "f")
+    assert kv.matrix(0, 0, "e") is not kv.matrix(1, 0, "e")
+    assert layerwise.matrix(0, 0, "e") is layerwise.matrix(1, 2, "f")
+    assert sum(p.numel() for p in layerwise.parameters()) == 4 * 8
+
+
+def test_one_projections_object_shared_by_several_layers() -> None:
+    projections = Projections(2, 2, 4, 16, "layerwise")
+    model = nn.ModuleList([LinformerSelfAttention(8, 2, projections, layer) for layer in range(2)])
+    assert len([name for name, _ in model.named_parameters() if "projections" in name]) == 1
+    assert model[0].projections.matrix(0, 0, "e") is model[1].projections.matrix(1, 1, "f")
+
+
+def test_initialisations_seeds_and_delta() -> None:
+    a, b = Projections(2, 2, 64, 128, "none", seed=5), Projections(2, 2, 64, 128, "none", seed=5)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    other = Projections(2, 2, 64, 128, "none", seed=6)
+    assert not torch.equal(a.matrix(0, 0, "e"), other.matrix(0, 0, "e"))
+    assert abs(a.matrix(0, 0, "e").std().item() - 1 / 8) < 0.01  # N(0, 1/k_proj)
+    e, f = jl_pair("none", 1, 2, 64, 128, seed=5)
+    assert torch.equal(e, a.pair(1)[0]) and torch.equal(f, a.pair(1)[1])
+    xavier = Projections(1, 1, 64, 128, "layerwise", init="xavier").matrix(0, 0, "e")
+    bound = math.sqrt(3 / (128 + 64))  # xavier_uniform_ with gain 1/√2 on nn.Linear(128, 64)
+    assert xavier.abs().max() <= bound and xavier.abs().max() > 0.95 * bound
+    assert abs(xavier.std().item() - bound / math.sqrt(3)) < 0.01
+    scaled = Projections(1, 2, 4, 8, "kv", delta=0.25)
+    e, f = scaled.pair(0)
+    r = scaled.matrix(0, 0, "e")
+    assert torch.allclose(e[1], 0.25 * r) and torch.allclose(f[1], math.exp(-0.25) * r)
+
+
+def test_given_weights() -> None:
+    weights = torch.randn(4, 3, 10)
+    projections = Projections(2, 5, 3, 10, "headwise", weights=weights)
+    assert torch.equal(projections.matrix(1, 3, "f"), weights[3])  # keys: (0,e), (0,f), (1,e), (1,f)
+    single = torch.randn(3, 10)
+    assert torch.equal(Projections(2, 5, 3, 10, "layerwise", weights=single).matrix(1, 4, "e"), single)
+    keyed = {(0, -1, "ef"): single, (1, -1, "ef"): 2 * single}
+    assert torch.equal(Projections(2, 5, 3, 10, "kv", weights=keyed).matrix(1, 0, "f"), 2 * single)
+    with pytest.raises(SpectraError, match="do not fit sharing"):
+        Projections(2, 5, 3, 10, "headwise", weights=torch.randn(3, 3, 10))
+    with pytest.raises(SpectraError, match="expected \\(k_proj, max_len\\)"):
+        Projections(1, 1, 3, 10, "layerwise", weights=torch.randn(3, 9))
+
+
+def test_slicing_rule_uses_the_first_columns() -> None:
+    projections = Projections(1, 2, 4, 32, "none", seed=2)
+    q, k, v = gaussian_qkv(20, 8, heads=2, seed=1)
+    e, f = projections.pair(0, 20)
+    assert e.shape == (2, 4, 20)
+    assert torch.equal(e[1], projections.matrix(0, 1, "e")[:, :20])
+    full_e, full_f = projections.pair(0)
+    assert torch.allclose(linear_attention(q, k, v, full_e, full_f), linear_attention(q, k, v, e, f))
+    with pytest.raises(SpectraError, match="max_len"):
+        projections.pair(0, 33)
+
+
+def test_k_equals_n_with_a_permutation_reproduces_exact_attention() -> None:
+    # softmax commutes with permutations only: E = F = a permutation (orthogonal, RᵀR = I) is exact;
+    # a general rotation is not (softmax(q kᵀ Rᵀ) R v ≠ softmax(q kᵀ) v).
+    q, k, v = gaussian_qkv(16, 8, heads=2, batch=2, seed=0)
+    exact = attention_probs(q, k) @ v
+    perm = torch.eye(16)[torch.randperm(16, generator=torch.Generator().manual_seed(0))]
+    assert torch.allclose(perm.T @ perm, torch.eye(16))
+    assert torch.allclose(linear_attention(q, k, v, perm[None], perm[None]), exact, atol=1e-5)
+    rotation = orthogonal_matrix(16, 16, seed=1)
+    assert not torch.allclose(linear_attention(q, k, v, rotation[None], rotation[None]), exact, atol=1e-2)
+    projections = Projections(1, 2, 16, 16, "kv", weights=torch.eye(16)[None])
+    module = LinformerSelfAttention(16, 2, projections, w_o=nn.Identity())
+    x = torch.randn(2, 16, 16)
+    with torch.no_grad():
+        standard = attention_probs(module._heads(module.w_q(x)), module._heads(module.w_k(x))) @ module._heads(module.w_v(x))
+        assert torch.allclose(module(x), standard.transpose(1, 2).reshape(2, 16, 16), atol=1e-5)
+
+
+def test_padded_batch_equals_each_sequence_alone() -> None:
+    q, k, v = gaussian_qkv(20, 8, heads=2, batch=2, seed=7)
+    e, f = jl_pair("headwise", 0, 2, 6, 20, seed=1)
+    mask = padding_mask([20, 13], 20)
+    batched = linear_attention(q, k, v, e, f, mask)
+    alone = linear_attention(q[1:, :, :13], k[1:, :, :13], v[1:, :, :13], e, f)
+    assert torch.allclose(batched[1, :, :13], alone[0], atol=1e-6)
+    assert torch.allclose(batched[0], linear_attention(q[:1], k[:1], v[:1], e, f)[0], atol=1e-6)
+    # padding contents do not matter
+    k2, v2 = k.clone(), v.clone()
+    k2[1, :, 13:], v2[1, :, 13:] = 100.0, -100.0
+    assert torch.allclose(linear_attention(q, k2, v2, e, f, mask), batched)
+
+    torch.manual_seed(0)
+    for compress in ("after", "before"):
+        module = LinformerSelfAttention(16, 2, Projections(1, 2, 6, 20, "none"), compress=compress)
+        x = torch.randn(2, 20, 16)
+        attention_mask = torch.ones(2, 20, dtype=torch.long)
+        attention_mask[1, 13:] = 0
+        with torch.no_grad():
+            assert torch.allclose(module(x, attention_mask)[1, :13], module(x[1:, :13])[0], atol=1e-5)
+
+
+def test_causal_masks_are_rejected() -> None:
+    q, k, v = gaussian_qkv(8, 4, seed=0)
+    e, f = jl_pair("kv", 0, 1, 4, 8)
+    causal = torch.full((8, 8), torch.finfo(torch.float32).min).triu(1)[None, None]
+    with pytest.raises(SpectraError, match="key-padding masks only"):
+        linear_attention(q, k, v, e, f, causal)
+
+
+def test_bias_before_and_after_agree_only_without_bias() -> None:
+    torch.manual_seed(0)
+    projections = Projections(1, 2, 5, 12, "none", seed=3)
+    after = LinformerSelfAttention(16, 2, projections, compress="after")
+    before = LinformerSelfAttention(16, 2, projections, compress="before",
+                                    w_q=after.w_q, w_k=after.w_k, w_v=after.w_v, w_o=after.w_o)
+    x = torch.randn(2, 12, 16)
+    with torch.no_grad():
+        assert not torch.allclose(after(x), before(x), atol=1e-3)  # the (E 1 − 1) bᵀ term
+        after.w_k.bias.zero_()
+        after.w_v.bias.zero_()
+        assert torch.allclose(after(x), before(x), atol=1e-5)
+        unbiased = LinformerSelfAttention(16, 2, projections, bias=False, compress="before")
+        other = LinformerSelfAttention(16, 2, projections, compress="after", w_q=unbiased.w_q, w_k=unbiased.w_k,
+                                       w_v=unbiased.w_v, w_o=unbiased.w_o)
+        assert torch.allclose(unbiased(x), other(x), atol=1e-5)
+
+
+def test_bad_input() -> None:
+    with pytest.raises(SpectraError, match="positive integer"):
+        Projections(1, 1, 0, 8)
+    with pytest.raises(SpectraError, match="exceeds max_len"):
+        Projections(1, 1, 9, 8)
+    with pytest.raises(SpectraError, match="unknown sharing"):
+        Projections(1, 1, 4, 8, "rowwise")
+    with pytest.raises(SpectraError, match="unknown init"):
+        Projections(1, 1, 4, 8, init="zeros")
+    with pytest.raises(SpectraError, match="unknown compress"):
+        LinformerSelfAttention(8, 2, Projections(1, 2, 4, 8), compress="middle")
+    with pytest.raises(SpectraError, match="do not fit"):
+        LinformerSelfAttention(8, 4, Projections(1, 2, 4, 8))
+    with pytest.raises(SpectraError) as error:
+        Projections(1, 1, 0, 8)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_substitute_in_a_model_equals_the_standalone_layer(device) -> None:
+    """The capture substitute (projected q, k, v) and the standalone layer on hidden states agree."""
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=24)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config, attn_implementation=capture.NAME).to(device).eval()
+    input_ids = torch.randint(5, 50, (2, 24), device=device)
+    attention_mask = torch.ones(2, 24, dtype=torch.long, device=device)
+    attention_mask[1, 15:] = 0
+    projections = Projections(2, 2, k_proj=8, max_len=24, sharing="none", seed=0).to(device)
+    seen = {}
+    attention = model.encoder.layer[0].attention
+    hook = attention.self.register_forward_hook(lambda module, args, out: seen.setdefault("heads", out[0]))
+    with torch.no_grad():
+        exact = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        seen.clear()
+        with capture.capturing(substitute=substitute(projections, layers=[0])):
+            approx = model(input_ids=input_ids, attention_mask=attention_mask)
+        standalone = LinformerSelfAttention.from_pretrained(attention, projections, 0)
+        assert standalone.w_q is attention.self.query and isinstance(standalone.w_o, nn.Linear)
+        layer = standalone(exact.hidden_states[0], attention_mask)
+        heads_only = LinformerSelfAttention.from_pretrained(attention.self, projections, 0)
+        assert isinstance(heads_only.w_o, nn.Identity)
+        heads = heads_only(exact.hidden_states[0], attention_mask)
+    hook.remove()
+    valid = attention_mask.bool()
+    assert torch.allclose(seen["heads"][valid], heads[valid], atol=1e-5)
+    assert torch.allclose(layer, attention.output.dense(heads), atol=1e-5)
+    assert not torch.allclose(approx.last_hidden_state, exact.last_hidden_state, atol=1e-3)
