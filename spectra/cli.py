@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -42,6 +43,7 @@ def analyze(
     split: Optional[str] = typer.Option(None, "--split", help="Split of a named dataset (default: test)."),
     text_column: Optional[str] = typer.Option(None, "--text-column", help="Column holding the text in .jsonl/.csv/.parquet files (default: text)."),
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index for c@index and the heatmap (default n/4: 128 for n = 512)."),
+    spectrum: str = typer.Option("exact", "--spectrum", help="exact: SVD of P; fast: √eig of the float64 Gram matrix PᵀP (about 2× faster on CPU, |Δc| ≤ 1e-9 measured)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when present, else cpu), cpu, cuda or mps."),
     dtype: str = typer.Option("float32", "--dtype", help="Forward-pass dtype: float32, bfloat16 or float16; spectra are always float32 or better."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<model>-<data>-n<length>)."),
@@ -56,7 +58,7 @@ def analyze(
     with progress_bar("sequences") as progress:
         run = run_analyze(
             model, data, length=length, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
-            text_column=text_column, at=at, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
+            text_column=text_column, at=at, spectrum=spectrum, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
             trust_remote_code=trust_remote_code, progress=progress, notify=lambda line: print(line, file=sys.stderr),
         )
     per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
@@ -307,6 +309,8 @@ def compare(
 
 def main() -> None:
     """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only process 0 prints results
+        sys.stdout = open(os.devnull, "w")
     try:
         app(standalone_mode=False)
     except SpectraError as error:

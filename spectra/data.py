@@ -119,8 +119,11 @@ def open_corpus(data: str, *, split: str | None = None, text_column: str | None 
 
 @dataclass
 class Batch:
+    """Token ids and attention mask (B, width), and each sequence's index in the run's order."""
+
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+    index: list[int]
 
 
 def _token_chunks(tokenizer, documents: list[str], chunk: int = 256) -> Iterator[list[int]]:
@@ -160,16 +163,19 @@ def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int
             del buffer[:body]
 
 
-def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_size: int, skip: int = 0) -> Iterator[Batch]:
-    """Batches of up to `batch_size` sequences, the first `skip` sequences left out (for resuming)."""
+def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_size: int, skip: int = 0,
+            shard: tuple[int, int] = (0, 1)) -> Iterator[Batch]:
+    """Batches of up to `batch_size` of the first `samples` sequences, leaving out the first `skip`
+    (resuming) and, with shard = (rank, size), keeping only indices ≡ rank mod size (one process's share)."""
+    rank, size = shard
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    pending: list[list[int]] = []
+    pending: list[tuple[int, list[int]]] = []
     for index, ids in enumerate(sequences(tokenizer, corpus, n, mode)):
         if index >= samples:
             break
-        if index < skip:
+        if index < skip or index % size != rank:
             continue
-        pending.append(ids)
+        pending.append((index, ids))
         if len(pending) == batch_size:
             yield _collate(pending, pad)
             pending = []
@@ -177,11 +183,11 @@ def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_si
         yield _collate(pending, pad)
 
 
-def _collate(rows: list[list[int]], pad: int) -> Batch:
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+def _collate(rows: list[tuple[int, list[int]]], pad: int) -> Batch:
+    width = max(len(ids) for _, ids in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    return Batch(ids, mask)
+    for i, (_, ids) in enumerate(rows):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        mask[i, : len(ids)] = 1
+    return Batch(input_ids, mask, [index for index, _ in rows])

@@ -28,14 +28,14 @@ _TAG_MASK = 501
 _FIELDS = ("sequences", "hidden_err", "cosine", "tokens", "loss", "masked")
 
 
-def mask_tokens(batch: Batch, loaded: Loaded, seed: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(batch: Batch, loaded: Loaded, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Input ids with seeded MASK_RATE masking and labels (-100 where not masked); sequence i of the run
-    always gets the same mask, whatever the batching."""
+    always gets the same mask, whatever the batching or the number of processes."""
     tokenizer = loaded.tokenizer
     special = torch.tensor(sorted(set(tokenizer.all_special_ids)))
     ids, labels = batch.input_ids.clone(), torch.full_like(batch.input_ids, -100)
     for row in range(ids.shape[0]):
-        generator = torch.Generator().manual_seed(derive_seed(seed, _TAG_MASK, start + row))
+        generator = torch.Generator().manual_seed(derive_seed(seed, _TAG_MASK, batch.index[row]))
         chosen = torch.rand(ids.shape[1], generator=generator) < MASK_RATE
         chosen &= batch.attention_mask[row].bool() & ~torch.isin(ids[row], special)
         labels[row, chosen] = ids[row, chosen]
@@ -51,10 +51,9 @@ class EndToEnd:
         self.keys = list(substitutes)
         self.sums = np.zeros((len(self.keys) + 1, len(_FIELDS)))  # row 0: the exact model
 
-    def step(self, loaded: Loaded, batch: Batch, start: int,
-             forward: Callable[..., object]) -> None:
+    def step(self, loaded: Loaded, batch: Batch, forward: Callable[..., object]) -> None:
         """Exact and substituted forwards of one batch; `forward(ids, mask, substitute)` runs the model."""
-        ids, labels = (mask_tokens(batch, loaded, self.seed, start) if loaded.masked_lm
+        ids, labels = (mask_tokens(batch, loaded, self.seed) if loaded.masked_lm
                        else (batch.input_ids, None))
         valid = batch.attention_mask.to(loaded.device).bool()
         exact = forward(ids, batch.attention_mask, None)

@@ -36,8 +36,10 @@ class Loaded:
     masked_lm: bool
 
 
-def pick_device(device: str) -> torch.device:
+def pick_device(device: str | torch.device) -> torch.device:
     """auto → cuda when present, else cpu; an explicit device must be available."""
+    if isinstance(device, torch.device):
+        return device
     if device not in DEVICES:
         raise SpectraError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}")
     if device == "auto":
@@ -78,7 +80,7 @@ def max_length(config: transformers.PretrainedConfig, tokenizer: transformers.Pr
 def load(
     source: str,
     *,
-    device: str = "auto",
+    device: str | torch.device = "auto",
     dtype: str = "float32",
     masked_lm: bool = False,
     trust_remote_code: bool = False,

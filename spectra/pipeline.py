@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import capture, data, models
+from . import capture, data, distributed, models
 from .errors import SpectraError
 from .approximate import HeadProbe, check_budgets, expand_methods, substitute
 from .endtoend import EndToEnd
 from .runs import ApproxRun, Run, RunDir, TheoremRun, load_run
-from .spectrum import METRICS, SpectrumProbe
+from .spectrum import METRICS, SPECTRUM_MODES, SpectrumProbe
 from .theory import (Theorem1Probe, Theorem2Probe, check_eps, check_sweep, derive_seed, feed, gaussian_qkv)
 
 #: progress(done, total) after every batch; total is the requested number of sequences
@@ -100,8 +100,8 @@ def forward(
     return outputs
 
 
-#: step(loaded, batch, start, forward): extra work per batch, e.g. substituted forward passes
-Step = Callable[[models.Loaded, data.Batch, int, Callable[..., Any]], None]
+#: step(loaded, batch, forward): extra work per batch, e.g. substituted forward passes
+Step = Callable[[models.Loaded, data.Batch, Callable[..., Any]], None]
 
 
 def run_probes(
@@ -111,15 +111,13 @@ def run_probes(
     *,
     after_batch: Callable[[int], None] | None = None,
     step: Step | None = None,
-    start: int = 0,
 ) -> int:
     """Forward every batch with the probes active (then `step`, if any); returns the sequences seen."""
     seen = 0
     for batch in batches:
         forward(loaded, batch.input_ids, batch.attention_mask, probes)
         if step is not None:
-            step(loaded, batch, start + seen,
-                 lambda ids, mask, substitute: forward(loaded, ids, mask, (), substitute))
+            step(loaded, batch, lambda ids, mask, substitute: forward(loaded, ids, mask, (), substitute))
         seen += batch.input_ids.shape[0]
         if after_batch is not None:
             after_batch(seen)
@@ -158,8 +156,16 @@ def execute(
         changed = sorted(key for key, value in recorded.items() if previous["settings"].get(key) != value)
         raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}")
 
+    device: str | torch.device = settings.device
+    if distributed.requested():
+        if resume:
+            raise SpectraError("--resume is not supported across processes; resume with a single process")
+        device = distributed.start(models.pick_device(settings.device))
+        checkpoint_seconds = float("inf")  # the shares are combined only at the end
+        notify = notify if distributed.is_main() else (lambda line: None)
+        progress = progress if distributed.is_main() else None
     corpus = data.open_corpus(settings.data, split=settings.split, text_column=settings.text_column, seed=settings.seed)
-    loaded = models.load(settings.model, device=settings.device, dtype=settings.dtype, masked_lm=masked_lm,
+    loaded = models.load(settings.model, device=device, dtype=settings.dtype, masked_lm=masked_lm,
                          trust_remote_code=trust_remote_code)
     n = settings.length
     if n > loaded.max_length:
@@ -197,19 +203,25 @@ def execute(
         if time.perf_counter() - last_save >= checkpoint_seconds:
             target.save_checkpoint(probe.state(), done + seen, wall_seconds=elapsed + time.perf_counter() - start)
             last_save = time.perf_counter()
-        if progress is not None:
-            progress(done + seen, settings.samples)
+        if progress is not None:  # with several processes: this one's share, scaled
+            progress(min(done + seen * distributed.size(), settings.samples), settings.samples)
 
     if progress is not None:
         progress(done, settings.samples)
-    stream = data.batches(loaded.tokenizer, corpus, n, settings.mode, settings.samples, settings.batch_size, skip=done)
-    processed = done + run_probes(loaded, stream, [probe], after_batch=after_batch,
-                                  step=step(probe) if step else None, start=done)
+    stream = data.batches(loaded.tokenizer, corpus, n, settings.mode, settings.samples, settings.batch_size, skip=done,
+                          shard=(distributed.rank(), distributed.size()))
+    seen = run_probes(loaded, stream, [probe], after_batch=after_batch, step=step(probe) if step else None)
+    processed = done + distributed.total(seen, loaded.device)
+    probe.load_state(distributed.reduce_state(probe.state(), loaded.device))
     if processed < settings.samples:
         notify(f"the corpus yields {processed} sequences of the {settings.samples} asked for; all of them were used")
-    record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - start)
-    tables, arrays = results(probe)
-    return target.finish(record, tables, arrays)
+    record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - start,
+                  processes=distributed.size())
+    if distributed.is_main():
+        tables, arrays = results(probe)
+        target.finish(record, tables, arrays)
+    distributed.barrier()
+    return target.out
 
 
 def analyze(
@@ -224,6 +236,7 @@ def analyze(
     split: str | None = None,
     text_column: str | None = None,
     at: int | None = None,
+    spectrum: str = "exact",
     device: str = "auto",
     dtype: str = "float32",
     out: str | Path | None = None,
@@ -241,14 +254,16 @@ def analyze(
     if at is not None and not 1 <= at <= length:
         raise SpectraError(f"--at must be an index in 1…{length} (the sequence length), got {at}")
     at = at or max(1, length // 4)
+    if spectrum not in SPECTRUM_MODES:
+        raise SpectraError(f"unknown --spectrum '{spectrum}'; use one of {', '.join(SPECTRUM_MODES)}")
     settings = Settings(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
-                        extra={"at": at})
+                        extra={"at": at, "spectrum": spectrum})
     path = execute(
         "analyze", settings,
-        make_probe=lambda loaded: SpectrumProbe(loaded.layers, loaded.heads, length, at),
+        make_probe=lambda loaded: SpectrumProbe(loaded.layers, loaded.heads, length, at, spectrum),
         results=lambda probe: ({"metrics.csv": metrics_table(probe)}, {"curves.npz": curves_arrays(probe)}),
         out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
-        notify=notify, checkpoint_seconds=checkpoint_seconds, meta={"at": at},
+        notify=notify, checkpoint_seconds=checkpoint_seconds, meta={"at": at, "spectrum": spectrum},
     )
     return load_run(path)
 

@@ -143,3 +143,12 @@ def test_bfloat16_forward_keeps_float32_spectra(roberta_dir, text_file, tmp_path
     assert half.meta["dtype"] == "bfloat16" and half.cum_mean.dtype == np.float64
     assert np.abs(half.cum_mean - full.cum_mean).max() < 0.05
     assert not np.array_equal(half.cum_mean, full.cum_mean)
+
+
+def test_fast_spectrum_mode_agrees_with_exact(roberta_dir, text_file, tmp_path) -> None:
+    args = dict(length=24, samples=4, mode="truncate", **QUIET)
+    exact = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "exact", **args)
+    fast = spectra.analyze(str(roberta_dir), str(text_file), spectrum="fast", out=tmp_path / "fast", **args)
+    assert fast.meta["spectrum"] == "fast"
+    assert np.abs(fast.cum_mean - exact.cum_mean).max() < 1e-5
+    assert np.allclose(fast.metrics["rank90_mean"], exact.metrics["rank90_mean"])

@@ -75,10 +75,9 @@ def test_end_to_end_loss_matches_eager_and_exact_substitution_is_lossless(robert
     e2e = run.end_to_end.set_index(["method", "budget"])
     loaded = models.load(str(roberta_dir), device="cpu", masked_lm=True)
     eager = AutoModelForMaskedLM.from_pretrained(roberta_dir, attn_implementation="eager").eval()
-    total, count, start = 0.0, 0, 0
+    total, count = 0.0, 0
     for batch in eager_batches(roberta_dir, text_file):
-        ids, labels = mask_tokens(batch, loaded, seed=0, start=start)
-        start += ids.shape[0]
+        ids, labels = mask_tokens(batch, loaded, seed=0)
         with torch.no_grad():
             logits = eager(input_ids=ids, attention_mask=batch.attention_mask).logits
         total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum").item()

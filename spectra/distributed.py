@@ -1,0 +1,73 @@
+"""Runs spread over processes with torch.distributed (`torchrun --nproc-per-node N -m spectra …`).
+
+Each process takes every N-th sequence, accumulates its own streaming statistics, and the states are
+combined exactly at the end: counts, sums and histograms are summed (in float64, exact for counts
+below 2⁵³), minima and maxima reduced; process 0 alone writes the run directory. gloo serves CPU
+processes, nccl GPU ones (one GPU per process, chosen by LOCAL_RANK).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+#: state arrays reduced by min/max (by the last part of their name); every other array is summed
+_REDUCE = {"min": "MIN", "max": "MAX", "d": "MAX"}
+
+
+def requested() -> bool:
+    """True when launched by torchrun (or any launcher setting WORLD_SIZE > 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def start(device: torch.device) -> torch.device:
+    """Join the process group once; on CUDA each process takes the GPU of its LOCAL_RANK."""
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def reduce_state(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, np.ndarray]:
+    """Combine every process's state arrays exactly (see module docstring)."""
+    if size() == 1:
+        return arrays
+    combined = {}
+    for name in sorted(arrays):
+        value = np.asarray(arrays[name])
+        tensor = torch.from_numpy(value.astype(np.float64)).to(device)
+        op = getattr(dist.ReduceOp, _REDUCE.get(name.rsplit(".", 1)[-1], "SUM"))
+        dist.all_reduce(tensor, op=op)
+        combined[name] = tensor.cpu().numpy().astype(value.dtype)
+    return combined
+
+
+def total(count: int, device: torch.device) -> int:
+    """The sum of an integer over all processes."""
+    if size() == 1:
+        return count
+    tensor = torch.tensor([count], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return int(tensor.item())
+
+
+def barrier() -> None:
+    if size() > 1:
+        dist.barrier()

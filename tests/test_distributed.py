@@ -1,0 +1,56 @@
+"""torchrun with two CPU processes (gloo) gives the numbers of one process on the same sequences."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+import spectra
+from spectra.pipeline import approx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args: list[str], cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), "-m", "spectra", *args, "--device", "cpu"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
+    common = ["--data", str(text_file), "--length", "24", "--samples", "7", "--batch-size", "2", "--mode", "truncate"]
+    done = torchrun(["analyze", str(roberta_dir), *common, "--out", str(tmp_path / "two")], tmp_path)
+    assert done.stdout.count("results written to") == 1, "only process 0 prints"
+    two = spectra.load_run(tmp_path / "two")
+    one = spectra.analyze(str(roberta_dir), str(text_file), length=24, samples=7, batch_size=2, mode="truncate",
+                          device="cpu", out=tmp_path / "one", progress=None, notify=lambda line: None)
+    assert two.meta["processes"] == 2 and two.meta["samples"] == 7
+    assert np.abs(two.cum_mean - one.cum_mean).max() <= 1e-9
+    assert np.abs(two.cum_std - one.cum_std).max() <= 1e-9
+    numeric = one.metrics.select_dtypes("number").columns
+    assert np.abs(two.metrics[numeric].to_numpy() - one.metrics[numeric].to_numpy()).max() <= 1e-9
+
+    # one sequence per batch, so the float32 forward passes are the same in both runs, row for row
+    single = ["--data", str(text_file), "--length", "24", "--samples", "5", "--batch-size", "1"]
+    torchrun(["approx", str(roberta_dir), *single, "--k", "4,8", "--methods", "svd,jl,pool-mean", "--end-to-end",
+              "--out", str(tmp_path / "approx-two")], tmp_path)
+    two = spectra.load_run(tmp_path / "approx-two")
+    one = approx(str(roberta_dir), str(text_file), length=24, samples=5, batch_size=1,
+                 budgets=[4, 8], methods=["svd", "jl", "pool-mean"], end_to_end=True, device="cpu",
+                 out=tmp_path / "approx-one", progress=None, notify=lambda line: None)
+    for table in ("heads", "end_to_end"):
+        a, b = getattr(one, table), getattr(two, table)
+        numeric = a.select_dtypes("number").columns
+        assert a.drop(columns=numeric).equals(b.drop(columns=numeric))
+        assert np.allclose(a[numeric].to_numpy(), b[numeric].to_numpy(), rtol=1e-9, atol=1e-9, equal_nan=True)
