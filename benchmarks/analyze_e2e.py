@@ -1,0 +1,85 @@
+"""End to end: `spectra analyze` on a randomly initialised RoBERTa-base-sized model at n = 512.
+
+    python benchmarks/analyze_e2e.py [--samples 8,16,32] [--length 512] [--batch-size 4]
+
+Each sample count runs in a fresh process (so peak resident memory is that run's own), which also
+times, on the same kind of batches, the bare forward pass (the model as users run it, SDPA attention,
+no capture) and the bare spectrum stage (the exact probe on P of that size). Reported: sequences/s,
+steady-state time per sequence (first finished batch to last, so model loading and tokenizer start-up
+are left out) against (bare forward + bare spectrum), and peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = r"""
+import json, resource, sys, time, tempfile
+from pathlib import Path
+import torch, transformers
+from transformers import RobertaConfig, RobertaForMaskedLM
+sys.path.insert(0, {tests!r})
+import tiny
+import spectra
+from spectra.spectrum import SpectrumProbe
+
+samples, n, batch = {samples}, {length}, {batch}
+root = Path(tempfile.mkdtemp())
+tokenizer = tiny._tokenizer("roberta")
+config = RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=n + 2, pad_token_id=tokenizer.pad_token_id)
+torch.manual_seed(0)
+RobertaForMaskedLM(config).save_pretrained(root / "model")
+tokenizer.save_pretrained(root / "model")
+tiny.write_text(root / "corpus.txt", count=4000)
+marks = []
+start = time.perf_counter()
+run = spectra.analyze(str(root / "model"), str(root / "corpus.txt"), length=n, samples=samples, batch_size=batch,
+                      device="cpu", out=root / "run", notify=lambda line: None,
+                      progress=lambda done, total: marks.append((time.perf_counter(), done)))
+total = time.perf_counter() - start
+(t0, d0), (t1, d1) = marks[1], marks[-1]  # from the first finished batch to the last: steady state
+steady = (t1 - t0) / (d1 - d0)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# bare forward (SDPA, as users run it) and bare spectrum on batches of the same shape
+model = transformers.AutoModel.from_pretrained(root / "model").eval()
+ids = torch.randint(5, len(tokenizer), (batch, n))
+with torch.inference_mode():
+    model(input_ids=ids)
+    t = time.perf_counter(); model(input_ids=ids); forward = (time.perf_counter() - t) / batch
+probe = SpectrumProbe(1, 12, n, n // 4)
+p = torch.softmax(torch.randn(batch, 12, n, n) * 3, -1)
+t = time.perf_counter()
+for layer in range(12):
+    probe.update(0, None, None, None, None, p)
+spectrum = (time.perf_counter() - t) / batch
+print(json.dumps(dict(samples=samples, seconds=total, steady=steady, peak_mb=peak, forward=forward, spectrum=spectrum)))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", default="8,16,32")
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=4)
+    args = parser.parse_args()
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    print("| samples | wall incl. load (s) | steady s/seq | bare forward + bare spectrum (s/seq) | ratio | peak RSS (MiB) |")
+    print("|---|---|---|---|---|---|---|")
+    for samples in (int(x) for x in args.samples.split(",")):
+        code = CHILD.format(tests=tests, samples=samples, length=args.length, batch=args.batch_size)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(done.stderr[-2000:])
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        bare = r["forward"] + r["spectrum"]
+        print(f"| {samples} | {r['seconds']:.1f} | {r['steady']:.2f} | "
+              f"{r['forward']:.2f} + {r['spectrum']:.2f} = {bare:.2f} | {r['steady'] / bare:.2f} | {r['peak_mb']:.0f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The paper's Table 3 on this machine: one attention layer's forward, Linformer against exact attention.
+
+    python benchmarks/attention.py [--lengths 512,1024,2048,4096,8192,16384] [--budgets 64,128,256] [--tokens 16384]
+
+Compared on the same (B, H, n, d) = (tokens/n, 12, n, 64) q, k, v (a fixed number of tokens per batch,
+one of the paper's two settings): eager attention softmax(q kᵀ/√d) v, PyTorch's fused
+scaled_dot_product_attention, and the project's Linformer attention (spectra.linformer.linear_attention)
+with projected length k. Each configuration runs in a fresh process so its peak RSS is its own; the
+memory column is the peak RSS above the process's baseline after creating the inputs. Time is the
+best of 3. The paper's V100 ratios at n = 512 and n = 65536 (k = 128), the two quoted in the issue, are printed beside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import json, resource, time, torch
+from spectra.linformer import linear_attention
+from spectra.theory import jl_matrix
+method, n, budget, tokens = {method!r}, {n}, {budget}, {tokens}
+batch, heads, d = max(1, tokens // n), 12, 64
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(batch, heads, n, d, generator=g) for _ in range(3))
+if method == "linformer":
+    e = jl_matrix(budget, n, 1)[None]
+    f = jl_matrix(budget, n, 2)[None]
+    run = lambda: linear_attention(q, k, v, e, f)
+elif method == "sdpa":
+    run = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
+else:
+    run = lambda: torch.softmax(q @ k.transpose(-1, -2) * d ** -0.5, dim=-1) @ v
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+times = []
+with torch.inference_mode():
+    for _ in range(3):
+        t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps(dict(seconds=min(times), memory_mb=(peak - base) / 1024)))
+"""
+
+#: the two corners of the paper's Table 3 quoted in the project's issue (inference time / memory saved by
+#: Linformer vs a standard Transformer on a V100), keyed (n, k); other cells are not reproduced here
+PAPER = {(512, 128): (1.5, 1.7), (65536, 128): (20, 60)}
+
+
+def measure(method: str, n: int, budget: int, tokens: int) -> dict:
+    code = CHILD.format(method=method, n=n, budget=budget, tokens=tokens)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"seconds": float("nan"), "memory_mb": float("nan"), "error": done.stderr.strip().splitlines()[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="512,1024,2048,4096,8192,16384")
+    parser.add_argument("--budgets", default="64,128,256")
+    parser.add_argument("--tokens", type=int, default=16384)
+    args = parser.parse_args()
+    print("| n | batch | eager (s, MiB) | sdpa (s, MiB) | linformer k | linformer (s, MiB) "
+          "| time: eager/lin, sdpa/lin | memory: eager/lin, sdpa/lin | paper time, memory (V100) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.lengths.split(",")):
+        eager, sdpa = measure("eager", n, 0, args.tokens), measure("sdpa", n, 0, args.tokens)
+        for budget in (int(x) for x in args.budgets.split(",")):
+            lin = measure("linformer", n, budget, args.tokens)
+            paper = PAPER.get((n, budget))
+            print(f"| {n} | {max(1, args.tokens // n)} | {eager['seconds']:.3f}, {eager['memory_mb']:.0f} "
+                  f"| {sdpa['seconds']:.3f}, {sdpa['memory_mb']:.0f} | {budget} "
+                  f"| {lin['seconds']:.3f}, {lin['memory_mb']:.0f} "
+                  f"| {eager['seconds'] / lin['seconds']:.2f}×, {sdpa['seconds'] / lin['seconds']:.2f}× "
+                  f"| {eager['memory_mb'] / max(lin['memory_mb'], 1):.1f}×, {sdpa['memory_mb'] / max(lin['memory_mb'], 1):.1f}× "
+                  f"| {f'{paper[0]}×, {paper[1]}×' if paper else '—'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
