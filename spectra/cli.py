@@ -79,7 +79,7 @@ def _ints(text: str, option: str) -> list[int]:
 def approx(
     model: str = typer.Argument(..., help="Hub id or model directory to evaluate, or an approx run directory to re-plot with --plot."),
     data: str = typer.Option("imdb", "--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file."),
-    k: str = typer.Option("128", "--k", help="Budget(s) k, comma-separated: projected length = features = landmarks; each ≤ n."),
+    k: str = typer.Option("128", "--k", help="Budget(s) k, comma-separated: projected length = features = landmarks = active queries; each ≤ n."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated methods (default svd,jl,linformer,pool-mean,pool-max); 'linformer' means all four sharing levels, 'linformer(kv)' one."),
     end_to_end: bool = typer.Option(False, "--end-to-end", help="Also substitute each approximation into the forward pass: hidden-state drift and masked-LM perplexity."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to substitute with --end-to-end, e.g. 6-11 or 0,3,5-7 (default all)."),

@@ -5,13 +5,13 @@ Registered into `approximate.METHODS` next to svd/jl/linformer/pooling, so `spec
 n×n P̃), end-to-end drift and perplexity. s is the captured model's score scale (`Layer.scaling`,
 usually 1/√d) and the budget k means k random features, k landmarks or k active queries.
 
-| method | P̃ (n×n) | head output | cost per head |
-| --- | --- | --- | --- |
-| performer | D̂⁻¹ φ(Q) φ(K)ᵀ, φ(x) = exp(−‖x‖²/2)/√m · exp(W x) on √s q, √s k; W: m = k orthogonal random features | D̂⁻¹ φ(Q)(φ(K)ᵀ V) | O(n k d) |
-| nystrom | softmax(Q K̃ᵀ s) A⁺ softmax(Q̃ Kᵀ s), A = softmax(Q̃ K̃ᵀ s); Q̃, K̃ = k segment means | P̃ V, right to left | O(n k d + k³) |
-| nystrom-iter6 | the same with A⁺ replaced by 6 steps of Nyströmformer's iteration | P̃ V | O(n k d + k³) |
-| skyformer | D̃⁻¹ κ(Q, L) κ(L, L)⁺ κ(L, K) diag(w), κ the Gaussian kernel, L = k landmarks sampled from [Q; K], w_j = exp(s‖k_j‖²/2) | P̃ V, right to left | O(n k d + k³) |
-| probsparse | P's row for the top-k queries by M̄(q), the uniform row over valid keys for the others | P̃ V | O(n d (k + c ln n)) |
+| method | P̃ (n×n); the head output is Ṽ = P̃ V | cost per head |
+| --- | --- | --- |
+| performer | D̂⁻¹ φ(Q) φ(K)ᵀ, φ(x) = exp(−‖x‖²/2)/√m · exp(W x) on √s q, √s k, m = k features | O(n k d) |
+| nystrom | softmax(Q K̃ᵀ s) A⁺ softmax(Q̃ Kᵀ s), A = softmax(Q̃ K̃ᵀ s), k segment means | O(n k d + k³) |
+| nystrom-iter6 | the same, A⁺ by 6 steps of Nyströmformer's iteration (`nystrom_method`) | O(n k d + k³) |
+| skyformer | D̃⁻¹ κ(Q, L) κ(L, L)⁺ κ(L, K) diag(exp(s‖k_j‖²/2)), Gaussian κ, k landmarks L | O(n k d + k³) |
+| probsparse | P's rows for the top-k queries by M̄(q), uniform rows for the others | O(n d (k + c ln n)) |
 
 Fastformer is not here: its additive attention needs trained w_q, w_k, so it approximates nothing of a
 pretrained model's P V (see docs/methods.md). The costs are the methods' own; to measure ‖P − P̃‖ this
@@ -42,7 +42,7 @@ def _masked_softmax(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def _valid_first(valid: torch.Tensor) -> torch.Tensor:
     """Positions (B, n) with the valid ones first, in order: rank r ↦ the r-th valid position."""
-    return torch.argsort((~valid).to(torch.int8), dim=-1, stable=True)
+    return torch.argsort((~valid).int(), dim=-1, stable=True)
 
 
 # ---------------------------------------------------------------- Performer (Choromanski et al. 2021)
@@ -69,7 +69,7 @@ def _performer_w(seed: int, budget: int, layer: int, heads: int, d: int) -> np.n
 def performer_features(x: Layer, budget: int) -> torch.Tensor:
     """The seeded W (H, m = k, d) of each head, fixed by (seed, budget, layer, head)."""
     w = _performer_w(x.seed, budget, x.layer, x.q.shape[1], x.q.shape[-1])
-    return torch.from_numpy(w).to(device=x.q.device, dtype=x.q.dtype)
+    return torch.tensor(w, device=x.q.device, dtype=x.q.dtype)  # a copy: the cached array stays intact
 
 
 def log_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -87,6 +87,7 @@ def performer(x: Layer, budget: int) -> Approximation:
     No additive stabiliser ε. For float safety each query's features are divided by their largest
     entry, and all keys' features of one (sequence, head) by one common largest entry: both factors
     cancel exactly in D̂⁻¹ φ(Q) φ(K)ᵀ. (A per-key shift would not cancel: it would reweight the keys.)
+    D̂ is kept above the dtype's tiny, so a query whose estimate underflows gets a zero row, not NaN.
     """
     w, root = performer_features(x, budget), math.sqrt(x.scaling)
     log_q, log_k = log_features(x.q * root, w), log_features(x.k * root, w)
@@ -233,14 +234,15 @@ def probsparse_sample(x: Layer) -> tuple[torch.Tensor, torch.Tensor]:
     padding, the same for a sequence alone or padded in a batch.
     """
     heads, n = x.q.shape[1:3]
-    lengths = x.valid.sum(-1).clamp_min(1)
-    counts = [min(INFORMER_FACTOR * math.ceil(math.log(m)), m) if m > 1 else 1 for m in lengths.tolist()]
-    draws = torch.from_numpy(_informer_draws(x.seed, x.layer, heads, n, max(counts))).to(x.q)  # (H, n, c)
-    ranks = (draws[None] * lengths[:, None, None, None].to(x.q)).long().clamp_max(lengths[:, None, None, None] - 1)
+    lengths = np.maximum(x.valid.sum(-1).cpu().numpy(), 1)[:, None, None, None]  # (B, 1, 1, 1)
+    counts = np.minimum(INFORMER_FACTOR * np.ceil(np.log(lengths[:, 0, 0, 0])).astype(np.int64), lengths[:, 0, 0, 0])
+    counts = np.maximum(counts, 1)
+    draws = _informer_draws(x.seed, x.layer, heads, n, int(counts.max()))  # (H, n, c) in float64, any device
+    ranks = torch.from_numpy(np.minimum((draws[None] * lengths).astype(np.int64), lengths - 1)).to(x.valid.device)
     order = _valid_first(x.valid)[:, None, :].expand(-1, heads, -1)  # (B, H, n)
     positions = torch.gather(order, -1, ranks.flatten(-2)).view(ranks.shape)
-    used = torch.arange(max(counts), device=x.q.device) < torch.tensor(counts, device=x.q.device)[:, None]
-    return positions, used[:, None, None, :]
+    used = np.arange(counts.max()) < counts[:, None]
+    return positions, torch.from_numpy(used).to(x.valid.device)[:, None, None, :]
 
 
 @method("probsparse")
