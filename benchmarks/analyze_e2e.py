@@ -3,8 +3,8 @@
     python benchmarks/analyze_e2e.py [--samples 8,16,32] [--length 512] [--batch-size 4]
 
 Each sample count runs in a fresh process (so peak resident memory is that run's own), which also
-times, on the same kind of batches, the bare forward pass (the model as users run it, SDPA attention,
-no capture) and the bare spectrum stage (the exact probe on P of that size). Reported: sequences/s,
+times, on one batch of the same shape, the bare forward pass (the model as users run it, SDPA attention,
+no capture) and the bare spectrum stage (the exact probe on that batch's own P, captured beforehand). Reported: sequences/s,
 steady-state time per sequence (first finished batch to last, so model loading and tokenizer start-up
 are left out) against (bare forward + bare spectrum), and peak RSS.
 """
@@ -24,7 +24,7 @@ import torch, transformers
 from transformers import RobertaConfig, RobertaForMaskedLM
 sys.path.insert(0, {tests!r})
 import tiny
-import spectra
+import spectra, spectra.capture, spectra.models
 from spectra.spectrum import SpectrumProbe
 
 samples, n, batch = {samples}, {length}, {batch}
@@ -50,11 +50,17 @@ ids = torch.randint(5, len(tokenizer), (batch, n))
 with torch.inference_mode():
     model(input_ids=ids)
     t = time.perf_counter(); model(input_ids=ids); forward = (time.perf_counter() - t) / batch
-probe = SpectrumProbe(1, 12, n, n // 4)
-p = torch.softmax(torch.randn(batch, 12, n, n) * 3, -1)
+class Keep:
+    def update(self, layer, q, k, v, mask, p, *, scaling):
+        kept.append((layer, mask, p.clone()))
+kept = []
+loaded = spectra.models.load(str(root / "model"), device="cpu")
+with torch.inference_mode(), spectra.capture.capturing([Keep()]):
+    loaded.model(input_ids=ids)
+probe = SpectrumProbe(config.num_hidden_layers, 12, n, n // 4)
 t = time.perf_counter()
-for layer in range(12):
-    probe.update(0, None, None, None, None, p)
+for layer, mask, p in kept:  # the model's own P of one batch
+    probe.update(layer, None, None, None, mask, p)
 spectrum = (time.perf_counter() - t) / batch
 print(json.dumps(dict(samples=samples, seconds=total, steady=steady, peak_mb=peak, forward=forward, spectrum=spectrum)))
 """
