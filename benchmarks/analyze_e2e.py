@@ -3,7 +3,7 @@
     python benchmarks/analyze_e2e.py [--samples 8,16,32] [--length 512] [--batch-size 4]
 
 Each sample count runs in a fresh process (so peak resident memory is that run's own), which also
-times, on one batch of the same shape, the bare forward pass (the model as users run it, SDPA attention,
+times, on the run's own first batch, the bare forward pass (the model as users run it, SDPA attention,
 no capture) and the bare spectrum stage (the exact probe on that batch's own P, captured beforehand). Reported: sequences/s,
 steady-state time per sequence (first finished batch to last, so model loading and tokenizer start-up
 are left out) against (bare forward + bare spectrum), and peak RSS.
@@ -24,7 +24,7 @@ import torch, transformers
 from transformers import RobertaConfig, RobertaForMaskedLM
 sys.path.insert(0, {tests!r})
 import tiny
-import spectra, spectra.capture, spectra.models
+import spectra, spectra.capture, spectra.data, spectra.models
 from spectra.spectrum import SpectrumProbe
 
 samples, n, batch = {samples}, {length}, {batch}
@@ -44,22 +44,26 @@ total = time.perf_counter() - start
 (t0, d0), (t1, d1) = marks[1], marks[-1]  # from the first finished batch to the last: steady state
 steady = (t1 - t0) / (d1 - d0)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-# bare forward (SDPA, as users run it) and bare spectrum on batches of the same shape
+# bare forward (SDPA, as users run it) and bare spectrum on the run's own first batch: the SVD's cost
+# depends on P's structure, so it must be timed on the same sequences' P
+loaded = spectra.models.load(str(root / "model"), device="cpu")
+corpus = spectra.data.open_corpus(str(root / "corpus.txt"))
+first = next(spectra.data.batches(loaded.tokenizer, corpus, n, "pack", batch, batch))
 model = transformers.AutoModel.from_pretrained(root / "model").eval()
-ids = torch.randint(5, len(tokenizer), (batch, n))
 with torch.inference_mode():
-    model(input_ids=ids)
-    t = time.perf_counter(); model(input_ids=ids); forward = (time.perf_counter() - t) / batch
+    model(input_ids=first.input_ids, attention_mask=first.attention_mask)
+    t = time.perf_counter()
+    model(input_ids=first.input_ids, attention_mask=first.attention_mask)
+    forward = (time.perf_counter() - t) / batch
 class Keep:
     def update(self, layer, q, k, v, mask, p, *, scaling):
         kept.append((layer, mask, p.clone()))
 kept = []
-loaded = spectra.models.load(str(root / "model"), device="cpu")
 with torch.inference_mode(), spectra.capture.capturing([Keep()]):
-    loaded.model(input_ids=ids)
+    loaded.model(input_ids=first.input_ids, attention_mask=first.attention_mask)
 probe = SpectrumProbe(config.num_hidden_layers, 12, n, n // 4)
 t = time.perf_counter()
-for layer, mask, p in kept:  # the model's own P of one batch
+for layer, mask, p in kept:
     probe.update(layer, None, None, None, mask, p)
 spectrum = (time.perf_counter() - t) / batch
 print(json.dumps(dict(samples=samples, seconds=total, steady=steady, peak_mb=peak, forward=forward, spectrum=spectrum)))

@@ -32,7 +32,8 @@ from .capture import Substitute
 from .errors import SpectraError
 from .capture import key_valid
 from .spectrum import masked, split_threads
-from .theory import ErrorStats, derive_seed, jl_matrix, orthogonal_matrix
+from .stats import ErrorStats
+from .theory import derive_seed, jl_matrix, orthogonal_matrix
 
 MEASURES = ("out_err", "p_err", "tv")
 PROJECTIONS = ("gaussian", "orthogonal")

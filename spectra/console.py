@@ -121,7 +121,7 @@ def print_theorems(run) -> None:
     rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")]
     if len(rhs):
         k2 = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in rhs.groupby("eps")["k_theory"].first().items())
-        out.print(f"Theorem 2 relative to its right side ‖softmax(w)‖‖V‖_F: median "
+        out.print("Theorem 2 relative to its right side ‖softmax(w)‖‖V‖_F, median (largest over δ): "
                   + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "k_proj"])
                               .groupby("k_proj")["median"].max().items())
                   + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}", soft_wrap=True)

@@ -10,13 +10,13 @@ for m = n the grid is the absolute index and nothing is interpolated.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 import numpy as np
 import torch
 
 from .capture import key_valid
+from .stats import Moments
 
 T = TypeVar("T")
 
@@ -153,46 +153,6 @@ def summarize(
         dim=-1,
     )
     return grid, metrics
-
-
-@dataclass
-class Moments:
-    """Streaming count, sum and sum of squares in float64: mean and std without holding the samples."""
-
-    count: np.ndarray
-    total: np.ndarray
-    total_sq: np.ndarray
-
-    @classmethod
-    def zeros(cls, shape: tuple[int, ...]) -> "Moments":
-        return cls(np.zeros(shape[:-1] if len(shape) > 1 else (), np.float64), np.zeros(shape), np.zeros(shape))
-
-    def add(self, index: int, x: torch.Tensor) -> None:
-        """Add samples x (S, *shape[1:]) — S along axis 0 — to slot `index` of the leading axis."""
-        x = x.detach().to("cpu", torch.float64).numpy()
-        self.count[index] += x.shape[0]
-        self.total[index] += x.sum(0)
-        self.total_sq[index] += (x * x).sum(0)
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.total / self._count()
-
-    @property
-    def std(self) -> np.ndarray:
-        """Population standard deviation over the samples (ddof = 0)."""
-        return np.sqrt(np.maximum(self.total_sq / self._count() - self.mean**2, 0.0))
-
-    def _count(self) -> np.ndarray:
-        count = np.maximum(self.count, 1)
-        return count.reshape(count.shape + (1,) * (self.total.ndim - count.ndim))
-
-    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
-        return {f"{prefix}.count": self.count, f"{prefix}.total": self.total, f"{prefix}.total_sq": self.total_sq}
-
-    @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> "Moments":
-        return cls(*(np.array(arrays[f"{prefix}.{name}"]) for name in ("count", "total", "total_sq")))
 
 
 class SpectrumProbe:

@@ -7,7 +7,8 @@ import pytest
 import scipy.linalg
 import torch
 
-from spectra.spectrum import METRICS, Moments, SpectrumProbe, resample, singular_values, summarize
+from spectra.spectrum import METRICS, SpectrumProbe, resample, singular_values, summarize
+from spectra.stats import Moments
 
 
 def stochastic(batch: int, n: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:

@@ -12,8 +12,8 @@ import torch
 
 from spectra.errors import SpectraError
 from spectra.linformer import Projections, linear_attention
+from spectra.stats import ErrorStats
 from spectra.theory import (
-    ErrorStats,
     Theorem1Probe,
     Theorem2Probe,
     attention_probs,

@@ -1,0 +1,187 @@
+"""Streaming statistics whose memory does not grow with the number of samples, and whose states add up.
+
+`Moments` keeps count, sum and sum of squares (mean and standard deviation); `ErrorStats` keeps exact
+threshold counts and a log-spaced histogram (quantiles). Both hold plain arrays, so a run can checkpoint
+them, resume them, and combine the states of several processes by adding (min/max by reducing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .errors import SpectraError
+
+QUANTILES = {"median": 0.5, "p95": 0.95}
+
+
+def check_eps(eps: Sequence[float] | float) -> tuple[float, ...]:
+    """ε values, each strictly inside (0, 1) (the ε² − ε³ of the bounds needs it); sorted, unique."""
+    values = (eps,) if isinstance(eps, (int, float)) else tuple(eps)
+    if not values:
+        raise SpectraError("the ε list is empty; pass at least one value in (0, 1), e.g. --eps 0.1,0.2,0.3,0.5")
+    for value in values:
+        if not 0.0 < float(value) < 1.0:
+            raise SpectraError(f"ε must lie strictly between 0 and 1, got {value}; pass e.g. --eps 0.1,0.2,0.3,0.5")
+    return tuple(sorted({float(value) for value in values}))
+
+
+@dataclass
+class Moments:
+    """Streaming count, sum and sum of squares in float64: mean and std without holding the samples."""
+
+    count: np.ndarray
+    total: np.ndarray
+    total_sq: np.ndarray
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...]) -> "Moments":
+        return cls(np.zeros(shape[:-1] if len(shape) > 1 else (), np.float64), np.zeros(shape), np.zeros(shape))
+
+    def add(self, index: int, x: torch.Tensor) -> None:
+        """Add samples x (S, *shape[1:]) — S along axis 0 — to slot `index` of the leading axis."""
+        x = x.detach().to("cpu", torch.float64).numpy()
+        self.count[index] += x.shape[0]
+        self.total[index] += x.sum(0)
+        self.total_sq[index] += (x * x).sum(0)
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.total / self._count()
+
+    @property
+    def std(self) -> np.ndarray:
+        """Population standard deviation over the samples (ddof = 0)."""
+        return np.sqrt(np.maximum(self.total_sq / self._count() - self.mean**2, 0.0))
+
+    def _count(self) -> np.ndarray:
+        count = np.maximum(self.count, 1)
+        return count.reshape(count.shape + (1,) * (self.total.ndim - count.ndim))
+
+    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}.count": self.count, f"{prefix}.total": self.total, f"{prefix}.total_sq": self.total_sq}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> "Moments":
+        return cls(*(np.array(arrays[f"{prefix}.{name}"]) for name in ("count", "total", "total_sq")))
+
+
+class ErrorStats:
+    """Per-cell streaming summaries of relative errors: exact Pr(error ≤ ε), histogram quantiles, mean, max.
+
+    The histogram has `per_decade` bins per decade of log10(error) over [lo, hi] plus an under- and an
+    overflow bin; quantiles interpolate within a bin (log-linearly) and are clipped to the exact min and
+    max, so they are accurate to a fraction of one bin (10^(1/per_decade) − 1 ≈ 2.3% by default). All
+    sums are integer counts or float64 totals: the result does not depend on how samples are batched.
+    """
+
+    def __init__(
+        self, cells: tuple[int, ...], eps: Sequence[float], lo: float = -6.0, hi: float = 3.0, per_decade: int = 100
+    ) -> None:
+        self.cells, self.eps, self.lo, self.hi, self.per_decade = tuple(cells), check_eps(eps), lo, hi, per_decade
+        self.bins = int(round((hi - lo) * per_decade))
+        self.count = np.zeros(self.cells, np.int64)
+        self.below = np.zeros(self.cells + (len(self.eps),), np.int64)
+        self.hist = np.zeros(self.cells + (self.bins + 2,), np.int64)
+        self.total = np.zeros(self.cells, np.float64)
+        self.min = np.full(self.cells, np.inf)
+        self.max = np.full(self.cells, -np.inf)
+
+    def add(self, index: int | tuple[int, ...], errors: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """Add samples errors (*cells[len(index):], S) to the cells under `index`; keep (broadcastable) selects samples.
+
+        NaN errors count as +inf (failures), never silently dropped.
+        """
+        index = (index,) if isinstance(index, int) else tuple(index)
+        shape = self.cells[len(index):]
+        if tuple(errors.shape[:-1]) != shape:
+            raise ValueError(f"errors of shape {tuple(errors.shape)} do not fit cells {shape} + (samples,)")
+        errors = torch.nan_to_num(errors.detach().to(torch.float64), nan=math.inf)
+        keep = torch.ones_like(errors, dtype=torch.bool) if keep is None else keep.to(errors.device).expand_as(errors)
+        eps = torch.tensor(self.eps, dtype=torch.float64, device=errors.device)
+        below = ((errors[..., None] <= eps) & keep[..., None]).sum(-2)
+        log = (torch.log10(errors) - self.lo) * self.per_decade + 1
+        bins = torch.where(errors > 0, log, torch.zeros_like(log)).floor().clamp(0, self.bins + 1).long()
+        cell = torch.arange(math.prod(shape), device=errors.device).view(*shape, 1)
+        flat = (cell * (self.bins + 2) + bins)[keep]
+        hist = torch.bincount(flat, minlength=math.prod(shape) * (self.bins + 2)).view(*shape, self.bins + 2)
+        inf = torch.tensor(math.inf, dtype=torch.float64, device=errors.device)
+        self.count[index] += keep.sum(-1).cpu().numpy()
+        self.below[index] += below.cpu().numpy()
+        self.hist[index] += hist.cpu().numpy()
+        self.total[index] += torch.where(keep, errors, 0.0).sum(-1).cpu().numpy()
+        self.min[index] = np.minimum(self.min[index], torch.where(keep, errors, inf).amin(-1).cpu().numpy())
+        self.max[index] = np.maximum(self.max[index], torch.where(keep, errors, -inf).amax(-1).cpu().numpy())
+
+    def quantile(self, q: float) -> np.ndarray:
+        """The q-quantile of every cell from its histogram (NaN for empty cells)."""
+        hist = self.hist.reshape(-1, self.bins + 2).astype(np.float64)
+        low, high = self.min.reshape(-1), self.max.reshape(-1)
+        cum = hist.cumsum(1)
+        count = cum[:, -1]
+        target = q * count
+        j = np.minimum((cum < target[:, None]).sum(1), self.bins + 1)
+        rows = np.arange(len(j))
+        before = np.where(j > 0, cum[rows, np.maximum(j - 1, 0)], 0.0)
+        frac = np.clip((target - before) / np.maximum(hist[rows, j], 1.0), 0.0, 1.0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            log_value = 10.0 ** (self.lo + (j - 1 + frac) / self.per_decade)
+            under = low + frac * (np.minimum(10.0**self.lo, high) - low)
+            over_start = np.maximum(10.0**self.hi, low)
+            over = np.where(np.isinf(high), np.where(frac > 0, high, over_start), over_start + frac * (high - over_start))
+            value = np.where(j == 0, under, np.where(j == self.bins + 1, over, log_value))
+            value = np.clip(value, low, high)
+        return np.where(count > 0, value, np.nan).reshape(self.cells)
+
+    def frame(self, axes: dict[str, Sequence]) -> pd.DataFrame:
+        """Long table: one row per cell (labelled by `axes`, one entry per cell axis) and ε."""
+        if len(axes) != len(self.cells) or any(len(labels) != size for labels, size in zip(axes.values(), self.cells)):
+            raise ValueError(f"axes {list(axes)} do not label cells {self.cells}")
+        grid = np.indices(self.cells).reshape(len(self.cells), -1)
+        count = self.count.reshape(-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            summary = {
+                "samples": count,
+                **{name: self.quantile(q).reshape(-1) for name, q in QUANTILES.items()},
+                "mean": np.where(count > 0, self.total.reshape(-1) / np.maximum(count, 1), np.nan),
+                "max": np.where(count > 0, self.max.reshape(-1), np.nan),
+            }
+            pr = self.below.reshape(-1, len(self.eps)) / np.maximum(count, 1)[:, None]
+        pr[count == 0] = np.nan
+        repeat = len(self.eps)
+        columns: dict[str, np.ndarray] = {}
+        for axis, (name, labels) in enumerate(axes.items()):
+            columns[name] = np.repeat(np.asarray(list(labels), dtype=object)[grid[axis]], repeat)
+        columns["eps"] = np.tile(np.asarray(self.eps), len(count))
+        columns["pr"] = pr.reshape(-1)
+        for name, values in summary.items():
+            columns[name] = np.repeat(values, repeat)
+        table = pd.DataFrame(columns)
+        typed = {name: type(labels[0]) for name, labels in axes.items() if isinstance(labels[0], (int, np.integer, str))}
+        return table.astype(typed)
+
+    def pooled(self, axes: tuple[int, ...]) -> "ErrorStats":
+        """The same statistics with the cell axes `axes` pooled (e.g. over layers and heads): counts and
+        totals add up, min/max reduce, so quantiles of the pooled cells are exact histogram quantiles."""
+        keep = tuple(size for axis, size in enumerate(self.cells) if axis not in axes)
+        pooled = ErrorStats(keep, self.eps, self.lo, self.hi, self.per_decade)
+        pooled.count, pooled.below, pooled.hist = self.count.sum(axes), self.below.sum(axes), self.hist.sum(axes)
+        pooled.total, pooled.min, pooled.max = self.total.sum(axes), self.min.min(axes), self.max.max(axes)
+        return pooled
+
+    def state(self, prefix: str) -> dict[str, np.ndarray]:
+        names = ("count", "below", "hist", "total", "min", "max")
+        return {f"{prefix}.{name}": getattr(self, name) for name in names}
+
+    def load_state(self, arrays: dict[str, np.ndarray], prefix: str) -> None:
+        for name in ("count", "below", "hist", "total", "min", "max"):
+            value = np.array(arrays[f"{prefix}.{name}"])
+            if value.shape != getattr(self, name).shape:
+                expected = getattr(self, name).shape
+                raise SpectraError(f"checkpoint array {prefix}.{name} has shape {value.shape}, expected {expected}")
+            setattr(self, name, value)
