@@ -1,6 +1,6 @@
 """The paper's Table 3 on this machine: one attention layer's forward, Linformer against exact attention.
 
-    python benchmarks/attention.py [--lengths 512,1024,2048,4096,8192,16384] [--budgets 64,128,256] [--tokens 16384]
+    python benchmarks/attention.py [--lengths 512,1024,2048,4096,8192,16384] [--budgets 64,128,256] [--tokens 16384] [--encoder]
 
 Compared on the same (B, H, n, d) = (tokens/n, 12, n, 64) q, k, v (a fixed number of tokens per batch,
 one of the paper's two settings): eager attention softmax(q kᵀ/√d) v, PyTorch's fused
@@ -42,13 +42,40 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps(dict(seconds=min(times), memory_mb=(peak - base) / 1024)))
 """
 
+ENCODER_CHILD = r"""
+import json, resource, time, torch
+from transformers import RobertaConfig, RobertaModel
+from spectra import capture, linformer
+method, n, budget, tokens = {method!r}, {n}, {budget}, {tokens}
+batch, layers = max(1, tokens // n), 4
+config = RobertaConfig(vocab_size=1000, hidden_size=768, num_hidden_layers=layers, num_attention_heads=12,
+                       intermediate_size=3072, max_position_embeddings=n + 2)
+torch.manual_seed(0)
+config._attn_implementation = "spectra" if method == "linformer" else method  # the model reads it at build time
+model = RobertaModel(config, add_pooling_layer=False).eval()
+ids = torch.randint(5, 1000, (batch, n))
+substitute = None
+if method == "linformer":
+    projections = linformer.Projections(layers, 12, budget, n, "headwise", trainable=False)
+    substitute = linformer.substitute(projections)
+def run():
+    with torch.inference_mode(), capture.capturing(substitute=substitute):
+        model(input_ids=ids)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+times = []
+for _ in range(3):
+    t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps(dict(seconds=min(times), memory_mb=(peak - base) / 1024)))
+"""
+
 #: the two corners of the paper's Table 3 quoted in the project's issue (inference time / memory saved by
 #: Linformer vs a standard Transformer on a V100), keyed (n, k); other cells are not reproduced here
 PAPER = {(512, 128): (1.5, 1.7), (65536, 128): (20, 60)}
 
 
-def measure(method: str, n: int, budget: int, tokens: int) -> dict:
-    code = CHILD.format(method=method, n=n, budget=budget, tokens=tokens)
+def measure(method: str, n: int, budget: int, tokens: int, encoder: bool = False) -> dict:
+    code = (ENCODER_CHILD if encoder else CHILD).format(method=method, n=n, budget=budget, tokens=tokens)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if done.returncode != 0:
         return {"seconds": float("nan"), "memory_mb": float("nan"), "error": done.stderr.strip().splitlines()[-1]}
@@ -60,14 +87,17 @@ def main() -> None:
     parser.add_argument("--lengths", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--budgets", default="64,128,256")
     parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--encoder", action="store_true",
+                        help="a whole 4-layer encoder (hidden 768, 12 heads) instead of one attention layer; "
+                             "Linformer runs as the capture substitution with headwise JL projections")
     args = parser.parse_args()
     print("| n | batch | eager (s, MiB) | sdpa (s, MiB) | linformer k | linformer (s, MiB) "
           "| time: eager/lin, sdpa/lin | memory: eager/lin, sdpa/lin | paper time, memory (V100) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.lengths.split(",")):
-        eager, sdpa = measure("eager", n, 0, args.tokens), measure("sdpa", n, 0, args.tokens)
+        eager, sdpa = measure("eager", n, 0, args.tokens, args.encoder), measure("sdpa", n, 0, args.tokens, args.encoder)
         for budget in (int(x) for x in args.budgets.split(",")):
-            lin = measure("linformer", n, budget, args.tokens)
+            lin = measure("linformer", n, budget, args.tokens, args.encoder)
             paper = PAPER.get((n, budget))
             print(f"| {n} | {max(1, args.tokens // n)} | {eager['seconds']:.3f}, {eager['memory_mb']:.0f} "
                   f"| {sdpa['seconds']:.3f}, {sdpa['memory_mb']:.0f} | {budget} "

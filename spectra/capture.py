@@ -75,14 +75,18 @@ def spectra_attention(
         scaling = q.shape[-1] ** -0.5
     mask = attention_mask[:, :, :, : k.shape[-2]] if attention_mask is not None else None
 
+    layer = _layer_index(module)  # before counting this call
+    _state.calls += 1
+    _state.layers_seen.add(layer)
+    if _state.substitute is not None and not _state.probes:  # no one needs P: never form it
+        out = _state.substitute(layer, q, k, v, mask, scaling)
+        if out is not None:
+            return out.transpose(1, 2).contiguous(), None
+
     scores = torch.matmul(q, k.transpose(2, 3)) * scaling
     if mask is not None:
         scores = scores + mask
     p = nn.functional.softmax(scores, dim=-1)
-
-    layer = _layer_index(module)  # before counting this call
-    _state.calls += 1
-    _state.layers_seen.add(layer)
     for probe in _state.probes:
         probe.update(layer, q, k, v, mask, p, scaling=scaling)
 
