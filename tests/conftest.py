@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -28,3 +29,12 @@ def bert_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def text_file(tmp_path_factory) -> Path:
     return tiny.write_text(tmp_path_factory.mktemp("data") / "corpus.txt", count=200)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: intra-op threads only add overhead (and stall badly on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -12,14 +12,8 @@ import pytest
 from transformers import DebertaV2Config, DebertaV2Model
 
 from spectra import cli
+from tiny import run_cli
 
-
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["spectra", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
 
 
 @pytest.fixture

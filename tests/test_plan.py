@@ -13,7 +13,8 @@ import pytest
 import spectra
 from spectra import cli
 from spectra.plan import compare, compare_wide, headline, layer_trend, plan_k, round_up, smallest_index
-from test_plots import build_runs, run_cli
+from test_plots import build_runs
+from tiny import run_cli
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import pytest
 
 import spectra
 from spectra import cli, plots
-from tiny import save_model, write_text
+from tiny import run_cli, save_model, write_text
 
 N = 32  # sequence length of the tiny runs; the heatmap index n/4 is 8
 
@@ -159,13 +159,6 @@ def test_plot_run_views(runs, tmp_path) -> None:
     assert names == ["c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png"]
     assert all(path.stat().st_size > 1000 for path in written.paths)
 
-
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["spectra", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
 
 
 def test_cli_figure1_and_plot(runs, tmp_path, monkeypatch, capsys) -> None:

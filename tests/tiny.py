@@ -1,7 +1,9 @@
-"""Tiny offline models and corpora for the tests: built from configs, saved with save_pretrained."""
+"""Shared test helpers: tiny offline models and corpora (built from configs, saved with save_pretrained),
+and running the command line in-process."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
@@ -81,3 +83,16 @@ def save_model(path: Path, kind: str = "roberta", layers: int = 2, heads: int = 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`spectra ARGS` in-process: (exit code, stdout, stderr); the command must exit."""
+    import pytest
+
+    from spectra import cli
+
+    monkeypatch.setattr(sys, "argv", ["spectra", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
