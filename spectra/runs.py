@@ -164,7 +164,9 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+        """model · data, and the mode when it is not the paper's pack mode."""
+        mode = self.meta["data"].get("mode", "pack")
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}" + ("" if mode == "pack" else f" ({mode})")
 
     def curves(self) -> pd.DataFrame:
         """The curves as a tidy frame: one row per (layer, head, index)."""
