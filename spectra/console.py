@@ -86,7 +86,7 @@ def print_approx(run) -> None:
         out.print(frame_table(plan, digits=0))
     if run.end_to_end is not None:
         layers = run.end_to_end["layers"].iloc[0]
-        out.print(f"end to end (layers {layers} substituted):")
+        out.print(f"end to end ({'all layers' if layers == 'all' else 'layers ' + layers} substituted):")
         for row in run.end_to_end.itertuples(index=False):
             line = f"  {row.method}, k={row.budget}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
             if "ppl" in run.end_to_end.columns:

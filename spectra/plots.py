@@ -589,7 +589,8 @@ def draw_end_to_end(run: ApproxRun):
         ax.set_gid(column)
     _bottom_legend(figure, *_below_entry(*axes[0, 0].get_legend_handles_labels(), below))
     layers = table["layers"].iloc[0]
-    where = "every layer's attention" if layers == "all" else f"the attention of layers {layers}"
+    plural = "s" if any(mark in str(layers) for mark in ",-") else ""
+    where = "every layer's attention" if layers == "all" else f"the attention of layer{plural} {layers}"
     figure.suptitle(f"End to end, {where} substituted\n{_approx_subtitle(run)}")
     return figure
 
