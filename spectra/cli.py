@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import click
 import typer
@@ -17,6 +17,21 @@ try:  # typer ≥ 0.26 vendors its own copy of click
 except ImportError:  # pragma: no cover - older typer raises click's own
     _TyperUsageError = click.UsageError
 USAGE_ERRORS = (click.UsageError, _TyperUsageError)
+
+# options shared by analyze, approx and theorems
+Data = Annotated[str, typer.Option("--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file.")]
+Mode = Annotated[str, typer.Option("--mode", help="pack: documents concatenated into blocks of exactly n tokens; truncate: one document per sequence, cut at n, padded.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the document shuffle and of every random draw (projections, masking).")]
+Split = Annotated[Optional[str], typer.Option("--split", help="Split of a named dataset (default: test).")]
+TextColumn = Annotated[Optional[str], typer.Option("--text-column", help="Column holding the text in .jsonl/.csv/.parquet files (default: text).")]
+Device = Annotated[str, typer.Option("--device", help="auto (cuda when present, else cpu), cpu, cuda or mps.")]
+DType = Annotated[str, typer.Option("--dtype", help="Forward-pass dtype: float32, bfloat16 or float16; spectra and errors are always float32 or better.")]
+Out = Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: under runs/, named after model, data and n).")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run directory (only once the new run is complete).")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its last checkpoint.")]
+TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow code shipped with the model to run (off by default).")]
+
 
 app = typer.Typer(
     add_completion=False,
@@ -34,22 +49,22 @@ def _root() -> None:
 @app.command()
 def analyze(
     model: str = typer.Argument(..., help="Hugging Face hub id (roberta-base) or a local directory saved with save_pretrained."),
-    data: str = typer.Option("imdb", "--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file."),
+    data: Data = "imdb",
     length: int = typer.Option(512, "--length", help="Sequence length n, special tokens included; at most what the model can embed."),
     samples: int = typer.Option(10000, "--samples", help="Number of sequences; fewer if the corpus yields fewer (said at the end)."),
-    mode: str = typer.Option("pack", "--mode", help="pack: documents concatenated into blocks of exactly n tokens; truncate: one document per sequence, cut at n, padded."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the document shuffle."),
-    split: Optional[str] = typer.Option(None, "--split", help="Split of a named dataset (default: test)."),
-    text_column: Optional[str] = typer.Option(None, "--text-column", help="Column holding the text in .jsonl/.csv/.parquet files (default: text)."),
+    mode: Mode = "pack",
+    batch_size: BatchSize = 8,
+    seed: Seed = 0,
+    split: Split = None,
+    text_column: TextColumn = None,
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index for c@index and the heatmap (default n/4: 128 for n = 512)."),
     spectrum: str = typer.Option("exact", "--spectrum", help="exact: SVD of P in float64; fast: √eig of the float32 Gram matrix PᵀP, about 2× faster on CPU for peaked attention, near-uniform P recomputed exactly (c within ~2.6e-4)."),
-    device: str = typer.Option("auto", "--device", help="auto (cuda when present, else cpu), cpu, cuda or mps."),
-    dtype: str = typer.Option("float32", "--dtype", help="Forward-pass dtype: float32, bfloat16 or float16; spectra are always float32 or better."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<model>-<data>-n<length>)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run directory (only once the new run is complete)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code shipped with the model to run (off by default)."),
+    device: Device = "auto",
+    dtype: DType = "float32",
+    out: Out = None,
+    overwrite: Overwrite = False,
+    resume: Resume = False,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Singular spectra of the context mapping matrix P for every layer and head, averaged over sequences."""
     from .console import frame_table, out as stdout, progress_bar
@@ -78,7 +93,7 @@ def _ints(text: str, option: str) -> list[int]:
 @app.command()
 def approx(
     model: str = typer.Argument(..., help="Hub id or model directory to evaluate, or an approx run directory to re-plot with --plot."),
-    data: str = typer.Option("imdb", "--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file."),
+    data: Data = "imdb",
     k: str = typer.Option("128", "--k", help="Budget(s) k, comma-separated: projected length = features = landmarks = active queries; each ≤ n."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated methods (default svd,jl,linformer,pool-mean,pool-max); 'linformer' means all four sharing levels, 'linformer(kv)' one."),
     end_to_end: bool = typer.Option(False, "--end-to-end", help="Also substitute each approximation into the forward pass: hidden-state drift and masked-LM perplexity."),
@@ -87,18 +102,18 @@ def approx(
     projection: str = typer.Option("gaussian", "--projection", help="Random projections of jl/linformer: gaussian N(0, 1/k) or orthogonal."),
     length: int = typer.Option(512, "--length", help="Sequence length n, special tokens included."),
     samples: int = typer.Option(1000, "--samples", help="Number of sequences."),
-    mode: str = typer.Option("pack", "--mode", help="pack or truncate, as for analyze."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the shuffle, the projections and the MLM masking."),
-    split: Optional[str] = typer.Option(None, "--split", help="Split of a named dataset (default: test)."),
-    text_column: Optional[str] = typer.Option(None, "--text-column", help="Text column of table files (default: text)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or mps."),
-    dtype: str = typer.Option("float32", "--dtype", help="Forward-pass dtype: float32, bfloat16 or float16."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<model>-<data>-n<length>-approx)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run directory once the new run is complete."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
+    mode: Mode = "pack",
+    batch_size: BatchSize = 8,
+    seed: Seed = 0,
+    split: Split = None,
+    text_column: TextColumn = None,
+    device: Device = "auto",
+    dtype: DType = "float32",
+    out: Out = None,
+    overwrite: Overwrite = False,
+    resume: Resume = False,
     plot: bool = typer.Option(False, "--plot", help="Draw the run's plots (error vs layer, error vs k, perplexity vs k)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code shipped with the model to run."),
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """How well cheap approximations stand in for a model's attention at budget k: per head and end to end."""
     from .console import out as stdout, print_approx, progress_bar
@@ -169,7 +184,7 @@ def _floats(text: str, option: str) -> list[float]:
 @app.command()
 def theorems(
     model: Optional[str] = typer.Argument(None, help="Hub id or model directory (omit with --synthetic), or a theorems run directory to re-plot with --plot."),
-    data: str = typer.Option("imdb", "--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file."),
+    data: Data = "imdb",
     k: str = typer.Option("16,32,64,128,256", "--k", help="Projected dimensions k to sweep, comma-separated, each ≤ n."),
     eps: str = typer.Option("0.1,0.2,0.3,0.5", "--eps", help="Relative errors ε in (0, 1), comma-separated."),
     synthetic: bool = typer.Option(False, "--synthetic", help="Use i.i.d. Gaussian q, k, v instead of a model (with --n, --d, --heads)."),
@@ -177,18 +192,18 @@ def theorems(
     d: int = typer.Option(64, "--d", help="Head dimension of --synthetic q, k, v."),
     heads: int = typer.Option(1, "--heads", help="Heads per --synthetic sample."),
     samples: int = typer.Option(100, "--samples", help="Sequences (or synthetic samples)."),
-    mode: str = typer.Option("pack", "--mode", help="pack or truncate, as for analyze."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the shuffle and of every random projection."),
-    split: Optional[str] = typer.Option(None, "--split", help="Split of a named dataset (default: test)."),
-    text_column: Optional[str] = typer.Option(None, "--text-column", help="Text column of table files (default: text)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or mps."),
-    dtype: str = typer.Option("float32", "--dtype", help="Forward-pass dtype: float32, bfloat16 or float16."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<model>-<data>-n<n>-theorems)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run directory once the new run is complete."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its last checkpoint."),
+    mode: Mode = "pack",
+    batch_size: BatchSize = 8,
+    seed: Seed = 0,
+    split: Split = None,
+    text_column: TextColumn = None,
+    device: Device = "auto",
+    dtype: DType = "float32",
+    out: Out = None,
+    overwrite: Overwrite = False,
+    resume: Resume = False,
     plot: bool = typer.Option(False, "--plot", help="Draw success probability vs k (bound dashed) and error vs k."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow code shipped with the model to run."),
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs k."""
     from .console import out as stdout, print_theorems, progress_bar
