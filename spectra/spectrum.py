@@ -88,6 +88,8 @@ def singular_values(p: torch.Tensor, mode: str = "exact") -> torch.Tensor:
     """
     if mode not in SPECTRUM_MODES:
         raise ValueError(f"unknown spectrum mode {mode!r}; use one of {SPECTRUM_MODES}")
+    if p.device.type == "mps":  # no float64 and no batched LAPACK on Apple GPUs: the CPU does the spectra
+        p = p.cpu()
     p = p.to(torch.promote_types(p.dtype, torch.float32))
     fn = _svd_sigma if mode == "exact" else _gram_sigma
     return torch.cat(split_threads(fn, p)).reshape(p.shape[:-1])
@@ -176,9 +178,9 @@ class SpectrumProbe:
             raise ValueError(f"expected P of {self.heads} heads and n ≤ {self.n}, got {heads} and {width}")
         valid = key_valid(mask, batch, width, p.device)
         sigma = singular_values(masked(p, valid), self.mode)
-        lengths = valid.sum(-1)[:, None].expand(batch, heads)
+        lengths = valid.sum(-1)[:, None].expand(batch, heads).to(sigma.device)  # sigma may be on the CPU (mps)
         grid, metrics = summarize(sigma, lengths, self.at, self.n)
-        sigma = torch.where(torch.arange(width, device=p.device) < lengths[..., None], sigma, 0.0)
+        sigma = torch.where(torch.arange(width, device=sigma.device) < lengths[..., None], sigma, 0.0)
         sigma = torch.nn.functional.pad(sigma, (0, self.n - width))
         self.cum.add(layer, grid)
         self.sigma.add(layer, sigma)

@@ -101,6 +101,8 @@ class ErrorStats:
         shape = self.cells[len(index):]
         if tuple(errors.shape[:-1]) != shape:
             raise ValueError(f"errors of shape {tuple(errors.shape)} do not fit cells {shape} + (samples,)")
+        if errors.device.type == "mps":  # no float64 on Apple GPUs
+            errors, keep = errors.cpu(), None if keep is None else keep.cpu()
         errors = torch.nan_to_num(errors.detach().to(torch.float64), nan=math.inf)
         keep = torch.ones_like(errors, dtype=torch.bool) if keep is None else keep.to(errors.device).expand_as(errors)
         eps = torch.tensor(self.eps, dtype=torch.float64, device=errors.device)
