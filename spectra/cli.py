@@ -67,7 +67,7 @@ def analyze(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Singular spectra of the context mapping matrix P for every layer and head, averaged over sequences."""
-    from .console import frame_table, out as stdout, progress_bar
+    from .console import out as stdout, print_frame, progress_bar
     from .pipeline import analyze as run_analyze
 
     with progress_bar("sequences") as progress:
@@ -78,16 +78,44 @@ def analyze(
         )
     per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
     per_layer.columns = ["layer", f"c@{run.at}", "rank for 90%"]
-    stdout.print(f"{run.label}: n = {run.n}, {run.meta['samples']} sequences, mean over {run.heads} heads per layer")
-    stdout.print(frame_table(per_layer))
+    print_frame(per_layer, f"{run.label}: n = {run.n}, {run.meta['samples']} sequences, mean over {run.heads} heads "
+                "per layer")
     stdout.print(f"results written to {run.path}")
 
 
-def _ints(text: str, option: str) -> list[int]:
+def _numbers(text: str, option: str, cast: type = int) -> list:
+    """'32,64,128' → [32, 64, 128] (cast each part); a malformed list is a one-line SpectraError."""
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return [cast(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise SpectraError(f"{option} '{text}' is not a comma-separated list of integers, e.g. 32,64,128") from None
+        kind = "integers, e.g. 32,64,128" if cast is int else "numbers, e.g. 0.1,0.2,0.3,0.5"
+        raise SpectraError(f"{option} '{text}' is not a comma-separated list of {kind}") from None
+
+
+def _saved(model: str | None, kind: type, wrong: str):
+    """The finished run at `model` when it is a run directory of `kind` (else None); another kind is an error."""
+    from .runs import load_run
+
+    if model is None or not Path(model, "run.json").is_file():
+        return None
+    run = load_run(model)
+    if not isinstance(run, kind):
+        raise SpectraError(f"{model} {wrong}")
+    return run
+
+
+def _report(run, show, plot: bool, plotter: str) -> None:
+    """Print a run's tables, draw its plots (`spectra.plots.<plotter>`, imported only then) when asked, and
+    say where the run lives."""
+    from .console import out as stdout
+
+    show(run)
+    if plot:
+        from . import plots
+
+        for path in getattr(plots, plotter)(run):
+            stdout.print(f"wrote {path}")
+    stdout.print(f"results in {run.path}")
 
 
 @app.command()
@@ -116,69 +144,21 @@ def approx(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """How well cheap approximations stand in for a model's attention at budget k: per head and end to end."""
-    from .console import out as stdout, print_approx, progress_bar
+    from .console import print_approx, progress_bar
     from .pipeline import DEFAULT_METHODS, approx as run_approx
-    from .runs import ApproxRun, load_run
+    from .runs import ApproxRun
 
-    if Path(model, "run.json").is_file():
-        run = load_run(model)
-        if not isinstance(run, ApproxRun):
-            raise SpectraError(f"{model} is not an approx run; re-plot analyze runs with 'spectra plot'")
-    else:
+    run = _saved(model, ApproxRun, "is not an approx run; re-plot analyze runs with 'spectra plot'")
+    if run is None:
         with progress_bar("sequences") as progress:
             run = run_approx(
-                model, data, budgets=_ints(k, "--k"), methods=methods.split(",") if methods else DEFAULT_METHODS, end_to_end=end_to_end,
-                layers=layers, target=target, projection=projection, length=length, samples=samples, mode=mode,
-                batch_size=batch_size, seed=seed, split=split, text_column=text_column, device=device, dtype=dtype,
-                out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
-                notify=lambda line: print(line, file=sys.stderr),
+                model, data, budgets=_numbers(k, "--k"), methods=methods.split(",") if methods else DEFAULT_METHODS,
+                end_to_end=end_to_end, layers=layers, target=target, projection=projection, length=length,
+                samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split, text_column=text_column,
+                device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
+                trust_remote_code=trust_remote_code, progress=progress, notify=lambda line: print(line, file=sys.stderr),
             )
-    print_approx(run)
-    if plot:
-        from .plots import plot_approx
-
-        for path in plot_approx(run):
-            stdout.print(f"wrote {path}")
-    stdout.print(f"results in {run.path}")
-
-
-def _show_frame(frame, title: str | None = None, digits: dict[str, int] | None = None) -> None:
-    """Print a DataFrame as a table at its natural width (never truncated), NaN as blank, floats rounded.
-
-    `digits` maps column-name substrings to decimals (default 3); a value of -1 prints a percentage.
-    """
-    import math
-
-    from .console import frame_table, out as stdout
-
-    def cell(column: str, value) -> str:
-        if isinstance(value, float):
-            if math.isnan(value):
-                return ""
-            places = next((d for key, d in (digits or {}).items() if key in column), 3)
-            return f"{value:.1%}" if places < 0 else f"{value:.{places}f}"
-        return str(value)
-
-    shown = frame.astype(object).copy()
-    for column in frame.columns:
-        shown[column] = [cell(str(column), value) for value in frame[column]]
-    if title:
-        stdout.print(title)
-    table = frame_table(shown)
-    natural = stdout.measure(table, options=stdout.options.update(width=10_000)).maximum
-    if natural <= stdout.width:
-        stdout.print(table)
-    else:  # a console as wide as the table: a terminal wraps long lines, rich would elide cells
-        from rich.console import Console
-
-        Console(width=natural, file=stdout.file, color_system=stdout.color_system).print(table)
-
-
-def _floats(text: str, option: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise SpectraError(f"{option} '{text}' is not a comma-separated list of numbers, e.g. 0.1,0.2,0.3,0.5") from None
+    _report(run, print_approx, plot, "plot_approx")
 
 
 @app.command()
@@ -206,30 +186,21 @@ def theorems(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs k."""
-    from .console import out as stdout, print_theorems, progress_bar
+    from .console import print_theorems, progress_bar
     from .pipeline import theorems as run_theorems
-    from .runs import TheoremRun, load_run
+    from .runs import TheoremRun
 
-    if model is not None and Path(model, "run.json").is_file():
-        run = load_run(model)
-        if not isinstance(run, TheoremRun):
-            raise SpectraError(f"{model} is not a theorems run")
-    else:
+    run = _saved(model, TheoremRun, "is not a theorems run")
+    if run is None:
         with progress_bar("sequences") as progress:
             run = run_theorems(
-                model, data, budgets=_ints(k, "--k"), eps=_floats(eps, "--eps"), synthetic=synthetic, d=d,
+                model, data, budgets=_numbers(k, "--k"), eps=_numbers(eps, "--eps", float), synthetic=synthetic, d=d,
                 heads=heads, length=n, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
                 text_column=text_column, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
                 trust_remote_code=trust_remote_code, progress=progress,
                 notify=lambda line: print(line, file=sys.stderr),
             )
-    print_theorems(run)
-    if plot:
-        from .plots import plot_theorems
-
-        for path in plot_theorems(run):
-            stdout.print(f"wrote {path}")
-    stdout.print(f"results in {run.path}")
+    _report(run, print_theorems, plot, "plot_theorems")
 
 
 @app.command()
@@ -271,7 +242,7 @@ def plan_k(
     out: Optional[Path] = typer.Option(None, "--out", help="JSON plan to write (default <run>/plan-k-e<E>[-per-head].json)."),
 ) -> None:
     """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
-    from .console import out as stdout
+    from .console import out as stdout, print_frame
     from .plan import load_analyze, plan_k as make_plan
     from .runs import write_json
 
@@ -281,10 +252,10 @@ def plan_k(
     if target.is_dir():
         raise SpectraError(f"--out {target} is a directory; give a .json file path")
     rule = "the largest of its heads' k_proj" if per_head else f"from the mean curve of its {loaded.heads} heads"
-    _show_frame(plan.by_layer(), f"{loaded.label}, n = {loaded.n}: smallest k_proj whose mean normalized cumulative "
+    print_frame(plan.by_layer(), f"{loaded.label}, n = {loaded.n}: smallest k_proj whose mean normalized cumulative "
                 f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
                 f"(a layer's k_proj: {rule})")
-    _show_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
+    print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json(target, plan.to_json())
     stdout.print(f"plan written to {target}")
@@ -297,7 +268,7 @@ def compare(
     csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the tidy table (one row per run and layer) to this CSV file."),
 ) -> None:
     """Headline numbers of several runs side by side: per layer c at the index and rank needed for 90%."""
-    from .console import out as stdout
+    from .console import out as stdout, print_frame
     from .plan import compare as compare_runs, compare_wide, headlines, load_analyze, run_keys
     from .runs import write_table
 
@@ -309,11 +280,11 @@ def compare(
     keys = run_keys(len(loaded))
     for key, run in zip(keys, loaded):
         stdout.print(f"{key}  {run.label}, n = {run.n}, {run.meta.get('samples')} sequences: {run.path}")
-    _show_frame(compare_wide(table), "Per layer, mean over heads: c at the index and the rank needed for 90% of the "
+    print_frame(compare_wide(table), "Per layer, mean over heads: c at the index and the rank needed for 90% of the "
                 "nuclear norm", {"rank": 1})
     summary = summary.drop(columns=["run"]).rename(columns={"c_min": "c min", "c_max": "c max", "c_mean": "c mean",
                                                            "layer_rho": "rho", "sequences": "seqs"})
-    _show_frame(summary.assign(run=keys)[["run", *summary.columns]],
+    print_frame(summary.assign(run=keys)[["run", *summary.columns]],
                 "Per run, over every layer × head: c at the index (min, max, mean), Spearman rho between layer index "
                 "and per-layer mean c (positive: higher layers lower rank), mean rank for 90%", {"rank": 1, "rho": 2})
     if csv is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, Iterator
 
 import pandas as pd
@@ -58,14 +59,39 @@ def _header(label: str) -> str:
     return label.replace("(", "\n(").replace("pool-", "pool\n")
 
 
-def frame_table(frame: pd.DataFrame, title: str | None = None, digits: int = 3) -> Table:
-    """A rich table of a DataFrame, floats rounded to `digits`."""
-    table = Table(title=title, title_justify="left")
+def frame_table(frame: pd.DataFrame, digits: int | dict[str, int] = 3, missing: str = "") -> Table:
+    """A rich table of a DataFrame: floats rounded, NaN shown as `missing`.
+
+    `digits`: decimals for every float column, or a map from column-name substrings to decimals
+    (default 3); -1 prints a percentage.
+    """
+    def cell(column: str, value) -> str:
+        if not isinstance(value, float):
+            return str(value)
+        if math.isnan(value):
+            return missing
+        places = digits if isinstance(digits, int) else next((d for key, d in digits.items() if key in column), 3)
+        return f"{value:.1%}" if places < 0 else f"{value:.{places}f}"
+
+    table = Table()
     for column in frame.columns:
         table.add_column(_header(str(column)), justify="right")
     for row in frame.itertuples(index=False):
-        table.add_row(*(f"{x:.{digits}f}" if isinstance(x, float) else str(x) for x in row))
+        table.add_row(*(cell(str(column), value) for column, value in zip(frame.columns, row)))
     return table
+
+
+def print_frame(frame: pd.DataFrame, title: str | None = None, digits: int | dict[str, int] = 3,
+                missing: str = "") -> None:
+    """Print a DataFrame as a table at its natural width: a terminal wraps long lines, rich would elide cells."""
+    if title:
+        out.print(title, soft_wrap=True)
+    table = frame_table(frame, digits, missing)
+    natural = out.measure(table, options=out.options.update(width=10_000)).maximum
+    if natural <= out.width:
+        out.print(table)
+    else:
+        Console(width=natural, file=out.file, color_system=out.color_system).print(table)
 
 
 def print_approx(run) -> None:
@@ -74,16 +100,14 @@ def print_approx(run) -> None:
     methods = list(dict.fromkeys(per_layer["method"]))
     for budget, rows in per_layer.groupby("budget", sort=True):
         wide = rows.pivot(index="layer", columns="method", values="out_err")[methods].reset_index()
-        out.print(f"{run.label}, k = {budget}: relative head-output error ‖PV − Ṽ‖/‖PV‖ "
-                  "(mean over sequences and heads)", soft_wrap=True)
-        out.print(frame_table(wide))
+        print_frame(wide, f"{run.label}, k = {budget}: relative head-output error ‖PV − Ṽ‖/‖PV‖ "
+                    "(mean over sequences and heads)")
     if any(label.startswith("linformer(") for label in methods):
         out.print("lin(s) = linformer with sharing s: none, head(wise), kv, layer(wise)")
     if len(run.meta["budgets"]) > 1:
         plan = run.k_needed().pivot(index="layer", columns="method", values="k_needed")[methods].reset_index()
-        plan = plan.astype(object).where(plan.notna(), "—")
-        out.print(f"smallest k in the sweep with mean error ≤ {run.meta['target']} per layer")
-        out.print(frame_table(plan, digits=0))
+        print_frame(plan, f"smallest k in the sweep with mean error ≤ {run.meta['target']} per layer", digits=0,
+                    missing="—")
     if run.end_to_end is not None:
         layers = run.end_to_end["layers"].iloc[0]
         out.print(f"end to end ({'all layers' if layers == 'all' else 'layers ' + layers} substituted):")
@@ -98,12 +122,12 @@ def print_theorems(run) -> None:
     """Pooled over layers and heads: Pr(error ≤ ε) against the bound per k, and the errors per method."""
     one, two = run.tables["theorem1"], run.tables["theorem2"]
     n = int(one["n"].iloc[0])
-    out.print(f"{run.label}, n = {n}: Theorem 1, P̃ = P RᵀR — empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) (bound)", soft_wrap=True)
+    title = f"{run.label}, n = {n}: Theorem 1, P̃ = P RᵀR — empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) (bound)"
     jl = one[one["method"] == "jl"]
     cells = jl.assign(cell=[f"{p:.3f} ({b:.3f})" for p, b in zip(jl["pr"], jl["bound"])])
     table = cells.pivot(index="k_proj", columns="eps", values="cell").reset_index()
     table.columns = ["k"] + [f"ε={e:g}" for e in table.columns[1:]]
-    out.print(frame_table(table))
+    print_frame(table, title)
     needed = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in jl.groupby("eps")["k_theory"].first().items())
     out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}", soft_wrap=True)
     errors = [one.assign(label=one["method"].map({"jl": "jl", "svd": "svd (floor)"}))]
@@ -115,9 +139,8 @@ def print_theorems(run) -> None:
     for stat in ("median", "p95"):
         wide = pooled.pivot(index="k_proj", columns="label", values=stat)
         wide = wide[list(dict.fromkeys(pooled["label"]))].reset_index().rename(columns={"k_proj": "k"})
-        out.print(f"{stat} relative error per column w (jl, svd) or per row (linformer, Theorem 2 relative to ‖softmax(w)V‖)",
-                  soft_wrap=True)
-        out.print(frame_table(wide))
+        print_frame(wide, f"{stat} relative error per column w (jl, svd) or per row (linformer, Theorem 2 "
+                    "relative to ‖softmax(w)V‖)")
     rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")]
     if len(rhs):
         k2 = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in rhs.groupby("eps")["k_theory"].first().items())
