@@ -43,30 +43,37 @@ _TAG_JL = 401
 @dataclass
 class Layer:
     """One layer's captured attention in float32 or better: q, k, v (B, H, n, d), valid keys (B, n), and
-    P with padded rows and columns zeroed (B, H, n, n)."""
+    P with padded rows and columns zeroed (B, H, n, n) — formed only when a method or measure asks."""
 
     layer: int
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    p: torch.Tensor
     valid: torch.Tensor
     scaling: float
     seed: int = 0
     projection: str = "gaussian"
+    _p: torch.Tensor | None = field(default=None, repr=False)
     _svd: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
 
     @classmethod
     def captured(cls, layer: int, q, k, v, mask, p, scaling: float, **options) -> "Layer":
-        """From the capture attention's tensors (any dtype; promoted to float32 or better); p may be None."""
+        """From the capture attention's tensors (any dtype; promoted to float32 or better); p may be None
+        (then it is computed from q and k on first use, so a substitution that never needs it skips it)."""
         dtype = torch.promote_types(q.dtype, torch.float32)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         valid = key_valid(mask, q.shape[0], k.shape[-2], q.device)
-        if p is None:
-            scores = (q @ k.transpose(-1, -2)) * scaling
-            p = torch.softmax(scores.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1)
         v = v * valid[:, None, :, None].to(dtype)
-        return cls(layer, q, k, v, masked(p.to(dtype), valid), valid, scaling, **options)
+        given = None if p is None else masked(p.to(dtype), valid)
+        return cls(layer, q, k, v, valid, scaling, _p=given, **options)
+
+    @property
+    def p(self) -> torch.Tensor:
+        if self._p is None:
+            scores = (self.q @ self.k.transpose(-1, -2)) * self.scaling
+            p = torch.softmax(scores.masked_fill(~self.valid[:, None, None, :], float("-inf")), dim=-1)
+            self._p = masked(p, self.valid)
+        return self._p
 
     def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """U, σ, Vᵀ of P, computed once per layer for every budget."""
