@@ -59,6 +59,8 @@ def analyze(
     text_column: TextColumn = None,
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index for c@index and the heatmap (default n/4: 128 for n = 512)."),
     spectrum: str = typer.Option("exact", "--spectrum", help="exact: SVD of P in float64; fast: √eig of the float32 Gram matrix PᵀP, about 2× faster on CPU for peaked attention, near-uniform P recomputed exactly (c within ~2.6e-4)."),
+    spectrum_device: str = typer.Option("auto", "--spectrum-device", help="Where the singular values are computed: auto (GPU models: time the first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), cpu, or same (the model's device). Speed only: the numbers do not change."),
+    overlap: Optional[bool] = typer.Option(None, "--overlap/--no-overlap", help="Compute the spectra on a background thread while the forward pass goes on (default: when they run off the model's device)."),
     device: Device = "auto",
     dtype: DType = "float32",
     out: Out = None,
@@ -73,7 +75,7 @@ def analyze(
     with progress_bar("sequences") as progress:
         run = run_analyze(
             model, data, length=length, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
-            text_column=text_column, at=at, spectrum=spectrum, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
+            text_column=text_column, at=at, spectrum=spectrum, spectrum_device=spectrum_device, overlap=overlap, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
             trust_remote_code=trust_remote_code, progress=progress, notify=lambda line: print(line, file=sys.stderr),
         )
     per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()

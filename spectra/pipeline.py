@@ -19,6 +19,7 @@ from . import capture, data, distributed, models
 from .errors import SpectraError
 from .approximate import HeadProbe, check_budgets, expand_methods, substitute
 from .endtoend import EndToEnd
+from .offload import Offloaded, check_place
 from .runs import ApproxRun, Run, RunDir, TheoremRun, load_run
 from .spectrum import METRICS, SPECTRUM_MODES, SpectrumProbe
 from .theory import (Theorem1Probe, Theorem2Probe, check_eps, check_sweep, derive_seed, feed, gaussian_qkv)
@@ -210,13 +211,17 @@ def execute(
         progress(done, settings.samples)
     stream = data.batches(loaded.tokenizer, corpus, n, settings.mode, settings.samples, settings.batch_size, skip=done,
                           shard=(distributed.rank(), distributed.size()))
-    seen = run_probes(loaded, stream, [probe], after_batch=after_batch, step=step(probe) if step else None)
+    try:
+        seen = run_probes(loaded, stream, [probe], after_batch=after_batch, step=step(probe) if step else None)
+        probe.load_state(distributed.reduce_state(probe.state(), loaded.device))
+    finally:
+        if hasattr(probe, "close"):  # a probe with a worker thread (offload.Offloaded)
+            probe.close()
     processed = done + distributed.total(seen, loaded.device)
-    probe.load_state(distributed.reduce_state(probe.state(), loaded.device))
     if processed < settings.samples:
         notify(f"the corpus yields {processed} sequences of the {settings.samples} asked for; all of them were used")
     record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - start,
-                  processes=distributed.size())
+                  processes=distributed.size(), **(probe.describe() if hasattr(probe, "describe") else {}))
     if distributed.is_main():
         tables, arrays = results(probe)
         target.finish(record, tables, arrays)
@@ -237,6 +242,8 @@ def analyze(
     text_column: str | None = None,
     at: int | None = None,
     spectrum: str = "exact",
+    spectrum_device: str = "auto",
+    overlap: bool | None = None,
     device: str = "auto",
     dtype: str = "float32",
     out: str | Path | None = None,
@@ -249,19 +256,24 @@ def analyze(
 ) -> Run:
     """Singular spectra of P for every layer and head of `model` over `samples` sequences of `data_source`.
 
-    Returns the loaded run; see `spectra.runs.Run` for its tables and curves.
+    `spectrum_device` and `overlap` say where and when the singular values are computed (see
+    `spectra.offload`); they change the speed, not the numbers. Returns the loaded run; see
+    `spectra.runs.Run` for its tables and curves.
     """
     if at is not None and not 1 <= at <= length:
         raise SpectraError(f"--at must be an index in 1…{length} (the sequence length), got {at}")
     at = at or max(1, length // 4)
     if spectrum not in SPECTRUM_MODES:
         raise SpectraError(f"unknown --spectrum '{spectrum}'; use one of {', '.join(SPECTRUM_MODES)}")
+    check_place(spectrum_device)
     settings = Settings(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
                         extra={"at": at, "spectrum": spectrum})
     path = execute(
         "analyze", settings,
-        make_probe=lambda loaded: SpectrumProbe(loaded.layers, loaded.heads, length, at, spectrum),
-        results=lambda probe: ({"metrics.csv": metrics_table(probe)}, {"curves.npz": curves_arrays(probe)}),
+        make_probe=lambda loaded: Offloaded(SpectrumProbe(loaded.layers, loaded.heads, length, at, spectrum),
+                                            spectrum_device, overlap),
+        results=lambda spectra: ({"metrics.csv": metrics_table(spectra.probe)},
+                                 {"curves.npz": curves_arrays(spectra.probe)}),
         out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
         notify=notify, checkpoint_seconds=checkpoint_seconds, meta={"at": at, "spectrum": spectrum},
     )

@@ -173,10 +173,13 @@ class SpectrumProbe:
         self.metrics = Moments.zeros((layers, heads, len(METRICS)))
 
     def update(self, layer: int, q, k, v, mask, p: torch.Tensor, *, scaling: float | None = None) -> None:
+        self.add(layer, p, key_valid(mask, p.shape[0], p.shape[-1], p.device))
+
+    def add(self, layer: int, p: torch.Tensor, valid: torch.Tensor) -> None:
+        """Add one layer's P (B, H, w, w), w ≤ n, whose valid key positions are `valid` (B, w)."""
         batch, heads, width, _ = p.shape
         if width > self.n or heads != self.heads:
             raise ValueError(f"expected P of {self.heads} heads and n ≤ {self.n}, got {heads} and {width}")
-        valid = key_valid(mask, batch, width, p.device)
         sigma = singular_values(masked(p, valid), self.mode)
         lengths = valid.sum(-1)[:, None].expand(batch, heads).to(sigma.device)  # sigma may be on the CPU (mps)
         grid, metrics = summarize(sigma, lengths, self.at, self.n)

@@ -62,6 +62,8 @@ def bad_inputs(roberta_dir: Path, text_file: Path, deberta_dir: Path, tmp: Path)
         "at outside": ([model, *corpus, "--length", "16", "--at", "17"], "--at must be an index in 1…16"),
         "bad mode": ([model, *corpus, "--mode", "chunk"], "unknown --mode 'chunk'"),
         "bad dtype": ([model, *corpus, "--dtype", "float8"], "unknown dtype 'float8'"),
+        "bad spectrum device": ([model, *corpus, "--spectrum-device", "tpu"],
+                                "unknown --spectrum-device 'tpu'; use one of auto, cpu, same"),
         "no cuda": ([model, *corpus, "--device", "cuda"], "no CUDA device"),
         "existing out": ([model, *corpus, "--out", str(tmp / "exists")], "already exists; pass --overwrite"),
         "not a number": ([model, *corpus, "--samples", "many"], "Invalid value for '--samples'"),
@@ -70,7 +72,7 @@ def bad_inputs(roberta_dir: Path, text_file: Path, deberta_dir: Path, tmp: Path)
 
 CASES = ["unknown model", "not a model dir", "uncapturable", "missing file", "unknown dataset", "missing column",
          "empty corpus", "too short to pack", "length too long", "length too small", "no samples", "at outside",
-         "bad mode", "bad dtype", "no cuda", "existing out", "not a number"]
+         "bad mode", "bad dtype", "bad spectrum device", "no cuda", "existing out", "not a number"]
 
 
 @pytest.mark.parametrize("case", CASES)

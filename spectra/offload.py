@@ -1,0 +1,158 @@
+"""The spectrum stage beside the forward pass: on the device where it runs fastest, on a background thread.
+
+Batched SVDs and eigensolvers of 512×512 matrices are not what GPUs do best (torch loops over the batch
+for matrices larger than 32×32 on CUDA), while the forward pass is. `Offloaded` wraps a `SpectrumProbe`:
+each layer's P and its valid keys go to the spectrum device — on CUDA through pinned memory, asynchronously —
+and one worker thread runs the probe's updates in call order while the model computes the next layers.
+One worker and FIFO order make the sums, and so the results, bitwise equal to running inline.
+
+`device="auto"` times the singular values of the first layer's P on the model's device and on the CPU
+and keeps the faster; on CPU and MPS models the spectra always run on the CPU.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from .capture import key_valid
+from .errors import SpectraError
+from .spectrum import SpectrumProbe, masked, singular_values
+
+#: where the singular values are computed (--spectrum-device)
+PLACES = ("auto", "cpu", "same")
+
+
+def check_place(place: str) -> str:
+    if place not in PLACES:
+        raise SpectraError(f"unknown --spectrum-device '{place}'; use one of {', '.join(PLACES)}")
+    return place
+
+
+def _to(x: torch.Tensor, device: torch.device, wait: bool) -> torch.Tensor:
+    """x on `device`; from CUDA to the CPU through pinned memory, without blocking the stream unless `wait`."""
+    if x.device == device:
+        return x
+    if x.device.type == "cuda" and device.type == "cpu" and not wait:
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        return host.copy_(x, non_blocking=True)
+    return x.to(device)
+
+
+def _seconds(p: torch.Tensor, mode: str) -> float:
+    """Wall time of the singular values of the batch p where it lies (the second of two calls)."""
+    for _ in range(2):
+        if p.device.type == "cuda":
+            torch.cuda.synchronize(p.device)
+        start = time.perf_counter()
+        singular_values(p, mode)
+        if p.device.type == "cuda":
+            torch.cuda.synchronize(p.device)
+        elapsed = time.perf_counter() - start
+    return elapsed
+
+
+class Offloaded:
+    """A SpectrumProbe run on `device` ("auto", "cpu" or "same" as the model), overlapped when `overlap`.
+
+    overlap=None overlaps exactly when the spectra leave the model's device (a CPU-only machine gains
+    nothing from running two stages that both use every core at once). The worker holds at most
+    `depth` pending layers, so memory stays bounded when the spectra are the slower stage.
+    """
+
+    def __init__(self, probe: SpectrumProbe, device: str = "auto", overlap: bool | None = None,
+                 depth: int | None = None) -> None:
+        self.probe, self.place, self.overlap = probe, check_place(device), overlap
+        self.device: torch.device | None = None  # decided at the first update
+        self.seconds: dict[str, float] = {}
+        self._pending: queue.Queue = queue.Queue(maxsize=depth or probe.layers)
+        self._worker: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _decide(self, p: torch.Tensor, valid: torch.Tensor) -> None:
+        source = p.device
+        if source.type in ("cpu", "mps") or self.place == "cpu":
+            self.device = torch.device("cpu")  # MPS has no float64 and no batched LAPACK
+        elif self.place == "same":
+            self.device = source
+        else:
+            sample = masked(p, valid)
+            self.seconds = {source.type: _seconds(sample, self.probe.mode),
+                            "cpu": _seconds(sample.cpu(), self.probe.mode)}
+            self.device = min((source, torch.device("cpu")), key=lambda d: self.seconds[d.type])
+        if self.overlap is None:
+            self.overlap = self.device != source
+        if self.overlap:
+            self._worker = threading.Thread(target=self._work, name="spectra-spectrum", daemon=True)
+            self._worker.start()
+
+    def update(self, layer: int, q, k, v, mask: torch.Tensor | None, p: torch.Tensor, *, scaling: float | None = None) -> None:
+        valid = key_valid(mask, p.shape[0], p.shape[-1], p.device)
+        if self.device is None:
+            self._decide(p, valid)
+        self._raise()
+        source = p.device
+        p, valid = _to(p, self.device, not self.overlap), _to(valid, self.device, not self.overlap)
+        if not self.overlap:
+            self.probe.add(layer, p, valid)
+            return
+        ready = None
+        if source.type == "cuda" and self.device.type == "cpu":
+            ready = torch.cuda.Event()
+            ready.record()
+        self._pending.put((layer, p, valid, ready))
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while True:
+                item = self._pending.get()
+                try:
+                    if item is None:
+                        return
+                    layer, p, valid, ready = item
+                    if ready is not None:
+                        ready.synchronize()
+                    if self._error is None:
+                        self.probe.add(layer, p, valid)
+                except BaseException as error:  # handed to the main thread at its next call
+                    self._error = error
+                finally:
+                    self._pending.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def drain(self) -> None:
+        """Wait until every queued update is in the probe's sums."""
+        if self._worker is not None:
+            self._pending.join()
+        self._raise()
+
+    def close(self) -> None:
+        """Drain and stop the worker thread."""
+        if self._worker is not None:
+            self._pending.join()
+            self._pending.put(None)
+            self._worker.join()
+            self._worker = None
+        self._raise()
+
+    def describe(self) -> dict[str, Any]:
+        """Where the spectra ran, whether they overlapped the forward, and the timings that chose it."""
+        return {"spectrum_device": str(self.device), "overlap": bool(self.overlap),
+                **({"spectrum_seconds": self.seconds} if self.seconds else {})}
+
+    def state(self) -> dict[str, np.ndarray]:
+        self.drain()
+        return self.probe.state()
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        self.drain()
+        self.probe.load_state(arrays)

@@ -1,0 +1,97 @@
+"""The spectrum stage on a background thread and on a chosen device: same numbers as inline, bounded queue,
+errors surfaced, and what was chosen recorded in the run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import spectra
+from spectra.errors import SpectraError
+from spectra.offload import Offloaded
+from spectra.spectrum import SpectrumProbe
+
+QUIET = dict(progress=None, notify=lambda line: None)
+
+
+def _softmax_batches(count: int, n: int = 24, heads: int = 3, layers: int = 2, seed: int = 0):
+    """(layer, mask, P) triples of softmax matrices with padded keys, as the capture function hands them over."""
+    generator = torch.Generator().manual_seed(seed)
+    for i in range(count):
+        lengths = torch.tensor([n, n - 5 - i % 3])
+        valid = torch.arange(n)[None, :] < lengths[:, None]
+        mask = torch.where(valid[:, None, None, :], 0.0, torch.finfo(torch.float32).min)
+        for layer in range(layers):
+            logits = torch.randn(2, heads, n, n, generator=generator) * (1 + layer)
+            yield layer, mask, torch.softmax(logits + mask, dim=-1)
+
+
+def _fed(probe, batches) -> dict[str, np.ndarray]:
+    for layer, mask, p in batches:
+        probe.update(layer, None, None, None, mask, p, scaling=1.0)
+    return probe.state()
+
+
+@pytest.mark.parametrize("place", ["auto", "cpu", "same"])
+def test_overlapped_equals_inline_bitwise(place) -> None:
+    inline = _fed(SpectrumProbe(2, 3, 24, 6), _softmax_batches(6))
+    offloaded = Offloaded(SpectrumProbe(2, 3, 24, 6), place, overlap=True, depth=2)
+    overlapped = _fed(offloaded, _softmax_batches(6))
+    offloaded.close()
+    assert inline.keys() == overlapped.keys()
+    for name in inline:
+        assert np.array_equal(inline[name], overlapped[name]), name
+    assert offloaded.describe() == {"spectrum_device": "cpu", "overlap": True}
+
+
+def test_cpu_model_defaults_to_inline() -> None:
+    offloaded = Offloaded(SpectrumProbe(2, 3, 24, 6))
+    _fed(offloaded, _softmax_batches(1))
+    assert offloaded.describe() == {"spectrum_device": "cpu", "overlap": False}
+    assert offloaded._worker is None  # nothing runs beside the forward on a CPU-only machine
+
+
+def test_state_waits_for_the_queue_and_resumes() -> None:
+    """state() drains the worker; a checkpointed state loaded into a fresh probe continues identically."""
+    whole = _fed(SpectrumProbe(2, 3, 24, 6), _softmax_batches(4))
+    first = Offloaded(SpectrumProbe(2, 3, 24, 6), overlap=True, depth=1)
+    saved = _fed(first, list(_softmax_batches(4))[:4])
+    first.close()
+    second = Offloaded(SpectrumProbe(2, 3, 24, 6), overlap=True)
+    second.load_state(saved)
+    rest = _fed(second, list(_softmax_batches(4))[4:])
+    second.close()
+    for name in whole:
+        assert np.array_equal(whole[name], rest[name]), name
+
+
+def test_worker_error_reaches_the_caller() -> None:
+    """A failure on the worker thread is raised in the main thread, and the worker does not hang."""
+    offloaded = Offloaded(SpectrumProbe(2, 4, 24, 6), overlap=True)  # 4 heads expected, 3 given
+    with pytest.raises(ValueError, match="expected P of 4 heads"):
+        _fed(offloaded, _softmax_batches(3))
+    offloaded.close()
+
+
+def test_unknown_place() -> None:
+    with pytest.raises(SpectraError, match="--spectrum-device 'gpu'; use one of auto, cpu, same"):
+        Offloaded(SpectrumProbe(2, 3, 24, 6), "gpu")
+
+
+def test_run_with_overlap_equals_run_without(roberta_dir, text_file, tmp_path) -> None:
+    """A whole analyze run: forward and spectra side by side give the same files as one after the other."""
+    runs = {
+        overlap: spectra.analyze(str(roberta_dir), str(text_file), length=32, samples=10, batch_size=4,
+                                 overlap=overlap, out=tmp_path / f"run-{overlap}", **QUIET)
+        for overlap in (False, True)
+    }
+    assert np.array_equal(runs[False].cum_mean, runs[True].cum_mean)
+    assert np.array_equal(runs[False].cum_std, runs[True].cum_std)
+    assert runs[False].metrics.equals(runs[True].metrics)
+    for overlap, run in runs.items():
+        meta = json.loads((run.path / "run.json").read_text())
+        assert meta["spectrum_device"] == "cpu" and meta["overlap"] is overlap
+
