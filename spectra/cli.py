@@ -59,7 +59,7 @@ def analyze(
     text_column: TextColumn = None,
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index for c@index and the heatmap (default n/4: 128 for n = 512)."),
     spectrum: str = typer.Option("exact", "--spectrum", help="exact: SVD of P in float64; fast: √eig of the float32 Gram matrix PᵀP, about 2× faster on CPU for peaked attention, near-uniform P recomputed exactly (c within ~2.6e-4)."),
-    spectrum_device: str = typer.Option("auto", "--spectrum-device", help="Where the singular values are computed: auto (GPU models: time the first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), cpu, or same (the model's device). Speed only: the numbers do not change."),
+    spectrum_device: str = typer.Option("auto", "--spectrum-device", help="Where the singular values are computed: auto (GPU models: time the first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), cpu, or same (the model's device). Speed only: the numbers change by rounding at most."),
     overlap: Optional[bool] = typer.Option(None, "--overlap/--no-overlap", help="Compute the spectra on a background thread while the forward pass goes on (default: when they run off the model's device)."),
     device: Device = "auto",
     dtype: DType = "float32",

@@ -102,9 +102,9 @@ class Offloaded:
             self.probe.add(layer, p, valid)
             return
         ready = None
-        if source.type == "cuda" and self.device.type == "cpu":
+        if source.type == "cuda" and self.device.type == "cpu":  # the worker waits for the copy, not the GPU
             ready = torch.cuda.Event()
-            ready.record()
+            ready.record(torch.cuda.current_stream(source))
         self._pending.put((layer, p, valid, ready))
 
     def _work(self) -> None:
