@@ -73,6 +73,7 @@ class Offloaded:
         self._pending: queue.Queue = queue.Queue(maxsize=depth or probe.layers)
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._reported = False
 
     def _decide(self, p: torch.Tensor, valid: torch.Tensor) -> None:
         source = p.device
@@ -125,9 +126,10 @@ class Offloaded:
                     self._pending.task_done()
 
     def _raise(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        """Raise the worker's error once; the worker skips everything after it."""
+        if self._error is not None and not self._reported:
+            self._reported = True
+            raise self._error
 
     def drain(self) -> None:
         """Wait until every queued update is in the probe's sums."""

@@ -70,10 +70,11 @@ def test_state_waits_for_the_queue_and_resumes() -> None:
 
 def test_worker_error_reaches_the_caller() -> None:
     """A failure on the worker thread is raised in the main thread, and the worker does not hang."""
-    offloaded = Offloaded(SpectrumProbe(2, 4, 24, 6), overlap=True)  # 4 heads expected, 3 given
+    offloaded = Offloaded(SpectrumProbe(2, 4, 24, 6), overlap=True, depth=4)  # 4 heads expected, 3 given
     with pytest.raises(ValueError, match="expected P of 4 heads"):
-        _fed(offloaded, _softmax_batches(3))
-    offloaded.close()
+        _fed(offloaded, _softmax_batches(3))  # raised at a later update, or at the latest by state()
+    offloaded.close()  # the layers queued after the failure are skipped, and the error is not raised twice
+    assert offloaded._worker is None
 
 
 def test_unknown_place() -> None:
