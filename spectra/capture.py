@@ -1,41 +1,94 @@
 """The capture attention: one function registered with transformers' attention interface.
 
-It computes exactly what eager attention computes, hands each layer's q, k, v, additive mask and
-P = softmax(q kᵀ · scaling + mask) to the active probes, and returns the exact output — or, when a
-substitution is active for that layer, the substituted (approximate) output. Nothing else in the
-package knows how transformers is wired.
+It computes exactly what eager attention computes. For every layer and forward pass it builds one
+`Captured` record — q, k, v, the valid keys, the score scale, whether attention is causal, and
+P = softmax(q kᵀ · scaling + mask) formed only when someone reads it — hands it to the active observer
+(the probes) and returns the exact output, or, when a substitution is active for that layer, the
+substituted one. Nothing else in the package knows how transformers calls attention.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol, Sequence
+from functools import cached_property
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from .errors import SpectraError
+
 NAME = "spectra"
 
 
-class Probe(Protocol):
-    """A streaming reducer fed once per layer and forward pass; `scaling` is the layer's score scale (1/√d)."""
+@dataclass(frozen=True, eq=False)
+class Captured:
+    """One layer of one forward pass, as the attention function received it.
 
-    def update(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-        p: torch.Tensor, *, scaling: float,
-    ) -> None: ...
+    `key`, `value` (B, H_kv, n, d) are per key/value head (grouped-query attention has H_kv < H);
+    `k`, `v` repeat them to the H query heads, as eager attention does (no copy when H_kv = H).
+    `valid` (B, n) marks the keys that take part (not padding); `mask` is the model's additive mask
+    (B, 1, n, n) or None, used only to form P exactly as eager attention does.
+    """
+
+    layer: int
+    q: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    valid: torch.Tensor
+    scaling: float
+    causal: bool = False
+    mask: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head."""
+        return self.q.shape[1] // self.key.shape[1]
+
+    @cached_property
+    def k(self) -> torch.Tensor:
+        return self.key if self.groups == 1 else self.key.repeat_interleave(self.groups, dim=1)
+
+    @cached_property
+    def v(self) -> torch.Tensor:
+        return self.value if self.groups == 1 else self.value.repeat_interleave(self.groups, dim=1)
+
+    @cached_property
+    def p(self) -> torch.Tensor:
+        """P = softmax(q kᵀ · scaling + mask) (B, H, n, n), computed as eager attention computes it."""
+        scores = torch.matmul(self.q, self.k.transpose(2, 3)) * self.scaling
+        if self.mask is not None:
+            scores = scores + self.mask
+        return nn.functional.softmax(scores, dim=-1)
+
+    @classmethod
+    def of(cls, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+           scaling: float | None = None, causal: bool = False) -> "Captured":
+        """A record from tensors at hand (tests, synthetic inputs): the valid keys read off `mask`."""
+        scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+        return cls(layer, q, k, v, key_valid(mask, q.shape[0], k.shape[-2], q.device), scaling, causal, mask)
 
 
-#: substitute(layer, q, k, v, mask, scaling) -> head outputs (B, H, n, d), or None to keep exact attention.
-Substitute = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor | None]
+#: substitute(captured) -> head outputs (B, H, n, d), or None to keep exact attention for that layer
+Substitute = Callable[[Captured], "torch.Tensor | None"]
+#: observe(captured): what the probes do with each layer
+Observe = Callable[[Captured], None]
+
+
+def key_valid(mask: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:
+    """Boolean (B, n): which key positions some query may attend to, read off the additive mask."""
+    if mask is None:
+        return torch.ones(batch, n, dtype=torch.bool, device=device)
+    blocked = mask[:, 0] <= torch.finfo(mask.dtype).min / 2
+    return ~blocked.all(dim=-2)
 
 
 @dataclass
 class _State:
-    probes: Sequence[Probe] = ()
+    observe: Observe | None = None
     substitute: Substitute | None = None
     calls: int = 0
     layers_seen: set[int] = field(default_factory=set)
@@ -63,39 +116,31 @@ def spectra_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    **kwargs: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager attention with probes and an optional substitution; same signature as transformers' backends."""
-    q, k, v = query, key, value
-    if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat k/v heads as eager does
-        groups = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eager attention with an observer and an optional substitution; same signature as transformers' backends."""
     if scaling is None:
-        scaling = q.shape[-1] ** -0.5
-    mask = attention_mask[:, :, :, : k.shape[-2]] if attention_mask is not None else None
-
+        scaling = query.shape[-1] ** -0.5
+    mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
     layer = _layer_index(module)  # before counting this call
     _state.calls += 1
     _state.layers_seen.add(layer)
-    if _state.substitute is not None and not _state.probes:  # no one needs P: never form it
-        out = _state.substitute(layer, q, k, v, mask, scaling)
+    captured = Captured(layer, query, key, value, key_valid(mask, query.shape[0], key.shape[-2], query.device),
+                        scaling, bool(getattr(module, "is_causal", False)), mask)
+    out = None
+    if _state.substitute is not None and _state.observe is None:  # no one needs P: never form it
+        out = _state.substitute(captured)
         if out is not None:
             return out.transpose(1, 2).contiguous(), None
 
-    scores = torch.matmul(q, k.transpose(2, 3)) * scaling
-    if mask is not None:
-        scores = scores + mask
-    p = nn.functional.softmax(scores, dim=-1)
-    for probe in _state.probes:
-        probe.update(layer, q, k, v, mask, p, scaling=scaling)
-
-    out = None
-    if _state.substitute is not None:
-        out = _state.substitute(layer, q, k, v, mask, scaling)
+    p = captured.p
+    if _state.observe is not None:
+        _state.observe(captured)
+        if _state.substitute is not None:
+            out = _state.substitute(captured)
     if out is None:
         p_used = nn.functional.dropout(p, p=dropout, training=module.training)
-        out = torch.matmul(p_used, v)
+        out = torch.matmul(p_used, captured.v)
     return out.transpose(1, 2).contiguous(), p
 
 
@@ -104,20 +149,25 @@ AttentionMaskInterface.register(NAME, eager_mask)
 
 
 @contextlib.contextmanager
-def capturing(probes: Sequence[Probe] = (), substitute: Substitute | None = None) -> Iterator[_State]:
-    """Activate probes (and a substitution) for the forward passes run inside the block."""
+def capturing(observe: Observe | None = None, substitute: Substitute | None = None) -> Iterator[_State]:
+    """Activate an observer (and a substitution) for the forward passes run inside the block."""
     global _state
     previous = _state
-    _state = _State(probes=tuple(probes), substitute=substitute)
+    _state = _State(observe=observe, substitute=substitute)
     try:
         yield _state
     finally:
         _state = previous
 
 
-def key_valid(mask: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:
-    """Boolean (B, n): which key positions take part in attention, read off the additive mask."""
-    if mask is None:
-        return torch.ones(batch, n, dtype=torch.bool, device=device)
-    blocked = mask[:, 0] <= torch.finfo(mask.dtype).min / 2
-    return ~blocked.all(dim=-2)
+def forward(model: nn.Module, layers: int, observe: Observe | None = None, substitute: Substitute | None = None,
+            **inputs: Any) -> Any:
+    """One forward pass of `model` with capture active; checks that all `layers` went through the capture."""
+    with torch.inference_mode(), capturing(observe, substitute) as state:
+        outputs = model(**inputs)
+    if len(state.layers_seen) != layers:
+        raise SpectraError(
+            f"the model's attention did not go through transformers' AttentionInterface "
+            f"({len(state.layers_seen)} of {layers} layers seen), so spectra cannot capture it"
+        )
+    return outputs

@@ -1,4 +1,8 @@
-"""The `spectra` command: thin typer commands over the Python API."""
+"""The `spectra` command: thin typer commands over the Python API.
+
+Starts fast: this module imports only typer and `spectra.config` (choice sets, no torch); each command
+imports what it needs when it runs.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Annotated, Optional
 import click
 import typer
 
+from .config import Device, DType, Mode, Place, Projection, Spectrum, numbers
 from .errors import SpectraError
 
 try:  # typer ≥ 0.26 vendors its own copy of click
@@ -20,13 +25,13 @@ USAGE_ERRORS = (click.UsageError, _TyperUsageError)
 
 # options shared by analyze, approx and theorems
 Data = Annotated[str, typer.Option("--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file.")]
-Mode = Annotated[str, typer.Option("--mode", help="pack: documents concatenated into blocks of exactly n tokens; truncate: one document per sequence, cut at n, padded.")]
+ModeOption = Annotated[Mode, typer.Option("--mode", help="pack: documents concatenated into blocks of exactly n tokens; truncate: one document per sequence, cut at n, padded.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the document shuffle and of every random draw (projections, masking).")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed (≥ 0) of the document shuffle and of every random draw (projections, masking).")]
 Split = Annotated[Optional[str], typer.Option("--split", help="Split of a named dataset (default: test).")]
 TextColumn = Annotated[Optional[str], typer.Option("--text-column", help="Column holding the text in .jsonl/.csv/.parquet files (default: text).")]
-Device = Annotated[str, typer.Option("--device", help="auto (cuda when present, else cpu), cpu, cuda or mps.")]
-DType = Annotated[str, typer.Option("--dtype", help="Forward-pass dtype: float32, bfloat16 or float16; spectra and errors are always float32 or better.")]
+DeviceOption = Annotated[Device, typer.Option("--device", help="auto: cuda when present, else cpu.")]
+DTypeOption = Annotated[DType, typer.Option("--dtype", help="Forward-pass dtype; spectra and errors are always float32 or better.")]
 Out = Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: under runs/, named after model, data and n).")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run directory (only once the new run is complete).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its last checkpoint.")]
@@ -41,9 +46,23 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"spectra {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
     """Empirical spectral analysis of the attention of pretrained transformers (Linformer, Wang et al. 2020)."""
+
+
+def _notify(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 @app.command()
@@ -52,46 +71,34 @@ def analyze(
     data: Data = "imdb",
     length: int = typer.Option(512, "--length", help="Sequence length n, special tokens included; at most what the model can embed."),
     samples: int = typer.Option(10000, "--samples", help="Number of sequences; fewer if the corpus yields fewer (said at the end)."),
-    mode: Mode = "pack",
+    mode: ModeOption = Mode.PACK,
     batch_size: BatchSize = 8,
     seed: Seed = 0,
     split: Split = None,
     text_column: TextColumn = None,
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index for c@index and the heatmap (default n/4: 128 for n = 512)."),
-    spectrum: str = typer.Option("exact", "--spectrum", help="exact: SVD of P in float64; fast: √eig of the float32 Gram matrix PᵀP, about 2× faster on CPU for peaked attention, near-uniform P recomputed exactly (c within ~2.6e-4)."),
-    spectrum_device: str = typer.Option("auto", "--spectrum-device", help="Where the singular values are computed: auto (GPU models: time the first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), cpu, or same (the model's device). Speed only: the numbers change by rounding at most."),
+    spectrum: Spectrum = typer.Option(Spectrum.EXACT, "--spectrum", help="exact: SVD of P in float64; fast: √eig of the float32 Gram matrix PᵀP, about 2× faster on CPU for peaked attention, near-uniform P recomputed exactly (c within ~2.6e-4)."),
+    spectrum_device: Place = typer.Option(Place.AUTO, "--spectrum-device", help="Where the singular values are computed: auto (GPU models: time the first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), cpu, or same (the model's device). Speed only: the numbers change by rounding at most."),
     overlap: Optional[bool] = typer.Option(None, "--overlap/--no-overlap", help="Compute the spectra on a background thread while the forward pass goes on (default: when they run off the model's device)."),
-    device: Device = "auto",
-    dtype: DType = "float32",
+    device: DeviceOption = Device.AUTO,
+    dtype: DTypeOption = DType.FLOAT32,
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Singular spectra of the context mapping matrix P for every layer and head, averaged over sequences."""
-    from .console import out as stdout, print_frame, progress_bar
-    from .pipeline import analyze as run_analyze
+    from .api import analyze as run_analyze
+    from .console import print_analyze, progress_bar
 
     with progress_bar("sequences") as progress:
         run = run_analyze(
             model, data, length=length, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
-            text_column=text_column, at=at, spectrum=spectrum, spectrum_device=spectrum_device, overlap=overlap, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
-            trust_remote_code=trust_remote_code, progress=progress, notify=lambda line: print(line, file=sys.stderr),
+            text_column=text_column, at=at, spectrum=spectrum, spectrum_device=spectrum_device, overlap=overlap,
+            device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
+            trust_remote_code=trust_remote_code, progress=progress, notify=_notify,
         )
-    per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
-    per_layer.columns = ["layer", f"c@{run.at}", "rank for 90%"]
-    print_frame(per_layer, f"{run.label}: n = {run.n}, {run.meta['samples']} sequences, mean over {run.heads} heads "
-                "per layer")
-    stdout.print(f"results written to {run.path}")
-
-
-def _numbers(text: str, option: str, cast: type = int) -> list:
-    """'32,64,128' → [32, 64, 128] (cast each part); a malformed list is a one-line SpectraError."""
-    try:
-        return [cast(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        kind = "integers, e.g. 32,64,128" if cast is int else "numbers, e.g. 0.1,0.2,0.3,0.5"
-        raise SpectraError(f"{option} '{text}' is not a comma-separated list of {kind}") from None
+    print_analyze(run)
 
 
 def _saved(model: str | None, kind: type, wrong: str):
@@ -129,16 +136,16 @@ def approx(
     end_to_end: bool = typer.Option(False, "--end-to-end", help="Also substitute each approximation into the forward pass: hidden-state drift and masked-LM perplexity."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to substitute with --end-to-end, e.g. 6-11 or 0,3,5-7 (default all)."),
     target: float = typer.Option(0.1, "--target", help="Relative output error per layer whose smallest reaching k is reported."),
-    projection: str = typer.Option("gaussian", "--projection", help="Random projections of jl/linformer: gaussian N(0, 1/k) or orthogonal."),
+    projection: Projection = typer.Option(Projection.GAUSSIAN, "--projection", help="Random projections of jl/linformer: gaussian N(0, 1/k) or orthogonal."),
     length: int = typer.Option(512, "--length", help="Sequence length n, special tokens included."),
     samples: int = typer.Option(1000, "--samples", help="Number of sequences."),
-    mode: Mode = "pack",
+    mode: ModeOption = Mode.PACK,
     batch_size: BatchSize = 8,
     seed: Seed = 0,
     split: Split = None,
     text_column: TextColumn = None,
-    device: Device = "auto",
-    dtype: DType = "float32",
+    device: DeviceOption = Device.AUTO,
+    dtype: DTypeOption = DType.FLOAT32,
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
@@ -146,19 +153,19 @@ def approx(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """How well cheap approximations stand in for a model's attention at budget k: per head and end to end."""
+    from .api import DEFAULT_METHODS, approx as run_approx
     from .console import print_approx, progress_bar
-    from .pipeline import DEFAULT_METHODS, approx as run_approx
     from .runs import ApproxRun
 
     run = _saved(model, ApproxRun, "is not an approx run; re-plot analyze runs with 'spectra plot'")
     if run is None:
         with progress_bar("sequences") as progress:
             run = run_approx(
-                model, data, budgets=_numbers(k, "--k"), methods=methods.split(",") if methods else DEFAULT_METHODS,
+                model, data, budgets=numbers(k, "--k"), methods=methods.split(",") if methods else DEFAULT_METHODS,
                 end_to_end=end_to_end, layers=layers, target=target, projection=projection, length=length,
                 samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split, text_column=text_column,
                 device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
-                trust_remote_code=trust_remote_code, progress=progress, notify=lambda line: print(line, file=sys.stderr),
+                trust_remote_code=trust_remote_code, progress=progress, notify=_notify,
             )
     _report(run, print_approx, plot, "plot_approx")
 
@@ -174,13 +181,13 @@ def theorems(
     d: int = typer.Option(64, "--d", help="Head dimension of --synthetic q, k, v."),
     heads: int = typer.Option(1, "--heads", help="Heads per --synthetic sample."),
     samples: int = typer.Option(100, "--samples", help="Sequences (or synthetic samples)."),
-    mode: Mode = "pack",
+    mode: ModeOption = Mode.PACK,
     batch_size: BatchSize = 8,
     seed: Seed = 0,
     split: Split = None,
     text_column: TextColumn = None,
-    device: Device = "auto",
-    dtype: DType = "float32",
+    device: DeviceOption = Device.AUTO,
+    dtype: DTypeOption = DType.FLOAT32,
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
@@ -188,19 +195,18 @@ def theorems(
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs k."""
+    from .api import theorems as run_theorems
     from .console import print_theorems, progress_bar
-    from .pipeline import theorems as run_theorems
     from .runs import TheoremRun
 
     run = _saved(model, TheoremRun, "is not a theorems run")
     if run is None:
         with progress_bar("sequences") as progress:
             run = run_theorems(
-                model, data, budgets=_numbers(k, "--k"), eps=_numbers(eps, "--eps", float), synthetic=synthetic, d=d,
+                model, data, budgets=numbers(k, "--k"), eps=numbers(eps, "--eps", float), synthetic=synthetic, d=d,
                 heads=heads, length=n, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
                 text_column=text_column, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
-                trust_remote_code=trust_remote_code, progress=progress,
-                notify=lambda line: print(line, file=sys.stderr),
+                trust_remote_code=trust_remote_code, progress=progress, notify=_notify,
             )
     _report(run, print_theorems, plot, "plot_theorems")
 
@@ -244,7 +250,7 @@ def plan_k(
     out: Optional[Path] = typer.Option(None, "--out", help="JSON plan to write (default <run>/plan-k-e<E>[-per-head].json)."),
 ) -> None:
     """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
-    from .console import out as stdout, print_frame
+    from .console import out as stdout, print_plan
     from .plan import load_analyze, plan_k as make_plan
     from .runs import write_json
 
@@ -253,11 +259,7 @@ def plan_k(
     target = out or loaded.path / f"plan-k-e{plan.energy:g}{'-per-head' if per_head else ''}.json"
     if target.is_dir():
         raise SpectraError(f"--out {target} is a directory; give a .json file path")
-    rule = "the largest of its heads' k_proj" if per_head else f"from the mean curve of its {loaded.heads} heads"
-    print_frame(plan.by_layer(), f"{loaded.label}, n = {loaded.n}: smallest k_proj whose mean normalized cumulative "
-                f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
-                f"(a layer's k_proj: {rule})")
-    print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
+    print_plan(loaded, plan)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json(target, plan.to_json())
     stdout.print(f"plan written to {target}")
@@ -270,25 +272,15 @@ def compare(
     csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the tidy table (one row per run and layer) to this CSV file."),
 ) -> None:
     """Headline numbers of several runs side by side: per layer c at the index and rank needed for 90%."""
-    from .console import out as stdout, print_frame
-    from .plan import compare as compare_runs, compare_wide, headlines, load_analyze, run_keys
+    from .console import out as stdout, print_compare
+    from .plan import compare as compare_runs, load_analyze
     from .runs import write_table
 
     if csv is not None and csv.is_dir():
         raise SpectraError(f"--csv {csv} is a directory; give a .csv file path")
     loaded = [load_analyze(path) for path in runs]
     table = compare_runs(loaded, at)
-    summary = headlines(loaded, at)
-    keys = run_keys(len(loaded))
-    for key, run in zip(keys, loaded):
-        stdout.print(f"{key}  {run.label}, n = {run.n}, {run.meta.get('samples')} sequences: {run.path}")
-    print_frame(compare_wide(table), "Per layer, mean over heads: c at the index and the rank needed for 90% of the "
-                "nuclear norm", {"rank": 1})
-    summary = summary.drop(columns=["run"]).rename(columns={"c_min": "c min", "c_max": "c max", "c_mean": "c mean",
-                                                           "layer_rho": "rho", "sequences": "seqs"})
-    print_frame(summary.assign(run=keys)[["run", *summary.columns]],
-                "Per run, over every layer × head: c at the index (min, max, mean), Spearman rho between layer index "
-                "and per-layer mean c (positive: higher layers lower rank), mean rank for 90%", {"rank": 1, "rho": 2})
+    print_compare(loaded, table, at)
     if csv is not None:
         csv.parent.mkdir(parents=True, exist_ok=True)
         write_table(csv, table)

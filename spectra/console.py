@@ -54,9 +54,11 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
 
 
 def _header(label: str) -> str:
-    """Method labels headed on two short lines: linformer(headwise) → lin / (head), pool-mean → pool / mean."""
-    label = label.replace("linformer(", "lin(").replace("(headwise)", "(head)").replace("(layerwise)", "(layer)")
-    return label.replace("(", "\n(").replace("pool-", "pool\n")
+    """A column header: a method's registered short header (linformer(headwise) → lin / (head)), else the
+    label with a parenthesis on a second line."""
+    from .methods import REGISTRY
+
+    return REGISTRY[label].short if label in REGISTRY else label.replace("(", "\n(")
 
 
 def frame_table(frame: pd.DataFrame, digits: int | dict[str, int] = 3, missing: str = "") -> Table:
@@ -148,3 +150,38 @@ def print_theorems(run) -> None:
                   + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "k_proj"])
                               .groupby("k_proj")["median"].max().items())
                   + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}", soft_wrap=True)
+
+
+def print_analyze(run) -> None:
+    """The per-layer summary of an analyze run and where it was written."""
+    per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
+    per_layer.columns = ["layer", f"c@{run.at}", "rank for 90%"]
+    print_frame(per_layer, f"{run.label}: n = {run.n}, {run.meta['samples']} sequences, mean over {run.heads} heads "
+                "per layer")
+    out.print(f"results written to {run.path}")
+
+
+def print_plan(run, plan) -> None:
+    """A k plan per layer (or head) and its cost against uniform and full attention."""
+    rule = "the largest of its heads' k_proj" if plan.per_head else f"from the mean curve of its {run.heads} heads"
+    print_frame(plan.by_layer(), f"{run.label}, n = {run.n}: smallest k_proj whose mean normalized cumulative "
+                f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
+                f"(a layer's k_proj: {rule})")
+    print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
+
+
+def print_compare(runs, table: pd.DataFrame, at: int | None) -> None:
+    """Several analyze runs side by side: per layer, then per run."""
+    from .plan import compare_wide, headlines, run_keys
+
+    summary = headlines(runs, at)
+    keys = run_keys(len(runs))
+    for key, run in zip(keys, runs):
+        out.print(f"{key}  {run.label}, n = {run.n}, {run.meta.get('samples')} sequences: {run.path}")
+    print_frame(compare_wide(table), "Per layer, mean over heads: c at the index and the rank needed for 90% of the "
+                "nuclear norm", {"rank": 1})
+    summary = summary.drop(columns=["run"]).rename(columns={"c_min": "c min", "c_max": "c max", "c_mean": "c mean",
+                                                           "layer_rho": "rho", "sequences": "seqs"})
+    print_frame(summary.assign(run=keys)[["run", *summary.columns]],
+                "Per run, over every layer × head: c at the index (min, max, mean), Spearman rho between layer index "
+                "and per-layer mean c (positive: higher layers lower rank), mean rank for 90%", {"rank": 1, "rho": 2})

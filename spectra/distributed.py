@@ -14,8 +14,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-#: state arrays reduced by min/max (by the last part of their name); every other array is summed
-_REDUCE = {"min": "MIN", "max": "MAX", "d": "MAX"}
+from .stats import Reduce, State
+
+_OPS = {Reduce.SUM: dist.ReduceOp.SUM, Reduce.MIN: dist.ReduceOp.MIN, Reduce.MAX: dist.ReduceOp.MAX}
 
 
 def requested() -> bool:
@@ -45,16 +46,15 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def reduce_state(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, np.ndarray]:
-    """Combine every process's state arrays exactly (see module docstring)."""
+def reduce_state(state: State, device: torch.device) -> dict[str, np.ndarray]:
+    """Every process's state combined exactly, each array by its own reduction (see module docstring)."""
     if size() == 1:
-        return arrays
+        return {name: part.array for name, part in state.items()}
     combined = {}
-    for name in sorted(arrays):
-        value = np.asarray(arrays[name])
+    for name in sorted(state):
+        value = np.asarray(state[name].array)
         tensor = torch.from_numpy(value.astype(np.float64)).to(device)
-        op = getattr(dist.ReduceOp, _REDUCE.get(name.rsplit(".", 1)[-1], "SUM"))
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=_OPS[state[name].reduce])
         combined[name] = tensor.cpu().numpy().astype(value.dtype)
     return combined
 

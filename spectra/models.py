@@ -1,4 +1,8 @@
-"""Load a model and tokenizer from a hub id or a local directory, switched to the capture attention."""
+"""Load a model and tokenizer from a hub id or a local directory, switched to the capture attention.
+
+The one module that knows how models are built: their config fields and the names of their attention
+linears (`attention_linears`).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ import transformers
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
 from . import capture
+from .config import Device, DType, choose
 from .errors import SpectraError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 #: families whose position ids start after the padding index, so two positions are not usable
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text"}
 
@@ -36,19 +40,18 @@ class Loaded:
     masked_lm: bool
 
 
-def pick_device(device: str | torch.device) -> torch.device:
+def pick_device(device: Device | str | torch.device) -> torch.device:
     """auto → cuda when present, else cpu; an explicit device must be available."""
     if isinstance(device, torch.device):
         return device
-    if device not in DEVICES:
-        raise SpectraError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}")
-    if device == "auto":
+    device = choose(Device, device, "--device")
+    if device is Device.AUTO:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+    if device is Device.CUDA and not torch.cuda.is_available():
         raise SpectraError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
-    if device == "mps" and not torch.backends.mps.is_available():
+    if device is Device.MPS and not torch.backends.mps.is_available():
         raise SpectraError("--device mps was asked for but torch sees no MPS device; use --device cpu or auto")
-    return torch.device(device)
+    return torch.device(device.value)
 
 
 def _not_found(source: str) -> SpectraError:
@@ -81,7 +84,7 @@ def load(
     source: str,
     *,
     device: str | torch.device = "auto",
-    dtype: str = "float32",
+    dtype: DType | str = DType.FLOAT32,
     masked_lm: bool = False,
     trust_remote_code: bool = False,
 ) -> Loaded:
@@ -90,8 +93,7 @@ def load(
     `masked_lm` asks for the masked-LM head; it is loaded only when the checkpoint has one (see
     `Loaded.masked_lm`), never freshly initialised.
     """
-    if dtype not in DTYPES:
-        raise SpectraError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    dtype = choose(DType, dtype, "--dtype")
     torch_device = pick_device(device)
     path = Path(source)
     if path.is_dir() and not (path / "config.json").is_file():
@@ -140,3 +142,49 @@ def load(
         max_length=max_length(config, tokenizer),
         masked_lm=masked_lm,
     )
+
+
+#: attribute names of (query, key, value) linears, and of the output linear, in common attention modules
+_LINEAR_NAMES = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"), ("q_lin", "k_lin", "v_lin"))
+_OUT_NAMES = ("output.dense", "o_proj", "out_proj", "out_lin", "dense")
+_HEAD_NAMES = ("num_attention_heads", "num_heads", "n_heads")
+
+
+@dataclass
+class Linears:
+    """A pretrained attention module's W^Q, W^K, W^V, W^O (None when not found), head count and score scale."""
+
+    w_q: torch.nn.Linear
+    w_k: torch.nn.Linear
+    w_v: torch.nn.Linear
+    w_o: torch.nn.Linear | None
+    heads: int | None
+    scaling: float | None
+
+
+def _find(module: torch.nn.Module, dotted: str) -> torch.nn.Module | None:
+    for part in dotted.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
+def attention_linears(attention: torch.nn.Module) -> Linears:
+    """The linears of an attention module: query/key/value, q_proj/k_proj/v_proj or q_lin/k_lin/v_lin in the
+    module or its `self` child (BERT-style), W^O in output.dense, o_proj, out_proj, out_lin or dense."""
+    inner = attention
+    for candidate in (attention, getattr(attention, "self", None)):
+        if candidate is not None and any(hasattr(candidate, names[0]) for names in _LINEAR_NAMES):
+            inner = candidate
+            break
+    names = next((names for names in _LINEAR_NAMES if hasattr(inner, names[0])), None)
+    linears = None if names is None else tuple(getattr(inner, name, None) for name in names)
+    if linears is None or not all(isinstance(m, torch.nn.Linear) for m in linears):
+        raise SpectraError(
+            f"cannot find the query/key/value linears of {type(attention).__name__}; pass w_q, w_k, w_v explicitly"
+        )
+    w_o = next((m for name in _OUT_NAMES for m in (_find(attention, name),) if isinstance(m, torch.nn.Linear)), None)
+    heads = next((int(getattr(inner, n)) for n in _HEAD_NAMES if hasattr(inner, n)), None)
+    heads = heads or getattr(getattr(inner, "config", None), "num_attention_heads", None)
+    return Linears(*linears, w_o, heads, getattr(inner, "scaling", None))

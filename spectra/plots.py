@@ -370,7 +370,11 @@ EXACT_STYLE = dict(color="0.3", linestyle="--", linewidth=1.1, zorder=1)
 def method_style(label: str, index: int = 0) -> dict:
     """Line keyword arguments for a method label: fixed colour and marker, dashed for Theorem 2's δ variants."""
     plt = _pyplot()
-    if label in METHOD_STYLES:
+    from .methods import REGISTRY
+
+    if label in REGISTRY:
+        color, marker = REGISTRY[label].color, REGISTRY[label].marker
+    elif label in METHOD_STYLES:
         color, marker = METHOD_STYLES[label]
     else:
         color, marker = plt.get_cmap("tab20").colors[(2 * index + 1) % 20], _SPARE_MARKERS[index % len(_SPARE_MARKERS)]

@@ -1,10 +1,11 @@
-"""Singular spectra of the context mapping matrix P and their streaming summaries.
+"""Singular spectra of the context mapping matrix P, and the curves and metrics that summarise them.
 
 For a sequence of m valid tokens, P's valid block is m×m. Padded rows and columns are zeroed, so the
 batched n×n singular values are the block's m values followed by zeros. The normalized cumulative
 curve c_i = Σ_{j≤i} σ_j / Σ_j σ_j is then resampled onto the relative grid t = j/n (j = 1…n) by linear
 interpolation through (i/m, c_i) with c_0 = 0, so curves of different lengths average index by index;
-for m = n the grid is the absolute index and nothing is interpolated.
+for m = n the grid is the absolute index and nothing is interpolated. `probes.spectrum` streams these
+over a run.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
-import numpy as np
 import torch
 
-from .capture import key_valid
-from .stats import Moments
+from .config import Spectrum
 
 T = TypeVar("T")
 
@@ -42,9 +41,6 @@ def split_threads(fn: Callable[[torch.Tensor], T], x: torch.Tensor) -> list[T]:
             return list(pool.map(fn, flat.chunk(workers)))
     finally:
         torch.set_num_threads(workers)
-
-
-SPECTRUM_MODES = ("exact", "fast")
 
 
 #: fast mode: a matrix whose float32 Gram eigenvalues could move c by more than this falls back to the
@@ -79,19 +75,18 @@ def _svd_sigma(p: torch.Tensor) -> torch.Tensor:
     return torch.linalg.svdvals(p.to(torch.float64))
 
 
-def singular_values(p: torch.Tensor, mode: str = "exact") -> torch.Tensor:
+def singular_values(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT) -> torch.Tensor:
     """Descending singular values of a batch of square matrices.
 
     exact: the SVD of P in float64; fast: √eig(PᵀP) of the float32 Gram matrix, about 2× faster on
     CPU for attention that is not near-uniform, with the matrices it cannot resolve to FAST_TOLERANCE
     recomputed exactly (see _gram_sigma and benchmarks/RESULTS.md).
     """
-    if mode not in SPECTRUM_MODES:
-        raise ValueError(f"unknown spectrum mode {mode!r}; use one of {SPECTRUM_MODES}")
+    mode = Spectrum(mode)
     if p.device.type == "mps":  # no float64 and no batched LAPACK on Apple GPUs: the CPU does the spectra
         p = p.cpu()
     p = p.to(torch.promote_types(p.dtype, torch.float32))
-    fn = _svd_sigma if mode == "exact" else _gram_sigma
+    fn = _svd_sigma if mode is Spectrum.EXACT else _gram_sigma
     return torch.cat(split_threads(fn, p)).reshape(p.shape[:-1])
 
 
@@ -155,44 +150,3 @@ def summarize(
         dim=-1,
     )
     return grid, metrics
-
-
-class SpectrumProbe:
-    """Streams every layer's P into per-(layer, head) moments of the curve, σ and the METRICS.
-
-    Index convention: curves are on the relative grid j/n, j = 1…n (see module docstring); `sigma`
-    keeps the absolute index with zeros past a sequence's length.
-    """
-
-    def __init__(self, layers: int, heads: int, n: int, at: int, mode: str = "exact") -> None:
-        if not 1 <= at <= n:
-            raise ValueError(f"at must be in 1…{n}, got {at}")
-        self.layers, self.heads, self.n, self.at, self.mode = layers, heads, n, at, mode
-        self.cum = Moments.zeros((layers, heads, n))
-        self.sigma = Moments.zeros((layers, heads, n))
-        self.metrics = Moments.zeros((layers, heads, len(METRICS)))
-
-    def update(self, layer: int, q, k, v, mask, p: torch.Tensor, *, scaling: float | None = None) -> None:
-        self.add(layer, p, key_valid(mask, p.shape[0], p.shape[-1], p.device))
-
-    def add(self, layer: int, p: torch.Tensor, valid: torch.Tensor) -> None:
-        """Add one layer's P (B, H, w, w), w ≤ n, whose valid key positions are `valid` (B, w)."""
-        batch, heads, width, _ = p.shape
-        if width > self.n or heads != self.heads:
-            raise ValueError(f"expected P of {self.heads} heads and n ≤ {self.n}, got {heads} and {width}")
-        sigma = singular_values(masked(p, valid), self.mode)
-        lengths = valid.sum(-1)[:, None].expand(batch, heads).to(sigma.device)  # sigma may be on the CPU (mps)
-        grid, metrics = summarize(sigma, lengths, self.at, self.n)
-        sigma = torch.where(torch.arange(width, device=sigma.device) < lengths[..., None], sigma, 0.0)
-        sigma = torch.nn.functional.pad(sigma, (0, self.n - width))
-        self.cum.add(layer, grid)
-        self.sigma.add(layer, sigma)
-        self.metrics.add(layer, metrics)
-
-    def state(self) -> dict[str, np.ndarray]:
-        return {**self.cum.arrays("cum"), **self.sigma.arrays("sigma"), **self.metrics.arrays("metrics")}
-
-    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
-        self.cum = Moments.from_arrays(arrays, "cum")
-        self.sigma = Moments.from_arrays(arrays, "sigma")
-        self.metrics = Moments.from_arrays(arrays, "metrics")

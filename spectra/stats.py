@@ -2,33 +2,54 @@
 
 `Moments` keeps count, sum and sum of squares (mean and standard deviation); `ErrorStats` keeps exact
 threshold counts and a log-spaced histogram (quantiles). Both hold plain arrays, so a run can checkpoint
-them, resume them, and combine the states of several processes by adding (min/max by reducing).
+them, resume them, and combine the states of several processes: a `State` maps each array's name to
+the array and how it combines (`Reduce`: summed, or reduced by min or max).
 """
 
 from __future__ import annotations
 
 import math
+import enum
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from .config import check_eps
 from .errors import SpectraError
 
 QUANTILES = {"median": 0.5, "p95": 0.95}
 
 
-def check_eps(eps: Sequence[float] | float) -> tuple[float, ...]:
-    """ε values, each strictly inside (0, 1) (the ε² − ε³ of the bounds needs it); sorted, unique."""
-    values = (eps,) if isinstance(eps, (int, float)) else tuple(eps)
-    if not values:
-        raise SpectraError("the ε list is empty; pass at least one value in (0, 1), e.g. --eps 0.1,0.2,0.3,0.5")
-    for value in values:
-        if not 0.0 < float(value) < 1.0:
-            raise SpectraError(f"ε must lie strictly between 0 and 1, got {value}; pass e.g. --eps 0.1,0.2,0.3,0.5")
-    return tuple(sorted({float(value) for value in values}))
+class Reduce(enum.Enum):
+    """How one state array combines across processes."""
+
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+
+
+@dataclass(frozen=True)
+class Tagged:
+    """A state array and how it combines across processes."""
+
+    array: np.ndarray
+    reduce: Reduce = Reduce.SUM
+
+
+#: a probe's state: array name → array and its reduction
+State = dict[str, Tagged]
+
+
+def plain(state: State) -> dict[str, np.ndarray]:
+    """The arrays of a state (what a checkpoint stores; the reductions are fixed by the probe)."""
+    return {name: part.array for name, part in state.items()}
+
+
+def tagged(arrays: Mapping[str, np.ndarray], reduce: Reduce = Reduce.SUM) -> State:
+    return {name: Tagged(np.asarray(array), reduce) for name, array in arrays.items()}
 
 
 @dataclass
@@ -63,11 +84,11 @@ class Moments:
         count = np.maximum(self.count, 1)
         return count.reshape(count.shape + (1,) * (self.total.ndim - count.ndim))
 
-    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
-        return {f"{prefix}.count": self.count, f"{prefix}.total": self.total, f"{prefix}.total_sq": self.total_sq}
+    def state(self, prefix: str) -> State:
+        return tagged({f"{prefix}.count": self.count, f"{prefix}.total": self.total, f"{prefix}.total_sq": self.total_sq})
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> "Moments":
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str) -> "Moments":
         return cls(*(np.array(arrays[f"{prefix}.{name}"]) for name in ("count", "total", "total_sq")))
 
 
@@ -176,11 +197,12 @@ class ErrorStats:
         pooled.total, pooled.min, pooled.max = self.total.sum(axes), self.min.min(axes), self.max.max(axes)
         return pooled
 
-    def state(self, prefix: str) -> dict[str, np.ndarray]:
-        names = ("count", "below", "hist", "total", "min", "max")
-        return {f"{prefix}.{name}": getattr(self, name) for name in names}
+    def state(self, prefix: str) -> State:
+        reduce = {"min": Reduce.MIN, "max": Reduce.MAX}
+        return {f"{prefix}.{name}": Tagged(getattr(self, name), reduce.get(name, Reduce.SUM))
+                for name in ("count", "below", "hist", "total", "min", "max")}
 
-    def load_state(self, arrays: dict[str, np.ndarray], prefix: str) -> None:
+    def load_state(self, arrays: Mapping[str, np.ndarray], prefix: str) -> None:
         for name in ("count", "below", "hist", "total", "min", "max"):
             value = np.array(arrays[f"{prefix}.{name}"])
             if value.shape != getattr(self, name).shape:

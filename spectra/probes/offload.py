@@ -15,23 +15,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
-from .capture import key_valid
-from .errors import SpectraError
-from .spectrum import SpectrumProbe, masked, singular_values
-
-#: where the singular values are computed (--spectrum-device)
-PLACES = ("auto", "cpu", "same")
-
-
-def check_place(place: str) -> str:
-    if place not in PLACES:
-        raise SpectraError(f"unknown --spectrum-device '{place}'; use one of {', '.join(PLACES)}")
-    return place
+from ..capture import Captured
+from ..config import Place, choose
+from ..spectrum import masked, singular_values
+from ..stats import State
+from .base import Probe
+from .spectrum import SpectrumProbe
 
 
 def _to(x: torch.Tensor, device: torch.device, wait: bool) -> torch.Tensor:
@@ -57,7 +51,7 @@ def _seconds(p: torch.Tensor, mode: str) -> float:
     return elapsed
 
 
-class Offloaded:
+class Offloaded(Probe):
     """A SpectrumProbe run on `device` ("auto", "cpu" or "same" as the model), overlapped when `overlap`.
 
     overlap=None overlaps exactly when the spectra leave the model's device (a CPU-only machine gains
@@ -65,9 +59,9 @@ class Offloaded:
     `depth` pending layers, so memory stays bounded when the spectra are the slower stage.
     """
 
-    def __init__(self, probe: SpectrumProbe, device: str = "auto", overlap: bool | None = None,
+    def __init__(self, probe: SpectrumProbe, device: Place | str = Place.AUTO, overlap: bool | None = None,
                  depth: int | None = None) -> None:
-        self.probe, self.place, self.overlap = probe, check_place(device), overlap
+        self.probe, self.place, self.overlap = probe, choose(Place, device, "--spectrum-device"), overlap
         self.device: torch.device | None = None  # decided at the first update
         self.seconds: dict[str, float] = {}
         self._pending: queue.Queue = queue.Queue(maxsize=depth or probe.layers)
@@ -77,9 +71,9 @@ class Offloaded:
 
     def _decide(self, p: torch.Tensor, valid: torch.Tensor) -> None:
         source = p.device
-        if source.type in ("cpu", "mps") or self.place == "cpu":
+        if source.type in ("cpu", "mps") or self.place is Place.CPU:
             self.device = torch.device("cpu")  # MPS has no float64 and no batched LAPACK
-        elif self.place == "same":
+        elif self.place is Place.SAME:
             self.device = source
         else:
             sample = masked(p, valid)
@@ -92,8 +86,8 @@ class Offloaded:
             self._worker = threading.Thread(target=self._work, name="spectra-spectrum", daemon=True)
             self._worker.start()
 
-    def update(self, layer: int, q, k, v, mask: torch.Tensor | None, p: torch.Tensor, *, scaling: float | None = None) -> None:
-        valid = key_valid(mask, p.shape[0], p.shape[-1], p.device)
+    def update(self, captured: Captured) -> None:
+        layer, p, valid = captured.layer, captured.p, captured.valid
         if self.device is None:
             self._decide(p, valid)
         self._raise()
@@ -151,10 +145,18 @@ class Offloaded:
         return {"spectrum_device": str(self.device), "overlap": bool(self.overlap),
                 **({"spectrum_seconds": self.seconds} if self.seconds else {})}
 
-    def state(self) -> dict[str, np.ndarray]:
+    def state(self) -> State:
         self.drain()
         return self.probe.state()
 
-    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+    def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.drain()
         self.probe.load_state(arrays)
+
+    def tables(self) -> dict[str, Any]:
+        self.drain()
+        return self.probe.tables()
+
+    def arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        self.drain()
+        return self.probe.arrays()

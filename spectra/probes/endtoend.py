@@ -11,19 +11,23 @@ mean cosine similarity per valid token.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
-from . import capture
-from .data import Batch
-from .models import Loaded
-from .theory import derive_seed
+from ..capture import Substitute
+from ..data import Batch
+from ..models import Loaded
+from ..seeds import Domain, derive_seed
+from ..stats import State, tagged
+from .base import Probe
+
+if TYPE_CHECKING:
+    from ..sources import ModelSource
 
 MASK_RATE = 0.15
-_TAG_MASK = 501
 #: per (method, budget): sequences, Σ hidden relative error, Σ token cosine, tokens, Σ loss, masked tokens
 _FIELDS = ("sequences", "hidden_err", "cosine", "tokens", "loss", "masked")
 
@@ -35,7 +39,7 @@ def mask_tokens(batch: Batch, loaded: Loaded, seed: int) -> tuple[torch.Tensor, 
     special = torch.tensor(sorted(set(tokenizer.all_special_ids)))
     ids, labels = batch.input_ids.clone(), torch.full_like(batch.input_ids, -100)
     for row in range(ids.shape[0]):
-        generator = torch.Generator().manual_seed(derive_seed(seed, _TAG_MASK, batch.index[row]))
+        generator = torch.Generator().manual_seed(derive_seed(seed, Domain.MASK, batch.index[row]))
         chosen = torch.rand(ids.shape[1], generator=generator) < MASK_RATE
         chosen &= batch.attention_mask[row].bool() & ~torch.isin(ids[row], special)
         labels[row, chosen] = ids[row, chosen]
@@ -43,24 +47,27 @@ def mask_tokens(batch: Batch, loaded: Loaded, seed: int) -> tuple[torch.Tensor, 
     return ids, labels
 
 
-class EndToEnd:
-    """Accumulates hidden-state drift and (with an MLM head) masked-LM loss for each substitution."""
+class EndToEnd(Probe):
+    """Owns one substitution per (method, budget) and, after each batch, runs the exact model and every
+    substitution on it: hidden-state drift and (with an MLM head) masked-LM loss per substitution."""
 
-    def __init__(self, substitutes: dict[tuple[str, int], capture.Substitute], seed: int) -> None:
-        self.substitutes, self.seed = substitutes, seed
+    def __init__(self, source: "ModelSource", substitutes: dict[tuple[str, int], Substitute], seed: int,
+                 layers: str = "all") -> None:
+        self.source, self.substitutes, self.seed, self.layers = source, substitutes, seed, layers
         self.keys = list(substitutes)
         self.sums = np.zeros((len(self.keys) + 1, len(_FIELDS)))  # row 0: the exact model
 
-    def step(self, loaded: Loaded, batch: Batch, forward: Callable[..., object]) -> None:
-        """Exact and substituted forwards of one batch; `forward(ids, mask, substitute)` runs the model."""
+    def after_batch(self, batch: Batch) -> None:
+        """Exact and substituted forward passes of one batch."""
+        loaded = self.source.loaded
         ids, labels = (mask_tokens(batch, loaded, self.seed) if loaded.masked_lm
                        else (batch.input_ids, None))
         valid = batch.attention_mask.to(loaded.device).bool()
-        exact = forward(ids, batch.attention_mask, None)
+        exact = self.source.forward(ids, batch.attention_mask)
         exact_hidden = _last_hidden(exact).float()
         self._add(0, exact_hidden, exact_hidden, exact, labels, valid, loaded)
         for row, key in enumerate(self.keys, start=1):
-            approx = forward(ids, batch.attention_mask, self.substitutes[key])
+            approx = self.source.forward(ids, batch.attention_mask, substitute=self.substitutes[key])
             self._add(row, _last_hidden(approx).float(), exact_hidden, approx, labels, valid, loaded)
 
     def _add(self, row: int, hidden, exact_hidden, outputs, labels, valid, loaded: Loaded) -> None:
@@ -76,14 +83,15 @@ class EndToEnd:
             masked = int((labels != -100).sum())
         self.sums[row] += [hidden.shape[0], err.sum().item(), cosine.sum().item(), cosine.numel(), loss, masked]
 
-    def state(self) -> dict[str, np.ndarray]:
-        return {"end_to_end.sums": self.sums}
+    def state(self) -> State:
+        return tagged({"end_to_end.sums": self.sums})
 
-    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+    def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.sums = np.array(arrays["end_to_end.sums"])
 
-    def table(self, layers: str) -> pd.DataFrame:
-        """One row per (method, budget): hidden drift, and exact vs approximate loss and perplexity."""
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """end_to_end.csv: one row per (method, budget): hidden drift, exact vs approximate loss and perplexity."""
+        layers = self.layers
         exact = dict(zip(_FIELDS, self.sums[0]))
         rows = []
         for key, sums in zip(self.keys, self.sums[1:]):
@@ -97,7 +105,7 @@ class EndToEnd:
                            ppl_exact=math.exp(loss_exact), ppl=math.exp(loss),
                            ppl_change=math.exp(loss) / math.exp(loss_exact) - 1)
             rows.append(row)
-        return pd.DataFrame(rows)
+        return {"end_to_end.csv": pd.DataFrame(rows)}
 
 
 def _last_hidden(outputs) -> torch.Tensor:

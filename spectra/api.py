@@ -1,0 +1,191 @@
+"""The public analyses: short functions that turn keyword options into a `loop.Job` and load the finished run.
+
+- `analyze`: singular spectra of P for every layer and head (`probes.spectrum`);
+- `approx`: how well each method stands in at each budget, per head and end to end (`probes.approx`,
+  `probes.endtoend`);
+- `theorems`: Theorems 1 and 2 against a model's attention or Gaussian q, k, v (`probes.theorems`).
+
+Their keyword signatures are the API users read; the options are validated once, in `spectra.config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .config import (AnalyzeOptions, ApproxOptions, Output, RunConfig, SyntheticConfig, TheoremOptions,
+                     layers_label, parse_layers)
+from .errors import SpectraError
+from .loop import Job, Progress, Reporter, execute
+from .runs import ApproxRun, Run, TheoremRun, load_run
+
+DEFAULT_METHODS = ("svd", "jl", "linformer", "pool-mean", "pool-max")
+
+
+def analyze(
+    model: str,
+    data_source: str = "imdb",
+    *,
+    length: int = 512,
+    samples: int = 10000,
+    mode: str = "pack",
+    batch_size: int = 8,
+    seed: int = 0,
+    split: str | None = None,
+    text_column: str | None = None,
+    at: int | None = None,
+    spectrum: str = "exact",
+    spectrum_device: str = "auto",
+    overlap: bool | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+    checkpoint_seconds: float = 60.0,
+    notify: Callable[[str], None] = print,
+) -> Run:
+    """Singular spectra of P for every layer and head of `model` over `samples` sequences of `data_source`.
+
+    `spectrum_device` and `overlap` say where and when the singular values are computed (see
+    `spectra.probes.offload`); they change the speed, not the numbers. Returns the loaded run; see
+    `spectra.runs.Run` for its tables and curves.
+    """
+    from .probes.offload import Offloaded
+    from .probes.spectrum import SpectrumProbe
+    from .sources import ModelSource
+
+    config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
+                       trust_remote_code)
+    options = AnalyzeOptions(at, spectrum, spectrum_device, overlap).resolved(length)
+    job = Job(
+        "analyze", config.settings(options.identity()), samples, batch_size, config.device, config.default_out("analyze"),
+        open_source=lambda where: ModelSource(config, where),
+        build_probe=lambda source: Offloaded(SpectrumProbe(source.layers, source.heads, length, options.at,
+                                                           options.spectrum), options.spectrum_device, options.overlap),
+        meta=lambda source: options.identity(),
+    )
+    return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
+
+
+def approx(
+    model: str,
+    data_source: str = "imdb",
+    *,
+    budgets: Iterable[int] = (128,),
+    methods: Iterable[str] = DEFAULT_METHODS,
+    end_to_end: bool = False,
+    layers: str | Iterable[int] | None = None,
+    target: float = 0.1,
+    projection: str = "gaussian",
+    length: int = 512,
+    samples: int = 1000,
+    mode: str = "pack",
+    batch_size: int = 8,
+    seed: int = 0,
+    split: str | None = None,
+    text_column: str | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+    checkpoint_seconds: float = 60.0,
+    notify: Callable[[str], None] = print,
+) -> ApproxRun:
+    """How well each method approximates `model`'s attention at each budget k: per head on the exact
+    model's own q, k, v, and with `end_to_end` substituted into the forward pass (hidden-state drift and,
+    when the checkpoint has a masked-LM head, masked-LM perplexity).
+    """
+    from . import methods as registry
+    from .probes import Probes
+    from .probes.approx import HeadProbe
+    from .probes.endtoend import EndToEnd
+    from .sources import ModelSource
+
+    labels = registry.expand(methods)
+    chosen = parse_layers(layers) if isinstance(layers, (str, type(None))) else tuple(sorted(set(layers)))
+    config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
+                       trust_remote_code)
+    options = ApproxOptions(tuple(budgets), tuple(labels), end_to_end, chosen, target, projection).resolved(length)
+
+    def build_probe(source: ModelSource) -> Probes:
+        if chosen is not None and (chosen[0] < 0 or chosen[-1] >= source.layers):
+            raise SpectraError(f"--layers must lie in 0…{source.layers - 1} for {source.loaded.name}, got {layers}")
+        probes = {"heads": HeadProbe(options, source.layers, source.heads, seed=seed)}
+        if end_to_end:
+            if not source.loaded.masked_lm:
+                notify(f"{source.loaded.name} has no masked-LM head: --end-to-end measures the hidden-state drift only")
+            substitutes = {(label, budget): registry.substitute(label, budget, chosen, seed=seed,
+                                                                projection=options.projection)
+                           for label in options.methods for budget in options.budgets}
+            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(chosen))
+        return Probes(**probes)
+
+    job = Job(
+        "approx", config.settings(options.identity()), samples, batch_size, config.device, config.default_out("approx"),
+        open_source=lambda where: ModelSource(config, where, masked_lm=end_to_end),
+        build_probe=build_probe,
+        meta=lambda source: {**options.identity(), "masked_lm": source.loaded.masked_lm},
+    )
+    return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
+
+
+def theorems(
+    model: str | None,
+    data_source: str = "imdb",
+    *,
+    budgets: Iterable[int] = (16, 32, 64, 128, 256),
+    eps: Iterable[float] = (0.1, 0.2, 0.3, 0.5),
+    synthetic: bool = False,
+    d: int = 64,
+    heads: int = 1,
+    length: int = 512,
+    samples: int = 100,
+    mode: str = "pack",
+    batch_size: int = 8,
+    seed: int = 0,
+    split: str | None = None,
+    text_column: str | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    trust_remote_code: bool = False,
+    progress: Progress | None = None,
+    checkpoint_seconds: float = 60.0,
+    notify: Callable[[str], None] = print,
+) -> TheoremRun:
+    """Theorems 1 and 2 checked on a model's captured attention, or on Gaussian q, k, v (`synthetic`):
+    empirical Pr(error ≤ ε) against the bounds, and the errors of JL, truncated SVD and eq. 7."""
+    from .probes import Probes
+    from .probes.theorems import Theorem1Probe, Theorem2Probe
+    from .sources import ModelSource, SyntheticSource
+
+    options = TheoremOptions(tuple(budgets), tuple(eps)).resolved(length)
+    meta = {**options.identity(), "synthetic": synthetic}
+
+    def build_probe(source) -> Probes:
+        shape = (source.layers, source.heads, length, options.budgets, options.eps)
+        return Probes(theorem1=Theorem1Probe(*shape, seed=seed), theorem2=Theorem2Probe(*shape, seed=seed))
+
+    if synthetic:
+        synthetic_config = SyntheticConfig(length, d, heads, samples, batch_size, seed, device)
+        job = Job("theorems", synthetic_config.settings(), samples, batch_size, synthetic_config.device,
+                  synthetic_config.default_out("theorems"),
+                  open_source=lambda where: SyntheticSource(synthetic_config, where),
+                  build_probe=build_probe, meta=lambda source: meta)
+    else:
+        if model is None:
+            raise SpectraError("give a model, or pass --synthetic for Gaussian q, k, v")
+        config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device,
+                           dtype, trust_remote_code)
+        job = Job("theorems", config.settings(options.identity()), samples, batch_size, config.device,
+                  config.default_out("theorems"), open_source=lambda where: ModelSource(config, where),
+                  build_probe=build_probe, meta=lambda source: meta)
+    return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))

@@ -1,0 +1,156 @@
+"""What every approximation method shares: the layer it sees, what it returns, and the registry.
+
+A method is a plain function `(Layer, budget) -> Approximation`, registered with its label, plot style,
+terminal header and whether it respects causality. `Layer` is a captured layer in float32 or better with
+padding already taken care of: padded keys never contribute (their value rows are zero and P's padded
+rows and columns are zero) and padded query rows are ignored by the measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from ..capture import Captured, Substitute
+from ..config import Projection
+from ..errors import SpectraError
+from ..seeds import Domain, derive_seed, jl_matrix, orthogonal_matrix
+from ..spectrum import masked, split_threads
+
+
+@dataclass
+class Layer:
+    """One layer's captured attention in float32 or better: q, k, v (B, H, n, d), valid keys (B, n), and
+    P with padded rows and columns zeroed (B, H, n, n) — formed only when a method or measure asks."""
+
+    layer: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    valid: torch.Tensor
+    scaling: float
+    seed: int = 0
+    projection: Projection = Projection.GAUSSIAN
+    causal: bool = False
+    _p: torch.Tensor | None = field(default=None, repr=False)
+    _svd: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, captured: Captured, *, use_p: bool = True, seed: int = 0,
+           projection: Projection = Projection.GAUSSIAN) -> "Layer":
+        """From a captured layer (any dtype; promoted to float32 or better). With `use_p` the capture's P is
+        used; without, P is computed from q and k on first use, so a substitution that never needs it skips it."""
+        dtype = torch.promote_types(captured.q.dtype, torch.float32)
+        q, k, v = captured.q.to(dtype), captured.k.to(dtype), captured.v.to(dtype)
+        valid = captured.valid
+        v = v * valid[:, None, :, None].to(dtype)
+        given = masked(captured.p.to(dtype), valid) if use_p else None
+        return cls(captured.layer, q, k, v, valid, captured.scaling, seed, projection, captured.causal, _p=given)
+
+    @property
+    def p(self) -> torch.Tensor:
+        if self._p is None:
+            scores = (self.q @ self.k.transpose(-1, -2)) * self.scaling
+            p = torch.softmax(scores.masked_fill(~self.valid[:, None, None, :], float("-inf")), dim=-1)
+            self._p = masked(p, self.valid)
+        return self._p
+
+    def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """U, σ, Vᵀ of P, computed once per layer for every budget."""
+        if self._svd is None:
+            parts = split_threads(lambda p: torch.linalg.svd(p, full_matrices=False), self.p)
+            self._svd = tuple(torch.cat(factor).reshape(*self.p.shape[:-2], *factor[0].shape[1:])
+                              for factor in zip(*parts))
+        return self._svd
+
+    def random(self, budget: int, which: int = 0) -> torch.Tensor:
+        """A seeded projection R (H, k_proj, n) per head: Gaussian N(0, 1/k) or scaled orthonormal rows."""
+        heads, n = self.q.shape[1], self.q.shape[-2]
+        draw = jl_matrix if self.projection is Projection.GAUSSIAN else orthogonal_matrix
+        return torch.stack([
+            draw(budget, n, derive_seed(self.seed, Domain.JL_METHOD, budget, self.layer, head, which),
+                 device=self.q.device, dtype=self.q.dtype)
+            for head in range(heads)
+        ])
+
+
+@dataclass
+class Approximation:
+    out: torch.Tensor  # (B, H, n, d)
+    p: torch.Tensor | None  # (B, H, n, n) or None
+
+
+Method = Callable[[Layer, int], Approximation]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered method: its function and how it is shown (plot colour and marker, terminal header)."""
+
+    label: str
+    run: Method
+    family: str
+    color: str
+    marker: str
+    short: str
+    causal: bool = False
+
+
+#: label → entry, in registration order
+REGISTRY: dict[str, Entry] = {}
+
+
+def register(label: str, run: Method, *, color: str, marker: str, family: str | None = None,
+             short: str | None = None, causal: bool = False) -> Method:
+    """Register `run` under `label`; `family` (default the label) is what `--methods` may name for all of its
+    variants; `short` is the terminal column header (default: the label)."""
+    if label in REGISTRY:
+        raise ValueError(f"method '{label}' is registered twice")
+    REGISTRY[label] = Entry(label, run, family or label, color, marker, short or label, causal)
+    return run
+
+
+def method(label: str, **shown) -> Callable[[Method], Method]:
+    """Decorator form of `register`."""
+
+    def decorate(run: Method) -> Method:
+        return register(label, run, **shown)
+
+    return decorate
+
+
+def expand(names: Iterable[str]) -> list[str]:
+    """Method labels from user names: a label, or a family meaning all its variants (`linformer`: four)."""
+    labels: list[str] = []
+    for name in names:
+        name = name.strip()
+        found = [label for label, entry in REGISTRY.items() if name in (label, entry.family)]
+        if not found:
+            valid = sorted({entry.family for entry in REGISTRY.values()} | set(REGISTRY))
+            raise SpectraError(f"unknown method '{name}'; valid methods: {', '.join(valid)}")
+        labels += [label for label in found if label not in labels]
+    if not labels:
+        raise SpectraError("no method given; pass e.g. --methods svd,jl,linformer,pool-mean")
+    return labels
+
+
+def substitute(label: str, budget: int, layers: Iterable[int] | None, *, seed: int = 0,
+               projection: Projection = Projection.GAUSSIAN) -> Substitute:
+    """A capture substitution computing `label` at `budget` in `layers` (all when None)."""
+    approximate = REGISTRY[label].run
+    chosen = None if layers is None else set(layers)
+
+    def run(captured: Captured) -> torch.Tensor | None:
+        if chosen is not None and captured.layer not in chosen:
+            return None
+        x = Layer.of(captured, use_p=False, seed=seed, projection=projection)
+        return approximate(x, budget).out.to(captured.q.dtype)
+
+    return run
+
+
+def valid_first(valid: torch.Tensor) -> torch.Tensor:
+    """Positions (B, n) with the valid ones first, in order: rank r ↦ the r-th valid position."""
+    return torch.argsort((~valid).int(), dim=-1, stable=True)

@@ -1,0 +1,61 @@
+"""`nystrom`, `nystrom-iter6`: Nyströmformer (Xiong et al. 2021) with k segment-mean landmarks.
+
+P̃ = softmax(Q K̃ᵀ s) A⁺ softmax(Q̃ Kᵀ s), A = softmax(Q̃ K̃ᵀ s), the landmarks Q̃, K̃ the means of Q and K
+over the k pooling windows of the valid positions (as pool-mean). `nystrom` takes A⁺ exactly;
+`nystrom-iter6` by 6 steps of the paper's iteration. k = n is exact. Cost O(n k d + k³) per head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Approximation, Layer, Method, register
+from .pooling import pool, windows
+
+#: Nyströmformer's default number of iterations of its pseudo-inverse approximation
+NYSTROM_ITERATIONS = 6
+
+
+def _masked_softmax(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
+    """Nyströmformer's approximation of A⁺ (…, k, k): Z ← ¼ Z (13I − AZ(15I − AZ(7I − AZ))) from
+    Z₀ = Aᵀ/(‖A‖₁‖A‖_∞), the norms taken per matrix (the released code takes one maximum over the whole
+    batch, which would make a sequence's result depend on the others). Zero rows/columns stay zero."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    norms = a.abs().sum(-2).amax(-1) * a.abs().sum(-1).amax(-1)
+    z = a.transpose(-1, -2) / norms[..., None, None]
+    for _ in range(iterations):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return z
+
+
+def nystrom_method(iterations: int | None = None) -> Method:
+    """Nyströmformer with the pseudo-inverse exact (None) or by `iterations` steps of `iterative_pinv`."""
+
+    def nystrom(x: Layer, budget: int) -> Approximation:
+        """P̃ = softmax(Q K̃ᵀ s) A⁺ softmax(Q̃ Kᵀ s), A = softmax(Q̃ K̃ᵀ s), with landmarks Q̃, K̃ the means of
+        Q and K over k contiguous windows of the valid positions (as pool-mean). Empty windows (k > m
+        valid tokens) are masked: their landmarks get zero rows and columns, so A⁺ ignores them."""
+        window = windows(x.valid, budget)
+        q_tilde, k_tilde = pool(x.q, window, budget, "mean"), pool(x.k, window, budget, "mean")
+        present = torch.zeros(window.shape[0], budget + 1, dtype=torch.bool, device=window.device)
+        present = present.scatter(-1, window, True)[:, None, :budget]  # (B, 1, k)
+        rows = present[..., None].to(x.q.dtype)  # zero the rows of empty landmarks
+        s = x.scaling
+        f = _masked_softmax(torch.einsum("bhid,bhcd->bhic", x.q, k_tilde) * s, present[:, :, None, :])
+        a = _masked_softmax(torch.einsum("bhcd,bhed->bhce", q_tilde, k_tilde) * s, present[:, :, None, :]) * rows
+        b = _masked_softmax(torch.einsum("bhcd,bhjd->bhcj", q_tilde, x.k) * s, x.valid[:, None, None, :]) * rows
+        a_plus = torch.linalg.pinv(a) if iterations is None else iterative_pinv(a, iterations)
+        out = f @ (a_plus @ (b @ x.v))
+        return Approximation(out, f @ a_plus @ b)
+
+    return nystrom
+
+
+#: registered Nyström variants: name → iterations of the pseudo-inverse (None: exact `torch.linalg.pinv`)
+register("nystrom", nystrom_method(None), color="tab:brown", marker=">")
+register(f"nystrom-iter{NYSTROM_ITERATIONS}", nystrom_method(NYSTROM_ITERATIONS), color="#c49c94", marker="h")

@@ -1,0 +1,78 @@
+"""`skyformer`: Skyformer's Nyström approximation of the Gaussian kernel (Chen et al. 2021), reweighted into softmax.
+
+P̃ = D̃⁻¹ κ(Q, L) κ(L, L)⁺ κ(L, K) diag(exp(s‖k_j‖²/2)) with κ(x, y) = exp(−s‖x − y‖²/2) and k landmarks L
+sampled half from the queries, half from the keys. Exact when every query and key is a landmark.
+Cost O(n k d + k³) per head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..seeds import Domain, derive_seed
+from .base import Approximation, Layer, method, valid_first
+
+
+def gaussian_kernel(x: torch.Tensor, y: torch.Tensor, scaling: float) -> torch.Tensor:
+    """κ(x, y) = exp(−s‖x − y‖²/2) for x (…, n, d), y (…, c, d) → (…, n, c)."""
+    distance = (x.square().sum(-1)[..., :, None] + y.square().sum(-1)[..., None, :]
+                - 2 * torch.einsum("...nd,...cd->...nc", x, y)).clamp_min(0)
+    return torch.exp(-scaling * distance / 2)
+
+
+def skyformer_landmarks(x: Layer, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions (B, H, k) of the landmarks and their mask (B, 1, k): the first ⌈k/2⌉ index queries and
+    the other ⌊k/2⌋ keys, each a seeded uniform sample without replacement of the valid positions (as
+    Skyformer samples half from Q, half from K), fixed by (seed, budget, layer, head, m); a sequence
+    with fewer than ⌈k/2⌉ valid tokens takes them all and masks the rest."""
+    batch, heads = x.valid.shape[0], x.q.shape[1]
+    halves = (budget - budget // 2, budget // 2)
+    ranks = np.zeros((batch, heads, budget), dtype=np.int64)
+    present = np.zeros((batch, 1, budget), dtype=bool)
+    lengths = x.valid.sum(-1).tolist()
+    for m in set(lengths):
+        rows = [b for b, length in enumerate(lengths) if length == m]
+        for head in range(heads):
+            rng = np.random.default_rng(derive_seed(x.seed, Domain.SKYFORMER, budget, x.layer, head, m))
+            start = 0
+            for half in halves:
+                chosen = rng.permutation(m)[:half]
+                ranks[rows, head, start:start + len(chosen)] = chosen
+                present[rows, 0, start:start + len(chosen)] = True
+                start += half
+    ranks_t = torch.from_numpy(ranks).to(x.valid.device)
+    positions = torch.gather(valid_first(x.valid)[:, None, :].expand(-1, heads, -1), -1, ranks_t)
+    return positions, torch.from_numpy(present).to(x.valid.device)
+
+
+@method("skyformer", color="tab:gray", marker="p")
+def skyformer(x: Layer, budget: int) -> Approximation:
+    """Skyformer's Nyström of the Gaussian kernel, reweighted into softmax attention.
+
+    exp(s q·k) = exp(s‖q‖²/2) κ(q, k) exp(s‖k‖²/2) with κ(q, k) = exp(−s‖q − k‖²/2), and the query
+    factor cancels in the row normalisation, so P = D⁻¹ κ(Q, K) diag(w), w_j = exp(s‖k_j‖²/2) over
+    valid keys. Nyström over the joint set [Q; K] with landmarks L (`skyformer_landmarks`) gives
+    κ(Q, K) ≈ κ(Q, L) κ(L, L)⁺ κ(L, K), exact pseudo-inverse, no regulariser; then
+    P̃ = D̃⁻¹ κ(Q, L) κ(L, L)⁺ κ(L, K) diag(w) with D̃ = P̃'s unnormalised row sums. w is divided by its
+    largest entry (a common factor that cancels). Nyström entries may be negative, so D̃ can be ≈ 0 or
+    negative for a query far from every landmark; |D̃| is only kept above the dtype's tiny.
+    """
+    positions, present = skyformer_landmarks(x, budget)
+    half = budget - budget // 2
+    index = positions[..., None].expand(-1, -1, -1, x.q.shape[-1])
+    landmarks = torch.cat([torch.gather(x.q, -2, index[:, :, :half]), torch.gather(x.k, -2, index[:, :, half:])], -2)
+    keep = present.to(x.q.dtype)  # (B, 1, k)
+    s = x.scaling
+    kernel_ql = gaussian_kernel(x.q, landmarks, s) * keep[..., None, :]  # (B, H, n, k)
+    kernel_ll = gaussian_kernel(landmarks, landmarks, s) * keep[..., None, :] * keep[..., :, None]
+    kernel_lk = gaussian_kernel(landmarks, x.k, s) * keep[..., :, None]  # (B, H, k, n)
+    norms = (s * x.k.square().sum(-1) / 2).masked_fill(~x.valid[:, None, :], float("-inf"))
+    w = torch.exp(norms - norms.amax(-1, keepdim=True))  # (B, H, n), 0 on padded keys
+    kernel_lk_w = kernel_lk * w[..., None, :]
+    middle = kernel_ql @ torch.linalg.pinv(kernel_ll, hermitian=True)  # (B, H, n, k)
+    d_tilde = middle @ kernel_lk_w.sum(-1, keepdim=True)  # (B, H, n, 1)
+    tiny = torch.finfo(x.q.dtype).tiny
+    d_tilde = torch.where(d_tilde < 0, d_tilde.clamp_max(-tiny), d_tilde.clamp_min(tiny))
+    out = middle @ (kernel_lk_w @ x.v) / d_tilde
+    return Approximation(out, middle @ kernel_lk_w / d_tilde)

@@ -1,0 +1,66 @@
+"""Where randomness enters: seeds derived from (seed, domain, …) and the random matrices drawn from them.
+
+Every random draw in spectra is seeded by `derive_seed(seed, Domain.X, *parts)` with parts such as the
+budget, layer, head or the sequence's global index, so results depend on neither batching nor the number
+of processes, and two domains never share a stream. The domain numbers are part of every recorded
+result: changing one changes the numbers of past runs.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import numpy as np
+import torch
+
+from .config import check_budget
+from .errors import SpectraError
+
+
+class Domain(enum.IntEnum):
+    """One seed domain per use of randomness."""
+
+    LINFORMER = 101  # Projections(init="jl") and linformer.jl_pair: E, F per distinct key
+    LINFORMER_XAVIER = 102  # Projections(init="xavier")
+    THEOREM1 = 201  # Theorem 1's R per (layer, k_proj)
+    THEOREM2 = 202  # Theorem 2's R per (layer, k_proj)
+    SYNTHETIC = 301  # Gaussian q, k, v
+    JL_METHOD = 401  # the jl method's R (and orthogonal E, F) per (budget, layer, head)
+    MASK = 501  # end to end: the masked-LM masking of sequence i
+    PERFORMER = 601  # FAVOR+ random features per (budget, layer, head)
+    SKYFORMER = 602  # landmark samples per (budget, layer, head, m)
+    PROBSPARSE = 603  # ProbSparse key samples per (layer, head, draw)
+
+
+def derive_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed determined by (seed, *parts), independent across different parts."""
+    if any(part < 0 for part in (seed, *parts)):
+        raise SpectraError(f"seeds must be non-negative integers, got {seed} with parts {parts}")
+    return int(np.random.SeedSequence([seed, *parts]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def jl_matrix(
+    k_proj: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """R (k_proj, n) with i.i.d. N(0, 1/k_proj) entries; jl_matrix(k, n)[:, :m] == jl_matrix(k, m).
+
+    Drawn column by column with numpy's PCG64, so the first m columns of an n-column draw equal the
+    m-column draw (the paper's slicing rule costs nothing), and the numbers are the same on any device.
+    """
+    check_budget(k_proj)
+    if n < 1:
+        raise SpectraError(f"n must be ≥ 1, got {n}")
+    columns = np.random.default_rng(seed).standard_normal((n, k_proj))  # column j of R is row j
+    return torch.from_numpy(columns.T / math.sqrt(k_proj)).to(device=device, dtype=dtype)
+
+
+def orthogonal_matrix(
+    k_proj: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """R (k_proj, n) with orthonormal rows scaled by √(n/k_proj): E[RᵀR] = I, and RᵀR = I when k_proj = n."""
+    check_budget(k_proj, n, "n (orthonormal rows need k_proj ≤ n)")
+    gaussian = np.random.default_rng(seed).standard_normal((n, k_proj))
+    basis, upper = np.linalg.qr(gaussian)
+    basis = basis * np.sign(np.diag(upper))  # Haar-distributed columns
+    return torch.from_numpy(basis.T * math.sqrt(n / k_proj)).to(device=device, dtype=dtype)

@@ -1,0 +1,137 @@
+"""Where captured layers come from: a pretrained model reading a corpus, or Gaussian q, k, v.
+
+The loop asks a source for its batches and runs each one, handing every captured layer to the probes:
+
+- `ModelSource`: the corpus's token blocks through the model with the capture attention active (one
+  `Captured` per layer and batch); `forward` also serves end to end's substituted passes;
+- `SyntheticSource`: i.i.d. N(0, 1) q, k, v of n tokens and d dimensions as one layer — no model, no corpus.
+
+Both describe themselves for run.json (model, data, n, device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from . import capture, data, models
+from .capture import Captured, Observe, Substitute
+from .config import RunConfig, SyntheticConfig
+from .errors import SpectraError
+from .seeds import Domain, derive_seed
+
+
+class ModelSource:
+    """A corpus read through a pretrained model: data errors are raised before the model is loaded."""
+
+    def __init__(self, config: RunConfig, device: str | torch.device, *, masked_lm: bool = False) -> None:
+        self.config = config
+        self.corpus = data.open_corpus(config.data, split=config.split, text_column=config.text_column,
+                                       seed=config.seed)
+        self.loaded = models.load(config.model, device=device, dtype=config.dtype, masked_lm=masked_lm,
+                                  trust_remote_code=config.trust_remote_code)
+        self.n = config.length
+        if self.n > self.loaded.max_length:
+            raise SpectraError(f"--length {self.n} exceeds what {self.loaded.name} can embed "
+                               f"({self.loaded.max_length} tokens)")
+        if config.mode == "pack" and next(data.sequences(self.loaded.tokenizer, self.corpus, self.n, "pack"),
+                                          None) is None:
+            raise SpectraError(
+                f"data '{config.data}' is too short to make one sequence of {self.n} tokens in pack mode; "
+                "use a smaller --length, more text or --mode truncate"
+            )
+
+    @property
+    def layers(self) -> int:
+        return self.loaded.layers
+
+    @property
+    def heads(self) -> int:
+        return self.loaded.heads
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    def describe(self) -> dict[str, Any]:
+        loaded = self.loaded
+        return {
+            "model": {"name": loaded.name, "source": loaded.source, "revision": loaded.revision,
+                      "layers": loaded.layers, "heads": loaded.heads},
+            "data": {**self.corpus.describe(), "mode": self.config.mode},
+            "n": self.n,
+            "device": str(loaded.device),
+            "dtype": self.config.dtype,
+        }
+
+    def batches(self, samples: int, batch_size: int, skip: int = 0,
+                shard: tuple[int, int] = (0, 1)) -> Iterator[data.Batch]:
+        return data.batches(self.loaded.tokenizer, self.corpus, self.n, self.config.mode, samples, batch_size,
+                            skip=skip, shard=shard)
+
+    def run(self, batch: data.Batch, observe: Observe) -> None:
+        """The batch's forward pass, every layer handed to `observe`."""
+        self.forward(batch.input_ids, batch.attention_mask, observe=observe)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, observe: Observe | None = None,
+                substitute: Substitute | None = None) -> Any:
+        """One forward pass with capture active (and a substitution, if given); returns the model's outputs."""
+        loaded = self.loaded
+        return capture.forward(loaded.model, loaded.layers, observe, substitute,
+                               input_ids=input_ids.to(loaded.device), attention_mask=attention_mask.to(loaded.device),
+                               output_hidden_states=loaded.masked_lm)
+
+
+def gaussian_qkv(
+    n: int, d: int, *, heads: int = 1, batch: int = 1, seed: int = 0, std: float = 1.0,
+    device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """i.i.d. N(0, std²) q, k, v of shape (batch, heads, n, d), seeded: the probes' input without a model."""
+    if n < 1 or d < 1 or heads < 1 or batch < 1:
+        raise SpectraError(f"n, d, heads and batch must be ≥ 1, got {n}, {d}, {heads}, {batch}")
+    drawn = np.random.default_rng(derive_seed(seed, Domain.SYNTHETIC)).standard_normal((3, batch, heads, n, d)) * std
+    q, k, v = torch.from_numpy(drawn).to(device=device, dtype=dtype)
+    return q, k, v
+
+
+@dataclass
+class SyntheticBatch:
+    """Samples start … start + size − 1 of a synthetic run."""
+
+    start: int
+    size: int
+
+    @property
+    def index(self) -> list[int]:
+        return list(range(self.start, self.start + self.size))
+
+
+class SyntheticSource:
+    """Gaussian q, k, v as one layer of `heads` heads; batch b is drawn from a seed fixed by (seed, its start)."""
+
+    layers = 1
+
+    def __init__(self, config: SyntheticConfig, device: str | torch.device) -> None:
+        self.config, self.n, self.heads = config, config.n, config.heads
+        self.device = models.pick_device(device)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": {"name": f"gaussian(d={self.config.d})", "layers": 1, "heads": self.heads},
+                "data": {"name": "synthetic"}, "n": self.n, "device": str(self.device)}
+
+    def batches(self, samples: int, batch_size: int, skip: int = 0,
+                shard: tuple[int, int] = (0, 1)) -> Iterator[SyntheticBatch]:
+        """Whole batches from `skip` on; with several processes, batch b goes to process b mod size."""
+        rank, size = shard
+        for number, start in enumerate(range(skip, samples, batch_size)):
+            if number % size == rank:
+                yield SyntheticBatch(start, min(batch_size, samples - start))
+
+    def run(self, batch: SyntheticBatch, observe: Observe) -> None:
+        config = self.config
+        q, k, v = gaussian_qkv(self.n, config.d, heads=self.heads, batch=batch.size,
+                               seed=derive_seed(config.seed, batch.start), device=self.device)
+        observe(Captured.of(0, q, k, v))
