@@ -1,6 +1,6 @@
 """Head to head: which efficient-attention family best stands in for a pretrained model's attention at equal k?
 
-Runs `spectra.pipeline.approx` for every model × dataset (roberta-base on Wikitext-103 and IMDB, n = 512,
+Runs `spectra.api.approx` for every model × dataset (roberta-base on Wikitext-103 and IMDB, n = 512,
 k ∈ {32, 64, 128, 256} by default) with svd (the rank-k oracle), linformer(kv), pool-mean, performer,
 nystrom (exact pseudo-inverse) and nystrom-iter6 (as Nyströmformer runs it), skyformer and probsparse, per
 head and end to end (every layer substituted), skipping finished runs and
@@ -24,8 +24,8 @@ from pathlib import Path
 import pandas as pd
 
 import spectra
-from spectra.pipeline import approx
-from spectra.plots import save
+from spectra.api import approx
+from spectra.report.plots.style import save
 from spectra.runs import ApproxRun
 
 METHODS = ("svd", "linformer(kv)", "pool-mean", "performer", "nystrom", "nystrom-iter6", "skyformer", "probsparse")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pandas as pd
 
 import spectra
-from spectra.plan import c_at, default_at, headline, layer_trend, unique_names
-from spectra.plots import choose_heatmap, figure1
+from spectra.report.plots import choose_heatmap, figure1
+from spectra.report.summaries import c_at, default_at, headline, layer_trend, unique_names
 
 
 def run_dir(runs_dir: Path, model: str, dataset: str, length: int) -> Path:

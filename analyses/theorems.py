@@ -1,6 +1,6 @@
 """Theorems 1 and 2 of Linformer (Wang et al. 2020) on roberta-base's attention over IMDB at n = 512.
 
-Runs `spectra.pipeline.theorems` (skipping a finished run, resuming an interrupted one), draws
+Runs `spectra.api.theorems` (skipping a finished run, resuming an interrupted one), draws
 `plot_theorems` into --out, and prints the headline: for every method of the pooled tables (jl, svd,
 linformer(<sharing>), theorem2(<delta>) relative to ‖softmax(w)V‖ and to the theorem's right side) the
 smallest k of the sweep whose median relative error is ≤ 0.1, and how far the theorems' k(ε = 0.1) —
@@ -22,17 +22,19 @@ from pathlib import Path
 import pandas as pd
 
 import spectra
-from spectra.pipeline import Settings, theorems
-from spectra.plots import plot_theorems, theorem_errors
+from spectra.api import theorems
+from spectra.config import RunConfig
+from spectra.report.plots import plot_theorems
+from spectra.report.summaries import theorem_errors
 from spectra.runs import TheoremRun
-from spectra.theory import theorem1_k, theorem2_k
+from spectra.theory.bounds import theorem1_k, theorem2_k
 
 EPS = 0.1  # the headline's relative error
 
 
 def run_dir(runs_dir: Path, model: str, data: str, length: int) -> Path:
     """runs/<model>-<data>-n<length>-theorems, the name `spectra theorems` picks by default."""
-    return runs_dir / Settings(model, data, length).default_out("theorems").name
+    return runs_dir / RunConfig(model, data, length).default_out("theorems").name
 
 
 def ensure_run(args: argparse.Namespace) -> TheoremRun:

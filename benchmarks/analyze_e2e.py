@@ -28,7 +28,7 @@ from transformers import RobertaConfig, RobertaForMaskedLM
 sys.path.insert(0, {tests!r})
 import tiny
 import spectra, spectra.capture, spectra.data, spectra.models
-from spectra.spectrum import SpectrumProbe
+from spectra.probes.spectrum import SpectrumProbe
 
 samples, n, batch, device = {samples}, {length}, {batch}, {device!r}
 overlap = {{"auto": None, "on": True, "off": False}}[{overlap!r}]
@@ -67,19 +67,18 @@ with torch.inference_mode():
     model(input_ids=ids, attention_mask=mask)
     sync()
     forward = (time.perf_counter() - t) / batch
-class Keep:
-    def update(self, layer, q, k, v, mask, p, *, scaling):
-        kept.append((layer, mask, p.clone()))
+def keep(captured):
+    kept.append((captured.layer, captured.valid, captured.p.clone()))
 kept = []
-with torch.inference_mode(), spectra.capture.capturing([Keep()]):
+with torch.inference_mode(), spectra.capture.capturing(keep):
     loaded.model(input_ids=ids, attention_mask=mask)
 spectrum = {{}}
 for where in {{device, "cpu"}}:
     probe = SpectrumProbe(config.num_hidden_layers, 12, n, n // 4)
     sync()
     t = time.perf_counter()
-    for layer, mask, p in kept:
-        probe.update(layer, None, None, None, None if mask is None else mask.to(where), p.to(where))
+    for layer, valid, p in kept:
+        probe.add(layer, p.to(where), valid.to(where))
     sync()
     spectrum[where] = (time.perf_counter() - t) / batch
 print(json.dumps(dict(samples=samples, seconds=total, steady=steady, peak_mb=peak, gpu_peak_mb=gpu_peak,

@@ -5,7 +5,7 @@
 
 Compared on the same (B, H, n, d) = (tokens/n, 12, n, 64) q, k, v (a fixed number of tokens per batch,
 one of the paper's two settings): eager attention softmax(q kᵀ/√d) v, PyTorch's fused
-scaled_dot_product_attention, and the project's Linformer attention (spectra.linformer.linear_attention)
+scaled_dot_product_attention, and the project's Linformer attention (spectra.nn.linformer.linear_attention)
 with projected length k. Each configuration runs in a fresh process so its peak RSS is its own; the
 memory column is the peak RSS above the process's baseline after creating the inputs. Time is the
 best of 3. With --device cuda times are taken between synchronisations and memory is the peak GPU memory
@@ -45,8 +45,8 @@ def report(run):
 """
 
 CHILD = MEASURE + r"""
-from spectra.linformer import linear_attention
-from spectra.theory import jl_matrix
+from spectra.nn.linformer import linear_attention
+from spectra.seeds import jl_matrix
 method, n, budget, tokens = {method!r}, {n}, {budget}, {tokens}
 batch, heads, d = max(1, tokens // n), 12, 64
 g = torch.Generator().manual_seed(0)
@@ -65,7 +65,8 @@ with torch.inference_mode():
 
 ENCODER_CHILD = MEASURE + r"""
 from transformers import RobertaConfig, RobertaModel
-from spectra import capture, linformer
+from spectra import capture
+from spectra.nn import linformer, projections as proj
 method, n, budget, tokens = {method!r}, {n}, {budget}, {tokens}
 batch, layers = max(1, tokens // n), 4
 config = RobertaConfig(vocab_size=1000, hidden_size=768, num_hidden_layers=layers, num_attention_heads=12,
@@ -76,7 +77,7 @@ model = RobertaModel(config, add_pooling_layer=False).eval().to(device)
 ids = torch.randint(5, 1000, (batch, n)).to(device)
 substitute = None
 if method == "linformer":
-    projections = linformer.Projections(layers, 12, budget, n, "headwise", trainable=False).to(device)
+    projections = proj.Projections(layers, 12, budget, n, "headwise", trainable=False).to(device)
     substitute = linformer.substitute(projections)
 def run():
     with torch.inference_mode(), capture.capturing(substitute=substitute):

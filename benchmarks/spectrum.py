@@ -7,7 +7,7 @@ RoBERTa-base sequence), without and with padding (every other sequence of length
 - naive:   a Python loop of numpy.linalg.svd(compute_uv=False) per matrix (after output_attentions=True
            a researcher holds float32 numpy arrays);
 - bare:    torch.linalg.svdvals on the whole batch, with torch's default threads and with one thread;
-- project: spectra.spectrum.SpectrumProbe.update (masking, singular values, curves and metrics),
+- project: spectra.probes.spectrum.SpectrumProbe.add (masking, singular values, curves and metrics),
            exact and fast (--spectrum fast) modes.
 Every time is the best of --repeats; ratios come from the same run. Also reports the largest |Δc|
 of each mode against a float64 scipy reference on 8 of the matrices.
@@ -23,7 +23,9 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from spectra.spectrum import SpectrumProbe, cumulative, singular_values
+from spectra.capture import key_valid
+from spectra.probes.spectrum import SpectrumProbe
+from spectra.spectrum import cumulative, singular_values
 
 
 def matrices(n: int, padded: bool, heads: int = 12, batch: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +95,8 @@ def main() -> None:
             times = {}
             for mode in ("exact", "fast"):
                 probe = SpectrumProbe(1, p.shape[1], n, n // 4, mode)
-                times[mode] = best(lambda: probe.update(0, None, None, None, mask, p), args.repeats)
+                valid = key_valid(mask, p.shape[0], n, p.device)
+                times[mode] = best(lambda: probe.add(0, p, valid), args.repeats)
             print(f"| {n} | {'yes' if padded else 'no'} | {naive:.3f} | {bare:.3f} | {bare_one:.3f} "
                   f"| {times['exact']:.3f} | {times['fast']:.3f} | {naive / times['exact']:.2f}× "
                   f"| {min(bare, bare_one) / times['exact']:.2f}× | {times['exact'] / times['fast']:.2f}× "

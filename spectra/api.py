@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable
 
+from . import checkpoints
 from .config import (AnalyzeOptions, ApproxOptions, Output, RunConfig, SyntheticConfig, TheoremOptions,
                      layers_label, parse_layers)
 from .errors import SpectraError
@@ -60,11 +61,14 @@ def analyze(
     config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
                        trust_remote_code)
     options = AnalyzeOptions(at, spectrum, spectrum_device, overlap).resolved(length)
+    found = checkpoints.inspect(model)
     job = Job(
-        "analyze", config.settings(options.identity()), samples, batch_size, config.device, config.default_out("analyze"),
+        "analyze", config.settings(options.identity()), samples, batch_size, config.device,
+        config.default_out("analyze", found.label), found.where,
         open_source=lambda where: ModelSource(config, where),
         build_probe=lambda source: Offloaded(SpectrumProbe(source.layers, source.heads, length, options.at,
-                                                           options.spectrum), options.spectrum_device, options.overlap),
+                                                           options.spectrum), options.spectrum_device, options.overlap,
+                                             warn=notify),
         meta=lambda source: options.identity(),
     )
     return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
@@ -112,6 +116,7 @@ def approx(
     config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
                        trust_remote_code)
     options = ApproxOptions(tuple(budgets), tuple(labels), end_to_end, chosen, target, projection).resolved(length)
+    found = checkpoints.inspect(model)
 
     def build_probe(source: ModelSource) -> Probes:
         if chosen is not None and (chosen[0] < 0 or chosen[-1] >= source.layers):
@@ -127,7 +132,8 @@ def approx(
         return Probes(**probes)
 
     job = Job(
-        "approx", config.settings(options.identity()), samples, batch_size, config.device, config.default_out("approx"),
+        "approx", config.settings(options.identity()), samples, batch_size, config.device,
+        config.default_out("approx", found.label), found.where,
         open_source=lambda where: ModelSource(config, where, masked_lm=end_to_end),
         build_probe=build_probe,
         meta=lambda source: {**options.identity(), "masked_lm": source.loaded.masked_lm},
@@ -177,7 +183,7 @@ def theorems(
     if synthetic:
         synthetic_config = SyntheticConfig(length, d, heads, samples, batch_size, seed, device)
         job = Job("theorems", synthetic_config.settings(), samples, batch_size, synthetic_config.device,
-                  synthetic_config.default_out("theorems"),
+                  synthetic_config.default_out("theorems"), "synthetic",
                   open_source=lambda where: SyntheticSource(synthetic_config, where),
                   build_probe=build_probe, meta=lambda source: meta)
     else:
@@ -185,7 +191,8 @@ def theorems(
             raise SpectraError("give a model, or pass --synthetic for Gaussian q, k, v")
         config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device,
                            dtype, trust_remote_code)
+        found = checkpoints.inspect(model)
         job = Job("theorems", config.settings(options.identity()), samples, batch_size, config.device,
-                  config.default_out("theorems"), open_source=lambda where: ModelSource(config, where),
+                  config.default_out("theorems", found.label), found.where, open_source=lambda where: ModelSource(config, where),
                   build_probe=build_probe, meta=lambda source: meta)
     return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))

@@ -7,6 +7,7 @@ imports what it needs when it runs.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,7 +16,7 @@ import click
 import typer
 
 from .config import Device, DType, Mode, Place, Projection, Spectrum, numbers
-from .errors import SpectraError
+from .errors import Interrupted, SpectraError
 
 try:  # typer ≥ 0.26 vendors its own copy of click
     from typer._click.exceptions import UsageError as _TyperUsageError
@@ -89,7 +90,7 @@ def analyze(
 ) -> None:
     """Singular spectra of the context mapping matrix P for every layer and head, averaged over sequences."""
     from .api import analyze as run_analyze
-    from .console import print_analyze, progress_bar
+    from .report.console import print_analyze, progress_bar
 
     with progress_bar("sequences") as progress:
         run = run_analyze(
@@ -114,13 +115,13 @@ def _saved(model: str | None, kind: type, wrong: str):
 
 
 def _report(run, show, plot: bool, plotter: str) -> None:
-    """Print a run's tables, draw its plots (`spectra.plots.<plotter>`, imported only then) when asked, and
+    """Print a run's tables, draw its plots (`spectra.report.plots.<plotter>`, imported only then) when asked, and
     say where the run lives."""
-    from .console import out as stdout
+    from .report.console import out as stdout
 
     show(run)
     if plot:
-        from . import plots
+        from .report import plots
 
         for path in getattr(plots, plotter)(run):
             stdout.print(f"wrote {path}")
@@ -154,7 +155,7 @@ def approx(
 ) -> None:
     """How well cheap approximations stand in for a model's attention at budget k: per head and end to end."""
     from .api import DEFAULT_METHODS, approx as run_approx
-    from .console import print_approx, progress_bar
+    from .report.console import print_approx, progress_bar
     from .runs import ApproxRun
 
     run = _saved(model, ApproxRun, "is not an approx run; re-plot analyze runs with 'spectra plot'")
@@ -196,7 +197,7 @@ def theorems(
 ) -> None:
     """Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs k."""
     from .api import theorems as run_theorems
-    from .console import print_theorems, progress_bar
+    from .report.console import print_theorems, progress_bar
     from .runs import TheoremRun
 
     run = _saved(model, TheoremRun, "is not a theorems run")
@@ -220,8 +221,8 @@ def figure1(
     band: float = typer.Option(0.1, "--band", help="Shade from this quantile to 1 − it across the layer×head mean curves (0: min–max)."),
 ) -> None:
     """The paper's Figure 1: normalized cumulative singular value per model depth and dataset, and the heatmap at n/4."""
-    from .console import out as stdout
-    from .plots import figure1 as draw_figure1
+    from .report.console import out as stdout
+    from .report.plots import figure1 as draw_figure1
 
     paths = draw_figure1(runs, out, heatmap=heatmap, at=at, quantile=band)
     stdout.print("wrote " + ", ".join(str(path) for path in paths))
@@ -234,8 +235,8 @@ def plot(
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default figures/<run directory name>)."),
 ) -> None:
     """Per-run views: per-layer curves, heatmap of c at an index, and rank needed for 90%/99% per layer and head."""
-    from .console import out as stdout
-    from .plots import plot_run
+    from .report.console import out as stdout
+    from .report.plots import plot_run
 
     written = plot_run(run, out, at=at)
     stdout.print("wrote " + ", ".join(str(path) for path in written.paths))
@@ -250,9 +251,10 @@ def plan_k(
     out: Optional[Path] = typer.Option(None, "--out", help="JSON plan to write (default <run>/plan-k-e<E>[-per-head].json)."),
 ) -> None:
     """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
-    from .console import out as stdout, print_plan
-    from .plan import load_analyze, plan_k as make_plan
-    from .runs import write_json
+    from .report.console import out as stdout, print_plan
+    from .report.plan import plan_k as make_plan
+    from .rundir import write_json
+    from .runs import load_analyze
 
     loaded = load_analyze(run)
     plan = make_plan(loaded, energy, multiple=multiple, per_head=per_head)
@@ -272,9 +274,10 @@ def compare(
     csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the tidy table (one row per run and layer) to this CSV file."),
 ) -> None:
     """Headline numbers of several runs side by side: per layer c at the index and rank needed for 90%."""
-    from .console import out as stdout, print_compare
-    from .plan import compare as compare_runs, load_analyze
-    from .runs import write_table
+    from .report.console import out as stdout, print_compare
+    from .report.summaries import compare as compare_runs
+    from .rundir import write_table
+    from .runs import load_analyze
 
     if csv is not None and csv.is_dir():
         raise SpectraError(f"--csv {csv} is a directory; give a .csv file path")
@@ -287,24 +290,49 @@ def compare(
         stdout.print(f"table written to {csv}")
 
 
+def _stop(signum: int, frame: object) -> None:
+    """Outside a run's batches a signal stops at once (a run's loop defers it to the next batch and checkpoints)."""
+    raise Interrupted("interrupted before any sequence was processed; nothing was written")
+
+
+def _quiet_stdout() -> None:
+    """Output piped into a program that stopped reading (| head) is not an error: stop writing quietly."""
+    try:
+        sys.stdout = open(os.devnull, "w")
+    except OSError:  # pragma: no cover
+        pass
+
+
 def main() -> None:
-    """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
+    """Entry point: bad input becomes one line on stderr and exit code 2, an interrupt one line and exit code
+    130, never a traceback. Does not depend on how typer or click treat KeyboardInterrupt: Ctrl-C raises
+    spectra's own `Interrupted`, which they pass through."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun only process 0 prints results
         sys.stdout = open(os.devnull, "w")
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         app(standalone_mode=False)
     except SpectraError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as stopped:
+        print(str(stopped), file=sys.stderr)
+        sys.exit(130)
     except (click.exceptions.Exit, typer.Exit) as done:
         sys.exit(done.exit_code)
     except USAGE_ERRORS as error:
         hint = f" (see 'spectra {error.ctx.info_name} --help')" if error.ctx and error.ctx.parent else " (see 'spectra --help')"
-        print(f"error: {error.format_message()}{hint}", file=sys.stderr)
+        message = error.format_message().replace("Value error, ", "")  # typer's wording for a bad choice
+        print(f"error: {message}{hint}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        _quiet_stdout()
     except (click.Abort, typer.Abort, KeyboardInterrupt):
-        print("interrupted; continue later with --resume", file=sys.stderr)
+        print("interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 if __name__ == "__main__":

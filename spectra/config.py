@@ -207,8 +207,9 @@ class RunConfig:
         del recorded["trust_remote_code"]
         return {**recorded, "extra": extra}
 
-    def default_out(self, kind: str) -> Path:
-        model = Path(self.model).name or self.model
+    def default_out(self, kind: str, label: str | None = None) -> Path:
+        """runs/<model label>-<data>-n<length>[-<kind>]; `label` is the model's short name (default: its folder)."""
+        model = label or Path(self.model).name or self.model
         corpus = Path(self.data).stem if Path(self.data).suffix else self.data
         suffix = "" if kind == "analyze" else f"-{kind}"
         return Path("runs") / f"{model}-{corpus}-n{self.length}{suffix}"

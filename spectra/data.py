@@ -8,13 +8,15 @@ Tokenization is lazy: only as many documents are read as the requested samples n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
 
+from . import hub
 from .errors import SpectraError
 
 #: name → (hub path, configuration, default split, text column)
@@ -24,22 +26,34 @@ NAMED = {
     "wikitext-2": ("Salesforce/wikitext", "wikitext-2-raw-v1", "test", "text"),
 }
 FILE_TYPES = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-MODES = ("pack", "truncate")
+#: a sample of the corpus for the tokenizer check: documents read and the share of unknown tokens refused
+TOKENIZER_SAMPLE, MAX_UNKNOWN_SHARE = 64, 0.5
 
 
 @dataclass
 class Corpus:
-    """Documents in their seeded order, and where they came from."""
+    """Documents in their seeded order, where they came from, and what identifies their content (a local
+    file's size and SHA-256, a hub dataset's fingerprint), so a resumed run can tell the data changed."""
 
     name: str
     source: str
     split: str | None
     text_column: str
     documents: list[str]
+    content: dict[str, object] = field(default_factory=dict)
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "source": self.source, "split": self.split, "text_column": self.text_column,
-                "documents": len(self.documents)}
+                "documents": len(self.documents), **self.content}
+
+
+def file_content(path: Path) -> dict[str, object]:
+    """Size and SHA-256 of a local file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def _read_txt(path: Path) -> list[str]:
@@ -63,35 +77,42 @@ def _read_table(path: Path, text_column: str) -> list[str]:
         raise SpectraError(
             f"{path} has no column '{text_column}'; its columns are {', '.join(table.column_names)} (use --text-column)"
         )
-    return [str(x) for x in table[text_column] if x is not None]
+    values = [x for x in table[text_column] if x is not None]
+    if values and not any(isinstance(x, str) for x in values):
+        kind = "numbers" if all(isinstance(x, (int, float)) for x in values) else type(values[0]).__name__ + " values"
+        others = [name for name in table.column_names if name != text_column]
+        raise SpectraError(f"column '{text_column}' of {path} holds {kind}, not text; choose a text column with "
+                           f"--text-column (its other columns: {', '.join(others) or 'none'})")
+    return [str(x) for x in values]
 
 
 def _read_named(name: str, split: str, text_column: str) -> list[str]:
     import datasets
 
-    hub, config, _, _ = NAMED[name]
+    hub_id, config, _, _ = NAMED[name]
+    hub.prepare()  # one quick connection attempt; unreachable → the local cache only, no retries
     datasets.disable_progress_bars()
     try:
-        table = datasets.load_dataset(hub, config, split=split)
+        table = datasets.load_dataset(hub_id, config, split=split)
     except Exception as error:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise SpectraError(
-            f"could not load dataset '{name}' ({hub}, split {split}): {first}; with no network, "
+            f"could not load dataset '{name}' ({hub_id}, split {split}): {first}; with no network, "
             "pass a local .txt/.jsonl/.csv/.parquet file instead, or set HF_DATASETS_OFFLINE=1 to use the cache"
         ) from None
     if text_column not in table.column_names:
         raise SpectraError(f"dataset '{name}' has no column '{text_column}'; its columns are {', '.join(table.column_names)}")
-    return table[text_column]
+    return table[text_column], {"fingerprint": getattr(table, "_fingerprint", None)}
 
 
 def open_corpus(data: str, *, split: str | None = None, text_column: str | None = None, seed: int = 0) -> Corpus:
     """A named dataset (imdb, wikitext-103, wikitext-2) or a local file, its non-empty documents shuffled."""
     path = Path(data)
     if data in NAMED and not path.exists():
-        hub, _, default_split, default_column = NAMED[data]
+        hub_id, _, default_split, default_column = NAMED[data]
         split = split or default_split
         column = text_column or default_column
-        documents, source = _read_named(data, split, column), hub
+        (documents, content), source = _read_named(data, split, column), hub_id
         name = data
     else:
         if path.suffix not in FILE_TYPES:
@@ -104,9 +125,13 @@ def open_corpus(data: str, *, split: str | None = None, text_column: str | None 
             raise SpectraError(f"data file {data} does not exist")
         if split is not None:
             raise SpectraError("--split applies to named datasets only, not to a local file")
+        if text_column is not None and path.suffix == ".txt":
+            raise SpectraError("--text-column applies to .jsonl/.csv/.parquet files only; a .txt file holds "
+                               "plain text, one document per line or paragraph")
         column = text_column or "text"
         try:
             documents = _read_txt(path) if path.suffix == ".txt" else _read_table(path, column)
+            content = file_content(path)
         except (OSError, UnicodeDecodeError) as error:
             raise SpectraError(f"could not read {data}: {error}") from None
         source, name = str(path.resolve()), path.stem
@@ -114,7 +139,7 @@ def open_corpus(data: str, *, split: str | None = None, text_column: str | None 
     if not documents:
         raise SpectraError(f"data '{data}' holds no non-empty text")
     order = np.random.default_rng(seed).permutation(len(documents))
-    return Corpus(name, source, split, column, [documents[i] for i in order])
+    return Corpus(name, source, split, column, [documents[i] for i in order], content)
 
 
 @dataclass
@@ -129,6 +154,17 @@ class Batch:
 def _token_chunks(tokenizer, documents: list[str], chunk: int = 256) -> Iterator[list[int]]:
     for start in range(0, len(documents), chunk):
         yield from tokenizer(documents[start : start + chunk], add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def unknown_share(tokenizer, documents: list[str]) -> float:
+    """The share of a sample's words (whitespace-separated) that the tokenizer maps to its unknown token."""
+    unknown = tokenizer.unk_token_id
+    sample = documents[:TOKENIZER_SAMPLE]
+    words = sum(len(doc.split()) for doc in sample)
+    if unknown is None or not words:
+        return 0.0
+    ids = tokenizer(sample, add_special_tokens=False, verbose=False)["input_ids"]
+    return sum(row.count(unknown) for row in ids) / words
 
 
 def special_tokens(tokenizer) -> tuple[list[int], list[int]]:

@@ -35,7 +35,8 @@ def start(device: torch.device) -> torch.device:
 
 
 def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    """This process's rank (before the group is joined: the launcher's RANK)."""
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0")) if requested() else 0
 
 
 def size() -> int:

@@ -11,6 +11,9 @@ writes the probe's tables and arrays with run.json.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +23,15 @@ import torch
 
 from . import distributed
 from .config import Output
-from .errors import SpectraError
+from .errors import Interrupted, SpectraError
 from .probes import Probe
-from .runs import RunDir
+from .rundir import RunDir, default_dir
 from .stats import plain
+
+#: settings that change how fast a run goes, not what it computes: a run may resume with others
+NOT_IDENTITY = ("batch_size",)
+#: content keys of run.json's data record that a resumed run must find unchanged
+DATA_IDENTITY = ("bytes", "sha256", "fingerprint", "documents")
 
 #: progress(done, total) after every batch; total is the requested number of sequences
 Progress = Callable[[int, int], None]
@@ -36,6 +44,10 @@ class Source(Protocol):
     heads: int
     n: int
     device: torch.device
+
+    def data(self) -> dict[str, Any]: ...
+
+    def start(self) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -58,9 +70,13 @@ class Job:
     batch_size: int
     device: Any
     default_out: Path
+    #: what owns the default run directory name (the resolved model source), so two models never share it
+    owner: str
     open_source: Callable[[Any], Source]
     build_probe: Callable[[Source], Probe]
     meta: Callable[[Source], dict[str, Any]]
+    #: bytes one sequence needs while its batch runs (attention matrices and the probe's work), for the memory check
+    bytes_per_sequence: Callable[[Source], float] = lambda source: 8.0 * 6 * source.heads * source.n ** 2
 
 
 @dataclass(frozen=True)
@@ -84,20 +100,131 @@ def versions() -> dict[str, str]:
     return found
 
 
+def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """The identity settings that differ between a recorded run and the one asked for."""
+    keys = (set(recorded) | set(wanted)) - set(NOT_IDENTITY)
+    return sorted(key for key in keys if recorded.get(key) != wanted.get(key))
+
+
+@contextlib.contextmanager
+def _deferred_interrupts() -> Iterator[Callable[[], bool]]:
+    """While the batches run, Ctrl-C (SIGINT) or SIGTERM only raises a flag the loop checks between batches, so
+    the checkpoint it writes is whole; a second signal stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    hits: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if hits:
+            raise KeyboardInterrupt
+        hits.append(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield lambda: bool(hits)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _free_bytes(device: torch.device) -> float | None:
+    """Memory available for new allocations on `device` (None when unknown)."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_memory(job: Job, source: Source) -> None:
+    """Refuse a batch size whose attention matrices would not fit in the free memory, suggesting one that does."""
+    free = _free_bytes(source.device)
+    per_sequence = job.bytes_per_sequence(source)
+    if free is None or job.batch_size * per_sequence <= 0.8 * free:
+        return
+    fits = max(1, int(0.8 * free // per_sequence))
+    raise SpectraError(
+        f"--batch-size {job.batch_size} needs about {job.batch_size * per_sequence / 2**30:.1f} GiB for one batch's "
+        f"attention at n = {source.n} ({source.heads} heads), but about {free / 2**30:.1f} GiB is free on "
+        f"{source.device.type}; use --batch-size {fits} or less"
+    )
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
+
+
+def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, reporter: Reporter,
+            wall: Callable[[], float]) -> int:
+    """Run this process's batches from `done` on through the probe and combine the processes' states;
+    returns the sequences this process saw. Checkpoints on time and on an interrupt."""
+    progress, seen, last_save = reporter.progress, 0, time.perf_counter()
+
+    def checkpoint() -> None:
+        target.save_checkpoint(plain(probe.state()), done + seen, wall_seconds=wall())
+
+    if progress is not None:
+        progress(done, job.samples)
+    try:
+        with _deferred_interrupts() as interrupted:
+            for batch in source.batches(job.samples, job.batch_size, skip=done,
+                                        shard=(distributed.rank(), distributed.size())):
+                source.run(batch, probe.update)
+                probe.after_batch(batch)
+                seen += len(batch.index)
+                if interrupted():
+                    if distributed.size() == 1:
+                        checkpoint()
+                    raise Interrupted(f"interrupted after {done + seen} sequences; continue with --resume "
+                                      f"(resume=True) and the same --out ({target.out})")
+                if time.perf_counter() - last_save >= reporter.checkpoint_seconds:
+                    checkpoint()
+                    last_save = time.perf_counter()
+                if progress is not None:  # with several processes: this one's share, scaled
+                    progress(min(done + seen * distributed.size(), job.samples), job.samples)
+        probe.load_state(distributed.reduce_state(probe.state(), source.device))
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted twice: stopped at once; continue from the last checkpoint with --resume "
+                          f"(resume=True) and the same --out ({target.out})") from None
+    except (RuntimeError, MemoryError) as error:
+        if not (isinstance(error, MemoryError) or _out_of_memory(error)):
+            raise
+        raise SpectraError(f"ran out of memory after {done + seen} sequences; the last checkpoint is kept: continue "
+                           "with --resume (resume=True) and a smaller --batch-size") from None
+    return seen
+
+
 def execute(job: Job, output: Output, reporter: Reporter = Reporter()) -> Path:
     """Stream the job's sequences through its probe and write the run; returns the run directory.
 
-    Nothing touches the disk until the first checkpoint, so bad input leaves no trace.
+    Nothing touches the disk until the first checkpoint, so bad input leaves no trace. An interrupt
+    (Ctrl-C, SIGTERM) is honoured between batches: the state so far is checkpointed and `Interrupted`
+    says how to continue.
     """
-    target = RunDir(output.out or job.default_out, overwrite=output.overwrite, resume=output.resume)
+    target = RunDir(output.out or default_dir(job.default_out, job.owner), overwrite=output.overwrite,
+                    resume=output.resume, lock=distributed.is_main())
     notify, progress, checkpoint_seconds = reporter.notify, reporter.progress, reporter.checkpoint_seconds
     if target.complete:
+        changed = _differences(target.finished_meta()["settings"], job.settings)
+        if changed:
+            raise SpectraError(f"{target.out} is a complete run with different {', '.join(changed)}; pass --overwrite "
+                               "(overwrite=True) to replace it, or choose another --out")
         notify(f"{target.out} is already complete; loading it")
         return target.out
     previous = target.checkpoint_meta()
-    if previous is not None and previous["settings"] != job.settings:
-        changed = sorted(key for key, value in job.settings.items() if previous["settings"].get(key) != value)
-        raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}")
+    if previous is not None:
+        changed = _differences(previous["settings"], job.settings)
+        if changed:
+            raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}; "
+                               "pass --overwrite (overwrite=True) to start over, or choose another --out")
 
     device = job.device
     if distributed.requested():
@@ -110,41 +237,40 @@ def execute(job: Job, output: Output, reporter: Reporter = Reporter()) -> Path:
         notify = notify if distributed.is_main() else (lambda line: None)
         progress = progress if distributed.is_main() else None
     source = job.open_source(device)
-    probe = job.build_probe(source)
-    record: dict[str, Any] = {"kind": job.kind, "settings": job.settings, **source.describe(), **job.meta(source),
-                              "versions": versions()}
-    done, elapsed = 0, 0.0
     if previous is not None:
-        state, done = target.load_checkpoint()
-        probe.load_state(state)
-        elapsed = float(previous.get("wall_seconds", 0.0))
-        notify(f"resuming {target.partial} after {done} sequences")
-    target.begin(record)
-    start = last_save = time.perf_counter()
-    if progress is not None:
-        progress(done, job.samples)
-    seen = 0
-    try:
-        for batch in source.batches(job.samples, job.batch_size, skip=done,
-                                    shard=(distributed.rank(), distributed.size())):
-            source.run(batch, probe.update)
-            probe.after_batch(batch)
-            seen += len(batch.index)
-            if time.perf_counter() - last_save >= checkpoint_seconds:
-                target.save_checkpoint(plain(probe.state()), done + seen,
-                                       wall_seconds=elapsed + time.perf_counter() - start)
-                last_save = time.perf_counter()
-            if progress is not None:  # with several processes: this one's share, scaled
-                progress(min(done + seen * distributed.size(), job.samples), job.samples)
-        probe.load_state(distributed.reduce_state(probe.state(), source.device))
-    finally:
-        probe.close()
-    processed = done + distributed.total(seen, source.device)
-    if processed < job.samples:
-        notify(f"the corpus yields {processed} sequences of the {job.samples} asked for; all of them were used")
-    record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - start,
-                  processes=distributed.size(), **probe.describe())
-    if distributed.is_main():
-        target.finish(record, probe.tables(), probe.arrays())
-    distributed.barrier()
+        recorded, found = previous.get("data", {}), source.data()
+        changed = [key for key in DATA_IDENTITY if key in recorded and recorded[key] != found.get(key)]
+        if changed:
+            raise SpectraError(f"cannot resume {target.partial}: the data changed since it started (its "
+                               f"{', '.join(changed)} differ); pass --overwrite (overwrite=True) to start over")
+    source.start()
+    _check_memory(job, source)
+    probe = job.build_probe(source)
+    with target.claimed():  # an exclusive lock on the run directory, held until the run is written
+        record: dict[str, Any] = {"kind": job.kind, "settings": job.settings, **source.describe(),
+                                  **job.meta(source), "versions": versions()}
+        done, elapsed = 0, 0.0
+        if previous is not None:
+            state, done = target.load_checkpoint()
+            probe.load_state(state)
+            elapsed = float(previous.get("wall_seconds", 0.0))
+            notify(f"resuming {target.partial} after {done} sequences")
+        target.begin(record)
+        started = time.perf_counter()
+        try:
+            seen = _stream(job, source, probe, target, done, Reporter(progress, notify, checkpoint_seconds),
+                           lambda: elapsed + time.perf_counter() - started)
+        finally:
+            probe.close()
+        processed = done + distributed.total(seen, source.device)
+        if processed < job.samples:
+            if progress is not None:
+                progress(processed, processed)
+            notify(f"the corpus yields {processed} sequence{'s' if processed != 1 else ''} of the {job.samples} "
+                   "asked for; all of them were used")
+        record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - started,
+                      processes=distributed.size(), **probe.describe())
+        if distributed.is_main():
+            target.finish(record, probe.tables(), probe.arrays())
+        distributed.barrier()
     return target.out

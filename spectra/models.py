@@ -14,11 +14,13 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
-from . import capture
+from . import capture, checkpoints, hub
 from .config import Device, DType, choose
 from .errors import SpectraError
 
 DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
+#: families checked to capture exactly what eager attention computes (tests/test_capture.py; README)
+CHECKED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "modernbert")
 #: families whose position ids start after the padding index, so two positions are not usable
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text"}
 
@@ -45,23 +47,20 @@ def pick_device(device: Device | str | torch.device) -> torch.device:
     if isinstance(device, torch.device):
         return device
     device = choose(Device, device, "--device")
-    if device is Device.AUTO:
+    if device == Device.AUTO:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device is Device.CUDA and not torch.cuda.is_available():
+    if device == Device.CUDA and not torch.cuda.is_available():
         raise SpectraError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
-    if device is Device.MPS and not torch.backends.mps.is_available():
+    if device == Device.MPS and not torch.backends.mps.is_available():
         raise SpectraError("--device mps was asked for but torch sees no MPS device; use --device cpu or auto")
     return torch.device(device.value)
 
 
 def _not_found(source: str) -> SpectraError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-    where = "the local cache (HF_HUB_OFFLINE is set)" if offline else "the Hugging Face Hub or the local cache"
-    return SpectraError(
-        f"could not load model '{source}': no local directory of that name and not found in {where}; "
-        "pass a directory saved with save_pretrained, or download it once with network access "
-        "(then HF_HUB_OFFLINE=1 uses the cache)"
-    )
+    where = "the local cache (the Hub was not reachable or HF_HUB_OFFLINE is set)" if not hub.reachable() else \
+        "the Hugging Face Hub or the local cache"
+    return SpectraError(f"could not load model '{source}': no local directory of that name and not found in {where}; "
+                        + hub.ADVICE)
 
 
 def has_masked_lm_head(config: transformers.PretrainedConfig) -> bool:
@@ -95,11 +94,9 @@ def load(
     """
     dtype = choose(DType, dtype, "--dtype")
     torch_device = pick_device(device)
-    path = Path(source)
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise SpectraError(f"{source} is a directory but has no config.json: not a saved model (use save_pretrained)")
-    if not path.exists() and (source.startswith((".", "/", "~")) or source.count("/") > 1):
-        raise SpectraError(f"model directory {source} does not exist")
+    found = checkpoints.inspect(source)
+    if not found.local:
+        hub.prepare()  # one quick connection attempt; unreachable → the local cache only, no retries
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     try:
@@ -117,7 +114,7 @@ def load(
     if supports is False:
         raise SpectraError(
             f"model family '{config.model_type}' does not route attention through transformers' AttentionInterface, "
-            "so spectra cannot capture it (checked families: roberta, bert)"
+            f"so spectra cannot capture it (checked families: {', '.join(CHECKED_FAMILIES)})"
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -132,8 +129,8 @@ def load(
     return Loaded(
         model=model,
         tokenizer=tokenizer,
-        name=path.name if path.exists() else source.split("/")[-1],
-        source=str(path.resolve()) if path.exists() else source,
+        name=found.label if found.local else checkpoints.label(source),
+        source=found.where,
         revision=getattr(config, "_commit_hash", None),
         device=torch_device,
         dtype=DTYPES[dtype],

@@ -1,132 +1,31 @@
-"""The run directory: atomic writes, run.json metadata, tidy tables, checkpoints, loading back.
+"""Finished runs read back: `load_run` gives a `Run` (analyze), `ApproxRun` or `TheoremRun`.
 
-A run is built in `<out>.partial/` (checkpoints land there too) and renamed to `<out>` only when
-complete, so an interrupted or failed run never looks finished and an existing run is replaced only
-after its successor is whole. Nothing is pickled: JSON, CSV and `.npz` read with allow_pickle=False.
+Everything is read without pickle (JSON, CSV, and `.npz` with allow_pickle=False), and a missing,
+damaged or foreign file is one line naming it. Writing runs is `spectra.rundir`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .errors import SpectraError
 
-CHECKPOINT = "checkpoint.npz"
-
-
-def _atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through a temporary file in the same directory, then rename over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    _atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n"))
-
-
-def write_table(path: Path, frame: pd.DataFrame) -> None:
-    _atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
-
-
-def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:
-            np.savez(handle, **arrays)
-
-    _atomic(path, write)
-
-
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
-
-
-class RunDir:
-    """Where a run is written: checks the target before anything touches the disk."""
-
-    def __init__(self, out: Path | str, *, overwrite: bool = False, resume: bool = False) -> None:
-        self.out = Path(out)
-        self.partial = self.out.with_name(self.out.name + ".partial")
-        self.overwrite, self.resume = overwrite, resume
-        if self.out.exists() and not self.out.is_dir():
-            raise SpectraError(f"output path {self.out} exists and is not a directory; choose another --out")
-        if self.out.exists() and not (overwrite or resume):
-            raise SpectraError(f"run directory {self.out} already exists; pass --overwrite to replace it or choose another --out")
-        if self.partial.exists() and not (overwrite or resume):
-            raise SpectraError(
-                f"an interrupted run is at {self.partial}; pass --resume to continue it or --overwrite to start over"
-            )
-
-    @property
-    def complete(self) -> bool:
-        """True when resuming onto a finished run (nothing left to do)."""
-        return self.resume and (self.out / "run.json").exists()
-
-    def checkpoint_meta(self) -> dict[str, Any] | None:
-        """The settings of the interrupted run being resumed, or None to start fresh."""
-        path = self.partial / "run.json"
-        if not self.resume or not (self.partial / CHECKPOINT).exists() or not path.exists():
-            return None
-        return json.loads(path.read_text())
-
-    def begin(self, meta: dict[str, Any]) -> None:
-        """Record the run's settings; the partial directory appears with the first checkpoint."""
-        self.meta = meta
-        self._created = False
-
-    def _ensure(self) -> None:
-        if self._created:
-            return
-        resuming = self.resume and (self.partial / CHECKPOINT).exists()
-        if self.partial.exists() and not resuming:
-            shutil.rmtree(self.partial)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.partial.mkdir(exist_ok=True)
-        self._created = True
-
-    def save_checkpoint(self, arrays: dict[str, np.ndarray], done: int, **meta: Any) -> None:
-        """Save the probes' state after `done` sequences, and the settings to resume with."""
-        self._ensure()
-        write_arrays(self.partial / CHECKPOINT, {**arrays, "done": np.array(done)})
-        write_json(self.partial / "run.json", {**self.meta, "status": "running", **meta})
-
-    def load_checkpoint(self) -> tuple[dict[str, np.ndarray], int]:
-        arrays = read_arrays(self.partial / CHECKPOINT)
-        return arrays, int(arrays.pop("done"))
-
-    def finish(self, meta: dict[str, Any], tables: dict[str, pd.DataFrame], arrays: dict[str, dict[str, np.ndarray]]) -> Path:
-        """Write the results into the partial directory and move it into place."""
-        self._ensure()
-        for name, frame in tables.items():
-            write_table(self.partial / name, frame)
-        for name, group in arrays.items():
-            write_arrays(self.partial / name, group)
-        write_json(self.partial / "run.json", meta)
-        (self.partial / CHECKPOINT).unlink(missing_ok=True)
-        old = None
-        if self.out.exists():
-            old = self.out.with_name(self.out.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(self.out, old)
-        os.replace(self.partial, self.out)
-        if old is not None:
-            shutil.rmtree(old)
-        return self.out
+    """The arrays of an .npz file written by spectra; a truncated or foreign file is one line."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except FileNotFoundError:
+        raise SpectraError(f"{path} is missing: the run directory is incomplete") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError):
+        raise SpectraError(f"{path} is damaged or not written by spectra") from None
 
 
 @dataclass
@@ -262,3 +161,11 @@ def load_run(path: Path | str) -> Run | ApproxRun | TheoremRun:
     except (OSError, ValueError, KeyError) as error:
         raise SpectraError(f"{path} is not a readable spectra run: {error}") from None
     return Run(path, meta, metrics, curves["cum_mean"], curves["cum_std"], curves["sigma_mean"], curves["sigma_std"])
+
+
+def load_analyze(path: Path | str) -> Run:
+    """A finished `spectra analyze` run; any other directory is a one-line SpectraError."""
+    run = load_run(path)
+    if not isinstance(run, Run):
+        raise SpectraError(f"{path} holds a '{run.meta.get('kind')}' run; this needs a run of 'spectra analyze'")
+    return run

@@ -25,15 +25,29 @@ from .seeds import Domain, derive_seed
 
 
 class ModelSource:
-    """A corpus read through a pretrained model: data errors are raised before the model is loaded."""
+    """A corpus read through a pretrained model. Opening reads the data (so data errors come first and a
+    resumed run can compare what it read); `start` loads the model and checks the two fit together."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, *, masked_lm: bool = False) -> None:
-        self.config = config
+        self.config, self.where, self.masked_lm = config, device, masked_lm
         self.corpus = data.open_corpus(config.data, split=config.split, text_column=config.text_column,
                                        seed=config.seed)
-        self.loaded = models.load(config.model, device=device, dtype=config.dtype, masked_lm=masked_lm,
-                                  trust_remote_code=config.trust_remote_code)
         self.n = config.length
+
+    def data(self) -> dict[str, Any]:
+        """What run.json records of the data, and what a resumed run must find again."""
+        return {**self.corpus.describe(), "mode": self.config.mode}
+
+    def start(self) -> None:
+        config = self.config
+        self.loaded = models.load(config.model, device=self.where, dtype=config.dtype, masked_lm=self.masked_lm,
+                                  trust_remote_code=config.trust_remote_code)
+        share = data.unknown_share(self.loaded.tokenizer, self.corpus.documents)
+        if share > data.MAX_UNKNOWN_SHARE:
+            raise SpectraError(
+                f"the tokenizer of {self.loaded.name} maps {share:.0%} of the words of '{config.data}' to its unknown "
+                "token: it does not fit this text (or its vocabulary is missing); use the model's own tokenizer"
+            )
         if self.n > self.loaded.max_length:
             raise SpectraError(f"--length {self.n} exceeds what {self.loaded.name} can embed "
                                f"({self.loaded.max_length} tokens)")
@@ -61,7 +75,7 @@ class ModelSource:
         return {
             "model": {"name": loaded.name, "source": loaded.source, "revision": loaded.revision,
                       "layers": loaded.layers, "heads": loaded.heads},
-            "data": {**self.corpus.describe(), "mode": self.config.mode},
+            "data": self.data(),
             "n": self.n,
             "device": str(loaded.device),
             "dtype": self.config.dtype,
@@ -118,9 +132,15 @@ class SyntheticSource:
         self.config, self.n, self.heads = config, config.n, config.heads
         self.device = models.pick_device(device)
 
+    def data(self) -> dict[str, Any]:
+        return {"name": "synthetic"}
+
+    def start(self) -> None:
+        pass
+
     def describe(self) -> dict[str, Any]:
         return {"model": {"name": f"gaussian(d={self.config.d})", "layers": 1, "heads": self.heads},
-                "data": {"name": "synthetic"}, "n": self.n, "device": str(self.device)}
+                "data": self.data(), "n": self.n, "device": str(self.device)}
 
     def batches(self, samples: int, batch_size: int, skip: int = 0,
                 shard: tuple[int, int] = (0, 1)) -> Iterator[SyntheticBatch]:

@@ -86,7 +86,7 @@ def singular_values(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT) -> t
     if p.device.type == "mps":  # no float64 and no batched LAPACK on Apple GPUs: the CPU does the spectra
         p = p.cpu()
     p = p.to(torch.promote_types(p.dtype, torch.float32))
-    fn = _svd_sigma if mode is Spectrum.EXACT else _gram_sigma
+    fn = _svd_sigma if mode == Spectrum.EXACT else _gram_sigma
     return torch.cat(split_threads(fn, p)).reshape(p.shape[:-1])
 
 

@@ -16,13 +16,14 @@ TEXTS = [
 
 
 class Recorder:
-    """A probe that keeps every layer's tensors."""
+    """An observer that keeps every layer's record, with P formed."""
 
     def __init__(self) -> None:
-        self.seen: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.seen: dict[int, capture.Captured] = {}
 
-    def update(self, layer, q, k, v, mask, p, *, scaling) -> None:
-        self.seen[layer] = (q.clone(), k.clone(), v.clone(), None if mask is None else mask.clone(), p.clone())
+    def __call__(self, captured: capture.Captured) -> None:
+        captured.p  # noqa: B018 - form P now, as a probe would
+        self.seen[captured.layer] = captured
 
 
 def models(path, head=AutoModel):
@@ -39,17 +40,20 @@ def test_outputs_and_p_equal_eager_on_a_padded_batch(family, roberta_dir, bert_d
     assert (batch["attention_mask"] == 0).any(), "the batch must be padded"
     spectra_model, eager_model = models(path)
     recorder = Recorder()
-    with torch.no_grad(), capture.capturing([recorder]):
+    with torch.no_grad(), capture.capturing(recorder):
         got = spectra_model(**batch).last_hidden_state
     with torch.no_grad():
         want = eager_model(**batch, output_attentions=True)
     assert torch.equal(got, want.last_hidden_state)
     assert sorted(recorder.seen) == list(range(len(want.attentions)))
     for layer, p_eager in enumerate(want.attentions):
-        q, k, v, mask, p = recorder.seen[layer]
+        seen = recorder.seen[layer]
+        p = seen.p
         assert torch.equal(p, p_eager)
-        assert q.shape == k.shape == v.shape == (3, p.shape[1], p.shape[2], q.shape[-1])
-        valid = capture.key_valid(mask, 3, p.shape[-1], p.device)
+        assert seen.q.shape == seen.k.shape == seen.v.shape == (3, p.shape[1], p.shape[2], seen.q.shape[-1])
+        assert seen.k is seen.key and seen.groups == 1 and not seen.causal
+        assert seen.scaling == seen.q.shape[-1] ** -0.5
+        valid = seen.valid
         assert torch.equal(valid, batch["attention_mask"].bool())
         # padded keys get exactly zero probability
         assert (p.masked_select(~valid[:, None, None, :].expand_as(p)) == 0).all()
@@ -70,14 +74,16 @@ def test_substitution_replaces_the_head_outputs(roberta_dir) -> None:
     with torch.no_grad():
         exact = model(**batch).last_hidden_state
 
-        def same(layer, q, k, v, mask, scaling):
-            return torch.softmax(q @ k.transpose(-1, -2) * scaling + mask, dim=-1) @ v
+        def same(captured: capture.Captured) -> torch.Tensor:
+            scores = captured.q @ captured.k.transpose(-1, -2) * captured.scaling
+            return torch.softmax(scores + captured.mask, dim=-1) @ captured.v
 
         with capture.capturing(substitute=same):
             assert torch.allclose(model(**batch).last_hidden_state, exact, atol=1e-6)
 
-        def uniform_last_layer(layer, q, k, v, mask, scaling):
-            return v.mean(dim=-2, keepdim=True).expand_as(v) if layer == 1 else None
+        def uniform_last_layer(captured: capture.Captured) -> torch.Tensor | None:
+            assert "p" not in captured.__dict__, "no observer: P is never formed"
+            return captured.v.mean(dim=-2, keepdim=True).expand_as(captured.v) if captured.layer == 1 else None
 
         with capture.capturing(substitute=uniform_last_layer) as state:
             changed = model(**batch).last_hidden_state
@@ -90,7 +96,7 @@ def test_no_probe_state_leaks_out_of_the_block(roberta_dir) -> None:
     model, _ = models(roberta_dir)
     recorder = Recorder()
     with torch.no_grad():
-        with capture.capturing([recorder]):
+        with capture.capturing(recorder):
             pass
         model(**tokenizer(TEXTS[:1], return_tensors="pt"))
     assert recorder.seen == {}
@@ -128,10 +134,39 @@ def test_encoder_families_capture_like_eager(family) -> None:
     mask[1, 7:] = 0
     recorder = Recorder()
     with torch.no_grad():
-        with capture.capturing([recorder]):
+        with capture.capturing(recorder):
             got = spectra_model(input_ids=ids, attention_mask=mask).last_hidden_state
         want = eager_model(input_ids=ids, attention_mask=mask, output_attentions=True)
     assert torch.equal(got, want.last_hidden_state)
     assert sorted(recorder.seen) == [0, 1, 2]
     for layer, p in enumerate(want.attentions):
-        assert torch.equal(recorder.seen[layer][4], p)
+        assert torch.equal(recorder.seen[layer].p, p)
+
+
+def test_forward_refuses_a_model_whose_attention_bypasses_the_capture(roberta_dir) -> None:
+    from spectra.errors import SpectraError
+
+    tokenizer = AutoTokenizer.from_pretrained(roberta_dir)
+    eager = AutoModel.from_pretrained(roberta_dir, attn_implementation="eager").eval()
+    with pytest.raises(SpectraError, match="0 of 2 layers seen"):
+        capture.forward(eager, 2, **tokenizer(TEXTS[:1], return_tensors="pt"))
+
+
+def test_a_record_built_by_hand_equals_the_eager_formula() -> None:
+    q, k, v = torch.randn(3, 2, 4, 6, 8).unbind(0)
+    mask = torch.zeros(2, 1, 6, 6)
+    mask[1, :, :, 4:] = torch.finfo(torch.float32).min
+    captured = capture.Captured.of(0, q, k, v, mask)
+    assert torch.equal(captured.valid, torch.tensor([[True] * 6, [True] * 4 + [False] * 2]))
+    want = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5 + mask, dim=-1)
+    assert torch.allclose(captured.p, want, atol=1e-7)
+
+
+def test_grouped_query_records_keep_one_key_per_key_value_head() -> None:
+    q = torch.randn(1, 6, 5, 4)
+    key, value = torch.randn(2, 1, 2, 5, 4).unbind(0)
+    captured = capture.Captured(0, q, key, value, torch.ones(1, 5, dtype=torch.bool), 0.5)
+    assert captured.groups == 3 and captured.key.shape[1] == 2
+    for head in range(6):  # query head h reads key/value head h // groups, as eager attention's repeat_kv
+        assert torch.equal(captured.k[:, head], key[:, head // 3])
+        assert torch.equal(captured.v[:, head], value[:, head // 3])

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import DebertaV2Config, DebertaV2Model
+from transformers import AutoTokenizer, DebertaV2Config, DebertaV2Model
 
 from spectra import cli
 from tiny import run_cli
@@ -37,6 +37,7 @@ def deberta_dir(tmp_path_factory, bert_dir) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny-deberta"
     DebertaV2Model(DebertaV2Config(vocab_size=120, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                    intermediate_size=32)).save_pretrained(path)
+    AutoTokenizer.from_pretrained(bert_dir).save_pretrained(path)
     return path
 
 
@@ -60,10 +61,10 @@ def bad_inputs(roberta_dir: Path, text_file: Path, deberta_dir: Path, tmp: Path)
         "length too small": ([model, *corpus, "--length", "1"], "--length must be at least 2"),
         "no samples": ([model, *corpus, "--samples", "0"], "--samples must be at least 1"),
         "at outside": ([model, *corpus, "--length", "16", "--at", "17"], "--at must be an index in 1…16"),
-        "bad mode": ([model, *corpus, "--mode", "chunk"], "unknown --mode 'chunk'"),
-        "bad dtype": ([model, *corpus, "--dtype", "float8"], "unknown dtype 'float8'"),
+        "bad mode": ([model, *corpus, "--mode", "chunk"], "Invalid value for '--mode': 'chunk' is not one of 'pack'"),
+        "bad dtype": ([model, *corpus, "--dtype", "float8"], "Invalid value for '--dtype': 'float8' is not one of"),
         "bad spectrum device": ([model, *corpus, "--spectrum-device", "tpu"],
-                                "unknown --spectrum-device 'tpu'; use one of auto, cpu, same"),
+                                "Invalid value for '--spectrum-device': 'tpu' is not one of 'auto', 'cpu', 'same'"),
         "no cuda": ([model, *corpus, "--device", "cuda"], "no CUDA device"),
         "existing out": ([model, *corpus, "--out", str(tmp / "exists")], "already exists; pass --overwrite"),
         "not a number": ([model, *corpus, "--samples", "many"], "Invalid value for '--samples'"),
@@ -99,3 +100,26 @@ def test_entry_point_runs_as_a_program(tmp_path, text_file) -> None:
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: model directory {tmp_path / 'nowhere'} does not exist"
     assert subprocess.run([sys.executable, "-m", "spectra.cli", "--help"], capture_output=True).returncode == 0
+
+
+def test_help_and_version_start_without_torch() -> None:
+    """`spectra --help`, `spectra <command> --help` and `--version` import neither torch nor transformers."""
+    probe = ("import sys; from spectra import cli; sys.argv = ['spectra', *sys.argv[1:]]\n"
+             "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+             "print('HEAVY' if {'torch', 'transformers', 'datasets', 'pandas'} & set(sys.modules) else 'LIGHT')")
+    for args in (["--help"], ["analyze", "--help"], ["approx", "--help"], ["--version"]):
+        done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout.strip().endswith("LIGHT"), (args, done.stdout[-300:], done.stderr)
+    done = subprocess.run([sys.executable, "-m", "spectra", "--version"], capture_output=True, text=True)
+    import spectra
+
+    assert done.stdout.strip() == f"spectra {spectra.__version__}" and spectra.__version__[0].isdigit()
+
+
+def test_help_lists_every_choice() -> None:
+    done = subprocess.run([sys.executable, "-m", "spectra", "analyze", "--help"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    out = done.stdout
+    assert done.returncode == 0
+    for choices in ("pack|truncate", "exact|fast", "auto|cpu|same", "float32|bfloat16|float16"):
+        assert choices in out.replace(" ", ""), choices

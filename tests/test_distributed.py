@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 import spectra
-from spectra.pipeline import approx
+from spectra.api import approx
 
 
 def free_port() -> int:

@@ -1,4 +1,5 @@
-"""Spectra, curves and summaries against scipy/numpy computed independently in float64."""
+"""Spectra, curves and summaries against scipy/numpy computed independently in float64 (the probe that
+streams them over a run: tests/probes/test_spectrum.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from spectra.spectrum import METRICS, SpectrumProbe, resample, singular_values, summarize
-from spectra.stats import Moments
+from spectra.spectrum import METRICS, cumulative, masked, resample, singular_values, summarize
 
 
 def stochastic(batch: int, n: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
@@ -77,34 +77,6 @@ def test_resample_is_identity_at_full_length_and_linear_otherwise() -> None:
         assert np.allclose(got[b].numpy(), want, atol=1e-12)
 
 
-def test_moments_match_numpy_mean_and_std() -> None:
-    rng = np.random.default_rng(0)
-    samples = rng.normal(size=(37, 3, 5))
-    moments = Moments.zeros((2, 3, 5))
-    for chunk in np.array_split(samples, 4):
-        moments.add(1, torch.from_numpy(chunk))
-    assert np.allclose(moments.mean[1], samples.mean(0), atol=1e-12)
-    assert np.allclose(moments.std[1], samples.std(0), atol=1e-12)
-    assert (moments.count[1] == 37).all() and (moments.count[0] == 0).all()
-
-
-def test_probe_streams_layers_heads_and_padding() -> None:
-    """Probe averages over sequences per (layer, head), reading lengths off the additive mask."""
-    n, heads, lengths = 20, 2, [20, 13]
-    probe = SpectrumProbe(layers=2, heads=heads, n=n, at=5)
-    mask = torch.zeros(2, 1, n, n)
-    mask[1, ..., 13:] = torch.finfo(torch.float32).min
-    p = torch.softmax(torch.randn(2, heads, n, n, generator=torch.Generator().manual_seed(1)) * 2 + mask, dim=-1)
-    probe.update(1, None, None, None, mask, p, scaling=1.0)
-    for h in range(heads):
-        refs = [reference(p[b, h, : lengths[b], : lengths[b]].numpy(), 5, n) for b in range(2)]
-        want = np.mean([r[0] for r in refs], axis=0)
-        assert np.abs(probe.cum.mean[1, h] - want).max() < 1e-5
-        want_rank = np.mean([r[1]["rank90"] for r in refs])
-        assert probe.metrics.mean[1, h, METRICS.index("rank90")] == pytest.approx(want_rank)
-    assert (probe.cum.count[0] == 0).all()
-
-
 @pytest.mark.parametrize("scale", [0.0, 0.01, 0.3, 1.0, 10.0])
 def test_fast_mode_matches_scipy(scale: float) -> None:
     """The float32 Gram route with its exact fallback keeps c within 5e-4, near-uniform P included."""
@@ -119,3 +91,21 @@ def test_fast_mode_matches_scipy(scale: float) -> None:
         ref, _ = reference(p[b, :m, :m].numpy(), 64, n)
         assert np.abs(fast[b].numpy() - ref).max() < 5e-4
         assert np.abs(exact[b].numpy() - ref).max() < 1e-5
+
+
+def test_masked_zeroes_padded_rows_and_columns() -> None:
+    p = stochastic(2, 6, seed=1).reshape(1, 2, 6, 6)
+    valid = torch.tensor([[True, True, True, True, False, False]])
+    got = masked(p, valid)
+    assert torch.equal(got[..., :4, :4], p[..., :4, :4])
+    assert (got[..., 4:, :] == 0).all() and (got[..., :, 4:] == 0).all()
+    sigma = singular_values(got)
+    want = [scipy.linalg.svdvals(p[0, h, :4, :4].double().numpy()) for h in range(2)]
+    assert np.allclose(sigma[0, :, :4].numpy(), want, atol=1e-12) and (sigma[0, :, 4:].abs() < 1e-12).all()
+
+
+def test_cumulative_against_numpy() -> None:
+    sigma = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    got = cumulative(sigma)
+    assert np.allclose(got[0].numpy(), np.cumsum([3, 2, 1, 0]) / 6)
+    assert torch.isfinite(got[1]).all()  # an all-zero spectrum does not divide by zero

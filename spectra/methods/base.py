@@ -47,7 +47,8 @@ class Layer:
         valid = captured.valid
         v = v * valid[:, None, :, None].to(dtype)
         given = masked(captured.p.to(dtype), valid) if use_p else None
-        return cls(captured.layer, q, k, v, valid, captured.scaling, seed, projection, captured.causal, _p=given)
+        return cls(captured.layer, q, k, v, valid, captured.scaling, seed, Projection(projection), captured.causal,
+                   _p=given)
 
     @property
     def p(self) -> torch.Tensor:
@@ -68,7 +69,7 @@ class Layer:
     def random(self, budget: int, which: int = 0) -> torch.Tensor:
         """A seeded projection R (H, k_proj, n) per head: Gaussian N(0, 1/k) or scaled orthonormal rows."""
         heads, n = self.q.shape[1], self.q.shape[-2]
-        draw = jl_matrix if self.projection is Projection.GAUSSIAN else orthogonal_matrix
+        draw = jl_matrix if self.projection == Projection.GAUSSIAN else orthogonal_matrix
         return torch.stack([
             draw(budget, n, derive_seed(self.seed, Domain.JL_METHOD, budget, self.layer, head, which),
                  device=self.q.device, dtype=self.q.dtype)

@@ -28,7 +28,7 @@ def linformer_method(sharing: Sharing) -> Method:
 
     def linformer(x: Layer, budget: int) -> Approximation:
         heads, n = x.q.shape[1], x.q.shape[-2]
-        if x.projection is Projection.GAUSSIAN:
+        if x.projection == Projection.GAUSSIAN:
             e, f = jl_pair(sharing, x.layer, heads, budget, n, x.seed)
         else:  # per-head orthogonal E; F = E under kv/layerwise sharing
             e = x.random(budget, which=1)

@@ -169,7 +169,7 @@ class LinformerSelfAttention(nn.Module):
 
     def _compressed(self, x: torch.Tensor, proj: torch.Tensor, linear: nn.Linear, valid: torch.Tensor | None) -> torch.Tensor:
         """Projected keys or values (B, H, k_proj, d): E (X W + 1 bᵀ) after, (E X) W + 1 bᵀ before."""
-        if self.compress is Compress.AFTER:
+        if self.compress == Compress.AFTER:
             return compress(self._heads(linear(x)), proj, valid)
         x_bar = compress(x[:, None], proj, valid)  # (B, H, k_proj, dim): E_i X
         weight = linear.weight.view(self.heads, self.d, self.dim)

@@ -28,11 +28,11 @@ _WHICH = {"e": 1, "f": 2, "ef": 3}
 def projection_key(sharing: Sharing | str, layer: int, head: int, which: str) -> Key:
     """The distinct matrix that (layer, head, which ∈ {"e", "f"}) uses under `sharing`."""
     sharing = choose(Sharing, sharing, "sharing")
-    if sharing is Sharing.NONE:
+    if sharing == Sharing.NONE:
         return (layer, head, which)
-    if sharing is Sharing.HEADWISE:
+    if sharing == Sharing.HEADWISE:
         return (layer, -1, which)
-    if sharing is Sharing.KV:
+    if sharing == Sharing.KV:
         return (layer, -1, "ef")
     return (-1, -1, "ef")  # layerwise
 
@@ -130,7 +130,7 @@ class Projections(nn.Module):
         for i, key in enumerate(self.keys):
             if given is not None:
                 matrix = given[i]
-            elif init is Init.JL:
+            elif init == Init.JL:
                 matrix = jl_projection(key, k_proj, max_len, seed)
             else:
                 layer, head, which = key

@@ -8,14 +8,21 @@ One worker and FIFO order make the sums, and so the results, bitwise equal to ru
 
 `device="auto"` times the singular values of the first layer's P on the model's device and on the CPU
 and keeps the faster; on CPU and MPS models the spectra always run on the CPU.
+
+The off-device path (pinned copies, events, the worker, GPU spectra) cannot be exercised without a GPU,
+so any failure in it falls back, once and with one warning line, to computing the spectra inline on the
+CPU from the layer's own tensors: the run goes on and its numbers are those of the CPU path. A failure of
+the inline CPU computation itself is a real error and is raised.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
+import sys
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -56,24 +63,28 @@ class Offloaded(Probe):
 
     overlap=None overlaps exactly when the spectra leave the model's device (a CPU-only machine gains
     nothing from running two stages that both use every core at once). The worker holds at most
-    `depth` pending layers, so memory stays bounded when the spectra are the slower stage.
+    `depth` pending layers, so memory stays bounded when the spectra are the slower stage. `warn` prints
+    the one line said when the off-device path fails and the spectra fall back to the CPU.
     """
 
     def __init__(self, probe: SpectrumProbe, device: Place | str = Place.AUTO, overlap: bool | None = None,
-                 depth: int | None = None) -> None:
+                 depth: int | None = None, warn: Callable[[str], None] | None = None) -> None:
         self.probe, self.place, self.overlap = probe, choose(Place, device, "--spectrum-device"), overlap
+        self.warn = warn or (lambda line: print(line, file=sys.stderr))
         self.device: torch.device | None = None  # decided at the first update
         self.seconds: dict[str, float] = {}
+        self.fallback: str | None = None  # why the spectra fell back to the CPU, once they have
         self._pending: queue.Queue = queue.Queue(maxsize=depth or probe.layers)
+        self._redo: collections.deque = collections.deque()  # layers the worker could not do, in order
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
         self._reported = False
 
     def _decide(self, p: torch.Tensor, valid: torch.Tensor) -> None:
         source = p.device
-        if source.type in ("cpu", "mps") or self.place is Place.CPU:
+        if source.type in ("cpu", "mps") or self.place == Place.CPU:
             self.device = torch.device("cpu")  # MPS has no float64 and no batched LAPACK
-        elif self.place is Place.SAME:
+        elif self.place == Place.SAME:
             self.device = source
         else:
             sample = masked(p, valid)
@@ -86,21 +97,48 @@ class Offloaded(Probe):
             self._worker = threading.Thread(target=self._work, name="spectra-spectrum", daemon=True)
             self._worker.start()
 
+    @property
+    def off_path(self) -> bool:
+        """Whether the spectra use the off-device path (another device, or a worker thread)."""
+        return not self.fallback and (bool(self.overlap) or self.device != torch.device("cpu"))
+
+    def _fall_back(self, error: BaseException) -> None:
+        """Switch to inline CPU spectra for the rest of the run, saying so once."""
+        if self.fallback is None:
+            self.fallback = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".strip()
+            self.warn(f"warning: the spectra's {self.device} path failed ({self.fallback}); computing them inline "
+                      "on the CPU from here on (same numbers, slower)")
+
+    def _inline(self, layer: int, p: torch.Tensor, valid: torch.Tensor) -> None:
+        self.probe.add(layer, p.cpu(), valid.cpu())
+
     def update(self, captured: Captured) -> None:
         layer, p, valid = captured.layer, captured.p, captured.valid
         if self.device is None:
-            self._decide(p, valid)
-        self._raise()
-        source = p.device
-        p, valid = _to(p, self.device, not self.overlap), _to(valid, self.device, not self.overlap)
-        if not self.overlap:
-            self.probe.add(layer, p, valid)
+            try:
+                self._decide(p, valid)
+            except Exception as error:  # noqa: BLE001 - timing or starting the worker failed: use the CPU
+                self.device = torch.device("cpu")
+                self._fall_back(error)
+        self._catch_up()
+        if not self.off_path:
+            self._inline(layer, p, valid)
             return
-        ready = None
-        if source.type == "cuda" and self.device.type == "cpu":  # the worker waits for the copy, not the GPU
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(source))
-        self._pending.put((layer, p, valid, ready))
+        try:
+            moved_p, moved_valid = _to(p, self.device, not self.overlap), _to(valid, self.device, not self.overlap)
+            if not self.overlap:  # on the model's GPU, inline
+                self.probe.add(layer, moved_p, moved_valid)
+                return
+            ready = None
+            if p.device.type == "cuda" and self.device.type == "cpu":  # the worker waits for the copy, not the GPU
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(p.device))
+        except Exception as error:  # noqa: BLE001 - the off-device path failed: this layer and the rest on the CPU
+            self._fall_back(error)
+            self._catch_up()
+            self._inline(layer, p, valid)
+            return
+        self._pending.put((layer, moved_p, moved_valid, ready, p, valid))
 
     def _work(self) -> None:
         with torch.inference_mode():
@@ -109,41 +147,58 @@ class Offloaded(Probe):
                 try:
                     if item is None:
                         return
-                    layer, p, valid, ready = item
-                    if ready is not None:
-                        ready.synchronize()
-                    if self._error is None:
+                    layer, p, valid, ready, source_p, source_valid = item
+                    if self.fallback is not None:
+                        self._redo.append((layer, source_p, source_valid))
+                        continue
+                    try:
+                        if ready is not None:
+                            ready.synchronize()
                         self.probe.add(layer, p, valid)
-                except BaseException as error:  # handed to the main thread at its next call
-                    self._error = error
+                    except BaseException as error:  # handed to the main thread, which redoes the layer on the CPU
+                        self._error = self._error or error
+                        self.fallback = self.fallback or "worker"
+                        self._redo.append((layer, source_p, source_valid))
                 finally:
                     self._pending.task_done()
 
-    def _raise(self) -> None:
-        """Raise the worker's error once; the worker skips everything after it."""
+    def _catch_up(self) -> None:
+        """After a failure in the worker: wait for it, say so once, and redo its layers inline, in order."""
+        if self.fallback is None or self._worker is None:
+            return
+        self._pending.join()
         if self._error is not None and not self._reported:
-            self._reported = True
-            raise self._error
+            self._reported, self.fallback = True, None
+            self._fall_back(self._error)
+        try:
+            while self._redo:
+                self._inline(*self._redo.popleft())
+        except BaseException:  # the inline computation failed too: a real error, raised once
+            self._redo.clear()
+            raise
 
     def drain(self) -> None:
         """Wait until every queued update is in the probe's sums."""
         if self._worker is not None:
             self._pending.join()
-        self._raise()
+        self._catch_up()
 
     def close(self) -> None:
         """Drain and stop the worker thread."""
         if self._worker is not None:
-            self._pending.join()
-            self._pending.put(None)
-            self._worker.join()
-            self._worker = None
-        self._raise()
+            try:
+                self._pending.join()
+                self._catch_up()
+            finally:
+                self._pending.put(None)
+                self._worker.join()
+                self._worker = None
 
     def describe(self) -> dict[str, Any]:
-        """Where the spectra ran, whether they overlapped the forward, and the timings that chose it."""
-        return {"spectrum_device": str(self.device), "overlap": bool(self.overlap),
-                **({"spectrum_seconds": self.seconds} if self.seconds else {})}
+        """Where the spectra ran, whether they overlapped the forward, the timings that chose it, any fallback."""
+        return {"spectrum_device": "cpu" if self.fallback else str(self.device), "overlap": bool(self.overlap),
+                **({"spectrum_seconds": self.seconds} if self.seconds else {}),
+                **({"spectrum_fallback": self.fallback} if self.fallback else {})}
 
     def state(self) -> State:
         self.drain()

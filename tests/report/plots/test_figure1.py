@@ -1,60 +1,18 @@
-"""Figure 1 and the per-run views: files are written, and every plotted value is the run's stored value."""
+"""Figure 1: files are written, and every plotted value is the run's stored value."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import spectra
-from spectra import cli, plots
-from tiny import run_cli, save_model, write_text
-
-N = 32  # sequence length of the tiny runs; the heatmap index n/4 is 8
-
-
-def build_runs(root: Path) -> dict[str, spectra.Run]:
-    """Real `analyze` runs of tiny models: 2 and 3 layers × two corpora at n = 32, and one at n = 16.
-
-    Idempotent (resume=True loads finished runs), so both test modules share one set per session.
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    models = {depth: root / name for depth, name in [(2, "roberta-small"), (3, "roberta-deep")]}
-    for depth, path in models.items():
-        if not (path / "config.json").exists():
-            save_model(path, layers=depth, seed=depth)
-    corpora = {name: root / f"{name}.txt" for name in ("wikitext-103", "imdb")}
-    for seed, path in enumerate(corpora.values()):
-        if not path.exists():
-            write_text(path, count=200, seed=seed + 1)
-    plan = {
-        "small-wiki": (2, "wikitext-103", N), "small-imdb": (2, "imdb", N),
-        "deep-wiki": (3, "wikitext-103", N), "deep-imdb": (3, "imdb", N), "small-imdb-n16": (2, "imdb", 16),
-    }
-    return {
-        key: spectra.analyze(str(models[depth]), str(corpora[data]), length=length, samples=16, batch_size=8,
-                             out=root / key, resume=True, progress=None, notify=lambda line: None)
-        for key, (depth, data, length) in plan.items()
-    }
-
-
-@pytest.fixture(scope="session")
-def runs(tmp_path_factory) -> dict[str, spectra.Run]:
-    return build_runs(tmp_path_factory.getbasetemp() / "spectra-tiny-runs")
-
-
-def by_gid(figure, gid: str):
-    found = [ax for ax in figure.axes if ax.get_gid() == gid]
-    assert len(found) == 1, [ax.get_gid() for ax in figure.axes]
-    return found[0]
-
-
-def mesh_values(ax) -> np.ndarray:
-    """The (layers, heads) array a heatmap axis draws."""
-    (mesh,) = ax.collections
-    return np.asarray(mesh.get_array()).reshape(mesh.get_coordinates().shape[0] - 1, -1)
+from report_helpers import ANALYZE_N as N
+from report_helpers import axis_by_gid as by_gid
+from report_helpers import mesh_values
+from spectra import cli
+from spectra.report import plots
+from tiny import run_cli
 
 
 def quantile(values: np.ndarray, q: float) -> float:
@@ -64,13 +22,6 @@ def quantile(values: np.ndarray, q: float) -> float:
     lower = int(np.floor(position))
     upper = min(lower + 1, len(ordered) - 1)
     return ordered[lower] + (position - lower) * (ordered[upper] - ordered[lower])
-
-
-def test_stored_c_at_is_the_mean_curve_at_that_index(runs) -> None:
-    run = runs["small-wiki"]
-    assert run.at == N // 4
-    stored = run.metrics.sort_values(["layer", "head"])["c_at_mean"].to_numpy().reshape(run.layers, run.heads)
-    np.testing.assert_allclose(stored, run.cum_mean[:, :, run.at - 1], rtol=1e-6)
 
 
 def test_figure1_panels_curves_bands_and_heatmap(runs) -> None:
@@ -133,47 +84,15 @@ def test_figure1_writes_200_dpi_png_and_vector_pdf(runs, tmp_path) -> None:
     assert pdf.startswith(b"%PDF") and pdf.count(b"/Subtype /Image") <= 1
 
 
-def test_plot_run_views(runs, tmp_path) -> None:
-    run = runs["deep-wiki"]
-    curves = plots.draw_layer_curves(run)
-    ax = by_gid(curves, "curves")
-    assert len(ax.lines) == run.layers
-    for layer, line in enumerate(ax.lines):
-        assert line.get_gid() == f"layer:{layer}"
-        np.testing.assert_allclose(line.get_ydata(), run.cum_mean[layer].mean(axis=0), rtol=1e-12)
-    assert run.label in ax.get_title()
-
-    heat = by_gid(plots.draw_c_heatmap(run, at=N), "heatmap")
-    np.testing.assert_allclose(mesh_values(heat), run.cum_mean[:, :, N - 1], rtol=0)
-    assert "index 32" in heat.get_title()
-
-    ranks = plots.draw_rank_heatmaps(run)
-    table = run.metrics.sort_values(["layer", "head"])
-    for energy in (90, 99):
-        expected = table[f"rank{energy}_mean"].to_numpy().reshape(run.layers, run.heads)
-        np.testing.assert_array_equal(mesh_values(by_gid(ranks, f"rank{energy}")), expected)
-        assert f"{energy}%" in by_gid(ranks, f"rank{energy}").get_title()
-
-    written = plots.plot_run(run.path, tmp_path / "views")
-    names = sorted(path.name for path in written.paths)
-    assert names == ["c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png"]
-    assert all(path.stat().st_size > 1000 for path in written.paths)
-
-
-
-def test_cli_figure1_and_plot(runs, tmp_path, monkeypatch, capsys) -> None:
+def test_cli_figure1(runs, tmp_path, monkeypatch, capsys) -> None:
     paths = [str(runs[key].path) for key in ("small-wiki", "small-imdb", "deep-wiki", "deep-imdb")]
     monkeypatch.setattr(sys, "argv", ["spectra", "figure1", *paths, "--out", str(tmp_path / "f1"), "--heatmap", paths[2]])
     cli.main()
     assert (tmp_path / "f1.png").is_file() and (tmp_path / "f1.pdf").is_file()
-    monkeypatch.setattr(sys, "argv", ["spectra", "plot", paths[1], "--at", "3", "--out", str(tmp_path / "views")])
-    cli.main()
-    assert sorted(p.name for p in (tmp_path / "views").iterdir()) == [
-        "c_at3.pdf", "c_at3.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png"]
     capsys.readouterr()
 
 
-def test_cli_bad_input_is_one_line_and_exit_2(runs, tmp_path, monkeypatch, capsys) -> None:
+def test_cli_figure1_bad_input_is_one_line_and_exit_2(runs, tmp_path, monkeypatch, capsys) -> None:
     (tmp_path / "not-a-run").mkdir()
     small, mixed = str(runs["small-wiki"].path), str(runs["small-imdb-n16"].path)
     out = tmp_path / "out" / "figure"
@@ -181,9 +100,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(runs, tmp_path, monkeypatch, capsy
         "not a run": (["figure1", str(tmp_path / "not-a-run"), "--out", str(out)], "no run.json"),
         "different n in one panel": (["figure1", small, mixed, "--out", str(out)], "different n"),
         "at too large": (["figure1", small, "--at", str(N + 1), "--out", str(out)], "1…32"),
-        "at zero": (["plot", small, "--at", "0", "--out", str(tmp_path / "out")], "1…32"),
         "band": (["figure1", small, "--band", "0.6", "--out", str(out)], "--band"),
-        "plot not a run": (["plot", str(tmp_path / "missing"), "--out", str(tmp_path / "out")], "no run.json"),
     }
     for name, (args, needle) in cases.items():
         code, stdout, stderr = run_cli(args, monkeypatch, capsys)

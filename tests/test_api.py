@@ -1,4 +1,6 @@
-"""`spectra.analyze` end to end against eager attention + scipy, and the run directory's guarantees."""
+"""The public analyses end to end: `spectra.analyze` against eager attention + scipy, seeds, dtypes, modes.
+
+(approx and theorems runs are checked against eager attention in tests/probes/.)"""
 
 from __future__ import annotations
 
@@ -75,56 +77,6 @@ def test_bert_and_python_api_round_trip(bert_dir, text_file, tmp_path) -> None:
     tidy = run.curves()
     assert len(tidy) == 2 * 4 * 20 and list(tidy.columns[:3]) == ["layer", "head", "index"]
     assert np.allclose(run.metrics["c_at_mean"], run.cum_mean[..., 4].ravel())
-
-
-def test_resume_ends_with_the_same_numbers(roberta_dir, text_file, tmp_path) -> None:
-    settings = dict(length=24, samples=14, batch_size=4, checkpoint_seconds=0.0, notify=lambda line: None)
-    whole = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "whole", progress=None, **settings)
-
-    class Stop(Exception):
-        pass
-
-    def interrupt(done, total):
-        if done >= 8:
-            raise Stop
-
-    with pytest.raises(Stop):
-        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=interrupt, **settings)
-    assert not (tmp_path / "cut").exists() and (tmp_path / "cut.partial" / "checkpoint.npz").exists()
-    with pytest.raises(SpectraError, match="--resume"):
-        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=None, **settings)
-    with pytest.raises(SpectraError, match="different samples"):
-        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=None, resume=True,
-                        **{**settings, "samples": 15})
-    seen = []
-    resumed = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", resume=True,
-                              progress=lambda done, total: seen.append(done), **settings)
-    assert seen[0] == 8 and seen[-1] == 14
-    assert np.array_equal(resumed.cum_mean, whole.cum_mean)
-    assert np.array_equal(resumed.cum_std, whole.cum_std)
-    assert resumed.metrics.equals(whole.metrics)
-    assert not (tmp_path / "cut.partial").exists()
-
-
-def test_existing_run_is_kept_until_overwrite_completes(roberta_dir, text_file, tmp_path) -> None:
-    out = tmp_path / "run"
-    first = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=out, **QUIET)
-    with pytest.raises(SpectraError, match="already exists.*--overwrite"):
-        spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, **QUIET)
-    assert spectra.load_run(out).meta["samples"] == 2
-    second = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, overwrite=True, **QUIET)
-    assert second.meta["samples"] == 3 and first.meta["samples"] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
-
-
-def test_short_corpus_uses_everything_and_says_so(roberta_dir, tmp_path) -> None:
-    small = tmp_path / "small.txt"
-    small.write_text("\n".join(["the attention matrix is low rank"] * 5) + "\n")
-    lines: list[str] = []
-    run = spectra.analyze(str(roberta_dir), str(small), length=8, samples=100, mode="truncate", out=tmp_path / "r",
-                          progress=None, notify=lines.append)
-    assert run.meta["samples"] == 5
-    assert any("5 sequences of the 100" in line for line in lines)
 
 
 def test_same_seed_same_numbers_other_seed_other_sequences(roberta_dir, text_file, tmp_path) -> None:

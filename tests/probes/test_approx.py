@@ -1,5 +1,5 @@
-"""`spectra approx` end to end: per-head errors against an independent dense computation, substitution,
-masked-LM perplexity against eager attention, and bad input."""
+"""`spectra approx` per head: the error measures against numpy, a run's per-head errors against an independent
+dense computation on eager attention, the terminal tables, and bad input."""
 
 from __future__ import annotations
 
@@ -12,11 +12,29 @@ import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, RobertaModel
 
 from spectra import cli, data, models
-from spectra.endtoend import mask_tokens
-from spectra.pipeline import approx
+from layers import H, N as LN, random_layer
+from spectra.api import approx
+from spectra.methods import REGISTRY
+from spectra.probes.approx import measures
 
 QUIET = dict(progress=None, notify=lambda line: None)
 N, SAMPLES = 24, 6
+
+
+def test_measures_against_numpy() -> None:
+    x = random_layer((LN, 6))
+    approx = REGISTRY["jl"].run(x, 4)
+    got = measures(x, approx)
+    for b, m in enumerate((LN, 6)):
+        for h in range(H):
+            p, p_t = x.p[b, h, :m, :m].numpy(), approx.p[b, h, :m, :m].numpy()
+            exact, out = p @ x.v[b, h, :m].numpy(), approx.out[b, h, :m].numpy()
+            assert got[0, b, h] == pytest.approx(np.linalg.norm(out - exact) / np.linalg.norm(exact))
+            assert got[1, b, h] == pytest.approx(np.linalg.norm(p - p_t) / np.linalg.norm(p))
+            pos = np.clip(p_t, 0, None)
+            tv = [0.5 * np.abs(p[i] - pos[i] / pos[i].sum()).sum() if pos[i].sum() > 0 else 1.0 for i in range(m)]
+            assert got[2, b, h] == pytest.approx(np.mean(tv))
+    assert measures(x, REGISTRY["pool-max"].run(x, 4))[1:].isnan().all()
 
 
 def eager_batches(model_dir, text_file):
@@ -67,40 +85,6 @@ def test_per_head_errors_match_dense_numpy(roberta_dir, text_file, tmp_path) -> 
                 low, high = np.sort(values)[[SAMPLES // 2 - 1, SAMPLES // 2]]  # the median lies between
                 assert low * 0.975 - 1e-9 <= row["median"] <= high * 1.025 + 1e-9
                 assert row["pr_below_target"] == pytest.approx(np.mean(np.array(values) <= 0.1))
-
-
-def test_end_to_end_loss_matches_eager_and_exact_substitution_is_lossless(roberta_dir, text_file, tmp_path) -> None:
-    run = approx(str(roberta_dir), str(text_file), budgets=[4, N], methods=["pool-mean", "jl"], length=N,
-                 samples=SAMPLES, batch_size=4, end_to_end=True, layers="1", out=tmp_path / "e2e", **QUIET)
-    e2e = run.end_to_end.set_index(["method", "budget"])
-    loaded = models.load(str(roberta_dir), device="cpu", masked_lm=True)
-    eager = AutoModelForMaskedLM.from_pretrained(roberta_dir, attn_implementation="eager").eval()
-    total, count = 0.0, 0
-    for batch in eager_batches(roberta_dir, text_file):
-        ids, labels = mask_tokens(batch, loaded, seed=0)
-        with torch.no_grad():
-            logits = eager(input_ids=ids, attention_mask=batch.attention_mask).logits
-        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum").item()
-        count += int((labels != -100).sum())
-    assert count > 0 and e2e["masked_tokens"].iloc[0] == count
-    assert e2e["loss_exact"].iloc[0] == pytest.approx(total / count, rel=1e-5)
-    lossless = e2e.loc[("pool-mean", N)]
-    assert lossless["hidden_rel_err"] == 0 and lossless["cosine"] == pytest.approx(1.0) and lossless["ppl_change"] == 0
-    lossy = e2e.loc[("jl", 4)]
-    assert lossy["hidden_rel_err"] > 0.01 and lossy["loss"] != lossy["loss_exact"]
-    assert (e2e["layers"] == "1").all()
-
-
-def test_without_mlm_head_only_drift_is_measured(tmp_path, text_file, roberta_dir) -> None:
-    base = tmp_path / "base"
-    RobertaModel.from_pretrained(roberta_dir).save_pretrained(base)
-    AutoTokenizer.from_pretrained(roberta_dir).save_pretrained(base)
-    lines: list[str] = []
-    run = approx(str(base), str(text_file), budgets=[4], methods=["svd"], length=N, samples=2, end_to_end=True,
-                 out=tmp_path / "run", progress=None, notify=lines.append)
-    assert any("no masked-LM head" in line for line in lines)
-    assert "ppl" not in run.end_to_end.columns and run.end_to_end["hidden_rel_err"].iloc[0] > 0
-    assert run.meta["masked_lm"] is False
 
 
 @pytest.mark.parametrize("args, message", [

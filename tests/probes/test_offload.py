@@ -10,32 +10,38 @@ import pytest
 import torch
 
 import spectra
+from spectra.capture import Captured
+from spectra.config import Place
 from spectra.errors import SpectraError
-from spectra.offload import Offloaded
-from spectra.spectrum import SpectrumProbe
+from spectra.probes.offload import Offloaded
+from spectra.probes.spectrum import SpectrumProbe
+from spectra.stats import Reduce, plain
 
 QUIET = dict(progress=None, notify=lambda line: None)
 
 
 def _softmax_batches(count: int, n: int = 24, heads: int = 3, layers: int = 2, seed: int = 0):
-    """(layer, mask, P) triples of softmax matrices with padded keys, as the capture function hands them over."""
+    """Captured layers whose P are softmax matrices with padded keys, as the capture attention hands them over.
+
+    q = logits, k = I and scale 1 make P = softmax(logits + mask)."""
     generator = torch.Generator().manual_seed(seed)
+    eye = torch.eye(n).expand(2, heads, n, n)
     for i in range(count):
         lengths = torch.tensor([n, n - 5 - i % 3])
         valid = torch.arange(n)[None, :] < lengths[:, None]
         mask = torch.where(valid[:, None, None, :], 0.0, torch.finfo(torch.float32).min)
         for layer in range(layers):
             logits = torch.randn(2, heads, n, n, generator=generator) * (1 + layer)
-            yield layer, mask, torch.softmax(logits + mask, dim=-1)
+            yield Captured.of(layer, logits, eye, torch.zeros_like(logits), mask, scaling=1.0)
 
 
 def _fed(probe, batches) -> dict[str, np.ndarray]:
-    for layer, mask, p in batches:
-        probe.update(layer, None, None, None, mask, p, scaling=1.0)
-    return probe.state()
+    for captured in batches:
+        probe.update(captured)
+    return plain(probe.state())
 
 
-@pytest.mark.parametrize("place", ["auto", "cpu", "same"])
+@pytest.mark.parametrize("place", ["auto", "cpu", "same", Place.SAME])
 def test_overlapped_equals_inline_bitwise(place) -> None:
     inline = _fed(SpectrumProbe(2, 3, 24, 6), _softmax_batches(6))
     offloaded = Offloaded(SpectrumProbe(2, 3, 24, 6), place, overlap=True, depth=2)
@@ -45,6 +51,18 @@ def test_overlapped_equals_inline_bitwise(place) -> None:
     for name in inline:
         assert np.array_equal(inline[name], overlapped[name]), name
     assert offloaded.describe() == {"spectrum_device": "cpu", "overlap": True}
+
+
+def test_offloaded_hands_over_the_probes_results() -> None:
+    inline = SpectrumProbe(2, 3, 24, 6)
+    _fed(inline, _softmax_batches(2))
+    offloaded = Offloaded(SpectrumProbe(2, 3, 24, 6), overlap=True)
+    _fed(offloaded, _softmax_batches(2))
+    assert offloaded.tables()["metrics.csv"].equals(inline.tables()["metrics.csv"])  # drained before reading
+    for name, array in inline.arrays()["curves.npz"].items():
+        assert np.array_equal(offloaded.arrays()["curves.npz"][name], array), name
+    assert all(part.reduce is Reduce.SUM for part in offloaded.state().values())
+    offloaded.close()
 
 
 def test_cpu_model_defaults_to_inline() -> None:
@@ -95,4 +113,3 @@ def test_run_with_overlap_equals_run_without(roberta_dir, text_file, tmp_path) -
     for overlap, run in runs.items():
         meta = json.loads((run.path / "run.json").read_text())
         assert meta["spectrum_device"] == "cpu" and meta["overlap"] is overlap
-

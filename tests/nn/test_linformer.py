@@ -1,4 +1,4 @@
-"""Eq. 7 against dense loops, sharing levels, slicing, padding, seeds, bias order, and use inside a model."""
+"""Eq. 7 against dense loops, sharing levels, padding, causal records refused, bias order, and use inside a model."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ import torch
 from torch import nn
 from transformers import AutoModel, BertConfig
 
+from layers import attention_probs
 from spectra import capture
+from spectra.capture import Captured
 from spectra.errors import SpectraError
-from spectra.linformer import (
-    LinformerSelfAttention,
-    Projections,
-    jl_pair,
-    linear_attention,
-    substitute,
-)
-from spectra.theory import attention_probs, gaussian_qkv, orthogonal_matrix, padding_mask
+from spectra.nn.linformer import LinformerSelfAttention, linear_attention, substitute
+from spectra.nn.projections import Projections, jl_pair
+from spectra.seeds import orthogonal_matrix
+from spectra.sources import gaussian_qkv
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -60,6 +58,11 @@ def dense_layer(x: torch.Tensor, module: LinformerSelfAttention, compress: str) 
     return out
 
 
+def valid_keys(lengths: list[int], n: int) -> torch.Tensor:
+    """(B, n): True for the first `length` positions of each sequence."""
+    return torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
+
+
 @pytest.mark.parametrize("sharing", ["none", "headwise", "kv", "layerwise"])
 @pytest.mark.parametrize("compress", ["after", "before"])
 def test_module_equals_dense_eq7(sharing, compress) -> None:
@@ -79,22 +82,10 @@ def test_linear_attention_on_projected_qkv_equals_dense(sharing) -> None:
     for b in range(2):
         for h in range(3):
             assert torch.allclose(got[b, h], dense_head(q[b, h], k[b, h], v[b, h], e[h], f[h]), atol=1e-5)
-
-
-def test_sharing_counts_and_identity() -> None:
-    counts = {s: Projections(12, 12, 4, 8, s).count for s in ("none", "headwise", "kv", "layerwise")}
-    assert counts == {"none": 288, "headwise": 24, "kv": 12, "layerwise": 1}
-    none, headwise = Projections(2, 3, 4, 8, "none"), Projections(2, 3, 4, 8, "headwise")
-    kv, layerwise = Projections(2, 3, 4, 8, "kv"), Projections(2, 3, 4, 8, "layerwise")
-    assert not torch.equal(none.matrix(0, 0, "e"), none.matrix(0, 1, "e"))
-    assert not torch.equal(none.matrix(0, 0, "e"), none.matrix(0, 0, "f"))
-    assert headwise.matrix(1, 0, "e") is headwise.matrix(1, 2, "e")
-    assert headwise.matrix(1, 0, "e") is not headwise.matrix(1, 0, "f")
-    assert headwise.matrix(0, 0, "e") is not headwise.matrix(1, 0, "e")
-    assert kv.matrix(1, 0, "e") is kv.matrix(1, 2, "f")
-    assert kv.matrix(0, 0, "e") is not kv.matrix(1, 0, "e")
-    assert layerwise.matrix(0, 0, "e") is layerwise.matrix(1, 2, "f")
-    assert sum(p.numel() for p in layerwise.parameters()) == 4 * 8
+    # scaling replaces 1/√d: scaling s equals the default on q · s√d
+    s = 0.3
+    assert torch.allclose(linear_attention(q, k, v, e, f, scaling=s),
+                          linear_attention(q * s * math.sqrt(8), k, v, e, f), atol=1e-5)
 
 
 def test_one_projections_object_shared_by_several_layers() -> None:
@@ -102,50 +93,6 @@ def test_one_projections_object_shared_by_several_layers() -> None:
     model = nn.ModuleList([LinformerSelfAttention(8, 2, projections, layer) for layer in range(2)])
     assert len([name for name, _ in model.named_parameters() if "projections" in name]) == 1
     assert model[0].projections.matrix(0, 0, "e") is model[1].projections.matrix(1, 1, "f")
-
-
-def test_initialisations_seeds_and_delta() -> None:
-    a, b = Projections(2, 2, 64, 128, "none", seed=5), Projections(2, 2, 64, 128, "none", seed=5)
-    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
-    other = Projections(2, 2, 64, 128, "none", seed=6)
-    assert not torch.equal(a.matrix(0, 0, "e"), other.matrix(0, 0, "e"))
-    assert abs(a.matrix(0, 0, "e").std().item() - 1 / 8) < 0.01  # N(0, 1/k_proj)
-    e, f = jl_pair("none", 1, 2, 64, 128, seed=5)
-    assert torch.equal(e, a.pair(1)[0]) and torch.equal(f, a.pair(1)[1])
-    xavier = Projections(1, 1, 64, 128, "layerwise", init="xavier").matrix(0, 0, "e")
-    bound = math.sqrt(3 / (128 + 64))  # xavier_uniform_ with gain 1/√2 on nn.Linear(128, 64)
-    assert xavier.abs().max() <= bound and xavier.abs().max() > 0.95 * bound
-    assert abs(xavier.std().item() - bound / math.sqrt(3)) < 0.01
-    scaled = Projections(1, 2, 4, 8, "kv", delta=0.25)
-    e, f = scaled.pair(0)
-    r = scaled.matrix(0, 0, "e")
-    assert torch.allclose(e[1], 0.25 * r) and torch.allclose(f[1], math.exp(-0.25) * r)
-
-
-def test_given_weights() -> None:
-    weights = torch.randn(4, 3, 10)
-    projections = Projections(2, 5, 3, 10, "headwise", weights=weights)
-    assert torch.equal(projections.matrix(1, 3, "f"), weights[3])  # keys: (0,e), (0,f), (1,e), (1,f)
-    single = torch.randn(3, 10)
-    assert torch.equal(Projections(2, 5, 3, 10, "layerwise", weights=single).matrix(1, 4, "e"), single)
-    keyed = {(0, -1, "ef"): single, (1, -1, "ef"): 2 * single}
-    assert torch.equal(Projections(2, 5, 3, 10, "kv", weights=keyed).matrix(1, 0, "f"), 2 * single)
-    with pytest.raises(SpectraError, match="do not fit sharing"):
-        Projections(2, 5, 3, 10, "headwise", weights=torch.randn(3, 3, 10))
-    with pytest.raises(SpectraError, match="expected \\(k_proj, max_len\\)"):
-        Projections(1, 1, 3, 10, "layerwise", weights=torch.randn(3, 9))
-
-
-def test_slicing_rule_uses_the_first_columns() -> None:
-    projections = Projections(1, 2, 4, 32, "none", seed=2)
-    q, k, v = gaussian_qkv(20, 8, heads=2, seed=1)
-    e, f = projections.pair(0, 20)
-    assert e.shape == (2, 4, 20)
-    assert torch.equal(e[1], projections.matrix(0, 1, "e")[:, :20])
-    full_e, full_f = projections.pair(0)
-    assert torch.allclose(linear_attention(q, k, v, full_e, full_f), linear_attention(q, k, v, e, f))
-    with pytest.raises(SpectraError, match="max_len"):
-        projections.pair(0, 33)
 
 
 def test_k_equals_n_with_a_permutation_reproduces_exact_attention() -> None:
@@ -169,15 +116,15 @@ def test_k_equals_n_with_a_permutation_reproduces_exact_attention() -> None:
 def test_padded_batch_equals_each_sequence_alone() -> None:
     q, k, v = gaussian_qkv(20, 8, heads=2, batch=2, seed=7)
     e, f = jl_pair("headwise", 0, 2, 6, 20, seed=1)
-    mask = padding_mask([20, 13], 20)
-    batched = linear_attention(q, k, v, e, f, mask)
+    valid = valid_keys([20, 13], 20)
+    batched = linear_attention(q, k, v, e, f, valid)
     alone = linear_attention(q[1:, :, :13], k[1:, :, :13], v[1:, :, :13], e, f)
     assert torch.allclose(batched[1, :, :13], alone[0], atol=1e-6)
     assert torch.allclose(batched[0], linear_attention(q[:1], k[:1], v[:1], e, f)[0], atol=1e-6)
     # padding contents do not matter
     k2, v2 = k.clone(), v.clone()
     k2[1, :, 13:], v2[1, :, 13:] = 100.0, -100.0
-    assert torch.allclose(linear_attention(q, k2, v2, e, f, mask), batched)
+    assert torch.allclose(linear_attention(q, k2, v2, e, f, valid), batched)
 
     torch.manual_seed(0)
     for compress in ("after", "before"):
@@ -189,12 +136,28 @@ def test_padded_batch_equals_each_sequence_alone() -> None:
             assert torch.allclose(module(x, attention_mask)[1, :13], module(x[1:, :13])[0], atol=1e-5)
 
 
-def test_causal_masks_are_rejected() -> None:
+def test_causal_records_are_refused() -> None:
+    """Eq. 7 mixes every key into each projected key: substitute refuses a causal record (one line)."""
     q, k, v = gaussian_qkv(8, 4, seed=0)
-    e, f = jl_pair("kv", 0, 1, 4, 8)
-    causal = torch.full((8, 8), torch.finfo(torch.float32).min).triu(1)[None, None]
-    with pytest.raises(SpectraError, match="key-padding masks only"):
-        linear_attention(q, k, v, e, f, causal)
+    linformer = substitute(Projections(1, 1, 4, 8, "kv"))
+    assert linformer(Captured.of(0, q, k, v)) is not None
+    with pytest.raises(SpectraError, match="cannot be causal") as error:
+        linformer(Captured.of(0, q, k, v, causal=True))
+    assert "\n" not in str(error.value)
+    assert substitute(Projections(1, 1, 4, 8, "kv"), layers=[1])(Captured.of(0, q, k, v, causal=True)) is None
+
+
+def test_substitute_on_a_record_is_eq7_with_its_valid_keys_and_scale() -> None:
+    q, k, v = gaussian_qkv(12, 4, heads=2, batch=2, seed=5)
+    projections = Projections(2, 2, 5, 16, "none", seed=1)
+    mask = torch.zeros(2, 1, 12, 12).masked_fill(~valid_keys([12, 9], 12)[:, None, None, :], torch.finfo(torch.float32).min)
+    record = Captured.of(1, q, k, v, mask, scaling=0.8)
+    got = substitute(projections, layers=[1])(record)
+    e, f = projections.pair(1, 12)
+    assert torch.equal(got, linear_attention(q, k, v, e, f, valid_keys([12, 9], 12), 0.8))
+    assert substitute(projections, layers=[0])(record) is None
+    with pytest.raises(SpectraError, match="built for 2"):
+        substitute(projections)(Captured.of(0, q[:, :1], k[:, :1], v[:, :1]))
 
 
 def test_bias_before_and_after_agree_only_without_bias() -> None:
@@ -216,21 +179,15 @@ def test_bias_before_and_after_agree_only_without_bias() -> None:
 
 
 def test_bad_input() -> None:
-    with pytest.raises(SpectraError, match="positive integer"):
-        Projections(1, 1, 0, 8)
-    with pytest.raises(SpectraError, match="exceeds max_len"):
-        Projections(1, 1, 9, 8)
-    with pytest.raises(SpectraError, match="unknown sharing"):
-        Projections(1, 1, 4, 8, "rowwise")
-    with pytest.raises(SpectraError, match="unknown init"):
-        Projections(1, 1, 4, 8, init="zeros")
-    with pytest.raises(SpectraError, match="unknown compress"):
+    with pytest.raises(SpectraError, match="unknown compress") as error:
         LinformerSelfAttention(8, 2, Projections(1, 2, 4, 8), compress="middle")
+    assert "\n" not in str(error.value)
     with pytest.raises(SpectraError, match="do not fit"):
         LinformerSelfAttention(8, 4, Projections(1, 2, 4, 8))
-    with pytest.raises(SpectraError) as error:
-        Projections(1, 1, 0, 8)
-    assert "\n" not in str(error.value)
+    with pytest.raises(SpectraError, match="not a multiple of heads"):
+        LinformerSelfAttention(9, 2, Projections(1, 2, 4, 8))
+    with pytest.raises(SpectraError, match="max_len ≥ 9"):
+        linear_attention(*gaussian_qkv(9, 4), *jl_pair("kv", 0, 1, 4, 8))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,4 +1,8 @@
-"""Terminal output shared by the CLI and the Python API: progress bars and result tables."""
+"""Terminal output shared by the CLI and the Python API: the progress bar and the result tables of each run kind.
+
+Results go to stdout (`out`), the progress bar to stderr (`console`), so a redirected stdout holds tables only.
+The numbers printed come from `summaries` and `plan`, the same ones the figures draw.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,10 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from ..runs import ApproxRun, Run, TheoremRun
+from .plan import Plan
+from .summaries import compare_wide, headlines, labels_in_order, run_keys, theorem_errors, theorem_n
 
 console = Console(stderr=True)
 out = Console()
@@ -53,10 +61,13 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
             bar.stop()
 
 
-def _header(label: str) -> str:
+# ---------------------------------------------------------------- tables
+
+
+def column_header(label: str) -> str:
     """A column header: a method's registered short header (linformer(headwise) → lin / (head)), else the
-    label with a parenthesis on a second line."""
-    from .methods import REGISTRY
+    label with a parenthesis on a second line (svd (floor), a column name without one stays as it is)."""
+    from ..methods import REGISTRY  # imports torch: only when a table is printed
 
     return REGISTRY[label].short if label in REGISTRY else label.replace("(", "\n(")
 
@@ -77,7 +88,7 @@ def frame_table(frame: pd.DataFrame, digits: int | dict[str, int] = 3, missing: 
 
     table = Table()
     for column in frame.columns:
-        table.add_column(_header(str(column)), justify="right")
+        table.add_column(column_header(str(column)), justify="right")
     for row in frame.itertuples(index=False):
         table.add_row(*(cell(str(column), value) for column, value in zip(frame.columns, row)))
     return table
@@ -96,10 +107,22 @@ def print_frame(frame: pd.DataFrame, title: str | None = None, digits: int | dic
         Console(width=natural, file=out.file, color_system=out.color_system).print(table)
 
 
-def print_approx(run) -> None:
+# ---------------------------------------------------------------- one printer per run kind
+
+
+def print_analyze(run: Run) -> None:
+    """The per-layer summary of an analyze run and where it was written."""
+    per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
+    per_layer.columns = ["layer", f"c@{run.at}", "rank for 90%"]
+    print_frame(per_layer, f"{run.label}: n = {run.n}, {run.meta['samples']} sequences, mean over {run.heads} heads "
+                "per layer")
+    out.print(f"results written to {run.path}")
+
+
+def print_approx(run: ApproxRun) -> None:
     """The per-layer error table of an approx run (one per budget), the k plan, and the end-to-end lines."""
     per_layer = run.per_layer("out_err")
-    methods = list(dict.fromkeys(per_layer["method"]))
+    methods = labels_in_order(per_layer)
     for budget, rows in per_layer.groupby("budget", sort=True):
         wide = rows.pivot(index="layer", columns="method", values="out_err")[methods].reset_index()
         print_frame(wide, f"{run.label}, k = {budget}: relative head-output error ‖PV − Ṽ‖/‖PV‖ "
@@ -120,11 +143,20 @@ def print_approx(run) -> None:
             out.print(line, soft_wrap=True)
 
 
-def print_theorems(run) -> None:
+def theorem_column(label: str) -> str:
+    """The terminal's name for a `theorem_errors` label: svd is the floor, Theorem 2's δ variants are short."""
+    if label == "svd":
+        return "svd (floor)"
+    if label.startswith("theorem2(") and label.endswith(")"):
+        return "thm2 " + label[len("theorem2("):-1].replace("delta=", "δ=")
+    return label
+
+
+def print_theorems(run: TheoremRun) -> None:
     """Pooled over layers and heads: Pr(error ≤ ε) against the bound per k, and the errors per method."""
     one, two = run.tables["theorem1"], run.tables["theorem2"]
-    n = int(one["n"].iloc[0])
-    title = f"{run.label}, n = {n}: Theorem 1, P̃ = P RᵀR — empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) (bound)"
+    title = (f"{run.label}, n = {theorem_n(run)}: Theorem 1, P̃ = P RᵀR — empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) "
+             "(bound)")
     jl = one[one["method"] == "jl"]
     cells = jl.assign(cell=[f"{p:.3f} ({b:.3f})" for p, b in zip(jl["pr"], jl["bound"])])
     table = cells.pivot(index="k_proj", columns="eps", values="cell").reset_index()
@@ -132,15 +164,11 @@ def print_theorems(run) -> None:
     print_frame(table, title)
     needed = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in jl.groupby("eps")["k_theory"].first().items())
     out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}", soft_wrap=True)
-    errors = [one.assign(label=one["method"].map({"jl": "jl", "svd": "svd (floor)"}))]
-    arch = two[two["method"] == "linformer"]
-    errors.append(arch.assign(label="linformer(" + arch["variant"] + ")"))
-    delta = two[(two["method"] == "theorem2") & (two["relative_to"] == "output")]
-    errors.append(delta.assign(label="thm2 " + delta["variant"].str.replace("delta=", "δ=")))
-    pooled = pd.concat(errors).drop_duplicates(["label", "k_proj"])
+    pooled = theorem_errors(run, "output")
+    pooled["label"] = pooled["label"].map(theorem_column)
     for stat in ("median", "p95"):
         wide = pooled.pivot(index="k_proj", columns="label", values=stat)
-        wide = wide[list(dict.fromkeys(pooled["label"]))].reset_index().rename(columns={"k_proj": "k"})
+        wide = wide[labels_in_order(pooled, "label")].reset_index().rename(columns={"k_proj": "k"})
         print_frame(wide, f"{stat} relative error per column w (jl, svd) or per row (linformer, Theorem 2 "
                     "relative to ‖softmax(w)V‖)")
     rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")]
@@ -152,16 +180,7 @@ def print_theorems(run) -> None:
                   + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}", soft_wrap=True)
 
 
-def print_analyze(run) -> None:
-    """The per-layer summary of an analyze run and where it was written."""
-    per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
-    per_layer.columns = ["layer", f"c@{run.at}", "rank for 90%"]
-    print_frame(per_layer, f"{run.label}: n = {run.n}, {run.meta['samples']} sequences, mean over {run.heads} heads "
-                "per layer")
-    out.print(f"results written to {run.path}")
-
-
-def print_plan(run, plan) -> None:
+def print_plan(run: Run, plan: Plan) -> None:
     """A k plan per layer (or head) and its cost against uniform and full attention."""
     rule = "the largest of its heads' k_proj" if plan.per_head else f"from the mean curve of its {run.heads} heads"
     print_frame(plan.by_layer(), f"{run.label}, n = {run.n}: smallest k_proj whose mean normalized cumulative "
@@ -170,10 +189,8 @@ def print_plan(run, plan) -> None:
     print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
 
 
-def print_compare(runs, table: pd.DataFrame, at: int | None) -> None:
-    """Several analyze runs side by side: per layer, then per run."""
-    from .plan import compare_wide, headlines, run_keys
-
+def print_compare(runs: list[Run], table: pd.DataFrame, at: int | None) -> None:
+    """Several analyze runs side by side (`table` is `summaries.compare(runs, at)`): per layer, then per run."""
     summary = headlines(runs, at)
     keys = run_keys(len(runs))
     for key, run in zip(keys, runs):

@@ -1,4 +1,4 @@
-"""The nonuniform k plan, headline numbers and the compare table, against independent computations."""
+"""The nonuniform k plan, against independent computations, and `spectra plan-k`."""
 
 from __future__ import annotations
 
@@ -7,19 +7,11 @@ import math
 import sys
 
 import numpy as np
-import pandas as pd
 import pytest
 
-import spectra
 from spectra import cli
-from spectra.plan import compare, compare_wide, headline, layer_trend, plan_k, round_up, smallest_index
-from test_plots import build_runs
+from spectra.report.plan import plan_k, round_up, smallest_index
 from tiny import run_cli
-
-
-@pytest.fixture(scope="session")
-def plan_runs(tmp_path_factory) -> dict[str, spectra.Run]:
-    return build_runs(tmp_path_factory.getbasetemp() / "spectra-tiny-runs")
 
 
 def first_reaching(curve: np.ndarray, energy: float) -> int:
@@ -40,8 +32,8 @@ def test_smallest_index_and_rounding_by_hand() -> None:
 
 @pytest.mark.parametrize("energy", [0.3, 0.9, 0.99, 1.0])
 @pytest.mark.parametrize("multiple", [1, 8])
-def test_plan_per_layer_matches_a_loop_over_the_mean_curve(plan_runs, energy, multiple) -> None:
-    run = plan_runs["deep-wiki"]
+def test_plan_per_layer_matches_a_loop_over_the_mean_curve(runs, energy, multiple) -> None:
+    run = runs["deep-wiki"]
     plan = plan_k(run, energy, multiple=multiple)
     assert list(plan.table.columns) == ["layer", "k_min", "k_proj", "c_at_k_proj"]
     for layer in range(run.layers):
@@ -54,8 +46,8 @@ def test_plan_per_layer_matches_a_loop_over_the_mean_curve(plan_runs, energy, mu
     assert plan.uniform_k_proj == plan.table["k_proj"].max()
 
 
-def test_plan_per_head_and_costs(plan_runs) -> None:
-    run = plan_runs["deep-imdb"]
+def test_plan_per_head_and_costs(runs) -> None:
+    run = runs["deep-imdb"]
     plan = plan_k(run, 0.9, multiple=4, per_head=True)
     assert len(plan.table) == run.layers * run.heads
     expected = np.array([[min(run.n, math.ceil(first_reaching(run.cum_mean[l, h], 0.9) / 4) * 4)
@@ -77,13 +69,13 @@ def test_plan_per_head_and_costs(plan_runs) -> None:
     assert shared.costs()["saved"].iloc[2] == pytest.approx(1 - k_layer.sum() / (run.layers * run.n))
 
 
-def test_plan_multiple_larger_than_n_is_capped(plan_runs) -> None:
-    run = plan_runs["small-wiki"]
+def test_plan_multiple_larger_than_n_is_capped(runs) -> None:
+    run = runs["small-wiki"]
     assert set(plan_k(run, 0.5, multiple=1000).table["k_proj"]) == {run.n}
 
 
-def test_cli_plan_k_writes_the_json_and_prints_the_savings(plan_runs, tmp_path, monkeypatch, capsys) -> None:
-    run = plan_runs["deep-wiki"]
+def test_cli_plan_k_writes_the_json_and_prints_the_savings(runs, tmp_path, monkeypatch, capsys) -> None:
+    run = runs["deep-wiki"]
     target = tmp_path / "plans" / "deep.json"
     monkeypatch.setattr(sys, "argv", ["spectra", "plan-k", str(run.path), "--energy", "0.95", "--out", str(target)])
     cli.main()
@@ -110,62 +102,9 @@ def test_cli_plan_k_writes_the_json_and_prints_the_savings(plan_runs, tmp_path, 
     (["--energy", "0"], "(0, 1]"), (["--energy", "1.5"], "(0, 1]"), (["--energy", "-0.2"], "(0, 1]"),
     (["--multiple", "0"], "--multiple"),
 ])
-def test_cli_plan_k_bad_input(plan_runs, tmp_path, monkeypatch, capsys, args, needle) -> None:
+def test_cli_plan_k_bad_input(runs, tmp_path, monkeypatch, capsys, args, needle) -> None:
     target = tmp_path / "plan.json"
-    code, _, stderr = run_cli(["plan-k", str(plan_runs["small-wiki"].path), *args, "--out", str(target)],
+    code, _, stderr = run_cli(["plan-k", str(runs["small-wiki"].path), *args, "--out", str(target)],
                               monkeypatch, capsys)
     assert code == 2 and stderr.startswith("error:") and stderr.count("\n") == 1 and needle in stderr
     assert not target.exists()
-
-
-def test_headline_and_layer_trend(plan_runs) -> None:
-    run = plan_runs["deep-wiki"]
-    numbers = headline(run)
-    grid = run.metrics.pivot(index="layer", columns="head", values="c_at_mean").to_numpy()
-    assert (numbers["c_min"], numbers["c_max"]) == (grid.min(), grid.max()) and numbers["at"] == run.n // 4
-    means = pd.Series(grid.mean(axis=1))
-    ranks = means.rank().to_numpy()
-    rho = np.corrcoef(np.arange(len(ranks)), ranks)[0, 1]  # Spearman = Pearson of ranks
-    assert numbers["layer_rho"] == pytest.approx(rho)
-    assert math.isnan(layer_trend(np.ones((3, 2))))
-
-
-def test_compare_table_side_by_side(plan_runs) -> None:
-    runs = [plan_runs["small-wiki"], plan_runs["small-imdb-n16"], plan_runs["deep-imdb"]]
-    table = compare(runs)
-    assert list(table.columns) == ["run", "n", "at", "layer", "c_at", "rank90", "rank99"]
-    for run in runs:
-        rows = table[table["run"] == run.label]
-        per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean", "rank99_mean"]].mean()
-        np.testing.assert_array_equal(rows["layer"], np.arange(run.layers))
-        np.testing.assert_allclose(rows["c_at"].to_numpy(), per_layer["c_at_mean"].to_numpy(), rtol=1e-12)
-        np.testing.assert_allclose(rows["rank90"].to_numpy(), per_layer["rank90_mean"].to_numpy(), rtol=1e-12)
-        np.testing.assert_allclose(rows["rank99"].to_numpy(), per_layer["rank99_mean"].to_numpy(), rtol=1e-12)
-        assert set(rows["at"]) == {run.n // 4} and set(rows["n"]) == {run.n}
-    # the same model and dataset at two lengths: the names carry n
-    lengths = compare([plan_runs["small-imdb"], plan_runs["small-imdb-n16"]])
-    assert list(dict.fromkeys(lengths["run"])) == ["roberta-small · imdb n=32", "roberta-small · imdb n=16"]
-    wide = compare_wide(table)
-    assert list(wide.columns) == ["layer", "A c@8", "A rank90", "B c@4", "B rank90", "C c@8", "C rank90"]
-    assert list(wide["layer"]) == [0, 1, 2] and wide["A c@8"].notna().sum() == 2  # 2 layers, then empty
-    np.testing.assert_allclose(wide["C rank90"], table[table["run"] == runs[2].label]["rank90"])
-    explicit = compare(runs[:1], at=3)
-    np.testing.assert_allclose(explicit["c_at"], runs[0].cum_mean[:, :, 2].mean(axis=1))
-
-
-def test_cli_compare(plan_runs, tmp_path, monkeypatch, capsys) -> None:
-    paths = [str(plan_runs[key].path) for key in ("small-wiki", "deep-wiki")]
-    csv = tmp_path / "compare.csv"
-    monkeypatch.setattr(sys, "argv", ["spectra", "compare", *paths, "--csv", str(csv)])
-    cli.main()
-    out = capsys.readouterr().out
-    assert out.startswith("A  roberta-small · wikitext-103") and "\nB  roberta-deep · wikitext-103" in out
-    assert "A c@8" in out and "B rank90" in out and "rho" in out
-    table = pd.read_csv(csv)
-    assert len(table) == 2 + 3 and set(table["layer"]) == {0, 1, 2}
-
-    code, _, stderr = run_cli(["compare", *paths, str(plan_runs["small-imdb-n16"].path), "--at", "20",
-                               "--csv", str(tmp_path / "bad.csv")], monkeypatch, capsys)
-    assert code == 2 and stderr.count("\n") == 1 and "1…16" in stderr and not (tmp_path / "bad.csv").exists()
-    code, _, stderr = run_cli(["compare", str(tmp_path)], monkeypatch, capsys)
-    assert code == 2 and "no run.json" in stderr and stderr.count("\n") == 1

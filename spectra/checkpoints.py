@@ -1,0 +1,104 @@
+"""What a model source is, told from its files alone: a hub id or a local directory, whether the directory
+holds a usable checkpoint (config, weights, tokenizer), and the short name runs and figures show.
+
+Pure standard library (no torch, no transformers), so these checks run before anything heavy is
+imported and every problem is one line naming the file that is missing or broken.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpectraError
+
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+           "tf_model.h5", "flax_model.msgpack")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model")
+#: folder names that say nothing about the model: a run is then named after the config instead
+GENERIC = {"model", "models", "checkpoint", "checkpoints", "final", "latest", "best", "hf", "output", "outputs",
+           "snapshot", "snapshots", "weights", "main", "pretrained", "."}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A model source: `path` for a local directory (None for a hub id), its config.json, its short label."""
+
+    given: str
+    path: Path | None
+    config: dict
+    label: str
+
+    @property
+    def local(self) -> bool:
+        return self.path is not None
+
+    @property
+    def where(self) -> str:
+        """The resolved directory, or the hub id."""
+        return str(self.path.resolve()) if self.path is not None else self.given
+
+
+def looks_local(source: str) -> bool:
+    """A path rather than a hub id: it exists, starts like a path, or has more than one '/'."""
+    return Path(source).exists() or source.startswith((".", "/", "~")) or source.count("/") > 1
+
+
+def _read_config(path: Path) -> dict:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise SpectraError(f"{path} is a directory but has no config.json: not a saved model (use save_pretrained)")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise SpectraError(f"{config_path} is not valid JSON ({str(error).splitlines()[0]}); "
+                           "save the model again with save_pretrained") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise SpectraError(f"{config_path} has no model_type: not a transformers config; "
+                           "save the model again with save_pretrained")
+    return config
+
+
+def check_directory(path: Path) -> dict:
+    """The config of a local checkpoint directory, after checking its weights and tokenizer files exist."""
+    config = _read_config(path)
+    if not any((path / name).is_file() for name in WEIGHTS):
+        raise SpectraError(f"{path} has a config.json but no weights (none of {', '.join(WEIGHTS[:3])}, …); "
+                           "save the model with model.save_pretrained")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise SpectraError(f"{path} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+                           "save the tokenizer there too: tokenizer.save_pretrained")
+    return config
+
+
+def label(source: str, config: dict | None = None) -> str:
+    """A short name for runs and figures: the folder's name, or for a generic folder name (model, checkpoint,
+    a snapshot hash) the config's own name (_name_or_path) or its model type with the parent folder."""
+    path = Path(source)
+    if not looks_local(source):
+        return source.rstrip("/").split("/")[-1]
+    name = path.resolve().name if path.exists() else path.name
+    if name.lower() not in GENERIC and not re.fullmatch(r"[0-9a-f]{40}", name):
+        return name
+    config = config or {}
+    named = str(config.get("_name_or_path") or "")
+    if named and not looks_local(named):
+        return named.rstrip("/").split("/")[-1]
+    parent = path.resolve().parent.name
+    return f"{config.get('model_type', 'model')}-{parent}" if parent else str(config.get("model_type", name))
+
+
+def inspect(source: str) -> Source:
+    """A hub id as it is; a local directory checked (config, weights, tokenizer) and labelled."""
+    if not looks_local(source):
+        return Source(source, None, {}, label(source))
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise SpectraError(f"model directory {source} does not exist")
+    if not path.is_dir():
+        raise SpectraError(f"model {source} is a file, not a directory saved with save_pretrained")
+    config = check_directory(path)
+    return Source(source, path, config, label(source, config))

@@ -1,0 +1,149 @@
+"""The nonuniform projected dimension: how many rows each layer (or head) may be projected to.
+
+This is the paper's "nonuniform projected dimension" (Linformer, section 4): a layer (or head) whose mean
+normalized cumulative singular value reaches the energy E at a small index can be projected to that many
+rows, so higher, lower-rank layers get a smaller k_proj than lower ones. Pure numpy/pandas on an analyze
+run's mean curves; `Plan.to_json` is what a Linformer module consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import SpectraError
+from ..runs import Run
+
+
+def check_energy(energy: float) -> float:
+    """`energy` as a float if it is a share of the nuclear norm in (0, 1], else a one-line SpectraError."""
+    if not (isinstance(energy, (int, float)) and 0 < energy <= 1):
+        raise SpectraError(f"--energy must be in (0, 1] (a share of the nuclear norm, e.g. 0.9), got {energy}")
+    return float(energy)
+
+
+def check_multiple(multiple: int) -> int:
+    """`multiple` if it is a positive rounding step, else a one-line SpectraError."""
+    if multiple < 1:
+        raise SpectraError(f"--multiple must be a positive integer (e.g. 8), got {multiple}")
+    return int(multiple)
+
+
+def smallest_index(cum: np.ndarray, energy: float) -> np.ndarray:
+    """Smallest 1-based index j with cum[..., j-1] ≥ energy along the last axis (n where none does).
+
+    c_n = 1 by definition, so falling back to n only absorbs round-off when energy is 1.
+    """
+    reached = np.asarray(cum) >= energy
+    return np.where(reached.any(-1), reached.argmax(-1) + 1, reached.shape[-1])
+
+
+def round_up(index: np.ndarray, multiple: int, n: int) -> np.ndarray:
+    """Round up to a multiple of `multiple`, capped at n."""
+    return np.minimum(-(-np.asarray(index) // multiple) * multiple, n)
+
+
+@dataclass
+class Plan:
+    """The nonuniform projected dimension of every layer (and head) for energy E.
+
+    `table` is tidy: one row per layer, or per (layer, head) when `per_head`, with the exact smallest
+    index `k_min`, the rounded `k_proj` and the mean c reached at `k_proj`. A layer's k_proj is the one
+    of its head-mean curve, or with `per_head` the largest of its heads' (so every head reaches E).
+    """
+
+    n: int
+    heads: int
+    energy: float
+    multiple: int
+    per_head: bool
+    table: pd.DataFrame
+    layer_k_proj: np.ndarray
+    source: str
+
+    @property
+    def uniform_k_proj(self) -> int:
+        """The one k a uniform Linformer needs for every layer and head to reach E: the largest k_proj."""
+        return int(self.table["k_proj"].max())
+
+    def costs(self) -> pd.DataFrame:
+        """Attention cost Σ n·k_proj over every layer and head: this plan, uniform k_proj and full n·n.
+
+        `plan_share` is the plan's cost over the row's cost; `saved` = 1 − plan_share.
+        """
+        heads = 1 if self.per_head else self.heads  # without --per-head every head of a layer shares k_proj
+        planned = int(self.n * self.table["k_proj"].sum() * heads)
+        units = int(self.layer_k_proj.size * self.heads)
+        cost = [planned, units * self.n * self.uniform_k_proj, units * self.n * self.n]
+        share = [planned / c for c in cost]
+        return pd.DataFrame(
+            {
+                "attention": ["nonuniform (this plan)", f"uniform k_proj = {self.uniform_k_proj}", f"full (k_proj = n = {self.n})"],
+                "cost": cost,
+                "plan_share": share,
+                "saved": [1 - x for x in share],
+            }
+        )
+
+    def caption(self) -> str:
+        """What the cost table compares, in one sentence."""
+        per = "layer and head" if self.per_head else f"layer (× {self.heads} heads sharing its k_proj)"
+        return (
+            f"cost = Σ n·k_proj over every {per}: the multiply-adds of the n × k_proj scores and of their product "
+            f"with the projected values, per unit of head dimension. plan_share = this plan's cost / the row's cost, "
+            f"saved = 1 − plan_share, against a uniform Linformer needing k_proj = {self.uniform_k_proj} everywhere "
+            f"to reach E = {self.energy:g}, and against full attention (n × n, n = {self.n})."
+        )
+
+    def by_layer(self) -> pd.DataFrame:
+        """One row per layer for printing: its k_proj, and with `per_head` each head's k_proj as h0, h1, …"""
+        if not self.per_head:
+            return self.table
+        wide = self.table.pivot(index="layer", columns="head", values="k_proj")
+        wide.columns = [f"h{head}" for head in wide.columns]
+        return wide.assign(k_proj=self.layer_k_proj).reset_index()[["layer", "k_proj", *wide.columns]]
+
+    def to_json(self) -> dict[str, Any]:
+        """A dict a Linformer module can consume: one k_proj per layer, optionally one per head."""
+        layers = []
+        for layer, k_layer in enumerate(self.layer_k_proj):
+            entry: dict[str, Any] = {"layer": layer, "k_proj": int(k_layer)}
+            if self.per_head:
+                rows = self.table[self.table["layer"] == layer].sort_values("head")
+                entry["heads"] = [int(x) for x in rows["k_proj"]]
+            layers.append(entry)
+        costs = self.costs().set_index("attention")["cost"]
+        return {
+            "n": self.n,
+            "energy": self.energy,
+            "multiple": self.multiple,
+            "per_head": self.per_head,
+            "criterion": "smallest index whose mean normalized cumulative singular value reaches energy, rounded up "
+                         "to a multiple, capped at n" + ("; a layer's k_proj is the largest of its heads'" if self.per_head
+                                                         else "; curve averaged over the layer's heads"),
+            "source": self.source,
+            "layers": layers,
+            "uniform_k_proj": self.uniform_k_proj,
+            "cost": {"nonuniform": int(costs.iloc[0]), "uniform": int(costs.iloc[1]), "full": int(costs.iloc[2])},
+        }
+
+
+def plan_k(run: Run, energy: float, *, multiple: int = 8, per_head: bool = False) -> Plan:
+    """Smallest k_proj per layer (or per head) whose mean normalized cumulative singular value reaches `energy`."""
+    energy, multiple = check_energy(energy), check_multiple(multiple)
+    if per_head:
+        curves = np.asarray(run.cum_mean, dtype=float)  # (layers, heads, n)
+        layer, head = np.meshgrid(np.arange(run.layers), np.arange(run.heads), indexing="ij")
+        ids = {"layer": layer.ravel(), "head": head.ravel()}
+    else:
+        curves = np.asarray(run.cum_mean, dtype=float).mean(axis=1)  # (layers, n)
+        ids = {"layer": np.arange(run.layers)}
+    k_min = smallest_index(curves, energy)
+    k_proj = round_up(k_min, multiple, run.n)
+    reached = np.take_along_axis(curves, (k_proj - 1)[..., None], axis=-1)[..., 0]
+    table = pd.DataFrame({**ids, "k_min": k_min.ravel(), "k_proj": k_proj.ravel(), "c_at_k_proj": reached.ravel()})
+    layer_k = k_proj.max(axis=1) if per_head else k_proj
+    return Plan(run.n, run.heads, energy, multiple, per_head, table, np.asarray(layer_k), str(run.path))

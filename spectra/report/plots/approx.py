@@ -1,0 +1,135 @@
+"""Views of an approx run: the relative output error per layer (a panel per budget k), the error against k,
+and with --end-to-end the masked-LM perplexity and hidden-state drift against k.
+
+Lines carry the method label as gid, the --target line "target", the exact model's perplexity "exact", ▼
+marks "below:<method>"; axes are "layers:k=<k>", "budgets", "ppl" and "hidden_rel_err".
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ...errors import SpectraError
+from ...runs import ApproxRun
+from ..summaries import approx_by_budget, labels_in_order
+from . import style  # style.save, looked up at call time: the one name tests patch to record figures
+from .style import (EXACT_STYLE, below_entry, bottom_legend, k_axis, load_kind, log_y, maybe_log_y, method_style,
+                    outside_legend, plot_folder, pyplot, subtitle, ticks)
+
+OUT_ERR_LABEL = "Relative output error ‖PV − P̃V‖ / ‖PV‖"
+
+
+def panel_grid(count: int) -> tuple[int, int]:
+    """Rows and columns for `count` panels: one row up to three, 2 × 2 for four, else rows of three."""
+    columns = count if count <= 3 else 2 if count == 4 else 3
+    return math.ceil(count / columns), columns
+
+
+def approx_subtitle(run: ApproxRun) -> str:
+    """The second title line of an approx view: run label, n and sequences."""
+    return subtitle(run, run.meta["n"])
+
+
+def draw_target(ax, run: ApproxRun) -> None:
+    """The run's --target error as a dashed horizontal line (gid "target")."""
+    ax.axhline(run.meta["target"], label=f"target {run.meta['target']:g}", gid="target", **EXACT_STYLE)
+
+
+def draw_approx_layers(run: ApproxRun):
+    """Error vs layer, one panel per budget k: a line per method (mean over heads of `out_err`), log y shared
+    by the panels, the --target dashed."""
+    plt = pyplot()
+    per_layer = run.per_layer("out_err")
+    budgets = sorted(per_layer["budget"].unique())
+    methods = labels_in_order(per_layer)
+    layers = sorted(per_layer["layer"].unique())
+    rows, columns = panel_grid(len(budgets))
+    figure, axes = plt.subplots(rows, columns, figsize=(max(3.6 * columns + 0.9, 6.4), 2.9 * rows + 1.7), sharey=True,
+                                squeeze=False, layout="constrained")
+    used = axes.flat[:len(budgets)]
+    for ax, budget in zip(used, budgets):
+        rows_k = per_layer[per_layer["budget"] == budget]
+        for i, method in enumerate(methods):
+            line = rows_k[rows_k["method"] == method].sort_values("layer")
+            ax.plot(line["layer"], line["out_err"], label=method, gid=method, **method_style(method, i))
+        draw_target(ax, run)
+        ax.set_xticks(ticks(len(layers), most=12) + layers[0])
+        ax.set_xlim(layers[0] - 0.3, layers[-1] + 0.3)
+        ax.set_title(f"k = {budget}")
+        ax.set_gid(f"layers:k={budget}")
+    below = log_y(used)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(budgets):
+            ax.set_visible(False)
+        elif i + columns >= len(budgets):  # no panel below it
+            ax.set_xlabel("Layer index")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("Relative output error\n(mean over heads)")
+    bottom_legend(figure, *below_entry(*used[0].get_legend_handles_labels(), below))
+    figure.suptitle(f"{OUT_ERR_LABEL} per layer\n{approx_subtitle(run)}")
+    return figure
+
+
+def draw_approx_budgets(run: ApproxRun):
+    """Error vs k: a line per method (mean over layers and heads of `out_err`), log y, the --target dashed."""
+    plt = pyplot()
+    table = approx_by_budget(run)
+    figure, ax = plt.subplots(figsize=(6.8, 4.2), layout="constrained")
+    for i, method in enumerate(labels_in_order(table)):
+        line = table[table["method"] == method].sort_values("budget")
+        ax.plot(line["budget"], line["out_err"], label=method, gid=method, **method_style(method, i))
+    draw_target(ax, run)
+    k_axis(ax, table["budget"], "Budget k")
+    below = log_y([ax])
+    ax.set_ylabel("Relative output error\n(mean over layers and heads)")
+    ax.set_title(f"{OUT_ERR_LABEL} vs k\n{approx_subtitle(run)}")
+    ax.set_gid("budgets")
+    outside_legend(figure, *below_entry(*ax.get_legend_handles_labels(), below), title="method")
+    return figure
+
+
+def draw_end_to_end(run: ApproxRun):
+    """With the MLM head: masked-LM perplexity vs k per method, the exact model's dashed, beside the hidden-state
+    drift vs k; without it: the drift only."""
+    plt = pyplot()
+    table = run.end_to_end
+    if table is None:
+        raise SpectraError(f"{run.path} has no end-to-end results; run spectra approx with --end-to-end")
+    with_ppl = "ppl" in table.columns and table["ppl"].notna().any()
+    panels = [("ppl", "Masked-LM perplexity"), ("hidden_rel_err", "Relative last-hidden-state error")]
+    panels = panels if with_ppl else panels[1:]
+    figure, axes = plt.subplots(1, len(panels), figsize=(max(4.6 * len(panels) + 0.6, 6.4), 4.9), squeeze=False,
+                                layout="constrained")
+    methods = labels_in_order(table)
+    below = False
+    for ax, (column, label) in zip(axes[0], panels):
+        for i, method in enumerate(methods):
+            line = table[table["method"] == method].sort_values("budget")
+            ax.plot(line["budget"], line[column], label=method, gid=method, **method_style(method, i))
+        if column == "ppl":
+            exact = float(table["ppl_exact"].iloc[0])
+            ax.axhline(exact, label=f"exact model ({exact:.4g})", gid="exact", **EXACT_STYLE)
+        k_axis(ax, table["budget"], "Budget k")
+        below |= maybe_log_y(ax)
+        ax.set_ylabel(label)
+        ax.set_title(label + " vs k")
+        ax.set_gid(column)
+    bottom_legend(figure, *below_entry(*axes[0, 0].get_legend_handles_labels(), below))
+    layers = table["layers"].iloc[0]
+    plural = "s" if any(mark in str(layers) for mark in ",-") else ""
+    where = "every layer's attention" if layers == "all" else f"the attention of layer{plural} {layers}"
+    figure.suptitle(f"End to end, {where} substituted\n{approx_subtitle(run)}")
+    return figure
+
+
+def plot_approx(run: ApproxRun | str | Path, out: str | Path | None = None) -> list[Path]:
+    """Write the views of an approx run into directory `out` (default figures/<run directory name>):
+    error vs layer per k, error vs k, and with --end-to-end perplexity (or drift) vs k. Returns the paths."""
+    run = load_kind(run, ApproxRun)
+    folder = plot_folder(run, out)
+    paths = style.save(draw_approx_layers(run), folder / "error_vs_layer")
+    paths += style.save(draw_approx_budgets(run), folder / "error_vs_k")
+    if run.end_to_end is not None:
+        paths += style.save(draw_end_to_end(run), folder / "end_to_end")
+    return paths

@@ -1,0 +1,113 @@
+"""Per-run views of an analyze run: the mean curve of every layer, the heatmap of c at an index, and the
+heatmaps of the rank needed for 90% and 99% of the nuclear norm.
+
+Gids the tests read back: "curves" (lines "layer:<i>"), "heatmap", "rank90" and "rank99".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...runs import Run
+from .. import summaries
+from . import style  # style.save, looked up at call time: the one name tests patch to record figures
+from .style import as_runs, draw_heatmap, index_ticks, plot_folder, pyplot, subtitle, ticks
+
+DEPTH_CMAP = "viridis"
+
+
+def heatmap_size(layers: int, heads: int) -> tuple[float, float]:
+    """Inches for one heatmap with its colour bar: cells shrink past 12 rows or columns."""
+    width = 1.8 + 0.42 * min(max(heads, 6), 12) + 0.26 * max(heads - 12, 0)
+    height = 1.4 + 0.3 * min(max(layers, 8), 12) + 0.17 * max(layers - 12, 0)
+    return width, height
+
+
+def annotate_digits(values: np.ndarray, spread: bool) -> int | None:
+    """Decimals of the cell labels (2 for spread values like c, 0 for ranks), or None where they would not fit:
+    more than 12 heads or 24 layers."""
+    layers, heads = values.shape
+    if heads > 12 or layers > 24:
+        return None
+    return 2 if spread else 0
+
+
+def draw_layer_curves(run: Run):
+    """A line per layer (mean over heads), coloured from shallow to deep, with a layer colour bar."""
+    plt = pyplot()
+    from matplotlib.colors import BoundaryNorm
+
+    figure, ax = plt.subplots(figsize=(6.2, 4.2), layout="constrained")
+    cmap = plt.get_cmap(DEPTH_CMAP)
+    norm = BoundaryNorm(np.arange(run.layers + 1) - 0.5, cmap.N)
+    index = np.arange(1, run.n + 1)
+    curves = np.asarray(run.cum_mean, dtype=float).mean(axis=1)
+    for layer, curve in enumerate(curves):
+        ax.plot(index, curve, color=cmap(norm(layer)), linewidth=1.4, label=f"layer {layer}", gid=f"layer:{layer}")
+    ax.set_xlim(0, run.n)
+    ax.set_xticks(index_ticks(run.n))
+    ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
+    ax.set_ylim(top=1.005)
+    ax.set_xlabel("Singular value index")
+    ax.set_ylabel("Normalized cumulative singular value")
+    ax.set_title(f"Mean over {run.heads} heads per layer\n{subtitle(run, run.n)}")
+    ax.grid(alpha=0.25, linewidth=0.6)
+    bar = figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.05, pad=0.02)
+    bar.set_ticks(ticks(run.layers, most=12))
+    bar.set_label("Layer index (0 = lowest)")
+    ax.set_gid("curves")
+    return figure
+
+
+def draw_c_heatmap(run: Run, at: int | None = None):
+    """Heatmap of the mean normalized cumulative value at index `at` (default the run's stored index)."""
+    plt = pyplot()
+    at = run.at if at is None else summaries.check_at(run, at)
+    values = summaries.c_at(run, at)
+    figure, ax = plt.subplots(figsize=heatmap_size(run.layers, run.heads), layout="constrained")
+    draw_heatmap(ax, values, title=f"Normalized cumulative value at index {at}\n{subtitle(run, run.n)}",
+                 colorbar=f"c at index {at}", digits=annotate_digits(values, spread=True))
+    return figure
+
+
+def draw_rank_heatmaps(run: Run):
+    """Side-by-side heatmaps of the mean number of singular values needed for 90% and 99% of the nuclear norm."""
+    plt = pyplot()
+    width, height = heatmap_size(run.layers, run.heads)
+    figure, axes = plt.subplots(1, 2, figsize=(2 * width, height + 0.3), layout="constrained")
+    for ax, energy in zip(axes, (90, 99)):
+        values = summaries.metric_grid(run, f"rank{energy}_mean")
+        draw_heatmap(ax, values, title=f"Rank needed for {energy}%", colorbar="Number of singular values (mean over sequences)",
+                     digits=annotate_digits(values, spread=False))
+        ax.set_gid(f"rank{energy}")
+    figure.suptitle(subtitle(run, run.n))
+    return figure
+
+
+@dataclass
+class RunPlots:
+    """Paths written by `plot_run`, by view."""
+
+    curves: list[Path]
+    heatmap: list[Path]
+    rank: list[Path]
+
+    @property
+    def paths(self) -> list[Path]:
+        return [*self.curves, *self.heatmap, *self.rank]
+
+
+def plot_run(run: Run | str | Path, out: str | Path | None = None, *, at: int | None = None) -> RunPlots:
+    """Write the per-run views (layer curves, c heatmap at `at`, rank heatmaps) into directory `out`
+    (default figures/<run directory name>)."""
+    run = as_runs([run])[0]
+    at = run.at if at is None else summaries.check_at(run, at)
+    folder = plot_folder(run, out)
+    return RunPlots(
+        curves=style.save(draw_layer_curves(run), folder / "curves"),
+        heatmap=style.save(draw_c_heatmap(run, at), folder / f"c_at{at}"),
+        rank=style.save(draw_rank_heatmaps(run), folder / "rank"),
+    )

@@ -1,0 +1,260 @@
+"""What every figure shares: pyplot setup, saving, loading the runs to draw, the heatmap, method colours and
+markers, the log axes (with ▼ marks for values under them), the k axis and the legends.
+
+matplotlib is imported inside the functions (through `pyplot`), so importing the figure modules stays cheap
+and a headless machine never needs a display.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ...errors import SpectraError
+from ...runs import ApproxRun, Run, TheoremRun, load_analyze, load_run
+
+DPI = 200
+HEATMAP_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey
+FORMATS = ("png", "pdf")
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, with the package's font sizes and embeddable (Type 42) PDF fonts."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 10, "axes.titlesize": 10.5, "legend.fontsize": 8.5, "pdf.fonttype": 42})
+    return plt
+
+
+# ---------------------------------------------------------------- where figures go, which runs they draw
+
+
+def output_paths(out: str | Path) -> dict[str, Path]:
+    """`out` with each format's suffix; a given .png/.pdf suffix is dropped first."""
+    out = Path(out)
+    if out.suffix.lower() in {f".{fmt}" for fmt in FORMATS}:
+        out = out.with_suffix("")
+    if out.exists() and out.is_dir():
+        raise SpectraError(f"--out {out} is a directory; give a file name without suffix, e.g. {out / 'figure1'}")
+    return {fmt: out.with_name(out.name + f".{fmt}") for fmt in FORMATS}
+
+
+def save(figure, out: str | Path) -> list[Path]:
+    """Write the figure as PNG (200 dpi) and PDF; returns the paths.
+
+    Every `plot_*` entry point saves through `style.save` (looked up on this module), so a test can record
+    the figures by patching this one name.
+    """
+    plt = pyplot()
+    paths = output_paths(out)
+    paths["png"].parent.mkdir(parents=True, exist_ok=True)
+    try:
+        for fmt, path in paths.items():
+            figure.savefig(path, dpi=DPI if fmt == "png" else None, bbox_inches="tight")
+    finally:
+        plt.close(figure)
+    return list(paths.values())
+
+
+def default_plot_dir(run: Run | ApproxRun | TheoremRun) -> Path:
+    """figures/<run directory name>: where a run's views go unless told otherwise."""
+    return Path("figures") / Path(run.path).name
+
+
+def plot_folder(run: Run | ApproxRun | TheoremRun, out: str | Path | None) -> Path:
+    """The directory for a run's views: `out`, or `default_plot_dir`; an existing file there is an error."""
+    folder = Path(out) if out is not None else default_plot_dir(run)
+    if folder.exists() and not folder.is_dir():
+        raise SpectraError(f"--out {folder} exists and is not a directory; give a directory for the figures")
+    return folder
+
+
+def as_runs(items: Iterable[Run | str | Path]) -> list[Run]:
+    """Analyze runs from Run objects or run directories (a bad path raises SpectraError)."""
+    return [item if isinstance(item, Run) else load_analyze(item) for item in items]
+
+
+def load_kind(run, kind: type):
+    """A run object of `kind` (ApproxRun or TheoremRun), loading a directory path first."""
+    loaded = run if isinstance(run, kind) else load_run(run)
+    if not isinstance(loaded, kind):
+        raise SpectraError(f"{loaded.path} is not a{'n approx' if kind is ApproxRun else ' theorems'} run")
+    return loaded
+
+
+def subtitle(run: Run | ApproxRun | TheoremRun, n: int) -> str:
+    """"<model> · <data>, n = <n>, <samples> sequences": the second line of a view's title."""
+    samples = run.meta.get("samples")
+    return f"{run.label}, n = {n}" + (f", {samples} sequences" if samples else "")
+
+
+# ---------------------------------------------------------------- heatmaps and ticks
+
+
+def ticks(count: int, most: int = 16) -> np.ndarray:
+    """0-based tick positions, thinned so at most about `most` labels show."""
+    step = max(1, math.ceil(count / most))
+    return np.arange(0, count, step)
+
+
+def index_ticks(n: int) -> list[float]:
+    """Ticks at 0, n/4 and n (the paper's 0, 128, 512)."""
+    return sorted({0.0, n / 4, float(n)})
+
+
+def draw_heatmap(ax, values: np.ndarray, *, title: str, colorbar: str, digits: int | None = None):
+    """Layer index down, head index across, sequential colours and a colour bar; `digits` annotates cells."""
+    plt = pyplot()
+    values = np.asarray(values, dtype=float)
+    layers, heads = values.shape
+    # pcolormesh, not imshow: the PDF gets one vector cell per (layer, head), never a resampled bitmap
+    image = ax.pcolormesh(np.arange(heads + 1) - 0.5, np.arange(layers + 1) - 0.5, values, cmap=HEATMAP_CMAP,
+                          shading="flat", edgecolors="face", linewidth=0.0)
+    ax.set_xlim(-0.5, heads - 0.5)
+    ax.set_ylim(layers - 0.5, -0.5)  # layer 0 on top, as in the paper
+    ax.set_xticks(ticks(heads))
+    ax.set_yticks(ticks(layers))
+    ax.set_xlabel("Head index")
+    ax.set_ylabel("Layer index")
+    ax.set_title(title)
+    ax.tick_params(length=2)
+    bar = plt.colorbar(image, ax=ax, fraction=0.06, pad=0.03)
+    bar.set_label(colorbar)
+    if digits is not None:
+        low, high = np.nanmin(values), np.nanmax(values)
+        middle = (low + high) / 2
+        size = 7 if heads <= 8 else 5.5
+        for (row, col), value in np.ndenumerate(values):
+            ax.text(col, row, f"{value:.{digits}f}", ha="center", va="center", fontsize=size,
+                    color="black" if value > middle else "white")
+    ax.set_gid("heatmap")
+    return image
+
+
+# ---------------------------------------------------------------- methods: colours, markers, axes
+
+
+#: colour and marker of labels the method registry does not know (Theorem 2's δ variants); registered
+#: methods take theirs from `spectra.methods.REGISTRY`, the same in every figure
+OTHER_STYLES: dict[str, tuple[str, str]] = {
+    "theorem2(delta=1/2^n)": ("tab:red", "<"),
+    "theorem2(delta=1/n)": ("tab:brown", ">"),
+}
+SPARE_MARKERS = "os^vDPX*<>hpd"
+EXACT_STYLE = dict(color="0.3", linestyle="--", linewidth=1.1, zorder=1)
+
+
+def method_style(label: str, index: int = 0) -> dict:
+    """Line keyword arguments for a method label: the registry's colour and marker (else `OTHER_STYLES`, else
+    the `index`-th spare), dashed for Theorem 2's δ variants."""
+    plt = pyplot()
+    from ...methods import REGISTRY  # imports torch: only when a method is drawn
+
+    if label in REGISTRY:
+        color, marker = REGISTRY[label].color, REGISTRY[label].marker
+    elif label in OTHER_STYLES:
+        color, marker = OTHER_STYLES[label]
+    else:
+        color, marker = plt.get_cmap("tab20").colors[(2 * index + 1) % 20], SPARE_MARKERS[index % len(SPARE_MARKERS)]
+    dashed = label.startswith("theorem2(")
+    return dict(color=color, marker=marker, markersize=5, linewidth=1.5, linestyle="--" if dashed else "-")
+
+
+def k_axis(ax, budgets: Sequence[int], label: str = "Projected dimension k") -> tuple[float, float]:
+    """Log2 x axis with a tick at every budget and a little room on each side; returns the limits."""
+    from matplotlib.ticker import NullLocator
+
+    budgets = sorted({int(k) for k in budgets})
+    ax.set_xscale("log", base=2)
+    low, high = budgets[0] / 1.25, budgets[-1] * 1.25
+    ax.set_xlim(low, high)
+    ax.set_xticks(budgets)
+    ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(label)
+    return low, high
+
+
+def log_y(axes: Sequence, decades: float = 5.0) -> bool:
+    """One log y range for `axes` (shared axes agree), at most `decades` decades below the largest value.
+
+    Values under the bottom — an exact method (svd or pooling at k = n) gives 0 or float round-off — keep
+    their stored value in the line and get a ▼ on the bottom edge (gid "below:<line gid>"). True if any do.
+    """
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    lines = [line for ax in axes for line in ax.get_lines()]
+    values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in lines] or [np.zeros(0)])
+    positive = values[np.isfinite(values) & (values > 0)]
+    for ax in axes:
+        ax.set_yscale("log", nonpositive="mask")
+        ax.grid(alpha=0.25, linewidth=0.6, which="major")
+        ax.grid(alpha=0.1, linewidth=0.4, which="minor", axis="y")
+    if not len(positive):
+        return False
+    bottom, top = max(positive.min() / 1.6, positive.max() * 10.0**-decades), positive.max() * 1.6
+    below = False
+    for ax in axes:
+        ax.set_ylim(bottom, top)
+        if top / bottom >= 100:  # two decades or more: decades labelled, minor ticks at 2 and 5 (quick to lay out)
+            ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        below |= mark_below(ax, bottom)
+    return below
+
+
+def maybe_log_y(ax, ratio: float = 5.0) -> bool:
+    """Log y (see `log_y`) when the positive values drawn span more than `ratio`, else linear with a grid."""
+    values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()])
+    values = values[np.isfinite(values) & (values > 0)]
+    if len(values) and values.max() / values.min() > ratio:
+        return log_y([ax])
+    ax.grid(alpha=0.25, linewidth=0.6)
+    return False
+
+
+def mark_below(ax, bottom: float) -> bool:
+    """▼ on the bottom edge for every point under `bottom`, side by side (5.5 points apart) where lines share one."""
+    from matplotlib.transforms import offset_copy
+
+    marks = []
+    for line in ax.get_lines():
+        x, y = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+        low = np.isfinite(y) & (y < bottom)
+        if low.any():
+            marks.append((line, x[low]))
+    for i, (line, x) in enumerate(marks):
+        shift = offset_copy(ax.transData, fig=ax.figure, x=5.5 * (i - (len(marks) - 1) / 2), units="points")
+        ax.plot(x, np.full(len(x), bottom), linestyle="none", marker="v", markersize=6, color=line.get_color(),
+                clip_on=False, zorder=5, transform=shift, gid=f"below:{line.get_gid()}")
+    return bool(marks)
+
+
+# ---------------------------------------------------------------- legends
+
+
+def below_entry(handles: list, labels: list, below: bool) -> tuple[list, list]:
+    """The legend entry explaining ▼ marks, when there are any."""
+    if below:
+        from matplotlib.lines import Line2D
+
+        handles = [*handles, Line2D([], [], color="0.3", marker="v", markersize=6, linestyle="none")]
+        labels = [*labels, "below the axis (≈ 0: exact)"]
+    return handles, labels
+
+
+def outside_legend(figure, handles, labels, title: str | None = None) -> None:
+    """One legend for the whole figure, right of the panels, so it never covers data (figures with an axis title)."""
+    figure.legend(handles, labels, loc="outside right upper", frameon=False, title=title, alignment="left")
+
+
+def bottom_legend(figure, handles, labels) -> None:
+    """One legend below the panels, in as many columns as the width holds (figures with a suptitle on top)."""
+    columns = max(1, min(len(labels), int(figure.get_figwidth() / 2.0)))
+    figure.legend(handles, labels, loc="outside lower center", ncols=columns, frameon=False)

@@ -1,0 +1,94 @@
+"""Views of a theorems run: Theorem 1's empirical success probability against its bound, and the pooled
+errors of every method against k.
+
+Gids the tests read back: axis "theorem1" with lines "pr:<ε>", "bound:<ε>", "k_theory:<ε>"; axes "median"
+and "p95" with a line per label of `summaries.theorem_errors` and ▼ marks "below:<label>".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...runs import TheoremRun
+from ..summaries import labels_in_order, theorem_errors, theorem_n
+from . import style  # style.save, looked up at call time: the one name tests patch to record figures
+from .style import (below_entry, bottom_legend, k_axis, load_kind, log_y, method_style, outside_legend, plot_folder,
+                    pyplot, subtitle)
+
+
+def theorem1_bound_curve(eps: float, n: int, k: np.ndarray) -> np.ndarray:
+    """Theorem 1's success bound max(0, 1 − 2n e^{−(ε²−ε³)k/4}) at (real) k."""
+    return np.maximum(0.0, 1.0 - 2.0 * n * np.exp(-(eps**2 - eps**3) * np.asarray(k, dtype=float) / 4.0))
+
+
+def draw_theorem1(run: TheoremRun):
+    """Theorem 1: empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) of jl vs k per ε (solid, markers), the bound dashed on a
+    fine k grid in the same colour, and Theorem 1's k(ε) dotted where it falls inside the axis."""
+    plt = pyplot()
+    from matplotlib.lines import Line2D
+
+    one = run.tables["theorem1"]
+    jl = one[one["method"] == "jl"]
+    n = theorem_n(run)
+    eps_values = sorted(jl["eps"].unique())
+    colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.8, len(eps_values)))
+    figure, ax = plt.subplots(figsize=(7.6, 4.4), layout="constrained")
+    low, high = k_axis(ax, jl["k_proj"])
+    grid = np.geomspace(low, high, 400)
+    handles, labels = [], []
+    for eps, color in zip(eps_values, colors):
+        rows = jl[jl["eps"] == eps].sort_values("k_proj")
+        k_theory = float(rows["k_theory"].iloc[0])
+        ax.plot(grid, theorem1_bound_curve(eps, n, grid), color=color, linestyle="--", linewidth=1.3, zorder=2,
+                gid=f"bound:{eps:g}")
+        line, = ax.plot(rows["k_proj"], rows["pr"], color=color, marker="o", markersize=5, linewidth=1.6, zorder=3,
+                        gid=f"pr:{eps:g}")
+        if low <= k_theory <= high:
+            ax.axvline(k_theory, color=color, linestyle=":", linewidth=1.4, zorder=1, gid=f"k_theory:{eps:g}")
+        handles.append(line)
+        labels.append(f"ε = {eps:g}: k(ε) = {k_theory:,.0f}")
+    handles += [Line2D([], [], color="0.25", marker="o", markersize=5, linewidth=1.6),
+                Line2D([], [], color="0.25", linestyle="--", linewidth=1.3),
+                Line2D([], [], color="0.25", linestyle=":", linewidth=1.4)]
+    labels += ["jl, empirical", "Theorem 1 bound\nmax(0, 1 − 2n exp(−(ε²−ε³)k/4))",
+               "Theorem 1's k(ε) = 5 ln n / (ε²−ε³)\n(drawn where inside the axis)"]
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel("Pr(‖P̃w − Pw‖ ≤ ε ‖Pw‖)")
+    ax.grid(alpha=0.25, linewidth=0.6)
+    ax.set_title(f"Theorem 1, P̃ = P RᵀR: success probability vs k\n{subtitle(run, n)}")
+    ax.set_gid("theorem1")
+    outside_legend(figure, handles, labels)
+    return figure
+
+
+def draw_theorem_errors(run: TheoremRun):
+    """Median and p95 relative error vs k (log y): jl, svd (floor), each linformer sharing level and Theorem 2's
+    δ variants (relative to ‖softmax(w)V‖)."""
+    plt = pyplot()
+    table = theorem_errors(run)
+    figure, axes = plt.subplots(1, 2, figsize=(10.0, 5.2), sharey=True, layout="constrained")
+    for ax, (stat, title) in zip(axes, (("median", "Median"), ("p95", "95th percentile"))):
+        for i, label in enumerate(labels_in_order(table, "label")):
+            line = table[table["label"] == label].sort_values("k_proj")
+            ax.plot(line["k_proj"], line[stat], label=label, gid=label, **method_style(label, i))
+        k_axis(ax, table["k_proj"])
+        ax.set_title(f"{title} relative error")
+        ax.set_gid(stat)
+    below = log_y(axes)
+    axes[0].set_ylabel("Relative error")
+    bottom_legend(figure, *below_entry(*axes[0].get_legend_handles_labels(), below))
+    figure.suptitle("jl, svd (best rank-k floor): ‖P̃w − Pw‖ / ‖Pw‖ per column w of V\n"
+                    "linformer, theorem2: ‖P̃V − softmax(w)V‖ / ‖softmax(w)V‖ per row w\n"
+                    + subtitle(run, theorem_n(run)), fontsize=10.5)
+    return figure
+
+
+def plot_theorems(run: TheoremRun | str | Path, out: str | Path | None = None) -> list[Path]:
+    """Write the views of a theorems run into directory `out` (default figures/<run directory name>):
+    Theorem 1's success probability vs k against its bound, and the errors vs k. Returns the paths."""
+    run = load_kind(run, TheoremRun)
+    folder = plot_folder(run, out)
+    paths = style.save(draw_theorem1(run), folder / "theorem1_probability")
+    return paths + style.save(draw_theorem_errors(run), folder / "errors_vs_k")

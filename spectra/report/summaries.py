@@ -1,0 +1,195 @@
+"""Numbers that follow from finished runs and are shown both in the terminal and in figures.
+
+Pure numpy/pandas on run objects, so a table and a figure of the same run always agree:
+
+- analyze runs: c at an index, metric grids, the layer trend, per-layer and headline numbers, comparisons;
+- approx runs: the error per (method, budget);
+- theorems runs: the pooled errors of every method per k.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import SpectraError
+from ..runs import ApproxRun, Run, TheoremRun
+
+# ---------------------------------------------------------------- one analyze run
+
+
+def default_at(n: int) -> int:
+    """The paper's heatmap index n/4 (128 for n = 512), at least 1."""
+    return max(1, n // 4)
+
+
+def check_at(run: Run, at: int) -> int:
+    """`at` if it is a 1-based index of the run's curves, else a one-line SpectraError."""
+    if not 1 <= at <= run.n:
+        raise SpectraError(f"--at must be an index in 1…{run.n} (the sequence length of {run.path}), got {at}")
+    return at
+
+
+def c_at(run: Run, at: int | None = None) -> np.ndarray:
+    """Mean normalized cumulative singular value at 1-based index `at`, shape (layers, heads).
+
+    For the run's stored `at` this is the metrics table's c_at_mean; for any other index it is the mean
+    curve cum_mean at that grid index (the same quantity: both average c over sequences).
+    """
+    at = run.at if at is None else check_at(run, at)
+    if at == run.at:
+        table = run.metrics.sort_values(["layer", "head"])
+        return table["c_at_mean"].to_numpy(float).reshape(run.layers, run.heads)
+    return np.asarray(run.cum_mean[:, :, at - 1], dtype=float)
+
+
+def metric_grid(run: Run, column: str) -> np.ndarray:
+    """A metrics column (e.g. rank90_mean) as a (layers, heads) array, layer down and head across."""
+    if column not in run.metrics.columns:
+        raise SpectraError(f"{run.path} has no metric '{column}'; its metrics are {', '.join(run.metrics.columns)}")
+    table = run.metrics.sort_values(["layer", "head"])
+    return table[column].to_numpy(float).reshape(run.layers, run.heads)
+
+
+def layer_trend(values: np.ndarray) -> float:
+    """Spearman rank correlation between layer index and the per-layer mean of `values` (layers, heads).
+
+    Positive when higher layers have a larger c at the index, i.e. are more skewed (lower rank), as the
+    paper states; NaN when there are fewer than two layers or the means are constant.
+    """
+    from scipy.stats import spearmanr
+
+    means = np.asarray(values, dtype=float).mean(axis=1)
+    if means.size < 2 or np.ptp(means) == 0:
+        return float("nan")
+    return float(spearmanr(np.arange(means.size), means).statistic)
+
+
+def per_layer(run: Run, at: int | None = None) -> pd.DataFrame:
+    """One row per layer: mean over heads of c at the index and of the ranks needed for 90% and 99%."""
+    at = run.at if at is None else check_at(run, at)
+    return pd.DataFrame(
+        {
+            "layer": np.arange(run.layers),
+            "c_at": c_at(run, at).mean(axis=1),
+            "rank90": metric_grid(run, "rank90_mean").mean(axis=1),
+            "rank99": metric_grid(run, "rank99_mean").mean(axis=1),
+        }
+    )
+
+
+def headline(run: Run, at: int | None = None) -> dict[str, Any]:
+    """The numbers the paper states: heatmap range and mean of c at the index, and the layer trend."""
+    at = run.at if at is None else check_at(run, at)
+    grid = c_at(run, at)
+    return {
+        "run": run.label,
+        "n": run.n,
+        "sequences": int(run.meta.get("samples", 0)),
+        "at": at,
+        "c_min": float(grid.min()),
+        "c_max": float(grid.max()),
+        "c_mean": float(grid.mean()),
+        "layer_rho": layer_trend(grid),
+        "rank90": float(metric_grid(run, "rank90_mean").mean()),
+    }
+
+
+def band(run: Run, quantile: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean curve over all layer×head mean curves and its `quantile`–(1 − quantile) band, each of length n."""
+    curves = np.asarray(run.cum_mean, dtype=float).reshape(run.layers * run.heads, run.n)
+    low, high = np.quantile(curves, [quantile, 1 - quantile], axis=0)
+    return curves.mean(axis=0), low, high
+
+
+# ---------------------------------------------------------------- several analyze runs
+
+
+def unique_names(runs: list[Run]) -> list[str]:
+    """Run labels (model · dataset), with n and then the directory name added where they collide."""
+    names = [run.label for run in runs]
+    if len(set(names)) < len(names):
+        names = [f"{run.label} n={run.n}" for run in runs]
+    if len(set(names)) < len(names):
+        names = [f"{name} ({run.path.name})" for name, run in zip(names, runs)]
+    return names
+
+
+def headlines(runs: list[Run], at: int | None = None) -> pd.DataFrame:
+    """One row per run of its `headline` numbers, the run named by `unique_names`."""
+    rows = [{**headline(run, at), "run": name} for name, run in zip(unique_names(runs), runs)]
+    return pd.DataFrame(rows)
+
+
+def compare(runs: list[Run], at: int | None = None) -> pd.DataFrame:
+    """Tidy per-layer headline numbers of several runs: one row per (run, layer).
+
+    `at` defaults to each run's stored index (n/4 unless analysed with another --at), so runs of different
+    lengths compare at the same relative position; an explicit `at` must lie in 1…n for every run.
+    """
+    if not runs:
+        raise SpectraError("give at least one run directory to compare")
+    frames = []
+    for name, run in zip(unique_names(runs), runs):
+        index = run.at if at is None else check_at(run, at)
+        frame = per_layer(run, index)
+        frames.append(frame.assign(run=name, n=run.n, at=index)[["run", "n", "at", "layer", "c_at", "rank90", "rank99"]])
+    return pd.concat(frames, ignore_index=True)
+
+
+def run_keys(count: int) -> list[str]:
+    """Short column keys A, B, C, … (R27, R28, … past 26) so side-by-side tables fit a terminal."""
+    return [chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i in range(count)]
+
+
+def compare_wide(table: pd.DataFrame) -> pd.DataFrame:
+    """The compare table side by side: one row per layer, `<key> c@<index>` and `<key> rank90` per run.
+
+    Keys follow `run_keys` in the order runs appear in `table`.
+    """
+    columns: dict[str, pd.Series] = {}
+    names = list(dict.fromkeys(table["run"]))
+    for key, name in zip(run_keys(len(names)), names):
+        rows = table[table["run"] == name].set_index("layer")
+        at = int(rows["at"].iloc[0])
+        columns[f"{key} c@{at}"] = rows["c_at"]
+        columns[f"{key} rank90"] = rows["rank90"]
+    wide = pd.DataFrame(columns)
+    wide.index.name = "layer"
+    return wide.reset_index()
+
+
+# ---------------------------------------------------------------- approx and theorems runs
+
+
+def labels_in_order(frame: pd.DataFrame, column: str = "method") -> list[str]:
+    """The distinct values of `column` in order of first appearance (the runs' method order, kept in legends
+    and table columns)."""
+    return list(dict.fromkeys(frame[column]))
+
+
+def approx_by_budget(run: ApproxRun, metric: str = "out_err") -> pd.DataFrame:
+    """Mean over layers of the per-layer mean over heads: one row per (method, budget)."""
+    per_layer = run.per_layer(metric)
+    return per_layer.groupby(["method", "budget"], sort=False)[metric].mean().reset_index()
+
+
+def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame:
+    """Pooled errors per (label, k_proj): jl, svd (Theorem 1, per column w of V), linformer(<sharing>) and
+    theorem2(<variant>) (Theorem 2, per row w, relative to ‖softmax(w)V‖ or, with "rhs", its right side);
+    columns label, k_proj, median, p95, mean, max."""
+    one, two = run.tables["theorem1"], run.tables["theorem2"]
+    arch = two[two["method"] == "linformer"]
+    delta = two[(two["method"] == "theorem2") & (two["relative_to"] == relative_to)]
+    parts = [one.assign(label=one["method"]),
+             arch.assign(label="linformer(" + arch["variant"] + ")"),
+             delta.assign(label="theorem2(" + delta["variant"] + ")")]
+    columns = ["label", "k_proj", "median", "p95", "mean", "max"]
+    return pd.concat(parts).drop_duplicates(["label", "k_proj"])[columns].reset_index(drop=True)
+
+
+def theorem_n(run: TheoremRun) -> int:
+    """The sequence length n of a theorems run (as its pooled Theorem 1 table records it)."""
+    return int(run.tables["theorem1"]["n"].iloc[0])

@@ -1,0 +1,235 @@
+"""Writing a run directory: checked before anything touches the disk, locked while a run writes it, atomic.
+
+A run is built in `<out>.partial/` (checkpoints land there too) and renamed to `<out>` only when complete,
+so an interrupted or failed run never looks finished and an existing run is replaced only after its
+successor is whole. While a run writes, it holds an exclusive lock (`.<out>.lock` beside the directory,
+naming its process), so a second run aimed at the same place stops at once instead of racing it. Files
+are written through a temporary file and a rename, with the permissions the user's umask gives. Nothing
+is pickled: JSON, CSV and `.npz`. Reading runs back is `spectra.runs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from .errors import SpectraError
+
+try:  # POSIX; elsewhere the lock falls back to creating the lock file exclusively
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+CHECKPOINT = "checkpoint.npz"
+
+
+@lru_cache(maxsize=1)
+def _file_mode() -> int:
+    """0o666 less the user's umask: what a plain open() would create."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Write through a temporary file in the same directory, then rename over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, _file_mode())  # mkstemp creates 0600
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    _atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n"))
+
+
+def write_table(path: Path, frame: pd.DataFrame) -> None:
+    _atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            np.savez(handle, **arrays)
+
+    _atomic(path, write)
+
+
+def check_writable(path: Path, what: str = "--out") -> None:
+    """The nearest existing ancestor of `path` must be a writable directory (checked before any work)."""
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise SpectraError(f"cannot write {path}: {ancestor} is not a writable directory; choose another {what}")
+
+
+def _lock_path(out: Path) -> Path:
+    return out.with_name(f".{out.name}.lock")
+
+
+def lock_holder(out: Path) -> str | None:
+    """The process id written in the lock of a run being written at `out`, or None when no run holds it."""
+    path = _lock_path(out)
+    if not path.exists():
+        return None
+    try:
+        with open(path, "r+") as handle:
+            if fcntl is None:  # pragma: no cover - an existing lock file is held
+                return handle.read().strip() or "unknown"
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return handle.read().strip() or "unknown"
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return None
+    except OSError:
+        return None
+
+
+class RunDir:
+    """Where a run is written: checks the target before anything touches the disk."""
+
+    def __init__(self, out: Path | str, *, overwrite: bool = False, resume: bool = False, lock: bool = True) -> None:
+        """`lock=False` for the processes of a distributed run other than the first, which writes."""
+        self.out = Path(out)
+        self.partial = self.out.with_name(self.out.name + ".partial")
+        self.overwrite, self.resume, self.lock = overwrite, resume, lock
+        holder = lock_holder(self.out) if lock else None
+        if holder is not None:
+            raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait for it "
+                               "to finish or choose another --out")
+        if self.out.exists() and not self.out.is_dir():
+            raise SpectraError(f"output path {self.out} exists and is not a directory; choose another --out")
+        if self.out.exists() and not (overwrite or resume):
+            raise SpectraError(f"run directory {self.out} already exists; pass --overwrite (overwrite=True) to replace "
+                               "it or choose another --out")
+        if self.partial.exists() and not (overwrite or resume):
+            raise SpectraError(f"an interrupted run is at {self.partial}; pass --resume (resume=True) to continue it "
+                               "or --overwrite (overwrite=True) to start over")
+        check_writable(self.out)
+
+    @property
+    def complete(self) -> bool:
+        """True when resuming onto a finished run."""
+        return self.resume and (self.out / "run.json").exists()
+
+    def finished_meta(self) -> dict[str, Any]:
+        return json.loads((self.out / "run.json").read_text())
+
+    def checkpoint_meta(self) -> dict[str, Any] | None:
+        """The run.json of the interrupted run being resumed, or None to start fresh."""
+        path = self.partial / "run.json"
+        if not self.resume or not (self.partial / CHECKPOINT).exists() or not path.exists():
+            return None
+        return json.loads(path.read_text())
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """Hold the run directory's lock for the block (creating the parent directory if needed)."""
+        if not self.lock:
+            yield
+            return
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        path = _lock_path(self.out)
+        if fcntl is None:  # pragma: no cover
+            try:
+                handle = os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w")
+            except FileExistsError:
+                raise SpectraError(f"{self.out} is being written by another spectra run; choose another --out") from None
+        else:
+            handle = open(path, "a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                handle.close()
+                raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait "
+                                   "for it to finish or choose another --out") from None
+            handle.seek(0)
+            handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+            handle.close()
+
+    def begin(self, meta: dict[str, Any]) -> None:
+        """Record the run's settings; the partial directory appears with the first checkpoint."""
+        self.meta = meta
+        self._created = False
+
+    def _ensure(self) -> None:
+        if self._created:
+            return
+        resuming = self.resume and (self.partial / CHECKPOINT).exists()
+        if self.partial.exists() and not resuming:
+            shutil.rmtree(self.partial)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.partial.mkdir(exist_ok=True)
+        self._created = True
+
+    def save_checkpoint(self, arrays: dict[str, np.ndarray], done: int, **meta: Any) -> None:
+        """Save the probes' state after `done` sequences, and the settings to resume with."""
+        self._ensure()
+        write_arrays(self.partial / CHECKPOINT, {**arrays, "done": np.array(done)})
+        write_json(self.partial / "run.json", {**self.meta, "status": "running", **meta})
+
+    def load_checkpoint(self) -> tuple[dict[str, np.ndarray], int]:
+        with np.load(self.partial / CHECKPOINT, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+        return arrays, int(arrays.pop("done"))
+
+    def finish(self, meta: dict[str, Any], tables: dict[str, pd.DataFrame],
+               arrays: dict[str, dict[str, np.ndarray]]) -> Path:
+        """Write the results into the partial directory and move it into place."""
+        self._ensure()
+        for name, frame in tables.items():
+            write_table(self.partial / name, frame)
+        for name, group in arrays.items():
+            write_arrays(self.partial / name, group)
+        write_json(self.partial / "run.json", meta)
+        (self.partial / CHECKPOINT).unlink(missing_ok=True)
+        old = None
+        if self.out.exists():
+            old = self.out.with_name(self.out.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(self.out, old)
+        os.replace(self.partial, self.out)
+        if old is not None:
+            shutil.rmtree(old)
+        return self.out
+
+
+def default_dir(base: Path, source: str) -> Path:
+    """`base`, or `base-2`, `base-3`, … when a run of another model (its resolved `source`) holds the name."""
+    candidate, number = base, 1
+    while True:
+        found = [path / "run.json" for path in (candidate, candidate.with_name(candidate.name + ".partial"))]
+        owners = []
+        for meta in found:
+            try:
+                owners.append(json.loads(meta.read_text())["model"].get("source"))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+        if not owners or source in owners or not (candidate.exists() or found[1].parent.exists()):
+            return candidate
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")

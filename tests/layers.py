@@ -1,0 +1,72 @@
+"""Shared helpers of the method and probe tests: random captured layers with padding, and the dense
+references they are checked against (numpy softmax, eager attention's formula, transformers' padding mask)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from spectra.capture import Captured
+from spectra.methods import Layer
+from spectra.spectrum import masked
+
+B, H, N, D = 2, 3, 12, 4
+
+
+def padding_mask(lengths: Sequence[int], n: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The additive (B, 1, n, n) key-padding mask of sequences of the given lengths, as transformers builds it."""
+    valid = torch.arange(n)[None, :] < torch.tensor(list(lengths))[:, None]
+    mask = torch.zeros(len(lengths), 1, n, n, dtype=dtype)
+    return mask.masked_fill(~valid[:, None, None, :], torch.finfo(dtype).min)
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None,
+                    scaling: float | None = None) -> torch.Tensor:
+    """P = softmax(q kᵀ · scaling + mask), eager attention's formula (scaling defaults to 1/√d)."""
+    scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+    return torch.softmax(scores if mask is None else scores + mask, dim=-1)
+
+
+def captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int] | None = None,
+             scaling: float | None = None, layer: int = 3) -> Captured:
+    """A captured layer of the given tensors; `lengths` pads each sequence after its length."""
+    mask = None if lengths is None else padding_mask(lengths, q.shape[-2], dtype=q.dtype)
+    return Captured.of(layer, q, k, v, mask, scaling)
+
+
+def random_layer(lengths: Sequence[int] = (N, N), *, n: int = N, seed: int = 0, spread: float = 1.0,
+                 scaling: float = 0.7, use_p: bool = True, **options) -> Layer:
+    """A float64 Layer of Gaussian q, k, v (B = len(lengths), H heads, n tokens, D dims), padded after `lengths`."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(len(lengths), H, n, D, generator=g, dtype=torch.float64) * spread for _ in range(3))
+    return Layer.of(captured(q, k, v, lengths, scaling), use_p=use_p, seed=options.pop("method_seed", 0), **options)
+
+
+def with_lengths(q, k, v, lengths, scaling: float = 0.7) -> Layer:
+    return Layer.of(captured(q, k, v, lengths, scaling), use_p=False)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def head(x: Layer, b: int, h: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v of one sequence's head, its m valid rows, as numpy arrays."""
+    return tuple(t[b, h, :m].numpy() for t in (x.q, x.k, x.v))
+
+
+def dense_p(x: Layer, b: int, h: int, m: int) -> np.ndarray:
+    """P of one head's valid block, recomputed in numpy."""
+    q, k, _ = head(x, b, h, m)
+    return softmax(q @ k.T * x.scaling)
+
+
+def exact_on_valid_rows(x: Layer, approximation, atol: float) -> bool:
+    """P̃ = P and Ṽ = P V on the valid rows (padded rows are never measured)."""
+    rows = x.valid[:, None, :, None].to(x.p.dtype)
+    return (torch.allclose(masked(approximation.p, x.valid), x.p, atol=atol)
+            and torch.allclose(approximation.out * rows, x.p @ x.v, atol=atol))

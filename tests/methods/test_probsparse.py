@@ -1,0 +1,56 @@
+"""Informer's ProbSparse against its selection rule written densely in numpy, its exact limit and nesting."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from layers import H, N, exact_on_valid_rows, head, random_layer, softmax
+from spectra.methods import REGISTRY, probsparse
+
+LENGTHS = (N, 7)
+S = 0.7  # the score scale s
+
+
+def layer(lengths=LENGTHS, n=N, seed=0, spread=1.0):
+    """Padded float64 layer; P computed from q and k (as a substitution sees it)."""
+    return random_layer(lengths, n=n, seed=seed, spread=spread, scaling=S, use_p=False)
+
+
+@pytest.mark.parametrize("budget", [1, 4, 7])
+def test_probsparse_is_top_u_exact_rows_and_mean_v(budget) -> None:
+    x = layer()
+    approx_ = REGISTRY["probsparse"].run(x, budget)
+    positions, used = probsparse.probsparse_sample(x)
+    for b, m in enumerate(LENGTHS):
+        count = min(5 * math.ceil(math.log(m)), m)
+        assert int(used[b].sum()) == count
+        for h in range(H):
+            q, k, v = head(x, b, h, m)
+            sample = positions[b, h, :m, :count].numpy()
+            assert sample.max() < m, "only valid keys are sampled"
+            s = q @ k.T * S
+            sampled = np.take_along_axis(s, sample, axis=1)
+            sparsity = sampled.max(1) - sampled.mean(1)
+            top = set(np.argsort(-sparsity, kind="stable")[:budget])
+            want = np.stack([softmax(s[i]) if i in top else np.full(m, 1 / m) for i in range(m)])
+            assert np.allclose(approx_.p[b, h, :m, :m].numpy(), want, atol=1e-12)
+            assert np.allclose(approx_.out[b, h, :m].numpy(), want @ v, atol=1e-12)
+            lazy = [i for i in range(m) if i not in top]
+            assert np.allclose(approx_.out[b, h, lazy].numpy(), v.mean(0), atol=1e-12)
+
+
+def test_probsparse_with_every_query_active_is_exact() -> None:
+    x = layer()
+    assert exact_on_valid_rows(x, REGISTRY["probsparse"].run(x, N), atol=1e-12)
+    seven = REGISTRY["probsparse"].run(x, 7)  # u = 7 ≥ m covers the padded sequence
+    assert torch.allclose(seven.out[1] * x.valid[1, None, :, None], (x.p @ x.v)[1])
+
+
+def test_probsparse_selections_are_nested_across_budgets() -> None:
+    x = layer()
+    active = [(REGISTRY["probsparse"].run(x, u).p - x.p).abs().sum(-1) == 0 for u in (2, 4, 6)]
+    assert all((small <= large).all() for small, large in zip(active, active[1:]))

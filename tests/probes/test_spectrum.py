@@ -1,0 +1,143 @@
+"""`spectra analyze`'s probe fed captured records: per-(layer, head) moments of the curve, σ and the metrics
+against scipy in float64, padding read off the record, its tables and arrays, and its state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from spectra.capture import Captured
+from spectra.config import Spectrum
+from spectra.probes.spectrum import SpectrumProbe
+from spectra.spectrum import METRICS
+from spectra.stats import plain
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def reference(p: np.ndarray, at: int, size: int) -> tuple[np.ndarray, dict[str, float]]:
+    """Curve on the relative grid and METRICS of one m×m matrix, in float64 with scipy."""
+    m = p.shape[0]
+    sigma = scipy.linalg.svdvals(p.astype(np.float64))
+    cum = np.cumsum(sigma) / sigma.sum()
+    grid = np.interp(np.arange(1, size + 1) / size, np.arange(0, m + 1) / m, np.concatenate([[0.0], cum]))
+    share = sigma / sigma.sum()
+    share = share[share > 0]
+    metrics = {
+        "sigma1": sigma[0],
+        "nuclear": sigma.sum(),
+        "stable_rank": np.linalg.norm(p, "fro") ** 2 / np.linalg.norm(p, 2) ** 2,
+        "erank": np.exp(-(share * np.log(share)).sum()),
+        "rank90": next(i + 1 for i, c in enumerate(cum) if c >= 0.9),
+        "rank99": next(i + 1 for i, c in enumerate(cum) if c >= 0.99),
+        "c_at": grid[at - 1],
+        "length": m,
+    }
+    return grid, metrics
+
+
+def record(layer: int, logits: torch.Tensor, mask: torch.Tensor | None = None) -> Captured:
+    """A captured layer whose P is softmax(logits + mask): q = logits, k = I, scale 1 make q kᵀ · scale = logits."""
+    batch, heads, n, _ = logits.shape
+    eye = torch.eye(n).expand(batch, heads, n, n)
+    return Captured.of(layer, logits, eye, torch.zeros_like(logits), mask, scaling=1.0)
+
+
+def padded(lengths: list[int], n: int) -> torch.Tensor:
+    mask = torch.zeros(len(lengths), 1, n, n)
+    for b, m in enumerate(lengths):
+        mask[b, ..., m:] = torch.finfo(torch.float32).min
+    return mask
+
+
+def test_probe_streams_layers_heads_and_padding() -> None:
+    """Probe averages over sequences per (layer, head), reading lengths off the record's valid keys."""
+    n, heads, lengths = 20, 2, [20, 13]
+    probe = SpectrumProbe(layers=2, heads=heads, n=n, at=5)
+    mask = padded(lengths, n)
+    logits = torch.randn(2, heads, n, n, generator=torch.Generator().manual_seed(1)) * 2
+    p = torch.softmax(logits + mask, dim=-1)
+    captured = record(1, logits, mask)
+    assert torch.equal(captured.p, p) and captured.valid.sum(-1).tolist() == lengths
+    probe.update(captured)
+    for h in range(heads):
+        refs = [reference(p[b, h, : lengths[b], : lengths[b]].numpy(), 5, n) for b in range(2)]
+        want = np.mean([r[0] for r in refs], axis=0)
+        assert np.abs(probe.cum.mean[1, h] - want).max() < 1e-5
+        want_rank = np.mean([r[1]["rank90"] for r in refs])
+        assert probe.metrics.mean[1, h, METRICS.index("rank90")] == pytest.approx(want_rank)
+    assert (probe.cum.count[0] == 0).all()
+
+
+def test_tables_and_arrays() -> None:
+    n, heads, lengths = 16, 2, [16, 11]
+    probe = SpectrumProbe(layers=2, heads=heads, n=n, at=4, mode="exact")
+    generator = torch.Generator().manual_seed(2)
+    mask = padded(lengths, n)
+    ps = {}
+    for layer in range(2):
+        for _ in range(2):  # two batches per layer
+            logits = torch.randn(2, heads, n, n, generator=generator) * (1 + layer)
+            ps.setdefault(layer, []).append(torch.softmax(logits + mask, dim=-1))
+            probe.update(record(layer, logits, mask))
+    tables, arrays = probe.tables(), probe.arrays()
+    assert set(tables) == {"metrics.csv"} and set(arrays) == {"curves.npz"}
+    metrics, curves = tables["metrics.csv"], arrays["curves.npz"]
+    assert list(metrics.columns) == ["layer", "head", "sequences", *(f"{m}_{s}" for m in METRICS for s in ("mean", "std"))]
+    assert metrics[["layer", "head"]].values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert (metrics["sequences"] == 4).all()
+    assert set(curves) == {"index", "cum_mean", "cum_std", "sigma_mean", "sigma_std"}
+    assert np.array_equal(curves["index"], np.arange(1, n + 1))
+    assert curves["cum_mean"].shape == curves["sigma_mean"].shape == (2, heads, n)
+    for layer in range(2):
+        for h in range(heads):
+            refs = [reference(p[b, h, :m, :m].numpy(), 4, n) for p in ps[layer] for b, m in enumerate(lengths)]
+            grids = np.array([r[0] for r in refs])
+            assert np.abs(curves["cum_mean"][layer, h] - grids.mean(0)).max() < 1e-5
+            assert np.abs(curves["cum_std"][layer, h] - grids.std(0)).max() < 1e-5
+            sigma = np.zeros((len(refs), n))  # absolute index, zeros past each sequence's length
+            blocks = [p[b, h, :m, :m] for p in ps[layer] for b, m in enumerate(lengths)]
+            for i, block in enumerate(blocks):
+                sigma[i, :len(block)] = scipy.linalg.svdvals(block.double().numpy())
+            assert np.allclose(curves["sigma_mean"][layer, h], sigma.mean(0), atol=1e-6)
+            row = metrics[(metrics["layer"] == layer) & (metrics["head"] == h)].iloc[0]
+            for name in METRICS:
+                values = np.array([r[1][name] for r in refs], dtype=float)
+                assert row[f"{name}_mean"] == pytest.approx(values.mean(), rel=1e-4, abs=1e-6), name
+                assert row[f"{name}_std"] == pytest.approx(values.std(), rel=1e-3, abs=1e-5), name
+
+
+def test_state_resumes_and_fast_mode_agrees() -> None:
+    n, lengths = 12, [12, 7]
+    mask = padded(lengths, n)
+    generator = torch.Generator().manual_seed(3)
+    records = [record(layer, torch.randn(2, 2, n, n, generator=generator) * 2, mask) for layer in (0, 1, 0, 1)]
+    whole = SpectrumProbe(2, 2, n, 3)
+    for captured in records:
+        whole.update(captured)
+    first = SpectrumProbe(2, 2, n, 3)
+    for captured in records[:2]:
+        first.update(captured)
+    second = SpectrumProbe(2, 2, n, 3)
+    second.load_state(plain(first.state()))
+    for captured in records[2:]:
+        second.update(captured)
+    for name, part in whole.state().items():
+        assert np.array_equal(part.array, second.state()[name].array), name
+    fast = SpectrumProbe(2, 2, n, 3, Spectrum.FAST)
+    for captured in records:
+        fast.update(captured)
+    assert fast.mode is Spectrum.FAST
+    assert np.abs(fast.arrays()["curves.npz"]["cum_mean"] - whole.arrays()["curves.npz"]["cum_mean"]).max() < 5e-4
+
+
+def test_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="at must be in 1…8"):
+        SpectrumProbe(1, 2, 8, 9)
+    probe = SpectrumProbe(1, 2, 8, 2)
+    with pytest.raises(ValueError, match="expected P of 2 heads and n ≤ 8"):
+        probe.update(record(0, torch.randn(1, 3, 8, 8)))
+    with pytest.raises(ValueError, match="expected P of 2 heads and n ≤ 8"):
+        probe.update(record(0, torch.randn(1, 2, 9, 9)))

@@ -1,0 +1,38 @@
+"""Fixtures of the report tests: real tiny runs of each kind, built once per session and shared by the
+summaries, plan, console and plot tests (tests/report/ goes on sys.path for `import report_helpers`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import report_helpers  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> dict:
+    """The analyze runs of `report_helpers.build_runs`, by key (small-wiki, deep-imdb, small-imdb-n16, …)."""
+    return report_helpers.build_runs(tmp_path_factory.getbasetemp() / "spectra-tiny-runs")
+
+
+@pytest.fixture(scope="session")
+def approx_run(roberta_dir, text_file, tmp_path_factory):
+    """An approx run with --end-to-end in a directory named tiny-approx."""
+    return report_helpers.build_approx(roberta_dir, text_file, tmp_path_factory.mktemp("approx") / "tiny-approx")
+
+
+@pytest.fixture(scope="session")
+def theorem_runs(tmp_path_factory) -> Path:
+    """The --runs-dir of analyses/theorems.py, holding `theorem_run`."""
+    return tmp_path_factory.mktemp("theorem-runs")
+
+
+@pytest.fixture(scope="session")
+def theorem_run(roberta_dir, text_file, theorem_runs):
+    """Named as analyses/theorems.py names it, so the recipe finds it finished."""
+    out = report_helpers.theorem_run_dir(theorem_runs, roberta_dir, text_file)
+    return report_helpers.build_theorems(roberta_dir, text_file, out)

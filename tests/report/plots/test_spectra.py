@@ -1,0 +1,63 @@
+"""Per-run views of an analyze run: files are written, and every plotted value is the run's stored value."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from report_helpers import ANALYZE_N as N
+from report_helpers import axis_by_gid as by_gid
+from report_helpers import mesh_values
+from spectra import cli
+from spectra.report import plots
+from tiny import run_cli
+
+
+def test_plot_run_views(runs, tmp_path) -> None:
+    run = runs["deep-wiki"]
+    curves = plots.draw_layer_curves(run)
+    ax = by_gid(curves, "curves")
+    assert len(ax.lines) == run.layers
+    for layer, line in enumerate(ax.lines):
+        assert line.get_gid() == f"layer:{layer}"
+        np.testing.assert_allclose(line.get_ydata(), run.cum_mean[layer].mean(axis=0), rtol=1e-12)
+    assert run.label in ax.get_title()
+
+    heat = by_gid(plots.draw_c_heatmap(run, at=N), "heatmap")
+    np.testing.assert_allclose(mesh_values(heat), run.cum_mean[:, :, N - 1], rtol=0)
+    assert "index 32" in heat.get_title()
+
+    ranks = plots.draw_rank_heatmaps(run)
+    table = run.metrics.sort_values(["layer", "head"])
+    for energy in (90, 99):
+        expected = table[f"rank{energy}_mean"].to_numpy().reshape(run.layers, run.heads)
+        np.testing.assert_array_equal(mesh_values(by_gid(ranks, f"rank{energy}")), expected)
+        assert f"{energy}%" in by_gid(ranks, f"rank{energy}").get_title()
+
+    written = plots.plot_run(run.path, tmp_path / "views")
+    names = sorted(path.name for path in written.paths)
+    assert names == ["c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png"]
+    assert all(path.stat().st_size > 1000 for path in written.paths)
+
+
+def test_cli_plot(runs, tmp_path, monkeypatch, capsys) -> None:
+    path = str(runs["small-imdb"].path)
+    monkeypatch.setattr(sys, "argv", ["spectra", "plot", path, "--at", "3", "--out", str(tmp_path / "views")])
+    cli.main()
+    assert sorted(p.name for p in (tmp_path / "views").iterdir()) == [
+        "c_at3.pdf", "c_at3.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png"]
+    capsys.readouterr()
+
+
+def test_cli_plot_bad_input_is_one_line_and_exit_2(runs, tmp_path, monkeypatch, capsys) -> None:
+    small = str(runs["small-wiki"].path)
+    cases = {
+        "at zero": (["plot", small, "--at", "0", "--out", str(tmp_path / "out")], "1…32"),
+        "plot not a run": (["plot", str(tmp_path / "missing"), "--out", str(tmp_path / "out")], "no run.json"),
+    }
+    for name, (args, needle) in cases.items():
+        code, stdout, stderr = run_cli(args, monkeypatch, capsys)
+        assert code == 2, name
+        assert stderr.startswith("error:") and stderr.count("\n") == 1 and needle in stderr, (name, stderr)
+        assert not (tmp_path / "out").exists(), name

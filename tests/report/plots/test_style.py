@@ -1,0 +1,125 @@
+"""What every figure shares: output paths and saving, method styles from the registry, the log axis with its ▼
+marks, the k axis, ticks, the heatmap."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_hex
+
+from report_helpers import mesh_values
+from spectra.errors import SpectraError
+from spectra.methods import REGISTRY
+from spectra.report.plots import style
+
+
+def test_output_paths_drop_a_given_suffix_and_refuse_a_directory(tmp_path) -> None:
+    for out in (tmp_path / "fig", tmp_path / "fig.png", tmp_path / "fig.PDF"):
+        assert style.output_paths(out) == {"png": tmp_path / "fig.png", "pdf": tmp_path / "fig.pdf"}
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SpectraError, match="is a directory"):
+        style.output_paths(tmp_path / "folder")
+
+
+def test_save_writes_png_and_pdf_and_closes_the_figure(tmp_path) -> None:
+    plt = style.pyplot()
+    figure, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    paths = style.save(figure, tmp_path / "sub" / "line.png")
+    assert paths == [tmp_path / "sub" / "line.png", tmp_path / "sub" / "line.pdf"]
+    assert paths[0].read_bytes().startswith(b"\x89PNG") and paths[1].read_bytes().startswith(b"%PDF")
+    assert figure.number not in plt.get_fignums()
+
+
+def test_plot_folder_default_and_a_file_in_the_way(approx_run, tmp_path) -> None:
+    assert str(style.plot_folder(approx_run, None)) == "figures/tiny-approx"
+    assert style.plot_folder(approx_run, tmp_path / "views") == tmp_path / "views"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SpectraError, match="not a directory"):
+        style.plot_folder(approx_run, tmp_path / "file")
+
+
+def test_load_kind_refuses_another_kind_of_run(approx_run, theorem_run) -> None:
+    assert style.load_kind(approx_run.path, type(approx_run)).meta == approx_run.meta
+    with pytest.raises(SpectraError, match="is not a theorems run"):
+        style.load_kind(approx_run.path, type(theorem_run))
+    with pytest.raises(SpectraError, match="is not an approx run"):
+        style.load_kind(theorem_run.path, type(approx_run))
+
+
+def test_method_styles_come_from_the_registry_and_theorem2_keeps_its_own() -> None:
+    for label, entry in REGISTRY.items():
+        line = style.method_style(label, index=7)
+        assert (line["color"], line["marker"], line["linestyle"]) == (entry.color, entry.marker, "-")
+    assert style.method_style("svd")["color"] == "black"  # the Eckart–Young floor
+    for label, (color, marker) in style.OTHER_STYLES.items():
+        assert label not in REGISTRY
+        line = style.method_style(label)
+        assert (line["color"], line["marker"], line["linestyle"]) == (color, marker, "--")
+    # an unknown label: the index-th spare colour and marker, distinct for neighbours
+    spare = [style.method_style("something-new", index=i) for i in range(3)]
+    assert len({to_hex(line["color"]) for line in spare}) == 3 and len({line["marker"] for line in spare}) == 3
+
+
+def test_log_y_marks_values_under_the_axis() -> None:
+    plt = style.pyplot()
+    figure, axes = plt.subplots(1, 2, sharey=True)
+    axes[0].plot([1, 2, 3], [0.5, 0.0, 1e-9], gid="exact")
+    axes[1].plot([1, 2, 3], [2.0, 1.0, 0.1], gid="approx")
+    assert style.log_y(axes, decades=3)
+    bottom, top = axes[0].get_ylim()
+    assert axes[1].get_ylim() == (bottom, top) and top == pytest.approx(2.0 * 1.6)
+    assert bottom == pytest.approx(max(1e-9 / 1.6, 2.0 * 1e-3))
+    (mark,) = [line for line in axes[0].lines if line.get_gid() == "below:exact"]
+    assert list(mark.get_xdata()) == [2, 3] and list(mark.get_ydata()) == [bottom, bottom]
+    assert list(axes[0].lines[0].get_ydata()) == [0.5, 0.0, 1e-9]  # the stored values stay in the line
+    assert not [line for line in axes[1].lines if line.get_gid() == "below:approx"]
+    handles, labels = style.below_entry([], [], True)
+    assert labels == ["below the axis (≈ 0: exact)"] and style.below_entry([], [], False) == ([], [])
+    plt.close(figure)
+
+
+def test_maybe_log_y_only_for_a_wide_range() -> None:
+    plt = style.pyplot()
+    figure, (narrow, wide) = plt.subplots(1, 2)
+    narrow.plot([1, 2], [100.0, 300.0])
+    wide.plot([1, 2], [1.0, 10.0])
+    assert not style.maybe_log_y(narrow) and narrow.get_yscale() == "linear"
+    style.maybe_log_y(wide)
+    assert wide.get_yscale() == "log"
+    plt.close(figure)
+
+
+def test_k_axis_ticks_every_budget_on_a_log2_axis() -> None:
+    plt = style.pyplot()
+    figure, ax = plt.subplots()
+    low, high = style.k_axis(ax, [32, 8, 16, 8], "Budget k")
+    assert (low, high) == (8 / 1.25, 32 * 1.25) and ax.get_xlim() == pytest.approx((low, high))
+    assert list(ax.get_xticks()) == [8, 16, 32] and ax.get_xscale() == "log" and ax.get_xlabel() == "Budget k"
+    plt.close(figure)
+
+
+def test_ticks_are_thinned_and_index_ticks_are_the_papers() -> None:
+    assert list(style.ticks(12)) == list(range(12))
+    assert list(style.ticks(40, most=16)) == list(range(0, 40, math.ceil(40 / 16)))
+    assert style.index_ticks(512) == [0, 128, 512] and style.index_ticks(2) == [0, 0.5, 2]
+
+
+def test_draw_heatmap_layer_down_head_across_with_labels() -> None:
+    plt = style.pyplot()
+    figure, ax = plt.subplots()
+    values = np.array([[0.1, 0.9, 0.5], [0.7, 0.2, 0.3]])
+    style.draw_heatmap(ax, values, title="t", colorbar="c", digits=2)
+    np.testing.assert_array_equal(mesh_values(ax), values)
+    assert ax.get_gid() == "heatmap" and ax.get_ylim() == (1.5, -0.5) and ax.get_xlim() == (-0.5, 2.5)
+    texts = {(text.get_position(), text.get_text()): text.get_color() for text in ax.texts}
+    assert texts[((1, 0), "0.90")] == "black" and texts[((0, 0), "0.10")] == "white"  # contrast with the cell
+    assert len(texts) == values.size
+    plt.close(figure)
+
+
+def test_subtitle(runs) -> None:
+    run = runs["small-wiki"]
+    assert style.subtitle(run, run.n) == f"{run.label}, n = 32, 16 sequences"

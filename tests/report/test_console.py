@@ -1,0 +1,165 @@
+"""The terminal printers on real tiny runs: every number printed is the run's, recomputed here from its tables
+(with pandas, not through spectra.report), and `spectra compare` prints the side-by-side tables."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pandas as pd
+
+from report_helpers import BUDGETS, METHODS, expected_errors, printed_tables
+from spectra import cli
+from spectra.report import console
+from spectra.report.plan import plan_k
+from spectra.report.summaries import compare
+from tiny import run_cli
+
+
+def fixed(value: float, places: int = 3, missing: str = "") -> str:
+    return missing if math.isnan(value) else f"{value:.{places}f}"
+
+
+def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
+    run = runs["deep-wiki"]
+    console.print_analyze(run)
+    out = capsys.readouterr().out
+    assert out.startswith(f"{run.label}: n = {run.n}, 16 sequences, mean over {run.heads} heads per layer")
+    (table,) = printed_tables(out)
+    assert table["header"] == [["layer", f"c@{run.at}", "rank for 90%"]]
+    for layer, row in enumerate(table["rows"]):
+        cells = run.metrics[run.metrics["layer"] == layer]
+        assert row == [str(layer), fixed(cells["c_at_mean"].mean()), fixed(cells["rank90_mean"].mean())]
+    assert len(table["rows"]) == run.layers
+    assert f"results written to {run.path}" in out.replace("\n", "")
+
+
+def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
+    console.print_approx(approx_run)
+    out = capsys.readouterr().out
+    tables = printed_tables(out)
+    assert len(tables) == len(BUDGETS) + 1  # one per k, then the smallest k reaching the target
+    out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
+    per_layer = out_err.groupby(["method", "budget", "layer"])["mean"].mean()
+    layers = sorted(out_err["layer"].unique())
+    for budget, table in zip(BUDGETS, tables):
+        assert f"{approx_run.label}, k = {budget}: relative head-output error" in out
+        # headers from the method registry: linformer(kv) → lin / (kv), pool-mean → pool / mean
+        assert table["header"] == [["", "", "", "lin", "pool"], ["layer", "svd", "jl", "(kv)", "mean"]]
+        assert table["rows"] == [[str(layer), *(fixed(per_layer[(method, budget, layer)]) for method in METHODS)]
+                                 for layer in layers]
+    assert "lin(s) = linformer with sharing s" in out
+
+    target = approx_run.meta["target"]
+    assert f"smallest k in the sweep with mean error ≤ {target} per layer" in out
+    for layer, row in zip(layers, tables[-1]["rows"]):
+        needed = []
+        for method in METHODS:
+            reached = [budget for budget in BUDGETS if per_layer[(method, budget, layer)] <= target]
+            needed.append(str(min(reached)) if reached else "—")
+        assert row == [str(layer), *needed]
+
+    assert "end to end (all layers substituted):" in out
+    for row in approx_run.end_to_end.itertuples(index=False):
+        change = row.ppl / row.ppl_exact - 1
+        line = (f"  {row.method}, k={row.budget}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}, "
+                f"ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({change:+.0%})")
+        assert line in out.splitlines()
+
+
+def test_print_theorems_tables_match_the_run(theorem_run, capsys) -> None:
+    console.print_theorems(theorem_run)
+    out = capsys.readouterr().out
+    one = theorem_run.tables["theorem1"]
+    n = int(one["n"].iloc[0])
+    probability, median, p95 = printed_tables(out)
+    jl = one[one["method"] == "jl"]
+    for k, row in zip(BUDGETS, probability["rows"]):
+        cells = [jl[(jl["k_proj"] == k) & (jl["eps"] == eps)].iloc[0] for eps in (0.3, 0.5)]
+        assert row == [str(k), *(f"{cell['pr']:.3f} ({cell['bound']:.3f})" for cell in cells)]
+    assert probability["header"] == [["k", "ε=0.3", "ε=0.5"]]
+    theorem_k = ", ".join(f"ε={eps:g}: {5 * math.log(n) / (eps**2 - eps**3):.0f}" for eps in (0.3, 0.5))
+    assert f"Theorem 1's k = 5 ln n/(ε²−ε³): {theorem_k}" in out
+
+    expected = expected_errors(theorem_run)  # jl, svd, linformer(<4 sharings>), theorem2(delta=<2 rules>)
+    for stat, table in (("median", median), ("p95", p95)):
+        assert table["rows"] == [[str(k), *(fixed(float(rows.loc[rows["k_proj"] == k, stat].iloc[0]))
+                                            for rows in expected.values())] for k in BUDGETS]
+    words = " ".join(" ".join(line) for line in median["header"])
+    for name in ("svd", "(floor)", "thm2", "δ=1/2^n", "δ=1/n", "lin", "(kv)"):  # lin: the registry's header
+        assert name in words
+
+    two = theorem_run.tables["theorem2"]
+    rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")].drop_duplicates(["variant", "k_proj"])
+    largest = ", ".join(f"k={k}: {rhs[rhs['k_proj'] == k]['median'].max():.3g}" for k in BUDGETS)
+    assert f"median (largest over δ): {largest}; its k" in out
+
+
+def test_print_plan_tables_match_the_plan(runs, capsys) -> None:
+    run = runs["deep-imdb"]
+    for per_head in (False, True):
+        plan = plan_k(run, 0.9, multiple=4, per_head=per_head)
+        console.print_plan(run, plan)
+        out = capsys.readouterr().out
+        layers, costs = printed_tables(out)
+        curves = run.cum_mean.mean(axis=1) if not per_head else run.cum_mean
+        if per_head:
+            k_head = plan.table["k_proj"].to_numpy().reshape(run.layers, run.heads)
+            assert layers["rows"] == [[str(layer), str(k_head[layer].max()), *map(str, k_head[layer])]
+                                      for layer in range(run.layers)]
+            units, planned = run.layers * run.heads, run.n * k_head.sum()
+        else:
+            rows = []
+            for layer, k in enumerate(plan.table["k_proj"]):
+                rows.append([str(layer), str(plan.table["k_min"][layer]), str(k), fixed(curves[layer, k - 1])])
+            assert layers["rows"] == rows
+            units, planned = run.layers * run.heads, run.n * run.heads * plan.table["k_proj"].sum()
+        uniform = int(plan.table["k_proj"].max())
+        cost = [planned, units * run.n * uniform, units * run.n * run.n]
+        names = ["nonuniform (this plan)", f"uniform k_proj = {uniform}", f"full (k_proj = n = {run.n})"]
+        assert costs["rows"] == [[name, str(c), f"{planned / c:.1%}", f"{1 - planned / c:.1%}"]
+                                 for name, c in zip(names, cost)]
+        assert f"reaches E = 0.9, rounded up to a multiple of 4" in out
+
+
+def test_print_compare_tables_match_the_runs(runs, capsys) -> None:
+    chosen = [runs["small-wiki"], runs["deep-imdb"]]
+    console.print_compare(chosen, compare(chosen), None)
+    out = capsys.readouterr().out
+    lines = out.replace("\n", "")  # rich wraps a long path onto the next line
+    assert lines.startswith(f"A  {chosen[0].label}, n = 32, 16 sequences: {chosen[0].path}")
+    assert f"B  {chosen[1].label}, n = 32, 16 sequences: {chosen[1].path}" in lines
+    per_layer, per_run = printed_tables(out)
+    assert per_layer["header"] == [["layer", "A c@8", "A rank90", "B c@8", "B rank90"]]
+    for layer, row in enumerate(per_layer["rows"]):
+        cells = [str(layer)]
+        for run in chosen:
+            means = run.metrics[run.metrics["layer"] == layer][["c_at_mean", "rank90_mean"]].mean()
+            cells += [fixed(means["c_at_mean"]), fixed(means["rank90_mean"], 1)]  # a 2-layer run: then empty
+        assert row == cells
+    assert len(per_layer["rows"]) == 3
+    for key, run, row in zip("AB", chosen, per_run["rows"]):
+        grid = run.metrics.pivot(index="layer", columns="head", values="c_at_mean").to_numpy()
+        ranks = pd.Series(grid.mean(axis=1)).rank().to_numpy()
+        rho = np.corrcoef(np.arange(len(ranks)), ranks)[0, 1]  # Spearman = Pearson of ranks
+        assert row == [key, str(run.n), "16", str(run.at), fixed(grid.min()), fixed(grid.max()), fixed(grid.mean()),
+                       fixed(rho, 2), fixed(run.metrics["rank90_mean"].mean(), 1)]
+
+
+def test_cli_compare(runs, tmp_path, monkeypatch, capsys) -> None:
+    paths = [str(runs[key].path) for key in ("small-wiki", "deep-wiki")]
+    csv = tmp_path / "compare.csv"
+    monkeypatch.setattr(sys, "argv", ["spectra", "compare", *paths, "--csv", str(csv)])
+    cli.main()
+    out = capsys.readouterr().out
+    assert out.startswith("A  roberta-small · wikitext-103") and "\nB  roberta-deep · wikitext-103" in out
+    assert "A c@8" in out and "B rank90" in out and "rho" in out
+    table = pd.read_csv(csv)
+    assert len(table) == 2 + 3 and set(table["layer"]) == {0, 1, 2}
+
+    code, _, stderr = run_cli(["compare", *paths, str(runs["small-imdb-n16"].path), "--at", "20",
+                               "--csv", str(tmp_path / "bad.csv")], monkeypatch, capsys)
+    assert code == 2 and stderr.count("\n") == 1 and "1…16" in stderr and not (tmp_path / "bad.csv").exists()
+    code, _, stderr = run_cli(["compare", str(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and "no run.json" in stderr and stderr.count("\n") == 1

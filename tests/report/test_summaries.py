@@ -1,0 +1,89 @@
+"""Headline numbers, the compare table and the approx/theorems summaries, against independent computations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from report_helpers import ANALYZE_N as N
+from report_helpers import BUDGETS, METHODS, expected_errors
+from spectra.report.summaries import (approx_by_budget, compare, compare_wide, headline, layer_trend,
+                                      theorem_errors)
+
+
+def test_stored_c_at_is_the_mean_curve_at_that_index(runs) -> None:
+    run = runs["small-wiki"]
+    assert run.at == N // 4
+    stored = run.metrics.sort_values(["layer", "head"])["c_at_mean"].to_numpy().reshape(run.layers, run.heads)
+    np.testing.assert_allclose(stored, run.cum_mean[:, :, run.at - 1], rtol=1e-6)
+
+
+def test_headline_and_layer_trend(runs) -> None:
+    run = runs["deep-wiki"]
+    numbers = headline(run)
+    grid = run.metrics.pivot(index="layer", columns="head", values="c_at_mean").to_numpy()
+    assert (numbers["c_min"], numbers["c_max"]) == (grid.min(), grid.max()) and numbers["at"] == run.n // 4
+    means = pd.Series(grid.mean(axis=1))
+    ranks = means.rank().to_numpy()
+    rho = np.corrcoef(np.arange(len(ranks)), ranks)[0, 1]  # Spearman = Pearson of ranks
+    assert numbers["layer_rho"] == pytest.approx(rho)
+    assert math.isnan(layer_trend(np.ones((3, 2))))
+
+
+def test_compare_table_side_by_side(runs) -> None:
+    chosen = [runs["small-wiki"], runs["small-imdb-n16"], runs["deep-imdb"]]
+    table = compare(chosen)
+    assert list(table.columns) == ["run", "n", "at", "layer", "c_at", "rank90", "rank99"]
+    for run in chosen:
+        rows = table[table["run"] == run.label]
+        per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean", "rank99_mean"]].mean()
+        np.testing.assert_array_equal(rows["layer"], np.arange(run.layers))
+        np.testing.assert_allclose(rows["c_at"].to_numpy(), per_layer["c_at_mean"].to_numpy(), rtol=1e-12)
+        np.testing.assert_allclose(rows["rank90"].to_numpy(), per_layer["rank90_mean"].to_numpy(), rtol=1e-12)
+        np.testing.assert_allclose(rows["rank99"].to_numpy(), per_layer["rank99_mean"].to_numpy(), rtol=1e-12)
+        assert set(rows["at"]) == {run.n // 4} and set(rows["n"]) == {run.n}
+    # the same model and dataset at two lengths: the names carry n
+    lengths = compare([runs["small-imdb"], runs["small-imdb-n16"]])
+    assert list(dict.fromkeys(lengths["run"])) == ["roberta-small · imdb n=32", "roberta-small · imdb n=16"]
+    wide = compare_wide(table)
+    assert list(wide.columns) == ["layer", "A c@8", "A rank90", "B c@4", "B rank90", "C c@8", "C rank90"]
+    assert list(wide["layer"]) == [0, 1, 2] and wide["A c@8"].notna().sum() == 2  # 2 layers, then empty
+    np.testing.assert_allclose(wide["C rank90"], table[table["run"] == chosen[2].label]["rank90"])
+    explicit = compare(chosen[:1], at=3)
+    np.testing.assert_allclose(explicit["c_at"], chosen[0].cum_mean[:, :, 2].mean(axis=1))
+
+
+def test_approx_by_budget_is_the_mean_over_layers_and_heads(approx_run) -> None:
+    table = approx_by_budget(approx_run)
+    assert list(table.columns) == ["method", "budget", "out_err"]
+    assert list(dict.fromkeys(table["method"])) == METHODS  # the run's method order
+    out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
+    overall = out_err.groupby(["method", "budget"])["mean"].mean()  # equal heads per layer: mean of layer means
+    for method in METHODS:
+        rows = table[table["method"] == method].sort_values("budget")
+        assert list(rows["budget"]) == BUDGETS
+        np.testing.assert_allclose(rows["out_err"], overall.loc[method].loc[BUDGETS].to_numpy(), rtol=1e-12)
+
+
+def test_theorem_errors_are_the_pooled_rows(theorem_run) -> None:
+    table = theorem_errors(theorem_run)
+    expected = expected_errors(theorem_run)
+    assert list(dict.fromkeys(table["label"])) == list(expected)
+    for label, rows in expected.items():
+        found = table[table["label"] == label].sort_values("k_proj")
+        assert list(found["k_proj"]) == BUDGETS
+        for stat in ("median", "p95", "mean", "max"):
+            np.testing.assert_array_equal(found[stat].to_numpy(), rows[stat].to_numpy())
+    # relative to Theorem 2's right side: only the theorem2 rows change
+    rhs = theorem_errors(theorem_run, "rhs")
+    two = theorem_run.tables["theorem2"]
+    for rule in ("1/2^n", "1/n"):
+        stored = two[(two["variant"] == f"delta={rule}") & (two["relative_to"] == "rhs")].drop_duplicates("k_proj")
+        found = rhs[rhs["label"] == f"theorem2(delta={rule})"]
+        np.testing.assert_array_equal(found.sort_values("k_proj")["median"].to_numpy(),
+                                      stored.sort_values("k_proj")["median"].to_numpy())
+    same = rhs[~rhs["label"].str.startswith("theorem2(")].reset_index(drop=True)
+    pd.testing.assert_frame_equal(same, table[~table["label"].str.startswith("theorem2(")].reset_index(drop=True))

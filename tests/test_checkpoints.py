@@ -1,0 +1,61 @@
+"""A model source told from its files: hub ids pass, local directories are checked and named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from spectra import checkpoints
+from spectra.errors import SpectraError
+
+
+def test_hub_ids_are_labelled_by_their_last_part() -> None:
+    found = checkpoints.inspect("FacebookAI/roberta-base")
+    assert not found.local and found.label == "roberta-base" and found.where == "FacebookAI/roberta-base"
+
+
+def test_a_saved_directory_is_checked_and_named_after_its_folder(roberta_dir) -> None:
+    found = checkpoints.inspect(str(roberta_dir))
+    assert found.local and found.label == "tiny-roberta" and found.config["model_type"] == "roberta"
+    assert found.where == str(roberta_dir.resolve())
+
+
+def test_a_generic_folder_is_named_after_its_config(roberta_dir, tmp_path) -> None:
+    generic = tmp_path / "some-experiment" / "model"
+    shutil.copytree(roberta_dir, generic)
+    assert checkpoints.inspect(str(generic)).label == "roberta-some-experiment"
+    config = json.loads((generic / "config.json").read_text())
+    (generic / "config.json").write_text(json.dumps({**config, "_name_or_path": "org/MiniLM-L6"}))
+    assert checkpoints.inspect(str(generic)).label == "MiniLM-L6"
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("config", "has no config.json"),
+    ("broken config", "config.json is not valid JSON"),
+    ("no model_type", "has no model_type"),
+    ("weights", "has a config.json but no weights"),
+    ("tokenizer", "has no tokenizer files"),
+])
+def test_broken_directories_are_one_line(damage, message, roberta_dir, tmp_path) -> None:
+    target = tmp_path / "tiny"
+    shutil.copytree(roberta_dir, target)
+    if damage == "config":
+        (target / "config.json").unlink()
+    elif damage == "broken config":
+        (target / "config.json").write_text('{"model_type": ')
+    elif damage == "no model_type":
+        (target / "config.json").write_text("{}")
+    elif damage == "weights":
+        (target / "model.safetensors").unlink()
+    else:
+        for name in checkpoints.TOKENIZER_FILES:
+            (target / name).unlink(missing_ok=True)
+    with pytest.raises(SpectraError, match=message):
+        checkpoints.inspect(str(target))
+
+
+def test_missing_paths() -> None:
+    with pytest.raises(SpectraError, match="model directory ./nowhere does not exist"):
+        checkpoints.inspect("./nowhere")

@@ -1,0 +1,81 @@
+"""The one loop: resume after an interrupt gives the same numbers, an existing run survives until its
+replacement is complete, a short corpus is used whole and said so, synthetic runs resume too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spectra
+from spectra.errors import SpectraError
+
+QUIET = dict(progress=None, notify=lambda line: None)
+
+
+class Stop(Exception):
+    """Raised from a progress callback: an interrupt after some batches."""
+
+
+def test_resume_ends_with_the_same_numbers(roberta_dir, text_file, tmp_path) -> None:
+    settings = dict(length=24, samples=14, batch_size=4, checkpoint_seconds=0.0, notify=lambda line: None)
+    whole = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "whole", progress=None, **settings)
+
+    def interrupt(done, total):
+        if done >= 8:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=interrupt, **settings)
+    assert not (tmp_path / "cut").exists() and (tmp_path / "cut.partial" / "checkpoint.npz").exists()
+    with pytest.raises(SpectraError, match="--resume"):
+        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=None, **settings)
+    with pytest.raises(SpectraError, match="different samples"):
+        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=None, resume=True,
+                        **{**settings, "samples": 15})
+    seen = []
+    resumed = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", resume=True,
+                              progress=lambda done, total: seen.append(done), **settings)
+    assert seen[0] == 8 and seen[-1] == 14
+    assert np.array_equal(resumed.cum_mean, whole.cum_mean)
+    assert np.array_equal(resumed.cum_std, whole.cum_std)
+    assert resumed.metrics.equals(whole.metrics)
+    assert not (tmp_path / "cut.partial").exists()
+
+
+def test_existing_run_is_kept_until_overwrite_completes(roberta_dir, text_file, tmp_path) -> None:
+    out = tmp_path / "run"
+    first = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=out, **QUIET)
+    with pytest.raises(SpectraError, match="already exists.*--overwrite"):
+        spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, **QUIET)
+    assert spectra.load_run(out).meta["samples"] == 2
+    second = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, overwrite=True, **QUIET)
+    assert second.meta["samples"] == 3 and first.meta["samples"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_short_corpus_uses_everything_and_says_so(roberta_dir, tmp_path) -> None:
+    small = tmp_path / "small.txt"
+    small.write_text("\n".join(["the attention matrix is low rank"] * 5) + "\n")
+    lines: list[str] = []
+    run = spectra.analyze(str(roberta_dir), str(small), length=8, samples=100, mode="truncate", out=tmp_path / "r",
+                          progress=None, notify=lines.append)
+    assert run.meta["samples"] == 5
+    assert any("5 sequences of the 100" in line for line in lines)
+
+
+def test_synthetic_theorems_resume_to_the_same_tables(tmp_path) -> None:
+    settings = dict(synthetic=True, budgets=[4, 8], eps=[0.3], d=4, heads=2, length=16, samples=9, batch_size=2,
+                    checkpoint_seconds=0.0)
+    whole = spectra.theorems(None, out=tmp_path / "whole", progress=None, **settings)
+
+    def interrupt(done, total):
+        if done >= 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.theorems(None, out=tmp_path / "cut", progress=interrupt, **settings)
+    assert (tmp_path / "cut.partial" / "checkpoint.npz").exists()
+    resumed = spectra.theorems(None, out=tmp_path / "cut", resume=True, progress=None, **settings)
+    for name, table in whole.tables.items():
+        assert resumed.tables[name].equals(table), name
+    assert resumed.meta["samples"] == 9

@@ -1,0 +1,48 @@
+"""Loading models: the capture attention is installed, what a Loaded describes, heads and linears found by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModel, BertConfig, LlamaConfig, LlamaForCausalLM
+
+from spectra import capture, models
+from spectra.errors import SpectraError
+
+
+def test_load_describes_the_model_and_installs_the_capture(roberta_dir) -> None:
+    loaded = models.load(str(roberta_dir), device="cpu")
+    assert (loaded.name, loaded.layers, loaded.heads) == ("tiny-roberta", 2, 4)
+    assert loaded.max_length == 64, "RoBERTa loses padding_idx + 1 of its 66 positions"
+    assert loaded.model.config._attn_implementation == capture.NAME and not loaded.model.training
+    assert not loaded.masked_lm and models.load(str(roberta_dir), device="cpu", masked_lm=True).masked_lm
+    assert loaded.dtype == torch.float32 and models.load(str(roberta_dir), dtype="bfloat16").dtype == torch.bfloat16
+
+
+def test_masked_lm_head_is_read_off_the_architectures() -> None:
+    assert models.has_masked_lm_head(BertConfig(architectures=["BertForMaskedLM"]))
+    assert not models.has_masked_lm_head(BertConfig(architectures=["BertModel"]))
+    assert not models.has_masked_lm_head(BertConfig())
+
+
+def test_devices() -> None:
+    assert models.pick_device("cpu") == torch.device("cpu")
+    assert models.pick_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(SpectraError, match="unknown --device 'tpu'"):
+        models.pick_device("tpu")
+
+
+def test_attention_linears_of_encoder_and_decoder_modules() -> None:
+    bert = AutoModel.from_config(BertConfig(hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
+                                            intermediate_size=32, vocab_size=50))
+    found = models.attention_linears(bert.encoder.layer[0].attention)
+    self_attention = bert.encoder.layer[0].attention.self
+    assert (found.w_q, found.w_k, found.w_v) == (self_attention.query, self_attention.key, self_attention.value)
+    assert found.w_o is bert.encoder.layer[0].attention.output.dense and found.heads == 2
+    llama = LlamaForCausalLM(LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+                                         num_hidden_layers=1, intermediate_size=32, vocab_size=50))
+    attention = llama.model.layers[0].self_attn
+    found = models.attention_linears(attention)
+    assert found.w_k is attention.k_proj and found.w_o is attention.o_proj and found.scaling == attention.scaling
+    with pytest.raises(SpectraError, match="cannot find the query/key/value linears of Linear"):
+        models.attention_linears(torch.nn.Linear(2, 2))

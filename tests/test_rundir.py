@@ -1,0 +1,91 @@
+"""Writing a run directory: nothing appears before the first checkpoint, results replace a run only when
+whole, a lock keeps a second writer out, files get the umask's permissions, unwritable places are refused early."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spectra import rundir, runs
+from spectra.errors import SpectraError
+
+
+def test_a_run_appears_only_when_finished(tmp_path) -> None:
+    target = rundir.RunDir(tmp_path / "run")
+    target.begin({"kind": "analyze"})
+    assert not (tmp_path / "run.partial").exists(), "nothing touches the disk before the first checkpoint"
+    target.save_checkpoint({"a.total": np.arange(3.0)}, 5, wall_seconds=1.5)
+    state, done = target.load_checkpoint()
+    assert done == 5 and np.array_equal(state["a.total"], np.arange(3.0))
+    assert json.loads((tmp_path / "run.partial" / "run.json").read_text())["status"] == "running"
+    frame = pd.DataFrame({"layer": [0, 1], "value": [0.1, 1 / 3]})
+    out = target.finish({"kind": "x", "status": "complete"}, {"t.csv": frame}, {"a.npz": {"x": np.eye(2)}})
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"] and out == tmp_path / "run"
+    assert pd.read_csv(out / "t.csv").equals(frame), "floats round-trip exactly through the CSV"
+    assert np.array_equal(runs.read_arrays(out / "a.npz")["x"], np.eye(2))
+    assert not (out / rundir.CHECKPOINT).exists()
+
+
+def test_existing_and_interrupted_runs_need_a_decision(tmp_path) -> None:
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SpectraError, match="already exists; pass --overwrite"):
+        rundir.RunDir(tmp_path / "run")
+    (tmp_path / "other.partial").mkdir()
+    with pytest.raises(SpectraError, match="an interrupted run is at .*--resume"):
+        rundir.RunDir(tmp_path / "other")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SpectraError, match="exists and is not a directory"):
+        rundir.RunDir(tmp_path / "file")
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path) -> None:
+    import os
+
+    first = rundir.RunDir(tmp_path / "runs" / "run")
+    with first.claimed():
+        assert (tmp_path / "runs" / ".run.lock").read_text().strip() == str(os.getpid())
+        with pytest.raises(SpectraError, match=f"being written by another spectra run \\(process {os.getpid()}\\)"):
+            rundir.RunDir(tmp_path / "runs" / "run")
+        with pytest.raises(SpectraError, match="being written by another spectra run"):
+            with rundir.RunDir(tmp_path / "runs" / "run", overwrite=True).claimed():
+                pass
+    assert not (tmp_path / "runs" / ".run.lock").exists(), "the lock goes with the run"
+    with rundir.RunDir(tmp_path / "runs" / "run").claimed():
+        pass
+
+
+def test_files_follow_the_umask(tmp_path) -> None:
+    import os
+
+    old = os.umask(0o022)
+    rundir._file_mode.cache_clear()
+    try:
+        rundir.write_json(tmp_path / "a.json", {"x": 1})
+        assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+        rundir._file_mode.cache_clear()
+
+
+def test_an_unwritable_place_is_refused_before_any_work(tmp_path, monkeypatch) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    # root may write anywhere, so the permission is taken away by the check's own question
+    monkeypatch.setattr(rundir.os, "access", lambda path, mode: Path(path) != locked)
+    with pytest.raises(SpectraError, match=f"cannot write .*: {locked} is not a writable directory; choose another"):
+        rundir.RunDir(locked / "deeper" / "run")
+    assert list(locked.iterdir()) == []
+    rundir.RunDir(tmp_path / "fine" / "run")
+
+
+def test_default_names_are_unique_per_model(tmp_path) -> None:
+    base = tmp_path / "model-corpus-n32"
+    assert rundir.default_dir(base, "/a/model") == base
+    base.mkdir()
+    (base / "run.json").write_text(json.dumps({"model": {"source": "/a/model"}}))
+    assert rundir.default_dir(base, "/a/model") == base, "the same model finds its run again"
+    assert rundir.default_dir(base, "/b/model") == tmp_path / "model-corpus-n32-2"
