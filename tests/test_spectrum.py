@@ -8,6 +8,7 @@ import pytest
 import scipy.linalg
 import torch
 
+from references import spectrum_reference
 from spectra.spectrum import METRICS, cumulative, masked, resample, singular_values, summarize
 
 
@@ -17,34 +18,13 @@ def stochastic(batch: int, n: int, seed: int = 0, scale: float = 3.0) -> torch.T
     return torch.softmax(scale * torch.randn(batch, n, n, generator=g), dim=-1)
 
 
-def reference(p: np.ndarray, at: int, size: int) -> tuple[np.ndarray, dict[str, float]]:
-    """Curve on the relative grid and METRICS of one m×m matrix, in float64 with scipy."""
-    m = p.shape[0]
-    sigma = scipy.linalg.svdvals(p.astype(np.float64))
-    cum = np.cumsum(sigma) / sigma.sum()
-    grid = np.interp(np.arange(1, size + 1) / size, np.arange(0, m + 1) / m, np.concatenate([[0.0], cum]))
-    share = sigma / sigma.sum()
-    share = share[share > 0]
-    metrics = {
-        "sigma1": sigma[0],
-        "nuclear": sigma.sum(),
-        "stable_rank": np.linalg.norm(p, "fro") ** 2 / np.linalg.norm(p, 2) ** 2,
-        "erank": np.exp(-(share * np.log(share)).sum()),
-        "rank90": next(i + 1 for i, c in enumerate(cum) if c >= 0.9),
-        "rank99": next(i + 1 for i, c in enumerate(cum) if c >= 0.99),
-        "c_at": grid[at - 1],
-        "length": m,
-    }
-    return grid, metrics
-
-
 @pytest.mark.parametrize("n", [16, 64, 200, 512])
 def test_cumulative_curve_matches_scipy_to_1e5(n: int) -> None:
     p = stochastic(6, n, seed=n)
     sigma = singular_values(p)
     grid, metrics = summarize(sigma, torch.full((6,), n), at=n // 4, size=n)
     for b in range(6):
-        ref_grid, ref_metrics = reference(p[b].numpy(), n // 4, n)
+        ref_grid, ref_metrics = spectrum_reference(p[b].numpy(), n // 4, n)
         assert np.abs(grid[b].numpy() - ref_grid).max() < 1e-5
         for i, name in enumerate(METRICS):
             assert metrics[b, i].item() == pytest.approx(ref_metrics[name], rel=1e-4, abs=1e-5), name
@@ -59,7 +39,7 @@ def test_padded_block_equals_its_own_spectrum() -> None:
         p[b, : lengths[b], : lengths[b]] = block
     grid, metrics = summarize(singular_values(p), torch.tensor(lengths), at=12, size=n)
     for b, block in enumerate(blocks):
-        ref_grid, ref_metrics = reference(block.numpy(), 12, n)
+        ref_grid, ref_metrics = spectrum_reference(block.numpy(), 12, n)
         assert np.abs(grid[b].numpy() - ref_grid).max() < 1e-5
         assert metrics[b, METRICS.index("rank90")].item() == ref_metrics["rank90"]
         assert metrics[b, METRICS.index("length")].item() == lengths[b]
@@ -88,7 +68,7 @@ def test_fast_mode_matches_scipy(scale: float) -> None:
     exact, _ = summarize(singular_values(p, "exact"), lengths, at=64, size=n)
     fast, _ = summarize(singular_values(p, "fast"), lengths, at=64, size=n)
     for b, m in enumerate(lengths.tolist()):
-        ref, _ = reference(p[b, :m, :m].numpy(), 64, n)
+        ref, _ = spectrum_reference(p[b, :m, :m].numpy(), 64, n)
         assert np.abs(fast[b].numpy() - ref).max() < 5e-4
         assert np.abs(exact[b].numpy() - ref).max() < 1e-5
 

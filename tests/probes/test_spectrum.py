@@ -8,6 +8,7 @@ import pytest
 import scipy.linalg
 import torch
 
+from references import spectrum_reference
 from spectra.capture import Captured
 from spectra.config import Spectrum
 from spectra.probes.spectrum import SpectrumProbe
@@ -15,27 +16,6 @@ from spectra.spectrum import METRICS
 from spectra.stats import plain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def reference(p: np.ndarray, at: int, size: int) -> tuple[np.ndarray, dict[str, float]]:
-    """Curve on the relative grid and METRICS of one m×m matrix, in float64 with scipy."""
-    m = p.shape[0]
-    sigma = scipy.linalg.svdvals(p.astype(np.float64))
-    cum = np.cumsum(sigma) / sigma.sum()
-    grid = np.interp(np.arange(1, size + 1) / size, np.arange(0, m + 1) / m, np.concatenate([[0.0], cum]))
-    share = sigma / sigma.sum()
-    share = share[share > 0]
-    metrics = {
-        "sigma1": sigma[0],
-        "nuclear": sigma.sum(),
-        "stable_rank": np.linalg.norm(p, "fro") ** 2 / np.linalg.norm(p, 2) ** 2,
-        "erank": np.exp(-(share * np.log(share)).sum()),
-        "rank90": next(i + 1 for i, c in enumerate(cum) if c >= 0.9),
-        "rank99": next(i + 1 for i, c in enumerate(cum) if c >= 0.99),
-        "c_at": grid[at - 1],
-        "length": m,
-    }
-    return grid, metrics
 
 
 def record(layer: int, logits: torch.Tensor, mask: torch.Tensor | None = None) -> Captured:
@@ -63,7 +43,7 @@ def test_probe_streams_layers_heads_and_padding() -> None:
     assert torch.equal(captured.p, p) and captured.valid.sum(-1).tolist() == lengths
     probe.update(captured)
     for h in range(heads):
-        refs = [reference(p[b, h, : lengths[b], : lengths[b]].numpy(), 5, n) for b in range(2)]
+        refs = [spectrum_reference(p[b, h, : lengths[b], : lengths[b]].numpy(), 5, n) for b in range(2)]
         want = np.mean([r[0] for r in refs], axis=0)
         assert np.abs(probe.cum.mean[1, h] - want).max() < 1e-5
         want_rank = np.mean([r[1]["rank90"] for r in refs])
@@ -93,7 +73,7 @@ def test_tables_and_arrays() -> None:
     assert curves["cum_mean"].shape == curves["sigma_mean"].shape == (2, heads, n)
     for layer in range(2):
         for h in range(heads):
-            refs = [reference(p[b, h, :m, :m].numpy(), 4, n) for p in ps[layer] for b, m in enumerate(lengths)]
+            refs = [spectrum_reference(p[b, h, :m, :m].numpy(), 4, n) for p in ps[layer] for b, m in enumerate(lengths)]
             grids = np.array([r[0] for r in refs])
             assert np.abs(curves["cum_mean"][layer, h] - grids.mean(0)).max() < 1e-5
             assert np.abs(curves["cum_std"][layer, h] - grids.std(0)).max() < 1e-5
