@@ -102,8 +102,9 @@ def analyze(
     print_analyze(run)
 
 
-def _saved(model: str | None, kind: type, wrong: str):
-    """The finished run at `model` when it is a run directory of `kind` (else None); another kind is an error."""
+def _saved(ctx: typer.Context, model: str | None, kind: type, wrong: str):
+    """The finished run at `model` when it is a run directory of `kind` (else None); another kind is an error,
+    and so is any option given with it that a saved run cannot honour (only --plot applies to one)."""
     from .runs import load_run
 
     if model is None or not Path(model, "run.json").is_file():
@@ -111,6 +112,11 @@ def _saved(model: str | None, kind: type, wrong: str):
     run = load_run(model)
     if not isinstance(run, kind):
         raise SpectraError(f"{model} {wrong}")
+    given = [f"--{name.replace('_', '-')}" for name, value in ctx.params.items()
+             if name not in ("model", "plot") and ctx.get_parameter_source(name).name == "COMMANDLINE"]
+    if given:
+        raise SpectraError(f"{model} is a saved run: {', '.join(given)} cannot change it (only --plot applies); "
+                           "to analyse again, give the model and another --out")
     return run
 
 
@@ -130,6 +136,7 @@ def _report(run, show, plot: bool, plotter: str) -> None:
 
 @app.command()
 def approx(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help="Hub id or model directory to evaluate, or an approx run directory to re-plot with --plot."),
     data: Data = "imdb",
     k: str = typer.Option("128", "--k", help="Budget(s) k, comma-separated: projected length = features = landmarks = active queries; each ≤ n."),
@@ -158,7 +165,7 @@ def approx(
     from .report.console import print_approx, progress_bar
     from .runs import ApproxRun
 
-    run = _saved(model, ApproxRun, "is not an approx run; re-plot analyze runs with 'spectra plot'")
+    run = _saved(ctx, model, ApproxRun, "is not an approx run; re-plot analyze runs with 'spectra plot'")
     if run is None:
         with progress_bar("sequences") as progress:
             run = run_approx(
@@ -173,6 +180,7 @@ def approx(
 
 @app.command()
 def theorems(
+    ctx: typer.Context,
     model: Optional[str] = typer.Argument(None, help="Hub id or model directory (omit with --synthetic), or a theorems run directory to re-plot with --plot."),
     data: Data = "imdb",
     k: str = typer.Option("16,32,64,128,256", "--k", help="Projected dimensions k to sweep, comma-separated, each ≤ n."),
@@ -200,7 +208,7 @@ def theorems(
     from .report.console import print_theorems, progress_bar
     from .runs import TheoremRun
 
-    run = _saved(model, TheoremRun, "is not a theorems run")
+    run = _saved(ctx, model, TheoremRun, "is not a theorems run; re-plot analyze runs with 'spectra plot'")
     if run is None:
         with progress_bar("sequences") as progress:
             run = run_theorems(
@@ -261,9 +269,9 @@ def plan_k(
     target = out or loaded.path / f"plan-k-e{plan.energy:g}{'-per-head' if per_head else ''}.json"
     if target.is_dir():
         raise SpectraError(f"--out {target} is a directory; give a .json file path")
-    print_plan(loaded, plan)
     target.parent.mkdir(parents=True, exist_ok=True)
-    write_json(target, plan.to_json())
+    write_json(target, plan.to_json())  # before printing: output piped into `head` must not lose the file
+    print_plan(loaded, plan)
     stdout.print(f"plan written to {target}")
 
 
@@ -283,10 +291,11 @@ def compare(
         raise SpectraError(f"--csv {csv} is a directory; give a .csv file path")
     loaded = [load_analyze(path) for path in runs]
     table = compare_runs(loaded, at)
-    print_compare(loaded, table, at)
-    if csv is not None:
+    if csv is not None:  # before printing: output piped into `head` must not lose the file
         csv.parent.mkdir(parents=True, exist_ok=True)
         write_table(csv, table)
+    print_compare(loaded, table, at)
+    if csv is not None:
         stdout.print(f"table written to {csv}")
 
 

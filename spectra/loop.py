@@ -101,7 +101,12 @@ def versions() -> dict[str, str]:
 
 
 def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """The identity settings that differ between a recorded run and the one asked for."""
+    """The identity settings that differ between a recorded run and the one asked for (the analysis's own
+    options, under "extra", named one by one)."""
+    def flat(settings: dict[str, Any]) -> dict[str, Any]:
+        return {**{key: value for key, value in settings.items() if key != "extra"}, **settings.get("extra", {})}
+
+    recorded, wanted = flat(recorded), flat(wanted)
     keys = (set(recorded) | set(wanted)) - set(NOT_IDENTITY)
     return sorted(key for key in keys if recorded.get(key) != wanted.get(key))
 
@@ -167,9 +172,11 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
     """Run this process's batches from `done` on through the probe and combine the processes' states;
     returns the sequences this process saw. Checkpoints on time and on an interrupt."""
     progress, seen, last_save = reporter.progress, 0, time.perf_counter()
+    saved = [done] if done else []  # sequences in the newest checkpoint on disk
 
     def checkpoint() -> None:
         target.save_checkpoint(plain(probe.state()), done + seen, wall_seconds=wall())
+        saved[:] = [done + seen]
 
     if progress is not None:
         progress(done, job.samples)
@@ -197,8 +204,9 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
     except (RuntimeError, MemoryError) as error:
         if not (isinstance(error, MemoryError) or _out_of_memory(error)):
             raise
-        raise SpectraError(f"ran out of memory after {done + seen} sequences; the last checkpoint is kept: continue "
-                           "with --resume (resume=True) and a smaller --batch-size") from None
+        kept = (f"the checkpoint after {saved[0]} sequences is kept: continue with --resume (resume=True) and"
+                if saved else "nothing was written: try again with")
+        raise SpectraError(f"ran out of memory after {done + seen} sequences; {kept} a smaller --batch-size") from None
     return seen
 
 

@@ -102,10 +102,11 @@ class ApproxRun:
     def label(self) -> str:
         return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
 
-    def per_layer(self, metric: str = "out_err") -> pd.DataFrame:
-        """Mean over heads of each head's mean error: one row per (method, budget, layer)."""
+    def per_layer(self, metric: str = "out_err", stat: str = "mean") -> pd.DataFrame:
+        """Mean over heads of each head's `stat` (mean, median, p95, max) of `metric` over sequences: one row per
+        (method, budget, layer)."""
         rows = self.heads[self.heads["metric"] == metric]
-        return rows.groupby(["method", "budget", "layer"], sort=False)["mean"].mean().reset_index(name=metric)
+        return rows.groupby(["method", "budget", "layer"], sort=False)[stat].mean().reset_index(name=metric)
 
     def k_needed(self, target: float | None = None, metric: str = "out_err") -> pd.DataFrame:
         """Per (method, layer), the smallest budget whose per-layer mean error is ≤ target (NaN if none)."""
@@ -167,5 +168,6 @@ def load_analyze(path: Path | str) -> Run:
     """A finished `spectra analyze` run; any other directory is a one-line SpectraError."""
     run = load_run(path)
     if not isinstance(run, Run):
-        raise SpectraError(f"{path} holds a '{run.meta.get('kind')}' run; this needs a run of 'spectra analyze'")
+        raise SpectraError(f"{path} holds a run of 'spectra {run.meta.get('kind')}'; this needs a run of "
+                           "'spectra analyze'")
     return run

@@ -124,7 +124,8 @@ class SyntheticBatch:
 
 
 class SyntheticSource:
-    """Gaussian q, k, v as one layer of `heads` heads; batch b is drawn from a seed fixed by (seed, its start)."""
+    """Gaussian q, k, v as one layer of `heads` heads; sample i is drawn from a seed fixed by (seed, i), so the
+    numbers depend on neither the batch size nor the number of processes (and a run may resume with another)."""
 
     layers = 1
 
@@ -144,7 +145,7 @@ class SyntheticSource:
 
     def batches(self, samples: int, batch_size: int, skip: int = 0,
                 shard: tuple[int, int] = (0, 1)) -> Iterator[SyntheticBatch]:
-        """Whole batches from `skip` on; with several processes, batch b goes to process b mod size."""
+        """Batches from `skip` on; with several processes, batch b goes to process b mod size."""
         rank, size = shard
         for number, start in enumerate(range(skip, samples, batch_size)):
             if number % size == rank:
@@ -152,6 +153,7 @@ class SyntheticSource:
 
     def run(self, batch: SyntheticBatch, observe: Observe) -> None:
         config = self.config
-        q, k, v = gaussian_qkv(self.n, config.d, heads=self.heads, batch=batch.size,
-                               seed=derive_seed(config.seed, batch.start), device=self.device)
+        drawn = [gaussian_qkv(self.n, config.d, heads=self.heads, seed=derive_seed(config.seed, index),
+                              device=self.device) for index in batch.index]
+        q, k, v = (torch.cat(parts) for parts in zip(*drawn))
         observe(Captured.of(0, q, k, v))

@@ -86,13 +86,14 @@ def save_model(path: Path, kind: str = "roberta", layers: int = 2, heads: int = 
 
 
 def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """`spectra ARGS` in-process: (exit code, stdout, stderr); the command must exit."""
-    import pytest
-
+    """`spectra ARGS` in-process: (exit code, stdout, stderr); returning normally is exit code 0."""
     from spectra import cli
 
     monkeypatch.setattr(sys, "argv", ["spectra", *args])
-    with pytest.raises(SystemExit) as exit_info:
+    try:
         cli.main()
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
+    return code, captured.out, captured.err

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import sys
 from typing import Callable, Iterator
 
 import pandas as pd
@@ -19,8 +21,18 @@ from ..runs import ApproxRun, Run, TheoremRun
 from .plan import Plan
 from .summaries import compare_wide, headlines, labels_in_order, run_keys, theorem_errors, theorem_n
 
-console = Console(stderr=True)
-out = Console()
+class _Console(Console):
+    """A rich console for which a reader that stopped reading (`| head`) ends the output, not the program with
+    exit code 1 (rich's own reaction): the CLI treats the BrokenPipeError as a quiet, successful end."""
+
+    def on_broken_pipe(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, (self.file or sys.stdout).fileno())
+        raise BrokenPipeError
+
+
+console = _Console(stderr=True)
+out = _Console()
 
 
 @contextlib.contextmanager
@@ -104,17 +116,22 @@ def print_frame(frame: pd.DataFrame, title: str | None = None, digits: int | dic
     if natural <= out.width:
         out.print(table)
     else:
-        Console(width=natural, file=out.file, color_system=out.color_system).print(table)
+        _Console(width=natural, file=out.file, color_system=out.color_system).print(table)
 
 
 # ---------------------------------------------------------------- one printer per run kind
+
+
+def plural(count: int, noun: str) -> str:
+    """'1 sequence', '2 sequences'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def print_analyze(run: Run) -> None:
     """The per-layer summary of an analyze run and where it was written."""
     per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
     per_layer.columns = ["layer", f"c@{run.at}", "rank for 90%"]
-    print_frame(per_layer, f"{run.label}: n = {run.n}, {run.meta['samples']} sequences, mean over {run.heads} heads "
+    print_frame(per_layer, f"{run.label}: n = {run.n}, {plural(run.meta['samples'], 'sequence')}, mean over {run.heads} heads "
                 "per layer")
     out.print(f"results written to {run.path}")
 
@@ -122,11 +139,13 @@ def print_analyze(run: Run) -> None:
 def print_approx(run: ApproxRun) -> None:
     """The per-layer error table of an approx run (one per budget), the k plan, and the end-to-end lines."""
     per_layer = run.per_layer("out_err")
+    medians = run.per_layer("out_err", "median")["out_err"].to_numpy()
+    cells = [f"{mean:.3f} ({median:.3f})" for mean, median in zip(per_layer["out_err"], medians)]
     methods = labels_in_order(per_layer)
-    for budget, rows in per_layer.groupby("budget", sort=True):
-        wide = rows.pivot(index="layer", columns="method", values="out_err")[methods].reset_index()
-        print_frame(wide, f"{run.label}, k = {budget}: relative head-output error ‖PV − Ṽ‖/‖PV‖ "
-                    "(mean over sequences and heads)")
+    for budget, rows in per_layer.assign(cell=cells).groupby("budget", sort=True):
+        wide = rows.pivot(index="layer", columns="method", values="cell")[methods].reset_index()
+        print_frame(wide, f"{run.label}, k = {budget}: relative head-output error ‖PV − Ṽ‖/‖PV‖, mean (median) over "
+                    "sequences, averaged over heads")
     if any(label.startswith("linformer(") for label in methods):
         out.print("lin(s) = linformer with sharing s: none, head(wise), kv, layer(wise)")
     if len(run.meta["budgets"]) > 1:
@@ -194,7 +213,7 @@ def print_compare(runs: list[Run], table: pd.DataFrame, at: int | None) -> None:
     summary = headlines(runs, at)
     keys = run_keys(len(runs))
     for key, run in zip(keys, runs):
-        out.print(f"{key}  {run.label}, n = {run.n}, {run.meta.get('samples')} sequences: {run.path}")
+        out.print(f"{key}  {run.label}, n = {run.n}, {plural(run.meta.get('samples', 0), 'sequence')}: {run.path}")
     print_frame(compare_wide(table), "Per layer, mean over heads: c at the index and the rank needed for 90% of the "
                 "nuclear norm", {"rank": 1})
     summary = summary.drop(columns=["run"]).rename(columns={"c_min": "c min", "c_max": "c max", "c_mean": "c mean",

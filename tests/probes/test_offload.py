@@ -95,6 +95,54 @@ def test_worker_error_reaches_the_caller() -> None:
     assert offloaded._worker is None
 
 
+def test_a_failing_copy_path_falls_back_once_to_inline_cpu(monkeypatch) -> None:
+    """The pinned-copy path cannot run here (no GPU), so its failure is injected: the run goes on, inline on the
+    CPU, with one warning line, and its numbers are those of the inline path."""
+    from spectra.probes import offload
+
+    inline = _fed(SpectrumProbe(2, 3, 24, 6), _softmax_batches(4))
+    calls = {"n": 0}
+
+    def broken(x, device, wait):
+        calls["n"] += 1
+        if calls["n"] == 5:  # the third layer's copy
+            raise RuntimeError("CUDA error: pinned memory allocation failed")
+        return x
+
+    monkeypatch.setattr(offload, "_to", broken)
+    lines: list[str] = []
+    probe = Offloaded(SpectrumProbe(2, 3, 24, 6), overlap=True, depth=2, warn=lines.append)
+    got = _fed(probe, _softmax_batches(4))
+    probe.close()
+    assert len(lines) == 1 and "pinned memory allocation failed" in lines[0] and "inline on the CPU" in lines[0]
+    for name in inline:
+        assert np.array_equal(inline[name], got[name]), name
+    assert probe.describe()["spectrum_device"] == "cpu" and "pinned memory" in probe.describe()["spectrum_fallback"]
+
+
+def test_a_failing_worker_hands_its_layers_back(monkeypatch) -> None:
+    """A failure that only the worker thread meets (an event, a device kernel) is redone inline, in order."""
+    import threading
+
+    inline = _fed(SpectrumProbe(2, 3, 24, 6), _softmax_batches(5))
+    real = SpectrumProbe.add
+
+    def add(self, layer, p, valid):
+        if threading.current_thread().name == "spectra-spectrum" and layer == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(self, layer, p, valid)
+
+    monkeypatch.setattr(SpectrumProbe, "add", add)
+    lines: list[str] = []
+    probe = Offloaded(SpectrumProbe(2, 3, 24, 6), overlap=True, depth=3, warn=lines.append)
+    got = _fed(probe, _softmax_batches(5))
+    probe.close()
+    assert len(lines) == 1 and "illegal memory access" in lines[0]
+    for name in inline:
+        assert np.array_equal(inline[name], got[name]), name
+    assert probe._worker is None
+
+
 def test_unknown_place() -> None:
     with pytest.raises(SpectraError, match="--spectrum-device 'gpu'; use one of auto, cpu, same"):
         Offloaded(SpectrumProbe(2, 3, 24, 6), "gpu")

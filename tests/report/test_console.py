@@ -42,13 +42,16 @@ def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
     assert len(tables) == len(BUDGETS) + 1  # one per k, then the smallest k reaching the target
     out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
     per_layer = out_err.groupby(["method", "budget", "layer"])["mean"].mean()
+    medians = out_err.groupby(["method", "budget", "layer"])["median"].mean()
     layers = sorted(out_err["layer"].unique())
     for budget, table in zip(BUDGETS, tables):
         assert f"{approx_run.label}, k = {budget}: relative head-output error" in out
         # headers from the method registry: linformer(kv) → lin / (kv), pool-mean → pool / mean
         assert table["header"] == [["", "", "", "lin", "pool"], ["layer", "svd", "jl", "(kv)", "mean"]]
-        assert table["rows"] == [[str(layer), *(fixed(per_layer[(method, budget, layer)]) for method in METHODS)]
+        assert table["rows"] == [[str(layer), *(f"{fixed(per_layer[(method, budget, layer)])} "
+                                                f"({fixed(medians[(method, budget, layer)])})" for method in METHODS)]
                                  for layer in layers]
+        assert "mean (median) over sequences" in out
     assert "lin(s) = linformer with sharing s" in out
 
     target = approx_run.meta["target"]

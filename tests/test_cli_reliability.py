@@ -1,0 +1,321 @@
+"""Nothing lost, nothing silent: interrupts, concurrent runs, resumes, bad models and bad files through the
+command line — exit code, exactly one line, no traceback, nothing lost or half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import spectra
+from spectra import rundir
+from tiny import run_cli, write_text
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def one_line(code: int, out: str, err: str, expected_code: int = 2) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == expected_code, (code, err)
+    assert len(lines) == 1 and "Traceback" not in out + err, err
+    return lines[0]
+
+
+def snapshot(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+# ---------------------------------------------------------------- 1. interrupts
+
+
+def test_ctrl_c_checkpoints_exits_130_and_resumes_bitwise(roberta_dir, tmp_path) -> None:
+    corpus = write_text(tmp_path / "big.txt", count=3000)
+    args = [sys.executable, "-m", "spectra", "analyze", str(roberta_dir), "--data", str(corpus), "--length", "48",
+            "--samples", "600", "--batch-size", "2", "--out", str(tmp_path / "run")]
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    lock = tmp_path / ".run.lock"
+    deadline = time.time() + 120
+    while not lock.exists() and child.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # a few batches in
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    line = one_line(child.returncode, out, err, 130)
+    assert line.startswith("interrupted after ") and "continue with --resume" in line, line
+    done = int(line.split()[2])
+    assert 0 < done < 600 and done % 2 == 0, "interrupted between batches"
+    assert (tmp_path / "run.partial" / "checkpoint.npz").exists() and not lock.exists()
+
+    resumed = subprocess.run(args + ["--resume"], capture_output=True, text=True, env=env())
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {tmp_path / 'run.partial'} after {done} sequences" in resumed.stderr
+    whole = subprocess.run(args[:-1] + [str(tmp_path / "whole")], capture_output=True, text=True, env=env())
+    assert whole.returncode == 0, whole.stderr
+    a, b = spectra.load_run(tmp_path / "run"), spectra.load_run(tmp_path / "whole")
+    assert np.array_equal(a.cum_mean, b.cum_mean) and np.array_equal(a.sigma_std, b.sigma_std)
+    assert a.metrics.equals(b.metrics)
+
+
+def test_ctrl_c_before_the_first_batch_writes_nothing(roberta_dir, text_file, tmp_path) -> None:
+    child = subprocess.Popen([sys.executable, "-m", "spectra", "analyze", str(roberta_dir), "--data", str(text_file),
+                              "--out", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env())
+    time.sleep(1.5)  # still importing torch
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert one_line(child.returncode, out, err, 130).startswith("interrupted")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 2, 13. models that cannot be used
+
+
+@pytest.fixture
+def broken_models(roberta_dir, tmp_path) -> dict[str, Path]:
+    made = {}
+    for name in ("no-tokenizer", "no-weights", "bad-config", "foreign-tokenizer"):
+        made[name] = tmp_path / name
+        shutil.copytree(roberta_dir, made[name])
+    for file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (made["no-tokenizer"] / file).unlink(missing_ok=True)
+    (made["no-weights"] / "model.safetensors").unlink()
+    (made["bad-config"] / "config.json").write_text('{"model_type": "roberta", ')
+    return made
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no-tokenizer", "has no tokenizer files (none of tokenizer.json"),
+    ("no-weights", "has a config.json but no weights"),
+    ("bad-config", "config.json is not valid JSON"),
+])
+def test_unusable_model_directories_say_what_is_missing(case, message, broken_models, text_file, workdir,
+                                                        monkeypatch, capsys) -> None:
+    before = snapshot(workdir)
+    line = one_line(*run_cli(["analyze", str(broken_models[case]), "--data", str(text_file), "--samples", "2"],
+                             monkeypatch, capsys))
+    assert message in line and "not found on the Hub" not in line
+    assert snapshot(workdir) == before
+
+
+def test_a_tokenizer_that_does_not_fit_the_text_is_refused(roberta_dir, workdir, monkeypatch, capsys) -> None:
+    greek = workdir / "greek.txt"
+    greek.write_text("\n".join("ο γρήγορος καφέ αλεπού πηδά πάνω από τον τεμπέλη σκύλο" for _ in range(50)))
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(greek), "--samples", "2", "--length", "16"],
+                             monkeypatch, capsys))
+    assert "maps" in line and "to its unknown token" in line
+    assert not (workdir / "runs").exists()
+
+
+def test_the_unsupported_family_error_lists_every_checked_family(workdir, monkeypatch, capsys, bert_dir) -> None:
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2Model
+
+    from spectra.models import CHECKED_FAMILIES
+
+    path = workdir / "deberta"
+    DebertaV2Model(DebertaV2Config(vocab_size=120, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32)).save_pretrained(path)
+    AutoTokenizer.from_pretrained(bert_dir).save_pretrained(path)
+    corpus = write_text(workdir / "c.txt")
+    line = one_line(*run_cli(["analyze", str(path), "--data", str(corpus)], monkeypatch, capsys))
+    assert f"checked families: {', '.join(CHECKED_FAMILIES)}" in line and len(CHECKED_FAMILIES) >= 7
+
+
+# ---------------------------------------------------------------- 3, 4. where the run goes
+
+
+def test_an_unwritable_out_is_refused_before_the_model_loads(roberta_dir, text_file, workdir, monkeypatch,
+                                                             capsys) -> None:
+    locked = workdir / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(rundir.os, "access", lambda path, mode: Path(path) != locked)
+    loaded = []
+    monkeypatch.setattr("spectra.models.load", lambda *a, **k: loaded.append(1))
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", str(locked / "run")],
+                             monkeypatch, capsys))
+    assert f"{locked} is not a writable directory" in line and not loaded
+
+
+def test_a_second_run_on_the_same_out_is_refused_naming_the_first(roberta_dir, text_file, workdir, monkeypatch,
+                                                                  capsys) -> None:
+    with rundir.RunDir(workdir / "run").claimed():
+        line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run"],
+                                 monkeypatch, capsys))
+        assert f"being written by another spectra run (process {os.getpid()})" in line
+        line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run",
+                                  "--overwrite"], monkeypatch, capsys))
+        assert "being written by another spectra run" in line
+    assert snapshot(workdir) == []
+
+
+# ---------------------------------------------------------------- 5, 6, 7. resuming
+
+
+def analyze(model, corpus, out, **options):
+    return spectra.analyze(str(model), str(corpus), out=out, progress=None, notify=lambda line: None,
+                           **{"length": 24, "samples": 8, "batch_size": 4, **options})
+
+
+def test_resume_onto_a_complete_run_with_other_settings_is_refused(roberta_dir, text_file, workdir, monkeypatch,
+                                                                   capsys) -> None:
+    analyze(roberta_dir, text_file, workdir / "run")
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+                              "--length", "32", "--samples", "8", "--seed", "5"], monkeypatch, capsys))
+    assert "complete run with different at, length, seed;" in line and "--overwrite" in line
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+                              "--length", "24", "--samples", "8", "--batch-size", "2"], monkeypatch, capsys)
+    assert code == 0 and "already complete; loading it" in err, "batch size is not part of a run's identity"
+
+
+def interrupted(model, corpus, out, after: int, **options) -> None:
+    class Stop(Exception):
+        pass
+
+    def stop(done, total):
+        if done >= after:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.analyze(str(model), str(corpus), out=out, progress=stop, notify=lambda line: None,
+                        checkpoint_seconds=0.0, **{"length": 24, "samples": 12, "batch_size": 4, **options})
+
+
+def test_resume_after_the_data_changed_is_refused(roberta_dir, workdir, monkeypatch, capsys) -> None:
+    corpus = write_text(workdir / "corpus.txt", count=200)
+    interrupted(roberta_dir, corpus, workdir / "run", 4)
+    write_text(corpus, count=200, seed=1)
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(corpus), "--out", "run", "--resume",
+                              "--length", "24", "--samples", "12", "--batch-size", "4"], monkeypatch, capsys))
+    assert "the data changed since it started" in line and "sha256" in line
+    assert (workdir / "run.partial" / "checkpoint.npz").exists(), "nothing is lost"
+
+
+def test_resume_with_another_batch_size_gives_the_same_numbers(roberta_dir, text_file, workdir) -> None:
+    whole = analyze(roberta_dir, text_file, workdir / "whole", samples=12)
+    interrupted(roberta_dir, text_file, workdir / "cut", 4)
+    resumed = analyze(roberta_dir, text_file, workdir / "cut", samples=12, batch_size=2, resume=True)
+    assert np.allclose(resumed.cum_mean, whole.cum_mean, rtol=0, atol=1e-12)
+    numeric = whole.metrics.select_dtypes("number").columns
+    assert np.allclose(resumed.metrics[numeric], whole.metrics[numeric], rtol=1e-12, atol=1e-12)
+    assert resumed.meta["settings"]["batch_size"] == 2, "run.json keeps the batch size it finished with"
+
+
+# ---------------------------------------------------------------- 8-11. bad numbers and files
+
+
+def test_negative_seed_is_one_line(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--seed", "-1"], monkeypatch,
+                             capsys))
+    assert "--seed must be a non-negative integer" in line
+
+
+@pytest.mark.parametrize("command", [["plot"], ["figure1"], ["plan-k"], ["compare"]])
+def test_a_damaged_curves_file_is_one_line(command, roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    analyze(roberta_dir, text_file, workdir / "run")
+    data = (workdir / "run" / "curves.npz").read_bytes()
+    (workdir / "run" / "curves.npz").write_bytes(data[: len(data) // 2])
+    line = one_line(*run_cli([*command, "run"], monkeypatch, capsys))
+    assert line == "error: run/curves.npz is damaged or not written by spectra"
+
+
+def test_a_huge_batch_size_is_refused_with_a_suggestion(roberta_dir, text_file, workdir, monkeypatch,
+                                                        capsys) -> None:
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "64",
+                              "--batch-size", "100000000"], monkeypatch, capsys))
+    assert "--batch-size 100000000 needs about" in line and "use --batch-size" in line
+    suggested = int(line.split("use --batch-size ")[1].split()[0])
+    assert 1 <= suggested < 100000000
+    assert snapshot(workdir) == []
+
+
+def test_an_allocation_failure_is_one_line_and_keeps_the_checkpoint(roberta_dir, text_file, workdir,
+                                                                    monkeypatch, capsys) -> None:
+    from spectra.sources import ModelSource
+
+    interrupted(roberta_dir, text_file, workdir / "run", 4)
+    real, calls = ModelSource.run, []
+
+    def run(self, batch, observe):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+        return real(self, batch, observe)
+
+    monkeypatch.setattr(ModelSource, "run", run)
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+                              "--length", "24", "--samples", "12", "--batch-size", "4"], monkeypatch, capsys)
+    resuming, line = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and resuming == "resuming run.partial after 4 sequences" and "Traceback" not in err
+    assert line == ("error: ran out of memory after 8 sequences; the checkpoint after 4 sequences is kept: continue "
+                    "with --resume (resume=True) and a smaller --batch-size")
+    assert (workdir / "run.partial" / "checkpoint.npz").exists()
+
+
+def test_a_numeric_text_column_is_refused(roberta_dir, workdir, monkeypatch, capsys) -> None:
+    table = workdir / "reviews.jsonl"
+    table.write_text("".join(json.dumps({"score": i, "body": f"review number {i}"}) + "\n" for i in range(20)))
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(table), "--text-column", "score"],
+                             monkeypatch, capsys))
+    assert "column 'score'" in line and "holds numbers, not text" in line and "body" in line
+
+
+def test_text_column_on_a_txt_file_is_refused(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--text-column", "body"],
+                             monkeypatch, capsys))
+    assert "--text-column applies to .jsonl/.csv/.parquet files only" in line
+
+
+# ---------------------------------------------------------------- 12. pipes
+
+
+def test_output_piped_to_head_writes_the_files_and_exits_0(roberta_dir, text_file, tmp_path) -> None:
+    analyze(roberta_dir, text_file, tmp_path / "run")
+    for args, written in ((["plan-k", "run", "--out", "p.json"], "p.json"), (["compare", "run", "--csv", "c.csv"],
+                                                                             "c.csv")):
+        done = subprocess.run(f"{sys.executable} -m spectra {' '.join(args)} | head -1", shell=True, cwd=tmp_path,
+                              capture_output=True, text=True, env={**env(), "COLUMNS": "60"})
+        assert done.returncode == 0 and "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
+        assert (tmp_path / written).stat().st_size > 0
+        pipe_status = subprocess.run(f"set -o pipefail; {sys.executable} -m spectra {' '.join(args)} | head -1",
+                                     shell=True, cwd=tmp_path, capture_output=True, text=True, executable="/bin/bash",
+                                     env=env())
+        assert pipe_status.returncode == 0, pipe_status.stderr
+
+
+# ---------------------------------------------------------------- smaller things
+
+
+def test_a_saved_run_refuses_options_it_cannot_honour(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    spectra.approx(str(roberta_dir), str(text_file), budgets=[4], methods=["svd"], length=16, samples=2,
+                   out=workdir / "approx", progress=None, notify=lambda line: None)
+    line = one_line(*run_cli(["approx", "approx", "--k", "8"], monkeypatch, capsys))
+    assert "approx is a saved run: --k cannot change it (only --plot applies)" in line
+    code, out, _ = run_cli(["approx", "approx"], monkeypatch, capsys)
+    assert code == 0 and "k = 4: relative head-output error" in out
+
+
+def test_a_generic_model_folder_names_runs_after_its_config_and_never_collides(roberta_dir, text_file, workdir,
+                                                                               monkeypatch, capsys) -> None:
+    for owner in ("first", "second"):
+        shutil.copytree(roberta_dir, workdir / owner / "model")
+        code, out, err = run_cli(["analyze", str(workdir / owner / "model"), "--data", str(text_file), "--length",
+                                  "16", "--samples", "1"], monkeypatch, capsys)
+        assert code == 0, err
+    assert sorted(path.name for path in (workdir / "runs").iterdir()) == ["roberta-first-corpus-n16",
+                                                                          "roberta-second-corpus-n16"]
+    assert "1 sequence," in out and "1 sequences" not in out
