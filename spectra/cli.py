@@ -130,7 +130,7 @@ def _report(run, show, plot: bool, plotter: str) -> None:
         from .report import plots
 
         for path in getattr(plots, plotter)(run):
-            stdout.print(f"wrote {path}")
+            stdout.print(f"wrote {path}", soft_wrap=True)
     stdout.print(f"results in {run.path}")
 
 
@@ -233,7 +233,8 @@ def figure1(
     from .report.plots import figure1 as draw_figure1
 
     paths = draw_figure1(runs, out, heatmap=heatmap, at=at, quantile=band)
-    stdout.print("wrote " + ", ".join(str(path) for path in paths))
+    for path in paths:
+        stdout.print(f"wrote {path}", soft_wrap=True)
 
 
 @app.command()
@@ -247,7 +248,8 @@ def plot(
     from .report.plots import plot_run
 
     written = plot_run(run, out, at=at)
-    stdout.print("wrote " + ", ".join(str(path) for path in written.paths))
+    for path in written.paths:
+        stdout.print(f"wrote {path}", soft_wrap=True)
 
 
 @app.command("plan-k")
