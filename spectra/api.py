@@ -19,6 +19,7 @@ from .config import (AnalyzeOptions, ApproxOptions, Output, RunConfig, Synthetic
 from .errors import SpectraError
 from .loop import Job, Progress, Reporter, execute
 from .runs import ApproxRun, Run, TheoremRun, load_run
+from .spectrum import sink_start
 
 DEFAULT_METHODS = ("svd", "jl", "linformer", "pool-mean", "pool-max")
 
@@ -38,8 +39,10 @@ def analyze(
     spectrum: str = "exact",
     spectrum_device: str = "auto",
     overlap: bool | None = None,
+    qkv: bool | None = None,
     device: str = "auto",
     dtype: str = "float32",
+    gguf_file: str | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
     resume: bool = False,
@@ -51,25 +54,35 @@ def analyze(
     """Singular spectra of P for every layer and head of `model` over `samples` sequences of `data_source`.
 
     `spectrum_device` and `overlap` say where and when the singular values are computed (see
-    `spectra.probes.offload`); they change the speed, not the numbers. Returns the loaded run; see
-    `spectra.runs.Run` for its tables and curves.
+    `spectra.probes.offload`); they change the speed, not the numbers. `qkv` adds the spectra of queries, keys
+    and values (default: for decoders). A GGUF checkpoint is MODEL as a `.gguf` file, or its directory with
+    `gguf_file`. Returns the loaded run; see `spectra.runs.Run` for its tables and curves.
     """
+    from .probes import Probes
     from .probes.offload import Offloaded
+    from .probes.qkv import QKVProbe
     from .probes.spectrum import SpectrumProbe
     from .sources import ModelSource
 
     config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
-                       trust_remote_code)
-    options = AnalyzeOptions(at, spectrum, spectrum_device, overlap).resolved(length)
-    found = checkpoints.inspect(model)
+                       trust_remote_code, gguf_file)
+    options = AnalyzeOptions(at, spectrum, spectrum_device, overlap, qkv).resolved(length)
+    found = checkpoints.inspect(model, gguf_file)
+
+    def build_probe(source: ModelSource) -> Probes:
+        loaded = source.loaded
+        spectra_probe = SpectrumProbe(source.layers, source.heads, length, options.at, options.spectrum)
+        probes = {"spectrum": Offloaded(spectra_probe, options.spectrum_device, options.overlap, warn=notify)}
+        if options.qkv or (options.qkv is None and loaded.causal):
+            probes["qkv"] = QKVProbe(loaded.model, loaded.layers, loaded.heads, source.kv_heads, loaded.head_dim)
+        return Probes(**probes)
+
     job = Job(
         "analyze", config.settings(options.identity()), samples, batch_size, config.device,
         config.default_out("analyze", found.label), found.where,
         open_source=lambda where: ModelSource(config, where),
-        build_probe=lambda source: Offloaded(SpectrumProbe(source.layers, source.heads, length, options.at,
-                                                           options.spectrum), options.spectrum_device, options.overlap,
-                                             warn=notify),
-        meta=lambda source: options.identity(),
+        build_probe=build_probe,
+        meta=lambda source: {**options.identity(), "sink_from": sink_start(length)},
     )
     return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
 
@@ -93,6 +106,7 @@ def approx(
     text_column: str | None = None,
     device: str = "auto",
     dtype: str = "float32",
+    gguf_file: str | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
     resume: bool = False,
@@ -114,17 +128,25 @@ def approx(
     labels = registry.expand(methods)
     chosen = parse_layers(layers) if isinstance(layers, (str, type(None))) else tuple(sorted(set(layers)))
     config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
-                       trust_remote_code)
+                       trust_remote_code, gguf_file)
     options = ApproxOptions(tuple(budgets), tuple(labels), end_to_end, chosen, target, projection).resolved(length)
-    found = checkpoints.inspect(model)
+    found = checkpoints.inspect(model, gguf_file)
 
     def build_probe(source: ModelSource) -> Probes:
         if chosen is not None and (chosen[0] < 0 or chosen[-1] >= source.layers):
             raise SpectraError(f"--layers must lie in 0…{source.layers - 1} for {source.loaded.name}, got {layers}")
         probes = {"heads": HeadProbe(options, source.layers, source.heads, seed=seed)}
         if end_to_end:
-            if not source.loaded.masked_lm:
-                notify(f"{source.loaded.name} has no masked-LM head: --end-to-end measures the hidden-state drift only")
+            loaded = source.loaded
+            leaking = [label for label in options.methods if loaded.causal and not registry.REGISTRY[label].causal]
+            if leaking:
+                usable = ", ".join(label for label, entry in registry.REGISTRY.items() if entry.causal)
+                raise SpectraError(
+                    f"{leaking[0]} lets each query see future tokens, so it is not a causal approximation of "
+                    f"{loaded.name} (a decoder): end to end on a decoder takes causal methods ({usable}); measure "
+                    f"{', '.join(leaking)} per head without --end-to-end")
+            if loaded.head is None:
+                notify(f"{loaded.name} has no language-model head: --end-to-end measures the hidden-state drift only")
             substitutes = {(label, budget): registry.substitute(label, budget, chosen, seed=seed,
                                                                 projection=options.projection)
                            for label in options.methods for budget in options.budgets}
@@ -134,9 +156,10 @@ def approx(
     job = Job(
         "approx", config.settings(options.identity()), samples, batch_size, config.device,
         config.default_out("approx", found.label), found.where,
-        open_source=lambda where: ModelSource(config, where, masked_lm=end_to_end),
+        open_source=lambda where: ModelSource(config, where, lm_head=end_to_end),
         build_probe=build_probe,
-        meta=lambda source: {**options.identity(), "masked_lm": source.loaded.masked_lm},
+        meta=lambda source: {**options.identity(), "masked_lm": source.loaded.masked_lm,
+                             **({"lm_head": source.loaded.head} if source.loaded.head else {})},
     )
     return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
 
@@ -159,6 +182,7 @@ def theorems(
     text_column: str | None = None,
     device: str = "auto",
     dtype: str = "float32",
+    gguf_file: str | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
     resume: bool = False,
@@ -190,8 +214,8 @@ def theorems(
         if model is None:
             raise SpectraError("give a model, or pass --synthetic for Gaussian q, k, v")
         config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device,
-                           dtype, trust_remote_code)
-        found = checkpoints.inspect(model)
+                           dtype, trust_remote_code, gguf_file)
+        found = checkpoints.inspect(model, gguf_file)
         job = Job("theorems", config.settings(options.identity()), samples, batch_size, config.device,
                   config.default_out("theorems", found.label), found.where, open_source=lambda where: ModelSource(config, where),
                   build_probe=build_probe, meta=lambda source: meta)

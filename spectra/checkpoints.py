@@ -25,12 +25,14 @@ GENERIC = {"model", "models", "checkpoint", "checkpoints", "final", "latest", "b
 
 @dataclass(frozen=True)
 class Source:
-    """A model source: `path` for a local directory (None for a hub id), its config.json, its short label."""
+    """A model source: `path` for a local directory (None for a hub id), its config.json, its short label, and
+    for a GGUF checkpoint the file's name inside `path` (its config and tokenizer are inside the file)."""
 
     given: str
     path: Path | None
     config: dict
     label: str
+    gguf_file: str | None = None
 
     @property
     def local(self) -> bool:
@@ -38,8 +40,10 @@ class Source:
 
     @property
     def where(self) -> str:
-        """The resolved directory, or the hub id."""
-        return str(self.path.resolve()) if self.path is not None else self.given
+        """The resolved directory (or GGUF file), or the hub id."""
+        if self.path is None:
+            return self.given
+        return str((self.path / self.gguf_file).resolve() if self.gguf_file else self.path.resolve())
 
 
 def looks_local(source: str) -> bool:
@@ -91,14 +95,38 @@ def label(source: str, config: dict | None = None) -> str:
     return f"{config.get('model_type', 'model')}-{parent}" if parent else str(config.get("model_type", name))
 
 
-def inspect(source: str) -> Source:
-    """A hub id as it is; a local directory checked (config, weights, tokenizer) and labelled."""
+def _gguf(path: Path, name: str) -> Source:
+    file = path / name
+    if not file.is_file():
+        raise SpectraError(f"GGUF file {file} does not exist" + (
+            f"; the directory holds {', '.join(sorted(p.name for p in path.glob('*.gguf')))}" if any(path.glob("*.gguf"))
+            else ""))
+    try:
+        import gguf  # noqa: F401 - transformers reads GGUF files with it
+    except ImportError:
+        raise SpectraError("loading a GGUF file needs the gguf package: pip install 'spectra-attention[gguf]' "
+                           "(or pip install gguf)") from None
+    return Source(str(file), path, {}, file.name.removesuffix(".gguf"), name)
+
+
+def inspect(source: str, gguf_file: str | None = None) -> Source:
+    """A hub id as it is; a local directory checked (config, weights, tokenizer) and labelled; a `.gguf` file (or a
+    directory and `gguf_file`) checked to exist, with the gguf package installed."""
+    if source.endswith(".gguf") and gguf_file is None:
+        path = Path(source).expanduser()
+        return _gguf(path.parent, path.name)
     if not looks_local(source):
+        if gguf_file is not None:
+            raise SpectraError("--gguf-file names a file inside a local directory; give that directory as MODEL")
         return Source(source, None, {}, label(source))
     path = Path(source).expanduser()
     if not path.exists():
         raise SpectraError(f"model directory {source} does not exist")
+    if gguf_file is not None:
+        if not path.is_dir():
+            raise SpectraError(f"--gguf-file needs MODEL to be the directory holding it, but {source} is a file")
+        return _gguf(path, gguf_file)
     if not path.is_dir():
-        raise SpectraError(f"model {source} is a file, not a directory saved with save_pretrained")
+        raise SpectraError(f"model {source} is a file, not a directory saved with save_pretrained (or a .gguf file)")
     config = check_directory(path)
     return Source(source, path, config, label(source, config))

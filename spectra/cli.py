@@ -37,6 +37,7 @@ Out = Annotated[Optional[Path], typer.Option("--out", help="Run directory (defau
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run directory (only once the new run is complete).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its last checkpoint.")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow code shipped with the model to run (off by default).")]
+GGUFFile = Annotated[Optional[str], typer.Option("--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL); needs the gguf package.")]
 
 
 app = typer.Typer(
@@ -81,8 +82,10 @@ def analyze(
     spectrum: Spectrum = typer.Option(Spectrum.EXACT, "--spectrum", help="exact: SVD of P in float64; fast: √eig of the float32 Gram matrix PᵀP, about 2× faster on CPU for peaked attention, near-uniform P recomputed exactly (c within ~2.6e-4)."),
     spectrum_device: Place = typer.Option(Place.AUTO, "--spectrum-device", help="Where the singular values are computed: auto (GPU models: time the first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), cpu, or same (the model's device). Speed only: the numbers change by rounding at most."),
     overlap: Optional[bool] = typer.Option(None, "--overlap/--no-overlap", help="Compute the spectra on a background thread while the forward pass goes on (default: when they run off the model's device)."),
+    qkv: Optional[bool] = typer.Option(None, "--qkv/--no-qkv", help="Also the spectra of queries, keys and values (before and after RoPE): rank for 90%/99% of the energy per sequence and over the run (default: on for decoders)."),
     device: DeviceOption = Device.AUTO,
     dtype: DTypeOption = DType.FLOAT32,
+    gguf_file: GGUFFile = None,
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
@@ -96,7 +99,7 @@ def analyze(
         run = run_analyze(
             model, data, length=length, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
             text_column=text_column, at=at, spectrum=spectrum, spectrum_device=spectrum_device, overlap=overlap,
-            device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
+            qkv=qkv, device=device, dtype=dtype, gguf_file=gguf_file, out=out, overwrite=overwrite, resume=resume,
             trust_remote_code=trust_remote_code, progress=progress, notify=_notify,
         )
     print_analyze(run)
@@ -154,6 +157,7 @@ def approx(
     text_column: TextColumn = None,
     device: DeviceOption = Device.AUTO,
     dtype: DTypeOption = DType.FLOAT32,
+    gguf_file: GGUFFile = None,
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
@@ -172,7 +176,7 @@ def approx(
                 model, data, budgets=numbers(k, "--k"), methods=methods.split(",") if methods else DEFAULT_METHODS,
                 end_to_end=end_to_end, layers=layers, target=target, projection=projection, length=length,
                 samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split, text_column=text_column,
-                device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
+                device=device, dtype=dtype, gguf_file=gguf_file, out=out, overwrite=overwrite, resume=resume,
                 trust_remote_code=trust_remote_code, progress=progress, notify=_notify,
             )
     _report(run, print_approx, plot, "plot_approx")
@@ -197,6 +201,7 @@ def theorems(
     text_column: TextColumn = None,
     device: DeviceOption = Device.AUTO,
     dtype: DTypeOption = DType.FLOAT32,
+    gguf_file: GGUFFile = None,
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
@@ -214,8 +219,8 @@ def theorems(
             run = run_theorems(
                 model, data, budgets=numbers(k, "--k"), eps=numbers(eps, "--eps", float), synthetic=synthetic, d=d,
                 heads=heads, length=n, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
-                text_column=text_column, device=device, dtype=dtype, out=out, overwrite=overwrite, resume=resume,
-                trust_remote_code=trust_remote_code, progress=progress, notify=_notify,
+                text_column=text_column, device=device, dtype=dtype, gguf_file=gguf_file, out=out, overwrite=overwrite,
+                resume=resume, trust_remote_code=trust_remote_code, progress=progress, notify=_notify,
             )
     _report(run, print_theorems, plot, "plot_theorems")
 

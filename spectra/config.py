@@ -188,6 +188,7 @@ class RunConfig:
     device: Device = Device.AUTO
     dtype: DType = DType.FLOAT32
     trust_remote_code: bool = False
+    gguf_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.length < 2:
@@ -205,6 +206,8 @@ class RunConfig:
         """The run's identity as run.json records it (and --resume compares), the analysis's options in `extra`."""
         recorded = asdict(self)
         del recorded["trust_remote_code"]
+        if recorded["gguf_file"] is None:  # recorded only for GGUF models
+            del recorded["gguf_file"]
         return {**recorded, "extra": extra}
 
     def default_out(self, kind: str, label: str | None = None) -> Path:
@@ -257,12 +260,14 @@ class Output:
 
 @dataclass(frozen=True)
 class AnalyzeOptions:
-    """`at`: the 1-based index of c@index (default n/4); spectrum_device and overlap change speed, not numbers."""
+    """`at`: the 1-based index of c@index (default n/4); spectrum_device and overlap change speed, not numbers;
+    `qkv` adds query/key/value spectra (None: on for decoders, off for encoders)."""
 
     at: int | None = None
     spectrum: Spectrum = Spectrum.EXACT
     spectrum_device: Place = Place.AUTO
     overlap: bool | None = None
+    qkv: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spectrum", choose(Spectrum, self.spectrum, "--spectrum"))
@@ -275,7 +280,7 @@ class AnalyzeOptions:
         return replace(self, at=self.at or max(1, n // 4))
 
     def identity(self) -> dict[str, Any]:
-        return {"at": self.at, "spectrum": self.spectrum}
+        return {"at": self.at, "spectrum": self.spectrum, **({} if self.qkv is None else {"qkv": self.qkv})}
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,21 @@ def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
     raise SpectraError("cannot tell the tokenizer's special tokens apart from the text it encodes")
 
 
+def separator(tokenizer) -> int | None:
+    """The token that joins documents in pack mode: the tokenizer's separator, else its end-of-sequence token."""
+    return tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+
+
+def framing(tokenizer, mode: str) -> dict[str, object]:
+    """How sequences are framed, for run.json: the special tokens the tokenizer itself adds around a sequence
+    (e.g. <s> … </s>, [CLS] … [SEP], a BOS alone, or none), the token joining packed documents, padding's side."""
+    prefix, suffix = special_tokens(tokenizer)
+    joined = separator(tokenizer) if mode == "pack" else None
+    return {"prefix_tokens": tokenizer.convert_ids_to_tokens(prefix), "suffix_tokens": tokenizer.convert_ids_to_tokens(suffix),
+            "separator": tokenizer.convert_ids_to_tokens(joined) if joined is not None else None,
+            "padding_side": getattr(tokenizer, "padding_side", "right")}
+
+
 def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int]]:
     """Token id lists of the model's input, in the corpus order (see module docstring)."""
     prefix, suffix = special_tokens(tokenizer)
@@ -188,12 +203,12 @@ def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int
             if ids:
                 yield prefix + ids[:body] + suffix
         return
-    separator = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    joiner = separator(tokenizer)
     buffer: list[int] = []
     for ids in _token_chunks(tokenizer, corpus.documents):
         buffer.extend(ids)
-        if separator is not None:
-            buffer.append(separator)
+        if joiner is not None:
+            buffer.append(joiner)
         while len(buffer) >= body:
             yield prefix + buffer[:body] + suffix
             del buffer[:body]
@@ -204,7 +219,8 @@ def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_si
     """Batches of up to `batch_size` of the first `samples` sequences, leaving out the first `skip`
     (resuming) and, with shard = (rank, size), keeping only indices ≡ rank mod size (one process's share)."""
     rank, size = shard
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = next((token for token in (tokenizer.pad_token_id, tokenizer.eos_token_id) if token is not None), 0)
+    left = getattr(tokenizer, "padding_side", "right") == "left"
     pending: list[tuple[int, list[int]]] = []
     for index, ids in enumerate(sequences(tokenizer, corpus, n, mode)):
         if index >= samples:
@@ -213,17 +229,19 @@ def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_si
             continue
         pending.append((index, ids))
         if len(pending) == batch_size:
-            yield _collate(pending, pad)
+            yield _collate(pending, pad, left)
             pending = []
     if pending:
-        yield _collate(pending, pad)
+        yield _collate(pending, pad, left)
 
 
-def _collate(rows: list[tuple[int, list[int]]], pad: int) -> Batch:
+def _collate(rows: list[tuple[int, list[int]]], pad: int, left: bool = False) -> Batch:
+    """Rows padded to the longest on the tokenizer's padding side (decoders often pad on the left)."""
     width = max(len(ids) for _, ids in rows)
     input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (_, ids) in enumerate(rows):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        mask[i, : len(ids)] = 1
+        where = slice(width - len(ids), width) if left else slice(0, len(ids))
+        input_ids[i, where] = torch.tensor(ids)
+        mask[i, where] = 1
     return Batch(input_ids, mask, [index for index, _ in rows])

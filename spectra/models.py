@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel
 
 from . import capture, checkpoints, hub
 from .config import Device, DType, choose
@@ -20,14 +21,21 @@ from .errors import SpectraError
 
 DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 #: families checked to capture exactly what eager attention computes (tests/test_capture.py; README)
-CHECKED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "modernbert")
+CHECKED_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "modernbert", "llama",
+                    "qwen2", "mistral", "gpt2")
+#: language-model heads a checkpoint may carry, for end to end
+MASKED_LM, CAUSAL_LM = "masked-lm", "causal-lm"
 #: families whose position ids start after the padding index, so two positions are not usable
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text"}
 
 
 @dataclass
 class Loaded:
-    """A model in eval mode on its device with the capture attention, and what describes it."""
+    """A model in eval mode on its device with the capture attention, and what describes it.
+
+    `head` is the language-model head loaded for end to end (MASKED_LM, CAUSAL_LM) or None; `causal` says the
+    model is a decoder; `kv_heads` < `heads` under grouped-query attention; `gguf` names the GGUF file and its
+    quantization when the weights came from one (dequantized to the forward's dtype)."""
 
     model: PreTrainedModel
     tokenizer: transformers.PreTrainedTokenizerBase
@@ -39,7 +47,22 @@ class Loaded:
     layers: int
     heads: int
     max_length: int
-    masked_lm: bool
+    head: str | None = None
+    causal: bool = False
+    kv_heads: int | None = None
+    architecture: str = ""
+    gguf: dict | None = None
+    head_dim: int | None = None
+
+    @property
+    def masked_lm(self) -> bool:
+        return self.head == MASKED_LM
+
+    def describe(self) -> dict:
+        """The model as run.json records it."""
+        return {"name": self.name, "source": self.source, "revision": self.revision, "layers": self.layers,
+                "heads": self.heads, "kv_heads": self.kv_heads or self.heads, "architecture": self.architecture,
+                "causal": self.causal, **({"gguf": self.gguf} if self.gguf else {})}
 
 
 def pick_device(device: Device | str | torch.device) -> torch.device:
@@ -68,6 +91,24 @@ def has_masked_lm_head(config: transformers.PretrainedConfig) -> bool:
     return any(name.endswith(("ForMaskedLM", "ForPreTraining")) for name in config.architectures or ())
 
 
+def is_decoder(config: transformers.PretrainedConfig, gguf: bool = False) -> bool:
+    """A causal language model: a GGUF file (llama.cpp's format holds decoders), a config that says so, or
+    architectures ending in ForCausalLM / LMHeadModel."""
+    return gguf or bool(getattr(config, "is_decoder", False)) or any(
+        name.endswith(("ForCausalLM", "LMHeadModel")) for name in config.architectures or ())
+
+
+def _quantization(path: str) -> str | None:
+    """The GGUF file's quantization type (general.file_type, e.g. MOSTLY_Q4_1), read from its header."""
+    import gguf
+
+    try:
+        field = gguf.GGUFReader(path).fields.get("general.file_type")
+        return gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name if field is not None else None
+    except (ValueError, KeyError, IndexError, OSError):
+        return None
+
+
 def max_length(config: transformers.PretrainedConfig, tokenizer: transformers.PreTrainedTokenizerBase) -> int:
     """The longest sequence the model can embed (RoBERTa-style models lose padding_idx + 1 positions)."""
     positions = getattr(config, "max_position_embeddings", None) or 10**9
@@ -84,29 +125,37 @@ def load(
     *,
     device: str | torch.device = "auto",
     dtype: DType | str = DType.FLOAT32,
-    masked_lm: bool = False,
+    lm_head: bool = False,
+    gguf_file: str | None = None,
     trust_remote_code: bool = False,
 ) -> Loaded:
-    """Load `source` (hub id or directory) with the capture attention.
+    """Load `source` (hub id, directory, or GGUF file / directory and `gguf_file`) with the capture attention.
 
-    `masked_lm` asks for the masked-LM head; it is loaded only when the checkpoint has one (see
-    `Loaded.masked_lm`), never freshly initialised.
+    `lm_head` asks for the language-model head: the masked-LM head of an encoder or the causal-LM head of a
+    decoder, loaded only when the checkpoint has one (see `Loaded.head`), never freshly initialised.
     """
     dtype = choose(DType, dtype, "--dtype")
     torch_device = pick_device(device)
-    found = checkpoints.inspect(source)
+    found = checkpoints.inspect(source, gguf_file)
     if not found.local:
         hub.prepare()  # one quick connection attempt; unreachable → the local cache only, no retries
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    where = str(found.path) if found.gguf_file else source
+    options = {"trust_remote_code": trust_remote_code, **({"gguf_file": found.gguf_file} if found.gguf_file else {})}
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(where, **options)
     except OSError:
         raise _not_found(source) from None
     except ValueError as error:
         raise SpectraError(f"could not read the config of '{source}': {str(error).splitlines()[0]}") from None
-    masked_lm = masked_lm and has_masked_lm_head(config)
-    model_class = AutoModelForMaskedLM if masked_lm else AutoModel
+    causal = is_decoder(config, gguf=found.gguf_file is not None)
+    head = None
+    if lm_head and causal:
+        head = CAUSAL_LM
+    elif lm_head and has_masked_lm_head(config):
+        head = MASKED_LM
+    model_class = {MASKED_LM: AutoModelForMaskedLM, CAUSAL_LM: AutoModelForCausalLM}.get(head, AutoModel)
     try:
         supports = model_class._model_mapping[type(config)]._supports_attention_backend
     except (KeyError, AttributeError):
@@ -117,15 +166,14 @@ def load(
             f"so spectra cannot capture it (checked families: {', '.join(CHECKED_FAMILIES)})"
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = model_class.from_pretrained(
-            source, attn_implementation=capture.NAME, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
-        )
+        tokenizer = AutoTokenizer.from_pretrained(where, **options)
+        model = model_class.from_pretrained(where, attn_implementation=capture.NAME, dtype=DTYPES[dtype], **options)
     except OSError:
         raise _not_found(source) from None
     except ValueError as error:
         raise SpectraError(f"could not load '{source}' with the capture attention: {str(error).splitlines()[0]}") from None
     model.to(torch_device).eval()
+    gguf = {"file": found.gguf_file, "quantization": _quantization(found.where)} if found.gguf_file else None
     return Loaded(
         model=model,
         tokenizer=tokenizer,
@@ -137,7 +185,12 @@ def load(
         layers=config.num_hidden_layers,
         heads=config.num_attention_heads,
         max_length=max_length(config, tokenizer),
-        masked_lm=masked_lm,
+        head=head,
+        causal=causal,
+        kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        architecture=(config.architectures or [type(model).__name__])[0],
+        gguf=gguf,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
     )
 
 
@@ -185,3 +238,32 @@ def attention_linears(attention: torch.nn.Module) -> Linears:
     heads = next((int(getattr(inner, n)) for n in _HEAD_NAMES if hasattr(inner, n)), None)
     heads = heads or getattr(getattr(inner, "config", None), "num_attention_heads", None)
     return Linears(*linears, w_o, heads, getattr(inner, "scaling", None))
+
+
+def rotary(model: torch.nn.Module) -> bool:
+    """Whether the model rotates queries and keys by position (RoPE) between its projections and attention."""
+    config = getattr(model, "config", None)
+    return any(getattr(config, name, None) for name in ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim"))
+
+
+#: callback(layer, which ∈ {"q", "k", "v"}, output (B, n, heads·d)) for the projections' outputs
+ProjectionHook = Callable[[int, str, torch.Tensor], None]
+
+
+def watch_projections(model: torch.nn.Module, callback: ProjectionHook) -> list:
+    """Forward hooks on every attention module's W^Q, W^K, W^V (modules with a layer_idx whose linears are found):
+    `callback` sees each projection's output, before any rotary position encoding. Returns the handles (remove
+    them when done)."""
+    handles = []
+    for module in model.modules():
+        layer = getattr(module, "layer_idx", None)
+        if layer is None or not isinstance(layer, int):
+            continue
+        try:
+            found = attention_linears(module)
+        except SpectraError:
+            continue
+        for which, linear in (("q", found.w_q), ("k", found.w_k), ("v", found.w_v)):
+            handles.append(linear.register_forward_hook(
+                lambda _module, _inputs, output, layer=layer, which=which: callback(layer, which, output)))
+    return handles

@@ -34,7 +34,8 @@ class Run:
 
     Curves are arrays indexed (layer, head, index) with index j = 1…n on the relative grid j/n:
     `cum_mean`/`cum_std` the normalized cumulative singular value, `sigma_mean`/`sigma_std` the
-    singular values at absolute index (zero past a sequence's length).
+    singular values at absolute index (zero past a sequence's length). `qkv`: the query/key/value spectra
+    table (one row per tensor, stage, layer, head) when the run measured them, else None.
     """
 
     path: Path
@@ -44,6 +45,12 @@ class Run:
     cum_std: np.ndarray
     sigma_mean: np.ndarray
     sigma_std: np.ndarray
+    qkv: pd.DataFrame | None = None
+
+    @property
+    def causal(self) -> bool:
+        """Whether the model is a decoder (its P is lower triangular)."""
+        return bool(self.meta["model"].get("causal", False))
 
     @property
     def layers(self) -> int:
@@ -159,9 +166,11 @@ def load_run(path: Path | str) -> Run | ApproxRun | TheoremRun:
             raise SpectraError(f"{path} holds a '{meta.get('kind')}' run, which load_run cannot read")
         metrics = pd.read_csv(path / "metrics.csv")
         curves = read_arrays(path / "curves.npz")
+        qkv = pd.read_csv(path / "qkv.csv") if (path / "qkv.csv").exists() else None
     except (OSError, ValueError, KeyError) as error:
         raise SpectraError(f"{path} is not a readable spectra run: {error}") from None
-    return Run(path, meta, metrics, curves["cum_mean"], curves["cum_std"], curves["sigma_mean"], curves["sigma_std"])
+    return Run(path, meta, metrics, curves["cum_mean"], curves["cum_std"], curves["sigma_mean"], curves["sigma_std"],
+               qkv)
 
 
 def load_analyze(path: Path | str) -> Run:

@@ -28,8 +28,8 @@ class ModelSource:
     """A corpus read through a pretrained model. Opening reads the data (so data errors come first and a
     resumed run can compare what it read); `start` loads the model and checks the two fit together."""
 
-    def __init__(self, config: RunConfig, device: str | torch.device, *, masked_lm: bool = False) -> None:
-        self.config, self.where, self.masked_lm = config, device, masked_lm
+    def __init__(self, config: RunConfig, device: str | torch.device, *, lm_head: bool = False) -> None:
+        self.config, self.where, self.lm_head = config, device, lm_head
         self.corpus = data.open_corpus(config.data, split=config.split, text_column=config.text_column,
                                        seed=config.seed)
         self.n = config.length
@@ -40,8 +40,8 @@ class ModelSource:
 
     def start(self) -> None:
         config = self.config
-        self.loaded = models.load(config.model, device=self.where, dtype=config.dtype, masked_lm=self.masked_lm,
-                                  trust_remote_code=config.trust_remote_code)
+        self.loaded = models.load(config.model, device=self.where, dtype=config.dtype, lm_head=self.lm_head,
+                                  gguf_file=config.gguf_file, trust_remote_code=config.trust_remote_code)
         share = data.unknown_share(self.loaded.tokenizer, self.corpus.documents)
         if share > data.MAX_UNKNOWN_SHARE:
             raise SpectraError(
@@ -73,9 +73,8 @@ class ModelSource:
     def describe(self) -> dict[str, Any]:
         loaded = self.loaded
         return {
-            "model": {"name": loaded.name, "source": loaded.source, "revision": loaded.revision,
-                      "layers": loaded.layers, "heads": loaded.heads},
-            "data": self.data(),
+            "model": loaded.describe(),
+            "data": {**self.data(), **data.framing(loaded.tokenizer, self.config.mode)},
             "n": self.n,
             "device": str(loaded.device),
             "dtype": self.config.dtype,
@@ -85,6 +84,10 @@ class ModelSource:
                 shard: tuple[int, int] = (0, 1)) -> Iterator[data.Batch]:
         return data.batches(self.loaded.tokenizer, self.corpus, self.n, self.config.mode, samples, batch_size,
                             skip=skip, shard=shard)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.loaded.kv_heads or self.loaded.heads
 
     def run(self, batch: data.Batch, observe: Observe) -> None:
         """The batch's forward pass, every layer handed to `observe`."""
@@ -96,7 +99,7 @@ class ModelSource:
         loaded = self.loaded
         return capture.forward(loaded.model, loaded.layers, observe, substitute,
                                input_ids=input_ids.to(loaded.device), attention_mask=attention_mask.to(loaded.device),
-                               output_hidden_states=loaded.masked_lm)
+                               output_hidden_states=loaded.head is not None)
 
 
 def gaussian_qkv(

@@ -19,8 +19,12 @@ from .config import Spectrum
 
 T = TypeVar("T")
 
-#: per-matrix summaries, in table order
-METRICS = ("sigma1", "nuclear", "stable_rank", "erank", "rank90", "rank99", "c_at", "length")
+#: per-matrix summaries, in table order: those of the spectrum (`summarize`), then of the rows (`row_metrics`)
+SPECTRUM_METRICS = ("sigma1", "nuclear", "stable_rank", "erank", "rank90", "rank99", "c_at", "length")
+ROW_METRICS = ("sink", "entropy")
+METRICS = SPECTRUM_METRICS + ROW_METRICS
+#: queries before this rank are left out of the sink mass (their rows are short: any key is a large share)
+SINK_FROM = 16
 
 
 def split_threads(fn: Callable[[torch.Tensor], T], x: torch.Tensor) -> list[T]:
@@ -121,7 +125,7 @@ def resample(cum: torch.Tensor, lengths: torch.Tensor, size: int) -> torch.Tenso
 def summarize(
     sigma: torch.Tensor, lengths: torch.Tensor, at: int, size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Relative-grid curve (..., size) and per-matrix METRICS (..., len(METRICS)) from singular values.
+    """Relative-grid curve (..., size) and per-matrix SPECTRUM_METRICS (..., 8) from singular values.
 
     sigma (..., w) descending, of matrices whose valid blocks are lengths (...) ≤ w; values past a
     block's length are treated as zero. `at` is a 1-based index of the grid.
@@ -150,3 +154,30 @@ def summarize(
         dim=-1,
     )
     return grid, metrics
+
+
+def sink_start(n: int) -> int:
+    """The first query (0-based, counted from the first valid token) whose row enters the sink mass: 16, or
+    n/8 for short sequences."""
+    return max(1, min(SINK_FROM, n // 8))
+
+
+def row_metrics(p: torch.Tensor, valid: torch.Tensor, start: int) -> torch.Tensor:
+    """Sink mass and entropy (..., 2) of each P (B, H, n, n) whose padded rows and columns are zero.
+
+    sink = the mean over queries from `start` on (counted from the first valid token; all but the first when
+    the sequence is shorter) of P[i, first valid key]: the attention-sink share (Xiao et al. 2023);
+    entropy = the mean over valid queries of −Σ_j p_ij ln p_ij, in nats.
+    """
+    p = p.to(torch.float64)
+    rank = valid.long().cumsum(-1) - 1  # (B, n): position among the valid tokens
+    lengths = valid.sum(-1, keepdim=True)
+    first = valid.long().argmax(-1)  # (B,)
+    begin = torch.minimum(torch.full_like(lengths, start), (lengths - 1).clamp_min(0))
+    rows = (valid & (rank >= begin)).to(p.dtype)  # (B, n)
+    to_sink = torch.gather(p, -1, first[:, None, None, None].expand(*p.shape[:-1], 1))[..., 0]  # (B, H, n)
+    sink = (to_sink * rows[:, None]).sum(-1) / rows.sum(-1, keepdim=True).clamp_min(1)
+    logs = torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))
+    row_entropy = -(p * logs).sum(-1)  # zero for padded rows
+    entropy = row_entropy.sum(-1) / lengths.to(p.dtype).clamp_min(1)
+    return torch.stack([sink, entropy], dim=-1)

@@ -27,6 +27,16 @@ def bert_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> Path:
+    return tiny.save_decoder(tmp_path_factory.mktemp("models") / "tiny-llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir(tmp_path_factory) -> Path:
+    return tiny.save_decoder(tmp_path_factory.mktemp("models") / "tiny-gpt2", "gpt2")
+
+
+@pytest.fixture(scope="session")
 def text_file(tmp_path_factory) -> Path:
     return tiny.write_text(tmp_path_factory.mktemp("data") / "corpus.txt", count=200)
 

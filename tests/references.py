@@ -6,8 +6,10 @@ import numpy as np
 import scipy.linalg
 
 
-def spectrum_reference(p: np.ndarray, at: int, size: int) -> tuple[np.ndarray, dict[str, float]]:
-    """Curve on the relative grid and the metrics of one m×m matrix, in float64 with scipy."""
+def spectrum_reference(p: np.ndarray, at: int, size: int, sink_from: int | None = None
+                       ) -> tuple[np.ndarray, dict[str, float]]:
+    """Curve on the relative grid and the metrics of one m×m matrix (its valid block), in float64 with scipy;
+    the sink mass counts queries from `sink_from` on (default: spectra's rule, 16 or size/8)."""
     m = p.shape[0]
     sigma = scipy.linalg.svdvals(p.astype(np.float64))
     cum = np.cumsum(sigma) / sigma.sum()
@@ -24,4 +26,8 @@ def spectrum_reference(p: np.ndarray, at: int, size: int) -> tuple[np.ndarray, d
         "c_at": grid[at - 1],
         "length": m,
     }
+    begin = min(max(1, min(16, size // 8)) if sink_from is None else sink_from, m - 1)
+    rows = p.astype(np.float64)
+    metrics["sink"] = rows[begin:, 0].mean()
+    metrics["entropy"] = np.mean([-(row[row > 0] * np.log(row[row > 0])).sum() for row in rows])
     return grid, metrics

@@ -15,7 +15,7 @@ def test_load_describes_the_model_and_installs_the_capture(roberta_dir) -> None:
     assert (loaded.name, loaded.layers, loaded.heads) == ("tiny-roberta", 2, 4)
     assert loaded.max_length == 64, "RoBERTa loses padding_idx + 1 of its 66 positions"
     assert loaded.model.config._attn_implementation == capture.NAME and not loaded.model.training
-    assert not loaded.masked_lm and models.load(str(roberta_dir), device="cpu", masked_lm=True).masked_lm
+    assert not loaded.masked_lm and models.load(str(roberta_dir), device="cpu", lm_head=True).masked_lm
     assert loaded.dtype == torch.float32 and models.load(str(roberta_dir), dtype="bfloat16").dtype == torch.bfloat16
 
 

@@ -9,7 +9,7 @@ import scipy.linalg
 import torch
 
 from references import spectrum_reference
-from spectra.spectrum import METRICS, cumulative, masked, resample, singular_values, summarize
+from spectra.spectrum import SPECTRUM_METRICS as METRICS, cumulative, masked, resample, singular_values, summarize
 
 
 def stochastic(batch: int, n: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:

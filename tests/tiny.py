@@ -29,6 +29,49 @@ def write_text(path: Path, count: int = 200, seed: int = 0) -> Path:
     return path
 
 
+def _decoder_tokenizer(kind: str) -> PreTrainedTokenizerFast:
+    """llama: a Llama-2-style tokenizer that adds BOS and pads on the left; gpt2: adds nothing, pads on the right."""
+    if kind == "llama":
+        specials = ["<unk>", "<s>", "</s>"]
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator(corpus_lines(300), trainers.BpeTrainer(vocab_size=120, special_tokens=specials))
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                       padding_side="left")
+    specials = ["<|endoftext|>"]
+    tok = Tokenizer(models.BPE(unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(corpus_lines(300), trainers.BpeTrainer(vocab_size=120, special_tokens=specials))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   unk_token="<|endoftext|>")
+
+
+def save_decoder(path: Path, kind: str = "llama", layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                 hidden: int = 32, positions: int = 128, seed: int = 0, init: float = 0.3) -> Path:
+    """A randomly initialised causal LM (Llama with grouped-query attention and RoPE, or GPT-2) and its
+    tokenizer, saved to `path`; `init` as in `save_model`."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    tokenizer = _decoder_tokenizer(kind)
+    if kind == "llama":
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                             num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=2 * hidden,
+                             max_position_embeddings=positions, initializer_range=init,
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+        model = LlamaForCausalLM(config)
+    else:
+        config = GPT2Config(vocab_size=len(tokenizer), n_embd=hidden, n_layer=layers, n_head=heads,
+                            n_positions=positions, initializer_range=init, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id)
+        model = GPT2LMHeadModel(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def _tokenizer(kind: str) -> PreTrainedTokenizerFast:
     if kind == "roberta":
         specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]

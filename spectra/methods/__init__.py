@@ -14,6 +14,13 @@ its test file under tests/methods/. See docs/methods.md for every formula, what 
 | nystrom, nystrom-iter6 | Nyströmformer with segment-mean landmarks | landmarks |
 | skyformer | Nyström of the Gaussian kernel, reweighted into softmax | landmarks |
 | probsparse | Informer's top-k queries by sparsity, uniform rows for the rest | active queries |
+| svd-causal | row i of the truncated SVD of the prefix block P[:i+1, :i+1] (causal oracle, O(n⁴/4)) | rank |
+| performer-causal | FAVOR+ with prefix sums over the keys at or before each query | features |
+| window | StreamingLLM: softmax over min(4, k/4) sink tokens and the nearest (most recent) keys | keys per query |
+| topk | softmax over each query's k highest-scoring keys (the sparse oracle) | keys per query |
+
+svd-causal and performer-causal are registered in svd.py and performer.py, right after svd and performer.
+window, topk, svd-causal and performer-causal are causal: a query's output depends on no later position.
 """
 
 # imported in the order methods are listed (registration order is the order of tables and legends)
@@ -25,6 +32,8 @@ from . import performer  # noqa: F401
 from . import nystrom  # noqa: F401
 from . import skyformer  # noqa: F401
 from . import probsparse  # noqa: F401
+from . import window  # noqa: F401
+from . import topk  # noqa: F401
 from .base import REGISTRY, Approximation, Entry, Layer, Method, expand, register, substitute
 
 __all__ = ["REGISTRY", "Approximation", "Entry", "Layer", "Method", "expand", "register", "substitute"]

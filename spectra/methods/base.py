@@ -51,10 +51,22 @@ class Layer:
                    _p=given)
 
     @property
+    def allowed(self) -> torch.Tensor:
+        """Which keys each query may see (B, 1, n, n): the valid ones, and for causal attention those at or
+        before the query's position."""
+        allowed = self.valid[:, None, None, :]
+        if self.causal:
+            n = self.q.shape[-2]
+            allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=self.q.device).tril()
+        return allowed
+
+    @property
     def p(self) -> torch.Tensor:
         if self._p is None:
             scores = (self.q @ self.k.transpose(-1, -2)) * self.scaling
-            p = torch.softmax(scores.masked_fill(~self.valid[:, None, None, :], float("-inf")), dim=-1)
+            allowed = self.allowed
+            p = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+            p = torch.where(allowed.any(-1, keepdim=True), p, 0.0)  # a left-padded query sees no key: zero row
             self._p = masked(p, self.valid)
         return self._p
 

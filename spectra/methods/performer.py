@@ -3,6 +3,10 @@
 P̃ = D̂⁻¹ φ(Q) φ(K)ᵀ with φ(x) = exp(W x − ‖x‖²/2)/√m on √s q and √s k (s the model's score scale, m = k
 features), so φ(q)·φ(k) is an unbiased estimate of exp(s q·k). W is seeded per (seed, budget, layer,
 head). Padded keys get φ = 0. Cost O(n k d) per head.
+
+`performer-causal`: the same features (the same W for the same seed, budget, layer and head), each query
+summing over the valid keys at or before it only — the prefix sums Σ_{j≤i} φ(k_j) v_jᵀ and Σ_{j≤i} φ(k_j)
+of unidirectional FAVOR+, carried over positions. Cost O(n k d) per head.
 """
 
 from __future__ import annotations
@@ -67,3 +71,75 @@ def performer(x: Layer, budget: int) -> Approximation:
     out = torch.einsum("bhim,bhme->bhie", phi_q, torch.einsum("bhjm,bhje->bhme", phi_k, x.v)) / d_hat[..., None]
     p_tilde = torch.einsum("bhim,bhjm->bhij", phi_q, phi_k) / d_hat[..., None]
     return Approximation(out, p_tilde)
+
+
+#: positions per block of `performer-causal`'s prefix sums: the running sums are carried from block to block,
+#: within a block each query sums over the keys at or before it directly (the chunked form of causal
+#: linear attention; the block length changes only the rounding)
+CAUSAL_BLOCK = 64
+
+
+def causal_key_scale(log_k: torch.Tensor) -> torch.Tensor:
+    """c_i (B, H, n): the largest log-feature of the valid keys at or before position i (a running max), the
+    float-safety factor exp(−c_i) shared by every key row i sums over. Before the first valid key it is
+    that key's; a sequence without valid keys gets 0."""
+    c = log_k.amax(-1).cummax(-1).values  # −inf up to the first valid key
+    first = torch.where(torch.isfinite(c), c, float("inf")).amin(-1, keepdim=True)  # c is nondecreasing
+    c = torch.maximum(c, first)
+    return torch.where(torch.isfinite(c), c, 0.0)
+
+
+@method("performer-causal", color="#ff9896", marker="x", short="perf\ncausal", causal=True)
+def performer_causal(x: Layer, budget: int) -> Approximation:
+    """Causal FAVOR+: Ṽ_i = φ(q_i)ᵀ Σ_{j≤i} φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_{j≤i} φ(k_j) over valid keys, with the
+    same W as `performer`; P̃ = the lower-triangular φ(Q) φ(K)ᵀ row-normalised. On a bidirectional layer
+    every query may see every valid key and this is `performer`.
+
+    Float safety as `performer`, with factors that cancel exactly and never look ahead: each query's
+    features are divided by their largest entry, and every key row i sums over by exp(c_i), c_i the
+    largest log-feature of the valid keys at or before i (`causal_key_scale`; performer's single factor
+    per sequence would depend on later keys, and a large later key would underflow an early row to zero).
+    Row i's prefix sums are carried as Σ_{j≤i} f_j v_jᵀ e^{c_j − c_i} with f_j = e^{log φ(k_j) − c_j} ≤ 1:
+    every exponent is ≤ 0. They are evaluated in blocks of `CAUSAL_BLOCK` positions — the sums of the
+    earlier blocks carried as a state (rescaled as c grows), the keys of the query's own block summed
+    directly — and P̃ is formed densely only for measurement.
+    """
+    if not x.causal:
+        return performer(x, budget)
+    w, root = performer_features(x, budget), math.sqrt(x.scaling)
+    log_q, log_k = log_features(x.q * root, w), log_features(x.k * root, w)
+    phi_q = torch.exp(log_q - log_q.amax(-1, keepdim=True))  # (B, H, n, m), a factor per query
+    log_k = log_k.masked_fill(~x.valid[:, None, :, None], float("-inf"))
+    c = causal_key_scale(log_k)  # (B, H, n)
+    f = torch.exp(log_k - c[..., None])  # (B, H, n, m), ≤ 1, 0 on padded keys
+    tiny = torch.finfo(x.q.dtype).tiny
+
+    def weights(rows: slice, cols: slice) -> torch.Tensor:
+        """φ̃(q_i)·f_j e^{c_j − c_i} for queries `rows` and keys `cols`, zero where j > i."""
+        i = torch.arange(rows.start, rows.stop, device=x.q.device)[:, None]
+        j = torch.arange(cols.start, cols.stop, device=x.q.device)[None, :]
+        exponent = (c[..., None, cols] - c[..., rows, None]).masked_fill(j > i, float("-inf"))
+        return torch.einsum("bhim,bhjm->bhij", phi_q[..., rows, :], f[..., cols, :]) * exponent.exp()
+
+    n = x.q.shape[-2]
+    state = x.v.new_zeros(*f.shape[:-2], f.shape[-1], x.v.shape[-1])  # Σ_{j<start} f_j v_jᵀ e^{c_j − c_last}
+    norm = f.new_zeros(*f.shape[:-2], f.shape[-1])  # Σ_{j<start} f_j e^{c_j − c_last}
+    last = c[..., :1]  # c at the end of the carried sums (any value while they are 0)
+    outs = []
+    for start in range(0, n, CAUSAL_BLOCK):
+        block = slice(start, min(start + CAUSAL_BLOCK, n))
+        decay = torch.exp(last - c[..., block])[..., None]  # (B, H, L, 1), ≤ 1
+        a = weights(block, block)  # (B, H, L, L)
+        numerator = torch.einsum("bhim,bhme->bhie", phi_q[..., block, :], state) * decay + a @ x.v[..., block, :]
+        denominator = torch.einsum("bhim,bhm->bhi", phi_q[..., block, :], norm)[..., None] * decay
+        denominator = denominator + a.sum(-1, keepdim=True)
+        outs.append(numerator / denominator.clamp_min(tiny))
+        end = c[..., block.stop - 1:block.stop]  # (B, H, 1)
+        carried = torch.exp(last - end)
+        f_end = f[..., block, :] * torch.exp(c[..., block] - end)[..., None]  # (B, H, L, m)
+        state = state * carried[..., None] + torch.einsum("bhjm,bhje->bhme", f_end, x.v[..., block, :])
+        norm = norm * carried + f_end.sum(-2)
+        last = end
+    a = weights(slice(0, n), slice(0, n))  # (B, H, n, n), for measurement only
+    p_tilde = a / a.sum(-1, keepdim=True).clamp_min(tiny)
+    return Approximation(torch.cat(outs, dim=-2), p_tilde)

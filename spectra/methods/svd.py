@@ -3,10 +3,19 @@
 P̃ = P_k = U_k Σ_k V_kᵀ, the head output P_k V. No matrix of rank ≤ k is closer to P in Frobenius or
 spectral norm; it is an O(n³) per-sequence oracle that no efficient attention can run, the reference
 the other methods are measured against.
+
+`svd-causal`: its causal counterpart. Row i of P̃ is row i of the best rank-k approximation of the prefix
+block P[:i+1, :i+1] (the rows and columns the queries up to i see), so it depends on nothing after i.
+The truncated SVD of the whole causal P, causal mask re-applied, would not be causal: its basis comes from
+every row, so later queries and keys change an earlier row's approximation. One SVD per prefix: O(n⁴/4)
+per head, an oracle for n ≤ 256 or so.
 """
 
 from __future__ import annotations
 
+import torch
+
+from ..spectrum import split_threads
 from .base import Approximation, Layer, method
 
 
@@ -15,3 +24,28 @@ def svd(x: Layer, budget: int) -> Approximation:
     u, sigma, vh = x.svd()
     p_k = (u[..., :budget] * sigma[..., None, :budget]) @ vh[..., :budget, :]
     return Approximation(p_k @ x.v, p_k)
+
+
+def prefix_truncations(p: torch.Tensor, budget: int) -> torch.Tensor:
+    """P̃ (b, n, n) for p (b, n, n): row i is row i of the rank-k truncated SVD of p[:, :i+1, :i+1]. Rows
+    i < k are p's own (a block of i + 1 ≤ k rows has rank ≤ k)."""
+    n = p.shape[-1]
+    rows = torch.zeros_like(p)
+    rows[:, :budget] = p[:, :budget]
+    for i in range(budget, n):
+        u, sigma, vh = torch.linalg.svd(p[:, :i + 1, :i + 1], full_matrices=False)
+        rows[:, i, :i + 1] = ((u[:, i, None, :budget] * sigma[:, None, :budget]) @ vh[:, :budget, :])[:, 0]
+    return rows
+
+
+@method("svd-causal", color="#525252", marker="+", short="svd\ncausal", causal=True)
+def svd_causal(x: Layer, budget: int) -> Approximation:
+    """Row i of P̃ = row i of the best rank-k approximation (Eckart–Young) of the prefix block P[:i+1, :i+1]
+    of a causal layer (`prefix_truncations`); on a bidirectional layer every query sees the whole P and
+    this is `svd`. Exact for the first k valid rows and for k ≥ n."""
+    if not x.causal:
+        return svd(x, budget)
+    p = x.p
+    parts = split_threads(lambda chunk: prefix_truncations(chunk, budget), p)
+    p_tilde = torch.cat(parts).reshape(p.shape)
+    return Approximation(p_tilde @ x.v, p_tilde)

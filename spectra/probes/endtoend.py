@@ -1,11 +1,15 @@
 """End to end: substitute an approximation into the forward pass and measure what the model loses.
 
-For every batch the exact model and each (method, budget) substitution run on the same inputs. With a
-masked-LM head the inputs carry a seeded 15% masking (every chosen token replaced by the mask token;
-special and padding tokens are never chosen), and the masked-LM loss is summed over the masked tokens,
-so perplexity = exp(total loss / masked tokens). Without one, the inputs are the plain sequences and
-only the drift of the last hidden states is measured: the relative Frobenius error per sequence and the
-mean cosine similarity per valid token.
+For every batch the exact model and each (method, budget) substitution run on the same inputs, and the
+drift of the last hidden states is measured: the relative Frobenius error per sequence and the mean
+cosine similarity per valid token. With a language-model head, the loss too:
+
+- masked-LM head (encoders): the inputs carry a seeded 15% masking (every chosen token replaced by the
+  mask token; special and padding tokens never chosen); the loss is summed over the masked tokens;
+- causal-LM head (decoders): the next-token loss on the plain inputs, the standard shifted loss summed
+  over every predicted position (a valid token following a valid token).
+
+Perplexity = exp(total loss / scored tokens), exact against approximated on the same tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 
 from ..capture import Substitute
 from ..data import Batch
-from ..models import Loaded
+from ..models import CAUSAL_LM, MASKED_LM, Loaded
 from ..seeds import Domain, derive_seed
 from ..stats import State, tagged
 from .base import Probe
@@ -28,8 +32,20 @@ if TYPE_CHECKING:
     from ..sources import ModelSource
 
 MASK_RATE = 0.15
-#: per (method, budget): sequences, Σ hidden relative error, Σ token cosine, tokens, Σ loss, masked tokens
+#: per (method, budget): sequences, Σ hidden relative error, Σ token cosine, tokens, Σ loss, scored tokens
 _FIELDS = ("sequences", "hidden_err", "cosine", "tokens", "loss", "masked")
+#: the column counting scored tokens, by head
+_SCORED = {MASKED_LM: "masked_tokens", CAUSAL_LM: "predicted_tokens"}
+
+
+def next_token_labels(batch: Batch) -> torch.Tensor:
+    """Labels aligned with the logits of positions 0…n−2: the next token where both it and the position that
+    predicts it are valid, −100 elsewhere (padding on either side is never scored)."""
+    ids, valid = batch.input_ids, batch.attention_mask.bool()
+    labels = torch.full_like(ids, -100)
+    scored = valid[:, 1:] & valid[:, :-1]
+    labels[:, :-1] = torch.where(scored, ids[:, 1:], -100)
+    return labels
 
 
 def mask_tokens(batch: Batch, loaded: Loaded, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +76,12 @@ class EndToEnd(Probe):
     def after_batch(self, batch: Batch) -> None:
         """Exact and substituted forward passes of one batch."""
         loaded = self.source.loaded
-        ids, labels = (mask_tokens(batch, loaded, self.seed) if loaded.masked_lm
-                       else (batch.input_ids, None))
+        if loaded.head == MASKED_LM:
+            ids, labels = mask_tokens(batch, loaded, self.seed)
+        elif loaded.head == CAUSAL_LM:
+            ids, labels = batch.input_ids, next_token_labels(batch)
+        else:
+            ids, labels = batch.input_ids, None
         valid = batch.attention_mask.to(loaded.device).bool()
         exact = self.source.forward(ids, batch.attention_mask)
         exact_hidden = _last_hidden(exact).float()
@@ -101,7 +121,7 @@ class EndToEnd(Probe):
                    "cosine": s["cosine"] / max(s["tokens"], 1)}
             if exact["masked"] > 0:
                 loss_exact, loss = exact["loss"] / exact["masked"], s["loss"] / s["masked"]
-                row.update(masked_tokens=int(s["masked"]), loss_exact=loss_exact, loss=loss,
+                row.update({_SCORED[self.source.loaded.head]: int(s["masked"])}, loss_exact=loss_exact, loss=loss,
                            ppl_exact=math.exp(loss_exact), ppl=math.exp(loss),
                            ppl_change=math.exp(loss) / math.exp(loss_exact) - 1)
             rows.append(row)

@@ -15,7 +15,7 @@ import torch
 
 from ..capture import Captured
 from ..config import Spectrum
-from ..spectrum import METRICS, masked, singular_values, summarize
+from ..spectrum import METRICS, masked, row_metrics, singular_values, sink_start, summarize
 from ..stats import Moments, State
 from .base import Probe
 
@@ -39,9 +39,12 @@ class SpectrumProbe(Probe):
         batch, heads, width, _ = p.shape
         if width > self.n or heads != self.heads:
             raise ValueError(f"expected P of {self.heads} heads and n ≤ {self.n}, got {heads} and {width}")
-        sigma = singular_values(masked(p, valid), self.mode)
+        p = masked(p, valid)
+        sigma = singular_values(p, self.mode)
         lengths = valid.sum(-1)[:, None].expand(batch, heads).to(sigma.device)  # sigma may be on the CPU (mps)
         grid, metrics = summarize(sigma, lengths, self.at, self.n)
+        rows = row_metrics(p, valid, sink_start(self.n)).to(metrics.device)
+        metrics = torch.cat([metrics, rows.to(metrics.dtype)], dim=-1)
         sigma = torch.where(torch.arange(width, device=sigma.device) < lengths[..., None], sigma, 0.0)
         sigma = torch.nn.functional.pad(sigma, (0, self.n - width))
         self.cum.add(layer, grid)

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from ..runs import ApproxRun, Run, TheoremRun
 from .plan import Plan
-from .summaries import compare_wide, headlines, labels_in_order, run_keys, theorem_errors, theorem_n
+from .summaries import analyze_layers, compare_wide, headlines, labels_in_order, run_keys, theorem_errors, theorem_n
 
 class _Console(Console):
     """A rich console for which a reader that stopped reading (`| head`) ends the output, not the program with
@@ -129,10 +129,12 @@ def plural(count: int, noun: str) -> str:
 
 def print_analyze(run: Run) -> None:
     """The per-layer summary of an analyze run and where it was written."""
-    per_layer = run.metrics.groupby("layer")[["c_at_mean", "rank90_mean"]].mean().reset_index()
-    per_layer.columns = ["layer", f"c@{run.at}", "rank for 90%"]
-    print_frame(per_layer, f"{run.label}: n = {run.n}, {plural(run.meta['samples'], 'sequence')}, mean over {run.heads} heads "
-                "per layer")
+    kind = "decoder, causal P" if run.causal else "encoder"
+    print_frame(analyze_layers(run), f"{run.label} ({kind}): n = {run.n}, {plural(run.meta['samples'], 'sequence')}, "
+                f"mean over {run.heads} heads per layer", {"rank": 1, "entropy": 2})
+    if run.qkv is not None:
+        out.print("sink: mean attention of queries to the first token; entropy in nats; key rank90: dimensions of the "
+                  "head that hold 90% of the keys' variance over the run", soft_wrap=True)
     out.print(f"results written to {run.path}")
 
 

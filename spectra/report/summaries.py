@@ -80,6 +80,30 @@ def per_layer(run: Run, at: int | None = None) -> pd.DataFrame:
     )
 
 
+def key_ranks(run: Run, tensor: str = "k", column: str = "dataset_rank90") -> pd.DataFrame:
+    """Per layer, the mean over heads of a query/key/value rank `column`, one column per stage (projection:
+    before RoPE; attention: what attention sees); empty when the run has no qkv table."""
+    if run.qkv is None:
+        return pd.DataFrame({"layer": np.arange(run.layers)})
+    rows = run.qkv[run.qkv["tensor"] == tensor]
+    wide = rows.groupby(["layer", "stage"])[column].mean().unstack("stage")
+    return wide.reset_index().rename_axis(columns=None)
+
+
+def analyze_layers(run: Run) -> pd.DataFrame:
+    """What the terminal shows of an analyze run, per layer (means over heads): c at the run's index, the rank
+    for 90% of the nuclear norm, sink mass and entropy when measured, and the dataset-level key rank for 90%
+    of the variance before and after RoPE when measured."""
+    columns = {"c_at_mean": f"c@{run.at}", "rank90_mean": "rank for 90%", "sink_mean": "sink", "entropy_mean": "entropy"}
+    present = [column for column in columns if column in run.metrics.columns]
+    table = run.metrics.groupby("layer")[present].mean().reset_index().rename(columns=columns)
+    keys = key_ranks(run)
+    for stage, name in (("projection", "key rank90 pre-RoPE"), ("attention", "key rank90")):
+        if stage in keys.columns:
+            table[name] = keys[stage].to_numpy()
+    return table
+
+
 def headline(run: Run, at: int | None = None) -> dict[str, Any]:
     """The numbers the paper states: heatmap range and mean of c at the index, and the layer trend."""
     at = run.at if at is None else check_at(run, at)

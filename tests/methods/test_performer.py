@@ -6,6 +6,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 
 from layers import B, D, H, N, head, random_layer
@@ -79,3 +80,87 @@ def test_performer_features_depend_on_budget_layer_head_seed() -> None:
     assert w.shape == (H, 5, D) and not torch.allclose(w[0], w[1])
     assert not torch.allclose(w[:, :4], performer.performer_features(x, 4))
     assert torch.equal(w, performer.performer_features(layer(seed=9), 5)), "W depends on the run seed, not the data"
+
+
+# ---------------------------------------------------------------- performer-causal
+
+CAUSAL_KINDS = [("left", True), ("right", True)]
+
+
+@pytest.mark.parametrize("side,causal", CAUSAL_KINDS)
+def test_performer_causal_is_favor_plus_over_each_prefix(side, causal) -> None:
+    from methods.causal_layers import allowed, layer as causal_layer, valid_rows
+
+    x, budget = causal_layer(side=side, causal=causal), 6
+    approx_ = REGISTRY["performer-causal"].run(x, budget)
+    for b in range(2):
+        rows = valid_rows(x, b)
+        for h in range(H):
+            w = performer.orthogonal_features(budget, D, derive_seed(0, Domain.PERFORMER, budget, 3, h))
+            q, k, v = (t[b, h].numpy() for t in (x.q, x.k, x.v))
+            phi_q, phi_k = phi(q * math.sqrt(S), w), phi(k * math.sqrt(S), w)
+            p_tilde = np.zeros((N, N))
+            for i in rows:
+                seen = allowed(x, b, i)  # the valid keys at or before i
+                p_tilde[i, seen] = phi_q[i] @ phi_k[seen].T / (phi_q[i] @ phi_k[seen].sum(0))
+            assert np.allclose(approx_.p[b, h, rows].numpy(), p_tilde[rows], atol=1e-12)
+            assert np.allclose(approx_.out[b, h, rows].numpy(), p_tilde[rows] @ v, atol=1e-12)
+            assert np.allclose(approx_.p[b, h, rows].sum(-1).numpy(), 1, atol=1e-12), "rows sum to one"
+    assert torch.isfinite(approx_.out).all() and torch.isfinite(approx_.p).all()
+
+
+def test_performer_causal_on_a_bidirectional_layer_is_performer() -> None:
+    x = layer()
+    assert not x.causal
+    causal, full = REGISTRY["performer-causal"].run(x, 6), REGISTRY["performer"].run(x, 6)
+    assert torch.equal(causal.out, full.out) and torch.equal(causal.p, full.p)
+
+
+@pytest.mark.parametrize("block", [1, 5, N, 1000])
+def test_performer_causal_prefix_sums_do_not_depend_on_the_block(block, monkeypatch) -> None:
+    from methods.causal_layers import layer as causal_layer
+
+    x = causal_layer(side="left", spread=1.5)
+    want = REGISTRY["performer-causal"].run(x, 7)
+    assert torch.allclose(want.out, want.p @ x.v, atol=1e-12), "the prefix sums give P̃ V"
+    monkeypatch.setattr(performer, "CAUSAL_BLOCK", block)
+    got = REGISTRY["performer-causal"].run(x, 7)
+    assert torch.allclose(got.out, want.out, atol=1e-12) and torch.equal(got.p, want.p)
+
+
+def test_performer_causal_scales_keys_by_what_the_query_has_seen() -> None:
+    """A first key whose features are all far below a later key's (e^-140 in float32): one factor for the
+    whole sequence, as `performer` takes, would underflow the first rows to zero; the running maximum
+    keeps them exact (a query that sees one key puts all its weight on it)."""
+    from methods.causal_layers import layer as causal_layer
+
+    x = causal_layer((N, N), side="right", dtype=torch.float32)
+    k = x.k.clone()
+    k[..., 0, :] = 20 / math.sqrt(S) * k[..., 0, :] / k[..., 0, :].norm(dim=-1, keepdim=True)  # √s‖k_0‖ = 20
+    x = replace(x, k=k, _p=None)
+    log_k = performer.log_features(x.k * math.sqrt(S), performer.performer_features(x, 16))
+    assert (torch.exp(log_k[..., 0, :] - log_k.amax((-2, -1))[..., None]) == 0).all(), "one global factor underflows"
+    approx_ = REGISTRY["performer-causal"].run(x, 16)
+    assert torch.allclose(approx_.p[..., 0, 0], torch.ones(())) and torch.allclose(approx_.out[..., 0, :], x.v[..., 0, :])
+    assert torch.allclose(approx_.p.sum(-1), torch.ones(()), atol=1e-5)
+
+
+def test_performer_causal_converges_with_more_features() -> None:
+    from methods.causal_layers import layer as causal_layer
+
+    x = causal_layer(side="left", spread=0.5)
+    run = REGISTRY["performer-causal"].run
+    errors = {m: np.mean([measures(replace(x, seed=seed), run(replace(x, seed=seed), m))[0].mean()
+                          for seed in range(5)]) for m in (64, 4096)}
+    assert errors[4096] < errors[64] / 3.5 and errors[4096] < 0.05, errors
+
+
+def test_performer_causal_uses_performers_features() -> None:
+    from methods.causal_layers import layer as causal_layer
+
+    x = causal_layer(side="right", n=N)
+    bidirectional = replace(x, causal=False, _p=None)
+    # the last query of a full-length causal sequence sees every key: its row is performer's
+    causal, full = REGISTRY["performer-causal"].run(x, 5), REGISTRY["performer"].run(bidirectional, 5)
+    assert torch.allclose(causal.p[0, :, -1], full.p[0, :, -1], atol=1e-12)
+    assert torch.allclose(causal.out[0, :, -1], full.out[0, :, -1], atol=1e-12)

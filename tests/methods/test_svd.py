@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from layers import B, H, N, dense_p, random_layer
+from layers import B, H, N, dense_p, exact_on_valid_rows, random_layer
 from spectra.methods import REGISTRY
 
 
@@ -28,3 +29,66 @@ def test_full_budget_is_exact_on_valid_rows() -> None:
     out = REGISTRY["svd"].run(x, N).out
     for b, m in enumerate((N, 7)):
         assert np.allclose(out[b, :, :m].numpy(), (x.p @ x.v)[b, :, :m].numpy(), atol=1e-10)
+
+
+# ---------------------------------------------------------------- svd-causal
+
+
+def prefix_truncation(p: np.ndarray, budget: int) -> np.ndarray:
+    """Row i = row i of numpy's rank-k truncated SVD of the prefix block p[:i+1, :i+1]."""
+    n = p.shape[0]
+    rows = np.zeros_like(p)
+    for i in range(n):
+        u, s, vt = np.linalg.svd(p[:i + 1, :i + 1])
+        rows[i, :i + 1] = (u[i, :budget] * s[:budget]) @ vt[:budget]
+    return rows
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("budget", [1, 3, 5])
+def test_svd_causal_is_each_prefix_blocks_truncated_svd(side, budget) -> None:
+    from methods.causal_layers import dense_p as causal_p, layer as causal_layer, valid_rows
+
+    x = causal_layer(side=side)
+    approx = REGISTRY["svd-causal"].run(x, budget)
+    for b in range(B):
+        rows = valid_rows(x, b)
+        for h in range(H):
+            p = causal_p(x, b, h)
+            assert np.allclose(x.p[b, h].numpy(), p, atol=1e-12)
+            want = prefix_truncation(p, budget)
+            assert np.allclose(approx.p[b, h, rows].numpy(), want[rows], atol=1e-10)
+            assert np.allclose(approx.out[b, h, rows].numpy(), want[rows] @ x.v[b, h].numpy(), atol=1e-10)
+            assert np.allclose(np.triu(approx.p[b, h].numpy(), 1), 0), "nothing after the query"
+    assert torch.isfinite(approx.out).all()
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_svd_causal_is_exact_at_full_rank_and_on_the_first_k_valid_rows(side) -> None:
+    from methods.causal_layers import layer as causal_layer
+
+    x = causal_layer(side=side)
+    assert exact_on_valid_rows(x, REGISTRY["svd-causal"].run(x, N), atol=1e-10)
+    budget = 4
+    approx = REGISTRY["svd-causal"].run(x, budget)
+    for b in range(B):
+        first = np.flatnonzero(x.valid[b].numpy())[:budget]
+        assert torch.allclose(approx.p[b, :, first], x.p[b, :, first], atol=1e-10)
+        later = np.flatnonzero(x.valid[b].numpy())[budget:]
+        assert not torch.allclose(approx.p[b, :, later], x.p[b, :, later], atol=1e-3), "an approximation after that"
+
+
+def test_svd_causal_on_a_bidirectional_layer_is_svd() -> None:
+    x = layer(lengths=(N, 7))
+    causal, full = REGISTRY["svd-causal"].run(x, 4), REGISTRY["svd"].run(x, 4)
+    assert torch.equal(causal.p, full.p) and torch.equal(causal.out, full.out)
+
+
+def test_svd_causal_is_no_worse_than_rank_k_per_prefix_and_improves_with_k() -> None:
+    from methods.causal_layers import layer as causal_layer
+    from spectra.probes.approx import measures
+
+    x = causal_layer(side="left", n=16, lengths=(16, 11))
+    errors = [measures(x, REGISTRY["svd-causal"].run(x, budget))[1] for budget in (2, 4, 8, 16)]
+    assert all((small >= large - 1e-12).all() for small, large in zip(errors, errors[1:]))
+    assert (errors[-1] < 1e-10).all()

@@ -30,7 +30,7 @@ def test_end_to_end_loss_matches_eager_and_exact_substitution_is_lossless(robert
     run = approx(str(roberta_dir), str(text_file), budgets=[4, N], methods=["pool-mean", "jl"], length=N,
                  samples=SAMPLES, batch_size=4, end_to_end=True, layers="1", out=tmp_path / "e2e", **QUIET)
     e2e = run.end_to_end.set_index(["method", "budget"])
-    loaded = models.load(str(roberta_dir), device="cpu", masked_lm=True)
+    loaded = models.load(str(roberta_dir), device="cpu", lm_head=True)
     eager = AutoModelForMaskedLM.from_pretrained(roberta_dir, attn_implementation="eager").eval()
     total, count = 0.0, 0
     for batch in eager_batches(roberta_dir, text_file):
@@ -55,7 +55,7 @@ def test_without_mlm_head_only_drift_is_measured(tmp_path, text_file, roberta_di
     lines: list[str] = []
     run = approx(str(base), str(text_file), budgets=[4], methods=["svd"], length=N, samples=2, end_to_end=True,
                  out=tmp_path / "run", progress=None, notify=lines.append)
-    assert any("no masked-LM head" in line for line in lines)
+    assert any("no language-model head" in line for line in lines)
     assert "ppl" not in run.end_to_end.columns and run.end_to_end["hidden_rel_err"].iloc[0] > 0
     assert run.meta["masked_lm"] is False
 

@@ -25,12 +25,13 @@ def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
     run = runs["deep-wiki"]
     console.print_analyze(run)
     out = capsys.readouterr().out
-    assert out.startswith(f"{run.label}: n = {run.n}, 16 sequences, mean over {run.heads} heads per layer")
+    assert out.startswith(f"{run.label} (encoder): n = {run.n}, 16 sequences, mean over {run.heads} heads per layer")
     (table,) = printed_tables(out)
-    assert table["header"] == [["layer", f"c@{run.at}", "rank for 90%"]]
+    assert table["header"] == [["layer", f"c@{run.at}", "rank for 90%", "sink", "entropy"]]
     for layer, row in enumerate(table["rows"]):
         cells = run.metrics[run.metrics["layer"] == layer]
-        assert row == [str(layer), fixed(cells["c_at_mean"].mean()), fixed(cells["rank90_mean"].mean())]
+        assert row == [str(layer), fixed(cells["c_at_mean"].mean()), fixed(cells["rank90_mean"].mean(), 1),
+                       fixed(cells["sink_mean"].mean()), fixed(cells["entropy_mean"].mean(), 2)]
     assert len(table["rows"]) == run.layers
     assert f"results written to {run.path}" in out.replace("\n", "")
 

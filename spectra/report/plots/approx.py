@@ -97,7 +97,8 @@ def draw_end_to_end(run: ApproxRun):
     if table is None:
         raise SpectraError(f"{run.path} has no end-to-end results; run spectra approx with --end-to-end")
     with_ppl = "ppl" in table.columns and table["ppl"].notna().any()
-    panels = [("ppl", "Masked-LM perplexity"), ("hidden_rel_err", "Relative last-hidden-state error")]
+    objective = "Next-token" if "predicted_tokens" in table.columns else "Masked-LM"
+    panels = [("ppl", f"{objective} perplexity"), ("hidden_rel_err", "Relative last-hidden-state error")]
     panels = panels if with_ppl else panels[1:]
     figure, axes = plt.subplots(1, len(panels), figsize=(max(4.6 * len(panels) + 0.6, 6.4), 4.9), squeeze=False,
                                 layout="constrained")

@@ -1,12 +1,14 @@
-"""Per-run views of an analyze run: the mean curve of every layer, the heatmap of c at an index, and the
-heatmaps of the rank needed for 90% and 99% of the nuclear norm.
+"""Per-run views of an analyze run: the mean curve of every layer, the heatmap of c at an index, the heatmaps
+of the rank needed for 90% and 99% of the nuclear norm, of the sink mass and the attention entropy, and
+(when measured) the key rank per layer before and after RoPE.
 
-Gids the tests read back: "curves" (lines "layer:<i>"), "heatmap", "rank90" and "rank99".
+Gids the tests read back: "curves" (lines "layer:<i>"), "heatmap", "rank90", "rank99", "sink", "entropy",
+"key_ranks" (lines "<stage>:<column>").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -87,22 +89,67 @@ def draw_rank_heatmaps(run: Run):
     return figure
 
 
+def draw_attention_heatmaps(run: Run):
+    """Side by side: the mean sink mass (attention of queries to the first token) and the mean row entropy."""
+    plt = pyplot()
+    width, height = heatmap_size(run.layers, run.heads)
+    figure, axes = plt.subplots(1, 2, figsize=(2 * width, height + 0.3), layout="constrained")
+    panels = (("sink", "Sink mass: attention to the first token", "Share of a query's attention (mean)"),
+              ("entropy", "Attention entropy", "Nats per query (mean)"))
+    for ax, (name, title, label) in zip(axes, panels):
+        values = summaries.metric_grid(run, f"{name}_mean")
+        draw_heatmap(ax, values, title=title, colorbar=label, digits=annotate_digits(values, spread=True))
+        ax.set_gid(name)
+    figure.suptitle(subtitle(run, run.n))
+    return figure
+
+
+KEY_STAGES = {"projection": ("before RoPE (W^K output)", "-"), "attention": ("after RoPE (what attention sees)", "--")}
+
+
+def draw_key_ranks(run: Run):
+    """Per layer (mean over key/value heads): the keys' dataset-level rank for 90% of their variance and the mean
+    per-sequence rank for 90% of their energy, before and after RoPE, against the head dimension."""
+    plt = pyplot()
+    figure, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+    d = int(run.qkv["d"].iloc[0])
+    for column, color, what in (("dataset_rank90", "tab:blue", "over the run (90% of variance)"),
+                                ("rank90_mean", "tab:orange", "per sequence (90% of energy)")):
+        ranks = summaries.key_ranks(run, "k", column)
+        for stage, (where, linestyle) in KEY_STAGES.items():
+            if stage in ranks.columns:
+                ax.plot(ranks["layer"], ranks[stage], color=color, linestyle=linestyle, marker="o", markersize=4,
+                        label=f"{what}, {where}", gid=f"{stage}:{column}")
+    ax.axhline(d, color="0.5", linewidth=0.8, linestyle=":", label=f"head dimension d = {d}")
+    ax.set_xticks(ticks(run.layers) if run.layers > 16 else np.arange(run.layers))
+    ax.set_ylim(0, d * 1.08)
+    ax.set_xlabel("Layer index")
+    ax.set_ylabel("Key rank (mean over key/value heads)")
+    ax.grid(alpha=0.25, linewidth=0.6)
+    ax.set_title(f"Rank of the keys per layer\n{subtitle(run, run.n)}")
+    ax.legend(fontsize=7.5, loc="lower right")
+    ax.set_gid("key_ranks")
+    return figure
+
+
 @dataclass
 class RunPlots:
-    """Paths written by `plot_run`, by view."""
+    """Paths written by `plot_run`, by view (empty where the run has no such measurement)."""
 
     curves: list[Path]
     heatmap: list[Path]
     rank: list[Path]
+    attention: list[Path] = field(default_factory=list)
+    keys: list[Path] = field(default_factory=list)
 
     @property
     def paths(self) -> list[Path]:
-        return [*self.curves, *self.heatmap, *self.rank]
+        return [*self.curves, *self.heatmap, *self.rank, *self.attention, *self.keys]
 
 
 def plot_run(run: Run | str | Path, out: str | Path | None = None, *, at: int | None = None) -> RunPlots:
-    """Write the per-run views (layer curves, c heatmap at `at`, rank heatmaps) into directory `out`
-    (default figures/<run directory name>)."""
+    """Write the per-run views (layer curves, c heatmap at `at`, rank heatmaps, sink and entropy heatmaps, key
+    ranks per layer when measured) into directory `out` (default figures/<run directory name>)."""
     run = as_runs([run])[0]
     at = run.at if at is None else summaries.check_at(run, at)
     folder = plot_folder(run, out)
@@ -110,4 +157,7 @@ def plot_run(run: Run | str | Path, out: str | Path | None = None, *, at: int | 
         curves=style.save(draw_layer_curves(run), folder / "curves"),
         heatmap=style.save(draw_c_heatmap(run, at), folder / f"c_at{at}"),
         rank=style.save(draw_rank_heatmaps(run), folder / "rank"),
+        attention=style.save(draw_attention_heatmaps(run), folder / "sink_entropy")
+        if "sink_mean" in run.metrics.columns else [],
+        keys=style.save(draw_key_ranks(run), folder / "key_ranks") if run.qkv is not None else [],
     )

@@ -1,0 +1,31 @@
+"""`topk`: the sparse oracle — each query keeps its k highest-scoring keys and the softmax over them.
+
+P̃_i = softmax over the k keys j the query may see with the largest scores s q_i·k_j (ties to the earlier
+position), zero elsewhere: the best k-sparse support of each row, the sparse counterpart of the truncated
+SVD. It needs every score, so like `svd` it is an oracle, not a fast attention: O(n² d) per head (plus the
+selection), a query that may see at most k keys gets its exact row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Approximation, Layer, method
+from .window import kept_softmax, scores
+
+
+def top_keys(x: Layer, s: torch.Tensor, budget: int) -> torch.Tensor:
+    """The keys each query keeps (B, H, n, n) given the scores s (B, H, n, n): its k highest-scoring
+    allowed keys, ties to the earlier position."""
+    allowed = x.allowed
+    order = torch.argsort(s.masked_fill(~allowed, float("-inf")), dim=-1, descending=True, stable=True)
+    chosen = order[..., :budget]  # equal scores keep their position order: the earlier first
+    return torch.zeros_like(s, dtype=torch.bool).scatter(-1, chosen, True) & allowed
+
+
+@method("topk", color="#8c6d31", marker="8", short="top-k\noracle", causal=True)
+def topk(x: Layer, budget: int) -> Approximation:
+    """The softmax of the model's scores over each query's k highest-scoring allowed keys; zero elsewhere."""
+    s = scores(x)
+    p_tilde = kept_softmax(s, top_keys(x, s, budget))
+    return Approximation(p_tilde @ x.v, p_tilde)

@@ -1,0 +1,131 @@
+"""Query, key and value spectra per layer and head: how many directions of the head dimension they use.
+
+Low-rank-key studies ask this of the d-dimensional rows of K (n × d), not of P. Per sequence and head,
+the singular values of the valid rows of Q, K (per key/value head under grouped-query attention) and V
+give the smallest rank reaching 90% and 99% of the energy Σσ²; streamed over the whole run, the d × d
+second-moment matrix Σ xᵀx of each layer and head gives, through its eigenvalues, the dataset-level rank
+at 90% / 99% of the explained (uncentred) variance.
+
+For a model with rotary position embeddings (RoPE) queries and keys are measured twice: at the
+"projection" stage (the output of W^Q, W^K, before RoPE; `models.watch_projections`) and at the
+"attention" stage (what the attention function receives). Values are not rotated: one stage. A model
+without RoPE has the attention stage only. Results: `qkv.csv` (one row per tensor, stage, layer, head)
+and `qkv.npz` (the eigenvalues of every second-moment matrix, descending).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..capture import Captured
+from ..models import rotary, watch_projections
+from ..spectrum import split_threads
+from ..stats import Moments, State, tagged
+from .base import Probe
+
+ENERGIES = (0.9, 0.99)
+PROJECTION, ATTENTION = "projection", "attention"
+
+
+def energy_ranks(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Smallest r with Σ_{i≤r} σ_i² ≥ E·Σσ² for each E in ENERGIES: x (B, H, n, d), valid (B, n) → (B, H, 2).
+
+    Padded rows are zeroed first; they add zero singular values, so the ranks are the valid rows' own."""
+    x = (x.to(torch.float64) * valid[:, None, :, None]).flatten(0, 1)
+    sigma = torch.cat(split_threads(torch.linalg.svdvals, x)).reshape(valid.shape[0], -1, min(x.shape[-2:]))
+    energy = (sigma**2).cumsum(-1)
+    share = energy / energy[..., -1:].clamp_min(torch.finfo(energy.dtype).tiny)
+    return torch.stack([(share < e).sum(-1) + 1 for e in ENERGIES], dim=-1).to(torch.float64)
+
+
+def spectrum_ranks(eigenvalues: np.ndarray) -> np.ndarray:
+    """Smallest r whose top eigenvalues explain E of the total, for E in ENERGIES: (..., d) descending → (..., 2)."""
+    total = np.maximum(eigenvalues.cumsum(-1), 0.0)
+    share = total / np.maximum(total[..., -1:], np.finfo(float).tiny)
+    return np.stack([(share < e).sum(-1) + 1 for e in ENERGIES], axis=-1)
+
+
+class QKVProbe(Probe):
+    """Per-sequence energy ranks and streamed second moments of Q, K, V for every layer and head.
+
+    `model` is hooked for the projection stage when it uses RoPE (`close()` removes the hooks)."""
+
+    def __init__(self, model: torch.nn.Module, layers: int, heads: int, kv_heads: int, d: int) -> None:
+        self.layers, self.d = layers, d
+        self.rope = rotary(model)
+        self.cells = {("q", ATTENTION): heads, ("k", ATTENTION): kv_heads, ("v", ATTENTION): kv_heads}
+        if self.rope:
+            self.cells.update({("q", PROJECTION): heads, ("k", PROJECTION): kv_heads})
+        self.ranks = {cell: Moments.zeros((layers, count, len(ENERGIES))) for cell, count in self.cells.items()}
+        self.second = {cell: np.zeros((layers, count, d, d)) for cell, count in self.cells.items()}
+        self._projected: dict[tuple[int, str], torch.Tensor] = {}
+        self._handles = watch_projections(model, self._keep) if self.rope else []
+
+    def _keep(self, layer: int, which: str, output: torch.Tensor) -> None:
+        if which in ("q", "k"):
+            self._projected[(layer, which)] = output.detach()
+
+    def _add(self, cell: tuple[str, str], layer: int, x: torch.Tensor, valid: torch.Tensor) -> None:
+        self.ranks[cell].add(layer, energy_ranks(x, valid))
+        rows = x.to(torch.float64) * valid[:, None, :, None]
+        self.second[cell][layer] += torch.einsum("bhnd,bhne->hde", rows, rows).cpu().numpy()
+
+    def update(self, captured: Captured) -> None:
+        layer, valid = captured.layer, captured.valid
+        for which, x in (("q", captured.q), ("k", captured.key), ("v", captured.value)):
+            self._add((which, ATTENTION), layer, x, valid)
+            projected = self._projected.pop((layer, which), None)
+            if projected is not None and (which, PROJECTION) in self.cells:
+                heads = self.cells[(which, PROJECTION)]
+                batch, n, _ = projected.shape
+                self._add((which, PROJECTION), layer, projected.view(batch, n, heads, -1).transpose(1, 2), valid)
+
+    def state(self) -> State:
+        state: State = {}
+        for (which, stage), moments in self.ranks.items():
+            state.update(moments.state(f"qkv.{which}.{stage}.ranks"))
+            state.update(tagged({f"qkv.{which}.{stage}.second": self.second[(which, stage)]}))
+        return state
+
+    def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        for which, stage in self.cells:
+            self.ranks[(which, stage)] = Moments.from_arrays(arrays, f"qkv.{which}.{stage}.ranks")
+            self.second[(which, stage)] = np.array(arrays[f"qkv.{which}.{stage}.second"])
+
+    def eigenvalues(self) -> dict[tuple[str, str], np.ndarray]:
+        """Descending eigenvalues (layers, heads, d) of every second-moment matrix."""
+        return {cell: np.linalg.eigvalsh(matrix)[..., ::-1].clip(min=0) for cell, matrix in self.second.items()}
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """qkv.csv: per (tensor, stage, layer, head): sequences, mean and std of the per-sequence ranks for 90% and
+        99% of the energy, and the dataset-level ranks for 90% and 99% of the explained variance; d."""
+        frames = []
+        for (which, stage), eigenvalues in self.eigenvalues().items():
+            moments, heads = self.ranks[(which, stage)], self.cells[(which, stage)]
+            layer, head = np.meshgrid(np.arange(self.layers), np.arange(heads), indexing="ij")
+            dataset = spectrum_ranks(eigenvalues)
+            frames.append(pd.DataFrame({
+                "tensor": which, "stage": stage, "layer": layer.ravel(), "head": head.ravel(),
+                "sequences": moments.count.ravel().astype(np.int64),
+                "rank90_mean": moments.mean[..., 0].ravel(), "rank90_std": moments.std[..., 0].ravel(),
+                "rank99_mean": moments.mean[..., 1].ravel(), "rank99_std": moments.std[..., 1].ravel(),
+                "dataset_rank90": dataset[..., 0].ravel(), "dataset_rank99": dataset[..., 1].ravel(),
+                "d": self.d,
+            }))
+        return {"qkv.csv": pd.concat(frames, ignore_index=True)}
+
+    def arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        return {"qkv.npz": {f"{which}_{stage}_eigenvalues": values
+                            for (which, stage), values in self.eigenvalues().items()}}
+
+    def describe(self) -> dict:
+        return {"qkv": True, "rope": self.rope}
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
