@@ -130,3 +130,51 @@ def inspect(source: str, gguf_file: str | None = None) -> Source:
         raise SpectraError(f"model {source} is a file, not a directory saved with save_pretrained (or a .gguf file)")
     config = check_directory(path)
     return Source(source, path, config, label(source, config))
+
+
+#: GGUF metadata value types (gguf's GGUFValueType) → struct format, for the scalar ones
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_field(path: str | Path, wanted: str) -> object | None:
+    """One scalar or string value of a GGUF file's metadata (e.g. general.file_type), read from its header alone.
+
+    Reads the key/value records in order and skips the others without decoding them, so it stays fast on
+    files whose metadata holds a whole tokenizer vocabulary. None when the key is absent or the file is not GGUF.
+    """
+    import struct
+
+    def read(handle, fmt: str):
+        size = struct.calcsize("<" + fmt)
+        return struct.unpack("<" + fmt, handle.read(size))[0]
+
+    def skip(handle, kind: int) -> None:
+        if kind == _GGUF_STRING:
+            handle.seek(read(handle, "Q"), 1)
+        elif kind == _GGUF_ARRAY:
+            inner, count = read(handle, "I"), read(handle, "Q")
+            if inner in _GGUF_SCALARS:
+                handle.seek(count * struct.calcsize("<" + _GGUF_SCALARS[inner]), 1)
+            else:
+                for _ in range(count):
+                    skip(handle, inner)
+        else:
+            handle.seek(struct.calcsize("<" + _GGUF_SCALARS[kind]), 1)
+
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) != b"GGUF" or read(handle, "I") < 2:
+                return None
+            read(handle, "Q")  # tensor count
+            for _ in range(read(handle, "Q")):
+                key = handle.read(read(handle, "Q")).decode("utf-8", "replace")
+                kind = read(handle, "I")
+                if key == wanted and kind in _GGUF_SCALARS:
+                    return read(handle, _GGUF_SCALARS[kind])
+                if key == wanted and kind == _GGUF_STRING:
+                    return handle.read(read(handle, "Q")).decode("utf-8", "replace")
+                skip(handle, kind)
+    except (OSError, struct.error, KeyError):
+        return None
+    return None

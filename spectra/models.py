@@ -98,14 +98,23 @@ def is_decoder(config: transformers.PretrainedConfig, gguf: bool = False) -> boo
         name.endswith(("ForCausalLM", "LMHeadModel")) for name in config.architectures or ())
 
 
+def _quiet_gguf() -> None:
+    """transformers draws its own tqdm bar while dequantizing a GGUF file, outside its logging switches."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover
+        return
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+
+
 def _quantization(path: str) -> str | None:
     """The GGUF file's quantization type (general.file_type, e.g. MOSTLY_Q4_1), read from its header."""
     import gguf
 
+    value = checkpoints.gguf_field(path, "general.file_type")
     try:
-        field = gguf.GGUFReader(path).fields.get("general.file_type")
-        return gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name if field is not None else None
-    except (ValueError, KeyError, IndexError, OSError):
+        return gguf.LlamaFileType(int(value)).name if value is not None else None
+    except ValueError:
         return None
 
 
@@ -141,6 +150,8 @@ def load(
         hub.prepare()  # one quick connection attempt; unreachable → the local cache only, no retries
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    if found.gguf_file:
+        _quiet_gguf()
     where = str(found.path) if found.gguf_file else source
     options = {"trust_remote_code": trust_remote_code, **({"gguf_file": found.gguf_file} if found.gguf_file else {})}
     try:

@@ -95,11 +95,15 @@ class ModelSource:
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, observe: Observe | None = None,
                 substitute: Substitute | None = None) -> Any:
-        """One forward pass with capture active (and a substitution, if given); returns the model's outputs."""
+        """One forward pass with capture active (and a substitution, if given); returns the model's outputs.
+
+        A decoder gets position ids counted from each sequence's first valid token (as generation does), so a
+        left-padded sequence is encoded exactly as it is alone; encoders compute their own."""
         loaded = self.loaded
-        return capture.forward(loaded.model, loaded.layers, observe, substitute,
-                               input_ids=input_ids.to(loaded.device), attention_mask=attention_mask.to(loaded.device),
-                               output_hidden_states=loaded.head is not None)
+        mask = attention_mask.to(loaded.device)
+        positions = {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)} if loaded.causal else {}
+        return capture.forward(loaded.model, loaded.layers, observe, substitute, input_ids=input_ids.to(loaded.device),
+                               attention_mask=mask, output_hidden_states=loaded.head is not None, **positions)
 
 
 def gaussian_qkv(

@@ -104,3 +104,39 @@ def test_fast_spectrum_mode_agrees_with_exact(roberta_dir, text_file, tmp_path) 
     assert fast.meta["spectrum"] == "fast"
     assert 0 < np.abs(fast.cum_mean - exact.cum_mean).max() < 5e-4  # the fast mode's documented tolerance
     assert np.abs(fast.metrics["rank90_mean"] - exact.metrics["rank90_mean"]).max() <= 0.5
+
+
+def test_decoder_run_matches_eager_and_numpy(llama_dir, text_file, tmp_path) -> None:
+    """A causal decoder with left padding: curves, ranks, sink mass and entropy against eager attention (with the
+    position ids generation uses) and numpy, sequence by sequence; each sequence as it is alone."""
+    from references import spectrum_reference
+
+    n, samples = 24, 6
+    run = spectra.analyze(str(llama_dir), str(text_file), length=n, samples=samples, batch_size=3, mode="truncate",
+                          out=tmp_path / "run", **QUIET)
+    assert run.causal and run.meta["model"]["kv_heads"] == 2 and run.meta["model"]["architecture"] == "LlamaForCausalLM"
+    tokenizer = AutoTokenizer.from_pretrained(llama_dir)
+    model = AutoModel.from_pretrained(llama_dir, attn_implementation="eager").eval()
+    corpus = data.open_corpus(str(text_file), seed=0)
+    refs = {}
+    for batch in data.batches(tokenizer, corpus, n, "truncate", samples, 3):
+        assert (batch.attention_mask[:, 0] == 0).any() or batch.attention_mask.all(), "left padding"
+        with torch.no_grad():
+            positions = (batch.attention_mask.cumsum(-1) - 1).clamp_min(0)
+            attentions = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions,
+                               output_attentions=True).attentions
+        for b, valid in enumerate(batch.attention_mask.bool()):
+            for layer, p in enumerate(attentions):
+                for head in range(p.shape[1]):
+                    block = p[b, head][valid][:, valid].double().numpy()
+                    assert np.allclose(np.triu(block, 1), 0), "causal P is lower triangular"
+                    refs.setdefault((layer, head), []).append(spectrum_reference(block, run.at, n))
+    for (layer, head), values in refs.items():
+        row = run.metrics[(run.metrics.layer == layer) & (run.metrics["head"] == head)].iloc[0]
+        for name in ("c_at", "rank90", "sink", "entropy", "erank"):
+            want = np.mean([metrics[name] for _, metrics in values])
+            assert row[f"{name}_mean"] == pytest.approx(want, rel=1e-4, abs=1e-6), (layer, head, name)
+        assert np.abs(run.cum_mean[layer, head] - np.mean([grid for grid, _ in values], 0)).max() < 1e-5
+    alone = spectra.analyze(str(llama_dir), str(text_file), length=n, samples=samples, batch_size=1, mode="truncate",
+                            out=tmp_path / "alone", **QUIET)
+    assert np.abs(alone.cum_mean - run.cum_mean).max() < 1e-5, "padding does not change a sequence's numbers"

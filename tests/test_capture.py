@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
+import tiny
 from spectra import capture
 
 TEXTS = [
@@ -170,3 +171,71 @@ def test_grouped_query_records_keep_one_key_per_key_value_head() -> None:
     for head in range(6):  # query head h reads key/value head h // groups, as eager attention's repeat_kv
         assert torch.equal(captured.k[:, head], key[:, head // 3])
         assert torch.equal(captured.v[:, head], value[:, head // 3])
+
+
+DECODERS = {
+    "llama": {"num_key_value_heads": 2},
+    "qwen2": {"num_key_value_heads": 2},
+    "mistral": {"num_key_value_heads": 2, "sliding_window": None},
+    "gpt2": {},
+}
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("family", sorted(DECODERS))
+def test_decoder_families_capture_like_eager(family, side) -> None:
+    """Causal LMs, grouped-query attention included: logits and P bitwise equal to eager, padding on either side;
+    the record keeps one key per key/value head and says the layer is causal."""
+    import copy
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if family == "gpt2":
+        sizes = dict(vocab_size=100, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
+    config = AutoConfig.for_model(family, **sizes, **DECODERS[family])
+    torch.manual_seed(0)
+    spectra_model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=capture.NAME).eval()
+    eager_model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager").eval()
+    eager_model.load_state_dict(spectra_model.state_dict())
+    ids = torch.randint(5, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if side == "right":
+        mask[1, 6:] = 0
+    else:
+        mask[1, :4] = 0
+    recorder = Recorder()
+    with torch.no_grad():
+        with capture.capturing(recorder):
+            got = spectra_model(input_ids=ids, attention_mask=mask).logits
+        want = eager_model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert torch.equal(got, want.logits)
+    for layer, p in enumerate(want.attentions):
+        seen = recorder.seen[layer]
+        assert torch.equal(seen.p, p) and seen.causal
+        assert seen.key.shape[1] == (2 if family != "gpt2" else 4) and seen.groups == 4 // seen.key.shape[1]
+        assert torch.equal(seen.valid, mask.bool())
+
+
+def test_smollm2_captures_like_eager() -> None:
+    """The real pretrained decoder (30 layers, 9 query heads sharing 3 key/value heads, RoPE): logits and every
+    layer's P bitwise equal to eager attention on a left-padded batch."""
+    from transformers import AutoModelForCausalLM
+
+    folder, name = tiny.smollm2()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer.padding_side = "left"
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    spectra_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, attn_implementation=capture.NAME).eval()
+    eager_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, attn_implementation="eager").eval()
+    recorder = Recorder()
+    with torch.no_grad():
+        with capture.capturing(recorder):
+            got = spectra_model(**batch).logits
+        want = eager_model(**batch, output_attentions=True)
+    assert torch.equal(got, want.logits)
+    assert len(want.attentions) == 30
+    for layer, p in enumerate(want.attentions):
+        seen = recorder.seen[layer]
+        assert torch.equal(seen.p, p), layer
+        assert seen.q.shape[1] == 9 and seen.key.shape[1] == 3 and seen.causal

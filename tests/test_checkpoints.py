@@ -59,3 +59,23 @@ def test_broken_directories_are_one_line(damage, message, roberta_dir, tmp_path)
 def test_missing_paths() -> None:
     with pytest.raises(SpectraError, match="model directory ./nowhere does not exist"):
         checkpoints.inspect("./nowhere")
+
+
+def test_gguf_header_fields_are_read_without_decoding_the_rest(tmp_path) -> None:
+    import struct
+
+    def string(text: str) -> bytes:
+        data = text.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    records = [string("general.name") + struct.pack("<I", 8) + string("tiny"),
+               string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + b"".join(map(string, "abc")),
+               string("tokenizer.scores") + struct.pack("<IIQ", 9, 6, 3) + struct.pack("<3f", 1, 2, 3),
+               string("general.file_type") + struct.pack("<II", 4, 3)]
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(records)) + b"".join(records))
+    assert checkpoints.gguf_field(path, "general.file_type") == 3
+    assert checkpoints.gguf_field(path, "general.name") == "tiny"
+    assert checkpoints.gguf_field(path, "general.missing") is None
+    (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04")
+    assert checkpoints.gguf_field(tmp_path / "not.gguf", "general.file_type") is None

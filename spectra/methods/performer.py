@@ -81,7 +81,7 @@ CAUSAL_BLOCK = 64
 
 def causal_key_scale(log_k: torch.Tensor) -> torch.Tensor:
     """c_i (B, H, n): the largest log-feature of the valid keys at or before position i (a running max), the
-    float-safety factor exp(−c_i) shared by every key row i sums over. Before the first valid key it is
+    float-safety factor exp(−c_i) shared by all the keys row i sums over. Before the first valid key it is
     that key's; a sequence without valid keys gets 0."""
     c = log_k.amax(-1).cummax(-1).values  # −inf up to the first valid key
     first = torch.where(torch.isfinite(c), c, float("inf")).amin(-1, keepdim=True)  # c is nondecreasing
@@ -96,8 +96,8 @@ def performer_causal(x: Layer, budget: int) -> Approximation:
     every query may see every valid key and this is `performer`.
 
     Float safety as `performer`, with factors that cancel exactly and never look ahead: each query's
-    features are divided by their largest entry, and every key row i sums over by exp(c_i), c_i the
-    largest log-feature of the valid keys at or before i (`causal_key_scale`; performer's single factor
+    features are divided by their largest entry, and the features of the keys row i sums over by exp(c_i),
+    c_i the largest log-feature of the valid keys at or before i (`causal_key_scale`; performer's single factor
     per sequence would depend on later keys, and a large later key would underflow an early row to zero).
     Row i's prefix sums are carried as Σ_{j≤i} f_j v_jᵀ e^{c_j − c_i} with f_j = e^{log φ(k_j) − c_j} ≤ 1:
     every exponent is ≤ 0. They are evaluated in blocks of `CAUSAL_BLOCK` positions — the sums of the

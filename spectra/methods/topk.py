@@ -16,11 +16,15 @@ from .window import kept_softmax, scores
 
 def top_keys(x: Layer, s: torch.Tensor, budget: int) -> torch.Tensor:
     """The keys each query keeps (B, H, n, n) given the scores s (B, H, n, n): its k highest-scoring
-    allowed keys, ties to the earlier position."""
+    allowed keys, ties to the earlier position. Every key above the k-th largest score t_i, then the
+    earliest keys scoring exactly t_i until k are kept (no full sort; fewer than k allowed keys: all)."""
     allowed = x.allowed
-    order = torch.argsort(s.masked_fill(~allowed, float("-inf")), dim=-1, descending=True, stable=True)
-    chosen = order[..., :budget]  # equal scores keep their position order: the earlier first
-    return torch.zeros_like(s, dtype=torch.bool).scatter(-1, chosen, True) & allowed
+    s = s.masked_fill(~allowed, float("-inf"))
+    t = s.topk(min(budget, s.shape[-1]), dim=-1).values[..., -1:]  # the k-th largest score of each row
+    above = s > t
+    tie = (s == t) & allowed
+    room = budget - above.sum(-1, keepdim=True, dtype=torch.int32)
+    return above | (tie & (tie.cumsum(-1, dtype=torch.int32) <= room))
 
 
 @method("topk", color="#8c6d31", marker="8", short="top-k\noracle", causal=True)

@@ -31,13 +31,18 @@ ENERGIES = (0.9, 0.99)
 PROJECTION, ATTENTION = "projection", "attention"
 
 
-def energy_ranks(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Smallest r with Σ_{i≤r} σ_i² ≥ E·Σσ² for each E in ENERGIES: x (B, H, n, d), valid (B, n) → (B, H, 2).
+def gram(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """XᵀX (B, H, d, d) in float64 of each sequence's valid rows (padded rows zeroed): its eigenvalues are σ²."""
+    rows = x.to(torch.float64) * valid[:, None, :, None]
+    return torch.einsum("bhnd,bhne->bhde", rows, rows)
 
-    Padded rows are zeroed first; they add zero singular values, so the ranks are the valid rows' own."""
-    x = (x.to(torch.float64) * valid[:, None, :, None]).flatten(0, 1)
-    sigma = torch.cat(split_threads(torch.linalg.svdvals, x)).reshape(valid.shape[0], -1, min(x.shape[-2:]))
-    energy = (sigma**2).cumsum(-1)
+
+def energy_ranks(grams: torch.Tensor) -> torch.Tensor:
+    """Smallest r with Σ_{i≤r} σ_i² ≥ E·Σσ² for each E in ENERGIES, from Gram matrices (B, H, d, d) → (B, H, 2).
+
+    σ² are the Gram matrix's eigenvalues (float64), so padded rows, which add zeros, leave the ranks alone."""
+    squares = torch.cat(split_threads(torch.linalg.eigvalsh, grams)).reshape(grams.shape[:-1]).flip(-1).clamp_min(0)
+    energy = squares.cumsum(-1)
     share = energy / energy[..., -1:].clamp_min(torch.finfo(energy.dtype).tiny)
     return torch.stack([(share < e).sum(-1) + 1 for e in ENERGIES], dim=-1).to(torch.float64)
 
@@ -70,9 +75,9 @@ class QKVProbe(Probe):
             self._projected[(layer, which)] = output.detach()
 
     def _add(self, cell: tuple[str, str], layer: int, x: torch.Tensor, valid: torch.Tensor) -> None:
-        self.ranks[cell].add(layer, energy_ranks(x, valid))
-        rows = x.to(torch.float64) * valid[:, None, :, None]
-        self.second[cell][layer] += torch.einsum("bhnd,bhne->hde", rows, rows).cpu().numpy()
+        grams = gram(x, valid)
+        self.ranks[cell].add(layer, energy_ranks(grams))
+        self.second[cell][layer] += grams.sum(0).cpu().numpy()
 
     def update(self, captured: Captured) -> None:
         layer, valid = captured.layer, captured.valid

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from layers import B, H, N, captured, random_layer, with_lengths
+from methods.causal_layers import layer as causal_layer, look_ahead, model_mask, valid_positions
 from spectra.capture import Captured
 from spectra.config import Sharing
 from spectra.errors import SpectraError
-from spectra.methods import REGISTRY, Layer, expand, substitute
+from spectra.methods import REGISTRY, Approximation, Layer, expand, substitute
 from spectra.probes.approx import measures
 
 LENGTHS = (N, 7)
-EXACT_AT_N = ["svd", "pool-mean", "pool-max", "nystrom", "probsparse"]
+EXACT_AT_N = ["svd", "svd-causal", "pool-mean", "pool-max", "nystrom", "probsparse", "window", "topk"]
 #: methods whose P̃ rows sum to one by construction (an approximate A⁺, nystrom-iter6, does not keep the mass at 1;
 #: random E, F or R do not either)
-ROW_STOCHASTIC = ["pool-mean", "performer", "nystrom", "skyformer", "probsparse"]
+ROW_STOCHASTIC = ["pool-mean", "performer", "performer-causal", "nystrom", "skyformer", "probsparse", "window", "topk"]
+#: methods registered as causal: a query's output never depends on a later position
+CAUSAL = [label for label, entry in REGISTRY.items() if entry.causal]
+SIDES = ["left", "right"]
 
 
 def test_names_expand_to_labels_in_registration_order() -> None:
@@ -80,3 +86,80 @@ def test_layer_of_a_record_uses_its_p_or_recomputes_it() -> None:
     assert given.q.dtype == torch.float32 and given._p is not None and recomputed._p is None
     assert torch.allclose(given.p, recomputed.p, atol=1e-6)
     assert (given.v[1, :, 7:] == 0).all() and (given.p[1, :, 7:] == 0).all() and (given.p[1, :, :, 7:] == 0).all()
+
+
+# ---------------------------------------------------------------- causal methods
+
+
+def test_the_decoder_methods_are_registered_causal() -> None:
+    assert {"window", "topk", "performer-causal", "svd-causal"} <= set(CAUSAL)
+    assert all(REGISTRY[label].family == label for label in ("window", "topk", "performer-causal", "svd-causal"))
+    assert all(len(REGISTRY[label].short.splitlines()) == 2 for label in CAUSAL)
+
+
+def naive_masked_svd(x: Layer, budget: int) -> Approximation:
+    """The rank-k truncated SVD of the whole causal P with the causal mask re-applied: NOT causal."""
+    u, sigma, vh = x.svd()
+    p_k = ((u[..., :budget] * sigma[..., None, :budget]) @ vh[..., :budget, :]) * x.allowed
+    return Approximation(p_k @ x.v, p_k)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_causal_methods_never_look_ahead(name, side) -> None:
+    """Redrawing q, k, v after position i leaves every output row ≤ i and P̃'s rows ≤ i as they were."""
+    x = causal_layer(side=side, spread=1.5)
+    for budget in (1, 3, 6):
+        for i in (2, 6, 9):
+            assert look_ahead(REGISTRY[name].run, x, budget, i) < 1e-12, (budget, i)
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_the_look_ahead_check_catches_the_naive_masked_svd(side) -> None:
+    """The check can fail: the SVD basis of the whole P comes from every row, so later queries and keys change
+    an earlier row's approximation even with the causal mask re-applied."""
+    x = causal_layer(side=side, spread=1.5)
+    for budget in (3, 6):
+        for i in (6, 9):
+            assert look_ahead(naive_masked_svd, x, budget, i) > 1e-3, (budget, i)
+            assert look_ahead(REGISTRY["svd-causal"].run, x, budget, i) < 1e-12
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_causal_padded_sequence_measures_as_alone(name, side) -> None:
+    padded = causal_layer(LENGTHS, side=side)
+    m = LENGTHS[1]
+    kept = slice(N - m, N) if side == "left" else slice(0, m)
+    alone = causal_layer((m,), n=m)
+    alone = replace(alone, q=padded.q[1:, :, kept], k=padded.k[1:, :, kept], v=padded.v[1:, :, kept], _p=None)
+    for budget in (1, 3, m):
+        got, want = (measures(x, REGISTRY[name].run(x, budget))[:, -1] for x in (padded, alone))
+        assert torch.allclose(got, want, atol=1e-9, equal_nan=True), (budget, got, want)
+    assert torch.isfinite(REGISTRY[name].run(padded, 3).out).all(), "padded rows stay finite (they feed the next layer)"
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_causal_float32_is_finite_and_p_rows_sum_to_one(name, side) -> None:
+    x32 = causal_layer(LENGTHS, side=side, spread=1.5, dtype=torch.float32)
+    approx = REGISTRY[name].run(x32, 5)
+    assert approx.out.dtype == torch.float32 and torch.isfinite(approx.out).all()
+    if approx.p is not None:
+        assert torch.isfinite(approx.p).all()
+    if name in ROW_STOCHASTIC:
+        sums = approx.p.sum(-1)[x32.valid[:, None, :].expand(-1, H, -1)]
+        assert torch.allclose(sums, torch.ones_like(sums), atol=1e-3)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", sorted(set(EXACT_AT_N) & set(CAUSAL)))
+def test_causal_substitution_at_full_budget_is_exact_attention(name, side) -> None:
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, H, N, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    valid = valid_positions(LENGTHS, N, side)
+    record = Captured.of(3, q, k, v, model_mask(valid, True, torch.float64), 0.7, causal=True)
+    out = substitute(name, N, None)(record)
+    exact = record.p @ record.v  # eager attention with the model's causal mask
+    rows = valid[:, None, :, None]
+    assert torch.allclose(out * rows, exact * rows, atol=1e-9)

@@ -84,7 +84,8 @@ def test_svd_causal_on_a_bidirectional_layer_is_svd() -> None:
     assert torch.equal(causal.p, full.p) and torch.equal(causal.out, full.out)
 
 
-def test_svd_causal_is_no_worse_than_rank_k_per_prefix_and_improves_with_k() -> None:
+def test_svd_causal_error_falls_as_k_grows() -> None:
+    """Row i's residual is Σ_{r>k} u_ir² σ_r² of its prefix block: it never grows with k."""
     from methods.causal_layers import layer as causal_layer
     from spectra.probes.approx import measures
 

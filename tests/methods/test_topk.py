@@ -45,6 +45,9 @@ def test_topk_ties_go_to_the_earlier_position(causal) -> None:
     assert (p[:, 2] == 1).all() and (p[:, 6] == 0).all()
     p = REGISTRY["topk"].run(x, 2).p[0, :, 9]
     assert torch.allclose(p[:, 2], p[:, 6]) and torch.allclose(p[:, 2], torch.full((H,), 0.5, dtype=p.dtype))
+    k[..., 4, :] = 6 * x.q[..., 9, :]  # one key above the tie: it and the earlier of the tied two
+    p = REGISTRY["topk"].run(replace(x, k=k, _p=None), 2).p[0, :, 9]
+    assert ((p[:, 4] > 0) & (p[:, 2] > 0)).all() and (p[:, 6] == 0).all() and (p > 0).sum() == 2 * H
 
 
 @pytest.mark.parametrize("side,causal", KINDS)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, RobertaModel
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, RobertaModel
 
 from spectra import data, models
 from spectra.errors import SpectraError
@@ -80,3 +80,51 @@ def test_every_family_end_to_end(roberta_dir, text_file, tmp_path) -> None:
             approx(str(roberta_dir), str(text_file), budgets=budgets, length=n, samples=2, methods=["performer"],
                    out=tmp_path / "bad", progress=None, notify=lambda line: None)
     assert not (tmp_path / "bad").exists()
+
+
+def test_next_token_loss_of_a_decoder_matches_eager(llama_dir, text_file, tmp_path) -> None:
+    """A causal LM head: the standard shifted next-token loss over every predicted position, exact against eager
+    attention on the same left-padded batches; a causal method at k = n is lossless."""
+    n = 20
+    run = approx(str(llama_dir), str(text_file), budgets=[4, n], methods=["topk", "window"], length=n, samples=5,
+                 batch_size=2, mode="truncate", end_to_end=True, out=tmp_path / "run", **QUIET)
+    assert run.meta["lm_head"] == "causal-lm"
+    e2e = run.end_to_end.set_index(["method", "budget"])
+    tokenizer = AutoTokenizer.from_pretrained(llama_dir)
+    eager = AutoModelForCausalLM.from_pretrained(llama_dir, attn_implementation="eager").eval()
+    corpus = data.open_corpus(str(text_file), seed=0)
+    total, count = 0.0, 0
+    for batch in data.batches(tokenizer, corpus, n, "truncate", 5, 2):
+        mask = batch.attention_mask
+        with torch.no_grad():
+            logits = eager(input_ids=batch.input_ids, attention_mask=mask,
+                           position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits
+        for b in range(len(mask)):
+            positions = mask[b].nonzero().flatten()
+            ids = batch.input_ids[b, positions]
+            rows = logits[b, positions][:-1]
+            total += torch.nn.functional.cross_entropy(rows, ids[1:], reduction="sum").item()
+            count += len(ids) - 1
+    assert e2e["predicted_tokens"].iloc[0] == count and "masked_tokens" not in run.end_to_end.columns
+    assert e2e["loss_exact"].iloc[0] == pytest.approx(total / count, rel=1e-5)
+    for method in ("topk", "window"):
+        assert e2e.loc[(method, n), "ppl_change"] == pytest.approx(0, abs=1e-5), "k = n is exact attention"
+        assert e2e.loc[(method, 4), "hidden_rel_err"] > 1e-4
+
+
+def test_a_non_causal_method_is_refused_end_to_end_on_a_decoder(llama_dir, text_file, tmp_path, monkeypatch,
+                                                                 capsys) -> None:
+    import tiny
+
+    monkeypatch.chdir(tmp_path)
+    code, out, err = tiny.run_cli(["approx", str(llama_dir), "--data", str(text_file), "--length", "16", "--samples",
+                                   "2", "--k", "4", "--methods", "linformer(kv),topk", "--end-to-end"], monkeypatch,
+                                  capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "linformer(kv) lets each query see future tokens, so it is not a causal approximation" in lines[0]
+    assert "window" in lines[0] and "topk" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+    code, out, err = tiny.run_cli(["approx", str(llama_dir), "--data", str(text_file), "--length", "16", "--samples",
+                                   "2", "--k", "4", "--methods", "linformer(kv),svd"], monkeypatch, capsys)
+    assert code == 0, "per head, a non-causal method is measured as on an encoder"

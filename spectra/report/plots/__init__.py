@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from .approx import draw_approx_budgets, draw_approx_layers, draw_end_to_end, plot_approx
 from .figure1 import choose_heatmap, draw_figure1, figure1
-from .spectra import RunPlots, draw_c_heatmap, draw_layer_curves, draw_rank_heatmaps, plot_run
+from .spectra import (RunPlots, draw_attention_heatmaps, draw_c_heatmap, draw_key_ranks, draw_layer_curves,
+                      draw_rank_heatmaps, plot_run)
 from .theorems import draw_theorem1, draw_theorem_errors, plot_theorems
 
 __all__ = [
-    "RunPlots", "choose_heatmap", "draw_approx_budgets", "draw_approx_layers", "draw_c_heatmap", "draw_end_to_end",
+    "RunPlots", "choose_heatmap", "draw_approx_budgets", "draw_approx_layers", "draw_attention_heatmaps",
+    "draw_c_heatmap", "draw_end_to_end", "draw_key_ranks",
     "draw_figure1", "draw_layer_curves", "draw_rank_heatmaps", "draw_theorem1", "draw_theorem_errors", "figure1",
     "plot_approx", "plot_run", "plot_theorems",
 ]

@@ -35,10 +35,31 @@ def test_plot_run_views(runs, tmp_path) -> None:
         np.testing.assert_array_equal(mesh_values(by_gid(ranks, f"rank{energy}")), expected)
         assert f"{energy}%" in by_gid(ranks, f"rank{energy}").get_title()
 
+    attention = plots.draw_attention_heatmaps(run)
+    for name in ("sink", "entropy"):
+        expected = table[f"{name}_mean"].to_numpy().reshape(run.layers, run.heads)
+        np.testing.assert_array_equal(mesh_values(by_gid(attention, name)), expected)
+
     written = plots.plot_run(run.path, tmp_path / "views")
     names = sorted(path.name for path in written.paths)
-    assert names == ["c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png"]
+    assert names == ["c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png",
+                     "sink_entropy.pdf", "sink_entropy.png"], "an encoder run without qkv has no key-rank view"
     assert all(path.stat().st_size > 1000 for path in written.paths)
+
+
+def test_decoder_key_ranks_view(llama_dir, text_file, tmp_path) -> None:
+    import spectra
+
+    run = spectra.analyze(str(llama_dir), str(text_file), length=16, samples=4, out=tmp_path / "run", progress=None,
+                          notify=lambda line: None)
+    ax = by_gid(plots.draw_key_ranks(run), "key_ranks")
+    keys = run.qkv[run.qkv["tensor"] == "k"]
+    for stage in ("projection", "attention"):
+        for column in ("dataset_rank90", "rank90_mean"):
+            line = next(line for line in ax.lines if line.get_gid() == f"{stage}:{column}")
+            expected = keys[keys["stage"] == stage].groupby("layer")[column].mean().to_numpy()
+            np.testing.assert_allclose(line.get_ydata(), expected, rtol=0)
+    assert "key_ranks.png" in [path.name for path in plots.plot_run(run, tmp_path / "views").paths]
 
 
 def test_cli_plot(runs, tmp_path, monkeypatch, capsys) -> None:
@@ -46,7 +67,8 @@ def test_cli_plot(runs, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(sys, "argv", ["spectra", "plot", path, "--at", "3", "--out", str(tmp_path / "views")])
     cli.main()
     assert sorted(p.name for p in (tmp_path / "views").iterdir()) == [
-        "c_at3.pdf", "c_at3.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png"]
+        "c_at3.pdf", "c_at3.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png", "sink_entropy.pdf",
+        "sink_entropy.png"]
     capsys.readouterr()
 
 
