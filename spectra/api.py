@@ -171,6 +171,8 @@ def theorems(
     budgets: Iterable[int] = (16, 32, 64, 128, 256),
     eps: Iterable[float] = (0.1, 0.2, 0.3, 0.5),
     synthetic: bool = False,
+    draws: int = 1,
+    fixed_projection: bool = False,
     d: int = 64,
     heads: int = 1,
     length: int = 512,
@@ -192,17 +194,20 @@ def theorems(
     notify: Callable[[str], None] = print,
 ) -> TheoremRun:
     """Theorems 1 and 2 checked on a model's captured attention, or on Gaussian q, k, v (`synthetic`):
-    empirical Pr(error ≤ ε) against the bounds, and the errors of JL, truncated SVD and eq. 7."""
+    empirical Pr(error ≤ ε) against the bounds, and the errors of JL, truncated SVD and eq. 7. Each sequence
+    gets `draws` fresh random projections (seeded by its index), so every Pr comes with a 95% interval over
+    sequences and the spread across draws; `fixed_projection` uses one R per layer and k instead (as before)."""
     from .probes import Probes
     from .probes.theorems import Theorem1Probe, Theorem2Probe
     from .sources import ModelSource, SyntheticSource
 
-    options = TheoremOptions(tuple(budgets), tuple(eps)).resolved(length)
+    options = TheoremOptions(tuple(budgets), tuple(eps), draws, fixed_projection).resolved(length)
     meta = {**options.identity(), "synthetic": synthetic}
 
     def build_probe(source) -> Probes:
         shape = (source.layers, source.heads, length, options.budgets, options.eps)
-        return Probes(theorem1=Theorem1Probe(*shape, seed=seed), theorem2=Theorem2Probe(*shape, seed=seed))
+        draw = dict(seed=seed, draws=options.draws, fixed=options.fixed_projection)
+        return Probes(theorem1=Theorem1Probe(*shape, **draw), theorem2=Theorem2Probe(*shape, **draw))
 
     if synthetic:
         synthetic_config = SyntheticConfig(length, d, heads, samples, batch_size, seed, device)

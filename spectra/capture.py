@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -31,7 +31,9 @@ class Captured:
     `key`, `value` (B, H_kv, n, d) are per key/value head (grouped-query attention has H_kv < H);
     `k`, `v` repeat them to the H query heads, as eager attention does (no copy when H_kv = H).
     `valid` (B, n) marks the keys that take part (not padding); `mask` is the model's additive mask
-    (B, 1, n, n) or None, used only to form P exactly as eager attention does.
+    (B, 1, n, n) or None, used only to form P exactly as eager attention does. `index` holds each
+    sequence's global index in the run (so randomness can be drawn per sequence, whatever the batching)
+    when the caller said it, else None.
     """
 
     layer: int
@@ -42,6 +44,7 @@ class Captured:
     scaling: float
     causal: bool = False
     mask: torch.Tensor | None = field(default=None, repr=False)
+    index: tuple[int, ...] | None = None
 
     @property
     def groups(self) -> int:
@@ -66,10 +69,14 @@ class Captured:
 
     @classmethod
     def of(cls, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           scaling: float | None = None, causal: bool = False) -> "Captured":
+           scaling: float | None = None, causal: bool = False, index: tuple[int, ...] | None = None) -> "Captured":
         """A record from tensors at hand (tests, synthetic inputs): the valid keys read off `mask`."""
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
-        return cls(layer, q, k, v, key_valid(mask, q.shape[0], k.shape[-2], q.device), scaling, causal, mask)
+        return cls(layer, q, k, v, key_valid(mask, q.shape[0], k.shape[-2], q.device), scaling, causal, mask, index)
+
+    def sequence_index(self) -> list[int]:
+        """Each sequence's global index in the run (0…B−1 when the caller gave none)."""
+        return list(self.index) if self.index is not None else list(range(self.q.shape[0]))
 
 
 #: substitute(captured) -> head outputs (B, H, n, d), or None to keep exact attention for that layer
@@ -90,6 +97,7 @@ def key_valid(mask: torch.Tensor | None, batch: int, n: int, device: torch.devic
 class _State:
     observe: Observe | None = None
     substitute: Substitute | None = None
+    index: tuple[int, ...] | None = None
     calls: int = 0
     layers_seen: set[int] = field(default_factory=set)
 
@@ -126,7 +134,7 @@ def spectra_attention(
     _state.calls += 1
     _state.layers_seen.add(layer)
     captured = Captured(layer, query, key, value, key_valid(mask, query.shape[0], key.shape[-2], query.device),
-                        scaling, bool(getattr(module, "is_causal", False)), mask)
+                        scaling, bool(getattr(module, "is_causal", False)), mask, _state.index)
     out = None
     if _state.substitute is not None and _state.observe is None:  # no one needs P: never form it
         out = _state.substitute(captured)
@@ -149,11 +157,13 @@ AttentionMaskInterface.register(NAME, eager_mask)
 
 
 @contextlib.contextmanager
-def capturing(observe: Observe | None = None, substitute: Substitute | None = None) -> Iterator[_State]:
-    """Activate an observer (and a substitution) for the forward passes run inside the block."""
+def capturing(observe: Observe | None = None, substitute: Substitute | None = None,
+              index: Sequence[int] | None = None) -> Iterator[_State]:
+    """Activate an observer (and a substitution) for the forward passes run inside the block; `index` gives the
+    batch's sequences' global indices to the records."""
     global _state
     previous = _state
-    _state = _State(observe=observe, substitute=substitute)
+    _state = _State(observe=observe, substitute=substitute, index=None if index is None else tuple(index))
     try:
         yield _state
     finally:
@@ -161,9 +171,9 @@ def capturing(observe: Observe | None = None, substitute: Substitute | None = No
 
 
 def forward(model: nn.Module, layers: int, observe: Observe | None = None, substitute: Substitute | None = None,
-            **inputs: Any) -> Any:
+            index: Sequence[int] | None = None, **inputs: Any) -> Any:
     """One forward pass of `model` with capture active; checks that all `layers` went through the capture."""
-    with torch.inference_mode(), capturing(observe, substitute) as state:
+    with torch.inference_mode(), capturing(observe, substitute, index) as state:
         outputs = model(**inputs)
     if len(state.layers_seen) != layers:
         raise SpectraError(

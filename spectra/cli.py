@@ -190,6 +190,8 @@ def theorems(
     k: str = typer.Option("16,32,64,128,256", "--k", help="Projected dimensions k to sweep, comma-separated, each ≤ n."),
     eps: str = typer.Option("0.1,0.2,0.3,0.5", "--eps", help="Relative errors ε in (0, 1), comma-separated."),
     synthetic: bool = typer.Option(False, "--synthetic", help="Use i.i.d. Gaussian q, k, v instead of a model (with --n, --d, --heads)."),
+    draws: int = typer.Option(1, "--draws", help="Random projections R (and E, F) drawn per sequence, each seeded by the sequence's index: Pr(error ≤ ε) comes with a 95%% interval over sequences and the spread across draws."),
+    fixed_projection: bool = typer.Option(False, "--fixed-projection", help="One R per layer and k for the whole run instead (the old behaviour: its Pr describes that one draw)."),
     n: int = typer.Option(512, "--n", "--length", help="Sequence length n."),
     d: int = typer.Option(64, "--d", help="Head dimension of --synthetic q, k, v."),
     heads: int = typer.Option(1, "--heads", help="Heads per --synthetic sample."),
@@ -217,7 +219,8 @@ def theorems(
     if run is None:
         with progress_bar("sequences") as progress:
             run = run_theorems(
-                model, data, budgets=numbers(k, "--k"), eps=numbers(eps, "--eps", float), synthetic=synthetic, d=d,
+                model, data, budgets=numbers(k, "--k"), eps=numbers(eps, "--eps", float), synthetic=synthetic,
+                draws=draws, fixed_projection=fixed_projection, d=d,
                 heads=heads, length=n, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
                 text_column=text_column, device=device, dtype=dtype, gguf_file=gguf_file, out=out, overwrite=overwrite,
                 resume=resume, trust_remote_code=trust_remote_code, progress=progress, notify=_notify,

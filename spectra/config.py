@@ -312,21 +312,29 @@ class ApproxOptions:
 
 @dataclass(frozen=True)
 class TheoremOptions:
-    """The sweep of projected dimensions and of ε."""
+    """The sweep of projected dimensions and of ε; `draws` random projections per sequence, or one fixed R per
+    layer and k (`fixed_projection`)."""
 
     budgets: tuple[int, ...] = (16, 32, 64, 128, 256)
     eps: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
+    draws: int = 1
+    fixed_projection: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budgets", check_budgets(self.budgets))
         object.__setattr__(self, "eps", check_eps(self.eps))
+        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
+            raise SpectraError(f"--draws must be a positive integer, got {self.draws!r}")
+        if self.fixed_projection and self.draws != 1:
+            raise SpectraError("--fixed-projection uses one R per layer and k: it takes no --draws")
 
     def resolved(self, n: int) -> "TheoremOptions":
         check_budgets(self.budgets, n)
         return self
 
     def identity(self) -> dict[str, Any]:
-        return {"budgets": list(self.budgets), "eps": list(self.eps)}
+        return {"budgets": list(self.budgets), "eps": list(self.eps), "draws": self.draws,
+                "fixed_projection": self.fixed_projection}
 
 
 class Init(Choice):

@@ -31,6 +31,7 @@ class Domain(enum.IntEnum):
     PERFORMER = 601  # FAVOR+ random features per (budget, layer, head)
     SKYFORMER = 602  # landmark samples per (budget, layer, head, m)
     PROBSPARSE = 603  # ProbSparse key samples per (layer, head, draw)
+    BOOTSTRAP = 701  # Poisson bootstrap weights of sequence i
 
 
 def derive_seed(seed: int, *parts: int) -> int:

@@ -90,11 +90,11 @@ class ModelSource:
         return self.loaded.kv_heads or self.loaded.heads
 
     def run(self, batch: data.Batch, observe: Observe) -> None:
-        """The batch's forward pass, every layer handed to `observe`."""
-        self.forward(batch.input_ids, batch.attention_mask, observe=observe)
+        """The batch's forward pass, every layer handed to `observe` (its records know the sequences' indices)."""
+        self.forward(batch.input_ids, batch.attention_mask, observe=observe, index=batch.index)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, observe: Observe | None = None,
-                substitute: Substitute | None = None) -> Any:
+                substitute: Substitute | None = None, index: list[int] | None = None) -> Any:
         """One forward pass with capture active (and a substitution, if given); returns the model's outputs.
 
         A decoder gets position ids counted from each sequence's first valid token (as generation does), so a
@@ -102,7 +102,7 @@ class ModelSource:
         loaded = self.loaded
         mask = attention_mask.to(loaded.device)
         positions = {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)} if loaded.causal else {}
-        return capture.forward(loaded.model, loaded.layers, observe, substitute, input_ids=input_ids.to(loaded.device),
+        return capture.forward(loaded.model, loaded.layers, observe, substitute, index, input_ids=input_ids.to(loaded.device),
                                attention_mask=mask, output_hidden_states=loaded.head is not None, **positions)
 
 
@@ -163,4 +163,4 @@ class SyntheticSource:
         drawn = [gaussian_qkv(self.n, config.d, heads=self.heads, seed=derive_seed(config.seed, index),
                               device=self.device) for index in batch.index]
         q, k, v = (torch.cat(parts) for parts in zip(*drawn))
-        observe(Captured.of(0, q, k, v))
+        observe(Captured.of(0, q, k, v, index=tuple(batch.index)))

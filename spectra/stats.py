@@ -209,3 +209,90 @@ class ErrorStats:
                 expected = getattr(self, name).shape
                 raise SpectraError(f"checkpoint array {prefix}.{name} has shape {value.shape}, expected {expected}")
             setattr(self, name, value)
+
+
+def t_quantile(count: np.ndarray) -> np.ndarray:
+    """The 97.5% quantile of Student's t with count − 1 degrees of freedom (NaN below 2)."""
+    from scipy.stats import t as student
+
+    count = np.asarray(count, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return np.where(count >= 2, student.ppf(0.975, np.maximum(count - 1, 1)), np.nan)
+
+
+def wilson(p: np.ndarray, count: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson's 95% score interval for a proportion p observed over `count` independent trials."""
+    count = np.maximum(np.asarray(count, dtype=float), 1.0)
+    centre = (p + z * z / (2 * count)) / (1 + z * z / count)
+    half = z * np.sqrt(p * (1 - p) / count + z * z / (4 * count * count)) / (1 + z * z / count)
+    return np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+
+
+class ClusterStats:
+    """Success rates over clusters of correlated samples, with a confidence interval that respects them.
+
+    The samples of one cluster (e.g. every column of V of one sequence, all sharing that sequence's random
+    projection) are not independent, so a binomial interval over samples would be far too narrow. Each
+    cluster contributes its success fraction f (samples ≤ ε over its samples); per cell and ε the state
+    keeps Σf, Σf² and the number of clusters, so the mean over clusters gets a Student-t 95% interval
+    (Wilson's over clusters when every cluster agreed). Per draw (several independent random projections
+    per sequence) it keeps successes and totals, for the spread of the rate across draws. Plain arrays: they
+    checkpoint, resume and add up across processes.
+    """
+
+    def __init__(self, cells: tuple[int, ...], eps: Sequence[float], draws: int = 1) -> None:
+        self.cells, self.eps, self.draws = tuple(cells), check_eps(eps), draws
+        shape = self.cells + (len(self.eps),)
+        self.total, self.total_sq, self.clusters = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self.draw_below, self.draw_count = np.zeros(shape + (draws,)), np.zeros(shape + (draws,))
+
+    def add(self, index: int | tuple[int, ...], below: torch.Tensor, count: torch.Tensor) -> None:
+        """Add clusters: `below` (*cells[len(index):], eps, draws, clusters) successes and `count` (same shape,
+        or broadcastable) samples per (draw, cluster); clusters with no sample are left out."""
+        index = (index,) if isinstance(index, int) else tuple(index)
+        below = below.detach().to("cpu", torch.float64).numpy()
+        count = np.broadcast_to(count.detach().to("cpu", torch.float64).numpy(), below.shape)
+        per_cluster_below, per_cluster = below.sum(-2), count.sum(-2)  # over draws
+        present = per_cluster > 0
+        fraction = np.where(present, per_cluster_below / np.maximum(per_cluster, 1), 0.0)
+        self.total[index] += fraction.sum(-1)
+        self.total_sq[index] += (fraction**2).sum(-1)
+        self.clusters[index] += present.sum(-1)
+        self.draw_below[index] += below.sum(-1)
+        self.draw_count[index] += count.sum(-1)
+
+    def pooled(self, axes: tuple[int, ...]) -> "ClusterStats":
+        """Cells summed over `axes` (clusters of different cells counted as separate clusters)."""
+        keep = tuple(size for axis, size in enumerate(self.cells) if axis not in axes)
+        pooled = ClusterStats(keep, self.eps, self.draws)
+        for name in ("total", "total_sq", "clusters", "draw_below", "draw_count"):
+            setattr(pooled, name, getattr(self, name).sum(axes))
+        return pooled
+
+    def interval(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Mean over clusters and its 95% interval (cells…, eps), clipped to [0, 1]; NaN without clusters."""
+        count = self.clusters
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = self.total / count
+            var = np.maximum(self.total_sq / count - mean**2, 0.0) * count / np.maximum(count - 1, 1)
+            half = t_quantile(count) * np.sqrt(var / count)
+            low, high = np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1)
+            degenerate = (var == 0) | (count < 2)
+            wilson_low, wilson_high = wilson(mean, count)
+        low, high = np.where(degenerate, wilson_low, low), np.where(degenerate, wilson_high, high)
+        empty = count == 0
+        return (np.where(empty, np.nan, mean), np.where(empty, np.nan, low), np.where(empty, np.nan, high))
+
+    def draw_spread(self) -> np.ndarray:
+        """Standard deviation across draws of the success rate (cells…, eps): NaN with one draw."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rates = self.draw_below / self.draw_count
+            return np.nanstd(rates, axis=-1, ddof=1) if self.draws > 1 else np.full(rates.shape[:-1], np.nan)
+
+    def state(self, prefix: str) -> State:
+        return tagged({f"{prefix}.{name}": getattr(self, name)
+                       for name in ("total", "total_sq", "clusters", "draw_below", "draw_count")})
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], prefix: str) -> None:
+        for name in ("total", "total_sq", "clusters", "draw_below", "draw_count"):
+            setattr(self, name, np.array(arrays[f"{prefix}.{name}"]))

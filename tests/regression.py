@@ -45,10 +45,13 @@ def cases(model: str, corpus: str) -> dict[str, Callable[[Path], object]]:
                                                                  samples=5, batch_size=2, end_to_end=True, layers="1",
                                                                  target=0.3, seed=2, out=out, **QUIET),
         "theorems-model": lambda out: spectra.theorems(model, corpus, budgets=[4, 8], eps=[0.3, 0.5], length=24,
-                                                       samples=4, batch_size=2, out=out, **QUIET),
+                                                       samples=4, batch_size=2, fixed_projection=True, out=out,
+                                                       **QUIET),
+        "theorems-draws": lambda out: spectra.theorems(model, corpus, budgets=[4, 8], eps=[0.3, 0.5], length=24,
+                                                       samples=5, batch_size=2, draws=2, out=out, **QUIET),
         "theorems-synthetic": lambda out: spectra.theorems(None, synthetic=True, budgets=[4, 16], eps=[0.2, 0.5],
-                                                           d=8, heads=2, length=32, samples=5, batch_size=2, out=out,
-                                                           progress=None),
+                                                           d=8, heads=2, length=32, samples=5, batch_size=2,
+                                                           fixed_projection=True, out=out, progress=None),
     }
 
 

@@ -87,7 +87,7 @@ class EndToEnd(Probe):
         exact_hidden = _last_hidden(exact).float()
         self._add(0, exact_hidden, exact_hidden, exact, labels, valid, loaded)
         for row, key in enumerate(self.keys, start=1):
-            approx = self.source.forward(ids, batch.attention_mask, substitute=self.substitutes[key])
+            approx = self.source.forward(ids, batch.attention_mask, substitute=self.substitutes[key], index=batch.index)
             self._add(row, _last_hidden(approx).float(), exact_hidden, approx, labels, valid, loaded)
 
     def _add(self, row: int, hidden, exact_hidden, outputs, labels, valid, loaded: Loaded) -> None:

@@ -20,12 +20,13 @@ from ..config import Sharing, check_budgets, check_eps, choose
 from ..errors import SpectraError
 from ..nn.linformer import linear_attention
 from ..nn.projections import jl_pair
-from ..seeds import Domain, derive_seed, jl_matrix
+from ..seeds import Domain, jl_matrix
 from ..spectrum import masked
 from ..stats import ErrorStats, State, tagged, Reduce
 from ..theory.bounds import DELTA_RULES, check_deltas, delta_value, theorem1_bound, theorem1_k, theorem2_k
 from ..theory.kernels import as_float, best_rank_errors, theorem1_errors, theorem2_errors
 from .base import Probe
+from .draws import Uncertainty, draw_seed
 
 
 class Cache:
@@ -49,57 +50,92 @@ class Cache:
 class Theorem1Probe(Probe):
     """Theorem 1 on captured P: per (layer, head, k_proj), relative errors ‖P̃ w − P w‖/‖P w‖ of every column w of V.
 
-    methods: "jl" — P̃ = P Rᵀ R with R (k_proj × n) JL, drawn per (seed, layer, k_proj) and shared by the
-    heads of a layer (so results do not depend on batching); "svd" — the best rank-k_proj approximation
-    (see the module docstring: a floor in matrix norm, not strictly per column). Padded sequences use only
-    their valid m × m block of P and m rows of V (R's first m columns).
+    methods: "jl" — P̃ = P Rᵀ R with R (k_proj × n) JL, shared by the heads of a layer, drawn `draws` times per
+    sequence (seeded by its global index; `fixed`: one R per (seed, layer, k_proj)); "svd" — the best rank-k_proj
+    approximation (see theory.kernels: a floor in matrix norm, not strictly per column; it draws nothing).
+    relative_to: "output" — the statement's ‖P w‖; "rows" (jl only) — the form the proof bounds, each entry
+    against ε ‖P_i‖ ‖w‖. Padded sequences use only their valid m × m block of P and m rows of V (R's first m
+    columns).
     """
 
     def __init__(
         self, layers: int, heads: int, n: int, k_projs: Sequence[int], eps: Sequence[float], *, seed: int = 0,
-        best_rank: bool = True, per_decade: int = 100,
+        best_rank: bool = True, draws: int = 1, fixed: bool = False, per_decade: int = 100,
     ) -> None:
         self.layers, self.heads, self.n, self.seed = layers, heads, n, seed
         self.k_projs = check_budgets(k_projs, n)
         self.eps = check_eps(eps)
-        self.methods = ("jl", "svd") if best_rank else ("jl",)
-        self.stats = ErrorStats((layers, heads, len(self.k_projs), len(self.methods)), self.eps, per_decade=per_decade)
+        self.draws, self.fixed = (1, True) if fixed else (_check_draws(draws), False)
+        self.variants = [("jl", "output"), ("jl", "rows")] + ([("svd", "output")] if best_rank else [])
+        cells = (layers, heads, len(self.k_projs), len(self.variants))
+        self.stats = ErrorStats(cells, self.eps, per_decade=per_decade)
+        self.uncertainty = Uncertainty(layers, heads, cells[2:], self.eps, self.draws)
         self._cache = Cache()
 
-    def r(self, layer: int, k_proj: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """The layer's R (k_proj, n) for this probe's seed (the same numbers on every device)."""
-        seed = derive_seed(self.seed, Domain.THEOREM1, layer, k_proj)
-        return self._cache.get(("r", layer, k_proj, str(device)), lambda: jl_matrix(k_proj, self.n, seed, device=device))
+    def r(self, layer: int, k_proj: int, device: torch.device | str = "cpu", sequence: int | None = None,
+          draw: int = 0) -> torch.Tensor:
+        """R (k_proj, n) of a layer: the fixed one, or one sequence's `draw` (the same numbers on every device)."""
+        seed = draw_seed(self.seed, Domain.THEOREM1, layer, k_proj, None if self.fixed else sequence, draw)
+        make = lambda: jl_matrix(k_proj, self.n, seed, device=device)  # noqa: E731
+        return self._cache.get(("r", layer, k_proj, str(device)), make) if self.fixed else make()
+
+    def _jl(self, p: torch.Tensor, v: torch.Tensor, layer: int, k_proj: int, index: list[int], draw: int,
+            rows: bool) -> torch.Tensor:
+        """(B, H, d) errors of one draw: one R for the batch when fixed, else each sequence's own."""
+        if self.fixed:
+            return theorem1_errors(p, v, self.r(layer, k_proj, p.device), rows=rows)
+        return torch.cat([theorem1_errors(p[b:b + 1], v[b:b + 1], self.r(layer, k_proj, p.device, sequence, draw),
+                                          rows=rows) for b, sequence in enumerate(index)])
 
     def update(self, captured: Captured) -> None:
         layer, valid = captured.layer, captured.valid
-        _, heads, width, _ = captured.v.shape
+        batch, heads, width, d = captured.v.shape
         _check_shape(self, layer, heads, width)
         p = masked(as_float(captured.p), valid)
         v = as_float(captured.v) * valid[:, None, :, None]
-        errors = [torch.stack([theorem1_errors(p, v, self.r(layer, k_proj, p.device)) for k_proj in self.k_projs])]
-        if "svd" in self.methods:
-            errors.append(best_rank_errors(p, v, self.k_projs))
-        stacked = torch.stack(errors, dim=1)  # (K, M, B, H, d)
-        self.stats.add(layer, stacked.permute(3, 0, 1, 2, 4).reshape(heads, len(self.k_projs), len(self.methods), -1))
+        index = captured.sequence_index()
+        per_variant = []  # each (K, D, B, H, d)
+        for method, relative_to in self.variants:
+            if method == "jl":
+                per_variant.append(torch.stack([torch.stack([self._jl(p, v, layer, k_proj, index, draw, relative_to == "rows")
+                                                             for draw in range(self.draws)])
+                                                for k_proj in self.k_projs]))
+            else:  # the truncated SVD draws nothing: the same errors stand for every draw
+                per_variant.append(best_rank_errors(p, v, self.k_projs)[:, None].expand(-1, self.draws, -1, -1, -1))
+        stacked = torch.stack(per_variant, dim=1).permute(4, 0, 1, 2, 3, 5)  # (H, K, V, D, B, d)
+        self.stats.add(layer, stacked.reshape(heads, len(self.k_projs), len(self.variants), -1))
+        self.uncertainty.add(layer, index, stacked, torch.ones(batch, d))
+
+    def after_batch(self, batch) -> None:
+        self.uncertainty.flush()
 
     def result(self, pool: Sequence[str] = ()) -> pd.DataFrame:
-        """Rows (layer, head, k_proj, method, eps): samples, pr = Pr(error ≤ ε), median, p95, mean, max,
-        n, bound = Theorem 1's max(0, 1 − 2n e^{−(ε²−ε³)k/4}), k_theory = 5 ln n/(ε² − ε³).
-        `pool` names axes ("layer", "head") whose cells are pooled into one (and dropped from the table)."""
+        """Rows (layer, head, k_proj, method, relative_to, eps): samples, pr = Pr(error ≤ ε) over every sample,
+        median, p95, mean, max; sequences, pr_mean (each sequence's rate, averaged), its 95% interval pr_low,
+        pr_high over sequences, pr_draw_std (the spread across draws); n, draws, bound = Theorem 1's
+        max(0, 1 − 2n e^{−(ε²−ε³)k/4}), k_theory = 5 ln n/(ε² − ε³). `pool` names axes ("layer", "head")
+        whose cells are pooled into one (and dropped from the table). svd rows count each sample once."""
         table = _pooled_frame(
             self.stats, {"layer": range(self.layers), "head": range(self.heads), "k_proj": self.k_projs,
-                         "method": self.methods}, pool)
+                         "variant": range(len(self.variants))}, pool)
+        chosen = [self.variants[i] for i in table.pop("variant")]
+        at = list(table.columns).index("k_proj") + 1
+        table.insert(at, "method", [m for m, _ in chosen])
+        table.insert(at + 1, "relative_to", [r for _, r in chosen])
+        table.loc[table["method"] == "svd", "samples"] //= self.draws
+        table = table.assign(**self.uncertainty.columns(pool))
         table["n"] = self.n
+        table["draws"] = 0 if self.fixed else self.draws
         table["bound"] = [theorem1_bound(e, self.n, k) for e, k in zip(table["eps"], table["k_proj"])]
         table["k_theory"] = table["eps"].map(lambda e: theorem1_k(e, self.n))
         return table
 
     def state(self) -> State:
-        return self.stats.state("theorem1")
+        return {**self.stats.state("theorem1"), **self.uncertainty.state("theorem1.clusters")}
 
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.stats.load_state(arrays, "theorem1")
+        self.uncertainty.load_state(arrays, "theorem1.clusters")
 
     def tables(self) -> dict[str, pd.DataFrame]:
         return _tables("theorem1", self.result)
@@ -108,20 +144,21 @@ class Theorem1Probe(Probe):
 class Theorem2Probe(Probe):
     """Theorem 2 on captured Q, K, V: per row w of A = Q Kᵀ·scaling, errors against softmax(w) V of
 
-    - method "theorem2", variant "delta=<rule>": softmax(w Eᵀ) F V with E = δR, F = e^{−δ}R (R JL,
-      per (seed, layer, k_proj), shared by heads), relative_to "rhs" (‖softmax(w)‖₂ ‖V‖_F, the
-      theorem's right-hand side) and "output" (‖softmax(w) V‖);
-    - method "linformer", variant <sharing>: eq. 7 with JL E, F (`linformer.jl_pair`, the matrices
-      `Projections(init="jl", seed=seed, max_len=n)` holds), relative_to "output".
+    - method "theorem2", variant "delta=<rule>": softmax(w Eᵀ) F V with E = δR, F = e^{−δ}R (R JL, shared by the
+      heads of a layer), relative_to "rhs" (‖softmax(w)‖₂ ‖V‖_F, the theorem's right-hand side: the form its
+      proof bounds) and "output" (‖softmax(w) V‖);
+    - method "linformer", variant <sharing>: eq. 7 with JL E, F (`nn.projections.jl_pair`, the matrices
+      `Projections(init="jl", max_len=n)` holds), relative_to "output".
 
-    The score scale is the captured layer's (the model's own). Padded keys are dropped from w and V;
-    padded query rows are not counted.
+    R, E and F are drawn `draws` times per sequence, seeded by its global index (`fixed`: once per (seed, layer,
+    k_proj) — E, F from the run's seed). The score scale is the captured layer's (the model's own). Padded
+    keys are dropped from w and V; padded query rows are not counted.
     """
 
     def __init__(
         self, layers: int, heads: int, n: int, k_projs: Sequence[int], eps: Sequence[float], *, seed: int = 0,
         deltas: Sequence[str | float] = DELTA_RULES, sharing: Sequence[Sharing | str] | None = None,
-        per_decade: int = 100,
+        draws: int = 1, fixed: bool = False, per_decade: int = 100,
     ) -> None:
         self.layers, self.heads, self.n, self.seed = layers, heads, n, seed
         self.k_projs = check_budgets(k_projs, n)
@@ -130,20 +167,52 @@ class Theorem2Probe(Probe):
         self.sharing = tuple(choose(Sharing, level, "sharing") for level in (Sharing if sharing is None else sharing))
         if not self.deltas and not self.sharing:
             raise SpectraError("nothing to measure: pass at least one delta or one sharing level")
+        self.draws, self.fixed = (1, True) if fixed else (_check_draws(draws), False)
         self.variants = [("theorem2", f"delta={rule}", rel) for rule in self.deltas for rel in ("rhs", "output")]
         self.variants += [("linformer", level.value, "output") for level in self.sharing]
         self.d: int | None = None
-        self.stats = ErrorStats((layers, heads, len(self.k_projs), len(self.variants)), self.eps, per_decade=per_decade)
+        cells = (layers, heads, len(self.k_projs), len(self.variants))
+        self.stats = ErrorStats(cells, self.eps, per_decade=per_decade)
+        self.uncertainty = Uncertainty(layers, heads, cells[2:], self.eps, self.draws)
         self._cache = Cache()
 
-    def r(self, layer: int, k_proj: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """The layer's R (k_proj, n) of the δ variants, for this probe's seed."""
-        seed = derive_seed(self.seed, Domain.THEOREM2, layer, k_proj)
-        return self._cache.get(("r", layer, k_proj, str(device)), lambda: jl_matrix(k_proj, self.n, seed, device=device))
+    def r(self, layer: int, k_proj: int, device: torch.device | str = "cpu", sequence: int | None = None,
+          draw: int = 0) -> torch.Tensor:
+        """R (k_proj, n) of the δ variants: the fixed one, or one sequence's `draw`."""
+        seed = draw_seed(self.seed, Domain.THEOREM2, layer, k_proj, None if self.fixed else sequence, draw)
+        make = lambda: jl_matrix(k_proj, self.n, seed, device=device)  # noqa: E731
+        return self._cache.get(("r", layer, k_proj, str(device)), make) if self.fixed else make()
+
+    def ef(self, level: Sharing, layer: int, k_proj: int, device, sequence: int | None = None, draw: int = 0):
+        """E, F (H, k_proj, n) of one sharing level: the run's, or one sequence's `draw`."""
+        seed = self.seed if self.fixed else draw_seed(self.seed, Domain.LINFORMER, layer, k_proj, sequence, draw)
+        make = lambda: tuple(t.to(device) for t in jl_pair(level, layer, self.heads, k_proj, self.n, seed))  # noqa
+        return self._cache.get(("ef", level, layer, k_proj, str(device)), make) if self.fixed else make()
+
+    def _errors(self, a, q, k, v, valid, exact, out_norm, lengths, layer: int, k_proj: int, index: list[int],
+                draw: int, scaling: float) -> torch.Tensor:
+        """(V, B, H, n) errors of every variant for one draw."""
+        parts = [slice(None)] if self.fixed else [slice(b, b + 1) for b in range(len(index))]
+        rows = []
+        for part in parts:
+            sequence = None if self.fixed else index[part.start]
+            row = []
+            if self.deltas:
+                deltas = [torch.tensor([delta_value(rule, m) for m in lengths[part]], dtype=torch.float64)
+                          for rule in self.deltas]
+                rhs, out = theorem2_errors(a[part], v[part], self.r(layer, k_proj, q.device, sequence, draw), deltas,
+                                           valid[part])
+                row.extend(error for pair in zip(rhs, out) for error in pair)
+            for level in self.sharing:
+                e, f = self.ef(level, layer, k_proj, q.device, sequence, draw)
+                approx = linear_attention(q[part], k[part], v[part], e, f, valid[part], scaling)
+                row.append((approx - exact[part]).norm(dim=-1) / out_norm[part])
+            rows.append(torch.stack(row))
+        return torch.cat(rows, dim=1)
 
     def update(self, captured: Captured) -> None:
         layer, valid, scaling = captured.layer, captured.valid, captured.scaling
-        _, heads, width, d = captured.q.shape
+        batch, heads, width, d = captured.q.shape
         _check_shape(self, layer, heads, width)
         self.d = d
         q, k, v = as_float(captured.q), as_float(captured.k), as_float(captured.v)
@@ -151,28 +220,23 @@ class Theorem2Probe(Probe):
         lengths = valid.sum(-1).tolist()
         exact = torch.softmax(a.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1) @ (v * valid[:, None, :, None])
         out_norm = exact.norm(dim=-1).clamp_min(torch.finfo(exact.dtype).tiny)
-        errors = []
-        deltas = [torch.tensor([delta_value(rule, m) for m in lengths], dtype=torch.float64) for rule in self.deltas]
-        for k_proj in self.k_projs:
-            row = []
-            if deltas:
-                rhs, out = theorem2_errors(a, v, self.r(layer, k_proj, q.device), deltas, valid)
-                row.extend(error for pair in zip(rhs, out) for error in pair)
-            for level in self.sharing:
-                e, f = self._cache.get(
-                    ("ef", level, layer, k_proj, str(q.device)),
-                    lambda: tuple(t.to(q.device) for t in jl_pair(level, layer, heads, k_proj, self.n, self.seed)),
-                )
-                approx = linear_attention(q, k, v, e, f, valid, scaling)
-                row.append((approx - exact).norm(dim=-1) / out_norm)
-            errors.append(torch.stack(row))  # (M, B, H, n)
-        stacked = torch.stack(errors).permute(3, 0, 1, 2, 4).reshape(heads, len(self.k_projs), len(self.variants), -1)
-        self.stats.add(layer, stacked, valid.reshape(-1))
+        index = captured.sequence_index()
+        errors = torch.stack([torch.stack([self._errors(a, q, k, v, valid, exact, out_norm, lengths, layer, k_proj,
+                                                        index, draw, scaling) for draw in range(self.draws)])
+                              for k_proj in self.k_projs])  # (K, D, V, B, H, n)
+        stacked = errors.permute(4, 0, 2, 1, 3, 5)  # (H, K, V, D, B, n)
+        self.stats.add(layer, stacked.reshape(heads, len(self.k_projs), len(self.variants), -1),
+                       valid[None].expand(self.draws, -1, -1).reshape(-1))
+        self.uncertainty.add(layer, index, stacked, valid)
+
+    def after_batch(self, batch) -> None:
+        self.uncertainty.flush()
 
     def result(self, pool: Sequence[str] = ()) -> pd.DataFrame:
         """Rows (layer, head, k_proj, method, variant, relative_to, eps): samples, pr = Pr(error ≤ ε), median,
-        p95, mean, max, n, d, delta (δ at n, NaN for linformer rows), k_theory = min{9 d ln d, 5 ln n}/ε².
-        `pool` names axes ("layer", "head") whose cells are pooled into one (and dropped from the table)."""
+        p95, mean, max; sequences, pr_mean, pr_low, pr_high, pr_draw_std (see Theorem1Probe.result); n, d,
+        draws, delta (δ at n, NaN for linformer rows), k_theory = min{9 d ln d, 5 ln n}/ε². `pool` names axes
+        ("layer", "head") whose cells are pooled into one (and dropped from the table)."""
         table = _pooled_frame(self.stats, {
             "layer": range(self.layers), "head": range(self.heads), "k_proj": self.k_projs,
             "variant": range(len(self.variants)),
@@ -182,22 +246,32 @@ class Theorem2Probe(Probe):
         table.insert(at, "method", [m for m, _, _ in chosen])
         table.insert(at + 1, "variant", [v for _, v, _ in chosen])
         table.insert(at + 2, "relative_to", [r for _, _, r in chosen])
+        table = table.assign(**self.uncertainty.columns(pool))
         rules = {f"delta={rule}": delta_value(rule, self.n) for rule in self.deltas}
         table["n"] = self.n
         table["d"] = self.d if self.d is not None else np.nan
+        table["draws"] = 0 if self.fixed else self.draws
         table["delta"] = table["variant"].map(lambda v: rules.get(v, np.nan)).astype(float)
         table["k_theory"] = [theorem2_k(e, self.n, self.d) if self.d else np.nan for e in table["eps"]]
         return table
 
     def state(self) -> State:
-        return {**self.stats.state("theorem2"), **tagged({"theorem2.d": np.array(self.d or 0)}, Reduce.MAX)}
+        return {**self.stats.state("theorem2"), **self.uncertainty.state("theorem2.clusters"),
+                **tagged({"theorem2.d": np.array(self.d or 0)}, Reduce.MAX)}
 
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.stats.load_state(arrays, "theorem2")
+        self.uncertainty.load_state(arrays, "theorem2.clusters")
         self.d = int(arrays.get("theorem2.d", 0)) or None
 
     def tables(self) -> dict[str, pd.DataFrame]:
         return _tables("theorem2", self.result)
+
+
+def _check_draws(draws: int) -> int:
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise SpectraError(f"--draws must be a positive integer, got {draws!r}")
+    return draws
 
 
 def _tables(name: str, result) -> dict[str, pd.DataFrame]:

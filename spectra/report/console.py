@@ -19,7 +19,9 @@ from rich.table import Table
 
 from ..runs import ApproxRun, Run, TheoremRun
 from .plan import Plan
-from .summaries import analyze_layers, compare_wide, headlines, labels_in_order, run_keys, theorem_errors, theorem_n
+from .summaries import (analyze_layers, compare_wide, headlines, labels_in_order, run_keys, theorem1_rows,
+                        theorem_errors, theorem_n)
+
 
 class _Console(Console):
     """A rich console for which a reader that stopped reading (`| head`) ends the output, not the program with
@@ -175,14 +177,24 @@ def theorem_column(label: str) -> str:
 
 def print_theorems(run: TheoremRun) -> None:
     """Pooled over layers and heads: Pr(error ≤ ε) against the bound per k, and the errors per method."""
-    one, two = run.tables["theorem1"], run.tables["theorem2"]
-    title = (f"{run.label}, n = {theorem_n(run)}: Theorem 1, P̃ = P RᵀR — empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) "
-             "(bound)")
-    jl = one[one["method"] == "jl"]
-    cells = jl.assign(cell=[f"{p:.3f} ({b:.3f})" for p, b in zip(jl["pr"], jl["bound"])])
-    table = cells.pivot(index="k_proj", columns="eps", values="cell").reset_index()
-    table.columns = ["k"] + [f"ε={e:g}" for e in table.columns[1:]]
-    print_frame(table, title)
+    two = run.tables["theorem2"]
+    for form, wording in (("output", "Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖), the statement"),
+                          ("rows", "Pr(every |(P̃w − Pw)_i| ≤ ε‖P_i‖‖w‖), the event its proof bounds")):
+        jl = theorem1_rows(run, form)
+        jl = jl[jl["method"] == "jl"]
+        if not len(jl):
+            continue
+        interval = "pr_low" in jl.columns
+        cells = [f"{p:.3f}" + (f" [{low:.3f}, {high:.3f}]" if interval else "") + f" ({b:.3f})"
+                 for p, b, low, high in zip(jl["pr"], jl["bound"], jl.get("pr_low", jl["pr"]), jl.get("pr_high", jl["pr"]))]
+        table = jl.assign(cell=cells).pivot(index="k_proj", columns="eps", values="cell").reset_index()
+        table.columns = ["k"] + [f"ε={e:g}" for e in table.columns[1:]]
+        draws = int(jl["draws"].iloc[0]) if "draws" in jl.columns else 0
+        source = (f"a fresh R per sequence ({plural(draws, 'draw')} each)" if draws else "one R per layer and k (fixed)")
+        print_frame(table, f"{run.label}, n = {theorem_n(run)}: Theorem 1, P̃ = P RᵀR, {source} — empirical {wording}"
+                    + (" [95% interval over sequences]" if interval else "") + " (bound)")
+    jl = theorem1_rows(run, "output")
+    jl = jl[jl["method"] == "jl"]
     needed = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in jl.groupby("eps")["k_theory"].first().items())
     out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}", soft_wrap=True)
     pooled = theorem_errors(run, "output")

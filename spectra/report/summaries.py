@@ -200,11 +200,20 @@ def approx_by_budget(run: ApproxRun, metric: str = "out_err") -> pd.DataFrame:
     return per_layer.groupby(["method", "budget"], sort=False)[metric].mean().reset_index()
 
 
+def theorem1_rows(run: TheoremRun, relative_to: str = "output", table: str = "theorem1") -> pd.DataFrame:
+    """Theorem 1's rows in one form: "output" (the statement, relative to ‖Pw‖) or "rows" (the proof's, each
+    entry against ε‖P_i‖‖w‖; jl only). Runs from before the proof form have the statement's rows only."""
+    one = run.tables[table]
+    if "relative_to" not in one.columns:
+        return one if relative_to == "output" else one.iloc[0:0]
+    return one[one["relative_to"] == relative_to]
+
+
 def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame:
     """Pooled errors per (label, k_proj): jl, svd (Theorem 1, per column w of V), linformer(<sharing>) and
     theorem2(<variant>) (Theorem 2, per row w, relative to ‖softmax(w)V‖ or, with "rhs", its right side);
     columns label, k_proj, median, p95, mean, max."""
-    one, two = run.tables["theorem1"], run.tables["theorem2"]
+    one, two = theorem1_rows(run, "output"), run.tables["theorem2"]
     arch = two[two["method"] == "linformer"]
     delta = two[(two["method"] == "theorem2") & (two["relative_to"] == relative_to)]
     parts = [one.assign(label=one["method"]),

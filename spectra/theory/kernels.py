@@ -42,17 +42,25 @@ def jl_inner_errors(x: torch.Tensor, y: torch.Tensor, r: torch.Tensor) -> torch.
     return ((rx * ry).sum(-1) - (x * y).sum(-1)).abs() / _tiny(x.norm(dim=-1) * y.norm(dim=-1))
 
 
-def theorem1_errors(p: torch.Tensor, v: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+def theorem1_errors(p: torch.Tensor, v: torch.Tensor, r: torch.Tensor, *, rows: bool = False) -> torch.Tensor:
     """‖P̃ w − P w‖ / ‖P w‖ for every column w of v, P̃ = P Rᵀ R: p (B, H, n, n), v (B, H, n, d) → (B, H, d).
 
     r: (k_proj, ≥n) or (H, k_proj, ≥n), sliced to n columns. P̃ is never formed: P̃ w − P w = P (RᵀR w − w).
     Mask padding beforehand (zero P's padded rows/columns and V's padded rows).
+
+    With `rows`, the error in the form the proof bounds instead: the JL lemma applied to each row P_i of P
+    bounds each entry, |(P̃ w − P w)_i| ≤ ε ‖P_i‖ ‖w‖, so this returns max_i |(P̃ w − P w)_i| / (‖P_i‖ ‖w‖)
+    over the rows (padded rows, whose P_i is zero, count as zero).
     """
     r = _heads(r, v.shape[-2]).to(device=v.device, dtype=v.dtype)
     heads = max(r.shape[0], v.shape[1])
     r = r.expand(heads, -1, -1)
     back = torch.einsum("hcj,bhcd->bhjd", r, torch.einsum("hcj,bhjd->bhcd", r, v))  # Rᵀ R V
-    return (p @ (back - v)).norm(dim=-2) / _tiny((p @ v).norm(dim=-2))
+    diff = p @ (back - v)
+    if rows:
+        scale = p.norm(dim=-1, keepdim=True) * v.norm(dim=-2, keepdim=True)  # ‖P_i‖ ‖w‖ (B, H, n, d)
+        return torch.where(scale > 0, diff.abs() / _tiny(scale), 0.0).amax(dim=-2)
+    return diff.norm(dim=-2) / _tiny((p @ v).norm(dim=-2))
 
 
 def best_rank_errors(p: torch.Tensor, v: torch.Tensor, k_projs: Sequence[int]) -> torch.Tensor:

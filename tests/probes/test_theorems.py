@@ -33,9 +33,10 @@ N = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def feed(probes, layer: int, q, k, v, mask=None, scaling=None) -> Captured:
-    """One captured layer of the given tensors handed to each probe; returns the record."""
-    record = Captured.of(layer, q, k, v, mask, scaling)
+def feed(probes, layer: int, q, k, v, mask=None, scaling=None, index=None) -> Captured:
+    """One captured layer of the given tensors handed to each probe (`index`: the sequences' global indices, which
+    seed their random projections); returns the record."""
+    record = Captured.of(layer, q, k, v, mask, scaling, index=None if index is None else tuple(index))
     for probe in probes:
         probe.update(record)
     return record
@@ -53,7 +54,7 @@ def test_theorem1_probe_against_the_lemma_on_synthetic_vectors() -> None:
     v = x[None, None, :, None]
     ones, keys = torch.ones(1, 1, n, 1), z[None, None, :, None]
     assert torch.allclose(Captured.of(0, ones, keys, v, scaling=1.0).p, p, rtol=1e-6, atol=0)
-    probe = Theorem1Probe(layers, 1, n, [32, 64], [0.3, 0.5], best_rank=False, seed=2)
+    probe = Theorem1Probe(layers, 1, n, [32, 64], [0.3, 0.5], best_rank=False, seed=2, fixed=True)
     for layer in range(layers):
         probe.update(Captured.of(layer, ones, keys, v, scaling=1.0))
     table = probe.result()
@@ -83,9 +84,9 @@ def test_probes_padded_batch_equals_sequences_alone(make) -> None:
     mask = padding_mask([32, 21], 32)
     batched, alone = make(), make()
     for layer in range(2):
-        feed([batched], layer, q, k, v, mask)
-        feed([alone], layer, q[:1], k[:1], v[:1])
-        feed([alone], layer, q[1:, :, :21], k[1:, :, :21], v[1:, :, :21])
+        feed([batched], layer, q, k, v, mask, index=(0, 1))
+        feed([alone], layer, q[:1], k[:1], v[:1], index=(0,))
+        feed([alone], layer, q[1:, :, :21], k[1:, :, :21], v[1:, :, :21], index=(1,))
     _frames_close(batched.result(), alone.result())
     samples = batched.result()["samples"]
     per_sequence = 4 if isinstance(batched, Theorem1Probe) else None  # columns of V, or valid query rows
@@ -98,7 +99,7 @@ def test_probes_are_deterministic_and_seeded() -> None:
     def run(seed: int, batches: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         probes = [Theorem1Probe(1, 2, 32, [8], [0.5], seed=seed), Theorem2Probe(1, 2, 32, [8], [0.5], seed=seed)]
         for part in np.array_split(np.arange(3), batches):
-            feed(probes, 0, q[part], k[part], v[part])
+            feed(probes, 0, q[part], k[part], v[part], index=part.tolist())
         return probes[0].result(), probes[1].result()
 
     first, again, split = run(0, 1), run(0, 1), run(0, 3)
@@ -113,14 +114,16 @@ def test_probes_are_deterministic_and_seeded() -> None:
 
 def test_theorem1_probe_table() -> None:
     q, k, v = gaussian_qkv(32, 4, heads=2, batch=2, seed=4)
-    probe = Theorem1Probe(1, 2, 32, [32, 8], [0.5, 0.2], seed=0)
+    probe = Theorem1Probe(1, 2, 32, [32, 8], [0.5, 0.2], seed=0, fixed=True)
     feed([probe], 0, q, k, v)
     p = attention_probs(q, k)
     table = probe.result()
-    assert list(table.columns) == ["layer", "head", "k_proj", "method", "eps", "pr", "samples", "median", "p95",
-                                   "mean", "max", "n", "bound", "k_theory"]
-    assert len(table) == 2 * 2 * 2 * 2
-    row = table[(table["head"] == 1) & (table["k_proj"] == 8) & (table["method"] == "jl") & (table["eps"] == 0.2)].iloc[0]
+    assert list(table.columns) == ["layer", "head", "k_proj", "method", "relative_to", "eps", "pr", "samples",
+                                   "median", "p95", "mean", "max", "sequences", "pr_mean", "pr_low", "pr_high",
+                                   "pr_draw_std", "n", "draws", "bound", "k_theory"]
+    assert len(table) == 2 * 2 * 3 * 2 and (table["draws"] == 0).all()
+    row = table[(table["head"] == 1) & (table["k_proj"] == 8) & (table["method"] == "jl") & (table["eps"] == 0.2)
+                & (table["relative_to"] == "output")].iloc[0]
     errors = theorem1_errors(p, v, probe.r(0, 8))[:, 1].flatten().numpy()
     assert row["pr"] == pytest.approx((errors <= 0.2).mean())
     assert row["mean"] == pytest.approx(errors.mean(), rel=1e-5)
@@ -132,11 +135,12 @@ def test_theorem1_probe_table() -> None:
 
 def test_theorem2_probe_table_and_architecture_rows() -> None:
     q, k, v = gaussian_qkv(32, 4, heads=2, batch=2, seed=4)
-    probe = Theorem2Probe(1, 2, 32, [8], [0.5], seed=3, deltas=("1/2^n", 0.5))
+    probe = Theorem2Probe(1, 2, 32, [8], [0.5], seed=3, deltas=("1/2^n", 0.5), fixed=True)
     feed([probe], 0, q, k, v)
     table = probe.result()
     assert list(table.columns) == ["layer", "head", "k_proj", "method", "variant", "relative_to", "eps", "pr", "samples",
-                                   "median", "p95", "mean", "max", "n", "d", "delta", "k_theory"]
+                                   "median", "p95", "mean", "max", "sequences", "pr_mean", "pr_low", "pr_high",
+                                   "pr_draw_std", "n", "d", "draws", "delta", "k_theory"]
     assert set(zip(table["method"], table["variant"], table["relative_to"])) == {
         ("theorem2", "delta=1/2^n", "rhs"), ("theorem2", "delta=1/2^n", "output"),
         ("theorem2", "delta=0.5", "rhs"), ("theorem2", "delta=0.5", "output"),
@@ -178,7 +182,8 @@ def test_theorem2_probe_uses_the_records_scaling() -> None:
     with s (replaces the old check of a `scaling=` argument against P: the record carries the scale now)."""
     q, k, v = gaussian_qkv(16, 4, heads=1, seed=0)
     deltas, sharing = (0.5,), ("kv",)
-    probes = {s: Theorem2Probe(1, 1, 16, [4], [0.5], seed=2, deltas=deltas, sharing=sharing) for s in (1.0, None)}
+    probes = {s: Theorem2Probe(1, 1, 16, [4], [0.5], seed=2, deltas=deltas, sharing=sharing, fixed=True)
+              for s in (1.0, None)}
     for s, probe in probes.items():
         feed([probe], 0, q, k, v, scaling=s)
     table, default = probes[1.0].result(), probes[None].result()
@@ -285,8 +290,9 @@ def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp
     model = AutoModel.from_pretrained(roberta_dir, attn_implementation="eager").eval()
     tokenizer = AutoTokenizer.from_pretrained(roberta_dir)
     corpus = data.open_corpus(str(text_file), seed=0)
-    probe = Theorem1Probe(2, 4, N, [4, 8], [0.3, 0.5])  # the same seeded R as the run's probe
+    probe = Theorem1Probe(2, 4, N, [4, 8], [0.3, 0.5])  # draws R exactly as the run's probe: per sequence
     errors = {(layer, budget): [] for layer in range(2) for budget in (4, 8)}
+    entries = {(layer, budget): [] for layer in range(2) for budget in (4, 8)}
     with torch.no_grad():
         for batch in data.batches(tokenizer, corpus, N, "pack", 4, 2):
             out = model(input_ids=batch.input_ids, output_attentions=True, output_hidden_states=True)
@@ -295,23 +301,29 @@ def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp
                 v = model.encoder.layer[layer].attention.self.value(hidden).view(*hidden.shape[:2], 4, -1)
                 p, v = out.attentions[layer].double().numpy(), v.transpose(1, 2).double().numpy()
                 for budget in (4, 8):
-                    r = probe.r(layer, budget).double().numpy()
-                    approx = p @ r.T @ r @ v
-                    exact = p @ v
-                    errors[(layer, budget)] += list((np.linalg.norm(approx - exact, axis=-2)
-                                                     / np.linalg.norm(exact, axis=-2)).ravel())
+                    for b, sequence in enumerate(batch.index):
+                        r = probe.r(layer, budget, sequence=sequence).double().numpy()
+                        approx = p[b] @ r.T @ r @ v[b]
+                        exact = p[b] @ v[b]
+                        errors[(layer, budget)] += list((np.linalg.norm(approx - exact, axis=-2)
+                                                         / np.linalg.norm(exact, axis=-2)).ravel())
+                        scale = np.linalg.norm(p[b], axis=-1)[..., None] * np.linalg.norm(v[b], axis=-2)[:, None]
+                        entries[(layer, budget)] += list((np.abs(approx - exact) / scale).max(-2).ravel())
     layers = run.tables["theorem1_layers"]
-    for (layer, budget), values in errors.items():
-        for eps in (0.3, 0.5):
-            row = layers[(layers.layer == layer) & (layers.k_proj == budget) & (layers.method == "jl")
-                         & (layers.eps == eps)].iloc[0]
-            assert row["samples"] == len(values)
-            assert row["pr"] == pytest.approx(np.mean(np.array(values) <= eps), abs=1e-9)
-            assert row["mean"] == pytest.approx(np.mean(values), rel=1e-4)
+    for form, measured in (("output", errors), ("rows", entries)):
+        for (layer, budget), values in measured.items():
+            for eps in (0.3, 0.5):
+                row = layers[(layers.layer == layer) & (layers.k_proj == budget) & (layers.method == "jl")
+                             & (layers.eps == eps) & (layers.relative_to == form)].iloc[0]
+                assert row["samples"] == len(values)
+                assert row["pr"] == pytest.approx(np.mean(np.array(values) <= eps), abs=1e-9), form
+                assert row["mean"] == pytest.approx(np.mean(values), rel=1e-4), form
+                assert row["sequences"] == 4 and row["pr_low"] <= row["pr_mean"] <= row["pr_high"]
     pooled = run.tables["theorem1"]
     heads = run.tables["theorem1_heads"]
-    for (budget, method, eps), group in heads.groupby(["k_proj", "method", "eps"]):
-        row = pooled[(pooled.k_proj == budget) & (pooled.method == method) & (pooled.eps == eps)].iloc[0]
+    for (budget, method, form, eps), group in heads.groupby(["k_proj", "method", "relative_to", "eps"]):
+        row = pooled[(pooled.k_proj == budget) & (pooled.method == method) & (pooled.relative_to == form)
+                     & (pooled.eps == eps)].iloc[0]
         assert row["samples"] == group["samples"].sum()
         assert row["pr"] == pytest.approx(np.average(group["pr"], weights=group["samples"]))
         assert row["max"] == group["max"].max()
@@ -346,3 +358,43 @@ def test_bad_input(args, message, tmp_path, monkeypatch, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert done.value.code == 2 and "\n" not in err and message in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_interval_covers_the_true_probability(one_thread) -> None:
+    """A case whose Pr is known exactly: P = 1 xᵀ and V = x make each error |‖Rx‖² − ‖x‖²| / ‖x‖², distributed as
+    |χ²_k/k − 1| whatever x; three heads share each sequence's R, so their errors are correlated within a sequence.
+    The 95% interval over 40 sequences must cover the true Pr in at least 90 of 100 seeded repetitions."""
+    from scipy.stats import chi2
+
+    n, k_proj, eps, heads, sequences = 24, 16, 0.35, 3, 40
+    truth = chi2.cdf(k_proj * (1 + eps), k_proj) - chi2.cdf(k_proj * (1 - eps), k_proj)
+    covered, widths = 0, []
+    for repetition in range(100):
+        probe = Theorem1Probe(1, heads, n, [k_proj], [eps], best_rank=False, seed=repetition)
+        g = torch.Generator().manual_seed(repetition)
+        z = torch.randn(sequences, heads, 1, n, generator=g, dtype=torch.float64)
+        x = torch.softmax(z, dim=-1)
+        q = torch.ones(sequences, heads, n, 1, dtype=torch.float64)
+        k = z.transpose(-1, -2)
+        feed([probe], 0, q, k, x.transpose(-1, -2), scaling=1.0, index=range(sequences))
+        row = probe.result(pool=("layer", "head"))
+        row = row[row["relative_to"] == "output"].iloc[0]
+        covered += row["pr_low"] <= truth <= row["pr_high"]
+        widths.append(row["pr_high"] - row["pr_low"])
+    assert covered >= 90, (covered, truth)
+    assert 0.05 < np.mean(widths) < 0.5, "an interval that is neither degenerate nor trivial"
+
+
+def test_draws_give_a_spread_and_fixed_gives_one_draw() -> None:
+    q, k, v = gaussian_qkv(16, 4, heads=2, batch=3, seed=2)
+    several = Theorem1Probe(1, 2, 16, [4], [0.5], draws=4)
+    fixed = Theorem1Probe(1, 2, 16, [4], [0.5], fixed=True)
+    feed([several, fixed], 0, q, k, v, index=(5, 6, 7))
+    table, once = several.result(), fixed.result()
+    jl = table[table["method"] == "jl"]
+    assert (jl["samples"] == 4 * 3 * 4).all() and (jl["draws"] == 4).all()
+    assert np.isfinite(jl["pr_draw_std"]).all() and once["pr_draw_std"].isna().all()
+    svd = table[table["method"] == "svd"]
+    assert (svd["samples"] == 3 * 4).all(), "the truncated SVD draws nothing: each sample counts once"
+    with pytest.raises(SpectraError, match="--draws must be a positive integer"):
+        Theorem1Probe(1, 2, 16, [4], [0.5], draws=0)

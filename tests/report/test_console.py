@@ -77,12 +77,15 @@ def test_print_theorems_tables_match_the_run(theorem_run, capsys) -> None:
     out = capsys.readouterr().out
     one = theorem_run.tables["theorem1"]
     n = int(one["n"].iloc[0])
-    probability, median, p95 = printed_tables(out)
-    jl = one[one["method"] == "jl"]
-    for k, row in zip(BUDGETS, probability["rows"]):
-        cells = [jl[(jl["k_proj"] == k) & (jl["eps"] == eps)].iloc[0] for eps in (0.3, 0.5)]
-        assert row == [str(k), *(f"{cell['pr']:.3f} ({cell['bound']:.3f})" for cell in cells)]
-    assert probability["header"] == [["k", "ε=0.3", "ε=0.5"]]
+    statement, proof, median, p95 = printed_tables(out)
+    for form, probability in (("output", statement), ("rows", proof)):
+        jl = one[(one["method"] == "jl") & (one["relative_to"] == form)]
+        for k, row in zip(BUDGETS, probability["rows"]):
+            cells = [jl[(jl["k_proj"] == k) & (jl["eps"] == eps)].iloc[0] for eps in (0.3, 0.5)]
+            assert row == [str(k), *(f"{cell['pr']:.3f} [{cell['pr_low']:.3f}, {cell['pr_high']:.3f}] "
+                                     f"({cell['bound']:.3f})" for cell in cells)]
+        assert probability["header"] == [["k", "ε=0.3", "ε=0.5"]]
+    assert "a fresh R per sequence (1 draw each)" in out and "the event its proof bounds" in out
     theorem_k = ", ".join(f"ε={eps:g}: {5 * math.log(n) / (eps**2 - eps**3):.0f}" for eps in (0.3, 0.5))
     assert f"Theorem 1's k = 5 ln n/(ε²−ε³): {theorem_k}" in out
 

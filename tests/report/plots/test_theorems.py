@@ -23,7 +23,8 @@ from spectra.report import plots
 
 def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
     one = theorem_run.tables["theorem1"]
-    jl = one[one["method"] == "jl"]
+    jl = one[(one["method"] == "jl") & (one["relative_to"] == "output")]
+    entries = one[(one["method"] == "jl") & (one["relative_to"] == "rows")]
     n = int(one["n"].iloc[0])
     figure = plots.draw_theorem1(theorem_run)
     ax = by_gid(figure.axes, "theorem1")
@@ -32,6 +33,12 @@ def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
         line = by_gid(ax.lines, f"pr:{eps:g}")
         np.testing.assert_array_equal(line.get_xdata(), BUDGETS)
         np.testing.assert_allclose(line.get_ydata(), rows["pr"].to_numpy(), rtol=1e-12)
+        proof = by_gid(ax.lines, f"pr_rows:{eps:g}")
+        np.testing.assert_allclose(proof.get_ydata(), entries[entries["eps"] == eps].sort_values("k_proj")["pr"],
+                                   rtol=1e-12)
+        band = next(c for c in ax.collections if c.get_gid() == f"pr_interval:{eps:g}")
+        low, high = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
+        assert low == pytest.approx(rows["pr_low"].min()) and high == pytest.approx(rows["pr_high"].max())
         bound = by_gid(ax.lines, f"bound:{eps:g}")
         k = np.asarray(bound.get_xdata(), dtype=float)
         assert len(k) >= 100 and k[0] <= BUDGETS[0] and k[-1] >= BUDGETS[-1]  # a fine grid over the axis
