@@ -112,9 +112,9 @@ def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _deferred_interrupts() -> Iterator[Callable[[], bool]]:
+def _deferred_interrupts(notify: Callable[[str], None]) -> Iterator[Callable[[], bool]]:
     """While the batches run, Ctrl-C (SIGINT) or SIGTERM only raises a flag the loop checks between batches, so
-    the checkpoint it writes is whole; a second signal stops at once."""
+    the checkpoint it writes is whole (and says so at once); a second signal stops at once."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: False
         return
@@ -124,6 +124,7 @@ def _deferred_interrupts() -> Iterator[Callable[[], bool]]:
         if hits:
             raise KeyboardInterrupt
         hits.append(signum)
+        notify("stopping after this batch, with a checkpoint (interrupt again to stop at once)")
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -181,7 +182,7 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
     if progress is not None:
         progress(done, job.samples)
     try:
-        with _deferred_interrupts() as interrupted:
+        with _deferred_interrupts(reporter.notify) as interrupted:
             for batch in source.batches(job.samples, job.batch_size, skip=done,
                                         shard=(distributed.rank(), distributed.size())):
                 source.run(batch, probe.update)

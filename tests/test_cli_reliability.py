@@ -56,8 +56,11 @@ def test_ctrl_c_checkpoints_exits_130_and_resumes_bitwise(roberta_dir, tmp_path)
     time.sleep(1.0)  # a few batches in
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
-    line = one_line(child.returncode, out, err, 130)
-    assert line.startswith("interrupted after ") and "continue with --resume" in line, line
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert child.returncode == 130 and "Traceback" not in out + err, err
+    assert lines[0] == "stopping after this batch, with a checkpoint (interrupt again to stop at once)"
+    line = lines[-1]
+    assert len(lines) == 2 and line.startswith("interrupted after ") and "continue with --resume" in line, line
     done = int(line.split()[2])
     assert 0 < done < 600 and done % 2 == 0, "interrupted between batches"
     assert (tmp_path / "run.partial" / "checkpoint.npz").exists() and not lock.exists()

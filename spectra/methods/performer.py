@@ -2,7 +2,8 @@
 
 P̃ = D̂⁻¹ φ(Q) φ(K)ᵀ with φ(x) = exp(W x − ‖x‖²/2)/√m on √s q and √s k (s the model's score scale, m = k
 features), so φ(q)·φ(k) is an unbiased estimate of exp(s q·k). W is seeded per (seed, budget, layer,
-head). Padded keys get φ = 0. Cost O(n k d) per head.
+head); `favor_plus` computes the same from q, k, v and a given W (to reproduce another implementation's
+draw). Padded keys get φ = 0. Cost O(n k d) per head.
 
 `performer-causal`: the same features (the same W for the same seed, budget, layer and head), each query
 summing over the valid keys at or before it only — the prefix sums Σ_{j≤i} φ(k_j) v_jᵀ and Σ_{j≤i} φ(k_j)
@@ -52,25 +53,34 @@ def log_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             - 0.5 * math.log(w.shape[-2]))
 
 
-@method("performer", color="tab:red", marker="<")
-def performer(x: Layer, budget: int) -> Approximation:
-    """FAVOR+: Ṽ = D̂⁻¹ φ(Q)(φ(K)ᵀ V), D̂ = diag(φ(Q) φ(K)ᵀ 1), on √s·q and √s·k so that
-    φ(q)·φ(k) is an unbiased estimate of exp(s q·k); padded keys get φ = 0.
+def favor_plus(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scaling: float,
+               w: torch.Tensor) -> Approximation:
+    """FAVOR+ with given random features W (H, m, d): Ṽ = D̂⁻¹ φ(Q)(φ(K)ᵀ V), D̂ = diag(φ(Q) φ(K)ᵀ 1), on
+    √s·q and √s·k so that φ(q)·φ(k) is an unbiased estimate of exp(s q·k) when the rows of W are N(0, I_d).
+
+    q, k, v (B, H, n, d); valid (B, n) marks the keys that are not padding (they get φ = 0); `scaling` is s.
+    Pass another implementation's W to reproduce its draw; the `performer` method passes its seeded one.
 
     No additive stabiliser ε. For float safety each query's features are divided by their largest
     entry, and all keys' features of one (sequence, head) by one common largest entry: both factors
     cancel exactly in D̂⁻¹ φ(Q) φ(K)ᵀ. (A per-key shift would not cancel: it would reweight the keys.)
     D̂ is kept above the dtype's tiny, so a query whose estimate underflows gets a zero row, not NaN.
     """
-    w, root = performer_features(x, budget), math.sqrt(x.scaling)
-    log_q, log_k = log_features(x.q * root, w), log_features(x.k * root, w)
+    w, root = w.to(q), math.sqrt(scaling)
+    log_q, log_k = log_features(q * root, w), log_features(k * root, w)
     phi_q = torch.exp(log_q - log_q.amax(-1, keepdim=True))  # (B, H, n, m), a factor per query
-    log_k = log_k.masked_fill(~x.valid[:, None, :, None], float("-inf"))
+    log_k = log_k.masked_fill(~valid[:, None, :, None], float("-inf"))
     phi_k = torch.exp(log_k - log_k.amax((-2, -1), keepdim=True))  # one factor per (sequence, head)
-    d_hat = torch.einsum("bhim,bhm->bhi", phi_q, phi_k.sum(-2)).clamp_min(torch.finfo(x.q.dtype).tiny)
-    out = torch.einsum("bhim,bhme->bhie", phi_q, torch.einsum("bhjm,bhje->bhme", phi_k, x.v)) / d_hat[..., None]
+    d_hat = torch.einsum("bhim,bhm->bhi", phi_q, phi_k.sum(-2)).clamp_min(torch.finfo(q.dtype).tiny)
+    out = torch.einsum("bhim,bhme->bhie", phi_q, torch.einsum("bhjm,bhje->bhme", phi_k, v)) / d_hat[..., None]
     p_tilde = torch.einsum("bhim,bhjm->bhij", phi_q, phi_k) / d_hat[..., None]
     return Approximation(out, p_tilde)
+
+
+@method("performer", color="tab:red", marker="<")
+def performer(x: Layer, budget: int) -> Approximation:
+    """FAVOR+ (`favor_plus`) with the seeded features of `performer_features`: m = k per head."""
+    return favor_plus(x.q, x.k, x.v, x.valid, x.scaling, performer_features(x, budget))
 
 
 #: positions per block of `performer-causal`'s prefix sums: the running sums are carried from block to block,

@@ -94,7 +94,8 @@ class Projections(nn.Module):
     Each distinct matrix has shape (k_proj, max_len). `init`: "jl" — seeded N(0, 1/k_proj) (the JL
     matrices of the paper's theory); "xavier" — the reference implementation's xavier_uniform_(gain 1/√2);
     or pass `weights` to load given matrices (a mapping from `keys` to tensors, or a tensor stacked in
-    `keys` order, or one (k_proj, max_len) tensor when there is a single distinct matrix).
+    `keys` order, or one (k_proj, max_len) tensor when there is a single distinct matrix), kept in the
+    floating dtype given (several dtypes: their common one; integers: float32). Drawn matrices are float32.
     `delta` applies Theorem 2's scaling E = δR, F = e^{−δ}R on top of the stored R (so "kv" and
     "layerwise" still store one R, used with two scale factors).
     """
@@ -157,7 +158,11 @@ class Projections(nn.Module):
         for matrix in found:
             if tuple(matrix.shape) != shape:
                 raise SpectraError(f"a projection has shape {tuple(matrix.shape)}; expected (k_proj, max_len) = {shape}")
-        return [matrix.detach().clone().float() for matrix in found]
+        dtype = found[0].dtype  # kept as given (float64 stays float64); mixed or integer weights are promoted
+        for matrix in found[1:]:
+            dtype = torch.promote_types(dtype, matrix.dtype)
+        dtype = dtype if dtype.is_floating_point else torch.float32
+        return [matrix.detach().clone().to(dtype) for matrix in found]
 
     @property
     def count(self) -> int:

@@ -42,6 +42,29 @@ def test_performer_is_favor_plus() -> None:
             assert np.allclose(approx_.out[b, h, :m].numpy(), p_tilde @ v, atol=1e-12)
 
 
+def test_favor_plus_with_the_seeded_draw_is_the_method() -> None:
+    x, budget = layer(), 6
+    want = REGISTRY["performer"].run(x, budget)
+    got = performer.favor_plus(x.q, x.k, x.v, x.valid, x.scaling, performer.performer_features(x, budget))
+    assert torch.equal(got.out, want.out) and torch.equal(got.p, want.p)
+
+
+def test_favor_plus_with_given_features_is_the_dense_formula() -> None:
+    x = layer()
+    w = np.random.default_rng(3).standard_normal((H, 9, D))  # plain Gaussian features, not the seeded draw
+    approx_ = performer.favor_plus(x.q, x.k, x.v, x.valid, S, torch.from_numpy(w).float())  # cast to q's dtype
+    assert approx_.out.dtype == torch.float64
+    for b, m in enumerate(LENGTHS):
+        for h in range(H):
+            q, k, v = head(x, b, h, m)
+            wh = torch.from_numpy(w[h]).float().double().numpy()
+            phi_q, phi_k = phi(q * math.sqrt(S), wh), phi(k * math.sqrt(S), wh)
+            p_tilde = (phi_q @ phi_k.T) / (phi_q @ phi_k.sum(0))[:, None]
+            assert np.allclose(approx_.p[b, h, :m, :m].numpy(), p_tilde, atol=1e-12)
+            assert np.allclose(approx_.p[b, h, :, m:].numpy(), 0), "padded keys have φ = 0"
+            assert np.allclose(approx_.out[b, h, :m].numpy(), p_tilde @ v, atol=1e-12)
+
+
 def test_orthogonal_features_structure() -> None:
     w = performer.orthogonal_features(10, D, seed=5)
     assert w.shape == (10, D)

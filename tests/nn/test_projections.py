@@ -91,6 +91,23 @@ def test_given_weights() -> None:
         Projections(2, 5, 3, 10, "kv", weights={(0, -1, "ef"): single})
 
 
+def test_given_weights_keep_their_dtype() -> None:
+    weights = torch.randn(4, 3, 10, dtype=torch.float64) / 3
+    projections = Projections(2, 5, 3, 10, "headwise", weights=weights)
+    assert projections.matrix(1, 3, "f").dtype == torch.float64
+    assert torch.equal(projections.matrix(1, 3, "f"), weights[3]), "no rounding through float32"
+    e, f = projections.pair(1)
+    assert e.dtype == f.dtype == torch.float64 and torch.equal(f[0], weights[3])
+    keyed = {(0, -1, "ef"): weights[0], (1, -1, "ef"): weights[1].float()}
+    assert Projections(2, 5, 3, 10, "kv", weights=keyed).matrix(1, 0, "e").dtype == torch.float64, "common dtype"
+    assert Projections(1, 1, 3, 10, "layerwise", weights=torch.ones(3, 10, dtype=torch.int64)).matrix(
+        0, 0, "e").dtype == torch.float32
+    half = Projections(1, 1, 3, 10, "layerwise", weights=torch.randn(3, 10, dtype=torch.float16))
+    assert half.matrix(0, 0, "e").dtype == torch.float16
+    for init in ("jl", "xavier"):
+        assert Projections(1, 1, 3, 10, init=init).matrix(0, 0, "e").dtype == torch.float32
+
+
 def test_slicing_rule_uses_the_first_columns() -> None:
     projections = Projections(1, 2, 4, 32, "none", seed=2)
     q, k, v = gaussian_qkv(20, 8, heads=2, seed=1)

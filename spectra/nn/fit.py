@@ -1,0 +1,417 @@
+"""Data-driven and fitted Linformer projections for a frozen pretrained model: eq. 7 calibrated on its own q, k, v.
+
+The Linformer learns E_i, F_i with the model. For a frozen pretrained model we look instead for the fixed
+projections that bring eq. 7, softmax(Q (E K)ᵀ s)(F V), closest to the model's own attention output P V on a
+calibration set of its captured q, k, v (`Calibration`, one per layer). The objective is `head_output_error`,
+‖P V − softmax(Q (E K)ᵀ s)(F V)‖²_F / ‖P V‖²_F per (sequence, head) over valid rows (its square root is the
+`out_err` of `spectra approx`). Three sets of projections:
+
+- `pooling_projections`: E = F = M, mean pooling over k_proj windows; with equal windows eq. 7 is then
+  exactly the `pool-mean` method on full-length sequences. The fit's default start.
+- `pca_projections` (closed form): the top eigenvectors of the keys' (values') n × n position second moment,
+  signed to sum positive and scaled by the positive factors that minimize the calibration error.
+- `fit_projections`: Adam on E, F minimizing the mean objective; the best step on held-out sequences is kept.
+
+A sequence of m < n tokens uses the first m columns (the paper's slicing rule); padded keys are zeroed before
+projecting, so a right-padded sequence counts exactly as its m tokens alone. Memory: a layer's calibration
+holds q, k, v and P V, 4·S·H·n·d numbers (16·S·H·n·d bytes in float32: 400 MB for 64 sequences of a BERT-base
+layer, H = 12, n = 512, d = 64); the fit adds about 4·CHUNK·H·n·(k_proj + d) numbers of autograd activations.
+Layers are fitted one at a time (jointly under `layerwise`, whose one E = F they share). On CPU results are
+bitwise reproducible for a fixed number of torch threads: every sum has a fixed order, gradients are
+full-batch, and the only random draw is the seeded validation split.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..capture import Captured
+from ..config import Sharing, check_budget, choose
+from ..errors import SpectraError
+from ..seeds import derive_seed
+from .linformer import linear_attention
+from .projections import Key, Projections, distinct_keys, projection_key
+
+#: seed domain of the validation split (to be declared in seeds.Domain as LINFORMER_FIT)
+SPLIT_DOMAIN = 103
+#: sequences per forward/backward pass: bounds the memory, not the result (gradients are summed in order)
+CHUNK = 8
+#: the log10 grid of the PCA scale search (α = 1, the raw eigenvectors, is one of its points), then golden
+#: section in the grid cell around the best point
+SCALE_GRID = tuple(t / 4 for t in range(-16, 5))
+GOLDEN_STEPS = 16
+
+
+@dataclass
+class Calibration:
+    """One layer's calibration tensors: q, k, v (S, H, n, d) float32 or float64, valid keys (S, n) bool, and
+    the score scale s. k, v are per query head (grouped-query keys repeated). Padded positions may hold
+    anything: they are masked everywhere."""
+
+    layer: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    valid: torch.Tensor
+    scaling: float
+
+    def __post_init__(self) -> None:
+        if not (self.q.dim() == 4 and self.q.shape == self.k.shape == self.v.shape):
+            raise SpectraError(f"calibration q, k, v must share one shape (S, H, n, d), got "
+                               f"{tuple(self.q.shape)}, {tuple(self.k.shape)}, {tuple(self.v.shape)}")
+        if self.q.shape[0] < 1 or tuple(self.valid.shape) != tuple(self.q.shape[:1] + self.q.shape[2:3]):
+            raise SpectraError(f"calibration of layer {self.layer}: valid has shape {tuple(self.valid.shape)}, "
+                               f"expected (S, n) = {tuple(self.q.shape[:1] + self.q.shape[2:3])} with S ≥ 1")
+        if self.q.dtype not in (torch.float32, torch.float64) or self.valid.dtype != torch.bool:
+            raise SpectraError(f"calibration tensors must be float32/float64 with a bool valid, got {self.q.dtype}")
+        with torch.inference_mode(False):  # captured under inference mode: copies autograd may save
+            for name in ("q", "k", "v", "valid"):
+                if getattr(self, name).is_inference():
+                    setattr(self, name, getattr(self, name).clone())
+
+    @classmethod
+    def of(cls, records: Iterable[Captured]) -> "Calibration":
+        """One layer's captured records (batches) concatenated, padded to the longest, at least float32."""
+        records = list(records)
+        if not records:
+            raise SpectraError("no captured record to calibrate on; run at least one batch")
+        first = records[0]
+        if any(r.causal for r in records):
+            raise SpectraError("Linformer projections cannot be calibrated on causal attention (eq. 7 is bidirectional)")
+        if any(r.layer != first.layer or r.scaling != first.scaling for r in records):
+            raise SpectraError("the records of one calibration must come from one layer (same layer and scaling)")
+        n = max(r.q.shape[-2] for r in records)
+        dtype = torch.promote_types(first.q.dtype, torch.float32)
+
+        def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat([torch.nn.functional.pad(x.to(dtype), (0, 0, 0, n - x.shape[-2])) for x in parts])
+
+        valid = torch.cat([torch.nn.functional.pad(r.valid, (0, n - r.valid.shape[-1])) for r in records])
+        return cls(first.layer, cat([r.q for r in records]), cat([r.k for r in records]),
+                   cat([r.v for r in records]), valid, first.scaling)
+
+    @property
+    def sequences(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def n(self) -> int:
+        return self.q.shape[-2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this calibration holds once its target P V is formed (q, k, v, P V, valid)."""
+        return 4 * self.q.numel() * self.q.element_size() + self.valid.numel()
+
+    @cached_property
+    def target(self) -> torch.Tensor:
+        """P V (S, H, n, d), zero on padded query rows; P = softmax(q kᵀ s) over the valid keys, formed a few
+        sequences at a time (P itself is S·H·n² numbers)."""
+        parts = []
+        for start in range(0, self.sequences, CHUNK):
+            part = slice(start, start + CHUNK)
+            valid = self.valid[part]
+            scores = (self.q[part] @ self.k[part].transpose(-1, -2)) * self.scaling
+            p = torch.softmax(scores.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1)
+            out = torch.nan_to_num(p) @ self.v[part].masked_fill(~valid[:, None, :, None], 0.0)
+            parts.append(out.masked_fill(~valid[:, None, :, None], 0.0))
+        return torch.cat(parts)
+
+    def subset(self, index: torch.Tensor | slice) -> "Calibration":
+        """The calibration of some sequences (their target carried over when already formed)."""
+        part = Calibration(self.layer, self.q[index], self.k[index], self.v[index], self.valid[index], self.scaling)
+        if "target" in self.__dict__:
+            part.__dict__["target"] = self.target[index]
+        return part
+
+
+def head_output_error(calib: Calibration, e: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """(S, H): ‖P V − softmax(Q (E K)ᵀ s)(F V)‖²_F / ‖P V‖²_F over each head's valid query rows.
+
+    e, f: (H or 1, k_proj, ≥ n) or (k_proj, ≥ n), sliced to the first n columns; differentiable in e and f.
+    """
+    out = linear_attention(calib.q, calib.k, calib.v, e, f, calib.valid, calib.scaling)
+    target = calib.target
+    error = (out - target).masked_fill(~calib.valid[:, None, :, None], 0.0).square().sum((-2, -1))
+    return error / target.square().sum((-2, -1)).clamp_min(torch.finfo(target.dtype).tiny)
+
+
+def pooling_matrix(budget: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """M (k_proj, n): row c averages the positions ⌊c·n/k⌋ … of window c, the windows of `methods.pooling`
+    on n valid positions (equal when k_proj divides n)."""
+    check_budget(budget, n, "n")
+    window = torch.div(torch.arange(n) * budget, n, rounding_mode="floor")
+    member = torch.nn.functional.one_hot(window, budget).to(dtype).T  # (k, n)
+    return member / member.sum(-1, keepdim=True)
+
+
+def pooling_projections(layers: int, heads: int, budget: int, n: int, sharing: Sharing | str,
+                        dtype: torch.dtype = torch.float32) -> Projections:
+    """Every distinct E, F equal to the mean-pooling matrix M: eq. 7 is then `pool-mean` (equal windows)."""
+    keys = distinct_keys(choose(Sharing, sharing, "sharing"), layers, heads)
+    matrix = pooling_matrix(budget, n, dtype)
+    return Projections(layers, heads, budget, n, sharing, weights={key: matrix for key in keys})
+
+
+def _checked(calibs: Sequence[Calibration], layers: int, heads: int, budget: int, n: int) -> dict[int, Calibration]:
+    """The calibrations by layer, after checking they fit the projections asked for."""
+    check_budget(budget, n, "n")
+    if not calibs:
+        raise SpectraError("the calibration set is empty; capture at least one layer of one sequence")
+    found: dict[int, Calibration] = {}
+    for calib in calibs:
+        if not 0 <= calib.layer < layers or calib.layer in found:
+            raise SpectraError(f"calibration of layer {calib.layer} is out of range 0…{layers - 1} or given twice")
+        if calib.heads != heads or calib.n > n:
+            raise SpectraError(f"calibration of layer {calib.layer} has {calib.heads} heads and {calib.n} tokens; "
+                               f"the projections have {heads} heads and n = {n}")
+        if calib.q.dtype != calibs[0].q.dtype:
+            raise SpectraError("every calibration must have one dtype (all float32 or all float64)")
+        found[calib.layer] = calib
+    return dict(sorted(found.items()))
+
+
+def _second_moment(x: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
+    """Σ_s X_s X_sᵀ (H, n, n) in float64 over the sequences of x (S, H, m ≤ n, d); padded rows count as zero."""
+    m = x.shape[-2]
+    moment = torch.zeros(x.shape[1], n, n, dtype=torch.float64)
+    for start in range(0, x.shape[0], CHUNK):
+        part = x[start:start + CHUNK].double().masked_fill(~valid[start:start + CHUNK, None, :, None], 0.0)
+        moment[:, :m, :m] += torch.einsum("shid,shjd->hij", part, part)
+    return moment
+
+
+def principal_rows(moment: torch.Tensor, budget: int) -> torch.Tensor:
+    """The top-`budget` unit eigenvectors (budget, n) of a symmetric n × n matrix, largest eigenvalue first,
+    each signed so that its entries sum positive (its largest entry positive when they sum to 0)."""
+    _, vectors = torch.linalg.eigh(moment)
+    rows = vectors[:, -budget:].flip(-1).T
+    total = rows.sum(-1)
+    largest = rows.gather(-1, rows.abs().argmax(-1, keepdim=True))[:, 0]
+    sign = torch.where(total.abs() > 1e-9 * rows.abs().sum(-1), total.sign(), largest.sign())
+    return rows * sign[:, None]
+
+
+def _scale_search(calibs: dict[int, Calibration], projections: Projections, groups: list[Key]) -> None:
+    """Multiply each (E, F) pair of `projections` (named by E's key) in place by the positive scales
+    minimizing the mean calibration error of its heads: E = F → one α (1-D search); E, F distinct → α for E
+    searched, the best β for F in closed form (the output is linear in β: β* = ⟨T, A⟩ / ‖A‖², means over the
+    group's heads)."""
+    sharing, index = projections.sharing, {group: i for i, group in enumerate(groups)}
+    tied = sharing in (Sharing.KV, Sharing.LAYERWISE)
+
+    @torch.no_grad()
+    def evaluate(log_alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(error, β) per group at E scaled by 10^log_alpha (and F by it when tied, else by the best β)."""
+        cross, power, count = (torch.zeros(len(groups), dtype=torch.float64) for _ in range(3))
+        for layer, calib in calibs.items():
+            g = torch.tensor([index[projection_key(sharing, layer, h, "e")] for h in range(calib.heads)])
+            e, f = projections.pair(layer, calib.n)
+            alpha = (10 ** log_alpha[g]).to(e)[:, None, None]
+            e, f = e * alpha, (f * alpha if tied else f)
+            for start in range(0, calib.sequences, CHUNK):
+                part = calib.subset(slice(start, start + CHUNK))
+                out = linear_attention(part.q, part.k, part.v, e, f, part.valid, part.scaling)
+                out = out.masked_fill(~part.valid[:, None, :, None], 0.0)
+                norm = part.target.square().sum((-2, -1)).clamp_min(torch.finfo(out.dtype).tiny)
+                cross.index_add_(0, g, ((out * part.target).sum((-2, -1)) / norm).double().sum(0))
+                power.index_add_(0, g, (out.square().sum((-2, -1)) / norm).double().sum(0))
+                count.index_add_(0, g, torch.full((calib.heads,), float(part.sequences), dtype=torch.float64))
+        cross, power = cross / count, power / count
+        beta = torch.ones_like(cross) if tied else (cross / power.clamp_min(1e-300)).clamp_min(0.0)
+        return 1 - 2 * beta * cross + beta.square() * power, beta
+
+    grid = torch.tensor(SCALE_GRID, dtype=torch.float64)
+    results = [evaluate(torch.full((len(groups),), t, dtype=torch.float64)) for t in grid]
+    errors = torch.stack([error for error, _ in results])  # (grid, groups)
+    best = errors.argmin(0)
+    best_t, best_error = grid[best], errors.min(0).values
+    best_beta = torch.stack([beta for _, beta in results])[best, range(len(groups))]
+    low, high, ratio = best_t - 0.25, best_t + 0.25, (math.sqrt(5) - 1) / 2
+    for _ in range(GOLDEN_STEPS):  # golden section per group in lockstep; only improvements are kept
+        left, right = high - ratio * (high - low), low + ratio * (high - low)
+        (e_left, b_left), (e_right, b_right) = evaluate(left), evaluate(right)
+        for t, error, beta in ((left, e_left, b_left), (right, e_right, b_right)):
+            better = error < best_error
+            best_t, best_error, best_beta = (torch.where(better, t, best_t), torch.where(better, error, best_error),
+                                             torch.where(better, beta, best_beta))
+        closer = e_left < e_right
+        high, low = torch.where(closer, right, high), torch.where(closer, low, left)
+    for group, i in index.items():
+        alpha, beta = 10 ** best_t[i], best_beta[i]
+        for key, factor in ({group: alpha} if tied else {(*group[:2], "e"): alpha, (*group[:2], "f"): beta}).items():
+            _stored(projections, key).mul_(float(factor))
+
+
+def _stored(projections: Projections, key: Key) -> torch.Tensor:
+    """The stored parameter of a distinct key."""
+    layer, head, which = key
+    return projections.matrix(max(layer, 0), max(head, 0), "e" if which == "ef" else which)
+
+
+def pca_projections(calibs: Sequence[Calibration], layers: int, heads: int, budget: int, n: int,
+                    sharing: Sharing | str, *, scale: bool = True) -> Projections:
+    """Data-driven E, F (closed form): the top-`budget` eigenvectors (rows) of the n × n position second moment.
+
+    E of a layer from Σ_{sequences, heads} K Kᵀ, F from Σ V Vᵀ (per head under `none`); `kv`: one matrix from
+    C_K/tr C_K + C_V/tr C_V (keys and values weighed equally, whatever their norms); `layerwise`: one E = F from
+    that sum over the calibrated layers. A sequence shorter than n adds its valid block (zero rows elsewhere).
+    Each row is signed to sum positive (the top one is then ≈ a positive average, like pooling).
+
+    Why `scale`: softmax over projected keys is not linear, so the length of the rows matters. A unit
+    eigenvector close to 1/√n·𝟙 projects to √n times the mean key, sharpening the softmax by √n; raw unit rows
+    are worse than random ones on a real model. So each pair is scaled by the positive factors minimizing its
+    mean calibration `head_output_error` (E = F: one α; E ≠ F: α for E by a log grid over 10⁻⁴…10 then golden
+    section, and the best β for F in closed form; α at the grid's bottom is in effect E = 0, uniform weights over
+    F V). α = β = 1 is a candidate, so scaling never does worse than the raw eigenvectors; `scale=False`
+    keeps them. Layers without a calibration get the pooling matrix.
+    """
+    sharing = choose(Sharing, sharing, "sharing")
+    found = _checked(calibs, layers, heads, budget, n)
+    projections = pooling_projections(layers, heads, budget, n, sharing, next(iter(found.values())).q.dtype)
+    projections.requires_grad_(False)
+    moments: dict[Key, torch.Tensor] = {}
+
+    def add(key: Key, moment: torch.Tensor) -> None:
+        moments[key] = moments[key] + moment if key in moments else moment
+
+    for layer, calib in found.items():
+        k_moment, v_moment = (_second_moment(x, calib.valid, n) for x in (calib.k, calib.v))
+        if sharing == Sharing.NONE:
+            for head in range(heads):
+                add((layer, head, "e"), k_moment[head])
+                add((layer, head, "f"), v_moment[head])
+        elif sharing == Sharing.HEADWISE:
+            add((layer, -1, "e"), k_moment.sum(0))
+            add((layer, -1, "f"), v_moment.sum(0))
+        else:
+            k_sum, v_sum = k_moment.sum(0), v_moment.sum(0)
+            both = k_sum / k_sum.trace().clamp_min(1e-300) + v_sum / v_sum.trace().clamp_min(1e-300)
+            add(projection_key(sharing, layer, 0, "e"), both)
+    for key, moment in moments.items():
+        _stored(projections, key).copy_(principal_rows(moment, budget))
+    if scale:
+        groups = list(dict.fromkeys(projection_key(sharing, layer, head, "e") for layer in found
+                                    for head in range(heads)))
+        _scale_search(found, projections, groups)
+    return projections
+
+
+@dataclass
+class Fit:
+    """The fitted projections (frozen), the history (one row per fitted group and step: `layer` — −1 for the
+    joint layerwise fit — `step`, `calibration` and `validation`, the mean `head_output_error` of each set at
+    that step's projections) and the kept step of each group (0 is the initialisation)."""
+
+    projections: Projections
+    history: pd.DataFrame
+    best_step: dict[int, int]
+
+
+def validation_split(sequences: int, share: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(calibration, validation) sequence indices, sorted: a seeded share held out (at least one sequence
+    each side when share > 0; none held out when share = 0)."""
+    if not 0 <= share < 1:
+        raise SpectraError(f"validation must be a share in [0, 1), got {share}")
+    if share == 0:
+        return torch.arange(sequences), torch.arange(0)
+    if sequences < 2:
+        raise SpectraError(f"holding out a validation share needs ≥ 2 calibration sequences, got {sequences}")
+    held = min(max(round(share * sequences), 1), sequences - 1)
+    order = torch.from_numpy(np.random.default_rng(derive_seed(seed, SPLIT_DOMAIN, sequences)).permutation(sequences))
+    return order[held:].sort().values, order[:held].sort().values
+
+
+def _mean_error(calibs: dict[int, Calibration], index: dict[int, torch.Tensor], projections: Projections,
+                backward: bool) -> float:
+    """Mean over layers of the mean head_output_error over the indexed sequences and heads; with `backward`
+    its gradient is accumulated into the projections, a chunk of sequences at a time."""
+    total = 0.0
+    for layer, calib in calibs.items():
+        rows = index[layer]
+        for start in range(0, len(rows), CHUNK):
+            part = calib.subset(rows[start:start + CHUNK])
+            with torch.set_grad_enabled(backward):
+                e, f = projections.pair(layer, calib.n)
+                error = head_output_error(part, e, f).sum() / (len(rows) * calib.heads * len(calibs))
+                if backward:
+                    error.backward()
+            total += error.item()
+    return total
+
+
+def _rms(matrix: torch.Tensor) -> float:
+    """The root-mean-square entry of a matrix (1 for a zero matrix): the unit of its Adam steps."""
+    rms = matrix.detach().double().square().mean().sqrt().item()
+    return rms if rms > 0 else 1.0
+
+
+def fit_projections(calibs: Sequence[Calibration], layers: int, heads: int, budget: int, n: int,
+                    sharing: Sharing | str, *, init: Projections | None = None, steps: int = 200,
+                    lr: float = 0.1, seed: int = 0, validation: float = 0.25,
+                    progress: Callable[[dict], None] | None = None) -> Fit:
+    """E, F minimizing the mean `head_output_error` over calibration sequences and heads, the model frozen.
+
+    Full-batch Adam for `steps` steps, `lr` relative to each matrix's root-mean-square entry at init (one
+    setting for any n and k_proj; pooling entries are k_proj/n), from `init`: by default
+    `pooling_projections` (the fit starts at pool-mean), or given projections (e.g. `pca_projections`; their
+    Theorem 2 scales δ are kept). A seeded `validation` share of the
+    sequences is held out; at every step t = 0 … steps both errors are recorded, and the kept step is the
+    one with the lowest validation error among the steps whose calibration error is not above step 0's
+    (the initialisation is a candidate): never worse than the init on either set (fixed projections
+    overfit a small calibration set). Groups are fitted one after the other: each layer under none,
+    headwise and kv (independent), all layers jointly under layerwise. `progress(row)` sees each row.
+    Layers without a calibration keep the init.
+    """
+    sharing = choose(Sharing, sharing, "sharing")
+    found = _checked(calibs, layers, heads, budget, n)
+    if steps < 0 or not lr > 0:
+        raise SpectraError(f"steps must be ≥ 0 and lr > 0, got steps = {steps}, lr = {lr}")
+    dtype = next(iter(found.values())).q.dtype
+    init = init if init is not None else pooling_projections(layers, heads, budget, n, sharing, dtype)
+    shape = (init.layers, init.heads, init.k_proj, init.max_len, init.sharing)
+    if shape != (layers, heads, budget, n, sharing):
+        raise SpectraError(f"init projections (layers, heads, k_proj, n, sharing) = {shape} do not fit "
+                           f"{(layers, heads, budget, n, sharing)}")
+    weights = {key: _stored(init, key).detach().to(dtype) for key in init.keys}
+    projections = Projections(layers, heads, budget, n, sharing, weights=weights)
+    projections.e_scale, projections.f_scale = init.e_scale, init.f_scale
+    splits = {layer: validation_split(calib.sequences, validation, seed) for layer, calib in found.items()}
+    groups = [[-1]] if sharing == Sharing.LAYERWISE else [[layer] for layer in found]
+    rows, best_step = [], {}
+    for group in groups:
+        members = {layer: found[layer] for layer in (found if group == [-1] else group)}
+        parameters = [_stored(projections, key) for key in projections.keys if key[0] in (-1, *members)]
+        optimizer = torch.optim.Adam([{"params": [p], "lr": lr * _rms(p)} for p in parameters])
+        best, kept, start = math.inf, [p.detach().clone() for p in parameters], math.inf  # start: step 0's
+        for step in range(steps + 1):
+            optimizer.zero_grad(set_to_none=True)
+            train = _mean_error(members, {layer: splits[layer][0] for layer in members}, projections, step < steps)
+            held = {layer: splits[layer][1] for layer in members}
+            check = _mean_error(members, held, projections, backward=False) if validation > 0 else train
+            row = {"layer": group[0], "step": step, "calibration": train, "validation": check}
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+            start = train if step == 0 else start
+            if check < best and train <= start:
+                best, best_step[group[0]] = check, step
+                kept = [p.detach().clone() for p in parameters]
+            if step < steps:
+                optimizer.step()
+        with torch.no_grad():
+            for parameter, value in zip(parameters, kept):
+                parameter.copy_(value)
+    history = pd.DataFrame(rows, columns=["layer", "step", "calibration", "validation"])
+    return Fit(projections.requires_grad_(False), history, best_step)
