@@ -6,9 +6,7 @@ linears (`attention_linears`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch

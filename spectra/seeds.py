@@ -23,6 +23,7 @@ class Domain(enum.IntEnum):
 
     LINFORMER = 101  # Projections(init="jl") and linformer.jl_pair: E, F per distinct key
     LINFORMER_XAVIER = 102  # Projections(init="xavier")
+    LINFORMER_FIT = 103  # nn.fit: the held-out validation split of the calibration sequences
     THEOREM1 = 201  # Theorem 1's R per (layer, k_proj)
     THEOREM2 = 202  # Theorem 2's R per (layer, k_proj)
     SYNTHETIC = 301  # Gaussian q, k, v

@@ -25,161 +25,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..capture import Captured
-from ..config import Sharing, check_budget, choose
+from ..config import Sharing, choose
 from ..errors import SpectraError
-from ..seeds import derive_seed
+from ..seeds import Domain, derive_seed
+from .calibration import CHUNK, Calibration, by_layer, head_output_error, pooling_projections
 from .linformer import linear_attention
-from .projections import Key, Projections, distinct_keys, projection_key
+from .projections import Key, Projections, projection_key
 
-#: seed domain of the validation split (to be declared in seeds.Domain as LINFORMER_FIT)
-SPLIT_DOMAIN = 103
-#: sequences per forward/backward pass: bounds the memory, not the result (gradients are summed in order)
-CHUNK = 8
 #: the log10 grid of the PCA scale search (α = 1, the raw eigenvectors, is one of its points), then golden
 #: section in the grid cell around the best point
 SCALE_GRID = tuple(t / 4 for t in range(-16, 5))
 GOLDEN_STEPS = 16
-
-
-@dataclass
-class Calibration:
-    """One layer's calibration tensors: q, k, v (S, H, n, d) float32 or float64, valid keys (S, n) bool, and
-    the score scale s. k, v are per query head (grouped-query keys repeated). Padded positions may hold
-    anything: they are masked everywhere."""
-
-    layer: int
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    valid: torch.Tensor
-    scaling: float
-
-    def __post_init__(self) -> None:
-        if not (self.q.dim() == 4 and self.q.shape == self.k.shape == self.v.shape):
-            raise SpectraError(f"calibration q, k, v must share one shape (S, H, n, d), got "
-                               f"{tuple(self.q.shape)}, {tuple(self.k.shape)}, {tuple(self.v.shape)}")
-        if self.q.shape[0] < 1 or tuple(self.valid.shape) != tuple(self.q.shape[:1] + self.q.shape[2:3]):
-            raise SpectraError(f"calibration of layer {self.layer}: valid has shape {tuple(self.valid.shape)}, "
-                               f"expected (S, n) = {tuple(self.q.shape[:1] + self.q.shape[2:3])} with S ≥ 1")
-        if self.q.dtype not in (torch.float32, torch.float64) or self.valid.dtype != torch.bool:
-            raise SpectraError(f"calibration tensors must be float32/float64 with a bool valid, got {self.q.dtype}")
-        with torch.inference_mode(False):  # captured under inference mode: copies autograd may save
-            for name in ("q", "k", "v", "valid"):
-                if getattr(self, name).is_inference():
-                    setattr(self, name, getattr(self, name).clone())
-
-    @classmethod
-    def of(cls, records: Iterable[Captured]) -> "Calibration":
-        """One layer's captured records (batches) concatenated, padded to the longest, at least float32."""
-        records = list(records)
-        if not records:
-            raise SpectraError("no captured record to calibrate on; run at least one batch")
-        first = records[0]
-        if any(r.causal for r in records):
-            raise SpectraError("Linformer projections cannot be calibrated on causal attention (eq. 7 is bidirectional)")
-        if any(r.layer != first.layer or r.scaling != first.scaling for r in records):
-            raise SpectraError("the records of one calibration must come from one layer (same layer and scaling)")
-        n = max(r.q.shape[-2] for r in records)
-        dtype = torch.promote_types(first.q.dtype, torch.float32)
-
-        def cat(parts: list[torch.Tensor]) -> torch.Tensor:
-            return torch.cat([torch.nn.functional.pad(x.to(dtype), (0, 0, 0, n - x.shape[-2])) for x in parts])
-
-        valid = torch.cat([torch.nn.functional.pad(r.valid, (0, n - r.valid.shape[-1])) for r in records])
-        return cls(first.layer, cat([r.q for r in records]), cat([r.k for r in records]),
-                   cat([r.v for r in records]), valid, first.scaling)
-
-    @property
-    def sequences(self) -> int:
-        return self.q.shape[0]
-
-    @property
-    def heads(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def n(self) -> int:
-        return self.q.shape[-2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this calibration holds once its target P V is formed (q, k, v, P V, valid)."""
-        return 4 * self.q.numel() * self.q.element_size() + self.valid.numel()
-
-    @cached_property
-    def target(self) -> torch.Tensor:
-        """P V (S, H, n, d), zero on padded query rows; P = softmax(q kᵀ s) over the valid keys, formed a few
-        sequences at a time (P itself is S·H·n² numbers)."""
-        parts = []
-        for start in range(0, self.sequences, CHUNK):
-            part = slice(start, start + CHUNK)
-            valid = self.valid[part]
-            scores = (self.q[part] @ self.k[part].transpose(-1, -2)) * self.scaling
-            p = torch.softmax(scores.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1)
-            out = torch.nan_to_num(p) @ self.v[part].masked_fill(~valid[:, None, :, None], 0.0)
-            parts.append(out.masked_fill(~valid[:, None, :, None], 0.0))
-        return torch.cat(parts)
-
-    def subset(self, index: torch.Tensor | slice) -> "Calibration":
-        """The calibration of some sequences (their target carried over when already formed)."""
-        part = Calibration(self.layer, self.q[index], self.k[index], self.v[index], self.valid[index], self.scaling)
-        if "target" in self.__dict__:
-            part.__dict__["target"] = self.target[index]
-        return part
-
-
-def head_output_error(calib: Calibration, e: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """(S, H): ‖P V − softmax(Q (E K)ᵀ s)(F V)‖²_F / ‖P V‖²_F over each head's valid query rows.
-
-    e, f: (H or 1, k_proj, ≥ n) or (k_proj, ≥ n), sliced to the first n columns; differentiable in e and f.
-    """
-    out = linear_attention(calib.q, calib.k, calib.v, e, f, calib.valid, calib.scaling)
-    target = calib.target
-    error = (out - target).masked_fill(~calib.valid[:, None, :, None], 0.0).square().sum((-2, -1))
-    return error / target.square().sum((-2, -1)).clamp_min(torch.finfo(target.dtype).tiny)
-
-
-def pooling_matrix(budget: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """M (k_proj, n): row c averages the positions ⌊c·n/k⌋ … of window c, the windows of `methods.pooling`
-    on n valid positions (equal when k_proj divides n)."""
-    check_budget(budget, n, "n")
-    window = torch.div(torch.arange(n) * budget, n, rounding_mode="floor")
-    member = torch.nn.functional.one_hot(window, budget).to(dtype).T  # (k, n)
-    return member / member.sum(-1, keepdim=True)
-
-
-def pooling_projections(layers: int, heads: int, budget: int, n: int, sharing: Sharing | str,
-                        dtype: torch.dtype = torch.float32) -> Projections:
-    """Every distinct E, F equal to the mean-pooling matrix M: eq. 7 is then `pool-mean` (equal windows)."""
-    keys = distinct_keys(choose(Sharing, sharing, "sharing"), layers, heads)
-    matrix = pooling_matrix(budget, n, dtype)
-    return Projections(layers, heads, budget, n, sharing, weights={key: matrix for key in keys})
-
-
-def _checked(calibs: Sequence[Calibration], layers: int, heads: int, budget: int, n: int) -> dict[int, Calibration]:
-    """The calibrations by layer, after checking they fit the projections asked for."""
-    check_budget(budget, n, "n")
-    if not calibs:
-        raise SpectraError("the calibration set is empty; capture at least one layer of one sequence")
-    found: dict[int, Calibration] = {}
-    for calib in calibs:
-        if not 0 <= calib.layer < layers or calib.layer in found:
-            raise SpectraError(f"calibration of layer {calib.layer} is out of range 0…{layers - 1} or given twice")
-        if calib.heads != heads or calib.n > n:
-            raise SpectraError(f"calibration of layer {calib.layer} has {calib.heads} heads and {calib.n} tokens; "
-                               f"the projections have {heads} heads and n = {n}")
-        if calib.q.dtype != calibs[0].q.dtype:
-            raise SpectraError("every calibration must have one dtype (all float32 or all float64)")
-        found[calib.layer] = calib
-    return dict(sorted(found.items()))
 
 
 def _second_moment(x: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
@@ -278,7 +140,7 @@ def pca_projections(calibs: Sequence[Calibration], layers: int, heads: int, budg
     keeps them. Layers without a calibration get the pooling matrix.
     """
     sharing = choose(Sharing, sharing, "sharing")
-    found = _checked(calibs, layers, heads, budget, n)
+    found = by_layer(calibs, layers, heads, budget, n)
     projections = pooling_projections(layers, heads, budget, n, sharing, next(iter(found.values())).q.dtype)
     projections.requires_grad_(False)
     moments: dict[Key, torch.Tensor] = {}
@@ -329,7 +191,7 @@ def validation_split(sequences: int, share: float, seed: int) -> tuple[torch.Ten
     if sequences < 2:
         raise SpectraError(f"holding out a validation share needs ≥ 2 calibration sequences, got {sequences}")
     held = min(max(round(share * sequences), 1), sequences - 1)
-    order = torch.from_numpy(np.random.default_rng(derive_seed(seed, SPLIT_DOMAIN, sequences)).permutation(sequences))
+    order = torch.from_numpy(np.random.default_rng(derive_seed(seed, Domain.LINFORMER_FIT, sequences)).permutation(sequences))
     return order[held:].sort().values, order[:held].sort().values
 
 
@@ -375,7 +237,7 @@ def fit_projections(calibs: Sequence[Calibration], layers: int, heads: int, budg
     Layers without a calibration keep the init.
     """
     sharing = choose(Sharing, sharing, "sharing")
-    found = _checked(calibs, layers, heads, budget, n)
+    found = by_layer(calibs, layers, heads, budget, n)
     if steps < 0 or not lr > 0:
         raise SpectraError(f"steps must be ≥ 0 and lr > 0, got steps = {steps}, lr = {lr}")
     dtype = next(iter(found.values())).q.dtype

@@ -11,101 +11,14 @@ from transformers import AutoModel, AutoTokenizer
 import tiny
 from spectra import capture
 from spectra.errors import SpectraError
-from spectra.methods import REGISTRY, Layer
-from spectra.methods.pooling import mean_pooling_matrix, windows
-from spectra.nn.fit import (Calibration, fit_projections, head_output_error, pca_projections, pooling_matrix,
-                            pooling_projections, principal_rows, validation_split)
-from spectra.nn.linformer import linear_attention
+from calibrations import synthetic
+from spectra.nn.calibration import Calibration, head_output_error, pooling_projections
+from spectra.nn.fit import fit_projections, pca_projections, principal_rows, validation_split
 from spectra.nn.projections import Projections
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHARINGS = ("none", "headwise", "kv", "layerwise")
-
-
-def synthetic(layer: int = 0, lengths=(10, 10, 7, 10, 4, 10), n: int = 10, heads: int = 2, d: int = 3,
-              dtype=torch.float64, seed: int = 0) -> Calibration:
-    """Gaussian q, k, v with a shared key component and a positional trend, padded after `lengths`."""
-    g = torch.Generator().manual_seed(seed + 17 * layer)
-    shape = (len(lengths), heads, n, d)
-    position = torch.linspace(-1, 1, n, dtype=dtype)[None, None, :, None]
-    trend = position * torch.randn(1, heads, 1, d, generator=g, dtype=dtype)
-    q, k, v = (torch.randn(shape, generator=g, dtype=dtype) for _ in range(3))
-    k = k + trend + torch.randn(1, heads, 1, d, generator=g, dtype=dtype)
-    valid = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
-    return Calibration(layer, q, k, v, valid, 0.7)
-
-
-def reference_error(calib: Calibration, e: torch.Tensor, f: torch.Tensor) -> np.ndarray:
-    """Each sequence's valid block alone, in numpy: ‖PV − softmax(Q (E K)ᵀ s)(F V)‖² / ‖PV‖²."""
-    out = np.zeros((calib.sequences, calib.heads))
-    for s in range(calib.sequences):
-        m = int(calib.valid[s].sum())
-        for h in range(calib.heads):
-            q, k, v = (x[s, h, :m].numpy() for x in (calib.q, calib.k, calib.v))
-            eh, fh = (x[h if x.shape[0] > 1 else 0, :, :m].numpy() for x in (e, f))
-
-            def softmax(x):
-                x = np.exp(x - x.max(-1, keepdims=True))
-                return x / x.sum(-1, keepdims=True)
-
-            exact = softmax(q @ k.T * calib.scaling) @ v
-            approx = softmax(q @ (eh @ k).T * calib.scaling) @ (fh @ v)
-            out[s, h] = ((exact - approx) ** 2).sum() / (exact ** 2).sum()
-    return out
-
-
-def test_objective_is_the_formula_on_each_valid_block() -> None:
-    calib = synthetic()
-    e, f = torch.randn(2, 4, 12, dtype=torch.float64), torch.randn(2, 4, 12, dtype=torch.float64)  # ≥ n columns
-    assert np.allclose(head_output_error(calib, e, f).numpy(), reference_error(calib, e, f), atol=1e-12)
-
-
-def test_objective_gradient_matches_finite_differences() -> None:
-    calib = synthetic(lengths=(6, 4), n=6)
-    e = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
-    f = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda e, f: head_output_error(calib, e, f), (e, f), eps=1e-6, atol=1e-7)
-
-
-def test_identity_projections_are_exact_and_pooling_is_pool_mean() -> None:
-    calib = synthetic(lengths=(10,) * 4)
-    eye = torch.eye(10, dtype=torch.float64)
-    assert head_output_error(calib, eye, eye).abs().max() < 1e-24
-    assert torch.equal(pooling_matrix(10, 10, torch.float64), eye)
-    for budget in (2, 5, 3):  # equal and uneven windows: the windows of methods.pooling on n valid positions
-        want = mean_pooling_matrix(windows(torch.ones(1, 10, dtype=torch.bool), budget), budget, torch.float64)[0]
-        assert torch.allclose(pooling_matrix(budget, 10, torch.float64), want, atol=0, rtol=1e-15)
-    x = Layer(0, calib.q, calib.k, calib.v, calib.valid, calib.scaling)
-    m = pooling_matrix(5, 10, torch.float64)  # equal windows: eq. 7 with E = F = M is pool-mean
-    assert torch.allclose(linear_attention(calib.q, calib.k, calib.v, m, m, calib.valid, calib.scaling),
-                          REGISTRY["pool-mean"].run(x, 5).out, atol=1e-12)
-
-
-def padded_and_alone(calib: Calibration, s: int) -> tuple[Calibration, Calibration]:
-    """The calibration with sequence s's padding filled with junk, and sequence s alone cut to its tokens."""
-    m = int(calib.valid[s].sum())
-    junk = [x.clone() for x in (calib.q, calib.k, calib.v)]
-    for x in junk:
-        x[:, :, m:] = torch.where(calib.valid[:, None, m:, None], x[:, :, m:], 1e3)
-    padded = Calibration(0, *junk, calib.valid, calib.scaling)
-    alone = Calibration(0, *(x[s:s + 1, :, :m] for x in (calib.q, calib.k, calib.v)), calib.valid[s:s + 1, :m],
-                        calib.scaling)
-    return padded, alone
-
-
-def test_padding_contributes_its_valid_block_and_padded_keys_get_no_weight() -> None:
-    calib = synthetic()
-    padded, alone = padded_and_alone(calib, 2)  # m = 7 of n = 10
-    e, f = torch.randn(2, 4, 10, dtype=torch.float64), torch.randn(2, 4, 10, dtype=torch.float64)
-    errors = head_output_error(padded, e, f)
-    assert torch.allclose(errors, head_output_error(calib, e, f), atol=1e-12), "junk in padding changes nothing"
-    assert torch.allclose(errors[2], head_output_error(alone, e, f)[0], atol=1e-12), "first m columns"
-    # PCA: a padded sequence adds its valid block, the same as the sequence alone
-    one = calib.subset(torch.tensor([2]))
-    raw = [pca_projections([c], 1, 2, 3, 10, "none", scale=False).pair(0) for c in (one, padded.subset([2]), alone)]
-    for e_other, f_other in raw[1:]:
-        assert torch.allclose(e_other, raw[0][0], atol=1e-10) and torch.allclose(f_other, raw[0][1], atol=1e-10)
 
 
 def numpy_rows(moment: np.ndarray, budget: int) -> np.ndarray:
