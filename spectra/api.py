@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import checkpoints
+from . import checkpoints, distributed
 from .config import (AnalyzeOptions, ApproxOptions, Output, RunConfig, SyntheticConfig, TheoremOptions,
-                     layers_label, parse_layers)
+                     check_budget, layers_label, parse_layers)
 from .errors import SpectraError
 from .loop import Job, Progress, Reporter, execute
 from .runs import ApproxRun, Run, TheoremRun, load_run
@@ -97,6 +97,12 @@ def approx(
     layers: str | Iterable[int] | None = None,
     target: float = 0.1,
     projection: str = "gaussian",
+    fixed_projection: bool = False,
+    fit_samples: int = 0,
+    fit_steps: int = 200,
+    fit_lr: float = 0.1,
+    fit_init: str = "pooling",
+    k_plan: str | Path | dict | None = None,
     length: int = 512,
     samples: int = 1000,
     mode: str = "pack",
@@ -116,26 +122,50 @@ def approx(
     notify: Callable[[str], None] = print,
 ) -> ApproxRun:
     """How well each method approximates `model`'s attention at each budget k: per head on the exact
-    model's own q, k, v, and with `end_to_end` substituted into the forward pass (hidden-state drift and,
-    when the checkpoint has a masked-LM head, masked-LM perplexity).
+    model's own q, k, v, and with `end_to_end` substituted into the forward pass (hidden-state drift and, with a
+    language-model head, masked-LM or next-token perplexity). Random methods draw per sequence unless
+    `fixed_projection`. Fitted methods (linformer-pca, linformer-fit) calibrate on the first `fit_samples`
+    sequences; `samples` more are evaluated after them. `k_plan` (a `spectra plan-k` JSON file or dict) gives
+    each layer its own k, measured beside a uniform k of equal total cost.
     """
     from . import methods as registry
     from .probes import Probes
     from .probes.approx import HeadProbe
     from .probes.endtoend import EndToEnd
+    from .probes.fitting import Fitting
+    from .report.plan import read_plan
     from .sources import ModelSource
 
     labels = registry.expand(methods)
     chosen = parse_layers(layers) if isinstance(layers, (str, type(None))) else tuple(sorted(set(layers)))
+    plan = read_plan(k_plan) if k_plan is not None else None
+    for layer_budget in plan or ():
+        check_budget(layer_budget, length)
+    budgets = (round(sum(plan) / len(plan)),) if plan else tuple(budgets)
     config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
                        trust_remote_code, gguf_file)
-    options = ApproxOptions(tuple(budgets), tuple(labels), end_to_end, chosen, target, projection).resolved(length)
+    options = ApproxOptions(budgets, tuple(labels), end_to_end, chosen, target, projection, fixed_projection,
+                            fit_samples, fit_steps, fit_lr, fit_init, k_plan=plan).resolved(length)
     found = checkpoints.inspect(model, gguf_file)
 
     def build_probe(source: ModelSource) -> Probes:
         if chosen is not None and (chosen[0] < 0 or chosen[-1] >= source.layers):
             raise SpectraError(f"--layers must lie in 0…{source.layers - 1} for {source.loaded.name}, got {layers}")
-        probes = {"heads": HeadProbe(options, source.layers, source.heads, seed=seed)}
+        if plan and len(plan) != source.layers:
+            raise SpectraError(f"the k plan has {len(plan)} layers but {source.loaded.name} has {source.layers}; "
+                               "make the plan with spectra plan-k on a run of this model")
+        probes, fitted = {}, None
+        if options.fits:
+            if distributed.requested():
+                raise SpectraError("fitted projections (--fit-samples) are not supported across processes yet; "
+                                   "run with a single process")
+            probes["fitting"] = Fitting(options, source.layers, source.heads, length, seed=seed, notify=notify)
+            fitted = probes["fitting"].fitted
+        start = options.fit_samples
+        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, start=start, fitted=fitted)
+        if plan:
+            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed, start=start, fitted=fitted,
+                                       budget_of=plan.__getitem__, file="heads_plan.csv")
         if end_to_end:
             loaded = source.loaded
             leaking = [label for label in options.methods if loaded.causal and not registry.REGISTRY[label].causal]
@@ -147,19 +177,26 @@ def approx(
                     f"{', '.join(leaking)} per head without --end-to-end")
             if loaded.head is None:
                 notify(f"{loaded.name} has no language-model head: --end-to-end measures the hidden-state drift only")
-            substitutes = {(label, budget): registry.substitute(label, budget, chosen, seed=seed,
-                                                                projection=options.projection)
+            common = dict(seed=seed, projection=options.projection, fixed=options.fixed_projection, fitted=fitted)
+            substitutes = {(label, budget): registry.substitute(label, budget, chosen, **common)
                            for label in options.methods for budget in options.budgets}
-            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(chosen))
+            if plan:
+                substitutes = {(*key, "uniform"): substitute for key, substitute in substitutes.items()}
+                substitutes.update({(label, budgets[0], "plan"): registry.substitute(label, plan.__getitem__, chosen,
+                                                                                     **common)
+                                    for label in options.methods})
+            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(chosen), start=start)
         return Probes(**probes)
 
     job = Job(
-        "approx", config.settings(options.identity()), samples, batch_size, config.device,
+        "approx", config.settings(options.identity()), options.fit_samples + samples, batch_size, config.device,
         config.default_out("approx", found.label), found.where,
-        open_source=lambda where: ModelSource(config, where, lm_head=end_to_end),
+        open_source=lambda where: ModelSource(config, where, lm_head=end_to_end, boundary=options.fit_samples),
         build_probe=build_probe,
         meta=lambda source: {**options.identity(), "masked_lm": source.loaded.masked_lm,
-                             **({"lm_head": source.loaded.head} if source.loaded.head else {})},
+                             **({"lm_head": source.loaded.head} if source.loaded.head else {}),
+                             **({"evaluation": [options.fit_samples, options.fit_samples + samples]}
+                                if options.fits else {})},
     )
     return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
 

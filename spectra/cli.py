@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import click
 import typer
 
-from .config import Device, DType, Mode, Place, Projection, Spectrum, numbers
+from .config import Device, DType, FitInit, Mode, Place, Projection, Spectrum, numbers
 from .errors import Interrupted, SpectraError
 
 try:  # typer ≥ 0.26 vendors its own copy of click
@@ -148,6 +148,12 @@ def approx(
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to substitute with --end-to-end, e.g. 6-11 or 0,3,5-7 (default all)."),
     target: float = typer.Option(0.1, "--target", help="Relative output error per layer whose smallest reaching k is reported."),
     projection: Projection = typer.Option(Projection.GAUSSIAN, "--projection", help="Random projections of jl/linformer: gaussian N(0, 1/k) or orthogonal."),
+    fixed_projection: bool = typer.Option(False, "--fixed-projection", help="One random draw per layer and k for the whole run (default: each sequence draws its own, so means come with an interval over the randomness)."),
+    fit_samples: int = typer.Option(0, "--fit-samples", help="Calibration sequences for linformer-pca/linformer-fit, read first; --samples more are evaluated after them."),
+    fit_steps: int = typer.Option(200, "--fit-steps", help="Adam steps of linformer-fit (the best step on held-out calibration sequences is kept)."),
+    fit_lr: float = typer.Option(0.1, "--fit-lr", help="linformer-fit's learning rate, relative to the projections' typical entry."),
+    fit_init: FitInit = typer.Option(FitInit.POOLING, "--fit-init", help="Where linformer-fit starts: mean pooling or the PCA projections."),
+    k_plan: Optional[Path] = typer.Option(None, "--k-plan", help="A k plan from spectra plan-k: each layer at its own k, beside a uniform k of equal total cost."),
     length: int = typer.Option(512, "--length", help="Sequence length n, special tokens included."),
     samples: int = typer.Option(1000, "--samples", help="Number of sequences."),
     mode: ModeOption = Mode.PACK,
@@ -174,7 +180,9 @@ def approx(
         with progress_bar("sequences") as progress:
             run = run_approx(
                 model, data, budgets=numbers(k, "--k"), methods=methods.split(",") if methods else DEFAULT_METHODS,
-                end_to_end=end_to_end, layers=layers, target=target, projection=projection, length=length,
+                end_to_end=end_to_end, layers=layers, target=target, projection=projection,
+                fixed_projection=fixed_projection, fit_samples=fit_samples, fit_steps=fit_steps, fit_lr=fit_lr,
+                fit_init=fit_init, k_plan=k_plan, length=length,
                 samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split, text_column=text_column,
                 device=device, dtype=dtype, gguf_file=gguf_file, out=out, overwrite=overwrite, resume=resume,
                 trust_remote_code=trust_remote_code, progress=progress, notify=_notify,

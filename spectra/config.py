@@ -74,6 +74,13 @@ class Projection(Choice):
     ORTHOGONAL = "orthogonal"
 
 
+class FitInit(Choice):
+    """Where `linformer-fit` starts: mean pooling (eq. 7 with E = F = M, the pool-mean method) or PCA."""
+
+    POOLING = "pooling"
+    PCA = "pca"
+
+
 class Sharing(Choice):
     """Linformer's sharing of E, F: per head, per layer (headwise), E = F per layer (kv), one for all (layerwise)."""
 
@@ -285,7 +292,13 @@ class AnalyzeOptions:
 
 @dataclass(frozen=True)
 class ApproxOptions:
-    """Methods (registry labels) at each budget, per head and optionally substituted end to end."""
+    """Methods (registry labels) at each budget, per head and optionally substituted end to end.
+
+    Random methods draw per sequence unless `fixed_projection`. Fitted methods (linformer-pca, linformer-fit)
+    calibrate on the first `fit_samples` sequences (a `fit_validation` share held out to choose the fit's
+    step; `fit_steps` Adam steps at `fit_lr`, from `fit_init`); the evaluated sequences come after them.
+    `k_plan` (per layer) replaces the budgets: every method runs at its layer's k, beside a uniform k of equal
+    total cost."""
 
     budgets: tuple[int, ...]
     methods: tuple[str, ...]
@@ -293,21 +306,50 @@ class ApproxOptions:
     layers: tuple[int, ...] | None = None
     target: float = 0.1
     projection: Projection = Projection.GAUSSIAN
+    fixed_projection: bool = False
+    fit_samples: int = 0
+    fit_steps: int = 200
+    fit_lr: float = 0.1
+    fit_init: FitInit = FitInit.POOLING
+    fit_validation: float = 0.25
+    k_plan: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budgets", check_budgets(self.budgets))
         if not 0 < self.target < 1:
             raise SpectraError(f"--target must be a relative error in (0, 1), got {self.target}")
         object.__setattr__(self, "projection", choose(Projection, self.projection, "--projection"))
+        object.__setattr__(self, "fit_init", choose(FitInit, self.fit_init, "--fit-init"))
+        fitted = [label for label in self.methods if label.startswith(("linformer-pca", "linformer-fit"))]
+        if fitted and self.fit_samples < 2:
+            raise SpectraError(f"{fitted[0]} fits its projections on calibration sequences: pass --fit-samples N "
+                               "(fit_samples=N) with N ≥ 2, e.g. 64")
+        if self.fit_samples < 0 or self.fit_steps < 0 or not self.fit_lr > 0 or not 0 <= self.fit_validation < 1:
+            raise SpectraError("--fit-samples and --fit-steps must be ≥ 0, --fit-lr > 0, and the held-out share in "
+                               "[0, 1)")
+
+    @property
+    def fits(self) -> bool:
+        return self.fit_samples > 0
 
     def resolved(self, n: int) -> "ApproxOptions":
         check_budgets(self.budgets, n)
+        for budget in self.k_plan or ():
+            check_budget(budget, n)
         return self
 
     def identity(self) -> dict[str, Any]:
-        return {"budgets": list(self.budgets), "methods": list(self.methods), "end_to_end": self.end_to_end,
-                "layers": None if self.layers is None else list(self.layers), "target": self.target,
-                "projection": self.projection}
+        found = {"budgets": list(self.budgets), "methods": list(self.methods), "end_to_end": self.end_to_end,
+                 "layers": None if self.layers is None else list(self.layers), "target": self.target,
+                 "projection": self.projection}
+        if self.fixed_projection:
+            found["fixed_projection"] = True
+        if self.fits:
+            found.update(fit_samples=self.fit_samples, fit_steps=self.fit_steps, fit_lr=self.fit_lr,
+                         fit_init=self.fit_init, fit_validation=self.fit_validation)
+        if self.k_plan is not None:
+            found["k_plan"] = list(self.k_plan)
+        return found
 
 
 @dataclass(frozen=True)

@@ -175,9 +175,12 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
     progress, seen, last_save = reporter.progress, 0, time.perf_counter()
     saved = [done] if done else []  # sequences in the newest checkpoint on disk
 
-    def checkpoint() -> None:
+    def checkpoint() -> bool:
+        if not probe.ready():  # e.g. in the middle of a calibration: the next batch will do
+            return False
         target.save_checkpoint(plain(probe.state()), done + seen, wall_seconds=wall())
         saved[:] = [done + seen]
+        return True
 
     if progress is not None:
         progress(done, job.samples)
@@ -189,11 +192,12 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                 probe.after_batch(batch)
                 seen += len(batch.index)
                 if interrupted():
-                    if distributed.size() == 1:
-                        checkpoint()
+                    if distributed.size() == 1 and not checkpoint() and not saved:
+                        raise Interrupted(f"interrupted after {done + seen} sequences, during the calibration: "
+                                          "nothing was saved; run the command again")
                     raise Interrupted(f"interrupted after {done + seen} sequences; continue with --resume "
                                       f"(resume=True) and the same --out ({target.out})")
-                if time.perf_counter() - last_save >= reporter.checkpoint_seconds:
+                if time.perf_counter() - last_save >= reporter.checkpoint_seconds and probe.ready():
                     checkpoint()
                     last_save = time.perf_counter()
                 if progress is not None:  # with several processes: this one's share, scaled

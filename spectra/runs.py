@@ -96,23 +96,37 @@ class Run:
 class ApproxRun:
     """A `spectra approx` run loaded back.
 
-    `heads`: one row per (method, budget, layer, head, metric) with samples, mean, median, p95, max,
-    target and pr_below_target; `end_to_end`: one row per (method, budget), or None without --end-to-end.
+    `heads`: one row per (method, budget, layer, head, metric) with samples, mean (and its 95% interval
+    mean_low, mean_high), median, p95, max, target and pr_below_target on the evaluated sequences;
+    `end_to_end`: one row per (method, budget), or None without --end-to-end. With fitted methods also
+    `calibration` (the same table on the calibration sequences) and `fit_history`; with a k plan `plan`
+    (the table at each layer's planned k).
     """
 
     path: Path
     meta: dict[str, Any]
     heads: pd.DataFrame
     end_to_end: pd.DataFrame | None
+    calibration: pd.DataFrame | None = None
+    fit_history: pd.DataFrame | None = None
+    plan: pd.DataFrame | None = None
+
+    def projections(self, method: str, budget: int):
+        """The projections `method` (linformer-pca(s) or linformer-fit(s)) fitted at `budget` in this run: an
+        `nn.projections.Projections` for `LinformerSelfAttention` or `nn.linformer.substitute`."""
+        from .nn.projections import load_projections
+
+        return load_projections(self.path, method, budget)
 
     @property
     def label(self) -> str:
         return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
 
-    def per_layer(self, metric: str = "out_err", stat: str = "mean") -> pd.DataFrame:
+    def per_layer(self, metric: str = "out_err", stat: str = "mean", table: str = "heads") -> pd.DataFrame:
         """Mean over heads of each head's `stat` (mean, median, p95, max) of `metric` over sequences: one row per
-        (method, budget, layer)."""
-        rows = self.heads[self.heads["metric"] == metric]
+        (method, budget, layer); `table`: heads (evaluated), calibration or plan."""
+        frame = getattr(self, table)
+        rows = frame[frame["metric"] == metric]
         return rows.groupby(["method", "budget", "layer"], sort=False)[stat].mean().reset_index(name=metric)
 
     def k_needed(self, target: float | None = None, metric: str = "out_err") -> pd.DataFrame:
@@ -156,9 +170,11 @@ def load_run(path: Path | str) -> Run | ApproxRun | TheoremRun:
     meta = _read_meta(path)
     try:
         if meta.get("kind") == "approx":
-            e2e = path / "end_to_end.csv"
-            e2e_table = pd.read_csv(e2e, dtype={"layers": str}) if e2e.exists() else None
-            return ApproxRun(path, meta, pd.read_csv(path / "heads.csv"), e2e_table)
+            def optional(name: str, **options) -> pd.DataFrame | None:
+                return pd.read_csv(path / name, **options) if (path / name).exists() else None
+
+            return ApproxRun(path, meta, pd.read_csv(path / "heads.csv"), optional("end_to_end.csv", dtype={"layers": str}),
+                             optional("heads_calibration.csv"), optional("fit_history.csv"), optional("heads_plan.csv"))
         if meta.get("kind") == "theorems":
             names = [f"theorem{i}{scope}" for i in (1, 2) for scope in ("", "_layers", "_heads")]
             return TheoremRun(path, meta, {name: pd.read_csv(path / f"{name}.csv") for name in names})

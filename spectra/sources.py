@@ -28,8 +28,10 @@ class ModelSource:
     """A corpus read through a pretrained model. Opening reads the data (so data errors come first and a
     resumed run can compare what it read); `start` loads the model and checks the two fit together."""
 
-    def __init__(self, config: RunConfig, device: str | torch.device, *, lm_head: bool = False) -> None:
-        self.config, self.where, self.lm_head = config, device, lm_head
+    def __init__(self, config: RunConfig, device: str | torch.device, *, lm_head: bool = False,
+                 boundary: int = 0) -> None:
+        """`boundary`: the end of a calibration set (no batch straddles it)."""
+        self.config, self.where, self.lm_head, self.boundary = config, device, lm_head, boundary
         self.corpus = data.open_corpus(config.data, split=config.split, text_column=config.text_column,
                                        seed=config.seed)
         self.n = config.length
@@ -83,7 +85,7 @@ class ModelSource:
     def batches(self, samples: int, batch_size: int, skip: int = 0,
                 shard: tuple[int, int] = (0, 1)) -> Iterator[data.Batch]:
         return data.batches(self.loaded.tokenizer, self.corpus, self.n, self.config.mode, samples, batch_size,
-                            skip=skip, shard=shard)
+                            skip=skip, shard=shard, boundary=self.boundary)
 
     @property
     def kv_heads(self) -> int:

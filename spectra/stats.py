@@ -110,6 +110,7 @@ class ErrorStats:
         self.below = np.zeros(self.cells + (len(self.eps),), np.int64)
         self.hist = np.zeros(self.cells + (self.bins + 2,), np.int64)
         self.total = np.zeros(self.cells, np.float64)
+        self.total_sq = np.zeros(self.cells, np.float64)
         self.min = np.full(self.cells, np.inf)
         self.max = np.full(self.cells, -np.inf)
 
@@ -137,7 +138,9 @@ class ErrorStats:
         self.count[index] += keep.sum(-1).cpu().numpy()
         self.below[index] += below.cpu().numpy()
         self.hist[index] += hist.cpu().numpy()
-        self.total[index] += torch.where(keep, errors, 0.0).sum(-1).cpu().numpy()
+        kept = torch.where(keep, errors, 0.0)
+        self.total[index] += kept.sum(-1).cpu().numpy()
+        self.total_sq[index] += torch.where(torch.isfinite(kept), kept * kept, math.inf).sum(-1).cpu().numpy()
         self.min[index] = np.minimum(self.min[index], torch.where(keep, errors, inf).amin(-1).cpu().numpy())
         self.max[index] = np.maximum(self.max[index], torch.where(keep, errors, -inf).amax(-1).cpu().numpy())
 
@@ -161,8 +164,9 @@ class ErrorStats:
             value = np.clip(value, low, high)
         return np.where(count > 0, value, np.nan).reshape(self.cells)
 
-    def frame(self, axes: dict[str, Sequence]) -> pd.DataFrame:
-        """Long table: one row per cell (labelled by `axes`, one entry per cell axis) and ε."""
+    def frame(self, axes: dict[str, Sequence], mean_interval: bool = False) -> pd.DataFrame:
+        """Long table: one row per cell (labelled by `axes`, one entry per cell axis) and ε. With `mean_interval`
+        (independent samples only), the mean's 95% Student-t interval: mean_low, mean_high."""
         if len(axes) != len(self.cells) or any(len(labels) != size for labels, size in zip(axes.values(), self.cells)):
             raise ValueError(f"axes {list(axes)} do not label cells {self.cells}")
         grid = np.indices(self.cells).reshape(len(self.cells), -1)
@@ -174,6 +178,12 @@ class ErrorStats:
                 "mean": np.where(count > 0, self.total.reshape(-1) / np.maximum(count, 1), np.nan),
                 "max": np.where(count > 0, self.max.reshape(-1), np.nan),
             }
+            if mean_interval:
+                mean = summary["mean"]
+                var = np.maximum(self.total_sq.reshape(-1) / np.maximum(count, 1) - mean**2, 0) * count / np.maximum(
+                    count - 1, 1)
+                half = t_quantile(count) * np.sqrt(var / np.maximum(count, 1))
+                summary.update(mean_low=mean - half, mean_high=mean + half)
             pr = self.below.reshape(-1, len(self.eps)) / np.maximum(count, 1)[:, None]
         pr[count == 0] = np.nan
         repeat = len(self.eps)
@@ -195,15 +205,16 @@ class ErrorStats:
         pooled = ErrorStats(keep, self.eps, self.lo, self.hi, self.per_decade)
         pooled.count, pooled.below, pooled.hist = self.count.sum(axes), self.below.sum(axes), self.hist.sum(axes)
         pooled.total, pooled.min, pooled.max = self.total.sum(axes), self.min.min(axes), self.max.max(axes)
+        pooled.total_sq = self.total_sq.sum(axes)
         return pooled
 
     def state(self, prefix: str) -> State:
         reduce = {"min": Reduce.MIN, "max": Reduce.MAX}
         return {f"{prefix}.{name}": Tagged(getattr(self, name), reduce.get(name, Reduce.SUM))
-                for name in ("count", "below", "hist", "total", "min", "max")}
+                for name in ("count", "below", "hist", "total", "total_sq", "min", "max")}
 
     def load_state(self, arrays: Mapping[str, np.ndarray], prefix: str) -> None:
-        for name in ("count", "below", "hist", "total", "min", "max"):
+        for name in ("count", "below", "hist", "total", "total_sq", "min", "max"):
             value = np.array(arrays[f"{prefix}.{name}"])
             if value.shape != getattr(self, name).shape:
                 expected = getattr(self, name).shape

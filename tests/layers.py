@@ -37,16 +37,30 @@ def captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequenc
     return Captured.of(layer, q, k, v, mask, scaling)
 
 
+def pooled_fits(n: int = N, heads: int = H, layers: int = 4) -> dict:
+    """Stand-in fitted projections (mean pooling) for every fitted method at every budget 1…n, so registry-wide
+    tests can run the fitted methods without a calibration."""
+    from spectra.config import Sharing
+    from spectra.nn.calibration import pooling_projections
+
+    return {(f"{family}({sharing})", budget): pooling_projections(layers, heads, budget, n, sharing, torch.float64)
+            for family in ("linformer-pca", "linformer-fit") for sharing in Sharing for budget in range(1, n + 1)}
+
+
+FITS = pooled_fits()
+
+
 def random_layer(lengths: Sequence[int] = (N, N), *, n: int = N, seed: int = 0, spread: float = 1.0,
                  scaling: float = 0.7, use_p: bool = True, **options) -> Layer:
     """A float64 Layer of Gaussian q, k, v (B = len(lengths), H heads, n tokens, D dims), padded after `lengths`."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(len(lengths), H, n, D, generator=g, dtype=torch.float64) * spread for _ in range(3))
+    options.setdefault("fitted", FITS if n == N else None)
     return Layer.of(captured(q, k, v, lengths, scaling), use_p=use_p, seed=options.pop("method_seed", 0), **options)
 
 
 def with_lengths(q, k, v, lengths, scaling: float = 0.7) -> Layer:
-    return Layer.of(captured(q, k, v, lengths, scaling), use_p=False)
+    return Layer.of(captured(q, k, v, lengths, scaling), use_p=False, fitted=FITS)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

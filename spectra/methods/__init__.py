@@ -16,6 +16,7 @@ its test file under tests/methods/. See docs/methods.md for every formula, what 
 | nystrom, nystrom-iter6 | Nyströmformer with segment-mean landmarks | landmarks |
 | skyformer | Nyström of the Gaussian kernel, reweighted into softmax | landmarks |
 | probsparse | Informer's top-k queries by sparsity, uniform rows for the rest | active queries |
+| linformer-pca(s), linformer-fit(s) | eq. 7 with E, F from the calibration set's principal directions, or fitted | projected dimension |
 | window | StreamingLLM: softmax over min(4, k/4) sink tokens and the nearest (most recent) keys | keys per query |
 | topk | softmax over each query's k highest-scoring keys (the sparse oracle) | keys per query |
 
@@ -35,6 +36,7 @@ from . import skyformer  # noqa: F401
 from . import probsparse  # noqa: F401
 from . import window  # noqa: F401
 from . import topk  # noqa: F401
+from . import fitted  # noqa: F401
 from .base import REGISTRY, Approximation, Entry, Layer, Method, expand, register, substitute
 
 __all__ = ["REGISTRY", "Approximation", "Entry", "Layer", "Method", "expand", "register", "substitute"]

@@ -8,8 +8,8 @@ rows and columns are zero) and padded query rows are ignored by the measures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -23,7 +23,12 @@ from ..spectrum import masked, split_threads
 @dataclass
 class Layer:
     """One layer's captured attention in float32 or better: q, k, v (B, H, n, d), valid keys (B, n), and
-    P with padded rows and columns zeroed (B, H, n, n) — formed only when a method or measure asks."""
+    P with padded rows and columns zeroed (B, H, n, n) — formed only when a method or measure asks.
+
+    Random methods draw from `seed`: with `index` (the sequences' global indices) and not `fixed`, each
+    sequence draws its own projections, so a method's error is measured over the randomness it is made of;
+    `fixed` (or no index) keeps one draw per (budget, layer, head). `fitted` holds projections fitted on
+    calibration sequences, by (method label, budget)."""
 
     layer: int
     q: torch.Tensor
@@ -34,12 +39,16 @@ class Layer:
     seed: int = 0
     projection: Projection = Projection.GAUSSIAN
     causal: bool = False
+    index: tuple[int, ...] | None = None
+    fixed: bool = True
+    fitted: Mapping[tuple[str, int], Any] | None = field(default=None, repr=False)
     _p: torch.Tensor | None = field(default=None, repr=False)
     _svd: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, captured: Captured, *, use_p: bool = True, seed: int = 0,
-           projection: Projection = Projection.GAUSSIAN) -> "Layer":
+           projection: Projection = Projection.GAUSSIAN, fixed: bool = True,
+           fitted: Mapping[tuple[str, int], Any] | None = None) -> "Layer":
         """From a captured layer (any dtype; promoted to float32 or better). With `use_p` the capture's P is
         used; without, P is computed from q and k on first use, so a substitution that never needs it skips it."""
         dtype = torch.promote_types(captured.q.dtype, torch.float32)
@@ -48,7 +57,18 @@ class Layer:
         v = v * valid[:, None, :, None].to(dtype)
         given = masked(captured.p.to(dtype), valid) if use_p else None
         return cls(captured.layer, q, k, v, valid, captured.scaling, seed, Projection(projection), captured.causal,
-                   _p=given)
+                   captured.index, fixed, fitted, _p=given)
+
+    @property
+    def per_sequence(self) -> bool:
+        """Whether each sequence draws its own random projections."""
+        return not self.fixed and self.index is not None
+
+    def sequence_seeds(self, *parts: int) -> list[int]:
+        """One seed per sequence for a draw identified by `parts` (the same seed for all when not per sequence)."""
+        if not self.per_sequence:
+            return [derive_seed(self.seed, *parts)] * self.q.shape[0]
+        return [derive_seed(self.seed, *parts, sequence) for sequence in self.index]
 
     @property
     def allowed(self) -> torch.Tensor:
@@ -78,21 +98,42 @@ class Layer:
                               for factor in zip(*parts))
         return self._svd
 
+    def sequences(self) -> list["Layer"]:
+        """The batch as layers of one sequence each (for methods that draw per sequence one at a time)."""
+        parts = []
+        for b in range(self.q.shape[0]):
+            one = slice(b, b + 1)
+            parts.append(replace(self, q=self.q[one], k=self.k[one], v=self.v[one], valid=self.valid[one],
+                                 index=None if self.index is None else self.index[one],
+                                 _p=None if self._p is None else self._p[one], _svd=None))
+        return parts
+
     def random(self, budget: int, which: int = 0) -> torch.Tensor:
-        """A seeded projection R (H, k_proj, n) per head: Gaussian N(0, 1/k) or scaled orthonormal rows."""
+        """A seeded projection R per head: Gaussian N(0, 1/k) or scaled orthonormal rows; (H, k_proj, n), or
+        (B, H, k_proj, n) when each sequence draws its own."""
         heads, n = self.q.shape[1], self.q.shape[-2]
         draw = jl_matrix if self.projection == Projection.GAUSSIAN else orthogonal_matrix
-        return torch.stack([
-            draw(budget, n, derive_seed(self.seed, Domain.JL_METHOD, budget, self.layer, head, which),
-                 device=self.q.device, dtype=self.q.dtype)
-            for head in range(heads)
-        ])
+
+        def drawn(*extra: int) -> torch.Tensor:
+            return torch.stack([draw(budget, n, derive_seed(self.seed, Domain.JL_METHOD, budget, self.layer, head,
+                                                            which, *extra), device=self.q.device, dtype=self.q.dtype)
+                                for head in range(heads)])
+
+        if not self.per_sequence:
+            return drawn()
+        return torch.stack([drawn(sequence) for sequence in self.index])
 
 
 @dataclass
 class Approximation:
     out: torch.Tensor  # (B, H, n, d)
     p: torch.Tensor | None  # (B, H, n, n) or None
+
+
+def joined(parts: list[Approximation]) -> Approximation:
+    """Approximations of consecutive sequences as one batch."""
+    return Approximation(torch.cat([part.out for part in parts]),
+                         None if parts[0].p is None else torch.cat([part.p for part in parts]))
 
 
 Method = Callable[[Layer, int], Approximation]
@@ -149,17 +190,20 @@ def expand(names: Iterable[str]) -> list[str]:
     return labels
 
 
-def substitute(label: str, budget: int, layers: Iterable[int] | None, *, seed: int = 0,
-               projection: Projection = Projection.GAUSSIAN) -> Substitute:
-    """A capture substitution computing `label` at `budget` in `layers` (all when None)."""
+def substitute(label: str, budget: int | Callable[[int], int], layers: Iterable[int] | None, *, seed: int = 0,
+               projection: Projection = Projection.GAUSSIAN, fixed: bool = True,
+               fitted: Mapping[tuple[str, int], Any] | None = None) -> Substitute:
+    """A capture substitution computing `label` at `budget` (a number, or a layer's budget from a function of
+    the layer, e.g. a k plan) in `layers` (all when None)."""
     approximate = REGISTRY[label].run
     chosen = None if layers is None else set(layers)
 
     def run(captured: Captured) -> torch.Tensor | None:
         if chosen is not None and captured.layer not in chosen:
             return None
-        x = Layer.of(captured, use_p=False, seed=seed, projection=projection)
-        return approximate(x, budget).out.to(captured.q.dtype)
+        x = Layer.of(captured, use_p=False, seed=seed, projection=projection, fixed=fixed, fitted=fitted)
+        at = budget(captured.layer) if callable(budget) else budget
+        return approximate(x, at).out.to(captured.q.dtype)
 
     return run
 

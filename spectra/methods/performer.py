@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..seeds import Domain, derive_seed
-from .base import Approximation, Layer, method
+from .base import Approximation, Layer, joined, method
 
 
 def orthogonal_features(m: int, d: int, seed: int) -> np.ndarray:
@@ -41,8 +41,10 @@ def _performer_w(seed: int, budget: int, layer: int, heads: int, d: int) -> np.n
 
 
 def performer_features(x: Layer, budget: int) -> torch.Tensor:
-    """The seeded W (H, m = k, d) of each head, fixed by (seed, budget, layer, head)."""
-    w = _performer_w(x.seed, budget, x.layer, x.q.shape[1], x.q.shape[-1])
+    """The seeded W (H, m = k, d) of each head, fixed by (seed, budget, layer, head); a layer of one sequence that
+    draws its own derives the seed with the sequence's global index (`Layer.sequences` splits a batch)."""
+    seed = x.sequence_seeds(Domain.PERFORMER)[0] if x.per_sequence else x.seed
+    w = _performer_w(seed, budget, x.layer, x.q.shape[1], x.q.shape[-1])
     return torch.tensor(w, device=x.q.device, dtype=x.q.dtype)  # a copy: the cached array stays intact
 
 
@@ -80,6 +82,8 @@ def favor_plus(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.T
 @method("performer", color="tab:red", marker="<")
 def performer(x: Layer, budget: int) -> Approximation:
     """FAVOR+ (`favor_plus`) with the seeded features of `performer_features`: m = k per head."""
+    if x.per_sequence and x.q.shape[0] > 1:
+        return joined([performer(part, budget) for part in x.sequences()])
     return favor_plus(x.q, x.k, x.v, x.valid, x.scaling, performer_features(x, budget))
 
 
@@ -116,6 +120,8 @@ def performer_causal(x: Layer, budget: int) -> Approximation:
     """
     if not x.causal:
         return performer(x, budget)
+    if x.per_sequence and x.q.shape[0] > 1:
+        return joined([performer_causal(part, budget) for part in x.sequences()])
     w, root = performer_features(x, budget), math.sqrt(x.scaling)
     log_q, log_k = log_features(x.q * root, w), log_features(x.k * root, w)
     phi_q = torch.exp(log_q - log_q.amax(-1, keepdim=True))  # (B, H, n, m), a factor per query

@@ -11,7 +11,10 @@ k_proj) weights; a sequence of m ≤ max_len tokens uses the first m columns.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Mapping
+
+import numpy as np
 
 import torch
 from torch import nn
@@ -186,3 +189,51 @@ class Projections(nn.Module):
         e = torch.stack([self.matrix(layer, head, "e")[:, :n] for head in range(self.heads)])
         f = torch.stack([self.matrix(layer, head, "f")[:, :n] for head in range(self.heads)])
         return e * self.e_scale, f * self.f_scale
+
+
+def projections_arrays(fitted: Mapping[tuple[str, int], "Projections"]) -> dict[str, np.ndarray]:
+    """Projections by (name, budget) as plain arrays for an .npz file (no pickle): per entry its distinct matrices
+    stacked in `keys` order, the keys, its shape and sharing, and its E/F scales."""
+    arrays: dict[str, np.ndarray] = {}
+    for (name, budget), projections in fitted.items():
+        prefix = f"{name}|{budget}|"
+        arrays[prefix + "weights"] = torch.stack([projections.weights[_name(key)].detach().cpu()
+                                                  for key in projections.keys]).numpy()
+        arrays[prefix + "keys"] = np.array([[layer, head, _WHICH[which]] for layer, head, which in projections.keys])
+        arrays[prefix + "shape"] = np.array([projections.layers, projections.heads, projections.k_proj,
+                                             projections.max_len])
+        arrays[prefix + "sharing"] = np.array(str(projections.sharing))
+        arrays[prefix + "scales"] = np.array([projections.e_scale, projections.f_scale])
+    return arrays
+
+
+def projections_from_arrays(arrays: Mapping[str, np.ndarray]) -> dict[tuple[str, int], "Projections"]:
+    """The inverse of `projections_arrays`."""
+    entries = sorted({key.rsplit("|", 1)[0] for key in arrays})
+    found = {}
+    for entry in entries:
+        name, budget = entry.rsplit("|", 1)
+        layers, heads, k_proj, max_len = (int(x) for x in arrays[f"{entry}|shape"])
+        weights = torch.from_numpy(np.asarray(arrays[f"{entry}|weights"]).copy())
+        projections = Projections(layers, heads, k_proj, max_len, str(arrays[f"{entry}|sharing"]), weights=weights,
+                                  trainable=False)
+        projections.e_scale, projections.f_scale = (float(x) for x in arrays[f"{entry}|scales"])
+        found[(name, int(budget))] = projections
+    return found
+
+
+def load_projections(source: str | Path, name: str, budget: int) -> "Projections":
+    """Projections saved by a run (`<run>/projections.npz`, or that file itself) for method `name` at `budget`:
+    ready for `LinformerSelfAttention`, `linformer.substitute` or your own experiment."""
+    path = Path(source)
+    path = path / "projections.npz" if path.is_dir() else path
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (OSError, ValueError, EOFError) as error:
+        raise SpectraError(f"{path} holds no projections spectra can read ({str(error).splitlines()[0]})") from None
+    fitted = projections_from_arrays(arrays)
+    if (name, budget) not in fitted:
+        available = ", ".join(f"{n} at k = {k}" for n, k in sorted(fitted))
+        raise SpectraError(f"{path} has no projections for {name} at k = {budget}; it has {available or 'none'}")
+    return fitted[(name, budget)]

@@ -9,7 +9,7 @@ with samples, mean, median, p95, max and the fraction at most the target.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -53,21 +53,35 @@ def measures(x: Layer, approx: Approximation) -> torch.Tensor:
 class HeadProbe(Probe):
     """Streams every layer through each (method, budget) and keeps error statistics.
 
-    Cells are (method, budget, layer, head, measure); samples are sequences.
+    Cells are (method, budget, layer, head, measure); samples are sequences. Random methods draw per sequence
+    unless the options fix the projection, so a mean comes with a 95% interval over sequences. Sequences
+    before `start` (a calibration set) are left out; `fitted` holds projections fitted on them; `budget_of`
+    (a k plan) gives a layer its own budget in place of the sweep's.
     """
 
-    def __init__(self, options: ApproxOptions, layers: int, heads: int, *, seed: int = 0) -> None:
-        self.options, self.seed = options, seed
+    def __init__(self, options: ApproxOptions, layers: int, heads: int, *, seed: int = 0, start: int = 0,
+                 fitted: Mapping[tuple[str, int], object] | None = None,
+                 budget_of: Callable[[int], int] | None = None, file: str = "heads.csv") -> None:
+        self.options, self.seed, self.start, self.fitted, self.budget_of = options, seed, start, fitted, budget_of
+        self.file = file
         self.labels, self.budgets = list(options.methods), list(options.budgets)
         self.stats = ErrorStats((len(self.labels), len(self.budgets), layers, heads, len(MEASURES)),
                                 eps=(options.target,))
 
     def update(self, captured: Captured) -> None:
-        x = Layer.of(captured, seed=self.seed, projection=self.options.projection)
+        if min(captured.sequence_index()) < self.start:
+            return
+        x = Layer.of(captured, seed=self.seed, projection=self.options.projection,
+                     fixed=self.options.fixed_projection, fitted=self.fitted)
+        self.measure(x)
+
+    def measure(self, x: Layer) -> None:
+        """Every method at every budget on one layer's batch."""
         for i, label in enumerate(self.labels):
             for j, budget in enumerate(self.budgets):
-                errors = measures(x, REGISTRY[label].run(x, budget)).permute(2, 0, 1)  # (H, measure, B)
-                self.stats.add((i, j, captured.layer), errors, keep=~errors.isnan())
+                at = self.budget_of(x.layer) if self.budget_of is not None else budget
+                errors = measures(x, REGISTRY[label].run(x, at)).permute(2, 0, 1)  # (H, measure, B)
+                self.stats.add((i, j, x.layer), errors, keep=~errors.isnan())
 
     def state(self) -> State:
         return self.stats.state("heads")
@@ -80,6 +94,8 @@ class HeadProbe(Probe):
         target and pr_below_target, the fraction of sequences whose error is at most the target."""
         _, _, layers, heads, _ = self.stats.cells
         frame = self.stats.frame({"method": self.labels, "budget": self.budgets, "layer": list(range(layers)),
-                                  "head": list(range(heads)), "metric": list(MEASURES)})
+                                  "head": list(range(heads)), "metric": list(MEASURES)}, mean_interval=True)
         frame = frame[frame["samples"] > 0].rename(columns={"eps": "target", "pr": "pr_below_target"})
-        return {"heads.csv": frame.reset_index(drop=True)}
+        if self.budget_of is not None:  # a k plan: each layer's own budget
+            frame["budget"] = frame["layer"].map(self.budget_of).astype(int)
+        return {self.file: frame.reset_index(drop=True)}

@@ -21,6 +21,10 @@ class Probe:
     def after_batch(self, batch: Any) -> None:
         pass
 
+    def ready(self) -> bool:
+        """Whether the state may be checkpointed now (a probe in the middle of a calibration may not be)."""
+        return True
+
     def state(self) -> State:
         return {}
 
@@ -53,6 +57,9 @@ class Probes(Probe):
     def after_batch(self, batch: Any) -> None:
         for probe in self.probes.values():
             probe.after_batch(batch)
+
+    def ready(self) -> bool:
+        return all(probe.ready() for probe in self.probes.values())
 
     def state(self) -> State:
         return {f"{name}/{key}": part for name, probe in self.probes.items() for key, part in probe.state().items()}

@@ -64,17 +64,20 @@ def mask_tokens(batch: Batch, loaded: Loaded, seed: int) -> tuple[torch.Tensor, 
 
 
 class EndToEnd(Probe):
-    """Owns one substitution per (method, budget) and, after each batch, runs the exact model and every
-    substitution on it: hidden-state drift and (with an MLM head) masked-LM loss per substitution."""
+    """Owns one substitution per (method, budget[, allocation]) and, after each batch, runs the exact model and
+    every substitution on it: hidden-state drift and (with an LM head) the loss per substitution. Batches of
+    sequences before `start` (a calibration set) are left out."""
 
-    def __init__(self, source: "ModelSource", substitutes: dict[tuple[str, int], Substitute], seed: int,
-                 layers: str = "all") -> None:
-        self.source, self.substitutes, self.seed, self.layers = source, substitutes, seed, layers
+    def __init__(self, source: "ModelSource", substitutes: dict[tuple, Substitute], seed: int,
+                 layers: str = "all", start: int = 0) -> None:
+        self.source, self.substitutes, self.seed, self.layers, self.start = source, substitutes, seed, layers, start
         self.keys = list(substitutes)
         self.sums = np.zeros((len(self.keys) + 1, len(_FIELDS)))  # row 0: the exact model
 
     def after_batch(self, batch: Batch) -> None:
         """Exact and substituted forward passes of one batch."""
+        if min(batch.index) < self.start:
+            return
         loaded = self.source.loaded
         if loaded.head == MASKED_LM:
             ids, labels = mask_tokens(batch, loaded, self.seed)
@@ -110,13 +113,15 @@ class EndToEnd(Probe):
         self.sums = np.array(arrays["end_to_end.sums"])
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        """end_to_end.csv: one row per (method, budget): hidden drift, exact vs approximate loss and perplexity."""
+        """end_to_end.csv: one row per (method, budget[, allocation: a k plan or the uniform k of equal cost]):
+        hidden drift, exact vs approximate loss and perplexity."""
         layers = self.layers
         exact = dict(zip(_FIELDS, self.sums[0]))
         rows = []
         for key, sums in zip(self.keys, self.sums[1:]):
             s = dict(zip(_FIELDS, sums))
-            row = {"method": key[0], "budget": key[1], "layers": layers, "sequences": int(s["sequences"]),
+            row = {"method": key[0], "budget": key[1], **({"allocation": key[2]} if len(key) > 2 else {}),
+                   "layers": layers, "sequences": int(s["sequences"]),
                    "hidden_rel_err": s["hidden_err"] / max(s["sequences"], 1),
                    "cosine": s["cosine"] / max(s["tokens"], 1)}
             if exact["masked"] > 0:

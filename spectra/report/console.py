@@ -19,8 +19,8 @@ from rich.table import Table
 
 from ..runs import ApproxRun, Run, TheoremRun
 from .plan import Plan
-from .summaries import (analyze_layers, compare_wide, headlines, labels_in_order, run_keys, theorem1_rows,
-                        theorem_errors, theorem_n)
+from .summaries import (analyze_layers, compare_wide, gap_closed, headlines, labels_in_order, run_keys,
+                        theorem1_rows, theorem_errors, theorem_n)
 
 
 class _Console(Console):
@@ -156,14 +156,43 @@ def print_approx(run: ApproxRun) -> None:
         plan = run.k_needed().pivot(index="layer", columns="method", values="k_needed")[methods].reset_index()
         print_frame(plan, f"smallest k in the sweep with mean error ≤ {run.meta['target']} per layer", digits=0,
                     missing="—")
+    print_stand_in(run)
     if run.end_to_end is not None:
         layers = run.end_to_end["layers"].iloc[0]
         out.print(f"end to end ({'all layers' if layers == 'all' else 'layers ' + layers} substituted):")
         for row in run.end_to_end.itertuples(index=False):
-            line = f"  {row.method}, k={row.budget}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
+            allocation = getattr(row, "allocation", None)
+            where = f"k={row.budget}" if allocation in (None, "uniform") else f"k plan (mean k={row.budget})"
+            line = f"  {row.method}, {where}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
             if "ppl" in run.end_to_end.columns:
                 line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({row.ppl_change:+.0%})"
             out.print(line, soft_wrap=True)
+
+
+def print_stand_in(run: ApproxRun) -> None:
+    """For runs with fitted methods or a k plan: held-out against calibration errors, the fraction of the gap
+    between a random projection and the SVD oracle each method closes, and plan against uniform k."""
+    gap = gap_closed(run)
+    if run.calibration is not None and len(gap):
+        held = run.per_layer("out_err")
+        fitted = held[held["method"].str.startswith(("linformer-pca", "linformer-fit"))]
+        calibration = run.per_layer("out_err", table="calibration").set_index(["method", "budget", "layer"])
+        rows = fitted.assign(calibration=[calibration["out_err"].get(key, float("nan")) for key in
+                                          zip(fitted["method"], fitted["budget"], fitted["layer"])])
+        rows = rows.groupby(["method", "budget"], sort=False)[["calibration", "out_err"]].mean().reset_index()
+        print_frame(rows.rename(columns={"out_err": "held out"}), "fitted projections: mean head-output error over "
+                    "layers, on the calibration sequences and on the held-out ones (the gap is overfitting)")
+        for budget, part in gap.groupby("budget", sort=True):
+            wide = part.pivot(index="layer", columns="method", values="gap_closed")
+            wide = wide[labels_in_order(part)].reset_index()
+            print_frame(wide, f"k = {budget}: fraction of the gap between the random projection (same sharing, else "
+                        "jl) and the SVD oracle closed, (random − method)/(random − svd)", {"": 2})
+    if run.plan is not None:
+        plan = run.per_layer("out_err", table="plan").rename(columns={"out_err": "plan", "budget": "k (plan)"})
+        uniform = run.per_layer("out_err").rename(columns={"out_err": "uniform", "budget": "k (uniform)"})
+        both = plan.merge(uniform, on=["method", "layer"])
+        print_frame(both[["method", "layer", "k (plan)", "plan", "k (uniform)", "uniform"]],
+                    "k plan against a uniform k of equal total cost Σ n·k: mean head-output error per layer")
 
 
 def theorem_column(label: str) -> str:

@@ -9,6 +9,7 @@ run's mean curves; `Plan.to_json` is what a Linformer module consumes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -147,3 +148,31 @@ def plan_k(run: Run, energy: float, *, multiple: int = 8, per_head: bool = False
     table = pd.DataFrame({**ids, "k_min": k_min.ravel(), "k_proj": k_proj.ravel(), "c_at_k_proj": reached.ravel()})
     layer_k = k_proj.max(axis=1) if per_head else k_proj
     return Plan(run.n, run.heads, energy, multiple, per_head, table, np.asarray(layer_k), str(run.path))
+
+
+def read_plan(plan: str | Path | dict) -> tuple[int, ...]:
+    """Each layer's k_proj from a plan written by `spectra plan-k` (its JSON file, or the dict): for a per-head
+    plan, the layer's (the largest of its heads'). Anything else is one line."""
+    import json
+
+    if not isinstance(plan, dict):
+        path = Path(plan)
+        try:
+            plan = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise SpectraError(f"k plan {path} does not exist; write one with spectra plan-k RUN --out {path}") from None
+        except (OSError, ValueError, UnicodeDecodeError) as error:
+            raise SpectraError(f"k plan {path} is not JSON ({str(error).splitlines()[0]})") from None
+    try:
+        layers = sorted(plan["layers"], key=lambda entry: int(entry["layer"]))
+        found = tuple(int(entry["k_proj"]) for entry in layers)
+        positions = [int(entry["layer"]) for entry in layers]
+    except (KeyError, TypeError, ValueError):
+        raise SpectraError("the k plan has no list of layers with a layer and a k_proj each: write it with "
+                           "spectra plan-k") from None
+    if positions != list(range(len(found))) or not found:
+        raise SpectraError(f"the k plan's layers are {positions}, not 0…{len(found) - 1}: write it with spectra plan-k")
+    for k in found:
+        if k < 1:
+            raise SpectraError(f"the k plan asks for k = {k}: every layer's k_proj must be at least 1")
+    return found

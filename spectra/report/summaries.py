@@ -226,3 +226,27 @@ def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame
 def theorem_n(run: TheoremRun) -> int:
     """The sequence length n of a theorems run (as its pooled Theorem 1 table records it)."""
     return int(run.tables["theorem1"]["n"].iloc[0])
+
+
+def gap_closed(run: ApproxRun, table: str = "heads") -> pd.DataFrame:
+    """Per (method, budget, layer): the method's mean head-output error, the random baseline's and the oracle's,
+    and the fraction of the gap between them the method closes, (random − method) / (random − svd): 0 is no
+    better than a random projection, 1 is as good as the best rank-k matrix. The random baseline of a
+    Linformer variant is the random Linformer of the same sharing level when the run has it, else jl."""
+    layers = run.per_layer("out_err", table=table)
+    errors = layers.set_index(["method", "budget", "layer"])["out_err"]
+    methods = labels_in_order(layers)
+    if "svd" not in methods:
+        return pd.DataFrame(columns=["method", "budget", "layer", "out_err", "random", "oracle", "gap_closed"])
+    rows = []
+    for (method, budget, layer), error in errors.items():
+        sharing = method[method.index("("):] if "(" in method else ""
+        random = next((name for name in (f"linformer{sharing}", "jl") if name in methods and sharing), None)
+        random = random or ("jl" if "jl" in methods else None)
+        if random is None or method in ("svd", random):
+            continue
+        low, high = errors[("svd", budget, layer)], errors[(random, budget, layer)]
+        rows.append({"method": method, "budget": budget, "layer": layer, "out_err": error, "random": high,
+                     "random_method": random, "oracle": low,
+                     "gap_closed": (high - error) / (high - low) if high != low else np.nan})
+    return pd.DataFrame(rows)

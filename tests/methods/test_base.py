@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from layers import B, H, N, captured, random_layer, with_lengths
+from layers import B, FITS, H, N, captured, random_layer, with_lengths
 from methods.causal_layers import layer as causal_layer, look_ahead, model_mask, valid_positions
 from spectra.capture import Captured
 from spectra.config import Sharing
@@ -57,7 +57,7 @@ def test_padded_sequence_measures_as_alone(name) -> None:
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_float32_is_finite_and_p_rows_sum_to_one(name) -> None:
     x = random_layer(LENGTHS, spread=1.5, use_p=False)
-    x32 = Layer.of(Captured.of(3, x.q.float(), x.k.float(), x.v.float(), None, 0.7), use_p=False)
+    x32 = Layer.of(Captured.of(3, x.q.float(), x.k.float(), x.v.float(), None, 0.7), use_p=False, fitted=FITS)
     approx = REGISTRY[name].run(x32, 5)
     assert approx.out.dtype == torch.float32 and torch.isfinite(approx.out).all()
     if approx.p is not None:
@@ -71,11 +71,11 @@ def test_substitution_at_full_budget_is_exact_attention(name) -> None:
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, H, N, 4, generator=g, dtype=torch.float64) for _ in range(3))
     record = captured(q, k, v, LENGTHS, scaling=0.7)
-    out = substitute(name, N, None)(record)
+    out = substitute(name, N, None, fitted=FITS)(record)
     exact = record.p @ record.v
     for b, m in enumerate(LENGTHS):
         assert torch.allclose(out[b, :, :m], exact[b, :, :m], atol=1e-9)
-    assert substitute(name, N, [0])(record) is None, "layers outside the selection keep exact attention"
+    assert substitute(name, N, [0], fitted=FITS)(record) is None, "layers outside the selection keep exact attention"
 
 
 def test_layer_of_a_record_uses_its_p_or_recomputes_it() -> None:
@@ -159,7 +159,7 @@ def test_causal_substitution_at_full_budget_is_exact_attention(name, side) -> No
     q, k, v = (torch.randn(2, H, N, 4, generator=g, dtype=torch.float64) for _ in range(3))
     valid = valid_positions(LENGTHS, N, side)
     record = Captured.of(3, q, k, v, model_mask(valid, True, torch.float64), 0.7, causal=True)
-    out = substitute(name, N, None)(record)
+    out = substitute(name, N, None, fitted=FITS)(record)
     exact = record.p @ record.v  # eager attention with the model's causal mask
     rows = valid[:, None, :, None]
     assert torch.allclose(out * rows, exact * rows, atol=1e-9)

@@ -1,0 +1,131 @@
+"""Fitted projections in `spectra approx`: calibration and evaluation never overlap, the fitted methods' errors
+against eq. 7 computed independently with the saved projections on eager attention's q, k, v, save → load →
+the same outputs, the k plan, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+import tiny
+from spectra import data
+from spectra.api import approx
+from spectra.capture import Captured
+from spectra.methods import REGISTRY, Layer
+from spectra.nn import linformer
+from spectra.nn.projections import load_projections
+
+QUIET = dict(progress=None, notify=lambda line: None)
+N, FIT, SAMPLES = 24, 10, 6
+
+
+@pytest.fixture(scope="module")
+def fitted_run(roberta_dir, text_file, tmp_path_factory):
+    return approx(str(roberta_dir), str(text_file), budgets=[4, 8], methods=["svd", "linformer(kv)", "pool-mean",
+                  "linformer-pca(kv)", "linformer-fit(kv)"], length=N, samples=SAMPLES, fit_samples=FIT, fit_steps=15,
+                  batch_size=4, out=tmp_path_factory.mktemp("fit") / "run", **QUIET)
+
+
+def eager_layers(model_dir, text_file, start: int, count: int):
+    """Each evaluated sequence's records per layer from eager attention's modules (q, k, v of BERT-style layers)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    corpus = data.open_corpus(str(text_file), seed=0)
+    found = []
+    with torch.no_grad():
+        for batch in data.batches(tokenizer, corpus, N, "pack", start + count, 4, skip=start):
+            out = model(input_ids=batch.input_ids, output_hidden_states=True)
+            for layer, block in enumerate(model.encoder.layer):
+                hidden = out.hidden_states[layer]
+                heads = [getattr(block.attention.self, name)(hidden).view(*hidden.shape[:2], 4, -1).transpose(1, 2)
+                         for name in ("query", "key", "value")]
+                found.append(Captured.of(layer, *heads, index=tuple(batch.index)))
+    return found
+
+
+def test_calibration_and_evaluation_never_overlap(fitted_run, roberta_dir, text_file) -> None:
+    run = fitted_run
+    assert run.meta["calibration"]["sequences"] == [0, FIT] and run.meta["evaluation"] == [FIT, FIT + SAMPLES]
+    assert (run.heads["samples"] == SAMPLES).all() and (run.calibration["samples"] == FIT).all()
+    assert set(run.fit_history["method"]) == {"linformer-fit(kv)"} and set(run.fit_history["budget"]) == {4, 8}
+    # the fitted method's held-out errors: eq. 7 with the saved projections on sequences FIT … FIT + SAMPLES − 1
+    projections = load_projections(run.path, "linformer-fit(kv)", 8)
+    errors = {layer: [] for layer in range(2)}
+    for record in eager_layers(roberta_dir, text_file, FIT, SAMPLES):
+        x = Layer.of(record, use_p=False)
+        exact = x.p @ x.v
+        e, f = projections.pair(record.layer, N)
+        approx_out = linformer.linear_attention(x.q, x.k, x.v, e, f, x.valid, x.scaling)
+        errors[record.layer].append(((approx_out - exact).flatten(-2).norm(dim=-1)
+                                     / exact.flatten(-2).norm(dim=-1)).double().numpy())
+    table = run.heads[(run.heads["metric"] == "out_err") & (run.heads["method"] == "linformer-fit(kv)")
+                      & (run.heads["budget"] == 8)].set_index(["layer", "head"])
+    for layer, values in errors.items():
+        values = np.concatenate(values)  # (sequences, heads)
+        for head in range(4):
+            assert table.loc[(layer, head), "mean"] == pytest.approx(values[:, head].mean(), rel=1e-4)
+
+
+def test_saved_projections_load_into_the_linformer_layer(fitted_run) -> None:
+    """save → load → the same outputs: the run's method, the loaded projections in eq. 7 and in a substitution."""
+    projections = fitted_run.projections("linformer-fit(kv)", 4)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, N, 8, generator=g) for _ in range(3))
+    record = Captured.of(1, q, k, v, index=(0, 1))
+    method = REGISTRY["linformer-fit(kv)"].run(Layer.of(record, use_p=False, fitted={("linformer-fit(kv)", 4):
+                                                                                      projections}), 4)
+    substituted = linformer.substitute(projections)(record)
+    assert torch.allclose(method.out, substituted, atol=1e-5)
+    with pytest.raises(Exception, match="no projections for linformer-fit\\(kv\\) at k = 16; it has"):
+        fitted_run.projections("linformer-fit(kv)", 16)
+
+
+def test_fitting_is_deterministic(roberta_dir, text_file, tmp_path) -> None:
+    runs = [approx(str(roberta_dir), str(text_file), budgets=[4], methods=["linformer-fit(headwise)"], length=N,
+                   samples=2, fit_samples=8, fit_steps=5, batch_size=4, out=tmp_path / f"r{i}", **QUIET)
+            for i in range(2)]
+    a, b = (run.projections("linformer-fit(headwise)", 4) for run in runs)
+    for name in a.weights:
+        assert torch.equal(a.weights[name], b.weights[name]), "same seed, same bits"
+
+
+def test_a_k_plan_against_a_uniform_k_of_equal_cost(roberta_dir, text_file, tmp_path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    run = approx(str(roberta_dir), str(text_file), methods=["svd", "pool-mean"], k_plan=plan, length=N, samples=4,
+                 batch_size=4, end_to_end=True, out=tmp_path / "run", **QUIET)
+    assert run.meta["budgets"] == [8] and run.meta["k_plan"] == [4, 12], "uniform k = the plan's mean: equal cost"
+    planned = run.plan[run.plan["metric"] == "out_err"]
+    assert set(zip(planned["layer"], planned["budget"])) == {(0, 4), (1, 12)}
+    # the plan's per-head errors are each method's at the layer's own k: svd at k = 12 in layer 1 beats k = 8
+    svd = run.per_layer("out_err", table="plan").set_index(["method", "layer"])["out_err"]
+    uniform = run.per_layer("out_err").set_index(["method", "layer"])["out_err"]
+    assert svd[("svd", 1)] < uniform[("svd", 1)] and svd[("svd", 0)] > uniform[("svd", 0)]
+    assert set(run.end_to_end["allocation"]) == {"plan", "uniform"}
+
+
+@pytest.mark.parametrize("plan, message", [
+    ({"layers": [{"layer": 0, "k_proj": 4}]}, "the k plan has 1 layers but tiny-roberta has 2"),
+    ({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 99}]}, "k = 99 exceeds the sequence length"),
+    ({"layers": [{"layer": 0, "k_proj": 0}, {"layer": 1, "k_proj": 4}]}, "every layer's k_proj must be at least 1"),
+    ({"nothing": []}, "no list of layers"),
+])
+def test_bad_k_plans_are_one_line(plan, message, roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    code, out, err = tiny.run_cli(["approx", str(roberta_dir), "--data", str(text_file), "--length", str(N),
+                                   "--samples", "2", "--methods", "svd", "--k-plan", "plan.json"], monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_fitted_methods_need_a_calibration(roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = tiny.run_cli(["approx", str(roberta_dir), "--data", str(text_file), "--length", str(N),
+                                   "--samples", "2", "--methods", "linformer-fit(kv)", "--k", "4"], monkeypatch, capsys)
+    assert code == 2 and "fits its projections on calibration sequences: pass --fit-samples N" in err
