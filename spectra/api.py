@@ -40,6 +40,9 @@ def analyze(
     spectrum_device: str = "auto",
     overlap: bool | None = None,
     qkv: bool | None = None,
+    layers: str | Iterable[int] | None = None,
+    heads: str | Iterable[int] | None = None,
+    bootstrap: int = 0,
     device: str = "auto",
     dtype: str = "float32",
     gguf_file: str | None = None,
@@ -55,8 +58,9 @@ def analyze(
 
     `spectrum_device` and `overlap` say where and when the singular values are computed (see
     `spectra.probes.offload`); they change the speed, not the numbers. `qkv` adds the spectra of queries, keys
-    and values (default: for decoders). A GGUF checkpoint is MODEL as a `.gguf` file, or its directory with
-    `gguf_file`. Returns the loaded run; see `spectra.runs.Run` for its tables and curves.
+    and values (default: for decoders). `layers`, `heads` ("0,3,5-7" or indices) restrict the spectra to those;
+    `bootstrap` keeps replicates of the mean ranks. A GGUF checkpoint is MODEL as a `.gguf` file, or its
+    directory with `gguf_file`. Returns the loaded run; see `spectra.runs.Run` for its tables and curves.
     """
     from .probes import Probes
     from .probes.offload import Offloaded
@@ -66,12 +70,18 @@ def analyze(
 
     config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
                        trust_remote_code, gguf_file)
-    options = AnalyzeOptions(at, spectrum, spectrum_device, overlap, qkv).resolved(length)
+    options = AnalyzeOptions(at, spectrum, spectrum_device, overlap, qkv, _indices(layers, "layer"),
+                             _indices(heads, "head"), bootstrap).resolved(length)
     found = checkpoints.inspect(model, gguf_file)
 
     def build_probe(source: ModelSource) -> Probes:
         loaded = source.loaded
-        spectra_probe = SpectrumProbe(source.layers, source.heads, length, options.at, options.spectrum)
+        for chosen, count, option in ((options.layers, source.layers, "--layers"), (options.heads, source.heads, "--heads")):
+            if chosen is not None and (chosen[0] < 0 or chosen[-1] >= count):
+                raise SpectraError(f"{option} must lie in 0…{count - 1} for {loaded.name}, got {list(chosen)}")
+        spectra_probe = SpectrumProbe(source.layers, source.heads, length, options.at, options.spectrum,
+                                      select_layers=options.layers, select_heads=options.heads,
+                                      bootstrap=options.bootstrap, seed=seed)
         probes = {"spectrum": Offloaded(spectra_probe, options.spectrum_device, options.overlap, warn=notify)}
         if options.qkv or (options.qkv is None and loaded.causal):
             probes["qkv"] = QKVProbe(loaded.model, loaded.layers, loaded.heads, source.kv_heads, loaded.head_dim)
@@ -85,6 +95,13 @@ def analyze(
         meta=lambda source: {**options.identity(), "sink_from": sink_start(length)},
     )
     return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
+
+
+def _indices(chosen: str | Iterable[int] | None, what: str) -> tuple[int, ...] | None:
+    """'0,3,5-7' or indices → sorted unique indices; None → all."""
+    if chosen is None or isinstance(chosen, str):
+        return parse_layers(chosen, what)
+    return tuple(sorted(set(chosen)))
 
 
 def approx(
@@ -137,7 +154,7 @@ def approx(
     from .sources import ModelSource
 
     labels = registry.expand(methods)
-    chosen = parse_layers(layers) if isinstance(layers, (str, type(None))) else tuple(sorted(set(layers)))
+    chosen = _indices(layers, "layer")
     plan = read_plan(k_plan) if k_plan is not None else None
     for layer_budget in plan or ():
         check_budget(layer_budget, length)

@@ -83,6 +83,9 @@ def analyze(
     spectrum_device: Place = typer.Option(Place.AUTO, "--spectrum-device", help="Where the singular values are computed: auto (GPU models: time the first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), cpu, or same (the model's device). Speed only: the numbers change by rounding at most."),
     overlap: Optional[bool] = typer.Option(None, "--overlap/--no-overlap", help="Compute the spectra on a background thread while the forward pass goes on (default: when they run off the model's device)."),
     qkv: Optional[bool] = typer.Option(None, "--qkv/--no-qkv", help="Also the spectra of queries, keys and values (before and after RoPE): rank for 90%/99% of the energy per sequence and over the run (default: on for decoders)."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Spectra of these layers only, e.g. 0,14,29 or 0-5 (long sequences: each spectrum costs O(n³))."),
+    heads: Optional[str] = typer.Option(None, "--heads", help="Spectra of these heads only, e.g. 0-3."),
+    bootstrap: int = typer.Option(0, "--bootstrap", help="Keep this many Poisson-bootstrap replicates of the mean ranks (for confidence intervals; spectra scaling uses them)."),
     device: DeviceOption = Device.AUTO,
     dtype: DTypeOption = DType.FLOAT32,
     gguf_file: GGUFFile = None,
@@ -99,7 +102,8 @@ def analyze(
         run = run_analyze(
             model, data, length=length, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
             text_column=text_column, at=at, spectrum=spectrum, spectrum_device=spectrum_device, overlap=overlap,
-            qkv=qkv, device=device, dtype=dtype, gguf_file=gguf_file, out=out, overwrite=overwrite, resume=resume,
+            qkv=qkv, layers=layers, heads=heads, bootstrap=bootstrap, device=device, dtype=dtype, gguf_file=gguf_file,
+            out=out, overwrite=overwrite, resume=resume,
             trust_remote_code=trust_remote_code, progress=progress, notify=_notify,
         )
     print_analyze(run)

@@ -147,8 +147,8 @@ def numbers(text: str, option: str, cast: type = int) -> list:
         raise SpectraError(f"{option} '{text}' is not a comma-separated list of {kind}") from None
 
 
-def parse_layers(text: str | None) -> tuple[int, ...] | None:
-    """'6-11' or '0,3,5-7' → sorted layer indices (0-based); None, '' or 'all' → None (every layer)."""
+def parse_layers(text: str | None, what: str = "layer") -> tuple[int, ...] | None:
+    """'6-11' or '0,3,5-7' → sorted layer (or head, ...) indices (0-based); None, '' or 'all' → None (every one)."""
     if text is None or text.strip() in ("", "all"):
         return None
     layers: set[int] = set()
@@ -157,9 +157,9 @@ def parse_layers(text: str | None) -> tuple[int, ...] | None:
             low, _, high = part.strip().partition("-")
             layers.update(range(int(low), int(high or low) + 1))
     except ValueError:
-        raise SpectraError(f"--layers '{text}' is not a list of layers like 6-11 or 0,3,5-7") from None
+        raise SpectraError(f"--{what}s '{text}' is not a list of {what}s like 6-11 or 0,3,5-7") from None
     if not layers:
-        raise SpectraError(f"--layers '{text}' selects no layer")
+        raise SpectraError(f"--{what}s '{text}' selects no {what}")
     return tuple(sorted(layers))
 
 
@@ -268,17 +268,24 @@ class Output:
 @dataclass(frozen=True)
 class AnalyzeOptions:
     """`at`: the 1-based index of c@index (default n/4); spectrum_device and overlap change speed, not numbers;
-    `qkv` adds query/key/value spectra (None: on for decoders, off for encoders)."""
+    `qkv` adds query/key/value spectra (None: on for decoders, off for encoders); `layers`, `heads` restrict the
+    spectra to those (long sequences: each spectrum costs O(n³)); `bootstrap` keeps that many Poisson-bootstrap
+    replicates of the mean ranks (for confidence intervals of what depends on them, e.g. `spectra scaling`)."""
 
     at: int | None = None
     spectrum: Spectrum = Spectrum.EXACT
     spectrum_device: Place = Place.AUTO
     overlap: bool | None = None
     qkv: bool | None = None
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    bootstrap: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spectrum", choose(Spectrum, self.spectrum, "--spectrum"))
         object.__setattr__(self, "spectrum_device", choose(Place, self.spectrum_device, "--spectrum-device"))
+        if self.bootstrap < 0:
+            raise SpectraError(f"--bootstrap must be a number of replicates ≥ 0, got {self.bootstrap}")
 
     def resolved(self, n: int) -> "AnalyzeOptions":
         """With `at` checked against n, or set to n/4."""
@@ -287,7 +294,14 @@ class AnalyzeOptions:
         return replace(self, at=self.at or max(1, n // 4))
 
     def identity(self) -> dict[str, Any]:
-        return {"at": self.at, "spectrum": self.spectrum, **({} if self.qkv is None else {"qkv": self.qkv})}
+        found: dict[str, Any] = {"at": self.at, "spectrum": self.spectrum}
+        for name in ("qkv", "layers", "heads"):
+            value = getattr(self, name)
+            if value is not None:
+                found[name] = list(value) if isinstance(value, tuple) else value
+        if self.bootstrap:
+            found["bootstrap"] = self.bootstrap
+        return found
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,22 @@ def test_decoder_run_matches_eager_and_numpy(llama_dir, text_file, tmp_path) -> 
     alone = spectra.analyze(str(llama_dir), str(text_file), length=n, samples=samples, batch_size=1, mode="truncate",
                             out=tmp_path / "alone", **QUIET)
     assert np.abs(alone.cum_mean - run.cum_mean).max() < 1e-5, "padding does not change a sequence's numbers"
+
+
+def test_layer_and_head_selection_measures_only_those(roberta_dir, text_file, tmp_path) -> None:
+    args = dict(length=16, samples=4, **QUIET)
+    full = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "full", **args)
+    part = spectra.analyze(str(roberta_dir), str(text_file), layers="1", heads=[0, 3], bootstrap=4,
+                           out=tmp_path / "part", **args)
+    assert part.metrics[["layer", "head"]].values.tolist() == [[1, 0], [1, 3]]
+    want = full.metrics.set_index(["layer", "head"]).loc[[(1, 0), (1, 3)]].reset_index()
+    assert np.allclose(part.metrics["rank90_mean"], want["rank90_mean"])
+    assert np.isnan(part.cum_mean[0]).all() and np.allclose(part.cum_mean[1, [0, 3]], full.cum_mean[1, [0, 3]])
+    meta = json.loads((tmp_path / "part" / "run.json").read_text())
+    assert meta["layers"] == [1] and meta["heads"] == [0, 3] and meta["bootstrap"] == 4
+    replicates = np.load(tmp_path / "part" / "bootstrap.npz")["replicates"]
+    assert replicates.shape == (4, 2, 4, 2) and np.isfinite(replicates[:, 1, [0, 3]]).all()
+    with pytest.raises(SpectraError, match="--heads must lie in 0…3"):
+        spectra.analyze(str(roberta_dir), str(text_file), heads="2-5", out=tmp_path / "bad", **args)
+    with pytest.raises(SpectraError, match="--layers 'x' is not a list of layers"):
+        spectra.analyze(str(roberta_dir), str(text_file), layers="x", out=tmp_path / "bad", **args)

@@ -81,4 +81,10 @@ def test_analysis_options() -> None:
         options.resolved(8)
     with pytest.raises(SpectraError, match="--target must be a relative error in \\(0, 1\\)"):
         ApproxOptions((4,), ("svd",), target=2.0)
-    assert TheoremOptions((8, 4), (0.5,)).identity() == {"budgets": [4, 8], "eps": [0.5]}
+    assert TheoremOptions((8, 4), (0.5,)).identity() == {"budgets": [4, 8], "eps": [0.5], "draws": 1,
+                                                         "fixed_projection": False}
+    chosen = AnalyzeOptions(layers=(0, 2), heads=(1,), bootstrap=50).resolved(16).identity()
+    assert chosen == {"at": 4, "spectrum": "exact", "layers": [0, 2], "heads": [1], "bootstrap": 50}
+    assert AnalyzeOptions().resolved(16).identity() == {"at": 4, "spectrum": "exact"}, "old runs resume unchanged"
+    with pytest.raises(SpectraError, match="--bootstrap must be a number of replicates ≥ 0, got -1"):
+        AnalyzeOptions(bootstrap=-1)

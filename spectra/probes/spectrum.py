@@ -124,8 +124,7 @@ class SpectrumProbe(Probe):
         missing = ~self.measured()[..., None]
         curves = {name: np.where(missing, np.nan, values) for name, values in (
             ("cum_mean", self.cum.mean), ("cum_std", self.cum.std), ("sigma_mean", self.sigma.mean),
-            ("sigma_std", self.sigma.std))} if missing.any() else {
-            "cum_mean": self.cum.mean, "cum_std": self.cum.std, "sigma_mean": self.sigma.mean, "sigma_std": self.sigma.std}
+            ("sigma_std", self.sigma.std))}
         found = {"curves.npz": {"index": np.arange(1, self.n + 1), **curves}}
         if self.bootstrap:
             with np.errstate(invalid="ignore", divide="ignore"):

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ..config import layers_label
 from ..runs import ApproxRun, Run, TheoremRun
 from .plan import Plan
 from .summaries import (analyze_layers, compare_wide, gap_closed, headlines, labels_in_order, run_keys,
@@ -132,8 +133,10 @@ def plural(count: int, noun: str) -> str:
 def print_analyze(run: Run) -> None:
     """The per-layer summary of an analyze run and where it was written."""
     kind = "decoder, causal P" if run.causal else "encoder"
+    heads = run.meta.get("heads")
+    over = f"{run.heads} heads" if heads is None else f"heads {layers_label(heads)}"
     print_frame(analyze_layers(run), f"{run.label} ({kind}): n = {run.n}, {plural(run.meta['samples'], 'sequence')}, "
-                f"mean over {run.heads} heads per layer", {"rank": 1, "entropy": 2})
+                f"mean over {over} per layer", {"rank": 1, "entropy": 2})
     if run.qkv is not None:
         out.print("sink: mean attention of queries to the first token; entropy in nats; key rank90: dimensions of the "
                   "head that hold 90% of the keys' variance over the run", soft_wrap=True)

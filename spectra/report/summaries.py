@@ -40,17 +40,18 @@ def c_at(run: Run, at: int | None = None) -> np.ndarray:
     """
     at = run.at if at is None else check_at(run, at)
     if at == run.at:
-        table = run.metrics.sort_values(["layer", "head"])
-        return table["c_at_mean"].to_numpy(float).reshape(run.layers, run.heads)
+        return metric_grid(run, "c_at_mean")
     return np.asarray(run.cum_mean[:, :, at - 1], dtype=float)
 
 
 def metric_grid(run: Run, column: str) -> np.ndarray:
-    """A metrics column (e.g. rank90_mean) as a (layers, heads) array, layer down and head across."""
+    """A metrics column (e.g. rank90_mean) as a (layers, heads) array, layer down and head across; NaN for the
+    (layer, head) a run with --layers/--heads did not measure."""
     if column not in run.metrics.columns:
         raise SpectraError(f"{run.path} has no metric '{column}'; its metrics are {', '.join(run.metrics.columns)}")
-    table = run.metrics.sort_values(["layer", "head"])
-    return table[column].to_numpy(float).reshape(run.layers, run.heads)
+    grid = np.full((run.layers, run.heads), np.nan)
+    grid[run.metrics["layer"].to_numpy(), run.metrics["head"].to_numpy()] = run.metrics[column].to_numpy(float)
+    return grid
 
 
 def layer_trend(values: np.ndarray) -> float:
@@ -61,10 +62,21 @@ def layer_trend(values: np.ndarray) -> float:
     """
     from scipy.stats import spearmanr
 
-    means = np.asarray(values, dtype=float).mean(axis=1)
+    values = np.asarray(values, dtype=float)
+    means = values[~np.isnan(values).all(axis=1)].mean(axis=1)
     if means.size < 2 or np.ptp(means) == 0:
         return float("nan")
     return float(spearmanr(np.arange(means.size), means).statistic)
+
+
+def head_mean(values: np.ndarray) -> np.ndarray:
+    """Mean over the heads axis (1) of the measured heads; NaN for a layer none of whose heads was measured
+    (runs with --layers/--heads)."""
+    values = np.asarray(values, dtype=float)
+    measured = ~np.isnan(values)
+    total = np.where(measured, values, 0.0).sum(axis=1)
+    count = measured.sum(axis=1)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 def per_layer(run: Run, at: int | None = None) -> pd.DataFrame:
@@ -73,9 +85,9 @@ def per_layer(run: Run, at: int | None = None) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "layer": np.arange(run.layers),
-            "c_at": c_at(run, at).mean(axis=1),
-            "rank90": metric_grid(run, "rank90_mean").mean(axis=1),
-            "rank99": metric_grid(run, "rank99_mean").mean(axis=1),
+            "c_at": head_mean(c_at(run, at)),
+            "rank90": head_mean(metric_grid(run, "rank90_mean")),
+            "rank99": head_mean(metric_grid(run, "rank99_mean")),
         }
     )
 
@@ -113,17 +125,18 @@ def headline(run: Run, at: int | None = None) -> dict[str, Any]:
         "n": run.n,
         "sequences": int(run.meta.get("samples", 0)),
         "at": at,
-        "c_min": float(grid.min()),
-        "c_max": float(grid.max()),
-        "c_mean": float(grid.mean()),
+        "c_min": float(np.nanmin(grid)),
+        "c_max": float(np.nanmax(grid)),
+        "c_mean": float(np.nanmean(grid)),
         "layer_rho": layer_trend(grid),
-        "rank90": float(metric_grid(run, "rank90_mean").mean()),
+        "rank90": float(np.nanmean(metric_grid(run, "rank90_mean"))),
     }
 
 
 def band(run: Run, quantile: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean curve over all layer×head mean curves and its `quantile`–(1 − quantile) band, each of length n."""
     curves = np.asarray(run.cum_mean, dtype=float).reshape(run.layers * run.heads, run.n)
+    curves = curves[~np.isnan(curves).any(axis=1)]
     low, high = np.quantile(curves, [quantile, 1 - quantile], axis=0)
     return curves.mean(axis=0), low, high
 

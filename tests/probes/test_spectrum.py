@@ -12,6 +12,7 @@ from references import spectrum_reference
 from spectra.capture import Captured
 from spectra.config import Spectrum
 from spectra.probes.spectrum import SpectrumProbe
+from spectra.seeds import Domain, derive_seed
 from spectra.spectrum import METRICS
 from spectra.stats import plain
 
@@ -121,3 +122,38 @@ def test_bad_shapes() -> None:
         probe.update(record(0, torch.randn(1, 3, 8, 8)))
     with pytest.raises(ValueError, match="expected P of 2 heads and n ≤ 8"):
         probe.update(record(0, torch.randn(1, 2, 9, 9)))
+
+
+def test_selected_layers_and_heads_only_and_their_bootstrap() -> None:
+    """Only the chosen (layer, head) are measured, with the same numbers as a full probe; the bootstrap replicates
+    are the Poisson-weighted means recomputed here from each sequence's rank90, seeded by the global index."""
+    n, lengths = 12, [12, 9]
+    mask = padded(lengths, n)
+    generator = torch.Generator().manual_seed(4)
+    records = [record(layer, torch.randn(2, 3, n, n, generator=generator) * 2, mask) for layer in (0, 1, 2, 0, 1, 2)]
+    records = [Captured.of(c.layer, c.q, c.key, c.value, mask, scaling=1.0, index=(2 * (i // 3), 2 * (i // 3) + 1))
+               for i, c in enumerate(records)]
+    full = SpectrumProbe(3, 3, n, 4)
+    part = SpectrumProbe(3, 3, n, 4, select_layers=[0, 2], select_heads=[1, 2], bootstrap=5, seed=7)
+    for captured in records:
+        full.update(captured)
+        part.update(captured)
+    table = part.tables()["metrics.csv"]
+    assert table[["layer", "head"]].values.tolist() == [[0, 1], [0, 2], [2, 1], [2, 2]]
+    both = full.tables()["metrics.csv"].merge(table, on=["layer", "head"], suffixes=("", "_part"))
+    assert np.array_equal(both["rank90_mean"], both["rank90_mean_part"])
+    curves = part.arrays()["curves.npz"]["cum_mean"]
+    assert np.isnan(curves[1]).all() and np.isnan(curves[:, 0]).all()
+    assert np.array_equal(curves[2, 1:], full.arrays()["curves.npz"]["cum_mean"][2, 1:])
+    replicates = part.arrays()["bootstrap.npz"]["replicates"]
+    assert replicates.shape == (5, 3, 3, 2) and np.isnan(replicates[:, 1]).all()
+    for layer in (0, 2):
+        ranks = []  # per sequence (0…3), per selected head: rank90 from scipy
+        for captured in (records[layer], records[layer + 3]):
+            p = captured.p.double().numpy()
+            for b, m in enumerate(lengths):
+                ranks.append([spectrum_reference(p[b, h, :m, :m], 4, n)[1]["rank90"] for h in (1, 2)])
+        weights = np.stack([np.random.default_rng(derive_seed(7, Domain.BOOTSTRAP, i)).poisson(1.0, 5)
+                            for i in range(4)])  # (sequence, replicate)
+        want = weights.T @ np.array(ranks, dtype=float) / weights.sum(0)[:, None]
+        assert np.allclose(replicates[:, layer, 1:, 0], want)

@@ -10,8 +10,8 @@ import pytest
 
 from report_helpers import ANALYZE_N as N
 from report_helpers import BUDGETS, METHODS, expected_errors
-from spectra.report.summaries import (approx_by_budget, compare, compare_wide, headline, layer_trend,
-                                      theorem_errors)
+from spectra.report.summaries import (approx_by_budget, compare, compare_wide, head_mean, headline, layer_trend,
+                                      metric_grid, per_layer, theorem_errors)
 
 
 def test_stored_c_at_is_the_mean_curve_at_that_index(runs) -> None:
@@ -31,6 +31,22 @@ def test_headline_and_layer_trend(runs) -> None:
     rho = np.corrcoef(np.arange(len(ranks)), ranks)[0, 1]  # Spearman = Pearson of ranks
     assert numbers["layer_rho"] == pytest.approx(rho)
     assert math.isnan(layer_trend(np.ones((3, 2))))
+
+
+def test_a_run_of_some_layers_and_heads_summarizes_what_it_measured(runs) -> None:
+    """--layers/--heads runs keep only those rows: grids hold NaN elsewhere and per-layer means skip them."""
+    run = runs["deep-wiki"]
+    full = metric_grid(run, "rank90_mean")
+    kept = run.metrics[(run.metrics["layer"] != 1) & (run.metrics["head"] % 2 == 0)].reset_index(drop=True)
+    part = type(run)(**{**vars(run), "metrics": kept})
+    grid = metric_grid(part, "rank90_mean")
+    assert np.isnan(grid[1]).all() and np.isnan(grid[:, 1::2]).all()
+    assert np.array_equal(grid[0, ::2], full[0, ::2])
+    layers = per_layer(part)
+    assert math.isnan(layers["rank90"][1])
+    assert layers["rank90"][0] == pytest.approx(full[0, ::2].mean())
+    assert np.array_equal(head_mean(full), full.mean(axis=1))
+    assert headline(part)["c_max"] == pytest.approx(np.nanmax(metric_grid(part, "c_at_mean")))
 
 
 def test_compare_table_side_by_side(runs) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...config import layers_label
 from ...runs import Run
 from .. import summaries
 from . import style  # style.save, looked up at call time: the one name tests patch to record figures
@@ -46,8 +47,10 @@ def draw_layer_curves(run: Run):
     cmap = plt.get_cmap(DEPTH_CMAP)
     norm = BoundaryNorm(np.arange(run.layers + 1) - 0.5, cmap.N)
     index = np.arange(1, run.n + 1)
-    curves = np.asarray(run.cum_mean, dtype=float).mean(axis=1)
+    curves = summaries.head_mean(run.cum_mean)
     for layer, curve in enumerate(curves):
+        if np.isnan(curve).all():
+            continue  # not measured (--layers)
         ax.plot(index, curve, color=cmap(norm(layer)), linewidth=1.4, label=f"layer {layer}", gid=f"layer:{layer}")
     ax.set_xlim(0, run.n)
     ax.set_xticks(index_ticks(run.n))
@@ -55,7 +58,9 @@ def draw_layer_curves(run: Run):
     ax.set_ylim(top=1.005)
     ax.set_xlabel("Singular value index")
     ax.set_ylabel("Normalized cumulative singular value")
-    ax.set_title(f"Mean over {run.heads} heads per layer\n{subtitle(run, run.n)}")
+    heads = run.meta.get("heads")
+    over = f"{run.heads} heads" if heads is None else f"heads {layers_label(heads)}"
+    ax.set_title(f"Mean over {over} per layer\n{subtitle(run, run.n)}")
     ax.grid(alpha=0.25, linewidth=0.6)
     bar = figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.05, pad=0.02)
     bar.set_ticks(ticks(run.layers, most=12))
