@@ -22,10 +22,12 @@ _EXPORTS = {
     "analyze": "api",
     "approx": "api",
     "theorems": "api",
+    "scaling": "length_sweep",
     "load_run": "runs",
     "Run": "runs",
     "ApproxRun": "runs",
     "TheoremRun": "runs",
+    "ScalingRun": "runs",
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -241,6 +241,50 @@ def theorems(
 
 
 @app.command()
+def scaling(
+    model: str = typer.Argument(..., help="Hub id or model directory (as for analyze)."),
+    data: Data = "imdb",
+    lengths: str = typer.Option("64,128,256,512", "--lengths", help="Sequence lengths n, comma-separated (at least two); one analyze run each."),
+    samples: int = typer.Option(100, "--samples", help="Sequences per length."),
+    bootstrap: int = typer.Option(200, "--bootstrap", help="Bootstrap replicates over sequences for the interval of the growth exponent (0: none)."),
+    spectrum: Spectrum = typer.Option(Spectrum.EXACT, "--spectrum", help="exact (float64, within 1e-6 of scipy) or fast (float32 route, ~1e-4: long n)."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Spectra of these layers only, e.g. 0,14,29 (long n: each spectrum costs O(n³))."),
+    heads: Optional[str] = typer.Option(None, "--heads", help="Spectra of these heads only, e.g. 0-3."),
+    approx_target: Optional[float] = typer.Option(None, "--approx-target", help="Also run approx at each n and report the smallest k whose per-layer mean head-output error reaches this."),
+    methods: str = typer.Option("svd", "--methods", help="Methods for --approx-target, comma-separated (e.g. svd,linformer-pca(kv))."),
+    k: Optional[str] = typer.Option(None, "--k", help="Budgets tried with --approx-target (default: powers of two up to n/2)."),
+    fit_samples: int = typer.Option(0, "--fit-samples", help="Calibration sequences for fitted methods with --approx-target."),
+    mode: ModeOption = Mode.PACK,
+    batch_size: BatchSize = 8,
+    seed: Seed = 0,
+    split: Split = None,
+    text_column: TextColumn = None,
+    device: DeviceOption = Device.AUTO,
+    dtype: DTypeOption = DType.FLOAT32,
+    gguf_file: GGUFFile = None,
+    out: Out = None,
+    overwrite: Overwrite = False,
+    resume: Resume = False,
+    plot: bool = typer.Option(False, "--plot", help="Draw rank vs n (log-log, a line per layer) and c at fixed k vs n."),
+    trust_remote_code: TrustRemoteCode = False,
+) -> None:
+    """Does the k a head needs grow with n? Analyze at several lengths and fit rank ∝ n^α per layer, with intervals."""
+    from .report.console import print_scaling, progress_bar
+    from .length_sweep import scaling as run_scaling
+
+    with progress_bar("sequences") as progress:
+        run = run_scaling(
+            model, data, lengths=lengths, samples=samples, bootstrap=bootstrap, spectrum=spectrum, layers=layers,
+            heads=heads, approx_target=approx_target, methods=methods.split(","),
+            budgets=numbers(k, "--k") if k else None, fit_samples=fit_samples, mode=mode, batch_size=batch_size,
+            seed=seed, split=split, text_column=text_column, device=device, dtype=dtype, gguf_file=gguf_file,
+            out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
+            notify=_notify,
+        )
+    _report(run, print_scaling, plot, "plot_scaling")
+
+
+@app.command()
 def figure1(
     runs: list[Path] = typer.Argument(..., help="Run directories of spectra analyze; one curve panel per model depth."),
     out: Path = typer.Option(Path("figures/figure1"), "--out", help="Figure path without suffix: writes .png (200 dpi) and .pdf."),
@@ -259,16 +303,21 @@ def figure1(
 
 @app.command()
 def plot(
-    run: Path = typer.Argument(..., help="A run directory of spectra analyze."),
+    run: Path = typer.Argument(..., help="A run directory (analyze, approx, theorems or scaling)."),
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index of the c heatmap (default: the run's, n/4 unless analysed with --at)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default figures/<run directory name>)."),
 ) -> None:
-    """Per-run views: per-layer curves, heatmap of c at an index, and rank needed for 90%/99% per layer and head."""
+    """A run's views; for analyze: per-layer curves, heatmap of c at an index, rank for 90%/99% per layer and head."""
+    from .report import plots
     from .report.console import out as stdout
-    from .report.plots import plot_run
+    from .runs import Run, load_run
 
-    written = plot_run(run, out, at=at)
-    for path in written.paths:
+    loaded = load_run(run)
+    if isinstance(loaded, Run):
+        paths = plots.plot_run(loaded, out, at=at).paths
+    else:
+        paths = getattr(plots, f"plot_{loaded.meta['kind']}")(loaded, out)
+    for path in paths:
         stdout.print(f"wrote {path}", soft_wrap=True)
 
 

@@ -6,8 +6,9 @@ linears (`attention_linears`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import transformers
@@ -127,6 +128,22 @@ def max_length(config: transformers.PretrainedConfig, tokenizer: transformers.Pr
     return positions
 
 
+#: loaded models kept for reuse inside `reusing()`, by load's arguments
+_KEPT: dict[tuple, Loaded] | None = None
+
+
+@contextlib.contextmanager
+def reusing() -> Iterator[None]:
+    """Within the block, `load` with the same arguments returns the model it loaded before (spectra scaling runs
+    one analysis per sequence length: the model is loaded once). Outside, every call loads afresh."""
+    global _KEPT
+    outer, _KEPT = _KEPT, {} if _KEPT is None else _KEPT
+    try:
+        yield
+    finally:
+        _KEPT = outer
+
+
 def load(
     source: str,
     *,
@@ -141,6 +158,18 @@ def load(
     `lm_head` asks for the language-model head: the masked-LM head of an encoder or the causal-LM head of a
     decoder, loaded only when the checkpoint has one (see `Loaded.head`), never freshly initialised.
     """
+    key = (source, str(device), str(dtype), lm_head, gguf_file, trust_remote_code)
+    if _KEPT is not None and key in _KEPT:
+        return _KEPT[key]
+    loaded = _load(source, device=device, dtype=dtype, lm_head=lm_head, gguf_file=gguf_file,
+                   trust_remote_code=trust_remote_code)
+    if _KEPT is not None:
+        _KEPT[key] = loaded
+    return loaded
+
+
+def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_head: bool, gguf_file: str | None,
+          trust_remote_code: bool) -> Loaded:
     dtype = choose(DType, dtype, "--dtype")
     torch_device = pick_device(device)
     found = checkpoints.inspect(source, gguf_file)

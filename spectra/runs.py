@@ -153,6 +153,32 @@ class TheoremRun:
         return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
 
 
+@dataclass
+class ScalingRun:
+    """A `spectra scaling` run loaded back: `table` (scaling.csv: per layer, head and n the ranks for 90%/99%, the
+    effective rank, c at n/4), `c_fixed` (c at fixed budgets), `exponents` (growth of the ranks with n per head,
+    layer and pooled, with intervals) and, with a target, `k_needed`; its analyze runs load with `runs()`."""
+
+    path: Path
+    meta: dict[str, Any]
+    table: pd.DataFrame
+    c_fixed: pd.DataFrame
+    exponents: pd.DataFrame
+    k_needed: pd.DataFrame | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self.meta["lengths"])
+
+    def runs(self) -> dict[int, Run]:
+        """The analyze run at each n."""
+        return {int(n): load_analyze(self.path / name) for n, name in self.meta["runs"].items()}
+
+
 def _read_meta(path: Path) -> dict[str, Any]:
     meta_path = path / "run.json"
     if not meta_path.is_file():
@@ -164,11 +190,19 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise SpectraError(f"{path}/run.json is not readable: {error}") from None
 
 
-def load_run(path: Path | str) -> Run | ApproxRun | TheoremRun:
-    """Load a finished run directory (`analyze` → Run, `approx` → ApproxRun, `theorems` → TheoremRun)."""
+def load_run(path: Path | str) -> Run | ApproxRun | TheoremRun | ScalingRun:
+    """Load a finished run directory (`analyze` → Run, `approx` → ApproxRun, `theorems` → TheoremRun,
+    `scaling` → ScalingRun)."""
     path = Path(path)
     meta = _read_meta(path)
     try:
+        if meta.get("kind") == "scaling":
+            k_needed = path / "k_needed.csv"
+            integers = {"layer": "Int64", "head": "Int64"}
+            exponents = pd.read_csv(path / "exponents.csv", dtype={**integers, "method": str, "better": str})
+            exponents[["method", "better"]] = exponents[["method", "better"]].fillna("")
+            return ScalingRun(path, meta, pd.read_csv(path / "scaling.csv"), pd.read_csv(path / "c_fixed.csv"),
+                              exponents, pd.read_csv(k_needed, dtype={"layer": "Int64"}) if k_needed.exists() else None)
         if meta.get("kind") == "approx":
             def optional(name: str, **options) -> pd.DataFrame | None:
                 return pd.read_csv(path / name, **options) if (path / name).exists() else None

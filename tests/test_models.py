@@ -91,3 +91,13 @@ def test_smollm2_loads_from_its_gguf_file() -> None:
     assert loaded.causal and loaded.head == models.CAUSAL_LM and models.rotary(loaded.model)
     assert loaded.gguf == {"file": name, "quantization": "MOSTLY_Q4_1"} and loaded.dtype == torch.float32
     assert loaded.name == "SmolLM2-135M-Instruct.Q4_1"
+
+
+def test_reusing_keeps_one_model_per_arguments_inside_the_block_only(roberta_dir) -> None:
+    from spectra import models
+
+    with models.reusing():
+        first = models.load(str(roberta_dir))
+        assert models.load(str(roberta_dir)) is first
+        assert models.load(str(roberta_dir), dtype="bfloat16") is not first
+    assert models.load(str(roberta_dir)) is not first

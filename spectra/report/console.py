@@ -18,10 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..config import layers_label
-from ..runs import ApproxRun, Run, TheoremRun
+from ..runs import ApproxRun, Run, ScalingRun, TheoremRun
 from .plan import Plan
-from .summaries import (analyze_layers, compare_wide, gap_closed, headlines, labels_in_order, run_keys,
-                        theorem1_rows, theorem_errors, theorem_n)
+from .summaries import (analyze_layers, compare_wide, gap_closed, growth_reading, headlines, labels_in_order,
+                        run_keys, scaling_fixed, scaling_layers, theorem1_rows, theorem_errors, theorem_n)
 
 
 class _Console(Console):
@@ -61,8 +61,12 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
     def update(done: int, total: int) -> None:
         now = bar.get_time()
         if not first:
-            first.extend([now, done])
+            first.extend([now, done, done])
             bar.start()
+        if done < first[2]:  # a new run on the same bar (spectra scaling: one per length): rate from here
+            first[:2] = [now, done]
+            bar.reset(task, total=total, rate="–")
+        first[2] = done
         rate = (done - first[1]) / (now - first[0]) if now > first[0] and done > first[1] else None
         bar.update(task, completed=done, total=total, rate=f"{rate:.2f}" if rate else "–")
 
@@ -267,3 +271,29 @@ def print_compare(runs: list[Run], table: pd.DataFrame, at: int | None) -> None:
     print_frame(summary.assign(run=keys)[["run", *summary.columns]],
                 "Per run, over every layer × head: c at the index (min, max, mean), Spearman rho between layer index "
                 "and per-layer mean c (positive: higher layers lower rank), mean rank for 90%", {"rank": 1, "rho": 2})
+
+
+def print_scaling(run: ScalingRun) -> None:
+    """The rank for 90% per layer and n with its growth exponent, c at fixed k per n, what the pooled α says
+    about the paper's claim, and with a target the k needed per n."""
+    heads = run.meta["settings"]["extra"]
+    where = "" if heads["heads"] == "all" and heads["layers"] == "all" else \
+        f" (layers {heads['layers']}, heads {heads['heads']})"
+    print_frame(scaling_layers(run, "rank90"),
+                f"{run.label}{where}, {plural(run.meta['samples'], 'sequence')} per n: rank holding 90% of P's nuclear "
+                "norm, mean over heads; α fits rank ∝ n^α", {"α": 2, "n=": 1})
+    print_frame(scaling_fixed(run), "c at a fixed k and at k = n/4 (mean over heads): steady across n when that k "
+                "keeps up with longer sequences", missing="—")
+    pooled = run.exponents[(run.exponents["scope"] == "pooled") & (run.exponents["method"] == "")].set_index("metric")
+    for metric, share in (("rank90", "90%"), ("rank99", "99%")):
+        row = pooled.loc[metric]
+        out.print(f"rank for {share}: {growth_reading(row['alpha'], row['alpha_low'], row['alpha_high'])}",
+                  soft_wrap=True)
+    if run.k_needed is not None:
+        pooled_k = run.k_needed[run.k_needed["layer"].isna()]
+        wide = pooled_k.pivot(index="method", columns="n", values="k_needed")
+        wide.columns = [f"n={n}" for n in wide.columns]
+        fits = run.exponents[run.exponents["metric"] == "k_needed"].set_index("method")
+        wide["α"] = fits["alpha"]
+        print_frame(wide.reset_index(), f"smallest k (of those tried) whose mean head-output error over layers is ≤ "
+                    f"{run.meta['target']}", {"n=": 0, "α": 2}, missing="—")

@@ -4,7 +4,8 @@ Pure numpy/pandas on run objects, so a table and a figure of the same run always
 
 - analyze runs: c at an index, metric grids, the layer trend, per-layer and headline numbers, comparisons;
 - approx runs: the error per (method, budget);
-- theorems runs: the pooled errors of every method per k.
+- theorems runs: the pooled errors of every method per k;
+- scaling runs: a metric per layer and n beside its growth exponent, c at fixed budgets per n.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import SpectraError
-from ..runs import ApproxRun, Run, TheoremRun
+from ..runs import ApproxRun, Run, ScalingRun, TheoremRun
 
 # ---------------------------------------------------------------- one analyze run
 
@@ -263,3 +264,49 @@ def gap_closed(run: ApproxRun, table: str = "heads") -> pd.DataFrame:
                      "random_method": random, "oracle": low,
                      "gap_closed": (high - error) / (high - low) if high != low else np.nan})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- scaling runs
+
+
+def scaling_layers(run: ScalingRun, metric: str = "rank90") -> pd.DataFrame:
+    """One row per layer and a last row 'all' (every measured head): the mean over heads of `metric` at each n
+    (columns 'n=64', …), then the growth exponent α of the power-law fit, its 95% interval and the model that
+    fits better (power or log)."""
+    table = run.table
+    wide = table.groupby(["layer", "n"])[metric].mean().unstack("n")
+    wide.loc["all"] = table.groupby("n")[metric].mean()
+    wide.columns = [f"n={n}" for n in wide.columns]
+    fits = run.exponents[(run.exponents["metric"] == metric) & (run.exponents["scope"] != "head")]
+    keys = ["all" if scope == "pooled" else int(layer) for scope, layer in zip(fits["scope"], fits["layer"])]
+    fits = fits.assign(key=keys).set_index("key")
+    wide["α"] = fits["alpha"]
+    wide["95% interval"] = [f"[{low:.2f}, {high:.2f}]" if np.isfinite(low) else "" for low, high in
+                            zip(fits["alpha_low"].reindex(wide.index), fits["alpha_high"].reindex(wide.index))]
+    wide["fits better"] = fits["better"].reindex(wide.index).fillna("")
+    return wide.rename_axis("layer").reset_index()
+
+
+def scaling_fixed(run: ScalingRun) -> pd.DataFrame:
+    """c at each fixed budget (rows) and n (columns), the mean over every measured head, and a last row at
+    k = n/4 (the paper's heatmap index): constant across n when a fixed k keeps up with longer sequences."""
+    wide = run.c_fixed.groupby(["budget", "n"])["c"].mean().unstack("n").reindex(columns=run.lengths)
+    wide.index = wide.index.astype(str)
+    wide.loc["n/4"] = run.table.groupby("n")["c_quarter"].mean().reindex(run.lengths)
+    wide.columns = [f"n={n}" for n in wide.columns]
+    return wide.rename_axis("k").reset_index()
+
+
+def growth_reading(alpha: float, low: float, high: float) -> str:
+    """What an exponent α (with its interval) says about the needed k: not growing, growing slower than n, or
+    in proportion to n."""
+    if not np.isfinite(alpha):
+        return "no exponent (fewer than two lengths with positive values)"
+    interval = f" (95% interval {low:.2f}–{high:.2f})" if np.isfinite(low) else ""
+    if np.isfinite(low) and low <= 0.1 and high < 0.3 or not np.isfinite(low) and alpha < 0.1:
+        verdict = "the needed k does not measurably grow with n, as the paper claims"
+    elif (high if np.isfinite(high) else alpha) < 0.9:
+        verdict = "the needed k grows with n, but slower than n: low rank, though not independent of n"
+    else:
+        verdict = "the needed k grows in proportion to n: no fixed k keeps up with longer sequences"
+    return f"α = {alpha:.2f}{interval}: {verdict}"

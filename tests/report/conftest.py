@@ -36,3 +36,13 @@ def theorem_run(roberta_dir, text_file, theorem_runs):
     """Named as analyses/theorems.py names it, so the recipe finds it finished."""
     out = report_helpers.theorem_run_dir(theorem_runs, roberta_dir, text_file)
     return report_helpers.build_theorems(roberta_dir, text_file, out)
+
+
+@pytest.fixture(scope="session")
+def scaling_run(roberta_dir, text_file, tmp_path_factory):
+    """A scaling run over n = 16, 40, 64 with bootstrap intervals."""
+    import spectra
+
+    return spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 40, 64], samples=4, batch_size=2,
+                           bootstrap=20, out=tmp_path_factory.mktemp("scaling") / "tiny-scaling", progress=None,
+                           notify=lambda line: None)

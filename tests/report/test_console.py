@@ -170,3 +170,25 @@ def test_cli_compare(runs, tmp_path, monkeypatch, capsys) -> None:
     assert code == 2 and stderr.count("\n") == 1 and "1…16" in stderr and not (tmp_path / "bad.csv").exists()
     code, _, stderr = run_cli(["compare", str(tmp_path)], monkeypatch, capsys)
     assert code == 2 and "no run.json" in stderr and stderr.count("\n") == 1
+
+
+def test_print_scaling_tables_match_the_run(scaling_run, capsys) -> None:
+    console.print_scaling(scaling_run)
+    out = capsys.readouterr().out
+    ranks, fixed_k = printed_tables(out)
+    assert ranks["header"][0] == ["layer", "n=16", "n=40", "n=64", "α", "95% interval", "fits better"]
+    table, fits = scaling_run.table, scaling_run.exponents.query("metric == 'rank90' and method == ''")
+    for row, layer in zip(ranks["rows"], [0, 1, "all"]):
+        cells = table if layer == "all" else table[table["layer"] == layer]
+        fit = fits[fits["scope"] == "pooled"] if layer == "all" else fits[(fits["scope"] == "layer") &
+                                                                           (fits["layer"] == layer)]
+        fit = fit.iloc[0]
+        assert row[:5] == [str(layer), *(fixed(v, 1) for v in cells.groupby("n")["rank90"].mean()),
+                           fixed(fit["alpha"], 2)]
+        assert row[5] == f"[{fit['alpha_low']:.2f}, {fit['alpha_high']:.2f}]" and row[6] == fit["better"]
+    assert [row[0] for row in fixed_k["rows"]] == ["32", "n/4"]
+    assert fixed_k["rows"][0][1] == "—" and fixed_k["rows"][0][2] == fixed(
+        scaling_run.c_fixed.query("budget == 32 and n == 40")["c"].mean())
+    assert fixed_k["rows"][1][1:] == [fixed(v) for v in table.groupby("n")["c_quarter"].mean()]
+    pooled = fits[fits["scope"] == "pooled"].iloc[0]
+    assert f"rank for 90%: α = {pooled['alpha']:.2f}" in out.replace("\n", " ")

@@ -103,3 +103,25 @@ def test_theorem_errors_are_the_pooled_rows(theorem_run) -> None:
                                       stored.sort_values("k_proj")["median"].to_numpy())
     same = rhs[~rhs["label"].str.startswith("theorem2(")].reset_index(drop=True)
     pd.testing.assert_frame_equal(same, table[~table["label"].str.startswith("theorem2(")].reset_index(drop=True))
+
+
+def test_growth_reading_says_which_regime_the_exponent_is_in() -> None:
+    from spectra.report.summaries import growth_reading
+
+    assert "does not measurably grow" in growth_reading(0.02, -0.05, 0.09)
+    assert "slower than n" in growth_reading(0.5, 0.45, 0.55)
+    assert "in proportion to n" in growth_reading(0.96, 0.95, 0.97)
+    assert "in proportion to n" in growth_reading(0.85, 0.8, 0.95), "an interval reaching 0.9 is not 'slower'"
+    assert growth_reading(0.5, float("nan"), float("nan")).startswith("α = 0.50: ")
+    assert "no exponent" in growth_reading(float("nan"), float("nan"), float("nan"))
+
+
+def test_scaling_layers_is_the_table_beside_its_fits(scaling_run) -> None:
+    from spectra.report.summaries import scaling_layers
+
+    wide = scaling_layers(scaling_run, "rank99")
+    assert list(wide["layer"]) == [0, 1, "all"]
+    table = scaling_run.table
+    assert np.allclose(wide.loc[2, ["n=16", "n=40", "n=64"]].to_numpy(float), table.groupby("n")["rank99"].mean())
+    fit = scaling_run.exponents.query("metric == 'rank99' and scope == 'layer' and layer == 1").iloc[0]
+    assert wide.loc[1, "α"] == fit["alpha"]

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ...errors import SpectraError
-from ...runs import ApproxRun, Run, TheoremRun, load_analyze, load_run
+from ...runs import ApproxRun, Run, ScalingRun, TheoremRun, load_analyze, load_run
 
 DPI = 200
 HEATMAP_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey
@@ -84,7 +84,8 @@ def load_kind(run, kind: type):
     """A run object of `kind` (ApproxRun or TheoremRun), loading a directory path first."""
     loaded = run if isinstance(run, kind) else load_run(run)
     if not isinstance(loaded, kind):
-        raise SpectraError(f"{loaded.path} is not a{'n approx' if kind is ApproxRun else ' theorems'} run")
+        names = {ApproxRun: "an approx", TheoremRun: "a theorems", ScalingRun: "a scaling"}
+        raise SpectraError(f"{loaded.path} is not {names.get(kind, 'a ' + kind.__name__)} run")
     return loaded
 
 
