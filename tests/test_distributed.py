@@ -54,3 +54,22 @@ def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
         numeric = a.select_dtypes("number").columns
         assert a.drop(columns=numeric).equals(b.drop(columns=numeric))
         assert np.allclose(a[numeric].to_numpy(), b[numeric].to_numpy(), rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+def test_two_processes_draw_the_same_projections_per_sequence(roberta_dir, text_file, tmp_path) -> None:
+    """Theorem tables with a fresh R per sequence (and two draws each), seeded by the global sequence index:
+    two processes taking alternate sequences give the single-process numbers."""
+    single = ["--data", str(text_file), "--length", "16", "--samples", "5", "--batch-size", "1"]
+    torchrun(["theorems", str(roberta_dir), *single, "--k", "4,8", "--eps", "0.3,0.5", "--draws", "2",
+              "--out", str(tmp_path / "two")], tmp_path)
+    two = spectra.load_run(tmp_path / "two")
+    one = spectra.theorems(str(roberta_dir), str(text_file), length=16, samples=5, batch_size=1, budgets=[4, 8],
+                           eps=[0.3, 0.5], draws=2, device="cpu", out=tmp_path / "one", progress=None,
+                           notify=lambda line: None)
+    assert two.meta["processes"] == 2
+    for name, table in one.tables.items():
+        other = two.tables[name]
+        numeric = table.select_dtypes("number").columns
+        assert table.drop(columns=numeric).equals(other.drop(columns=numeric)), name
+        assert np.allclose(table[numeric].to_numpy(float), other[numeric].to_numpy(float), rtol=1e-9, atol=1e-9,
+                           equal_nan=True), name

@@ -398,3 +398,17 @@ def test_draws_give_a_spread_and_fixed_gives_one_draw() -> None:
     assert (svd["samples"] == 3 * 4).all(), "the truncated SVD draws nothing: each sample counts once"
     with pytest.raises(SpectraError, match="--draws must be a positive integer"):
         Theorem1Probe(1, 2, 16, [4], [0.5], draws=0)
+
+
+def test_per_sequence_draws_do_not_depend_on_the_batching(roberta_dir, text_file, tmp_path) -> None:
+    """Each sequence's R is seeded by its global index: batches of 1 and of 3 give the same tables."""
+    common = dict(budgets=[4, 8], eps=[0.3, 0.5], draws=2, length=16, samples=5, progress=None,
+                  notify=lambda line: None)
+    one = theorems(str(roberta_dir), str(text_file), batch_size=1, out=tmp_path / "one", **common)
+    three = theorems(str(roberta_dir), str(text_file), batch_size=3, out=tmp_path / "three", **common)
+    for name, table in one.tables.items():
+        other = three.tables[name]
+        numeric = table.select_dtypes("number").columns
+        assert table.drop(columns=numeric).equals(other.drop(columns=numeric)), name
+        assert np.allclose(table[numeric].to_numpy(float), other[numeric].to_numpy(float), rtol=1e-6, atol=1e-9,
+                           equal_nan=True), name
