@@ -205,6 +205,10 @@ class RunConfig:
         if self.batch_size < 1:
             raise SpectraError(f"--batch-size must be at least 1, got {self.batch_size}")
         check_seed(self.seed)
+        for name in ("model", "data"):  # a local path is recorded absolute: --resume from another directory matches
+            value = getattr(self, name)
+            if value and Path(value).exists():
+                object.__setattr__(self, name, str(Path(value).absolute()))
         object.__setattr__(self, "mode", choose(Mode, self.mode, "--mode"))
         object.__setattr__(self, "device", choose(Device, self.device, "--device"))
         object.__setattr__(self, "dtype", choose(DType, self.dtype, "--dtype"))

@@ -52,13 +52,24 @@ def split_threads(fn: Callable[[torch.Tensor], T], x: torch.Tensor) -> list[T]:
 #: matrices of every temperature at n = 128…1024, so the loss that stays stays below ~2.6e-4.
 FAST_TOLERANCE = 5e-3
 
+#: exact mode: the eigenvalues of the float64 Gram matrix are taken to be within δ = GRAM_ERROR·u·λ₁ of the
+#: exact ones (u = 2⁻⁵³). Measured on softmax matrices of every temperature at n = 16…1024 and on the real
+#: attention of all-MiniLM-L6-v2 (n = 128, 512), against float64 SVDs: at most 10.8·u·λ₁ for the values
+#: below σ₁/10, except exactly uniform P at n ≥ 512 (21–49·u·λ₁), which falls back whatever the factor.
+GRAM_ERROR = 16.0
+#: exact mode: a matrix whose bound on max_i |Δc_i| (see `gram_loss`) exceeds this is recomputed with the
+#: float64 SVD: half of the 1e-6 the mode promises, as a safety margin.
+EXACT_TOLERANCE = 5e-7
 
-def _gram_sigma(p: torch.Tensor) -> torch.Tensor:
-    """σ = √eig(PᵀP) of the float32 Gram matrix (padded key columns give exact zero eigenvalues).
+
+def _gram_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ = √eig(PᵀP) of the float32 Gram matrix (padded key columns give exact zero eigenvalues), and which
+    matrices fell back to the exact mode.
 
     Rounding PᵀP in float32 perturbs every eigenvalue by ~eps·λ₁, so singular values below ~7e-4·σ₁ are
     blurred: near-uniform or near-rank-one P (many such values) would lose up to ~2e-2 in c. Those
-    matrices, flagged by a bound on that loss, are recomputed with the exact SVD.
+    matrices, flagged by a bound on that loss, are recomputed by the exact mode (`_exact_sigma`: the float64
+    Gram matrix, or the SVD where that could lose more than EXACT_TOLERANCE).
     """
     eigenvalues = torch.linalg.eigvalsh(p.mT @ p).clamp_min(0)
     sigma = eigenvalues.sqrt().flip(-1)
@@ -69,29 +80,102 @@ def _gram_sigma(p: torch.Tensor) -> torch.Tensor:
     redo = moved / sigma.sum(-1).clamp_min(tiny) > FAST_TOLERANCE
     sigma = sigma.to(torch.float64)
     if redo.any():
-        sigma[redo] = _svd_sigma(p[redo])
-    return sigma
+        sigma[redo] = _exact_sigma(p[redo])[0]
+    return sigma, redo
 
 
-def _svd_sigma(p: torch.Tensor) -> torch.Tensor:
-    """σ from LAPACK's SVD in float64: float32 leaves ~1e-7·σ₁ of noise in every zero singular value,
-    which near-uniform P (hundreds of them) turns into 4e-5 of c; float64 costs 10–25% more on CPU."""
-    return torch.linalg.svdvals(p.to(torch.float64))
+def gram_loss(eigenvalues: torch.Tensor, error: float = GRAM_ERROR) -> torch.Tensor:
+    """A bound on max_i |Δc_i| when σ_i = √λ̂_i is taken from the eigenvalues λ̂ (..., m) of a float64 Gram matrix.
 
-
-def singular_values(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT) -> torch.Tensor:
-    """Descending singular values of a batch of square matrices.
-
-    exact: the SVD of P in float64; fast: √eig(PᵀP) of the float32 Gram matrix, about 2× faster on
-    CPU for attention that is not near-uniform, with the matrices it cannot resolve to FAST_TOLERANCE
-    recomputed exactly (see _gram_sigma and benchmarks/RESULTS.md).
+    If every λ̂_i is within δ = error·u·λ₁ of the exact λ_i (Weyl: the Gram matrix's rounding, ≤ γ_n·λ₁ for
+    P ≥ 0, plus the eigensolver's backward error, both normwise), then σ̂_i = √max(λ̂_i, 0) is within
+    e_i = min(√δ, δ/σ̂_i) of σ_i, since |√a − √b| = |a − b|/(√a + √b) ≤ min(√|a − b|, |a − b|/√a). With
+    S_i = Σ_{j≤i}σ_j, S = S_m and E = Σ_j e_j, ĉ_i − c_i = ((1 − c_i)ΔS_i − c_i(ΔS − ΔS_i))/Ŝ, so
+    |Δc_i| ≤ E/Ŝ for every i. The many tiny singular values of near-uniform or rank-deficient P each add
+    up to √δ ≈ 4e-8·σ₁ and push the bound up; well-spread spectra stay many orders below it.
     """
+    tiny = torch.finfo(eigenvalues.dtype).tiny
+    u = torch.finfo(eigenvalues.dtype).eps / 2
+    delta = error * u * eigenvalues.amax(-1, keepdim=True).clamp_min(0)
+    sigma = eigenvalues.clamp_min(0).sqrt()
+    moved = torch.minimum(delta.sqrt(), delta / sigma.clamp_min(tiny)).sum(-1)
+    return moved / sigma.sum(-1).clamp_min(tiny)
+
+
+def _first(keep: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices (..., count) of the True entries of keep (..., n), in order (each row has `count` of them)."""
+    return torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[..., :count]
+
+
+def _gram_or_svd(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ (b, min(r, m)) of float64 matrices (b, r, m) from the smaller Gram matrix (PᵀP or PPᵀ: the same
+    nonzero eigenvalues), and which of them `gram_loss` sent to the SVD."""
+    gram = p.mT @ p if p.shape[-2] >= p.shape[-1] else p @ p.mT
+    eigenvalues = torch.linalg.eigvalsh(gram)
+    sigma = eigenvalues.clamp_min(0).sqrt().flip(-1)
+    redo = gram_loss(eigenvalues) > EXACT_TOLERANCE
+    if redo.any():
+        sigma[redo] = torch.linalg.svdvals(p[redo])
+    return sigma, redo
+
+
+def _exact_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ (b, n) in float64 to within EXACT_TOLERANCE of c, and which matrices fell back to the SVD: √eig of
+    the float64 Gram matrix, the float64 SVD where `gram_loss` says the Gram route could lose more.
+
+    Zero rows and columns (padding) are cut away first, so they give exact zeros, cost nothing and do not
+    count in the bound; matrices with the same numbers of nonzero rows and columns are done together.
+    """
+    size = p.abs()
+    rows, cols = size.sum(-1) > 0, size.sum(-2) > 0  # sums of |p|: zero only for all-zero rows/columns
+    p = p.to(torch.float64)
+    if bool((rows.all(-1) & cols.all(-1)).all()):  # nothing padded: one batch
+        return _gram_or_svd(p)
+    b, rows_n, cols_n = p.shape
+    out = p.new_zeros(b, min(rows_n, cols_n))
+    fell_back = torch.zeros(b, dtype=torch.bool, device=p.device)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, shape in enumerate(zip(rows.sum(-1).tolist(), cols.sum(-1).tolist())):
+        groups.setdefault(shape, []).append(i)
+    for (size_r, size_m), members in groups.items():
+        if size_r == 0 or size_m == 0:
+            continue  # all-zero matrices: σ = 0
+        index = torch.tensor(members, device=p.device)
+        block = p[index]
+        if size_r < rows_n:
+            block = block.gather(-2, _first(rows[index], size_r)[..., None].expand(-1, -1, cols_n))
+        if size_m < cols_n:
+            block = block.gather(-1, _first(cols[index], size_m)[:, None, :].expand(-1, size_r, -1))
+        sigma, redo = _gram_or_svd(block)
+        out[index, : sigma.shape[-1]] = sigma
+        fell_back[index] = redo
+    return out, fell_back
+
+
+def singular_values_routed(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`singular_values` (..., n) and which matrices (...) the mode sent to the float64 SVD."""
     mode = Spectrum(mode)
     if p.device.type == "mps":  # no float64 and no batched LAPACK on Apple GPUs: the CPU does the spectra
         p = p.cpu()
     p = p.to(torch.promote_types(p.dtype, torch.float32))
-    fn = _svd_sigma if mode == Spectrum.EXACT else _gram_sigma
-    return torch.cat(split_threads(fn, p)).reshape(p.shape[:-1])
+    fn = _exact_sigma if mode == Spectrum.EXACT else _gram_sigma
+    parts = split_threads(fn, p)
+    sigma = torch.cat([part[0] for part in parts]).reshape(p.shape[:-1])
+    return sigma, torch.cat([part[1] for part in parts]).reshape(p.shape[:-2])
+
+
+def singular_values(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT) -> torch.Tensor:
+    """Descending singular values (float64) of a batch of square matrices (..., n, n).
+
+    exact: within 1e-6 of a float64 SVD in c (by the bound; ~1e-9 measured): √eig of the float64 Gram
+    matrix, about 2× faster than the SVD on CPU, with the matrices whose error bound exceeds
+    EXACT_TOLERANCE (near-uniform or rank-deficient P) recomputed with the float64 SVD (see `_exact_sigma`,
+    `gram_loss`); fast: √eig(PᵀP) of the float32 Gram matrix, faster still for attention that is not
+    near-uniform, with the matrices it cannot resolve to FAST_TOLERANCE recomputed with the SVD (c within
+    ~2.6e-4; see _gram_sigma and benchmarks/RESULTS.md).
+    """
+    return singular_values_routed(p, mode)[0]
 
 
 def masked(p: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

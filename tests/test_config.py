@@ -43,6 +43,20 @@ def test_settings_are_the_run_identity() -> None:
     assert str(SyntheticConfig(n=64, d=8).default_out("theorems")) == "runs/synthetic-n64-d8-theorems"
 
 
+def test_local_paths_are_recorded_absolute(tmp_path, monkeypatch) -> None:
+    """A resume from another directory, or with ./corpus.txt for corpus.txt, is the same run: local model and
+    data paths are recorded absolute; hub ids and dataset names stay as written."""
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    (tmp_path / "tiny").mkdir()
+    monkeypatch.chdir(tmp_path)
+    config = RunConfig("./tiny", "corpus.txt", length=32)
+    assert config.data == str(tmp_path / "corpus.txt") and config.model == str(tmp_path / "tiny")
+    assert RunConfig(str(tmp_path / "tiny"), "./corpus.txt").settings({}) == RunConfig("tiny", "corpus.txt").settings({})
+    assert str(config.default_out("analyze")) == "runs/tiny-corpus-n32"
+    hub = RunConfig("roberta-base", "imdb")
+    assert (hub.model, hub.data) == ("roberta-base", "imdb")
+
+
 def test_budgets_eps_and_lists() -> None:
     assert check_budgets([64, 8, 8], 64) == (8, 64)
     with pytest.raises(SpectraError, match="k = 0 is not a budget"):

@@ -9,7 +9,8 @@ import scipy.linalg
 import torch
 
 from references import spectrum_reference
-from spectra.spectrum import SPECTRUM_METRICS as METRICS, cumulative, masked, resample, singular_values, summarize
+from spectra.spectrum import (EXACT_TOLERANCE, SPECTRUM_METRICS as METRICS, cumulative, gram_loss, masked, resample,
+                              singular_values, singular_values_routed, split_threads, summarize)
 
 
 def stochastic(batch: int, n: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
@@ -108,3 +109,76 @@ def test_sink_and_entropy_on_left_and_right_padding() -> None:
             assert got[b, h, 0].item() == pytest.approx(block[begin:, 0].mean())
             entropy = np.mean([-(row[row > 0] * np.log(row[row > 0])).sum() for row in block])
             assert got[b, h, 1].item() == pytest.approx(entropy)
+
+
+def softmax_block(n: int, m: int, scale: float, seed: int) -> torch.Tensor:
+    """An n×n attention matrix whose valid m×m block is the softmax of Gaussian logits times `scale` (float32,
+    as captured); padded rows and columns are zero."""
+    p = torch.zeros(n, n)
+    p[:m, :m] = stochastic(1, m, seed=seed, scale=scale)[0]
+    return p
+
+
+def scipy_curve(block: np.ndarray, n: int) -> np.ndarray:
+    """c (n) of the block's float64 scipy singular values followed by zeros."""
+    sigma = np.concatenate([scipy.linalg.svdvals(block.astype(np.float64)), np.zeros(n - block.shape[0])])
+    return np.cumsum(sigma) / sigma.sum()
+
+
+@pytest.mark.parametrize("n", [16, 128, 512])
+@pytest.mark.parametrize("scale", [0.0, 1e-3, 0.01, 0.1, 1.0, 3.0, 10.0, 100.0])
+def test_exact_mode_within_1e6_of_scipy_at_every_temperature(n: int, scale: float) -> None:
+    """From exactly uniform P (scale 0) to near one-hot P (scale 100), full and padded, the exact mode's c is
+    within 1e-6 of float64 scipy, and the padded values are exact zeros."""
+    lengths = [n, n, n - n // 4, n // 2 + 1]
+    p = torch.stack([softmax_block(n, m, scale, seed=7 * n + b) for b, m in enumerate(lengths)])
+    sigma = singular_values(p, "exact")
+    assert sigma.dtype == torch.float64
+    for b, m in enumerate(lengths):
+        want = scipy_curve(p[b, :m, :m].numpy(), n)
+        assert np.abs(cumulative(sigma[b]).numpy() - want).max() <= 1e-6
+        assert (sigma[b, m:] == 0).all()
+        assert (sigma[b, :-1] >= sigma[b, 1:]).all()
+
+
+@pytest.mark.parametrize("n", [16, 128, 512])
+def test_exact_mode_on_rank_deficient_p(n: int) -> None:
+    """Repeated rows (rank n/4 and rank 2; hence many zero singular values) stay within 1e-6 of scipy."""
+    g = torch.Generator().manual_seed(n)
+    p = torch.stack([
+        torch.softmax(3 * torch.randn(n // 4, n, generator=g), -1).repeat_interleave(4, 0),
+        torch.softmax(3 * torch.randn(2, n, generator=g), -1).repeat(n // 2, 1),
+        torch.softmax(100 * torch.randn(n, n, generator=g), -1)[torch.arange(n) % 3],  # near one-hot, rank 3
+    ])
+    sigma = singular_values(p, "exact")
+    for b in range(p.shape[0]):
+        assert np.abs(cumulative(sigma[b]).numpy() - scipy_curve(p[b].numpy(), n)).max() <= 1e-6
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-6, 1e-4, 1e-2, 1.0, 3.0, 10.0, 100.0])
+def test_gram_loss_bounds_the_gram_routes_actual_error(scale: float) -> None:
+    """The bound `gram_loss` puts on |Δc| of √eig(float64 PᵀP) is never below the error actually made."""
+    n = 128
+    p = stochastic(6, n, seed=11, scale=scale).double()
+    eigenvalues = torch.cat(split_threads(torch.linalg.eigvalsh, p.mT @ p))
+    bound = gram_loss(eigenvalues)
+    got = cumulative(eigenvalues.clamp_min(0).sqrt().flip(-1))
+    for b in range(p.shape[0]):
+        actual = np.abs(got[b].numpy() - scipy_curve(p[b].numpy(), n)).max()
+        assert actual <= bound[b].item()
+
+
+def test_exact_fallback_triggers_on_near_uniform_p_only() -> None:
+    """The decision: near-uniform P (tiny singular values that squaring loses) goes to the SVD, peaked P does
+    not, per matrix: in a mixed batch only the near-uniform ones fall back."""
+    for n in (128, 512):
+        uniform = torch.stack([stochastic(1, n, seed=1, scale=s)[0] for s in (0.0, 1e-6, 1e-5)])
+        peaked = torch.stack([stochastic(1, n, seed=2, scale=s)[0] for s in (0.3, 1.0, 3.0, 10.0)])
+        for batch, hard in ((uniform, True), (peaked, False)):
+            p = batch.double()
+            eigenvalues = torch.cat(split_threads(torch.linalg.eigvalsh, p.mT @ p))
+            assert ((gram_loss(eigenvalues) > EXACT_TOLERANCE) == hard).all()
+        mixed = torch.cat([peaked[:2], uniform[:1], peaked[2:], uniform[1:]])
+        sigma, fell_back = singular_values_routed(mixed.reshape(1, 7, n, n), "exact")
+        assert fell_back.shape == (1, 7) and fell_back[0].tolist() == [False, False, True, False, False, True, True]
+        assert torch.equal(sigma, singular_values(mixed.reshape(1, 7, n, n), "exact"))

@@ -81,11 +81,11 @@ def test_state_tags_min_and_max_and_sums_the_rest() -> None:
     stats = ErrorStats((2,), [0.5])
     stats.add((), torch.rand(2, 10, dtype=torch.float64))
     state = stats.state("theorem1")
-    assert set(state) == {f"theorem1.{name}" for name in ("count", "below", "hist", "total", "min", "max")}
+    assert set(state) == {f"theorem1.{name}" for name in ("count", "below", "hist", "total", "total_sq", "min", "max")}
     assert all(isinstance(part, Tagged) for part in state.values())
     assert state["theorem1.min"].reduce is Reduce.MIN
     assert state["theorem1.max"].reduce is Reduce.MAX
-    for name in ("count", "below", "hist", "total"):
+    for name in ("count", "below", "hist", "total", "total_sq"):
         assert state[f"theorem1.{name}"].reduce is Reduce.SUM, name
     assert state["theorem1.min"].array is stats.min
     moments = Moments.zeros((2, 3))

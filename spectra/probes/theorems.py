@@ -47,7 +47,35 @@ class Cache:
         return value
 
 
-class Theorem1Probe(Probe):
+class DrawingProbe(Probe):
+    """What the two theorem probes share: their cells' error statistics and the seeded R they draw (once, or
+    per sequence and draw) under their seed domain."""
+
+    domain: Domain
+
+    def _start(self, layers: int, heads: int, n: int, k_projs: Sequence[int], eps: Sequence[float], seed: int,
+               draws: int, fixed: bool) -> None:
+        self.layers, self.heads, self.n, self.seed = layers, heads, n, seed
+        self.k_projs = check_budgets(k_projs, n)
+        self.eps = check_eps(eps)
+        self.draws, self.fixed = (1, True) if fixed else (_check_draws(draws), False)
+        self._cache = Cache()
+
+    def _cells(self, per_decade: int) -> None:
+        """Error statistics and draw uncertainty of every (layer, head, k_proj, variant) once variants are set."""
+        cells = (self.layers, self.heads, len(self.k_projs), len(self.variants))
+        self.stats = ErrorStats(cells, self.eps, per_decade=per_decade)
+        self.uncertainty = Uncertainty(self.layers, self.heads, cells[2:], self.eps, self.draws)
+
+    def r(self, layer: int, k_proj: int, device: torch.device | str = "cpu", sequence: int | None = None,
+          draw: int = 0) -> torch.Tensor:
+        """R (k_proj, n) of a layer: the fixed one, or one sequence's `draw` (the same numbers on every device)."""
+        seed = draw_seed(self.seed, self.domain, layer, k_proj, None if self.fixed else sequence, draw)
+        make = lambda: jl_matrix(k_proj, self.n, seed, device=device)  # noqa: E731
+        return self._cache.get(("r", layer, k_proj, str(device)), make) if self.fixed else make()
+
+
+class Theorem1Probe(DrawingProbe):
     """Theorem 1 on captured P: per (layer, head, k_proj), relative errors ‖P̃ w − P w‖/‖P w‖ of every column w of V.
 
     methods: "jl" — P̃ = P Rᵀ R with R (k_proj × n) JL, shared by the heads of a layer, drawn `draws` times per
@@ -58,26 +86,15 @@ class Theorem1Probe(Probe):
     columns).
     """
 
+    domain = Domain.THEOREM1
+
     def __init__(
         self, layers: int, heads: int, n: int, k_projs: Sequence[int], eps: Sequence[float], *, seed: int = 0,
         best_rank: bool = True, draws: int = 1, fixed: bool = False, per_decade: int = 100,
     ) -> None:
-        self.layers, self.heads, self.n, self.seed = layers, heads, n, seed
-        self.k_projs = check_budgets(k_projs, n)
-        self.eps = check_eps(eps)
-        self.draws, self.fixed = (1, True) if fixed else (_check_draws(draws), False)
+        self._start(layers, heads, n, k_projs, eps, seed, draws, fixed)
         self.variants = [("jl", "output"), ("jl", "rows")] + ([("svd", "output")] if best_rank else [])
-        cells = (layers, heads, len(self.k_projs), len(self.variants))
-        self.stats = ErrorStats(cells, self.eps, per_decade=per_decade)
-        self.uncertainty = Uncertainty(layers, heads, cells[2:], self.eps, self.draws)
-        self._cache = Cache()
-
-    def r(self, layer: int, k_proj: int, device: torch.device | str = "cpu", sequence: int | None = None,
-          draw: int = 0) -> torch.Tensor:
-        """R (k_proj, n) of a layer: the fixed one, or one sequence's `draw` (the same numbers on every device)."""
-        seed = draw_seed(self.seed, Domain.THEOREM1, layer, k_proj, None if self.fixed else sequence, draw)
-        make = lambda: jl_matrix(k_proj, self.n, seed, device=device)  # noqa: E731
-        return self._cache.get(("r", layer, k_proj, str(device)), make) if self.fixed else make()
+        self._cells(per_decade)
 
     def _jl(self, p: torch.Tensor, v: torch.Tensor, layer: int, k_proj: int, index: list[int], draw: int,
             rows: bool) -> torch.Tensor:
@@ -141,7 +158,7 @@ class Theorem1Probe(Probe):
         return _tables("theorem1", self.result)
 
 
-class Theorem2Probe(Probe):
+class Theorem2Probe(DrawingProbe):
     """Theorem 2 on captured Q, K, V: per row w of A = Q Kᵀ·scaling, errors against softmax(w) V of
 
     - method "theorem2", variant "delta=<rule>": softmax(w Eᵀ) F V with E = δR, F = e^{−δ}R (R JL, shared by the
@@ -155,33 +172,22 @@ class Theorem2Probe(Probe):
     keys are dropped from w and V; padded query rows are not counted.
     """
 
+    domain = Domain.THEOREM2
+
     def __init__(
         self, layers: int, heads: int, n: int, k_projs: Sequence[int], eps: Sequence[float], *, seed: int = 0,
         deltas: Sequence[str | float] = DELTA_RULES, sharing: Sequence[Sharing | str] | None = None,
         draws: int = 1, fixed: bool = False, per_decade: int = 100,
     ) -> None:
-        self.layers, self.heads, self.n, self.seed = layers, heads, n, seed
-        self.k_projs = check_budgets(k_projs, n)
-        self.eps = check_eps(eps)
+        self._start(layers, heads, n, k_projs, eps, seed, draws, fixed)
         self.deltas = check_deltas(deltas)
         self.sharing = tuple(choose(Sharing, level, "sharing") for level in (Sharing if sharing is None else sharing))
         if not self.deltas and not self.sharing:
             raise SpectraError("nothing to measure: pass at least one delta or one sharing level")
-        self.draws, self.fixed = (1, True) if fixed else (_check_draws(draws), False)
         self.variants = [("theorem2", f"delta={rule}", rel) for rule in self.deltas for rel in ("rhs", "output")]
         self.variants += [("linformer", level.value, "output") for level in self.sharing]
         self.d: int | None = None
-        cells = (layers, heads, len(self.k_projs), len(self.variants))
-        self.stats = ErrorStats(cells, self.eps, per_decade=per_decade)
-        self.uncertainty = Uncertainty(layers, heads, cells[2:], self.eps, self.draws)
-        self._cache = Cache()
-
-    def r(self, layer: int, k_proj: int, device: torch.device | str = "cpu", sequence: int | None = None,
-          draw: int = 0) -> torch.Tensor:
-        """R (k_proj, n) of the δ variants: the fixed one, or one sequence's `draw`."""
-        seed = draw_seed(self.seed, Domain.THEOREM2, layer, k_proj, None if self.fixed else sequence, draw)
-        make = lambda: jl_matrix(k_proj, self.n, seed, device=device)  # noqa: E731
-        return self._cache.get(("r", layer, k_proj, str(device)), make) if self.fixed else make()
+        self._cells(per_decade)
 
     def ef(self, level: Sharing, layer: int, k_proj: int, device, sequence: int | None = None, draw: int = 0):
         """E, F (H, k_proj, n) of one sharing level: the run's, or one sequence's `draw`."""
