@@ -79,7 +79,7 @@ def analyze(
     split: Split = None,
     text_column: TextColumn = None,
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index for c@index and the heatmap (default n/4: 128 for n = 512)."),
-    spectrum: Spectrum = typer.Option(Spectrum.EXACT, "--spectrum", help="exact: SVD of P in float64; fast: √eig of the float32 Gram matrix PᵀP, about 2× faster on CPU for peaked attention, near-uniform P recomputed exactly (c within ~2.6e-4)."),
+    spectrum: Spectrum = typer.Option(Spectrum.EXACT, "--spectrum", help="exact: c within 1e-6 of a float64 SVD (√eig of the float64 Gram matrix PᵀP, the SVD where its error bound asks); fast: the float32 Gram matrix, c within ~2.6e-4, faster only on peaked attention."),
     spectrum_device: Place = typer.Option(Place.AUTO, "--spectrum-device", help="Where the singular values are computed: auto (GPU models: time the first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), cpu, or same (the model's device). Speed only: the numbers change by rounding at most."),
     overlap: Optional[bool] = typer.Option(None, "--overlap/--no-overlap", help="Compute the spectra on a background thread while the forward pass goes on (default: when they run off the model's device)."),
     qkv: Optional[bool] = typer.Option(None, "--qkv/--no-qkv", help="Also the spectra of queries, keys and values (before and after RoPE): rank for 90%/99% of the energy per sequence and over the run (default: on for decoders)."),
