@@ -40,8 +40,9 @@ class Growth:
 
     @property
     def better(self) -> str:
-        """'power' or 'log': the model with the smaller error in log y ('' when either is undefined)."""
-        if not (np.isfinite(self.rmse_power) and np.isfinite(self.rmse_log)):
+        """'power' or 'log': the model with the smaller error in log y ('' when either is undefined; a model
+        that predicts a non-positive rank somewhere has an infinite error and loses)."""
+        if np.isnan(self.rmse_power) or np.isnan(self.rmse_log) or np.isinf(self.rmse_power) and np.isinf(self.rmse_log):
             return ""
         if abs(self.rmse_log - self.rmse_power) < 1e-9:
             return ""  # both exact (e.g. a constant): no preference
@@ -69,10 +70,13 @@ def log_fit(n: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
 
 
 def _rmse_log(predicted: np.ndarray, y: np.ndarray) -> float:
-    """Root-mean-square of log(predicted / y); NaN when a prediction or value is not positive."""
+    """Root-mean-square of log(predicted / y): NaN when a value is not positive (undefined), infinite when a
+    prediction is not positive (a + b·log n through fast growth goes negative at small n: it cannot fit)."""
     keep = np.isfinite(y)
-    if not keep.any() or (predicted[keep] <= 0).any() or (y[keep] <= 0).any():
+    if not keep.any() or (y[keep] <= 0).any():
         return float("nan")
+    if (predicted[keep] <= 0).any():
+        return float("inf")
     return float(np.sqrt(np.mean(np.log(predicted[keep] / y[keep]) ** 2)))
 
 

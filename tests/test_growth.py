@@ -27,6 +27,9 @@ def test_exact_power_law_and_exact_log_growth() -> None:
     assert growth(LENGTHS, np.full(5, 7.0)).alpha == pytest.approx(0, abs=1e-12)
     assert math.isnan(power_fit([64, 64], [1, 2])[0]) and math.isnan(log_fit([64], [1])[1])
     assert math.isnan(growth(LENGTHS, np.zeros(5)).alpha), "no positive value, no exponent"
+    linear = growth(LENGTHS, 0.4 * LENGTHS)  # the least-squares a + b·log n goes below 0 at n = 64: cannot fit
+    a, b = log_fit(LENGTHS, 0.4 * LENGTHS)
+    assert a + b * math.log(64) < 0 and linear.rmse_log == math.inf and linear.better == "power"
 
 
 def block_attention(n: int, blocks: int) -> torch.Tensor:
