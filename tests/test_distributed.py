@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from frames import assert_frames_close
 import spectra
 from spectra.api import approx
 
@@ -50,10 +51,7 @@ def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
                  budgets=[4, 8], methods=["svd", "jl", "pool-mean"], end_to_end=True, device="cpu",
                  out=tmp_path / "approx-one", progress=None, notify=lambda line: None)
     for table in ("heads", "end_to_end"):
-        a, b = getattr(one, table), getattr(two, table)
-        numeric = a.select_dtypes("number").columns
-        assert a.drop(columns=numeric).equals(b.drop(columns=numeric))
-        assert np.allclose(a[numeric].to_numpy(), b[numeric].to_numpy(), rtol=1e-9, atol=1e-9, equal_nan=True)
+        assert_frames_close(getattr(two, table), getattr(one, table), rtol=1e-9, atol=1e-9, name=table)
 
 
 def test_two_processes_draw_the_same_projections_per_sequence(roberta_dir, text_file, tmp_path) -> None:
@@ -68,8 +66,4 @@ def test_two_processes_draw_the_same_projections_per_sequence(roberta_dir, text_
                            notify=lambda line: None)
     assert two.meta["processes"] == 2
     for name, table in one.tables.items():
-        other = two.tables[name]
-        numeric = table.select_dtypes("number").columns
-        assert table.drop(columns=numeric).equals(other.drop(columns=numeric)), name
-        assert np.allclose(table[numeric].to_numpy(float), other[numeric].to_numpy(float), rtol=1e-9, atol=1e-9,
-                           equal_nan=True), name
+        assert_frames_close(two.tables[name], table, rtol=1e-9, atol=1e-9, name=name)

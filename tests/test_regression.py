@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import regression
+from frames import assert_frames_close
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +30,7 @@ def _golden(case: str) -> dict[str, bytes]:
 def _close(name: str, got: bytes, want: bytes) -> None:
     """Same labels and shapes, numbers within 1e-4 relative (another platform's rounding)."""
     if name.endswith(".csv"):
-        a, b = pd.read_csv(io.BytesIO(got)), pd.read_csv(io.BytesIO(want))
-        assert list(a.columns) == list(b.columns) and len(a) == len(b)
-        numeric = b.select_dtypes("number").columns
-        assert a.drop(columns=numeric).equals(b.drop(columns=numeric))
-        np.testing.assert_allclose(a[numeric].to_numpy(float), b[numeric].to_numpy(float), rtol=1e-4, atol=1e-7)
+        assert_frames_close(pd.read_csv(io.BytesIO(got)), pd.read_csv(io.BytesIO(want)), rtol=1e-4, atol=1e-7, name=name)
     elif name.endswith(".npz"):
         a, b = np.load(io.BytesIO(got)), np.load(io.BytesIO(want))
         assert sorted(a.files) == sorted(b.files)

@@ -14,6 +14,7 @@ themselves); an interrupted calibration starts again on --resume.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Mapping
 
 import numpy as np
@@ -21,7 +22,7 @@ import pandas as pd
 import torch
 
 from ..capture import Captured
-from ..config import ApproxOptions, FitInit
+from ..config import ApproxOptions, FitInit, Sharing
 from ..methods import Layer
 from ..methods.fitted import sharing_of
 from ..nn.calibration import Calibration
@@ -83,8 +84,10 @@ class Fitting(Probe):
                     self.fitted[(label, budget)] = pca_projections(*shape)
                     continue
                 init = pca_projections(*shape) if self.options.fit_init == FitInit.PCA else None
+                groups = 1 if sharing == Sharing.LAYERWISE else len(calibrations)
                 fit = fit_projections(*shape, init=init, steps=self.options.fit_steps, lr=self.options.fit_lr,
-                                      seed=self.seed, validation=self.options.fit_validation)
+                                      seed=self.seed, validation=self.options.fit_validation,
+                                      progress=self._timing(f"{label} at k = {budget}", groups))
                 self.fitted[(label, budget)] = fit.projections
                 histories.append(fit.history.assign(method=label, budget=budget))
                 kept = ", ".join(f"{step}" for step in fit.best_step.values())
@@ -100,6 +103,20 @@ class Fitting(Probe):
                                                       projection=self.options.projection,
                                                       fixed=self.options.fixed_projection, fitted=self.fitted))
         self.records, self.done = {}, True
+
+    def _timing(self, what: str, groups: int) -> Callable[[dict], None]:
+        """A fit's progress callback: once its first group (layer) is fitted, one line with the time it took and
+        what the rest will take, so a long fit is not silent."""
+        started, steps, said = time.perf_counter(), self.options.fit_steps, []
+
+        def progress(row: dict) -> None:
+            if row["step"] == steps and not said and groups > 1:
+                took = time.perf_counter() - started
+                said.append(took)
+                self.notify(f"fitting {what}: the first of {groups} layers took {took:.0f} s; about "
+                            f"{took * (groups - 1) / 60:.1f} min more")
+
+        return progress
 
     def state(self) -> State:
         arrays = {f"fitted.{key}": value for key, value in projections_arrays(self.fitted).items()}

@@ -84,10 +84,14 @@ def test_saved_projections_load_into_the_linformer_layer(fitted_run) -> None:
         fitted_run.projections("linformer-fit(kv)", 16)
 
 
-def test_fitting_is_deterministic(roberta_dir, text_file, tmp_path) -> None:
+def test_fitting_is_deterministic_and_says_how_long_it_takes(roberta_dir, text_file, tmp_path) -> None:
+    lines: list[list[str]] = [[], []]
     runs = [approx(str(roberta_dir), str(text_file), budgets=[4], methods=["linformer-fit(headwise)"], length=N,
-                   samples=2, fit_samples=8, fit_steps=5, batch_size=4, out=tmp_path / f"r{i}", **QUIET)
+                   samples=2, fit_samples=8, fit_steps=5, batch_size=4, out=tmp_path / f"r{i}", progress=None,
+                   notify=lines[i].append)
             for i in range(2)]
+    timing = [line for line in lines[0] if line.startswith("fitting linformer-fit(headwise) at k = 4:")]
+    assert len(timing) == 1 and "the first of 2 layers took" in timing[0] and "min more" in timing[0]
     a, b = (run.projections("linformer-fit(headwise)", 4) for run in runs)
     for name in a.weights:
         assert torch.equal(a.weights[name], b.weights[name]), "same seed, same bits"

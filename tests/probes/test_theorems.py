@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from frames import assert_frames_close
 from layers import attention_probs, padding_mask, softmax
 from spectra import capture, cli, data
 from spectra.api import theorems
@@ -407,8 +408,4 @@ def test_per_sequence_draws_do_not_depend_on_the_batching(roberta_dir, text_file
     one = theorems(str(roberta_dir), str(text_file), batch_size=1, out=tmp_path / "one", **common)
     three = theorems(str(roberta_dir), str(text_file), batch_size=3, out=tmp_path / "three", **common)
     for name, table in one.tables.items():
-        other = three.tables[name]
-        numeric = table.select_dtypes("number").columns
-        assert table.drop(columns=numeric).equals(other.drop(columns=numeric)), name
-        assert np.allclose(table[numeric].to_numpy(float), other[numeric].to_numpy(float), rtol=1e-6, atol=1e-9,
-                           equal_nan=True), name
+        assert_frames_close(three.tables[name], table, rtol=1e-6, atol=1e-9, name=name)
