@@ -107,10 +107,10 @@ class Calibration:
         return torch.cat(parts)
 
     def subset(self, index: torch.Tensor | slice) -> "Calibration":
-        """The calibration of some sequences (their target carried over when already formed)."""
+        """The calibration of some sequences, their target P V cut from this one's (formed here once, so the
+        fits and the scale search, which take subsets at every step, never form P again)."""
         part = Calibration(self.layer, self.q[index], self.k[index], self.v[index], self.valid[index], self.scaling)
-        if "target" in self.__dict__:
-            part.__dict__["target"] = self.target[index]
+        part.__dict__["target"] = self.target[index]
         return part
 
 

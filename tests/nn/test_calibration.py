@@ -68,3 +68,21 @@ def test_padding_contributes_its_valid_block_and_padded_keys_get_no_weight() -> 
     raw = [pca_projections([c], 1, 2, 3, 10, "none", scale=False).pair(0) for c in (one, padded.subset([2]), alone)]
     for e_other, f_other in raw[1:]:
         assert torch.allclose(e_other, raw[0][0], atol=1e-10) and torch.allclose(f_other, raw[0][1], atol=1e-10)
+
+
+def test_a_subset_cuts_its_target_from_the_whole_formed_once(monkeypatch) -> None:
+    """Fits take subsets at every step: P V is formed once on the whole calibration and sliced, and a slice is
+    the target the subset alone would form (the dense softmax of its own valid blocks)."""
+    calib = synthetic(lengths=(10, 7, 10, 4))
+    index = torch.tensor([3, 1])
+    alone = Calibration(calib.layer, calib.q[index], calib.k[index], calib.v[index], calib.valid[index],
+                        calib.scaling)
+    want = alone.target.clone()
+    formed = []
+    softmax = torch.softmax
+    monkeypatch.setattr(torch, "softmax", lambda *args, **kwargs: formed.append(1) or softmax(*args, **kwargs))
+    parts = [calib.subset(index) for _ in range(3)] + [calib.subset(slice(0, 2))]
+    assert len(formed) == 1, "the whole calibration's P V is formed once (one chunk here), never per subset"
+    for part in parts[:3]:
+        assert torch.allclose(part.target, want, rtol=0, atol=1e-14)
+    assert torch.equal(parts[3].target, calib.target[:2])

@@ -90,8 +90,13 @@ def load_kind(run, kind: type):
 
 
 def subtitle(run: Run | ApproxRun | TheoremRun, n: int) -> str:
-    """"<model> · <data>, n = <n>, <samples> sequences": the second line of a view's title."""
-    samples = run.meta.get("samples")
+    """"<model> · <data>, n = <n>, <samples> sequences": the second line of a view's title. A run with a
+    calibration counts the sequences its numbers are measured on, and says how many calibrated."""
+    samples, evaluation = run.meta.get("samples"), run.meta.get("evaluation")
+    if evaluation:
+        first, end = evaluation
+        measured = (min(samples, end) if samples else end) - first  # a corpus that ran short measured fewer
+        return f"{run.label}, n = {n}, {measured} held-out sequences ({first} calibrated)"
     return f"{run.label}, n = {n}" + (f", {samples} sequences" if samples else "")
 
 

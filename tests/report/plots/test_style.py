@@ -3,6 +3,7 @@ marks, the k axis, ticks, the heatmap."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -123,3 +124,8 @@ def test_draw_heatmap_layer_down_head_across_with_labels() -> None:
 def test_subtitle(runs) -> None:
     run = runs["small-wiki"]
     assert style.subtitle(run, run.n) == f"{run.label}, n = 32, 16 sequences"
+    calibrated = copy.copy(run)
+    calibrated.meta = {**run.meta, "samples": 96, "evaluation": [64, 96]}
+    assert style.subtitle(calibrated, 128) == f"{run.label}, n = 128, 32 held-out sequences (64 calibrated)"
+    calibrated.meta = {**run.meta, "samples": 80, "evaluation": [64, 96]}
+    assert style.subtitle(calibrated, 128).endswith(", 16 held-out sequences (64 calibrated)")
