@@ -350,6 +350,11 @@ class ApproxOptions:
     def fits(self) -> bool:
         return self.fit_samples > 0
 
+    @property
+    def fit_budgets(self) -> tuple[int, ...]:
+        """Every k a fitted method runs at: the budgets and, under a k plan, each layer's planned k."""
+        return tuple(sorted({*self.budgets, *(self.k_plan or ())}))
+
     def resolved(self, n: int) -> "ApproxOptions":
         check_budgets(self.budgets, n)
         for budget in self.k_plan or ():

@@ -73,11 +73,11 @@ class Fitting(Probe):
         count = calibrations[0].sequences if calibrations else 0
         held = round(count * self.options.fit_validation)
         self.notify(f"calibration: {count} sequences, {sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, "
-                    f"v; fitting {len(self.labels)} method(s) at {len(self.options.budgets)} budget(s) "
+                    f"v; fitting {len(self.labels)} method(s) at {len(self.options.fit_budgets)} budget(s) "
                     f"({held} sequences held out to choose the fit's step)")
         histories = []
         for label in self.labels:
-            for budget in self.options.budgets:
+            for budget in self.options.fit_budgets:
                 sharing = sharing_of(label)
                 shape = (calibrations, self.layers, self.heads, budget, self.n, sharing)
                 if label.startswith("linformer-pca"):

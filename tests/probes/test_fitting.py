@@ -112,6 +112,23 @@ def test_a_k_plan_against_a_uniform_k_of_equal_cost(roberta_dir, text_file, tmp_
     assert set(run.end_to_end["allocation"]) == {"plan", "uniform"}
 
 
+def test_fitted_methods_follow_the_k_plan(roberta_dir, text_file, tmp_path) -> None:
+    """Under a plan, fitted projections exist at every planned k and at the uniform k: each layer's planned
+    projections are the ones fitted at its own k (the same as a run at that uniform k, layer for layer)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    common = dict(methods=["linformer-pca(kv)"], length=N, samples=4, fit_samples=FIT, batch_size=4, **QUIET)
+    run = approx(str(roberta_dir), str(text_file), k_plan=plan, end_to_end=True, out=tmp_path / "run", **common)
+    for budget in (4, 8, 12):
+        assert run.projections("linformer-pca(kv)", budget).k_proj == budget
+    planned = run.per_layer("out_err", table="plan").set_index("layer")["out_err"]
+    for layer, budget in ((0, 4), (1, 12)):
+        alone = approx(str(roberta_dir), str(text_file), budgets=[budget], out=tmp_path / f"k{budget}", **common)
+        want = alone.per_layer("out_err").set_index("layer")["out_err"]
+        assert planned[layer] == pytest.approx(want[layer], rel=1e-6)
+    assert set(run.end_to_end["allocation"]) == {"plan", "uniform"}
+
+
 @pytest.mark.parametrize("plan, message", [
     ({"layers": [{"layer": 0, "k_proj": 4}]}, "the k plan has 1 layers but tiny-roberta has 2"),
     ({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 99}]}, "k = 99 exceeds the sequence length"),
