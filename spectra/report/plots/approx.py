@@ -1,8 +1,10 @@
 """Views of an approx run: the relative output error per layer (a panel per budget k), the error against k,
-and with --end-to-end the masked-LM perplexity and hidden-state drift against k.
+and with --end-to-end the masked-LM perplexity and hidden-state drift against k; with a k plan, each layer's
+error at its planned k beside the uniform k of equal cost, and end to end the two allocations side by side.
 
-Lines carry the method label as gid, the --target line "target", the exact model's perplexity "exact", ▼
-marks "below:<method>"; axes are "layers:k=<k>", "budgets", "ppl" and "hidden_rel_err".
+Lines carry the method label as gid ("uniform:<method>", "plan:<method>" in the plan view), the --target line
+"target", the exact model's perplexity "exact", ▼ marks "below:<method>"; axes are "layers:k=<k>", "budgets",
+"plan", "ppl" and "hidden_rel_err".
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from .style import (EXACT_STYLE, below_entry, bottom_legend, k_axis, load_kind, 
                     outside_legend, plot_folder, pyplot, subtitle, ticks)
 
 OUT_ERR_LABEL = "Relative output error ‖PV − P̃V‖ / ‖PV‖"
+#: the end-to-end allocations of a k-plan run, in the order drawn
+ALLOCATIONS = ("uniform", "plan")
 
 
 def panel_grid(count: int) -> tuple[int, int]:
@@ -89,6 +93,35 @@ def draw_approx_budgets(run: ApproxRun):
     return figure
 
 
+def draw_plan_layers(run: ApproxRun):
+    """A k plan against the uniform k of equal total cost, per layer: each method's error (mean over heads) at
+    the uniform k (solid) and at the layer's planned k (dashed, same colour); the planned k labels the top axis."""
+    plt = pyplot()
+    plan, uniform = run.per_layer("out_err", table="plan"), run.per_layer("out_err")
+    budget = int(uniform["budget"].iloc[0])
+    figure, ax = plt.subplots(figsize=(7.6, 5.4), layout="constrained")
+    for i, method in enumerate(labels_in_order(uniform)):
+        line_style = method_style(method, i)
+        for table, name, dash in ((uniform, "uniform", "-"), (plan, "plan", "--")):
+            line = table[table["method"] == method].sort_values("layer")
+            ax.plot(line["layer"], line["out_err"], label=f"{method}, {name}", gid=f"{name}:{method}",
+                    **{**line_style, "linestyle": dash})
+    draw_target(ax, run)
+    layers = list(range(len(run.meta["k_plan"])))
+    ax.set_xticks(layers)
+    ax.set_xlim(-0.3, layers[-1] + 0.3)
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(layers, [str(k) for k in run.meta["k_plan"]])
+    top.set_xlabel("planned k")
+    ax.set_xlabel("Layer index")
+    ax.set_ylabel("Relative output error\n(mean over heads)")
+    below = log_y([ax])
+    figure.suptitle(f"k plan (dashed) against a uniform k = {budget} of equal cost (solid)\n{approx_subtitle(run)}")
+    ax.set_gid("plan")
+    bottom_legend(figure, *below_entry(*ax.get_legend_handles_labels(), below))
+    return figure
+
+
 def draw_end_to_end(run: ApproxRun):
     """With the MLM head: masked-LM perplexity vs k per method, the exact model's dashed, beside the hidden-state
     drift vs k; without it: the drift only."""
@@ -103,18 +136,30 @@ def draw_end_to_end(run: ApproxRun):
     figure, axes = plt.subplots(1, len(panels), figsize=(max(4.6 * len(panels) + 0.6, 6.4), 4.9), squeeze=False,
                                 layout="constrained")
     methods = labels_in_order(table)
+    planned = "allocation" in table.columns  # a k plan: x is the allocation (uniform k, then the plan)
     below = False
     for ax, (column, label) in zip(axes[0], panels):
         for i, method in enumerate(methods):
-            line = table[table["method"] == method].sort_values("budget")
-            ax.plot(line["budget"], line[column], label=method, gid=method, **method_style(method, i))
+            line = table[table["method"] == method]
+            if planned:
+                line = line.set_index("allocation").loc[list(ALLOCATIONS)]
+                x = list(range(len(ALLOCATIONS)))
+            else:
+                line = line.sort_values("budget")
+                x = line["budget"]
+            ax.plot(x, line[column], label=method, gid=method, **method_style(method, i))
         if column == "ppl":
             exact = float(table["ppl_exact"].iloc[0])
             ax.axhline(exact, label=f"exact model ({exact:.4g})", gid="exact", **EXACT_STYLE)
-        k_axis(ax, table["budget"], "Budget k")
+        if planned:
+            budget = int(table["budget"].iloc[0])
+            ax.set_xticks(range(len(ALLOCATIONS)), [f"uniform k = {budget}", f"k plan (mean {budget})"])
+            ax.set_xlim(-0.4, len(ALLOCATIONS) - 0.6)
+        else:
+            k_axis(ax, table["budget"], "Budget k")
         below |= maybe_log_y(ax)
         ax.set_ylabel(label)
-        ax.set_title(label + " vs k")
+        ax.set_title(label + (": k plan vs uniform k of equal cost" if planned else " vs k"))
         ax.set_gid(column)
     bottom_legend(figure, *below_entry(*axes[0, 0].get_legend_handles_labels(), below))
     layers = table["layers"].iloc[0]
@@ -126,11 +171,14 @@ def draw_end_to_end(run: ApproxRun):
 
 def plot_approx(run: ApproxRun | str | Path, out: str | Path | None = None) -> list[Path]:
     """Write the views of an approx run into directory `out` (default figures/<run directory name>):
-    error vs layer per k, error vs k, and with --end-to-end perplexity (or drift) vs k. Returns the paths."""
+    error vs layer per k, error vs k, with a k plan the plan against the uniform k per layer, and with
+    --end-to-end perplexity (or drift) vs k. Returns the paths."""
     run = load_kind(run, ApproxRun)
     folder = plot_folder(run, out)
     paths = style.save(draw_approx_layers(run), folder / "error_vs_layer")
     paths += style.save(draw_approx_budgets(run), folder / "error_vs_k")
+    if run.plan is not None:
+        paths += style.save(draw_plan_layers(run), folder / "plan_vs_uniform")
     if run.end_to_end is not None:
         paths += style.save(draw_end_to_end(run), folder / "end_to_end")
     return paths

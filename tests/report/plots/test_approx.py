@@ -4,6 +4,7 @@ with pandas from the tables), and the CLI's --plot renders them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from report_helpers import APPROX_N as N
 from report_helpers import BUDGETS, METHODS, by_gid, check_below_marks, fake_save, legend_texts
 from spectra import cli
+from spectra.api import approx
 from spectra.errors import SpectraError
 from spectra.report import plots
 
@@ -100,3 +102,35 @@ def test_cli_approx_plot_flag(approx_run, tmp_path, monkeypatch, capsys) -> None
         with Image.open(path) as image:
             assert image.info["dpi"][0] == pytest.approx(200, abs=1) and image.size[0] > 1000
     assert all(Path(path).read_bytes().startswith(b"%PDF") for path in expected[1::2])
+
+
+def test_a_k_plan_is_drawn_against_the_uniform_k(roberta_dir, text_file, tmp_path, monkeypatch) -> None:
+    """The plan view holds each layer's error at its planned k (dashed) and at the uniform k (solid), the
+    planned k on the top axis; end to end puts the two allocations side by side."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    run = approx(str(roberta_dir), str(text_file), methods=["svd", "pool-mean"], k_plan=plan, length=N, samples=4,
+                 batch_size=4, end_to_end=True, out=tmp_path / "planned", progress=None, notify=lambda line: None)
+    figure = plots.draw_plan_layers(run)
+    ax = by_gid(figure.axes, "plan")
+    for table, name in ((run.plan, "plan"), (run.heads, "uniform")):
+        out_err = table[table["metric"] == "out_err"].groupby(["method", "layer"])["mean"].mean()
+        for method in ("svd", "pool-mean"):
+            line = by_gid(ax.lines, f"{name}:{method}")
+            assert line.get_linestyle() == ("--" if name == "plan" else "-")
+            np.testing.assert_array_equal(line.get_xdata(), [0, 1])
+            np.testing.assert_allclose(line.get_ydata(), out_err.loc[method].sort_index().to_numpy(), rtol=1e-12)
+    top = [axis for axis in ax.child_axes if axis.get_xlabel() == "planned k"]
+    assert len(top) == 1 and [t.get_text() for t in top[0].get_xticklabels()] == ["4", "12"]
+
+    figure = plots.draw_end_to_end(run)
+    for gid in ("ppl", "hidden_rel_err"):
+        panel = by_gid(figure.axes, gid)
+        assert [t.get_text() for t in panel.get_xticklabels()] == ["uniform k = 8", "k plan (mean 8)"]
+        for method in ("svd", "pool-mean"):
+            rows = run.end_to_end[run.end_to_end["method"] == method].set_index("allocation")
+            np.testing.assert_allclose(by_gid(panel.lines, method).get_ydata(),
+                                       rows.loc[["uniform", "plan"], gid].to_numpy(), rtol=1e-12)
+    names = fake_save(monkeypatch)
+    plots.plot_approx(run, tmp_path / "views")
+    assert [Path(name).name for name in names] == ["error_vs_layer", "error_vs_k", "plan_vs_uniform", "end_to_end"]
