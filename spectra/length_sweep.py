@@ -111,8 +111,11 @@ def scaling(
                   dtype=dtype, gguf_file=gguf_file, trust_remote_code=trust_remote_code, progress=progress,
                   checkpoint_seconds=checkpoint_seconds, notify=notify, resume=resume, overwrite=overwrite)
     started = time.perf_counter()
+    parts = [f"{kind}{n}" for n in lengths for kind in ("n", *(("approx-n",) if approx_target is not None else ()))]
+    finished = resume and all((root / part / "run.json").exists() for part in parts)  # a finished sweep is only read
     with models.reusing(), target.claimed():
-        ModelSource(config, config.device).start()  # the longest n fits the model and the data: fail before any run
+        if not finished:  # the longest n fits the model and the data: fail before any run
+            ModelSource(config, config.device).start()
         analyzed: dict[int, Run] = {}
         approximated: dict[int, ApproxRun] = {}
         for step, n in enumerate(lengths, 1):

@@ -99,6 +99,11 @@ def test_the_model_loads_once_and_finished_lengths_are_reused(roberta_dir, text_
     assert any("n16 is already complete" in line for line in lines)
     pd.testing.assert_frame_equal(more.table[more.table["n"] < 48].reset_index(drop=True), first.table)
     assert math_isnan_all(more.exponents["alpha_low"]), "no bootstrap, no interval"
+    calls.clear()
+    again = spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 32, 48], bootstrap=0, out=tmp_path / "s",
+                            samples=4, batch_size=2, resume=True, progress=None, notify=lines.append)
+    assert not calls, "a finished sweep is read back without loading the model"
+    pd.testing.assert_frame_equal(again.table, more.table)
     with pytest.raises(SpectraError, match="already exists; pass --overwrite"):
         spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 32], out=tmp_path / "s", **ARGS)
 
