@@ -239,3 +239,24 @@ def test_smollm2_captures_like_eager() -> None:
         seen = recorder.seen[layer]
         assert torch.equal(seen.p, p), layer
         assert seen.q.shape[1] == 9 and seen.key.shape[1] == 3 and seen.causal
+
+
+def test_minilm_captures_like_eager() -> None:
+    """The real pretrained encoder all-MiniLM-L6-v2 on real text, padded: hidden states and every layer's P
+    bitwise equal to eager attention."""
+    folder = tiny.minilm()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = tiny.licence_text(4000)
+    batch = tokenizer([text[:1500], text[1500:2200]], padding=True, truncation=True, max_length=256,
+                      return_tensors="pt")
+    spectra_model = AutoModel.from_pretrained(folder, attn_implementation=capture.NAME).eval()
+    eager_model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    recorder = Recorder()
+    with torch.no_grad():
+        with capture.capturing(recorder):
+            got = spectra_model(**batch).last_hidden_state
+        want = eager_model(**batch, output_attentions=True)
+    assert torch.equal(got, want.last_hidden_state)
+    assert len(want.attentions) == 6 and not bool(batch["attention_mask"].all()), "one sequence is padded"
+    for layer, p in enumerate(want.attentions):
+        assert torch.equal(recorder.seen[layer].p, p), layer

