@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from layers import B, D, H, N, head, random_layer
+from layers import D, H, N, head, random_layer
 from spectra.methods import REGISTRY, performer
 from spectra.probes.approx import measures
 from spectra.seeds import Domain, derive_seed

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, RobertaModel
+from transformers import AutoModel, AutoTokenizer
 
-from spectra import cli, data, models
 from layers import H, N as LN, random_layer
+from spectra import cli, data
 from spectra.api import approx
 from spectra.methods import REGISTRY
 from spectra.probes.approx import measures

@@ -3,13 +3,10 @@ models without a masked-LM head, and every method family substituted into a mode
 
 from __future__ import annotations
 
-import math
-import sys
-
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, RobertaModel
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, RobertaModel
 
 from spectra import data, models
 from spectra.errors import SpectraError

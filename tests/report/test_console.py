@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -11,6 +12,7 @@ import pandas as pd
 
 from report_helpers import BUDGETS, METHODS, expected_errors, printed_tables
 from spectra import cli
+from spectra.api import approx
 from spectra.report import console
 from spectra.report.plan import plan_k
 from spectra.report.summaries import compare
@@ -127,7 +129,7 @@ def test_print_plan_tables_match_the_plan(runs, capsys) -> None:
         names = ["nonuniform (this plan)", f"uniform k_proj = {uniform}", f"full (k_proj = n = {run.n})"]
         assert costs["rows"] == [[name, str(c), f"{planned / c:.1%}", f"{1 - planned / c:.1%}"]
                                  for name, c in zip(names, cost)]
-        assert f"reaches E = 0.9, rounded up to a multiple of 4" in out
+        assert "reaches E = 0.9, rounded up to a multiple of 4" in out
 
 
 def test_print_compare_tables_match_the_runs(runs, capsys) -> None:
@@ -192,3 +194,49 @@ def test_print_scaling_tables_match_the_run(scaling_run, capsys) -> None:
     assert fixed_k["rows"][1][1:] == [fixed(v) for v in table.groupby("n")["c_quarter"].mean()]
     pooled = fits[fits["scope"] == "pooled"].iloc[0]
     assert f"rank for 90%: α = {pooled['alpha']:.2f}" in out.replace("\n", " ")
+
+
+def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_file, tmp_path, capsys) -> None:
+    """A run with fitted methods prints held-out against calibration errors (also without a random method),
+    the fraction of the random-to-oracle gap each method closes, and a plan run its plan against uniform k;
+    every number recomputed here from the run's tables."""
+    quiet = dict(length=24, batch_size=4, progress=None, notify=lambda line: None)
+
+    def layer_means(table: pd.DataFrame) -> pd.Series:
+        rows = table[table["metric"] == "out_err"]
+        return rows.groupby(["method", "budget", "layer"])["mean"].mean()
+
+    run = approx(str(roberta_dir), str(text_file), budgets=[4], methods=["pool-mean", "linformer-pca(kv)"],
+                 samples=4, fit_samples=8, out=tmp_path / "fit", **quiet)
+    console.print_approx(run)
+    out = capsys.readouterr().out
+    assert "fitted projections: mean head-output error over layers" in out and "fraction of the gap" not in out
+    held, calibration = layer_means(run.heads), layer_means(run.calibration)
+    fitted_table = printed_tables(out)[1]
+    assert fitted_table["rows"] == [["linformer-pca(kv)", "4",
+                                     fixed(calibration[("linformer-pca(kv)", 4)].mean()),
+                                     fixed(held[("linformer-pca(kv)", 4)].mean())]]
+
+    run = approx(str(roberta_dir), str(text_file), budgets=[4], methods=["svd", "linformer(kv)", "linformer-pca(kv)"],
+                 samples=4, fit_samples=8, out=tmp_path / "gap", **quiet)
+    console.print_approx(run)
+    out = capsys.readouterr().out
+    assert "k = 4: fraction of the gap between the random projection" in out
+    errors = layer_means(run.heads)
+    gap_table = printed_tables(out)[-1]
+    for row in gap_table["rows"]:
+        layer = int(row[0])
+        svd, random, pca = (errors[(method, 4, layer)] for method in ("svd", "linformer(kv)", "linformer-pca(kv)"))
+        assert row[1:] == [f"{(random - pca) / (random - svd):.2f}"]
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    run = approx(str(roberta_dir), str(text_file), methods=["svd"], k_plan=plan, samples=4, out=tmp_path / "plan",
+                 **quiet)
+    console.print_approx(run)
+    out = capsys.readouterr().out
+    assert "k plan against a uniform k of equal total cost" in out
+    planned, uniform = layer_means(run.plan), layer_means(run.heads)
+    rows = printed_tables(out)[-1]["rows"]
+    assert rows == [["svd", "0", "4", fixed(planned[("svd", 4, 0)]), "8", fixed(uniform[("svd", 8, 0)])],
+                    ["svd", "1", "12", fixed(planned[("svd", 12, 1)]), "8", fixed(uniform[("svd", 8, 1)])]]
