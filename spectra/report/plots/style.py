@@ -256,8 +256,9 @@ def below_entry(handles: list, labels: list, below: bool) -> tuple[list, list]:
 
 
 def outside_legend(figure, handles, labels, title: str | None = None) -> None:
-    """One legend for the whole figure, right of the panels, so it never covers data (figures with an axis title)."""
-    figure.legend(handles, labels, loc="outside right upper", frameon=False, title=title, alignment="left")
+    """One legend for the whole figure, right of the panels, so it never covers data (figures with an axis title;
+    centred in height, so a title wider than its axes does not run into it)."""
+    figure.legend(handles, labels, loc="outside right center", frameon=False, title=title, alignment="left")
 
 
 def bottom_legend(figure, handles, labels) -> None:
