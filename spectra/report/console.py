@@ -189,7 +189,7 @@ def print_stand_in(run: ApproxRun) -> None:
         rows = rows.groupby(["method", "budget"], sort=False)[["calibration", "out_err"]].mean().reset_index()
         print_frame(rows.rename(columns={"out_err": "held out"}), "fitted projections: mean head-output error over "
                     "layers, on the calibration sequences and on the held-out ones (the gap is overfitting)")
-    if len(gap):
+    if run.calibration is not None and len(gap):
         for budget, part in gap.groupby("budget", sort=True):
             wide = part.pivot(index="layer", columns="method", values="gap_closed")
             wide = wide[labels_in_order(part)].reset_index()
