@@ -33,6 +33,17 @@ def models(path, head=AutoModel):
     return spectra_model, eager_model
 
 
+def captured_and_eager(spectra_model, eager_model, **inputs):
+    """Both models on the same inputs, without gradients: the capture's records, the capture model's output, and
+    eager attention's output with its attention weights."""
+    recorder = Recorder()
+    with torch.no_grad():
+        with capture.capturing(recorder):
+            got = spectra_model(**inputs)
+        want = eager_model(**inputs, output_attentions=True)
+    return recorder, got, want
+
+
 @pytest.mark.parametrize("family", ["roberta", "bert"])
 def test_outputs_and_p_equal_eager_on_a_padded_batch(family, roberta_dir, bert_dir) -> None:
     path = roberta_dir if family == "roberta" else bert_dir
@@ -40,12 +51,8 @@ def test_outputs_and_p_equal_eager_on_a_padded_batch(family, roberta_dir, bert_d
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
     assert (batch["attention_mask"] == 0).any(), "the batch must be padded"
     spectra_model, eager_model = models(path)
-    recorder = Recorder()
-    with torch.no_grad(), capture.capturing(recorder):
-        got = spectra_model(**batch).last_hidden_state
-    with torch.no_grad():
-        want = eager_model(**batch, output_attentions=True)
-    assert torch.equal(got, want.last_hidden_state)
+    recorder, got, want = captured_and_eager(spectra_model, eager_model, **batch)
+    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
     assert sorted(recorder.seen) == list(range(len(want.attentions)))
     for layer, p_eager in enumerate(want.attentions):
         seen = recorder.seen[layer]
@@ -133,12 +140,8 @@ def test_encoder_families_capture_like_eager(family) -> None:
     ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 7:] = 0
-    recorder = Recorder()
-    with torch.no_grad():
-        with capture.capturing(recorder):
-            got = spectra_model(input_ids=ids, attention_mask=mask).last_hidden_state
-        want = eager_model(input_ids=ids, attention_mask=mask, output_attentions=True)
-    assert torch.equal(got, want.last_hidden_state)
+    recorder, got, want = captured_and_eager(spectra_model, eager_model, input_ids=ids, attention_mask=mask)
+    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
     assert sorted(recorder.seen) == [0, 1, 2]
     for layer, p in enumerate(want.attentions):
         assert torch.equal(recorder.seen[layer].p, p)
@@ -204,12 +207,8 @@ def test_decoder_families_capture_like_eager(family, side) -> None:
         mask[1, 6:] = 0
     else:
         mask[1, :4] = 0
-    recorder = Recorder()
-    with torch.no_grad():
-        with capture.capturing(recorder):
-            got = spectra_model(input_ids=ids, attention_mask=mask).logits
-        want = eager_model(input_ids=ids, attention_mask=mask, output_attentions=True)
-    assert torch.equal(got, want.logits)
+    recorder, got, want = captured_and_eager(spectra_model, eager_model, input_ids=ids, attention_mask=mask)
+    assert torch.equal(got.logits, want.logits)
     for layer, p in enumerate(want.attentions):
         seen = recorder.seen[layer]
         assert torch.equal(seen.p, p) and seen.causal
@@ -228,12 +227,8 @@ def test_smollm2_captures_like_eager() -> None:
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
     spectra_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, attn_implementation=capture.NAME).eval()
     eager_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, attn_implementation="eager").eval()
-    recorder = Recorder()
-    with torch.no_grad():
-        with capture.capturing(recorder):
-            got = spectra_model(**batch).logits
-        want = eager_model(**batch, output_attentions=True)
-    assert torch.equal(got, want.logits)
+    recorder, got, want = captured_and_eager(spectra_model, eager_model, **batch)
+    assert torch.equal(got.logits, want.logits)
     assert len(want.attentions) == 30
     for layer, p in enumerate(want.attentions):
         seen = recorder.seen[layer]
@@ -251,12 +246,8 @@ def test_minilm_captures_like_eager() -> None:
                       return_tensors="pt")
     spectra_model = AutoModel.from_pretrained(folder, attn_implementation=capture.NAME).eval()
     eager_model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
-    recorder = Recorder()
-    with torch.no_grad():
-        with capture.capturing(recorder):
-            got = spectra_model(**batch).last_hidden_state
-        want = eager_model(**batch, output_attentions=True)
-    assert torch.equal(got, want.last_hidden_state)
+    recorder, got, want = captured_and_eager(spectra_model, eager_model, **batch)
+    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
     assert len(want.attentions) == 6 and not bool(batch["attention_mask"].all()), "one sequence is padded"
     for layer, p in enumerate(want.attentions):
         assert torch.equal(recorder.seen[layer].p, p), layer
