@@ -171,9 +171,10 @@ def singular_values(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT) -> t
     exact: within 1e-6 of a float64 SVD in c (by the bound; ~1e-9 measured): √eig of the float64 Gram
     matrix, about 2× faster than the SVD on CPU, with the matrices whose error bound exceeds
     EXACT_TOLERANCE (near-uniform or rank-deficient P) recomputed with the float64 SVD (see `_exact_sigma`,
-    `gram_loss`); fast: √eig(PᵀP) of the float32 Gram matrix, faster still for attention that is not
-    near-uniform, with the matrices it cannot resolve to FAST_TOLERANCE recomputed with the SVD (c within
-    ~2.6e-4; see _gram_sigma and benchmarks/RESULTS.md).
+    `gram_loss`); fast: √eig(PᵀP) of the float32 Gram matrix, with the matrices it cannot resolve to
+    FAST_TOLERANCE recomputed by the exact route (c within ~2.6e-4; see _gram_sigma). Fast is faster only on
+    peaked attention: on real attention most matrices go on to the exact route and it is slower than exact
+    (benchmarks/RESULTS.md, table 1a).
     """
     return singular_values_routed(p, mode)[0]
 

@@ -179,7 +179,6 @@ def print_approx(run: ApproxRun) -> None:
 def print_stand_in(run: ApproxRun) -> None:
     """For runs with fitted methods or a k plan: held-out against calibration errors, the fraction of the gap
     between a random projection and the SVD oracle each method closes, and plan against uniform k."""
-    gap = gap_closed(run)
     if run.calibration is not None:
         held = run.per_layer("out_err")
         fitted = held[held["method"].str.startswith(("linformer-pca", "linformer-fit"))]
@@ -189,7 +188,7 @@ def print_stand_in(run: ApproxRun) -> None:
         rows = rows.groupby(["method", "budget"], sort=False)[["calibration", "out_err"]].mean().reset_index()
         print_frame(rows.rename(columns={"out_err": "held out"}), "fitted projections: mean head-output error over "
                     "layers, on the calibration sequences and on the held-out ones (the gap is overfitting)")
-    if run.calibration is not None and len(gap):
+        gap = gap_closed(run)
         for budget, part in gap.groupby("budget", sort=True):
             wide = part.pivot(index="layer", columns="method", values="gap_closed")
             wide = wide[labels_in_order(part)].reset_index()

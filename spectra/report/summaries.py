@@ -250,8 +250,9 @@ def gap_closed(run: ApproxRun, table: str = "heads") -> pd.DataFrame:
     layers = run.per_layer("out_err", table=table)
     errors = layers.set_index(["method", "budget", "layer"])["out_err"]
     methods = labels_in_order(layers)
+    columns = ["method", "budget", "layer", "out_err", "random", "random_method", "oracle", "gap_closed"]
     if "svd" not in methods:
-        return pd.DataFrame(columns=["method", "budget", "layer", "out_err", "random", "oracle", "gap_closed"])
+        return pd.DataFrame(columns=columns)
     rows = []
     for (method, budget, layer), error in errors.items():
         sharing = method[method.index("("):] if "(" in method else ""
@@ -263,7 +264,7 @@ def gap_closed(run: ApproxRun, table: str = "heads") -> pd.DataFrame:
         rows.append({"method": method, "budget": budget, "layer": layer, "out_err": error, "random": high,
                      "random_method": random, "oracle": low,
                      "gap_closed": (high - error) / (high - low) if high != low else np.nan})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=columns)  # the columns also when no method has a random baseline
 
 
 # ---------------------------------------------------------------- scaling runs
