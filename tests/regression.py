@@ -22,7 +22,7 @@ from typing import Any, Callable
 GOLDEN = Path(__file__).parent / "golden"
 QUIET: dict[str, Any] = dict(progress=None, notify=lambda line: None)
 #: run.json keys that vary between machines and runs without changing a result
-VOLATILE = {"wall_seconds", "versions", "source", "device", "spectrum_seconds"}
+VOLATILE = {"wall_seconds", "versions", "source", "device", "spectrum_seconds", "timings"}
 
 
 def cases(model: str, corpus: str) -> dict[str, Callable[[Path], object]]:
@@ -34,9 +34,8 @@ def cases(model: str, corpus: str) -> dict[str, Callable[[Path], object]]:
     return {
         "analyze-pack": lambda out: spectra.analyze(model, corpus, length=32, samples=6, batch_size=4, out=out,
                                                     **QUIET),
-        "analyze-truncate-fast": lambda out: spectra.analyze(model, corpus, length=32, samples=7, batch_size=3,
-                                                             mode="truncate", spectrum="fast", at=5, seed=3, out=out,
-                                                             **QUIET),
+        "analyze-truncate": lambda out: spectra.analyze(model, corpus, length=32, samples=7, batch_size=3,
+                                                        mode="truncate", at=5, seed=3, out=out, **QUIET),
         "approx-all": lambda out: spectra.approx(model, corpus, budgets=[4, 12], methods=every, length=24, samples=6,
                                                  batch_size=4, end_to_end=True, fixed_projection=True, out=out,
                                                  **QUIET),
