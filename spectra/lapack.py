@@ -7,8 +7,8 @@ vectors) for the few matrices whose error bound asks for it. scipy ships these a
 signatures (`scipy.linalg.cython_blas`, `scipy.linalg.cython_lapack`, public API since scipy 0.16); this
 module calls them through ctypes, which releases the GIL for the duration of the call, so threads run
 them in parallel. scipy.linalg's Python wrappers hold the GIL instead: two threads calling `eigh` on
-512×512 matrices took turns (speed-up 0.96× on 2 cores), and torch's `eigvalsh` (MKL) was 1.4–2× slower
-than scipy's LAPACK on this project's AMD machine. The library's own threads are limited to one while the
+512×512 matrices took turns (speed-up 0.96× on 2 cores), and torch's `eigvalsh` (MKL) was 1.6× slower
+than scipy's LAPACK on this project's AMD machine (benchmarks/spectrum.py). The library's own threads are limited to one while the
 matrices run (`one_blas_thread`), so the cores are not oversubscribed.
 
 Every buffer a call needs lives in a `Workspace` that a thread allocates once and reuses, so the per-matrix
@@ -140,7 +140,8 @@ class Workspace:
 def one_blas_thread() -> Iterator[None]:
     """Limit the BLAS libraries loaded in the process (scipy's OpenBLAS, or whatever scipy was built with) to
     one thread each for the block, so threads each running one matrix do not oversubscribe the cores
-    (OpenBLAS's own 2 threads per call on 2 busy cores ran a 512×512 Gram eigenvalue problem 8× slower)."""
+    (with OpenBLAS's own 2 threads per call, a 512×512 Gram eigenvalue problem ran 8× slower on 2 cores
+    that other processes kept busy)."""
     with _controller().limit(limits=1, user_api="blas"):
         yield
 
