@@ -291,7 +291,7 @@ def _entropy_totals(p: torch.Tensor) -> torch.Tensor:
     if p.device.type != "cpu":
         p = p.to(torch.float64)
         return -(p * torch.log(p.clamp_min(tiny))).sum((-2, -1))
-    arrays = p.detach().contiguous().numpy()
+    arrays = p.detach().to(torch.promote_types(p.dtype, torch.float32)).contiguous().numpy()  # bfloat16: no numpy
     totals = np.zeros(arrays.shape[0])
     local = threading.local()
 

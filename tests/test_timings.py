@@ -104,7 +104,7 @@ def test_a_run_records_its_stages_and_prints_them(roberta_dir, text_file, tmp_pa
     seconds = record["seconds"]
     assert {"load", "tokenize", "forward", "spectra", "probes", "wait", "write"} <= set(seconds)
     assert all(value >= 0 for value in seconds.values()) and record["sequences"] == 5
-    assert record["per_sequence"]["spectra"] == pytest.approx(seconds["spectra"] / 5, abs=1e-5)
+    assert record["per_sequence"]["spectra"] == pytest.approx(seconds["spectra"] / 5, abs=3e-5)  # both rounded
     streaming = sum(seconds[name] for name in ("tokenize", "forward", "probes", "wait"))
     if not overlap:  # the spectra ran on the loop's thread too
         streaming += seconds["spectra"]
