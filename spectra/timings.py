@@ -137,6 +137,6 @@ def summary(record: dict[str, Any] | None) -> str:
     each = sum(per.get(name, 0.0) for name in PER_SEQUENCE)
     parts = [f"time {sum(seconds.values()):.1f} s"]
     if sequences:
-        parts.append(f"{each:.3g} s per sequence ({', '.join(f'{name} {per[name]:.3g}' for name in shown)})")
+        parts.append(f"{each:.3g} s per sequence ({', '.join(f'{name} {per[name]:.2g}' for name in shown)})")
     once = [f"{name} {seconds[name]:.1f} s" for name in seconds if name not in PER_SEQUENCE and seconds[name] >= 0.05]
     return "; ".join(parts + once)
