@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import SpectraError
+from .errors import SpectraError, option
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an .npz file written by spectra; a truncated or foreign file is one line."""
@@ -182,7 +182,8 @@ class ScalingRun:
 def _read_meta(path: Path) -> dict[str, Any]:
     meta_path = path / "run.json"
     if not meta_path.is_file():
-        hint = " (an interrupted run: finish it with --resume)" if path.name.endswith(".partial") else ""
+        hint = (f" (an interrupted run: finish it with {option('--resume', 'resume=True')})"
+                if path.name.endswith(".partial") else "")
         raise SpectraError(f"{path} is not a spectra run directory: it has no run.json{hint}")
     try:
         return json.loads(meta_path.read_text())

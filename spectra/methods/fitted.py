@@ -12,7 +12,7 @@ exist per sharing level. The projections are fitted before the evaluated sequenc
 from __future__ import annotations
 
 from ..config import Sharing
-from ..errors import SpectraError
+from ..errors import SpectraError, option
 from .base import Approximation, Layer, Method, register
 from .linformer import eq7
 
@@ -38,7 +38,8 @@ def fitted_method(label: str) -> Method:
         projections = (x.fitted or {}).get((label, budget))
         if projections is None:
             raise SpectraError(f"{label} at k = {budget} needs projections fitted on calibration sequences: pass "
-                               "--fit-samples N (fit_samples=N) to spectra approx")
+                               f"{option('--fit-samples N', 'fit_samples=N')} to "
+                               f"{option('spectra approx', 'spectra.approx')}")
         e, f = projections.pair(x.layer, x.q.shape[-2])
         return eq7(x, e, f)
 

@@ -8,6 +8,7 @@ and a headless machine never needs a display.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -75,8 +76,11 @@ def plot_folder(run: Run | ApproxRun | TheoremRun, out: str | Path | None) -> Pa
     return folder
 
 
-def as_runs(items: Iterable[Run | str | Path]) -> list[Run]:
-    """Analyze runs from Run objects or run directories (a bad path raises SpectraError)."""
+def as_runs(items: Iterable[Run | str | os.PathLike] | Run | str | os.PathLike) -> list[Run]:
+    """Analyze runs from Run objects or run directories (str or os.PathLike), or one of them alone (a bad path
+    raises SpectraError)."""
+    if isinstance(items, (Run, str, os.PathLike)):
+        items = [items]
     return [item if isinstance(item, Run) else load_analyze(item) for item in items]
 
 
