@@ -64,8 +64,9 @@ def save(figure, out: str | Path) -> list[Path]:
 
 
 def default_plot_dir(run: Run | ApproxRun | TheoremRun) -> Path:
-    """figures/<run directory name>: where a run's views go unless told otherwise."""
-    return Path("figures") / Path(run.path).name
+    """<run directory>/figures: where a run's views go unless told otherwise, beside the numbers they draw (never
+    into a folder of the current directory, such as a clone's tracked figures/)."""
+    return Path(run.path) / "figures"
 
 
 def plot_folder(run: Run | ApproxRun | TheoremRun, out: str | Path | None) -> Path:
