@@ -123,3 +123,11 @@ def test_help_lists_every_choice() -> None:
     assert done.returncode == 0
     for choices in ("pack|truncate", "exact|fast", "auto|cpu|same", "float32|bfloat16|float16"):
         assert choices in out.replace(" ", ""), choices
+
+
+def test_bare_spectra_prints_the_usage_and_no_empty_error(monkeypatch, capsys) -> None:
+    """`spectra` alone shows the usage and exits 2 (typer's own code for it: no command is a usage error, so a
+    script that forgot its command fails), with no "error:" line after it."""
+    code, out, err = run_cli([], monkeypatch, capsys)
+    assert code == 2 and "Usage:" in out + err and "analyze" in out + err
+    assert "error" not in err.lower(), err

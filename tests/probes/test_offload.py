@@ -144,7 +144,7 @@ def test_a_failing_worker_hands_its_layers_back(monkeypatch) -> None:
 
 
 def test_unknown_place() -> None:
-    with pytest.raises(SpectraError, match="--spectrum-device 'gpu'; use one of auto, cpu, same"):
+    with pytest.raises(SpectraError, match="spectrum_device 'gpu'; use one of auto, cpu, same"):
         Offloaded(SpectrumProbe(2, 3, 24, 6), "gpu")
 
 
