@@ -113,7 +113,7 @@ def stage_table(sizes: list[int], repeats: int) -> None:
             for mode in ("exact", "fast"):
                 probe = SpectrumProbe(1, p.shape[1], n, n // 4, mode)
                 valid = key_valid(mask, p.shape[0], n, p.device)
-                times[mode] = best(lambda: probe.add(0, p, valid), repeats)
+                times[mode] = best(lambda: probe.add(0, p, valid, list(range(p.shape[0]))), repeats)
             print(f"| {n} | {'yes' if padded else 'no'} | {naive:.3f} | {bare:.3f} | {bare_one:.3f} "
                   f"| {times['exact']:.3f} | {times['fast']:.3f} | {naive / times['exact']:.2f}× "
                   f"| {min(bare, bare_one) / times['exact']:.2f}× | {times['exact'] / times['fast']:.2f}× "

@@ -1,5 +1,5 @@
-"""The exceptions the front ends turn into one line: `SpectraError` (bad input, exit code 2) and `Interrupted`
-(exit code 130).
+"""spectra's exceptions: `SpectraError` (bad input) and `Interrupted`, which the front ends turn into one line
+(exit code 2 and 130), and `InternalError` (a bug: never turned into a one-line message).
 
 A message often names an option, which the command line and Python spell differently (`--fit-samples 64`,
 `fit_samples=64`). `option(cli, api)` marks such a name inside a message; `str(error)` (what a Python user
@@ -55,3 +55,8 @@ class SpectraError(_Spelled):
 
 class Interrupted(_Spelled):
     """The run was stopped (Ctrl-C, SIGTERM); the message says how far it got and how to continue."""
+
+
+class InternalError(RuntimeError):
+    """A bug in spectra, not bad input: an invariant the code relies on was broken (e.g. a captured record
+    reached a probe without its sequences' global indices). It is never caught into a one-line message."""

@@ -216,6 +216,7 @@ def exponents(runs: dict[int, Run]) -> pd.DataFrame:
     lengths = sorted(runs)
     measured = [np.isfinite(runs[n].cum_mean[..., 0]) for n in lengths]
     chosen = np.logical_and.reduce(measured)  # (layers, heads) measured at every n
+    sequences = min(int(runs[n].metrics["sequences"].min()) for n in lengths)  # what the replicates resample
     rows = []
     for metric in GROWING:
         grids, boots = [], []
@@ -238,7 +239,7 @@ def exponents(runs: dict[int, Run]) -> pd.DataFrame:
             else:
                 y = values[:, mask].mean(axis=1)
                 replicates = None if boot is None else boot[:, :, mask].mean(axis=2)
-            fit = growth(lengths, y, replicates)
+            fit = growth(lengths, y, replicates, sequences)
             rows.append({"metric": metric, "method": "", "scope": scope, "layer": layer, "head": head, **fit.row(),
                          "better": fit.better})
     frame = pd.DataFrame(rows)

@@ -31,10 +31,11 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None 
 
 
 def captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int] | None = None,
-             scaling: float | None = None, layer: int = 3) -> Captured:
-    """A captured layer of the given tensors; `lengths` pads each sequence after its length."""
+             scaling: float | None = None, layer: int = 3, index: Sequence[int] | None = None) -> Captured:
+    """A captured layer of the given tensors; `lengths` pads each sequence after its length; `index`: the
+    sequences' global indices (default 0…B−1, a run's first batch)."""
     mask = None if lengths is None else padding_mask(lengths, q.shape[-2], dtype=q.dtype)
-    return Captured.of(layer, q, k, v, mask, scaling)
+    return Captured.of(layer, q, k, v, mask, scaling, index=tuple(range(q.shape[0]) if index is None else index))
 
 
 def pooled_fits(n: int = N, heads: int = H, layers: int = 4) -> dict:
@@ -51,16 +52,18 @@ FITS = pooled_fits()
 
 
 def random_layer(lengths: Sequence[int] = (N, N), *, n: int = N, seed: int = 0, spread: float = 1.0,
-                 scaling: float = 0.7, use_p: bool = True, **options) -> Layer:
-    """A float64 Layer of Gaussian q, k, v (B = len(lengths), H heads, n tokens, D dims), padded after `lengths`."""
+                 scaling: float = 0.7, use_p: bool = True, index: Sequence[int] | None = None, **options) -> Layer:
+    """A float64 Layer of Gaussian q, k, v (B = len(lengths), H heads, n tokens, D dims), padded after `lengths`;
+    `index`: the sequences' global indices (default 0…B−1)."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(len(lengths), H, n, D, generator=g, dtype=torch.float64) * spread for _ in range(3))
     options.setdefault("fitted", FITS if n == N else None)
-    return Layer.of(captured(q, k, v, lengths, scaling), use_p=use_p, seed=options.pop("method_seed", 0), **options)
+    return Layer.of(captured(q, k, v, lengths, scaling, index=index), use_p=use_p,
+                    seed=options.pop("method_seed", 0), **options)
 
 
-def with_lengths(q, k, v, lengths, scaling: float = 0.7) -> Layer:
-    return Layer.of(captured(q, k, v, lengths, scaling), use_p=False, fitted=FITS)
+def with_lengths(q, k, v, lengths, scaling: float = 0.7, index: Sequence[int] | None = None, **options) -> Layer:
+    return Layer.of(captured(q, k, v, lengths, scaling, index=index), use_p=False, fitted=FITS, **options)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 import tiny
 from spectra import capture
+from spectra.errors import InternalError
 
 TEXTS = [
     "the attention matrix of a pretrained transformer is low rank and a projection keeps most of its spectrum",
@@ -37,10 +38,12 @@ def captured_and_eager(spectra_model, eager_model, **inputs):
     """Both models on the same inputs, without gradients: the capture's records, the capture model's output, and
     eager attention's output with its attention weights."""
     recorder = Recorder()
+    index = tuple(range(7, 7 + inputs["input_ids"].shape[0]))  # a later batch of a run: global indices 7, 8, …
     with torch.no_grad():
-        with capture.capturing(recorder):
+        with capture.capturing(recorder, index=index):
             got = spectra_model(**inputs)
         want = eager_model(**inputs, output_attentions=True)
+    assert all(record.sequence_index() == list(index) for record in recorder.seen.values())
     return recorder, got, want
 
 
@@ -164,6 +167,16 @@ def test_a_record_built_by_hand_equals_the_eager_formula() -> None:
     assert torch.equal(captured.valid, torch.tensor([[True] * 6, [True] * 4 + [False] * 2]))
     want = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5 + mask, dim=-1)
     assert torch.allclose(captured.p, want, atol=1e-7)
+
+
+def test_a_record_without_its_sequence_indices_is_refused_by_whoever_needs_them() -> None:
+    """Records made outside a run may lack the indices, but reading them is then a bug (never batch positions)."""
+    q, k, v = torch.randn(3, 2, 1, 4, 8).unbind(0)
+    with pytest.raises(InternalError, match="no sequence indices"):
+        capture.Captured.of(0, q, k, v).sequence_index()
+    with pytest.raises(InternalError, match="3 sequence indices for 2 sequences"):
+        capture.Captured.of(0, q, k, v, index=(0, 1, 2)).sequence_index()
+    assert capture.Captured.of(0, q, k, v, index=(4, 9)).sequence_index() == [4, 9]
 
 
 def test_grouped_query_records_keep_one_key_per_key_value_head() -> None:

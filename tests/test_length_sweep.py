@@ -57,7 +57,7 @@ def test_exponents_are_the_fits_of_the_table_with_bootstrap_intervals(scaled) ->
         means = table.groupby("n")[metric].mean().to_numpy()
         boots = np.stack([np.load(runs[n].path / "bootstrap.npz")["replicates"][..., ("rank90", "rank99").index(metric)]
                           .mean(axis=(1, 2)) for n in run.lengths], axis=1)
-        want = growth(run.lengths, means, boots)
+        want = growth(run.lengths, means, boots, sequences=4)
         assert pooled["alpha"] == pytest.approx(want.alpha, abs=1e-12)
         assert (pooled["alpha_low"], pooled["alpha_high"]) == (pytest.approx(want.alpha_low), pytest.approx(want.alpha_high))
         head = fits[(fits["scope"] == "head") & (fits["layer"] == 1) & (fits["head"] == 2)].iloc[0]

@@ -24,8 +24,10 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor, scaling: float) -> torch.T
 def skyformer_landmarks(x: Layer, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions (B, H, k) of the landmarks and their mask (B, 1, k): the first ⌈k/2⌉ index queries and
     the other ⌊k/2⌋ keys, each a seeded uniform sample without replacement of the valid positions (as
-    Skyformer samples half from Q, half from K), fixed by (seed, budget, layer, head, m); a sequence
-    with fewer than ⌈k/2⌉ valid tokens takes them all and masks the rest."""
+    Skyformer samples half from Q, half from K); a sequence with fewer than ⌈k/2⌉ valid tokens takes them
+    all and masks the rest. Each sequence draws its own sample, seeded by (seed, budget, layer, head, m, its
+    global index), so it gets the same landmarks alone or in any batch; with `x.fixed` every sequence of
+    length m shares one sample, fixed by (seed, budget, layer, head, m)."""
     batch, heads = x.valid.shape[0], x.q.shape[1]
     halves = (budget - budget // 2, budget // 2)
     ranks = np.zeros((batch, heads, budget), dtype=np.int64)
@@ -33,14 +35,16 @@ def skyformer_landmarks(x: Layer, budget: int) -> tuple[torch.Tensor, torch.Tens
     lengths = x.valid.sum(-1).tolist()
     for m in set(lengths):
         rows = [b for b, length in enumerate(lengths) if length == m]
-        for head in range(heads):
-            rng = np.random.default_rng(derive_seed(x.seed, Domain.SKYFORMER, budget, x.layer, head, m))
-            start = 0
-            for half in halves:
-                chosen = rng.permutation(m)[:half]
-                ranks[rows, head, start:start + len(chosen)] = chosen
-                present[rows, 0, start:start + len(chosen)] = True
-                start += half
+        groups = [([b], (x.index[b],)) for b in rows] if x.per_sequence else [(rows, ())]
+        for group, sequence in groups:
+            for head in range(heads):
+                rng = np.random.default_rng(derive_seed(x.seed, Domain.SKYFORMER, budget, x.layer, head, m, *sequence))
+                start = 0
+                for half in halves:
+                    chosen = rng.permutation(m)[:half]
+                    ranks[group, head, start:start + len(chosen)] = chosen
+                    present[group, 0, start:start + len(chosen)] = True
+                    start += half
     ranks_t = torch.from_numpy(ranks).to(x.valid.device)
     positions = torch.gather(valid_first(x.valid)[:, None, :].expand(-1, heads, -1), -1, ranks_t)
     return positions, torch.from_numpy(present).to(x.valid.device)
