@@ -9,9 +9,13 @@ import sys
 
 import numpy as np
 
+import pytest
+
 from frames import assert_frames_close
 import spectra
 from spectra.api import approx
+
+pytestmark = pytest.mark.slow  # two processes each (torchrun, gloo)
 
 
 def free_port() -> int:

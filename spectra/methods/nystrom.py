@@ -4,10 +4,12 @@ P̃ = softmax(Q K̃ᵀ s) A⁺ softmax(Q̃ Kᵀ s), A = softmax(Q̃ K̃ᵀ s), t
 over the k pooling windows of the valid positions (as pool-mean). `nystrom` takes A⁺ exactly;
 `nystrom-iter6` by 6 steps of the paper's iteration. k = n is exact. Cost O(n k d + k³) per head.
 
-Both run in float64 whatever the captured dtype, and cast the result back: A is often ill-conditioned
+Both run in float64 whatever the captured dtype, and cast the result back. A is often ill-conditioned
 (cond(A) up to 6e4 on a tiny random RoBERTa at k = 12), and in float32 the rounding of A and of its
-pseudo-inverse, amplified by cond(A), moved head errors by 4e-4 relative under a one-ulp change of q, k, v
-(and by 0.2–4% between two CPUs); in float64 what is left is the inputs' own sensitivity (4e-5).
+pseudo-inverse, amplified by cond(A), moved a head's output by up to 1e-2 relative under a one-ulp change
+of q, k, v (tests/methods/test_nystrom.py) and end-to-end perplexity by 1.3e-3 under a one-ulp change of
+the weights. In float64 what is left is the method's own conditioning: the inputs' rounding amplified by
+cond(A) (≤ 1.4e-5 there; 2e-4 on the tiny RoBERTa's head errors), which no precision removes.
 `nystrom`'s pseudo-inverse keeps torch's cutoff for the captured dtype, now explicit: singular values below
 k·ε·σ₁ (ε of the captured dtype, 1.2e-7 for float32) are dropped, since A is known only to that precision.
 """

@@ -9,7 +9,8 @@ result is cast back. In float32 the rounding error of κ(L, L)⁺ (≈ ε·‖κ
 conditioned) is multiplied by the largest key-weighted landmark sums Σ_j κ(l, k_j) w_j, which w = exp(s‖k‖²/2)
 spreads over many orders of magnitude, while a query's own D̃ can be orders smaller: a query that is itself
 a landmark, whose exact D̃ was 1.5e-8 beside a landmark sum of 1.8, got D̃ = 1.6e-7, and head errors moved
-by up to 9× under a one-ulp change of q, k, v. In float64 what is left is the method's own sensitivity.
+by up to 9× under a one-ulp change of q, k, v. In float64 what is left is the method's own sensitivity: a
+row whose D̃ nearly cancels (Σ|terms|/|D̃| ≈ 1e3) moves by ~1e3 times its inputs' rounding.
 """
 
 from __future__ import annotations
