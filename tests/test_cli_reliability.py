@@ -287,6 +287,7 @@ def test_text_column_on_a_txt_file_is_refused(roberta_dir, text_file, workdir, m
 # ---------------------------------------------------------------- 12. pipes
 
 
+@pytest.mark.slow  # two fresh interpreters that import the whole stack
 def test_output_piped_to_head_writes_the_files_and_exits_0(roberta_dir, text_file, tmp_path) -> None:
     analyze(roberta_dir, text_file, tmp_path / "run")
     for args, written in ((["plan-k", "run", "--out", "p.json"], "p.json"), (["compare", "run", "--csv", "c.csv"],
