@@ -229,6 +229,7 @@ def test_decoder_families_capture_like_eager(family, side) -> None:
         assert torch.equal(seen.valid, mask.bool())
 
 
+@pytest.mark.slow
 def test_smollm2_captures_like_eager() -> None:
     """The real pretrained decoder (30 layers, 9 query heads sharing 3 key/value heads, RoPE): logits and every
     layer's P bitwise equal to eager attention on a left-padded batch."""
@@ -249,6 +250,7 @@ def test_smollm2_captures_like_eager() -> None:
         assert seen.q.shape[1] == 9 and seen.key.shape[1] == 3 and seen.causal
 
 
+@pytest.mark.slow
 def test_minilm_captures_like_eager() -> None:
     """The real pretrained encoder all-MiniLM-L6-v2 on real text, padded: hidden states and every layer's P
     bitwise equal to eager attention."""

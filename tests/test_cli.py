@@ -92,6 +92,7 @@ def test_bad_input_is_one_line_and_exit_2(case, roberta_dir, text_file, deberta_
     assert sorted(p.name for p in workdir.rglob("*")) == before, "nothing may be written"
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch and transformers
 def test_entry_point_runs_as_a_program(tmp_path, text_file) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "spectra.cli", "analyze", str(tmp_path / "nowhere"), "--data",

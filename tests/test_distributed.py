@@ -10,10 +10,14 @@ import sys
 import numpy as np
 import pytest
 
+import pytest
+
 from frames import assert_frames_close
 from references import eager_ranks, poisson_replicates
 import spectra
 from spectra.api import approx
+
+pytestmark = pytest.mark.slow  # two processes each (torchrun, gloo)
 
 
 def free_port() -> int:

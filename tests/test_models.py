@@ -84,6 +84,7 @@ def test_gguf_sources_are_checked_before_loading(tmp_path, monkeypatch) -> None:
         checkpoints.inspect(str(tmp_path / "model.Q4_1.gguf"))
 
 
+@pytest.mark.slow
 def test_smollm2_loads_from_its_gguf_file() -> None:
     """The real decoder (skipped without its package): GGUF config, tokenizer and dequantized weights."""
     folder, name = tiny.smollm2()

@@ -15,6 +15,8 @@ from spectra import capture
 from spectra.spectrum import (EXACT_TOLERANCE, SPECTRUM_METRICS as METRICS, cumulative, gram_loss, masked, resample,
                               singular_values, singular_values_routed, split_threads, summarize)
 
+pytestmark = pytest.mark.threads  # the spectra run as users get them: split_threads' pool over the machine's cores
+
 
 def stochastic(batch: int, n: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
     """Row-stochastic matrices: softmax of Gaussian logits."""
@@ -187,6 +189,7 @@ def test_exact_fallback_triggers_on_near_uniform_p_only() -> None:
         assert torch.equal(sigma, singular_values(mixed.reshape(1, 7, n, n), "exact"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [128, 512])
 def test_exact_mode_within_1e6_of_scipy_on_real_attention(n: int) -> None:
     """Every head's P of the real all-MiniLM-L6-v2 on licence text (one full block of n tokens, and a padded

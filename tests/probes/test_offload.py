@@ -18,6 +18,8 @@ from spectra.probes.offload import Offloaded
 from spectra.probes.spectrum import SpectrumProbe
 from spectra.stats import Reduce, plain
 
+pytestmark = pytest.mark.threads  # the worker thread and split_threads' pool, with the machine's cores
+
 QUIET = dict(progress=None, notify=lambda line: None)
 
 

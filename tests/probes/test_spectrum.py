@@ -131,8 +131,14 @@ def test_bad_shapes() -> None:
 
 
 def test_selected_layers_and_heads_only_and_their_bootstrap() -> None:
-    """Only the chosen (layer, head) are measured, with the same numbers as a full probe; the bootstrap replicates
-    are the Poisson-weighted means recomputed here from each sequence's rank90, seeded by the global index."""
+    """Only the chosen (layer, head) are measured, with the numbers of a full probe; the bootstrap replicates are
+    the Poisson-weighted means recomputed here from each sequence's rank90, seeded by the global index.
+
+    The numbers agree to rounding, not bitwise: the selection batches fewer matrices, so a matrix sits elsewhere
+    in the batched Gram product and eigensolver, and MKL's kernels round differently at another memory alignment
+    (a 9×9 float64 matrix at an odd position of a batch is 8 bytes off a 16-byte boundary; its eigenvalues then
+    differ in the last bits). As with another batch size (tests/test_cli_reliability.py), c agrees to 1e-12; the
+    ranks, integer counts, are equal."""
     n, lengths = 12, [12, 9]
     mask = padded(lengths, n)
     generator = torch.Generator().manual_seed(4)
@@ -149,7 +155,7 @@ def test_selected_layers_and_heads_only_and_their_bootstrap() -> None:
     assert np.array_equal(both["rank90_mean"], both["rank90_mean_part"])
     curves = part.arrays()["curves.npz"]["cum_mean"]
     assert np.isnan(curves[1]).all() and np.isnan(curves[:, 0]).all()
-    assert np.array_equal(curves[2, 1:], full.arrays()["curves.npz"]["cum_mean"][2, 1:])
+    assert np.allclose(curves[2, 1:], full.arrays()["curves.npz"]["cum_mean"][2, 1:], rtol=0, atol=1e-12)
     replicates = part.arrays()["bootstrap.npz"]["replicates"]
     assert replicates.shape == (5, 3, 3, 2) and np.isnan(replicates[:, 1]).all()
     for layer in (0, 2):
