@@ -78,7 +78,7 @@ for where in {{device, "cpu"}}:
     sync()
     t = time.perf_counter()
     for layer, valid, p in kept:
-        probe.add(layer, p.to(where), valid.to(where))
+        probe.add(layer, p.to(where), valid.to(where), list(range(batch)))
     sync()
     spectrum[where] = (time.perf_counter() - t) / batch
 print(json.dumps(dict(samples=samples, seconds=total, steady=steady, peak_mb=peak, gpu_peak_mb=gpu_peak,

@@ -10,23 +10,32 @@ Their keyword signatures are the API users read; the options are validated once,
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable, Iterable
+import os
+from itertools import islice
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from . import checkpoints, distributed
 from .config import (AnalyzeOptions, ApproxOptions, Output, RunConfig, SyntheticConfig, TheoremOptions,
                      check_budget, layers_label, parse_layers)
-from .errors import SpectraError
+from .errors import SpectraError, option
+from .inputs import budgets_or_default, path_text, several
 from .loop import Job, Progress, Reporter, execute
 from .runs import ApproxRun, Run, TheoremRun, load_run
 from .spectrum import sink_start
 
+if TYPE_CHECKING:
+    from .sources import ModelSource
+
 DEFAULT_METHODS = ("svd", "jl", "linformer", "pool-mean", "pool-max")
+#: the budgets approx and theorems use when none are given
+APPROX_BUDGETS, THEOREM_BUDGETS = (128,), (16, 32, 64, 128, 256)
+#: a path: a str or an os.PathLike such as pathlib.Path
+PathLike = str | os.PathLike
 
 
 def analyze(
-    model: str,
-    data_source: str = "imdb",
+    model: PathLike,
+    data_source: PathLike = "imdb",
     *,
     length: int = 512,
     samples: int = 10000,
@@ -40,13 +49,13 @@ def analyze(
     spectrum_device: str = "auto",
     overlap: bool | None = None,
     qkv: bool | None = None,
-    layers: str | Iterable[int] | None = None,
-    heads: str | Iterable[int] | None = None,
+    layers: str | int | Iterable[int] | None = None,
+    heads: str | int | Iterable[int] | None = None,
     bootstrap: int = 0,
     device: str = "auto",
     dtype: str = "float32",
-    gguf_file: str | None = None,
-    out: str | Path | None = None,
+    gguf_file: PathLike | None = None,
+    out: PathLike | None = None,
     overwrite: bool = False,
     resume: bool = False,
     trust_remote_code: bool = False,
@@ -60,7 +69,8 @@ def analyze(
     `spectra.probes.offload`); they change the speed, not the numbers. `qkv` adds the spectra of queries, keys
     and values (default: for decoders). `layers`, `heads` ("0,3,5-7" or indices) restrict the spectra to those;
     `bootstrap` keeps replicates of the mean ranks. A GGUF checkpoint is MODEL as a `.gguf` file, or its
-    directory with `gguf_file`. Returns the loaded run; see `spectra.runs.Run` for its tables and curves.
+    directory with `gguf_file`. Paths may be str or `pathlib.Path`. Returns the loaded run; see `spectra.runs.Run`
+    for its tables and curves.
     """
     from .probes import Probes
     from .probes.offload import Offloaded
@@ -72,13 +82,14 @@ def analyze(
                        trust_remote_code, gguf_file)
     options = AnalyzeOptions(at, spectrum, spectrum_device, overlap, qkv, _indices(layers, "layer"),
                              _indices(heads, "head"), bootstrap).resolved(length)
-    found = checkpoints.inspect(model, gguf_file)
+    found = checkpoints.inspect(config.model, config.gguf_file)
 
     def build_probe(source: ModelSource) -> Probes:
         loaded = source.loaded
-        for chosen, count, option in ((options.layers, source.layers, "--layers"), (options.heads, source.heads, "--heads")):
+        for chosen, count, name in ((options.layers, source.layers, "--layers"),
+                                    (options.heads, source.heads, "--heads")):
             if chosen is not None and (chosen[0] < 0 or chosen[-1] >= count):
-                raise SpectraError(f"{option} must lie in 0…{count - 1} for {loaded.name}, got {list(chosen)}")
+                raise SpectraError(f"{option(name)} must lie in 0…{count - 1} for {loaded.name}, got {list(chosen)}")
         spectra_probe = SpectrumProbe(source.layers, source.heads, length, options.at, options.spectrum,
                                       select_layers=options.layers, select_heads=options.heads,
                                       bootstrap=options.bootstrap, seed=seed)
@@ -94,24 +105,44 @@ def analyze(
         build_probe=build_probe,
         meta=lambda source: {**options.identity(), "sink_from": sink_start(length)},
     )
-    return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
+    return load_run(execute(job, Output(path_text(out), overwrite, resume), Reporter(progress, notify,
+                                                                                   checkpoint_seconds)))
 
 
-def _indices(chosen: str | Iterable[int] | None, what: str) -> tuple[int, ...] | None:
-    """'0,3,5-7' or indices → sorted unique indices; None → all."""
+def _indices(chosen: str | int | Iterable[int] | None, what: str) -> tuple[int, ...] | None:
+    """'0,3,5-7', one index or several → sorted unique indices; None → all."""
     if chosen is None or isinstance(chosen, str):
         return parse_layers(chosen, what)
-    return tuple(sorted(set(chosen)))
+    return tuple(sorted(set(several(chosen, f"--{what}s"))))
+
+
+def check_evaluable(source: ModelSource, fit_samples: int, config: RunConfig) -> None:
+    """Refuse calibration sequences that leave none to evaluate: the corpus is read (tokenized, no model pass) up
+    to `fit_samples` + 1 sequences, before any calibration or evaluation work."""
+    from . import data
+
+    tokenizer = source.loaded.tokenizer
+    yielded = sum(1 for _ in islice(data.sequences(tokenizer, source.corpus, config.length, config.mode),
+                                    fit_samples + 1))
+    if yielded > fit_samples:
+        return
+    gives = f"{yielded} sequence{'s' if yielded != 1 else ''}"
+    asked = option(f"--fit-samples {fit_samples}", f"fit_samples={fit_samples}")
+    where = option(f"--length {config.length} --mode {config.mode}", f"length={config.length}, mode='{config.mode}'")
+    raise SpectraError(
+        f"{asked} leaves no sequence to evaluate: the corpus gives {'only ' if yielded < fit_samples else ''}{gives} "
+        f"at {where}; pass fewer calibration sequences ({option('--fit-samples', 'fit_samples')} < {yielded}), more "
+        f"text or a smaller {option('--length')}")
 
 
 def approx(
-    model: str,
-    data_source: str = "imdb",
+    model: PathLike,
+    data_source: PathLike = "imdb",
     *,
-    budgets: Iterable[int] = (128,),
-    methods: Iterable[str] = DEFAULT_METHODS,
+    budgets: int | Iterable[int] | None = None,
+    methods: str | Iterable[str] = DEFAULT_METHODS,
     end_to_end: bool = False,
-    layers: str | Iterable[int] | None = None,
+    layers: str | int | Iterable[int] | None = None,
     target: float = 0.1,
     projection: str = "gaussian",
     fixed_projection: bool = False,
@@ -119,7 +150,7 @@ def approx(
     fit_steps: int = 200,
     fit_lr: float = 0.1,
     fit_init: str = "pooling",
-    k_plan: str | Path | dict | None = None,
+    k_plan: PathLike | dict | None = None,
     length: int = 512,
     samples: int = 1000,
     mode: str = "pack",
@@ -129,8 +160,8 @@ def approx(
     text_column: str | None = None,
     device: str = "auto",
     dtype: str = "float32",
-    gguf_file: str | None = None,
-    out: str | Path | None = None,
+    gguf_file: PathLike | None = None,
+    out: PathLike | None = None,
     overwrite: bool = False,
     resume: bool = False,
     trust_remote_code: bool = False,
@@ -143,7 +174,8 @@ def approx(
     language-model head, masked-LM or next-token perplexity). Random methods draw per sequence unless
     `fixed_projection`. Fitted methods (linformer-pca, linformer-fit) calibrate on the first `fit_samples`
     sequences; `samples` more are evaluated after them. `k_plan` (a `spectra plan-k` JSON file or dict) gives
-    each layer its own k, measured beside a uniform k of equal total cost.
+    each layer its own k, measured beside a uniform k of equal total cost. `budgets` (default 128), `methods` and
+    `layers` take one value or several; paths may be str or `pathlib.Path`.
     """
     from . import methods as registry
     from .probes import Probes
@@ -153,29 +185,31 @@ def approx(
     from .report.plan import read_plan
     from .sources import ModelSource
 
-    labels = registry.expand(methods)
+    labels = registry.expand(several(methods, "--methods"))
     chosen = _indices(layers, "layer")
-    plan = read_plan(k_plan) if k_plan is not None else None
+    plan = read_plan(k_plan if isinstance(k_plan, dict) else path_text(k_plan), length) if k_plan is not None else None
     for layer_budget in plan or ():
         check_budget(layer_budget, length)
-    budgets = (round(sum(plan) / len(plan)),) if plan else tuple(budgets)
+    budgets = (round(sum(plan) / len(plan)),) if plan else budgets_or_default(budgets, APPROX_BUDGETS, length)
     config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device, dtype,
                        trust_remote_code, gguf_file)
     options = ApproxOptions(budgets, tuple(labels), end_to_end, chosen, target, projection, fixed_projection,
                             fit_samples, fit_steps, fit_lr, fit_init, k_plan=plan).resolved(length)
-    found = checkpoints.inspect(model, gguf_file)
+    found = checkpoints.inspect(config.model, config.gguf_file)
 
     def build_probe(source: ModelSource) -> Probes:
         if chosen is not None and (chosen[0] < 0 or chosen[-1] >= source.layers):
-            raise SpectraError(f"--layers must lie in 0…{source.layers - 1} for {source.loaded.name}, got {layers}")
+            raise SpectraError(f"{option('--layers')} must lie in 0…{source.layers - 1} for {source.loaded.name}, "
+                               f"got {list(chosen)}")
         if plan and len(plan) != source.layers:
             raise SpectraError(f"the k plan has {len(plan)} layers but {source.loaded.name} has {source.layers}; "
                                "make the plan with spectra plan-k on a run of this model")
         probes, fitted = {}, None
         if options.fits:
             if distributed.requested():
-                raise SpectraError("fitted projections (--fit-samples) are not supported across processes yet; "
-                                   "run with a single process")
+                raise SpectraError(f"fitted projections ({option('--fit-samples', 'fit_samples')}) are not supported "
+                                   "across processes yet; run with a single process")
+            check_evaluable(source, options.fit_samples, config)
             probes["fitting"] = Fitting(options, source.layers, source.heads, length, seed=seed, notify=notify)
             fitted = probes["fitting"].fitted
         start = options.fit_samples
@@ -191,9 +225,9 @@ def approx(
                 raise SpectraError(
                     f"{leaking[0]} lets each query see future tokens, so it is not a causal approximation of "
                     f"{loaded.name} (a decoder): end to end on a decoder takes causal methods ({usable}); measure "
-                    f"{', '.join(leaking)} per head without --end-to-end")
+                    f"{', '.join(leaking)} per head without {option('--end-to-end', 'end_to_end=True')}")
             if loaded.head is None:
-                notify(f"{loaded.name} has no language-model head: --end-to-end measures the hidden-state drift only")
+                notify(f"{loaded.name} has no language-model head: end to end measures the hidden-state drift only")
             common = dict(seed=seed, projection=options.projection, fixed=options.fixed_projection, fitted=fitted)
             substitutes = {(label, budget): registry.substitute(label, budget, chosen, **common)
                            for label in options.methods for budget in options.budgets}
@@ -215,15 +249,16 @@ def approx(
                              **({"evaluation": [options.fit_samples, options.fit_samples + samples]}
                                 if options.fits else {})},
     )
-    return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
+    return load_run(execute(job, Output(path_text(out), overwrite, resume), Reporter(progress, notify,
+                                                                                   checkpoint_seconds)))
 
 
 def theorems(
-    model: str | None,
-    data_source: str = "imdb",
+    model: PathLike | None,
+    data_source: PathLike = "imdb",
     *,
-    budgets: Iterable[int] = (16, 32, 64, 128, 256),
-    eps: Iterable[float] = (0.1, 0.2, 0.3, 0.5),
+    budgets: int | Iterable[int] | None = None,
+    eps: float | Iterable[float] = (0.1, 0.2, 0.3, 0.5),
     synthetic: bool = False,
     draws: int = 1,
     fixed_projection: bool = False,
@@ -238,8 +273,8 @@ def theorems(
     text_column: str | None = None,
     device: str = "auto",
     dtype: str = "float32",
-    gguf_file: str | None = None,
-    out: str | Path | None = None,
+    gguf_file: PathLike | None = None,
+    out: PathLike | None = None,
     overwrite: bool = False,
     resume: bool = False,
     trust_remote_code: bool = False,
@@ -250,12 +285,15 @@ def theorems(
     """Theorems 1 and 2 checked on a model's captured attention, or on Gaussian q, k, v (`synthetic`):
     empirical Pr(error ≤ ε) against the bounds, and the errors of JL, truncated SVD and eq. 7. Each sequence
     gets `draws` fresh random projections (seeded by its index), so every Pr comes with a 95% interval over
-    sequences and the spread across draws; `fixed_projection` uses one R per layer and k instead (as before)."""
+    sequences and the spread across draws; `fixed_projection` uses one R per layer and k instead (as before).
+    `budgets` (default 16, 32, 64, 128, 256) and `eps` take one value or several; paths may be str or
+    `pathlib.Path`."""
     from .probes import Probes
     from .probes.theorems import Theorem1Probe, Theorem2Probe
     from .sources import ModelSource, SyntheticSource
 
-    options = TheoremOptions(tuple(budgets), tuple(eps), draws, fixed_projection).resolved(length)
+    options = TheoremOptions(budgets_or_default(budgets, THEOREM_BUDGETS, length), several(eps, "--eps", float), draws,
+                             fixed_projection).resolved(length)
     meta = {**options.identity(), "synthetic": synthetic}
 
     def build_probe(source) -> Probes:
@@ -271,11 +309,12 @@ def theorems(
                   build_probe=build_probe, meta=lambda source: meta)
     else:
         if model is None:
-            raise SpectraError("give a model, or pass --synthetic for Gaussian q, k, v")
+            raise SpectraError(f"give a model, or pass {option('--synthetic', 'synthetic=True')} for Gaussian q, k, v")
         config = RunConfig(model, data_source, length, samples, mode, batch_size, seed, split, text_column, device,
                            dtype, trust_remote_code, gguf_file)
-        found = checkpoints.inspect(model, gguf_file)
+        found = checkpoints.inspect(config.model, config.gguf_file)
         job = Job("theorems", config.settings(options.identity()), samples, batch_size, config.device,
                   config.default_out("theorems", found.label), found.where, open_source=lambda where: ModelSource(config, where),
                   build_probe=build_probe, meta=lambda source: meta)
-    return load_run(execute(job, Output(out, overwrite, resume), Reporter(progress, notify, checkpoint_seconds)))
+    return load_run(execute(job, Output(path_text(out), overwrite, resume), Reporter(progress, notify,
+                                                                                   checkpoint_seconds)))

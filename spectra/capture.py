@@ -19,7 +19,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from .errors import SpectraError
+from .errors import InternalError, SpectraError
 
 NAME = "spectra"
 
@@ -32,8 +32,11 @@ class Captured:
     `k`, `v` repeat them to the H query heads, as eager attention does (no copy when H_kv = H).
     `valid` (B, n) marks the keys that take part (not padding); `mask` is the model's additive mask
     (B, 1, n, n) or None, used only to form P exactly as eager attention does. `index` holds each
-    sequence's global index in the run (so randomness can be drawn per sequence, whatever the batching)
-    when the caller said it, else None.
+    sequence's global index in the run: every record a run makes carries it (the sources pass it to
+    `capturing`), because per-sequence randomness — bootstrap weights, random projections, landmark and key
+    samples — is seeded by it, so results depend on neither batching nor the number of processes. It is None
+    only for records made outside a run (a forward pass of your own under `capturing` without `index`);
+    `sequence_index()` refuses those.
     """
 
     layer: int
@@ -75,8 +78,17 @@ class Captured:
         return cls(layer, q, k, v, key_valid(mask, q.shape[0], k.shape[-2], q.device), scaling, causal, mask, index)
 
     def sequence_index(self) -> list[int]:
-        """Each sequence's global index in the run (0…B−1 when the caller gave none)."""
-        return list(self.index) if self.index is not None else list(range(self.q.shape[0]))
+        """Each sequence's global index in the run. A record without them (or with as many as it has
+        sequences) is a bug in whatever made it: falling back to batch positions would tie every
+        per-sequence draw to the batching, so it raises instead."""
+        batch = self.q.shape[0]
+        if self.index is None:
+            raise InternalError(f"layer {self.layer}'s captured record has no sequence indices: whatever ran the "
+                                "forward pass must pass the batch's global indices (capturing(index=…))")
+        if len(self.index) != batch:
+            raise InternalError(f"layer {self.layer}'s captured record has {len(self.index)} sequence indices for "
+                                f"{batch} sequences")
+        return list(self.index)
 
 
 #: substitute(captured) -> head outputs (B, H, n, d), or None to keep exact attention for that layer
@@ -160,7 +172,8 @@ AttentionMaskInterface.register(NAME, eager_mask)
 def capturing(observe: Observe | None = None, substitute: Substitute | None = None,
               index: Sequence[int] | None = None) -> Iterator[_State]:
     """Activate an observer (and a substitution) for the forward passes run inside the block; `index` gives the
-    batch's sequences' global indices to the records."""
+    batch's sequences' global indices to the records (required by every probe and by methods drawing per
+    sequence: the sources always pass it)."""
     global _state
     previous = _state
     _state = _State(observe=observe, substitute=substitute, index=None if index is None else tuple(index))

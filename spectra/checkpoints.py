@@ -8,11 +8,12 @@ imported and every problem is one line naming the file that is missing or broken
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpectraError
+from .errors import SpectraError, option
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
            "tf_model.h5", "flax_model.msgpack")
@@ -104,27 +105,31 @@ def _gguf(path: Path, name: str) -> Source:
     try:
         import gguf  # noqa: F401 - transformers reads GGUF files with it
     except ImportError:
-        raise SpectraError("loading a GGUF file needs the gguf package: pip install 'spectra-attention[gguf]' "
-                           "(or pip install gguf)") from None
+        raise SpectraError("loading a GGUF file needs the gguf package: pip install gguf accelerate (or, in a clone of "
+                           "spectra, pip install -e '.[gguf]')") from None
     return Source(str(file), path, {}, file.name.removesuffix(".gguf"), name)
 
 
-def inspect(source: str, gguf_file: str | None = None) -> Source:
+def inspect(source: str | os.PathLike, gguf_file: str | os.PathLike | None = None) -> Source:
     """A hub id as it is; a local directory checked (config, weights, tokenizer) and labelled; a `.gguf` file (or a
-    directory and `gguf_file`) checked to exist, with the gguf package installed."""
+    directory and `gguf_file`) checked to exist, with the gguf package installed. Paths may be str or os.PathLike."""
+    source = os.fspath(source)
+    gguf_file = None if gguf_file is None else os.fspath(gguf_file)
     if source.endswith(".gguf") and gguf_file is None:
         path = Path(source).expanduser()
         return _gguf(path.parent, path.name)
     if not looks_local(source):
         if gguf_file is not None:
-            raise SpectraError("--gguf-file names a file inside a local directory; give that directory as MODEL")
+            raise SpectraError(f"{option('--gguf-file', 'gguf_file')} names a file inside a local directory; give that "
+                               f"directory as {option('MODEL', 'model')}")
         return Source(source, None, {}, label(source))
     path = Path(source).expanduser()
     if not path.exists():
         raise SpectraError(f"model directory {source} does not exist")
     if gguf_file is not None:
         if not path.is_dir():
-            raise SpectraError(f"--gguf-file needs MODEL to be the directory holding it, but {source} is a file")
+            raise SpectraError(f"{option('--gguf-file', 'gguf_file')} needs {option('MODEL', 'model')} to be the "
+                               f"directory holding it, but {source} is a file")
         return _gguf(path, gguf_file)
     if not path.is_dir():
         raise SpectraError(f"model {source} is a file, not a directory saved with save_pretrained (or a .gguf file)")

@@ -10,37 +10,19 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Optional
 
 import click
 import typer
 
-from .config import Device, DType, FitInit, Mode, Place, Projection, Spectrum, numbers
+from .cli_options import (USAGE_ERRORS, BatchSize, Data, DeviceOption, DTypeOption, FlaglessCommand, FlaglessGroup,
+                          GGUFFile, ModeOption, Out, Overwrite, Resume, Seed, Split, TextColumn, TrustRemoteCode)
+from .config import Device, DType, FitInit, Mode, Place, Projection, Spectrum
 from .errors import Interrupted, SpectraError
-
-try:  # typer ≥ 0.26 vendors its own copy of click
-    from typer._click.exceptions import UsageError as _TyperUsageError
-except ImportError:  # pragma: no cover - older typer raises click's own
-    _TyperUsageError = click.UsageError
-USAGE_ERRORS = (click.UsageError, _TyperUsageError)
-
-# options shared by analyze, approx and theorems
-Data = Annotated[str, typer.Option("--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file.")]
-ModeOption = Annotated[Mode, typer.Option("--mode", help="pack: documents concatenated into blocks of exactly n tokens; truncate: one document per sequence, cut at n, padded.")]
-BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed (≥ 0) of the document shuffle and of every random draw (projections, masking).")]
-Split = Annotated[Optional[str], typer.Option("--split", help="Split of a named dataset (default: test).")]
-TextColumn = Annotated[Optional[str], typer.Option("--text-column", help="Column holding the text in .jsonl/.csv/.parquet files (default: text).")]
-DeviceOption = Annotated[Device, typer.Option("--device", help="auto: cuda when present, else cpu.")]
-DTypeOption = Annotated[DType, typer.Option("--dtype", help="Forward-pass dtype; spectra and errors are always float32 or better.")]
-Out = Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: under runs/, named after model, data and n).")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run directory (only once the new run is complete).")]
-Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its last checkpoint.")]
-TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow code shipped with the model to run (off by default).")]
-GGUFFile = Annotated[Optional[str], typer.Option("--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL); needs the gguf package.")]
-
+from .inputs import numbers
 
 app = typer.Typer(
+    cls=FlaglessGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -67,7 +49,7 @@ def _notify(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-@app.command()
+@app.command(cls=FlaglessCommand)
 def analyze(
     model: str = typer.Argument(..., help="Hugging Face hub id (roberta-base) or a local directory saved with save_pretrained."),
     data: Data = "imdb",
@@ -141,12 +123,12 @@ def _report(run, show, plot: bool, plotter: str) -> None:
     stdout.print(f"results in {run.path}")
 
 
-@app.command()
+@app.command(cls=FlaglessCommand)
 def approx(
     ctx: typer.Context,
     model: str = typer.Argument(..., help="Hub id or model directory to evaluate, or an approx run directory to re-plot with --plot."),
     data: Data = "imdb",
-    k: str = typer.Option("128", "--k", help="Budget(s) k, comma-separated: projected length = features = landmarks = active queries; each ≤ n."),
+    k: Optional[str] = typer.Option(None, "--k", help="Budget(s) k, comma-separated: projected length = features = landmarks = active queries; each ≤ n (default 128)."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated methods (default svd,jl,linformer,pool-mean,pool-max); 'linformer' means all four sharing levels, 'linformer(kv)' one."),
     end_to_end: bool = typer.Option(False, "--end-to-end", help="Also substitute each approximation into the forward pass: hidden-state drift and masked-LM perplexity."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to substitute with --end-to-end, e.g. 6-11 or 0,3,5-7 (default all)."),
@@ -171,7 +153,7 @@ def approx(
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
-    plot: bool = typer.Option(False, "--plot", help="Draw the run's plots (error vs layer, error vs k, perplexity vs k)."),
+    plot: bool = typer.Option(False, "--plot", help="Draw the run's plots (error vs layer, error vs k, perplexity vs k) into the run directory's figures/."),
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """How well cheap approximations stand in for a model's attention at budget k: per head and end to end."""
@@ -183,7 +165,7 @@ def approx(
     if run is None:
         with progress_bar("sequences") as progress:
             run = run_approx(
-                model, data, budgets=numbers(k, "--k"), methods=methods.split(",") if methods else DEFAULT_METHODS,
+                model, data, budgets=numbers(k, "--k") if k is not None else None, methods=methods or DEFAULT_METHODS,
                 end_to_end=end_to_end, layers=layers, target=target, projection=projection,
                 fixed_projection=fixed_projection, fit_samples=fit_samples, fit_steps=fit_steps, fit_lr=fit_lr,
                 fit_init=fit_init, k_plan=k_plan, length=length,
@@ -194,15 +176,15 @@ def approx(
     _report(run, print_approx, plot, "plot_approx")
 
 
-@app.command()
+@app.command(cls=FlaglessCommand)
 def theorems(
     ctx: typer.Context,
     model: Optional[str] = typer.Argument(None, help="Hub id or model directory (omit with --synthetic), or a theorems run directory to re-plot with --plot."),
     data: Data = "imdb",
-    k: str = typer.Option("16,32,64,128,256", "--k", help="Projected dimensions k to sweep, comma-separated, each ≤ n."),
+    k: Optional[str] = typer.Option(None, "--k", help="Projected dimensions k to sweep, comma-separated, each ≤ n (default 16,32,64,128,256)."),
     eps: str = typer.Option("0.1,0.2,0.3,0.5", "--eps", help="Relative errors ε in (0, 1), comma-separated."),
     synthetic: bool = typer.Option(False, "--synthetic", help="Use i.i.d. Gaussian q, k, v instead of a model (with --n, --d, --heads)."),
-    draws: int = typer.Option(1, "--draws", help="Random projections R (and E, F) drawn per sequence, each seeded by the sequence's index: Pr(error ≤ ε) comes with a 95%% interval over sequences and the spread across draws."),
+    draws: int = typer.Option(1, "--draws", help="Random projections R (and E, F) drawn per sequence, each seeded by the sequence's index: Pr(error ≤ ε) comes with a 95% interval over sequences and the spread across draws."),
     fixed_projection: bool = typer.Option(False, "--fixed-projection", help="One R per layer and k for the whole run instead (the old behaviour: its Pr describes that one draw)."),
     n: int = typer.Option(512, "--n", "--length", help="Sequence length n."),
     d: int = typer.Option(64, "--d", help="Head dimension of --synthetic q, k, v."),
@@ -219,7 +201,7 @@ def theorems(
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
-    plot: bool = typer.Option(False, "--plot", help="Draw success probability vs k (bound dashed) and error vs k."),
+    plot: bool = typer.Option(False, "--plot", help="Draw success probability vs k (bound dashed) and error vs k into the run directory's figures/."),
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs k."""
@@ -231,7 +213,8 @@ def theorems(
     if run is None:
         with progress_bar("sequences") as progress:
             run = run_theorems(
-                model, data, budgets=numbers(k, "--k"), eps=numbers(eps, "--eps", float), synthetic=synthetic,
+                model, data, budgets=numbers(k, "--k") if k is not None else None, eps=numbers(eps, "--eps", float),
+                synthetic=synthetic,
                 draws=draws, fixed_projection=fixed_projection, d=d,
                 heads=heads, length=n, samples=samples, mode=mode, batch_size=batch_size, seed=seed, split=split,
                 text_column=text_column, device=device, dtype=dtype, gguf_file=gguf_file, out=out, overwrite=overwrite,
@@ -240,7 +223,7 @@ def theorems(
     _report(run, print_theorems, plot, "plot_theorems")
 
 
-@app.command()
+@app.command(cls=FlaglessCommand)
 def scaling(
     model: str = typer.Argument(..., help="Hub id or model directory (as for analyze)."),
     data: Data = "imdb",
@@ -265,7 +248,7 @@ def scaling(
     out: Out = None,
     overwrite: Overwrite = False,
     resume: Resume = False,
-    plot: bool = typer.Option(False, "--plot", help="Draw rank vs n (log-log, a line per layer) and c at fixed k vs n."),
+    plot: bool = typer.Option(False, "--plot", help="Draw rank vs n (log-log, a line per layer) and c at fixed k vs n into the run directory's figures/."),
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Does the k a head needs grow with n? Analyze at several lengths and fit rank ∝ n^α per layer, with intervals."""
@@ -275,7 +258,7 @@ def scaling(
     with progress_bar("sequences") as progress:
         run = run_scaling(
             model, data, lengths=lengths, samples=samples, bootstrap=bootstrap, spectrum=spectrum, layers=layers,
-            heads=heads, approx_target=approx_target, methods=methods.split(","),
+            heads=heads, approx_target=approx_target, methods=methods,
             budgets=numbers(k, "--k") if k else None, fit_samples=fit_samples, mode=mode, batch_size=batch_size,
             seed=seed, split=split, text_column=text_column, device=device, dtype=dtype, gguf_file=gguf_file,
             out=out, overwrite=overwrite, resume=resume, trust_remote_code=trust_remote_code, progress=progress,
@@ -284,10 +267,10 @@ def scaling(
     _report(run, print_scaling, plot, "plot_scaling")
 
 
-@app.command()
+@app.command(cls=FlaglessCommand)
 def figure1(
     runs: list[Path] = typer.Argument(..., help="Run directories of spectra analyze; one curve panel per model depth."),
-    out: Path = typer.Option(Path("figures/figure1"), "--out", help="Figure path without suffix: writes .png (200 dpi) and .pdf."),
+    out: Path = typer.Option(Path("figures/figure1"), "--out", help="Figure path without suffix: writes .png (200 dpi) and .pdf (default: figures/figure1 under the current directory, as the figure draws several runs)."),
     heatmap: Optional[Path] = typer.Option(None, "--heatmap", help="Run drawn as the heatmap (default: the first Wikitext run of the shallowest model, else the first run)."),
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index of the heatmap (default n/4: 128 for n = 512)."),
     band: float = typer.Option(0.1, "--band", help="Shade from this quantile to 1 − it across the layer×head mean curves (0: min–max)."),
@@ -301,11 +284,11 @@ def figure1(
         stdout.print(f"wrote {path}", soft_wrap=True)
 
 
-@app.command()
+@app.command(cls=FlaglessCommand)
 def plot(
     run: Path = typer.Argument(..., help="A run directory (analyze, approx, theorems or scaling)."),
     at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index of the c heatmap (default: the run's, n/4 unless analysed with --at)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default figures/<run directory name>)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default RUN/figures, beside the run's numbers)."),
 ) -> None:
     """A run's views; for analyze: per-layer curves, heatmap of c at an index, rank for 90%/99% per layer and head."""
     from .report import plots
@@ -321,7 +304,7 @@ def plot(
         stdout.print(f"wrote {path}", soft_wrap=True)
 
 
-@app.command("plan-k")
+@app.command("plan-k", cls=FlaglessCommand)
 def plan_k(
     run: Path = typer.Argument(..., help="A run directory of spectra analyze."),
     energy: float = typer.Option(0.9, "--energy", help="Share E in (0, 1] of the nuclear norm the top k_proj singular values must reach."),
@@ -346,7 +329,7 @@ def plan_k(
     stdout.print(f"plan written to {target}")
 
 
-@app.command()
+@app.command(cls=FlaglessCommand)
 def compare(
     runs: list[Path] = typer.Argument(..., help="Run directories of spectra analyze (models, datasets or lengths)."),
     at: Optional[int] = typer.Option(None, "--at", help="1-based index for c (default: each run's, n/4, so different lengths compare at the same relative index)."),
@@ -386,21 +369,25 @@ def _quiet_stdout() -> None:
 def main() -> None:
     """Entry point: bad input becomes one line on stderr and exit code 2, an interrupt one line and exit code
     130, never a traceback. Does not depend on how typer or click treat KeyboardInterrupt: Ctrl-C raises
-    spectra's own `Interrupted`, which they pass through."""
+    spectra's own `Interrupted`, which they pass through. Messages spell options as the command line does."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun only process 0 prints results
         sys.stdout = open(os.devnull, "w")
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         app(standalone_mode=False)
     except SpectraError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error.for_cli()}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as stopped:
-        print(str(stopped), file=sys.stderr)
+        print(stopped.for_cli(), file=sys.stderr)
         sys.exit(130)
     except (click.exceptions.Exit, typer.Exit) as done:
         sys.exit(done.exit_code)
     except USAGE_ERRORS as error:
+        if type(error).__name__ == "NoArgsIsHelpError":  # bare `spectra`: the usage is the whole answer
+            if error.format_message():  # plain formatting returns the help; rich formatting has printed it
+                print(error.format_message(), file=sys.stderr)
+            sys.exit(2)
         hint = f" (see 'spectra {error.ctx.info_name} --help')" if error.ctx and error.ctx.parent else " (see 'spectra --help')"
         message = error.format_message().replace("Value error, ", "")  # typer's wording for a bad choice
         print(f"error: {message}{hint}", file=sys.stderr)

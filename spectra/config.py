@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence, TypeVar
 
-from .errors import SpectraError
+from .errors import SpectraError, option as spell
+from .inputs import path_text
 
 
 class Choice(str, enum.Enum):
@@ -99,7 +100,7 @@ def choose(kind: type[C], value: str | C, option: str) -> C:
     try:
         return kind(value)
     except ValueError:
-        raise SpectraError(f"unknown {option} '{value}'; use one of {', '.join(kind.values())}") from None
+        raise SpectraError(f"unknown {spell(option)} '{value}'; use one of {', '.join(kind.values())}") from None
 
 
 # ---------------------------------------------------------------- single checks shared by several options
@@ -107,14 +108,15 @@ def choose(kind: type[C], value: str | C, option: str) -> C:
 
 def check_seed(seed: int) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise SpectraError(f"--seed must be a non-negative integer, got {seed!r}")
+        raise SpectraError(f"{spell('--seed')} must be a non-negative integer, got {seed!r}")
     return seed
 
 
 def check_budget(budget: int, n: int | None = None, what: str = "the sequence length n") -> int:
     """One projected dimension k_proj (a budget): a positive integer, at most n when n is given."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise SpectraError(f"k = {budget!r} is not a budget: use a positive integer k ≥ 1 (e.g. --k 32,64,128)")
+        raise SpectraError(f"k = {budget!r} is not a budget: use a positive integer k ≥ 1 (e.g. "
+                           f"{spell('--k 32,64,128', 'budgets=(32, 64, 128)')})")
     if n is not None and budget > n:
         raise SpectraError(f"k = {budget} exceeds {what} = {n}; use k ≤ {n}")
     return int(budget)
@@ -124,7 +126,7 @@ def check_budgets(budgets: Iterable[int], n: int | None = None) -> tuple[int, ..
     """A sweep of budgets, each checked; sorted and unique."""
     values = tuple(budgets)
     if not values:
-        raise SpectraError("the list of budgets is empty; pass e.g. --k 32,64,128")
+        raise SpectraError(f"the list of budgets is empty; pass e.g. {spell('--k 32,64,128', 'budgets=(32, 64, 128)')}")
     return tuple(sorted({check_budget(value, n) for value in values}))
 
 
@@ -132,20 +134,14 @@ def check_eps(eps: Iterable[float] | float) -> tuple[float, ...]:
     """ε values, each strictly inside (0, 1) (the ε² − ε³ of the bounds needs it); sorted, unique."""
     values = (eps,) if isinstance(eps, (int, float)) else tuple(eps)
     if not values:
-        raise SpectraError("the ε list is empty; pass at least one value in (0, 1), e.g. --eps 0.1,0.2,0.3,0.5")
+        raise SpectraError(f"the ε list is empty; pass at least one value in (0, 1), e.g. {EPS_EXAMPLE}")
     for value in values:
         if not 0.0 < float(value) < 1.0:
-            raise SpectraError(f"ε must lie strictly between 0 and 1, got {value}; pass e.g. --eps 0.1,0.2,0.3,0.5")
+            raise SpectraError(f"ε must lie strictly between 0 and 1, got {value}; pass e.g. {EPS_EXAMPLE}")
     return tuple(sorted({float(value) for value in values}))
 
 
-def numbers(text: str, option: str, cast: type = int) -> list:
-    """'32,64,128' → [32, 64, 128]; a malformed list is one line naming the option."""
-    try:
-        return [cast(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        kind = "integers, e.g. 32,64,128" if cast is int else "numbers, e.g. 0.1,0.2,0.3,0.5"
-        raise SpectraError(f"{option} '{text}' is not a comma-separated list of {kind}") from None
+EPS_EXAMPLE = spell("--eps 0.1,0.2,0.3,0.5", "eps=(0.1, 0.2, 0.3, 0.5)")
 
 
 def parse_layers(text: str | None, what: str = "layer") -> tuple[int, ...] | None:
@@ -158,9 +154,9 @@ def parse_layers(text: str | None, what: str = "layer") -> tuple[int, ...] | Non
             low, _, high = part.strip().partition("-")
             layers.update(range(int(low), int(high or low) + 1))
     except ValueError:
-        raise SpectraError(f"--{what}s '{text}' is not a list of {what}s like 6-11 or 0,3,5-7") from None
+        raise SpectraError(f"{spell(f'--{what}s')} '{text}' is not a list of {what}s like 6-11 or 0,3,5-7") from None
     if not layers:
-        raise SpectraError(f"--{what}s '{text}' selects no {what}")
+        raise SpectraError(f"{spell(f'--{what}s')} '{text}' selects no {what}")
     return tuple(sorted(layers))
 
 
@@ -200,12 +196,14 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.length < 2:
-            raise SpectraError(f"--length must be at least 2, got {self.length}")
+            raise SpectraError(f"{spell('--length')} must be at least 2, got {self.length}")
         if self.samples < 1:
-            raise SpectraError(f"--samples must be at least 1, got {self.samples}")
+            raise SpectraError(f"{spell('--samples')} must be at least 1, got {self.samples}")
         if self.batch_size < 1:
-            raise SpectraError(f"--batch-size must be at least 1, got {self.batch_size}")
+            raise SpectraError(f"{spell('--batch-size')} must be at least 1, got {self.batch_size}")
         check_seed(self.seed)
+        for name in ("model", "data", "gguf_file"):  # str or os.PathLike; None only for gguf_file
+            object.__setattr__(self, name, path_text(getattr(self, name)))
         for name in ("model", "data"):  # a local path is recorded absolute: --resume from another directory matches
             value = getattr(self, name)
             if value and Path(value).exists():
@@ -244,9 +242,10 @@ class SyntheticConfig:
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.batch_size < 1 or self.d < 1 or self.heads < 1:
-            raise SpectraError("--samples, --batch-size, --d and --heads must be at least 1")
+            raise SpectraError(f"{spell('--samples')}, {spell('--batch-size')}, {spell('--d')} and {spell('--heads')} "
+                               "must be at least 1")
         if self.n < 2:
-            raise SpectraError(f"--length must be at least 2, got {self.n}")
+            raise SpectraError(f"{spell('--length')} must be at least 2, got {self.n}")
         check_seed(self.seed)
         object.__setattr__(self, "device", choose(Device, self.device, "--device"))
 
@@ -290,12 +289,12 @@ class AnalyzeOptions:
         object.__setattr__(self, "spectrum", choose(Spectrum, self.spectrum, "--spectrum"))
         object.__setattr__(self, "spectrum_device", choose(Place, self.spectrum_device, "--spectrum-device"))
         if self.bootstrap < 0:
-            raise SpectraError(f"--bootstrap must be a number of replicates ≥ 0, got {self.bootstrap}")
+            raise SpectraError(f"{spell('--bootstrap')} must be a number of replicates ≥ 0, got {self.bootstrap}")
 
     def resolved(self, n: int) -> "AnalyzeOptions":
         """With `at` checked against n, or set to n/4."""
         if self.at is not None and not 1 <= self.at <= n:
-            raise SpectraError(f"--at must be an index in 1…{n} (the sequence length), got {self.at}")
+            raise SpectraError(f"{spell('--at')} must be an index in 1…{n} (the sequence length), got {self.at}")
         return replace(self, at=self.at or max(1, n // 4))
 
     def identity(self) -> dict[str, Any]:
@@ -336,16 +335,17 @@ class ApproxOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "budgets", check_budgets(self.budgets))
         if not 0 < self.target < 1:
-            raise SpectraError(f"--target must be a relative error in (0, 1), got {self.target}")
+            raise SpectraError(f"{spell('--target')} must be a relative error in (0, 1), got {self.target}")
         object.__setattr__(self, "projection", choose(Projection, self.projection, "--projection"))
         object.__setattr__(self, "fit_init", choose(FitInit, self.fit_init, "--fit-init"))
         fitted = [label for label in self.methods if label.startswith(("linformer-pca", "linformer-fit"))]
         if fitted and self.fit_samples < 2:
-            raise SpectraError(f"{fitted[0]} fits its projections on calibration sequences: pass --fit-samples N "
-                               "(fit_samples=N) with N ≥ 2, e.g. 64")
+            raise SpectraError(f"{fitted[0]} fits its projections on calibration sequences: pass "
+                               f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
         if self.fit_samples < 0 or self.fit_steps < 0 or not self.fit_lr > 0 or not 0 <= self.fit_validation < 1:
-            raise SpectraError("--fit-samples and --fit-steps must be ≥ 0, --fit-lr > 0, and the held-out share in "
-                               "[0, 1)")
+            raise SpectraError(f"{spell('--fit-samples')} and {spell('--fit-steps')} must be ≥ 0, "
+                               f"{spell('--fit-lr')} > 0, "
+                               f"and the held-out share{spell('', ' fit_validation')} in [0, 1)")
 
     @property
     def fits(self) -> bool:
@@ -390,9 +390,10 @@ class TheoremOptions:
         object.__setattr__(self, "budgets", check_budgets(self.budgets))
         object.__setattr__(self, "eps", check_eps(self.eps))
         if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
-            raise SpectraError(f"--draws must be a positive integer, got {self.draws!r}")
+            raise SpectraError(f"{spell('--draws')} must be a positive integer, got {self.draws!r}")
         if self.fixed_projection and self.draws != 1:
-            raise SpectraError("--fixed-projection uses one R per layer and k: it takes no --draws")
+            raise SpectraError(f"{spell('--fixed-projection', 'fixed_projection=True')} uses one R per layer and k: it "
+                               f"takes no {spell('--draws')}")
 
     def resolved(self, n: int) -> "TheoremOptions":
         check_budgets(self.budgets, n)

@@ -12,6 +12,7 @@ Tables (tidy, in the run directory): scaling.csv, c_fixed.csv, exponents.csv and
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,8 +23,9 @@ import pandas as pd
 
 from . import checkpoints, models
 from .config import RunConfig, check_budget, layers_label
-from .errors import SpectraError
+from .errors import Interrupted, SpectraError, option
 from .growth import growth
+from .inputs import path_text, several
 from .loop import Progress, versions
 from .rundir import RunDir, default_dir, write_json, write_table
 from .runs import ApproxRun, Run, ScalingRun, load_run
@@ -34,16 +36,17 @@ FIXED_BUDGETS = (32, 64, 128)
 GROWING = ("rank90", "rank99")
 
 
-def parse_lengths(lengths: str | Iterable[int]) -> tuple[int, ...]:
-    """'64,128,256' or integers → sorted distinct lengths; at least two, each ≥ 8."""
+def parse_lengths(lengths: str | int | Iterable[int]) -> tuple[int, ...]:
+    """'64,128,256', one integer or several → sorted distinct lengths; at least two, each ≥ 8."""
     try:
-        values = sorted({int(part) for part in (lengths.split(",") if isinstance(lengths, str) else lengths)})
-    except ValueError:
-        raise SpectraError(f"--lengths '{lengths}' is not a list of sequence lengths like 64,128,256,512") from None
+        values = sorted({int(part) for part in several(lengths, "--lengths")})
+    except (TypeError, ValueError):
+        raise SpectraError(f"{option('--lengths')} '{lengths}' is not a list of sequence lengths like "
+                           f"{option('64,128,256,512', '(64, 128, 256, 512)')}") from None
     if len(values) < 2:
-        raise SpectraError(f"--lengths needs at least two different lengths to see growth, got {values}")
+        raise SpectraError(f"{option('--lengths')} needs at least two different lengths to see growth, got {values}")
     if values[0] < 8:
-        raise SpectraError(f"--lengths must be at least 8 tokens each, got {values[0]}")
+        raise SpectraError(f"{option('--lengths')} must be at least 8 tokens each, got {values[0]}")
     return tuple(values)
 
 
@@ -54,10 +57,10 @@ def default_budgets(n: int) -> tuple[int, ...]:
 
 
 def scaling(
-    model: str,
-    data_source: str = "imdb",
+    model: str | os.PathLike,
+    data_source: str | os.PathLike = "imdb",
     *,
-    lengths: str | Iterable[int] = (64, 128, 256, 512),
+    lengths: str | int | Iterable[int] = (64, 128, 256, 512),
     samples: int = 100,
     mode: str = "pack",
     batch_size: int = 8,
@@ -66,18 +69,18 @@ def scaling(
     text_column: str | None = None,
     spectrum: str = "exact",
     spectrum_device: str = "auto",
-    layers: str | Iterable[int] | None = None,
-    heads: str | Iterable[int] | None = None,
+    layers: str | int | Iterable[int] | None = None,
+    heads: str | int | Iterable[int] | None = None,
     bootstrap: int = 200,
     approx_target: float | None = None,
-    methods: Iterable[str] = ("svd",),
-    budgets: Iterable[int] | None = None,
+    methods: str | Iterable[str] = ("svd",),
+    budgets: int | Iterable[int] | None = None,
     approx_samples: int | None = None,
     fit_samples: int = 0,
     device: str = "auto",
     dtype: str = "float32",
-    gguf_file: str | None = None,
-    out: str | Path | None = None,
+    gguf_file: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
     overwrite: bool = False,
     resume: bool = False,
     trust_remote_code: bool = False,
@@ -89,7 +92,8 @@ def scaling(
 
     `bootstrap` replicates give α's interval (0: no interval). `approx_target` adds approx runs of `methods` at
     `budgets` (default: powers of two up to n/2) on `approx_samples` sequences (default `samples`), after
-    `fit_samples` calibration sequences for fitted methods. Returns the loaded scaling run.
+    `fit_samples` calibration sequences for fitted methods. `lengths`, `layers`, `heads`, `methods` and `budgets`
+    take one value or several; paths may be str or `pathlib.Path`. Returns the loaded scaling run.
     """
     from .api import analyze, approx
     from .sources import ModelSource
@@ -97,19 +101,28 @@ def scaling(
     lengths = parse_lengths(lengths)
     config = RunConfig(model, data_source, lengths[-1], samples, mode, batch_size, seed, split, text_column, device,
                        dtype, trust_remote_code, gguf_file)
+    model, data_source, gguf_file = config.model, config.data, config.gguf_file
     if approx_target is not None and not 0 < approx_target < 1:
-        raise SpectraError(f"--approx-target must be a relative error in (0, 1), got {approx_target}")
-    methods = tuple(methods)
-    chosen_budgets = None if budgets is None else tuple(sorted(set(budgets)))
+        raise SpectraError(f"{option('--approx-target')} must be a relative error in (0, 1), got {approx_target}")
+    methods = several(methods, "--methods")
+    chosen_budgets = None if budgets is None else tuple(sorted(set(several(budgets, option("--k", "budgets"), int))))
     for budget in chosen_budgets or ():
         check_budget(budget, lengths[-1])
     found = checkpoints.inspect(model, gguf_file)
-    root = Path(out) if out is not None else default_dir(
+    root = Path(path_text(out)) if out is not None else default_dir(
         replace(config, length=lengths[0]).default_out(f"to{lengths[-1]}-scaling", found.label), found.where)
     target = RunDir(root, overwrite=overwrite, resume=resume)
+    if resume and not root.exists():
+        notify(f"nothing to resume in {root}; starting a new run")
     common = dict(mode=mode, batch_size=batch_size, seed=seed, split=split, text_column=text_column, device=device,
                   dtype=dtype, gguf_file=gguf_file, trust_remote_code=trust_remote_code, progress=progress,
-                  checkpoint_seconds=checkpoint_seconds, notify=notify, resume=resume, overwrite=overwrite)
+                  checkpoint_seconds=checkpoint_seconds, notify=notify, overwrite=overwrite)
+
+    def started_at(part: Path) -> bool:
+        """Whether a length's run exists, finished or interrupted: only such a run is resumed (a sweep continued
+        with --resume starts the lengths it never reached without saying there was nothing to resume)."""
+        return resume and (part.exists() or part.with_name(part.name + ".partial").exists())
+
     started = time.perf_counter()
     parts = [f"{kind}{n}" for n in lengths for kind in ("n", *(("approx-n",) if approx_target is not None else ()))]
     finished = resume and all((root / part / "run.json").exists() for part in parts)  # a finished sweep is only read
@@ -120,14 +133,22 @@ def scaling(
         approximated: dict[int, ApproxRun] = {}
         for step, n in enumerate(lengths, 1):
             notify(f"n = {n} ({step} of {len(lengths)})")
-            analyzed[n] = analyze(model, data_source, length=n, samples=samples, spectrum=spectrum,
-                                  spectrum_device=spectrum_device, layers=layers, heads=heads, bootstrap=bootstrap,
-                                  out=root / f"n{n}", **common)
-            if approx_target is not None:
-                approximated[n] = approx(model, data_source, length=n, samples=approx_samples or samples,
-                                         budgets=[b for b in chosen_budgets or default_budgets(n) if b <= n],
-                                         methods=methods, layers=layers, target=approx_target,
-                                         fit_samples=fit_samples, out=root / f"approx-n{n}", **common)
+            try:
+                analyzed[n] = analyze(model, data_source, length=n, samples=samples, spectrum=spectrum,
+                                      spectrum_device=spectrum_device, layers=layers, heads=heads, bootstrap=bootstrap,
+                                      out=root / f"n{n}", resume=started_at(root / f"n{n}"), **common)
+                if approx_target is not None:
+                    approximated[n] = approx(model, data_source, length=n, samples=approx_samples or samples,
+                                             budgets=[b for b in chosen_budgets or default_budgets(n) if b <= n],
+                                             methods=methods, layers=layers, target=approx_target,
+                                             fit_samples=fit_samples, out=root / f"approx-n{n}",
+                                             resume=started_at(root / f"approx-n{n}"), **common)
+            except Interrupted as stopped:  # the hint names this command, not the run inside it
+                how_far = stopped.marked.split(";")[0]
+                again = option("the same spectra scaling command and --resume",
+                               "spectra.scaling(…) with the same arguments and resume=True")
+                raise Interrupted(f"{how_far} (n = {n}, length {step} of {len(lengths)}); the lengths done are kept: "
+                                  f"continue with {again}") from None
         tables = scaling_tables(analyzed)
         if approximated:
             tables["k_needed.csv"] = k_needed_table(approximated, approx_target)
@@ -195,6 +216,7 @@ def exponents(runs: dict[int, Run]) -> pd.DataFrame:
     lengths = sorted(runs)
     measured = [np.isfinite(runs[n].cum_mean[..., 0]) for n in lengths]
     chosen = np.logical_and.reduce(measured)  # (layers, heads) measured at every n
+    sequences = min(int(runs[n].metrics["sequences"].min()) for n in lengths)  # what the replicates resample
     rows = []
     for metric in GROWING:
         grids, boots = [], []
@@ -217,7 +239,7 @@ def exponents(runs: dict[int, Run]) -> pd.DataFrame:
             else:
                 y = values[:, mask].mean(axis=1)
                 replicates = None if boot is None else boot[:, :, mask].mean(axis=2)
-            fit = growth(lengths, y, replicates)
+            fit = growth(lengths, y, replicates, sequences)
             rows.append({"metric": metric, "method": "", "scope": scope, "layer": layer, "head": head, **fit.row(),
                          "better": fit.better})
     frame = pd.DataFrame(rows)

@@ -23,9 +23,9 @@ import torch
 
 from . import distributed, timings
 from .config import Output
-from .errors import Interrupted, SpectraError
+from .errors import Interrupted, SpectraError, option
 from .probes import Probe
-from .rundir import RunDir, default_dir
+from .rundir import OVERWRITE, RESUME, RunDir, default_dir
 from .stats import plain
 
 #: settings that change how fast a run goes, not what it computes: a run may resume with others
@@ -111,6 +111,12 @@ def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     return sorted(key for key in keys if recorded.get(key) != wanted.get(key))
 
 
+def _data_changes(recorded: dict[str, Any], source: Source) -> list[str]:
+    """The content keys (`DATA_IDENTITY`) of a run's recorded data that the data read now does not match."""
+    before, now = recorded.get("data", {}), source.data()
+    return [key for key in DATA_IDENTITY if key in before and before[key] != now.get(key)]
+
+
 @contextlib.contextmanager
 def _deferred_interrupts(notify: Callable[[str], None]) -> Iterator[Callable[[], bool]]:
     """While the batches run, Ctrl-C (SIGINT) or SIGTERM only raises a flag the loop checks between batches, so
@@ -156,9 +162,10 @@ def _check_memory(job: Job, source: Source) -> None:
         return
     fits = max(1, int(0.8 * free // per_sequence))
     raise SpectraError(
-        f"--batch-size {job.batch_size} needs about {job.batch_size * per_sequence / 2**30:.1f} GiB for one batch's "
-        f"attention at n = {source.n} ({source.heads} heads), but about {free / 2**30:.1f} GiB is free on "
-        f"{source.device.type}; use --batch-size {fits} or less"
+        f"{option(f'--batch-size {job.batch_size}', f'batch_size={job.batch_size}')} needs about "
+        f"{job.batch_size * per_sequence / 2**30:.1f} GiB for one batch's attention at n = {source.n} ({source.heads} "
+        f"heads), but about {free / 2**30:.1f} GiB is free on {source.device.type}; use "
+        f"{option(f'--batch-size {fits}', f'batch_size={fits}')} or less"
     )
 
 
@@ -198,8 +205,8 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                     if distributed.size() == 1 and not checkpoint() and not saved:
                         raise Interrupted(f"interrupted after {done + seen} sequences, during the calibration: "
                                           "nothing was saved; run the command again")
-                    raise Interrupted(f"interrupted after {done + seen} sequences; continue with --resume "
-                                      f"(resume=True) and the same --out ({target.out})")
+                    raise Interrupted(f"interrupted after {done + seen} sequences; continue with {RESUME} and the "
+                                      f"same {option('--out')} ({target.out})")
                 if time.perf_counter() - last_save >= reporter.checkpoint_seconds and probe.ready():
                     checkpoint()
                     last_save = time.perf_counter()
@@ -207,14 +214,15 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                     progress(min(done + seen * distributed.size(), job.samples), job.samples)
         probe.load_state(distributed.reduce_state(probe.state(), source.device))
     except KeyboardInterrupt:
-        raise Interrupted("interrupted twice: stopped at once; continue from the last checkpoint with --resume "
-                          f"(resume=True) and the same --out ({target.out})") from None
+        raise Interrupted(f"interrupted twice: stopped at once; continue from the last checkpoint with {RESUME} and "
+                          f"the same {option('--out')} ({target.out})") from None
     except (RuntimeError, MemoryError) as error:
         if not (isinstance(error, MemoryError) or _out_of_memory(error)):
             raise
-        kept = (f"the checkpoint after {saved[0]} sequences is kept: continue with --resume (resume=True) and"
+        kept = (f"the checkpoint after {saved[0]} sequences is kept: continue with {RESUME} and"
                 if saved else "nothing was written: try again with")
-        raise SpectraError(f"ran out of memory after {done + seen} sequences; {kept} a smaller --batch-size") from None
+        raise SpectraError(f"ran out of memory after {done + seen} sequences; {kept} a smaller "
+                           f"{option('--batch-size')}") from None
     return seen
 
 
@@ -234,10 +242,16 @@ def _execute(job: Job, output: Output, reporter: Reporter, timer: timings.Timing
                     resume=output.resume, lock=distributed.is_main())
     notify, progress, checkpoint_seconds = reporter.notify, reporter.progress, reporter.checkpoint_seconds
     if target.complete:
-        changed = _differences(target.finished_meta()["settings"], job.settings)
+        finished = target.finished_meta()
+        changed = _differences(finished["settings"], job.settings)
         if changed:
-            raise SpectraError(f"{target.out} is a complete run with different {', '.join(changed)}; pass --overwrite "
-                               "(overwrite=True) to replace it, or choose another --out")
+            raise SpectraError(f"{target.out} is a complete run with different {', '.join(changed)}; pass {OVERWRITE} "
+                               f"to replace it, or choose another {option('--out')}")
+        changed = _data_changes(finished, job.open_source(job.device))
+        if changed:
+            raise SpectraError(f"{target.out} is a complete run of other data: its {', '.join(changed)} differ from "
+                               f"what the data holds now; pass {OVERWRITE} to replace it, or choose another "
+                               f"{option('--out')}")
         notify(f"{target.out} is already complete; loading it")
         return target.out
     previous = target.checkpoint_meta()
@@ -245,26 +259,28 @@ def _execute(job: Job, output: Output, reporter: Reporter, timer: timings.Timing
         changed = _differences(previous["settings"], job.settings)
         if changed:
             raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}; "
-                               "pass --overwrite (overwrite=True) to start over, or choose another --out")
+                               f"pass {OVERWRITE} to start over, or choose another {option('--out')}")
 
     device = job.device
     if distributed.requested():
         if output.resume:
-            raise SpectraError("--resume is not supported across processes; resume with a single process")
+            raise SpectraError(f"{option('--resume', 'resume')} is not supported across processes; resume with a "
+                               "single process")
         from .models import pick_device
 
         device = distributed.start(pick_device(device))
         checkpoint_seconds = float("inf")  # the shares are combined only at the end
         notify = notify if distributed.is_main() else (lambda line: None)
         progress = progress if distributed.is_main() else None
+    if previous is None and output.resume:
+        notify(f"nothing to resume in {target.out}; starting a new run")
     with timings.stage("load"):
         source = job.open_source(device)
     if previous is not None:
-        recorded, found = previous.get("data", {}), source.data()
-        changed = [key for key in DATA_IDENTITY if key in recorded and recorded[key] != found.get(key)]
+        changed = _data_changes(previous, source)
         if changed:
             raise SpectraError(f"cannot resume {target.partial}: the data changed since it started (its "
-                               f"{', '.join(changed)} differ); pass --overwrite (overwrite=True) to start over")
+                               f"{', '.join(changed)} differ); pass {OVERWRITE} to start over")
     with timings.stage("load"):
         source.start()
         _check_memory(job, source)

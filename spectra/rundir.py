@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pandas as pd
 
-from .errors import SpectraError
+from .errors import SpectraError, option
 
 try:  # POSIX; elsewhere the lock falls back to creating the lock file exclusively
     import fcntl
@@ -30,6 +30,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 CHECKPOINT = "checkpoint.npz"
+#: the two options that decide what happens to an existing run directory, as each front end spells them
+OVERWRITE, RESUME = option("--overwrite", "overwrite=True"), option("--resume", "resume=True")
 
 
 @lru_cache(maxsize=1)
@@ -75,7 +77,8 @@ def check_writable(path: Path, what: str = "--out") -> None:
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise SpectraError(f"cannot write {path}: {ancestor} is not a writable directory; choose another {what}")
+        raise SpectraError(f"cannot write {path}: {ancestor} is not a writable directory; choose another "
+                           f"{option(what)}")
 
 
 def _lock_path(out: Path) -> Path:
@@ -112,15 +115,16 @@ class RunDir:
         holder = lock_holder(self.out) if lock else None
         if holder is not None:
             raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait for it "
-                               "to finish or choose another --out")
+                               f"to finish or choose another {option('--out')}")
         if self.out.exists() and not self.out.is_dir():
-            raise SpectraError(f"output path {self.out} exists and is not a directory; choose another --out")
+            raise SpectraError(f"output path {self.out} exists and is not a directory; choose another "
+                               f"{option('--out')}")
         if self.out.exists() and not (overwrite or resume):
-            raise SpectraError(f"run directory {self.out} already exists; pass --overwrite (overwrite=True) to replace "
-                               "it or choose another --out")
+            raise SpectraError(f"run directory {self.out} already exists; pass {OVERWRITE} to replace it or choose "
+                               f"another {option('--out')}")
         if self.partial.exists() and not (overwrite or resume):
-            raise SpectraError(f"an interrupted run is at {self.partial}; pass --resume (resume=True) to continue it "
-                               "or --overwrite (overwrite=True) to start over")
+            raise SpectraError(f"an interrupted run is at {self.partial}; pass {RESUME} to continue it or "
+                               f"{OVERWRITE} to start over")
         check_writable(self.out)
 
     @property
@@ -150,7 +154,8 @@ class RunDir:
             try:
                 handle = os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w")
             except FileExistsError:
-                raise SpectraError(f"{self.out} is being written by another spectra run; choose another --out") from None
+                raise SpectraError(f"{self.out} is being written by another spectra run; choose another "
+                                   f"{option('--out')}") from None
         else:
             handle = open(path, "a+")
             try:
@@ -160,7 +165,7 @@ class RunDir:
                 holder = handle.read().strip() or "unknown"
                 handle.close()
                 raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait "
-                                   "for it to finish or choose another --out") from None
+                                   f"for it to finish or choose another {option('--out')}") from None
             handle.seek(0)
             handle.truncate()
         handle.write(f"{os.getpid()}\n")

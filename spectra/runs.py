@@ -15,7 +15,59 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import SpectraError
+from .errors import SpectraError, option
+
+
+def _size(value: Any) -> str | None:
+    """A table's rows × columns or an array's shape, for a run's repr; None for anything else."""
+    if isinstance(value, pd.DataFrame):
+        return f"{value.shape[0]}×{value.shape[1]}"
+    if isinstance(value, np.ndarray):
+        return "×".join(map(str, value.shape))
+    return None
+
+
+class _Shown:
+    """A short repr (kind, model, data, n, then each table's and array's size, then where it lives) and a dir()
+    that lists what the run holds: its fields, properties and methods, without Python's own attributes."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    def _held(self) -> dict[str, Any]:
+        """The tables and arrays the repr lists with their sizes (None: absent from this run)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__ if name not in ("path", "meta")}
+
+    def __repr__(self) -> str:
+        meta = self.meta
+        parts = [f"kind={meta.get('kind', '?')!r}", f"model={meta.get('model', {}).get('name', '?')!r}",
+                 f"data={meta.get('data', {}).get('name', '?')!r}"]
+        if "n" in meta:
+            parts.append(f"n={meta['n']}")
+        if "lengths" in meta:
+            parts.append(f"lengths={meta['lengths']}")
+        if "samples" in meta:
+            parts.append(f"samples={meta['samples']}")
+        for name in ("methods", "budgets", "eps"):  # approx and theorems: what was measured
+            if name in meta:
+                parts.append(f"{name}={meta[name]}")
+        groups: list[tuple[list[str], str]] = []  # neighbours of one size share an entry: cum_mean/cum_std=6×12×128
+        for name, value in self._held().items():
+            size = _size(value)
+            if size is not None and groups and groups[-1][1] == size:
+                groups[-1][0].append(name)
+            elif size is not None:
+                groups.append(([name], size))
+        parts += [f"{'/'.join(names)}={size}" for names, size in groups]
+        parts.append(f"path={str(self.path)!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def __dir__(self) -> list[str]:
+        names = set(self.__dataclass_fields__)
+        for cls in type(self).__mro__:
+            names.update(name for name in vars(cls) if not name.startswith("_"))
+        return sorted(names)
+
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an .npz file written by spectra; a truncated or foreign file is one line."""
@@ -28,8 +80,8 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
         raise SpectraError(f"{path} is damaged or not written by spectra") from None
 
 
-@dataclass
-class Run:
+@dataclass(repr=False)
+class Run(_Shown):
     """An `analyze` run loaded back: metadata, the per-(layer, head) table and the curves.
 
     Curves are arrays indexed (layer, head, index) with index j = 1…n on the relative grid j/n:
@@ -92,8 +144,8 @@ class Run:
         )
 
 
-@dataclass
-class ApproxRun:
+@dataclass(repr=False)
+class ApproxRun(_Shown):
     """A `spectra approx` run loaded back.
 
     `heads`: one row per (method, budget, layer, head, metric) with samples, mean (and its 95% interval
@@ -139,8 +191,8 @@ class ApproxRun:
         return frame.reset_index()
 
 
-@dataclass
-class TheoremRun:
+@dataclass(repr=False)
+class TheoremRun(_Shown):
     """A `spectra theorems` run loaded back: for each theorem, tables pooled over layers and heads
     (`theorem1`, `theorem2`), per layer (`*_layers`) and per head (`*_heads`); see theory.py for columns."""
 
@@ -148,13 +200,16 @@ class TheoremRun:
     meta: dict[str, Any]
     tables: dict[str, pd.DataFrame]
 
+    def _held(self) -> dict[str, Any]:
+        return dict(self.tables)
+
     @property
     def label(self) -> str:
         return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
 
 
-@dataclass
-class ScalingRun:
+@dataclass(repr=False)
+class ScalingRun(_Shown):
     """A `spectra scaling` run loaded back: `table` (scaling.csv: per layer, head and n the ranks for 90%/99%, the
     effective rank, c at n/4), `c_fixed` (c at fixed budgets), `exponents` (growth of the ranks with n per head,
     layer and pooled, with intervals) and, with a target, `k_needed`; its analyze runs load with `runs()`."""
@@ -182,7 +237,8 @@ class ScalingRun:
 def _read_meta(path: Path) -> dict[str, Any]:
     meta_path = path / "run.json"
     if not meta_path.is_file():
-        hint = " (an interrupted run: finish it with --resume)" if path.name.endswith(".partial") else ""
+        hint = (f" (an interrupted run: finish it with {option('--resume', 'resume=True')})"
+                if path.name.endswith(".partial") else "")
         raise SpectraError(f"{path} is not a spectra run directory: it has no run.json{hint}")
     try:
         return json.loads(meta_path.read_text())

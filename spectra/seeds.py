@@ -27,11 +27,11 @@ class Domain(enum.IntEnum):
     THEOREM1 = 201  # Theorem 1's R per (layer, k_proj)
     THEOREM2 = 202  # Theorem 2's R per (layer, k_proj)
     SYNTHETIC = 301  # Gaussian q, k, v
-    JL_METHOD = 401  # the jl method's R (and orthogonal E, F) per (budget, layer, head)
+    JL_METHOD = 401  # the jl method's R (and orthogonal E, F) per (budget, layer, head[, sequence])
     MASK = 501  # end to end: the masked-LM masking of sequence i
-    PERFORMER = 601  # FAVOR+ random features per (budget, layer, head)
-    SKYFORMER = 602  # landmark samples per (budget, layer, head, m)
-    PROBSPARSE = 603  # ProbSparse key samples per (layer, head, draw)
+    PERFORMER = 601  # FAVOR+ random features per (budget, layer, head[, sequence])
+    SKYFORMER = 602  # landmark samples per (budget, layer, head, m[, sequence])
+    PROBSPARSE = 603  # ProbSparse key samples per (layer, head, draw), or per (layer, head, sequence)
     BOOTSTRAP = 701  # Poisson bootstrap weights of sequence i
 
 

@@ -3,16 +3,17 @@
 The loop asks a source for its batches and runs each one, handing every captured layer to the probes:
 
 - `ModelSource`: the corpus's token blocks through the model with the capture attention active (one
-  `Captured` per layer and batch); `forward` also serves end to end's substituted passes;
+  `Captured` per layer and batch); `forward` also serves end to end's exact and substituted passes;
 - `SyntheticSource`: i.i.d. N(0, 1) q, k, v of n tokens and d dimensions as one layer — no model, no corpus.
 
-Both describe themselves for run.json (model, data, n, device).
+Both describe themselves for run.json (model, data, n, device). Every record either makes carries the
+global indices of its batch's sequences (`Captured.index`), on which all per-sequence randomness is seeded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ import torch
 from . import capture, data, models
 from .capture import Captured, Observe, Substitute
 from .config import RunConfig, SyntheticConfig
-from .errors import SpectraError
+from .errors import InternalError, SpectraError
 from .seeds import Domain, derive_seed
 
 
@@ -95,12 +96,16 @@ class ModelSource:
         """The batch's forward pass, every layer handed to `observe` (its records know the sequences' indices)."""
         self.forward(batch.input_ids, batch.attention_mask, observe=observe, index=batch.index)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, observe: Observe | None = None,
-                substitute: Substitute | None = None, index: list[int] | None = None) -> Any:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, index: Sequence[int],
+                observe: Observe | None = None, substitute: Substitute | None = None) -> Any:
         """One forward pass with capture active (and a substitution, if given); returns the model's outputs.
+        `index`: the sequences' global indices, which every captured record carries (required: a substitution
+        drawing per sequence and every probe seed by them).
 
         A decoder gets position ids counted from each sequence's first valid token (as generation does), so a
         left-padded sequence is encoded exactly as it is alone; encoders compute their own."""
+        if len(index) != input_ids.shape[0]:
+            raise InternalError(f"{len(index)} sequence indices for a batch of {input_ids.shape[0]} sequences")
         loaded = self.loaded
         mask = attention_mask.to(loaded.device)
         positions = {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)} if loaded.causal else {}

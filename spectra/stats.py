@@ -232,11 +232,18 @@ def t_quantile(count: np.ndarray) -> np.ndarray:
 
 
 def wilson(p: np.ndarray, count: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
-    """Wilson's 95% score interval for a proportion p observed over `count` independent trials."""
+    """Wilson's 95% score interval for a proportion p observed over `count` independent trials.
+
+    At p = 0 the low end is exactly 0 and at p = 1 the high end exactly 1 (the formula's centre − half and
+    centre + half equal them only up to rounding, which left 5.5e-17 and 0.9999999999999999), and the interval
+    always contains p."""
+    p = np.asarray(p, dtype=float)
     count = np.maximum(np.asarray(count, dtype=float), 1.0)
     centre = (p + z * z / (2 * count)) / (1 + z * z / count)
     half = z * np.sqrt(p * (1 - p) / count + z * z / (4 * count * count)) / (1 + z * z / count)
-    return np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+    low = np.where(p <= 0, 0.0, np.clip(np.minimum(centre - half, p), 0, 1))
+    high = np.where(p >= 1, 1.0, np.clip(np.maximum(centre + half, p), 0, 1))
+    return low, high
 
 
 class ClusterStats:

@@ -48,3 +48,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_threads():
+    """The suite runs with one intra-op thread (fixtures included): on its tiny tensors torch's thread pool only adds
+    its fork-join cost (an approx run with fitting: 1.5 s on one thread, 9 s on two, 2 cores). Yields the
+    machine's own count, which the tests marked `threads` get back (see `intra_op_threads`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield threads
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def intra_op_threads(request, machine_threads):
+    """Tests marked `threads` run with the machine's intra-op threads (split_threads' pool of single-threaded
+    LAPACK calls, as users get it); every other test with one."""
+    marked = request.node.get_closest_marker("threads") is not None
+    torch.set_num_threads(machine_threads if marked else 1)
+    yield
+    torch.set_num_threads(1)

@@ -31,10 +31,11 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None 
 
 
 def captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int] | None = None,
-             scaling: float | None = None, layer: int = 3) -> Captured:
-    """A captured layer of the given tensors; `lengths` pads each sequence after its length."""
+             scaling: float | None = None, layer: int = 3, index: Sequence[int] | None = None) -> Captured:
+    """A captured layer of the given tensors; `lengths` pads each sequence after its length; `index`: the
+    sequences' global indices (default 0…B−1, a run's first batch)."""
     mask = None if lengths is None else padding_mask(lengths, q.shape[-2], dtype=q.dtype)
-    return Captured.of(layer, q, k, v, mask, scaling)
+    return Captured.of(layer, q, k, v, mask, scaling, index=tuple(range(q.shape[0]) if index is None else index))
 
 
 def pooled_fits(n: int = N, heads: int = H, layers: int = 4) -> dict:
@@ -51,16 +52,18 @@ FITS = pooled_fits()
 
 
 def random_layer(lengths: Sequence[int] = (N, N), *, n: int = N, seed: int = 0, spread: float = 1.0,
-                 scaling: float = 0.7, use_p: bool = True, **options) -> Layer:
-    """A float64 Layer of Gaussian q, k, v (B = len(lengths), H heads, n tokens, D dims), padded after `lengths`."""
+                 scaling: float = 0.7, use_p: bool = True, index: Sequence[int] | None = None, **options) -> Layer:
+    """A float64 Layer of Gaussian q, k, v (B = len(lengths), H heads, n tokens, D dims), padded after `lengths`;
+    `index`: the sequences' global indices (default 0…B−1)."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(len(lengths), H, n, D, generator=g, dtype=torch.float64) * spread for _ in range(3))
     options.setdefault("fitted", FITS if n == N else None)
-    return Layer.of(captured(q, k, v, lengths, scaling), use_p=use_p, seed=options.pop("method_seed", 0), **options)
+    return Layer.of(captured(q, k, v, lengths, scaling, index=index), use_p=use_p,
+                    seed=options.pop("method_seed", 0), **options)
 
 
-def with_lengths(q, k, v, lengths, scaling: float = 0.7) -> Layer:
-    return Layer.of(captured(q, k, v, lengths, scaling), use_p=False, fitted=FITS)
+def with_lengths(q, k, v, lengths, scaling: float = 0.7, index: Sequence[int] | None = None, **options) -> Layer:
+    return Layer.of(captured(q, k, v, lengths, scaling, index=index), use_p=False, fitted=FITS, **options)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -84,3 +87,33 @@ def exact_on_valid_rows(x: Layer, approximation, atol: float) -> bool:
     rows = x.valid[:, None, :, None].to(x.p.dtype)
     return (torch.allclose(masked(approximation.p, x.valid), x.p, atol=atol)
             and torch.allclose(approximation.out * rows, x.p @ x.v, atol=atol))
+
+
+#: a rounding-level relative change of float32 data: one unit in the last place of a number in [1, 2)
+ULP32 = 2.0**-23
+
+
+def float32_qkv(lengths: Sequence[int], *, n: int, d: int, seed: int = 0, spread: float = 1.0,
+                perturbation: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gaussian float32 q, k, v (B = len(lengths), H heads, n, d), as a model captures them; with `perturbation`,
+    every entry multiplied by (1 + u·2⁻²³), u ~ U(−1, 1) seeded by it: what another machine's rounding does."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = [torch.randn(len(lengths), H, n, d, generator=g) * spread for _ in range(3)]
+    if perturbation is not None:
+        g = torch.Generator().manual_seed(10_000 + perturbation)
+        qkv = [t * (1 + (torch.rand(t.shape, generator=g) * 2 - 1) * ULP32) for t in qkv]
+    return qkv[0], qkv[1], qkv[2]
+
+
+def rounding_sensitivity(run, lengths: Sequence[int], budget: int, *, n: int, d: int, seed: int, spread: float,
+                         scaling: float, draws: int = 4) -> float:
+    """The largest relative change ‖Ṽ' − Ṽ‖_F/‖Ṽ‖_F over heads and `draws` rounding-level perturbations of float32
+    q, k, v (`float32_qkv`) of a method `run(layer, budget)`."""
+    def out(perturbation: int | None) -> torch.Tensor:
+        q, k, v = float32_qkv(lengths, n=n, d=d, seed=seed, spread=spread, perturbation=perturbation)
+        x = Layer.of(captured(q, k, v, lengths, scaling), use_p=False)
+        return run(x, budget).out.to(torch.float64) * x.valid[:, None, :, None]
+
+    base = out(None)
+    changes = [(out(i) - base).flatten(-2).norm(dim=-1) / base.flatten(-2).norm(dim=-1) for i in range(draws)]
+    return torch.stack(changes).max().item()

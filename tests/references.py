@@ -31,3 +31,39 @@ def spectrum_reference(p: np.ndarray, at: int, size: int, sink_from: int | None 
     metrics["sink"] = rows[begin:, 0].mean()
     metrics["entropy"] = np.mean([-(row[row > 0] * np.log(row[row > 0])).sum() for row in rows])
     return grid, metrics
+
+
+def eager_ranks(model_dir, text_file, n: int, samples: int, mode: str = "pack", seed: int = 0) -> np.ndarray:
+    """rank90 and rank99 (sequences, layers, heads, 2) of every sequence of a run, each from its own forward pass
+    alone through eager attention and a float64 scipy SVD of its P."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from spectra import data
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    corpus = data.open_corpus(str(text_file), seed=seed)
+    ranks = []
+    for batch in data.batches(tokenizer, corpus, n, mode, samples, 1):
+        with torch.no_grad():
+            attentions = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               output_attentions=True).attentions
+        m = int(batch.attention_mask.sum())
+        p = torch.stack(attentions, dim=1)[0, :, :, :m, :m].double().numpy()  # (layers, heads, m, m)
+        sigma = np.stack([[scipy.linalg.svdvals(head) for head in layer] for layer in p])
+        cum = np.cumsum(sigma, -1) / sigma.sum(-1, keepdims=True)
+        ranks.append(np.stack([(cum < share).sum(-1) + 1 for share in (0.9, 0.99)], axis=-1))
+    return np.array(ranks, dtype=np.float64)
+
+
+def poisson_replicates(values: np.ndarray, replicates: int, seed: int = 0) -> np.ndarray:
+    """Poisson-bootstrap replicates (replicates, *values.shape[1:]) of the mean over axis 0 of `values`, sequence i
+    weighted by `replicates` Poisson(1) draws from the generator seeded by (seed, bootstrap domain, i)."""
+    from spectra.seeds import Domain, derive_seed
+
+    weights = np.stack([np.random.default_rng(derive_seed(seed, Domain.BOOTSTRAP, i)).poisson(1.0, replicates)
+                        for i in range(len(values))]).astype(np.float64)  # (sequences, replicates)
+    total = np.tensordot(weights, values, axes=(0, 0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / weights.sum(0).reshape(-1, *[1] * (values.ndim - 1))

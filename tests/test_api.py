@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,7 +147,58 @@ def test_layer_and_head_selection_measures_only_those(roberta_dir, text_file, tm
     assert meta["layers"] == [1] and meta["heads"] == [0, 3] and meta["bootstrap"] == 4
     replicates = np.load(tmp_path / "part" / "bootstrap.npz")["replicates"]
     assert replicates.shape == (4, 2, 4, 2) and np.isfinite(replicates[:, 1, [0, 3]]).all()
-    with pytest.raises(SpectraError, match="--heads must lie in 0…3"):
+    with pytest.raises(SpectraError, match="heads must lie in 0…3"):
         spectra.analyze(str(roberta_dir), str(text_file), heads="2-5", out=tmp_path / "bad", **args)
-    with pytest.raises(SpectraError, match="--layers 'x' is not a list of layers"):
+    with pytest.raises(SpectraError, match="layers 'x' is not a list of layers"):
         spectra.analyze(str(roberta_dir), str(text_file), layers="x", out=tmp_path / "bad", **args)
+
+
+def test_paths_may_be_pathlib_paths_everywhere(roberta_dir, text_file, tmp_path, monkeypatch) -> None:
+    """Every path the API takes may be a pathlib.Path: model, data, out, k_plan, gguf_file, and the run paths of
+    load_run and the figures (spectra.analyze(Path(model)) once crashed in checkpoints.inspect)."""
+    from spectra import checkpoints
+    from spectra.report import plots
+    from spectra.report.plan import plan_k
+
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(roberta_dir, Path) and isinstance(text_file, Path)
+    run = spectra.analyze(roberta_dir, text_file, length=16, samples=2, out=tmp_path / "run", **QUIET)
+    assert run.meta["settings"]["model"] == str(roberta_dir) and run.meta["settings"]["data"] == str(text_file)
+    assert spectra.load_run(tmp_path / "run").metrics.equals(run.metrics)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_k(run, 0.9, multiple=4).to_json()))
+    planned = spectra.approx(roberta_dir, text_file, methods=["svd"], k_plan=plan, length=16, samples=2,
+                             out=tmp_path / "planned", **QUIET)
+    assert planned.plan is not None
+    theorems = spectra.theorems(roberta_dir, text_file, budgets=[4], eps=[0.5], length=16, samples=2,
+                                out=tmp_path / "theorems", **QUIET)
+    assert spectra.load_run(theorems.path).meta["kind"] == "theorems"
+    sweep = spectra.scaling(roberta_dir, text_file, lengths=[16, 24], samples=2, bootstrap=0, out=tmp_path / "sweep",
+                            **QUIET)
+    assert sweep.lengths == [16, 24]
+    assert plots.plot_run(tmp_path / "run", tmp_path / "views").paths[0].parent == tmp_path / "views"
+    assert plots.figure1([tmp_path / "run"], tmp_path / "figure")[0] == tmp_path / "figure.png"
+    assert plots.figure1(tmp_path / "run", tmp_path / "alone")[0] == tmp_path / "alone.png", "one run alone"
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights.gguf").write_bytes(b"GGUF")
+    found = checkpoints.inspect(tmp_path / "model", Path("weights.gguf"))
+    assert found.gguf_file == "weights.gguf" and found.where == str(tmp_path / "model" / "weights.gguf")
+
+
+def test_one_value_where_several_are_taken(roberta_dir, text_file, tmp_path) -> None:
+    """budgets=4, methods="svd", eps=0.5, layers=1, heads=2, lengths=… : one value is a list of one (a single
+    name is not split into letters, an int does not raise TypeError)."""
+    common = dict(length=16, samples=2, **QUIET)
+    run = spectra.approx(roberta_dir, text_file, budgets=4, methods="svd", layers=1, end_to_end=True,
+                         out=tmp_path / "approx", **common)
+    assert run.meta["budgets"] == [4] and run.meta["methods"] == ["svd"] and run.meta["layers"] == [1]
+    assert set(run.heads["method"]) == {"svd"}
+    theorems = spectra.theorems(roberta_dir, text_file, budgets=4, eps=0.5, out=tmp_path / "theorems", **common)
+    assert theorems.meta["budgets"] == [4] and theorems.meta["eps"] == [0.5]
+    analyzed = spectra.analyze(roberta_dir, text_file, layers=1, heads=2, out=tmp_path / "analyze", **common)
+    assert analyzed.metrics[["layer", "head"]].values.tolist() == [[1, 2]]
+    with pytest.raises(SpectraError, match="needs at least two different lengths to see growth, got \\[16\\]"):
+        spectra.scaling(roberta_dir, text_file, lengths=16, out=tmp_path / "sweep", **QUIET)
+    sweep = spectra.scaling(roberta_dir, text_file, lengths="16,24", samples=2, bootstrap=0, approx_target=0.5,
+                            methods="svd", budgets=4, layers=1, heads=0, out=tmp_path / "sweep", **QUIET)
+    assert sweep.meta["methods"] == ["svd"] and set(sweep.table["head"]) == {0} and set(sweep.table["layer"]) == {1}

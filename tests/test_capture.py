@@ -8,6 +8,7 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 import tiny
 from spectra import capture
+from spectra.errors import InternalError
 
 TEXTS = [
     "the attention matrix of a pretrained transformer is low rank and a projection keeps most of its spectrum",
@@ -37,10 +38,12 @@ def captured_and_eager(spectra_model, eager_model, **inputs):
     """Both models on the same inputs, without gradients: the capture's records, the capture model's output, and
     eager attention's output with its attention weights."""
     recorder = Recorder()
+    index = tuple(range(7, 7 + inputs["input_ids"].shape[0]))  # a later batch of a run: global indices 7, 8, …
     with torch.no_grad():
-        with capture.capturing(recorder):
+        with capture.capturing(recorder, index=index):
             got = spectra_model(**inputs)
         want = eager_model(**inputs, output_attentions=True)
+    assert all(record.sequence_index() == list(index) for record in recorder.seen.values())
     return recorder, got, want
 
 
@@ -166,6 +169,16 @@ def test_a_record_built_by_hand_equals_the_eager_formula() -> None:
     assert torch.allclose(captured.p, want, atol=1e-7)
 
 
+def test_a_record_without_its_sequence_indices_is_refused_by_whoever_needs_them() -> None:
+    """Records made outside a run may lack the indices, but reading them is then a bug (never batch positions)."""
+    q, k, v = torch.randn(3, 2, 1, 4, 8).unbind(0)
+    with pytest.raises(InternalError, match="no sequence indices"):
+        capture.Captured.of(0, q, k, v).sequence_index()
+    with pytest.raises(InternalError, match="3 sequence indices for 2 sequences"):
+        capture.Captured.of(0, q, k, v, index=(0, 1, 2)).sequence_index()
+    assert capture.Captured.of(0, q, k, v, index=(4, 9)).sequence_index() == [4, 9]
+
+
 def test_grouped_query_records_keep_one_key_per_key_value_head() -> None:
     q = torch.randn(1, 6, 5, 4)
     key, value = torch.randn(2, 1, 2, 5, 4).unbind(0)
@@ -216,6 +229,7 @@ def test_decoder_families_capture_like_eager(family, side) -> None:
         assert torch.equal(seen.valid, mask.bool())
 
 
+@pytest.mark.slow
 def test_smollm2_captures_like_eager() -> None:
     """The real pretrained decoder (30 layers, 9 query heads sharing 3 key/value heads, RoPE): logits and every
     layer's P bitwise equal to eager attention on a left-padded batch."""
@@ -236,6 +250,7 @@ def test_smollm2_captures_like_eager() -> None:
         assert seen.q.shape[1] == 9 and seen.key.shape[1] == 3 and seen.causal
 
 
+@pytest.mark.slow
 def test_minilm_captures_like_eager() -> None:
     """The real pretrained encoder all-MiniLM-L6-v2 on real text, padded: hidden states and every layer's P
     bitwise equal to eager attention."""

@@ -92,6 +92,7 @@ def test_bad_input_is_one_line_and_exit_2(case, roberta_dir, text_file, deberta_
     assert sorted(p.name for p in workdir.rglob("*")) == before, "nothing may be written"
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch and transformers
 def test_entry_point_runs_as_a_program(tmp_path, text_file) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "spectra.cli", "analyze", str(tmp_path / "nowhere"), "--data",
@@ -123,3 +124,11 @@ def test_help_lists_every_choice() -> None:
     assert done.returncode == 0
     for choices in ("pack|truncate", "<exact>", "auto|cpu|same", "float32|bfloat16|float16"):
         assert choices in out.replace(" ", ""), choices
+
+
+def test_bare_spectra_prints_the_usage_and_no_empty_error(monkeypatch, capsys) -> None:
+    """`spectra` alone shows the usage and exits 2 (typer's own code for it: no command is a usage error, so a
+    script that forgot its command fails), with no "error:" line after it."""
+    code, out, err = run_cli([], monkeypatch, capsys)
+    assert code == 2 and "Usage:" in out + err and "analyze" in out + err
+    assert "error" not in err.lower(), err

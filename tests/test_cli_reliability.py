@@ -44,6 +44,7 @@ def env() -> dict[str, str]:
 # ---------------------------------------------------------------- 1. interrupts
 
 
+@pytest.mark.slow  # the command line three times over 600 sequences, so that Ctrl-C lands mid-run
 def test_ctrl_c_checkpoints_exits_130_and_resumes_bitwise(roberta_dir, tmp_path) -> None:
     corpus = write_text(tmp_path / "big.txt", count=3000)
     args = [sys.executable, "-m", "spectra", "analyze", str(roberta_dir), "--data", str(corpus), "--length", "48",
@@ -208,6 +209,158 @@ def test_resume_after_the_data_changed_is_refused(roberta_dir, workdir, monkeypa
     assert (workdir / "run.partial" / "checkpoint.npz").exists(), "nothing is lost"
 
 
+def test_resume_onto_a_complete_run_of_changed_data_is_refused(roberta_dir, workdir, monkeypatch, capsys) -> None:
+    """A finished run records its data's size and SHA-256: --resume on it after the data changed refuses (as for
+    an interrupted run) instead of handing back numbers of other data."""
+    corpus = write_text(workdir / "corpus.txt", count=200)
+    analyze(roberta_dir, corpus, workdir / "run")
+    before = (workdir / "run" / "metrics.csv").read_bytes()
+    write_text(corpus, count=200, seed=1)
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(corpus), "--out", "run", "--resume",
+                              "--length", "24", "--samples", "8", "--batch-size", "4"], monkeypatch, capsys))
+    assert line.startswith("error: run is a complete run of other data: its bytes, sha256 differ")
+    assert "--overwrite" in line
+    assert (workdir / "run" / "metrics.csv").read_bytes() == before
+    write_text(corpus, count=200, seed=0)  # the same bytes again: the finished run is simply loaded
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(corpus), "--out", "run", "--resume",
+                              "--length", "24", "--samples", "8", "--batch-size", "4"], monkeypatch, capsys)
+    assert code == 0 and "already complete; loading it" in err
+
+
+def test_resume_with_nothing_to_resume_says_so_and_starts(roberta_dir, text_file, workdir, monkeypatch,
+                                                          capsys) -> None:
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+                              "--length", "16", "--samples", "2"], monkeypatch, capsys)
+    assert code == 0, err
+    assert [line for line in err.splitlines() if "resume" in line] == ["nothing to resume in run; starting a new run"]
+    assert spectra.load_run(workdir / "run").meta["samples"] == 2
+
+
+def test_fit_samples_that_leave_nothing_to_evaluate_are_refused_before_any_work(roberta_dir, workdir, monkeypatch,
+                                                                                capsys) -> None:
+    """The corpus yields few sequences: --fit-samples taking all of them (or more) is refused naming how many there
+    are at this --length and --mode, before any forward pass, and nothing is written."""
+    from transformers import AutoTokenizer
+
+    from spectra.sources import ModelSource
+
+    corpus = write_text(workdir / "small.txt", count=12)
+    tokenizer = AutoTokenizer.from_pretrained(roberta_dir)
+    ids = tokenizer(corpus.read_text().splitlines(), add_special_tokens=False)["input_ids"]
+    gives = sum(len(row) + 1 for row in ids) // (32 - 2)  # pack: documents joined by </s>, blocks of n - 2 tokens
+    assert 2 <= gives < 40
+    monkeypatch.setattr(ModelSource, "run", lambda *args, **kwargs: pytest.fail("a forward pass ran"))
+    for fit, only in ((gives + 5, "only "), (gives, "")):
+        before = snapshot(workdir)
+        line = one_line(*run_cli(["approx", str(roberta_dir), "--data", str(corpus), "--length", "32", "--k", "4",
+                                  "--methods", "linformer-pca(kv)", "--fit-samples", str(fit), "--samples", "4"],
+                                 monkeypatch, capsys))
+        assert line == (f"error: --fit-samples {fit} leaves no sequence to evaluate: the corpus gives {only}{gives} "
+                        f"sequences at --length 32 --mode pack; pass fewer calibration sequences (--fit-samples < "
+                        f"{gives}), more text or a smaller --length")
+        assert snapshot(workdir) == before
+
+
+def test_a_k_plan_made_at_another_length_is_refused(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    """A plan's k_proj hold at the n they were measured at; used at another --length they are refused (not
+    rescaled: how the rank a head needs grows with n is what spectra scaling measures, not a proportion)."""
+    analyze(roberta_dir, text_file, workdir / "run", length=16)
+    code, out, err = run_cli(["plan-k", "run", "--out", "plan.json"], monkeypatch, capsys)
+    assert code == 0, err
+    before = snapshot(workdir)
+    line = one_line(*run_cli(["approx", str(roberta_dir), "--data", str(text_file), "--length", "24", "--samples", "2",
+                              "--methods", "svd", "--k-plan", "plan.json"], monkeypatch, capsys))
+    assert line == ("error: the k plan plan.json was made at n = 16 but this run has --length 24; make a plan at this "
+                    "length: spectra plan-k on an analyze run with --length 24")
+    assert snapshot(workdir) == before
+    with pytest.raises(spectra.SpectraError, match="was made at n = 16 but this run has length=24"):
+        spectra.approx(roberta_dir, text_file, length=24, samples=2, methods="svd", k_plan=workdir / "plan.json")
+    code, out, err = run_cli(["approx", str(roberta_dir), "--data", str(text_file), "--length", "16", "--samples", "2",
+                              "--methods", "svd", "--k-plan", "plan.json"], monkeypatch, capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("command, default, example", [("approx", "128", "16"), ("theorems", "16,32,64,128,256",
+                                                                                   "16,32,64")])
+def test_a_default_k_longer_than_the_sequence_names_the_default(command, default, example, roberta_dir, text_file,
+                                                                workdir, monkeypatch, capsys) -> None:
+    line = one_line(*run_cli([command, str(roberta_dir), "--data", str(text_file), "--length", "64"], monkeypatch,
+                             capsys))
+    assert line == f"error: --k defaults to {default}, more than --length 64; pass --k ≤ 64, e.g. --k {example}"
+    run = getattr(spectra, command)
+    with pytest.raises(spectra.SpectraError) as raised:
+        run(roberta_dir, text_file, length=64)
+    shown = "(128,)" if command == "approx" else "(16, 32, 64, 128, 256)"
+    suggested = "16" if command == "approx" else "(16, 32, 64)"
+    assert str(raised.value) == (f"budgets defaults to {shown}, more than length=64; pass budgets ≤ 64, e.g. "
+                                 f"budgets={suggested}")
+    assert snapshot(workdir) == []
+
+
+def test_each_front_end_spells_options_its_own_way(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    """The command line reads --overwrite, --resume, --fit-samples N, --k; Python reads overwrite=True,
+    resume=True, fit_samples=N, budgets: the same error, rendered by each front end."""
+    (workdir / "done").mkdir()
+    (workdir / "cut.partial").mkdir()
+    model, corpus = str(roberta_dir), ["--data", str(text_file), "--length", "16", "--samples", "2"]
+    cases = [  # (command line, Python call, what the command line says, what Python says)
+        (["analyze", model, *corpus, "--out", "done"],
+         lambda: spectra.analyze(roberta_dir, text_file, length=16, samples=2, out=workdir / "done"),
+         "pass --overwrite to replace it or choose another --out", "pass overwrite=True to replace it or choose "
+                                                                   "another out"),
+        (["analyze", model, *corpus, "--out", "cut"],
+         lambda: spectra.analyze(roberta_dir, text_file, length=16, samples=2, out=workdir / "cut"),
+         "pass --resume to continue it or --overwrite to start over",
+         "pass resume=True to continue it or overwrite=True to start over"),
+        (["approx", model, *corpus, "--methods", "linformer-fit(kv)", "--k", "4"],
+         lambda: spectra.approx(roberta_dir, text_file, length=16, samples=2, methods="linformer-fit(kv)", budgets=4),
+         "pass --fit-samples N with N ≥ 2", "pass fit_samples=N with N ≥ 2"),
+        (["approx", model, *corpus, "--k", "0"],
+         lambda: spectra.approx(roberta_dir, text_file, length=16, samples=2, budgets=0),
+         "(e.g. --k 32,64,128)", "(e.g. budgets=(32, 64, 128))"),
+    ]
+    api_spellings = ("overwrite=True", "resume=True", "fit_samples=", "budgets=")
+    for args, call, cli_says, api_says in cases:
+        line = one_line(*run_cli(args, monkeypatch, capsys))
+        assert cli_says in line and not any(spelling in line for spelling in api_spellings), line
+        with pytest.raises(spectra.SpectraError) as raised:
+            call()
+        assert api_says in str(raised.value) and " --" not in str(raised.value), str(raised.value)
+
+
+def test_a_spectra_folder_in_the_current_directory_is_named(workdir) -> None:
+    """python -m puts the current directory first on sys.path: from a clone's parent, its folder spectra (no
+    __init__.py) becomes an empty namespace package ahead of an editable install's finder. The child process
+    below sets up exactly that (a finder like setuptools' editable one, appended after the path finder, mapping
+    spectra to this tree) and runs `python -m spectra --version` from there."""
+    (workdir / "spectra" / "spectra").mkdir(parents=True)
+    (workdir / "spectra" / "pyproject.toml").write_text("")
+    tree = Path(spectra.__file__).parent.parent
+    bootstrap = (
+        "import importlib.machinery, os, runpy, sys\n"
+        "sys.meta_path = [f for f in sys.meta_path if 'editable' not in str(f).lower()]\n"
+        "class Finder:\n"
+        "    @classmethod\n"
+        "    def find_spec(cls, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'spectra':\n"
+        f"            return importlib.machinery.PathFinder.find_spec(name, [os.path.join({str(tree)!r}, "
+        "*name.split('.')[:-1])])\n"
+        "sys.meta_path.append(Finder)\n"
+        "sys.path.insert(0, '')\n"
+        "sys.argv = ['spectra', '--version']\n"
+        "runpy.run_module('spectra', run_name='__main__', alter_sys=True)\n")
+    clean = {key: value for key, value in env().items() if key != "PYTHONPATH"}
+    hidden = subprocess.run([sys.executable, "-c", bootstrap], cwd=workdir, capture_output=True, text=True, env=clean)
+    line = one_line(hidden.returncode, hidden.stdout, hidden.stderr)
+    assert line == (f"error: the folder {workdir / 'spectra'} hides the installed spectra package (python -m looks in "
+                    "the current directory first): run from another directory, or use the spectra command, which is "
+                    "not affected")
+    (workdir / "elsewhere").mkdir()
+    elsewhere = subprocess.run([sys.executable, "-c", bootstrap], cwd=workdir / "elsewhere", capture_output=True,
+                               text=True, env=clean)
+    assert elsewhere.returncode == 0 and elsewhere.stdout.startswith("spectra "), elsewhere.stderr
+
+
 def test_resume_with_another_batch_size_gives_the_same_numbers(roberta_dir, text_file, workdir) -> None:
     whole = analyze(roberta_dir, text_file, workdir / "whole", samples=12)
     interrupted(roberta_dir, text_file, workdir / "cut", 4)
@@ -265,7 +418,7 @@ def test_an_allocation_failure_is_one_line_and_keeps_the_checkpoint(roberta_dir,
     resuming, line = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and resuming == "resuming run.partial after 4 sequences" and "Traceback" not in err
     assert line == ("error: ran out of memory after 8 sequences; the checkpoint after 4 sequences is kept: continue "
-                    "with --resume (resume=True) and a smaller --batch-size")
+                    "with --resume and a smaller --batch-size")
     assert (workdir / "run.partial" / "checkpoint.npz").exists()
 
 
@@ -286,18 +439,17 @@ def test_text_column_on_a_txt_file_is_refused(roberta_dir, text_file, workdir, m
 # ---------------------------------------------------------------- 12. pipes
 
 
+@pytest.mark.slow  # two fresh interpreters that import the whole stack
 def test_output_piped_to_head_writes_the_files_and_exits_0(roberta_dir, text_file, tmp_path) -> None:
     analyze(roberta_dir, text_file, tmp_path / "run")
     for args, written in ((["plan-k", "run", "--out", "p.json"], "p.json"), (["compare", "run", "--csv", "c.csv"],
                                                                              "c.csv")):
-        done = subprocess.run(f"{sys.executable} -m spectra {' '.join(args)} | head -1", shell=True, cwd=tmp_path,
-                              capture_output=True, text=True, env={**env(), "COLUMNS": "60"})
+        # with pipefail the pipeline's status is spectra's own (head's is 0 anyway)
+        done = subprocess.run(f"set -o pipefail; {sys.executable} -m spectra {' '.join(args)} | head -1", shell=True,
+                              cwd=tmp_path, capture_output=True, text=True, executable="/bin/bash",
+                              env={**env(), "COLUMNS": "60"})
         assert done.returncode == 0 and "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
         assert (tmp_path / written).stat().st_size > 0
-        pipe_status = subprocess.run(f"set -o pipefail; {sys.executable} -m spectra {' '.join(args)} | head -1",
-                                     shell=True, cwd=tmp_path, capture_output=True, text=True, executable="/bin/bash",
-                                     env=env())
-        assert pipe_status.returncode == 0, pipe_status.stderr
 
 
 # ---------------------------------------------------------------- smaller things

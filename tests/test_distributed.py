@@ -8,10 +8,16 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+import pytest
 
 from frames import assert_frames_close
+from references import eager_ranks, poisson_replicates
 import spectra
 from spectra.api import approx
+
+pytestmark = pytest.mark.slow  # two processes each (torchrun, gloo)
 
 
 def free_port() -> int:
@@ -67,3 +73,20 @@ def test_two_processes_draw_the_same_projections_per_sequence(roberta_dir, text_
     assert two.meta["processes"] == 2
     for name, table in one.tables.items():
         assert_frames_close(two.tables[name], table, rtol=1e-9, atol=1e-9, name=name)
+
+
+@pytest.mark.slow
+def test_two_processes_keep_the_bootstrap_of_one(roberta_dir, text_file, tmp_path) -> None:
+    """Bootstrap replicates weight each sequence by draws seeded by its global index: two processes taking alternate
+    sequences give bitwise the single-process replicates (integer ranks and weights: exact sums in any order)."""
+    common = ["--data", str(text_file), "--length", "24", "--samples", "8", "--batch-size", "2", "--bootstrap", "30"]
+    torchrun(["analyze", str(roberta_dir), *common, "--out", str(tmp_path / "two")], tmp_path)
+    two = spectra.load_run(tmp_path / "two")
+    one = spectra.analyze(str(roberta_dir), str(text_file), length=24, samples=8, batch_size=2, bootstrap=30,
+                          device="cpu", out=tmp_path / "one", progress=None, notify=lambda line: None)
+    assert two.meta["processes"] == 2
+    replicates = [np.load(run.path / "bootstrap.npz", allow_pickle=False)["replicates"] for run in (two, one)]
+    assert replicates[1].shape == (30, 2, 4, 2) and np.isfinite(replicates[1]).all()
+    assert np.array_equal(*replicates)
+    want = poisson_replicates(eager_ranks(roberta_dir, text_file, 24, 8), 30)  # independent: eager + scipy
+    assert np.allclose(replicates[0], want, rtol=1e-12, atol=0)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from spectra import hub
 
 
@@ -39,6 +41,7 @@ def test_an_unreachable_endpoint_is_told_within_the_timeout(monkeypatch) -> None
     hub.reachable.cache_clear()
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch and transformers
 def test_a_hub_model_with_no_network_fails_fast_in_one_line(tmp_path, text_file) -> None:
     env = {key: value for key, value in os.environ.items() if not key.endswith("_OFFLINE")}
     env.update(HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}", HF_HOME=str(tmp_path / "hf"))

@@ -57,7 +57,7 @@ def test_exponents_are_the_fits_of_the_table_with_bootstrap_intervals(scaled) ->
         means = table.groupby("n")[metric].mean().to_numpy()
         boots = np.stack([np.load(runs[n].path / "bootstrap.npz")["replicates"][..., ("rank90", "rank99").index(metric)]
                           .mean(axis=(1, 2)) for n in run.lengths], axis=1)
-        want = growth(run.lengths, means, boots)
+        want = growth(run.lengths, means, boots, sequences=4)
         assert pooled["alpha"] == pytest.approx(want.alpha, abs=1e-12)
         assert (pooled["alpha_low"], pooled["alpha_high"]) == (pytest.approx(want.alpha_low), pytest.approx(want.alpha_high))
         head = fits[(fits["scope"] == "head") & (fits["layer"] == 1) & (fits["head"] == 2)].iloc[0]
@@ -104,7 +104,7 @@ def test_the_model_loads_once_and_finished_lengths_are_reused(roberta_dir, text_
                             samples=4, batch_size=2, resume=True, progress=None, notify=lines.append)
     assert not calls, "a finished sweep is read back without loading the model"
     pd.testing.assert_frame_equal(again.table, more.table)
-    with pytest.raises(SpectraError, match="already exists; pass --overwrite"):
+    with pytest.raises(SpectraError, match="already exists; pass overwrite=True"):
         spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 32], out=tmp_path / "s", **ARGS)
 
 
@@ -120,7 +120,7 @@ def test_bad_lengths_fail_before_anything_is_written(roberta_dir, text_file, tmp
     with pytest.raises(SpectraError, match="--length 128 exceeds what tiny-roberta can embed"):
         spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 128], out=tmp_path / "long", **ARGS)
     assert not (tmp_path / "long").exists()
-    with pytest.raises(SpectraError, match="--approx-target must be a relative error"):
+    with pytest.raises(SpectraError, match="approx_target must be a relative error"):
         spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 32], approx_target=1.5, out=tmp_path / "t",
                         **ARGS)
 
@@ -134,3 +134,42 @@ def test_the_command_prints_the_exponents_and_draws(scaled, monkeypatch, capsys,
     assert code == 2 and err.strip().count("\n") == 0 and "at least two different lengths" in err
     meta = json.loads((run.path / "run.json").read_text())
     assert meta["runs"] == {"16": "n16", "40": "n40", "64": "n64"} and meta["settings"]["lengths"] == [16, 40, 64]
+
+
+def test_an_interrupted_sweep_says_to_run_the_scaling_command_again(roberta_dir, text_file, tmp_path, monkeypatch,
+                                                                    capsys) -> None:
+    """Ctrl-C inside the second length: the hint names the scaling command with --resume (not the analyze run
+    inside it), and that command continues the sweep where it stopped."""
+    import os
+    import signal
+
+    from spectra.sources import ModelSource
+
+    monkeypatch.chdir(tmp_path)
+    real, calls = ModelSource.run, []
+
+    def run(self, batch, observe):
+        calls.append(1)
+        real(self, batch, observe)
+        if len(calls) == 3:  # the first batch at n = 24
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(ModelSource, "run", run)
+    args = ["scaling", str(roberta_dir), "--data", str(text_file), "--lengths", "16,24", "--samples", "4",
+            "--batch-size", "2", "--bootstrap", "0", "--out", "sweep"]
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130 and "Traceback" not in err, err
+    assert lines[-1] == ("interrupted after 2 sequences (n = 24, length 2 of 2); the lengths done are kept: continue "
+                         "with the same spectra scaling command and --resume")
+    code, out, err = run_cli([*args, "--resume"], monkeypatch, capsys)
+    assert code == 0 and "resuming sweep/n24.partial after 2 sequences" in err and "nothing to resume" not in err
+    assert spectra.load_run(tmp_path / "sweep").lengths == [16, 24]
+
+
+def test_resume_with_nothing_to_resume_says_so_once(roberta_dir, text_file, tmp_path) -> None:
+    lines: list[str] = []
+    spectra.scaling(roberta_dir, text_file, lengths=[16, 24], bootstrap=0, out=tmp_path / "new", resume=True,
+                    samples=2, batch_size=2, progress=None, notify=lines.append)
+    assert [line for line in lines if "resume" in line] == [f"nothing to resume in {tmp_path / 'new'}; starting a new "
+                                                            "run"]

@@ -27,7 +27,7 @@ def test_resume_ends_with_the_same_numbers(roberta_dir, text_file, tmp_path) -> 
     with pytest.raises(Stop):
         spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=interrupt, **settings)
     assert not (tmp_path / "cut").exists() and (tmp_path / "cut.partial" / "checkpoint.npz").exists()
-    with pytest.raises(SpectraError, match="--resume"):
+    with pytest.raises(SpectraError, match="pass resume=True"):
         spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=None, **settings)
     with pytest.raises(SpectraError, match="different samples"):
         spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "cut", progress=None, resume=True,
@@ -45,7 +45,7 @@ def test_resume_ends_with_the_same_numbers(roberta_dir, text_file, tmp_path) -> 
 def test_existing_run_is_kept_until_overwrite_completes(roberta_dir, text_file, tmp_path) -> None:
     out = tmp_path / "run"
     first = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=out, **QUIET)
-    with pytest.raises(SpectraError, match="already exists.*--overwrite"):
+    with pytest.raises(SpectraError, match="already exists.*overwrite=True"):
         spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, **QUIET)
     assert spectra.load_run(out).meta["samples"] == 2
     second = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, overwrite=True, **QUIET)

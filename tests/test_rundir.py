@@ -32,11 +32,12 @@ def test_a_run_appears_only_when_finished(tmp_path) -> None:
 
 def test_existing_and_interrupted_runs_need_a_decision(tmp_path) -> None:
     (tmp_path / "run").mkdir()
-    with pytest.raises(SpectraError, match="already exists; pass --overwrite"):
+    with pytest.raises(SpectraError, match="already exists; pass overwrite=True"):
         rundir.RunDir(tmp_path / "run")
     (tmp_path / "other.partial").mkdir()
-    with pytest.raises(SpectraError, match="an interrupted run is at .*--resume"):
+    with pytest.raises(SpectraError, match="an interrupted run is at .*resume=True") as raised:
         rundir.RunDir(tmp_path / "other")
+    assert raised.value.for_cli().endswith("pass --resume to continue it or --overwrite to start over")
     (tmp_path / "file").write_text("")
     with pytest.raises(SpectraError, match="exists and is not a directory"):
         rundir.RunDir(tmp_path / "file")

@@ -4,6 +4,7 @@ streams them over a run: tests/probes/test_spectrum.py)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -23,6 +24,8 @@ from spectra.spectrum import (EXACT_TOLERANCE, SPECTRUM_METRICS as METRICS, cumu
 #: batched torch one that GPUs take (run here on CPU tensors)
 ROUTES = {"lapack": singular_values, "torch": lambda p: torch_sigma(p.reshape(-1, *p.shape[-2:]))[0].reshape(
     *p.shape[:-2], -1)}
+
+pytestmark = pytest.mark.threads  # the spectra run as users get them: split_threads' pool over the machine's cores
 
 
 def stochastic(batch: int, n: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
@@ -197,6 +200,7 @@ def test_exact_fallback_triggers_on_near_uniform_p_only() -> None:
         assert torch_sigma(mixed)[1].tolist() == fell_back[0].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [128, 512])
 def test_exact_mode_within_1e6_of_scipy_on_real_attention(n: int) -> None:
     """Every head's P of the real all-MiniLM-L6-v2 on licence text (one full block of n tokens, and a padded
@@ -246,16 +250,23 @@ def test_threads_and_inputs_do_not_change_the_numbers() -> None:
     assert singular_values(torch.zeros(0, 3, 8, 8)).shape == (0, 3, 8)
 
 
-def test_each_matrix_visits_every_index_once_and_passes_errors_on() -> None:
-    seen: list[int] = []
+def test_each_matrix_visits_every_index_once_on_every_thread_and_passes_errors_on() -> None:
+    seen: list[tuple[int, int]] = []
     lock = threading.Lock()
 
     def visit(i: int) -> None:
+        time.sleep(0.001)  # releases the GIL, as LAPACK does: the other threads take the next indices
         with lock:
-            seen.append(i)
+            seen.append((i, threading.get_ident()))
 
-    each_matrix(visit, 50)
-    assert sorted(seen) == list(range(50))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        each_matrix(visit, 50)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(i for i, _ in seen) == list(range(50))
+    assert len({ident for _, ident in seen}) == 3
 
     def fail(i: int) -> None:
         if i == 7:

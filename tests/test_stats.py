@@ -93,3 +93,21 @@ def test_state_tags_min_and_max_and_sums_the_rest() -> None:
         "cum.count": Reduce.SUM, "cum.total": Reduce.SUM, "cum.total_sq": Reduce.SUM}
     assert plain(state)["theorem1.max"] is stats.max
     assert tagged({"d": [3]}, Reduce.MAX)["d"].reduce is Reduce.MAX and tagged({"d": [3]})["d"].reduce is Reduce.SUM
+
+
+def test_wilson_interval_contains_its_estimate_for_every_count() -> None:
+    """Every count and every number of successes: the interval holds the estimate, its ends are exactly 0 at
+    Pr = 0 and exactly 1 at Pr = 1 (rounding once left 5.5e-17 and 0.9999999999999999), and it is scipy's."""
+    from scipy.stats import binomtest
+
+    from spectra.stats import wilson
+
+    for count in range(1, 121):
+        successes = np.arange(count + 1)
+        p = successes / count
+        low, high = wilson(p, np.full(count + 1, count))
+        assert np.all(low <= p) and np.all(p <= high), count
+        assert low[0] == 0.0 and high[-1] == 1.0 and np.all(low >= 0) and np.all(high <= 1)
+        for k in {0, 1, count // 2, count - 1, count}:
+            reference = binomtest(int(k), count).proportion_ci(confidence_level=0.95, method="wilson")
+            assert (low[k], high[k]) == pytest.approx((reference.low, reference.high), abs=1e-12)

@@ -15,7 +15,7 @@ import torch
 
 from ..capture import Captured, Substitute
 from ..config import Projection
-from ..errors import SpectraError
+from ..errors import InternalError, SpectraError
 from ..seeds import Domain, derive_seed, jl_matrix, orthogonal_matrix
 from ..spectrum import masked, split_threads
 
@@ -25,10 +25,12 @@ class Layer:
     """One layer's captured attention in float32 or better: q, k, v (B, H, n, d), valid keys (B, n), and
     P with padded rows and columns zeroed (B, H, n, n) — formed only when a method or measure asks.
 
-    Random methods draw from `seed`: with `index` (the sequences' global indices) and not `fixed`, each
-    sequence draws its own projections, so a method's error is measured over the randomness it is made of;
-    `fixed` (or no index) keeps one draw per (budget, layer, head). `fitted` holds projections fitted on
-    calibration sequences, by (method label, budget)."""
+    Random methods (jl, linformer, performer, skyformer's landmarks, probsparse's key samples) draw from
+    `seed`: unless `fixed`, each sequence draws its own, seeded by its global index in `index`, so a method's
+    error is measured over the randomness it is made of and does not depend on the batching; `fixed` keeps
+    one draw per (budget, layer, head) for the whole run. Drawing per sequence needs `index`: a layer with
+    `fixed=False` and no index is a bug and raises (never a silent fall back to fixed draws). `fitted`
+    holds projections fitted on calibration sequences, by (method label, budget)."""
 
     layer: int
     q: torch.Tensor
@@ -45,24 +47,36 @@ class Layer:
     _p: torch.Tensor | None = field(default=None, repr=False)
     _svd: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.fixed:
+            return
+        if self.index is None:
+            raise InternalError(f"layer {self.layer}: per-sequence draws (fixed=False) need the sequences' global "
+                                "indices, and none were given")
+        if len(self.index) != self.q.shape[0]:
+            raise InternalError(f"layer {self.layer}: {len(self.index)} sequence indices for a batch of "
+                                f"{self.q.shape[0]} sequences")
+
     @classmethod
     def of(cls, captured: Captured, *, use_p: bool = True, seed: int = 0,
            projection: Projection = Projection.GAUSSIAN, fixed: bool = True,
            fitted: Mapping[tuple[str, int], Any] | None = None) -> "Layer":
         """From a captured layer (any dtype; promoted to float32 or better). With `use_p` the capture's P is
-        used; without, P is computed from q and k on first use, so a substitution that never needs it skips it."""
+        used; without, P is computed from q and k on first use, so a substitution that never needs it skips it.
+        Per-sequence draws (`fixed=False`) read the record's indices, which must be there."""
         dtype = torch.promote_types(captured.q.dtype, torch.float32)
         q, k, v = captured.q.to(dtype), captured.k.to(dtype), captured.v.to(dtype)
         valid = captured.valid
         v = v * valid[:, None, :, None].to(dtype)
         given = masked(captured.p.to(dtype), valid) if use_p else None
+        index = captured.index if fixed else tuple(captured.sequence_index())
         return cls(captured.layer, q, k, v, valid, captured.scaling, seed, Projection(projection), captured.causal,
-                   captured.index, fixed, fitted, _p=given)
+                   index, fixed, fitted, _p=given)
 
     @property
     def per_sequence(self) -> bool:
-        """Whether each sequence draws its own random projections."""
-        return not self.fixed and self.index is not None
+        """Whether each sequence draws its own random projections (not `fixed`; the index is then there)."""
+        return not self.fixed
 
     def sequence_seeds(self, *parts: int) -> list[int]:
         """One seed per sequence for a draw identified by `parts` (the same seed for all when not per sequence)."""

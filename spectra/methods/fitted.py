@@ -12,16 +12,18 @@ exist per sharing level. The projections are fitted before the evaluated sequenc
 from __future__ import annotations
 
 from ..config import Sharing
-from ..errors import SpectraError
+from ..errors import SpectraError, option
 from .base import Approximation, Layer, Method, register
 from .linformer import eq7
 
-#: plot colour, marker and terminal header of each family's sharing levels
+#: plot colour, marker and terminal header of each family's sharing levels: PCA in blue-greens (matplotlib's PuBuGn),
+#: the fit in greens (Greens), each level a shade; no colour within ΔE 20 (CIELAB) of another family's, so neither
+#: is taken for the random Linformer's blues nor for pool-mean (tests/methods/test_base.py checks it)
 _SHOWN = {
-    "linformer-pca": {Sharing.NONE: ("#6baed6", "1", "pca\n(none)"), Sharing.HEADWISE: ("#3182bd", "2", "pca\n(head)"),
-                      Sharing.KV: ("#08519c", "3", "pca\n(kv)"), Sharing.LAYERWISE: ("#9ecae1", "4", "pca\n(layer)")},
-    "linformer-fit": {Sharing.NONE: ("#74c476", "^", "fit\n(none)"), Sharing.HEADWISE: ("#31a354", "v", "fit\n(head)"),
-                      Sharing.KV: ("#006d2c", "D", "fit\n(kv)"), Sharing.LAYERWISE: ("#a1d99b", "P", "fit\n(layer)")},
+    "linformer-pca": {Sharing.NONE: ("#66a9cf", "1", "pca\n(none)"), Sharing.HEADWISE: ("#16879f", "2", "pca\n(head)"),
+                      Sharing.KV: ("#03657a", "3", "pca\n(kv)"), Sharing.LAYERWISE: ("#afc1dd", "4", "pca\n(layer)")},
+    "linformer-fit": {Sharing.NONE: ("#73c476", "^", "fit\n(none)"), Sharing.HEADWISE: ("#2f974e", "v", "fit\n(head)"),
+                      Sharing.KV: ("#005321", "D", "fit\n(kv)"), Sharing.LAYERWISE: ("#a9dca3", "P", "fit\n(layer)")},
 }
 FITTED_FAMILIES = tuple(_SHOWN)
 
@@ -38,7 +40,8 @@ def fitted_method(label: str) -> Method:
         projections = (x.fitted or {}).get((label, budget))
         if projections is None:
             raise SpectraError(f"{label} at k = {budget} needs projections fitted on calibration sequences: pass "
-                               "--fit-samples N (fit_samples=N) to spectra approx")
+                               f"{option('--fit-samples N', 'fit_samples=N')} to "
+                               f"{option('spectra approx', 'spectra.approx')}")
         e, f = projections.pair(x.layer, x.q.shape[-2])
         return eq7(x, e, f)
 

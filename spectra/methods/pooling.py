@@ -43,7 +43,7 @@ def mean_pooling_matrix(window: torch.Tensor, budget: int, dtype: torch.dtype) -
     return (member / member.sum(1, keepdim=True).clamp_min(1)).transpose(-1, -2)
 
 
-@method("pool-mean", color="tab:green", marker="X", short="pool\nmean")
+@method("pool-mean", color="#e6ab02", marker="X", short="pool\nmean")
 def pool_mean(x: Layer, budget: int) -> Approximation:
     p_bar, _, window = _pooled(x, budget, "mean")
     p_tilde = p_bar @ mean_pooling_matrix(window, budget, x.q.dtype)[:, None]

@@ -21,7 +21,8 @@ INFORMER_FACTOR = 5
 
 @lru_cache(maxsize=256)
 def _informer_draws(seed: int, layer: int, heads: int, n: int, count: int) -> np.ndarray:
-    """Uniforms (H, n, count); column t of head h comes from its own generator, so a shorter n is a prefix."""
+    """Uniforms (H, n, count) shared by every sequence (fixed draws); column t of head h comes from its own
+    generator, so a shorter n is a prefix."""
     return np.stack([
         np.stack([np.random.default_rng(derive_seed(seed, Domain.PROBSPARSE, layer, head, t)).random(n)
                   for t in range(count)], axis=-1)
@@ -29,20 +30,37 @@ def _informer_draws(seed: int, layer: int, heads: int, n: int, count: int) -> np
     ])
 
 
+def _sequence_draws(seed: int, layer: int, heads: int, n: int, count: int, width: int, sequence: int) -> np.ndarray:
+    """Uniforms (H, n, width) of one sequence: head h's (n, count) block row by row from one generator fixed
+    by (seed, layer, head, sequence), so a shorter n is a prefix; columns past `count` are never used."""
+    drawn = np.zeros((heads, n, width))
+    for head in range(heads):
+        drawn[head, :, :count] = np.random.default_rng(
+            derive_seed(seed, Domain.PROBSPARSE, layer, head, sequence)).random((n, count))
+    return drawn
+
+
 def probsparse_sample(x: Layer) -> tuple[torch.Tensor, torch.Tensor]:
     """Key positions (B, H, n, c) sampled for each query and their mask (B, 1, 1, c).
 
     As Informer: c = min(INFORMER_FACTOR·⌈ln m⌉, m) keys per query, uniform over the m valid keys, with
-    replacement. Draw t of query i of head h is ⌊u·m⌋ with u the i-th number of a generator fixed by
-    (seed, layer, head, t): the same for every budget (so the top-k sets are nested) and, for right
-    padding, the same for a sequence alone or padded in a batch.
+    replacement. Draw t of query i of head h is ⌊u·m⌋ for a uniform u drawn per sequence, from a generator
+    fixed by (seed, layer, head, the sequence's global index) (`_sequence_draws`); with `x.fixed`, u is the
+    i-th number of a generator fixed by (seed, layer, head, t), shared by every sequence. Either way the
+    draws are the same for every budget (so the top-k sets are nested) and, for right padding, the same for
+    a sequence alone or padded in a batch.
     """
     heads, n = x.q.shape[1:3]
     lengths = np.maximum(x.valid.sum(-1).cpu().numpy(), 1)[:, None, None, None]  # (B, 1, 1, 1)
     counts = np.minimum(INFORMER_FACTOR * np.ceil(np.log(lengths[:, 0, 0, 0])).astype(np.int64), lengths[:, 0, 0, 0])
     counts = np.maximum(counts, 1)
-    draws = _informer_draws(x.seed, x.layer, heads, n, int(counts.max()))  # (H, n, c) in float64, any device
-    ranks = torch.from_numpy(np.minimum((draws[None] * lengths).astype(np.int64), lengths - 1)).to(x.valid.device)
+    width = int(counts.max())
+    if x.per_sequence:
+        draws = np.stack([_sequence_draws(x.seed, x.layer, heads, n, int(count), width, sequence)
+                          for count, sequence in zip(counts, x.index)])  # (B, H, n, c)
+    else:
+        draws = _informer_draws(x.seed, x.layer, heads, n, width)[None]  # (1, H, n, c) in float64, any device
+    ranks = torch.from_numpy(np.minimum((draws * lengths).astype(np.int64), lengths - 1)).to(x.valid.device)
     order = valid_first(x.valid)[:, None, :].expand(-1, heads, -1)  # (B, H, n)
     positions = torch.gather(order, -1, ranks.flatten(-2)).view(ranks.shape)
     used = np.arange(counts.max()) < counts[:, None]

@@ -38,7 +38,7 @@ def prefix_truncations(p: torch.Tensor, budget: int) -> torch.Tensor:
     return rows
 
 
-@method("svd-causal", color="#525252", marker="+", short="svd\ncausal", causal=True)
+@method("svd-causal", color="#7b4173", marker="+", short="svd\ncausal", causal=True)
 def svd_causal(x: Layer, budget: int) -> Approximation:
     """Row i of P̃ = row i of the best rank-k approximation (Eckart–Young) of the prefix block P[:i+1, :i+1]
     of a causal layer (`prefix_truncations`); on a bidirectional layer every query sees the whole P and

@@ -86,7 +86,7 @@ class EndToEnd(Probe):
         else:
             ids, labels = batch.input_ids, None
         valid = batch.attention_mask.to(loaded.device).bool()
-        exact = self.source.forward(ids, batch.attention_mask)
+        exact = self.source.forward(ids, batch.attention_mask, index=batch.index)
         exact_hidden = _last_hidden(exact).float()
         self._add(0, exact_hidden, exact_hidden, exact, labels, valid, loaded)
         for row, key in enumerate(self.keys, start=1):

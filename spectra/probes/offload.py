@@ -4,7 +4,9 @@ Batched SVDs and eigensolvers of 512×512 matrices are not what GPUs do best (to
 for matrices larger than 32×32 on CUDA), while the forward pass is. `Offloaded` wraps a `SpectrumProbe`:
 each layer's P and its valid keys go to the spectrum device — on CUDA through pinned memory, asynchronously —
 and one worker thread runs the probe's updates in call order while the model computes the next layers.
-One worker and FIFO order make the sums, and so the results, bitwise equal to running inline.
+One worker and FIFO order make the sums, and so the results, bitwise equal to running inline. Every path
+(inline, worker, GPU, the CPU fallback) hands the probe the record's global sequence indices, which seed the
+bootstrap weights; a record without them is a bug and raises (`Captured.sequence_index`).
 
 `device="auto"` times the singular values of the first layer's P on the model's device and on the CPU
 and keeps the faster; on CPU and MPS models the spectra always run on the CPU.
@@ -110,11 +112,11 @@ class Offloaded(Probe):
             self.warn(f"warning: the spectra's {self.device} path failed ({self.fallback}); computing them inline "
                       "on the CPU from here on (same numbers, slower)")
 
-    def _inline(self, layer: int, p: torch.Tensor, valid: torch.Tensor) -> None:
-        self.probe.add(layer, p.cpu(), valid.cpu())
+    def _inline(self, layer: int, p: torch.Tensor, valid: torch.Tensor, index: list[int]) -> None:
+        self.probe.add(layer, p.cpu(), valid.cpu(), index)
 
     def update(self, captured: Captured) -> None:
-        layer, p, valid = captured.layer, captured.p, captured.valid
+        layer, p, valid, index = captured.layer, captured.p, captured.valid, captured.sequence_index()
         if self.device is None:
             try:
                 self._decide(p, valid)
@@ -123,12 +125,12 @@ class Offloaded(Probe):
                 self._fall_back(error)
         self._catch_up()
         if not self.off_path:
-            self._inline(layer, p, valid)
+            self._inline(layer, p, valid, index)
             return
         try:
             moved_p, moved_valid = _to(p, self.device, not self.overlap), _to(valid, self.device, not self.overlap)
             if not self.overlap:  # on the model's GPU, inline
-                self.probe.add(layer, moved_p, moved_valid)
+                self.probe.add(layer, moved_p, moved_valid, index)
                 return
             ready = None
             if p.device.type == "cuda" and self.device.type == "cpu":  # the worker waits for the copy, not the GPU
@@ -137,10 +139,10 @@ class Offloaded(Probe):
         except Exception as error:  # noqa: BLE001 - the off-device path failed: this layer and the rest on the CPU
             self._fall_back(error)
             self._catch_up()
-            self._inline(layer, p, valid)
+            self._inline(layer, p, valid, index)
             return
         with stage("wait"):  # the queue holds at most `depth` layers: the forward waits for the spectra
-            self._pending.put((layer, moved_p, moved_valid, ready, p, valid))
+            self._pending.put((layer, moved_p, moved_valid, index, ready, p, valid))
 
     def _work(self) -> None:
         with torch.inference_mode():
@@ -149,18 +151,18 @@ class Offloaded(Probe):
                 try:
                     if item is None:
                         return
-                    layer, p, valid, ready, source_p, source_valid = item
+                    layer, p, valid, index, ready, source_p, source_valid = item
                     if self.fallback is not None:
-                        self._redo.append((layer, source_p, source_valid))
+                        self._redo.append((layer, source_p, source_valid, index))
                         continue
                     try:
                         if ready is not None:
                             ready.synchronize()
-                        self.probe.add(layer, p, valid)
+                        self.probe.add(layer, p, valid, index)
                     except BaseException as error:  # handed to the main thread, which redoes the layer on the CPU
                         self._error = self._error or error
                         self.fallback = self.fallback or "worker"
-                        self._redo.append((layer, source_p, source_valid))
+                        self._redo.append((layer, source_p, source_valid, index))
                 finally:
                     self._pending.task_done()
 

@@ -6,9 +6,13 @@ head, mean and std of every metric) and `curves.npz` (index, cum_mean, cum_std, 
 
 A selection of layers and heads computes the spectra of those alone (long sequences: each spectrum costs
 O(n³)); the others are NaN in the curves and absent from the table. With `bootstrap` = B the probe also
-keeps B Poisson-bootstrap replicates of the mean rank for 90% and 99% (sequence i weighted by Poisson(1)
-draws seeded by its global index: streaming, mergeable, independent of batching), written to
-`bootstrap.npz`, from which `spectra scaling` gets the confidence interval of a growth exponent.
+keeps B Poisson-bootstrap replicates of the mean rank for 90% and 99%: replicate r weights sequence i by
+the r-th of B Poisson(1) draws seeded by (seed, i), i its global index in the run — the same weights for
+every layer and head, whatever the batch it came in or the process that ran it — so the replicates are a
+bootstrap over sequences, streaming and mergeable, and bitwise independent of the batch size and the number
+of processes (ranks and weights are integers, so their float64 sums do not depend on the order of adding). They are
+written to `bootstrap.npz`, from which `spectra scaling` gets the confidence interval of a growth exponent.
+`add` takes the indices as required: there is no fallback to batch positions.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from ..capture import Captured
 from ..config import Spectrum
+from ..errors import InternalError
 from ..spectrum import METRICS, masked, row_metrics, singular_values, sink_start, summarize
 from ..seeds import Domain, derive_seed
 from ..stats import Moments, State, tagged
@@ -58,10 +63,12 @@ class SpectrumProbe(Probe):
         return np.stack([np.random.default_rng(derive_seed(self.seed, Domain.BOOTSTRAP, i)).poisson(1.0, self.bootstrap)
                          for i in index]).astype(np.float64)
 
-    def add(self, layer: int, p: torch.Tensor, valid: torch.Tensor, index: Sequence[int] | None = None) -> None:
+    def add(self, layer: int, p: torch.Tensor, valid: torch.Tensor, index: Sequence[int]) -> None:
         """Add one layer's P (B, H, w, w), w ≤ n, whose valid key positions are `valid` (B, w), on any device;
-        `index`: the sequences' global indices (for the bootstrap)."""
+        `index`: the B sequences' global indices in the run (they seed the bootstrap weights)."""
         batch, heads, width, _ = p.shape
+        if len(index) != batch:
+            raise InternalError(f"layer {layer}: {len(index)} sequence indices for a batch of {batch} sequences")
         if layer not in self.select_layers:
             return
         if width > self.n or heads != self.heads:
@@ -83,7 +90,7 @@ class SpectrumProbe(Probe):
         self.sigma.add(slot, sigma)
         self.metrics.add(slot, metrics)
         if self.bootstrap:
-            weights = self._weights(range(batch) if index is None else index)  # (B, R)
+            weights = self._weights(index)  # (B, R)
             values = metrics[..., [METRICS.index(name) for name in BOOTSTRAPPED]].to("cpu", torch.float64).numpy()
             self.boot_total[:, layer, chosen] += np.einsum("br,bhm->rhm", weights, values)
             self.boot_weight[:, layer, chosen] += weights.sum(0)[:, None]

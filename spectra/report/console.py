@@ -259,6 +259,14 @@ def print_plan(run: Run, plan: Plan) -> None:
                 f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
                 f"(a layer's k_proj: {rule})")
     print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
+    out.print(RANK_VS_PLAN, soft_wrap=True)
+
+
+#: why plan-k's k_min is not analyze's rank90 (the README says the same, tests/report/test_plan.py checks it)
+RANK_VS_PLAN = ("k_min is not analyze's rank90: rank90 is the mean over sequences of each sequence's own smallest k "
+                "reaching 90%, k_min the smallest k where the mean curve (over sequences, and heads unless --per-head) "
+                "reaches E; neither bounds the other, and both lie between the smallest and the largest per-sequence "
+                "rank.")
 
 
 def print_compare(runs: list[Run], table: pd.DataFrame, at: int | None) -> None:

@@ -8,6 +8,7 @@ run's mean curves; `Plan.to_json` is what a Linformer module consumes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,21 +16,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import SpectraError
+from ..errors import SpectraError, option
 from ..runs import Run
 
 
 def check_energy(energy: float) -> float:
     """`energy` as a float if it is a share of the nuclear norm in (0, 1], else a one-line SpectraError."""
     if not (isinstance(energy, (int, float)) and 0 < energy <= 1):
-        raise SpectraError(f"--energy must be in (0, 1] (a share of the nuclear norm, e.g. 0.9), got {energy}")
+        raise SpectraError(f"{option('--energy')} must be in (0, 1] (a share of the nuclear norm, e.g. 0.9), got "
+                           f"{energy}")
     return float(energy)
 
 
 def check_multiple(multiple: int) -> int:
     """`multiple` if it is a positive rounding step, else a one-line SpectraError."""
     if multiple < 1:
-        raise SpectraError(f"--multiple must be a positive integer (e.g. 8), got {multiple}")
+        raise SpectraError(f"{option('--multiple')} must be a positive integer (e.g. 8), got {multiple}")
     return int(multiple)
 
 
@@ -150,13 +152,17 @@ def plan_k(run: Run, energy: float, *, multiple: int = 8, per_head: bool = False
     return Plan(run.n, run.heads, energy, multiple, per_head, table, np.asarray(layer_k), str(run.path))
 
 
-def read_plan(plan: str | Path | dict) -> tuple[int, ...]:
+def read_plan(plan: str | os.PathLike | dict, n: int | None = None) -> tuple[int, ...]:
     """Each layer's k_proj from a plan written by `spectra plan-k` (its JSON file, or the dict): for a per-head
-    plan, the layer's (the largest of its heads'). Anything else is one line."""
+    plan, the layer's (the largest of its heads'). A plan that records the length n it was made at is refused
+    for another `n`: the k_proj a head needs does not scale in proportion to n (see `spectra scaling`), so a
+    rescaled plan would be a guess. Anything else is one line."""
     import json
 
+    where = "the k plan"
     if not isinstance(plan, dict):
         path = Path(plan)
+        where = f"the k plan {path}"
         try:
             plan = json.loads(path.read_text())
         except FileNotFoundError:
@@ -175,4 +181,9 @@ def read_plan(plan: str | Path | dict) -> tuple[int, ...]:
     for k in found:
         if k < 1:
             raise SpectraError(f"the k plan asks for k = {k}: every layer's k_proj must be at least 1")
+    made_at = plan.get("n")
+    if n is not None and made_at is not None and made_at != n:
+        raise SpectraError(f"{where} was made at n = {made_at} but this run has "
+                           f"{option(f'--length {n}', f'length={n}')}; make a plan at this length: spectra plan-k on an "
+                           f"analyze run with --length {n}")
     return found

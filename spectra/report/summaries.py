@@ -282,7 +282,7 @@ def scaling_layers(run: ScalingRun, metric: str = "rank90") -> pd.DataFrame:
     keys = ["all" if scope == "pooled" else int(layer) for scope, layer in zip(fits["scope"], fits["layer"])]
     fits = fits.assign(key=keys).set_index("key")
     wide["α"] = fits["alpha"]
-    wide["95% interval"] = [f"[{low:.2f}, {high:.2f}]" if np.isfinite(low) else "" for low, high in
+    wide["95% interval"] = [f"[{', '.join(interval_digits(low, high))}]" if np.isfinite(low) else "" for low, high in
                             zip(fits["alpha_low"].reindex(wide.index), fits["alpha_high"].reindex(wide.index))]
     wide["fits better"] = fits["better"].reindex(wide.index).fillna("")
     return wide.rename_axis("layer").reset_index()
@@ -298,12 +298,21 @@ def scaling_fixed(run: ScalingRun) -> pd.DataFrame:
     return wide.rename_axis("k").reset_index()
 
 
+def interval_digits(low: float, high: float, most: int = 4) -> tuple[str, str]:
+    """The ends of an interval with two decimals, or as many more (up to `most`) as it takes for them to differ:
+    a narrow interval is never printed as 0.98–0.98, which reads as no uncertainty at all."""
+    digits = 2
+    while digits < most and f"{low:.{digits}f}" == f"{high:.{digits}f}":
+        digits += 1
+    return f"{low:.{digits}f}", f"{high:.{digits}f}"
+
+
 def growth_reading(alpha: float, low: float, high: float) -> str:
     """What an exponent α (with its interval) says about the needed k: not growing, growing slower than n, or
     in proportion to n."""
     if not np.isfinite(alpha):
         return "no exponent (fewer than two lengths with positive values)"
-    interval = f" (95% interval {low:.2f}–{high:.2f})" if np.isfinite(low) else ""
+    interval = " (95% interval {}–{})".format(*interval_digits(low, high)) if np.isfinite(low) else ""
     if np.isfinite(low) and low <= 0.1 and high < 0.3 or not np.isfinite(low) and alpha < 0.1:
         verdict = "the needed k does not measurably grow with n, as the paper claims"
     elif (high if np.isfinite(high) else alpha) < 0.9:

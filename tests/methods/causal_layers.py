@@ -40,7 +40,7 @@ def layer(lengths: Sequence[int] = (N, 7), side: str = "right", *, causal: bool 
     q, k, v = (torch.randn(len(lengths), H, n, D, generator=g, dtype=torch.float64).to(dtype) * spread
                for _ in range(3))
     mask = model_mask(valid_positions(lengths, n, side), causal, dtype)
-    return Layer.of(Captured.of(3, q, k, v, mask, S, causal=causal), use_p=False)
+    return Layer.of(Captured.of(3, q, k, v, mask, S, causal=causal, index=tuple(range(len(lengths)))), use_p=False)
 
 
 def allowed(x: Layer, b: int, i: int) -> list[int]:

@@ -11,7 +11,7 @@ from layers import B, FITS, H, N, captured, random_layer, with_lengths
 from methods.causal_layers import layer as causal_layer, look_ahead, model_mask, valid_positions
 from spectra.capture import Captured
 from spectra.config import Sharing
-from spectra.errors import SpectraError
+from spectra.errors import InternalError, SpectraError
 from spectra.methods import REGISTRY, Approximation, Layer, expand, substitute
 from spectra.probes.approx import measures
 
@@ -57,7 +57,8 @@ def test_padded_sequence_measures_as_alone(name) -> None:
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_float32_is_finite_and_p_rows_sum_to_one(name) -> None:
     x = random_layer(LENGTHS, spread=1.5, use_p=False)
-    x32 = Layer.of(Captured.of(3, x.q.float(), x.k.float(), x.v.float(), None, 0.7), use_p=False, fitted=FITS)
+    x32 = Layer.of(Captured.of(3, x.q.float(), x.k.float(), x.v.float(), None, 0.7, index=x.index), use_p=False,
+                   fitted=FITS)
     approx = REGISTRY[name].run(x32, 5)
     assert approx.out.dtype == torch.float32 and torch.isfinite(approx.out).all()
     if approx.p is not None:
@@ -158,8 +159,66 @@ def test_causal_substitution_at_full_budget_is_exact_attention(name, side) -> No
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, H, N, 4, generator=g, dtype=torch.float64) for _ in range(3))
     valid = valid_positions(LENGTHS, N, side)
-    record = Captured.of(3, q, k, v, model_mask(valid, True, torch.float64), 0.7, causal=True)
+    record = Captured.of(3, q, k, v, model_mask(valid, True, torch.float64), 0.7, causal=True, index=(0, 1))
     out = substitute(name, N, None, fitted=FITS)(record)
     exact = record.p @ record.v  # eager attention with the model's causal mask
     rows = valid[:, None, :, None]
     assert torch.allclose(out * rows, exact * rows, atol=1e-9)
+
+
+# ---------------------------------------------------------------- randomness drawn per sequence
+
+#: the methods made of random draws (projections, features, landmark or key samples): each sequence draws its own,
+#: seeded by its global index, unless the draws are fixed
+RANDOM = ["jl", *(f"linformer({s})" for s in Sharing), "performer", "performer-causal", "skyformer", "probsparse"]
+
+
+def twins(fixed: bool) -> Layer:
+    """One sequence twice, as sequences 5 and 2 of a run."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, H, N, 4, generator=g, dtype=torch.float64).expand(2, -1, -1, -1) for _ in range(3))
+    return with_lengths(q, k, v, (N, N), index=(5, 2), fixed=fixed)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_random_methods_draw_per_sequence_unless_fixed(name) -> None:
+    """Two copies of one sequence get different approximations exactly when the method is random and not fixed."""
+    for fixed in (False, True):
+        out = REGISTRY[name].run(twins(fixed), 5).out
+        assert torch.allclose(out[0], out[1], atol=1e-12) == (fixed or name not in RANDOM), (name, fixed)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_per_sequence_draws_do_not_depend_on_the_batch(name) -> None:
+    """A sequence drawing its own randomness gets the same result alone, padded in a batch, or at another position
+    of another batch: its draws are seeded by its global index, never by its place in the batch."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(3, H, N, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    batch = with_lengths(q, k, v, (N, 7, N), index=(5, 2, 8), fixed=False)
+    swapped = with_lengths(q[[2, 0]], k[[2, 0]], v[[2, 0]], (N, N), index=(8, 5), fixed=False)
+    alone = [with_lengths(q[b:b + 1, :, :m], k[b:b + 1, :, :m], v[b:b + 1, :, :m], (m,), index=(i,), fixed=False)
+             for b, (m, i) in enumerate(((N, 5), (7, 2), (N, 8)))]
+    for budget in (3, 7):
+        run = REGISTRY[name].run
+        got, other = measures(batch, run(batch, budget)), measures(swapped, run(swapped, budget))
+        for b, x in enumerate(alone):
+            want = measures(x, run(x, budget))[:, 0]
+            assert torch.allclose(got[:, b], want, atol=1e-9, equal_nan=True), (budget, b)
+        assert torch.allclose(other[:, 0], got[:, 2], atol=1e-9, equal_nan=True)
+        assert torch.allclose(other[:, 1], got[:, 0], atol=1e-9, equal_nan=True)
+
+
+def test_per_sequence_draws_need_the_sequence_indices() -> None:
+    """Drawing per sequence without the sequences' indices is a bug that raises, never a fall back to fixed draws."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(2, H, N, 4, generator=g) for _ in range(3))
+    anonymous = Captured.of(3, q, k, v)  # made outside a run: no indices
+    with pytest.raises(InternalError, match="no sequence indices"):
+        Layer.of(anonymous, fixed=False)
+    with pytest.raises(InternalError, match="need the sequences' global indices"):
+        Layer(3, q, k, v, torch.ones(2, N, dtype=torch.bool), 0.7, fixed=False)
+    with pytest.raises(InternalError, match="1 sequence indices for a batch of 2"):
+        Layer(3, q, k, v, torch.ones(2, N, dtype=torch.bool), 0.7, fixed=False, index=(4,))
+    with pytest.raises(InternalError, match="no sequence indices"):
+        substitute("jl", 4, None, fixed=False)(anonymous)
+    assert Layer.of(anonymous).fixed and substitute("jl", 4, None)(anonymous).shape == q.shape  # fixed: no index needed

@@ -34,6 +34,7 @@ def test_fitted_method_is_eq7_with_the_given_projections(family, sharing) -> Non
 
 def test_a_fitted_method_without_its_fit_names_the_option() -> None:
     x = random_layer(fitted={})
-    with pytest.raises(SpectraError, match="--fit-samples"):
+    with pytest.raises(SpectraError, match="pass fit_samples=N to spectra.approx") as raised:
         REGISTRY["linformer-fit(kv)"].run(x, 3)
+    assert raised.value.for_cli().endswith("pass --fit-samples N to spectra approx")
     assert torch.isfinite(REGISTRY["linformer-fit(kv)"].run(random_layer(), 3).out).all(), "pooled stand-in works"

@@ -89,7 +89,7 @@ def model_calibrations(roberta_dir) -> list[Calibration]:
     for start in range(0, 16, 8):
         batch = tokenizer(tiny.corpus_lines(16, seed=1)[start:start + 8], padding="max_length", truncation=True,
                           max_length=32, return_tensors="pt")
-        capture.forward(model, 2, lambda c: records[c.layer].append(c), **batch)
+        capture.forward(model, 2, lambda c: records[c.layer].append(c), index=range(start, start + 8), **batch)
     calibs = [Calibration.of(records[layer]) for layer in range(2)]
     assert not calibs[0].valid.all() and calibs[0].q.shape == (16, 4, 32, 8) and calibs[0].q.dtype == torch.float32
     assert calibs[0].nbytes == 4 * 16 * 4 * 32 * 8 * 4 + 16 * 32

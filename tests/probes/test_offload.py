@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from references import eager_ranks, poisson_replicates
 import spectra
 from spectra.capture import Captured
 from spectra.config import Place
@@ -16,6 +17,8 @@ from spectra.errors import SpectraError
 from spectra.probes.offload import Offloaded
 from spectra.probes.spectrum import SpectrumProbe
 from spectra.stats import Reduce, plain
+
+pytestmark = pytest.mark.threads  # the worker thread and split_threads' pool, with the machine's cores
 
 QUIET = dict(progress=None, notify=lambda line: None)
 
@@ -32,7 +35,7 @@ def _softmax_batches(count: int, n: int = 24, heads: int = 3, layers: int = 2, s
         mask = torch.where(valid[:, None, None, :], 0.0, torch.finfo(torch.float32).min)
         for layer in range(layers):
             logits = torch.randn(2, heads, n, n, generator=generator) * (1 + layer)
-            yield Captured.of(layer, logits, eye, torch.zeros_like(logits), mask, scaling=1.0)
+            yield Captured.of(layer, logits, eye, torch.zeros_like(logits), mask, scaling=1.0, index=(2 * i, 2 * i + 1))
 
 
 def _fed(probe, batches) -> dict[str, np.ndarray]:
@@ -127,10 +130,10 @@ def test_a_failing_worker_hands_its_layers_back(monkeypatch) -> None:
     inline = _fed(SpectrumProbe(2, 3, 24, 6), _softmax_batches(5))
     real = SpectrumProbe.add
 
-    def add(self, layer, p, valid):
+    def add(self, layer, p, valid, index):
         if threading.current_thread().name == "spectra-spectrum" and layer == 1:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return real(self, layer, p, valid)
+        return real(self, layer, p, valid, index)
 
     monkeypatch.setattr(SpectrumProbe, "add", add)
     lines: list[str] = []
@@ -144,20 +147,26 @@ def test_a_failing_worker_hands_its_layers_back(monkeypatch) -> None:
 
 
 def test_unknown_place() -> None:
-    with pytest.raises(SpectraError, match="--spectrum-device 'gpu'; use one of auto, cpu, same"):
+    with pytest.raises(SpectraError, match="spectrum_device 'gpu'; use one of auto, cpu, same"):
         Offloaded(SpectrumProbe(2, 3, 24, 6), "gpu")
 
 
 def test_run_with_overlap_equals_run_without(roberta_dir, text_file, tmp_path) -> None:
-    """A whole analyze run: forward and spectra side by side give the same files as one after the other."""
+    """A whole analyze run: forward and spectra side by side give the same files as one after the other, bootstrap
+    replicates included, and those are weighted by each sequence's global index on the worker thread too."""
     runs = {
-        overlap: spectra.analyze(str(roberta_dir), str(text_file), length=32, samples=10, batch_size=4,
+        overlap: spectra.analyze(str(roberta_dir), str(text_file), length=32, samples=10, batch_size=4, bootstrap=30,
                                  overlap=overlap, out=tmp_path / f"run-{overlap}", **QUIET)
         for overlap in (False, True)
     }
     assert np.array_equal(runs[False].cum_mean, runs[True].cum_mean)
     assert np.array_equal(runs[False].cum_std, runs[True].cum_std)
     assert runs[False].metrics.equals(runs[True].metrics)
+    replicates = {overlap: np.load(run.path / "bootstrap.npz", allow_pickle=False)["replicates"]
+                  for overlap, run in runs.items()}
+    assert np.array_equal(replicates[False], replicates[True])
+    want = poisson_replicates(eager_ranks(roberta_dir, text_file, 32, 10), 30)  # independent: eager + scipy
+    assert np.allclose(replicates[True], want, rtol=1e-12, atol=0)
     for overlap, run in runs.items():
         meta = json.loads((run.path / "run.json").read_text())
         assert meta["spectrum_device"] == "cpu" and meta["overlap"] is overlap

@@ -8,8 +8,11 @@ import pytest
 import scipy.linalg
 import torch
 
-from references import spectrum_reference
+from references import eager_ranks, poisson_replicates, spectrum_reference
+import spectra
 from spectra.capture import Captured
+from spectra.errors import InternalError
+from spectra.probes.offload import Offloaded
 from spectra.probes.spectrum import SpectrumProbe
 from spectra.seeds import Domain, derive_seed
 from spectra.spectrum import METRICS
@@ -18,11 +21,13 @@ from spectra.stats import plain
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def record(layer: int, logits: torch.Tensor, mask: torch.Tensor | None = None) -> Captured:
-    """A captured layer whose P is softmax(logits + mask): q = logits, k = I, scale 1 make q kᵀ · scale = logits."""
+def record(layer: int, logits: torch.Tensor, mask: torch.Tensor | None = None, first: int = 0) -> Captured:
+    """A captured layer whose P is softmax(logits + mask): q = logits, k = I, scale 1 make q kᵀ · scale = logits;
+    its sequences are the run's `first`, `first` + 1, …"""
     batch, heads, n, _ = logits.shape
     eye = torch.eye(n).expand(batch, heads, n, n)
-    return Captured.of(layer, logits, eye, torch.zeros_like(logits), mask, scaling=1.0)
+    return Captured.of(layer, logits, eye, torch.zeros_like(logits), mask, scaling=1.0,
+                       index=tuple(range(first, first + batch)))
 
 
 def padded(lengths: list[int], n: int) -> torch.Tensor:
@@ -58,10 +63,10 @@ def test_tables_and_arrays() -> None:
     mask = padded(lengths, n)
     ps = {}
     for layer in range(2):
-        for _ in range(2):  # two batches per layer
+        for batch in range(2):  # two batches per layer
             logits = torch.randn(2, heads, n, n, generator=generator) * (1 + layer)
             ps.setdefault(layer, []).append(torch.softmax(logits + mask, dim=-1))
-            probe.update(record(layer, logits, mask))
+            probe.update(record(layer, logits, mask, first=2 * batch))
     tables, arrays = probe.tables(), probe.arrays()
     assert set(tables) == {"metrics.csv"} and set(arrays) == {"curves.npz"}
     metrics, curves = tables["metrics.csv"], arrays["curves.npz"]
@@ -93,7 +98,8 @@ def test_state_resumes() -> None:
     n, lengths = 12, [12, 7]
     mask = padded(lengths, n)
     generator = torch.Generator().manual_seed(3)
-    records = [record(layer, torch.randn(2, 2, n, n, generator=generator) * 2, mask) for layer in (0, 1, 0, 1)]
+    records = [record(layer, torch.randn(2, 2, n, n, generator=generator) * 2, mask, first=2 * (i // 2))
+               for i, layer in enumerate((0, 1, 0, 1))]
     whole = SpectrumProbe(2, 2, n, 3)
     for captured in records:
         whole.update(captured)
@@ -119,14 +125,19 @@ def test_bad_shapes() -> None:
 
 
 def test_selected_layers_and_heads_only_and_their_bootstrap() -> None:
-    """Only the chosen (layer, head) are measured, with the same numbers as a full probe; the bootstrap replicates
-    are the Poisson-weighted means recomputed here from each sequence's rank90, seeded by the global index."""
+    """Only the chosen (layer, head) are measured, with the numbers of a full probe; the bootstrap replicates are
+    the Poisson-weighted means recomputed here from each sequence's rank90, seeded by the global index.
+
+    The numbers agree to rounding, not bitwise: the selection batches fewer matrices, so a matrix sits elsewhere
+    in the batched Gram product and eigensolver, and MKL's kernels round differently at another memory alignment
+    (a 9×9 float64 matrix at an odd position of a batch is 8 bytes off a 16-byte boundary; its eigenvalues then
+    differ in the last bits). As with another batch size (tests/test_cli_reliability.py), c agrees to 1e-12; the
+    ranks, integer counts, are equal."""
     n, lengths = 12, [12, 9]
     mask = padded(lengths, n)
     generator = torch.Generator().manual_seed(4)
-    records = [record(layer, torch.randn(2, 3, n, n, generator=generator) * 2, mask) for layer in (0, 1, 2, 0, 1, 2)]
-    records = [Captured.of(c.layer, c.q, c.key, c.value, mask, scaling=1.0, index=(2 * (i // 3), 2 * (i // 3) + 1))
-               for i, c in enumerate(records)]
+    records = [record(layer, torch.randn(2, 3, n, n, generator=generator) * 2, mask, first=2 * (i // 3))
+               for i, layer in enumerate((0, 1, 2, 0, 1, 2))]
     full = SpectrumProbe(3, 3, n, 4)
     part = SpectrumProbe(3, 3, n, 4, select_layers=[0, 2], select_heads=[1, 2], bootstrap=5, seed=7)
     for captured in records:
@@ -138,7 +149,7 @@ def test_selected_layers_and_heads_only_and_their_bootstrap() -> None:
     assert np.array_equal(both["rank90_mean"], both["rank90_mean_part"])
     curves = part.arrays()["curves.npz"]["cum_mean"]
     assert np.isnan(curves[1]).all() and np.isnan(curves[:, 0]).all()
-    assert np.array_equal(curves[2, 1:], full.arrays()["curves.npz"]["cum_mean"][2, 1:])
+    assert np.allclose(curves[2, 1:], full.arrays()["curves.npz"]["cum_mean"][2, 1:], rtol=0, atol=1e-12)
     replicates = part.arrays()["bootstrap.npz"]["replicates"]
     assert replicates.shape == (5, 3, 3, 2) and np.isnan(replicates[:, 1]).all()
     for layer in (0, 2):
@@ -151,3 +162,81 @@ def test_selected_layers_and_heads_only_and_their_bootstrap() -> None:
                             for i in range(4)])  # (sequence, replicate)
         want = weights.T @ np.array(ranks, dtype=float) / weights.sum(0)[:, None]
         assert np.allclose(replicates[:, layer, 1:, 0], want)
+
+
+# ---------------------------------------------------------------- the bootstrap is over sequences, not batch positions
+
+QUIET = dict(progress=None, notify=lambda line: None)
+
+
+def sequence_logits(count: int, heads: int = 2, n: int = 12) -> torch.Tensor:
+    """Logits of `count` sequences (count, heads, n, n) at several temperatures, so their ranks differ."""
+    generator = torch.Generator().manual_seed(6)
+    scale = torch.logspace(-1, 1.3, count)[:, None, None, None]
+    return torch.randn(count, heads, n, n, generator=generator) * scale
+
+
+@pytest.mark.parametrize("wrap", ["plain", "inline", "overlapped"])
+def test_bootstrap_weights_follow_each_sequence_whatever_its_batch(wrap) -> None:
+    """Eight sequences in batches of 1, 3 or 8 (plain probe, or through the offloaded stage inline or on its worker
+    thread): bitwise the same replicates, which are the Poisson-weighted means of each sequence's own rank90 and
+    rank99 (scipy), sequence i weighted by draws seeded by its global index."""
+    n, count, replicates = 12, 8, 40
+    logits = sequence_logits(count, n=n)
+    found = {}
+    for size in (1, 3, 8):
+        probe = SpectrumProbe(1, 2, n, 3, bootstrap=replicates, seed=5)
+        fed = probe if wrap == "plain" else Offloaded(probe, "cpu", overlap=wrap == "overlapped")
+        for start in range(0, count, size):
+            fed.update(record(0, logits[start:start + size], first=start))
+        found[size] = fed.arrays()["bootstrap.npz"]["replicates"]
+        fed.close()
+    assert np.array_equal(found[1], found[3]) and np.array_equal(found[1], found[8])
+    p = torch.softmax(logits.double(), dim=-1).numpy()
+    ranks = np.array([[[spectrum_reference(p[i, h], 3, n)[1][name] for name in ("rank90", "rank99")]
+                       for h in range(2)] for i in range(count)], dtype=float)  # (sequence, head, metric)
+    assert len(np.unique(ranks[:, 0, 0])) > 2, "the ranks must differ between sequences for the test to bite"
+    want = poisson_replicates(ranks, replicates, seed=5)
+    assert np.allclose(found[3][:, 0], want, rtol=1e-12, atol=0)
+
+
+def test_a_record_without_its_sequence_indices_is_a_bug() -> None:
+    """No fallback to batch positions: a record without indices, or with the wrong number, raises."""
+    logits = sequence_logits(2)
+    anonymous = Captured.of(0, logits, torch.eye(12).expand(2, 2, 12, 12), torch.zeros_like(logits), scaling=1.0)
+    for probe in (SpectrumProbe(1, 2, 12, 3, bootstrap=4), Offloaded(SpectrumProbe(1, 2, 12, 3), "cpu")):
+        with pytest.raises(InternalError, match="no sequence indices"):
+            probe.update(anonymous)
+    with pytest.raises(InternalError, match="1 sequence indices for a batch of 2"):
+        SpectrumProbe(1, 2, 12, 3).add(0, anonymous.p, anonymous.valid, [0])
+
+
+@pytest.fixture(scope="module")
+def bootstrap_runs(roberta_dir, text_file, tmp_path_factory) -> dict:
+    """The same 8 sequences analysed with --bootstrap 40 at batch sizes 1, 3 and 8."""
+    root = tmp_path_factory.mktemp("bootstrap")
+    return {size: spectra.analyze(str(roberta_dir), str(text_file), length=32, samples=8, batch_size=size,
+                                  bootstrap=40, out=root / f"b{size}", **QUIET) for size in (1, 3, 8)}
+
+
+def replicates_of(run) -> np.ndarray:
+    with np.load(run.path / "bootstrap.npz", allow_pickle=False) as arrays:
+        assert list(arrays["metrics"]) == ["rank90", "rank99"]
+        return arrays["replicates"]
+
+
+def test_bootstrap_replicates_do_not_depend_on_the_batch_size(bootstrap_runs) -> None:
+    found = {size: replicates_of(run) for size, run in bootstrap_runs.items()}
+    assert found[1].shape == (40, 2, 4, 2) and np.isfinite(found[1]).all()
+    assert np.array_equal(found[1], found[3]) and np.array_equal(found[1], found[8])
+
+
+def test_bootstrap_replicates_are_a_bootstrap_over_sequences(bootstrap_runs, roberta_dir, text_file) -> None:
+    """Recomputed independently: each sequence alone through eager attention, its ranks from scipy, weighted by the
+    Poisson draws seeded by its global index."""
+    ranks = eager_ranks(roberta_dir, text_file, 32, 8)  # (sequence, layer, head, metric)
+    assert (ranks[..., 0].std(0) > 0).any(), "the ranks must differ between sequences for the test to bite"
+    want = poisson_replicates(ranks, 40)
+    assert np.allclose(replicates_of(bootstrap_runs[3]), want, rtol=1e-12, atol=0)
+    run = bootstrap_runs[3].metrics.set_index(["layer", "head"])
+    assert np.allclose(run["rank90_mean"].to_numpy().reshape(2, 4), ranks[..., 0].mean(0), rtol=1e-12)

@@ -36,8 +36,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def feed(probes, layer: int, q, k, v, mask=None, scaling=None, index=None) -> Captured:
     """One captured layer of the given tensors handed to each probe (`index`: the sequences' global indices, which
-    seed their random projections); returns the record."""
-    record = Captured.of(layer, q, k, v, mask, scaling, index=None if index is None else tuple(index))
+    seed their random projections; default 0…B−1, a run's first batch); returns the record."""
+    record = Captured.of(layer, q, k, v, mask, scaling, index=tuple(range(q.shape[0]) if index is None else index))
     for probe in probes:
         probe.update(record)
     return record
@@ -57,7 +57,7 @@ def test_theorem1_probe_against_the_lemma_on_synthetic_vectors() -> None:
     assert torch.allclose(Captured.of(0, ones, keys, v, scaling=1.0).p, p, rtol=1e-6, atol=0)
     probe = Theorem1Probe(layers, 1, n, [32, 64], [0.3, 0.5], best_rank=False, seed=2, fixed=True)
     for layer in range(layers):
-        probe.update(Captured.of(layer, ones, keys, v, scaling=1.0))
+        probe.update(Captured.of(layer, ones, keys, v, scaling=1.0, index=(0,)))
     table = probe.result()
     assert (table["samples"] == 1).all()
     rates = table.groupby(["k_proj", "eps"])["pr"].mean()
@@ -270,7 +270,7 @@ def test_probes_inside_a_model_forward() -> None:
 
     probes, recorder = make(), Recorder()
     observe = Probes(theorem1=probes[0], theorem2=probes[1], recorder=recorder)
-    with torch.no_grad(), capture.capturing(observe.update):
+    with torch.no_grad(), capture.capturing(observe.update, index=(0, 1)):
         model(input_ids=input_ids, attention_mask=attention_mask)
     assert sorted(recorder.seen) == [0, 1]
     by_hand = make()

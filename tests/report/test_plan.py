@@ -108,3 +108,49 @@ def test_cli_plan_k_bad_input(runs, tmp_path, monkeypatch, capsys, args, needle)
                               monkeypatch, capsys)
     assert code == 2 and stderr.startswith("error:") and stderr.count("\n") == 1 and needle in stderr
     assert not target.exists()
+
+
+def test_k_min_and_rank90_are_two_different_averages_as_documented(roberta_dir, text_file, tmp_path, monkeypatch,
+                                                                   capsys) -> None:
+    """analyze's rank90 is the mean over sequences of each sequence's smallest k with c ≥ 0.9; plan-k's k_min is
+    the smallest k where the mean curve reaches E. From eager attention and scipy, sequence by sequence: both are
+    what they say, both lie between the smallest and the largest per-sequence rank, they differ on this run, and
+    plan-k prints why (as the README does)."""
+    import scipy.linalg
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    import spectra
+    from spectra import data
+    from spectra.report.console import RANK_VS_PLAN
+
+    n, samples = 24, 12
+    run = spectra.analyze(roberta_dir, text_file, length=n, samples=samples, out=tmp_path / "run", progress=None,
+                          notify=lambda line: None)
+    tokenizer = AutoTokenizer.from_pretrained(roberta_dir)
+    model = AutoModel.from_pretrained(roberta_dir, attn_implementation="eager").eval()
+    curves = []  # (sequences, layers, heads, n): each sequence's normalized cumulative singular values
+    for batch in data.batches(tokenizer, data.open_corpus(str(text_file)), n, "pack", samples, 4):
+        with torch.no_grad():
+            attentions = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               output_attentions=True).attentions
+        for p in torch.stack(attentions, dim=1).double().numpy():  # (layers, heads, n, n)
+            sigma = np.array([[scipy.linalg.svdvals(head) for head in layer] for layer in p])
+            curves.append(np.cumsum(sigma, -1) / sigma.sum(-1, keepdims=True))
+    curves = np.array(curves)
+    ranks = np.apply_along_axis(first_reaching, -1, curves, 0.9)  # (sequences, layers, heads)
+    rank90 = run.metrics.set_index(["layer", "head"])["rank90_mean"].unstack().to_numpy()
+    np.testing.assert_allclose(rank90, ranks.mean(axis=0), rtol=0, atol=1e-12)
+
+    per_head = plan_k(run, 0.9, multiple=1, per_head=True).table.set_index(["layer", "head"])["k_min"].unstack()
+    k_min = np.apply_along_axis(first_reaching, -1, curves.mean(axis=0), 0.9)
+    np.testing.assert_array_equal(per_head.to_numpy(), k_min)
+    assert (ranks.min(axis=0) <= k_min).all() and (k_min <= ranks.max(axis=0)).all()
+    per_layer = plan_k(run, 0.9, multiple=1).table["k_min"].to_numpy()
+    np.testing.assert_array_equal(per_layer, np.apply_along_axis(first_reaching, -1, curves.mean(axis=(0, 2)), 0.9))
+    flat = ranks.transpose(1, 0, 2).reshape(run.layers, -1)
+    assert (flat.min(axis=1) <= per_layer).all() and (per_layer <= flat.max(axis=1)).all()
+    assert (k_min != rank90).any(), "the two averages differ on this run"
+
+    code, out, err = run_cli(["plan-k", str(run.path), "--multiple", "1"], monkeypatch, capsys)
+    assert code == 0 and RANK_VS_PLAN in " ".join(out.split()), out

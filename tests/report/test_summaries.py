@@ -114,6 +114,8 @@ def test_growth_reading_says_which_regime_the_exponent_is_in() -> None:
     assert "in proportion to n" in growth_reading(0.85, 0.8, 0.95), "an interval reaching 0.9 is not 'slower'"
     assert growth_reading(0.5, float("nan"), float("nan")).startswith("α = 0.50: ")
     assert "no exponent" in growth_reading(float("nan"), float("nan"), float("nan"))
+    assert growth_reading(0.5, 0.42, 0.61).startswith("α = 0.50 (95% interval 0.42–0.61): ")
+    assert growth_reading(0.98, 0.9781, 0.9849).startswith("α = 0.98 (95% interval 0.978–0.985): "), "never 0.98–0.98"
 
 
 def test_scaling_layers_is_the_table_beside_its_fits(scaling_run) -> None:

@@ -170,7 +170,7 @@ def draw_end_to_end(run: ApproxRun):
 
 
 def plot_approx(run: ApproxRun | str | Path, out: str | Path | None = None) -> list[Path]:
-    """Write the views of an approx run into directory `out` (default figures/<run directory name>):
+    """Write the views of an approx run into directory `out` (default <run directory>/figures):
     error vs layer per k, error vs k, with a k plan the plan against the uniform k per layer, and with
     --end-to-end perplexity (or drift) vs k. Returns the paths."""
     run = load_kind(run, ApproxRun)

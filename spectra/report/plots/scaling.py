@@ -102,7 +102,7 @@ def draw_scaling_c(run: ScalingRun):
 
 
 def plot_scaling(run: ScalingRun | str | Path, out: str | Path | None = None) -> list[Path]:
-    """Write the views of a scaling run into directory `out` (default figures/<run directory name>): rank vs n
+    """Write the views of a scaling run into directory `out` (default <run directory>/figures): rank vs n
     and c at fixed k vs n. Returns the paths."""
     run = load_kind(run, ScalingRun)
     folder = plot_folder(run, out)

@@ -115,9 +115,12 @@ KEY_STAGES = {"projection": ("before RoPE (W^K output)", "-"), "attention": ("af
 def draw_key_ranks(run: Run):
     """Per layer (mean over key/value heads): the keys' dataset-level rank for 90% of their variance and the mean
     per-sequence rank for 90% of their energy, before and after RoPE, against the head dimension."""
+    from matplotlib.lines import Line2D
+
     plt = pyplot()
-    figure, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+    figure, ax = plt.subplots(figsize=(6.4, 4.6), layout="constrained")
     d = int(run.qkv["d"].iloc[0])
+    handles, labels, stages = [], [], set()
     for column, color, what in (("dataset_rank90", "tab:blue", "over the run (90% of variance)"),
                                 ("rank90_mean", "tab:orange", "per sequence (90% of energy)")):
         ranks = summaries.key_ranks(run, "k", column)
@@ -125,14 +128,24 @@ def draw_key_ranks(run: Run):
             if stage in ranks.columns:
                 ax.plot(ranks["layer"], ranks[stage], color=color, linestyle=linestyle, marker="o", markersize=4,
                         label=f"{what}, {where}", gid=f"{stage}:{column}")
-    ax.axhline(d, color="0.5", linewidth=0.8, linestyle=":", label=f"head dimension d = {d}")
+                stages.add(stage)
+        handles.append(Line2D([], [], color=color, marker="o", markersize=4))
+        labels.append(what)
+    ax.axhline(d, color="0.5", linewidth=0.8, linestyle=":")
+    handles.append(Line2D([], [], color="0.5", linewidth=0.8, linestyle=":"))
+    labels.append(f"head dimension d = {d}")
+    for stage, (where, linestyle) in KEY_STAGES.items():  # colour says what (first column), line style where
+        if stage in stages:
+            handles.append(Line2D([], [], color="0.3", linestyle=linestyle))
+            labels.append(where)
     ax.set_xticks(ticks(run.layers) if run.layers > 16 else np.arange(run.layers))
     ax.set_ylim(0, d * 1.08)
     ax.set_xlabel("Layer index")
     ax.set_ylabel("Key rank (mean over key/value heads)")
     ax.grid(alpha=0.25, linewidth=0.6)
     ax.set_title(f"Rank of the keys per layer\n{subtitle(run, run.n)}")
-    ax.legend(fontsize=7.5, loc="lower right")
+    # below the axes, so it never covers a curve (inside, it hid the low layers' ranks)
+    figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False, fontsize=8)
     ax.set_gid("key_ranks")
     return figure
 
@@ -154,7 +167,7 @@ class RunPlots:
 
 def plot_run(run: Run | str | Path, out: str | Path | None = None, *, at: int | None = None) -> RunPlots:
     """Write the per-run views (layer curves, c heatmap at `at`, rank heatmaps, sink and entropy heatmaps, key
-    ranks per layer when measured) into directory `out` (default figures/<run directory name>)."""
+    ranks per layer when measured) into directory `out` (default <run directory>/figures)."""
     run = as_runs([run])[0]
     at = run.at if at is None else summaries.check_at(run, at)
     folder = plot_folder(run, out)

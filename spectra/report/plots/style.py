@@ -8,6 +8,7 @@ and a headless machine never needs a display.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -63,8 +64,9 @@ def save(figure, out: str | Path) -> list[Path]:
 
 
 def default_plot_dir(run: Run | ApproxRun | TheoremRun) -> Path:
-    """figures/<run directory name>: where a run's views go unless told otherwise."""
-    return Path("figures") / Path(run.path).name
+    """<run directory>/figures: where a run's views go unless told otherwise, beside the numbers they draw (never
+    into a folder of the current directory, such as a clone's tracked figures/)."""
+    return Path(run.path) / "figures"
 
 
 def plot_folder(run: Run | ApproxRun | TheoremRun, out: str | Path | None) -> Path:
@@ -75,8 +77,11 @@ def plot_folder(run: Run | ApproxRun | TheoremRun, out: str | Path | None) -> Pa
     return folder
 
 
-def as_runs(items: Iterable[Run | str | Path]) -> list[Run]:
-    """Analyze runs from Run objects or run directories (a bad path raises SpectraError)."""
+def as_runs(items: Iterable[Run | str | os.PathLike] | Run | str | os.PathLike) -> list[Run]:
+    """Analyze runs from Run objects or run directories (str or os.PathLike), or one of them alone (a bad path
+    raises SpectraError)."""
+    if isinstance(items, (Run, str, os.PathLike)):
+        items = [items]
     return [item if isinstance(item, Run) else load_analyze(item) for item in items]
 
 

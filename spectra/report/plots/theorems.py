@@ -100,7 +100,7 @@ def draw_theorem_errors(run: TheoremRun):
 
 
 def plot_theorems(run: TheoremRun | str | Path, out: str | Path | None = None) -> list[Path]:
-    """Write the views of a theorems run into directory `out` (default figures/<run directory name>):
+    """Write the views of a theorems run into directory `out` (default <run directory>/figures):
     Theorem 1's success probability vs k against its bound, and the errors vs k. Returns the paths."""
     run = load_kind(run, TheoremRun)
     folder = plot_folder(run, out)

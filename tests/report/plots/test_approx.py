@@ -78,7 +78,7 @@ def test_plot_approx_figures_and_folders(approx_run, tmp_path, monkeypatch) -> N
     assert len(paths) == 6
     names.clear()
     plots.plot_approx(dataclasses.replace(approx_run, end_to_end=None))  # without --end-to-end: two figures
-    assert names == [str(Path("figures") / "tiny-approx" / name) for name in ("error_vs_layer", "error_vs_k")]
+    assert names == [str(approx_run.path / "figures" / name) for name in ("error_vs_layer", "error_vs_k")]
     (tmp_path / "file").write_text("")
     with pytest.raises(SpectraError, match="not a directory"):
         plots.plot_approx(approx_run, tmp_path / "file")
@@ -89,15 +89,16 @@ def wrote(stdout: str) -> list[str]:
 
 
 def test_cli_approx_plot_flag(approx_run, tmp_path, monkeypatch, capsys) -> None:
-    """`spectra approx RUN --plot` renders real files into figures/<run directory name>."""
+    """`spectra approx RUN --plot` renders real files into RUN/figures, never into the current directory (a
+    clone's tracked figures/ folder)."""
     from PIL import Image
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["spectra", "approx", str(approx_run.path), "--plot"])
     cli.main()
     names = ["error_vs_layer", "error_vs_k", "end_to_end"]
-    expected = [f"figures/tiny-approx/{name}.{fmt}" for name in names for fmt in ("png", "pdf")]
-    assert wrote(capsys.readouterr().out) == expected
+    expected = [f"{approx_run.path}/figures/{name}.{fmt}" for name in names for fmt in ("png", "pdf")]
+    assert wrote(capsys.readouterr().out) == expected and list(tmp_path.iterdir()) == []
     for path in expected[::2]:
         with Image.open(path) as image:
             assert image.info["dpi"][0] == pytest.approx(200, abs=1) and image.size[0] > 1000

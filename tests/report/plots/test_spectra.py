@@ -60,6 +60,31 @@ def test_decoder_key_ranks_view(llama_dir, text_file, tmp_path) -> None:
             expected = keys[keys["stage"] == stage].groupby("layer")[column].mean().to_numpy()
             np.testing.assert_allclose(line.get_ydata(), expected, rtol=0)
     assert "key_ranks.png" in [path.name for path in plots.plot_run(run, tmp_path / "views").paths]
+    # the legend sits below the axes, so it covers no curve (inside the axes it hid the low layers' ranks)
+    figure = plots.draw_key_ranks(run)
+    figure.canvas.draw()
+    ax = by_gid(figure, "key_ranks")
+    assert ax.get_legend() is None and len(figure.legends) == 1
+    legend, frame = figure.legends[0].get_window_extent(), ax.get_window_extent()
+    assert legend.y1 <= frame.y0 and not legend.overlaps(frame)
+    texts = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert texts == ["over the run (90% of variance)", "per sequence (90% of energy)", "head dimension d = 8",
+                     "before RoPE (W^K output)", "after RoPE (what attention sees)"]
+
+
+def test_plot_without_out_writes_beside_the_run(runs, tmp_path, monkeypatch, capsys) -> None:
+    """`spectra plot RUN` writes RUN/figures, never into the current directory (a clone's tracked figures/)."""
+    import shutil
+
+    run = shutil.copytree(runs["small-imdb"].path, tmp_path / "run")
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    code, out, err = run_cli(["plot", str(run)], monkeypatch, capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in (run / "figures").iterdir()) == [
+        "c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png", "sink_entropy.pdf",
+        "sink_entropy.png"]
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_cli_plot(runs, tmp_path, monkeypatch, capsys) -> None:

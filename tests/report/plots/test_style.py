@@ -35,7 +35,7 @@ def test_save_writes_png_and_pdf_and_closes_the_figure(tmp_path) -> None:
 
 
 def test_plot_folder_default_and_a_file_in_the_way(approx_run, tmp_path) -> None:
-    assert str(style.plot_folder(approx_run, None)) == "figures/tiny-approx"
+    assert style.plot_folder(approx_run, None) == approx_run.path / "figures", "beside the run, not in the cwd"
     assert style.plot_folder(approx_run, tmp_path / "views") == tmp_path / "views"
     (tmp_path / "file").write_text("")
     with pytest.raises(SpectraError, match="not a directory"):
@@ -62,6 +62,29 @@ def test_method_styles_come_from_the_registry_and_theorem2_keeps_its_own() -> No
     # an unknown label: the index-th spare colour and marker, distinct for neighbours
     spare = [style.method_style("something-new", index=i) for i in range(3)]
     assert len({to_hex(line["color"]) for line in spare}) == 3 and len({line["marker"] for line in spare}) == 3
+
+
+def cielab(color) -> np.ndarray:
+    """CIE L*a*b* (D65) of a matplotlib colour, from the sRGB formulas."""
+    from matplotlib.colors import to_rgb
+
+    rgb = np.array(to_rgb(color))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_methods_of_different_families_are_told_apart_by_colour() -> None:
+    """Two families' colours differ by ΔE ≥ 20 (CIELAB, 1976: about what tells two thin lines apart at a glance);
+    pool-mean and linformer-fit(headwise) were two greens 17 apart, linformer(none) and linformer-pca(headwise)
+    two blues 5 apart. The sharing levels of one family are shades of one hue, at least 12 apart."""
+    from itertools import combinations
+
+    for a, b in combinations(REGISTRY.values(), 2):
+        distance = np.linalg.norm(cielab(a.color) - cielab(b.color))
+        assert distance >= (12 if a.family == b.family else 20), (a.label, b.label, round(distance, 1))
 
 
 def test_log_y_marks_values_under_the_axis() -> None:

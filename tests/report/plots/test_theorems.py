@@ -94,13 +94,13 @@ def wrote(stdout: str) -> list[str]:
 
 
 def test_cli_theorems_plot_flag(theorem_run, tmp_path, monkeypatch, capsys) -> None:
-    """`spectra theorems RUN --plot` writes into figures/<run directory name> (its rendering is checked above, so
-    `save` is only recorded here, for speed)."""
+    """`spectra theorems RUN --plot` writes into RUN/figures (its rendering is checked above, so `save` is only
+    recorded here, for speed)."""
     monkeypatch.chdir(tmp_path)
     recorded = fake_save(monkeypatch)
     monkeypatch.setattr(sys, "argv", ["spectra", "theorems", str(theorem_run.path), "--plot"])
     cli.main()
-    folder = f"figures/{theorem_run.path.name}"
+    folder = f"{theorem_run.path}/figures"
     assert recorded == [f"{folder}/theorem1_probability", f"{folder}/errors_vs_k"]
     names = ("theorem1_probability", "errors_vs_k")
     assert wrote(capsys.readouterr().out) == [f"{folder}/{name}.{fmt}" for name in names for fmt in ("png", "pdf")]

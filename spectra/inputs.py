@@ -1,0 +1,56 @@
+"""What the front ends accept for an option before `spectra.config` checks it: the command line's comma-separated
+lists, and the Python API's one value or several (budgets=64, methods="svd", eps=0.1, layers=3), paths as str or
+`os.PathLike`, and defaults that, when they do not fit, say they were defaults rather than something typed.
+
+Imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+from .errors import SpectraError, option as spell
+
+
+def numbers(text: str, option: str, cast: type = int) -> list:
+    """'32,64,128' → [32, 64, 128]; a malformed list is one line naming the option (its command-line spelling, or
+    both spellings marked with `errors.option`)."""
+    try:
+        return [cast(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        kind = "integers, e.g. 32,64,128" if cast is int else "numbers, e.g. 0.1,0.2,0.3,0.5"
+        raise SpectraError(f"{spell(option)} '{text}' is not a comma-separated list of {kind}") from None
+
+
+def several(value: Any, option: str, cast: type | None = None) -> tuple:
+    """What the Python API takes for an option that accepts several values: one value (64, "svd", 0.1) or several
+    (a list, a tuple, or a comma-separated string "32,64"), as a tuple; `cast` (int, float) reads a string's parts."""
+    if isinstance(value, str):
+        if cast is not None:
+            return tuple(numbers(value, option, cast))
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if isinstance(value, Iterable):
+        return tuple(value)
+    return (value,)
+
+
+def budgets_or_default(given: Any, default: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """The budgets given (see `several`), or `default` when None; a default larger than n is refused saying it
+    was the default (the user never typed it) and which budgets to pass instead."""
+    if given is not None:
+        return several(given, spell("--k", "budgets"), int)
+    if max(default) > n:
+        fitting = tuple(budget for budget in default if budget <= n) or (max(1, n // 4),)
+        listed = ",".join(map(str, default))
+        shown = ",".join(map(str, fitting))
+        raise SpectraError(
+            f"{spell('--k', 'budgets')} defaults to {spell(listed, repr(default))}, more than "
+            f"{spell(f'--length {n}', f'length={n}')}; pass {spell('--k', 'budgets')} ≤ {n}, e.g. "
+            f"{spell(f'--k {shown}', f'budgets={fitting[0] if len(fitting) == 1 else fitting}')}")
+    return default
+
+
+def path_text(value: str | os.PathLike | None) -> str | None:
+    """A path given as str or `os.PathLike` (pathlib.Path) as a string; None stays None."""
+    return None if value is None else os.fspath(value)

@@ -1,0 +1,128 @@
+"""The README and docs/*.md show real commands: every `spectra …` line in a code block (backslash continuations
+joined, `torchrun … -m spectra …` and `python -m spectra …` included) parses against the real command line
+without running it, and every `spectra <command> --option` written inline names a real command and options."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+
+from spectra import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: what a shell variable ($MODEL, $GGUF, $(…)) stands for when a command is parsed
+PLACEHOLDER = "/models/placeholder"
+
+
+def fenced_lines(text: str) -> list[str]:
+    """The lines of the non-Python code blocks, backslash continuations joined."""
+    lines, inside, language, pending = [], False, "", ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            inside, language = not inside, line[3:].strip()
+            continue
+        if not inside or language in ("python", "py"):
+            continue
+        pending += line.rstrip()[:-1] + " " if line.rstrip().endswith("\\") else line
+        if not line.rstrip().endswith("\\"):
+            lines.append(pending)
+            pending = ""
+    return lines
+
+
+def spectra_arguments(line: str) -> list[str] | None:
+    """The arguments after `spectra` in a shell line (a comment dropped, variables replaced), else None."""
+    try:
+        tokens = shlex.split(re.sub(r"\$\([^)]*\)|\$\{?\w+\}?", PLACEHOLDER, line), comments=True)
+    except ValueError:
+        return None
+    if tokens[:1] == ["spectra"]:
+        return tokens[1:]
+    for start in range(len(tokens) - 1):  # torchrun … -m spectra …, python -m spectra …
+        if tokens[start] == "-m" and tokens[start + 1] == "spectra" and tokens[0] in ("torchrun", "python", "python3"):
+            return tokens[start + 2:]
+    return None
+
+
+def commands(path: Path) -> list[list[str]]:
+    found = [spectra_arguments(line) for line in fenced_lines(path.read_text())]
+    return [arguments for arguments in found if arguments is not None]
+
+
+def parse(arguments: list[str]) -> None:
+    """Parse `spectra ARGUMENTS` as the command line would, without running anything: an unknown command or
+    option, a missing argument or a value of the wrong type raises click's UsageError."""
+    placeholders = [token for token in arguments if "…" in token or token == "..."]
+    if placeholders:
+        raise AssertionError(f"a placeholder ({placeholders[0]}) instead of a real value")
+    group = typer.main.get_command(cli.app)
+    if not arguments or arguments[0].startswith("-"):
+        group.make_context("spectra", list(arguments))  # spectra --help: exits after printing, which is fine
+        return
+    name, rest = arguments[0], list(arguments[1:])
+    context = group.make_context("spectra", [name])
+    command = group.get_command(context, name)
+    if command is None:
+        raise AssertionError(f"no command '{name}'")
+    command.make_context(name, rest, parent=context)
+
+
+def test_every_documented_command_parses() -> None:
+    seen = 0
+    for path in DOCUMENTS:
+        for arguments in commands(path):
+            try:
+                parse(arguments)
+            except typer.Exit:
+                pass
+            except Exception as error:  # noqa: BLE001 - the message names the line
+                pytest.fail(f"{path.name}: spectra {shlex.join(arguments)}: {error}")
+            seen += 1
+    assert seen >= 20, "the README's commands were found"
+
+
+def test_inline_commands_name_real_options() -> None:
+    """`spectra approx … --k-plan plan.json` in prose: the command exists and has every option named."""
+    group = typer.main.get_command(cli.app)
+    for path in DOCUMENTS:
+        for span in re.findall(r"`(spectra [^`]+)`", path.read_text()):
+            tokens = span.split()
+            if tokens[1].startswith("-"):
+                continue  # spectra --help
+            command = group.commands.get(tokens[1])
+            assert command is not None, f"{path.name}: `{span}` names no command"
+            known = {name for param in command.params for name in (*param.opts, *param.secondary_opts)} | {"--help"}
+            unknown = [token for token in tokens[2:] if token.startswith("--") and token not in known]
+            assert not unknown, f"{path.name}: `{span}`: {command.name} has no {', '.join(unknown)}"
+
+
+def test_the_check_fails_on_an_unknown_option_or_a_placeholder(tmp_path) -> None:
+    """The test above cannot pass vacuously: a README line with an option the command lacks, or with a
+    placeholder in brackets, fails to parse."""
+    bad = tmp_path / "README.md"
+    bad.write_text("```\nspectra analyze $MODEL --data licenses.txt \\\n    --lenght 128\n"
+                   "torchrun --nproc-per-node 2 -m spectra approx m --k 8 --bogus\n"
+                   "spectra plan-k runs/x --energy 0.9 [--per-head]\n"
+                   "torchrun --nnodes 2 -m spectra analyze …\n```\n")
+    found = commands(bad)
+    assert found == [["analyze", PLACEHOLDER, "--data", "licenses.txt", "--lenght", "128"],
+                     ["approx", "m", "--k", "8", "--bogus"], ["plan-k", "runs/x", "--energy", "0.9", "[--per-head]"],
+                     ["analyze", "…"]]
+    for arguments in found:
+        with pytest.raises(Exception, match="No such option|unexpected extra argument|placeholder"):
+            parse(arguments)
+    parse(["analyze", PLACEHOLDER, "--data", "licenses.txt", "--length", "128"])
+
+
+def test_installs_are_ones_that_work() -> None:
+    """spectra-attention is not on a package index: its extras install from the clone (pip install -e ".[gguf]"),
+    never as pip install "spectra-attention[gguf]"."""
+    for path in DOCUMENTS:
+        for line in fenced_lines(path.read_text()) + re.findall(r"`(pip install [^`]+)`", path.read_text()):
+            if "pip install" in line:
+                assert "spectra-attention" not in line, f"{path.name}: {line.strip()}"
