@@ -41,11 +41,11 @@ class Mode(Choice):
 
 
 class Spectrum(Choice):
-    """exact: c within 1e-6 of a float64 SVD (float64 Gram eigenvalues, the SVD where a bound asks); fast: the
-    float32 Gram matrix, c within ~2.6e-4."""
+    """How the singular values are computed. exact: c within 1e-6 of a float64 SVD (float64 Gram eigenvalues, the
+    SVD where a bound asks). The only route: a float32 one ("fast") was removed, since on real attention it could
+    not be both faster and within its tolerance (benchmarks/RESULTS.md, section 1)."""
 
     EXACT = "exact"
-    FAST = "fast"
 
 
 class Place(Choice):

@@ -17,7 +17,9 @@ def test_choices_are_their_strings() -> None:
     assert Mode("pack") is Mode.PACK and Mode.PACK == "pack" and str(Mode.PACK) == "pack"
     assert f"linformer({Sharing.KV})" == "linformer(kv)"
     assert json.dumps({"mode": Mode.TRUNCATE}) == '{"mode": "truncate"}'
-    assert choose(Spectrum, "fast", "--spectrum") is Spectrum.FAST
+    assert choose(Spectrum, "exact", "--spectrum") is Spectrum.EXACT
+    with pytest.raises(SpectraError, match="unknown spectrum 'fast'; use one of exact"):
+        choose(Spectrum, "fast", "--spectrum")  # removed: slower than exact on real attention
     with pytest.raises(SpectraError, match="unknown projection 'gauss'; use one of gaussian, orthogonal") as raised:
         choose(Projection, "gauss", "--projection")
     assert raised.value.for_cli() == "unknown --projection 'gauss'; use one of gaussian, orthogonal"

@@ -33,6 +33,7 @@ from ..capture import Captured
 from ..config import Place, choose
 from ..spectrum import masked, singular_values
 from ..stats import State
+from ..timings import stage
 from .base import Probe
 from .spectrum import SpectrumProbe
 
@@ -140,7 +141,8 @@ class Offloaded(Probe):
             self._catch_up()
             self._inline(layer, p, valid, index)
             return
-        self._pending.put((layer, moved_p, moved_valid, index, ready, p, valid))
+        with stage("wait"):  # the queue holds at most `depth` layers: the forward waits for the spectra
+            self._pending.put((layer, moved_p, moved_valid, index, ready, p, valid))
 
     def _work(self) -> None:
         with torch.inference_mode():
@@ -182,7 +184,8 @@ class Offloaded(Probe):
     def drain(self) -> None:
         """Wait until every queued update is in the probe's sums."""
         if self._worker is not None:
-            self._pending.join()
+            with stage("wait"):
+                self._pending.join()
         self._catch_up()
 
     def close(self) -> None:

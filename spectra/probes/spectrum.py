@@ -29,6 +29,7 @@ from ..errors import InternalError
 from ..spectrum import METRICS, masked, row_metrics, singular_values, sink_start, summarize
 from ..seeds import Domain, derive_seed
 from ..stats import Moments, State, tagged
+from ..timings import stage
 from .base import Probe
 
 #: the metrics whose means are bootstrapped
@@ -75,8 +76,9 @@ class SpectrumProbe(Probe):
         chosen = self.select_heads
         if len(chosen) < heads:
             p, heads = p[:, chosen], len(chosen)
-        p = masked(p, valid)
-        sigma = singular_values(p, self.mode)
+        p = p if bool(valid.all()) else masked(p, valid)  # nothing padded (pack mode): no copy
+        with stage("spectra"):
+            sigma = singular_values(p, self.mode)
         lengths = valid.sum(-1)[:, None].expand(batch, heads).to(sigma.device)  # sigma may be on the CPU (mps)
         grid, metrics = summarize(sigma, lengths, self.at, self.n)
         rows = row_metrics(p, valid, sink_start(self.n)).to(metrics.device)
