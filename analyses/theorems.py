@@ -45,7 +45,7 @@ def ensure_run(args: argparse.Namespace) -> TheoremRun:
         print(f"using finished run {out} ({run.meta.get('samples')} sequences)", file=sys.stderr)
         return run
     print(f"theorems on {args.model} over {args.data} → {out}", file=sys.stderr)
-    return theorems(args.model, args.data, budgets=args.budgets, eps=args.eps, length=args.length,
+    return theorems(args.model, args.data, budget=args.budgets, eps=args.eps, length=args.length,
                     samples=args.samples, batch_size=args.batch_size, device=args.device, out=out, resume=True,
                     progress=None, notify=lambda line: print(line, file=sys.stderr))
 

@@ -59,6 +59,24 @@ def write_json(path: Path, obj: Any) -> None:
     _atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n"))
 
 
+def write_meta(directory: Path, meta: dict[str, Any]) -> None:
+    """A run's run.json: every run.json is written here (through a temporary file and a rename)."""
+    write_json(directory / "run.json", meta)
+
+
+def versions() -> dict[str, str]:
+    """The versions of spectra and of the libraries its numbers depend on, as run.json records them."""
+    import importlib.metadata as metadata
+
+    found = {}
+    for name in ("spectra-attention", "torch", "transformers", "datasets", "numpy"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
 def write_table(path: Path, frame: pd.DataFrame) -> None:
     _atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
 
@@ -195,7 +213,7 @@ class RunDir:
         """Save the probes' state after `done` sequences, and the settings to resume with."""
         self._ensure()
         write_arrays(self.partial / CHECKPOINT, {**arrays, "done": np.array(done)})
-        write_json(self.partial / "run.json", {**self.meta, "status": "running", **meta})
+        write_meta(self.partial, {**self.meta, "status": "running", **meta})
 
     def load_checkpoint(self) -> tuple[dict[str, np.ndarray], int]:
         with np.load(self.partial / CHECKPOINT, allow_pickle=False) as data:
@@ -210,7 +228,7 @@ class RunDir:
             write_table(self.partial / name, frame)
         for name, group in arrays.items():
             write_arrays(self.partial / name, group)
-        write_json(self.partial / "run.json", meta)
+        write_meta(self.partial, meta)
         (self.partial / CHECKPOINT).unlink(missing_ok=True)
         old = None
         if self.out.exists():

@@ -54,7 +54,7 @@ def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
               "--out", str(tmp_path / "approx-two")], tmp_path)
     two = spectra.load_run(tmp_path / "approx-two")
     one = approx(str(roberta_dir), str(text_file), length=24, samples=5, batch_size=1,
-                 budgets=[4, 8], methods=["svd", "jl", "pool-mean"], end_to_end=True, device="cpu",
+                 budget=[4, 8], methods=["svd", "jl", "pool-mean"], end_to_end=True, device="cpu",
                  out=tmp_path / "approx-one", progress=None, notify=lambda line: None)
     for table in ("heads", "end_to_end"):
         assert_frames_close(getattr(two, table), getattr(one, table), rtol=1e-9, atol=1e-9, name=table)
@@ -67,7 +67,7 @@ def test_two_processes_draw_the_same_projections_per_sequence(roberta_dir, text_
     torchrun(["theorems", str(roberta_dir), *single, "--k", "4,8", "--eps", "0.3,0.5", "--draws", "2",
               "--out", str(tmp_path / "two")], tmp_path)
     two = spectra.load_run(tmp_path / "two")
-    one = spectra.theorems(str(roberta_dir), str(text_file), length=16, samples=5, batch_size=1, budgets=[4, 8],
+    one = spectra.theorems(str(roberta_dir), str(text_file), length=16, samples=5, batch_size=1, budget=[4, 8],
                            eps=[0.3, 0.5], draws=2, device="cpu", out=tmp_path / "one", progress=None,
                            notify=lambda line: None)
     assert two.meta["processes"] == 2

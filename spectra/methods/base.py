@@ -164,6 +164,7 @@ class Entry:
     marker: str
     short: str
     causal: bool = False
+    calibrates: bool = False
 
 
 #: label → entry, in registration order
@@ -171,12 +172,12 @@ REGISTRY: dict[str, Entry] = {}
 
 
 def register(label: str, run: Method, *, color: str, marker: str, family: str | None = None,
-             short: str | None = None, causal: bool = False) -> Method:
+             short: str | None = None, causal: bool = False, calibrates: bool = False) -> Method:
     """Register `run` under `label`; `family` (default the label) is what `--methods` may name for all of its
     variants; `short` is the terminal column header (default: the label)."""
     if label in REGISTRY:
         raise ValueError(f"method '{label}' is registered twice")
-    REGISTRY[label] = Entry(label, run, family or label, color, marker, short or label, causal)
+    REGISTRY[label] = Entry(label, run, family or label, color, marker, short or label, causal, calibrates)
     return run
 
 

@@ -51,4 +51,5 @@ def fitted_method(label: str) -> Method:
 for _family, _levels in _SHOWN.items():
     for _sharing, (_color, _marker, _short) in _levels.items():
         _label = f"{_family}({_sharing})"
-        register(_label, fitted_method(_label), family=_family, color=_color, marker=_marker, short=_short)
+        register(_label, fitted_method(_label), family=_family, color=_color, marker=_marker, short=_short,
+                 calibrates=True)

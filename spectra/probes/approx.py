@@ -9,14 +9,13 @@ with samples, mean, median, p95, max and the fraction at most the target.
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..capture import Captured
-from ..config import ApproxOptions
 from ..methods import REGISTRY, Approximation, Layer
 from ..spectrum import masked
 from ..stats import ErrorStats, State
@@ -59,12 +58,12 @@ class HeadProbe(Probe):
     (a k plan) gives a layer its own budget in place of the sweep's.
     """
 
-    def __init__(self, options: ApproxOptions, layers: int, heads: int, *, seed: int = 0, start: int = 0,
+    def __init__(self, options: Any, layers: int, heads: int, *, seed: int = 0, start: int = 0,
                  fitted: Mapping[tuple[str, int], object] | None = None,
                  budget_of: Callable[[int], int] | None = None, file: str = "heads.csv") -> None:
         self.options, self.seed, self.start, self.fitted, self.budget_of = options, seed, start, fitted, budget_of
         self.file = file
-        self.labels, self.budgets = list(options.methods), list(options.budgets)
+        self.labels, self.budgets = list(options.methods), list(options.budget)
         self.stats = ErrorStats((len(self.labels), len(self.budgets), layers, heads, len(MEASURES)),
                                 eps=(options.target,))
 

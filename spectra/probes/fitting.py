@@ -15,14 +15,14 @@ themselves); an interrupted calibration starts again on --resume.
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..capture import Captured
-from ..config import ApproxOptions, FitInit, Sharing
+from ..config import FitInit, Sharing
 from ..methods import Layer
 from ..methods.fitted import sharing_of
 from ..nn.calibration import Calibration
@@ -36,7 +36,7 @@ from .base import Probe
 class Fitting(Probe):
     """Calibration sequences in, fitted projections out (see the module docstring)."""
 
-    def __init__(self, options: ApproxOptions, layers: int, heads: int, n: int, *, seed: int = 0,
+    def __init__(self, options: Any, layers: int, heads: int, n: int, *, seed: int = 0,
                  notify: Callable[[str], None] = print) -> None:
         self.options, self.layers, self.heads, self.n, self.seed, self.notify = options, layers, heads, n, seed, notify
         self.boundary = options.fit_samples

@@ -159,7 +159,7 @@ def print_approx(run: ApproxRun) -> None:
                     "sequences, averaged over heads")
     if any(label.startswith("linformer(") for label in methods):
         out.print("lin(s) = linformer with sharing s: none, head(wise), kv, layer(wise)")
-    if len(run.meta["budgets"]) > 1:
+    if len(run.meta["budget"]) > 1:
         plan = run.k_needed().pivot(index="layer", columns="method", values="k_needed")[methods].reset_index()
         print_frame(plan, f"smallest k in the sweep with mean error ≤ {run.meta['target']} per layer", digits=0,
                     missing="—")

@@ -25,7 +25,7 @@ N, FIT, SAMPLES = 24, 10, 6
 
 @pytest.fixture(scope="module")
 def fitted_run(roberta_dir, text_file, tmp_path_factory):
-    return approx(str(roberta_dir), str(text_file), budgets=[4, 8], methods=["svd", "linformer(kv)", "pool-mean",
+    return approx(str(roberta_dir), str(text_file), budget=[4, 8], methods=["svd", "linformer(kv)", "pool-mean",
                   "linformer-pca(kv)", "linformer-fit(kv)"], length=N, samples=SAMPLES, fit_samples=FIT, fit_steps=15,
                   batch_size=4, out=tmp_path_factory.mktemp("fit") / "run", **QUIET)
 
@@ -86,7 +86,7 @@ def test_saved_projections_load_into_the_linformer_layer(fitted_run) -> None:
 
 def test_fitting_is_deterministic_and_says_how_long_it_takes(roberta_dir, text_file, tmp_path) -> None:
     lines: list[list[str]] = [[], []]
-    runs = [approx(str(roberta_dir), str(text_file), budgets=[4], methods=["linformer-fit(headwise)"], length=N,
+    runs = [approx(str(roberta_dir), str(text_file), budget=[4], methods=["linformer-fit(headwise)"], length=N,
                    samples=2, fit_samples=8, fit_steps=5, batch_size=4, out=tmp_path / f"r{i}", progress=None,
                    notify=lines[i].append)
             for i in range(2)]
@@ -102,7 +102,7 @@ def test_a_k_plan_against_a_uniform_k_of_equal_cost(roberta_dir, text_file, tmp_
     plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd", "pool-mean"], k_plan=plan, length=N, samples=4,
                  batch_size=4, end_to_end=True, out=tmp_path / "run", **QUIET)
-    assert run.meta["budgets"] == [8] and run.meta["k_plan"] == [4, 12], "uniform k = the plan's mean: equal cost"
+    assert run.meta["budget"] == [8] and run.meta["k_plan"] == [4, 12], "uniform k = the plan's mean: equal cost"
     planned = run.plan[run.plan["metric"] == "out_err"]
     assert set(zip(planned["layer"], planned["budget"])) == {(0, 4), (1, 12)}
     # the plan's per-head errors are each method's at the layer's own k: svd at k = 12 in layer 1 beats k = 8
@@ -123,7 +123,7 @@ def test_fitted_methods_follow_the_k_plan(roberta_dir, text_file, tmp_path) -> N
         assert run.projections("linformer-pca(kv)", budget).k_proj == budget
     planned = run.per_layer("out_err", table="plan").set_index("layer")["out_err"]
     for layer, budget in ((0, 4), (1, 12)):
-        alone = approx(str(roberta_dir), str(text_file), budgets=[budget], out=tmp_path / f"k{budget}", **common)
+        alone = approx(str(roberta_dir), str(text_file), budget=[budget], out=tmp_path / f"k{budget}", **common)
         want = alone.per_layer("out_err").set_index("layer")["out_err"]
         assert planned[layer] == pytest.approx(want[layer], rel=1e-6)
     assert set(run.end_to_end["allocation"]) == {"plan", "uniform"}
@@ -148,5 +148,5 @@ def test_bad_k_plans_are_one_line(plan, message, roberta_dir, text_file, tmp_pat
 def test_fitted_methods_need_a_calibration(roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     code, out, err = tiny.run_cli(["approx", str(roberta_dir), "--data", str(text_file), "--length", str(N),
-                                   "--samples", "2", "--methods", "linformer-fit(kv)", "--k", "4"], monkeypatch, capsys)
+                                   "--samples", "2", "--methods", "linformer-fit(kv)", "--budget", "4"], monkeypatch, capsys)
     assert code == 2 and "fits its projections on calibration sequences: pass --fit-samples N" in err

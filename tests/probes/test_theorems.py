@@ -286,7 +286,7 @@ def test_probes_inside_a_model_forward() -> None:
 
 
 def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp_path) -> None:
-    run = theorems(str(roberta_dir), str(text_file), budgets=[4, 8], eps=[0.3, 0.5], length=N, samples=4,
+    run = theorems(str(roberta_dir), str(text_file), budget=[4, 8], eps=[0.3, 0.5], length=N, samples=4,
                    batch_size=2, out=tmp_path / "run", **QUIET)
     model = AutoModel.from_pretrained(roberta_dir, attn_implementation="eager").eval()
     tokenizer = AutoTokenizer.from_pretrained(roberta_dir)
@@ -332,7 +332,7 @@ def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp
 
 def test_synthetic_run_and_cli(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["spectra", "theorems", "--synthetic", "--n", "32", "--d", "8", "--k", "4,16",
+    monkeypatch.setattr(sys, "argv", ["spectra", "theorems", "--synthetic", "--length", "32", "--d", "8", "--budget", "4,16",
                                       "--eps", "0.5", "--samples", "3"])
     cli.main()
     out = capsys.readouterr().out
@@ -345,15 +345,15 @@ def test_synthetic_run_and_cli(tmp_path, monkeypatch, capsys) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--k", "0"], "k = 0 is not a budget: use a positive integer k ≥ 1"),
-    (["--k", "64"], "k = 64 exceeds the sequence length n = 32; use k ≤ 32"),
-    (["--k", ""], "the list of budgets is empty"),
+    (["--budget", "0"], "budget 0 is not a positive integer"),
+    (["--budget", "64"], "budget 64 exceeds the sequence length n = 32; use budgets ≤ 32"),
+    (["--budget", ""], "the list of budgets is empty"),
     (["--eps", "1.5"], "ε must lie strictly between 0 and 1"),
     (["--eps", "x"], "--eps 'x' is not a comma-separated list of numbers"),
 ])
 def test_bad_input(args, message, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["spectra", "theorems", "--synthetic", "--n", "32", "--samples", "1", "--k", "4", *args])
+    monkeypatch.setattr(sys, "argv", ["spectra", "theorems", "--synthetic", "--length", "32", "--samples", "1", "--budget", "4", *args])
     with pytest.raises(SystemExit) as done:
         cli.main()
     err = capsys.readouterr().err.strip()
@@ -403,7 +403,7 @@ def test_draws_give_a_spread_and_fixed_gives_one_draw() -> None:
 
 def test_per_sequence_draws_do_not_depend_on_the_batching(roberta_dir, text_file, tmp_path) -> None:
     """Each sequence's R is seeded by its global index: batches of 1 and of 3 give the same tables."""
-    common = dict(budgets=[4, 8], eps=[0.3, 0.5], draws=2, length=16, samples=5, progress=None,
+    common = dict(budget=[4, 8], eps=[0.3, 0.5], draws=2, length=16, samples=5, progress=None,
                   notify=lambda line: None)
     one = theorems(str(roberta_dir), str(text_file), batch_size=1, out=tmp_path / "one", **common)
     three = theorems(str(roberta_dir), str(text_file), batch_size=3, out=tmp_path / "three", **common)

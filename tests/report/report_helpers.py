@@ -57,7 +57,7 @@ def build_runs(root: Path) -> dict[str, spectra.Run]:
 
 def build_approx(model: Path, text: Path, out: Path) -> spectra.ApproxRun:
     """An approx run with --end-to-end at the budgets BUDGETS of the methods METHODS, n = 24."""
-    return approx(str(model), str(text), budgets=BUDGETS, methods=METHODS, end_to_end=True, length=APPROX_N,
+    return approx(str(model), str(text), budget=BUDGETS, methods=METHODS, end_to_end=True, length=APPROX_N,
                   samples=2, batch_size=2, out=out, **QUIET)
 
 
@@ -68,7 +68,7 @@ def theorem_run_dir(runs_dir: Path, model: Path, text: Path) -> Path:
 
 def build_theorems(model: Path, text: Path, out: Path) -> spectra.TheoremRun:
     """A theorems run at the budgets BUDGETS and ε ∈ {0.3, 0.5}, n = 24."""
-    return theorems(str(model), str(text), budgets=BUDGETS, eps=[0.3, 0.5], length=APPROX_N, samples=2,
+    return theorems(str(model), str(text), budget=BUDGETS, eps=[0.3, 0.5], length=APPROX_N, samples=2,
                     batch_size=2, out=out, **QUIET)
 
 

@@ -206,7 +206,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
         rows = table[table["metric"] == "out_err"]
         return rows.groupby(["method", "budget", "layer"])["mean"].mean()
 
-    run = approx(str(roberta_dir), str(text_file), budgets=[4], methods=["pool-mean", "linformer-pca(kv)"],
+    run = approx(str(roberta_dir), str(text_file), budget=[4], methods=["pool-mean", "linformer-pca(kv)"],
                  samples=4, fit_samples=8, out=tmp_path / "fit", **quiet)
     console.print_approx(run)
     out = capsys.readouterr().out
@@ -217,7 +217,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
                                      fixed(calibration[("linformer-pca(kv)", 4)].mean()),
                                      fixed(held[("linformer-pca(kv)", 4)].mean())]]
 
-    run = approx(str(roberta_dir), str(text_file), budgets=[4], methods=["svd", "linformer(kv)", "linformer-pca(kv)"],
+    run = approx(str(roberta_dir), str(text_file), budget=[4], methods=["svd", "linformer(kv)", "linformer-pca(kv)"],
                  samples=4, fit_samples=8, out=tmp_path / "gap", **quiet)
     console.print_approx(run)
     out = capsys.readouterr().out

@@ -15,7 +15,7 @@ from ...runs import TheoremRun
 from .. import summaries
 from ..summaries import labels_in_order, theorem_errors, theorem_n
 from . import style  # style.save, looked up at call time: the one name tests patch to record figures
-from .style import (below_entry, bottom_legend, k_axis, load_kind, log_y, method_style, outside_legend, plot_folder,
+from .style import (below_entry, bottom_legend, k_axis, log_y, method_style, outside_legend, plot_folder,
                     pyplot, subtitle)
 
 
@@ -99,10 +99,9 @@ def draw_theorem_errors(run: TheoremRun):
     return figure
 
 
-def plot_theorems(run: TheoremRun | str | Path, out: str | Path | None = None) -> list[Path]:
+def plot_theorems(run: TheoremRun, out: str | Path | None = None) -> list[Path]:
     """Write the views of a theorems run into directory `out` (default <run directory>/figures):
     Theorem 1's success probability vs k against its bound, and the errors vs k. Returns the paths."""
-    run = load_kind(run, TheoremRun)
     folder = plot_folder(run, out)
     paths = style.save(draw_theorem1(run), folder / "theorem1_probability")
     return paths + style.save(draw_theorem_errors(run), folder / "errors_vs_k")

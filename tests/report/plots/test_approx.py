@@ -73,7 +73,7 @@ def test_end_to_end_view_perplexity_and_drift(approx_run) -> None:
 
 def test_plot_approx_figures_and_folders(approx_run, tmp_path, monkeypatch) -> None:
     names = fake_save(monkeypatch)
-    paths = plots.plot_approx(approx_run.path, tmp_path / "views")
+    paths = plots.plot_approx(approx_run, tmp_path / "views")
     assert names == [str(tmp_path / "views" / name) for name in ("error_vs_layer", "error_vs_k", "end_to_end")]
     assert len(paths) == 6
     names.clear()

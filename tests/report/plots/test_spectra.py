@@ -40,7 +40,7 @@ def test_plot_run_views(runs, tmp_path) -> None:
         expected = table[f"{name}_mean"].to_numpy().reshape(run.layers, run.heads)
         np.testing.assert_array_equal(mesh_values(by_gid(attention, name)), expected)
 
-    written = plots.plot_run(run.path, tmp_path / "views")
+    written = plots.plot_run(run, tmp_path / "views")
     names = sorted(path.name for path in written.paths)
     assert names == ["c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png",
                      "sink_entropy.pdf", "sink_entropy.png"], "an encoder run without qkv has no key-rank view"

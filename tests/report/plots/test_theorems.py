@@ -56,7 +56,7 @@ def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
 def test_theorem1_marks_k_inside_the_axis(tmp_path) -> None:
     """Synthetic n = 200: Theorem 1's k(0.5) = 40 ln 200 ≈ 212 lies inside the axis of k = 100, 200 (up to 250);
     k(0.3) ≈ 420 does not."""
-    run = theorems(None, synthetic=True, d=4, heads=1, length=200, samples=1, budgets=[100, 200], eps=[0.3, 0.5],
+    run = theorems(None, synthetic=True, d=4, heads=1, length=200, samples=1, budget=[100, 200], eps=[0.3, 0.5],
                    out=tmp_path / "synthetic", progress=None)
     ax = by_gid(plots.draw_theorem1(run).axes, "theorem1")
     mark = by_gid(ax.lines, "k_theory:0.5")
@@ -83,10 +83,10 @@ def test_theorem_errors_view(theorem_run) -> None:
 
 def test_plot_theorems_figures_and_folders(theorem_run, approx_run, tmp_path, monkeypatch) -> None:
     names = fake_save(monkeypatch)
-    plots.plot_theorems(theorem_run.path, tmp_path / "thm")
+    plots.plot_theorems(theorem_run, tmp_path / "thm")
     assert names == [str(tmp_path / "thm" / name) for name in ("theorem1_probability", "errors_vs_k")]
-    with pytest.raises(SpectraError, match="not a theorems run"):
-        plots.plot_theorems(approx_run.path, tmp_path / "thm")
+    with pytest.raises(SpectraError, match="this needs a run of 'spectra theorems'"):
+        spectra.load_run(approx_run.path, "theorems")
 
 
 def wrote(stdout: str) -> list[str]:

@@ -13,7 +13,7 @@ import spectra
 from spectra import models
 from spectra.errors import SpectraError
 from spectra.growth import growth
-from spectra.length_sweep import default_budgets, parse_lengths
+from spectra.kinds.scaling import default_budgets, parse_lengths
 from tiny import run_cli
 
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -69,7 +69,7 @@ def test_k_needed_equals_separate_approx_runs(scaled, roberta_dir, text_file) ->
     run, root = scaled
     needed = run.k_needed
     for n in run.lengths:
-        alone = spectra.approx(str(roberta_dir), str(text_file), length=n, budgets=default_budgets(n),
+        alone = spectra.approx(str(roberta_dir), str(text_file), length=n, budget=default_budgets(n),
                                methods=["svd", "pool-mean"], target=0.3, out=root / f"approx{n}", **ARGS)
         want = alone.k_needed().sort_values(["method", "layer"]).reset_index(drop=True)
         got = needed[(needed["n"] == n) & needed["layer"].notna()].sort_values(["method", "layer"]).reset_index(drop=True)
