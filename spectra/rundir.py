@@ -221,14 +221,15 @@ class RunDir:
         return arrays, int(arrays.pop("done"))
 
     def finish(self, meta: dict[str, Any], tables: dict[str, pd.DataFrame],
-               arrays: dict[str, dict[str, np.ndarray]]) -> Path:
-        """Write the results into the partial directory and move it into place."""
+               arrays: dict[str, dict[str, np.ndarray]], late: Callable[[], dict[str, Any]] | None = None) -> Path:
+        """Write the results into the partial directory and move it into place; `late()` gives run.json fields
+        known only once the tables and arrays are written (the stage timings, writing included)."""
         self._ensure()
         for name, frame in tables.items():
             write_table(self.partial / name, frame)
         for name, group in arrays.items():
             write_arrays(self.partial / name, group)
-        write_meta(self.partial, meta)
+        write_meta(self.partial, {**meta, **(late() if late else {})})
         (self.partial / CHECKPOINT).unlink(missing_ok=True)
         old = None
         if self.out.exists():

@@ -1,7 +1,8 @@
 """Singular spectra of the context mapping matrix P, and the curves and metrics that summarise them.
 
 For a sequence of m valid tokens, P's valid block is m×m. Padded rows and columns are zeroed, so the
-batched n×n singular values are the block's m values followed by zeros. The normalized cumulative
+n×n matrix's singular values are the block's m values followed by zeros (the routes cut the zero rows and
+columns away before any arithmetic). The normalized cumulative
 curve c_i = Σ_{j≤i} σ_j / Σ_j σ_j is then resampled onto the relative grid t = j/n (j = 1…n) by linear
 interpolation through (i/m, c_i) with c_0 = 0, so curves of different lengths average index by index;
 for m = n the grid is the absolute index and nothing is interpolated. `probes.spectrum` streams these
@@ -10,12 +11,14 @@ over a run.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+import numpy as np
 import torch
 
-from .config import Spectrum
+from . import lapack
 
 T = TypeVar("T")
 
@@ -47,44 +50,19 @@ def split_threads(fn: Callable[[torch.Tensor], T], x: torch.Tensor) -> list[T]:
         torch.set_num_threads(workers)
 
 
-#: fast mode: a matrix whose float32 Gram eigenvalues could move c by more than this falls back to the
-#: exact SVD. The estimate (from the eigenvalue error eps·λ₁) was 19–800× the actual loss on softmax
-#: matrices of every temperature at n = 128…1024, so the loss that stays stays below ~2.6e-4.
-FAST_TOLERANCE = 5e-3
-
 #: exact mode: the eigenvalues of the float64 Gram matrix are taken to be within δ = GRAM_ERROR·u·λ₁ of the
-#: exact ones (u = 2⁻⁵³). Measured on softmax matrices of every temperature at n = 16…1024 and on the real
-#: attention of all-MiniLM-L6-v2 (n = 128, 512), against float64 SVDs: at most 10.8·u·λ₁ for the values
-#: below σ₁/10, except exactly uniform P at n ≥ 512 (21–49·u·λ₁), which falls back whatever the factor.
+#: exact ones (u = 2⁻⁵³). Measured for the CPU route (dsyrk + dsyevd, scipy's OpenBLAS) on softmax matrices of
+#: every temperature at n = 16…1024 and on the real attention of all-MiniLM-L6-v2 at n = 512 (full and a
+#: padded block), against float64 SVDs: at most 9.3·u·λ₁ for the values below σ₁/10, except exactly uniform P
+#: (11–90·u·λ₁ at n = 128…1024), which falls back whatever the factor; the torch route (float64 product,
+#: eigvalsh) measured at most 10.8·u·λ₁ the same way. Both routes' bound is checked in tests/test_spectrum.py.
 GRAM_ERROR = 16.0
 #: exact mode: a matrix whose bound on max_i |Δc_i| (see `gram_loss`) exceeds this is recomputed with the
 #: float64 SVD: half of the 1e-6 the mode promises, as a safety margin.
 EXACT_TOLERANCE = 5e-7
 
 
-def _gram_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """σ = √eig(PᵀP) of the float32 Gram matrix (padded key columns give exact zero eigenvalues), and which
-    matrices fell back to the exact mode.
-
-    Rounding PᵀP in float32 perturbs every eigenvalue by ~eps·λ₁, so singular values below ~7e-4·σ₁ are
-    blurred: near-uniform or near-rank-one P (many such values) would lose up to ~2e-2 in c. Those
-    matrices, flagged by a bound on that loss, are recomputed by the exact mode (`_exact_sigma`: the float64
-    Gram matrix, or the SVD where that could lose more than EXACT_TOLERANCE).
-    """
-    eigenvalues = torch.linalg.eigvalsh(p.mT @ p).clamp_min(0)
-    sigma = eigenvalues.sqrt().flip(-1)
-    delta = torch.finfo(p.dtype).eps * eigenvalues[..., -1:]  # eigenvalue error scale, per matrix
-    tiny = torch.finfo(p.dtype).tiny
-    # σ = √λ moves by about min(√δ, δ/2σ): the estimated loss in c is their sum over Σσ
-    moved = torch.minimum(delta.sqrt(), delta / (2 * sigma).clamp_min(tiny)).sum(-1)
-    redo = moved / sigma.sum(-1).clamp_min(tiny) > FAST_TOLERANCE
-    sigma = sigma.to(torch.float64)
-    if redo.any():
-        sigma[redo] = _exact_sigma(p[redo])[0]
-    return sigma, redo
-
-
-def gram_loss(eigenvalues: torch.Tensor, error: float = GRAM_ERROR) -> torch.Tensor:
+def gram_loss(eigenvalues: np.ndarray, error: float = GRAM_ERROR) -> np.ndarray:
     """A bound on max_i |Δc_i| when σ_i = √λ̂_i is taken from the eigenvalues λ̂ (..., m) of a float64 Gram matrix.
 
     If every λ̂_i is within δ = error·u·λ₁ of the exact λ_i (Weyl: the Gram matrix's rounding, ≤ γ_n·λ₁ for
@@ -94,12 +72,76 @@ def gram_loss(eigenvalues: torch.Tensor, error: float = GRAM_ERROR) -> torch.Ten
     |Δc_i| ≤ E/Ŝ for every i. The many tiny singular values of near-uniform or rank-deficient P each add
     up to √δ ≈ 4e-8·σ₁ and push the bound up; well-spread spectra stay many orders below it.
     """
-    tiny = torch.finfo(eigenvalues.dtype).tiny
-    u = torch.finfo(eigenvalues.dtype).eps / 2
-    delta = error * u * eigenvalues.amax(-1, keepdim=True).clamp_min(0)
-    sigma = eigenvalues.clamp_min(0).sqrt()
-    moved = torch.minimum(delta.sqrt(), delta / sigma.clamp_min(tiny)).sum(-1)
-    return moved / sigma.sum(-1).clamp_min(tiny)
+    eigenvalues = np.asarray(eigenvalues)
+    tiny, u = np.finfo(eigenvalues.dtype).tiny, np.finfo(eigenvalues.dtype).eps / 2
+    delta = error * u * np.maximum(eigenvalues.max(-1, keepdims=True), 0)
+    sigma = np.sqrt(np.maximum(eigenvalues, 0))
+    moved = np.minimum(np.sqrt(delta), delta / np.maximum(sigma, tiny)).sum(-1)
+    return moved / np.maximum(sigma.sum(-1), tiny)
+
+
+def each_matrix(fn: Callable[[int], None], count: int) -> None:
+    """fn(i) for i in 0…count−1, one matrix at a time on each of torch.get_num_threads() threads (the caller's
+    among them), taking the next index as they finish (the SVD fallback makes some matrices slower), with the
+    BLAS libraries at one thread each. fn must release the GIL for its heavy work (LAPACK through
+    `spectra.lapack`, numpy's loops)."""
+    workers = max(1, min(torch.get_num_threads(), count))
+    indices, lock = iter(range(count)), threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(indices, None)
+            if i is None:
+                return
+            fn(i)
+
+    with lapack.one_blas_thread():
+        if workers == 1:
+            work()
+            return
+        with ThreadPoolExecutor(workers - 1) as pool:
+            helpers = [pool.submit(work) for _ in range(workers - 1)]
+            work()
+            for helper in helpers:
+                helper.result()
+
+
+def _nonzero_block(a: np.ndarray) -> np.ndarray:
+    """The block of a (r, m) left by cutting its all-zero rows and columns (a itself when there are none)."""
+    rows, cols = a.any(1), a.any(0)
+    if rows.all() and cols.all():
+        return a
+    return a[np.ix_(rows, cols)]
+
+
+def _lapack_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact route on the CPU: per matrix, σ (min(r, m), then zeros) of its nonzero block, as √eig of the
+    smaller float64 Gram matrix (dsyrk, dsyevd), or the float64 SVD (dgesdd) where `gram_loss` exceeds
+    EXACT_TOLERANCE; and which matrices took the SVD. p (b, r, m), float32 or float64, read without a copy."""
+    arrays = p.detach().contiguous().numpy()
+    count, rows, cols = arrays.shape
+    sigma = np.zeros((count, min(rows, cols)))
+    fell_back = np.zeros(count, dtype=bool)
+    local = threading.local()
+
+    def one(i: int) -> None:
+        block = _nonzero_block(arrays[i])
+        if block.size == 0:
+            return  # an all-zero matrix: σ = 0
+        space = getattr(local, "space", None)
+        if space is None:
+            space = local.space = lapack.Workspace(max(rows, cols))
+        eigenvalues = space.gram_eigenvalues(block)
+        if gram_loss(eigenvalues) > EXACT_TOLERANCE:
+            fell_back[i] = True
+            values = space.singular_values(block)
+        else:
+            values = np.sqrt(np.maximum(eigenvalues[::-1], 0))
+        sigma[i, : values.size] = values
+
+    each_matrix(one, count)
+    return torch.from_numpy(sigma), torch.from_numpy(fell_back)
 
 
 def _first(keep: torch.Tensor, count: int) -> torch.Tensor:
@@ -113,15 +155,16 @@ def _gram_or_svd(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     gram = p.mT @ p if p.shape[-2] >= p.shape[-1] else p @ p.mT
     eigenvalues = torch.linalg.eigvalsh(gram)
     sigma = eigenvalues.clamp_min(0).sqrt().flip(-1)
-    redo = gram_loss(eigenvalues) > EXACT_TOLERANCE
+    redo = torch.from_numpy(gram_loss(eigenvalues.cpu().numpy()) > EXACT_TOLERANCE).to(p.device)
     if redo.any():
         sigma[redo] = torch.linalg.svdvals(p[redo])
     return sigma, redo
 
 
-def _exact_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """σ (b, n) in float64 to within EXACT_TOLERANCE of c, and which matrices fell back to the SVD: √eig of
-    the float64 Gram matrix, the float64 SVD where `gram_loss` says the Gram route could lose more.
+def torch_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact route in batched torch calls, for GPUs (on the CPU `spectra.lapack` is faster): σ (b, n) in
+    float64 to within EXACT_TOLERANCE of c, and which matrices fell back to the SVD: √eig of the float64 Gram
+    matrix, the float64 SVD where `gram_loss` says the Gram route could lose more.
 
     Zero rows and columns (padding) are cut away first, so they give exact zeros, cost nothing and do not
     count in the bound; matrices with the same numbers of nonzero rows and columns are done together.
@@ -152,31 +195,26 @@ def _exact_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, fell_back
 
 
-def singular_values_routed(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`singular_values` (..., n) and which matrices (...) the mode sent to the float64 SVD."""
-    mode = Spectrum(mode)
+def singular_values_routed(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`singular_values` (..., n) and which matrices (...) the route sent to the float64 SVD."""
     if p.device.type == "mps":  # no float64 and no batched LAPACK on Apple GPUs: the CPU does the spectra
         p = p.cpu()
     p = p.to(torch.promote_types(p.dtype, torch.float32))
-    fn = _exact_sigma if mode == Spectrum.EXACT else _gram_sigma
-    parts = split_threads(fn, p)
-    sigma = torch.cat([part[0] for part in parts]).reshape(p.shape[:-1])
-    return sigma, torch.cat([part[1] for part in parts]).reshape(p.shape[:-2])
+    flat = p.reshape(-1, *p.shape[-2:])
+    if flat.shape[0] == 0:
+        sigma, fell_back = flat.new_zeros(0, min(p.shape[-2:]), dtype=torch.float64), flat.new_zeros(0, dtype=torch.bool)
+    else:
+        sigma, fell_back = _lapack_sigma(flat) if p.device.type == "cpu" else torch_sigma(flat)
+    return sigma.reshape(*p.shape[:-2], sigma.shape[-1]), fell_back.reshape(p.shape[:-2])
 
 
-def singular_values(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT) -> torch.Tensor:
-    """Descending singular values (float64) of a batch of square matrices (..., n, n).
-
-    exact: within 1e-6 of a float64 SVD in c (by the bound; ~1e-9 measured): √eig of the float64 Gram
-    matrix, about 2× faster than the SVD on CPU, with the matrices whose error bound exceeds
-    EXACT_TOLERANCE (near-uniform or rank-deficient P) recomputed with the float64 SVD (see `_exact_sigma`,
-    `gram_loss`); fast: √eig(PᵀP) of the float32 Gram matrix, with the matrices it cannot resolve to
-    FAST_TOLERANCE recomputed by the exact route (c within ~2.6e-4; see _gram_sigma). Fast is faster only on
-    peaked attention: on real attention most matrices go on to the exact route and it is slower than exact
-    (benchmarks/RESULTS.md, table 1a).
-    """
-    return singular_values_routed(p, mode)[0]
+def singular_values(p: torch.Tensor) -> torch.Tensor:
+    """Descending singular values (float64) of a batch of square matrices (..., n, n), within 1e-6 of a float64
+    SVD in c (by the bound; ~1e-9 measured on real attention): √eig of the float64 Gram matrix, with the matrices
+    whose error bound exceeds EXACT_TOLERANCE (near-uniform or rank-deficient P) recomputed with the float64
+    SVD (see `gram_loss`). On the CPU one matrix per core through scipy's LAPACK (`spectra.lapack`); on a GPU
+    batched torch calls (`torch_sigma`). Zero rows and columns (padding) are cut away first."""
+    return singular_values_routed(p)[0]
 
 
 def masked(p: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -247,22 +285,44 @@ def sink_start(n: int) -> int:
     return max(1, min(SINK_FROM, n // 8))
 
 
+def _entropy_totals(p: torch.Tensor) -> torch.Tensor:
+    """Σ_ij −p_ij ln p_ij (float64) of each matrix of p (b, r, m); zero entries add nothing. On the CPU one
+    matrix per thread in numpy (its loops release the GIL) with reused float64 buffers, instead of float64
+    copies of the whole batch."""
+    tiny = np.finfo(np.float64).tiny
+    if p.device.type != "cpu":
+        p = p.to(torch.float64)
+        return -(p * torch.log(p.clamp_min(tiny))).sum((-2, -1))
+    arrays = p.detach().to(torch.promote_types(p.dtype, torch.float32)).contiguous().numpy()  # bfloat16: no numpy
+    totals = np.zeros(arrays.shape[0])
+    local = threading.local()
+
+    def one(i: int) -> None:
+        if getattr(local, "buffers", None) is None:
+            local.buffers = np.empty(arrays.shape[1:]), np.empty(arrays.shape[1:])
+        x, logs = local.buffers
+        np.copyto(x, arrays[i])
+        np.log(np.maximum(x, tiny, out=logs), out=logs)
+        totals[i] = -np.vdot(x, logs)  # one pass, no product array
+
+    each_matrix(one, arrays.shape[0])
+    return torch.from_numpy(totals)
+
+
 def row_metrics(p: torch.Tensor, valid: torch.Tensor, start: int) -> torch.Tensor:
-    """Sink mass and entropy (..., 2) of each P (B, H, n, n) whose padded rows and columns are zero.
+    """Sink mass and entropy (..., 2), float64, of each P (B, H, n, n) whose padded rows and columns are zero.
 
     sink = the mean over queries from `start` on (counted from the first valid token; all but the first when
     the sequence is shorter) of P[i, first valid key]: the attention-sink share (Xiao et al. 2023);
-    entropy = the mean over valid queries of −Σ_j p_ij ln p_ij, in nats.
+    entropy = the mean over valid queries of −Σ_j p_ij ln p_ij, in nats (padded rows are zero: they add nothing).
     """
-    p = p.to(torch.float64)
     rank = valid.long().cumsum(-1) - 1  # (B, n): position among the valid tokens
     lengths = valid.sum(-1, keepdim=True)
     first = valid.long().argmax(-1)  # (B,)
     begin = torch.minimum(torch.full_like(lengths, start), (lengths - 1).clamp_min(0))
-    rows = (valid & (rank >= begin)).to(p.dtype)  # (B, n)
-    to_sink = torch.gather(p, -1, first[:, None, None, None].expand(*p.shape[:-1], 1))[..., 0]  # (B, H, n)
+    rows = (valid & (rank >= begin)).to(torch.float64)  # (B, n)
+    to_sink = torch.gather(p, -1, first[:, None, None, None].expand(*p.shape[:-1], 1))[..., 0].to(torch.float64)
     sink = (to_sink * rows[:, None]).sum(-1) / rows.sum(-1, keepdim=True).clamp_min(1)
-    logs = torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))
-    row_entropy = -(p * logs).sum(-1)  # zero for padded rows
-    entropy = row_entropy.sum(-1) / lengths.to(p.dtype).clamp_min(1)
+    totals = _entropy_totals(p.reshape(-1, *p.shape[-2:])).reshape(p.shape[:-2]).to(sink.device)
+    entropy = totals / lengths.to(torch.float64).clamp_min(1)
     return torch.stack([sink, entropy], dim=-1)

@@ -45,7 +45,7 @@ import tolerances  # noqa: E402
 GOLDEN = Path(__file__).parent / "golden"
 QUIET: dict[str, Any] = dict(progress=None, notify=lambda line: None)
 #: run.json keys that vary between machines and runs without changing a result
-VOLATILE = {"wall_seconds", "versions", "source", "device", "spectrum_seconds"}
+VOLATILE = {"wall_seconds", "versions", "source", "device", "spectrum_seconds", "timings"}
 #: perturbed runs behind the tolerances, and their relative size: one float32 rounding (2⁻²³)
 PERTURBATIONS = 16
 AMPLITUDE = 2.0**-23
@@ -62,9 +62,8 @@ def cases(model: str, corpus: str) -> dict[str, Callable[[Path], object]]:
     return {
         "analyze-pack": lambda out: spectra.analyze(model, corpus, length=32, samples=6, batch_size=4, out=out,
                                                     **QUIET),
-        "analyze-truncate-fast": lambda out: spectra.analyze(model, corpus, length=32, samples=7, batch_size=3,
-                                                             mode="truncate", spectrum="fast", at=5, seed=3, out=out,
-                                                             **QUIET),
+        "analyze-truncate": lambda out: spectra.analyze(model, corpus, length=32, samples=7, batch_size=3,
+                                                        mode="truncate", at=5, seed=3, out=out, **QUIET),
         "approx-all": lambda out: spectra.approx(model, corpus, budget=[4, 12], methods=every, length=24, samples=6,
                                                  batch_size=4, end_to_end=True, fixed_projection=True, out=out,
                                                  **QUIET),

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spectra.config import (Device, Mode, Projection, RunConfig, Sharing, Spectrum, check_budgets, check_eps, choose,
+from spectra.config import (Device, Mode, Projection, RunConfig, Sharing, check_budgets, check_eps, choose,
                             indices, layers_label, parse_layers)
 from spectra.errors import SpectraError
 from spectra.inputs import numbers
@@ -16,7 +16,6 @@ def test_choices_are_their_strings() -> None:
     assert Mode("pack") is Mode.PACK and Mode.PACK == "pack" and str(Mode.PACK) == "pack"
     assert f"linformer({Sharing.KV})" == "linformer(kv)"
     assert json.dumps({"mode": Mode.TRUNCATE}) == '{"mode": "truncate"}'
-    assert choose(Spectrum, "fast", "--spectrum") is Spectrum.FAST
     with pytest.raises(SpectraError, match="unknown projection 'gauss'; use one of gaussian, orthogonal") as raised:
         choose(Projection, "gauss", "--projection")
     assert raised.value.for_cli() == "unknown --projection 'gauss'; use one of gaussian, orthogonal"

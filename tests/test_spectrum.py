@@ -3,6 +3,9 @@ streams them over a run: tests/probes/test_spectrum.py)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -12,8 +15,15 @@ from transformers import AutoModel, AutoTokenizer
 import tiny
 from references import spectrum_reference
 from spectra import capture
-from spectra.spectrum import (EXACT_TOLERANCE, SPECTRUM_METRICS as METRICS, cumulative, gram_loss, masked, resample,
-                              singular_values, singular_values_routed, split_threads, summarize)
+from spectra.lapack import Workspace
+from spectra.spectrum import (EXACT_TOLERANCE, SPECTRUM_METRICS as METRICS, cumulative, each_matrix, gram_loss, masked,
+                              resample, row_metrics, singular_values, singular_values_routed, split_threads, summarize,
+                              torch_sigma)
+
+#: the two implementations of the exact route: the CPU's (one matrix per thread through spectra.lapack) and the
+#: batched torch one that GPUs take (run here on CPU tensors)
+ROUTES = {"lapack": singular_values, "torch": lambda p: torch_sigma(p.reshape(-1, *p.shape[-2:]))[0].reshape(
+    *p.shape[:-2], -1)}
 
 pytestmark = pytest.mark.threads  # the spectra run as users get them: split_threads' pool over the machine's cores
 
@@ -63,22 +73,6 @@ def test_resample_is_identity_at_full_length_and_linear_otherwise() -> None:
         assert np.allclose(got[b].numpy(), want, atol=1e-12)
 
 
-@pytest.mark.parametrize("scale", [0.0, 0.01, 0.3, 1.0, 10.0])
-def test_fast_mode_matches_scipy(scale: float) -> None:
-    """The float32 Gram route with its exact fallback keeps c within 5e-4, near-uniform P included."""
-    n = 256
-    p = stochastic(3, n, seed=7, scale=scale)
-    p[2, :, 200:] = 0  # a padded sequence: zero key columns and query rows
-    p[2, 200:, :] = 0
-    lengths = torch.tensor([n, n, 200])
-    exact, _ = summarize(singular_values(p, "exact"), lengths, at=64, size=n)
-    fast, _ = summarize(singular_values(p, "fast"), lengths, at=64, size=n)
-    for b, m in enumerate(lengths.tolist()):
-        ref, _ = spectrum_reference(p[b, :m, :m].numpy(), 64, n)
-        assert np.abs(fast[b].numpy() - ref).max() < 5e-4
-        assert np.abs(exact[b].numpy() - ref).max() < 1e-5
-
-
 def test_masked_zeroes_padded_rows_and_columns() -> None:
     p = stochastic(2, 6, seed=1).reshape(1, 2, 6, 6)
     valid = torch.tensor([[True, True, True, True, False, False]])
@@ -99,8 +93,6 @@ def test_cumulative_against_numpy() -> None:
 
 def test_sink_and_entropy_on_left_and_right_padding() -> None:
     """The sink is the first valid key, wherever padding puts it; rows are counted from the first valid token."""
-    from spectra.spectrum import row_metrics
-
     g = torch.Generator().manual_seed(4)
     n = 10
     p = torch.softmax(torch.randn(3, 2, n, n, generator=g) * 2, dim=-1)
@@ -130,14 +122,15 @@ def scipy_curve(block: np.ndarray, n: int) -> np.ndarray:
     return np.cumsum(sigma) / sigma.sum()
 
 
+@pytest.mark.parametrize("route", sorted(ROUTES))
 @pytest.mark.parametrize("n", [16, 128, 512])
 @pytest.mark.parametrize("scale", [0.0, 1e-3, 0.01, 0.1, 1.0, 3.0, 10.0, 100.0])
-def test_exact_mode_within_1e6_of_scipy_at_every_temperature(n: int, scale: float) -> None:
+def test_exact_mode_within_1e6_of_scipy_at_every_temperature(n: int, scale: float, route: str) -> None:
     """From exactly uniform P (scale 0) to near one-hot P (scale 100), full and padded, the exact mode's c is
-    within 1e-6 of float64 scipy, and the padded values are exact zeros."""
+    within 1e-6 of float64 scipy, and the padded values are exact zeros, on either route."""
     lengths = [n, n, n - n // 4, n // 2 + 1]
     p = torch.stack([softmax_block(n, m, scale, seed=7 * n + b) for b, m in enumerate(lengths)])
-    sigma = singular_values(p, "exact")
+    sigma = ROUTES[route](p)
     assert sigma.dtype == torch.float64
     for b, m in enumerate(lengths):
         want = scipy_curve(p[b, :m, :m].numpy(), n)
@@ -146,8 +139,9 @@ def test_exact_mode_within_1e6_of_scipy_at_every_temperature(n: int, scale: floa
         assert (sigma[b, :-1] >= sigma[b, 1:]).all()
 
 
+@pytest.mark.parametrize("route", sorted(ROUTES))
 @pytest.mark.parametrize("n", [16, 128, 512])
-def test_exact_mode_on_rank_deficient_p(n: int) -> None:
+def test_exact_mode_on_rank_deficient_p(n: int, route: str) -> None:
     """Repeated rows (rank n/4 and rank 2; hence many zero singular values) stay within 1e-6 of scipy."""
     g = torch.Generator().manual_seed(n)
     p = torch.stack([
@@ -155,22 +149,39 @@ def test_exact_mode_on_rank_deficient_p(n: int) -> None:
         torch.softmax(3 * torch.randn(2, n, generator=g), -1).repeat(n // 2, 1),
         torch.softmax(100 * torch.randn(n, n, generator=g), -1)[torch.arange(n) % 3],  # near one-hot, rank 3
     ])
-    sigma = singular_values(p, "exact")
+    sigma = ROUTES[route](p)
     for b in range(p.shape[0]):
         assert np.abs(cumulative(sigma[b]).numpy() - scipy_curve(p[b].numpy(), n)).max() <= 1e-6
 
 
+def lapack_eigenvalues(p: torch.Tensor) -> np.ndarray:
+    """Ascending eigenvalues (b, n) of each float64 PᵀP as the CPU route computes them (dsyrk, dsyevd)."""
+    space = Workspace(p.shape[-1])
+    return np.stack([space.gram_eigenvalues(a).copy() for a in p.numpy()])
+
+
+def torch_eigenvalues(p: torch.Tensor) -> np.ndarray:
+    """Ascending eigenvalues (b, n) of each float64 PᵀP as the torch route computes them."""
+    p = p.double()
+    return torch.cat(split_threads(torch.linalg.eigvalsh, p.mT @ p)).numpy()
+
+
+EIGENVALUES = {"lapack": lapack_eigenvalues, "torch": torch_eigenvalues}
+
+
+@pytest.mark.parametrize("route", sorted(EIGENVALUES))
 @pytest.mark.parametrize("scale", [0.0, 1e-6, 1e-4, 1e-2, 1.0, 3.0, 10.0, 100.0])
-def test_gram_loss_bounds_the_gram_routes_actual_error(scale: float) -> None:
-    """The bound `gram_loss` puts on |Δc| of √eig(float64 PᵀP) is never below the error actually made."""
+def test_gram_loss_bounds_the_gram_routes_actual_error(scale: float, route: str) -> None:
+    """The bound `gram_loss` puts on |Δc| of √eig(float64 PᵀP) is never below the error actually made, with
+    the eigenvalues of either route."""
     n = 128
-    p = stochastic(6, n, seed=11, scale=scale).double()
-    eigenvalues = torch.cat(split_threads(torch.linalg.eigvalsh, p.mT @ p))
+    p = stochastic(6, n, seed=11, scale=scale)
+    eigenvalues = EIGENVALUES[route](p)
     bound = gram_loss(eigenvalues)
-    got = cumulative(eigenvalues.clamp_min(0).sqrt().flip(-1))
+    got = cumulative(torch.from_numpy(np.sqrt(np.maximum(eigenvalues, 0))[:, ::-1].copy()))
     for b in range(p.shape[0]):
         actual = np.abs(got[b].numpy() - scipy_curve(p[b].numpy(), n)).max()
-        assert actual <= bound[b].item()
+        assert actual <= bound[b]
 
 
 def test_exact_fallback_triggers_on_near_uniform_p_only() -> None:
@@ -180,13 +191,13 @@ def test_exact_fallback_triggers_on_near_uniform_p_only() -> None:
         uniform = torch.stack([stochastic(1, n, seed=1, scale=s)[0] for s in (0.0, 1e-6, 1e-5)])
         peaked = torch.stack([stochastic(1, n, seed=2, scale=s)[0] for s in (0.3, 1.0, 3.0, 10.0)])
         for batch, hard in ((uniform, True), (peaked, False)):
-            p = batch.double()
-            eigenvalues = torch.cat(split_threads(torch.linalg.eigvalsh, p.mT @ p))
-            assert ((gram_loss(eigenvalues) > EXACT_TOLERANCE) == hard).all()
+            for eigenvalues in (lapack_eigenvalues(batch), torch_eigenvalues(batch)):
+                assert ((gram_loss(eigenvalues) > EXACT_TOLERANCE) == hard).all()
         mixed = torch.cat([peaked[:2], uniform[:1], peaked[2:], uniform[1:]])
-        sigma, fell_back = singular_values_routed(mixed.reshape(1, 7, n, n), "exact")
+        sigma, fell_back = singular_values_routed(mixed.reshape(1, 7, n, n))
         assert fell_back.shape == (1, 7) and fell_back[0].tolist() == [False, False, True, False, False, True, True]
-        assert torch.equal(sigma, singular_values(mixed.reshape(1, 7, n, n), "exact"))
+        assert torch.equal(sigma, singular_values(mixed.reshape(1, 7, n, n)))
+        assert torch_sigma(mixed)[1].tolist() == fell_back[0].tolist()
 
 
 @pytest.mark.slow
@@ -204,8 +215,77 @@ def test_exact_mode_within_1e6_of_scipy_on_real_attention(n: int) -> None:
     with torch.no_grad(), capture.capturing(lambda record: seen.append(masked(record.p, record.valid))):
         model(input_ids=ids.repeat(2, 1), attention_mask=mask)
     p = torch.cat(seen, dim=1)  # (2, layers × heads, n, n)
-    sigma = singular_values(p, "exact")
+    sigma = singular_values(p)
     for b, m in enumerate((n, int(0.6 * n))):
         for h in range(p.shape[1]):
             want = scipy_curve(p[b, h, :m, :m].numpy(), n)
             assert np.abs(cumulative(sigma[b, h]).numpy() - want).max() <= 1e-6, (b, h)
+
+
+def test_threads_and_inputs_do_not_change_the_numbers() -> None:
+    """Same σ bitwise on one thread and on several (a same-process promise), from float32 or float64, from a
+    strided batch, inside inference mode; rectangular blocks give min(r, m) values; an empty batch gives none."""
+    p = torch.stack([softmax_block(96, m, 3.0, seed=m) for m in (96, 70, 1, 96)])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = singular_values(p)
+        torch.set_num_threads(3)
+        several = singular_values(p)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, several)
+    assert torch.equal(singular_values(p.double()), one)  # the float32 → float64 copy is exact
+    wide = torch.zeros(4, 96, 192)
+    wide[..., ::2] = p  # every other column: a strided view of p's values
+    assert torch.equal(singular_values(wide[..., ::2]), one)
+    with torch.inference_mode():
+        assert torch.equal(singular_values(p.clone()), one)
+    rectangular = p[:, :40, :]
+    sigma = singular_values(rectangular)
+    assert sigma.shape == (4, 40)
+    for b in range(4):
+        want = scipy.linalg.svdvals(rectangular[b].double().numpy())
+        assert np.allclose(sigma[b].numpy(), want, atol=1e-12)
+    assert singular_values(torch.zeros(0, 3, 8, 8)).shape == (0, 3, 8)
+
+
+def test_each_matrix_visits_every_index_once_on_every_thread_and_passes_errors_on() -> None:
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def visit(i: int) -> None:
+        time.sleep(0.001)  # releases the GIL, as LAPACK does: the other threads take the next indices
+        with lock:
+            seen.append((i, threading.get_ident()))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        each_matrix(visit, 50)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(i for i, _ in seen) == list(range(50))
+    assert len({ident for _, ident in seen}) == 3
+
+    def fail(i: int) -> None:
+        if i == 7:
+            raise RuntimeError("matrix 7")
+
+    with pytest.raises(RuntimeError, match="matrix 7"):
+        each_matrix(fail, 20)
+
+
+def test_row_metrics_equal_the_float64_formula() -> None:
+    """Entropy and sink are the float64 formulas on P's values (not float32 arithmetic): 1e-13 relative."""
+    g = torch.Generator().manual_seed(5)
+    p = torch.softmax(torch.randn(3, 4, 64, 64, generator=g) * 3, dim=-1)
+    valid = torch.ones(3, 64, dtype=torch.bool)
+    valid[1, 50:] = False
+    p = masked(p, valid)
+    got = row_metrics(p, valid, start=16)
+    x = p.double()
+    entropy = -(x * torch.log(x.clamp_min(torch.finfo(torch.float64).tiny))).sum((-2, -1)) / valid.sum(-1)[:, None]
+    assert torch.allclose(got[..., 1], entropy, rtol=1e-13, atol=0)
+    for b, m in enumerate((64, 50, 64)):
+        assert torch.allclose(got[b, :, 0], x[b, :, 16:m, 0].sum(-1) / (m - 16), rtol=1e-15, atol=0)

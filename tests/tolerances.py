@@ -15,9 +15,9 @@ largest move of cell i over the perturbed runs; the rules:
   every cell the one tightest at the column's median magnitude is kept: relative for most columns, absolute
   for differences near zero (ppl_change, mean_low), whose error is that of the numbers they subtract.
   Floors, what the computation guarantees anyway: rtol ≥ 1e-6 (float32 forward passes, ~1e-7 per
-  operation), c within 2e-6 in exact spectrum mode and 5.2e-4 in fast mode (each machine within 1e-6,
-  resp. 2.6e-4, of a float64 SVD of its P), and rtol 1e-12 for a column the perturbations never move (a
-  count or a formula of the settings: another libm may still round its last bit).
+  operation), c within 2e-6 (each machine within 1e-6 of a float64 SVD of its P), and rtol 1e-12 for a
+  column the perturbations never move (a count or a formula of the settings: another libm may still round
+  its last bit).
 - **cells** for the discrete columns — success rates (`pr*`: Pr(err ≤ ε) and its interval), histogram
   quantiles (`median`, `p95`: bin edges of a 100-per-decade histogram, or the clipped min/max) and the rank
   counts' moments (`rank90_*`, `rank99_*`) — which move only where a sample sits within rounding of a
@@ -48,8 +48,8 @@ SAFETY = 10.0
 FLOAT32_RTOL = 1e-6
 #: a float64 formula or sum that the data does not move: another libm may round its last bit differently
 FORMULA_RTOL = 1e-12
-#: c (the normalized cumulative singular value) from two machines: each within 1e-6 (exact) or 2.6e-4 (fast)
-C_ATOL = {"exact": 2e-6, "fast": 5.2e-4}
+#: c (the normalized cumulative singular value) from two machines: each within 1e-6 of a float64 SVD (the only mode)
+C_ATOL = {"exact": 2e-6}
 C_COLUMNS = ("cum_mean", "cum_std", "c_at_mean", "c_at_std")
 DISCRETE = ("pr", "pr_below_target", "pr_mean", "pr_low", "pr_high", "pr_draw_std", "median", "p95", "rank90_mean",
             "rank90_std", "rank99_mean", "rank99_std")
@@ -156,7 +156,7 @@ def _cells(base: np.ndarray, moves: np.ndarray, runs: int) -> dict[str, Any]:
 
 
 def _mode(files: Mapping[str, bytes]) -> str | None:
-    """The spectrum mode of an analyze run ("exact" or "fast"), None for other kinds."""
+    """The spectrum mode of an analyze run ("exact"), None for other kinds."""
     if "run.json" not in files:
         return None
     meta = json.loads(files["run.json"])

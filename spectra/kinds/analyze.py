@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoints
-from ..config import Place, RunConfig, Spectrum, choose, indices
+from ..config import Place, RunConfig, choose, indices
 from ..errors import SpectraError, option as spell
 from ..options import identity, option
 from ..reporter import Reporter
@@ -27,9 +27,6 @@ class AnalyzeOptions:
 
     at: int | None = option(None, "1-based singular-value index for c@index and the heatmap (default n/4: 128 for "
                             "n = 512).")
-    spectrum: Spectrum = option(Spectrum.EXACT, "exact: c within 1e-6 of a float64 SVD (√eig of the float64 Gram "
-                                "matrix PᵀP, the SVD where its error bound asks); fast: the float32 Gram matrix, c "
-                                "within ~2.6e-4, faster only on peaked attention.")
     spectrum_device: Place = option(Place.AUTO, "Where the singular values are computed: auto (GPU models: time the "
                                     "first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), "
                                     "cpu, or same (the model's device). Speed only: the numbers change by rounding "
@@ -47,7 +44,6 @@ class AnalyzeOptions:
                             "confidence intervals; spectra scaling uses them).")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "spectrum", choose(Spectrum, self.spectrum, "--spectrum"))
         object.__setattr__(self, "spectrum_device", choose(Place, self.spectrum_device, "--spectrum-device"))
         object.__setattr__(self, "layers", indices(self.layers, "layer"))
         object.__setattr__(self, "heads", indices(self.heads, "head"))
@@ -101,7 +97,7 @@ class Analyze(Analysis):
 
         loaded = source.loaded
         self.check(config, options, source.shape())
-        spectrum = SpectrumProbe(source.layers, source.heads, config.length, options.at, options.spectrum,
+        spectrum = SpectrumProbe(source.layers, source.heads, config.length, options.at,
                                  select_layers=options.layers, select_heads=options.heads,
                                  bootstrap=options.bootstrap, seed=config.seed)
         probes = {"spectrum": Offloaded(spectrum, options.spectrum_device, options.overlap, warn=reporter.warn)}

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from .. import checkpoints
-from ..config import Place, RunConfig, Spectrum, check_budget, indices, layers_label
+from ..config import Place, RunConfig, check_budget, indices, layers_label
 from ..errors import Interrupted, SpectraError, option as spell
 from ..growth import growth
 from ..inputs import several
@@ -68,8 +68,6 @@ class ScalingOptions:
                                       "analyze run each.")
     bootstrap: int = option(200, "Bootstrap replicates over sequences for the interval of the growth exponent "
                             "(0: none).")
-    spectrum: Spectrum = option(Spectrum.EXACT, "exact (float64, within 1e-6 of scipy) or fast (float32 route, "
-                                "~1e-4: long n).")
     spectrum_device: Place = option(Place.AUTO, "Where the singular values are computed (speed only).",
                                     identity=False)
     layers: tuple[int, ...] | None = option(None, "Spectra of these layers only, e.g. 0,14,29 (long n: each "
@@ -97,7 +95,7 @@ class ScalingOptions:
 
     def analyze(self) -> AnalyzeOptions:
         """The options of the analyze run at each length."""
-        return AnalyzeOptions(spectrum=self.spectrum, spectrum_device=self.spectrum_device, layers=self.layers,
+        return AnalyzeOptions(spectrum_device=self.spectrum_device, layers=self.layers,
                               heads=self.heads, bootstrap=self.bootstrap)
 
     def approx(self, n: int) -> ApproxOptions:
@@ -185,7 +183,7 @@ class Scaling(Analysis):
     def record(self, config: RunConfig, options: ScalingOptions, first: dict[str, Any], approximated: bool,
                seconds: float) -> dict[str, Any]:
         """The sweep's run.json: its settings, the model and data of its runs, where they are."""
-        settings = config.settings({"spectrum": options.spectrum, "bootstrap": options.bootstrap,
+        settings = config.settings({"bootstrap": options.bootstrap,
                                     "layers": layers_label(first.get("layers")),
                                     "heads": layers_label(first.get("heads"))})
         del settings["length"]

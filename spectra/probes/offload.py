@@ -33,6 +33,7 @@ from ..capture import Captured
 from ..config import Place, choose
 from ..spectrum import masked, singular_values
 from ..stats import State
+from ..timings import stage
 from .base import Probe
 from .spectrum import SpectrumProbe
 
@@ -47,13 +48,13 @@ def _to(x: torch.Tensor, device: torch.device, wait: bool) -> torch.Tensor:
     return x.to(device)
 
 
-def _seconds(p: torch.Tensor, mode: str) -> float:
+def _seconds(p: torch.Tensor) -> float:
     """Wall time of the singular values of the batch p where it lies (the second of two calls)."""
     for _ in range(2):
         if p.device.type == "cuda":
             torch.cuda.synchronize(p.device)
         start = time.perf_counter()
-        singular_values(p, mode)
+        singular_values(p)
         if p.device.type == "cuda":
             torch.cuda.synchronize(p.device)
         elapsed = time.perf_counter() - start
@@ -90,8 +91,8 @@ class Offloaded(Probe):
             self.device = source
         else:
             sample = masked(p, valid)
-            self.seconds = {source.type: _seconds(sample, self.probe.mode),
-                            "cpu": _seconds(sample.cpu(), self.probe.mode)}
+            self.seconds = {source.type: _seconds(sample),
+                            "cpu": _seconds(sample.cpu())}
             self.device = min((source, torch.device("cpu")), key=lambda d: self.seconds[d.type])
         if self.overlap is None:
             self.overlap = self.device != source
@@ -140,7 +141,8 @@ class Offloaded(Probe):
             self._catch_up()
             self._inline(layer, p, valid, index)
             return
-        self._pending.put((layer, moved_p, moved_valid, index, ready, p, valid))
+        with stage("wait"):  # the queue holds at most `depth` layers: the forward waits for the spectra
+            self._pending.put((layer, moved_p, moved_valid, index, ready, p, valid))
 
     def _work(self) -> None:
         with torch.inference_mode():
@@ -182,7 +184,8 @@ class Offloaded(Probe):
     def drain(self) -> None:
         """Wait until every queued update is in the probe's sums."""
         if self._worker is not None:
-            self._pending.join()
+            with stage("wait"):
+                self._pending.join()
         self._catch_up()
 
     def close(self) -> None:

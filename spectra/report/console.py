@@ -19,6 +19,7 @@ from rich.table import Table
 
 from ..config import layers_label
 from ..runs import ApproxRun, Run, ScalingRun, TheoremRun
+from ..timings import summary
 from .plan import Plan
 from .summaries import (analyze_layers, compare_wide, gap_closed, growth_reading, headlines, labels_in_order,
                         run_keys, scaling_fixed, scaling_layers, theorem1_rows, theorem_errors, theorem_n)
@@ -145,6 +146,8 @@ def print_analyze(run: Run) -> None:
         out.print("sink: mean attention of queries to the first token; entropy in nats; key rank90: dimensions of the "
                   "head that hold 90% of the keys' variance over the run", soft_wrap=True)
     out.print(f"results written to {run.path}")
+    if summary(run.meta.get("timings")):  # where the time went (spectra.timings)
+        out.print(summary(run.meta["timings"]), soft_wrap=True)
 
 
 def print_approx(run: ApproxRun) -> None:

@@ -13,7 +13,6 @@ import spectra
 from spectra.capture import Captured
 from spectra.errors import InternalError
 from spectra.probes.offload import Offloaded
-from spectra.config import Spectrum
 from spectra.probes.spectrum import SpectrumProbe
 from spectra.seeds import Domain, derive_seed
 from spectra.spectrum import METRICS
@@ -59,7 +58,7 @@ def test_probe_streams_layers_heads_and_padding() -> None:
 
 def test_tables_and_arrays() -> None:
     n, heads, lengths = 16, 2, [16, 11]
-    probe = SpectrumProbe(layers=2, heads=heads, n=n, at=4, mode="exact")
+    probe = SpectrumProbe(layers=2, heads=heads, n=n, at=4)
     generator = torch.Generator().manual_seed(2)
     mask = padded(lengths, n)
     ps = {}
@@ -95,7 +94,7 @@ def test_tables_and_arrays() -> None:
                 assert row[f"{name}_std"] == pytest.approx(values.std(), rel=1e-3, abs=1e-5), name
 
 
-def test_state_resumes_and_fast_mode_agrees() -> None:
+def test_state_resumes() -> None:
     n, lengths = 12, [12, 7]
     mask = padded(lengths, n)
     generator = torch.Generator().manual_seed(3)
@@ -113,11 +112,6 @@ def test_state_resumes_and_fast_mode_agrees() -> None:
         second.update(captured)
     for name, part in whole.state().items():
         assert np.array_equal(part.array, second.state()[name].array), name
-    fast = SpectrumProbe(2, 2, n, 3, Spectrum.FAST)
-    for captured in records:
-        fast.update(captured)
-    assert fast.mode is Spectrum.FAST
-    assert np.abs(fast.arrays()["curves.npz"]["cum_mean"] - whole.arrays()["curves.npz"]["cum_mean"]).max() < 5e-4
 
 
 def test_bad_shapes() -> None:
