@@ -10,7 +10,8 @@ returns the finished run, loaded. The keyword signature, defaults and docstring 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .config import RunConfig
 from .kinds import REGISTRY, Analysis, load_run

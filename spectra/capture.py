@@ -10,9 +10,10 @@ substituted one. Nothing else in the package knows how transformers calls attent
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,7 +73,7 @@ class Captured:
 
     @classmethod
     def of(cls, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           scaling: float | None = None, causal: bool = False, index: tuple[int, ...] | None = None) -> "Captured":
+           scaling: float | None = None, causal: bool = False, index: tuple[int, ...] | None = None) -> Captured:
         """A record from tensors at hand (tests, synthetic inputs): the valid keys read off `mask`."""
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
         return cls(layer, q, k, v, key_valid(mask, q.shape[0], k.shape[-2], q.device), scaling, causal, mask, index)

@@ -79,7 +79,7 @@ class Source:
             architecture = gguf_field(file, "general.architecture")
             if not isinstance(architecture, str):
                 return Shape(causal=True, name=self.label)
-            count = lambda key: value if isinstance(value := gguf_field(file, f"{architecture}.{key}"), int) else None  # noqa: E731
+            count = lambda key: value if isinstance(value := gguf_field(file, f"{architecture}.{key}"), int) else None
             return Shape(count("block_count"), count("attention.head_count"), count("context_length"), True,
                          self.label)
         tokenizer_max = None

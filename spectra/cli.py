@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
 
 import click
 import typer
@@ -20,9 +19,9 @@ from . import lazy
 
 lazy.install("torch")  # before anything imports it: what the commands declare is read without loading torch
 
-from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands  # noqa: E402
-from .errors import Interrupted, SpectraError  # noqa: E402
-from .kinds import REGISTRY  # noqa: E402
+from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands
+from .errors import Interrupted, SpectraError
+from .kinds import REGISTRY
 
 app = typer.Typer(
     cls=FlaglessGroup,
@@ -55,8 +54,8 @@ add_commands(app, REGISTRY)
 def figure1(
     runs: list[Path] = typer.Argument(..., help="Run directories of spectra analyze; one curve panel per model depth."),
     out: Path = typer.Option(Path("figures/figure1"), "--out", help="Figure path without suffix: writes .png (200 dpi) and .pdf (default: figures/figure1 under the current directory, as the figure draws several runs)."),
-    heatmap: Optional[Path] = typer.Option(None, "--heatmap", help="Run drawn as the heatmap (default: the first Wikitext run of the shallowest model, else the first run)."),
-    at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index of the heatmap (default n/4: 128 for n = 512)."),
+    heatmap: Path | None = typer.Option(None, "--heatmap", help="Run drawn as the heatmap (default: the first Wikitext run of the shallowest model, else the first run)."),
+    at: int | None = typer.Option(None, "--at", help="1-based singular-value index of the heatmap (default n/4: 128 for n = 512)."),
     band: float = typer.Option(0.1, "--band", help="Shade from this quantile to 1 − it across the layer×head mean curves (0: min–max)."),
 ) -> None:
     """The paper's Figure 1: normalized cumulative singular value per model depth and dataset, and the heatmap at n/4."""
@@ -73,8 +72,8 @@ def figure1(
 @app.command(cls=FlaglessCommand)
 def plot(
     run: Path = typer.Argument(..., help="A run directory (analyze, approx, theorems or scaling)."),
-    at: Optional[int] = typer.Option(None, "--at", help="1-based singular-value index of the c heatmap (default: the run's, n/4 unless analysed with --at)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default RUN/figures, beside the run's numbers)."),
+    at: int | None = typer.Option(None, "--at", help="1-based singular-value index of the c heatmap (default: the run's, n/4 unless analysed with --at)."),
+    out: Path | None = typer.Option(None, "--out", help="Directory for the figures (default RUN/figures, beside the run's numbers)."),
 ) -> None:
     """A run's views; for analyze: per-layer curves, heatmap of c at an index, rank for 90%/99% per layer and head."""
     from .kinds import load_run
@@ -97,12 +96,13 @@ def plan_k(
     energy: float = typer.Option(0.9, "--energy", help="Share E in (0, 1] of the nuclear norm the top k_proj singular values must reach."),
     multiple: int = typer.Option(8, "--multiple", help="Round every k_proj up to a multiple of this (capped at n)."),
     per_head: bool = typer.Option(False, "--per-head", help="Plan each head from its own mean curve; a layer gets the largest of its heads."),
-    out: Optional[Path] = typer.Option(None, "--out", help="JSON plan to write (default <run>/plan-k-e<E>[-per-head].json)."),
+    out: Path | None = typer.Option(None, "--out", help="JSON plan to write (default <run>/plan-k-e<E>[-per-head].json)."),
 ) -> None:
     """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
-    from .report.console import out as stdout, print_plan
-    from .report.plan import plan_k as make_plan
     from .kinds import load_run
+    from .report.console import out as stdout
+    from .report.console import print_plan
+    from .report.plan import plan_k as make_plan
     from .rundir import write_json
 
     loaded = load_run(run, "analyze")
@@ -119,13 +119,14 @@ def plan_k(
 @app.command(cls=FlaglessCommand)
 def compare(
     runs: list[Path] = typer.Argument(..., help="Run directories of spectra analyze (models, datasets or lengths)."),
-    at: Optional[int] = typer.Option(None, "--at", help="1-based index for c (default: each run's, n/4, so different lengths compare at the same relative index)."),
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the tidy table (one row per run and layer) to this CSV file."),
+    at: int | None = typer.Option(None, "--at", help="1-based index for c (default: each run's, n/4, so different lengths compare at the same relative index)."),
+    csv: Path | None = typer.Option(None, "--csv", help="Also write the tidy table (one row per run and layer) to this CSV file."),
 ) -> None:
     """Headline numbers of several runs side by side: per layer c at the index and rank needed for 90%."""
-    from .report.console import out as stdout, print_compare
-    from .report.summaries import compare as compare_runs
     from .kinds import load_run
+    from .report.console import out as stdout
+    from .report.console import print_compare
+    from .report.summaries import compare as compare_runs
     from .rundir import write_table
 
     if csv is not None and csv.is_dir():

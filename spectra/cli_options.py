@@ -11,8 +11,9 @@ import inspect
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Optional
 
 import click
 import typer
@@ -87,7 +88,7 @@ def parameters(analysis: Analysis) -> list[inspect.Parameter]:
     found = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
              inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                default=inspect.Parameter.empty if analysis.needs_model else None,
-                               annotation=Annotated[Optional[str] if not analysis.needs_model else str, model])]
+                               annotation=Annotated[str | None if not analysis.needs_model else str, model])]
     for cls in (RunConfig, analysis.options):
         for option in declared(cls):
             if option.cli and (cls is not RunConfig or option.name in analysis.run_fields):

@@ -12,11 +12,13 @@ This module imports neither torch nor transformers, so the command line starts f
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TypeVar
+from typing import Any, TypeVar
 
-from .errors import SpectraError, option as spell
+from .errors import SpectraError
+from .errors import option as spell
 from .inputs import path_text, several
 from .options import option
 

@@ -9,9 +9,9 @@ Tokenization is lazy: only as many documents are read as the requested samples n
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch

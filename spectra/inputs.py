@@ -8,9 +8,11 @@ Imports neither torch nor transformers.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from .errors import SpectraError, option as spell
+from .errors import SpectraError
+from .errors import option as spell
 
 
 def numbers(text: str, option: str, cast: type = int) -> list:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 #: marks a field that the Python API takes but the command line does not show
 NO_FLAG = ""

@@ -7,8 +7,8 @@ through the `Reporter` it was given, never through print.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 #: progress(done, total) after every batch; total is the requested number of sequences
 Progress = Callable[[int, int], None]
@@ -33,7 +33,7 @@ class Reporter:
         if self.progress is not None:
             self.progress(done, total)
 
-    def quiet(self) -> "Reporter":
+    def quiet(self) -> Reporter:
         """A reporter that says nothing (the other processes of a distributed run)."""
         return replace(self, progress=None, notify=_silent)
 

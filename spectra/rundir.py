@@ -15,9 +15,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -66,7 +67,7 @@ def write_meta(directory: Path, meta: dict[str, Any]) -> None:
 
 def versions() -> dict[str, str]:
     """The versions of spectra and of the libraries its numbers depend on, as run.json records them."""
-    import importlib.metadata as metadata
+    from importlib import metadata
 
     found = {}
     for name in ("spectra-attention", "torch", "transformers", "datasets", "numpy"):

@@ -12,8 +12,9 @@ global indices of its batch's sequences (`Captured.index`), on which all per-seq
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -3,7 +3,7 @@ references they are checked against (numpy softmax, eager attention's formula, t
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -35,12 +35,13 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tolerances  # noqa: E402
+import tolerances
 
 GOLDEN = Path(__file__).parent / "golden"
 QUIET: dict[str, Any] = dict(progress=None, notify=lambda line: None)

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny import run_cli
 from transformers import AutoTokenizer, DebertaV2Config, DebertaV2Model
 
 from spectra import cli
-from tiny import run_cli
-
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny import run_cli, write_text
 
 import spectra
 from spectra import rundir
-from tiny import run_cli, write_text
 
 
 @pytest.fixture

@@ -6,8 +6,19 @@ import json
 
 import pytest
 
-from spectra.config import (Device, Mode, Projection, RunConfig, Sharing, check_budgets, check_eps, choose,
-                            indices, layers_label, parse_layers)
+from spectra.config import (
+    Device,
+    Mode,
+    Projection,
+    RunConfig,
+    Sharing,
+    check_budgets,
+    check_eps,
+    choose,
+    indices,
+    layers_label,
+    parse_layers,
+)
 from spectra.errors import SpectraError
 from spectra.inputs import numbers
 

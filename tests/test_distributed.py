@@ -9,11 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-
-import pytest
-
 from frames import assert_frames_close
 from references import eager_ranks, poisson_replicates
+
 import spectra
 from spectra.api import approx
 

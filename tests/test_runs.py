@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spectra.kinds import load_run
 from spectra.errors import SpectraError
+from spectra.kinds import load_run
 
 
 def test_loading_something_else_is_one_line(tmp_path) -> None:

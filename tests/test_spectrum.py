@@ -9,16 +9,28 @@ import time
 import numpy as np
 import pytest
 import scipy.linalg
+import tiny
 import torch
+from references import spectrum_reference
 from transformers import AutoModel, AutoTokenizer
 
-import tiny
-from references import spectrum_reference
 from spectra import capture
 from spectra.lapack import Workspace
-from spectra.spectrum import (EXACT_TOLERANCE, SPECTRUM_METRICS as METRICS, cumulative, each_matrix, gram_loss, masked,
-                              resample, row_metrics, singular_values, singular_values_routed, split_threads, summarize,
-                              torch_sigma)
+from spectra.spectrum import (
+    EXACT_TOLERANCE,
+    cumulative,
+    each_matrix,
+    gram_loss,
+    masked,
+    resample,
+    row_metrics,
+    singular_values,
+    singular_values_routed,
+    split_threads,
+    summarize,
+    torch_sigma,
+)
+from spectra.spectrum import SPECTRUM_METRICS as METRICS
 
 #: the two implementations of the exact route: the CPU's (one matrix per thread through spectra.lapack) and the
 #: batched torch one that GPUs take (run here on CPU tensors)

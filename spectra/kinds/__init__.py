@@ -4,12 +4,13 @@ Adding an analysis is its module here (an `Analysis` subclass, registered), its 
 figures under spectra/report/plots/ and one line below: the import that registers it. See ARCHITECTURE.md.
 """
 
-from .base import REGISTRY, Analysis, load_run, read_meta, register
-
 # the registry: one line per analysis, in the order `spectra --help` lists them
-from . import analyze  # noqa: E402, F401, I001
-from . import approx  # noqa: E402, F401
-from . import theorems  # noqa: E402, F401
-from . import scaling  # noqa: E402, F401
+from . import (
+    analyze,  # noqa: F401
+    approx,  # noqa: F401
+    scaling,  # noqa: F401
+    theorems,  # noqa: F401
+)
+from .base import REGISTRY, Analysis, load_run, read_meta, register
 
 __all__ = ["REGISTRY", "Analysis", "load_run", "read_meta", "register"]

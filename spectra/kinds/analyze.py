@@ -14,7 +14,8 @@ from typing import Any
 
 from .. import checkpoints
 from ..config import Place, RunConfig, choose, indices
-from ..errors import SpectraError, option as spell
+from ..errors import SpectraError
+from ..errors import option as spell
 from ..options import identity, option
 from ..reporter import Reporter
 from ..runs import Run, read_arrays, read_table
@@ -50,7 +51,7 @@ class AnalyzeOptions:
         if self.bootstrap < 0:
             raise SpectraError(f"{spell('--bootstrap')} must be a number of replicates ≥ 0, got {self.bootstrap}")
 
-    def resolved(self, n: int) -> "AnalyzeOptions":
+    def resolved(self, n: int) -> AnalyzeOptions:
         """With `at` checked against n, or set to n/4."""
         if self.at is not None and not 1 <= self.at <= n:
             raise SpectraError(f"{spell('--at')} must be an index in 1…{n} (the sequence length), got {self.at}")

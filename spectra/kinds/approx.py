@@ -15,8 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoints
-from ..config import FitInit, Projection, RunConfig, check_budget, check_budgets, choose, indices, layers_label
-from ..errors import SpectraError, option as spell
+from ..config import (
+    FitInit,
+    Projection,
+    RunConfig,
+    check_budget,
+    check_budgets,
+    choose,
+    indices,
+    layers_label,
+)
+from ..errors import SpectraError
+from ..errors import option as spell
 from ..inputs import budgets_or_default, path_text, several
 from ..options import identity, option
 from ..reporter import Reporter
@@ -86,7 +96,7 @@ class ApproxOptions:
         """Every budget a fitted method runs at: the sweep's and, under a k plan, each layer's planned one."""
         return tuple(sorted({*self.budget, *(self.k_plan or ())}))
 
-    def resolved(self, n: int) -> "ApproxOptions":
+    def resolved(self, n: int) -> ApproxOptions:
         """The methods expanded to registry labels, the k plan read (and refused if made at another n), the budgets
         set (the default, or the plan's mean) and checked against n; calibrating methods need fit_samples ≥ 2."""
         from .. import methods as registry
@@ -170,7 +180,8 @@ class Approx(Analysis):
 
     def probe(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, source):
         """Fitting, per-head and end-to-end probes, once the model has loaded."""
-        from .. import distributed, methods as registry
+        from .. import distributed
+        from .. import methods as registry
         from ..probes import Probes
         from ..probes.approx import HeadProbe
         from ..probes.endtoend import EndToEnd

@@ -29,7 +29,7 @@ from ..errors import SpectraError, option
 from ..reporter import Reporter
 
 #: analysis name → analysis, in registration order (the order of `spectra --help`)
-REGISTRY: dict[str, "Analysis"] = {}
+REGISTRY: dict[str, Analysis] = {}
 #: every run-configuration option, in declaration order
 RUN_FIELDS = tuple(field.name for field in fields(RunConfig))
 

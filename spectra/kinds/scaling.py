@@ -23,7 +23,8 @@ import pandas as pd
 
 from .. import checkpoints
 from ..config import Place, RunConfig, check_budget, indices, layers_label
-from ..errors import Interrupted, SpectraError, option as spell
+from ..errors import Interrupted, SpectraError
+from ..errors import option as spell
 from ..growth import growth
 from ..inputs import several
 from ..options import option

@@ -14,13 +14,14 @@ from typing import Any
 
 from .. import checkpoints
 from ..config import RunConfig, check_budgets, check_eps
-from ..errors import SpectraError, option as spell
+from ..errors import SpectraError
+from ..errors import option as spell
 from ..inputs import budgets_or_default, several
 from ..options import identity, option
 from ..reporter import Reporter
 from ..runs import TheoremRun, read_table
-from .base import Analysis, register
 from .analyze import model_source
+from .base import Analysis, register
 
 DEFAULT_BUDGET = (16, 32, 64, 128, 256)
 TABLES = tuple(f"theorem{i}{scope}" for i in (1, 2) for scope in ("", "_layers", "_heads"))
@@ -55,7 +56,7 @@ class TheoremOptions:
         if self.d < 1 or self.heads < 1:
             raise SpectraError(f"{spell('--d')} and {spell('--heads')} must be at least 1")
 
-    def resolved(self, n: int) -> "TheoremOptions":
+    def resolved(self, n: int) -> TheoremOptions:
         return replace(self, budget=check_budgets(budgets_or_default(self.budget, DEFAULT_BUDGET, n), n))
 
     def recorded(self) -> dict[str, Any]:

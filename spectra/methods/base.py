@@ -8,8 +8,9 @@ rows and columns are zero) and padded query rows are ignored by the measures.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ class Layer:
     @classmethod
     def of(cls, captured: Captured, *, use_p: bool = True, seed: int = 0,
            projection: Projection = Projection.GAUSSIAN, fixed: bool = True,
-           fitted: Mapping[tuple[str, int], Any] | None = None) -> "Layer":
+           fitted: Mapping[tuple[str, int], Any] | None = None) -> Layer:
         """From a captured layer (any dtype; promoted to float32 or better). With `use_p` the capture's P is
         used; without, P is computed from q and k on first use, so a substitution that never needs it skips it.
         Per-sequence draws (`fixed=False`) read the record's indices, which must be there."""
@@ -112,7 +113,7 @@ class Layer:
                               for factor in zip(*parts))
         return self._svd
 
-    def sequences(self) -> list["Layer"]:
+    def sequences(self) -> list[Layer]:
         """The batch as layers of one sequence each (for methods that draw per sequence one at a time)."""
         parts = []
         for b in range(self.q.shape[0]):

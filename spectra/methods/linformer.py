@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from ..config import Projection, Sharing
-from ..seeds import Domain
 from ..nn.linformer import compress
 from ..nn.projections import jl_pair
+from ..seeds import Domain
 from .base import Approximation, Layer, Method, register
 
 #: plot colour, marker and terminal header of each sharing level

@@ -11,9 +11,9 @@ of a BERT-base layer, H = 12, n = 512, d = 64). `nn.fit` builds PCA and fitted p
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Sequence
 
 import torch
 
@@ -55,7 +55,7 @@ class Calibration:
                     setattr(self, name, getattr(self, name).clone())
 
     @classmethod
-    def of(cls, records: Iterable[Captured]) -> "Calibration":
+    def of(cls, records: Iterable[Captured]) -> Calibration:
         """One layer's captured records (batches) concatenated, padded to the longest, at least float32."""
         records = list(records)
         if not records:
@@ -106,7 +106,7 @@ class Calibration:
             parts.append(out.masked_fill(~valid[:, None, :, None], 0.0))
         return torch.cat(parts)
 
-    def subset(self, index: torch.Tensor | slice) -> "Calibration":
+    def subset(self, index: torch.Tensor | slice) -> Calibration:
         """The calibration of some sequences, their target P V cut from this one's (formed here once, so the
         fits and the scale search, which take subsets at every step, never form P again)."""
         part = Calibration(self.layer, self.q[index], self.k[index], self.v[index], self.valid[index], self.scaling)

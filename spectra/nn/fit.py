@@ -24,8 +24,8 @@ full-batch, and the only random draw is the seeded validation split.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,7 +34,13 @@ import torch
 from ..config import Sharing, choose
 from ..errors import SpectraError
 from ..seeds import Domain, derive_seed
-from .calibration import CHUNK, Calibration, by_layer, head_output_error, pooling_projections
+from .calibration import (
+    CHUNK,
+    Calibration,
+    by_layer,
+    head_output_error,
+    pooling_projections,
+)
 from .linformer import linear_attention
 from .projections import Key, Projections, projection_key
 

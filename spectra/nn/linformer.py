@@ -24,7 +24,7 @@ Conventions (documented choices):
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ from ..config import Compress, choose
 from ..errors import SpectraError
 from ..models import attention_linears
 from .projections import Projections
+
 
 def compress(x: torch.Tensor, proj: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """E·x along the sequence: x (B, H|1, n, c), proj (H|1, k_proj, ≥n) or (k_proj, ≥n) → (B, H, k_proj, c).
@@ -148,7 +149,7 @@ class LinformerSelfAttention(nn.Module):
     def from_pretrained(
         cls, attention: nn.Module, projections: Projections, layer: int, *, heads: int | None = None,
         compress: Compress | str = Compress.AFTER,
-    ) -> "LinformerSelfAttention":
+    ) -> LinformerSelfAttention:
         """Wrap the W^Q, W^K, W^V (and W^O when found) of a pretrained attention module, sharing its weights.
 
         `models.attention_linears` finds them; without a W^O the layer returns the concatenated heads.

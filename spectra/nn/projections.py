@@ -11,11 +11,10 @@ k_proj) weights; a sequence of m ≤ max_len tokens uses the first m columns.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
-
 import torch
 from torch import nn
 
@@ -191,7 +190,7 @@ class Projections(nn.Module):
         return e * self.e_scale, f * self.f_scale
 
 
-def projections_arrays(fitted: Mapping[tuple[str, int], "Projections"]) -> dict[str, np.ndarray]:
+def projections_arrays(fitted: Mapping[tuple[str, int], Projections]) -> dict[str, np.ndarray]:
     """Projections by (name, budget) as plain arrays for an .npz file (no pickle): per entry its distinct matrices
     stacked in `keys` order, the keys, its shape and sharing, and its E/F scales."""
     arrays: dict[str, np.ndarray] = {}
@@ -207,7 +206,7 @@ def projections_arrays(fitted: Mapping[tuple[str, int], "Projections"]) -> dict[
     return arrays
 
 
-def projections_from_arrays(arrays: Mapping[str, np.ndarray]) -> dict[tuple[str, int], "Projections"]:
+def projections_from_arrays(arrays: Mapping[str, np.ndarray]) -> dict[tuple[str, int], Projections]:
     """The inverse of `projections_arrays`."""
     entries = sorted({key.rsplit("|", 1)[0] for key in arrays})
     found = {}
@@ -222,7 +221,7 @@ def projections_from_arrays(arrays: Mapping[str, np.ndarray]) -> dict[tuple[str,
     return found
 
 
-def load_projections(source: str | Path, name: str, budget: int) -> "Projections":
+def load_projections(source: str | Path, name: str, budget: int) -> Projections:
     """Projections saved by a run (`<run>/projections.npz`, or that file itself) for method `name` at `budget`:
     ready for `LinformerSelfAttention`, `linformer.substitute` or your own experiment."""
     path = Path(source)

@@ -9,7 +9,8 @@ with samples, mean, median, p95, max and the fraction at most the target.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd

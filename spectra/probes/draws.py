@@ -15,7 +15,7 @@ interval over sequences (`stats.ClusterStats`) and the spread of the rate across
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch

@@ -15,7 +15,8 @@ Perplexity = exp(total loss / scored tokens), exact against approximated on the 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -68,7 +69,7 @@ class EndToEnd(Probe):
     every substitution on it: hidden-state drift and (with an LM head) the loss per substitution. Batches of
     sequences before `start` (a calibration set) are left out."""
 
-    def __init__(self, source: "ModelSource", substitutes: dict[tuple, Substitute], seed: int,
+    def __init__(self, source: ModelSource, substitutes: dict[tuple, Substitute], seed: int,
                  layers: str = "all", start: int = 0) -> None:
         self.source, self.substitutes, self.seed, self.layers, self.start = source, substitutes, seed, layers, start
         self.keys = list(substitutes)

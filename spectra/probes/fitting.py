@@ -15,7 +15,8 @@ themselves); an interrupted calibration starts again on --resume.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -17,7 +17,7 @@ written to `bootstrap.npz`, from which `spectra scaling` gets the confidence int
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,8 +25,15 @@ import torch
 
 from ..capture import Captured
 from ..errors import InternalError
-from ..spectrum import METRICS, masked, row_metrics, singular_values, sink_start, summarize
 from ..seeds import Domain, derive_seed
+from ..spectrum import (
+    METRICS,
+    masked,
+    row_metrics,
+    singular_values,
+    sink_start,
+    summarize,
+)
 from ..stats import Moments, State, tagged
 from ..timings import stage
 from .base import Probe

@@ -9,7 +9,7 @@ probe's n (its longest sequence), also for shorter, padded sequences.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,9 +22,21 @@ from ..nn.linformer import linear_attention
 from ..nn.projections import jl_pair
 from ..seeds import Domain, jl_matrix
 from ..spectrum import masked
-from ..stats import ErrorStats, State, tagged, Reduce
-from ..theory.bounds import DELTA_RULES, check_deltas, delta_value, theorem1_bound, theorem1_k, theorem2_k
-from ..theory.kernels import as_float, best_rank_errors, theorem1_errors, theorem2_errors
+from ..stats import ErrorStats, Reduce, State, tagged
+from ..theory.bounds import (
+    DELTA_RULES,
+    check_deltas,
+    delta_value,
+    theorem1_bound,
+    theorem1_k,
+    theorem2_k,
+)
+from ..theory.kernels import (
+    as_float,
+    best_rank_errors,
+    theorem1_errors,
+    theorem2_errors,
+)
 from .base import Probe
 from .draws import Uncertainty, draw_seed
 
@@ -71,7 +83,7 @@ class DrawingProbe(Probe):
           draw: int = 0) -> torch.Tensor:
         """R (k_proj, n) of a layer: the fixed one, or one sequence's `draw` (the same numbers on every device)."""
         seed = draw_seed(self.seed, self.domain, layer, k_proj, None if self.fixed else sequence, draw)
-        make = lambda: jl_matrix(k_proj, self.n, seed, device=device)  # noqa: E731
+        make = lambda: jl_matrix(k_proj, self.n, seed, device=device)
         return self._cache.get(("r", layer, k_proj, str(device)), make) if self.fixed else make()
 
 
@@ -192,7 +204,7 @@ class Theorem2Probe(DrawingProbe):
     def ef(self, level: Sharing, layer: int, k_proj: int, device, sequence: int | None = None, draw: int = 0):
         """E, F (H, k_proj, n) of one sharing level: the run's, or one sequence's `draw`."""
         seed = self.seed if self.fixed else draw_seed(self.seed, Domain.LINFORMER, layer, k_proj, sequence, draw)
-        make = lambda: tuple(t.to(device) for t in jl_pair(level, layer, self.heads, k_proj, self.n, seed))  # noqa
+        make = lambda: tuple(t.to(device) for t in jl_pair(level, layer, self.heads, k_proj, self.n, seed))
         return self._cache.get(("ef", level, layer, k_proj, str(device)), make) if self.fixed else make()
 
     def _errors(self, a, q, k, v, valid, exact, out_norm, lengths, layer: int, k_proj: int, index: list[int],

@@ -10,19 +10,38 @@ import contextlib
 import math
 import os
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from ..config import layers_label
 from ..runs import ApproxRun, Run, ScalingRun, TheoremRun
 from ..timings import summary
 from .plan import Plan
-from .summaries import (analyze_layers, compare_wide, gap_closed, growth_reading, headlines, labels_in_order,
-                        run_keys, scaling_fixed, scaling_layers, theorem1_rows, theorem_errors, theorem_n)
+from .summaries import (
+    analyze_layers,
+    compare_wide,
+    gap_closed,
+    growth_reading,
+    headlines,
+    labels_in_order,
+    run_keys,
+    scaling_fixed,
+    scaling_layers,
+    theorem1_rows,
+    theorem_errors,
+    theorem_n,
+)
 
 
 class _Console(Console):

@@ -12,7 +12,7 @@ Conventions (documented choices):
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..config import check_budget, check_eps
 from ..errors import SpectraError

@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from tiny import run_cli
 
 import spectra
 from spectra import models
 from spectra.errors import SpectraError
 from spectra.growth import growth
 from spectra.kinds.scaling import default_budgets, parse_lengths
-from tiny import run_cli
 
 QUIET = dict(progress=None, notify=lambda line: None)
 ARGS = dict(samples=4, batch_size=2, **QUIET)

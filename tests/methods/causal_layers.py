@@ -3,13 +3,13 @@ P they are checked against, and the look-ahead check (does anything after positi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
-
 from layers import D, H, N, softmax
+
 from spectra.capture import Captured
 from spectra.methods import Approximation, Layer
 

@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from layers import FITS, B, H, N, captured, random_layer, with_lengths
+from methods.causal_layers import layer as causal_layer
+from methods.causal_layers import look_ahead, model_mask, valid_positions
 
-from layers import B, FITS, H, N, captured, random_layer, with_lengths
-from methods.causal_layers import layer as causal_layer, look_ahead, model_mask, valid_positions
 from spectra.capture import Captured
 from spectra.config import Sharing
 from spectra.errors import InternalError, SpectraError

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from layers import H, N, random_layer, softmax
+
 from spectra.config import Sharing
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from layers import H, N, dense_p, random_layer
+
 from spectra.methods import REGISTRY
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from layers import H, N, random_layer, softmax
+
 from spectra.config import Sharing
 from spectra.methods import REGISTRY
 from spectra.nn.linformer import linear_attention

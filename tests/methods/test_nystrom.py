@@ -5,8 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from layers import (
+    H,
+    N,
+    captured,
+    exact_on_valid_rows,
+    float32_qkv,
+    head,
+    random_layer,
+    rounding_sensitivity,
+    softmax,
+)
 
-from layers import H, N, captured, exact_on_valid_rows, float32_qkv, head, random_layer, rounding_sensitivity, softmax
 from spectra.methods import REGISTRY, Layer, nystrom
 
 LENGTHS = (N, 7)

@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
 from layers import D, H, N, head, random_layer
+
 from spectra.methods import REGISTRY, performer
 from spectra.probes.approx import measures
 from spectra.seeds import Domain, derive_seed
@@ -112,7 +112,8 @@ CAUSAL_KINDS = [("left", True), ("right", True)]
 
 @pytest.mark.parametrize("side,causal", CAUSAL_KINDS)
 def test_performer_causal_is_favor_plus_over_each_prefix(side, causal) -> None:
-    from methods.causal_layers import allowed, layer as causal_layer, valid_rows
+    from methods.causal_layers import allowed, valid_rows
+    from methods.causal_layers import layer as causal_layer
 
     x, budget = causal_layer(side=side, causal=causal), 6
     approx_ = REGISTRY["performer-causal"].run(x, budget)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from layers import H, N, random_layer, softmax
+
 from spectra.methods import REGISTRY
 
 
@@ -18,7 +18,7 @@ def layer(lengths=(N, N), projection="gaussian"):
 def test_pooling_windows_and_formulas() -> None:
     x = layer(lengths=(N, 10))
     budget, m = 3, 10
-    windows = [range(0, 4), range(4, 7), range(7, 10)]  # ⌊rank·3/10⌋
+    windows = [range(4), range(4, 7), range(7, 10)]  # ⌊rank·3/10⌋
     mean, top = REGISTRY["pool-mean"].run(x, budget), REGISTRY["pool-max"].run(x, budget)
     for h in range(H):
         q, k, v = (t[1, h].numpy() for t in (x.q, x.k, x.v))

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from layers import H, N, exact_on_valid_rows, head, random_layer, softmax
+
 from spectra.methods import REGISTRY, probsparse
 from spectra.seeds import Domain, derive_seed
 

@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from layers import (
+    H,
+    N,
+    captured,
+    exact_on_valid_rows,
+    float32_qkv,
+    head,
+    random_layer,
+    rounding_sensitivity,
+)
 
-from layers import H, N, captured, exact_on_valid_rows, float32_qkv, head, random_layer, rounding_sensitivity
 from spectra.methods import REGISTRY, Layer, skyformer
 from spectra.seeds import Domain, derive_seed
 
@@ -49,7 +58,7 @@ def test_skyformer_is_reweighted_gaussian_nystrom(budget, fixed) -> None:
             assert np.allclose(approx_.p[b, h, :m, :m].numpy(), want, atol=1e-8)
             assert np.allclose(approx_.out[b, h, :m].numpy(), want @ v, atol=1e-8)
             # the same thing as a Nyström of the exponential kernel exp(s x·y) on these landmarks
-            e = lambda a, c: np.exp(S * a @ c.T)  # noqa: E731
+            e = lambda a, c: np.exp(S * a @ c.T)
             direct = e(q, landmarks) @ np.linalg.inv(e(landmarks, landmarks)) @ e(landmarks, k)
             assert np.allclose(want, direct / direct.sum(-1, keepdims=True), atol=1e-6)
 

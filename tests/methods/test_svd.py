@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from layers import B, H, N, dense_p, exact_on_valid_rows, random_layer
+
 from spectra.methods import REGISTRY
 
 
@@ -47,7 +47,9 @@ def prefix_truncation(p: np.ndarray, budget: int) -> np.ndarray:
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("budget", [1, 3, 5])
 def test_svd_causal_is_each_prefix_blocks_truncated_svd(side, budget) -> None:
-    from methods.causal_layers import dense_p as causal_p, layer as causal_layer, valid_rows
+    from methods.causal_layers import dense_p as causal_p
+    from methods.causal_layers import layer as causal_layer
+    from methods.causal_layers import valid_rows
 
     x = causal_layer(side=side)
     approx = REGISTRY["svd-causal"].run(x, budget)
@@ -87,6 +89,7 @@ def test_svd_causal_on_a_bidirectional_layer_is_svd() -> None:
 def test_svd_causal_error_falls_as_k_grows() -> None:
     """Row i's residual is Σ_{r>k} u_ir² σ_r² of its prefix block: it never grows with k."""
     from methods.causal_layers import layer as causal_layer
+
     from spectra.probes.approx import measures
 
     x = causal_layer(side="left", n=16, lengths=(16, 11))

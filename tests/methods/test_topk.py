@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
 from layers import H, N, exact_on_valid_rows, softmax
 from methods.causal_layers import allowed, layer, valid_rows
+
 from spectra.methods import REGISTRY
 from spectra.probes.approx import measures
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from layers import H, N, exact_on_valid_rows, softmax
 from methods.causal_layers import allowed, layer, valid_rows
+
 from spectra.methods import REGISTRY, window
 
 #: (side of the padding, causal): decoders pad on either side; an encoder's window is two-sided

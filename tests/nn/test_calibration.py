@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from calibrations import reference_error, synthetic
+
 from spectra.methods import REGISTRY, Layer
 from spectra.methods.pooling import mean_pooling_matrix, windows
 from spectra.nn.calibration import Calibration, head_output_error, pooling_matrix

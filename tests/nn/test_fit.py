@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tiny
 import torch
+from calibrations import synthetic
 from transformers import AutoModel, AutoTokenizer
 
-import tiny
 from spectra import capture
 from spectra.errors import SpectraError
-from calibrations import synthetic
 from spectra.nn.calibration import Calibration, head_output_error, pooling_projections
-from spectra.nn.fit import fit_projections, pca_projections, principal_rows, validation_split
+from spectra.nn.fit import (
+    fit_projections,
+    pca_projections,
+    principal_rows,
+    validation_split,
+)
 from spectra.nn.projections import Projections
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from layers import attention_probs
 from torch import nn
 from transformers import AutoModel, BertConfig
 
-from layers import attention_probs
 from spectra import capture
 from spectra.capture import Captured
 from spectra.errors import SpectraError

@@ -10,7 +10,13 @@ import torch
 from spectra.config import Init, Sharing
 from spectra.errors import SpectraError
 from spectra.nn.linformer import linear_attention
-from spectra.nn.projections import Projections, distinct_keys, jl_pair, jl_projection, projection_key
+from spectra.nn.projections import (
+    Projections,
+    distinct_keys,
+    jl_pair,
+    jl_projection,
+    projection_key,
+)
 from spectra.sources import gaussian_qkv
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from layers import H, random_layer
+from layers import N as LN
 from transformers import AutoModel, AutoTokenizer
 
-from layers import H, N as LN, random_layer
 from spectra import cli, data
 from spectra.api import approx
 from spectra.methods import REGISTRY

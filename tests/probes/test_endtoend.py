@@ -6,12 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, RobertaModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    RobertaModel,
+)
 
 from spectra import data, models
+from spectra.api import approx
 from spectra.errors import SpectraError
 from spectra.probes.endtoend import mask_tokens
-from spectra.api import approx
 
 QUIET = dict(progress=None, notify=lambda line: None)
 N, SAMPLES = 24, 6

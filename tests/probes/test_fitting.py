@@ -8,10 +8,10 @@ import json
 
 import numpy as np
 import pytest
+import tiny
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-import tiny
 from spectra import data
 from spectra.api import approx
 from spectra.capture import Captured

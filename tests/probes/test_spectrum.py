@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-
 from references import eager_ranks, poisson_replicates, spectrum_reference
+
 import spectra
 from spectra.capture import Captured
 from spectra.errors import InternalError

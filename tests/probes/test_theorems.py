@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer
-
 from frames import assert_frames_close
 from layers import attention_probs, padding_mask, softmax
+from transformers import AutoModel, AutoTokenizer
+
 from spectra import capture, cli, data
 from spectra.api import theorems
 from spectra.capture import Captured
@@ -24,7 +24,12 @@ from spectra.probes import Probe, Probes
 from spectra.probes.theorems import Theorem1Probe, Theorem2Probe
 from spectra.sources import gaussian_qkv
 from spectra.stats import plain
-from spectra.theory.bounds import jl_failure_bound, theorem1_bound, theorem1_k, theorem2_k
+from spectra.theory.bounds import (
+    jl_failure_bound,
+    theorem1_bound,
+    theorem1_k,
+    theorem2_k,
+)
 from spectra.theory.kernels import theorem1_errors
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

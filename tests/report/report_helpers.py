@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tiny import save_model, write_text
 
 import spectra
 from spectra.api import approx, theorems
 from spectra.config import RunConfig
-from tiny import save_model, write_text
 
 QUIET = dict(progress=None, notify=lambda line: None)
 

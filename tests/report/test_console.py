@@ -9,14 +9,14 @@ import sys
 
 import numpy as np
 import pandas as pd
-
 from report_helpers import BUDGETS, METHODS, expected_errors, printed_tables
+from tiny import run_cli
+
 from spectra import cli
 from spectra.api import approx
 from spectra.report import console
 from spectra.report.plan import plan_k
 from spectra.report.summaries import compare
-from tiny import run_cli
 
 
 def fixed(value: float, places: int = 3, missing: str = "") -> str:

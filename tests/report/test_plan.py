@@ -8,10 +8,10 @@ import sys
 
 import numpy as np
 import pytest
+from tiny import run_cli
 
 from spectra import cli
 from spectra.report.plan import plan_k, round_up, smallest_index
-from tiny import run_cli
 
 
 def first_reaching(curve: np.ndarray, energy: float) -> int:

@@ -7,11 +7,20 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from report_helpers import ANALYZE_N as N
 from report_helpers import BUDGETS, METHODS, expected_errors
-from spectra.report.summaries import (approx_by_budget, compare, compare_wide, head_mean, headline, layer_trend,
-                                      metric_grid, per_layer, theorem_errors)
+
+from spectra.report.summaries import (
+    approx_by_budget,
+    compare,
+    compare_wide,
+    head_mean,
+    headline,
+    layer_trend,
+    metric_grid,
+    per_layer,
+    theorem_errors,
+)
 
 
 def test_stored_c_at_is_the_mean_curve_at_that_index(runs) -> None:

@@ -7,13 +7,19 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from layers import attention_probs
+
 from spectra.errors import SpectraError
 from spectra.seeds import jl_matrix, orthogonal_matrix
 from spectra.sources import gaussian_qkv
 from spectra.theory.bounds import delta_value, jl_failure_bound
-from spectra.theory.kernels import as_float, best_rank_errors, jl_inner_errors, theorem1_errors, theorem2_errors
+from spectra.theory.kernels import (
+    as_float,
+    best_rank_errors,
+    jl_inner_errors,
+    theorem1_errors,
+    theorem2_errors,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,9 +15,23 @@ from pathlib import Path
 from ...errors import SpectraError
 from ...runs import ApproxRun
 from ..summaries import approx_by_budget, labels_in_order
-from . import style  # style.save, looked up at call time: the one name tests patch to record figures
-from .style import (EXACT_STYLE, below_entry, bottom_legend, k_axis, log_y, maybe_log_y, method_style,
-                    outside_legend, plot_folder, pyplot, subtitle, ticks)
+from . import (
+    style,  # style.save, looked up at call time: the one name tests patch to record figures
+)
+from .style import (
+    EXACT_STYLE,
+    below_entry,
+    bottom_legend,
+    k_axis,
+    log_y,
+    maybe_log_y,
+    method_style,
+    outside_legend,
+    plot_folder,
+    pyplot,
+    subtitle,
+    ticks,
+)
 
 OUT_ERR_LABEL = "Relative output error ‖PV − P̃V‖ / ‖PV‖"
 #: the end-to-end allocations of a k-plan run, in the order drawn

@@ -7,15 +7,17 @@ Artists carry gids the tests read back: "curves:<layers>" per panel with "mean:<
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from ...errors import SpectraError
 from ...runs import Run
 from .. import summaries
-from . import style  # style.save, looked up at call time: the one name tests patch to record figures
+from . import (
+    style,  # style.save, looked up at call time: the one name tests patch to record figures
+)
 from .style import draw_heatmap, index_ticks, output_paths, pyplot
 
 

@@ -16,7 +16,9 @@ import numpy as np
 from ...config import layers_label
 from ...runs import Run
 from .. import summaries
-from . import style  # style.save, looked up at call time: the one name tests patch to record figures
+from . import (
+    style,  # style.save, looked up at call time: the one name tests patch to record figures
+)
 from .style import draw_heatmap, index_ticks, plot_folder, pyplot, subtitle, ticks
 
 DEPTH_CMAP = "viridis"

@@ -8,8 +8,8 @@ and a headless machine never needs a display.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

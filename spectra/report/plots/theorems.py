@@ -14,9 +14,20 @@ import numpy as np
 from ...runs import TheoremRun
 from .. import summaries
 from ..summaries import labels_in_order, theorem_errors, theorem_n
-from . import style  # style.save, looked up at call time: the one name tests patch to record figures
-from .style import (below_entry, bottom_legend, k_axis, log_y, method_style, outside_legend, plot_folder,
-                    pyplot, subtitle)
+from . import (
+    style,  # style.save, looked up at call time: the one name tests patch to record figures
+)
+from .style import (
+    below_entry,
+    bottom_legend,
+    k_axis,
+    log_y,
+    method_style,
+    outside_legend,
+    plot_folder,
+    pyplot,
+    subtitle,
+)
 
 
 def theorem1_bound_curve(eps: float, n: int, k: np.ndarray) -> np.ndarray:

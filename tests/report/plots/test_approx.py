@@ -10,9 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from report_helpers import APPROX_N as N
-from report_helpers import BUDGETS, METHODS, by_gid, check_below_marks, fake_save, legend_texts
+from report_helpers import (
+    BUDGETS,
+    METHODS,
+    by_gid,
+    check_below_marks,
+    fake_save,
+    legend_texts,
+)
+
 from spectra import cli
 from spectra.api import approx
 from spectra.errors import SpectraError

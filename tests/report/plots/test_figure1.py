@@ -6,13 +6,13 @@ import sys
 
 import numpy as np
 import pytest
-
 from report_helpers import ANALYZE_N as N
 from report_helpers import axis_by_gid as by_gid
 from report_helpers import mesh_values
+from tiny import run_cli
+
 from spectra import cli
 from spectra.report import plots
-from tiny import run_cli
 
 
 def quantile(values: np.ndarray, q: float) -> float:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from report_helpers import by_gid, fake_save
+
+import spectra
 from spectra.errors import SpectraError
 from spectra.report import plots
 

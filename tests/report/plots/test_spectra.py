@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-
 from report_helpers import ANALYZE_N as N
 from report_helpers import axis_by_gid as by_gid
 from report_helpers import mesh_values
+from tiny import run_cli
+
 from spectra import cli
 from spectra.report import plots
-from tiny import run_cli
 
 
 def test_plot_run_views(runs, tmp_path) -> None:

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-
 from report_helpers import mesh_values
+
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY
 from spectra.report.plots import style

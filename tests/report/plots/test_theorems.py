@@ -12,9 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-
 from report_helpers import APPROX_N as N
-from report_helpers import BUDGETS, by_gid, check_below_marks, expected_errors, fake_save, legend_texts
+from report_helpers import (
+    BUDGETS,
+    by_gid,
+    check_below_marks,
+    expected_errors,
+    fake_save,
+    legend_texts,
+)
+
+import spectra
 from spectra import cli
 from spectra.api import theorems
 from spectra.errors import SpectraError
