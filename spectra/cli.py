@@ -1,8 +1,8 @@
 """The `spectra` command: one command per registered analysis (built from its declarations by
 `cli_options.add_commands`), and the commands that read finished runs (plot, figure1, plan-k, compare).
 
-Starts fast: torch is imported lazily (`spectra.lazy`) and every command imports what it needs when it runs, so
-`--help` and bad input never wait for torch or transformers.
+Starts fast: the modules the commands are built from import neither torch, transformers nor pandas at the top,
+and every command imports what it needs when it runs, so `--help` and bad input never wait for them.
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ from pathlib import Path
 
 import click
 import typer
-
-from . import lazy
-
-lazy.install("torch")  # before anything imports it: what the commands declare is read without loading torch
 
 from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands
 from .errors import Interrupted, SpectraError

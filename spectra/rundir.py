@@ -18,12 +18,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from .errors import SpectraError, option
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 try:  # POSIX; elsewhere the lock falls back to creating the lock file exclusively
     import fcntl

@@ -11,17 +11,19 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from .errors import SpectraError
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: the command line's start does not pay for it
+    import pandas as pd
 
 
 def _size(value: Any) -> str | None:
     """A table's rows × columns or an array's shape, for a run's repr; None for anything else."""
-    if isinstance(value, pd.DataFrame):
+    if type(value).__name__ == "DataFrame":
         return f"{value.shape[0]}×{value.shape[1]}"
     if isinstance(value, np.ndarray):
         return "×".join(map(str, value.shape))
@@ -75,6 +77,8 @@ def read_table(path: Path, name: str, *, optional: bool = False, **options: Any)
     file = path / name
     if optional and not file.exists():
         return None
+    import pandas as pd
+
     try:
         return pd.read_csv(file, **options)
     except FileNotFoundError:
@@ -142,6 +146,8 @@ class Run(_Shown):
 
     def curves(self) -> pd.DataFrame:
         """The curves as a tidy frame: one row per (layer, head, index)."""
+        import pandas as pd
+
         layer, head, index = np.meshgrid(
             np.arange(self.layers), np.arange(self.heads), np.arange(1, self.n + 1), indexing="ij"
         )

@@ -20,8 +20,8 @@ def test_one_value_or_several() -> None:
     assert several("32,64", "--k", int) == (32, 64) and several(range(3), "--layers") == (0, 1, 2)
     with pytest.raises(SpectraError) as raised:
         several("a,b", option("--budget"), int)
-    assert str(raised.value).startswith("budgets 'a,b' is not a comma-separated list of integers")
-    assert raised.value.for_cli().startswith("--k 'a,b' is not a comma-separated list of integers")
+    assert str(raised.value).startswith("budget 'a,b' is not a comma-separated list of integers")
+    assert raised.value.for_cli().startswith("--budget 'a,b' is not a comma-separated list of integers")
 
 
 def test_numbers_read_the_command_line_lists() -> None:

@@ -12,7 +12,7 @@ def test_loading_something_else_is_one_line(tmp_path) -> None:
     with pytest.raises(SpectraError, match="is not a spectra run directory: it has no run.json"):
         load_run(tmp_path)
     (tmp_path / "run.json").write_text('{"kind": "analyze"}')
-    with pytest.raises(SpectraError, match="is not a readable spectra run"):
+    with pytest.raises(SpectraError, match="curves.npz is missing: the run directory is incomplete"):
         load_run(tmp_path)
     (tmp_path / "run.json").write_text("{")
     with pytest.raises(SpectraError, match="run.json is not readable"):

@@ -87,7 +87,13 @@ class Analyze(Analysis):
                    config.default_out("analyze", found.label), found.where,
                    open_source=lambda where: model_source(config, where),
                    build_probe=lambda source: self.probe(config, options, reporter, source),
-                   meta=lambda source: {**identity(options), "sink_from": sink_start(config.length)})
+                   meta=lambda source: {**identity(options), "qkv": self.wants_qkv(options, source),
+                                        "sink_from": sink_start(config.length)})
+
+    @staticmethod
+    def wants_qkv(options: AnalyzeOptions, source) -> bool:
+        """The q/k/v spectra run when asked, and by default on decoders."""
+        return bool(options.qkv or (options.qkv is None and source.loaded.causal))
 
     def probe(self, config: RunConfig, options: AnalyzeOptions, reporter: Reporter, source):
         """The spectrum probe (and the q/k/v probe of decoders), once the model has loaded."""
@@ -102,7 +108,7 @@ class Analyze(Analysis):
                                  select_layers=options.layers, select_heads=options.heads,
                                  bootstrap=options.bootstrap, seed=config.seed)
         probes = {"spectrum": Offloaded(spectrum, options.spectrum_device, options.overlap, warn=reporter.warn)}
-        if options.qkv or (options.qkv is None and loaded.causal):
+        if self.wants_qkv(options, source):
             probes["qkv"] = QKVProbe(loaded.model, loaded.layers, loaded.heads, source.kv_heads, loaded.head_dim)
         return Probes(**probes)
 

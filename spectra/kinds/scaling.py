@@ -16,10 +16,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from .. import checkpoints
 from ..config import Place, RunConfig, check_budget, indices, layers_label
@@ -34,6 +33,9 @@ from ..runs import ApproxRun, Run, ScalingRun, read_table
 from .analyze import AnalyzeOptions, model_source
 from .approx import ApproxOptions
 from .base import REGISTRY, Analysis, load_run, register
+
+if TYPE_CHECKING:  # pandas is imported where a table is made: the command line's start does not pay for it
+    import pandas as pd
 
 #: the fixed budgets at which c is compared across n (those ≤ n)
 FIXED_BUDGETS = (32, 64, 128)
@@ -144,6 +146,8 @@ class Scaling(Analysis):
             analyzed, approximated = self.sweep(config, options, reporter, root)
             tables = scaling_tables(analyzed)
             if approximated:
+                import pandas as pd
+
                 tables["k_needed.csv"] = k_needed_table(approximated, options.approx_target)
                 tables["exponents.csv"] = pd.concat([tables["exponents.csv"],
                                                      k_needed_exponents(tables["k_needed.csv"])], ignore_index=True)
@@ -232,6 +236,8 @@ register(Scaling())
 
 def scaling_tables(runs: dict[int, Run]) -> dict[str, pd.DataFrame]:
     """scaling.csv, c_fixed.csv and exponents.csv of analyze runs at several n (keyed by n)."""
+    import pandas as pd
+
     rows, fixed = [], []
     for n, run in sorted(runs.items()):
         metrics = run.metrics
@@ -261,6 +267,8 @@ def _replicates(run: Run) -> tuple[list[str], np.ndarray] | None:
 def exponents(runs: dict[int, Run]) -> pd.DataFrame:
     """The growth of rank90 and rank99 with n: per head, per layer (mean over its measured heads) and pooled
     (mean over every measured head), with the bootstrap interval of α when the runs kept replicates."""
+    import pandas as pd
+
     lengths = sorted(runs)
     measured = [np.isfinite(runs[n].cum_mean[..., 0]) for n in lengths]
     chosen = np.logical_and.reduce(measured)  # (layers, heads) measured at every n
@@ -297,6 +305,8 @@ def exponents(runs: dict[int, Run]) -> pd.DataFrame:
 def k_needed_table(runs: dict[int, ApproxRun], target: float) -> pd.DataFrame:
     """Per (method, n, layer) the smallest budget whose per-layer mean head-output error is ≤ target, and a
     pooled row (layer empty) for the mean over layers; NaN where no budget tried reaches it."""
+    import pandas as pd
+
     frames = []
     for n, run in sorted(runs.items()):
         per_layer = run.k_needed(target)
@@ -314,6 +324,8 @@ def k_needed_table(runs: dict[int, ApproxRun], target: float) -> pd.DataFrame:
 
 def k_needed_exponents(table: pd.DataFrame) -> pd.DataFrame:
     """The growth of the pooled k needed with n, per method (no interval: the budget grid is coarse)."""
+    import pandas as pd
+
     rows = []
     for method, rows_of in table[table["layer"].isna()].groupby("method", sort=False):
         fit = growth(rows_of["n"].to_numpy(), rows_of["k_needed"].to_numpy(dtype=float))

@@ -23,7 +23,7 @@ def test_options_resolve_and_identify_the_run() -> None:
         AnalyzeOptions(bootstrap=-1)
     chosen = AnalyzeOptions(layers="0,2", heads=1, bootstrap=50, overlap=True).resolved(16)
     assert (chosen.layers, chosen.heads) == ((0, 2), (1,))
-    assert identity(chosen) == {"at": 4, "spectrum": "exact", "qkv": None, "layers": [0, 2], "heads": [1],
+    assert identity(chosen) == {"at": 4, "qkv": None, "layers": [0, 2], "heads": [1],
                                 "bootstrap": 50}, "where and when the spectra run changes no number: no identity"
 
 

@@ -56,4 +56,4 @@ def test_methods_that_look_ahead_are_refused_end_to_end_on_a_decoder_before_it_l
     REGISTRY["approx"].check(RunConfig("m", "d", length=16), ApproxOptions(methods="window", budget=4,
                                                                            end_to_end=True).resolved(16), DECODER)
     with pytest.raises(SpectraError, match="layers must lie in 0…1 for tiny-llama"):
-        REGISTRY["approx"].check(RunConfig("m", "d", length=16), ApproxOptions(layers=2).resolved(16), DECODER)
+        REGISTRY["approx"].check(RunConfig("m", "d", length=16), ApproxOptions(layers=2, budget=4).resolved(16), DECODER)

@@ -117,7 +117,7 @@ def test_bad_lengths_fail_before_anything_is_written(roberta_dir, text_file, tmp
                              ("16,x", "not a list of sequence lengths")):
         with pytest.raises(SpectraError, match=message):
             parse_lengths(lengths)
-    with pytest.raises(SpectraError, match="--length 128 exceeds what tiny-roberta can embed"):
+    with pytest.raises(SpectraError, match="128 exceeds what tiny-roberta can embed"):
         spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 128], out=tmp_path / "long", **ARGS)
     assert not (tmp_path / "long").exists()
     with pytest.raises(SpectraError, match="approx_target must be a relative error"):

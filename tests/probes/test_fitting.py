@@ -131,7 +131,7 @@ def test_fitted_methods_follow_the_k_plan(roberta_dir, text_file, tmp_path) -> N
 
 @pytest.mark.parametrize("plan, message", [
     ({"layers": [{"layer": 0, "k_proj": 4}]}, "the k plan has 1 layers but tiny-roberta has 2"),
-    ({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 99}]}, "k = 99 exceeds the sequence length"),
+    ({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 99}]}, "budget 99 exceeds the sequence length"),
     ({"layers": [{"layer": 0, "k_proj": 0}, {"layer": 1, "k_proj": 4}]}, "every layer's k_proj must be at least 1"),
     ({"nothing": []}, "no list of layers"),
 ])
@@ -149,4 +149,4 @@ def test_fitted_methods_need_a_calibration(roberta_dir, text_file, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     code, out, err = tiny.run_cli(["approx", str(roberta_dir), "--data", str(text_file), "--length", str(N),
                                    "--samples", "2", "--methods", "linformer-fit(kv)", "--budget", "4"], monkeypatch, capsys)
-    assert code == 2 and "fits its projections on calibration sequences: pass --fit-samples N" in err
+    assert code == 2 and "fits on calibration sequences: pass --fit-samples N" in err
