@@ -18,6 +18,7 @@ from typing import Annotated, Any, Optional
 import click
 import typer
 
+from . import catalogue
 from .config import RunConfig
 from .errors import SpectraError
 from .kinds import Analysis
@@ -66,17 +67,8 @@ def cli_default(value: Any) -> Any:
     return ",".join(map(str, value)) if isinstance(value, tuple) else value
 
 
-def method_names() -> str:
-    """The registered methods and families, for the --methods help."""
-    from . import methods
-
-    names = {entry.family: None for entry in methods.REGISTRY.values()}
-    names.update({label: None for label in methods.REGISTRY if label not in names})
-    return ", ".join(names)
-
-
 def _parameter(option: Declared, default: Any) -> inspect.Parameter:
-    help_text = option.help.replace("{methods}", method_names()) if "{methods}" in option.help else option.help
+    help_text = option.help.replace("{methods}", catalogue.listing()) if "{methods}" in option.help else option.help
     info = typer.Option(*option.flags, help=help_text, metavar=option.metavar)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default(default),
                              annotation=Annotated[cli_type(option.kind), info])

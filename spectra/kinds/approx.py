@@ -14,7 +14,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoints
+from .. import catalogue, checkpoints
 from ..config import (
     FitInit,
     Projection,
@@ -102,7 +102,7 @@ class ApproxOptions:
         from .. import methods as registry
         from ..report.plan import read_plan
 
-        labels = tuple(registry.expand(self.methods))
+        labels = tuple(catalogue.expand(self.methods))
         plan = self.k_plan
         if plan is not None and not isinstance(plan, tuple):
             plan = read_plan(plan, n)
