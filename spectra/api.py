@@ -212,10 +212,12 @@ def approx(
             check_evaluable(source, options.fit_samples, config)
             probes["fitting"] = Fitting(options, source.layers, source.heads, length, seed=seed, notify=notify)
             fitted = probes["fitting"].fitted
-        start = options.fit_samples
-        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, start=start, fitted=fitted)
+        fit_samples = options.fit_samples
+        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, fit_samples=fit_samples,
+                                    fitted=fitted)
         if plan:
-            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed, start=start, fitted=fitted,
+            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed, fit_samples=fit_samples,
+                                       fitted=fitted,
                                        budget_of=plan.__getitem__, file="heads_plan.csv")
         if end_to_end:
             loaded = source.loaded
@@ -236,7 +238,7 @@ def approx(
                 substitutes.update({(label, budgets[0], "plan"): registry.substitute(label, plan.__getitem__, chosen,
                                                                                      **common)
                                     for label in options.methods})
-            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(chosen), start=start)
+            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(chosen), fit_samples=fit_samples)
         return Probes(**probes)
 
     job = Job(

@@ -223,7 +223,7 @@ def print_theorems(run: TheoremRun) -> None:
         interval = "pr_low" in jl.columns
         cells = [f"{p:.3f}" + (f" [{low:.3f}, {high:.3f}]" if interval else "") + f" ({b:.3f})"
                  for p, b, low, high in zip(jl["pr"], jl["bound"], jl.get("pr_low", jl["pr"]), jl.get("pr_high", jl["pr"]))]
-        table = jl.assign(cell=cells).pivot(index="k_proj", columns="eps", values="cell").reset_index()
+        table = jl.assign(cell=cells).pivot(index="budget", columns="eps", values="cell").reset_index()
         table.columns = ["k"] + [f"ε={e:g}" for e in table.columns[1:]]
         draws = int(jl["draws"].iloc[0]) if "draws" in jl.columns else 0
         source = (f"a fresh R per sequence ({plural(draws, 'draw')} each)" if draws else "one R per layer and k (fixed)")
@@ -236,16 +236,16 @@ def print_theorems(run: TheoremRun) -> None:
     pooled = theorem_errors(run, "output")
     pooled["label"] = pooled["label"].map(theorem_column)
     for stat in ("median", "p95"):
-        wide = pooled.pivot(index="k_proj", columns="label", values=stat)
-        wide = wide[labels_in_order(pooled, "label")].reset_index().rename(columns={"k_proj": "k"})
+        wide = pooled.pivot(index="budget", columns="label", values=stat)
+        wide = wide[labels_in_order(pooled, "label")].reset_index().rename(columns={"budget": "k"})
         print_frame(wide, f"{stat} relative error per column w (jl, svd) or per row (linformer, Theorem 2 "
                     "relative to ‖softmax(w)V‖)")
     rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")]
     if len(rhs):
         k2 = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in rhs.groupby("eps")["k_theory"].first().items())
         out.print("Theorem 2 relative to its right side ‖softmax(w)‖‖V‖_F, median (largest over δ): "
-                  + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "k_proj"])
-                              .groupby("k_proj")["median"].max().items())
+                  + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "budget"])
+                              .groupby("budget")["median"].max().items())
                   + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}", soft_wrap=True)
 
 

@@ -15,7 +15,7 @@ import tiny
 from spectra import data
 from spectra.api import approx
 from spectra.capture import Captured
-from spectra.methods import REGISTRY, Layer
+from spectra.methods import REGISTRY, Draws, Layer
 from spectra.nn import linformer
 from spectra.nn.projections import load_projections
 
@@ -76,8 +76,9 @@ def test_saved_projections_load_into_the_linformer_layer(fitted_run) -> None:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, N, 8, generator=g) for _ in range(3))
     record = Captured.of(1, q, k, v, index=(0, 1))
-    method = REGISTRY["linformer-fit(kv)"].run(Layer.of(record, use_p=False, fitted={("linformer-fit(kv)", 4):
-                                                                                      projections}), 4)
+    fitted = REGISTRY["linformer-fit(kv)"].fresh()
+    fitted.projections = {4: projections}
+    method = fitted(Layer.of(record, use_p=False), 4, Draws.of(record))
     substituted = linformer.substitute(projections)(record)
     assert torch.allclose(method.out, substituted, atol=1e-5)
     with pytest.raises(Exception, match="no projections for linformer-fit\\(kv\\) at k = 16; it has"):
@@ -120,7 +121,7 @@ def test_fitted_methods_follow_the_k_plan(roberta_dir, text_file, tmp_path) -> N
     common = dict(methods=["linformer-pca(kv)"], length=N, samples=4, fit_samples=FIT, batch_size=4, **QUIET)
     run = approx(str(roberta_dir), str(text_file), k_plan=plan, end_to_end=True, out=tmp_path / "run", **common)
     for budget in (4, 8, 12):
-        assert run.projections("linformer-pca(kv)", budget).k_proj == budget
+        assert run.projections("linformer-pca(kv)", budget).budget == budget
     planned = run.per_layer("out_err", table="plan").set_index("layer")["out_err"]
     for layer, budget in ((0, 4), (1, 12)):
         alone = approx(str(roberta_dir), str(text_file), budgets=[budget], out=tmp_path / f"k{budget}", **common)

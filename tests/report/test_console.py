@@ -83,7 +83,7 @@ def test_print_theorems_tables_match_the_run(theorem_run, capsys) -> None:
     for form, probability in (("output", statement), ("rows", proof)):
         jl = one[(one["method"] == "jl") & (one["relative_to"] == form)]
         for k, row in zip(BUDGETS, probability["rows"]):
-            cells = [jl[(jl["k_proj"] == k) & (jl["eps"] == eps)].iloc[0] for eps in (0.3, 0.5)]
+            cells = [jl[(jl["budget"] == k) & (jl["eps"] == eps)].iloc[0] for eps in (0.3, 0.5)]
             assert row == [str(k), *(f"{cell['pr']:.3f} [{cell['pr_low']:.3f}, {cell['pr_high']:.3f}] "
                                      f"({cell['bound']:.3f})" for cell in cells)]
         assert probability["header"] == [["k", "ε=0.3", "ε=0.5"]]
@@ -93,15 +93,15 @@ def test_print_theorems_tables_match_the_run(theorem_run, capsys) -> None:
 
     expected = expected_errors(theorem_run)  # jl, svd, linformer(<4 sharings>), theorem2(delta=<2 rules>)
     for stat, table in (("median", median), ("p95", p95)):
-        assert table["rows"] == [[str(k), *(fixed(float(rows.loc[rows["k_proj"] == k, stat].iloc[0]))
+        assert table["rows"] == [[str(k), *(fixed(float(rows.loc[rows["budget"] == k, stat].iloc[0]))
                                             for rows in expected.values())] for k in BUDGETS]
     words = " ".join(" ".join(line) for line in median["header"])
     for name in ("svd", "(floor)", "thm2", "δ=1/2^n", "δ=1/n", "lin", "(kv)"):  # lin: the registry's header
         assert name in words
 
     two = theorem_run.tables["theorem2"]
-    rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")].drop_duplicates(["variant", "k_proj"])
-    largest = ", ".join(f"k={k}: {rhs[rhs['k_proj'] == k]['median'].max():.3g}" for k in BUDGETS)
+    rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")].drop_duplicates(["variant", "budget"])
+    largest = ", ".join(f"k={k}: {rhs[rhs['budget'] == k]['median'].max():.3g}" for k in BUDGETS)
     assert f"median (largest over δ): {largest}; its k" in out
 
 
