@@ -230,5 +230,5 @@ def head_errors(calib: Calibration, index: torch.Tensor, causal: bool, units: li
     return total.tolist()
 
 
-register(Fastformer("fastformer-fit", causal=False, color="#f781bf", marker="$F$", short="fastf\nfit"))
-register(Fastformer("fastformer-fit-causal", causal=True, color="#a6761d", marker="$f$", short="fastf\ncausal"))
+register(Fastformer("fastformer-fit", causal=False, color="#e7298a", marker="$F$", short="fastf\nfit"))
+register(Fastformer("fastformer-fit-causal", causal=True, color="#8a2be2", marker="$f$", short="fastf\ncausal"))
