@@ -172,9 +172,9 @@ def approx(
     """How well each method approximates `model`'s attention at each budget k: per head on the exact
     model's own q, k, v, and with `end_to_end` substituted into the forward pass (hidden-state drift and, with a
     language-model head, masked-LM or next-token perplexity). Random methods draw per sequence unless
-    `fixed_projection`. Fitted methods (linformer-pca, linformer-fit) calibrate on the first `fit_samples`
-    sequences; `samples` more are evaluated after them. `k_plan` (a `spectra plan-k` JSON file or dict) gives
-    each layer its own k, measured beside a uniform k of equal total cost. `budgets` (default 128), `methods` and
+    `fixed_projection`. Methods that calibrate (linformer-pca, linformer-fit, fastformer-fit) are fitted on the
+    first `fit_samples` sequences; `samples` more are evaluated after them. `k_plan` (a `spectra plan-k` JSON file
+    or dict) gives each layer its own k, measured beside a uniform k of equal total cost. `budgets` (default 128), `methods` and
     `layers` take one value or several; paths may be str or `pathlib.Path`.
     """
     from . import methods as registry
@@ -186,6 +186,7 @@ def approx(
     from .sources import ModelSource
 
     labels = registry.expand(several(methods, "--methods"))
+    registry.check_calibration(labels, fit_samples)
     chosen = _indices(layers, "layer")
     plan = read_plan(k_plan if isinstance(k_plan, dict) else path_text(k_plan), length) if k_plan is not None else None
     for layer_budget in plan or ():
@@ -210,7 +211,8 @@ def approx(
                 raise SpectraError(f"fitted projections ({option('--fit-samples', 'fit_samples')}) are not supported "
                                    "across processes yet; run with a single process")
             check_evaluable(source, options.fit_samples, config)
-            probes["fitting"] = Fitting(options, source.layers, source.heads, length, seed=seed, notify=notify)
+            probes["fitting"] = Fitting(options, source.layers, source.heads, length, seed=seed,
+                                        causal=source.loaded.causal, notify=notify)
             fitted = probes["fitting"].fitted
         fit_samples = options.fit_samples
         probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, fit_samples=fit_samples,

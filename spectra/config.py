@@ -312,9 +312,10 @@ class AnalyzeOptions:
 class ApproxOptions:
     """Methods (registry labels) at each budget, per head and optionally substituted end to end.
 
-    Random methods draw per sequence unless `fixed_projection`. Fitted methods (linformer-pca, linformer-fit)
-    calibrate on the first `fit_samples` sequences (a `fit_validation` share held out to choose the fit's
-    step; `fit_steps` Adam steps at `fit_lr`, from `fit_init`); the evaluated sequences come after them.
+    Random methods draw per sequence unless `fixed_projection`. Methods that calibrate (`Method.calibrates`;
+    `methods.check_calibration` asks for ≥ 2 sequences) are fitted on the first `fit_samples` sequences (a
+    `fit_validation` share held out to choose the fit's step; `fit_steps` Adam steps at `fit_lr`, from
+    `fit_init`); the evaluated sequences come after them.
     `k_plan` (per layer) replaces the budgets: every method runs at its layer's k, beside a uniform k of equal
     total cost."""
 
@@ -338,10 +339,6 @@ class ApproxOptions:
             raise SpectraError(f"{spell('--target')} must be a relative error in (0, 1), got {self.target}")
         object.__setattr__(self, "projection", choose(Projection, self.projection, "--projection"))
         object.__setattr__(self, "fit_init", choose(FitInit, self.fit_init, "--fit-init"))
-        fitted = [label for label in self.methods if label.startswith(("linformer-pca", "linformer-fit"))]
-        if fitted and self.fit_samples < 2:
-            raise SpectraError(f"{fitted[0]} fits its projections on calibration sequences: pass "
-                               f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
         if self.fit_samples < 0 or self.fit_steps < 0 or not self.fit_lr > 0 or not 0 <= self.fit_validation < 1:
             raise SpectraError(f"{spell('--fit-samples')} and {spell('--fit-steps')} must be ≥ 0, "
                                f"{spell('--fit-lr')} > 0, "

@@ -264,6 +264,15 @@ def expand(names: Iterable[str]) -> list[str]:
     return labels
 
 
+def check_calibration(labels: Iterable[str], fit_samples: int) -> None:
+    """Refuse methods that calibrate without the calibration sequences they are fitted on (at least 2: one is
+    held out to choose the fit's step)."""
+    calibrating = [label for label in labels if REGISTRY[label].calibrates]
+    if calibrating and fit_samples < 2:
+        raise SpectraError(f"{calibrating[0]} fits its parameters on calibration sequences: pass "
+                           f"{option('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
+
+
 def resolve(method: Method | str, fitted: Mapping[str, Method] | None = None) -> Method:
     """A method itself, or by label: the run's fitted instance in `fitted` when it has one, else the registry's."""
     if isinstance(method, Method):

@@ -28,13 +28,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
 from ..config import Sharing, choose
 from ..errors import SpectraError
-from ..seeds import Domain, derive_seed
 from ..kernels import eq7
 from .calibration import CHUNK, Calibration, by_layer, head_output_error, pooling_projections
 from .descent import descend, validation_split

@@ -9,8 +9,9 @@ beside the held-out `heads.csv`, the gap shows how much fitted parameters overfi
 results: the fitted parameters (`projections.npz`; a Linformer's load with
 `spectra.nn.projections.load_projections`) and each fit's history (`fit_history.csv`).
 
-Whether a method may be fitted on a decoder's causal attention is the method's to say (`causal`): the
-Linformer's eq. 7 mixes every key into each projected key and is refused there, `fastformer-fit-causal` is not.
+Whether a method may be fitted on a decoder's causal attention is the method's to say (`Method.causal`): the
+Linformer's eq. 7 mixes every key into each projected key and is refused there before any work,
+`fastformer-fit-causal` is fitted on the causal attention itself (each calibration's target is the causal P V).
 A run can be checkpointed only once the fit is done (before, its state would be the calibration tensors
 themselves); an interrupted calibration starts again on --resume.
 """
@@ -25,8 +26,8 @@ import torch
 
 from ..capture import Captured
 from ..config import ApproxOptions
-from ..errors import SpectraError
-from ..methods import REGISTRY, Calibrated, Draws, Layer
+from ..errors import InternalError, SpectraError
+from ..methods import REGISTRY, Calibrated, Layer
 from ..nn.calibration import Calibration
 from ..nn.descent import FitSettings
 from ..stats import State, tagged
@@ -37,13 +38,19 @@ from .base import Probe
 class Fitting(Probe):
     """Calibration sequences in, fitted methods out (see the module docstring)."""
 
-    def __init__(self, options: ApproxOptions, layers: int, heads: int, n: int, *, seed: int = 0,
+    def __init__(self, options: ApproxOptions, layers: int, heads: int, n: int, *, seed: int = 0, causal: bool = False,
                  notify: Callable[[str], None] = print) -> None:
+        """`causal`: the model's attention is causal (a decoder's), so every method fitted must be causal too."""
         self.options, self.layers, self.heads, self.n, self.notify = options, layers, heads, n, notify
         self.fit_samples = options.fit_samples
         self.settings = FitSettings.of(options, seed)
-        self.fitted: dict[str, Calibrated] = {label: REGISTRY[label].fresh() for label in options.methods
-                                              if REGISTRY[label].calibrates}
+        calibrating = [REGISTRY[label] for label in options.methods if REGISTRY[label].calibrates]
+        refused = [method.label for method in calibrating if causal and not method.causal]
+        if refused:
+            usable = ", ".join(label for label, method in REGISTRY.items() if method.calibrates and method.causal)
+            raise SpectraError(f"{refused[0]} cannot be fitted on a decoder's causal attention: it lets each query "
+                               f"see later tokens; the fitted methods for decoders: {usable}")
+        self.fitted: dict[str, Calibrated] = {method.label: method.fresh() for method in calibrating}
         self.labels = list(self.fitted)
         self.history = pd.DataFrame()
         self.calibration = HeadProbe(options, layers, heads, seed=seed, fitted=self.fitted,
@@ -54,20 +61,13 @@ class Fitting(Probe):
     def update(self, captured: Captured) -> None:
         if min(captured.sequence_index()) >= self.fit_samples:
             return  # an evaluated batch: the fit was done after the last calibration batch (`after_batch`)
-        if captured.causal:
-            self.check_causal()
+        if captured.causal and any(not method.causal for method in self.fitted.values()):
+            raise InternalError(f"layer {captured.layer} is causal but the fitting probe was made for a bidirectional "
+                                "model")
         light = Captured(captured.layer, captured.q.detach().cpu().clone(), captured.key.detach().cpu().clone(),
                          captured.value.detach().cpu().clone(), captured.valid.cpu(), captured.scaling,
                          captured.causal, None, captured.index)
         self.records.setdefault(captured.layer, []).append(light)
-
-    def check_causal(self) -> None:
-        """Refuse, before any fitting work, a method that cannot be fitted on causal attention."""
-        refused = [method.label for method in self.fitted.values() if not method.causal]
-        if refused:
-            usable = ", ".join(label for label, method in REGISTRY.items() if method.calibrates and method.causal)
-            raise SpectraError(f"{refused[0]} cannot be calibrated on causal attention (a decoder's): it lets each "
-                               f"query see later tokens; fitted methods for decoders: {usable}")
 
     def after_batch(self, batch) -> None:
         if max(batch.index) >= self.fit_samples - 1:

@@ -150,4 +150,85 @@ def test_fitted_methods_need_a_calibration(roberta_dir, text_file, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     code, out, err = tiny.run_cli(["approx", str(roberta_dir), "--data", str(text_file), "--length", str(N),
                                    "--samples", "2", "--methods", "linformer-fit(kv)", "--k", "4"], monkeypatch, capsys)
-    assert code == 2 and "fits its projections on calibration sequences: pass --fit-samples N" in err
+    assert code == 2 and "fits its parameters on calibration sequences: pass --fit-samples N" in err
+
+
+def eager_decoder_heads(model_dir, text_file, n: int, start: int, count: int, monkeypatch):
+    """q, k, v (grouped keys repeated per query head) and P V of every layer of the evaluated sequences
+    start … start + count − 1 (truncate mode, left-padded), recorded inside transformers' eager attention, with each
+    batch's valid keys: [(layer, q, k, v, p_v, valid)]."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    original, seen = modeling_llama.eager_attention_forward, []
+
+    def recording(module, query, key, value, attention_mask, scaling, **kwargs):
+        out, weights = original(module, query, key, value, attention_mask, scaling, **kwargs)
+        groups = module.num_key_value_groups
+        k, v = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+        seen.append((module.layer_idx, query, k, v, weights @ v))
+        return out, weights
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", recording)
+    found = []
+    corpus = data.open_corpus(str(text_file), seed=0)
+    with torch.no_grad():
+        for batch in data.batches(tokenizer, corpus, n, "truncate", start + count, 2, skip=start):
+            mask = batch.attention_mask
+            seen.clear()
+            eager(input_ids=batch.input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))
+            found += [(*record, mask.bool()) for record in seen]
+    return found
+
+
+def test_a_decoder_fits_fastformer_causal_and_refuses_a_linformer_fit(llama_dir, text_file, tmp_path, monkeypatch,
+                                                                     capsys) -> None:
+    """Calibration on a decoder's causal attention: a Linformer fit is refused in one line before any work;
+    fastformer-fit-causal is fitted, and its held-out errors are the numpy formula's with the saved parameters on
+    q, k, v recorded inside transformers' eager attention (left-padded batches); one fit serves every k."""
+    from references import additive_attention_reference
+
+    monkeypatch.chdir(tmp_path)
+    code, out, err = tiny.run_cli(["approx", str(llama_dir), "--data", str(text_file), "--length", "16", "--samples",
+                                   "2", "--k", "4", "--fit-samples", "4", "--methods",
+                                   "fastformer-fit-causal,linformer-fit(kv)"], monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "linformer-fit(kv) cannot be fitted on a decoder's causal attention" in lines[0]
+    assert "fastformer-fit-causal" in lines[0] and list(tmp_path.iterdir()) == []
+
+    n, fit, samples = 16, 6, 4
+    run = approx(str(llama_dir), str(text_file), budgets=[4, n], methods=["fastformer-fit-causal", "window"], length=n,
+                 samples=samples, fit_samples=fit, fit_steps=10, batch_size=2, mode="truncate", end_to_end=True,
+                 out=tmp_path / "run", **QUIET)
+    assert run.meta["calibration"]["fitted"] == ["fastformer-fit-causal"]
+    history = run.fit_history
+    assert set(history["method"]) == {"fastformer-fit-causal"} and set(history["budget"]) == {-1}
+    assert set(zip(history["layer"], history["head"])) == {(layer, head) for layer in range(2) for head in range(4)}
+    arrays = np.load(run.path / "projections.npz")
+    layers = list(arrays["fastformer-fit-causal|layers"])
+    parameters = [arrays[f"fastformer-fit-causal|{name}"] for name in ("w_q", "w_k", "w_r", "b_r")]
+    errors = {layer: [] for layer in range(2)}
+    for layer, q, k, v, p_v, valid in eager_decoder_heads(llama_dir, text_file, n, fit, samples, monkeypatch):
+        w_q, w_k, w_r, b_r = (x[layers.index(layer)] for x in parameters)
+        for b in range(q.shape[0]):
+            rows = valid[b].numpy()
+            per_head = []
+            for h in range(q.shape[1]):
+                out = additive_attention_reference(*(x[b, h].double().numpy() for x in (q, k, v)), rows, True,
+                                                   w_q[h], w_k[h], w_r[h], b_r[h])
+                exact = p_v[b, h].double().numpy()
+                per_head.append(np.linalg.norm((out - exact)[rows]) / np.linalg.norm(exact[rows]))
+            errors[layer].append(per_head)
+    heads = run.heads[(run.heads["metric"] == "out_err") & (run.heads["method"] == "fastformer-fit-causal")]
+    for budget in (4, n):
+        table = heads[heads["budget"] == budget].set_index(["layer", "head"])["mean"]
+        for layer, values in errors.items():
+            assert len(values) == samples
+            for head in range(4):
+                assert table[(layer, head)] == pytest.approx(np.mean([row[head] for row in values]), rel=1e-4)
+    e2e = run.end_to_end.set_index(["method", "budget"])
+    assert np.isfinite(e2e["ppl"]).all() and e2e.loc[("fastformer-fit-causal", 4), "hidden_rel_err"] > 0
+    assert e2e.loc[("fastformer-fit-causal", 4), "loss"] == e2e.loc[("fastformer-fit-causal", n), "loss"]
