@@ -307,12 +307,12 @@ def plot(
 @app.command("plan-k", cls=FlaglessCommand)
 def plan_k(
     run: Path = typer.Argument(..., help="A run directory of spectra analyze."),
-    energy: float = typer.Option(0.9, "--energy", help="Share E in (0, 1] of the nuclear norm the top k_proj singular values must reach."),
-    multiple: int = typer.Option(8, "--multiple", help="Round every k_proj up to a multiple of this (capped at n)."),
+    energy: float = typer.Option(0.9, "--energy", help="Share E in (0, 1] of the nuclear norm a layer's top k singular values must reach (k: its budget)."),
+    multiple: int = typer.Option(8, "--multiple", help="Round every budget up to a multiple of this (capped at n)."),
     per_head: bool = typer.Option(False, "--per-head", help="Plan each head from its own mean curve; a layer gets the largest of its heads."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON plan to write (default <run>/plan-k-e<E>[-per-head].json)."),
 ) -> None:
-    """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
+    """Nonuniform projected dimension: the smallest budget per layer (or head) whose mean curve reaches E."""
     from .report.console import out as stdout, print_plan
     from .report.plan import plan_k as make_plan
     from .rundir import write_json

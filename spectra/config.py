@@ -113,7 +113,7 @@ def check_seed(seed: int) -> int:
 
 
 def check_budget(budget: int, n: int | None = None, what: str = "the sequence length n") -> int:
-    """One projected dimension k_proj (a budget): a positive integer, at most n when n is given."""
+    """One budget k (the projected dimension): a positive integer, at most n when n is given."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise SpectraError(f"k = {budget!r} is not a budget: use a positive integer k ≥ 1 (e.g. "
                            f"{spell('--k 32,64,128', 'budgets=(32, 64, 128)')})")
@@ -402,7 +402,7 @@ class TheoremOptions:
 
 
 class Init(Choice):
-    """How `nn.Projections` draws E, F: JL N(0, 1/k_proj) or the reference implementation's xavier_uniform."""
+    """How `nn.Projections` draws E, F: JL N(0, 1/budget) or the reference implementation's xavier_uniform."""
 
     JL = "jl"
     XAVIER = "xavier"

@@ -143,7 +143,7 @@ class Theorem1Probe(DrawingProbe):
         table = table.assign(**self.uncertainty.columns(pool))
         table["n"] = self.n
         table["draws"] = 0 if self.fixed else self.draws
-        table["bound"] = [theorem1_bound(e, self.n, k) for e, k in zip(table["eps"], table["budget"])]
+        table["bound"] = [theorem1_bound(e, self.n, budget) for e, budget in zip(table["eps"], table["budget"])]
         table["k_theory"] = table["eps"].map(lambda e: theorem1_k(e, self.n))
         return table
 

@@ -181,12 +181,12 @@ def print_stand_in(run: ApproxRun) -> None:
     between a random projection and the SVD oracle each method closes, and plan against uniform k."""
     if run.calibration is not None:
         held = run.per_layer("out_err")
-        fitted = held[held["method"].str.startswith(("linformer-pca", "linformer-fit"))]
+        fitted = held[held["method"].isin(run.meta.get("calibration", {}).get("fitted", []))]
         calibration = run.per_layer("out_err", table="calibration").set_index(["method", "budget", "layer"])
         rows = fitted.assign(calibration=[calibration["out_err"].get(key, float("nan")) for key in
                                           zip(fitted["method"], fitted["budget"], fitted["layer"])])
         rows = rows.groupby(["method", "budget"], sort=False)[["calibration", "out_err"]].mean().reset_index()
-        print_frame(rows.rename(columns={"out_err": "held out"}), "fitted projections: mean head-output error over "
+        print_frame(rows.rename(columns={"out_err": "held out"}), "fitted methods: mean head-output error over "
                     "layers, on the calibration sequences and on the held-out ones (the gap is overfitting)")
         gap = gap_closed(run)
         for budget, part in gap.groupby("budget", sort=True):
@@ -251,10 +251,10 @@ def print_theorems(run: TheoremRun) -> None:
 
 def print_plan(run: Run, plan: Plan) -> None:
     """A k plan per layer (or head) and its cost against uniform and full attention."""
-    rule = "the largest of its heads' k_proj" if plan.per_head else f"from the mean curve of its {run.heads} heads"
-    print_frame(plan.by_layer(), f"{run.label}, n = {run.n}: smallest k_proj whose mean normalized cumulative "
+    rule = "the largest of its heads' budget" if plan.per_head else f"from the mean curve of its {run.heads} heads"
+    print_frame(plan.by_layer(), f"{run.label}, n = {run.n}: smallest budget whose mean normalized cumulative "
                 f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
-                f"(a layer's k_proj: {rule})")
+                f"(a layer's budget: {rule})")
     print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
     out.print(RANK_VS_PLAN, soft_wrap=True)
 

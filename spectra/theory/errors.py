@@ -73,7 +73,7 @@ def best_rank_errors(p: torch.Tensor, v: torch.Tensor, budgets: Sequence[int]) -
     y2 = (sigma[..., None] * (vh @ v)) ** 2  # (B, H, n, d)
     tail = y2.flip(-2).cumsum(-2).flip(-2)  # tail[i] = Σ_{j≥i} y_j²
     tail = torch.cat([tail, torch.zeros_like(tail[..., :1, :])], dim=-2)
-    index = torch.tensor([min(k, p.shape[-1]) for k in budgets], device=p.device)
+    index = torch.tensor([min(budget, p.shape[-1]) for budget in budgets], device=p.device)
     return (tail.index_select(-2, index).movedim(-2, 0) / _tiny(tail[..., 0, :])).sqrt()
 
 

@@ -100,7 +100,7 @@ def test_fitting_is_deterministic_and_says_how_long_it_takes(roberta_dir, text_f
 
 def test_a_k_plan_against_a_uniform_k_of_equal_cost(roberta_dir, text_file, tmp_path) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd", "pool-mean"], k_plan=plan, length=N, samples=4,
                  batch_size=4, end_to_end=True, out=tmp_path / "run", **QUIET)
     assert run.meta["budgets"] == [8] and run.meta["k_plan"] == [4, 12], "uniform k = the plan's mean: equal cost"
@@ -117,7 +117,7 @@ def test_fitted_methods_follow_the_k_plan(roberta_dir, text_file, tmp_path) -> N
     """Under a plan, fitted projections exist at every planned k and at the uniform k: each layer's planned
     projections are the ones fitted at its own k (the same as a run at that uniform k, layer for layer)."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     common = dict(methods=["linformer-pca(kv)"], length=N, samples=4, fit_samples=FIT, batch_size=4, **QUIET)
     run = approx(str(roberta_dir), str(text_file), k_plan=plan, end_to_end=True, out=tmp_path / "run", **common)
     for budget in (4, 8, 12):
@@ -131,9 +131,9 @@ def test_fitted_methods_follow_the_k_plan(roberta_dir, text_file, tmp_path) -> N
 
 
 @pytest.mark.parametrize("plan, message", [
-    ({"layers": [{"layer": 0, "k_proj": 4}]}, "the k plan has 1 layers but tiny-roberta has 2"),
-    ({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 99}]}, "k = 99 exceeds the sequence length"),
-    ({"layers": [{"layer": 0, "k_proj": 0}, {"layer": 1, "k_proj": 4}]}, "every layer's k_proj must be at least 1"),
+    ({"layers": [{"layer": 0, "budget": 4}]}, "the k plan has 1 layers but tiny-roberta has 2"),
+    ({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 99}]}, "k = 99 exceeds the sequence length"),
+    ({"layers": [{"layer": 0, "budget": 0}, {"layer": 1, "budget": 4}]}, "every layer's budget must be at least 1"),
     ({"nothing": []}, "no list of layers"),
 ])
 def test_bad_k_plans_are_one_line(plan, message, roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
