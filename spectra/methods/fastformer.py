@@ -12,9 +12,9 @@ it is: each head's w_q, w_k, W_r, b_r minimize ‖PV − O‖²_F/‖PV‖²_F o
 `linformer-fit` fits E and F (`nn.descent`: full-batch Adam, the best step on held-out sequences kept). The
 start is w_q = w_k = 0 — uniform pooling, q_g and k_g the means — with W_r, b_r the exact minimiser of that
 objective at that start (a weighted least squares of PV on [u, 1]): the fit begins at the best output transform
-of mean pooling and can only improve on it. The paper adds the query to the output (o_i = W_r u_i + q_i); a
-pretrained head's output P V has no such term, and on all-MiniLM-L6-v2 the residual made the fitted error worse
-(docs/methods.md), so `RESIDUAL` is off.
+of mean pooling and can only improve on it. The paper's layer also adds the query to the output
+(o_i = W_r u_i + q_i); a pretrained head's output P V has no such term, so it is left out (docs/methods.md
+measures both).
 
 `fastformer-fit-causal` is the form for decoders: every quantity at position i uses positions ≤ i only —
 q_g(i) and k_g(i) are softmax-weighted sums over the prefix, p_j = q_g(j) ⊙ k_j with the prefix global query at
@@ -40,8 +40,6 @@ from ..nn.calibration import CHUNK, Calibration
 from ..nn.descent import FitSettings, descend, first_group_timer, validation_split
 from .base import Approximation, Calibrated, Draws, Layer, register
 
-#: whether the output adds the query, o_i = W_r u_i + b_r + q_i, as the paper's layer does (see the docstring)
-RESIDUAL = False
 #: positions per block of the causal form's prefix sums (the block length changes only the rounding)
 CAUSAL_BLOCK = 64
 #: the parameters of one head, in this order: w_q (d), w_k (d), W_r (d, d), b_r (d)
@@ -98,8 +96,7 @@ def prefix_pooled(logits: torch.Tensor, x: torch.Tensor, keep: torch.Tensor) -> 
 
 
 def additive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, causal: bool,
-                       w_q: torch.Tensor, w_k: torch.Tensor, w_r: torch.Tensor, b_r: torch.Tensor,
-                       residual: bool = RESIDUAL) -> torch.Tensor:
+                       w_q: torch.Tensor, w_k: torch.Tensor, w_r: torch.Tensor, b_r: torch.Tensor) -> torch.Tensor:
     """Fastformer's output O (B, H, n, d) from q, k, v (B, H, n, d), valid (B, n), and per head w_q, w_k (H, d),
     W_r (H, d, d), b_r (H, d) (see the module docstring); `causal`: every position uses positions ≤ it only.
     v must be zero on padded rows (then a padded query's output is b_r)."""
@@ -109,8 +106,7 @@ def additive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid:
     q_g = pool(torch.einsum("bhnd,hd->bhn", q, w_q) * scale, q, keep)  # (B, H, n|1, d)
     p = q_g * k
     k_g = pool(torch.einsum("bhnd,hd->bhn", p, w_k) * scale, p, keep)
-    out = torch.einsum("bhnd,hed->bhne", k_g * v, w_r) + b_r[:, None, :]
-    return out + q if residual else out
+    return torch.einsum("bhnd,hed->bhne", k_g * v, w_r) + b_r[:, None, :]
 
 
 def output_transform(calib: Calibration, rows: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,13 +120,12 @@ def output_transform(calib: Calibration, rows: torch.Tensor, causal: bool) -> tu
         part = calib.subset(rows[first:first + CHUNK])
         v = part.v.masked_fill(~part.valid[:, None, :, None], 0.0)
         u = additive_attention(part.q, part.k, v, part.valid, causal, zero, zero,
-                               torch.eye(d, dtype=v.dtype).expand(heads, d, d), zero, residual=False)
-        goal = part.target - part.q if RESIDUAL else part.target
+                               torch.eye(d, dtype=v.dtype).expand(heads, d, d), zero)
         weight = part.target.square().sum((-2, -1)).clamp_min(torch.finfo(v.dtype).tiny).rsqrt()  # (s, H)
         rows_kept = part.valid[:, None, :, None].double() * weight[..., None, None].double()
         ones = torch.ones_like(u[..., :1])
         design.append((torch.cat([u, ones], -1).double() * rows_kept).transpose(0, 1).flatten(1, 2))
-        target.append((goal.double() * rows_kept).transpose(0, 1).flatten(1, 2))
+        target.append((part.target.double() * rows_kept).transpose(0, 1).flatten(1, 2))
     solution = torch.linalg.lstsq(torch.cat(design, 1), torch.cat(target, 1), driver="gelsd").solution  # (H, d+1, d)
     return solution[:, :d].transpose(-1, -2).to(calib.q.dtype), solution[:, d].to(calib.q.dtype)
 
