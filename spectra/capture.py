@@ -21,6 +21,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from .errors import InternalError, SpectraError
+from .kernels import eager_p
 
 NAME = "spectra"
 
@@ -66,10 +67,7 @@ class Captured:
     @cached_property
     def p(self) -> torch.Tensor:
         """P = softmax(q kᵀ · scaling + mask) (B, H, n, n), computed as eager attention computes it."""
-        scores = torch.matmul(self.q, self.k.transpose(2, 3)) * self.scaling
-        if self.mask is not None:
-            scores = scores + self.mask
-        return nn.functional.softmax(scores, dim=-1)
+        return eager_p(self.q, self.k, self.scaling, self.mask)
 
     @classmethod
     def of(cls, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,

@@ -34,6 +34,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "topk": ("topk",),
     "linformer-pca": tuple(f"linformer-pca({level})" for level in SHARING),
     "linformer-fit": tuple(f"linformer-fit({level})" for level in SHARING),
+    "fastformer-fit": ("fastformer-fit",),
+    "fastformer-fit-causal": ("fastformer-fit-causal",),
 }
 
 #: every label, in registration order

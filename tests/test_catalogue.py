@@ -22,6 +22,9 @@ def test_names_expand_to_labels() -> None:
     assert catalogue.expand(["svd", "linformer"]) == ["svd"] + [f"linformer({s.value})" for s in Sharing]
     assert catalogue.expand(["linformer(kv)", "svd", " linformer(kv)"]) == ["linformer(kv)", "svd"]
     assert catalogue.expand(["nystrom"]) == ["nystrom"], "the iterative variant is a name of its own"
+    assert catalogue.expand(["fastformer-fit"]) == ["fastformer-fit"], "the causal variant is a family of its own"
+    with pytest.raises(SpectraError, match="unknown method 'fastformer'; valid methods: .*fastformer-fit.*probsparse"):
+        catalogue.expand(["fastformer"])
     with pytest.raises(SpectraError, match="unknown method 'lsh'; valid methods: .*linformer-fit.*topk"):
         catalogue.expand(["lsh"])
     with pytest.raises(SpectraError, match="no method given"):

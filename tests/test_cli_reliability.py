@@ -262,7 +262,7 @@ def test_fit_samples_that_leave_nothing_to_evaluate_are_refused_before_any_work(
 
 
 def test_a_k_plan_made_at_another_length_is_refused(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
-    """A plan's k_proj hold at the n they were measured at; used at another --length they are refused (not
+    """A plan's budget hold at the n they were measured at; used at another --length they are refused (not
     rescaled: how the rank a head needs grows with n is what spectra scaling measures, not a proportion)."""
     analyze(roberta_dir, text_file, workdir / "run", length=16)
     code, out, err = run_cli(["plan-k", "run", "--out", "plan.json"], monkeypatch, capsys)

@@ -48,7 +48,7 @@ def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
 
     # one sequence per batch, so the float32 forward passes are the same in both runs, row for row
     single = ["--data", str(text_file), "--length", "24", "--samples", "5", "--batch-size", "1"]
-    torchrun(["approx", str(roberta_dir), *single, "--k", "4,8", "--methods", "svd,jl,pool-mean", "--end-to-end",
+    torchrun(["approx", str(roberta_dir), *single, "--budget", "4,8", "--methods", "svd,jl,pool-mean", "--end-to-end",
               "--out", str(tmp_path / "approx-two")], tmp_path)
     two = spectra.load_run(tmp_path / "approx-two")
     one = approx(str(roberta_dir), str(text_file), length=24, samples=5, batch_size=1,
@@ -62,7 +62,7 @@ def test_two_processes_draw_the_same_projections_per_sequence(roberta_dir, text_
     """Theorem tables with a fresh R per sequence (and two draws each), seeded by the global sequence index:
     two processes taking alternate sequences give the single-process numbers."""
     single = ["--data", str(text_file), "--length", "16", "--samples", "5", "--batch-size", "1"]
-    torchrun(["theorems", str(roberta_dir), *single, "--k", "4,8", "--eps", "0.3,0.5", "--draws", "2",
+    torchrun(["theorems", str(roberta_dir), *single, "--budget", "4,8", "--eps", "0.3,0.5", "--draws", "2",
               "--out", str(tmp_path / "two")], tmp_path)
     two = spectra.load_run(tmp_path / "two")
     one = spectra.theorems(str(roberta_dir), str(text_file), length=16, samples=5, batch_size=1, budget=[4, 8],

@@ -12,12 +12,12 @@ from spectra.inputs import budgets_or_default, numbers, path_text, several
 
 
 def test_one_value_or_several() -> None:
-    assert several(64, "--k") == (64,) and several([64, 8], "--k") == (64, 8) and several((8,), "--k") == (8,)
+    assert several(64, "--budget") == (64,) and several([64, 8], "--budget") == (64, 8) and several((8,), "--budget") == (8,)
     assert several("svd", "--methods") == ("svd",)
     assert several("svd, linformer(kv)", "--methods") == ("svd", "linformer(kv)"), "a label keeps its parentheses"
     assert several(["svd", "jl"], "--methods") == ("svd", "jl")
     assert several(0.1, "--eps", float) == (0.1,) and several("0.1,0.3", "--eps", float) == (0.1, 0.3)
-    assert several("32,64", "--k", int) == (32, 64) and several(range(3), "--layers") == (0, 1, 2)
+    assert several("32,64", "--budget", int) == (32, 64) and several(range(3), "--layers") == (0, 1, 2)
     with pytest.raises(SpectraError) as raised:
         several("a,b", option("--budget"), int)
     assert str(raised.value).startswith("budget 'a,b' is not a comma-separated list of integers")
@@ -25,8 +25,8 @@ def test_one_value_or_several() -> None:
 
 
 def test_numbers_read_the_command_line_lists() -> None:
-    assert numbers("32, 64,128", "--k") == [32, 64, 128] and numbers("0.1,0.5", "--eps", float) == [0.1, 0.5]
-    assert numbers("", "--k") == []
+    assert numbers("32, 64,128", "--budget") == [32, 64, 128] and numbers("0.1,0.5", "--eps", float) == [0.1, 0.5]
+    assert numbers("", "--budget") == []
 
 
 def test_paths_may_be_str_or_pathlike() -> None:

@@ -109,10 +109,7 @@ class ApproxOptions:
         for layer_budget in plan or ():
             check_budget(layer_budget, n)
         budget = (round(sum(plan) / len(plan)),) if plan else budgets_or_default(self.budget, DEFAULT_BUDGET, n)
-        fitted = [label for label in labels if registry.REGISTRY[label].calibrates]
-        if fitted and self.fit_samples < 2:
-            raise SpectraError(f"{fitted[0]} fits on calibration sequences: pass "
-                               f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
+        registry.check_calibration(labels, self.fit_samples)
         return replace(self, methods=labels, budget=check_budgets(budget, n), k_plan=plan)
 
 
@@ -156,7 +153,7 @@ class Approx(Analysis):
                                "with spectra plan-k on a run of this model")
         leaking = [label for label in options.methods if not registry.REGISTRY[label].causal]
         if options.end_to_end and shape.causal and leaking:
-            usable = ", ".join(label for label, entry in registry.REGISTRY.items() if entry.causal)
+            usable = ", ".join(label for label, method in registry.REGISTRY.items() if method.causal)
             raise SpectraError(
                 f"{leaking[0]} lets each query see future tokens, so it is not a causal approximation of {shape.name} "
                 f"(a decoder): end to end on a decoder takes causal methods ({usable}); measure "
@@ -196,11 +193,11 @@ class Approx(Analysis):
                                    "across processes yet; run with a single process")
             check_evaluable(source, fit_samples, config)
             probes["fitting"] = Fitting(options, source.layers, source.heads, config.length, seed=seed,
-                                        notify=reporter.notify)
+                                        causal=source.loaded.causal, notify=reporter.notify)
             fitted = probes["fitting"].fitted
-        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, start=fit_samples, fitted=fitted)
+        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, fit_samples=fit_samples, fitted=fitted)
         if plan:
-            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed, start=fit_samples,
+            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed, fit_samples=fit_samples,
                                        fitted=fitted, budget_of=plan.__getitem__, file="heads_plan.csv")
         if options.end_to_end:
             loaded = source.loaded
@@ -215,7 +212,8 @@ class Approx(Analysis):
                 substitutes.update({(label, options.budget[0], "plan"):
                                     registry.substitute(label, plan.__getitem__, options.layers, **common)
                                     for label in options.methods})
-            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(options.layers), start=fit_samples)
+            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(options.layers),
+                                             fit_samples=fit_samples)
         return Probes(**probes)
 
     def load(self, path: Path, meta: dict[str, Any]) -> ApproxRun:

@@ -32,7 +32,7 @@ def test_options_normalise_one_value_or_several() -> None:
 
 
 def test_methods_that_calibrate_need_calibration_sequences() -> None:
-    with pytest.raises(SpectraError, match="linformer-fit\\(kv\\) fits on calibration sequences: pass fit_samples=N"):
+    with pytest.raises(SpectraError, match="linformer-fit\\(kv\\) fits its parameters on calibration sequences: pass fit_samples=N"):
         ApproxOptions(methods="linformer-fit(kv)", budget=4).resolved(16)
     assert ApproxOptions(methods="linformer-fit(kv)", budget=4, fit_samples=2).resolved(16).fits
 

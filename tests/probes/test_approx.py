@@ -13,9 +13,9 @@ from layers import H, random_layer
 from layers import N as LN
 from transformers import AutoModel, AutoTokenizer
 
+from layers import H, N as LN, approximate, random_layer
 from spectra import cli, data
 from spectra.api import approx
-from spectra.methods import REGISTRY
 from spectra.probes.approx import measures
 
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -24,7 +24,7 @@ N, SAMPLES = 24, 6
 
 def test_measures_against_numpy() -> None:
     x = random_layer((LN, 6))
-    approx = REGISTRY["jl"].run(x, 4)
+    approx = approximate("jl", x, 4)
     got = measures(x, approx)
     for b, m in enumerate((LN, 6)):
         for h in range(H):
@@ -35,7 +35,7 @@ def test_measures_against_numpy() -> None:
             pos = np.clip(p_t, 0, None)
             tv = [0.5 * np.abs(p[i] - pos[i] / pos[i].sum()).sum() if pos[i].sum() > 0 else 1.0 for i in range(m)]
             assert got[2, b, h] == pytest.approx(np.mean(tv))
-    assert measures(x, REGISTRY["pool-max"].run(x, 4))[1:].isnan().all()
+    assert measures(x, approximate("pool-max", x, 4))[1:].isnan().all()
 
 
 def eager_batches(model_dir, text_file):

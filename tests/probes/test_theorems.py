@@ -24,13 +24,8 @@ from spectra.probes import Probe, Probes
 from spectra.probes.theorems import Theorem1Probe, Theorem2Probe
 from spectra.sources import gaussian_qkv
 from spectra.stats import plain
-from spectra.theory.bounds import (
-    jl_failure_bound,
-    theorem1_bound,
-    theorem1_k,
-    theorem2_k,
-)
-from spectra.theory.kernels import theorem1_errors
+from spectra.theory.bounds import jl_failure_bound, theorem1_bound, theorem1_k, theorem2_k
+from spectra.theory.errors import theorem1_errors
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -65,9 +60,9 @@ def test_theorem1_probe_against_the_lemma_on_synthetic_vectors() -> None:
         probe.update(Captured.of(layer, ones, keys, v, scaling=1.0, index=(0,)))
     table = probe.result()
     assert (table["samples"] == 1).all()
-    rates = table.groupby(["k_proj", "eps"])["pr"].mean()
-    for (k_proj, eps), rate in rates.items():
-        assert 1 - rate <= jl_failure_bound(eps, k_proj), (k_proj, eps, rate)
+    rates = table.groupby(["budget", "eps"])["pr"].mean()
+    for (budget, eps), rate in rates.items():
+        assert 1 - rate <= jl_failure_bound(eps, budget), (budget, eps, rate)
     direct = [abs((probe.r(layer, 64) @ x).square().sum() / x.square().sum() - 1).item() for layer in range(layers)]
     assert rates[(64, 0.5)] == pytest.approx(np.mean(np.array(direct) <= 0.5))
 
@@ -124,18 +119,18 @@ def test_theorem1_probe_table() -> None:
     feed([probe], 0, q, k, v)
     p = attention_probs(q, k)
     table = probe.result()
-    assert list(table.columns) == ["layer", "head", "k_proj", "method", "relative_to", "eps", "pr", "samples",
+    assert list(table.columns) == ["layer", "head", "budget", "method", "relative_to", "eps", "pr", "samples",
                                    "median", "p95", "mean", "max", "sequences", "pr_mean", "pr_low", "pr_high",
                                    "pr_draw_std", "n", "draws", "bound", "k_theory"]
     assert len(table) == 2 * 2 * 3 * 2 and (table["draws"] == 0).all()
-    row = table[(table["head"] == 1) & (table["k_proj"] == 8) & (table["method"] == "jl") & (table["eps"] == 0.2)
+    row = table[(table["head"] == 1) & (table["budget"] == 8) & (table["method"] == "jl") & (table["eps"] == 0.2)
                 & (table["relative_to"] == "output")].iloc[0]
     errors = theorem1_errors(p, v, probe.r(0, 8))[:, 1].flatten().numpy()
     assert row["pr"] == pytest.approx((errors <= 0.2).mean())
     assert row["mean"] == pytest.approx(errors.mean(), rel=1e-5)
     assert row["median"] == pytest.approx(np.median(errors), rel=0.05)
     assert row["bound"] == theorem1_bound(0.2, 32, 8) and row["k_theory"] == theorem1_k(0.2, 32)
-    exact = table[(table["k_proj"] == 32) & (table["method"] == "svd")]
+    exact = table[(table["budget"] == 32) & (table["method"] == "svd")]
     assert (exact["max"] < 1e-3).all() and (exact["pr"] == 1.0).all()
 
 
@@ -144,7 +139,7 @@ def test_theorem2_probe_table_and_architecture_rows() -> None:
     probe = Theorem2Probe(1, 2, 32, [8], [0.5], seed=3, deltas=("1/2^n", 0.5), fixed=True)
     feed([probe], 0, q, k, v)
     table = probe.result()
-    assert list(table.columns) == ["layer", "head", "k_proj", "method", "variant", "relative_to", "eps", "pr", "samples",
+    assert list(table.columns) == ["layer", "head", "budget", "method", "variant", "relative_to", "eps", "pr", "samples",
                                    "median", "p95", "mean", "max", "sequences", "pr_mean", "pr_low", "pr_high",
                                    "pr_draw_std", "n", "d", "draws", "delta", "k_theory"]
     assert set(zip(table["method"], table["variant"], table["relative_to"])) == {
@@ -319,7 +314,7 @@ def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp
     for form, measured in (("output", errors), ("rows", entries)):
         for (layer, budget), values in measured.items():
             for eps in (0.3, 0.5):
-                row = layers[(layers.layer == layer) & (layers.k_proj == budget) & (layers.method == "jl")
+                row = layers[(layers.layer == layer) & (layers.budget == budget) & (layers.method == "jl")
                              & (layers.eps == eps) & (layers.relative_to == form)].iloc[0]
                 assert row["samples"] == len(values)
                 assert row["pr"] == pytest.approx(np.mean(np.array(values) <= eps), abs=1e-9), form
@@ -327,8 +322,8 @@ def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp
                 assert row["sequences"] == 4 and row["pr_low"] <= row["pr_mean"] <= row["pr_high"]
     pooled = run.tables["theorem1"]
     heads = run.tables["theorem1_heads"]
-    for (budget, method, form, eps), group in heads.groupby(["k_proj", "method", "relative_to", "eps"]):
-        row = pooled[(pooled.k_proj == budget) & (pooled.method == method) & (pooled.relative_to == form)
+    for (budget, method, form, eps), group in heads.groupby(["budget", "method", "relative_to", "eps"]):
+        row = pooled[(pooled.budget == budget) & (pooled.method == method) & (pooled.relative_to == form)
                      & (pooled.eps == eps)].iloc[0]
         assert row["samples"] == group["samples"].sum()
         assert row["pr"] == pytest.approx(np.average(group["pr"], weights=group["samples"]))
@@ -372,11 +367,11 @@ def test_the_interval_covers_the_true_probability(one_thread) -> None:
     The 95% interval over 40 sequences must cover the true Pr in at least 90 of 100 seeded repetitions."""
     from scipy.stats import chi2
 
-    n, k_proj, eps, heads, sequences = 24, 16, 0.35, 3, 40
-    truth = chi2.cdf(k_proj * (1 + eps), k_proj) - chi2.cdf(k_proj * (1 - eps), k_proj)
+    n, budget, eps, heads, sequences = 24, 16, 0.35, 3, 40
+    truth = chi2.cdf(budget * (1 + eps), budget) - chi2.cdf(budget * (1 - eps), budget)
     covered, widths = 0, []
     for repetition in range(100):
-        probe = Theorem1Probe(1, heads, n, [k_proj], [eps], best_rank=False, seed=repetition)
+        probe = Theorem1Probe(1, heads, n, [budget], [eps], best_rank=False, seed=repetition)
         g = torch.Generator().manual_seed(repetition)
         z = torch.randn(sequences, heads, 1, n, generator=g, dtype=torch.float64)
         x = torch.softmax(z, dim=-1)

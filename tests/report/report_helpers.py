@@ -73,7 +73,7 @@ def build_theorems(model: Path, text: Path, out: Path) -> spectra.TheoremRun:
 
 
 def expected_errors(run) -> dict[str, pd.DataFrame]:
-    """label → rows (k_proj ascending) of median and p95, straight from a theorems run's pooled tables."""
+    """label → rows (budget ascending) of median and p95, straight from a theorems run's pooled tables."""
     one, two = run.tables["theorem1"], run.tables["theorem2"]
     found = {method: one[one["method"] == method] for method in ("jl", "svd")}
     for level in SHARING:
@@ -81,7 +81,7 @@ def expected_errors(run) -> dict[str, pd.DataFrame]:
     for rule in ("1/2^n", "1/n"):
         found[f"theorem2(delta={rule})"] = two[(two["method"] == "theorem2") & (two["variant"] == f"delta={rule}")
                                                & (two["relative_to"] == "output")]
-    return {label: rows.drop_duplicates("k_proj").sort_values("k_proj") for label, rows in found.items()}
+    return {label: rows.drop_duplicates("budget").sort_values("budget") for label, rows in found.items()}
 
 
 # ---------------------------------------------------------------- reading figures back

@@ -116,7 +116,7 @@ def test_a_k_plan_is_drawn_against_the_uniform_k(roberta_dir, text_file, tmp_pat
     """The plan view holds each layer's error at its planned k (dashed) and at the uniform k (solid), the
     planned k on the top axis; end to end puts the two allocations side by side."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd", "pool-mean"], k_plan=plan, length=N, samples=4,
                  batch_size=4, end_to_end=True, out=tmp_path / "planned", progress=None, notify=lambda line: None)
     figure = plots.draw_plan_layers(run)
