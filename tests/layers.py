@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from spectra.reporter import QUIET
 from spectra.capture import Captured
 from spectra.methods import REGISTRY, Approximation, Draws, Layer, Method, resolve
 from spectra.spectrum import masked
@@ -60,7 +61,7 @@ def stand_in_fits(n: int = N, heads: int = H, layer: int = 3, d: int = D) -> dic
         if method.calibrates:
             fits[label] = method.fresh()
             fits[label].fit(calibrations, layers=layer + 1, heads=heads, n=n, settings=settings,
-                            notify=lambda line: None)
+                            reporter=QUIET)
     return fits
 
 

@@ -109,7 +109,10 @@ class ApproxOptions:
         for layer_budget in plan or ():
             check_budget(layer_budget, n)
         budget = (round(sum(plan) / len(plan)),) if plan else budgets_or_default(self.budget, DEFAULT_BUDGET, n)
-        registry.check_calibration(labels, self.fit_samples)
+        calibrating = [label for label in labels if registry.REGISTRY[label].calibrates]
+        if calibrating and self.fit_samples < 2:  # one sequence is held out to choose the fit's step
+            raise SpectraError(f"{calibrating[0]} fits its parameters on calibration sequences: pass "
+                               f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
         return replace(self, methods=labels, budget=check_budgets(budget, n), k_plan=plan)
 
 
@@ -193,11 +196,11 @@ class Approx(Analysis):
                                    "across processes yet; run with a single process")
             check_evaluable(source, fit_samples, config)
             probes["fitting"] = Fitting(options, source.layers, source.heads, config.length, seed=seed,
-                                        causal=source.loaded.causal, notify=reporter.notify)
+                                        causal=source.loaded.causal, reporter=reporter)
             fitted = probes["fitting"].fitted
-        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, fit_samples=fit_samples, fitted=fitted)
+        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, fitted=fitted)
         if plan:
-            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed, fit_samples=fit_samples,
+            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed,
                                        fitted=fitted, budget_of=plan.__getitem__, file="heads_plan.csv")
         if options.end_to_end:
             loaded = source.loaded
@@ -212,8 +215,7 @@ class Approx(Analysis):
                 substitutes.update({(label, options.budget[0], "plan"):
                                     registry.substitute(label, plan.__getitem__, options.layers, **common)
                                     for label in options.methods})
-            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(options.layers),
-                                             fit_samples=fit_samples)
+            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(options.layers))
         return Probes(**probes)
 
     def load(self, path: Path, meta: dict[str, Any]) -> ApproxRun:

@@ -44,8 +44,8 @@ from . import window  # noqa: F401
 from . import topk  # noqa: F401
 from . import fitted  # noqa: F401
 from . import fastformer  # noqa: F401
-from .base import (REGISTRY, Approximation, Calibrated, Draws, Layer, Method, check_calibration, register,
+from .base import (REGISTRY, Approximation, Calibrated, Draws, Layer, Method, register,
                    resolve, substitute)
 
-__all__ = ["REGISTRY", "Approximation", "Calibrated", "Draws", "Layer", "Method", "check_calibration",
+__all__ = ["REGISTRY", "Approximation", "Calibrated", "Draws", "Layer", "Method",
            "register", "resolve", "substitute"]

@@ -23,6 +23,7 @@ import torch
 from ..capture import Captured, Substitute
 from ..config import Projection
 from ..errors import InternalError, SpectraError, option
+from ..reporter import Reporter
 from ..kernels import allowed, masked_softmax, scores
 from ..seeds import Domain, derive_seed, jl_matrix, orthogonal_matrix
 from ..spectrum import masked, split_threads
@@ -218,9 +219,9 @@ class Calibrated(Method):
         raise NotImplementedError
 
     def fit(self, calibrations: Sequence["Calibration"], *, layers: int, heads: int, n: int,
-            settings: "FitSettings", notify: Callable[[str], None]) -> pd.DataFrame:
+            settings: "FitSettings", reporter: Reporter) -> pd.DataFrame:
         """Fit on the calibrations (one per layer) for a model of `layers` × `heads` at length n; returns the fit's
-        history (one row per step and fitted group, empty for a closed form) and reports through `notify`."""
+        history (one row per step and fitted group, empty for a closed form) and reports through `reporter`."""
         raise NotImplementedError
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -247,15 +248,6 @@ def register(method: Method) -> Method:
         raise ValueError(f"method '{method.label}' is registered twice")
     REGISTRY[method.label] = method
     return method
-
-
-def check_calibration(labels: Iterable[str], fit_samples: int) -> None:
-    """Refuse methods that calibrate without the calibration sequences they are fitted on (at least 2: one is
-    held out to choose the fit's step)."""
-    calibrating = [label for label in labels if REGISTRY[label].calibrates]
-    if calibrating and fit_samples < 2:
-        raise SpectraError(f"{calibrating[0]} fits its parameters on calibration sequences: pass "
-                           f"{option('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
 
 
 def resolve(method: Method | str, fitted: Mapping[str, Method] | None = None) -> Method:

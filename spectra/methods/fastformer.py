@@ -37,6 +37,7 @@ import torch
 
 from ..kernels import masked_softmax
 from ..nn.calibration import CHUNK, Calibration
+from ..reporter import Reporter
 from ..nn.descent import FitSettings, descend, first_group_timer, validation_split
 from .base import Approximation, Calibrated, Draws, Layer, register
 
@@ -153,10 +154,10 @@ class Fastformer(Calibrated):
         return Approximation(additive_attention(x.q, x.k, x.v, x.valid, self.causal and x.causal, *weights), None)
 
     def fit(self, calibrations: Sequence[Calibration], *, layers: int, heads: int, n: int, settings: FitSettings,
-            notify: Callable[[str], None]) -> pd.DataFrame:
+            reporter: Reporter) -> pd.DataFrame:
         """Each layer's heads fitted together (each head its own unit and kept step), layer after layer."""
         rows: list[dict] = []
-        progress = first_group_timer(notify, self.label, len(calibrations), settings.steps)
+        progress = first_group_timer(reporter, self.label, len(calibrations), settings.steps)
         kept_steps = []
         for calib in calibrations:
             causal = self.causal and calib.causal
@@ -183,7 +184,7 @@ class Fastformer(Calibrated):
                                   steps=settings.steps, lr=settings.lr, record=record)
             self.parameters[calib.layer] = tuple(torch.stack([unit[i].detach() for unit in units])
                                                  for i in range(len(NAMES)))
-        notify(f"fitted {self.label}: kept steps {min(kept_steps)}–{max(kept_steps)} of {settings.steps} "
+        reporter.notify(f"fitted {self.label}: kept steps {min(kept_steps)}–{max(kept_steps)} of {settings.steps} "
                f"(per head)")
         return pd.DataFrame(rows, columns=["budget", "layer", "head", "step", "calibration", "validation"])
 

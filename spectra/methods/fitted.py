@@ -19,6 +19,7 @@ import pandas as pd
 
 from ..config import FitInit, Sharing
 from ..nn.calibration import Calibration
+from ..reporter import Reporter
 from ..nn.descent import FitSettings, first_group_timer
 from ..nn.fit import fit_projections, pca_projections
 from ..nn.projections import Projections, projections_arrays, projections_from_arrays
@@ -72,7 +73,7 @@ class LinformerPCA(FittedLinformer):
     family = "linformer-pca"
 
     def fit(self, calibrations: Sequence[Calibration], *, layers: int, heads: int, n: int, settings: FitSettings,
-            notify: Callable[[str], None]) -> pd.DataFrame:
+            reporter: Reporter) -> pd.DataFrame:
         for budget in settings.budgets:
             self.projections[budget] = pca_projections(calibrations, layers, heads, budget, n, self.sharing)
         return pd.DataFrame()
@@ -84,7 +85,7 @@ class LinformerFit(FittedLinformer):
     family = "linformer-fit"
 
     def fit(self, calibrations: Sequence[Calibration], *, layers: int, heads: int, n: int, settings: FitSettings,
-            notify: Callable[[str], None]) -> pd.DataFrame:
+            reporter: Reporter) -> pd.DataFrame:
         histories = []
         groups = 1 if self.sharing == Sharing.LAYERWISE else len(calibrations)
         for budget in settings.budgets:
@@ -92,12 +93,12 @@ class LinformerFit(FittedLinformer):
             init = pca_projections(*shape) if settings.init == FitInit.PCA else None
             fit = fit_projections(*shape, init=init, steps=settings.steps, lr=settings.lr, seed=settings.seed,
                                   validation=settings.validation,
-                                  progress=first_group_timer(notify, f"{self.label} at k = {budget}", groups,
+                                  progress=first_group_timer(reporter, f"{self.label} at k = {budget}", groups,
                                                              settings.steps))
             self.projections[budget] = fit.projections
             histories.append(fit.history.assign(budget=budget))
             kept = ", ".join(f"{step}" for step in fit.best_step.values())
-            notify(f"fitted {self.label} at k = {budget}: kept step(s) {kept} of {settings.steps}")
+            reporter.notify(f"fitted {self.label} at k = {budget}: kept step(s) {kept} of {settings.steps}")
         return pd.concat(histories, ignore_index=True) if histories else pd.DataFrame()
 
 

@@ -22,6 +22,7 @@ import torch
 
 from ..config import FitInit
 from ..errors import SpectraError
+from ..reporter import Reporter
 from ..seeds import Domain, derive_seed
 
 
@@ -105,7 +106,7 @@ def descend(units: Sequence[Sequence[torch.Tensor]], train: Callable[[bool], Seq
     return kept_step
 
 
-def first_group_timer(notify: Callable[[str], None], what: str, groups: int,
+def first_group_timer(reporter: Reporter, what: str, groups: int,
                       steps: int) -> Callable[[dict], None]:
     """A fit's progress callback (it sees each history row): once its first of `groups` groups (layers) is
     fitted, one line with the time it took and what the rest will take, so a long fit is not silent."""
@@ -115,7 +116,7 @@ def first_group_timer(notify: Callable[[str], None], what: str, groups: int,
         if row["step"] == steps and not said and groups > 1:
             took = time.perf_counter() - started
             said.append(took)
-            notify(f"fitting {what}: the first of {groups} layers took {took:.0f} s; about "
+            reporter.notify(f"fitting {what}: the first of {groups} layers took {took:.0f} s; about "
                    f"{took * (groups - 1) / 60:.1f} min more")
 
     return progress

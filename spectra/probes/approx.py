@@ -53,16 +53,18 @@ class HeadProbe(Probe):
     """Streams every layer through each (method, budget) and keeps error statistics.
 
     Cells are (method, budget, layer, head, measure); samples are sequences. Random methods draw per sequence
-    unless the options fix the projection, so a mean comes with a 95% interval over sequences. The first
-    `fit_samples` sequences (a calibration set) are left out; `fitted` holds the run's fitted instances of the
+    unless the options fix the projection, so a mean comes with a 95% interval over sequences. The options'
+    first `fit_samples` sequences (the calibration set) are left out, unless this probe measures that set itself
+    (`calibration`, fed by the fitting probe); `fitted` holds the run's fitted instances of the
     methods that calibrate on them, by label; `budget_of` (a k plan) gives a layer its own budget in place of the
     sweep's.
     """
 
-    def __init__(self, options: Any, layers: int, heads: int, *, seed: int = 0, fit_samples: int = 0,
-                 fitted: Mapping[str, Method] | None = None,
-                 budget_of: Callable[[int], int] | None = None, file: str = "heads.csv") -> None:
-        self.options, self.seed, self.fit_samples, self.budget_of = options, seed, fit_samples, budget_of
+    def __init__(self, options: Any, layers: int, heads: int, *, seed: int = 0,
+                 fitted: Mapping[str, Method] | None = None, budget_of: Callable[[int], int] | None = None,
+                 file: str = "heads.csv", calibration: bool = False) -> None:
+        self.options, self.seed, self.budget_of = options, seed, budget_of
+        self.skip = 0 if calibration else options.fit_samples
         self.file = file
         self.labels, self.budgets = list(options.methods), list(options.budget)
         self.methods = [resolve(label, fitted) for label in self.labels]
@@ -73,7 +75,7 @@ class HeadProbe(Probe):
                                 eps=(options.target,))
 
     def update(self, captured: Captured) -> None:
-        if min(captured.sequence_index()) < self.fit_samples:
+        if min(captured.sequence_index()) < self.skip:
             return
         self.measure(Layer.of(captured), self.draws(captured))
 

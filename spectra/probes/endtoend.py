@@ -69,15 +69,14 @@ class EndToEnd(Probe):
     the first `fit_samples` sequences (a calibration set) are left out."""
 
     def __init__(self, source: "ModelSource", substitutes: dict[tuple, Substitute], seed: int,
-                 layers: str = "all", fit_samples: int = 0) -> None:
+                 layers: str = "all") -> None:
         self.source, self.substitutes, self.seed, self.layers = source, substitutes, seed, layers
-        self.fit_samples = fit_samples
         self.keys = list(substitutes)
         self.sums = np.zeros((len(self.keys) + 1, len(_FIELDS)))  # row 0: the exact model
 
     def after_batch(self, batch: Batch) -> None:
         """Exact and substituted forward passes of one batch."""
-        if min(batch.index) < self.fit_samples:
+        if min(batch.index) < self.source.fit_samples:
             return
         loaded = self.source.loaded
         if loaded.head == MASKED_LM:

@@ -27,6 +27,7 @@ import torch
 from ..capture import Captured
 from ..errors import InternalError, SpectraError
 from ..methods import REGISTRY, Calibrated, Layer
+from ..reporter import Reporter
 from ..nn.calibration import Calibration
 from ..nn.descent import FitSettings
 from ..stats import State, tagged
@@ -38,9 +39,9 @@ class Fitting(Probe):
     """Calibration sequences in, fitted methods out (see the module docstring)."""
 
     def __init__(self, options: Any, layers: int, heads: int, n: int, *, seed: int = 0, causal: bool = False,
-                 notify: Callable[[str], None] = print) -> None:
+                 reporter: Reporter = Reporter()) -> None:
         """`causal`: the model's attention is causal (a decoder's), so every method fitted must be causal too."""
-        self.options, self.layers, self.heads, self.n, self.notify = options, layers, heads, n, notify
+        self.options, self.layers, self.heads, self.n, self.reporter = options, layers, heads, n, reporter
         self.fit_samples = options.fit_samples
         self.settings = FitSettings.of(options, seed)
         calibrating = [REGISTRY[label] for label in options.methods if REGISTRY[label].calibrates]
@@ -53,7 +54,7 @@ class Fitting(Probe):
         self.labels = list(self.fitted)
         self.history = pd.DataFrame()
         self.calibration = HeadProbe(options, layers, heads, seed=seed, fitted=self.fitted,
-                                     file="heads_calibration.csv")
+                                     file="heads_calibration.csv", calibration=True)
         self.records: dict[int, list[Captured]] = {}
         self.done = False
 
@@ -82,13 +83,13 @@ class Fitting(Probe):
         calibrations = [Calibration.of(records) for _, records in sorted(self.records.items())]
         count = calibrations[0].sequences if calibrations else 0
         held = round(count * self.options.fit_validation)
-        self.notify(f"calibration: {count} sequences, {sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, "
+        self.reporter.notify(f"calibration: {count} sequences, {sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, "
                     f"v; fitting {len(self.labels)} method(s) at {len(self.options.fit_budgets)} budget(s) "
                     f"({held} sequences held out to choose the fit's step)")
         histories = []
         for label, method in self.fitted.items():
             history = method.fit(calibrations, layers=self.layers, heads=self.heads, n=self.n,
-                                 settings=self.settings, notify=self.notify)
+                                 settings=self.settings, reporter=self.reporter)
             if len(history):
                 histories.append(history.assign(method=label))
         self.history = pd.concat(histories, ignore_index=True) if histories else pd.DataFrame()

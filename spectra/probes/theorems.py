@@ -9,6 +9,7 @@ probe's n (its longest sequence), also for shorter, padded sequences.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -22,8 +23,15 @@ from ..kernels import eq7, masked_softmax, scores
 from ..nn.projections import jl_pair
 from ..seeds import Domain, jl_matrix
 from ..spectrum import masked
-from ..stats import ErrorStats, State, tagged, Reduce
-from ..theory.bounds import DELTA_RULES, check_deltas, delta_value, theorem1_bound, theorem1_k, theorem2_k
+from ..stats import ErrorStats, Reduce, State, tagged
+from ..theory.bounds import (
+    DELTA_RULES,
+    check_deltas,
+    delta_value,
+    theorem1_bound,
+    theorem1_k,
+    theorem2_k,
+)
 from ..theory.errors import as_float, best_rank_errors, theorem1_errors, theorem2_errors
 from .base import Probe
 from .draws import Uncertainty, draw_seed
@@ -195,9 +203,12 @@ class Theorem2Probe(DrawingProbe):
         make = lambda: tuple(t.to(device) for t in jl_pair(level, layer, self.heads, budget, self.n, seed))  # noqa
         return self._cache.get(("ef", level, layer, budget, str(device)), make) if self.fixed else make()
 
-    def _errors(self, a, q, k, v, valid, exact, out_norm, lengths, layer: int, budget: int, index: list[int],
-                draw: int, scaling: float) -> torch.Tensor:
-        """(V, B, H, n) errors of every variant for one draw."""
+    def _errors(self, batch: SimpleNamespace, layer: int, budget: int, draw: int) -> torch.Tensor:
+        """(V, B, H, n) errors of every variant for one draw, on one captured batch (its q, k, v, valid keys,
+        scores a, exact output and its norm, valid lengths, sequence indices and score scale)."""
+        a, q, k, v, valid, exact, out_norm = (batch.a, batch.q, batch.k, batch.v, batch.valid, batch.exact,
+                                              batch.out_norm)
+        lengths, index, scaling = batch.lengths, batch.index, batch.scaling
         parts = [slice(None)] if self.fixed else [slice(b, b + 1) for b in range(len(index))]
         rows = []
         for part in parts:
@@ -226,14 +237,14 @@ class Theorem2Probe(DrawingProbe):
         lengths = valid.sum(-1).tolist()
         exact = masked_softmax(a, valid[:, None, None, :]) @ (v * valid[:, None, :, None])
         out_norm = exact.norm(dim=-1).clamp_min(torch.finfo(exact.dtype).tiny)
-        index = captured.sequence_index()
-        errors = torch.stack([torch.stack([self._errors(a, q, k, v, valid, exact, out_norm, lengths, layer, budget,
-                                                        index, draw, scaling) for draw in range(self.draws)])
+        batch_ = SimpleNamespace(a=a, q=q, k=k, v=v, valid=valid, exact=exact, out_norm=out_norm, lengths=lengths,
+                                 index=captured.sequence_index(), scaling=scaling)
+        errors = torch.stack([torch.stack([self._errors(batch_, layer, budget, draw) for draw in range(self.draws)])
                               for budget in self.budgets])  # (K, D, V, B, H, n)
         stacked = errors.permute(4, 0, 2, 1, 3, 5)  # (H, K, V, D, B, n)
         self.stats.add(layer, stacked.reshape(heads, len(self.budgets), len(self.variants), -1),
                        valid[None].expand(self.draws, -1, -1).reshape(-1))
-        self.uncertainty.add(layer, index, stacked, valid)
+        self.uncertainty.add(layer, batch_.index, stacked, valid)
 
     def after_batch(self, batch) -> None:
         self.uncertainty.flush()

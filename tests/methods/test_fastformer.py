@@ -9,16 +9,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from calibrations import synthetic
 from layers import draws
 from methods.causal_layers import layer as causal_layer
 from references import additive_attention_reference as reference
+
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY, Layer, fastformer
-from spectra.methods.fastformer import Fastformer, additive_attention, head_errors, output_transform
+from spectra.methods.fastformer import (
+    Fastformer,
+    additive_attention,
+    head_errors,
+    output_transform,
+)
 from spectra.nn.calibration import Calibration
 from spectra.nn.descent import FitSettings, validation_split
+from spectra.reporter import QUIET, Reporter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -143,7 +149,7 @@ def test_the_fit_keeps_each_heads_best_step_never_worse_than_its_start(label) ->
     settings = FitSettings(budgets=(3, 5), steps=25, lr=0.05, validation=0.34, seed=1)
     method = REGISTRY[label].fresh()
     lines: list[str] = []
-    history = method.fit(calibs, layers=2, heads=2, n=10, settings=settings, notify=lines.append)
+    history = method.fit(calibs, layers=2, heads=2, n=10, settings=settings, reporter=Reporter(None, lines.append))
     assert list(history.columns) == ["budget", "layer", "head", "step", "calibration", "validation"]
     assert set(history["budget"]) == {-1} and len(history) == 2 * 2 * 26, "one fit for every budget"
     assert lines[-1].startswith(f"fitted {label}: kept steps") and method.fitted
@@ -210,7 +216,7 @@ def test_a_fit_on_gaussian_data_moves_the_pooling_vectors() -> None:
     calib = Calibration(0, q, k, v, torch.ones(sequences, n, dtype=torch.bool), 1.5)
     method = REGISTRY["fastformer-fit"].fresh()
     history = method.fit([calib], layers=1, heads=1, n=n, settings=FitSettings(steps=60, lr=0.1, seed=0),
-                         notify=lambda line: None).set_index("step")
+                         reporter=QUIET).set_index("step")
     w_q, w_k = method.parameters[0][:2]
     assert w_q.abs().max() > 0 or w_k.abs().max() > 0
     assert history["validation"].min() < 0.95 * history.loc[0, "validation"]

@@ -10,6 +10,7 @@ import torch
 
 from calibrations import synthetic
 from layers import H, N, draws, random_layer, softmax
+from spectra.reporter import Reporter
 from spectra.config import Sharing
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY, Layer
@@ -59,7 +60,7 @@ def test_fit_is_the_nn_fit_at_every_budget_and_arrays_round_trip(label) -> None:
     settings = FitSettings(budgets=(3, 5), steps=4, lr=0.05, seed=2)
     method = REGISTRY[label].fresh()
     lines: list[str] = []
-    history = method.fit(calibs, layers=2, heads=2, n=10, settings=settings, notify=lines.append)
+    history = method.fit(calibs, layers=2, heads=2, n=10, settings=settings, reporter=Reporter(None, lines.append))
     for budget in (3, 5):
         shape = (calibs, 2, 2, budget, 10, method.sharing)
         want = (pca_projections(*shape) if method.family == "linformer-pca" else

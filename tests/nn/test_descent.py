@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from spectra.reporter import Reporter
 from spectra.config import FitInit
 from spectra.kinds.approx import ApproxOptions
 from spectra.errors import SpectraError
@@ -94,10 +95,10 @@ def test_settings_of_a_run_and_the_first_group_timer() -> None:
                             k_plan=(4, 12))
     assert FitSettings.of(options, seed=3) == FitSettings((4, 8, 12), 5, 0.2, FitInit.PCA, 0.25, 3)
     lines: list[str] = []
-    progress = first_group_timer(lines.append, "linformer-fit(kv) at k = 4", groups=3, steps=2)
+    progress = first_group_timer(Reporter(None, lines.append), "linformer-fit(kv) at k = 4", groups=3, steps=2)
     for step in (0, 1, 2, 0, 1, 2):
         progress({"step": step})
     assert len(lines) == 1 and lines[0].startswith("fitting linformer-fit(kv) at k = 4: the first of 3 layers took")
-    alone = first_group_timer(lines.append, "x", groups=1, steps=2)
+    alone = first_group_timer(Reporter(None, lines.append), "x", groups=1, steps=2)
     alone({"step": 2})
     assert len(lines) == 1, "one group: nothing to forecast"
