@@ -29,7 +29,7 @@ not a mixing of the value rows), so only the output error is measured.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd

@@ -12,7 +12,7 @@ calibrated on (or stand in for) causal attention. Cost: that of eq. 7, O(n k d) 
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd

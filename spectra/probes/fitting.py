@@ -18,7 +18,7 @@ themselves); an interrupted calibration starts again on --resume.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd

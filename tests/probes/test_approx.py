@@ -13,7 +13,7 @@ from layers import H, random_layer
 from layers import N as LN
 from transformers import AutoModel, AutoTokenizer
 
-from layers import H, N as LN, approximate, random_layer
+from layers import approximate
 from spectra import cli, data
 from spectra.api import approx
 from spectra.probes.approx import measures
