@@ -44,14 +44,14 @@ def ensure_run(model: str, dataset: str, out: Path, args: argparse.Namespace) ->
     if (out / "run.json").is_file():
         run = spectra.load_run(out)
         missing = (({*args.methods} - {*run.meta.get("methods", [])})
-                   | ({*args.budgets} - {*run.meta.get("budgets", [])}))
+                   | ({*args.budgets} - {*run.meta.get("budget", [])}))
         if not isinstance(run, ApproxRun) or missing or not run.meta.get("end_to_end"):
             raise spectra.SpectraError(f"{out} is a finished run without {sorted(map(str, missing)) or 'end-to-end'}; "
                                        "remove it or pass another --runs-dir")
         print(f"using finished run {out} ({run.meta.get('samples')} sequences)", file=sys.stderr)
         return run
     print(f"approximating {model} on {dataset} → {out}", file=sys.stderr)
-    return approx(model, dataset, budgets=args.budgets, methods=args.methods, end_to_end=True, length=args.length,
+    return approx(model, dataset, budget=args.budgets, methods=args.methods, end_to_end=True, length=args.length,
                   samples=args.samples, batch_size=args.batch_size, seed=args.seed, device=args.device, out=out,
                   resume=True, progress=None, notify=lambda line: print(line, file=sys.stderr))
 

@@ -45,19 +45,19 @@ def ensure_run(args: argparse.Namespace) -> TheoremRun:
         print(f"using finished run {out} ({run.meta.get('samples')} sequences)", file=sys.stderr)
         return run
     print(f"theorems on {args.model} over {args.data} → {out}", file=sys.stderr)
-    return theorems(args.model, args.data, budgets=args.budgets, eps=args.eps, length=args.length,
+    return theorems(args.model, args.data, budget=args.budgets, eps=args.eps, length=args.length,
                     samples=args.samples, batch_size=args.batch_size, device=args.device, out=out, resume=True,
                     progress=None, notify=lambda line: print(line, file=sys.stderr))
 
 
 def errors(run: TheoremRun) -> pd.DataFrame:
-    """Every method of the pooled tables, per k: label, theorem (1 or 2), k_proj, median."""
+    """Every method of the pooled tables, per k: label, theorem (1 or 2), budget, median."""
     output = theorem_errors(run, "output")
     rhs = theorem_errors(run, "rhs")
     rhs = rhs[rhs["label"].str.startswith("theorem2(")].assign(label=lambda f: f["label"] + " vs rhs")
     table = pd.concat([output, rhs], ignore_index=True)
     table["theorem"] = [1 if label in ("jl", "svd") else 2 for label in table["label"]]
-    return table[["label", "theorem", "k_proj", "median"]]
+    return table[["label", "theorem", "budget", "median"]]
 
 
 def k_theory(run: TheoremRun, theorem: int, eps: float = EPS) -> float:
@@ -76,10 +76,10 @@ def headline(run: TheoremRun, eps: float = EPS) -> pd.DataFrame:
     rows = []
     for label, group in table.groupby("label", sort=False):
         theorem = int(group["theorem"].iloc[0])
-        reached = group.loc[group["median"] <= eps, "k_proj"]
+        reached = group.loc[group["median"] <= eps, "budget"]
         needed = float(reached.min()) if len(reached) else math.nan
         theory = k_theory(run, theorem, eps)
-        bound = theory / (needed if len(reached) else group["k_proj"].max())
+        bound = theory / (needed if len(reached) else group["budget"].max())
         rows.append({"method": label, "theorem": theorem, "k_needed": needed, "k_theory": theory,
                      "ratio": bound, "reached": bool(len(reached))})
     return pd.DataFrame(rows)
@@ -88,12 +88,12 @@ def headline(run: TheoremRun, eps: float = EPS) -> pd.DataFrame:
 def report(run: TheoremRun, eps: float = EPS) -> None:
     """Print the headline table."""
     n = int(run.tables["theorem1"]["n"].iloc[0])
-    sweep = ", ".join(str(k) for k in sorted(run.tables["theorem1"]["k_proj"].unique()))
+    sweep = ", ".join(str(k) for k in sorted(run.tables["theorem1"]["budget"].unique()))
     print(f"{run.label}, n = {n}, {run.meta.get('samples')} sequences, k in {{{sweep}}}")
     print(f"Smallest k with median relative error ≤ {eps:g}, against the theorems' k(ε = {eps:g}) "
           f"(Theorem 1: 5 ln n/(ε² − ε³) = {k_theory(run, 1, eps):,.0f}; "
           f"Theorem 2: min(9d ln d, 5 ln n)/ε² = {k_theory(run, 2, eps):,.0f}):")
-    largest = max(run.tables["theorem1"]["k_proj"])
+    largest = max(run.tables["theorem1"]["budget"])
     for row in headline(run, eps).itertuples(index=False):
         if row.reached:
             verdict = f"k = {row.k_needed:.0f}; Theorem {row.theorem}'s k is {row.ratio:,.1f}× that"

@@ -6,7 +6,7 @@
 A shape is S×H×n×d: calibration sequences S, heads H, length n, head dimension d (64×12×128×32 is
 `spectra approx --fit-samples 64` on all-MiniLM-L6-v2 at n = 128; 16×12×512×64 a BERT-base layer at
 n = 512). q, k, v are seeded Gaussian with a shared low-rank part, so attention is peaked as in real
-models; the cost does not depend on the values. Per (shape, k_proj, sharing): seconds for the PCA
+models; the cost does not depend on the values. Per (shape, budget, sharing): seconds for the PCA
 projections with their scale search, seconds per Adam step of `fit_projections` (forward and backward of
 eq. 7 over every sequence and head, the held-out error included), and the calibration's memory. A whole
 `linformer-fit` at the default 200 steps costs about 200 × the step time per layer and budget. Timings
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("| S×H×n×d | k_proj | sharing | calibration MiB | PCA s | Adam s/step | 200-step fit s (est.) |")
+    print("| S×H×n×d | budget | sharing | calibration MiB | PCA s | Adam s/step | 200-step fit s (est.) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for text in args.shapes.split(","):
         shape = tuple(int(part) for part in text.split("x"))

@@ -44,7 +44,7 @@ def gram_sqrt_eig(g: torch.Tensor) -> torch.Tensor:
 
 def routes(device: torch.device) -> dict[str, Route]:
     cpu: dict[str, Route] = {
-        "cpu exact (--spectrum-device cpu)": lambda p: singular_values(p.cpu(), "exact"),
+        "cpu exact (--spectrum-device cpu)": lambda p: singular_values(p.cpu()),
         "cpu eigvalsh float64 of gram from device": lambda p: torch.cat(
             split_threads(gram_sqrt_eig, (p.mT.double() @ p.double()).cpu())),
     }
@@ -56,7 +56,7 @@ def routes(device: torch.device) -> dict[str, Route]:
         "gpu svdvals float32 gesvda": lambda p: torch.linalg.svdvals(p, driver="gesvda"),
         "gpu eigvalsh float64 gram": lambda p: gram_sqrt_eig(p.mT.double() @ p.double()),
         "gpu eigvalsh float32 gram": lambda p: gram_sqrt_eig(p.mT @ p),
-        "gpu exact (--spectrum-device same)": lambda p: singular_values(p, "exact"),
+        "gpu exact (--spectrum-device same)": lambda p: singular_values(p),
     }
     return {**cpu, **gpu}
 

@@ -1,9 +1,11 @@
 """spectra: empirical spectral analysis of the attention of pretrained transformers.
 
-Three analyses share one loop (`spectra.loop`): `analyze` (singular spectra of P), `approx` (how well
-cheap attentions stand in at a budget k) and `theorems` (the Linformer paper's JL theorems against
-reality). Runs load back with `load_run`; figures are in `spectra.report.plots`. Names are imported
-on first use, so `import spectra` (and `spectra --help`) stays fast.
+Every analysis is a registered kind (`spectra.kinds`) run by one loop (`spectra.loop`): `analyze` (singular
+spectra of P), `approx` (how well cheap attentions stand in at a budget), `theorems` (the Linformer paper's JL
+theorems against reality), `scaling` (how the needed rank grows with n), and whatever else is registered; each
+is a keyword function here (`spectra.analyze(model, data, …)`, built by `spectra.api`). Runs load back with
+`load_run`; figures are in `spectra.report.plots`. Names are imported on first use, so `import spectra` (and
+`spectra --help`) stays fast.
 """
 
 from __future__ import annotations
@@ -16,23 +18,25 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
     __version__ = "0+unknown"
 
-#: public name → module that defines it
+#: public name → module that defines it (every registered analysis is a function of `spectra.api` too)
 _EXPORTS = {
     "SpectraError": "errors",
-    "analyze": "api",
-    "approx": "api",
-    "theorems": "api",
-    "scaling": "length_sweep",
-    "load_run": "runs",
+    "load_run": "kinds",
     "Run": "runs",
     "ApproxRun": "runs",
     "TheoremRun": "runs",
     "ScalingRun": "runs",
 }
-__all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    kinds = importlib.import_module(".kinds", __name__)
+    if name in kinds.REGISTRY:
+        return getattr(importlib.import_module(".api", __name__), name)
     raise AttributeError(f"module 'spectra' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({"__version__", *_EXPORTS, *importlib.import_module(".kinds", __name__).REGISTRY})

@@ -10,9 +10,10 @@ substituted one. Nothing else in the package knows how transformers calls attent
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from .errors import InternalError, SpectraError
+from .kernels import eager_p
 
 NAME = "spectra"
 
@@ -65,14 +67,11 @@ class Captured:
     @cached_property
     def p(self) -> torch.Tensor:
         """P = softmax(q kᵀ · scaling + mask) (B, H, n, n), computed as eager attention computes it."""
-        scores = torch.matmul(self.q, self.k.transpose(2, 3)) * self.scaling
-        if self.mask is not None:
-            scores = scores + self.mask
-        return nn.functional.softmax(scores, dim=-1)
+        return eager_p(self.q, self.k, self.scaling, self.mask)
 
     @classmethod
     def of(cls, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           scaling: float | None = None, causal: bool = False, index: tuple[int, ...] | None = None) -> "Captured":
+           scaling: float | None = None, causal: bool = False, index: tuple[int, ...] | None = None) -> Captured:
         """A record from tensors at hand (tests, synthetic inputs): the valid keys read off `mask`."""
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
         return cls(layer, q, k, v, key_valid(mask, q.shape[0], k.shape[-2], q.device), scaling, causal, mask, index)

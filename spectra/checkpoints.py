@@ -24,6 +24,37 @@ GENERIC = {"model", "models", "checkpoint", "checkpoints", "final", "latest", "b
            "snapshot", "snapshots", "weights", "main", "pretrained", "."}
 
 
+#: families whose position ids start after the padding index, so padding_idx + 1 positions are not usable
+OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a model is, as far as its files tell before it loads: layers, attention heads, the longest sequence
+    it embeds and whether it is a decoder; None where they do not say (a hub id: nothing until it loads)."""
+
+    layers: int | None = None
+    heads: int | None = None
+    positions: int | None = None
+    causal: bool | None = None
+    name: str = "the model"
+
+
+def config_shape(config: dict, name: str, tokenizer_max: int | None = None) -> Shape:
+    """The shape a transformers config.json gives (GPT-2 spells its fields n_layer, n_head, n_positions)."""
+    def first(*keys: str) -> int | None:
+        return next((int(config[key]) for key in keys if isinstance(config.get(key), int)), None)
+
+    positions = first("max_position_embeddings", "n_positions")
+    if positions is not None and config.get("model_type") in OFFSET_POSITIONS:
+        positions -= (config.get("pad_token_id") or 0) + 1
+    if tokenizer_max is not None and tokenizer_max < 10**6:
+        positions = tokenizer_max if positions is None else min(positions, tokenizer_max)
+    causal = bool(config.get("is_decoder")) or any(str(name_).endswith(("ForCausalLM", "LMHeadModel"))
+                                                   for name_ in config.get("architectures") or ())
+    return Shape(first("num_hidden_layers", "n_layer"), first("num_attention_heads", "n_head"), positions, causal, name)
+
+
 @dataclass(frozen=True)
 class Source:
     """A model source: `path` for a local directory (None for a hub id), its config.json, its short label, and
@@ -38,6 +69,25 @@ class Source:
     @property
     def local(self) -> bool:
         return self.path is not None
+
+    def shape(self) -> Shape:
+        """The model's shape from its files alone (config.json and tokenizer_config.json, or the GGUF header)."""
+        if self.path is None:
+            return Shape(name=self.label)
+        if self.gguf_file is not None:
+            file = self.path / self.gguf_file
+            architecture = gguf_field(file, "general.architecture")
+            if not isinstance(architecture, str):
+                return Shape(causal=True, name=self.label)
+            count = lambda key: value if isinstance(value := gguf_field(file, f"{architecture}.{key}"), int) else None
+            return Shape(count("block_count"), count("attention.head_count"), count("context_length"), True,
+                         self.label)
+        tokenizer_max = None
+        try:
+            tokenizer_max = json.loads((self.path / "tokenizer_config.json").read_text()).get("model_max_length")
+        except (OSError, ValueError, AttributeError):
+            pass
+        return config_shape(self.config, self.label, tokenizer_max if isinstance(tokenizer_max, int) else None)
 
     @property
     def where(self) -> str:

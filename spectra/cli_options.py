@@ -1,40 +1,34 @@
-"""The command line's shared vocabulary: the options several commands take (declared once, read by typer for
---help), the command classes that show them, and the usage errors typer and click raise.
+"""The command line built from declarations: one command per registered analysis, its options read from the
+run configuration's and the analysis's option dataclasses (`spectra.options`); the command classes that show
+them; the usage errors typer and click raise.
 
-Imports only typer and `spectra.config` (choice sets, no torch), so `spectra --help` stays fast.
+Imports only typer and torch-free modules, so `spectra --help` stays fast.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
+import types
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import click
 import typer
 
-from .config import Device, DType, Mode
+from . import catalogue
+from .config import RunConfig
+from .errors import SpectraError
+from .kinds import Analysis
+from .options import Declared, declared
 
 try:  # typer ≥ 0.26 vendors its own copy of click
     from typer._click.exceptions import UsageError as _TyperUsageError
 except ImportError:  # pragma: no cover - older typer raises click's own
     _TyperUsageError = click.UsageError
 USAGE_ERRORS = (click.UsageError, _TyperUsageError)
-
-# options shared by analyze, approx and theorems
-Data = Annotated[str, typer.Option("--data", help="imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file.")]
-ModeOption = Annotated[Mode, typer.Option("--mode", help="pack: documents concatenated into blocks of exactly n tokens; truncate: one document per sequence, cut at n, padded.")]
-BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed (≥ 0) of the document shuffle and of every random draw (projections, masking).")]
-Split = Annotated[Optional[str], typer.Option("--split", help="Split of a named dataset (default: test).")]
-TextColumn = Annotated[Optional[str], typer.Option("--text-column", help="Column holding the text in .jsonl/.csv/.parquet files (default: text).")]
-DeviceOption = Annotated[Device, typer.Option("--device", help="auto: cuda when present, else cpu.")]
-DTypeOption = Annotated[DType, typer.Option("--dtype", help="Forward-pass dtype; spectra and errors are always float32 or better.")]
-Out = Annotated[Optional[Path], typer.Option("--out", help="Run directory (default: under runs/, named after model, data and n).")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing run directory (only once the new run is complete).")]
-Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its last checkpoint.")]
-TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow code shipped with the model to run (off by default).")]
-GGUFFile = Annotated[Optional[str], typer.Option("--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL); needs the gguf package.")]
-
 
 class Flagless:
     """Commands whose flags show no value type in --help: a flag takes no value, so typer's "<bool>" beside it
@@ -54,3 +48,97 @@ class FlaglessCommand(Flagless, typer.core.TyperCommand):
 
 class FlaglessGroup(Flagless, typer.core.TyperGroup):
     """The command group, likewise (its --version and --help)."""
+
+
+def cli_type(kind: Any) -> Any:
+    """The type typer parses an option as: choice sets and numbers as they are; lists (tuples), paths and plans as
+    text, which the option's dataclass reads (comma-separated lists: '32,64')."""
+    optional = False
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        inner = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        optional, kind = len(inner) < len(typing.get_args(kind)), inner[0] if len(inner) == 1 else Any
+    if kind is Any or typing.get_origin(kind) is tuple:
+        kind, optional = str, True
+    return Optional[kind] if optional else kind
+
+
+def cli_default(value: Any) -> Any:
+    """A declared default as the command line shows it: a tuple as '32,64'."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else value
+
+
+def _parameter(option: Declared, default: Any) -> inspect.Parameter:
+    help_text = option.help.replace("{methods}", catalogue.listing()) if "{methods}" in option.help else option.help
+    info = typer.Option(*option.flags, help=help_text, metavar=option.metavar)
+    return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default(default),
+                             annotation=Annotated[cli_type(option.kind), info])
+
+
+def parameters(analysis: Analysis) -> list[inspect.Parameter]:
+    """MODEL, then the run configuration's options the analysis takes, its own options and --plot."""
+    model = typer.Argument(help=analysis.model_help, metavar="MODEL")
+    found = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+             inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               default=inspect.Parameter.empty if analysis.needs_model else None,
+                               annotation=Annotated[str | None if not analysis.needs_model else str, model])]
+    for cls in (RunConfig, analysis.options):
+        for option in declared(cls):
+            if option.cli and (cls is not RunConfig or option.name in analysis.run_fields):
+                found.append(_parameter(option, analysis.defaults.get(option.name, option.default)))
+    plot = typer.Option("--plot", help="Draw the run's figures into the run directory's figures/.")
+    found.append(inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, default=False,
+                                   annotation=Annotated[bool, plot]))
+    return found
+
+
+def saved_run(ctx: typer.Context, model: str | None, analysis: Analysis):
+    """The finished run at `model` when it is a run directory of this analysis (else None); another kind is an
+    error, and so is any option given with it that a saved run cannot honour (only --plot applies to one)."""
+    from .kinds import load_run, read_meta
+
+    if model is None or not Path(model, "run.json").is_file():
+        return None
+    kind = read_meta(Path(model)).get("kind")
+    if kind != analysis.name:
+        raise SpectraError(f"{model} is a run of 'spectra {kind}', not of 'spectra {analysis.name}'; print or plot "
+                           f"it with 'spectra {kind} {model}' or 'spectra plot {model}'")
+    given = [f"--{name.replace('_', '-')}" for name in ctx.params
+             if name not in ("model", "plot") and ctx.get_parameter_source(name).name == "COMMANDLINE"]
+    if given:
+        raise SpectraError(f"{model} is a saved run: {', '.join(given)} cannot change it (only --plot applies); "
+                           "to analyse again, give the model and another --out")
+    return load_run(model)
+
+
+def command(analysis: Analysis, notify: Callable[[str], None]) -> Callable[..., None]:
+    """The command of `analysis`: runs it (or reads a saved run given as MODEL), prints it, plots it if asked."""
+
+    def run(ctx: typer.Context, model: str | None, plot: bool, **values: Any) -> None:
+        from .api import run as run_analysis
+        from .report.console import out, progress_bar
+
+        finished = saved_run(ctx, model, analysis)
+        if finished is None:
+            with progress_bar("sequences") as progress:
+                finished = run_analysis(analysis, {"model": model, **values}, progress, notify)
+        analysis.show(finished)
+        if plot:
+            for path in analysis.plot(finished):
+                out.print(f"wrote {path}", soft_wrap=True)
+        out.print(f"results in {finished.path}")
+
+    run.__signature__ = inspect.Signature(parameters(analysis))  # type: ignore[attr-defined]
+    run.__doc__ = analysis.summary
+    run.__name__ = analysis.name
+    return run
+
+
+def notify_stderr(line: str) -> None:
+    """The command line's notices go to stderr, so a redirected stdout holds the results only."""
+    print(line, file=sys.stderr)
+
+
+def add_commands(app: typer.Typer, analyses: dict[str, Analysis]) -> None:
+    """One command per registered analysis, in registration order."""
+    for name, analysis in analyses.items():
+        app.command(name, cls=FlaglessCommand, help=analysis.summary)(command(analysis, notify_stderr))

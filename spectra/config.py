@@ -1,9 +1,10 @@
-"""Every option of every analysis, declared once: choice sets, the run's configuration, each analysis's options.
+"""The choice sets, the checks several options share, and the run configuration: one object, declared once.
 
-Choice sets are `Choice` enums: typer reads them (so `--help` lists the choices and a wrong one is a
-usage error) and so do the dataclasses below, which turn a plain string from the Python API into the
-enum or raise one `SpectraError` line. Validation lives here and nowhere else; checks that need the
-model (its layer count, how long a sequence it can embed) happen once it is loaded.
+Choice sets are `Choice` enums: typer reads them (so `--help` lists the choices and a wrong one is a usage error)
+and so do the option dataclasses, which turn a plain string from the Python API into the enum or raise one
+`SpectraError` line. Each analysis declares its own options beside it (`spectra.kinds`); what every run shares
+is `RunConfig`. Checks that need the model's shape (layers, heads, positions) run before it loads, from its
+config file (`checkpoints.Shape`).
 
 This module imports neither torch nor transformers, so the command line starts fast.
 """
@@ -11,12 +12,15 @@ This module imports neither torch nor transformers, so the command line starts f
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TypeVar
+from typing import Any, TypeVar
 
-from .errors import SpectraError, option as spell
-from .inputs import path_text
+from .errors import SpectraError
+from .errors import option as spell
+from .inputs import path_text, several
+from .options import option
 
 
 class Choice(str, enum.Enum):
@@ -38,14 +42,6 @@ class Mode(Choice):
 
     PACK = "pack"
     TRUNCATE = "truncate"
-
-
-class Spectrum(Choice):
-    """How the singular values are computed. exact: c within 1e-6 of a float64 SVD (float64 Gram eigenvalues, the
-    SVD where a bound asks). The only route: a float32 one ("fast") was removed, since on real attention it could
-    not be both faster and within its tolerance (benchmarks/RESULTS.md, section 1)."""
-
-    EXACT = "exact"
 
 
 class Place(Choice):
@@ -113,12 +109,13 @@ def check_seed(seed: int) -> int:
 
 
 def check_budget(budget: int, n: int | None = None, what: str = "the sequence length n") -> int:
-    """One projected dimension k_proj (a budget): a positive integer, at most n when n is given."""
+    """One budget (the paper's k: projected dimension, features, landmarks, keys per query): a positive integer,
+    at most n when n is given."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise SpectraError(f"k = {budget!r} is not a budget: use a positive integer k ≥ 1 (e.g. "
-                           f"{spell('--k 32,64,128', 'budgets=(32, 64, 128)')})")
+        raise SpectraError(f"budget {budget!r} is not a positive integer; pass e.g. "
+                           f"{spell('--budget 32,64,128', 'budget=(32, 64, 128)')}")
     if n is not None and budget > n:
-        raise SpectraError(f"k = {budget} exceeds {what} = {n}; use k ≤ {n}")
+        raise SpectraError(f"budget {budget} exceeds {what} = {n}; use budgets ≤ {n}")
     return int(budget)
 
 
@@ -126,7 +123,7 @@ def check_budgets(budgets: Iterable[int], n: int | None = None) -> tuple[int, ..
     """A sweep of budgets, each checked; sorted and unique."""
     values = tuple(budgets)
     if not values:
-        raise SpectraError(f"the list of budgets is empty; pass e.g. {spell('--k 32,64,128', 'budgets=(32, 64, 128)')}")
+        raise SpectraError(f"the list of budgets is empty; pass e.g. {spell('--budget 32,64,128', 'budget=(32, 64, 128)')}")
     return tuple(sorted({check_budget(value, n) for value in values}))
 
 
@@ -176,23 +173,46 @@ def layers_label(layers: Sequence[int] | None) -> str:
 # ---------------------------------------------------------------- the run
 
 
+def indices(chosen: str | int | Iterable[int] | None, what: str) -> tuple[int, ...] | None:
+    """Layers or heads as the user gives them — '0,3,5-7', one index, several, None or 'all' (every one) — as
+    sorted unique indices, or None for all."""
+    if chosen is None or isinstance(chosen, str):
+        return parse_layers(chosen, what)
+    return tuple(sorted(set(several(chosen, f"--{what}s"))))
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """What a run reads and how: the model, the data, the sequences. Recorded in run.json."""
+    """What a run reads and how, and where it goes: one object from the front ends down to the loop.
 
-    model: str
-    data: str
-    length: int = 512
-    samples: int = 10000
-    mode: Mode = Mode.PACK
-    batch_size: int = 8
-    seed: int = 0
-    split: str | None = None
-    text_column: str | None = None
-    device: Device = Device.AUTO
-    dtype: DType = DType.FLOAT32
-    trust_remote_code: bool = False
-    gguf_file: str | None = None
+    The model, the data and the sequences identify the run (recorded in run.json, compared on --resume); the batch
+    size, the output directory, overwrite/resume and the checkpoint cadence say how it runs. Every field is an
+    option declared once (`spectra.options.option`): the command line and the Python API are built from it.
+    """
+
+    model: str | None = option(None, "Hugging Face hub id (roberta-base) or a local directory saved with "
+                               "save_pretrained, or a .gguf file.", cli=False)
+    data: str = option("imdb", "imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file.")
+    length: int = option(512, "Sequence length n, special tokens included; at most what the model can embed.")
+    samples: int = option(10000, "Number of sequences; fewer if the corpus yields fewer (said at the end).")
+    mode: Mode = option(Mode.PACK, "pack: documents concatenated into blocks of exactly n tokens; truncate: one "
+                        "document per sequence, cut at n, padded.")
+    batch_size: int = option(8, "Sequences per forward pass (the results do not depend on it).", identity=False)
+    seed: int = option(0, "Seed (≥ 0) of the document shuffle and of every random draw (projections, masking).")
+    split: str | None = option(None, "Split of a named dataset (default: test).")
+    text_column: str | None = option(None, "Column holding the text in .jsonl/.csv/.parquet files (default: text).")
+    device: Device = option(Device.AUTO, "auto: cuda when present, else cpu.")
+    dtype: DType = option(DType.FLOAT32, "Forward-pass dtype; spectra and errors are always float32 or better.")
+    gguf_file: str | None = option(None, "A GGUF file inside the MODEL directory (or give the .gguf file as MODEL); "
+                                   "needs the gguf package.")
+    out: str | None = option(None, "Run directory (default: under runs/, named after model, data and n).",
+                             identity=False)
+    overwrite: bool = option(False, "Replace an existing run directory (only once the new run is complete).",
+                             identity=False)
+    resume: bool = option(False, "Continue an interrupted run from its last checkpoint.", identity=False)
+    trust_remote_code: bool = option(False, "Allow code shipped with the model to run (off by default).",
+                                     identity=False)
+    checkpoint_seconds: float = option(60.0, "Seconds between checkpoints.", identity=False, cli=False)
 
     def __post_init__(self) -> None:
         if self.length < 2:
@@ -202,7 +222,7 @@ class RunConfig:
         if self.batch_size < 1:
             raise SpectraError(f"{spell('--batch-size')} must be at least 1, got {self.batch_size}")
         check_seed(self.seed)
-        for name in ("model", "data", "gguf_file"):  # str or os.PathLike; None only for gguf_file
+        for name in ("model", "data", "gguf_file", "out"):  # str or os.PathLike
             object.__setattr__(self, name, path_text(getattr(self, name)))
         for name in ("model", "data"):  # a local path is recorded absolute: --resume from another directory matches
             value = getattr(self, name)
@@ -213,11 +233,11 @@ class RunConfig:
         object.__setattr__(self, "dtype", choose(DType, self.dtype, "--dtype"))
 
     def settings(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """The run's identity as run.json records it (and --resume compares), the analysis's options in `extra`."""
-        recorded = asdict(self)
-        del recorded["trust_remote_code"]
-        if recorded["gguf_file"] is None:  # recorded only for GGUF models
-            del recorded["gguf_file"]
+        """The run's settings as run.json records them (--resume compares all but the batch size), the analysis's
+        options in `extra`."""
+        recorded = {name: getattr(self, name) for name in RECORDED}
+        if self.gguf_file is not None:  # recorded only for GGUF models
+            recorded["gguf_file"] = self.gguf_file
         return {**recorded, "extra": extra}
 
     def default_out(self, kind: str, label: str | None = None) -> Path:
@@ -228,180 +248,9 @@ class RunConfig:
         return Path("runs") / f"{model}-{corpus}-n{self.length}{suffix}"
 
 
-@dataclass(frozen=True)
-class SyntheticConfig:
-    """Gaussian q, k, v instead of a model: n tokens, head dimension d, `heads` heads per sample."""
-
-    n: int = 512
-    d: int = 64
-    heads: int = 1
-    samples: int = 100
-    batch_size: int = 8
-    seed: int = 0
-    device: Device = Device.AUTO
-
-    def __post_init__(self) -> None:
-        if self.samples < 1 or self.batch_size < 1 or self.d < 1 or self.heads < 1:
-            raise SpectraError(f"{spell('--samples')}, {spell('--batch-size')}, {spell('--d')} and {spell('--heads')} "
-                               "must be at least 1")
-        if self.n < 2:
-            raise SpectraError(f"{spell('--length')} must be at least 2, got {self.n}")
-        check_seed(self.seed)
-        object.__setattr__(self, "device", choose(Device, self.device, "--device"))
-
-    def settings(self) -> dict[str, Any]:
-        return {"synthetic": True, "n": self.n, "d": self.d, "heads": self.heads, "samples": self.samples,
-                "batch_size": self.batch_size, "seed": self.seed}
-
-    def default_out(self, kind: str) -> Path:
-        return Path("runs") / f"synthetic-n{self.n}-d{self.d}-{kind}"
-
-
-@dataclass(frozen=True)
-class Output:
-    """Where the run directory goes and what may happen to an existing one."""
-
-    out: str | Path | None = None
-    overwrite: bool = False
-    resume: bool = False
-
-
-# ---------------------------------------------------------------- each analysis's options
-
-
-@dataclass(frozen=True)
-class AnalyzeOptions:
-    """`at`: the 1-based index of c@index (default n/4); spectrum_device and overlap change speed, not numbers;
-    `qkv` adds query/key/value spectra (None: on for decoders, off for encoders); `layers`, `heads` restrict the
-    spectra to those (long sequences: each spectrum costs O(n³)); `bootstrap` keeps that many Poisson-bootstrap
-    replicates of the mean ranks (for confidence intervals of what depends on them, e.g. `spectra scaling`)."""
-
-    at: int | None = None
-    spectrum: Spectrum = Spectrum.EXACT
-    spectrum_device: Place = Place.AUTO
-    overlap: bool | None = None
-    qkv: bool | None = None
-    layers: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = None
-    bootstrap: int = 0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "spectrum", choose(Spectrum, self.spectrum, "--spectrum"))
-        object.__setattr__(self, "spectrum_device", choose(Place, self.spectrum_device, "--spectrum-device"))
-        if self.bootstrap < 0:
-            raise SpectraError(f"{spell('--bootstrap')} must be a number of replicates ≥ 0, got {self.bootstrap}")
-
-    def resolved(self, n: int) -> "AnalyzeOptions":
-        """With `at` checked against n, or set to n/4."""
-        if self.at is not None and not 1 <= self.at <= n:
-            raise SpectraError(f"{spell('--at')} must be an index in 1…{n} (the sequence length), got {self.at}")
-        return replace(self, at=self.at or max(1, n // 4))
-
-    def identity(self) -> dict[str, Any]:
-        found: dict[str, Any] = {"at": self.at, "spectrum": self.spectrum}
-        for name in ("qkv", "layers", "heads"):
-            value = getattr(self, name)
-            if value is not None:
-                found[name] = list(value) if isinstance(value, tuple) else value
-        if self.bootstrap:
-            found["bootstrap"] = self.bootstrap
-        return found
-
-
-@dataclass(frozen=True)
-class ApproxOptions:
-    """Methods (registry labels) at each budget, per head and optionally substituted end to end.
-
-    Random methods draw per sequence unless `fixed_projection`. Fitted methods (linformer-pca, linformer-fit)
-    calibrate on the first `fit_samples` sequences (a `fit_validation` share held out to choose the fit's
-    step; `fit_steps` Adam steps at `fit_lr`, from `fit_init`); the evaluated sequences come after them.
-    `k_plan` (per layer) replaces the budgets: every method runs at its layer's k, beside a uniform k of equal
-    total cost."""
-
-    budgets: tuple[int, ...]
-    methods: tuple[str, ...]
-    end_to_end: bool = False
-    layers: tuple[int, ...] | None = None
-    target: float = 0.1
-    projection: Projection = Projection.GAUSSIAN
-    fixed_projection: bool = False
-    fit_samples: int = 0
-    fit_steps: int = 200
-    fit_lr: float = 0.1
-    fit_init: FitInit = FitInit.POOLING
-    fit_validation: float = 0.25
-    k_plan: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "budgets", check_budgets(self.budgets))
-        if not 0 < self.target < 1:
-            raise SpectraError(f"{spell('--target')} must be a relative error in (0, 1), got {self.target}")
-        object.__setattr__(self, "projection", choose(Projection, self.projection, "--projection"))
-        object.__setattr__(self, "fit_init", choose(FitInit, self.fit_init, "--fit-init"))
-        fitted = [label for label in self.methods if label.startswith(("linformer-pca", "linformer-fit"))]
-        if fitted and self.fit_samples < 2:
-            raise SpectraError(f"{fitted[0]} fits its projections on calibration sequences: pass "
-                               f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
-        if self.fit_samples < 0 or self.fit_steps < 0 or not self.fit_lr > 0 or not 0 <= self.fit_validation < 1:
-            raise SpectraError(f"{spell('--fit-samples')} and {spell('--fit-steps')} must be ≥ 0, "
-                               f"{spell('--fit-lr')} > 0, "
-                               f"and the held-out share{spell('', ' fit_validation')} in [0, 1)")
-
-    @property
-    def fits(self) -> bool:
-        return self.fit_samples > 0
-
-    @property
-    def fit_budgets(self) -> tuple[int, ...]:
-        """Every k a fitted method runs at: the budgets and, under a k plan, each layer's planned k."""
-        return tuple(sorted({*self.budgets, *(self.k_plan or ())}))
-
-    def resolved(self, n: int) -> "ApproxOptions":
-        check_budgets(self.budgets, n)
-        for budget in self.k_plan or ():
-            check_budget(budget, n)
-        return self
-
-    def identity(self) -> dict[str, Any]:
-        found = {"budgets": list(self.budgets), "methods": list(self.methods), "end_to_end": self.end_to_end,
-                 "layers": None if self.layers is None else list(self.layers), "target": self.target,
-                 "projection": self.projection}
-        if self.fixed_projection:
-            found["fixed_projection"] = True
-        if self.fits:
-            found.update(fit_samples=self.fit_samples, fit_steps=self.fit_steps, fit_lr=self.fit_lr,
-                         fit_init=self.fit_init, fit_validation=self.fit_validation)
-        if self.k_plan is not None:
-            found["k_plan"] = list(self.k_plan)
-        return found
-
-
-@dataclass(frozen=True)
-class TheoremOptions:
-    """The sweep of projected dimensions and of ε; `draws` random projections per sequence, or one fixed R per
-    layer and k (`fixed_projection`)."""
-
-    budgets: tuple[int, ...] = (16, 32, 64, 128, 256)
-    eps: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)
-    draws: int = 1
-    fixed_projection: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "budgets", check_budgets(self.budgets))
-        object.__setattr__(self, "eps", check_eps(self.eps))
-        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
-            raise SpectraError(f"{spell('--draws')} must be a positive integer, got {self.draws!r}")
-        if self.fixed_projection and self.draws != 1:
-            raise SpectraError(f"{spell('--fixed-projection', 'fixed_projection=True')} uses one R per layer and k: it "
-                               f"takes no {spell('--draws')}")
-
-    def resolved(self, n: int) -> "TheoremOptions":
-        check_budgets(self.budgets, n)
-        return self
-
-    def identity(self) -> dict[str, Any]:
-        return {"budgets": list(self.budgets), "eps": list(self.eps), "draws": self.draws,
-                "fixed_projection": self.fixed_projection}
+#: what run.json's settings record of the run configuration, in this order
+RECORDED = ("model", "data", "length", "samples", "mode", "batch_size", "seed", "split", "text_column", "device",
+            "dtype")
 
 
 class Init(Choice):

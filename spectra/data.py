@@ -9,9 +9,9 @@ Tokenization is lazy: only as many documents are read as the requested samples n
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -215,10 +215,10 @@ def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int
 
 
 def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_size: int, skip: int = 0,
-            shard: tuple[int, int] = (0, 1), boundary: int = 0) -> Iterator[Batch]:
+            shard: tuple[int, int] = (0, 1), fit_samples: int = 0) -> Iterator[Batch]:
     """Batches of up to `batch_size` of the first `samples` sequences, leaving out the first `skip`
     (resuming) and, with shard = (rank, size), keeping only indices ≡ rank mod size (one process's share).
-    No batch holds sequences on both sides of `boundary` (the end of a calibration set)."""
+    No batch holds sequences on both sides of `fit_samples` (the end of a calibration set)."""
     rank, size = shard
     pad = next((token for token in (tokenizer.pad_token_id, tokenizer.eos_token_id) if token is not None), 0)
     left = getattr(tokenizer, "padding_side", "right") == "left"
@@ -228,7 +228,7 @@ def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_si
             break
         if index < skip or index % size != rank:
             continue
-        if pending and pending[-1][0] < boundary <= index:
+        if pending and pending[-1][0] < fit_samples <= index:
             yield _collate(pending, pad, left)
             pending = []
         pending.append((index, ids))

@@ -8,9 +8,11 @@ Imports neither torch nor transformers.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from .errors import SpectraError, option as spell
+from .errors import SpectraError
+from .errors import option as spell
 
 
 def numbers(text: str, option: str, cast: type = int) -> list:
@@ -39,15 +41,15 @@ def budgets_or_default(given: Any, default: tuple[int, ...], n: int) -> tuple[in
     """The budgets given (see `several`), or `default` when None; a default larger than n is refused saying it
     was the default (the user never typed it) and which budgets to pass instead."""
     if given is not None:
-        return several(given, spell("--k", "budgets"), int)
+        return several(given, spell("--budget"), int)
     if max(default) > n:
         fitting = tuple(budget for budget in default if budget <= n) or (max(1, n // 4),)
         listed = ",".join(map(str, default))
         shown = ",".join(map(str, fitting))
         raise SpectraError(
-            f"{spell('--k', 'budgets')} defaults to {spell(listed, repr(default))}, more than "
-            f"{spell(f'--length {n}', f'length={n}')}; pass {spell('--k', 'budgets')} ≤ {n}, e.g. "
-            f"{spell(f'--k {shown}', f'budgets={fitting[0] if len(fitting) == 1 else fitting}')}")
+            f"{spell('--budget')} defaults to {spell(listed, repr(default))}, more than "
+            f"{spell(f'--length {n}', f'length={n}')}; pass {spell('--budget')} ≤ {n}, e.g. "
+            f"{spell(f'--budget {shown}', f'budget={fitting[0] if len(fitting) == 1 else fitting}')}")
     return default
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import scipy.linalg.cython_blas as _cython_blas

@@ -2,11 +2,11 @@
 
     source (model + corpus, or synthetic q, k, v) ─► batches ─► capture ─► probes ─► RunDir
 
-An analysis is a `Job`: its kind, the settings that identify it, how to open its source and which
-probe to build for it. `execute` does the rest, the same way for every analysis: checks the target
-before touching the disk, resumes from a checkpoint, shards sequences across torch.distributed
-processes and combines their states, checkpoints every `checkpoint_seconds`, reports progress, and
-writes the probe's tables and arrays with run.json.
+An analysis is a `Job`: its kind, its run configuration and the settings that identify it, how to open its
+source and which probe to build for it. `execute` does the rest, the same way for every analysis: checks the
+target before touching the disk, resumes from a checkpoint, shards sequences across torch.distributed
+processes and combines their states, checkpoints every `config.checkpoint_seconds`, reports progress through
+the run's `Reporter`, and writes the probe's tables and arrays with run.json.
 """
 
 from __future__ import annotations
@@ -15,27 +15,25 @@ import contextlib
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from . import distributed, timings
-from .config import Output
+from .config import RunConfig
 from .errors import Interrupted, SpectraError, option
 from .probes import Probe
-from .rundir import OVERWRITE, RESUME, RunDir, default_dir
+from .reporter import Reporter
+from .rundir import OVERWRITE, RESUME, RunDir, default_dir, versions
 from .stats import plain
 
 #: settings that change how fast a run goes, not what it computes: a run may resume with others
 NOT_IDENTITY = ("batch_size",)
 #: content keys of run.json's data record that a resumed run must find unchanged
 DATA_IDENTITY = ("bytes", "sha256", "fingerprint", "documents")
-
-#: progress(done, total) after every batch; total is the requested number of sequences
-Progress = Callable[[int, int], None]
-
 
 class Source(Protocol):
     """What the loop reads from: see `spectra.sources`."""
@@ -60,15 +58,16 @@ class Source(Protocol):
 class Job:
     """One analysis, ready to run.
 
-    `settings` identify the run (recorded in run.json, compared on --resume); `open_source(device)`
-    reads the data and loads the model; `build_probe(source)` and `meta(source)` may use what it found.
+    `config` says what to read and where to write; `settings` identify the run (recorded in run.json, compared on
+    --resume); `samples` is how many sequences stream through (a calibration set and the evaluated ones);
+    `open_source(device)` reads the data and loads the model; `build_probe(source)` and `meta(source)` may use
+    what it found.
     """
 
     kind: str
+    config: RunConfig
     settings: dict[str, Any]
     samples: int
-    batch_size: int
-    device: Any
     default_out: Path
     #: what owns the default run directory name (the resolved model source), so two models never share it
     owner: str
@@ -77,27 +76,6 @@ class Job:
     meta: Callable[[Source], dict[str, Any]]
     #: bytes one sequence needs while its batch runs (attention matrices and the probe's work), for the memory check
     bytes_per_sequence: Callable[[Source], float] = lambda source: 8.0 * 6 * source.heads * source.n ** 2
-
-
-@dataclass(frozen=True)
-class Reporter:
-    """How a run talks while it runs: progress callback, one-line notices, checkpoint interval."""
-
-    progress: Progress | None = None
-    notify: Callable[[str], None] = print
-    checkpoint_seconds: float = 60.0
-
-
-def versions() -> dict[str, str]:
-    import importlib.metadata as metadata
-
-    found = {}
-    for name in ("spectra-attention", "torch", "transformers", "datasets", "numpy"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
@@ -157,13 +135,13 @@ def _free_bytes(device: torch.device) -> float | None:
 def _check_memory(job: Job, source: Source) -> None:
     """Refuse a batch size whose attention matrices would not fit in the free memory, suggesting one that does."""
     free = _free_bytes(source.device)
-    per_sequence = job.bytes_per_sequence(source)
-    if free is None or job.batch_size * per_sequence <= 0.8 * free:
+    per_sequence, batch_size = job.bytes_per_sequence(source), job.config.batch_size
+    if free is None or batch_size * per_sequence <= 0.8 * free:
         return
     fits = max(1, int(0.8 * free // per_sequence))
     raise SpectraError(
-        f"{option(f'--batch-size {job.batch_size}', f'batch_size={job.batch_size}')} needs about "
-        f"{job.batch_size * per_sequence / 2**30:.1f} GiB for one batch's attention at n = {source.n} ({source.heads} "
+        f"{option(f'--batch-size {batch_size}', f'batch_size={batch_size}')} needs about "
+        f"{batch_size * per_sequence / 2**30:.1f} GiB for one batch's attention at n = {source.n} ({source.heads} "
         f"heads), but about {free / 2**30:.1f} GiB is free on {source.device.type}; use "
         f"{option(f'--batch-size {fits}', f'batch_size={fits}')} or less"
     )
@@ -178,8 +156,10 @@ def _out_of_memory(error: BaseException) -> bool:
 def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, reporter: Reporter,
             wall: Callable[[], float]) -> int:
     """Run this process's batches from `done` on through the probe and combine the processes' states;
-    returns the sequences this process saw. Checkpoints on time and on an interrupt."""
-    progress, seen, last_save = reporter.progress, 0, time.perf_counter()
+    returns the sequences this process saw. Checkpoints on time (never across processes: their shares are
+    combined only at the end) and on an interrupt."""
+    seen, last_save = 0, time.perf_counter()
+    every = float("inf") if distributed.size() > 1 else job.config.checkpoint_seconds
     saved = [done] if done else []  # sequences in the newest checkpoint on disk
 
     def checkpoint() -> bool:
@@ -190,11 +170,10 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
         saved[:] = [done + seen]
         return True
 
-    if progress is not None:
-        progress(done, job.samples)
+    reporter.advance(done, job.samples)
     try:
         with _deferred_interrupts(reporter.notify) as interrupted:
-            for batch in timings.timed("tokenize", source.batches(job.samples, job.batch_size, skip=done,
+            for batch in timings.timed("tokenize", source.batches(job.samples, job.config.batch_size, skip=done,
                                                                    shard=(distributed.rank(), distributed.size()))):
                 with timings.stage("forward"):
                     source.run(batch, timings.staged("probes", probe.update))
@@ -207,11 +186,11 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                                           "nothing was saved; run the command again")
                     raise Interrupted(f"interrupted after {done + seen} sequences; continue with {RESUME} and the "
                                       f"same {option('--out')} ({target.out})")
-                if time.perf_counter() - last_save >= reporter.checkpoint_seconds and probe.ready():
+                if time.perf_counter() - last_save >= every and probe.ready():
                     checkpoint()
                     last_save = time.perf_counter()
-                if progress is not None:  # with several processes: this one's share, scaled
-                    progress(min(done + seen * distributed.size(), job.samples), job.samples)
+                # with several processes: this one's share, scaled
+                reporter.advance(min(done + seen * distributed.size(), job.samples), job.samples)
         probe.load_state(distributed.reduce_state(probe.state(), source.device))
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted twice: stopped at once; continue from the last checkpoint with {RESUME} and "
@@ -226,7 +205,7 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
     return seen
 
 
-def execute(job: Job, output: Output, reporter: Reporter = Reporter()) -> Path:
+def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
     """Stream the job's sequences through its probe and write the run; returns the run directory.
 
     Nothing touches the disk until the first checkpoint, so bad input leaves no trace. An interrupt
@@ -234,20 +213,21 @@ def execute(job: Job, output: Output, reporter: Reporter = Reporter()) -> Path:
     says how to continue. The stage timings (`spectra.timings`) go into run.json under "timings".
     """
     with timings.recording() as timer:
-        return _execute(job, output, reporter, timer)
+        return _execute(job, reporter, timer)
 
 
-def _execute(job: Job, output: Output, reporter: Reporter, timer: timings.Timings) -> Path:
-    target = RunDir(output.out or default_dir(job.default_out, job.owner), overwrite=output.overwrite,
-                    resume=output.resume, lock=distributed.is_main())
-    notify, progress, checkpoint_seconds = reporter.notify, reporter.progress, reporter.checkpoint_seconds
+def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
+    config = job.config
+    target = RunDir(config.out or default_dir(job.default_out, job.owner), overwrite=config.overwrite,
+                    resume=config.resume, lock=distributed.is_main())
+    notify = reporter.notify
     if target.complete:
         finished = target.finished_meta()
         changed = _differences(finished["settings"], job.settings)
         if changed:
             raise SpectraError(f"{target.out} is a complete run with different {', '.join(changed)}; pass {OVERWRITE} "
                                f"to replace it, or choose another {option('--out')}")
-        changed = _data_changes(finished, job.open_source(job.device))
+        changed = _data_changes(finished, job.open_source(config.device))
         if changed:
             raise SpectraError(f"{target.out} is a complete run of other data: its {', '.join(changed)} differ from "
                                f"what the data holds now; pass {OVERWRITE} to replace it, or choose another "
@@ -261,18 +241,17 @@ def _execute(job: Job, output: Output, reporter: Reporter, timer: timings.Timing
             raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}; "
                                f"pass {OVERWRITE} to start over, or choose another {option('--out')}")
 
-    device = job.device
+    device = config.device
     if distributed.requested():
-        if output.resume:
+        if config.resume:
             raise SpectraError(f"{option('--resume', 'resume')} is not supported across processes; resume with a "
                                "single process")
         from .models import pick_device
 
         device = distributed.start(pick_device(device))
-        checkpoint_seconds = float("inf")  # the shares are combined only at the end
-        notify = notify if distributed.is_main() else (lambda line: None)
-        progress = progress if distributed.is_main() else None
-    if previous is None and output.resume:
+        reporter = reporter if distributed.is_main() else reporter.quiet()
+        notify = reporter.notify
+    if previous is None and config.resume:
         notify(f"nothing to resume in {target.out}; starting a new run")
     with timings.stage("load"):
         source = job.open_source(device)
@@ -297,15 +276,13 @@ def _execute(job: Job, output: Output, reporter: Reporter, timer: timings.Timing
         target.begin(record)
         started = time.perf_counter()
         try:
-            seen = _stream(job, source, probe, target, done, Reporter(progress, notify, checkpoint_seconds),
-                           lambda: elapsed + time.perf_counter() - started)
+            seen = _stream(job, source, probe, target, done, reporter, lambda: elapsed + time.perf_counter() - started)
         finally:
             with timings.stage("wait"):
                 probe.close()
         processed = done + distributed.total(seen, source.device)
         if processed < job.samples:
-            if progress is not None:
-                progress(processed, processed)
+            reporter.advance(processed, processed)
             notify(f"the corpus yields {processed} sequence{'s' if processed != 1 else ''} of the {job.samples} "
                    "asked for; all of them were used")
         record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - started,

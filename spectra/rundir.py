@@ -15,14 +15,17 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from .errors import SpectraError, option
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 try:  # POSIX; elsewhere the lock falls back to creating the lock file exclusively
     import fcntl
@@ -57,6 +60,24 @@ def _atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_json(path: Path, obj: Any) -> None:
     _atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n"))
+
+
+def write_meta(directory: Path, meta: dict[str, Any]) -> None:
+    """A run's run.json: every run.json is written here (through a temporary file and a rename)."""
+    write_json(directory / "run.json", meta)
+
+
+def versions() -> dict[str, str]:
+    """The versions of spectra and of the libraries its numbers depend on, as run.json records them."""
+    from importlib import metadata
+
+    found = {}
+    for name in ("spectra-attention", "torch", "transformers", "datasets", "numpy"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def write_table(path: Path, frame: pd.DataFrame) -> None:
@@ -195,7 +216,7 @@ class RunDir:
         """Save the probes' state after `done` sequences, and the settings to resume with."""
         self._ensure()
         write_arrays(self.partial / CHECKPOINT, {**arrays, "done": np.array(done)})
-        write_json(self.partial / "run.json", {**self.meta, "status": "running", **meta})
+        write_meta(self.partial, {**self.meta, "status": "running", **meta})
 
     def load_checkpoint(self) -> tuple[dict[str, np.ndarray], int]:
         with np.load(self.partial / CHECKPOINT, allow_pickle=False) as data:
@@ -211,7 +232,7 @@ class RunDir:
             write_table(self.partial / name, frame)
         for name, group in arrays.items():
             write_arrays(self.partial / name, group)
-        write_json(self.partial / "run.json", {**meta, **(late() if late else {})})
+        write_meta(self.partial, {**meta, **(late() if late else {})})
         (self.partial / CHECKPOINT).unlink(missing_ok=True)
         old = None
         if self.out.exists():

@@ -1,4 +1,6 @@
-"""Finished runs read back: `load_run` gives a `Run` (analyze), `ApproxRun` or `TheoremRun`.
+"""Finished runs as objects: `Run` (analyze), `ApproxRun`, `TheoremRun`, `ScalingRun`, and the readers of their files.
+
+Each analysis reads its own run back (`spectra.kinds`, whose `load_run` dispatches on run.json's kind).
 
 Everything is read without pickle (JSON, CSV, and `.npz` with allow_pickle=False), and a missing,
 damaged or foreign file is one line naming it. Writing runs is `spectra.rundir`.
@@ -6,21 +8,22 @@ damaged or foreign file is one line naming it. Writing runs is `spectra.rundir`.
 
 from __future__ import annotations
 
-import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
-from .errors import SpectraError, option
+from .errors import SpectraError
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: the command line's start does not pay for it
+    import pandas as pd
 
 
 def _size(value: Any) -> str | None:
     """A table's rows × columns or an array's shape, for a run's repr; None for anything else."""
-    if isinstance(value, pd.DataFrame):
+    if type(value).__name__ == "DataFrame":
         return f"{value.shape[0]}×{value.shape[1]}"
     if isinstance(value, np.ndarray):
         return "×".join(map(str, value.shape))
@@ -48,7 +51,7 @@ class _Shown:
             parts.append(f"lengths={meta['lengths']}")
         if "samples" in meta:
             parts.append(f"samples={meta['samples']}")
-        for name in ("methods", "budgets", "eps"):  # approx and theorems: what was measured
+        for name in ("methods", "budget", "eps"):  # approx and theorems: what was measured
             if name in meta:
                 parts.append(f"{name}={meta[name]}")
         groups: list[tuple[list[str], str]] = []  # neighbours of one size share an entry: cum_mean/cum_std=6×12×128
@@ -67,6 +70,21 @@ class _Shown:
         for cls in type(self).__mro__:
             names.update(name for name in vars(cls) if not name.startswith("_"))
         return sorted(names)
+
+
+def read_table(path: Path, name: str, *, optional: bool = False, **options: Any) -> pd.DataFrame | None:
+    """A run's CSV table `name` (None when `optional` and absent); a missing or damaged one is one line."""
+    file = path / name
+    if optional and not file.exists():
+        return None
+    import pandas as pd
+
+    try:
+        return pd.read_csv(file, **options)
+    except FileNotFoundError:
+        raise SpectraError(f"{file} is missing: the run directory is incomplete") from None
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise SpectraError(f"{file} is damaged or not written by spectra ({str(error).splitlines()[0]})") from None
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -128,6 +146,8 @@ class Run(_Shown):
 
     def curves(self) -> pd.DataFrame:
         """The curves as a tidy frame: one row per (layer, head, index)."""
+        import pandas as pd
+
         layer, head, index = np.meshgrid(
             np.arange(self.layers), np.arange(self.heads), np.arange(1, self.n + 1), indexing="ij"
         )
@@ -212,7 +232,7 @@ class TheoremRun(_Shown):
 class ScalingRun(_Shown):
     """A `spectra scaling` run loaded back: `table` (scaling.csv: per layer, head and n the ranks for 90%/99%, the
     effective rank, c at n/4), `c_fixed` (c at fixed budgets), `exponents` (growth of the ranks with n per head,
-    layer and pooled, with intervals) and, with a target, `k_needed`; its analyze runs load with `runs()`."""
+    layer and pooled, with intervals) and, with a target, `k_needed`; its analyze runs, by n, are `analyses` (also `runs()`)."""
 
     path: Path
     meta: dict[str, Any]
@@ -220,6 +240,7 @@ class ScalingRun(_Shown):
     c_fixed: pd.DataFrame
     exponents: pd.DataFrame
     k_needed: pd.DataFrame | None = None
+    analyses: dict[int, Run] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -231,58 +252,4 @@ class ScalingRun(_Shown):
 
     def runs(self) -> dict[int, Run]:
         """The analyze run at each n."""
-        return {int(n): load_analyze(self.path / name) for n, name in self.meta["runs"].items()}
-
-
-def _read_meta(path: Path) -> dict[str, Any]:
-    meta_path = path / "run.json"
-    if not meta_path.is_file():
-        hint = (f" (an interrupted run: finish it with {option('--resume', 'resume=True')})"
-                if path.name.endswith(".partial") else "")
-        raise SpectraError(f"{path} is not a spectra run directory: it has no run.json{hint}")
-    try:
-        return json.loads(meta_path.read_text())
-    except (OSError, ValueError) as error:
-        raise SpectraError(f"{path}/run.json is not readable: {error}") from None
-
-
-def load_run(path: Path | str) -> Run | ApproxRun | TheoremRun | ScalingRun:
-    """Load a finished run directory (`analyze` → Run, `approx` → ApproxRun, `theorems` → TheoremRun,
-    `scaling` → ScalingRun)."""
-    path = Path(path)
-    meta = _read_meta(path)
-    try:
-        if meta.get("kind") == "scaling":
-            k_needed = path / "k_needed.csv"
-            integers = {"layer": "Int64", "head": "Int64"}
-            exponents = pd.read_csv(path / "exponents.csv", dtype={**integers, "method": str, "better": str})
-            exponents[["method", "better"]] = exponents[["method", "better"]].fillna("")
-            return ScalingRun(path, meta, pd.read_csv(path / "scaling.csv"), pd.read_csv(path / "c_fixed.csv"),
-                              exponents, pd.read_csv(k_needed, dtype={"layer": "Int64"}) if k_needed.exists() else None)
-        if meta.get("kind") == "approx":
-            def optional(name: str, **options) -> pd.DataFrame | None:
-                return pd.read_csv(path / name, **options) if (path / name).exists() else None
-
-            return ApproxRun(path, meta, pd.read_csv(path / "heads.csv"), optional("end_to_end.csv", dtype={"layers": str}),
-                             optional("heads_calibration.csv"), optional("fit_history.csv"), optional("heads_plan.csv"))
-        if meta.get("kind") == "theorems":
-            names = [f"theorem{i}{scope}" for i in (1, 2) for scope in ("", "_layers", "_heads")]
-            return TheoremRun(path, meta, {name: pd.read_csv(path / f"{name}.csv") for name in names})
-        if meta.get("kind") != "analyze":
-            raise SpectraError(f"{path} holds a '{meta.get('kind')}' run, which load_run cannot read")
-        metrics = pd.read_csv(path / "metrics.csv")
-        curves = read_arrays(path / "curves.npz")
-        qkv = pd.read_csv(path / "qkv.csv") if (path / "qkv.csv").exists() else None
-    except (OSError, ValueError, KeyError) as error:
-        raise SpectraError(f"{path} is not a readable spectra run: {error}") from None
-    return Run(path, meta, metrics, curves["cum_mean"], curves["cum_std"], curves["sigma_mean"], curves["sigma_std"],
-               qkv)
-
-
-def load_analyze(path: Path | str) -> Run:
-    """A finished `spectra analyze` run; any other directory is a one-line SpectraError."""
-    run = load_run(path)
-    if not isinstance(run, Run):
-        raise SpectraError(f"{path} holds a run of 'spectra {run.meta.get('kind')}'; this needs a run of "
-                           "'spectra analyze'")
-    return run
+        return self.analyses

@@ -24,8 +24,8 @@ class Domain(enum.IntEnum):
     LINFORMER = 101  # Projections(init="jl") and linformer.jl_pair: E, F per distinct key
     LINFORMER_XAVIER = 102  # Projections(init="xavier")
     LINFORMER_FIT = 103  # nn.fit: the held-out validation split of the calibration sequences
-    THEOREM1 = 201  # Theorem 1's R per (layer, k_proj)
-    THEOREM2 = 202  # Theorem 2's R per (layer, k_proj)
+    THEOREM1 = 201  # Theorem 1's R per (layer, budget)
+    THEOREM2 = 202  # Theorem 2's R per (layer, budget)
     SYNTHETIC = 301  # Gaussian q, k, v
     JL_METHOD = 401  # the jl method's R (and orthogonal E, F) per (budget, layer, head[, sequence])
     MASK = 501  # end to end: the masked-LM masking of sequence i
@@ -43,26 +43,26 @@ def derive_seed(seed: int, *parts: int) -> int:
 
 
 def jl_matrix(
-    k_proj: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    budget: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """R (k_proj, n) with i.i.d. N(0, 1/k_proj) entries; jl_matrix(k, n)[:, :m] == jl_matrix(k, m).
+    """R (budget, n) with i.i.d. N(0, 1/budget) entries; jl_matrix(k, n)[:, :m] == jl_matrix(k, m).
 
     Drawn column by column with numpy's PCG64, so the first m columns of an n-column draw equal the
     m-column draw (the paper's slicing rule costs nothing), and the numbers are the same on any device.
     """
-    check_budget(k_proj)
+    check_budget(budget)
     if n < 1:
         raise SpectraError(f"n must be ≥ 1, got {n}")
-    columns = np.random.default_rng(seed).standard_normal((n, k_proj))  # column j of R is row j
-    return torch.from_numpy(columns.T / math.sqrt(k_proj)).to(device=device, dtype=dtype)
+    columns = np.random.default_rng(seed).standard_normal((n, budget))  # column j of R is row j
+    return torch.from_numpy(columns.T / math.sqrt(budget)).to(device=device, dtype=dtype)
 
 
 def orthogonal_matrix(
-    k_proj: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    budget: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """R (k_proj, n) with orthonormal rows scaled by √(n/k_proj): E[RᵀR] = I, and RᵀR = I when k_proj = n."""
-    check_budget(k_proj, n, "n (orthonormal rows need k_proj ≤ n)")
-    gaussian = np.random.default_rng(seed).standard_normal((n, k_proj))
+    """R (budget, n) with orthonormal rows scaled by √(n/budget): E[RᵀR] = I, and RᵀR = I when budget = n."""
+    check_budget(budget, n, "n (orthonormal rows need budget ≤ n)")
+    gaussian = np.random.default_rng(seed).standard_normal((n, budget))
     basis, upper = np.linalg.qr(gaussian)
     basis = basis * np.sign(np.diag(upper))  # Haar-distributed columns
-    return torch.from_numpy(basis.T * math.sqrt(n / k_proj)).to(device=device, dtype=dtype)
+    return torch.from_numpy(basis.T * math.sqrt(n / budget)).to(device=device, dtype=dtype)

@@ -12,15 +12,16 @@ global indices of its batch's sequences (`Captured.index`), on which all per-seq
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from . import capture, data, models
+from . import capture, checkpoints, data, models
 from .capture import Captured, Observe, Substitute
-from .config import RunConfig, SyntheticConfig
+from .config import RunConfig
 from .errors import InternalError, SpectraError
 from .seeds import Domain, derive_seed
 
@@ -30,9 +31,9 @@ class ModelSource:
     resumed run can compare what it read); `start` loads the model and checks the two fit together."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, *, lm_head: bool = False,
-                 boundary: int = 0) -> None:
-        """`boundary`: the end of a calibration set (no batch straddles it)."""
-        self.config, self.where, self.lm_head, self.boundary = config, device, lm_head, boundary
+                 fit_samples: int = 0) -> None:
+        """`fit_samples`: the calibration sequences that come first (no batch straddles their end)."""
+        self.config, self.where, self.lm_head, self.fit_samples = config, device, lm_head, fit_samples
         self.corpus = data.open_corpus(config.data, split=config.split, text_column=config.text_column,
                                        seed=config.seed)
         self.n = config.length
@@ -86,7 +87,12 @@ class ModelSource:
     def batches(self, samples: int, batch_size: int, skip: int = 0,
                 shard: tuple[int, int] = (0, 1)) -> Iterator[data.Batch]:
         return data.batches(self.loaded.tokenizer, self.corpus, self.n, self.config.mode, samples, batch_size,
-                            skip=skip, shard=shard, boundary=self.boundary)
+                            skip=skip, shard=shard, fit_samples=self.fit_samples)
+
+    def shape(self) -> checkpoints.Shape:
+        """The loaded model's shape, for the checks an analysis makes before loading when the files tell it."""
+        loaded = self.loaded
+        return checkpoints.Shape(loaded.layers, loaded.heads, loaded.max_length, loaded.causal, loaded.name)
 
     @property
     def kv_heads(self) -> int:
@@ -143,8 +149,9 @@ class SyntheticSource:
 
     layers = 1
 
-    def __init__(self, config: SyntheticConfig, device: str | torch.device) -> None:
-        self.config, self.n, self.heads = config, config.n, config.heads
+    def __init__(self, config: RunConfig, d: int, heads: int, device: str | torch.device) -> None:
+        """n = `config.length` tokens of dimension `d` in `heads` heads per sample."""
+        self.config, self.n, self.d, self.heads = config, config.length, d, heads
         self.device = models.pick_device(device)
 
     def data(self) -> dict[str, Any]:
@@ -154,7 +161,7 @@ class SyntheticSource:
         pass
 
     def describe(self) -> dict[str, Any]:
-        return {"model": {"name": f"gaussian(d={self.config.d})", "layers": 1, "heads": self.heads},
+        return {"model": {"name": f"gaussian(d={self.d})", "layers": 1, "heads": self.heads},
                 "data": self.data(), "n": self.n, "device": str(self.device)}
 
     def batches(self, samples: int, batch_size: int, skip: int = 0,
@@ -167,7 +174,7 @@ class SyntheticSource:
 
     def run(self, batch: SyntheticBatch, observe: Observe) -> None:
         config = self.config
-        drawn = [gaussian_qkv(self.n, config.d, heads=self.heads, seed=derive_seed(config.seed, index),
+        drawn = [gaussian_qkv(self.n, self.d, heads=self.heads, seed=derive_seed(config.seed, index),
                               device=self.device) for index in batch.index]
         q, k, v = (torch.cat(parts) for parts in zip(*drawn))
         observe(Captured.of(0, q, k, v, index=tuple(batch.index)))

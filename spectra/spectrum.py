@@ -12,14 +12,14 @@ over a run.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from . import lapack
-from .config import Spectrum
 
 T = TypeVar("T")
 
@@ -196,10 +196,8 @@ def torch_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, fell_back
 
 
-def singular_values_routed(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def singular_values_routed(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`singular_values` (..., n) and which matrices (...) the route sent to the float64 SVD."""
-    Spectrum(mode)
     if p.device.type == "mps":  # no float64 and no batched LAPACK on Apple GPUs: the CPU does the spectra
         p = p.cpu()
     p = p.to(torch.promote_types(p.dtype, torch.float32))
@@ -211,13 +209,13 @@ def singular_values_routed(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXAC
     return sigma.reshape(*p.shape[:-2], sigma.shape[-1]), fell_back.reshape(p.shape[:-2])
 
 
-def singular_values(p: torch.Tensor, mode: Spectrum | str = Spectrum.EXACT) -> torch.Tensor:
+def singular_values(p: torch.Tensor) -> torch.Tensor:
     """Descending singular values (float64) of a batch of square matrices (..., n, n), within 1e-6 of a float64
     SVD in c (by the bound; ~1e-9 measured on real attention): √eig of the float64 Gram matrix, with the matrices
     whose error bound exceeds EXACT_TOLERANCE (near-uniform or rank-deficient P) recomputed with the float64
     SVD (see `gram_loss`). On the CPU one matrix per core through scipy's LAPACK (`spectra.lapack`); on a GPU
     batched torch calls (`torch_sigma`). Zero rows and columns (padding) are cut away first."""
-    return singular_values_routed(p, mode)[0]
+    return singular_values_routed(p)[0]
 
 
 def masked(p: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

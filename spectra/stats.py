@@ -8,10 +8,10 @@ the array and how it combines (`Reduce`: summed, or reduced by min or max).
 
 from __future__ import annotations
 
-import math
 import enum
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -61,7 +61,7 @@ class Moments:
     total_sq: np.ndarray
 
     @classmethod
-    def zeros(cls, shape: tuple[int, ...]) -> "Moments":
+    def zeros(cls, shape: tuple[int, ...]) -> Moments:
         return cls(np.zeros(shape[:-1] if len(shape) > 1 else (), np.float64), np.zeros(shape), np.zeros(shape))
 
     def add(self, index: int, x: torch.Tensor) -> None:
@@ -88,7 +88,7 @@ class Moments:
         return tagged({f"{prefix}.count": self.count, f"{prefix}.total": self.total, f"{prefix}.total_sq": self.total_sq})
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str) -> "Moments":
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str) -> Moments:
         return cls(*(np.array(arrays[f"{prefix}.{name}"]) for name in ("count", "total", "total_sq")))
 
 
@@ -198,7 +198,7 @@ class ErrorStats:
         typed = {name: type(labels[0]) for name, labels in axes.items() if isinstance(labels[0], (int, np.integer, str))}
         return table.astype(typed)
 
-    def pooled(self, axes: tuple[int, ...]) -> "ErrorStats":
+    def pooled(self, axes: tuple[int, ...]) -> ErrorStats:
         """The same statistics with the cell axes `axes` pooled (e.g. over layers and heads): counts and
         totals add up, min/max reduce, so quantiles of the pooled cells are exact histogram quantiles."""
         keep = tuple(size for axis, size in enumerate(self.cells) if axis not in axes)
@@ -279,7 +279,7 @@ class ClusterStats:
         self.draw_below[index] += below.sum(-1)
         self.draw_count[index] += count.sum(-1)
 
-    def pooled(self, axes: tuple[int, ...]) -> "ClusterStats":
+    def pooled(self, axes: tuple[int, ...]) -> ClusterStats:
         """Cells summed over `axes` (clusters of different cells counted as separate clusters)."""
         keep = tuple(size for axis, size in enumerate(self.cells) if axis not in axes)
         pooled = ClusterStats(keep, self.eps, self.draws)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -32,7 +33,7 @@ STAGES = {
 #: stages that grow with the number of sequences (the others are paid once per run)
 PER_SEQUENCE = ("tokenize", "forward", "spectra", "probes", "wait")
 
-_active: "Timings | None" = None
+_active: Timings | None = None
 _clock = time.perf_counter
 
 

@@ -13,7 +13,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tiny  # noqa: E402
+import tiny
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,15 @@ references they are checked against (numpy softmax, eager attention's formula, t
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from spectra.reporter import QUIET
 from spectra.capture import Captured
-from spectra.methods import Layer
+from spectra.methods import REGISTRY, Approximation, Draws, Layer, Method, resolve
 from spectra.spectrum import masked
 
 B, H, N, D = 2, 3, 12, 4
@@ -38,32 +40,62 @@ def captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequenc
     return Captured.of(layer, q, k, v, mask, scaling, index=tuple(range(q.shape[0]) if index is None else index))
 
 
-def pooled_fits(n: int = N, heads: int = H, layers: int = 4) -> dict:
-    """Stand-in fitted projections (mean pooling) for every fitted method at every budget 1…n, so registry-wide
-    tests can run the fitted methods without a calibration."""
-    from spectra.config import Sharing
-    from spectra.nn.calibration import pooling_projections
+@functools.lru_cache(maxsize=None)
+def stand_in_fits(n: int = N, heads: int = H, layer: int = 3, d: int = D) -> dict[str, Method]:
+    """A fitted instance of every calibrating method, so registry-wide tests can run them: each fitted by its own
+    `fit` with no descent step (steps = 0: a method's start — mean pooling for linformer-fit, the principal
+    directions for linformer-pca, uniform pooling and the least-squares output transform for fastformer-fit) on
+    a small Gaussian calibration of `layer` (the one the test layers have), at every budget 1…n; made once, on
+    first use."""
+    from spectra.nn.calibration import Calibration
+    from spectra.nn.descent import FitSettings
 
-    return {(f"{family}({sharing})", budget): pooling_projections(layers, heads, budget, n, sharing, torch.float64)
-            for family in ("linformer-pca", "linformer-fit") for sharing in Sharing for budget in range(1, n + 1)}
+    g = torch.Generator().manual_seed(123)
+    lengths = torch.tensor([n, n, n - 3, n])
+    valid = torch.arange(n)[None, :] < lengths[:, None]
+    calibrations = [Calibration(layer, *(torch.randn(len(lengths), heads, n, d, generator=g, dtype=torch.float64)
+                                         for _ in range(3)), valid, 0.7)]
+    settings = FitSettings(budgets=tuple(range(1, n + 1)), steps=0)
+    fits = {}
+    for label, method in REGISTRY.items():
+        if method.calibrates:
+            fits[label] = method.fresh()
+            fits[label].fit(calibrations, layers=layer + 1, heads=heads, n=n, settings=settings,
+                            reporter=QUIET)
+    return fits
 
 
-FITS = pooled_fits()
+def method(name: str, fitted: dict | None = None) -> Method:
+    """The registered method `name`, for a calibrating one its stand-in fit (`stand_in_fits()`, or the instances
+    `fitted`)."""
+    if fitted is None and REGISTRY[name].calibrates:
+        fitted = stand_in_fits()
+    return resolve(name, fitted)
+
+
+def draws(x: Layer, *, seed: int = 0, fixed: bool = True, projection: str = "gaussian",
+          index: Sequence[int] | None = None) -> Draws:
+    """Draws for the batch of x: one for the whole run by default (`fixed`), the sequences' global indices 0…B−1
+    unless given."""
+    return Draws(seed, tuple(range(x.q.shape[0])) if index is None else tuple(index), fixed, projection)
+
+
+def approximate(name: str, x: Layer, budget: int, given: Draws | None = None, fitted: dict | None = None
+                ) -> Approximation:
+    """Method `name` (its stand-in fit if it calibrates) on x at `budget`, with `given` draws (default: `draws(x)`)."""
+    return method(name, fitted)(x, budget, draws(x) if given is None else given)
 
 
 def random_layer(lengths: Sequence[int] = (N, N), *, n: int = N, seed: int = 0, spread: float = 1.0,
-                 scaling: float = 0.7, use_p: bool = True, index: Sequence[int] | None = None, **options) -> Layer:
-    """A float64 Layer of Gaussian q, k, v (B = len(lengths), H heads, n tokens, D dims), padded after `lengths`;
-    `index`: the sequences' global indices (default 0…B−1)."""
+                 scaling: float = 0.7, use_p: bool = True) -> Layer:
+    """A float64 Layer of Gaussian q, k, v (B = len(lengths), H heads, n tokens, D dims), padded after `lengths`."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(len(lengths), H, n, D, generator=g, dtype=torch.float64) * spread for _ in range(3))
-    options.setdefault("fitted", FITS if n == N else None)
-    return Layer.of(captured(q, k, v, lengths, scaling, index=index), use_p=use_p,
-                    seed=options.pop("method_seed", 0), **options)
+    return Layer.of(captured(q, k, v, lengths, scaling), use_p=use_p)
 
 
-def with_lengths(q, k, v, lengths, scaling: float = 0.7, index: Sequence[int] | None = None, **options) -> Layer:
-    return Layer.of(captured(q, k, v, lengths, scaling, index=index), use_p=False, fitted=FITS, **options)
+def with_lengths(q, k, v, lengths, scaling: float = 0.7) -> Layer:
+    return Layer.of(captured(q, k, v, lengths, scaling), use_p=False)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -106,14 +138,15 @@ def float32_qkv(lengths: Sequence[int], *, n: int, d: int, seed: int = 0, spread
 
 
 def rounding_sensitivity(run, lengths: Sequence[int], budget: int, *, n: int, d: int, seed: int, spread: float,
-                         scaling: float, draws: int = 4) -> float:
-    """The largest relative change ‖Ṽ' − Ṽ‖_F/‖Ṽ‖_F over heads and `draws` rounding-level perturbations of float32
-    q, k, v (`float32_qkv`) of a method `run(layer, budget)`."""
+                         scaling: float, perturbations: int = 4) -> float:
+    """The largest relative change ‖Ṽ' − Ṽ‖_F/‖Ṽ‖_F over heads and `perturbations` rounding-level perturbations of
+    float32 q, k, v (`float32_qkv`) of a method `run(layer, budget, draws)` (fixed draws, seed 0)."""
     def out(perturbation: int | None) -> torch.Tensor:
         q, k, v = float32_qkv(lengths, n=n, d=d, seed=seed, spread=spread, perturbation=perturbation)
         x = Layer.of(captured(q, k, v, lengths, scaling), use_p=False)
-        return run(x, budget).out.to(torch.float64) * x.valid[:, None, :, None]
+        return run(x, budget, draws(x)).out.to(torch.float64) * x.valid[:, None, :, None]
 
     base = out(None)
-    changes = [(out(i) - base).flatten(-2).norm(dim=-1) / base.flatten(-2).norm(dim=-1) for i in range(draws)]
+    changes = [(out(i) - base).flatten(-2).norm(dim=-1) / base.flatten(-2).norm(dim=-1)
+               for i in range(perturbations)]
     return torch.stack(changes).max().item()

@@ -67,3 +67,26 @@ def poisson_replicates(values: np.ndarray, replicates: int, seed: int = 0) -> np
     total = np.tensordot(weights, values, axes=(0, 0))
     with np.errstate(invalid="ignore", divide="ignore"):
         return total / weights.sum(0).reshape(-1, *[1] * (values.ndim - 1))
+
+
+def additive_attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, valid: np.ndarray, causal: bool,
+                                 w_q: np.ndarray, w_k: np.ndarray, w_r: np.ndarray, b_r: np.ndarray) -> np.ndarray:
+    """Fastformer's additive attention on one head of one sequence (n, d), in numpy, position by position: each
+    query's global query and key pool the valid positions it may see (all, or for `causal` those at or before
+    it, p_j formed with position j's own global query); o_i = W_r (k_g ⊙ v_i) + b_r."""
+    n, d = q.shape
+    scale = d ** -0.5
+
+    def pool(logits: np.ndarray, x: np.ndarray, seen: list[int]) -> np.ndarray:
+        if not seen:
+            return np.zeros(d)
+        weights = np.exp(logits[seen] - logits[seen].max())
+        return weights / weights.sum() @ x[seen]
+
+    def seen(i: int) -> list[int]:
+        return [j for j in range(n) if valid[j] and (j <= i or not causal)]
+
+    q_g = np.stack([pool(q @ w_q * scale, q, seen(i)) for i in range(n)])
+    p = q_g * k
+    k_g = np.stack([pool(p @ w_k * scale, p, seen(i)) for i in range(n)])
+    return (k_g * v) @ w_r.T + b_r

@@ -35,12 +35,13 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import tolerances  # noqa: E402
+import tolerances
 
 GOLDEN = Path(__file__).parent / "golden"
 QUIET: dict[str, Any] = dict(progress=None, notify=lambda line: None)
@@ -64,24 +65,24 @@ def cases(model: str, corpus: str) -> dict[str, Callable[[Path], object]]:
                                                     **QUIET),
         "analyze-truncate": lambda out: spectra.analyze(model, corpus, length=32, samples=7, batch_size=3,
                                                         mode="truncate", at=5, seed=3, out=out, **QUIET),
-        "approx-all": lambda out: spectra.approx(model, corpus, budgets=[4, 12], methods=every, length=24, samples=6,
+        "approx-all": lambda out: spectra.approx(model, corpus, budget=[4, 12], methods=every, length=24, samples=6,
                                                  batch_size=4, end_to_end=True, fixed_projection=True, out=out,
                                                  **QUIET),
-        "approx-draws": lambda out: spectra.approx(model, corpus, budgets=[4, 12], methods=["jl", "linformer",
+        "approx-draws": lambda out: spectra.approx(model, corpus, budget=[4, 12], methods=["jl", "linformer",
                                                    "performer"], length=24, samples=5, batch_size=2, seed=1, out=out,
                                                    **QUIET),
-        "approx-orthogonal-truncate": lambda out: spectra.approx(model, corpus, budgets=[3, 8],
+        "approx-orthogonal-truncate": lambda out: spectra.approx(model, corpus, budget=[3, 8],
                                                                  methods=["jl", "linformer(kv)", "pool-max"],
                                                                  projection="orthogonal", mode="truncate", length=24,
                                                                  samples=5, batch_size=2, end_to_end=True, layers="1",
                                                                  target=0.3, seed=2, fixed_projection=True,
                                                                  out=out, **QUIET),
-        "theorems-model": lambda out: spectra.theorems(model, corpus, budgets=[4, 8], eps=[0.3, 0.5], length=24,
+        "theorems-model": lambda out: spectra.theorems(model, corpus, budget=[4, 8], eps=[0.3, 0.5], length=24,
                                                        samples=4, batch_size=2, fixed_projection=True, out=out,
                                                        **QUIET),
-        "theorems-draws": lambda out: spectra.theorems(model, corpus, budgets=[4, 8], eps=[0.3, 0.5], length=24,
+        "theorems-draws": lambda out: spectra.theorems(model, corpus, budget=[4, 8], eps=[0.3, 0.5], length=24,
                                                        samples=5, batch_size=2, draws=2, out=out, **QUIET),
-        "theorems-synthetic": lambda out: spectra.theorems(None, synthetic=True, budgets=[4, 16], eps=[0.2, 0.5],
+        "theorems-synthetic": lambda out: spectra.theorems(None, synthetic=True, budget=[4, 16], eps=[0.2, 0.5],
                                                            d=8, heads=2, length=32, samples=5, batch_size=2,
                                                            fixed_projection=True, out=out, progress=None),
     }

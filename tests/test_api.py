@@ -172,15 +172,15 @@ def test_paths_may_be_pathlib_paths_everywhere(roberta_dir, text_file, tmp_path,
     planned = spectra.approx(roberta_dir, text_file, methods=["svd"], k_plan=plan, length=16, samples=2,
                              out=tmp_path / "planned", **QUIET)
     assert planned.plan is not None
-    theorems = spectra.theorems(roberta_dir, text_file, budgets=[4], eps=[0.5], length=16, samples=2,
+    theorems = spectra.theorems(roberta_dir, text_file, budget=[4], eps=[0.5], length=16, samples=2,
                                 out=tmp_path / "theorems", **QUIET)
     assert spectra.load_run(theorems.path).meta["kind"] == "theorems"
     sweep = spectra.scaling(roberta_dir, text_file, lengths=[16, 24], samples=2, bootstrap=0, out=tmp_path / "sweep",
                             **QUIET)
     assert sweep.lengths == [16, 24]
-    assert plots.plot_run(tmp_path / "run", tmp_path / "views").paths[0].parent == tmp_path / "views"
-    assert plots.figure1([tmp_path / "run"], tmp_path / "figure")[0] == tmp_path / "figure.png"
-    assert plots.figure1(tmp_path / "run", tmp_path / "alone")[0] == tmp_path / "alone.png", "one run alone"
+    loaded = spectra.load_run(tmp_path / "run")
+    assert plots.plot_run(loaded, tmp_path / "views").paths[0].parent == tmp_path / "views"
+    assert plots.figure1([loaded], tmp_path / "figure")[0] == tmp_path / "figure.png"
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "weights.gguf").write_bytes(b"GGUF")
     # the path handling is under test, not the gguf package (absent in CI): an empty module stands in for it
@@ -190,19 +190,19 @@ def test_paths_may_be_pathlib_paths_everywhere(roberta_dir, text_file, tmp_path,
 
 
 def test_one_value_where_several_are_taken(roberta_dir, text_file, tmp_path) -> None:
-    """budgets=4, methods="svd", eps=0.5, layers=1, heads=2, lengths=… : one value is a list of one (a single
+    """budget=4, methods="svd", eps=0.5, layers=1, heads=2, lengths=… : one value is a list of one (a single
     name is not split into letters, an int does not raise TypeError)."""
     common = dict(length=16, samples=2, **QUIET)
-    run = spectra.approx(roberta_dir, text_file, budgets=4, methods="svd", layers=1, end_to_end=True,
+    run = spectra.approx(roberta_dir, text_file, budget=4, methods="svd", layers=1, end_to_end=True,
                          out=tmp_path / "approx", **common)
-    assert run.meta["budgets"] == [4] and run.meta["methods"] == ["svd"] and run.meta["layers"] == [1]
+    assert run.meta["budget"] == [4] and run.meta["methods"] == ["svd"] and run.meta["layers"] == [1]
     assert set(run.heads["method"]) == {"svd"}
-    theorems = spectra.theorems(roberta_dir, text_file, budgets=4, eps=0.5, out=tmp_path / "theorems", **common)
-    assert theorems.meta["budgets"] == [4] and theorems.meta["eps"] == [0.5]
+    theorems = spectra.theorems(roberta_dir, text_file, budget=4, eps=0.5, out=tmp_path / "theorems", **common)
+    assert theorems.meta["budget"] == [4] and theorems.meta["eps"] == [0.5]
     analyzed = spectra.analyze(roberta_dir, text_file, layers=1, heads=2, out=tmp_path / "analyze", **common)
     assert analyzed.metrics[["layer", "head"]].values.tolist() == [[1, 2]]
     with pytest.raises(SpectraError, match="needs at least two different lengths to see growth, got \\[16\\]"):
         spectra.scaling(roberta_dir, text_file, lengths=16, out=tmp_path / "sweep", **QUIET)
     sweep = spectra.scaling(roberta_dir, text_file, lengths="16,24", samples=2, bootstrap=0, approx_target=0.5,
-                            methods="svd", budgets=4, layers=1, heads=0, out=tmp_path / "sweep", **QUIET)
+                            methods="svd", budget=4, layers=1, heads=0, out=tmp_path / "sweep", **QUIET)
     assert sweep.meta["methods"] == ["svd"] and set(sweep.table["head"]) == {0} and set(sweep.table["layer"]) == {1}

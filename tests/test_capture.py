@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import tiny
 import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
-import tiny
 from spectra import capture
 from spectra.errors import InternalError
 

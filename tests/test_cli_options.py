@@ -4,7 +4,6 @@ which takes no value, and no "95%%" from a format escape the help never goes thr
 from __future__ import annotations
 
 import pytest
-
 from tiny import run_cli
 
 COMMANDS = [[], ["analyze"], ["approx"], ["theorems"], ["scaling"], ["plot"], ["figure1"], ["plan-k"], ["compare"]]

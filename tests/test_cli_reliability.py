@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny import run_cli, write_text
 
 import spectra
 from spectra import rundir
-from tiny import run_cli, write_text
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_an_unwritable_out_is_refused_before_the_model_loads(roberta_dir, text_f
     monkeypatch.setattr(rundir.os, "access", lambda path, mode: Path(path) != locked)
     loaded = []
     monkeypatch.setattr("spectra.models.load", lambda *a, **k: loaded.append(1))
-    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", str(locked / "run")],
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", str(locked / "run")],
                              monkeypatch, capsys))
     assert f"{locked} is not a writable directory" in line and not loaded
 
@@ -158,10 +158,10 @@ def test_an_unwritable_out_is_refused_before_the_model_loads(roberta_dir, text_f
 def test_a_second_run_on_the_same_out_is_refused_naming_the_first(roberta_dir, text_file, workdir, monkeypatch,
                                                                   capsys) -> None:
     with rundir.RunDir(workdir / "run").claimed():
-        line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run"],
+        line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", "run"],
                                  monkeypatch, capsys))
         assert f"being written by another spectra run (process {os.getpid()})" in line
-        line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run",
+        line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", "run",
                                   "--overwrite"], monkeypatch, capsys))
         assert "being written by another spectra run" in line
     assert snapshot(workdir) == []
@@ -178,10 +178,10 @@ def analyze(model, corpus, out, **options):
 def test_resume_onto_a_complete_run_with_other_settings_is_refused(roberta_dir, text_file, workdir, monkeypatch,
                                                                    capsys) -> None:
     analyze(roberta_dir, text_file, workdir / "run")
-    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", "run", "--resume",
                               "--length", "32", "--samples", "8", "--seed", "5"], monkeypatch, capsys))
     assert "complete run with different at, length, seed;" in line and "--overwrite" in line
-    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", "run", "--resume",
                               "--length", "24", "--samples", "8", "--batch-size", "2"], monkeypatch, capsys)
     assert code == 0 and "already complete; loading it" in err, "batch size is not part of a run's identity"
 
@@ -229,7 +229,7 @@ def test_resume_onto_a_complete_run_of_changed_data_is_refused(roberta_dir, work
 
 def test_resume_with_nothing_to_resume_says_so_and_starts(roberta_dir, text_file, workdir, monkeypatch,
                                                           capsys) -> None:
-    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", "run", "--resume",
                               "--length", "16", "--samples", "2"], monkeypatch, capsys)
     assert code == 0, err
     assert [line for line in err.splitlines() if "resume" in line] == ["nothing to resume in run; starting a new run"]
@@ -252,7 +252,7 @@ def test_fit_samples_that_leave_nothing_to_evaluate_are_refused_before_any_work(
     monkeypatch.setattr(ModelSource, "run", lambda *args, **kwargs: pytest.fail("a forward pass ran"))
     for fit, only in ((gives + 5, "only "), (gives, "")):
         before = snapshot(workdir)
-        line = one_line(*run_cli(["approx", str(roberta_dir), "--data", str(corpus), "--length", "32", "--k", "4",
+        line = one_line(*run_cli(["approx", str(roberta_dir), "--data", str(corpus), "--length", "32", "--budget", "4",
                                   "--methods", "linformer-pca(kv)", "--fit-samples", str(fit), "--samples", "4"],
                                  monkeypatch, capsys))
         assert line == (f"error: --fit-samples {fit} leaves no sequence to evaluate: the corpus gives {only}{gives} "
@@ -262,7 +262,7 @@ def test_fit_samples_that_leave_nothing_to_evaluate_are_refused_before_any_work(
 
 
 def test_a_k_plan_made_at_another_length_is_refused(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
-    """A plan's k_proj hold at the n they were measured at; used at another --length they are refused (not
+    """A plan's budget hold at the n they were measured at; used at another --length they are refused (not
     rescaled: how the rank a head needs grows with n is what spectra scaling measures, not a proportion)."""
     analyze(roberta_dir, text_file, workdir / "run", length=16)
     code, out, err = run_cli(["plan-k", "run", "--out", "plan.json"], monkeypatch, capsys)
@@ -286,20 +286,21 @@ def test_a_default_k_longer_than_the_sequence_names_the_default(command, default
                                                                 workdir, monkeypatch, capsys) -> None:
     line = one_line(*run_cli([command, str(roberta_dir), "--data", str(text_file), "--length", "64"], monkeypatch,
                              capsys))
-    assert line == f"error: --k defaults to {default}, more than --length 64; pass --k ≤ 64, e.g. --k {example}"
+    assert line == (f"error: --budget defaults to {default}, more than --length 64; pass --budget ≤ 64, e.g. "
+                    f"--budget {example}")
     run = getattr(spectra, command)
     with pytest.raises(spectra.SpectraError) as raised:
         run(roberta_dir, text_file, length=64)
     shown = "(128,)" if command == "approx" else "(16, 32, 64, 128, 256)"
     suggested = "16" if command == "approx" else "(16, 32, 64)"
-    assert str(raised.value) == (f"budgets defaults to {shown}, more than length=64; pass budgets ≤ 64, e.g. "
-                                 f"budgets={suggested}")
+    assert str(raised.value) == (f"budget defaults to {shown}, more than length=64; pass budget ≤ 64, e.g. "
+                                 f"budget={suggested}")
     assert snapshot(workdir) == []
 
 
 def test_each_front_end_spells_options_its_own_way(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
-    """The command line reads --overwrite, --resume, --fit-samples N, --k; Python reads overwrite=True,
-    resume=True, fit_samples=N, budgets: the same error, rendered by each front end."""
+    """The command line reads --overwrite, --resume, --fit-samples N, --budget; Python reads overwrite=True,
+    resume=True, fit_samples=N, budget: the same error, rendered by each front end."""
     (workdir / "done").mkdir()
     (workdir / "cut.partial").mkdir()
     model, corpus = str(roberta_dir), ["--data", str(text_file), "--length", "16", "--samples", "2"]
@@ -312,14 +313,14 @@ def test_each_front_end_spells_options_its_own_way(roberta_dir, text_file, workd
          lambda: spectra.analyze(roberta_dir, text_file, length=16, samples=2, out=workdir / "cut"),
          "pass --resume to continue it or --overwrite to start over",
          "pass resume=True to continue it or overwrite=True to start over"),
-        (["approx", model, *corpus, "--methods", "linformer-fit(kv)", "--k", "4"],
-         lambda: spectra.approx(roberta_dir, text_file, length=16, samples=2, methods="linformer-fit(kv)", budgets=4),
+        (["approx", model, *corpus, "--methods", "linformer-fit(kv)", "--budget", "4"],
+         lambda: spectra.approx(roberta_dir, text_file, length=16, samples=2, methods="linformer-fit(kv)", budget=4),
          "pass --fit-samples N with N ≥ 2", "pass fit_samples=N with N ≥ 2"),
-        (["approx", model, *corpus, "--k", "0"],
-         lambda: spectra.approx(roberta_dir, text_file, length=16, samples=2, budgets=0),
-         "(e.g. --k 32,64,128)", "(e.g. budgets=(32, 64, 128))"),
+        (["approx", model, *corpus, "--budget", "0"],
+         lambda: spectra.approx(roberta_dir, text_file, length=16, samples=2, budget=0),
+         "pass e.g. --budget 32,64,128", "pass e.g. budget=(32, 64, 128)"),
     ]
-    api_spellings = ("overwrite=True", "resume=True", "fit_samples=", "budgets=")
+    api_spellings = ("overwrite=True", "resume=True", "fit_samples=", "budget=")
     for args, call, cli_says, api_says in cases:
         line = one_line(*run_cli(args, monkeypatch, capsys))
         assert cli_says in line and not any(spelling in line for spelling in api_spellings), line
@@ -413,7 +414,7 @@ def test_an_allocation_failure_is_one_line_and_keeps_the_checkpoint(roberta_dir,
         return real(self, batch, observe)
 
     monkeypatch.setattr(ModelSource, "run", run)
-    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", "run", "--resume",
                               "--length", "24", "--samples", "12", "--batch-size", "4"], monkeypatch, capsys)
     resuming, line = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and resuming == "resuming run.partial after 4 sequences" and "Traceback" not in err
@@ -425,13 +426,13 @@ def test_an_allocation_failure_is_one_line_and_keeps_the_checkpoint(roberta_dir,
 def test_a_numeric_text_column_is_refused(roberta_dir, workdir, monkeypatch, capsys) -> None:
     table = workdir / "reviews.jsonl"
     table.write_text("".join(json.dumps({"score": i, "body": f"review number {i}"}) + "\n" for i in range(20)))
-    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(table), "--text-column", "score"],
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(table), "--length", "16", "--text-column", "score"],
                              monkeypatch, capsys))
     assert "column 'score'" in line and "holds numbers, not text" in line and "body" in line
 
 
 def test_text_column_on_a_txt_file_is_refused(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
-    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--text-column", "body"],
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--text-column", "body"],
                              monkeypatch, capsys))
     assert "--text-column applies to .jsonl/.csv/.parquet files only" in line
 
@@ -456,10 +457,10 @@ def test_output_piped_to_head_writes_the_files_and_exits_0(roberta_dir, text_fil
 
 
 def test_a_saved_run_refuses_options_it_cannot_honour(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
-    spectra.approx(str(roberta_dir), str(text_file), budgets=[4], methods=["svd"], length=16, samples=2,
+    spectra.approx(str(roberta_dir), str(text_file), budget=[4], methods=["svd"], length=16, samples=2,
                    out=workdir / "approx", progress=None, notify=lambda line: None)
-    line = one_line(*run_cli(["approx", "approx", "--k", "8"], monkeypatch, capsys))
-    assert "approx is a saved run: --k cannot change it (only --plot applies)" in line
+    line = one_line(*run_cli(["approx", "approx", "--budget", "8"], monkeypatch, capsys))
+    assert "approx is a saved run: --budget cannot change it (only --plot applies)" in line
     code, out, _ = run_cli(["approx", "approx"], monkeypatch, capsys)
     assert code == 0 and "k = 4: relative head-output error" in out
 

@@ -9,11 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-
-import pytest
-
 from frames import assert_frames_close
 from references import eager_ranks, poisson_replicates
+
 import spectra
 from spectra.api import approx
 
@@ -50,11 +48,11 @@ def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
 
     # one sequence per batch, so the float32 forward passes are the same in both runs, row for row
     single = ["--data", str(text_file), "--length", "24", "--samples", "5", "--batch-size", "1"]
-    torchrun(["approx", str(roberta_dir), *single, "--k", "4,8", "--methods", "svd,jl,pool-mean", "--end-to-end",
+    torchrun(["approx", str(roberta_dir), *single, "--budget", "4,8", "--methods", "svd,jl,pool-mean", "--end-to-end",
               "--out", str(tmp_path / "approx-two")], tmp_path)
     two = spectra.load_run(tmp_path / "approx-two")
     one = approx(str(roberta_dir), str(text_file), length=24, samples=5, batch_size=1,
-                 budgets=[4, 8], methods=["svd", "jl", "pool-mean"], end_to_end=True, device="cpu",
+                 budget=[4, 8], methods=["svd", "jl", "pool-mean"], end_to_end=True, device="cpu",
                  out=tmp_path / "approx-one", progress=None, notify=lambda line: None)
     for table in ("heads", "end_to_end"):
         assert_frames_close(getattr(two, table), getattr(one, table), rtol=1e-9, atol=1e-9, name=table)
@@ -64,10 +62,10 @@ def test_two_processes_draw_the_same_projections_per_sequence(roberta_dir, text_
     """Theorem tables with a fresh R per sequence (and two draws each), seeded by the global sequence index:
     two processes taking alternate sequences give the single-process numbers."""
     single = ["--data", str(text_file), "--length", "16", "--samples", "5", "--batch-size", "1"]
-    torchrun(["theorems", str(roberta_dir), *single, "--k", "4,8", "--eps", "0.3,0.5", "--draws", "2",
+    torchrun(["theorems", str(roberta_dir), *single, "--budget", "4,8", "--eps", "0.3,0.5", "--draws", "2",
               "--out", str(tmp_path / "two")], tmp_path)
     two = spectra.load_run(tmp_path / "two")
-    one = spectra.theorems(str(roberta_dir), str(text_file), length=16, samples=5, batch_size=1, budgets=[4, 8],
+    one = spectra.theorems(str(roberta_dir), str(text_file), length=16, samples=5, batch_size=1, budget=[4, 8],
                            eps=[0.3, 0.5], draws=2, device="cpu", out=tmp_path / "one", progress=None,
                            notify=lambda line: None)
     assert two.meta["processes"] == 2

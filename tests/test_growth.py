@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from references import poisson_replicates
+
 from spectra.growth import growth, log_fit, power_fit
 from spectra.probes.spectrum import SpectrumProbe
 from spectra.spectrum import METRICS

@@ -12,21 +12,21 @@ from spectra.inputs import budgets_or_default, numbers, path_text, several
 
 
 def test_one_value_or_several() -> None:
-    assert several(64, "--k") == (64,) and several([64, 8], "--k") == (64, 8) and several((8,), "--k") == (8,)
+    assert several(64, "--budget") == (64,) and several([64, 8], "--budget") == (64, 8) and several((8,), "--budget") == (8,)
     assert several("svd", "--methods") == ("svd",)
     assert several("svd, linformer(kv)", "--methods") == ("svd", "linformer(kv)"), "a label keeps its parentheses"
     assert several(["svd", "jl"], "--methods") == ("svd", "jl")
     assert several(0.1, "--eps", float) == (0.1,) and several("0.1,0.3", "--eps", float) == (0.1, 0.3)
-    assert several("32,64", "--k", int) == (32, 64) and several(range(3), "--layers") == (0, 1, 2)
+    assert several("32,64", "--budget", int) == (32, 64) and several(range(3), "--layers") == (0, 1, 2)
     with pytest.raises(SpectraError) as raised:
-        several("a,b", option("--k", "budgets"), int)
-    assert str(raised.value).startswith("budgets 'a,b' is not a comma-separated list of integers")
-    assert raised.value.for_cli().startswith("--k 'a,b' is not a comma-separated list of integers")
+        several("a,b", option("--budget"), int)
+    assert str(raised.value).startswith("budget 'a,b' is not a comma-separated list of integers")
+    assert raised.value.for_cli().startswith("--budget 'a,b' is not a comma-separated list of integers")
 
 
 def test_numbers_read_the_command_line_lists() -> None:
-    assert numbers("32, 64,128", "--k") == [32, 64, 128] and numbers("0.1,0.5", "--eps", float) == [0.1, 0.5]
-    assert numbers("", "--k") == []
+    assert numbers("32, 64,128", "--budget") == [32, 64, 128] and numbers("0.1,0.5", "--eps", float) == [0.1, 0.5]
+    assert numbers("", "--budget") == []
 
 
 def test_paths_may_be_str_or_pathlike() -> None:
@@ -38,8 +38,9 @@ def test_a_default_that_does_not_fit_says_it_was_the_default() -> None:
     assert budgets_or_default("8,16", (128,), 64) == (8, 16)
     with pytest.raises(SpectraError) as raised:
         budgets_or_default(None, (128,), 64)
-    assert raised.value.for_cli() == "--k defaults to 128, more than --length 64; pass --k ≤ 64, e.g. --k 16"
-    assert str(raised.value) == "budgets defaults to (128,), more than length=64; pass budgets ≤ 64, e.g. budgets=16"
+    assert raised.value.for_cli() == ("--budget defaults to 128, more than --length 64; pass --budget ≤ 64, e.g. "
+                                      "--budget 16")
+    assert str(raised.value) == "budget defaults to (128,), more than length=64; pass budget ≤ 64, e.g. budget=16"
     with pytest.raises(SpectraError) as raised:
         budgets_or_default(None, (16, 32, 64, 128, 256), 40)
-    assert raised.value.for_cli().endswith("e.g. --k 16,32") and str(raised.value).endswith("e.g. budgets=(16, 32)")
+    assert raised.value.for_cli().endswith("e.g. --budget 16,32") and str(raised.value).endswith("e.g. budget=(16, 32)")

@@ -64,7 +64,7 @@ def test_short_corpus_uses_everything_and_says_so(roberta_dir, tmp_path) -> None
 
 
 def test_synthetic_theorems_resume_to_the_same_tables(tmp_path) -> None:
-    settings = dict(synthetic=True, budgets=[4, 8], eps=[0.3], d=4, heads=2, length=16, samples=9, batch_size=2,
+    settings = dict(synthetic=True, budget=[4, 8], eps=[0.3], d=4, heads=2, length=16, samples=9, batch_size=2,
                     checkpoint_seconds=0.0)
     whole = spectra.theorems(None, out=tmp_path / "whole", progress=None, **settings)
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import tiny
 import torch
 from transformers import AutoModel, BertConfig, LlamaConfig, LlamaForCausalLM
 
-import tiny
 from spectra import capture, models
 from spectra.errors import SpectraError
 

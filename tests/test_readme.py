@@ -106,12 +106,12 @@ def test_the_check_fails_on_an_unknown_option_or_a_placeholder(tmp_path) -> None
     placeholder in brackets, fails to parse."""
     bad = tmp_path / "README.md"
     bad.write_text("```\nspectra analyze $MODEL --data licenses.txt \\\n    --lenght 128\n"
-                   "torchrun --nproc-per-node 2 -m spectra approx m --k 8 --bogus\n"
+                   "torchrun --nproc-per-node 2 -m spectra approx m --budget 8 --bogus\n"
                    "spectra plan-k runs/x --energy 0.9 [--per-head]\n"
                    "torchrun --nnodes 2 -m spectra analyze …\n```\n")
     found = commands(bad)
     assert found == [["analyze", PLACEHOLDER, "--data", "licenses.txt", "--lenght", "128"],
-                     ["approx", "m", "--k", "8", "--bogus"], ["plan-k", "runs/x", "--energy", "0.9", "[--per-head]"],
+                     ["approx", "m", "--budget", "8", "--bogus"], ["plan-k", "runs/x", "--energy", "0.9", "[--per-head]"],
                      ["analyze", "…"]]
     for arguments in found:
         with pytest.raises(Exception, match="No such option|unexpected extra argument|placeholder"):

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Callable
+from collections.abc import Callable
 
 import pandas as pd
 import pytest
-
 import regression
 import tolerances
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from spectra import runs
 from spectra.errors import SpectraError
+from spectra.kinds import load_run
 
 
 def test_loading_something_else_is_one_line(tmp_path) -> None:
     with pytest.raises(SpectraError, match="is not a spectra run directory: it has no run.json"):
-        runs.load_run(tmp_path)
+        load_run(tmp_path)
     (tmp_path / "run.json").write_text('{"kind": "analyze"}')
-    with pytest.raises(SpectraError, match="is not a readable spectra run"):
-        runs.load_run(tmp_path)
+    with pytest.raises(SpectraError, match="curves.npz is missing: the run directory is incomplete"):
+        load_run(tmp_path)
     (tmp_path / "run.json").write_text("{")
     with pytest.raises(SpectraError, match="run.json is not readable"):
-        runs.load_run(tmp_path)
+        load_run(tmp_path)
 
 
 @pytest.mark.parametrize("damage", [b"", b"PK\x03\x04 truncated", b"\x93NUMPY random bytes"])
@@ -25,7 +25,7 @@ def test_a_damaged_npz_is_one_line(tmp_path, damage) -> None:
     (tmp_path / "metrics.csv").write_text("layer,head\n0,0\n")
     (tmp_path / "curves.npz").write_bytes(damage)
     with pytest.raises(SpectraError, match="curves.npz is damaged or not written by spectra"):
-        runs.load_run(tmp_path)
+        load_run(tmp_path)
 
 
 def test_a_run_shows_itself_in_one_short_line_and_lists_what_it_holds(roberta_dir, text_file, tmp_path) -> None:
@@ -41,16 +41,16 @@ def test_a_run_shows_itself_in_one_short_line_and_lists_what_it_holds(roberta_di
                               f"path='{tmp_path / 'a'}')")
     assert dir(analyzed) == ["at", "causal", "cum_mean", "cum_std", "curves", "heads", "label", "layers", "meta",
                              "metrics", "n", "path", "qkv", "sigma_mean", "sigma_std"]
-    approx = spectra.approx(roberta_dir, text_file, budgets=4, methods="svd", length=16, out=tmp_path / "b", **quiet)
+    approx = spectra.approx(roberta_dir, text_file, budget=4, methods="svd", length=16, out=tmp_path / "b", **quiet)
     assert repr(approx) == (f"ApproxRun(kind='approx', model='tiny-roberta', data='corpus', n=16, samples=2, "
-                            f"methods=['svd'], budgets=[4], heads={'×'.join(map(str, approx.heads.shape))}, "
+                            f"methods=['svd'], budget=[4], heads={'×'.join(map(str, approx.heads.shape))}, "
                             f"path='{tmp_path / 'b'}')")
     assert {"heads", "end_to_end", "per_layer", "k_needed", "projections"} <= set(dir(approx))
     assert not any(name.startswith("_") for name in dir(approx))
-    theorems = spectra.theorems(None, synthetic=True, budgets=4, eps=0.5, length=16, d=4, out=tmp_path / "c", **quiet)
+    theorems = spectra.theorems(None, synthetic=True, budget=4, eps=0.5, length=16, d=4, out=tmp_path / "c", **quiet)
     shown = repr(theorems)
     assert shown.startswith("TheoremRun(kind='theorems', model='gaussian(d=4)', data='synthetic', n=16, samples=2, "
-                            "budgets=[4], eps=[0.5], theorem1=") and len(shown) < 400 and "\n" not in shown
+                            "budget=[4], eps=[0.5], theorem1=") and len(shown) < 400 and "\n" not in shown
     assert "tables" in dir(theorems)
     sweep = spectra.scaling(roberta_dir, text_file, lengths=[16, 24], bootstrap=0, out=tmp_path / "d", **quiet)
     shown = repr(sweep)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spectra.capture import Captured
-from spectra.config import SyntheticConfig
+from spectra.config import RunConfig
 from spectra.errors import SpectraError
 from spectra.sources import SyntheticSource, gaussian_qkv
 
@@ -23,7 +23,7 @@ def test_gaussian_qkv_is_seeded() -> None:
 
 
 def source(samples: int = 10, batch_size: int = 4) -> SyntheticSource:
-    return SyntheticSource(SyntheticConfig(n=8, d=4, heads=2, samples=samples, batch_size=batch_size, seed=3), "cpu")
+    return SyntheticSource(RunConfig(length=8, samples=samples, batch_size=batch_size, seed=3), 4, 2, "cpu")
 
 
 def test_batches_are_whole_from_skip() -> None:

@@ -9,16 +9,28 @@ import time
 import numpy as np
 import pytest
 import scipy.linalg
+import tiny
 import torch
+from references import spectrum_reference
 from transformers import AutoModel, AutoTokenizer
 
-import tiny
-from references import spectrum_reference
 from spectra import capture
 from spectra.lapack import Workspace
-from spectra.spectrum import (EXACT_TOLERANCE, SPECTRUM_METRICS as METRICS, cumulative, each_matrix, gram_loss, masked,
-                              resample, row_metrics, singular_values, singular_values_routed, split_threads, summarize,
-                              torch_sigma)
+from spectra.spectrum import (
+    EXACT_TOLERANCE,
+    cumulative,
+    each_matrix,
+    gram_loss,
+    masked,
+    resample,
+    row_metrics,
+    singular_values,
+    singular_values_routed,
+    split_threads,
+    summarize,
+    torch_sigma,
+)
+from spectra.spectrum import SPECTRUM_METRICS as METRICS
 
 #: the two implementations of the exact route: the CPU's (one matrix per thread through spectra.lapack) and the
 #: batched torch one that GPUs take (run here on CPU tensors)
@@ -194,9 +206,9 @@ def test_exact_fallback_triggers_on_near_uniform_p_only() -> None:
             for eigenvalues in (lapack_eigenvalues(batch), torch_eigenvalues(batch)):
                 assert ((gram_loss(eigenvalues) > EXACT_TOLERANCE) == hard).all()
         mixed = torch.cat([peaked[:2], uniform[:1], peaked[2:], uniform[1:]])
-        sigma, fell_back = singular_values_routed(mixed.reshape(1, 7, n, n), "exact")
+        sigma, fell_back = singular_values_routed(mixed.reshape(1, 7, n, n))
         assert fell_back.shape == (1, 7) and fell_back[0].tolist() == [False, False, True, False, False, True, True]
-        assert torch.equal(sigma, singular_values(mixed.reshape(1, 7, n, n), "exact"))
+        assert torch.equal(sigma, singular_values(mixed.reshape(1, 7, n, n)))
         assert torch_sigma(mixed)[1].tolist() == fell_back[0].tolist()
 
 
@@ -215,7 +227,7 @@ def test_exact_mode_within_1e6_of_scipy_on_real_attention(n: int) -> None:
     with torch.no_grad(), capture.capturing(lambda record: seen.append(masked(record.p, record.valid))):
         model(input_ids=ids.repeat(2, 1), attention_mask=mask)
     p = torch.cat(seen, dim=1)  # (2, layers × heads, n, n)
-    sigma = singular_values(p, "exact")
+    sigma = singular_values(p)
     for b, m in enumerate((n, int(0.6 * n))):
         for h in range(p.shape[1]):
             want = scipy_curve(p[b, h, :m, :m].numpy(), n)

@@ -42,9 +42,8 @@ def test_stages_mark_the_recording_run_only(clock) -> None:
     with timings.stage("forward"):  # nothing records: a no-op
         clock[0] = 1.0
     with timings.recording() as outer:
-        with timings.recording() as inner:
-            with timings.stage("forward"):
-                clock[0] = 3.0
+        with timings.recording() as inner, timings.stage("forward"):
+            clock[0] = 3.0
         with timings.stage("load"):
             clock[0] = 4.0
     assert inner.seconds() == {"forward": 2.0} and outer.seconds() == {"load": 1.0}

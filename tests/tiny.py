@@ -6,14 +6,23 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast, RobertaConfig, RobertaForMaskedLM
+from tokenizers import (
+    Tokenizer,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    PreTrainedTokenizerFast,
+    RobertaConfig,
+    RobertaForMaskedLM,
+)
 
-WORDS = (
-    "the attention matrix of a pretrained transformer is low rank and a projection of keys and values "
-    "along the sequence keeps most of its spectrum while the cost grows linearly with the length "
-    "reviews of films praise the acting the plot and the music or complain about the pacing"
-).split()
+WORDS = ["the", "attention", "matrix", "of", "a", "pretrained", "transformer", "is", "low", "rank", "and", "a", "projection", "of", "keys", "and", "values", "along", "the", "sequence", "keeps", "most", "of", "its", "spectrum", "while", "the", "cost", "grows", "linearly", "with", "the", "length", "reviews", "of", "films", "praise", "the", "acting", "the", "plot", "and", "the", "music", "or", "complain", "about", "the", "pacing"]
 
 
 def corpus_lines(count: int, seed: int = 0) -> list[str]:

@@ -1,8 +1,11 @@
-"""Training-free approximations of a pretrained model's attention at a budget k: one file per family.
+"""Approximations of a pretrained model's attention at a budget k, training-free or fitted: one file per family.
 
-Each file registers plain functions `(Layer, budget) -> Approximation` with their label, plot style and
-terminal header (`base.register`). Adding a method is adding a file here (and importing it below) with
-its test file under tests/methods/. See docs/methods.md for every formula, what k means and the cost.
+Each file defines a `base.Method` subclass — what it is (causal, random, calibrates) and
+`approximate(layer, budget, draws) -> Approximation` — and registers its variants, instances with their label,
+plot style and terminal header (`base.register`). Adding a method is adding a file here (and importing it
+below) with its test file under tests/methods/, and its labels in `spectra/catalogue.py` (which lists them
+without importing torch, for --help and for refusing an unknown name before anything loads). See docs/methods.md for every formula, what k means and the
+cost.
 
 | method | P̃ | budget k |
 | --- | --- | --- |
@@ -19,10 +22,13 @@ its test file under tests/methods/. See docs/methods.md for every formula, what 
 | linformer-pca(s), linformer-fit(s) | eq. 7 with E, F from the calibration set's principal directions, or fitted | projected dimension |
 | window | StreamingLLM: softmax over min(4, k/4) sink tokens and the nearest (most recent) keys | keys per query |
 | topk | softmax over each query's k highest-scoring keys (the sparse oracle) | keys per query |
+| fastformer-fit(-causal) | — (Fastformer's additive attention, w_q, w_k, W_r fitted per head) | none: one fit for every k |
 
-svd-causal, performer-causal, window and topk are registered causal: on a decoder's layer a query's output
-depends on no later position (on a bidirectional layer they use every key the query may see; svd-causal is
-then svd, performer-causal performer). svd-causal and performer-causal live in svd.py and performer.py.
+svd-causal, performer-causal, window, topk and fastformer-fit-causal are causal: on a decoder's layer a query's
+output depends on no later position (on a bidirectional layer they use every key the query may see; svd-causal
+is then svd, performer-causal performer, fastformer-fit-causal fastformer-fit). Each causal variant lives in its
+family's file. jl, linformer, performer(-causal), skyformer and probsparse are random (their draws come from
+`Draws`, per sequence unless fixed); linformer-pca, linformer-fit and fastformer-fit(-causal) calibrate.
 """
 
 # imported in the order methods are listed (registration order is the order of tables and legends)
@@ -37,6 +43,9 @@ from . import probsparse  # noqa: F401
 from . import window  # noqa: F401
 from . import topk  # noqa: F401
 from . import fitted  # noqa: F401
-from .base import REGISTRY, Approximation, Entry, Layer, Method, expand, register, substitute
+from . import fastformer  # noqa: F401
+from .base import (REGISTRY, Approximation, Calibrated, Draws, Layer, Method, register,
+                   resolve, substitute)
 
-__all__ = ["REGISTRY", "Approximation", "Entry", "Layer", "Method", "expand", "register", "substitute"]
+__all__ = ["REGISTRY", "Approximation", "Calibrated", "Draws", "Layer", "Method",
+           "register", "resolve", "substitute"]

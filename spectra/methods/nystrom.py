@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from .base import Approximation, Layer, Method, register
+from ..kernels import masked_softmax, scores
+from .base import Approximation, Draws, Layer, Method, register
 from .pooling import pool, windows
 
 #: Nyströmformer's default number of iterations of its pseudo-inverse approximation
 NYSTROM_ITERATIONS = 6
-
-
-def _masked_softmax(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
 
 
 def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
@@ -49,10 +46,15 @@ def pinv_cutoff(budget: int, dtype: torch.dtype) -> float:
     return budget * torch.finfo(dtype).eps
 
 
-def nystrom_method(iterations: int | None = None) -> Method:
-    """Nyströmformer with the pseudo-inverse exact (None) or by `iterations` steps of `iterative_pinv`."""
+class Nystrom(Method):
+    """Nyströmformer with the pseudo-inverse exact (`iterations` None) or by `iterations` steps of
+    `iterative_pinv`."""
 
-    def nystrom(x: Layer, budget: int) -> Approximation:
+    def __init__(self, label: str, iterations: int | None, **shown: str) -> None:
+        super().__init__(label, **shown)
+        self.iterations = iterations
+
+    def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
         """P̃ = softmax(Q K̃ᵀ s) A⁺ softmax(Q̃ Kᵀ s), A = softmax(Q̃ K̃ᵀ s), with landmarks Q̃, K̃ the means of
         Q and K over k contiguous windows of the valid positions (as pool-mean). Empty windows (k > m
         valid tokens) are masked: their landmarks get zero rows and columns, so A⁺ ignores them. Computed in
@@ -65,19 +67,16 @@ def nystrom_method(iterations: int | None = None) -> Method:
         present = present.scatter(-1, window, True)[:, None, :budget]  # (B, 1, k)
         rows = present[..., None].to(work)  # zero the rows of empty landmarks
         s = x.scaling
-        f = _masked_softmax(torch.einsum("bhid,bhcd->bhic", q, k_tilde) * s, present[:, :, None, :])
-        a = _masked_softmax(torch.einsum("bhcd,bhed->bhce", q_tilde, k_tilde) * s, present[:, :, None, :]) * rows
-        b = _masked_softmax(torch.einsum("bhcd,bhjd->bhcj", q_tilde, k) * s, x.valid[:, None, None, :]) * rows
-        if iterations is None:
+        f = masked_softmax(scores(q, k_tilde, s), present[:, :, None, :])
+        a = masked_softmax(scores(q_tilde, k_tilde, s), present[:, :, None, :]) * rows
+        b = masked_softmax(scores(q_tilde, k, s), x.valid[:, None, None, :]) * rows
+        if self.iterations is None:
             a_plus = torch.linalg.pinv(a, rtol=pinv_cutoff(budget, x.q.dtype))
         else:
-            a_plus = iterative_pinv(a, iterations)
+            a_plus = iterative_pinv(a, self.iterations)
         out = f @ (a_plus @ (b @ v))
         return Approximation(out.to(x.q.dtype), (f @ a_plus @ b).to(x.q.dtype))
 
-    return nystrom
 
-
-#: registered Nyström variants: name → iterations of the pseudo-inverse (None: exact `torch.linalg.pinv`)
-register("nystrom", nystrom_method(None), color="tab:brown", marker=">")
-register(f"nystrom-iter{NYSTROM_ITERATIONS}", nystrom_method(NYSTROM_ITERATIONS), color="#c49c94", marker="h")
+register(Nystrom("nystrom", None, color="tab:brown", marker=">"))
+register(Nystrom(f"nystrom-iter{NYSTROM_ITERATIONS}", NYSTROM_ITERATIONS, color="#c49c94", marker="h"))

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..seeds import Domain, derive_seed
-from .base import Approximation, Layer, joined, method
+from .base import Approximation, Draws, Layer, Method, one_by_one, register
 
 
 def orthogonal_features(m: int, d: int, seed: int) -> np.ndarray:
@@ -40,10 +40,10 @@ def _performer_w(seed: int, budget: int, layer: int, heads: int, d: int) -> np.n
                      for head in range(heads)])
 
 
-def performer_features(x: Layer, budget: int) -> torch.Tensor:
-    """The seeded W (H, m = k, d) of each head, fixed by (seed, budget, layer, head); a layer of one sequence that
-    draws its own derives the seed with the sequence's global index (`Layer.sequences` splits a batch)."""
-    seed = x.sequence_seeds(Domain.PERFORMER)[0] if x.per_sequence else x.seed
+def performer_features(x: Layer, budget: int, draws: Draws) -> torch.Tensor:
+    """The seeded W (H, m = k, d) of each head, fixed by (seed, budget, layer, head); a sequence that draws its own
+    (one at a time, `one_by_one`) derives the seed with its global index."""
+    seed = draws.seeds(Domain.PERFORMER)[0] if draws.per_sequence else draws.seed
     w = _performer_w(seed, budget, x.layer, x.q.shape[1], x.q.shape[-1])
     return torch.tensor(w, device=x.q.device, dtype=x.q.dtype)  # a copy: the cached array stays intact
 
@@ -79,12 +79,9 @@ def favor_plus(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.T
     return Approximation(out, p_tilde)
 
 
-@method("performer", color="tab:red", marker="<")
-def performer(x: Layer, budget: int) -> Approximation:
+def favor(x: Layer, budget: int, draws: Draws) -> Approximation:
     """FAVOR+ (`favor_plus`) with the seeded features of `performer_features`: m = k per head."""
-    if x.per_sequence and x.q.shape[0] > 1:
-        return joined([performer(part, budget) for part in x.sequences()])
-    return favor_plus(x.q, x.k, x.v, x.valid, x.scaling, performer_features(x, budget))
+    return favor_plus(x.q, x.k, x.v, x.valid, x.scaling, performer_features(x, budget, draws))
 
 
 #: positions per block of `performer-causal`'s prefix sums: the running sums are carried from block to block,
@@ -103,11 +100,9 @@ def causal_key_scale(log_k: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(c), c, 0.0)
 
 
-@method("performer-causal", color="#ff9896", marker="x", short="perf\ncausal", causal=True)
-def performer_causal(x: Layer, budget: int) -> Approximation:
+def causal_favor(x: Layer, budget: int, draws: Draws) -> Approximation:
     """Causal FAVOR+: Ṽ_i = φ(q_i)ᵀ Σ_{j≤i} φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_{j≤i} φ(k_j) over valid keys, with the
-    same W as `performer`; P̃ = the lower-triangular φ(Q) φ(K)ᵀ row-normalised. On a bidirectional layer
-    every query may see every valid key and this is `performer`.
+    same W as `performer`; P̃ = the lower-triangular φ(Q) φ(K)ᵀ row-normalised.
 
     Float safety as `performer`, with factors that cancel exactly and never look ahead: each query's
     features are divided by their largest entry, and the features of the keys row i sums over by exp(c_i),
@@ -118,11 +113,7 @@ def performer_causal(x: Layer, budget: int) -> Approximation:
     earlier blocks carried as a state (rescaled as c grows), the keys of the query's own block summed
     directly — and P̃ is formed densely only for measurement.
     """
-    if not x.causal:
-        return performer(x, budget)
-    if x.per_sequence and x.q.shape[0] > 1:
-        return joined([performer_causal(part, budget) for part in x.sequences()])
-    w, root = performer_features(x, budget), math.sqrt(x.scaling)
+    w, root = performer_features(x, budget, draws), math.sqrt(x.scaling)
     log_q, log_k = log_features(x.q * root, w), log_features(x.k * root, w)
     phi_q = torch.exp(log_q - log_q.amax(-1, keepdim=True))  # (B, H, n, m), a factor per query
     log_k = log_k.masked_fill(~x.valid[:, None, :, None], float("-inf"))
@@ -159,3 +150,24 @@ def performer_causal(x: Layer, budget: int) -> Approximation:
     a = weights(slice(0, n), slice(0, n))  # (B, H, n, n), for measurement only
     p_tilde = a / a.sum(-1, keepdim=True).clamp_min(tiny)
     return Approximation(torch.cat(outs, dim=-2), p_tilde)
+
+
+class Performer(Method):
+    """FAVOR+ with k random features per head (`favor`), or with `causal` its prefix-sum form (`causal_favor`) on a
+    decoder's layer; on a bidirectional layer every query may see every valid key and the causal variant is
+    `performer`. Each sequence draws its own features unless the draws are fixed."""
+
+    random = True
+
+    def __init__(self, label: str, *, causal: bool, **shown: str) -> None:
+        super().__init__(label, **shown)
+        self.causal = causal
+
+    def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
+        if draws.per_sequence and x.q.shape[0] > 1:
+            return one_by_one(self, x, budget, draws)
+        return (causal_favor if self.causal and x.causal else favor)(x, budget, draws)
+
+
+register(Performer("performer", causal=False, color="tab:red", marker="<"))
+register(Performer("performer-causal", causal=True, color="#ff9896", marker="x", short="perf\ncausal"))

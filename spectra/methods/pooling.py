@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Approximation, Layer, method
+from ..kernels import scores
+from .base import Approximation, Draws, Layer, Method, register
 
 
 def windows(valid: torch.Tensor, budget: int) -> torch.Tensor:
@@ -21,19 +22,19 @@ def windows(valid: torch.Tensor, budget: int) -> torch.Tensor:
 
 
 def pool(x: torch.Tensor, window: torch.Tensor, budget: int, reduce: str) -> torch.Tensor:
-    """Reduce x (B, H, n, d) over windows → (B, H, k_proj, d) (the padding bucket dropped)."""
+    """Reduce x (B, H, n, d) over windows → (B, H, budget, d) (the padding bucket dropped)."""
     index = window[:, None, :, None].expand_as(x)
     shape = (*x.shape[:2], budget + 1, x.shape[-1])
     return x.new_zeros(shape).scatter_reduce(-2, index, x, reduce=reduce, include_self=False)[..., :budget, :]
 
 
-def _pooled(x: Layer, budget: int, reduce: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pooled_attention(x: Layer, budget: int, reduce: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax weights over pooled keys (B, H, n, k), pooled values, and window ids."""
     window = windows(x.valid, budget)
     sizes = x.q.new_zeros(window.shape[0], budget + 1).scatter_add(
         -1, window, torch.ones_like(window, dtype=x.q.dtype))[:, :budget]
     k_bar, v_bar = pool(x.k, window, budget, reduce), pool(x.v, window, budget, reduce)
-    logits = torch.einsum("bhid,bhcd->bhic", x.q, k_bar) * x.scaling + sizes.log()[:, None, None, :]
+    logits = scores(x.q, k_bar, x.scaling) + sizes.log()[:, None, None, :]
     return torch.softmax(logits, dim=-1), v_bar, window
 
 
@@ -43,14 +44,21 @@ def mean_pooling_matrix(window: torch.Tensor, budget: int, dtype: torch.dtype) -
     return (member / member.sum(1, keepdim=True).clamp_min(1)).transpose(-1, -2)
 
 
-@method("pool-mean", color="#e6ab02", marker="X", short="pool\nmean")
-def pool_mean(x: Layer, budget: int) -> Approximation:
-    p_bar, _, window = _pooled(x, budget, "mean")
-    p_tilde = p_bar @ mean_pooling_matrix(window, budget, x.q.dtype)[:, None]
-    return Approximation(p_tilde @ x.v, p_tilde)
+class Pooling(Method):
+    """Keys and values pooled over k windows by `reduce`: "mean" (linear: P̃ = softmax(Q K̄ᵀ s + log|W|) M) or
+    "amax" (no P̃)."""
+
+    def __init__(self, label: str, reduce: str, **shown: str) -> None:
+        super().__init__(label, **shown)
+        self.reduce = reduce
+
+    def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
+        p_bar, v_bar, window = pooled_attention(x, budget, self.reduce)
+        if self.reduce != "mean":
+            return Approximation(p_bar @ v_bar, None)
+        p_tilde = p_bar @ mean_pooling_matrix(window, budget, x.q.dtype)[:, None]
+        return Approximation(p_tilde @ x.v, p_tilde)
 
 
-@method("pool-max", color="tab:olive", marker="*", short="pool\nmax")
-def pool_max(x: Layer, budget: int) -> Approximation:
-    p_bar, v_bar, _ = _pooled(x, budget, "amax")
-    return Approximation(p_bar @ v_bar, None)
+register(Pooling("pool-mean", "mean", color="#e6ab02", marker="X", short="pool\nmean"))
+register(Pooling("pool-max", "amax", color="tab:olive", marker="*", short="pool\nmax"))

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from ..seeds import Domain, derive_seed
-from .base import Approximation, Layer, method, valid_first
+from ..kernels import scores
+from .base import Approximation, Draws, Layer, Method, register, valid_first
 
 #: Informer's sampling factor c: c·⌈ln m⌉ sampled keys per query for M̄
 INFORMER_FACTOR = 5
@@ -40,12 +41,12 @@ def _sequence_draws(seed: int, layer: int, heads: int, n: int, count: int, width
     return drawn
 
 
-def probsparse_sample(x: Layer) -> tuple[torch.Tensor, torch.Tensor]:
+def probsparse_sample(x: Layer, draws: Draws) -> tuple[torch.Tensor, torch.Tensor]:
     """Key positions (B, H, n, c) sampled for each query and their mask (B, 1, 1, c).
 
     As Informer: c = min(INFORMER_FACTOR·⌈ln m⌉, m) keys per query, uniform over the m valid keys, with
     replacement. Draw t of query i of head h is ⌊u·m⌋ for a uniform u drawn per sequence, from a generator
-    fixed by (seed, layer, head, the sequence's global index) (`_sequence_draws`); with `x.fixed`, u is the
+    fixed by (seed, layer, head, the sequence's global index) (`_sequence_draws`); with fixed draws, u is the
     i-th number of a generator fixed by (seed, layer, head, t), shared by every sequence. Either way the
     draws are the same for every budget (so the top-k sets are nested) and, for right padding, the same for
     a sequence alone or padded in a batch.
@@ -55,33 +56,40 @@ def probsparse_sample(x: Layer) -> tuple[torch.Tensor, torch.Tensor]:
     counts = np.minimum(INFORMER_FACTOR * np.ceil(np.log(lengths[:, 0, 0, 0])).astype(np.int64), lengths[:, 0, 0, 0])
     counts = np.maximum(counts, 1)
     width = int(counts.max())
-    if x.per_sequence:
-        draws = np.stack([_sequence_draws(x.seed, x.layer, heads, n, int(count), width, sequence)
-                          for count, sequence in zip(counts, x.index)])  # (B, H, n, c)
+    if draws.per_sequence:
+        uniforms = np.stack([_sequence_draws(draws.seed, x.layer, heads, n, int(count), width, sequence)
+                             for count, sequence in zip(counts, draws.index)])  # (B, H, n, c)
     else:
-        draws = _informer_draws(x.seed, x.layer, heads, n, width)[None]  # (1, H, n, c) in float64, any device
-    ranks = torch.from_numpy(np.minimum((draws * lengths).astype(np.int64), lengths - 1)).to(x.valid.device)
+        uniforms = _informer_draws(draws.seed, x.layer, heads, n, width)[None]  # (1, H, n, c) in float64, any device
+    ranks = torch.from_numpy(np.minimum((uniforms * lengths).astype(np.int64), lengths - 1)).to(x.valid.device)
     order = valid_first(x.valid)[:, None, :].expand(-1, heads, -1)  # (B, H, n)
     positions = torch.gather(order, -1, ranks.flatten(-2)).view(ranks.shape)
     used = np.arange(counts.max()) < counts[:, None]
     return positions, torch.from_numpy(used).to(x.valid.device)[:, None, None, :]
 
 
-@method("probsparse", color="#637939", marker="d")
-def probsparse(x: Layer, budget: int) -> Approximation:
-    """Informer's ProbSparse self-attention: the u = k queries with the largest sparsity measurement
-    M̄(q_i) = max_j s_ij − mean_j s_ij, s_ij = s q_i·k_j over the sampled keys (`probsparse_sample`),
-    keep their exact rows of P; every other query gets the mean of V over the valid keys (a uniform row
-    of P̃). Padded queries are never chosen; with u ≥ m every valid row is exact."""
-    positions, used = probsparse_sample(x)
-    scores = torch.einsum("bhid,bhjd->bhij", x.q, x.k) * x.scaling  # only the sampled entries are read
-    sampled = torch.gather(scores, -1, positions)  # (B, H, n, c)
-    peak = sampled.masked_fill(~used, float("-inf")).amax(-1)
-    mean = (sampled * used).sum(-1) / used.sum(-1)
-    sparsity = (peak - mean).masked_fill(~x.valid[:, None, :], float("-inf"))  # M̄ (B, H, n)
-    rank = torch.argsort(torch.argsort(sparsity, dim=-1, descending=True, stable=True), dim=-1)
-    active = (rank < budget)[..., None]  # (B, H, n, 1)
-    keys = x.valid[:, None, None, :].to(x.q.dtype)
-    uniform = keys / keys.sum(-1, keepdim=True)
-    p_tilde = torch.where(active, x.p, uniform)  # x.p's rows are softmax(q_i Kᵀ s) over valid keys
-    return Approximation(p_tilde @ x.v, p_tilde)
+class ProbSparse(Method):
+    """Informer's ProbSparse self-attention with u = k active queries."""
+
+    random = True
+
+    def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
+        """Informer's ProbSparse self-attention: the u = k queries with the largest sparsity measurement
+        M̄(q_i) = max_j s_ij − mean_j s_ij, s_ij = s q_i·k_j over the sampled keys (`probsparse_sample`),
+        keep their exact rows of P; every other query gets the mean of V over the valid keys (a uniform row
+        of P̃). Padded queries are never chosen; with u ≥ m every valid row is exact."""
+        positions, used = probsparse_sample(x, draws)
+        logits = scores(x.q, x.k, x.scaling)  # only the sampled entries are read
+        sampled = torch.gather(logits, -1, positions)  # (B, H, n, c)
+        peak = sampled.masked_fill(~used, float("-inf")).amax(-1)
+        mean = (sampled * used).sum(-1) / used.sum(-1)
+        sparsity = (peak - mean).masked_fill(~x.valid[:, None, :], float("-inf"))  # M̄ (B, H, n)
+        rank = torch.argsort(torch.argsort(sparsity, dim=-1, descending=True, stable=True), dim=-1)
+        active = (rank < budget)[..., None]  # (B, H, n, 1)
+        keys = x.valid[:, None, None, :].to(x.q.dtype)
+        uniform = keys / keys.sum(-1, keepdim=True)
+        p_tilde = torch.where(active, x.p, uniform)  # x.p's rows are softmax(q_i Kᵀ s) over valid keys
+        return Approximation(p_tilde @ x.v, p_tilde)
+
+
+register(ProbSparse("probsparse", color="#637939", marker="d"))

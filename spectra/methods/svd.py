@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 
 from ..spectrum import split_threads
-from .base import Approximation, Layer, method
+from .base import Approximation, Draws, Layer, Method, register
 
 
-@method("svd", color="black", marker="s")
-def svd(x: Layer, budget: int) -> Approximation:
+def truncated(x: Layer, budget: int) -> Approximation:
+    """P_k = U_k Σ_k V_kᵀ and P_k V."""
     u, sigma, vh = x.svd()
     p_k = (u[..., :budget] * sigma[..., None, :budget]) @ vh[..., :budget, :]
     return Approximation(p_k @ x.v, p_k)
@@ -38,14 +38,24 @@ def prefix_truncations(p: torch.Tensor, budget: int) -> torch.Tensor:
     return rows
 
 
-@method("svd-causal", color="#7b4173", marker="+", short="svd\ncausal", causal=True)
-def svd_causal(x: Layer, budget: int) -> Approximation:
-    """Row i of P̃ = row i of the best rank-k approximation (Eckart–Young) of the prefix block P[:i+1, :i+1]
-    of a causal layer (`prefix_truncations`); on a bidirectional layer every query sees the whole P and
-    this is `svd`. Exact for the first k valid rows and for k ≥ n."""
-    if not x.causal:
-        return svd(x, budget)
-    p = x.p
-    parts = split_threads(lambda chunk: prefix_truncations(chunk, budget), p)
-    p_tilde = torch.cat(parts).reshape(p.shape)
-    return Approximation(p_tilde @ x.v, p_tilde)
+class TruncatedSVD(Method):
+    """The truncated SVD of P (`svd`), or with `causal` of each prefix block (`svd-causal`): row i of P̃ = row i
+    of the best rank-k approximation (Eckart–Young) of P[:i+1, :i+1] on a causal layer (`prefix_truncations`);
+    on a bidirectional layer every query sees the whole P and this is `svd`. Exact for the first k valid rows
+    and for k ≥ n."""
+
+    def __init__(self, label: str, *, causal: bool, **shown: str) -> None:
+        super().__init__(label, **shown)
+        self.causal = causal
+
+    def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
+        if not (self.causal and x.causal):
+            return truncated(x, budget)
+        p = x.p
+        parts = split_threads(lambda chunk: prefix_truncations(chunk, budget), p)
+        p_tilde = torch.cat(parts).reshape(p.shape)
+        return Approximation(p_tilde @ x.v, p_tilde)
+
+
+register(TruncatedSVD("svd", causal=False, color="black", marker="s"))
+register(TruncatedSVD("svd-causal", causal=True, color="#7b4173", marker="+", short="svd\ncausal"))

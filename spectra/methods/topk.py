@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Approximation, Layer, method
-from .window import kept_softmax, scores
+from ..kernels import masked_softmax, scores
+from .base import Approximation, Draws, Layer, Method, register
 
 
 def top_keys(x: Layer, s: torch.Tensor, budget: int) -> torch.Tensor:
@@ -27,9 +27,15 @@ def top_keys(x: Layer, s: torch.Tensor, budget: int) -> torch.Tensor:
     return above | (tie & (tie.cumsum(-1, dtype=torch.int32) <= room))
 
 
-@method("topk", color="#8c6d31", marker="8", short="top-k\noracle", causal=True)
-def topk(x: Layer, budget: int) -> Approximation:
+class TopK(Method):
     """The softmax of the model's scores over each query's k highest-scoring allowed keys; zero elsewhere."""
-    s = scores(x)
-    p_tilde = kept_softmax(s, top_keys(x, s, budget))
-    return Approximation(p_tilde @ x.v, p_tilde)
+
+    causal = True
+
+    def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
+        s = scores(x.q, x.k, x.scaling)
+        p_tilde = masked_softmax(s, top_keys(x, s, budget))
+        return Approximation(p_tilde @ x.v, p_tilde)
+
+
+register(TopK("topk", color="#8c6d31", marker="8", short="top-k\noracle"))

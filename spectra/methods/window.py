@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Approximation, Layer, method
+from ..kernels import masked_softmax, scores
+from .base import Approximation, Draws, Layer, Method, register
 
 #: at most this many sink tokens (StreamingLLM keeps 4)
 SINKS = 4
@@ -20,18 +21,6 @@ SINKS = 4
 def sinks(budget: int) -> int:
     """s = min(4, ⌊k/4⌋) sink tokens at budget k."""
     return min(SINKS, budget // 4)
-
-
-def scores(x: Layer) -> torch.Tensor:
-    """The model's scores s q_i·k_j (B, H, n, n)."""
-    return torch.einsum("bhid,bhjd->bhij", x.q, x.k) * x.scaling
-
-
-def kept_softmax(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """P̃ (B, H, n, n): the softmax of `scores` over the kept keys `keep` (B, 1 or H, n, n), zero elsewhere;
-    a query keeping no key (a left-padded one) gets a zero row."""
-    p = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
-    return torch.where(keep.any(-1, keepdim=True), p, 0.0)
 
 
 def window_keys(x: Layer, budget: int) -> torch.Tensor:
@@ -51,9 +40,15 @@ def window_keys(x: Layer, budget: int) -> torch.Tensor:
     return (allowed & sink) | near
 
 
-@method("window", color="#393b79", marker="H", short="window\n+sinks", causal=True)
-def window(x: Layer, budget: int) -> Approximation:
+class Window(Method):
     """StreamingLLM: the exact softmax over the s = min(4, ⌊k/4⌋) first valid keys (attention sinks) and
     the k − s nearest other keys the query may see (`window_keys`); zero elsewhere."""
-    p_tilde = kept_softmax(scores(x), window_keys(x, budget))
-    return Approximation(p_tilde @ x.v, p_tilde)
+
+    causal = True
+
+    def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
+        p_tilde = masked_softmax(scores(x.q, x.k, x.scaling), window_keys(x, budget))
+        return Approximation(p_tilde @ x.v, p_tilde)
+
+
+register(Window("window", color="#393b79", marker="H", short="window\n+sinks"))

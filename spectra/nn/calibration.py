@@ -1,26 +1,27 @@
-"""Calibration data for fixed Linformer projections: one layer's own q, k, v, and how far eq. 7 is from it.
+"""Calibration data for fitted methods: one layer's own q, k, v, and how far eq. 7 is from it.
 
 `Calibration` holds a frozen model's captured q, k, v of some sequences (S, H, n, d) for one layer, their
-valid keys and the score scale; `head_output_error` is the objective every fitted projection is judged by,
+valid keys, the score scale and whether attention is causal, and the target every fitted method is judged
+against, the layer's own head output P V; `head_output_error` is the objective every fitted projection is judged by,
 ‖P V − softmax(Q (E K)ᵀ s)(F V)‖²_F / ‖P V‖²_F per (sequence, head) over valid rows (its square root is the
 `out_err` of `spectra approx`); `pooling_projections` is the start every fit can only improve on: E = F = M,
-mean pooling over k_proj windows, with equal windows exactly the `pool-mean` method. Memory: a layer's
+mean pooling over k windows, with equal windows exactly the `pool-mean` method. Memory: a layer's
 calibration holds q, k, v and P V, 4·S·H·n·d numbers (16·S·H·n·d bytes in float32: 400 MB for 64 sequences
 of a BERT-base layer, H = 12, n = 512, d = 64). `nn.fit` builds PCA and fitted projections from these.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Sequence
 
 import torch
 
 from ..capture import Captured
 from ..config import Sharing, check_budget, choose
 from ..errors import SpectraError
-from .linformer import linear_attention
+from ..kernels import allowed, eq7, masked_softmax, scores
 from .projections import Projections, distinct_keys
 
 #: sequences per forward/backward pass: bounds the memory, not the result (sums are taken in order)
@@ -29,9 +30,10 @@ CHUNK = 8
 
 @dataclass
 class Calibration:
-    """One layer's calibration tensors: q, k, v (S, H, n, d) float32 or float64, valid keys (S, n) bool, and
-    the score scale s. k, v are per query head (grouped-query keys repeated). Padded positions may hold
-    anything: they are masked everywhere."""
+    """One layer's calibration tensors: q, k, v (S, H, n, d) float32 or float64, valid keys (S, n) bool, the
+    score scale s and whether attention is `causal` (each query sees the valid keys at or before it). k, v are
+    per query head (grouped-query keys repeated). Padded positions may hold anything: they are masked
+    everywhere. Whether a method may be fitted on causal attention is the method's to say."""
 
     layer: int
     q: torch.Tensor
@@ -39,6 +41,7 @@ class Calibration:
     v: torch.Tensor
     valid: torch.Tensor
     scaling: float
+    causal: bool = False
 
     def __post_init__(self) -> None:
         if not (self.q.dim() == 4 and self.q.shape == self.k.shape == self.v.shape):
@@ -55,16 +58,15 @@ class Calibration:
                     setattr(self, name, getattr(self, name).clone())
 
     @classmethod
-    def of(cls, records: Iterable[Captured]) -> "Calibration":
+    def of(cls, records: Iterable[Captured]) -> Calibration:
         """One layer's captured records (batches) concatenated, padded to the longest, at least float32."""
         records = list(records)
         if not records:
             raise SpectraError("no captured record to calibrate on; run at least one batch")
         first = records[0]
-        if any(r.causal for r in records):
-            raise SpectraError("Linformer projections cannot be calibrated on causal attention (eq. 7 is bidirectional)")
-        if any(r.layer != first.layer or r.scaling != first.scaling for r in records):
-            raise SpectraError("the records of one calibration must come from one layer (same layer and scaling)")
+        if any(r.layer != first.layer or r.scaling != first.scaling or r.causal != first.causal for r in records):
+            raise SpectraError("the records of one calibration must come from one layer (same layer, scaling and "
+                               "causality)")
         n = max(r.q.shape[-2] for r in records)
         dtype = torch.promote_types(first.q.dtype, torch.float32)
 
@@ -73,7 +75,7 @@ class Calibration:
 
         valid = torch.cat([torch.nn.functional.pad(r.valid, (0, n - r.valid.shape[-1])) for r in records])
         return cls(first.layer, cat([r.q for r in records]), cat([r.k for r in records]),
-                   cat([r.v for r in records]), valid, first.scaling)
+                   cat([r.v for r in records]), valid, first.scaling, first.causal)
 
     @property
     def sequences(self) -> int:
@@ -94,22 +96,23 @@ class Calibration:
 
     @cached_property
     def target(self) -> torch.Tensor:
-        """P V (S, H, n, d), zero on padded query rows; P = softmax(q kᵀ s) over the valid keys, formed a few
-        sequences at a time (P itself is S·H·n² numbers)."""
+        """P V (S, H, n, d), zero on padded query rows; P = softmax(q kᵀ s) over the keys each query may see (the
+        valid ones, and for causal attention those at or before it), formed a few sequences at a time (P itself is
+        S·H·n² numbers)."""
         parts = []
-        for start in range(0, self.sequences, CHUNK):
-            part = slice(start, start + CHUNK)
+        for first in range(0, self.sequences, CHUNK):
+            part = slice(first, first + CHUNK)
             valid = self.valid[part]
-            scores = (self.q[part] @ self.k[part].transpose(-1, -2)) * self.scaling
-            p = torch.softmax(scores.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1)
-            out = torch.nan_to_num(p) @ self.v[part].masked_fill(~valid[:, None, :, None], 0.0)
+            p = masked_softmax(scores(self.q[part], self.k[part], self.scaling), allowed(valid, self.causal))
+            out = p @ self.v[part].masked_fill(~valid[:, None, :, None], 0.0)
             parts.append(out.masked_fill(~valid[:, None, :, None], 0.0))
         return torch.cat(parts)
 
-    def subset(self, index: torch.Tensor | slice) -> "Calibration":
+    def subset(self, index: torch.Tensor | slice) -> Calibration:
         """The calibration of some sequences, their target P V cut from this one's (formed here once, so the
         fits and the scale search, which take subsets at every step, never form P again)."""
-        part = Calibration(self.layer, self.q[index], self.k[index], self.v[index], self.valid[index], self.scaling)
+        part = Calibration(self.layer, self.q[index], self.k[index], self.v[index], self.valid[index], self.scaling,
+                           self.causal)
         part.__dict__["target"] = self.target[index]
         return part
 
@@ -117,17 +120,17 @@ class Calibration:
 def head_output_error(calib: Calibration, e: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """(S, H): ‖P V − softmax(Q (E K)ᵀ s)(F V)‖²_F / ‖P V‖²_F over each head's valid query rows.
 
-    e, f: (H or 1, k_proj, ≥ n) or (k_proj, ≥ n), sliced to the first n columns; differentiable in e and f.
+    e, f: (H or 1, budget, ≥ n) or (budget, ≥ n), sliced to the first n columns; differentiable in e and f.
     """
-    out = linear_attention(calib.q, calib.k, calib.v, e, f, calib.valid, calib.scaling)
+    out, _ = eq7(calib.q, calib.k, calib.v, e, f, calib.valid, calib.scaling)
     target = calib.target
     error = (out - target).masked_fill(~calib.valid[:, None, :, None], 0.0).square().sum((-2, -1))
     return error / target.square().sum((-2, -1)).clamp_min(torch.finfo(target.dtype).tiny)
 
 
 def pooling_matrix(budget: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """M (k_proj, n): row c averages the positions ⌊c·n/k⌋ … of window c, the windows of `methods.pooling`
-    on n valid positions (equal when k_proj divides n)."""
+    """M (budget, n): row c averages the positions ⌊c·n/k⌋ … of window c, the windows of `methods.pooling`
+    on n valid positions (equal when the budget divides n)."""
     check_budget(budget, n, "n")
     window = torch.div(torch.arange(n) * budget, n, rounding_mode="floor")
     member = torch.nn.functional.one_hot(window, budget).to(dtype).T  # (k, n)

@@ -6,16 +6,17 @@ calibration set of its captured q, k, v (`Calibration`, one per layer). The obje
 ‖P V − softmax(Q (E K)ᵀ s)(F V)‖²_F / ‖P V‖²_F per (sequence, head) over valid rows (its square root is the
 `out_err` of `spectra approx`). Three sets of projections:
 
-- `pooling_projections`: E = F = M, mean pooling over k_proj windows; with equal windows eq. 7 is then
+- `pooling_projections`: E = F = M, mean pooling over k windows; with equal windows eq. 7 is then
   exactly the `pool-mean` method on full-length sequences. The fit's default start.
 - `pca_projections` (closed form): the top eigenvectors of the keys' (values') n × n position second moment,
   signed to sum positive and scaled by the positive factors that minimize the calibration error.
-- `fit_projections`: Adam on E, F minimizing the mean objective; the best step on held-out sequences is kept.
+- `fit_projections`: Adam on E, F minimizing the mean objective; the best step on held-out sequences is kept
+  (`nn.descent`, the loop every fitted method shares).
 
 A sequence of m < n tokens uses the first m columns (the paper's slicing rule); padded keys are zeroed before
 projecting, so a right-padded sequence counts exactly as its m tokens alone. Memory: a layer's calibration
 holds q, k, v and P V, 4·S·H·n·d numbers (16·S·H·n·d bytes in float32: 400 MB for 64 sequences of a BERT-base
-layer, H = 12, n = 512, d = 64); the fit adds about 4·CHUNK·H·n·(k_proj + d) numbers of autograd activations.
+layer, H = 12, n = 512, d = 64); the fit adds about 4·CHUNK·H·n·(budget + d) numbers of autograd activations.
 Layers are fitted one at a time (jointly under `layerwise`, whose one E = F they share). On CPU results are
 bitwise reproducible for a fixed number of torch threads: every sum has a fixed order, gradients are
 full-batch, and the only random draw is the seeded validation split.
@@ -27,15 +28,14 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
 from ..config import Sharing, choose
 from ..errors import SpectraError
-from ..seeds import Domain, derive_seed
+from ..kernels import eq7
 from .calibration import CHUNK, Calibration, by_layer, head_output_error, pooling_projections
-from .linformer import linear_attention
+from .descent import descend, validation_split
 from .projections import Key, Projections, projection_key
 
 #: the log10 grid of the PCA scale search (α = 1, the raw eigenvectors, is one of its points), then golden
@@ -84,7 +84,7 @@ def _scale_search(calibs: dict[int, Calibration], projections: Projections, grou
             e, f = e * alpha, (f * alpha if tied else f)
             for start in range(0, calib.sequences, CHUNK):
                 part = calib.subset(slice(start, start + CHUNK))
-                out = linear_attention(part.q, part.k, part.v, e, f, part.valid, part.scaling)
+                out, _ = eq7(part.q, part.k, part.v, e, f, part.valid, part.scaling)
                 out = out.masked_fill(~part.valid[:, None, :, None], 0.0)
                 norm = part.target.square().sum((-2, -1)).clamp_min(torch.finfo(out.dtype).tiny)
                 cross.index_add_(0, g, ((out * part.target).sum((-2, -1)) / norm).double().sum(0))
@@ -181,20 +181,6 @@ class Fit:
     best_step: dict[int, int]
 
 
-def validation_split(sequences: int, share: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(calibration, validation) sequence indices, sorted: a seeded share held out (at least one sequence
-    each side when share > 0; none held out when share = 0)."""
-    if not 0 <= share < 1:
-        raise SpectraError(f"validation must be a share in [0, 1), got {share}")
-    if share == 0:
-        return torch.arange(sequences), torch.arange(0)
-    if sequences < 2:
-        raise SpectraError(f"holding out a validation share needs ≥ 2 calibration sequences, got {sequences}")
-    held = min(max(round(share * sequences), 1), sequences - 1)
-    order = torch.from_numpy(np.random.default_rng(derive_seed(seed, Domain.LINFORMER_FIT, sequences)).permutation(sequences))
-    return order[held:].sort().values, order[:held].sort().values
-
-
 def _mean_error(calibs: dict[int, Calibration], index: dict[int, torch.Tensor], projections: Projections,
                 backward: bool) -> float:
     """Mean over layers of the mean head_output_error over the indexed sequences and heads; with `backward`
@@ -213,12 +199,6 @@ def _mean_error(calibs: dict[int, Calibration], index: dict[int, torch.Tensor], 
     return total
 
 
-def _rms(matrix: torch.Tensor) -> float:
-    """The root-mean-square entry of a matrix (1 for a zero matrix): the unit of its Adam steps."""
-    rms = matrix.detach().double().square().mean().sqrt().item()
-    return rms if rms > 0 else 1.0
-
-
 def fit_projections(calibs: Sequence[Calibration], layers: int, heads: int, budget: int, n: int,
                     sharing: Sharing | str, *, init: Projections | None = None, steps: int = 200,
                     lr: float = 0.1, seed: int = 0, validation: float = 0.25,
@@ -226,7 +206,7 @@ def fit_projections(calibs: Sequence[Calibration], layers: int, heads: int, budg
     """E, F minimizing the mean `head_output_error` over calibration sequences and heads, the model frozen.
 
     Full-batch Adam for `steps` steps, `lr` relative to each matrix's root-mean-square entry at init (one
-    setting for any n and k_proj; pooling entries are k_proj/n), from `init`: by default
+    setting for any n and budget; pooling entries are k/n), from `init`: by default
     `pooling_projections` (the fit starts at pool-mean), or given projections (e.g. `pca_projections`; their
     Theorem 2 scales δ are kept). A seeded `validation` share of the
     sequences is held out; at every step t = 0 … steps both errors are recorded, and the kept step is the
@@ -242,9 +222,9 @@ def fit_projections(calibs: Sequence[Calibration], layers: int, heads: int, budg
         raise SpectraError(f"steps must be ≥ 0 and lr > 0, got steps = {steps}, lr = {lr}")
     dtype = next(iter(found.values())).q.dtype
     init = init if init is not None else pooling_projections(layers, heads, budget, n, sharing, dtype)
-    shape = (init.layers, init.heads, init.k_proj, init.max_len, init.sharing)
+    shape = (init.layers, init.heads, init.budget, init.max_len, init.sharing)
     if shape != (layers, heads, budget, n, sharing):
-        raise SpectraError(f"init projections (layers, heads, k_proj, n, sharing) = {shape} do not fit "
+        raise SpectraError(f"init projections (layers, heads, budget, n, sharing) = {shape} do not fit "
                            f"{(layers, heads, budget, n, sharing)}")
     weights = {key: _stored(init, key).detach().to(dtype) for key in init.keys}
     projections = Projections(layers, heads, budget, n, sharing, weights=weights)
@@ -255,25 +235,18 @@ def fit_projections(calibs: Sequence[Calibration], layers: int, heads: int, budg
     for group in groups:
         members = {layer: found[layer] for layer in (found if group == [-1] else group)}
         parameters = [_stored(projections, key) for key in projections.keys if key[0] in (-1, *members)]
-        optimizer = torch.optim.Adam([{"params": [p], "lr": lr * _rms(p)} for p in parameters])
-        best, kept, start = math.inf, [p.detach().clone() for p in parameters], math.inf  # start: step 0's
-        for step in range(steps + 1):
-            optimizer.zero_grad(set_to_none=True)
-            train = _mean_error(members, {layer: splits[layer][0] for layer in members}, projections, step < steps)
-            held = {layer: splits[layer][1] for layer in members}
-            check = _mean_error(members, held, projections, backward=False) if validation > 0 else train
-            row = {"layer": group[0], "step": step, "calibration": train, "validation": check}
+        train_rows = {layer: splits[layer][0] for layer in members}
+        held_rows = {layer: splits[layer][1] for layer in members}
+
+        def record(step: int, train: Sequence[float], check: Sequence[float], group: list[int] = group) -> None:
+            row = {"layer": group[0], "step": step, "calibration": train[0], "validation": check[0]}
             rows.append(row)
             if progress is not None:
                 progress(row)
-            start = train if step == 0 else start
-            if check < best and train <= start:
-                best, best_step[group[0]] = check, step
-                kept = [p.detach().clone() for p in parameters]
-            if step < steps:
-                optimizer.step()
-        with torch.no_grad():
-            for parameter, value in zip(parameters, kept):
-                parameter.copy_(value)
+
+        kept = descend([parameters], lambda backward: [_mean_error(members, train_rows, projections, backward)],
+                       (lambda: [_mean_error(members, held_rows, projections, backward=False)]) if validation > 0
+                       else None, steps=steps, lr=lr, record=record)
+        best_step[group[0]] = kept[0]
     history = pd.DataFrame(rows, columns=["layer", "step", "calibration", "validation"])
     return Fit(projections.requires_grad_(False), history, best_step)

@@ -1,9 +1,9 @@
 """The Linformer's multi-head linear self-attention (Wang et al. 2020, eq. 7).
 
-    head_i = softmax( Q W_i^Q (E_i K W_i^K)ᵀ / √d_k ) · F_i V W_i^V,    E_i, F_i ∈ R^{k_proj × n}
+    head_i = softmax( Q W_i^Q (E_i K W_i^K)ᵀ / √d_k ) · F_i V W_i^V,    E_i, F_i ∈ R^{budget × n}
 
-E_i and F_i (`Projections`) project the sequence dimension n of keys and values down to k_proj, so
-attention costs O(n·k_proj) instead of O(n²). Three entry points share one computation:
+E_i and F_i (`Projections`) project the sequence dimension n of keys and values down to the budget k, so
+attention costs O(n·k) instead of O(n²). Three entry points share one computation:
 
 - `linear_attention(q, k, v, e, f, valid, scaling)` on already-projected q, k, v (B, H, n, d) — what the
   capture attention hands over, so `substitute(projections)` plugs eq. 7 into a pretrained model;
@@ -32,34 +32,9 @@ from torch import nn
 from ..capture import Captured, Substitute
 from ..config import Compress, choose
 from ..errors import SpectraError
+from ..kernels import attend, compress, eq7
 from ..models import attention_linears
 from .projections import Projections
-
-def compress(x: torch.Tensor, proj: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """E·x along the sequence: x (B, H|1, n, c), proj (H|1, k_proj, ≥n) or (k_proj, ≥n) → (B, H, k_proj, c).
-
-    Uses the first n columns of proj (the slicing rule); rows of padded positions (valid (B, n) False)
-    are zeroed first so they contribute nothing.
-    """
-    n = x.shape[-2]
-    if proj.shape[-1] < n:
-        raise SpectraError(
-            f"a sequence of {n} tokens is longer than the projection's {proj.shape[-1]} columns; "
-            f"use projections with max_len ≥ {n}"
-        )
-    proj = proj[..., :n].to(device=x.device, dtype=x.dtype)
-    proj = proj[None] if proj.dim() == 2 else proj
-    if valid is not None:
-        x = x.masked_fill(~valid[:, None, :, None], 0.0)
-    heads = max(x.shape[1], proj.shape[0])  # either side may be shared across heads (size 1)
-    return torch.einsum("hcn,bhnx->bhcx", proj.expand(heads, -1, -1), x.expand(-1, heads, -1, -1))
-
-
-def attend(q: torch.Tensor, k_bar: torch.Tensor, v_bar: torch.Tensor, scaling: float | None = None) -> torch.Tensor:
-    """softmax(q k̄ᵀ · scaling) v̄: q (B, H, n, d), k̄ and v̄ (B, H, k_proj, d) → (B, H, n, d)."""
-    scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
-    p_bar = torch.softmax(torch.einsum("bhid,bhcd->bhic", q, k_bar) * scaling, dim=-1)  # (B, H, n, k_proj)
-    return torch.einsum("bhic,bhcd->bhid", p_bar, v_bar)
 
 
 def linear_attention(
@@ -71,12 +46,12 @@ def linear_attention(
     valid: torch.Tensor | None = None,
     scaling: float | None = None,
 ) -> torch.Tensor:
-    """Eq. 7 on projected q, k, v (B, H, n, d): softmax(q (E k)ᵀ · scaling) (F v) → (B, H, n, d).
+    """Eq. 7 on projected q, k, v (B, H, n, d): softmax(q (E k)ᵀ · scaling) (F v) → (B, H, n, d) (`kernels.eq7`).
 
-    e, f: (H or 1, k_proj, ≥ n), sliced to the first n columns. valid (B, n): the keys that are not
+    e, f: (H or 1, budget, ≥ n), sliced to the first n columns. valid (B, n): the keys that are not
     padding (None: all); padded keys are zeroed before projecting. scaling defaults to 1/√d.
     """
-    return attend(q, compress(k, e, valid), compress(v, f, valid), scaling)
+    return eq7(q, k, v, e, f, valid, scaling)[0]
 
 
 def substitute(projections: Projections, layers: Iterable[int] | None = None) -> Substitute:
@@ -168,10 +143,10 @@ class LinformerSelfAttention(nn.Module):
         return x.view(x.shape[0], x.shape[1], self.heads, self.d).transpose(1, 2)
 
     def _compressed(self, x: torch.Tensor, proj: torch.Tensor, linear: nn.Linear, valid: torch.Tensor | None) -> torch.Tensor:
-        """Projected keys or values (B, H, k_proj, d): E (X W + 1 bᵀ) after, (E X) W + 1 bᵀ before."""
+        """Projected keys or values (B, H, budget, d): E (X W + 1 bᵀ) after, (E X) W + 1 bᵀ before."""
         if self.compress == Compress.AFTER:
             return compress(self._heads(linear(x)), proj, valid)
-        x_bar = compress(x[:, None], proj, valid)  # (B, H, k_proj, dim): E_i X
+        x_bar = compress(x[:, None], proj, valid)  # (B, H, budget, dim): E_i X
         weight = linear.weight.view(self.heads, self.d, self.dim)
         out = torch.einsum("bhcx,hdx->bhcd", x_bar, weight)
         if linear.bias is not None:

@@ -1,11 +1,11 @@
-"""The Linformer's projections E_i, F_i ∈ R^{k_proj × n} of every (layer, head) under a sharing level.
+"""The Linformer's projections E_i, F_i ∈ R^{budget × n} of every (layer, head) under a sharing level.
 
 Sharing levels (Wang et al. 2020, section 4): "none" (E_i, F_i per head: 2·L·H matrices), "headwise" (one
 E and one F per layer: 2·L), "kv" (E = F per layer: L), "layerwise" (one matrix for all layers, heads,
 keys and values: 1). "none" is eq. 7 as written; the reference implementation's default is "headwise".
 
-Projection weights have shape (k_proj, max_len), as the reference implementation's nn.Linear(max_len,
-k_proj) weights; a sequence of m ≤ max_len tokens uses the first m columns.
+The projected dimension is the budget k. Projection weights have shape (budget, max_len), as the reference
+implementation's nn.Linear(max_len, k) weights; a sequence of m ≤ max_len tokens uses the first m columns.
 """
 
 from __future__ import annotations
@@ -50,27 +50,27 @@ def distinct_keys(sharing: Sharing | str, layers: int, heads: int) -> list[Key]:
     return list(keys)
 
 
-def jl_projection(key: Key, k_proj: int, max_len: int, seed: int = 0) -> torch.Tensor:
-    """The seeded JL matrix N(0, 1/k_proj) of shape (k_proj, max_len) for one distinct key."""
+def jl_projection(key: Key, budget: int, max_len: int, seed: int = 0) -> torch.Tensor:
+    """The seeded JL matrix N(0, 1/budget) of shape (budget, max_len) for one distinct key."""
     layer, head, which = key
-    return jl_matrix(k_proj, max_len, derive_seed(seed, Domain.LINFORMER, k_proj, layer + 1, head + 1, _WHICH[which]))
+    return jl_matrix(budget, max_len, derive_seed(seed, Domain.LINFORMER, budget, layer + 1, head + 1, _WHICH[which]))
 
 
 def jl_pair(
-    sharing: Sharing | str, layer: int, heads: int, k_proj: int, n: int, seed: int = 0
+    sharing: Sharing | str, layer: int, heads: int, budget: int, n: int, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """E and F (H, k_proj, n) of one layer, drawn exactly as `Projections(init="jl")` draws them.
+    """E and F (H, budget, n) of one layer, drawn exactly as `Projections(init="jl")` draws them.
 
     Draws only this layer's matrices, so a probe can evaluate eq. 7 layer by layer without holding
     every layer's projections.
     """
-    check_budget(k_proj)
+    check_budget(budget)
     drawn: dict[Key, torch.Tensor] = {}
 
     def get(head: int, which: str) -> torch.Tensor:
         key = projection_key(sharing, layer, head, which)
         if key not in drawn:
-            drawn[key] = jl_projection(key, k_proj, n, seed)
+            drawn[key] = jl_projection(key, budget, n, seed)
         return drawn[key]
 
     e = torch.stack([get(head, "e") for head in range(heads)])
@@ -78,12 +78,12 @@ def jl_pair(
     return e, f
 
 
-def _xavier(k_proj: int, max_len: int, seed: int) -> torch.Tensor:
-    """The reference implementation's init of its nn.Linear(max_len, k_proj) compression weights:
-    xavier_uniform_ with gain 1/√2, i.e. U(−a, a) with a = (1/√2)·√(6 / (max_len + k_proj))."""
-    bound = math.sqrt(3.0 / (max_len + k_proj))
+def _xavier(budget: int, max_len: int, seed: int) -> torch.Tensor:
+    """The reference implementation's init of its nn.Linear(max_len, budget) compression weights:
+    xavier_uniform_ with gain 1/√2, i.e. U(−a, a) with a = (1/√2)·√(6 / (max_len + budget))."""
+    bound = math.sqrt(3.0 / (max_len + budget))
     generator = torch.Generator().manual_seed(seed)
-    return (torch.rand(k_proj, max_len, generator=generator, dtype=torch.float64) * 2 - 1).mul(bound).float()
+    return (torch.rand(budget, max_len, generator=generator, dtype=torch.float64) * 2 - 1).mul(bound).float()
 
 
 def _name(key: Key) -> str:
@@ -94,10 +94,10 @@ def _name(key: Key) -> str:
 class Projections(nn.Module):
     """E_i, F_i for every (layer, head) of a model under one sharing level; shared matrices are one parameter.
 
-    Each distinct matrix has shape (k_proj, max_len). `init`: "jl" — seeded N(0, 1/k_proj) (the JL
+    Each distinct matrix has shape (budget, max_len). `init`: "jl" — seeded N(0, 1/budget) (the JL
     matrices of the paper's theory); "xavier" — the reference implementation's xavier_uniform_(gain 1/√2);
     or pass `weights` to load given matrices (a mapping from `keys` to tensors, or a tensor stacked in
-    `keys` order, or one (k_proj, max_len) tensor when there is a single distinct matrix), kept in the
+    `keys` order, or one (budget, max_len) tensor when there is a single distinct matrix), kept in the
     floating dtype given (several dtypes: their common one; integers: float32). Drawn matrices are float32.
     `delta` applies Theorem 2's scaling E = δR, F = e^{−δ}R on top of the stored R (so "kv" and
     "layerwise" still store one R, used with two scale factors).
@@ -107,7 +107,7 @@ class Projections(nn.Module):
         self,
         layers: int,
         heads: int,
-        k_proj: int,
+        budget: int,
         max_len: int,
         sharing: Sharing | str = Sharing.HEADWISE,
         *,
@@ -119,13 +119,13 @@ class Projections(nn.Module):
     ) -> None:
         super().__init__()
         sharing = choose(Sharing, sharing, "sharing")
-        check_budget(k_proj, max_len, "max_len")
+        check_budget(budget, max_len, "max_len")
         if layers < 1 or heads < 1:
             raise SpectraError(f"layers and heads must be ≥ 1, got {layers} and {heads}")
         init = choose(Init, init, "init")
         if delta is not None and not delta >= 0:
             raise SpectraError(f"delta must be ≥ 0 (Theorem 2 uses a small positive constant), got {delta}")
-        self.layers, self.heads, self.k_proj, self.max_len, self.sharing = layers, heads, k_proj, max_len, sharing
+        self.layers, self.heads, self.budget, self.max_len, self.sharing = layers, heads, budget, max_len, sharing
         self.e_scale = 1.0 if delta is None else float(delta)
         self.f_scale = 1.0 if delta is None else math.exp(-float(delta))
         self.keys = distinct_keys(sharing, layers, heads)
@@ -135,14 +135,14 @@ class Projections(nn.Module):
             if given is not None:
                 matrix = given[i]
             elif init == Init.JL:
-                matrix = jl_projection(key, k_proj, max_len, seed)
+                matrix = jl_projection(key, budget, max_len, seed)
             else:
                 layer, head, which = key
-                matrix = _xavier(k_proj, max_len, derive_seed(seed, Domain.LINFORMER_XAVIER, k_proj, layer + 1, head + 1, _WHICH[which]))
+                matrix = _xavier(budget, max_len, derive_seed(seed, Domain.LINFORMER_XAVIER, budget, layer + 1, head + 1, _WHICH[which]))
             self.weights[_name(key)] = nn.Parameter(matrix, requires_grad=trainable)
 
     def _given(self, weights: torch.Tensor | Mapping[Key, torch.Tensor]) -> list[torch.Tensor]:
-        shape = (self.k_proj, self.max_len)
+        shape = (self.budget, self.max_len)
         if isinstance(weights, Mapping):
             missing = [key for key in self.keys if key not in weights]
             if missing:
@@ -156,11 +156,11 @@ class Projections(nn.Module):
             if weights.dim() != 3 and not (weights.dim() == 2 and len(self.keys) == 1) or len(found) != len(self.keys):
                 raise SpectraError(
                     f"weights of shape {tuple(weights.shape)} do not fit sharing '{self.sharing}': "
-                    f"expected ({len(self.keys)}, {self.k_proj}, {self.max_len})"
+                    f"expected ({len(self.keys)}, {self.budget}, {self.max_len})"
                 )
         for matrix in found:
             if tuple(matrix.shape) != shape:
-                raise SpectraError(f"a projection has shape {tuple(matrix.shape)}; expected (k_proj, max_len) = {shape}")
+                raise SpectraError(f"a projection has shape {tuple(matrix.shape)}; expected (budget, max_len) = {shape}")
         dtype = found[0].dtype  # kept as given (float64 stays float64); mixed or integer weights are promoted
         for matrix in found[1:]:
             dtype = torch.promote_types(dtype, matrix.dtype)
@@ -173,13 +173,13 @@ class Projections(nn.Module):
         return len(self.keys)
 
     def matrix(self, layer: int, head: int, which: str) -> torch.Tensor:
-        """The stored R (k_proj, max_len) that E ("e") or F ("f") of (layer, head) is made of, unscaled."""
+        """The stored R (budget, max_len) that E ("e") or F ("f") of (layer, head) is made of, unscaled."""
         if not (0 <= layer < self.layers and 0 <= head < self.heads and which in ("e", "f")):
             raise SpectraError(f"no projection ({layer}, {head}, {which!r}) in {self.layers} layers × {self.heads} heads")
         return self.weights[_name(projection_key(self.sharing, layer, head, which))]
 
     def pair(self, layer: int, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """E and F (H, k_proj, n) of one layer, scaled (Theorem 2's δ) and sliced to the first n columns."""
+        """E and F (H, budget, n) of one layer, scaled (Theorem 2's δ) and sliced to the first n columns."""
         n = self.max_len if n is None else n
         if n > self.max_len:
             raise SpectraError(
@@ -200,7 +200,7 @@ def projections_arrays(fitted: Mapping[tuple[str, int], "Projections"]) -> dict[
         arrays[prefix + "weights"] = torch.stack([projections.weights[_name(key)].detach().cpu()
                                                   for key in projections.keys]).numpy()
         arrays[prefix + "keys"] = np.array([[layer, head, _WHICH[which]] for layer, head, which in projections.keys])
-        arrays[prefix + "shape"] = np.array([projections.layers, projections.heads, projections.k_proj,
+        arrays[prefix + "shape"] = np.array([projections.layers, projections.heads, projections.budget,
                                              projections.max_len])
         arrays[prefix + "sharing"] = np.array(str(projections.sharing))
         arrays[prefix + "scales"] = np.array([projections.e_scale, projections.f_scale])
@@ -208,17 +208,18 @@ def projections_arrays(fitted: Mapping[tuple[str, int], "Projections"]) -> dict[
 
 
 def projections_from_arrays(arrays: Mapping[str, np.ndarray]) -> dict[tuple[str, int], "Projections"]:
-    """The inverse of `projections_arrays`."""
-    entries = sorted({key.rsplit("|", 1)[0] for key in arrays})
+    """The inverse of `projections_arrays`: every entry "<name>|<budget>|…" in `arrays` (others, such as another
+    method's fitted parameters in the same file, are left alone)."""
+    entries = sorted({key.rsplit("|", 1)[0] for key in arrays if key.endswith("|shape") and key.count("|") == 2})
     found = {}
     for entry in entries:
-        name, budget = entry.rsplit("|", 1)
-        layers, heads, k_proj, max_len = (int(x) for x in arrays[f"{entry}|shape"])
+        name, budget_text = entry.rsplit("|", 1)
+        layers, heads, budget, max_len = (int(x) for x in arrays[f"{entry}|shape"])
         weights = torch.from_numpy(np.asarray(arrays[f"{entry}|weights"]).copy())
-        projections = Projections(layers, heads, k_proj, max_len, str(arrays[f"{entry}|sharing"]), weights=weights,
+        projections = Projections(layers, heads, budget, max_len, str(arrays[f"{entry}|sharing"]), weights=weights,
                                   trainable=False)
         projections.e_scale, projections.f_scale = (float(x) for x in arrays[f"{entry}|scales"])
-        found[(name, int(budget))] = projections
+        found[(name, int(budget_text))] = projections
     return found
 
 

@@ -9,15 +9,14 @@ with samples, mean, median, p95, max and the fraction at most the target.
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..capture import Captured
-from ..config import ApproxOptions
-from ..methods import REGISTRY, Approximation, Layer
+from ..methods import Approximation, Draws, Layer, Method, resolve
 from ..spectrum import masked
 from ..stats import ErrorStats, State
 from .base import Probe
@@ -54,33 +53,43 @@ class HeadProbe(Probe):
     """Streams every layer through each (method, budget) and keeps error statistics.
 
     Cells are (method, budget, layer, head, measure); samples are sequences. Random methods draw per sequence
-    unless the options fix the projection, so a mean comes with a 95% interval over sequences. Sequences
-    before `start` (a calibration set) are left out; `fitted` holds projections fitted on them; `budget_of`
-    (a k plan) gives a layer its own budget in place of the sweep's.
+    unless the options fix the projection, so a mean comes with a 95% interval over sequences. The options'
+    first `fit_samples` sequences (the calibration set) are left out, unless this probe measures that set itself
+    (`calibration`, fed by the fitting probe); `fitted` holds the run's fitted instances of the
+    methods that calibrate on them, by label; `budget_of` (a k plan) gives a layer its own budget in place of the
+    sweep's.
     """
 
-    def __init__(self, options: ApproxOptions, layers: int, heads: int, *, seed: int = 0, start: int = 0,
-                 fitted: Mapping[tuple[str, int], object] | None = None,
-                 budget_of: Callable[[int], int] | None = None, file: str = "heads.csv") -> None:
-        self.options, self.seed, self.start, self.fitted, self.budget_of = options, seed, start, fitted, budget_of
+    def __init__(self, options: Any, layers: int, heads: int, *, seed: int = 0,
+                 fitted: Mapping[str, Method] | None = None, budget_of: Callable[[int], int] | None = None,
+                 file: str = "heads.csv", calibration: bool = False) -> None:
+        self.options, self.seed, self.budget_of = options, seed, budget_of
+        self.skip = 0 if calibration else options.fit_samples
         self.file = file
-        self.labels, self.budgets = list(options.methods), list(options.budgets)
+        self.labels, self.budgets = list(options.methods), list(options.budget)
+        self.methods = [resolve(label, fitted) for label in self.labels]
+        for method in self.methods:
+            if method.calibrates and method.label not in (fitted or {}):
+                raise method.unfitted()
         self.stats = ErrorStats((len(self.labels), len(self.budgets), layers, heads, len(MEASURES)),
                                 eps=(options.target,))
 
     def update(self, captured: Captured) -> None:
-        if min(captured.sequence_index()) < self.start:
+        if min(captured.sequence_index()) < self.skip:
             return
-        x = Layer.of(captured, seed=self.seed, projection=self.options.projection,
-                     fixed=self.options.fixed_projection, fitted=self.fitted)
-        self.measure(x)
+        self.measure(Layer.of(captured), self.draws(captured))
 
-    def measure(self, x: Layer) -> None:
+    def draws(self, captured: Captured) -> Draws:
+        """The draws of a captured batch under the run's seed and projection settings."""
+        return Draws.of(captured, seed=self.seed, projection=self.options.projection,
+                        fixed=self.options.fixed_projection)
+
+    def measure(self, x: Layer, draws: Draws) -> None:
         """Every method at every budget on one layer's batch."""
-        for i, label in enumerate(self.labels):
+        for i, method in enumerate(self.methods):
             for j, budget in enumerate(self.budgets):
-                at = self.budget_of(x.layer) if self.budget_of is not None else budget
-                errors = measures(x, REGISTRY[label].run(x, at)).permute(2, 0, 1)  # (H, measure, B)
+                layer_budget = self.budget_of(x.layer) if self.budget_of is not None else budget
+                errors = measures(x, method(x, layer_budget, draws)).permute(2, 0, 1)  # (H, measure, B)
                 self.stats.add((i, j, x.layer), errors, keep=~errors.isnan())
 
     def state(self) -> State:

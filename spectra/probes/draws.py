@@ -3,8 +3,8 @@
 Theorems 1 and 2 are statements about a random projection R. Measured with one R for a whole run, a
 success rate is a property of that one draw: twenty fresh draws moved a reported 0.040 anywhere in
 0.026–0.064, and more sequences did not shrink that. So by default every sequence gets its own R (and E,
-F), `draws` of them, seeded by (seed, domain, layer, k_proj, the sequence's global index, draw) so the
-numbers depend on neither batching nor the number of processes; `fixed` keeps one R per (layer, k_proj),
+F), `draws` of them, seeded by (seed, domain, layer, budget, the sequence's global index, draw) so the
+numbers depend on neither batching nor the number of processes; `fixed` keeps one R per (layer, budget),
 the old behaviour.
 
 `Uncertainty` turns the errors of a batch into cluster statistics at the three levels the theorem tables
@@ -15,7 +15,7 @@ interval over sequences (`stats.ClusterStats`) and the spread of the rate across
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -26,11 +26,11 @@ from ..stats import ClusterStats, State
 LEVELS = {(): "heads", ("head",): "layers", ("layer", "head"): "all"}
 
 
-def draw_seed(seed: int, domain: int, layer: int, k_proj: int, sequence: int | None, draw: int) -> int:
-    """The seed of one R: per (layer, k_proj) when `sequence` is None (fixed), else per sequence and draw too."""
+def draw_seed(seed: int, domain: int, layer: int, budget: int, sequence: int | None, draw: int) -> int:
+    """The seed of one R: per (layer, budget) when `sequence` is None (fixed), else per sequence and draw too."""
     if sequence is None:
-        return derive_seed(seed, domain, layer, k_proj)
-    return derive_seed(seed, domain, layer, k_proj, sequence, draw)
+        return derive_seed(seed, domain, layer, budget)
+    return derive_seed(seed, domain, layer, budget, sequence, draw)
 
 
 class Uncertainty:

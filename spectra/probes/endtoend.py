@@ -66,17 +66,17 @@ def mask_tokens(batch: Batch, loaded: Loaded, seed: int) -> tuple[torch.Tensor, 
 class EndToEnd(Probe):
     """Owns one substitution per (method, budget[, allocation]) and, after each batch, runs the exact model and
     every substitution on it: hidden-state drift and (with an LM head) the loss per substitution. Batches of
-    sequences before `start` (a calibration set) are left out."""
+    the first `fit_samples` sequences (a calibration set) are left out."""
 
     def __init__(self, source: "ModelSource", substitutes: dict[tuple, Substitute], seed: int,
-                 layers: str = "all", start: int = 0) -> None:
-        self.source, self.substitutes, self.seed, self.layers, self.start = source, substitutes, seed, layers, start
+                 layers: str = "all") -> None:
+        self.source, self.substitutes, self.seed, self.layers = source, substitutes, seed, layers
         self.keys = list(substitutes)
         self.sums = np.zeros((len(self.keys) + 1, len(_FIELDS)))  # row 0: the exact model
 
     def after_batch(self, batch: Batch) -> None:
         """Exact and substituted forward passes of one batch."""
-        if min(batch.index) < self.start:
+        if min(batch.index) < self.source.fit_samples:
             return
         loaded = self.source.loaded
         if loaded.head == MASKED_LM:

@@ -1,97 +1,97 @@
-"""The calibration pass of `spectra approx --fit-samples N`: fit projections on the first N sequences, once.
+"""The calibration pass of `spectra approx --fit-samples N`: fit every calibrating method on the first N sequences, once.
 
 The loop streams sequences 0 … N + S − 1; the first N calibrate and are never evaluated. This probe keeps their
-q, k, v per layer (a light copy: no mask, no P), and when the last calibration batch has gone by it builds,
-for every fitted method and budget, its projections (`nn.fit.pca_projections`, `nn.fit.fit_projections`) into
-`fitted`, a dict the per-head probe and end to end read by reference. It then measures every method on the
-calibration sequences themselves (`heads_calibration.csv`: beside the held-out `heads.csv`, the gap shows how
-much fixed projections overfit) and lets the copies go. Its results: the projections (`projections.npz`,
-loadable with `spectra.nn.projections.load_projections`) and each fit's history (`fit_history.csv`).
+q, k, v per layer (a light copy: no mask, no P), and when the last calibration batch has gone by it hands them
+(`nn.calibration.Calibration`, one per layer) and the run's fit settings to each method that says it
+`calibrates` — the run's own fresh instance of it, in `fitted`, which the per-head probe and end to end read by
+reference. It then measures every method on the calibration sequences themselves (`heads_calibration.csv`:
+beside the held-out `heads.csv`, the gap shows how much fitted parameters overfit) and lets the copies go. Its
+results: the fitted parameters (`projections.npz`; a Linformer's load with
+`spectra.nn.projections.load_projections`) and each fit's history (`fit_history.csv`).
 
+Whether a method may be fitted on a decoder's causal attention is the method's to say (`Method.causal`): the
+Linformer's eq. 7 mixes every key into each projected key and is refused there before any work,
+`fastformer-fit-causal` is fitted on the causal attention itself (each calibration's target is the causal P V).
 A run can be checkpointed only once the fit is done (before, its state would be the calibration tensors
 themselves); an interrupted calibration starts again on --resume.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..capture import Captured
-from ..config import ApproxOptions, FitInit, Sharing
-from ..methods import Layer
-from ..methods.fitted import sharing_of
+from ..errors import InternalError, SpectraError
+from ..methods import REGISTRY, Calibrated, Layer
+from ..reporter import Reporter
 from ..nn.calibration import Calibration
-from ..nn.fit import fit_projections, pca_projections
-from ..nn.projections import Projections, projections_arrays, projections_from_arrays
+from ..nn.descent import FitSettings
 from ..stats import State, tagged
 from .approx import HeadProbe
 from .base import Probe
 
 
 class Fitting(Probe):
-    """Calibration sequences in, fitted projections out (see the module docstring)."""
+    """Calibration sequences in, fitted methods out (see the module docstring)."""
 
-    def __init__(self, options: ApproxOptions, layers: int, heads: int, n: int, *, seed: int = 0,
-                 notify: Callable[[str], None] = print) -> None:
-        self.options, self.layers, self.heads, self.n, self.seed, self.notify = options, layers, heads, n, seed, notify
-        self.boundary = options.fit_samples
-        self.labels = [label for label in options.methods if label.startswith(("linformer-pca", "linformer-fit"))]
-        self.fitted: dict[tuple[str, int], Projections] = {}
+    def __init__(self, options: Any, layers: int, heads: int, n: int, *, seed: int = 0, causal: bool = False,
+                 reporter: Reporter = Reporter()) -> None:
+        """`causal`: the model's attention is causal (a decoder's), so every method fitted must be causal too."""
+        self.options, self.layers, self.heads, self.n, self.reporter = options, layers, heads, n, reporter
+        self.fit_samples = options.fit_samples
+        self.settings = FitSettings.of(options, seed)
+        calibrating = [REGISTRY[label] for label in options.methods if REGISTRY[label].calibrates]
+        refused = [method.label for method in calibrating if causal and not method.causal]
+        if refused:
+            usable = ", ".join(label for label, method in REGISTRY.items() if method.calibrates and method.causal)
+            raise SpectraError(f"{refused[0]} cannot be fitted on a decoder's causal attention: it lets each query "
+                               f"see later tokens; the fitted methods for decoders: {usable}")
+        self.fitted: dict[str, Calibrated] = {method.label: method.fresh() for method in calibrating}
+        self.labels = list(self.fitted)
         self.history = pd.DataFrame()
         self.calibration = HeadProbe(options, layers, heads, seed=seed, fitted=self.fitted,
-                                     file="heads_calibration.csv")
+                                     file="heads_calibration.csv", calibration=True)
         self.records: dict[int, list[Captured]] = {}
         self.done = False
 
     def update(self, captured: Captured) -> None:
-        index = captured.sequence_index()
-        if min(index) >= self.boundary:
-            self.fit()  # the first evaluated batch: the calibration is complete
-            return
+        if min(captured.sequence_index()) >= self.fit_samples:
+            return  # an evaluated batch: the fit was done after the last calibration batch (`after_batch`)
+        if captured.causal and any(not method.causal for method in self.fitted.values()):
+            raise InternalError(f"layer {captured.layer} is causal but the fitting probe was made for a bidirectional "
+                                "model")
         light = Captured(captured.layer, captured.q.detach().cpu().clone(), captured.key.detach().cpu().clone(),
                          captured.value.detach().cpu().clone(), captured.valid.cpu(), captured.scaling,
                          captured.causal, None, captured.index)
         self.records.setdefault(captured.layer, []).append(light)
 
     def after_batch(self, batch) -> None:
-        if max(batch.index) >= self.boundary - 1:
+        if max(batch.index) >= self.fit_samples - 1:
             self.fit()
 
     def ready(self) -> bool:
         return self.done
 
     def fit(self) -> None:
-        """Fit every method's projections at every budget on the calibration kept so far (once)."""
+        """Fit every calibrating method on the calibration kept so far (once), then measure it there."""
         if self.done:
             return
         calibrations = [Calibration.of(records) for _, records in sorted(self.records.items())]
         count = calibrations[0].sequences if calibrations else 0
         held = round(count * self.options.fit_validation)
-        self.notify(f"calibration: {count} sequences, {sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, "
+        self.reporter.notify(f"calibration: {count} sequences, {sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, "
                     f"v; fitting {len(self.labels)} method(s) at {len(self.options.fit_budgets)} budget(s) "
                     f"({held} sequences held out to choose the fit's step)")
         histories = []
-        for label in self.labels:
-            for budget in self.options.fit_budgets:
-                sharing = sharing_of(label)
-                shape = (calibrations, self.layers, self.heads, budget, self.n, sharing)
-                if label.startswith("linformer-pca"):
-                    self.fitted[(label, budget)] = pca_projections(*shape)
-                    continue
-                init = pca_projections(*shape) if self.options.fit_init == FitInit.PCA else None
-                groups = 1 if sharing == Sharing.LAYERWISE else len(calibrations)
-                fit = fit_projections(*shape, init=init, steps=self.options.fit_steps, lr=self.options.fit_lr,
-                                      seed=self.seed, validation=self.options.fit_validation,
-                                      progress=self._timing(f"{label} at k = {budget}", groups))
-                self.fitted[(label, budget)] = fit.projections
-                histories.append(fit.history.assign(method=label, budget=budget))
-                kept = ", ".join(f"{step}" for step in fit.best_step.values())
-                self.notify(f"fitted {label} at k = {budget}: kept step(s) {kept} of {self.options.fit_steps}")
+        for label, method in self.fitted.items():
+            history = method.fit(calibrations, layers=self.layers, heads=self.heads, n=self.n,
+                                 settings=self.settings, reporter=self.reporter)
+            if len(history):
+                histories.append(history.assign(method=label))
         self.history = pd.concat(histories, ignore_index=True) if histories else pd.DataFrame()
         if len(self.history):
             self.history = self.history[["method", "budget", *[c for c in self.history.columns
@@ -99,27 +99,18 @@ class Fitting(Probe):
         with torch.inference_mode():
             for records in self.records.values():
                 for record in records:
-                    self.calibration.measure(Layer.of(record, use_p=False, seed=self.seed,
-                                                      projection=self.options.projection,
-                                                      fixed=self.options.fixed_projection, fitted=self.fitted))
+                    self.calibration.measure(Layer.of(record, use_p=False), self.calibration.draws(record))
         self.records, self.done = {}, True
 
-    def _timing(self, what: str, groups: int) -> Callable[[dict], None]:
-        """A fit's progress callback: once its first group (layer) is fitted, one line with the time it took and
-        what the rest will take, so a long fit is not silent."""
-        started, steps, said = time.perf_counter(), self.options.fit_steps, []
-
-        def progress(row: dict) -> None:
-            if row["step"] == steps and not said and groups > 1:
-                took = time.perf_counter() - started
-                said.append(took)
-                self.notify(f"fitting {what}: the first of {groups} layers took {took:.0f} s; about "
-                            f"{took * (groups - 1) / 60:.1f} min more")
-
-        return progress
+    def fitted_arrays(self) -> dict[str, np.ndarray]:
+        """Every fitted method's parameters as arrays, in the order of their entries' names ("<label>|<budget>"
+        for a Linformer's projections; a stable sort keeps each entry's own order), so a run writes the same file
+        whether or not its state went through a checkpoint."""
+        found = {key: value for method in self.fitted.values() for key, value in method.arrays().items()}
+        return dict(sorted(found.items(), key=lambda item: item[0].rsplit("|", 1)[0]))
 
     def state(self) -> State:
-        arrays = {f"fitted.{key}": value for key, value in projections_arrays(self.fitted).items()}
+        arrays = {f"fitted.{key}": value for key, value in self.fitted_arrays().items()}
         history = {f"history.{column}": self.history[column].to_numpy() for column in self.history.columns
                    if column != "method"}
         if len(self.history):
@@ -129,8 +120,8 @@ class Fitting(Probe):
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.calibration.load_state(arrays)
         fitted = {key[len("fitted."):]: value for key, value in arrays.items() if key.startswith("fitted.")}
-        self.fitted.clear()
-        self.fitted.update(projections_from_arrays(fitted))
+        for method in self.fitted.values():
+            method.load_arrays(fitted)
         columns = {key[len("history."):]: value for key, value in arrays.items() if key.startswith("history.")}
         if columns:
             frame = pd.DataFrame(columns)
@@ -145,7 +136,9 @@ class Fitting(Probe):
         return tables
 
     def arrays(self) -> dict[str, dict[str, np.ndarray]]:
-        return {"projections.npz": projections_arrays(self.fitted)} if self.fitted else {}
+        found = self.fitted_arrays()
+        return {"projections.npz": found} if found else {}
 
     def describe(self) -> dict:
-        return {"calibration": {"sequences": [0, self.boundary], "fitted": sorted({label for label, _ in self.fitted})}}
+        fitted = sorted(label for label, method in self.fitted.items() if method.fitted)
+        return {"calibration": {"sequences": [0, self.fit_samples], "fitted": fitted}}

@@ -24,7 +24,8 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,13 +49,13 @@ def _to(x: torch.Tensor, device: torch.device, wait: bool) -> torch.Tensor:
     return x.to(device)
 
 
-def _seconds(p: torch.Tensor, mode: str) -> float:
+def _seconds(p: torch.Tensor) -> float:
     """Wall time of the singular values of the batch p where it lies (the second of two calls)."""
     for _ in range(2):
         if p.device.type == "cuda":
             torch.cuda.synchronize(p.device)
         start = time.perf_counter()
-        singular_values(p, mode)
+        singular_values(p)
         if p.device.type == "cuda":
             torch.cuda.synchronize(p.device)
         elapsed = time.perf_counter() - start
@@ -91,8 +92,8 @@ class Offloaded(Probe):
             self.device = source
         else:
             sample = masked(p, valid)
-            self.seconds = {source.type: _seconds(sample, self.probe.mode),
-                            "cpu": _seconds(sample.cpu(), self.probe.mode)}
+            self.seconds = {source.type: _seconds(sample),
+                            "cpu": _seconds(sample.cpu())}
             self.device = min((source, torch.device("cpu")), key=lambda d: self.seconds[d.type])
         if self.overlap is None:
             self.overlap = self.device != source

@@ -15,7 +15,7 @@ and `qkv.npz` (the eigenvalues of every second-moment matrix, descending).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd

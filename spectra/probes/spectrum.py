@@ -17,17 +17,23 @@ written to `bootstrap.npz`, from which `spectra scaling` gets the confidence int
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..capture import Captured
-from ..config import Spectrum
 from ..errors import InternalError
-from ..spectrum import METRICS, masked, row_metrics, singular_values, sink_start, summarize
 from ..seeds import Domain, derive_seed
+from ..spectrum import (
+    METRICS,
+    masked,
+    row_metrics,
+    singular_values,
+    sink_start,
+    summarize,
+)
 from ..stats import Moments, State, tagged
 from ..timings import stage
 from .base import Probe
@@ -39,12 +45,12 @@ BOOTSTRAPPED = ("rank90", "rank99")
 class SpectrumProbe(Probe):
     """Moments over sequences of the normalized cumulative curve, σ and METRICS of every (layer, head)."""
 
-    def __init__(self, layers: int, heads: int, n: int, at: int, mode: Spectrum | str = Spectrum.EXACT, *,
+    def __init__(self, layers: int, heads: int, n: int, at: int, *,
                  select_layers: Sequence[int] | None = None, select_heads: Sequence[int] | None = None,
                  bootstrap: int = 0, seed: int = 0) -> None:
         if not 1 <= at <= n:
             raise ValueError(f"at must be in 1…{n}, got {at}")
-        self.layers, self.heads, self.n, self.at, self.mode = layers, heads, n, at, Spectrum(mode)
+        self.layers, self.heads, self.n, self.at = layers, heads, n, at
         self.select_layers = set(range(layers) if select_layers is None else select_layers)
         self.select_heads = sorted(range(heads) if select_heads is None else select_heads)
         self.bootstrap, self.seed = bootstrap, seed
@@ -78,7 +84,7 @@ class SpectrumProbe(Probe):
             p, heads = p[:, chosen], len(chosen)
         p = p if bool(valid.all()) else masked(p, valid)  # nothing padded (pack mode): no copy
         with stage("spectra"):
-            sigma = singular_values(p, self.mode)
+            sigma = singular_values(p)
         lengths = valid.sum(-1)[:, None].expand(batch, heads).to(sigma.device)  # sigma may be on the CPU (mps)
         grid, metrics = summarize(sigma, lengths, self.at, self.n)
         rows = row_metrics(p, valid, sink_start(self.n)).to(metrics.device)

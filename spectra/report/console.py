@@ -10,19 +10,38 @@ import contextlib
 import math
 import os
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from ..config import layers_label
 from ..runs import ApproxRun, Run, ScalingRun, TheoremRun
 from ..timings import summary
 from .plan import Plan
-from .summaries import (analyze_layers, compare_wide, gap_closed, growth_reading, headlines, labels_in_order,
-                        run_keys, scaling_fixed, scaling_layers, theorem1_rows, theorem_errors, theorem_n)
+from .summaries import (
+    analyze_layers,
+    compare_wide,
+    gap_closed,
+    growth_reading,
+    headlines,
+    labels_in_order,
+    run_keys,
+    scaling_fixed,
+    scaling_layers,
+    theorem1_rows,
+    theorem_errors,
+    theorem_n,
+)
 
 
 class _Console(Console):
@@ -162,7 +181,7 @@ def print_approx(run: ApproxRun) -> None:
                     "sequences, averaged over heads")
     if any(label.startswith("linformer(") for label in methods):
         out.print("lin(s) = linformer with sharing s: none, head(wise), kv, layer(wise)")
-    if len(run.meta["budgets"]) > 1:
+    if len(run.meta["budget"]) > 1:
         plan = run.k_needed().pivot(index="layer", columns="method", values="k_needed")[methods].reset_index()
         print_frame(plan, f"smallest k in the sweep with mean error ≤ {run.meta['target']} per layer", digits=0,
                     missing="—")
@@ -184,12 +203,12 @@ def print_stand_in(run: ApproxRun) -> None:
     between a random projection and the SVD oracle each method closes, and plan against uniform k."""
     if run.calibration is not None:
         held = run.per_layer("out_err")
-        fitted = held[held["method"].str.startswith(("linformer-pca", "linformer-fit"))]
+        fitted = held[held["method"].isin(run.meta.get("calibration", {}).get("fitted", []))]
         calibration = run.per_layer("out_err", table="calibration").set_index(["method", "budget", "layer"])
         rows = fitted.assign(calibration=[calibration["out_err"].get(key, float("nan")) for key in
                                           zip(fitted["method"], fitted["budget"], fitted["layer"])])
         rows = rows.groupby(["method", "budget"], sort=False)[["calibration", "out_err"]].mean().reset_index()
-        print_frame(rows.rename(columns={"out_err": "held out"}), "fitted projections: mean head-output error over "
+        print_frame(rows.rename(columns={"out_err": "held out"}), "fitted methods: mean head-output error over "
                     "layers, on the calibration sequences and on the held-out ones (the gap is overfitting)")
         gap = gap_closed(run)
         for budget, part in gap.groupby("budget", sort=True):
@@ -226,7 +245,7 @@ def print_theorems(run: TheoremRun) -> None:
         interval = "pr_low" in jl.columns
         cells = [f"{p:.3f}" + (f" [{low:.3f}, {high:.3f}]" if interval else "") + f" ({b:.3f})"
                  for p, b, low, high in zip(jl["pr"], jl["bound"], jl.get("pr_low", jl["pr"]), jl.get("pr_high", jl["pr"]))]
-        table = jl.assign(cell=cells).pivot(index="k_proj", columns="eps", values="cell").reset_index()
+        table = jl.assign(cell=cells).pivot(index="budget", columns="eps", values="cell").reset_index()
         table.columns = ["k"] + [f"ε={e:g}" for e in table.columns[1:]]
         draws = int(jl["draws"].iloc[0]) if "draws" in jl.columns else 0
         source = (f"a fresh R per sequence ({plural(draws, 'draw')} each)" if draws else "one R per layer and k (fixed)")
@@ -239,25 +258,25 @@ def print_theorems(run: TheoremRun) -> None:
     pooled = theorem_errors(run, "output")
     pooled["label"] = pooled["label"].map(theorem_column)
     for stat in ("median", "p95"):
-        wide = pooled.pivot(index="k_proj", columns="label", values=stat)
-        wide = wide[labels_in_order(pooled, "label")].reset_index().rename(columns={"k_proj": "k"})
+        wide = pooled.pivot(index="budget", columns="label", values=stat)
+        wide = wide[labels_in_order(pooled, "label")].reset_index().rename(columns={"budget": "k"})
         print_frame(wide, f"{stat} relative error per column w (jl, svd) or per row (linformer, Theorem 2 "
                     "relative to ‖softmax(w)V‖)")
     rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")]
     if len(rhs):
         k2 = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in rhs.groupby("eps")["k_theory"].first().items())
         out.print("Theorem 2 relative to its right side ‖softmax(w)‖‖V‖_F, median (largest over δ): "
-                  + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "k_proj"])
-                              .groupby("k_proj")["median"].max().items())
+                  + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "budget"])
+                              .groupby("budget")["median"].max().items())
                   + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}", soft_wrap=True)
 
 
 def print_plan(run: Run, plan: Plan) -> None:
     """A k plan per layer (or head) and its cost against uniform and full attention."""
-    rule = "the largest of its heads' k_proj" if plan.per_head else f"from the mean curve of its {run.heads} heads"
-    print_frame(plan.by_layer(), f"{run.label}, n = {run.n}: smallest k_proj whose mean normalized cumulative "
+    rule = "the largest of its heads' budget" if plan.per_head else f"from the mean curve of its {run.heads} heads"
+    print_frame(plan.by_layer(), f"{run.label}, n = {run.n}: smallest budget whose mean normalized cumulative "
                 f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
-                f"(a layer's k_proj: {rule})")
+                f"(a layer's budget: {rule})")
     print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
     out.print(RANK_VS_PLAN, soft_wrap=True)
 

@@ -2,7 +2,7 @@
 
 This is the paper's "nonuniform projected dimension" (Linformer, section 4): a layer (or head) whose mean
 normalized cumulative singular value reaches the energy E at a small index can be projected to that many
-rows, so higher, lower-rank layers get a smaller k_proj than lower ones. Pure numpy/pandas on an analyze
+rows, so higher, lower-rank layers get a smaller budget than lower ones. Pure numpy/pandas on an analyze
 run's mean curves; `Plan.to_json` is what a Linformer module consumes.
 """
 
@@ -18,6 +18,10 @@ import pandas as pd
 
 from ..errors import SpectraError, option
 from ..runs import Run
+
+#: the key a layer's budget had in plans written before the projected dimension was called the budget everywhere
+#: (such plans still read)
+OLD_KEY = "k_" + "proj"
 
 
 def check_energy(energy: float) -> float:
@@ -54,7 +58,7 @@ class Plan:
     """The nonuniform projected dimension of every layer (and head) for energy E.
 
     `table` is tidy: one row per layer, or per (layer, head) when `per_head`, with the exact smallest
-    index `k_min`, the rounded `k_proj` and the mean c reached at `k_proj`. A layer's k_proj is the one
+    index `k_min`, the rounded `budget` and the mean c reached at `budget`. A layer's budget is the one
     of its head-mean curve, or with `per_head` the largest of its heads' (so every head reaches E).
     """
 
@@ -64,27 +68,27 @@ class Plan:
     multiple: int
     per_head: bool
     table: pd.DataFrame
-    layer_k_proj: np.ndarray
+    layer_budget: np.ndarray
     source: str
 
     @property
-    def uniform_k_proj(self) -> int:
-        """The one k a uniform Linformer needs for every layer and head to reach E: the largest k_proj."""
-        return int(self.table["k_proj"].max())
+    def uniform_budget(self) -> int:
+        """The one k a uniform Linformer needs for every layer and head to reach E: the largest budget."""
+        return int(self.table["budget"].max())
 
     def costs(self) -> pd.DataFrame:
-        """Attention cost Σ n·k_proj over every layer and head: this plan, uniform k_proj and full n·n.
+        """Attention cost Σ n·budget over every layer and head: this plan, uniform budget and full n·n.
 
         `plan_share` is the plan's cost over the row's cost; `saved` = 1 − plan_share.
         """
-        heads = 1 if self.per_head else self.heads  # without --per-head every head of a layer shares k_proj
-        planned = int(self.n * self.table["k_proj"].sum() * heads)
-        units = int(self.layer_k_proj.size * self.heads)
-        cost = [planned, units * self.n * self.uniform_k_proj, units * self.n * self.n]
+        heads = 1 if self.per_head else self.heads  # without --per-head every head of a layer shares budget
+        planned = int(self.n * self.table["budget"].sum() * heads)
+        units = int(self.layer_budget.size * self.heads)
+        cost = [planned, units * self.n * self.uniform_budget, units * self.n * self.n]
         share = [planned / c for c in cost]
         return pd.DataFrame(
             {
-                "attention": ["nonuniform (this plan)", f"uniform k_proj = {self.uniform_k_proj}", f"full (k_proj = n = {self.n})"],
+                "attention": ["nonuniform (this plan)", f"uniform budget = {self.uniform_budget}", f"full (budget = n = {self.n})"],
                 "cost": cost,
                 "plan_share": share,
                 "saved": [1 - x for x in share],
@@ -93,30 +97,30 @@ class Plan:
 
     def caption(self) -> str:
         """What the cost table compares, in one sentence."""
-        per = "layer and head" if self.per_head else f"layer (× {self.heads} heads sharing its k_proj)"
+        per = "layer and head" if self.per_head else f"layer (× {self.heads} heads sharing its budget)"
         return (
-            f"cost = Σ n·k_proj over every {per}: the multiply-adds of the n × k_proj scores and of their product "
+            f"cost = Σ n·budget over every {per}: the multiply-adds of the n × budget scores and of their product "
             f"with the projected values, per unit of head dimension. plan_share = this plan's cost / the row's cost, "
-            f"saved = 1 − plan_share, against a uniform Linformer needing k_proj = {self.uniform_k_proj} everywhere "
+            f"saved = 1 − plan_share, against a uniform Linformer needing budget = {self.uniform_budget} everywhere "
             f"to reach E = {self.energy:g}, and against full attention (n × n, n = {self.n})."
         )
 
     def by_layer(self) -> pd.DataFrame:
-        """One row per layer for printing: its k_proj, and with `per_head` each head's k_proj as h0, h1, …"""
+        """One row per layer for printing: its budget, and with `per_head` each head's budget as h0, h1, …"""
         if not self.per_head:
             return self.table
-        wide = self.table.pivot(index="layer", columns="head", values="k_proj")
+        wide = self.table.pivot(index="layer", columns="head", values="budget")
         wide.columns = [f"h{head}" for head in wide.columns]
-        return wide.assign(k_proj=self.layer_k_proj).reset_index()[["layer", "k_proj", *wide.columns]]
+        return wide.assign(budget=self.layer_budget).reset_index()[["layer", "budget", *wide.columns]]
 
     def to_json(self) -> dict[str, Any]:
-        """A dict a Linformer module can consume: one k_proj per layer, optionally one per head."""
+        """A dict a Linformer module can consume: one budget per layer, optionally one per head."""
         layers = []
-        for layer, k_layer in enumerate(self.layer_k_proj):
-            entry: dict[str, Any] = {"layer": layer, "k_proj": int(k_layer)}
+        for layer, budget in enumerate(self.layer_budget):
+            entry: dict[str, Any] = {"layer": layer, "budget": int(budget)}
             if self.per_head:
                 rows = self.table[self.table["layer"] == layer].sort_values("head")
-                entry["heads"] = [int(x) for x in rows["k_proj"]]
+                entry["heads"] = [int(x) for x in rows["budget"]]
             layers.append(entry)
         costs = self.costs().set_index("attention")["cost"]
         return {
@@ -125,17 +129,17 @@ class Plan:
             "multiple": self.multiple,
             "per_head": self.per_head,
             "criterion": "smallest index whose mean normalized cumulative singular value reaches energy, rounded up "
-                         "to a multiple, capped at n" + ("; a layer's k_proj is the largest of its heads'" if self.per_head
+                         "to a multiple, capped at n" + ("; a layer's budget is the largest of its heads'" if self.per_head
                                                          else "; curve averaged over the layer's heads"),
             "source": self.source,
             "layers": layers,
-            "uniform_k_proj": self.uniform_k_proj,
+            "uniform_budget": self.uniform_budget,
             "cost": {"nonuniform": int(costs.iloc[0]), "uniform": int(costs.iloc[1]), "full": int(costs.iloc[2])},
         }
 
 
 def plan_k(run: Run, energy: float, *, multiple: int = 8, per_head: bool = False) -> Plan:
-    """Smallest k_proj per layer (or per head) whose mean normalized cumulative singular value reaches `energy`."""
+    """Smallest budget per layer (or per head) whose mean normalized cumulative singular value reaches `energy`."""
     energy, multiple = check_energy(energy), check_multiple(multiple)
     if per_head:
         curves = np.asarray(run.cum_mean, dtype=float)  # (layers, heads, n)
@@ -145,17 +149,17 @@ def plan_k(run: Run, energy: float, *, multiple: int = 8, per_head: bool = False
         curves = np.asarray(run.cum_mean, dtype=float).mean(axis=1)  # (layers, n)
         ids = {"layer": np.arange(run.layers)}
     k_min = smallest_index(curves, energy)
-    k_proj = round_up(k_min, multiple, run.n)
-    reached = np.take_along_axis(curves, (k_proj - 1)[..., None], axis=-1)[..., 0]
-    table = pd.DataFrame({**ids, "k_min": k_min.ravel(), "k_proj": k_proj.ravel(), "c_at_k_proj": reached.ravel()})
-    layer_k = k_proj.max(axis=1) if per_head else k_proj
+    budget = round_up(k_min, multiple, run.n)
+    reached = np.take_along_axis(curves, (budget - 1)[..., None], axis=-1)[..., 0]
+    table = pd.DataFrame({**ids, "k_min": k_min.ravel(), "budget": budget.ravel(), "c_at_budget": reached.ravel()})
+    layer_k = budget.max(axis=1) if per_head else budget
     return Plan(run.n, run.heads, energy, multiple, per_head, table, np.asarray(layer_k), str(run.path))
 
 
 def read_plan(plan: str | os.PathLike | dict, n: int | None = None) -> tuple[int, ...]:
-    """Each layer's k_proj from a plan written by `spectra plan-k` (its JSON file, or the dict): for a per-head
+    """Each layer's budget from a plan written by `spectra plan-k` (its JSON file, or the dict): for a per-head
     plan, the layer's (the largest of its heads'). A plan that records the length n it was made at is refused
-    for another `n`: the k_proj a head needs does not scale in proportion to n (see `spectra scaling`), so a
+    for another `n`: the budget a head needs does not scale in proportion to n (see `spectra scaling`), so a
     rescaled plan would be a guess. Anything else is one line."""
     import json
 
@@ -171,16 +175,16 @@ def read_plan(plan: str | os.PathLike | dict, n: int | None = None) -> tuple[int
             raise SpectraError(f"k plan {path} is not JSON ({str(error).splitlines()[0]})") from None
     try:
         layers = sorted(plan["layers"], key=lambda entry: int(entry["layer"]))
-        found = tuple(int(entry["k_proj"]) for entry in layers)
+        found = tuple(int(entry["budget"] if "budget" in entry else entry[OLD_KEY]) for entry in layers)
         positions = [int(entry["layer"]) for entry in layers]
     except (KeyError, TypeError, ValueError):
-        raise SpectraError("the k plan has no list of layers with a layer and a k_proj each: write it with "
+        raise SpectraError("the k plan has no list of layers with a layer and a budget each: write it with "
                            "spectra plan-k") from None
     if positions != list(range(len(found))) or not found:
         raise SpectraError(f"the k plan's layers are {positions}, not 0…{len(found) - 1}: write it with spectra plan-k")
     for k in found:
         if k < 1:
-            raise SpectraError(f"the k plan asks for k = {k}: every layer's k_proj must be at least 1")
+            raise SpectraError(f"the k plan asks for k = {k}: every layer's budget must be at least 1")
     made_at = plan.get("n")
     if n is not None and made_at is not None and made_at != n:
         raise SpectraError(f"{where} was made at n = {made_at} but this run has "

@@ -224,17 +224,17 @@ def theorem1_rows(run: TheoremRun, relative_to: str = "output", table: str = "th
 
 
 def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame:
-    """Pooled errors per (label, k_proj): jl, svd (Theorem 1, per column w of V), linformer(<sharing>) and
+    """Pooled errors per (label, budget): jl, svd (Theorem 1, per column w of V), linformer(<sharing>) and
     theorem2(<variant>) (Theorem 2, per row w, relative to ‖softmax(w)V‖ or, with "rhs", its right side);
-    columns label, k_proj, median, p95, mean, max."""
+    columns label, budget, median, p95, mean, max."""
     one, two = theorem1_rows(run, "output"), run.tables["theorem2"]
     arch = two[two["method"] == "linformer"]
     delta = two[(two["method"] == "theorem2") & (two["relative_to"] == relative_to)]
     parts = [one.assign(label=one["method"]),
              arch.assign(label="linformer(" + arch["variant"] + ")"),
              delta.assign(label="theorem2(" + delta["variant"] + ")")]
-    columns = ["label", "k_proj", "median", "p95", "mean", "max"]
-    return pd.concat(parts).drop_duplicates(["label", "k_proj"])[columns].reset_index(drop=True)
+    columns = ["label", "budget", "median", "p95", "mean", "max"]
+    return pd.concat(parts).drop_duplicates(["label", "budget"])[columns].reset_index(drop=True)
 
 
 def theorem_n(run: TheoremRun) -> int:

@@ -12,7 +12,7 @@ Conventions (documented choices):
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..config import check_budget, check_eps
 from ..errors import SpectraError
@@ -25,9 +25,9 @@ def _gap(eps: float) -> float:
     return eps**2 - eps**3
 
 
-def jl_failure_bound(eps: float, k_proj: int) -> float:
+def jl_failure_bound(eps: float, budget: int) -> float:
     """The JL lemma's failure probability bound 2 e^{−(ε²−ε³) k/4} (may exceed 1: then it says nothing)."""
-    return 2.0 * math.exp(-_gap(eps) * check_budget(k_proj) / 4.0)
+    return 2.0 * math.exp(-_gap(eps) * check_budget(budget) / 4.0)
 
 
 def theorem1_k(eps: float, n: int) -> float:
@@ -37,11 +37,11 @@ def theorem1_k(eps: float, n: int) -> float:
     return 5.0 * math.log(n) / _gap(eps)
 
 
-def theorem1_bound(eps: float, n: int, k_proj: int) -> float:
+def theorem1_bound(eps: float, n: int, budget: int) -> float:
     """Theorem 1's success probability bound max(0, 1 − 2n e^{−(ε²−ε³) k/4}) (the proof's union bound)."""
     if n < 1:
         raise SpectraError(f"n must be ≥ 1, got {n}")
-    return max(0.0, 1.0 - n * jl_failure_bound(eps, k_proj))
+    return max(0.0, 1.0 - n * jl_failure_bound(eps, budget))
 
 
 def theorem2_k(eps: float, n: int, d: int) -> float:

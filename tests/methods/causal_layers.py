@@ -9,9 +9,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from layers import D, H, N, softmax
+from layers import D, H, N, draws, softmax
 from spectra.capture import Captured
-from spectra.methods import Approximation, Layer
+from spectra.methods import Approximation, Draws, Layer
 
 S = 0.7  # the score scale s
 
@@ -40,7 +40,7 @@ def layer(lengths: Sequence[int] = (N, 7), side: str = "right", *, causal: bool 
     q, k, v = (torch.randn(len(lengths), H, n, D, generator=g, dtype=torch.float64).to(dtype) * spread
                for _ in range(3))
     mask = model_mask(valid_positions(lengths, n, side), causal, dtype)
-    return Layer.of(Captured.of(3, q, k, v, mask, S, causal=causal, index=tuple(range(len(lengths)))), use_p=False)
+    return Layer.of(Captured.of(3, q, k, v, mask, S, causal=causal), use_p=False)
 
 
 def allowed(x: Layer, b: int, i: int) -> list[int]:
@@ -74,9 +74,9 @@ def with_future_changed(x: Layer, i: int, seed: int = 1) -> Layer:
     return replace(x, q=q, k=k, v=v * x.valid[:, None, :, None].to(v.dtype), _p=None, _svd=None)
 
 
-def look_ahead(run: Callable[[Layer, int], Approximation], x: Layer, budget: int, i: int) -> float:
+def look_ahead(run: Callable[[Layer, int, Draws], Approximation], x: Layer, budget: int, i: int) -> float:
     """How much rows ≤ i of the output and of P̃ move when everything after position i changes."""
-    before, after = run(x, budget), run(with_future_changed(x, i), budget)
+    before, after = run(x, budget, draws(x)), run(with_future_changed(x, i), budget, draws(x))
     moved = (after.out - before.out)[..., :i + 1, :].abs().max()
     if before.p is not None:
         moved = torch.maximum(moved, (after.p - before.p)[..., :i + 1, :].abs().max())

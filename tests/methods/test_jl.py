@@ -5,25 +5,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from layers import H, N, dense_p, random_layer
-from spectra.methods import REGISTRY
+from layers import H, N, approximate, dense_p, draws, random_layer
 
 
-def layer(lengths=(N, N), projection="gaussian"):
+def layer(lengths=(N, N)):
     """Padded float64 layer with the capture's P, score scale 0.7."""
-    return random_layer(lengths, projection=projection)
+    return random_layer(lengths)
 
 
 def test_jl_orthogonal_at_full_budget_is_exact() -> None:
-    x = layer(projection="orthogonal")
-    approx = REGISTRY["jl"].run(x, N)
+    x = layer()
+    approx = approximate("jl", x, N, draws(x, projection="orthogonal"))
     assert torch.allclose(approx.p, x.p, atol=1e-10) and torch.allclose(approx.out, x.p @ x.v, atol=1e-10)
 
 
 def test_jl_is_p_rt_r_with_padded_columns_dropped() -> None:
     x = layer(lengths=(N, 8))
-    approx = REGISTRY["jl"].run(x, 5)
-    r = x.random(5).numpy()  # (H, 5, N)
+    approx = approximate("jl", x, 5)
+    r = draws(x).matrix(x, 5).numpy()  # (H, 5, N)
     for h in range(H):
         p = dense_p(x, 1, h, 8)
         want = p @ r[h, :, :8].T @ r[h, :, :8]

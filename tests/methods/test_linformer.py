@@ -6,22 +6,21 @@ import numpy as np
 import pytest
 import torch
 
-from layers import H, N, random_layer, softmax
+from layers import H, N, approximate, random_layer, softmax
 from spectra.config import Sharing
-from spectra.methods import REGISTRY
 from spectra.nn.linformer import linear_attention
 from spectra.nn.projections import jl_pair
 
 
-def layer(lengths=(N, N), projection="gaussian"):
+def layer(lengths=(N, N)):
     """Padded float64 layer with the capture's P, score scale 0.7."""
-    return random_layer(lengths, projection=projection)
+    return random_layer(lengths)
 
 
 @pytest.mark.parametrize("sharing", list(Sharing))
 def test_linformer_is_eq7(sharing) -> None:
     x = layer(lengths=(N, 9))
-    approx = REGISTRY[f"linformer({sharing})"].run(x, 5)
+    approx = approximate(f"linformer({sharing})", x, 5)
     e, f = jl_pair(sharing, 3, H, 5, N, 0)
     for b, m in enumerate((N, 9)):
         for h in range(H):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from layers import H, N, captured, exact_on_valid_rows, float32_qkv, head, random_layer, rounding_sensitivity, softmax
+from layers import (H, N, approximate, captured, draws, exact_on_valid_rows, float32_qkv, head, random_layer,
+                    rounding_sensitivity, softmax)
 from spectra.methods import REGISTRY, Layer, nystrom
 
 LENGTHS = (N, 7)
@@ -41,7 +42,7 @@ def newton_pinv(a: np.ndarray, iterations: int) -> np.ndarray:
 @pytest.mark.parametrize("budget", [3, 5, 9])
 def test_nystrom_is_three_softmaxes(name, pinv, budget) -> None:
     x = layer()  # budget 9 > 7 valid tokens: two windows are empty and masked
-    approx_ = REGISTRY[name].run(x, budget)
+    approx_ = approximate(name, x, budget)
     for b, m in enumerate(LENGTHS):
         for h in range(H):
             want = dense_nystrom(x, b, h, m, budget, pinv)
@@ -52,9 +53,9 @@ def test_nystrom_is_three_softmaxes(name, pinv, budget) -> None:
 @pytest.mark.parametrize("lengths", [(N, N), LENGTHS])
 def test_nystrom_with_every_token_a_landmark_is_exact(lengths) -> None:
     x = layer(lengths)
-    approx_ = REGISTRY["nystrom"].run(x, N)
+    approx_ = approximate("nystrom", x, N)
     assert exact_on_valid_rows(x, approx_, atol=1e-9)
-    assert exact_on_valid_rows(x, nystrom.nystrom_method(60)(x, N), atol=1e-6), "the iteration converges to A⁺"
+    assert exact_on_valid_rows(x, nystrom.Nystrom("nystrom-iter60", 60)(x, N, draws(x)), atol=1e-6), "the iteration converges to A⁺"
 
 
 #: float32 layers whose A = softmax(Q̃ K̃ᵀ s) is ill-conditioned (n = 24, d = 8, k = 12, q, k, v ~ N(0, 2.2²)):
@@ -74,7 +75,7 @@ def test_nystrom_of_float32_inputs_is_the_float64_formula(seed) -> None:
     q, k, v = float32_qkv(ILL_LENGTHS, n=ILL["n"], d=ILL["d"], seed=seed, spread=ILL["spread"])
     x = Layer.of(captured(q, k, v, ILL_LENGTHS, S), use_p=False)
     reference = Layer.of(captured(q.double(), k.double(), v.double(), ILL_LENGTHS, S), use_p=False)
-    got = REGISTRY["nystrom"].run(x, ILL_BUDGET)
+    got = approximate("nystrom", x, ILL_BUDGET)
     assert got.out.dtype == got.p.dtype == torch.float32
     cutoff = ILL_BUDGET * np.finfo(np.float32).eps
     for b, m in enumerate(ILL_LENGTHS):
@@ -89,5 +90,5 @@ def test_nystrom_moves_by_little_more_than_its_inputs_under_rounding(seed) -> No
     """A one-ulp relative change of float32 q, k, v (what another machine's rounding does) moves the output by
     at most 1e-4 relative. In float64 the change is the inputs' own, amplified by cond(A): ≤ 1.4e-5 on these
     layers, 4e-5 on the regression's tiny RoBERTa; a float32 A⁺ gave 2.5e-3–1.1e-2 here."""
-    change = rounding_sensitivity(REGISTRY["nystrom"].run, ILL_LENGTHS, ILL_BUDGET, seed=seed, **ILL)
+    change = rounding_sensitivity(REGISTRY["nystrom"], ILL_LENGTHS, ILL_BUDGET, seed=seed, **ILL)
     assert change < 1e-4, change

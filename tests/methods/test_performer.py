@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from layers import D, H, N, head, random_layer
-from spectra.methods import REGISTRY, performer
+from layers import D, H, N, approximate, draws, head, random_layer
+from spectra.methods import performer
 from spectra.probes.approx import measures
 from spectra.seeds import Domain, derive_seed
 
@@ -30,7 +30,7 @@ def phi(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def test_performer_is_favor_plus() -> None:
     x, budget = layer(), 6
-    approx_ = REGISTRY["performer"].run(x, budget)
+    approx_ = approximate("performer", x, budget)
     for b, m in enumerate(LENGTHS):
         for h in range(H):
             w = performer.orthogonal_features(budget, D, derive_seed(0, Domain.PERFORMER, budget, 3, h))
@@ -44,8 +44,8 @@ def test_performer_is_favor_plus() -> None:
 
 def test_favor_plus_with_the_seeded_draw_is_the_method() -> None:
     x, budget = layer(), 6
-    want = REGISTRY["performer"].run(x, budget)
-    got = performer.favor_plus(x.q, x.k, x.v, x.valid, x.scaling, performer.performer_features(x, budget))
+    want = approximate("performer", x, budget)
+    got = performer.favor_plus(x.q, x.k, x.v, x.valid, x.scaling, performer.performer_features(x, budget, draws(x)))
     assert torch.equal(got.out, want.out) and torch.equal(got.p, want.p)
 
 
@@ -92,17 +92,19 @@ def test_performer_kernel_is_unbiased() -> None:
 
 def test_performer_converges_with_more_features() -> None:
     x = layer(spread=0.5)  # moderate norms: the estimator's variance grows like exp(‖x + y‖²)
-    errors = {m: np.mean([measures(replace(x, seed=seed), REGISTRY["performer"].run(replace(x, seed=seed), m))[0].mean()
+    errors = {m: np.mean([measures(x, approximate("performer", x, m, draws(x, seed=seed)))[0].mean()
                           for seed in range(5)]) for m in (64, 4096)}
     assert errors[4096] < errors[64] / 3.5 and errors[4096] < 0.05, errors  # ~1/√m: a factor 8 at most
 
 
 def test_performer_features_depend_on_budget_layer_head_seed() -> None:
     x = layer()
-    w = performer.performer_features(x, 5)
+    w = performer.performer_features(x, 5, draws(x))
     assert w.shape == (H, 5, D) and not torch.allclose(w[0], w[1])
-    assert not torch.allclose(w[:, :4], performer.performer_features(x, 4))
-    assert torch.equal(w, performer.performer_features(layer(seed=9), 5)), "W depends on the run seed, not the data"
+    assert not torch.allclose(w[:, :4], performer.performer_features(x, 4, draws(x)))
+    other = layer(seed=9)
+    assert torch.equal(w, performer.performer_features(other, 5, draws(x))), "W depends on the run seed, not the data"
+    assert not torch.allclose(w, performer.performer_features(x, 5, draws(x, seed=9)))
 
 
 # ---------------------------------------------------------------- performer-causal
@@ -115,7 +117,7 @@ def test_performer_causal_is_favor_plus_over_each_prefix(side, causal) -> None:
     from methods.causal_layers import allowed, layer as causal_layer, valid_rows
 
     x, budget = causal_layer(side=side, causal=causal), 6
-    approx_ = REGISTRY["performer-causal"].run(x, budget)
+    approx_ = approximate("performer-causal", x, budget)
     for b in range(2):
         rows = valid_rows(x, b)
         for h in range(H):
@@ -135,7 +137,7 @@ def test_performer_causal_is_favor_plus_over_each_prefix(side, causal) -> None:
 def test_performer_causal_on_a_bidirectional_layer_is_performer() -> None:
     x = layer()
     assert not x.causal
-    causal, full = REGISTRY["performer-causal"].run(x, 6), REGISTRY["performer"].run(x, 6)
+    causal, full = approximate("performer-causal", x, 6), approximate("performer", x, 6)
     assert torch.equal(causal.out, full.out) and torch.equal(causal.p, full.p)
 
 
@@ -144,10 +146,10 @@ def test_performer_causal_prefix_sums_do_not_depend_on_the_block(block, monkeypa
     from methods.causal_layers import layer as causal_layer
 
     x = causal_layer(side="left", spread=1.5)
-    want = REGISTRY["performer-causal"].run(x, 7)
+    want = approximate("performer-causal", x, 7)
     assert torch.allclose(want.out, want.p @ x.v, atol=1e-12), "the prefix sums give P̃ V"
     monkeypatch.setattr(performer, "CAUSAL_BLOCK", block)
-    got = REGISTRY["performer-causal"].run(x, 7)
+    got = approximate("performer-causal", x, 7)
     assert torch.allclose(got.out, want.out, atol=1e-12) and torch.equal(got.p, want.p)
 
 
@@ -161,9 +163,9 @@ def test_performer_causal_scales_keys_by_what_the_query_has_seen() -> None:
     k = x.k.clone()
     k[..., 0, :] = 20 / math.sqrt(S) * k[..., 0, :] / k[..., 0, :].norm(dim=-1, keepdim=True)  # √s‖k_0‖ = 20
     x = replace(x, k=k, _p=None)
-    log_k = performer.log_features(x.k * math.sqrt(S), performer.performer_features(x, 16))
+    log_k = performer.log_features(x.k * math.sqrt(S), performer.performer_features(x, 16, draws(x)))
     assert (torch.exp(log_k[..., 0, :] - log_k.amax((-2, -1))[..., None]) == 0).all(), "one global factor underflows"
-    approx_ = REGISTRY["performer-causal"].run(x, 16)
+    approx_ = approximate("performer-causal", x, 16)
     assert torch.allclose(approx_.p[..., 0, 0], torch.ones(()))
     assert torch.allclose(approx_.out[..., 0, :], x.v[..., 0, :])
     assert torch.allclose(approx_.p.sum(-1), torch.ones(()), atol=1e-5)
@@ -173,8 +175,7 @@ def test_performer_causal_converges_with_more_features() -> None:
     from methods.causal_layers import layer as causal_layer
 
     x = causal_layer(side="left", spread=0.5)
-    run = REGISTRY["performer-causal"].run
-    errors = {m: np.mean([measures(replace(x, seed=seed), run(replace(x, seed=seed), m))[0].mean()
+    errors = {m: np.mean([measures(x, approximate("performer-causal", x, m, draws(x, seed=seed)))[0].mean()
                           for seed in range(5)]) for m in (64, 4096)}
     assert errors[4096] < errors[64] / 3.5 and errors[4096] < 0.05, errors
 
@@ -185,6 +186,6 @@ def test_performer_causal_uses_performers_features() -> None:
     x = causal_layer(side="right", n=N)
     bidirectional = replace(x, causal=False, _p=None)
     # the last query of a full-length causal sequence sees every key: its row is performer's
-    causal, full = REGISTRY["performer-causal"].run(x, 5), REGISTRY["performer"].run(bidirectional, 5)
+    causal, full = approximate("performer-causal", x, 5), approximate("performer", bidirectional, 5)
     assert torch.allclose(causal.p[0, :, -1], full.p[0, :, -1], atol=1e-12)
     assert torch.allclose(causal.out[0, :, -1], full.out[0, :, -1], atol=1e-12)

@@ -6,20 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-from layers import H, N, random_layer, softmax
-from spectra.methods import REGISTRY
+from layers import H, N, approximate, random_layer, softmax
 
 
-def layer(lengths=(N, N), projection="gaussian"):
+def layer(lengths=(N, N)):
     """Padded float64 layer with the capture's P, score scale 0.7."""
-    return random_layer(lengths, projection=projection)
+    return random_layer(lengths)
 
 
 def test_pooling_windows_and_formulas() -> None:
     x = layer(lengths=(N, 10))
     budget, m = 3, 10
     windows = [range(0, 4), range(4, 7), range(7, 10)]  # ⌊rank·3/10⌋
-    mean, top = REGISTRY["pool-mean"].run(x, budget), REGISTRY["pool-max"].run(x, budget)
+    mean, top = approximate("pool-mean", x, budget), approximate("pool-max", x, budget)
     for h in range(H):
         q, k, v = (t[1, h].numpy() for t in (x.q, x.k, x.v))
         sizes = np.log([len(w) for w in windows])
@@ -35,6 +34,6 @@ def test_pooling_windows_and_formulas() -> None:
 @pytest.mark.parametrize("name", ["pool-mean", "pool-max"])
 def test_full_budget_is_exact_on_valid_rows(name) -> None:
     x = layer(lengths=(N, 7))
-    out = REGISTRY[name].run(x, N).out
+    out = approximate(name, x, N).out
     for b, m in enumerate((N, 7)):
         assert np.allclose(out[b, :, :m].numpy(), (x.p @ x.v)[b, :, :m].numpy(), atol=1e-10)

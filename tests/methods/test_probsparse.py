@@ -8,25 +8,25 @@ import numpy as np
 import pytest
 import torch
 
-from layers import H, N, exact_on_valid_rows, head, random_layer, softmax
-from spectra.methods import REGISTRY, probsparse
+from layers import H, N, approximate, draws, exact_on_valid_rows, head, random_layer, softmax
+from spectra.methods import probsparse
 from spectra.seeds import Domain, derive_seed
 
 LENGTHS = (N, 7)
 S = 0.7  # the score scale s
 
 
-def layer(lengths=LENGTHS, n=N, seed=0, spread=1.0, **options):
+def layer(lengths=LENGTHS, n=N, seed=0, spread=1.0):
     """Padded float64 layer; P computed from q and k (as a substitution sees it)."""
-    return random_layer(lengths, n=n, seed=seed, spread=spread, scaling=S, use_p=False, **options)
+    return random_layer(lengths, n=n, seed=seed, spread=spread, scaling=S, use_p=False)
 
 
 @pytest.mark.parametrize("fixed", [True, False])
 @pytest.mark.parametrize("budget", [1, 4, 7])
 def test_probsparse_is_top_u_exact_rows_and_mean_v(budget, fixed) -> None:
-    x = layer(fixed=fixed)
-    approx_ = REGISTRY["probsparse"].run(x, budget)
-    positions, used = probsparse.probsparse_sample(x)
+    x = layer()
+    approx_ = approximate("probsparse", x, budget, draws(x, fixed=fixed))
+    positions, used = probsparse.probsparse_sample(x, draws(x, fixed=fixed))
     for b, m in enumerate(LENGTHS):
         count = min(5 * math.ceil(math.log(m)), m)
         assert int(used[b].sum()) == count
@@ -47,15 +47,15 @@ def test_probsparse_is_top_u_exact_rows_and_mean_v(budget, fixed) -> None:
 
 def test_probsparse_with_every_query_active_is_exact() -> None:
     x = layer()
-    assert exact_on_valid_rows(x, REGISTRY["probsparse"].run(x, N), atol=1e-12)
-    seven = REGISTRY["probsparse"].run(x, 7)  # u = 7 ≥ m covers the padded sequence
+    assert exact_on_valid_rows(x, approximate("probsparse", x, N), atol=1e-12)
+    seven = approximate("probsparse", x, 7)  # u = 7 ≥ m covers the padded sequence
     assert torch.allclose(seven.out[1] * x.valid[1, None, :, None], (x.p @ x.v)[1])
 
 
 @pytest.mark.parametrize("fixed", [True, False])
 def test_probsparse_selections_are_nested_across_budgets(fixed) -> None:
-    x = layer(fixed=fixed)
-    active = [(REGISTRY["probsparse"].run(x, u).p - x.p).abs().sum(-1) == 0 for u in (2, 4, 6)]
+    x = layer()
+    active = [(approximate("probsparse", x, u, draws(x, fixed=fixed)).p - x.p).abs().sum(-1) == 0 for u in (2, 4, 6)]
     assert all((small <= large).all() for small, large in zip(active, active[1:]))
 
 
@@ -77,13 +77,15 @@ def test_each_sequence_samples_its_own_keys() -> None:
     get different ones, and each the same as alone); fixed: the draws shared by every sequence, as before
     per-sequence draws existed (the fixed-projection regression case stays bitwise)."""
     index, lengths = (4, 11, 6), (N, 7, N)
-    drawn, used = probsparse.probsparse_sample(layer(lengths, index=index, fixed=False))
-    fixed = probsparse.probsparse_sample(layer(lengths, index=index, fixed=True))[0]
+    x = layer(lengths)
+    drawn, used = probsparse.probsparse_sample(x, draws(x, index=index, fixed=False))
+    fixed = probsparse.probsparse_sample(x, draws(x, index=index, fixed=True))[0]
     for b, (m, sequence) in enumerate(zip(lengths, index)):
         count = int(used[b].sum())
         for h in range(H):
             assert np.array_equal(drawn[b, h, :, :count].numpy(), sampled_keys(0, 3, h, N, m, sequence))
             assert np.array_equal(fixed[b, h, :, :count].numpy(), sampled_keys(0, 3, h, N, m, None))
-        alone = layer((m,), n=m, seed=b, index=(sequence,), fixed=False)
-        assert torch.equal(probsparse.probsparse_sample(alone)[0][0, :, :, :count], drawn[b, :, :m, :count])
+        alone = layer((m,), n=m, seed=b)
+        sample = probsparse.probsparse_sample(alone, draws(alone, index=(sequence,), fixed=False))[0]
+        assert torch.equal(sample[0, :, :, :count], drawn[b, :, :m, :count])
     assert not torch.equal(drawn[0], drawn[2]) and torch.equal(fixed[0], fixed[2])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from layers import H, N, captured, exact_on_valid_rows, float32_qkv, head, random_layer, rounding_sensitivity
+from layers import (H, N, approximate, captured, draws, exact_on_valid_rows, float32_qkv, head, random_layer,
+                    rounding_sensitivity)
 from spectra.methods import REGISTRY, Layer, skyformer
 from spectra.seeds import Domain, derive_seed
 
@@ -14,9 +15,9 @@ LENGTHS = (N, 7)
 S = 0.7  # the score scale s
 
 
-def layer(lengths=LENGTHS, n=N, seed=0, spread=1.0, **options):
+def layer(lengths=LENGTHS, n=N, seed=0, spread=1.0):
     """Padded float64 layer; P computed from q and k (as a substitution sees it)."""
-    return random_layer(lengths, n=n, seed=seed, spread=spread, scaling=S, use_p=False, **options)
+    return random_layer(lengths, n=n, seed=seed, spread=spread, scaling=S, use_p=False)
 
 
 def gaussian(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -34,9 +35,9 @@ def reweighted_nystrom(q: np.ndarray, k: np.ndarray, landmarks: np.ndarray, cuto
 @pytest.mark.parametrize("fixed", [True, False])
 @pytest.mark.parametrize("budget", [4, 7])
 def test_skyformer_is_reweighted_gaussian_nystrom(budget, fixed) -> None:
-    x = layer(spread=0.7, fixed=fixed)
-    approx_ = REGISTRY["skyformer"].run(x, budget)
-    positions, present = skyformer.skyformer_landmarks(x, budget)
+    x = layer(spread=0.7)
+    approx_ = approximate("skyformer", x, budget, draws(x, fixed=fixed))
+    positions, present = skyformer.skyformer_landmarks(x, budget, draws(x, fixed=fixed))
     half = budget - budget // 2
     for b, m in enumerate(LENGTHS):
         for h in range(H):
@@ -56,7 +57,7 @@ def test_skyformer_is_reweighted_gaussian_nystrom(budget, fixed) -> None:
 
 def test_skyformer_with_every_point_a_landmark_is_exact() -> None:
     x = layer(lengths=(6, 5), spread=0.5)  # k = 12 ≥ 2m: every valid query and key is a landmark
-    assert exact_on_valid_rows(x, REGISTRY["skyformer"].run(x, N), atol=1e-7)
+    assert exact_on_valid_rows(x, approximate("skyformer", x, N), atol=1e-7)
 
 
 def landmark_ranks(seed: int, budget: int, layer: int, head: int, m: int, *sequence: int) -> np.ndarray:
@@ -74,14 +75,16 @@ def test_each_sequence_samples_its_own_landmarks(budget) -> None:
     draws existed (the fixed-projection regression case stays bitwise)."""
     index = (4, 11, 6)
     lengths = (N, 7, N)
-    drawn = skyformer.skyformer_landmarks(layer(lengths, index=index, fixed=False), budget)[0].numpy()
-    fixed = skyformer.skyformer_landmarks(layer(lengths, index=index, fixed=True), budget)[0].numpy()
+    x = layer(lengths)
+    drawn = skyformer.skyformer_landmarks(x, budget, draws(x, index=index, fixed=False))[0].numpy()
+    fixed = skyformer.skyformer_landmarks(x, budget, draws(x, index=index, fixed=True))[0].numpy()
     for b, (m, sequence) in enumerate(zip(lengths, index)):
         for h in range(H):
             assert np.array_equal(drawn[b, h], landmark_ranks(0, budget, 3, h, m, sequence))  # right padding
             assert np.array_equal(fixed[b, h], landmark_ranks(0, budget, 3, h, m))
-        alone = layer((m,), n=m, seed=b, index=(sequence,), fixed=False)
-        assert np.array_equal(skyformer.skyformer_landmarks(alone, budget)[0][0].numpy(), drawn[b])
+        alone = layer((m,), n=m, seed=b)
+        sample = skyformer.skyformer_landmarks(alone, budget, draws(alone, index=(sequence,), fixed=False))[0]
+        assert np.array_equal(sample[0].numpy(), drawn[b])
     assert not np.array_equal(drawn[0], drawn[2]) and np.array_equal(fixed[0], fixed[2])
 
 
@@ -98,9 +101,9 @@ def test_skyformer_of_float32_inputs_is_the_float64_formula(seed) -> None:
     q, k, v = float32_qkv(WIDE_LENGTHS, n=WIDE["n"], d=WIDE["d"], seed=seed, spread=WIDE["spread"])
     x = Layer.of(captured(q, k, v, WIDE_LENGTHS, S), use_p=False)
     reference = Layer.of(captured(q.double(), k.double(), v.double(), WIDE_LENGTHS, S), use_p=False)
-    got = REGISTRY["skyformer"].run(x, WIDE_BUDGET)
+    got = approximate("skyformer", x, WIDE_BUDGET)
     assert got.out.dtype == got.p.dtype == torch.float32
-    positions, _ = skyformer.skyformer_landmarks(x, WIDE_BUDGET)
+    positions, _ = skyformer.skyformer_landmarks(x, WIDE_BUDGET, draws(x))
     half = WIDE_BUDGET - WIDE_BUDGET // 2
     for b, m in enumerate(WIDE_LENGTHS):
         for h in range(H):
@@ -119,6 +122,6 @@ def test_skyformer_moves_by_little_more_than_its_inputs_under_rounding(seed) -> 
     """A one-ulp relative change of float32 q, k, v moves the output by at most 1e-5 relative (≤ 4.4e-7 measured
     on these layers); a float32 κ(L, L)⁺ gave 4e-2–1.1. What stays is the method's own sensitivity: a row whose
     D̃ nearly cancels (Σ|terms|/|D̃| ≈ 1e3 on one head of the regression's tiny RoBERTa) moves by ~1e3× its inputs."""
-    change = rounding_sensitivity(REGISTRY["skyformer"].run, WIDE_LENGTHS, WIDE_BUDGET, seed=seed, **WIDE)
+    change = rounding_sensitivity(REGISTRY["skyformer"], WIDE_LENGTHS, WIDE_BUDGET, seed=seed, **WIDE)
     assert change < 1e-5, change
 

@@ -6,18 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from layers import B, H, N, dense_p, exact_on_valid_rows, random_layer
-from spectra.methods import REGISTRY
+from layers import B, H, N, approximate, dense_p, exact_on_valid_rows, random_layer
 
 
-def layer(lengths=(N, N), projection="gaussian"):
+def layer(lengths=(N, N)):
     """Padded float64 layer with the capture's P, score scale 0.7."""
-    return random_layer(lengths, projection=projection)
+    return random_layer(lengths)
 
 
 def test_svd_is_numpy_truncated_svd() -> None:
     x = layer()
-    approx = REGISTRY["svd"].run(x, 4)
+    approx = approximate("svd", x, 4)
     for b in range(B):
         for h in range(H):
             u, s, vt = np.linalg.svd(dense_p(x, b, h, N))
@@ -26,7 +25,7 @@ def test_svd_is_numpy_truncated_svd() -> None:
 
 def test_full_budget_is_exact_on_valid_rows() -> None:
     x = layer(lengths=(N, 7))
-    out = REGISTRY["svd"].run(x, N).out
+    out = approximate("svd", x, N).out
     for b, m in enumerate((N, 7)):
         assert np.allclose(out[b, :, :m].numpy(), (x.p @ x.v)[b, :, :m].numpy(), atol=1e-10)
 
@@ -50,7 +49,7 @@ def test_svd_causal_is_each_prefix_blocks_truncated_svd(side, budget) -> None:
     from methods.causal_layers import dense_p as causal_p, layer as causal_layer, valid_rows
 
     x = causal_layer(side=side)
-    approx = REGISTRY["svd-causal"].run(x, budget)
+    approx = approximate("svd-causal", x, budget)
     for b in range(B):
         rows = valid_rows(x, b)
         for h in range(H):
@@ -68,9 +67,9 @@ def test_svd_causal_is_exact_at_full_rank_and_on_the_first_k_valid_rows(side) ->
     from methods.causal_layers import layer as causal_layer
 
     x = causal_layer(side=side)
-    assert exact_on_valid_rows(x, REGISTRY["svd-causal"].run(x, N), atol=1e-10)
+    assert exact_on_valid_rows(x, approximate("svd-causal", x, N), atol=1e-10)
     budget = 4
-    approx = REGISTRY["svd-causal"].run(x, budget)
+    approx = approximate("svd-causal", x, budget)
     for b in range(B):
         first = np.flatnonzero(x.valid[b].numpy())[:budget]
         assert torch.allclose(approx.p[b, :, first], x.p[b, :, first], atol=1e-10)
@@ -80,7 +79,7 @@ def test_svd_causal_is_exact_at_full_rank_and_on_the_first_k_valid_rows(side) ->
 
 def test_svd_causal_on_a_bidirectional_layer_is_svd() -> None:
     x = layer(lengths=(N, 7))
-    causal, full = REGISTRY["svd-causal"].run(x, 4), REGISTRY["svd"].run(x, 4)
+    causal, full = approximate("svd-causal", x, 4), approximate("svd", x, 4)
     assert torch.equal(causal.p, full.p) and torch.equal(causal.out, full.out)
 
 
@@ -90,6 +89,6 @@ def test_svd_causal_error_falls_as_k_grows() -> None:
     from spectra.probes.approx import measures
 
     x = causal_layer(side="left", n=16, lengths=(16, 11))
-    errors = [measures(x, REGISTRY["svd-causal"].run(x, budget))[1] for budget in (2, 4, 8, 16)]
+    errors = [measures(x, approximate("svd-causal", x, budget))[1] for budget in (2, 4, 8, 16)]
     assert all((small >= large - 1e-12).all() for small, large in zip(errors, errors[1:]))
     assert (errors[-1] < 1e-10).all()

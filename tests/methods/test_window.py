@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from layers import H, N, exact_on_valid_rows, softmax
+from layers import H, N, approximate, exact_on_valid_rows, softmax
 from methods.causal_layers import allowed, layer, valid_rows
-from spectra.methods import REGISTRY, window
+from spectra.methods import window
 
 #: (side of the padding, causal): decoders pad on either side; an encoder's window is two-sided
 KINDS = [("left", True), ("right", True), ("right", False)]
@@ -28,7 +28,7 @@ def kept(x, b: int, i: int, budget: int) -> list[int]:
 @pytest.mark.parametrize("budget", [1, 3, 4, 6, 9])
 def test_window_is_sinks_plus_nearest_keys(side, causal, budget) -> None:
     x = layer(side=side, causal=causal)
-    approx = REGISTRY["window"].run(x, budget)
+    approx = approximate("window", x, budget)
     for b in range(2):
         for h in range(H):
             q, k, v = (t[b, h].numpy() for t in (x.q, x.k, x.v))
@@ -46,7 +46,7 @@ def test_window_keeps_k_keys_or_every_key_it_may_see() -> None:
     for side, causal in KINDS:
         x = layer((32, 20), side=side, causal=causal, n=32)
         for budget in (1, 5, 12, 19):
-            count = (REGISTRY["window"].run(x, budget).p > 0).sum(-1)
+            count = (approximate("window", x, budget).p > 0).sum(-1)
             for b in range(2):
                 for i in valid_rows(x, b):
                     assert (count[b, :, i] == min(budget, len(allowed(x, b, i)))).all(), (side, causal, budget, i)
@@ -56,7 +56,7 @@ def test_window_keeps_the_first_valid_tokens_as_sinks() -> None:
     x = layer((48, 36), side="left", n=48)
     budget = 20  # s = 4 sinks, a window of 16
     assert window.sinks(budget) == 4 and window.sinks(7) == 1 and window.sinks(3) == 0
-    p = REGISTRY["window"].run(x, budget).p
+    p = approximate("window", x, budget).p
     for b, first in enumerate((0, 12)):
         late = p[b, :, first + 24:]  # queries whose window of 16 starts well after the sinks
         assert late.shape[-2] == 24 - first
@@ -67,7 +67,7 @@ def test_window_keeps_the_first_valid_tokens_as_sinks() -> None:
 @pytest.mark.parametrize("side,causal", KINDS)
 def test_window_with_k_at_least_n_is_exact(side, causal) -> None:
     x = layer(side=side, causal=causal)
-    assert exact_on_valid_rows(x, REGISTRY["window"].run(x, N), atol=1e-12)
+    assert exact_on_valid_rows(x, approximate("window", x, N), atol=1e-12)
     if causal:  # query i of a causal layer sees i + 1 keys at most: the first k rows are exact already
-        p = REGISTRY["window"].run(x, 5).p
+        p = approximate("window", x, 5).p
         assert torch.allclose(p[0, :, :5], x.p[0, :, :5], atol=1e-12)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from calibrations import reference_error, synthetic
+from layers import draws
 from spectra.methods import REGISTRY, Layer
 from spectra.methods.pooling import mean_pooling_matrix, windows
 from spectra.nn.calibration import Calibration, head_output_error, pooling_matrix
@@ -41,7 +42,7 @@ def test_identity_projections_are_exact_and_pooling_is_pool_mean() -> None:
     x = Layer(0, calib.q, calib.k, calib.v, calib.valid, calib.scaling)
     m = pooling_matrix(5, 10, torch.float64)  # equal windows: eq. 7 with E = F = M is pool-mean
     assert torch.allclose(linear_attention(calib.q, calib.k, calib.v, m, m, calib.valid, calib.scaling),
-                          REGISTRY["pool-mean"].run(x, 5).out, atol=1e-12)
+                          REGISTRY["pool-mean"](x, 5, draws(x)).out, atol=1e-12)
 
 
 def padded_and_alone(calib: Calibration, s: int) -> tuple[Calibration, Calibration]:
@@ -86,3 +87,24 @@ def test_a_subset_cuts_its_target_from_the_whole_formed_once(monkeypatch) -> Non
     for part in parts[:3]:
         assert torch.allclose(part.target, want, rtol=0, atol=1e-14)
     assert torch.equal(parts[3].target, calib.target[:2])
+
+
+def test_a_causal_calibration_targets_causal_attention() -> None:
+    """On a decoder's records the target P V has each query see the valid keys at or before it (dense numpy per
+    sequence); whether a method may be fitted there is the method's to say, not the calibration's."""
+    from spectra.capture import Captured
+
+    calib = synthetic(lengths=(10, 7), n=10)
+    mask = torch.zeros(2, 1, 10, 10, dtype=torch.float64)
+    seen = calib.valid[:, None, None, :] & torch.ones(10, 10, dtype=torch.bool).tril()
+    records = [Captured.of(0, calib.q, calib.k, calib.v, mask.masked_fill(~seen, torch.finfo(torch.float64).min), calib.scaling, causal=True)]
+    causal = Calibration.of(records)
+    assert causal.causal and not calib.causal and causal.subset([1]).causal
+    for s, m in enumerate((10, 7)):
+        for h in range(2):
+            q, k, v = (x[s, h, :m].numpy() for x in (calib.q, calib.k, calib.v))
+            scores = np.where(np.tril(np.ones((m, m), dtype=bool)), q @ k.T * calib.scaling, -np.inf)
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            want = (p / p.sum(-1, keepdims=True)) @ v
+            assert np.allclose(causal.target[s, h, :m].numpy(), want, atol=1e-12)
+            assert not np.allclose(calib.target[s, h, :m].numpy(), want, atol=1e-3), "the bidirectional target differs"

@@ -13,7 +13,8 @@ from spectra import capture
 from spectra.errors import SpectraError
 from calibrations import synthetic
 from spectra.nn.calibration import Calibration, head_output_error, pooling_projections
-from spectra.nn.fit import fit_projections, pca_projections, principal_rows, validation_split
+from spectra.nn.descent import validation_split
+from spectra.nn.fit import fit_projections, pca_projections, principal_rows
 from spectra.nn.projections import Projections
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -168,7 +169,9 @@ def test_pca_on_the_model_beats_raw_eigenvectors(model_calibrations) -> None:
     (lambda c: Calibration(0, c.q, c.k, c.v[..., :2], c.valid, 1.0), "share one shape"),
     (lambda c: Calibration(0, c.q, c.k, c.v, c.valid[:, :5], 1.0), "valid has shape"),
     (lambda c: Calibration.of([]), "no captured record"),
-    (lambda c: Calibration.of([capture.Captured.of(0, c.q, c.k, c.v, causal=True)]), "causal"),
+    (lambda c: Calibration.of([capture.Captured.of(0, c.q, c.k, c.v, causal=True), capture.Captured.of(0, c.q, c.k,
+                                                                                                      c.v)]),
+     "same layer, scaling and causality"),
 ])
 def test_bad_input_is_one_line(make, message) -> None:
     with pytest.raises(SpectraError, match=message) as error:

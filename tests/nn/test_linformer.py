@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from layers import attention_probs
 from torch import nn
 from transformers import AutoModel, BertConfig
 
-from layers import attention_probs
 from spectra import capture
 from spectra.capture import Captured
 from spectra.errors import SpectraError
@@ -67,7 +67,7 @@ def valid_keys(lengths: list[int], n: int) -> torch.Tensor:
 @pytest.mark.parametrize("compress", ["after", "before"])
 def test_module_equals_dense_eq7(sharing, compress) -> None:
     torch.manual_seed(0)
-    projections = Projections(3, 4, k_proj=6, max_len=24, sharing=sharing, seed=1)
+    projections = Projections(3, 4, budget=6, max_len=24, sharing=sharing, seed=1)
     module = LinformerSelfAttention(32, 4, projections, layer=2, compress=compress)
     x = torch.randn(2, 24, 32)
     with torch.no_grad():
@@ -77,7 +77,7 @@ def test_module_equals_dense_eq7(sharing, compress) -> None:
 @pytest.mark.parametrize("sharing", ["none", "headwise", "kv", "layerwise"])
 def test_linear_attention_on_projected_qkv_equals_dense(sharing) -> None:
     q, k, v = gaussian_qkv(20, 8, heads=3, batch=2, seed=3)
-    e, f = jl_pair(sharing, 1, 3, k_proj=5, n=20, seed=4)
+    e, f = jl_pair(sharing, 1, 3, budget=5, n=20, seed=4)
     got = linear_attention(q, k, v, e, f)
     for b in range(2):
         for h in range(3):
@@ -200,7 +200,7 @@ def test_substitute_in_a_model_equals_the_standalone_layer(device) -> None:
     input_ids = torch.randint(5, 50, (2, 24), device=device)
     attention_mask = torch.ones(2, 24, dtype=torch.long, device=device)
     attention_mask[1, 15:] = 0
-    projections = Projections(2, 2, k_proj=8, max_len=24, sharing="none", seed=0).to(device)
+    projections = Projections(2, 2, budget=8, max_len=24, sharing="none", seed=0).to(device)
     seen = {}
     attention = model.encoder.layer[0].attention
     hook = attention.self.register_forward_hook(lambda module, args, out: seen.setdefault("heads", out[0]))

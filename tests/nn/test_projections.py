@@ -10,7 +10,13 @@ import torch
 from spectra.config import Init, Sharing
 from spectra.errors import SpectraError
 from spectra.nn.linformer import linear_attention
-from spectra.nn.projections import Projections, distinct_keys, jl_pair, jl_projection, projection_key
+from spectra.nn.projections import (
+    Projections,
+    distinct_keys,
+    jl_pair,
+    jl_projection,
+    projection_key,
+)
 from spectra.sources import gaussian_qkv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,7 +58,7 @@ def test_initialisations_seeds_and_delta() -> None:
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     other = Projections(2, 2, 64, 128, "none", seed=6)
     assert not torch.equal(a.matrix(0, 0, "e"), other.matrix(0, 0, "e"))
-    assert abs(a.matrix(0, 0, "e").std().item() - 1 / 8) < 0.01  # N(0, 1/k_proj)
+    assert abs(a.matrix(0, 0, "e").std().item() - 1 / 8) < 0.01  # N(0, 1/budget)
     e, f = jl_pair("none", 1, 2, 64, 128, seed=5)
     assert torch.equal(e, a.pair(1)[0]) and torch.equal(f, a.pair(1)[1])
     assert torch.equal(a.matrix(1, 1, "f"), jl_projection((1, 1, "f"), 64, 128, seed=5))
@@ -85,7 +91,7 @@ def test_given_weights() -> None:
     assert torch.equal(Projections(2, 5, 3, 10, "kv", weights=keyed).matrix(1, 0, "f"), 2 * single)
     with pytest.raises(SpectraError, match="do not fit sharing"):
         Projections(2, 5, 3, 10, "headwise", weights=torch.randn(3, 3, 10))
-    with pytest.raises(SpectraError, match="expected \\(k_proj, max_len\\)"):
+    with pytest.raises(SpectraError, match="expected \\(budget, max_len\\)"):
         Projections(1, 1, 3, 10, "layerwise", weights=torch.randn(3, 9))
     with pytest.raises(SpectraError, match="weights lack the projections"):
         Projections(2, 5, 3, 10, "kv", weights={(0, -1, "ef"): single})

@@ -9,12 +9,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from layers import H, random_layer
+from layers import N as LN
 from transformers import AutoModel, AutoTokenizer
 
-from layers import H, N as LN, random_layer
+from layers import approximate
 from spectra import cli, data
 from spectra.api import approx
-from spectra.methods import REGISTRY
 from spectra.probes.approx import measures
 
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -23,7 +24,7 @@ N, SAMPLES = 24, 6
 
 def test_measures_against_numpy() -> None:
     x = random_layer((LN, 6))
-    approx = REGISTRY["jl"].run(x, 4)
+    approx = approximate("jl", x, 4)
     got = measures(x, approx)
     for b, m in enumerate((LN, 6)):
         for h in range(H):
@@ -34,7 +35,7 @@ def test_measures_against_numpy() -> None:
             pos = np.clip(p_t, 0, None)
             tv = [0.5 * np.abs(p[i] - pos[i] / pos[i].sum()).sum() if pos[i].sum() > 0 else 1.0 for i in range(m)]
             assert got[2, b, h] == pytest.approx(np.mean(tv))
-    assert measures(x, REGISTRY["pool-max"].run(x, 4))[1:].isnan().all()
+    assert measures(x, approximate("pool-max", x, 4))[1:].isnan().all()
 
 
 def eager_batches(model_dir, text_file):
@@ -44,7 +45,7 @@ def eager_batches(model_dir, text_file):
 
 
 def test_per_head_errors_match_dense_numpy(roberta_dir, text_file, tmp_path) -> None:
-    run = approx(str(roberta_dir), str(text_file), budgets=[4, 12], methods=["svd", "pool-mean"], length=N,
+    run = approx(str(roberta_dir), str(text_file), budget=[4, 12], methods=["svd", "pool-mean"], length=N,
                  samples=SAMPLES, batch_size=4, out=tmp_path / "run", **QUIET)
     model = AutoModel.from_pretrained(roberta_dir, attn_implementation="eager").eval()
     errors = {key: [] for key in [("svd", 4), ("svd", 12), ("pool-mean", 12)]}
@@ -88,9 +89,9 @@ def test_per_head_errors_match_dense_numpy(roberta_dir, text_file, tmp_path) -> 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--k", "0"], "k = 0 is not a budget"),
-    (["--k", "32"], "k = 32 exceeds the sequence length n = 24"),
-    (["--k", "a,b"], "--k 'a,b' is not a comma-separated list"),
+    (["--budget", "0"], "budget 0 is not a positive integer"),
+    (["--budget", "32"], "budget 32 exceeds the sequence length n = 24"),
+    (["--budget", "a,b"], "--budget 'a,b' is not a comma-separated list"),
     (["--methods", "svd,lsh"], "unknown method 'lsh'; valid methods:"),
     (["--end-to-end", "--layers", "5"], "--layers must lie in 0…1"),
     (["--layers", "x-y"], "--layers 'x-y' is not a list of layers"),
@@ -99,7 +100,7 @@ def test_per_head_errors_match_dense_numpy(roberta_dir, text_file, tmp_path) -> 
 def test_bad_input(args, message, roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["spectra", "approx", str(roberta_dir), "--data", str(text_file),
-                                      "--length", str(N), "--samples", "2", "--k", "4", *args])
+                                      "--length", str(N), "--samples", "2", "--budget", "4", *args])
     with pytest.raises(SystemExit) as done:
         cli.main()
     err = capsys.readouterr().err.strip()
@@ -110,7 +111,7 @@ def test_bad_input(args, message, roberta_dir, text_file, tmp_path, monkeypatch,
 def test_cli_prints_tables_and_replots(roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["spectra", "approx", str(roberta_dir), "--data", str(text_file), "--length",
-                                      str(N), "--samples", "2", "--k", "4,8", "--methods", "svd,linformer(kv)",
+                                      str(N), "--samples", "2", "--budget", "4,8", "--methods", "svd,linformer(kv)",
                                       "--end-to-end"])
     cli.main()
     out = capsys.readouterr().out

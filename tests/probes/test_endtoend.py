@@ -6,12 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, RobertaModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    RobertaModel,
+)
 
 from spectra import data, models
+from spectra.api import approx
 from spectra.errors import SpectraError
 from spectra.probes.endtoend import mask_tokens
-from spectra.api import approx
 
 QUIET = dict(progress=None, notify=lambda line: None)
 N, SAMPLES = 24, 6
@@ -24,7 +29,7 @@ def eager_batches(model_dir, text_file):
 
 
 def test_end_to_end_loss_matches_eager_and_exact_substitution_is_lossless(roberta_dir, text_file, tmp_path) -> None:
-    run = approx(str(roberta_dir), str(text_file), budgets=[4, N], methods=["pool-mean", "jl"], length=N,
+    run = approx(str(roberta_dir), str(text_file), budget=[4, N], methods=["pool-mean", "jl"], length=N,
                  samples=SAMPLES, batch_size=4, end_to_end=True, layers="1", out=tmp_path / "e2e", **QUIET)
     e2e = run.end_to_end.set_index(["method", "budget"])
     loaded = models.load(str(roberta_dir), device="cpu", lm_head=True)
@@ -50,7 +55,7 @@ def test_without_mlm_head_only_drift_is_measured(tmp_path, text_file, roberta_di
     RobertaModel.from_pretrained(roberta_dir).save_pretrained(base)
     AutoTokenizer.from_pretrained(roberta_dir).save_pretrained(base)
     lines: list[str] = []
-    run = approx(str(base), str(text_file), budgets=[4], methods=["svd"], length=N, samples=2, end_to_end=True,
+    run = approx(str(base), str(text_file), budget=[4], methods=["svd"], length=N, samples=2, end_to_end=True,
                  out=tmp_path / "run", progress=None, notify=lines.append)
     assert any("no language-model head" in line for line in lines)
     assert "ppl" not in run.end_to_end.columns and run.end_to_end["hidden_rel_err"].iloc[0] > 0
@@ -59,7 +64,7 @@ def test_without_mlm_head_only_drift_is_measured(tmp_path, text_file, roberta_di
 
 def test_every_family_end_to_end(roberta_dir, text_file, tmp_path) -> None:
     n = 16
-    run = approx(str(roberta_dir), str(text_file), budgets=[4, n], length=n, samples=4, batch_size=2,
+    run = approx(str(roberta_dir), str(text_file), budget=[4, n], length=n, samples=4, batch_size=2,
                  methods=["svd", "linformer(kv)", "performer", "nystrom", "skyformer", "probsparse"], end_to_end=True,
                  out=tmp_path / "run", progress=None, notify=lambda line: None)
     heads = run.heads.pivot_table(index=["method", "budget"], columns="metric", values="mean")
@@ -73,8 +78,8 @@ def test_every_family_end_to_end(roberta_dir, text_file, tmp_path) -> None:
     assert e2e.loc[("probsparse", n), "hidden_rel_err"] < 1e-5 and e2e.loc[("probsparse", 4), "hidden_rel_err"] > 1e-3
     assert np.isfinite(e2e["ppl"]).all()
     for budgets in ([0], [n + 1]):
-        with pytest.raises(SpectraError, match="k = "):
-            approx(str(roberta_dir), str(text_file), budgets=budgets, length=n, samples=2, methods=["performer"],
+        with pytest.raises(SpectraError, match="budget "):
+            approx(str(roberta_dir), str(text_file), budget=budgets, length=n, samples=2, methods=["performer"],
                    out=tmp_path / "bad", progress=None, notify=lambda line: None)
     assert not (tmp_path / "bad").exists()
 
@@ -83,7 +88,7 @@ def test_next_token_loss_of_a_decoder_matches_eager(llama_dir, text_file, tmp_pa
     """A causal LM head: the standard shifted next-token loss over every predicted position, exact against eager
     attention on the same left-padded batches; a causal method at k = n is lossless."""
     n = 20
-    run = approx(str(llama_dir), str(text_file), budgets=[4, n], methods=["topk", "window"], length=n, samples=5,
+    run = approx(str(llama_dir), str(text_file), budget=[4, n], methods=["topk", "window"], length=n, samples=5,
                  batch_size=2, mode="truncate", end_to_end=True, out=tmp_path / "run", **QUIET)
     assert run.meta["lm_head"] == "causal-lm"
     e2e = run.end_to_end.set_index(["method", "budget"])
@@ -115,7 +120,7 @@ def test_a_non_causal_method_is_refused_end_to_end_on_a_decoder(llama_dir, text_
 
     monkeypatch.chdir(tmp_path)
     code, out, err = tiny.run_cli(["approx", str(llama_dir), "--data", str(text_file), "--length", "16", "--samples",
-                                   "2", "--k", "4", "--methods", "linformer(kv),topk", "--end-to-end"], monkeypatch,
+                                   "2", "--budget", "4", "--methods", "linformer(kv),topk", "--end-to-end"], monkeypatch,
                                   capsys)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, err
@@ -123,5 +128,5 @@ def test_a_non_causal_method_is_refused_end_to_end_on_a_decoder(llama_dir, text_
     assert "window" in lines[0] and "topk" in lines[0]
     assert list(tmp_path.iterdir()) == []
     code, out, err = tiny.run_cli(["approx", str(llama_dir), "--data", str(text_file), "--length", "16", "--samples",
-                                   "2", "--k", "4", "--methods", "linformer(kv),svd"], monkeypatch, capsys)
+                                   "2", "--budget", "4", "--methods", "linformer(kv),svd"], monkeypatch, capsys)
     assert code == 0, "per head, a non-causal method is measured as on an encoder"

@@ -8,14 +8,14 @@ import json
 
 import numpy as np
 import pytest
+import tiny
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-import tiny
 from spectra import data
 from spectra.api import approx
 from spectra.capture import Captured
-from spectra.methods import REGISTRY, Layer
+from spectra.methods import REGISTRY, Draws, Layer
 from spectra.nn import linformer
 from spectra.nn.projections import load_projections
 
@@ -25,7 +25,7 @@ N, FIT, SAMPLES = 24, 10, 6
 
 @pytest.fixture(scope="module")
 def fitted_run(roberta_dir, text_file, tmp_path_factory):
-    return approx(str(roberta_dir), str(text_file), budgets=[4, 8], methods=["svd", "linformer(kv)", "pool-mean",
+    return approx(str(roberta_dir), str(text_file), budget=[4, 8], methods=["svd", "linformer(kv)", "pool-mean",
                   "linformer-pca(kv)", "linformer-fit(kv)"], length=N, samples=SAMPLES, fit_samples=FIT, fit_steps=15,
                   batch_size=4, out=tmp_path_factory.mktemp("fit") / "run", **QUIET)
 
@@ -76,8 +76,9 @@ def test_saved_projections_load_into_the_linformer_layer(fitted_run) -> None:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, N, 8, generator=g) for _ in range(3))
     record = Captured.of(1, q, k, v, index=(0, 1))
-    method = REGISTRY["linformer-fit(kv)"].run(Layer.of(record, use_p=False, fitted={("linformer-fit(kv)", 4):
-                                                                                      projections}), 4)
+    fitted = REGISTRY["linformer-fit(kv)"].fresh()
+    fitted.projections = {4: projections}
+    method = fitted(Layer.of(record, use_p=False), 4, Draws.of(record))
     substituted = linformer.substitute(projections)(record)
     assert torch.allclose(method.out, substituted, atol=1e-5)
     with pytest.raises(Exception, match="no projections for linformer-fit\\(kv\\) at k = 16; it has"):
@@ -86,7 +87,7 @@ def test_saved_projections_load_into_the_linformer_layer(fitted_run) -> None:
 
 def test_fitting_is_deterministic_and_says_how_long_it_takes(roberta_dir, text_file, tmp_path) -> None:
     lines: list[list[str]] = [[], []]
-    runs = [approx(str(roberta_dir), str(text_file), budgets=[4], methods=["linformer-fit(headwise)"], length=N,
+    runs = [approx(str(roberta_dir), str(text_file), budget=[4], methods=["linformer-fit(headwise)"], length=N,
                    samples=2, fit_samples=8, fit_steps=5, batch_size=4, out=tmp_path / f"r{i}", progress=None,
                    notify=lines[i].append)
             for i in range(2)]
@@ -99,10 +100,10 @@ def test_fitting_is_deterministic_and_says_how_long_it_takes(roberta_dir, text_f
 
 def test_a_k_plan_against_a_uniform_k_of_equal_cost(roberta_dir, text_file, tmp_path) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd", "pool-mean"], k_plan=plan, length=N, samples=4,
                  batch_size=4, end_to_end=True, out=tmp_path / "run", **QUIET)
-    assert run.meta["budgets"] == [8] and run.meta["k_plan"] == [4, 12], "uniform k = the plan's mean: equal cost"
+    assert run.meta["budget"] == [8] and run.meta["k_plan"] == [4, 12], "uniform k = the plan's mean: equal cost"
     planned = run.plan[run.plan["metric"] == "out_err"]
     assert set(zip(planned["layer"], planned["budget"])) == {(0, 4), (1, 12)}
     # the plan's per-head errors are each method's at the layer's own k: svd at k = 12 in layer 1 beats k = 8
@@ -116,23 +117,23 @@ def test_fitted_methods_follow_the_k_plan(roberta_dir, text_file, tmp_path) -> N
     """Under a plan, fitted projections exist at every planned k and at the uniform k: each layer's planned
     projections are the ones fitted at its own k (the same as a run at that uniform k, layer for layer)."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     common = dict(methods=["linformer-pca(kv)"], length=N, samples=4, fit_samples=FIT, batch_size=4, **QUIET)
     run = approx(str(roberta_dir), str(text_file), k_plan=plan, end_to_end=True, out=tmp_path / "run", **common)
     for budget in (4, 8, 12):
-        assert run.projections("linformer-pca(kv)", budget).k_proj == budget
+        assert run.projections("linformer-pca(kv)", budget).budget == budget
     planned = run.per_layer("out_err", table="plan").set_index("layer")["out_err"]
     for layer, budget in ((0, 4), (1, 12)):
-        alone = approx(str(roberta_dir), str(text_file), budgets=[budget], out=tmp_path / f"k{budget}", **common)
+        alone = approx(str(roberta_dir), str(text_file), budget=[budget], out=tmp_path / f"k{budget}", **common)
         want = alone.per_layer("out_err").set_index("layer")["out_err"]
         assert planned[layer] == pytest.approx(want[layer], rel=1e-6)
     assert set(run.end_to_end["allocation"]) == {"plan", "uniform"}
 
 
 @pytest.mark.parametrize("plan, message", [
-    ({"layers": [{"layer": 0, "k_proj": 4}]}, "the k plan has 1 layers but tiny-roberta has 2"),
-    ({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 99}]}, "k = 99 exceeds the sequence length"),
-    ({"layers": [{"layer": 0, "k_proj": 0}, {"layer": 1, "k_proj": 4}]}, "every layer's k_proj must be at least 1"),
+    ({"layers": [{"layer": 0, "budget": 4}]}, "the k plan has 1 layers but tiny-roberta has 2"),
+    ({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 99}]}, "budget 99 exceeds the sequence length"),
+    ({"layers": [{"layer": 0, "budget": 0}, {"layer": 1, "budget": 4}]}, "every layer's budget must be at least 1"),
     ({"nothing": []}, "no list of layers"),
 ])
 def test_bad_k_plans_are_one_line(plan, message, roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
@@ -148,5 +149,86 @@ def test_bad_k_plans_are_one_line(plan, message, roberta_dir, text_file, tmp_pat
 def test_fitted_methods_need_a_calibration(roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     code, out, err = tiny.run_cli(["approx", str(roberta_dir), "--data", str(text_file), "--length", str(N),
-                                   "--samples", "2", "--methods", "linformer-fit(kv)", "--k", "4"], monkeypatch, capsys)
-    assert code == 2 and "fits its projections on calibration sequences: pass --fit-samples N" in err
+                                   "--samples", "2", "--methods", "linformer-fit(kv)", "--budget", "4"], monkeypatch, capsys)
+    assert code == 2 and "fits its parameters on calibration sequences: pass --fit-samples N" in err
+
+
+def eager_decoder_heads(model_dir, text_file, n: int, start: int, count: int, monkeypatch):
+    """q, k, v (grouped keys repeated per query head) and P V of every layer of the evaluated sequences
+    start … start + count − 1 (truncate mode, left-padded), recorded inside transformers' eager attention, with each
+    batch's valid keys: [(layer, q, k, v, p_v, valid)]."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    original, seen = modeling_llama.eager_attention_forward, []
+
+    def recording(module, query, key, value, attention_mask, scaling, **kwargs):
+        out, weights = original(module, query, key, value, attention_mask, scaling, **kwargs)
+        groups = module.num_key_value_groups
+        k, v = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+        seen.append((module.layer_idx, query, k, v, weights @ v))
+        return out, weights
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", recording)
+    found = []
+    corpus = data.open_corpus(str(text_file), seed=0)
+    with torch.no_grad():
+        for batch in data.batches(tokenizer, corpus, n, "truncate", start + count, 2, skip=start):
+            mask = batch.attention_mask
+            seen.clear()
+            eager(input_ids=batch.input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))
+            found += [(*record, mask.bool()) for record in seen]
+    return found
+
+
+def test_a_decoder_fits_fastformer_causal_and_refuses_a_linformer_fit(llama_dir, text_file, tmp_path, monkeypatch,
+                                                                     capsys) -> None:
+    """Calibration on a decoder's causal attention: a Linformer fit is refused in one line before any work;
+    fastformer-fit-causal is fitted, and its held-out errors are the numpy formula's with the saved parameters on
+    q, k, v recorded inside transformers' eager attention (left-padded batches); one fit serves every k."""
+    from references import additive_attention_reference
+
+    monkeypatch.chdir(tmp_path)
+    code, out, err = tiny.run_cli(["approx", str(llama_dir), "--data", str(text_file), "--length", "16", "--samples",
+                                   "2", "--budget", "4", "--fit-samples", "4", "--methods",
+                                   "fastformer-fit-causal,linformer-fit(kv)"], monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "linformer-fit(kv) cannot be fitted on a decoder's causal attention" in lines[0]
+    assert "fastformer-fit-causal" in lines[0] and list(tmp_path.iterdir()) == []
+
+    n, fit, samples = 16, 6, 4
+    run = approx(str(llama_dir), str(text_file), budget=[4, n], methods=["fastformer-fit-causal", "window"], length=n,
+                 samples=samples, fit_samples=fit, fit_steps=10, batch_size=2, mode="truncate", end_to_end=True,
+                 out=tmp_path / "run", **QUIET)
+    assert run.meta["calibration"]["fitted"] == ["fastformer-fit-causal"]
+    history = run.fit_history
+    assert set(history["method"]) == {"fastformer-fit-causal"} and set(history["budget"]) == {-1}
+    assert set(zip(history["layer"], history["head"])) == {(layer, head) for layer in range(2) for head in range(4)}
+    arrays = np.load(run.path / "projections.npz")
+    layers = list(arrays["fastformer-fit-causal|layers"])
+    parameters = [arrays[f"fastformer-fit-causal|{name}"] for name in ("w_q", "w_k", "w_r", "b_r")]
+    errors = {layer: [] for layer in range(2)}
+    for layer, q, k, v, p_v, valid in eager_decoder_heads(llama_dir, text_file, n, fit, samples, monkeypatch):
+        w_q, w_k, w_r, b_r = (x[layers.index(layer)] for x in parameters)
+        for b in range(q.shape[0]):
+            rows = valid[b].numpy()
+            per_head = []
+            for h in range(q.shape[1]):
+                out = additive_attention_reference(*(x[b, h].double().numpy() for x in (q, k, v)), rows, True,
+                                                   w_q[h], w_k[h], w_r[h], b_r[h])
+                exact = p_v[b, h].double().numpy()
+                per_head.append(np.linalg.norm((out - exact)[rows]) / np.linalg.norm(exact[rows]))
+            errors[layer].append(per_head)
+    heads = run.heads[(run.heads["metric"] == "out_err") & (run.heads["method"] == "fastformer-fit-causal")]
+    for budget in (4, n):
+        table = heads[heads["budget"] == budget].set_index(["layer", "head"])["mean"]
+        for layer, values in errors.items():
+            assert len(values) == samples
+            for head in range(4):
+                assert table[(layer, head)] == pytest.approx(np.mean([row[head] for row in values]), rel=1e-4)
+    e2e = run.end_to_end.set_index(["method", "budget"])
+    assert np.isfinite(e2e["ppl"]).all() and e2e.loc[("fastformer-fit-causal", 4), "hidden_rel_err"] > 0
+    assert e2e.loc[("fastformer-fit-causal", 4), "loss"] == e2e.loc[("fastformer-fit-causal", n), "loss"]

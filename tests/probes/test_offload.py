@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from references import eager_ranks, poisson_replicates
+
 import spectra
 from spectra.capture import Captured
 from spectra.config import Place

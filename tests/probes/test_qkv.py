@@ -81,7 +81,7 @@ def test_qkv_tables_match_eager_modules_and_numpy(llama_dir, text_file, tmp_path
 def test_qkv_is_off_for_encoders_and_on_request(roberta_dir, text_file, tmp_path) -> None:
     quiet = dict(length=16, samples=2, progress=None, notify=lambda line: None)
     encoder = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "e", **quiet)
-    assert encoder.qkv is None and "qkv" not in encoder.meta
+    assert encoder.qkv is None and encoder.meta["qkv"] is False
     asked = spectra.analyze(str(roberta_dir), str(text_file), qkv=True, out=tmp_path / "q", **quiet)
     assert asked.meta["rope"] is False and set(asked.qkv["stage"]) == {"attention"}, "no RoPE: one stage"
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-
 from references import eager_ranks, poisson_replicates, spectrum_reference
+
 import spectra
 from spectra.capture import Captured
 from spectra.errors import InternalError
@@ -58,7 +58,7 @@ def test_probe_streams_layers_heads_and_padding() -> None:
 
 def test_tables_and_arrays() -> None:
     n, heads, lengths = 16, 2, [16, 11]
-    probe = SpectrumProbe(layers=2, heads=heads, n=n, at=4, mode="exact")
+    probe = SpectrumProbe(layers=2, heads=heads, n=n, at=4)
     generator = torch.Generator().manual_seed(2)
     mask = padded(lengths, n)
     ps = {}

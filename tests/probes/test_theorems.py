@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer
-
 from frames import assert_frames_close
 from layers import attention_probs, padding_mask, softmax
+from transformers import AutoModel, AutoTokenizer
+
 from spectra import capture, cli, data
 from spectra.api import theorems
 from spectra.capture import Captured
@@ -25,7 +25,7 @@ from spectra.probes.theorems import Theorem1Probe, Theorem2Probe
 from spectra.sources import gaussian_qkv
 from spectra.stats import plain
 from spectra.theory.bounds import jl_failure_bound, theorem1_bound, theorem1_k, theorem2_k
-from spectra.theory.kernels import theorem1_errors
+from spectra.theory.errors import theorem1_errors
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -60,9 +60,9 @@ def test_theorem1_probe_against_the_lemma_on_synthetic_vectors() -> None:
         probe.update(Captured.of(layer, ones, keys, v, scaling=1.0, index=(0,)))
     table = probe.result()
     assert (table["samples"] == 1).all()
-    rates = table.groupby(["k_proj", "eps"])["pr"].mean()
-    for (k_proj, eps), rate in rates.items():
-        assert 1 - rate <= jl_failure_bound(eps, k_proj), (k_proj, eps, rate)
+    rates = table.groupby(["budget", "eps"])["pr"].mean()
+    for (budget, eps), rate in rates.items():
+        assert 1 - rate <= jl_failure_bound(eps, budget), (budget, eps, rate)
     direct = [abs((probe.r(layer, 64) @ x).square().sum() / x.square().sum() - 1).item() for layer in range(layers)]
     assert rates[(64, 0.5)] == pytest.approx(np.mean(np.array(direct) <= 0.5))
 
@@ -119,18 +119,18 @@ def test_theorem1_probe_table() -> None:
     feed([probe], 0, q, k, v)
     p = attention_probs(q, k)
     table = probe.result()
-    assert list(table.columns) == ["layer", "head", "k_proj", "method", "relative_to", "eps", "pr", "samples",
+    assert list(table.columns) == ["layer", "head", "budget", "method", "relative_to", "eps", "pr", "samples",
                                    "median", "p95", "mean", "max", "sequences", "pr_mean", "pr_low", "pr_high",
                                    "pr_draw_std", "n", "draws", "bound", "k_theory"]
     assert len(table) == 2 * 2 * 3 * 2 and (table["draws"] == 0).all()
-    row = table[(table["head"] == 1) & (table["k_proj"] == 8) & (table["method"] == "jl") & (table["eps"] == 0.2)
+    row = table[(table["head"] == 1) & (table["budget"] == 8) & (table["method"] == "jl") & (table["eps"] == 0.2)
                 & (table["relative_to"] == "output")].iloc[0]
     errors = theorem1_errors(p, v, probe.r(0, 8))[:, 1].flatten().numpy()
     assert row["pr"] == pytest.approx((errors <= 0.2).mean())
     assert row["mean"] == pytest.approx(errors.mean(), rel=1e-5)
     assert row["median"] == pytest.approx(np.median(errors), rel=0.05)
     assert row["bound"] == theorem1_bound(0.2, 32, 8) and row["k_theory"] == theorem1_k(0.2, 32)
-    exact = table[(table["k_proj"] == 32) & (table["method"] == "svd")]
+    exact = table[(table["budget"] == 32) & (table["method"] == "svd")]
     assert (exact["max"] < 1e-3).all() and (exact["pr"] == 1.0).all()
 
 
@@ -139,7 +139,7 @@ def test_theorem2_probe_table_and_architecture_rows() -> None:
     probe = Theorem2Probe(1, 2, 32, [8], [0.5], seed=3, deltas=("1/2^n", 0.5), fixed=True)
     feed([probe], 0, q, k, v)
     table = probe.result()
-    assert list(table.columns) == ["layer", "head", "k_proj", "method", "variant", "relative_to", "eps", "pr", "samples",
+    assert list(table.columns) == ["layer", "head", "budget", "method", "variant", "relative_to", "eps", "pr", "samples",
                                    "median", "p95", "mean", "max", "sequences", "pr_mean", "pr_low", "pr_high",
                                    "pr_draw_std", "n", "d", "draws", "delta", "k_theory"]
     assert set(zip(table["method"], table["variant"], table["relative_to"])) == {
@@ -286,7 +286,7 @@ def test_probes_inside_a_model_forward() -> None:
 
 
 def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp_path) -> None:
-    run = theorems(str(roberta_dir), str(text_file), budgets=[4, 8], eps=[0.3, 0.5], length=N, samples=4,
+    run = theorems(str(roberta_dir), str(text_file), budget=[4, 8], eps=[0.3, 0.5], length=N, samples=4,
                    batch_size=2, out=tmp_path / "run", **QUIET)
     model = AutoModel.from_pretrained(roberta_dir, attn_implementation="eager").eval()
     tokenizer = AutoTokenizer.from_pretrained(roberta_dir)
@@ -314,7 +314,7 @@ def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp
     for form, measured in (("output", errors), ("rows", entries)):
         for (layer, budget), values in measured.items():
             for eps in (0.3, 0.5):
-                row = layers[(layers.layer == layer) & (layers.k_proj == budget) & (layers.method == "jl")
+                row = layers[(layers.layer == layer) & (layers.budget == budget) & (layers.method == "jl")
                              & (layers.eps == eps) & (layers.relative_to == form)].iloc[0]
                 assert row["samples"] == len(values)
                 assert row["pr"] == pytest.approx(np.mean(np.array(values) <= eps), abs=1e-9), form
@@ -322,8 +322,8 @@ def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp
                 assert row["sequences"] == 4 and row["pr_low"] <= row["pr_mean"] <= row["pr_high"]
     pooled = run.tables["theorem1"]
     heads = run.tables["theorem1_heads"]
-    for (budget, method, form, eps), group in heads.groupby(["k_proj", "method", "relative_to", "eps"]):
-        row = pooled[(pooled.k_proj == budget) & (pooled.method == method) & (pooled.relative_to == form)
+    for (budget, method, form, eps), group in heads.groupby(["budget", "method", "relative_to", "eps"]):
+        row = pooled[(pooled.budget == budget) & (pooled.method == method) & (pooled.relative_to == form)
                      & (pooled.eps == eps)].iloc[0]
         assert row["samples"] == group["samples"].sum()
         assert row["pr"] == pytest.approx(np.average(group["pr"], weights=group["samples"]))
@@ -332,7 +332,7 @@ def test_theorem1_on_a_model_matches_eager_attention(roberta_dir, text_file, tmp
 
 def test_synthetic_run_and_cli(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["spectra", "theorems", "--synthetic", "--n", "32", "--d", "8", "--k", "4,16",
+    monkeypatch.setattr(sys, "argv", ["spectra", "theorems", "--synthetic", "--length", "32", "--d", "8", "--budget", "4,16",
                                       "--eps", "0.5", "--samples", "3"])
     cli.main()
     out = capsys.readouterr().out
@@ -345,15 +345,15 @@ def test_synthetic_run_and_cli(tmp_path, monkeypatch, capsys) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--k", "0"], "k = 0 is not a budget: use a positive integer k ≥ 1"),
-    (["--k", "64"], "k = 64 exceeds the sequence length n = 32; use k ≤ 32"),
-    (["--k", ""], "the list of budgets is empty"),
+    (["--budget", "0"], "budget 0 is not a positive integer"),
+    (["--budget", "64"], "budget 64 exceeds the sequence length n = 32; use budgets ≤ 32"),
+    (["--budget", ""], "the list of budgets is empty"),
     (["--eps", "1.5"], "ε must lie strictly between 0 and 1"),
     (["--eps", "x"], "--eps 'x' is not a comma-separated list of numbers"),
 ])
 def test_bad_input(args, message, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["spectra", "theorems", "--synthetic", "--n", "32", "--samples", "1", "--k", "4", *args])
+    monkeypatch.setattr(sys, "argv", ["spectra", "theorems", "--synthetic", "--length", "32", "--samples", "1", "--budget", "4", *args])
     with pytest.raises(SystemExit) as done:
         cli.main()
     err = capsys.readouterr().err.strip()
@@ -367,11 +367,11 @@ def test_the_interval_covers_the_true_probability(one_thread) -> None:
     The 95% interval over 40 sequences must cover the true Pr in at least 90 of 100 seeded repetitions."""
     from scipy.stats import chi2
 
-    n, k_proj, eps, heads, sequences = 24, 16, 0.35, 3, 40
-    truth = chi2.cdf(k_proj * (1 + eps), k_proj) - chi2.cdf(k_proj * (1 - eps), k_proj)
+    n, budget, eps, heads, sequences = 24, 16, 0.35, 3, 40
+    truth = chi2.cdf(budget * (1 + eps), budget) - chi2.cdf(budget * (1 - eps), budget)
     covered, widths = 0, []
     for repetition in range(100):
-        probe = Theorem1Probe(1, heads, n, [k_proj], [eps], best_rank=False, seed=repetition)
+        probe = Theorem1Probe(1, heads, n, [budget], [eps], best_rank=False, seed=repetition)
         g = torch.Generator().manual_seed(repetition)
         z = torch.randn(sequences, heads, 1, n, generator=g, dtype=torch.float64)
         x = torch.softmax(z, dim=-1)
@@ -403,7 +403,7 @@ def test_draws_give_a_spread_and_fixed_gives_one_draw() -> None:
 
 def test_per_sequence_draws_do_not_depend_on_the_batching(roberta_dir, text_file, tmp_path) -> None:
     """Each sequence's R is seeded by its global index: batches of 1 and of 3 give the same tables."""
-    common = dict(budgets=[4, 8], eps=[0.3, 0.5], draws=2, length=16, samples=5, progress=None,
+    common = dict(budget=[4, 8], eps=[0.3, 0.5], draws=2, length=16, samples=5, progress=None,
                   notify=lambda line: None)
     one = theorems(str(roberta_dir), str(text_file), batch_size=1, out=tmp_path / "one", **common)
     three = theorems(str(roberta_dir), str(text_file), batch_size=3, out=tmp_path / "three", **common)

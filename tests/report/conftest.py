@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import report_helpers  # noqa: E402
+import report_helpers
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tiny import save_model, write_text
 
 import spectra
 from spectra.api import approx, theorems
 from spectra.config import RunConfig
-from tiny import save_model, write_text
 
 QUIET = dict(progress=None, notify=lambda line: None)
 
@@ -57,7 +57,7 @@ def build_runs(root: Path) -> dict[str, spectra.Run]:
 
 def build_approx(model: Path, text: Path, out: Path) -> spectra.ApproxRun:
     """An approx run with --end-to-end at the budgets BUDGETS of the methods METHODS, n = 24."""
-    return approx(str(model), str(text), budgets=BUDGETS, methods=METHODS, end_to_end=True, length=APPROX_N,
+    return approx(str(model), str(text), budget=BUDGETS, methods=METHODS, end_to_end=True, length=APPROX_N,
                   samples=2, batch_size=2, out=out, **QUIET)
 
 
@@ -68,12 +68,12 @@ def theorem_run_dir(runs_dir: Path, model: Path, text: Path) -> Path:
 
 def build_theorems(model: Path, text: Path, out: Path) -> spectra.TheoremRun:
     """A theorems run at the budgets BUDGETS and ε ∈ {0.3, 0.5}, n = 24."""
-    return theorems(str(model), str(text), budgets=BUDGETS, eps=[0.3, 0.5], length=APPROX_N, samples=2,
+    return theorems(str(model), str(text), budget=BUDGETS, eps=[0.3, 0.5], length=APPROX_N, samples=2,
                     batch_size=2, out=out, **QUIET)
 
 
 def expected_errors(run) -> dict[str, pd.DataFrame]:
-    """label → rows (k_proj ascending) of median and p95, straight from a theorems run's pooled tables."""
+    """label → rows (budget ascending) of median and p95, straight from a theorems run's pooled tables."""
     one, two = run.tables["theorem1"], run.tables["theorem2"]
     found = {method: one[one["method"] == method] for method in ("jl", "svd")}
     for level in SHARING:
@@ -81,7 +81,7 @@ def expected_errors(run) -> dict[str, pd.DataFrame]:
     for rule in ("1/2^n", "1/n"):
         found[f"theorem2(delta={rule})"] = two[(two["method"] == "theorem2") & (two["variant"] == f"delta={rule}")
                                                & (two["relative_to"] == "output")]
-    return {label: rows.drop_duplicates("k_proj").sort_values("k_proj") for label, rows in found.items()}
+    return {label: rows.drop_duplicates("budget").sort_values("budget") for label, rows in found.items()}
 
 
 # ---------------------------------------------------------------- reading figures back

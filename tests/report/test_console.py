@@ -9,14 +9,14 @@ import sys
 
 import numpy as np
 import pandas as pd
-
 from report_helpers import BUDGETS, METHODS, expected_errors, printed_tables
+from tiny import run_cli
+
 from spectra import cli
 from spectra.api import approx
 from spectra.report import console
 from spectra.report.plan import plan_k
 from spectra.report.summaries import compare
-from tiny import run_cli
 
 
 def fixed(value: float, places: int = 3, missing: str = "") -> str:
@@ -83,7 +83,7 @@ def test_print_theorems_tables_match_the_run(theorem_run, capsys) -> None:
     for form, probability in (("output", statement), ("rows", proof)):
         jl = one[(one["method"] == "jl") & (one["relative_to"] == form)]
         for k, row in zip(BUDGETS, probability["rows"]):
-            cells = [jl[(jl["k_proj"] == k) & (jl["eps"] == eps)].iloc[0] for eps in (0.3, 0.5)]
+            cells = [jl[(jl["budget"] == k) & (jl["eps"] == eps)].iloc[0] for eps in (0.3, 0.5)]
             assert row == [str(k), *(f"{cell['pr']:.3f} [{cell['pr_low']:.3f}, {cell['pr_high']:.3f}] "
                                      f"({cell['bound']:.3f})" for cell in cells)]
         assert probability["header"] == [["k", "ε=0.3", "ε=0.5"]]
@@ -93,15 +93,15 @@ def test_print_theorems_tables_match_the_run(theorem_run, capsys) -> None:
 
     expected = expected_errors(theorem_run)  # jl, svd, linformer(<4 sharings>), theorem2(delta=<2 rules>)
     for stat, table in (("median", median), ("p95", p95)):
-        assert table["rows"] == [[str(k), *(fixed(float(rows.loc[rows["k_proj"] == k, stat].iloc[0]))
+        assert table["rows"] == [[str(k), *(fixed(float(rows.loc[rows["budget"] == k, stat].iloc[0]))
                                             for rows in expected.values())] for k in BUDGETS]
     words = " ".join(" ".join(line) for line in median["header"])
     for name in ("svd", "(floor)", "thm2", "δ=1/2^n", "δ=1/n", "lin", "(kv)"):  # lin: the registry's header
         assert name in words
 
     two = theorem_run.tables["theorem2"]
-    rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")].drop_duplicates(["variant", "k_proj"])
-    largest = ", ".join(f"k={k}: {rhs[rhs['k_proj'] == k]['median'].max():.3g}" for k in BUDGETS)
+    rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")].drop_duplicates(["variant", "budget"])
+    largest = ", ".join(f"k={k}: {rhs[rhs['budget'] == k]['median'].max():.3g}" for k in BUDGETS)
     assert f"median (largest over δ): {largest}; its k" in out
 
 
@@ -114,19 +114,19 @@ def test_print_plan_tables_match_the_plan(runs, capsys) -> None:
         layers, costs = printed_tables(out)
         curves = run.cum_mean.mean(axis=1) if not per_head else run.cum_mean
         if per_head:
-            k_head = plan.table["k_proj"].to_numpy().reshape(run.layers, run.heads)
+            k_head = plan.table["budget"].to_numpy().reshape(run.layers, run.heads)
             assert layers["rows"] == [[str(layer), str(k_head[layer].max()), *map(str, k_head[layer])]
                                       for layer in range(run.layers)]
             units, planned = run.layers * run.heads, run.n * k_head.sum()
         else:
             rows = []
-            for layer, k in enumerate(plan.table["k_proj"]):
+            for layer, k in enumerate(plan.table["budget"]):
                 rows.append([str(layer), str(plan.table["k_min"][layer]), str(k), fixed(curves[layer, k - 1])])
             assert layers["rows"] == rows
-            units, planned = run.layers * run.heads, run.n * run.heads * plan.table["k_proj"].sum()
-        uniform = int(plan.table["k_proj"].max())
+            units, planned = run.layers * run.heads, run.n * run.heads * plan.table["budget"].sum()
+        uniform = int(plan.table["budget"].max())
         cost = [planned, units * run.n * uniform, units * run.n * run.n]
-        names = ["nonuniform (this plan)", f"uniform k_proj = {uniform}", f"full (k_proj = n = {run.n})"]
+        names = ["nonuniform (this plan)", f"uniform budget = {uniform}", f"full (budget = n = {run.n})"]
         assert costs["rows"] == [[name, str(c), f"{planned / c:.1%}", f"{1 - planned / c:.1%}"]
                                  for name, c in zip(names, cost)]
         assert "reaches E = 0.9, rounded up to a multiple of 4" in out
@@ -206,18 +206,18 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
         rows = table[table["metric"] == "out_err"]
         return rows.groupby(["method", "budget", "layer"])["mean"].mean()
 
-    run = approx(str(roberta_dir), str(text_file), budgets=[4], methods=["pool-mean", "linformer-pca(kv)"],
+    run = approx(str(roberta_dir), str(text_file), budget=[4], methods=["pool-mean", "linformer-pca(kv)"],
                  samples=4, fit_samples=8, out=tmp_path / "fit", **quiet)
     console.print_approx(run)
     out = capsys.readouterr().out
-    assert "fitted projections: mean head-output error over layers" in out and "fraction of the gap" not in out
+    assert "fitted methods: mean head-output error over layers" in out and "fraction of the gap" not in out
     held, calibration = layer_means(run.heads), layer_means(run.calibration)
     fitted_table = printed_tables(out)[1]
     assert fitted_table["rows"] == [["linformer-pca(kv)", "4",
                                      fixed(calibration[("linformer-pca(kv)", 4)].mean()),
                                      fixed(held[("linformer-pca(kv)", 4)].mean())]]
 
-    run = approx(str(roberta_dir), str(text_file), budgets=[4], methods=["svd", "linformer(kv)", "linformer-pca(kv)"],
+    run = approx(str(roberta_dir), str(text_file), budget=[4], methods=["svd", "linformer(kv)", "linformer-pca(kv)"],
                  samples=4, fit_samples=8, out=tmp_path / "gap", **quiet)
     console.print_approx(run)
     out = capsys.readouterr().out
@@ -230,7 +230,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
         assert row[1:] == [f"{(random - pca) / (random - svd):.2f}"]
 
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd"], k_plan=plan, samples=4, out=tmp_path / "plan",
                  **quiet)
     console.print_approx(run)

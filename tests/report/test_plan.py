@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spectra import cli
-from spectra.report.plan import plan_k, round_up, smallest_index
+from spectra.report.plan import plan_k, read_plan, round_up, smallest_index
 from tiny import run_cli
 
 
@@ -35,15 +35,15 @@ def test_smallest_index_and_rounding_by_hand() -> None:
 def test_plan_per_layer_matches_a_loop_over_the_mean_curve(runs, energy, multiple) -> None:
     run = runs["deep-wiki"]
     plan = plan_k(run, energy, multiple=multiple)
-    assert list(plan.table.columns) == ["layer", "k_min", "k_proj", "c_at_k_proj"]
+    assert list(plan.table.columns) == ["layer", "k_min", "budget", "c_at_budget"]
     for layer in range(run.layers):
         curve = run.cum_mean[layer].mean(axis=0)
         k_min = first_reaching(curve, energy)
-        k_proj = min(run.n, math.ceil(k_min / multiple) * multiple)
+        budget = min(run.n, math.ceil(k_min / multiple) * multiple)
         row = plan.table.iloc[layer]
-        assert (row.layer, row.k_min, row.k_proj) == (layer, k_min, k_proj)
-        assert row.c_at_k_proj == pytest.approx(curve[k_proj - 1]) and row.c_at_k_proj >= energy - 1e-6
-    assert plan.uniform_k_proj == plan.table["k_proj"].max()
+        assert (row.layer, row.k_min, row.budget) == (layer, k_min, budget)
+        assert row.c_at_budget == pytest.approx(curve[budget - 1]) and row.c_at_budget >= energy - 1e-6
+    assert plan.uniform_budget == plan.table["budget"].max()
 
 
 def test_plan_per_head_and_costs(runs) -> None:
@@ -52,18 +52,18 @@ def test_plan_per_head_and_costs(runs) -> None:
     assert len(plan.table) == run.layers * run.heads
     expected = np.array([[min(run.n, math.ceil(first_reaching(run.cum_mean[l, h], 0.9) / 4) * 4)
                           for h in range(run.heads)] for l in range(run.layers)])
-    np.testing.assert_array_equal(plan.table["k_proj"].to_numpy().reshape(run.layers, run.heads), expected)
-    np.testing.assert_array_equal(plan.layer_k_proj, expected.max(axis=1))
+    np.testing.assert_array_equal(plan.table["budget"].to_numpy().reshape(run.layers, run.heads), expected)
+    np.testing.assert_array_equal(plan.layer_budget, expected.max(axis=1))
     costs = plan.costs().set_index("attention")["cost"].to_numpy()
     cells = run.layers * run.heads
     assert list(costs) == [run.n * expected.sum(), cells * run.n * expected.max(), cells * run.n * run.n]
     document = plan.to_json()
-    assert document["per_head"] is True and document["uniform_k_proj"] == expected.max()
+    assert document["per_head"] is True and document["uniform_budget"] == expected.max()
     assert [entry["heads"] for entry in document["layers"]] == expected.tolist()
-    assert [entry["k_proj"] for entry in document["layers"]] == expected.max(axis=1).tolist()
+    assert [entry["budget"] for entry in document["layers"]] == expected.max(axis=1).tolist()
 
-    shared = plan_k(run, 0.9)  # one k_proj per layer, shared by its heads
-    k_layer = shared.table["k_proj"].to_numpy()
+    shared = plan_k(run, 0.9)  # one budget per layer, shared by its heads
+    k_layer = shared.table["budget"].to_numpy()
     assert shared.costs()["cost"].iloc[0] == run.heads * run.n * k_layer.sum()
     assert shared.costs()["saved"].iloc[1] == pytest.approx(1 - k_layer.sum() / (run.layers * k_layer.max()))
     assert shared.costs()["saved"].iloc[2] == pytest.approx(1 - k_layer.sum() / (run.layers * run.n))
@@ -71,7 +71,7 @@ def test_plan_per_head_and_costs(runs) -> None:
 
 def test_plan_multiple_larger_than_n_is_capped(runs) -> None:
     run = runs["small-wiki"]
-    assert set(plan_k(run, 0.5, multiple=1000).table["k_proj"]) == {run.n}
+    assert set(plan_k(run, 0.5, multiple=1000).table["budget"]) == {run.n}
 
 
 def test_cli_plan_k_writes_the_json_and_prints_the_savings(runs, tmp_path, monkeypatch, capsys) -> None:
@@ -82,14 +82,18 @@ def test_cli_plan_k_writes_the_json_and_prints_the_savings(runs, tmp_path, monke
     out = capsys.readouterr().out
     document = json.loads(target.read_text())
     layers = [first_reaching(run.cum_mean[l].mean(axis=0), 0.95) for l in range(run.layers)]
-    k_proj = [min(run.n, math.ceil(k / 8) * 8) for k in layers]
+    budget = [min(run.n, math.ceil(k / 8) * 8) for k in layers]
     assert document["n"] == run.n and document["energy"] == 0.95 and document["multiple"] == 8
-    assert document["per_head"] is False and document["uniform_k_proj"] == max(k_proj)
-    assert document["layers"] == [{"layer": l, "k_proj": k} for l, k in enumerate(k_proj)]
-    assert document["cost"] == {"nonuniform": run.heads * run.n * sum(k_proj),
-                                "uniform": run.layers * run.heads * run.n * max(k_proj),
+    assert document["per_head"] is False and document["uniform_budget"] == max(budget)
+    assert document["layers"] == [{"layer": l, "budget": k} for l, k in enumerate(budget)]
+    assert document["cost"] == {"nonuniform": run.heads * run.n * sum(budget),
+                                "uniform": run.layers * run.heads * run.n * max(budget),
                                 "full": run.layers * run.heads * run.n * run.n}
-    assert "saved" in out and f"uniform k_proj = {max(k_proj)}" in out and str(target) in out
+    assert "saved" in out and f"uniform budget = {max(budget)}" in out and str(target) in out
+
+    assert read_plan(target, run.n) == tuple(budget), "what plan-k writes, approx reads"
+    old = {"n": run.n, "layers": [{"layer": l, "k_proj": k} for l, k in enumerate(budget)]}
+    assert read_plan(old, run.n) == tuple(budget), "a plan written before k_proj was called budget still reads"
 
     monkeypatch.setattr(sys, "argv", ["spectra", "plan-k", str(run.path), "--per-head"])
     cli.main()  # default path: inside the run directory

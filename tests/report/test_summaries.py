@@ -7,11 +7,20 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from report_helpers import ANALYZE_N as N
 from report_helpers import BUDGETS, METHODS, expected_errors
-from spectra.report.summaries import (approx_by_budget, compare, compare_wide, head_mean, headline, layer_trend,
-                                      metric_grid, per_layer, theorem_errors)
+
+from spectra.report.summaries import (
+    approx_by_budget,
+    compare,
+    compare_wide,
+    head_mean,
+    headline,
+    layer_trend,
+    metric_grid,
+    per_layer,
+    theorem_errors,
+)
 
 
 def test_stored_c_at_is_the_mean_curve_at_that_index(runs) -> None:
@@ -89,18 +98,18 @@ def test_theorem_errors_are_the_pooled_rows(theorem_run) -> None:
     expected = expected_errors(theorem_run)
     assert list(dict.fromkeys(table["label"])) == list(expected)
     for label, rows in expected.items():
-        found = table[table["label"] == label].sort_values("k_proj")
-        assert list(found["k_proj"]) == BUDGETS
+        found = table[table["label"] == label].sort_values("budget")
+        assert list(found["budget"]) == BUDGETS
         for stat in ("median", "p95", "mean", "max"):
             np.testing.assert_array_equal(found[stat].to_numpy(), rows[stat].to_numpy())
     # relative to Theorem 2's right side: only the theorem2 rows change
     rhs = theorem_errors(theorem_run, "rhs")
     two = theorem_run.tables["theorem2"]
     for rule in ("1/2^n", "1/n"):
-        stored = two[(two["variant"] == f"delta={rule}") & (two["relative_to"] == "rhs")].drop_duplicates("k_proj")
+        stored = two[(two["variant"] == f"delta={rule}") & (two["relative_to"] == "rhs")].drop_duplicates("budget")
         found = rhs[rhs["label"] == f"theorem2(delta={rule})"]
-        np.testing.assert_array_equal(found.sort_values("k_proj")["median"].to_numpy(),
-                                      stored.sort_values("k_proj")["median"].to_numpy())
+        np.testing.assert_array_equal(found.sort_values("budget")["median"].to_numpy(),
+                                      stored.sort_values("budget")["median"].to_numpy())
     same = rhs[~rhs["label"].str.startswith("theorem2(")].reset_index(drop=True)
     pd.testing.assert_frame_equal(same, table[~table["label"].str.startswith("theorem2(")].reset_index(drop=True))
 

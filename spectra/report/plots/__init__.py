@@ -8,16 +8,46 @@ each other through `style.save`. The CLI's `--plot` looks the entry points up he
 
 from __future__ import annotations
 
-from .approx import draw_approx_budgets, draw_approx_layers, draw_end_to_end, draw_plan_layers, plot_approx
+from .approx import (
+                      draw_approx_budgets,
+                      draw_approx_layers,
+                      draw_end_to_end,
+                      draw_plan_layers,
+                      plot_approx,
+)
 from .figure1 import choose_heatmap, draw_figure1, figure1
 from .scaling import draw_scaling_c, draw_scaling_ranks, plot_scaling
-from .spectra import (RunPlots, draw_attention_heatmaps, draw_c_heatmap, draw_key_ranks, draw_layer_curves,
-                      draw_rank_heatmaps, plot_run)
+from .spectra import (
+                      RunPlots,
+                      draw_attention_heatmaps,
+                      draw_c_heatmap,
+                      draw_key_ranks,
+                      draw_layer_curves,
+                      draw_rank_heatmaps,
+                      plot_run,
+)
 from .theorems import draw_theorem1, draw_theorem_errors, plot_theorems
 
 __all__ = [
-    "RunPlots", "choose_heatmap", "draw_approx_budgets", "draw_approx_layers", "draw_attention_heatmaps",
-    "draw_c_heatmap", "draw_end_to_end", "draw_key_ranks", "draw_plan_layers",
-    "draw_figure1", "draw_layer_curves", "draw_rank_heatmaps", "draw_theorem1", "draw_theorem_errors", "figure1",
-    "draw_scaling_c", "draw_scaling_ranks", "plot_approx", "plot_run", "plot_scaling", "plot_theorems",
+                      "RunPlots",
+                      "choose_heatmap",
+                      "draw_approx_budgets",
+                      "draw_approx_layers",
+                      "draw_attention_heatmaps",
+                      "draw_c_heatmap",
+                      "draw_end_to_end",
+                      "draw_figure1",
+                      "draw_key_ranks",
+                      "draw_layer_curves",
+                      "draw_plan_layers",
+                      "draw_rank_heatmaps",
+                      "draw_scaling_c",
+                      "draw_scaling_ranks",
+                      "draw_theorem1",
+                      "draw_theorem_errors",
+                      "figure1",
+                      "plot_approx",
+                      "plot_run",
+                      "plot_scaling",
+                      "plot_theorems",
 ]

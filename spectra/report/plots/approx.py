@@ -15,9 +15,23 @@ from pathlib import Path
 from ...errors import SpectraError
 from ...runs import ApproxRun
 from ..summaries import approx_by_budget, labels_in_order
-from . import style  # style.save, looked up at call time: the one name tests patch to record figures
-from .style import (EXACT_STYLE, below_entry, bottom_legend, k_axis, load_kind, log_y, maybe_log_y, method_style,
-                    outside_legend, plot_folder, pyplot, subtitle, ticks)
+from . import (
+    style,  # style.save, looked up at call time: the one name tests patch to record figures
+)
+from .style import (
+    EXACT_STYLE,
+    below_entry,
+    bottom_legend,
+    k_axis,
+    log_y,
+    maybe_log_y,
+    method_style,
+    outside_legend,
+    plot_folder,
+    pyplot,
+    subtitle,
+    ticks,
+)
 
 OUT_ERR_LABEL = "Relative output error ‖PV − P̃V‖ / ‖PV‖"
 #: the end-to-end allocations of a k-plan run, in the order drawn
@@ -169,11 +183,10 @@ def draw_end_to_end(run: ApproxRun):
     return figure
 
 
-def plot_approx(run: ApproxRun | str | Path, out: str | Path | None = None) -> list[Path]:
+def plot_approx(run: ApproxRun, out: str | Path | None = None) -> list[Path]:
     """Write the views of an approx run into directory `out` (default <run directory>/figures):
     error vs layer per k, error vs k, with a k plan the plan against the uniform k per layer, and with
     --end-to-end perplexity (or drift) vs k. Returns the paths."""
-    run = load_kind(run, ApproxRun)
     folder = plot_folder(run, out)
     paths = style.save(draw_approx_layers(run), folder / "error_vs_layer")
     paths += style.save(draw_approx_budgets(run), folder / "error_vs_k")

@@ -7,16 +7,18 @@ Artists carry gids the tests read back: "curves:<layers>" per panel with "mean:<
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from ...errors import SpectraError
-from ...runs import Run, load_analyze
+from ...runs import Run
 from .. import summaries
-from . import style  # style.save, looked up at call time: the one name tests patch to record figures
-from .style import as_runs, draw_heatmap, index_ticks, output_paths, pyplot
+from . import (
+    style,  # style.save, looked up at call time: the one name tests patch to record figures
+)
+from .style import draw_heatmap, index_ticks, output_paths, pyplot
 
 
 def panels(runs: Sequence[Run]) -> list[list[Run]]:
@@ -116,27 +118,14 @@ def draw_figure1(runs: Sequence[Run], *, heatmap: Run | None = None, at: int | N
     return figure
 
 
-def find_run(runs: Sequence[Run], item: Run | str | Path) -> Run:
-    """The heatmap run: one of `runs` when it names the same directory, else loaded from its path."""
-    if isinstance(item, Run):
-        return item
-    path = Path(item).resolve()
-    for run in runs:
-        if Path(run.path).resolve() == path:
-            return run
-    return load_analyze(item)
-
-
 def figure1(
-    runs: Sequence[Run | str | Path],
+    runs: Sequence[Run],
     out: str | Path = "figures/figure1",
     *,
-    heatmap: Run | str | Path | None = None,
+    heatmap: Run | None = None,
     at: int | None = None,
     quantile: float = 0.1,
 ) -> list[Path]:
     """Draw and save Figure 1 (PNG and PDF); returns the written paths."""
-    loaded = as_runs(runs)
-    heat = None if heatmap is None else find_run(loaded, heatmap)
     output_paths(out)  # a bad --out fails before anything is drawn
-    return style.save(draw_figure1(loaded, heatmap=heat, at=at, quantile=quantile), out)
+    return style.save(draw_figure1(list(runs), heatmap=heatmap, at=at, quantile=quantile), out)

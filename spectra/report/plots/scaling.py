@@ -18,7 +18,7 @@ import pandas as pd
 from ...runs import ScalingRun
 from . import style
 from .spectra import DEPTH_CMAP
-from .style import load_kind, plot_folder, pyplot
+from .style import plot_folder, pyplot
 
 
 def _layer_colors(layers: int):
@@ -101,10 +101,9 @@ def draw_scaling_c(run: ScalingRun):
     return figure
 
 
-def plot_scaling(run: ScalingRun | str | Path, out: str | Path | None = None) -> list[Path]:
+def plot_scaling(run: ScalingRun, out: str | Path | None = None) -> list[Path]:
     """Write the views of a scaling run into directory `out` (default <run directory>/figures): rank vs n
     and c at fixed k vs n. Returns the paths."""
-    run = load_kind(run, ScalingRun)
     folder = plot_folder(run, out)
     return style.save(draw_scaling_ranks(run), folder / "rank_vs_n") + style.save(draw_scaling_c(run),
                                                                                    folder / "c_fixed_vs_n")

@@ -16,8 +16,10 @@ import numpy as np
 from ...config import layers_label
 from ...runs import Run
 from .. import summaries
-from . import style  # style.save, looked up at call time: the one name tests patch to record figures
-from .style import as_runs, draw_heatmap, index_ticks, plot_folder, pyplot, subtitle, ticks
+from . import (
+    style,  # style.save, looked up at call time: the one name tests patch to record figures
+)
+from .style import draw_heatmap, index_ticks, plot_folder, pyplot, subtitle, ticks
 
 DEPTH_CMAP = "viridis"
 
@@ -165,10 +167,9 @@ class RunPlots:
         return [*self.curves, *self.heatmap, *self.rank, *self.attention, *self.keys]
 
 
-def plot_run(run: Run | str | Path, out: str | Path | None = None, *, at: int | None = None) -> RunPlots:
+def plot_run(run: Run, out: str | Path | None = None, *, at: int | None = None) -> RunPlots:
     """Write the per-run views (layer curves, c heatmap at `at`, rank heatmaps, sink and entropy heatmaps, key
     ranks per layer when measured) into directory `out` (default <run directory>/figures)."""
-    run = as_runs([run])[0]
     at = run.at if at is None else summaries.check_at(run, at)
     folder = plot_folder(run, out)
     return RunPlots(

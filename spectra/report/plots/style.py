@@ -8,14 +8,13 @@ and a headless machine never needs a display.
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
 from ...errors import SpectraError
-from ...runs import ApproxRun, Run, ScalingRun, TheoremRun, load_analyze, load_run
+from ...runs import ApproxRun, Run, TheoremRun
 
 DPI = 200
 HEATMAP_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey
@@ -75,23 +74,6 @@ def plot_folder(run: Run | ApproxRun | TheoremRun, out: str | Path | None) -> Pa
     if folder.exists() and not folder.is_dir():
         raise SpectraError(f"--out {folder} exists and is not a directory; give a directory for the figures")
     return folder
-
-
-def as_runs(items: Iterable[Run | str | os.PathLike] | Run | str | os.PathLike) -> list[Run]:
-    """Analyze runs from Run objects or run directories (str or os.PathLike), or one of them alone (a bad path
-    raises SpectraError)."""
-    if isinstance(items, (Run, str, os.PathLike)):
-        items = [items]
-    return [item if isinstance(item, Run) else load_analyze(item) for item in items]
-
-
-def load_kind(run, kind: type):
-    """A run object of `kind` (ApproxRun or TheoremRun), loading a directory path first."""
-    loaded = run if isinstance(run, kind) else load_run(run)
-    if not isinstance(loaded, kind):
-        names = {ApproxRun: "an approx", TheoremRun: "a theorems", ScalingRun: "a scaling"}
-        raise SpectraError(f"{loaded.path} is not {names.get(kind, 'a ' + kind.__name__)} run")
-    return loaded
 
 
 def subtitle(run: Run | ApproxRun | TheoremRun, n: int) -> str:

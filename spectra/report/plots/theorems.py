@@ -14,9 +14,20 @@ import numpy as np
 from ...runs import TheoremRun
 from .. import summaries
 from ..summaries import labels_in_order, theorem_errors, theorem_n
-from . import style  # style.save, looked up at call time: the one name tests patch to record figures
-from .style import (below_entry, bottom_legend, k_axis, load_kind, log_y, method_style, outside_legend, plot_folder,
-                    pyplot, subtitle)
+from . import (
+    style,  # style.save, looked up at call time: the one name tests patch to record figures
+)
+from .style import (
+    below_entry,
+    bottom_legend,
+    k_axis,
+    log_y,
+    method_style,
+    outside_legend,
+    plot_folder,
+    pyplot,
+    subtitle,
+)
 
 
 def theorem1_bound_curve(eps: float, n: int, k: np.ndarray) -> np.ndarray:
@@ -38,22 +49,22 @@ def draw_theorem1(run: TheoremRun):
     eps_values = sorted(jl["eps"].unique())
     colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.8, len(eps_values)))
     figure, ax = plt.subplots(figsize=(7.6, 4.4), layout="constrained")
-    low, high = k_axis(ax, jl["k_proj"])
+    low, high = k_axis(ax, jl["budget"])
     grid = np.geomspace(low, high, 400)
     handles, labels = [], []
     for eps, color in zip(eps_values, colors):
-        rows = jl[jl["eps"] == eps].sort_values("k_proj")
+        rows = jl[jl["eps"] == eps].sort_values("budget")
         k_theory = float(rows["k_theory"].iloc[0])
         ax.plot(grid, theorem1_bound_curve(eps, n, grid), color=color, linestyle="--", linewidth=1.3, zorder=2,
                 gid=f"bound:{eps:g}")
-        line, = ax.plot(rows["k_proj"], rows["pr"], color=color, marker="o", markersize=5, linewidth=1.6, zorder=3,
+        line, = ax.plot(rows["budget"], rows["pr"], color=color, marker="o", markersize=5, linewidth=1.6, zorder=3,
                         gid=f"pr:{eps:g}")
         if "pr_low" in rows.columns:
-            ax.fill_between(rows["k_proj"], rows["pr_low"], rows["pr_high"], color=color, alpha=0.18, linewidth=0,
+            ax.fill_between(rows["budget"], rows["pr_low"], rows["pr_high"], color=color, alpha=0.18, linewidth=0,
                             zorder=2, gid=f"pr_interval:{eps:g}")
-        entries = proof[proof["eps"] == eps].sort_values("k_proj")
+        entries = proof[proof["eps"] == eps].sort_values("budget")
         if len(entries):
-            ax.plot(entries["k_proj"], entries["pr"], color=color, marker="s", markersize=3.5, linewidth=1.1,
+            ax.plot(entries["budget"], entries["pr"], color=color, marker="s", markersize=3.5, linewidth=1.1,
                     linestyle="-.", zorder=3, gid=f"pr_rows:{eps:g}")
         if low <= k_theory <= high:
             ax.axvline(k_theory, color=color, linestyle=":", linewidth=1.4, zorder=1, gid=f"k_theory:{eps:g}")
@@ -85,9 +96,9 @@ def draw_theorem_errors(run: TheoremRun):
     figure, axes = plt.subplots(1, 2, figsize=(10.0, 5.2), sharey=True, layout="constrained")
     for ax, (stat, title) in zip(axes, (("median", "Median"), ("p95", "95th percentile"))):
         for i, label in enumerate(labels_in_order(table, "label")):
-            line = table[table["label"] == label].sort_values("k_proj")
-            ax.plot(line["k_proj"], line[stat], label=label, gid=label, **method_style(label, i))
-        k_axis(ax, table["k_proj"])
+            line = table[table["label"] == label].sort_values("budget")
+            ax.plot(line["budget"], line[stat], label=label, gid=label, **method_style(label, i))
+        k_axis(ax, table["budget"])
         ax.set_title(f"{title} relative error")
         ax.set_gid(stat)
     below = log_y(axes)
@@ -99,10 +110,9 @@ def draw_theorem_errors(run: TheoremRun):
     return figure
 
 
-def plot_theorems(run: TheoremRun | str | Path, out: str | Path | None = None) -> list[Path]:
+def plot_theorems(run: TheoremRun, out: str | Path | None = None) -> list[Path]:
     """Write the views of a theorems run into directory `out` (default <run directory>/figures):
     Theorem 1's success probability vs k against its bound, and the errors vs k. Returns the paths."""
-    run = load_kind(run, TheoremRun)
     folder = plot_folder(run, out)
     paths = style.save(draw_theorem1(run), folder / "theorem1_probability")
     return paths + style.save(draw_theorem_errors(run), folder / "errors_vs_k")

@@ -10,9 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from report_helpers import APPROX_N as N
-from report_helpers import BUDGETS, METHODS, by_gid, check_below_marks, fake_save, legend_texts
+from report_helpers import (
+    BUDGETS,
+    METHODS,
+    by_gid,
+    check_below_marks,
+    fake_save,
+    legend_texts,
+)
+
 from spectra import cli
 from spectra.api import approx
 from spectra.errors import SpectraError
@@ -73,7 +80,7 @@ def test_end_to_end_view_perplexity_and_drift(approx_run) -> None:
 
 def test_plot_approx_figures_and_folders(approx_run, tmp_path, monkeypatch) -> None:
     names = fake_save(monkeypatch)
-    paths = plots.plot_approx(approx_run.path, tmp_path / "views")
+    paths = plots.plot_approx(approx_run, tmp_path / "views")
     assert names == [str(tmp_path / "views" / name) for name in ("error_vs_layer", "error_vs_k", "end_to_end")]
     assert len(paths) == 6
     names.clear()
@@ -109,7 +116,7 @@ def test_a_k_plan_is_drawn_against_the_uniform_k(roberta_dir, text_file, tmp_pat
     """The plan view holds each layer's error at its planned k (dashed) and at the uniform k (solid), the
     planned k on the top axis; end to end puts the two allocations side by side."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"layers": [{"layer": 0, "k_proj": 4}, {"layer": 1, "k_proj": 12}]}))
+    plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd", "pool-mean"], k_plan=plan, length=N, samples=4,
                  batch_size=4, end_to_end=True, out=tmp_path / "planned", progress=None, notify=lambda line: None)
     figure = plots.draw_plan_layers(run)

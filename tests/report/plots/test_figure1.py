@@ -6,13 +6,13 @@ import sys
 
 import numpy as np
 import pytest
-
 from report_helpers import ANALYZE_N as N
 from report_helpers import axis_by_gid as by_gid
 from report_helpers import mesh_values
+from tiny import run_cli
+
 from spectra import cli
 from spectra.report import plots
-from tiny import run_cli
 
 
 def quantile(values: np.ndarray, q: float) -> float:
@@ -74,7 +74,7 @@ def test_figure1_heatmap_run_and_index_can_be_chosen(runs) -> None:
 def test_figure1_writes_200_dpi_png_and_vector_pdf(runs, tmp_path) -> None:
     from PIL import Image
 
-    paths = plots.figure1([run.path for run in runs.values() if run.n == N], tmp_path / "fig" / "figure1.png")
+    paths = plots.figure1([run for run in runs.values() if run.n == N], tmp_path / "fig" / "figure1.png")
     assert paths == [tmp_path / "fig" / "figure1.png", tmp_path / "fig" / "figure1.pdf"]
     with Image.open(paths[0]) as image:
         assert image.info["dpi"][0] == pytest.approx(200, abs=1) and image.size[0] > 1500

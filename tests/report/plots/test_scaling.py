@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from report_helpers import by_gid, fake_save
+
+import spectra
 from spectra.errors import SpectraError
 from spectra.report import plots
 
@@ -46,8 +47,8 @@ def test_c_view_draws_fixed_budgets_and_the_quarter(scaling_run) -> None:
 
 def test_plot_scaling_writes_both_views_and_refuses_other_runs(scaling_run, runs, monkeypatch, tmp_path) -> None:
     saved = fake_save(monkeypatch)
-    paths = plots.plot_scaling(scaling_run.path, tmp_path / "views")
+    paths = plots.plot_scaling(scaling_run, tmp_path / "views")
     assert [path.name for path in paths] == ["rank_vs_n.png", "rank_vs_n.pdf", "c_fixed_vs_n.png", "c_fixed_vs_n.pdf"]
     assert len(saved) == 2
-    with pytest.raises(SpectraError, match="is not a scaling run"):
-        plots.plot_scaling(runs["small-wiki"].path)
+    with pytest.raises(SpectraError, match="holds a run of 'spectra analyze'; this needs a run of 'spectra scaling'"):
+        spectra.load_run(runs["small-wiki"].path, "scaling")

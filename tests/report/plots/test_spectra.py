@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-
 from report_helpers import ANALYZE_N as N
 from report_helpers import axis_by_gid as by_gid
 from report_helpers import mesh_values
+from tiny import run_cli
+
 from spectra import cli
 from spectra.report import plots
-from tiny import run_cli
 
 
 def test_plot_run_views(runs, tmp_path) -> None:
@@ -40,7 +40,7 @@ def test_plot_run_views(runs, tmp_path) -> None:
         expected = table[f"{name}_mean"].to_numpy().reshape(run.layers, run.heads)
         np.testing.assert_array_equal(mesh_values(by_gid(attention, name)), expected)
 
-    written = plots.plot_run(run.path, tmp_path / "views")
+    written = plots.plot_run(run, tmp_path / "views")
     names = sorted(path.name for path in written.paths)
     assert names == ["c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png",
                      "sink_entropy.pdf", "sink_entropy.png"], "an encoder run without qkv has no key-rank view"

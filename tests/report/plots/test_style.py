@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-
 from report_helpers import mesh_values
+
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY
 from spectra.report.plots import style
@@ -42,12 +42,6 @@ def test_plot_folder_default_and_a_file_in_the_way(approx_run, tmp_path) -> None
         style.plot_folder(approx_run, tmp_path / "file")
 
 
-def test_load_kind_refuses_another_kind_of_run(approx_run, theorem_run) -> None:
-    assert style.load_kind(approx_run.path, type(approx_run)).meta == approx_run.meta
-    with pytest.raises(SpectraError, match="is not a theorems run"):
-        style.load_kind(approx_run.path, type(theorem_run))
-    with pytest.raises(SpectraError, match="is not an approx run"):
-        style.load_kind(theorem_run.path, type(approx_run))
 
 
 def test_method_styles_come_from_the_registry_and_theorem2_keeps_its_own() -> None:

@@ -12,9 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-
 from report_helpers import APPROX_N as N
-from report_helpers import BUDGETS, by_gid, check_below_marks, expected_errors, fake_save, legend_texts
+from report_helpers import (
+    BUDGETS,
+    by_gid,
+    check_below_marks,
+    expected_errors,
+    fake_save,
+    legend_texts,
+)
+
+import spectra
 from spectra import cli
 from spectra.api import theorems
 from spectra.errors import SpectraError
@@ -29,12 +37,12 @@ def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
     figure = plots.draw_theorem1(theorem_run)
     ax = by_gid(figure.axes, "theorem1")
     for eps in (0.3, 0.5):
-        rows = jl[jl["eps"] == eps].sort_values("k_proj")
+        rows = jl[jl["eps"] == eps].sort_values("budget")
         line = by_gid(ax.lines, f"pr:{eps:g}")
         np.testing.assert_array_equal(line.get_xdata(), BUDGETS)
         np.testing.assert_allclose(line.get_ydata(), rows["pr"].to_numpy(), rtol=1e-12)
         proof = by_gid(ax.lines, f"pr_rows:{eps:g}")
-        np.testing.assert_allclose(proof.get_ydata(), entries[entries["eps"] == eps].sort_values("k_proj")["pr"],
+        np.testing.assert_allclose(proof.get_ydata(), entries[entries["eps"] == eps].sort_values("budget")["pr"],
                                    rtol=1e-12)
         band = next(c for c in ax.collections if c.get_gid() == f"pr_interval:{eps:g}")
         low, high = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
@@ -44,7 +52,7 @@ def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
         assert len(k) >= 100 and k[0] <= BUDGETS[0] and k[-1] >= BUDGETS[-1]  # a fine grid over the axis
         formula = [max(0.0, 1 - 2 * n * math.exp(-(eps**2 - eps**3) * x / 4)) for x in k]
         np.testing.assert_allclose(bound.get_ydata(), formula, rtol=1e-12, atol=1e-15)
-        stored = [max(0.0, 1 - 2 * n * math.exp(-(eps**2 - eps**3) * x / 4)) for x in rows["k_proj"]]
+        stored = [max(0.0, 1 - 2 * n * math.exp(-(eps**2 - eps**3) * x / 4)) for x in rows["budget"]]
         np.testing.assert_allclose(rows["bound"], stored, rtol=1e-12, atol=1e-15)
         # k(ε) = 5 ln n/(ε² − ε³) is far right of k ≤ 24: in the legend, not drawn
         k_theory = 5 * math.log(n) / (eps**2 - eps**3)
@@ -56,7 +64,7 @@ def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
 def test_theorem1_marks_k_inside_the_axis(tmp_path) -> None:
     """Synthetic n = 200: Theorem 1's k(0.5) = 40 ln 200 ≈ 212 lies inside the axis of k = 100, 200 (up to 250);
     k(0.3) ≈ 420 does not."""
-    run = theorems(None, synthetic=True, d=4, heads=1, length=200, samples=1, budgets=[100, 200], eps=[0.3, 0.5],
+    run = theorems(None, synthetic=True, d=4, heads=1, length=200, samples=1, budget=[100, 200], eps=[0.3, 0.5],
                    out=tmp_path / "synthetic", progress=None)
     ax = by_gid(plots.draw_theorem1(run).axes, "theorem1")
     mark = by_gid(ax.lines, "k_theory:0.5")
@@ -83,10 +91,10 @@ def test_theorem_errors_view(theorem_run) -> None:
 
 def test_plot_theorems_figures_and_folders(theorem_run, approx_run, tmp_path, monkeypatch) -> None:
     names = fake_save(monkeypatch)
-    plots.plot_theorems(theorem_run.path, tmp_path / "thm")
+    plots.plot_theorems(theorem_run, tmp_path / "thm")
     assert names == [str(tmp_path / "thm" / name) for name in ("theorem1_probability", "errors_vs_k")]
-    with pytest.raises(SpectraError, match="not a theorems run"):
-        plots.plot_theorems(approx_run.path, tmp_path / "thm")
+    with pytest.raises(SpectraError, match="this needs a run of 'spectra theorems'"):
+        spectra.load_run(approx_run.path, "theorems")
 
 
 def wrote(stdout: str) -> list[str]:
@@ -129,11 +137,11 @@ def test_theorems_recipe_uses_the_finished_run(roberta_dir, text_file, theorem_r
     two = theorem_run.tables["theorem2"]
     rhs = two[(two["relative_to"] == "rhs")]
     medians = {**{label: rows for label, rows in expected_errors(theorem_run).items()},
-               **{f"theorem2({v}) vs rhs": rows.drop_duplicates("k_proj") for v, rows in rhs.groupby("variant")}}
+               **{f"theorem2({v}) vs rhs": rows.drop_duplicates("budget") for v, rows in rhs.groupby("variant")}}
     d = int(two["d"].iloc[0])
     for row in table.itertuples(index=False):
         rows = medians[row.method]
-        reached = rows.loc[rows["median"] <= 0.1, "k_proj"]
+        reached = rows.loc[rows["median"] <= 0.1, "budget"]
         theorem_k = (5 * math.log(N) / (0.01 - 0.001) if row.method in ("jl", "svd")
                      else min(9 * d * math.log(d), 5 * math.log(N)) / 0.01)
         assert row.k_theory == pytest.approx(theorem_k)

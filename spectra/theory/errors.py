@@ -1,4 +1,4 @@
-"""Errors of single batches: the quantities Theorems 1 and 2 bound, computed densely on given P, V, R.
+"""The theorems' dense error formulas: the quantities Theorems 1 and 2 bound, computed on given P, V, R.
 
 - Theorem 1's P̃ = P RᵀR, measured per column w of V as ‖P̃ w − P w‖/‖P w‖ (P̃ never formed);
 - the best rank-k approximation P_k (truncated SVD), the reference floor: Eckart–Young makes ‖P − P_k‖
@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from ..errors import SpectraError
+from ..kernels import masked_softmax
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
@@ -25,7 +26,7 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def _heads(r: torch.Tensor, n: int) -> torch.Tensor:
-    """R as (H or 1, k_proj, n): sliced to the first n columns."""
+    """R as (H or 1, budget, n): sliced to the first n columns."""
     if r.shape[-1] < n:
         raise SpectraError(f"R has {r.shape[-1]} columns but the sequence has {n}; draw R with n ≥ {n}")
     r = r[..., :n]
@@ -37,7 +38,7 @@ def _tiny(x: torch.Tensor) -> torch.Tensor:
 
 
 def jl_inner_errors(x: torch.Tensor, y: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """|x Rᵀ R yᵀ − x yᵀ| / (‖x‖ ‖y‖): the JL lemma's quantity; x, y (…, n), R (…, k_proj, n), broadcast."""
+    """|x Rᵀ R yᵀ − x yᵀ| / (‖x‖ ‖y‖): the JL lemma's quantity; x, y (…, n), R (…, budget, n), broadcast."""
     rx, ry = (r @ x[..., None])[..., 0], (r @ y[..., None])[..., 0]
     return ((rx * ry).sum(-1) - (x * y).sum(-1)).abs() / _tiny(x.norm(dim=-1) * y.norm(dim=-1))
 
@@ -45,7 +46,7 @@ def jl_inner_errors(x: torch.Tensor, y: torch.Tensor, r: torch.Tensor) -> torch.
 def theorem1_errors(p: torch.Tensor, v: torch.Tensor, r: torch.Tensor, *, rows: bool = False) -> torch.Tensor:
     """‖P̃ w − P w‖ / ‖P w‖ for every column w of v, P̃ = P Rᵀ R: p (B, H, n, n), v (B, H, n, d) → (B, H, d).
 
-    r: (k_proj, ≥n) or (H, k_proj, ≥n), sliced to n columns. P̃ is never formed: P̃ w − P w = P (RᵀR w − w).
+    r: (budget, ≥n) or (H, budget, ≥n), sliced to n columns. P̃ is never formed: P̃ w − P w = P (RᵀR w − w).
     Mask padding beforehand (zero P's padded rows/columns and V's padded rows).
 
     With `rows`, the error in the form the proof bounds instead: the JL lemma applied to each row P_i of P
@@ -63,7 +64,7 @@ def theorem1_errors(p: torch.Tensor, v: torch.Tensor, r: torch.Tensor, *, rows: 
     return diff.norm(dim=-2) / _tiny((p @ v).norm(dim=-2))
 
 
-def best_rank_errors(p: torch.Tensor, v: torch.Tensor, k_projs: Sequence[int]) -> torch.Tensor:
+def best_rank_errors(p: torch.Tensor, v: torch.Tensor, budgets: Sequence[int]) -> torch.Tensor:
     """‖P_k w − P w‖ / ‖P w‖ with P_k the truncated SVD of rank k (Eckart–Young): → (K, B, H, d).
 
     With P = U Σ Vᵀ and y = Σ Vᵀ w, ‖P_k w − P w‖² = Σ_{i>k} y_i², so one SVD serves the whole sweep.
@@ -72,7 +73,7 @@ def best_rank_errors(p: torch.Tensor, v: torch.Tensor, k_projs: Sequence[int]) -
     y2 = (sigma[..., None] * (vh @ v)) ** 2  # (B, H, n, d)
     tail = y2.flip(-2).cumsum(-2).flip(-2)  # tail[i] = Σ_{j≥i} y_j²
     tail = torch.cat([tail, torch.zeros_like(tail[..., :1, :])], dim=-2)
-    index = torch.tensor([min(k, p.shape[-1]) for k in k_projs], device=p.device)
+    index = torch.tensor([min(budget, p.shape[-1]) for budget in budgets], device=p.device)
     return (tail.index_select(-2, index).movedim(-2, 0) / _tiny(tail[..., 0, :])).sqrt()
 
 
@@ -85,7 +86,7 @@ def theorem2_errors(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Theorem 2's errors of softmax(w Eᵀ) F V against softmax(w) V, E = δR, F = e^{−δ}R, per row w of a.
 
-    a: scores Q Kᵀ/√d (B, H, n, n) without mask; v (B, H, n, d); r (k_proj, ≥n) or (H, k_proj, ≥n);
+    a: scores Q Kᵀ/√d (B, H, n, n) without mask; v (B, H, n, d); r (budget, ≥n) or (H, budget, ≥n);
     deltas: each a float or one value per sequence (B,); valid (B, n) marks real keys (padded ones are
     dropped from w and V). Returns the row errors (len(deltas), B, H, n) relative to ‖softmax(w)‖₂ ‖V‖_F
     and relative to ‖softmax(w) V‖. w Rᵀ and R V are computed once for all δ.
@@ -94,11 +95,11 @@ def theorem2_errors(
     valid = torch.ones(batch, n, dtype=torch.bool, device=a.device) if valid is None else valid
     keys = valid[:, None, None, :]
     v = v * valid[:, None, :, None].to(v.dtype)
-    p = torch.softmax(a.masked_fill(~keys, float("-inf")), dim=-1)
+    p = masked_softmax(a, keys)
     exact = p @ v
     r = _heads(r, n).to(device=a.device, dtype=a.dtype).expand(heads, -1, -1)
-    s = torch.einsum("bhij,hcj->bhic", a.masked_fill(~keys, 0.0), r)  # w Rᵀ (B, H, n, k_proj)
-    rv = torch.einsum("hcj,bhjd->bhcd", r, v)  # R V (B, H, k_proj, d)
+    s = torch.einsum("bhij,hcj->bhic", a.masked_fill(~keys, 0.0), r)  # w Rᵀ (B, H, n, budget)
+    rv = torch.einsum("hcj,bhjd->bhcd", r, v)  # R V (B, H, budget, d)
     rhs = _tiny(p.norm(dim=-1) * v.flatten(-2).norm(dim=-1)[..., None])
     out = _tiny(exact.norm(dim=-1))
     errors = []

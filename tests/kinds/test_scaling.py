@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from tiny import run_cli
 
 import spectra
 from spectra import models
 from spectra.errors import SpectraError
 from spectra.growth import growth
-from spectra.length_sweep import default_budgets, parse_lengths
-from tiny import run_cli
+from spectra.kinds.scaling import default_budgets, parse_lengths
 
 QUIET = dict(progress=None, notify=lambda line: None)
 ARGS = dict(samples=4, batch_size=2, **QUIET)
@@ -69,7 +69,7 @@ def test_k_needed_equals_separate_approx_runs(scaled, roberta_dir, text_file) ->
     run, root = scaled
     needed = run.k_needed
     for n in run.lengths:
-        alone = spectra.approx(str(roberta_dir), str(text_file), length=n, budgets=default_budgets(n),
+        alone = spectra.approx(str(roberta_dir), str(text_file), length=n, budget=default_budgets(n),
                                methods=["svd", "pool-mean"], target=0.3, out=root / f"approx{n}", **ARGS)
         want = alone.k_needed().sort_values(["method", "layer"]).reset_index(drop=True)
         got = needed[(needed["n"] == n) & needed["layer"].notna()].sort_values(["method", "layer"]).reset_index(drop=True)
@@ -117,7 +117,7 @@ def test_bad_lengths_fail_before_anything_is_written(roberta_dir, text_file, tmp
                              ("16,x", "not a list of sequence lengths")):
         with pytest.raises(SpectraError, match=message):
             parse_lengths(lengths)
-    with pytest.raises(SpectraError, match="--length 128 exceeds what tiny-roberta can embed"):
+    with pytest.raises(SpectraError, match="128 exceeds what tiny-roberta can embed"):
         spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 128], out=tmp_path / "long", **ARGS)
     assert not (tmp_path / "long").exists()
     with pytest.raises(SpectraError, match="approx_target must be a relative error"):

@@ -13,22 +13,22 @@ from spectra.errors import SpectraError
 from spectra.seeds import jl_matrix, orthogonal_matrix
 from spectra.sources import gaussian_qkv
 from spectra.theory.bounds import delta_value, jl_failure_bound
-from spectra.theory.kernels import as_float, best_rank_errors, jl_inner_errors, theorem1_errors, theorem2_errors
+from spectra.theory.errors import as_float, best_rank_errors, jl_inner_errors, theorem1_errors, theorem2_errors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("eps,k_proj", [(0.5, 32), (0.5, 64), (0.3, 128)])
-def test_jl_lemma_failure_rate_is_within_the_bound(eps, k_proj) -> None:
+@pytest.mark.parametrize("eps,budget", [(0.5, 32), (0.5, 64), (0.3, 128)])
+def test_jl_lemma_failure_rate_is_within_the_bound(eps, budget) -> None:
     """Over 1500 seeds of R, Pr(|x RᵀR yᵀ − x yᵀ| > ε‖x‖‖y‖) ≤ 2e^{−(ε²−ε³)k/4}."""
     generator = np.random.default_rng(0)
     x, y = torch.from_numpy(generator.standard_normal((2, 256))).float()
     y = 0.6 * x + 0.8 * y  # correlated, so x yᵀ ≠ 0
-    r = torch.stack([jl_matrix(k_proj, 256, seed) for seed in range(1500)])
+    r = torch.stack([jl_matrix(budget, 256, seed) for seed in range(1500)])
     failure = (jl_inner_errors(x, y, r) > eps).float().mean().item()
-    assert failure <= jl_failure_bound(eps, k_proj)
+    assert failure <= jl_failure_bound(eps, budget)
     # the check can fail: R with 4× the variance breaks the lemma
-    assert (jl_inner_errors(x, y, 2 * r[:300]) > eps).float().mean().item() > jl_failure_bound(eps, k_proj)
+    assert (jl_inner_errors(x, y, 2 * r[:300]) > eps).float().mean().item() > jl_failure_bound(eps, budget)
 
 
 def test_jl_inner_errors_against_dense() -> None:
@@ -58,7 +58,7 @@ def test_theorem1_errors_against_dense() -> None:
 def test_theorem1_errors_per_head_r_and_too_few_columns() -> None:
     q, k, v = gaussian_qkv(16, 3, heads=2, batch=1, seed=1)
     p = attention_probs(q, k)
-    r = torch.stack([jl_matrix(4, 16, seed=0), jl_matrix(4, 16, seed=1)])  # (H, k_proj, n): one R per head
+    r = torch.stack([jl_matrix(4, 16, seed=0), jl_matrix(4, 16, seed=1)])  # (H, budget, n): one R per head
     got = theorem1_errors(p, v, r)
     for h in range(2):
         assert torch.allclose(got[:, h], theorem1_errors(p[:, h:h + 1], v[:, h:h + 1], r[h])[:, 0])
@@ -73,8 +73,8 @@ def test_best_rank_errors_against_numpy_svd() -> None:
     got = best_rank_errors(p, v, [1, 5, 20])
     assert got.shape == (3, 1, 2, 4)
     u, s, vt = np.linalg.svd(p[0, 1].double().numpy())
-    for i, k_proj in enumerate([1, 5, 20]):
-        p_k = u[:, :k_proj] * s[:k_proj] @ vt[:k_proj]
+    for i, budget in enumerate([1, 5, 20]):
+        p_k = u[:, :budget] * s[:budget] @ vt[:budget]
         w = v[0, 1].double().numpy()
         dense = p[0, 1].double().numpy()
         want = np.linalg.norm(p_k @ w - dense @ w, axis=0) / np.linalg.norm(dense @ w, axis=0)

@@ -1,0 +1,239 @@
+"""`spectra approx`: how well each method stands in for a model's attention at each budget, per head on the
+model's own q, k, v and, with `end_to_end`, substituted into the forward pass.
+
+Probes: `Fitting` (methods that calibrate: the first `fit_samples` sequences), `HeadProbe` (every method at every
+budget, and at each layer's planned budget under a k plan) and `EndToEnd`. Tables: heads.csv,
+heads_calibration.csv, heads_plan.csv, end_to_end.csv, fit_history.csv; projections.npz. Loads as
+`runs.ApproxRun`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from .. import catalogue, checkpoints
+from ..config import (
+    FitInit,
+    Projection,
+    RunConfig,
+    check_budget,
+    check_budgets,
+    choose,
+    indices,
+    layers_label,
+)
+from ..errors import SpectraError
+from ..errors import option as spell
+from ..inputs import budgets_or_default, path_text, several
+from ..options import identity, option
+from ..reporter import Reporter
+from ..runs import ApproxRun, read_table
+from .analyze import check_selection, model_source
+from .base import Analysis, register
+
+#: the methods compared when none are named, and the budget when none is given
+DEFAULT_METHODS = ("svd", "jl", "linformer", "pool-mean", "pool-max")
+DEFAULT_BUDGET = (128,)
+
+
+@dataclass(frozen=True)
+class ApproxOptions:
+    """Methods (registry labels or families) at each budget, per head and optionally substituted end to end.
+
+    Random methods draw per sequence unless `fixed_projection`. Methods that calibrate fit on the first
+    `fit_samples` sequences (a `fit_validation` share held out to choose the fit's step); the evaluated
+    sequences come after them. `k_plan` (a `spectra plan-k` JSON file or its dict) gives every layer its own
+    budget, measured beside a uniform budget of equal total cost."""
+
+    budget: tuple[int, ...] | None = option(None, "Budget(s), comma-separated (the paper's k: projected length = "
+                                            "features = landmarks = active queries = keys per query); each ≤ n. "
+                                            "Default 128.")
+    methods: tuple[str, ...] = option(DEFAULT_METHODS, "Comma-separated methods or families: any of {methods}; "
+                                      "'linformer' means its four sharing levels, 'linformer(kv)' one.")
+    end_to_end: bool = option(False, "Also substitute each approximation into the forward pass: hidden-state drift "
+                              "and, with a language-model head, masked-LM or next-token perplexity.")
+    layers: tuple[int, ...] | None = option(None, "Layers to substitute end to end, e.g. 6-11 or 0,3,5-7 (default "
+                                            "all).")
+    target: float = option(0.1, "Relative head-output error whose smallest reaching budget is reported per layer.")
+    projection: Projection = option(Projection.GAUSSIAN, "Random projections of jl/linformer: gaussian N(0, 1/k) or "
+                                    "orthogonal.")
+    fixed_projection: bool = option(False, "One random draw per layer and budget for the whole run (default: each "
+                                    "sequence draws its own, so means come with an interval over the randomness).")
+    fit_samples: int = option(0, "Calibration sequences for the methods that fit (linformer-pca, linformer-fit, "
+                              "fastformer-fit), read first; --samples more are evaluated after them.")
+    fit_steps: int = option(200, "Adam steps of the fitted methods (the best step on held-out calibration "
+                            "sequences is kept).")
+    fit_lr: float = option(0.1, "Learning rate of the fits, relative to each parameter's typical entry.")
+    fit_init: FitInit = option(FitInit.POOLING, "Where linformer-fit starts: mean pooling or the PCA projections.")
+    fit_validation: float = option(0.25, "Share of the calibration sequences held out to choose the fit's step.")
+    k_plan: Any = option(None, "A k plan from spectra plan-k (JSON file): each layer at its own budget, beside a "
+                         "uniform budget of equal total cost.", metavar="PLAN.json")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "methods", tuple(several(self.methods, "--methods")))
+        object.__setattr__(self, "layers", indices(self.layers, "layer"))
+        if self.budget is not None:
+            object.__setattr__(self, "budget", check_budgets(several(self.budget, spell("--budget"), int)))
+        if not 0 < self.target < 1:
+            raise SpectraError(f"{spell('--target')} must be a relative error in (0, 1), got {self.target}")
+        object.__setattr__(self, "projection", choose(Projection, self.projection, "--projection"))
+        object.__setattr__(self, "fit_init", choose(FitInit, self.fit_init, "--fit-init"))
+        if self.fit_samples < 0 or self.fit_steps < 0 or not self.fit_lr > 0 or not 0 <= self.fit_validation < 1:
+            raise SpectraError(f"{spell('--fit-samples')} and {spell('--fit-steps')} must be ≥ 0, "
+                               f"{spell('--fit-lr')} > 0, and {spell('--fit-validation')} in [0, 1)")
+        if not isinstance(self.k_plan, (dict, tuple, type(None))):
+            object.__setattr__(self, "k_plan", path_text(self.k_plan))
+
+    @property
+    def fits(self) -> bool:
+        return self.fit_samples > 0
+
+    @property
+    def fit_budgets(self) -> tuple[int, ...]:
+        """Every budget a fitted method runs at: the sweep's and, under a k plan, each layer's planned one."""
+        return tuple(sorted({*self.budget, *(self.k_plan or ())}))
+
+    def resolved(self, n: int) -> ApproxOptions:
+        """The methods expanded to registry labels, the k plan read (and refused if made at another n), the budgets
+        set (the default, or the plan's mean) and checked against n; calibrating methods need fit_samples ≥ 2."""
+        from .. import methods as registry
+        from ..report.plan import read_plan
+
+        labels = tuple(catalogue.expand(self.methods))
+        plan = self.k_plan
+        if plan is not None and not isinstance(plan, tuple):
+            plan = read_plan(plan, n)
+        for layer_budget in plan or ():
+            check_budget(layer_budget, n)
+        budget = (round(sum(plan) / len(plan)),) if plan else budgets_or_default(self.budget, DEFAULT_BUDGET, n)
+        calibrating = [label for label in labels if registry.REGISTRY[label].calibrates]
+        if calibrating and self.fit_samples < 2:  # one sequence is held out to choose the fit's step
+            raise SpectraError(f"{calibrating[0]} fits its parameters on calibration sequences: pass "
+                               f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
+        return replace(self, methods=labels, budget=check_budgets(budget, n), k_plan=plan)
+
+
+def check_evaluable(source, fit_samples: int, config: RunConfig) -> None:
+    """Refuse calibration sequences that leave none to evaluate: the corpus is read (tokenized, no model pass) up
+    to `fit_samples` + 1 sequences, before any calibration or evaluation work."""
+    from .. import data
+
+    tokenizer = source.loaded.tokenizer
+    yielded = sum(1 for _ in islice(data.sequences(tokenizer, source.corpus, config.length, config.mode),
+                                    fit_samples + 1))
+    if yielded > fit_samples:
+        return
+    gives = f"{yielded} sequence{'s' if yielded != 1 else ''}"
+    asked = spell(f"--fit-samples {fit_samples}", f"fit_samples={fit_samples}")
+    where = spell(f"--length {config.length} --mode {config.mode}", f"length={config.length}, mode='{config.mode}'")
+    raise SpectraError(
+        f"{asked} leaves no sequence to evaluate: the corpus gives {'only ' if yielded < fit_samples else ''}{gives} "
+        f"at {where}; pass fewer calibration sequences ({spell('--fit-samples', 'fit_samples')} < {yielded}), more "
+        f"text or a smaller {spell('--length')}")
+
+
+class Approx(Analysis):
+    """How well cheap approximations stand in for a model's attention at each budget: per head and end to end."""
+
+    name = "approx"
+    summary = "How well cheap approximations stand in for a model's attention at each budget: per head and end to end."
+    options = ApproxOptions
+    defaults = {"samples": 1000}
+    outputs = {"heads.csv": ("method", "budget", "layer", "head", "metric"),
+               "end_to_end.csv": ("method", "budget")}
+
+    def check(self, config: RunConfig, options: ApproxOptions, shape: checkpoints.Shape) -> None:
+        from .. import methods as registry
+
+        super().check(config, options, shape)
+        check_selection(options.layers, None, shape)
+        plan = options.k_plan
+        if isinstance(plan, tuple) and shape.layers is not None and len(plan) != shape.layers:
+            raise SpectraError(f"the k plan has {len(plan)} layers but {shape.name} has {shape.layers}; make the plan "
+                               "with spectra plan-k on a run of this model")
+        leaking = [label for label in options.methods if not registry.REGISTRY[label].causal]
+        if options.end_to_end and shape.causal and leaking:
+            usable = ", ".join(label for label, method in registry.REGISTRY.items() if method.causal)
+            raise SpectraError(
+                f"{leaking[0]} lets each query see future tokens, so it is not a causal approximation of {shape.name} "
+                f"(a decoder): end to end on a decoder takes causal methods ({usable}); measure "
+                f"{', '.join(leaking)} per head without {spell('--end-to-end', 'end_to_end=True')}")
+
+    def run(self, config: RunConfig, options: ApproxOptions, reporter: Reporter) -> Path:
+        return super().run(config, options.resolved(config.length), reporter)
+
+    def job(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, found: checkpoints.Source):
+        from ..loop import Job
+
+        evaluation = {"evaluation": [options.fit_samples, options.fit_samples + config.samples]} if options.fits else {}
+        return Job("approx", config, config.settings(identity(options)), options.fit_samples + config.samples,
+                   config.default_out("approx", found.label), found.where,
+                   open_source=lambda where: model_source(config, where, lm_head=options.end_to_end,
+                                                          fit_samples=options.fit_samples),
+                   build_probe=lambda source: self.probe(config, options, reporter, source),
+                   meta=lambda source: {**identity(options), "masked_lm": source.loaded.masked_lm,
+                                        **({"lm_head": source.loaded.head} if source.loaded.head else {}),
+                                        **evaluation})
+
+    def probe(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, source):
+        """Fitting, per-head and end-to-end probes, once the model has loaded."""
+        from .. import distributed
+        from .. import methods as registry
+        from ..probes import Probes
+        from ..probes.approx import HeadProbe
+        from ..probes.endtoend import EndToEnd
+        from ..probes.fitting import Fitting
+
+        self.check(config, options, source.shape())
+        seed, plan, fit_samples = config.seed, options.k_plan, options.fit_samples
+        probes, fitted = {}, None
+        if options.fits:
+            if distributed.requested():
+                raise SpectraError(f"fitted methods ({spell('--fit-samples', 'fit_samples')}) are not supported "
+                                   "across processes yet; run with a single process")
+            check_evaluable(source, fit_samples, config)
+            probes["fitting"] = Fitting(options, source.layers, source.heads, config.length, seed=seed,
+                                        causal=source.loaded.causal, reporter=reporter)
+            fitted = probes["fitting"].fitted
+        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, fitted=fitted)
+        if plan:
+            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed,
+                                       fitted=fitted, budget_of=plan.__getitem__, file="heads_plan.csv")
+        if options.end_to_end:
+            loaded = source.loaded
+            if loaded.head is None:
+                reporter.notify(f"{loaded.name} has no language-model head: end to end measures the hidden-state "
+                                "drift only")
+            common = dict(seed=seed, projection=options.projection, fixed=options.fixed_projection, fitted=fitted)
+            substitutes = {(label, budget): registry.substitute(label, budget, options.layers, **common)
+                           for label in options.methods for budget in options.budget}
+            if plan:
+                substitutes = {(*key, "uniform"): substitute for key, substitute in substitutes.items()}
+                substitutes.update({(label, options.budget[0], "plan"):
+                                    registry.substitute(label, plan.__getitem__, options.layers, **common)
+                                    for label in options.methods})
+            probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(options.layers))
+        return Probes(**probes)
+
+    def load(self, path: Path, meta: dict[str, Any]) -> ApproxRun:
+        return ApproxRun(path, meta, read_table(path, "heads.csv"),
+                         read_table(path, "end_to_end.csv", optional=True, dtype={"layers": str}),
+                         read_table(path, "heads_calibration.csv", optional=True),
+                         read_table(path, "fit_history.csv", optional=True),
+                         read_table(path, "heads_plan.csv", optional=True))
+
+    def show(self, run: ApproxRun) -> None:
+        from ..report.console import print_approx
+
+        print_approx(run)
+
+    def plot(self, run: ApproxRun, out: str | Path | None = None) -> list[Path]:
+        from ..report.plots.approx import plot_approx
+
+        return plot_approx(run, out)
+
+
+register(Approx())

@@ -1,0 +1,135 @@
+"""`spectra theorems`: Theorems 1 and 2 of the paper (JL projections) against a model's attention, or against
+Gaussian q, k, v (`synthetic`): the empirical Pr(error ≤ ε) beside the bounds, and the errors of JL, the
+truncated SVD and eq. 7.
+
+Probes: `Theorem1Probe`, `Theorem2Probe`. Tables: theorem1.csv, theorem2.csv, pooled over layers and heads, and
+their `_layers` and `_heads` versions. Loads as `runs.TheoremRun`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .. import checkpoints
+from ..config import RunConfig, check_budgets, check_eps
+from ..errors import SpectraError
+from ..errors import option as spell
+from ..inputs import budgets_or_default, several
+from ..options import identity, option
+from ..reporter import Reporter
+from ..runs import TheoremRun, read_table
+from .analyze import model_source
+from .base import Analysis, register
+
+DEFAULT_BUDGET = (16, 32, 64, 128, 256)
+TABLES = tuple(f"theorem{i}{scope}" for i in (1, 2) for scope in ("", "_layers", "_heads"))
+
+
+@dataclass(frozen=True)
+class TheoremOptions:
+    """The sweep of budgets (the JL dimension k) and of ε; `draws` random projections per sequence, or one fixed
+    R per layer and budget (`fixed_projection`); `synthetic` i.i.d. Gaussian q, k, v of dimension `d` and `heads`
+    heads instead of a model."""
+
+    budget: tuple[int, ...] | None = option(None, "Budgets (the JL dimension k) to sweep, comma-separated, each ≤ n. "
+                                            "Default 16,32,64,128,256.")
+    eps: tuple[float, ...] = option((0.1, 0.2, 0.3, 0.5), "Relative errors ε in (0, 1), comma-separated.")
+    draws: int = option(1, "Random projections R (and E, F) drawn per sequence, each seeded by the sequence's "
+                        "index: Pr(error ≤ ε) comes with a 95% interval over sequences and the spread across draws.")
+    fixed_projection: bool = option(False, "One R per layer and budget for the whole run instead (its Pr describes "
+                                    "that one draw).")
+    synthetic: bool = option(False, "Use i.i.d. Gaussian q, k, v instead of a model (with --d and --heads).")
+    d: int = option(64, "Head dimension of --synthetic q, k, v.")
+    heads: int = option(1, "Heads per --synthetic sample.")
+
+    def __post_init__(self) -> None:
+        if self.budget is not None:
+            object.__setattr__(self, "budget", check_budgets(several(self.budget, spell("--budget"), int)))
+        object.__setattr__(self, "eps", check_eps(several(self.eps, "--eps", float)))
+        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
+            raise SpectraError(f"{spell('--draws')} must be a positive integer, got {self.draws!r}")
+        if self.fixed_projection and self.draws != 1:
+            raise SpectraError(f"{spell('--fixed-projection', 'fixed_projection=True')} uses one R per layer and "
+                               f"budget: it takes no {spell('--draws')}")
+        if self.d < 1 or self.heads < 1:
+            raise SpectraError(f"{spell('--d')} and {spell('--heads')} must be at least 1")
+
+    def resolved(self, n: int) -> TheoremOptions:
+        return replace(self, budget=check_budgets(budgets_or_default(self.budget, DEFAULT_BUDGET, n), n))
+
+    def recorded(self) -> dict[str, Any]:
+        """What run.json records: the sweep and the draws (the synthetic shape is in the settings)."""
+        return {name: value for name, value in identity(self).items() if name not in ("synthetic", "d", "heads")}
+
+
+class Theorems(Analysis):
+    """Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs budget."""
+
+    name = "theorems"
+    summary = "Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs budget."
+    options = TheoremOptions
+    defaults = {"samples": 100}
+    needs_model = False
+    model_help = ("Hub id or model directory (omit with --synthetic), or a finished theorems run directory, to print "
+                  "it again (and --plot it).")
+    outputs = {"theorem1.csv": ("budget", "method"), "theorem2.csv": ("budget", "method")}
+
+    def run(self, config: RunConfig, options: TheoremOptions, reporter: Reporter) -> Path:
+        from ..loop import Job, execute
+
+        options = options.resolved(config.length)
+        meta = {**options.recorded(), "synthetic": options.synthetic}
+        if not options.synthetic:
+            if config.model is None:
+                raise SpectraError(f"give a model, or pass {spell('--synthetic', 'synthetic=True')} for Gaussian "
+                                   "q, k, v")
+            return super().run(config, options, reporter)
+        settings = {"synthetic": True, "n": config.length, "d": options.d, "heads": options.heads,
+                    "samples": config.samples, "batch_size": config.batch_size, "seed": config.seed}
+        job = Job("theorems", config, settings, config.samples,
+                  Path("runs") / f"synthetic-n{config.length}-d{options.d}-theorems", "synthetic",
+                  open_source=lambda where: synthetic_source(config, options, where),
+                  build_probe=lambda source: self.probe(config, options, source), meta=lambda source: meta)
+        return execute(job, reporter)
+
+    def job(self, config: RunConfig, options: TheoremOptions, reporter: Reporter, found: checkpoints.Source):
+        from ..loop import Job
+
+        meta = {**options.recorded(), "synthetic": False}
+        return Job("theorems", config, config.settings(options.recorded()), config.samples,
+                   config.default_out("theorems", found.label), found.where,
+                   open_source=lambda where: model_source(config, where),
+                   build_probe=lambda source: self.probe(config, options, source), meta=lambda source: meta)
+
+    def probe(self, config: RunConfig, options: TheoremOptions, source):
+        from ..probes import Probes
+        from ..probes.theorems import Theorem1Probe, Theorem2Probe
+
+        shape = (source.layers, source.heads, config.length, options.budget, options.eps)
+        draw = dict(seed=config.seed, draws=options.draws, fixed=options.fixed_projection)
+        return Probes(theorem1=Theorem1Probe(*shape, **draw), theorem2=Theorem2Probe(*shape, **draw))
+
+    def load(self, path: Path, meta: dict[str, Any]) -> TheoremRun:
+        return TheoremRun(path, meta, {name: read_table(path, f"{name}.csv") for name in TABLES})
+
+    def show(self, run: TheoremRun) -> None:
+        from ..report.console import print_theorems
+
+        print_theorems(run)
+
+    def plot(self, run: TheoremRun, out: str | Path | None = None) -> list[Path]:
+        from ..report.plots.theorems import plot_theorems
+
+        return plot_theorems(run, out)
+
+
+def synthetic_source(config: RunConfig, options: TheoremOptions, where: Any):
+    """Gaussian q, k, v as the loop's source (`sources.SyntheticSource`)."""
+    from ..sources import SyntheticSource
+
+    return SyntheticSource(config, options.d, options.heads, where)
+
+
+register(Theorems())

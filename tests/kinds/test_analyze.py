@@ -1,0 +1,50 @@
+"""`spectra analyze` as a registered analysis: its options, the checks made before the model loads, its run."""
+
+from __future__ import annotations
+
+import pytest
+
+import spectra
+from spectra.checkpoints import Shape
+from spectra.config import RunConfig
+from spectra.errors import SpectraError
+from spectra.kinds import REGISTRY
+from spectra.kinds.analyze import AnalyzeOptions
+from spectra.options import identity
+
+
+def test_options_resolve_and_identify_the_run() -> None:
+    assert AnalyzeOptions().resolved(512).at == 128 and AnalyzeOptions(at=5).resolved(8).at == 5
+    with pytest.raises(SpectraError, match="at must be an index in 1…8"):
+        AnalyzeOptions(at=9).resolved(8)
+    with pytest.raises(SpectraError, match="unknown spectrum_device 'gpu'; use one of auto, cpu, same"):
+        AnalyzeOptions(spectrum_device="gpu")
+    with pytest.raises(SpectraError, match="bootstrap must be a number of replicates ≥ 0, got -1"):
+        AnalyzeOptions(bootstrap=-1)
+    chosen = AnalyzeOptions(layers="0,2", heads=1, bootstrap=50, overlap=True).resolved(16)
+    assert (chosen.layers, chosen.heads) == ((0, 2), (1,))
+    assert identity(chosen) == {"at": 4, "qkv": None, "layers": [0, 2], "heads": [1],
+                                "bootstrap": 50}, "where and when the spectra run changes no number: no identity"
+
+
+@pytest.mark.parametrize("options, shape, message", [
+    (AnalyzeOptions(layers=(0, 6)), Shape(6, 12, 512, False, "MiniLM"), "layers must lie in 0…5 for MiniLM"),
+    (AnalyzeOptions(heads=(12,)), Shape(6, 12, 512, False, "MiniLM"), "heads must lie in 0…11 for MiniLM"),
+    (AnalyzeOptions(), Shape(6, 12, 256, False, "MiniLM"), "length=512 exceeds what MiniLM can embed"),
+])
+def test_what_the_model_rules_out_is_refused_from_its_shape(options, shape, message) -> None:
+    with pytest.raises(SpectraError, match=message):
+        REGISTRY["analyze"].check(RunConfig("m", "d", length=512), options, shape)
+    REGISTRY["analyze"].check(RunConfig("m", "d", length=8), AnalyzeOptions(), Shape(name="a hub id"))
+
+
+def test_the_api_function_is_built_from_the_declarations() -> None:
+    import inspect
+
+    parameters = inspect.signature(spectra.analyze).parameters
+    assert list(parameters)[:2] == ["model", "data"] and parameters["samples"].default == 10000
+    assert {"at", "layers", "bootstrap", "out", "resume", "progress", "notify"} <= set(parameters)
+    assert inspect.signature(spectra.approx).parameters["samples"].default == 1000, "its own default"
+    assert "spectrum_device" in spectra.analyze.__doc__ and spectra.analyze.__name__ == "analyze"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'budgets'"):
+        spectra.analyze("m", "d", budgets=4)

@@ -1,0 +1,33 @@
+"""The torch-free catalogue of method names equals the methods' registry, and expands user names like it."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectra import catalogue
+from spectra.config import Sharing
+from spectra.errors import SpectraError
+
+
+def test_the_catalogue_is_the_registry_label_for_label() -> None:
+    from spectra import methods
+
+    assert catalogue.LABELS == tuple(methods.REGISTRY), "a method registered without its catalogue line (or gone)"
+    for family, labels in catalogue.FAMILIES.items():
+        assert all(methods.REGISTRY[label].family == family for label in labels), family
+    assert catalogue.SHARING == tuple(level.value for level in Sharing)
+
+
+def test_names_expand_to_labels() -> None:
+    assert catalogue.expand(["svd", "linformer"]) == ["svd"] + [f"linformer({s.value})" for s in Sharing]
+    assert catalogue.expand(["linformer(kv)", "svd", " linformer(kv)"]) == ["linformer(kv)", "svd"]
+    assert catalogue.expand(["nystrom"]) == ["nystrom"], "the iterative variant is a name of its own"
+    assert catalogue.expand(["fastformer-fit"]) == ["fastformer-fit"], "the causal variant is a family of its own"
+    with pytest.raises(SpectraError, match="unknown method 'fastformer'; valid methods: .*fastformer-fit.*probsparse"):
+        catalogue.expand(["fastformer"])
+    with pytest.raises(SpectraError, match="unknown method 'lsh'; valid methods: .*linformer-fit.*topk"):
+        catalogue.expand(["lsh"])
+    with pytest.raises(SpectraError, match="no method given"):
+        catalogue.expand([])
+    listed = catalogue.listing().split(", ")
+    assert listed[:3] == ["svd", "svd-causal", "jl"] and "linformer(kv)" in listed and len(set(listed)) == len(listed)
