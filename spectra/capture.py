@@ -36,7 +36,7 @@ class Captured:
     (B, 1, n, n) or None, used only to form P exactly as eager attention does. `index` holds each
     sequence's global index in the run: every record a run makes carries it (the sources pass it to
     `capturing`), because per-sequence randomness — bootstrap weights, random projections, landmark and key
-    samples — is seeded by it, so results depend on neither batching nor the number of processes. It is None
+    samples — is seeded by it, so no draw depends on batching or the number of processes. It is None
     only for records made outside a run (a forward pass of your own under `capturing` without `index`);
     `sequence_index()` refuses those.
     """

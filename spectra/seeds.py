@@ -1,8 +1,9 @@
 """Where randomness enters: seeds derived from (seed, domain, …) and the random matrices drawn from them.
 
 Every random draw in spectra is seeded by `derive_seed(seed, Domain.X, *parts)` with parts such as the
-budget, layer, head or the sequence's global index, so results depend on neither batching nor the number
-of processes, and two domains never share a stream. The domain numbers are part of every recorded
+budget, layer, head or the sequence's global index, so no draw depends on batching or the number of
+processes (results may still differ between batch sizes by floating-point rounding), and two domains never
+share a stream. The domain numbers are part of every recorded
 result: changing one changes the numbers of past runs.
 """
 

@@ -145,7 +145,7 @@ class SyntheticBatch:
 
 class SyntheticSource:
     """Gaussian q, k, v as one layer of `heads` heads; sample i is drawn from a seed fixed by (seed, i), so the
-    numbers depend on neither the batch size nor the number of processes (and a run may resume with another)."""
+    draws depend on neither the batch size nor the number of processes (and a run may resume with another)."""
 
     layers = 1
 

@@ -3,8 +3,8 @@
 Theorems 1 and 2 are statements about a random projection R. Measured with one R for a whole run, a
 success rate is a property of that one draw: twenty fresh draws moved a reported 0.040 anywhere in
 0.026–0.064, and more sequences did not shrink that. So by default every sequence gets its own R (and E,
-F), `draws` of them, seeded by (seed, domain, layer, budget, the sequence's global index, draw) so the
-numbers depend on neither batching nor the number of processes; `fixed` keeps one R per (layer, budget),
+F), `draws` of them, seeded by (seed, domain, layer, budget, the sequence's global index, draw) so no
+draw depends on batching or the number of processes; `fixed` keeps one R per (layer, budget),
 the old behaviour.
 
 `Uncertainty` turns the errors of a batch into cluster statistics at the three levels the theorem tables
