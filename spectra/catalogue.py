@@ -38,6 +38,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "fastformer-fit-causal": ("fastformer-fit-causal",),
 }
 
+#: the labels that are causal (on a decoder a query's output never depends on a later position) and those that
+#: calibrate (fitted on calibration sequences): each method's class declares it, this repeats it for the checks
+#: made before anything loads (tests/test_catalogue.py holds the two equal)
+CAUSAL = frozenset({"svd-causal", "performer-causal", "window", "topk", "fastformer-fit-causal"})
+CALIBRATES = frozenset({*FAMILIES["linformer-pca"], *FAMILIES["linformer-fit"], "fastformer-fit",
+                        "fastformer-fit-causal"})
+
 #: every label, in registration order
 LABELS: tuple[str, ...] = tuple(label for labels in FAMILIES.values() for label in labels)
 

@@ -16,6 +16,8 @@ def test_the_catalogue_is_the_registry_label_for_label() -> None:
     for family, labels in catalogue.FAMILIES.items():
         assert all(methods.REGISTRY[label].family == family for label in labels), family
     assert catalogue.SHARING == tuple(level.value for level in Sharing)
+    assert catalogue.CAUSAL == {label for label, method in methods.REGISTRY.items() if method.causal}
+    assert catalogue.CALIBRATES == {label for label, method in methods.REGISTRY.items() if method.calibrates}
 
 
 def test_names_expand_to_labels() -> None:

@@ -78,9 +78,9 @@ def test_ctrl_c_checkpoints_exits_130_and_resumes_bitwise(roberta_dir, tmp_path)
 
 def test_ctrl_c_before_the_first_batch_writes_nothing(roberta_dir, text_file, tmp_path) -> None:
     child = subprocess.Popen([sys.executable, "-m", "spectra", "analyze", str(roberta_dir), "--data", str(text_file),
-                              "--out", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              "--length", "16", "--out", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env())
-    time.sleep(1.5)  # still importing torch
+    time.sleep(1.5)  # the inputs are checked (without torch); torch and the model are still loading
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
     assert one_line(child.returncode, out, err, 130).startswith("interrupted")

@@ -99,7 +99,6 @@ class ApproxOptions:
     def resolved(self, n: int) -> ApproxOptions:
         """The methods expanded to registry labels, the k plan read (and refused if made at another n), the budgets
         set (the default, or the plan's mean) and checked against n; calibrating methods need fit_samples ≥ 2."""
-        from .. import methods as registry
         from ..report.plan import read_plan
 
         labels = tuple(catalogue.expand(self.methods))
@@ -109,7 +108,7 @@ class ApproxOptions:
         for layer_budget in plan or ():
             check_budget(layer_budget, n)
         budget = (round(sum(plan) / len(plan)),) if plan else budgets_or_default(self.budget, DEFAULT_BUDGET, n)
-        calibrating = [label for label in labels if registry.REGISTRY[label].calibrates]
+        calibrating = [label for label in labels if label in catalogue.CALIBRATES]
         if calibrating and self.fit_samples < 2:  # one sequence is held out to choose the fit's step
             raise SpectraError(f"{calibrating[0]} fits its parameters on calibration sequences: pass "
                                f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
@@ -146,17 +145,15 @@ class Approx(Analysis):
                "end_to_end.csv": ("method", "budget")}
 
     def check(self, config: RunConfig, options: ApproxOptions, shape: checkpoints.Shape) -> None:
-        from .. import methods as registry
-
         super().check(config, options, shape)
         check_selection(options.layers, None, shape)
         plan = options.k_plan
         if isinstance(plan, tuple) and shape.layers is not None and len(plan) != shape.layers:
             raise SpectraError(f"the k plan has {len(plan)} layers but {shape.name} has {shape.layers}; make the plan "
                                "with spectra plan-k on a run of this model")
-        leaking = [label for label in options.methods if not registry.REGISTRY[label].causal]
+        leaking = [label for label in options.methods if label not in catalogue.CAUSAL]
         if options.end_to_end and shape.causal and leaking:
-            usable = ", ".join(label for label, method in registry.REGISTRY.items() if method.causal)
+            usable = ", ".join(label for label in catalogue.LABELS if label in catalogue.CAUSAL)
             raise SpectraError(
                 f"{leaking[0]} lets each query see future tokens, so it is not a causal approximation of {shape.name} "
                 f"(a decoder): end to end on a decoder takes causal methods ({usable}); measure "

@@ -64,10 +64,10 @@ class Analysis:
 
     def run(self, config: RunConfig, options: Any, reporter: Reporter) -> Path:
         """Check what can be checked without loading anything, run, and return the run directory."""
-        from ..loop import execute
-
         found = checkpoints.inspect(config.model, config.gguf_file)
         self.check(config, options, found.shape())
+        from ..loop import execute  # torch: only once the inputs are known to be good
+
         return execute(self.job(config, options, reporter, found), reporter)
 
     def load(self, path: Path, meta: dict[str, Any]):
