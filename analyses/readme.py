@@ -13,6 +13,7 @@ Hugging Face Hub (a hub id or a named dataset) cannot run offline and are skippe
     python analyses/readme.py                           # rerun every marked paragraph's commands, rewrite the numbers
     python analyses/readme.py --only smollm2-decoder    # one paragraph
     python analyses/readme.py --check                   # re-render from the runs in --work only; exit 1 on a difference
+    python analyses/readme.py --only speed-line --rerun # run again though finished (timings on an idle machine)
 
 Finished runs are reused: the work directory (default /tmp/spectra-readme) keeps a manifest of the commands it
 ran and where each wrote, so a second pass runs only what changed (a changed command reruns, and so do the
@@ -227,10 +228,10 @@ class Work:
         return {str(path.parent.relative_to(self.root)): path.stat().st_mtime for path in self.root.rglob("run.json")
                 if ".partial" not in str(path)}
 
-    def commands(self, paragraph: Paragraph, check: bool) -> list[tuple[list[str], Path | None]]:
-        """Run (or, with `check` or when finished before, reuse) the spectra commands beside a paragraph: each
-        one's arguments and the run directory it wrote (None when it writes none, e.g. plan-k)."""
-        ran, rerun = [], False
+    def commands(self, paragraph: Paragraph, check: bool, rerun: bool = False) -> list[tuple[list[str], Path | None]]:
+        """Run (or, with `check` or when finished before and not `rerun`, reuse) the spectra commands beside a
+        paragraph: each one's arguments and the run directory it wrote (None when it writes none, e.g. plan-k)."""
+        ran = []
         for line in paragraph.commands:
             arguments = self.resolve(line)
             if arguments is None:
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -
     parser.add_argument("--only", metavar="NAME", help="the marked paragraph NAME only")
     parser.add_argument("--check", action="store_true",
                         help="run nothing: re-render from the runs in --work and exit 1 if a document would change")
+    parser.add_argument("--rerun", action="store_true",
+                        help="run the commands again even when their runs are finished (fresh timings)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/spectra-readme"),
                         help="where the commands run and their runs stay (reused when finished)")
     parser.add_argument("--documents", type=Path, nargs="+",
@@ -303,6 +306,8 @@ def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
+        if args.check and args.rerun:
+            raise ReadmeError("--check runs nothing and --rerun runs everything again: give one of them")
         read = {path: read_document(path) for path in args.documents}
         marked = [paragraph for paragraphs, _ in read.values() for paragraph in paragraphs]
         names = [paragraph.name for paragraph in marked]
@@ -322,7 +327,7 @@ def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -
         work = Work(args.work.resolve(), setup_lines([block for _, blocks in read.values() for block in blocks]),
                     execute)
         chosen = [paragraph for paragraph in marked if args.only in (None, paragraph.name)]
-        runs = [work.commands(paragraph, args.check) for paragraph in chosen]  # every run first, then the prose
+        runs = [work.commands(paragraph, args.check, args.rerun) for paragraph in chosen]  # every run first, then the prose
         rendered = {(paragraph.path, paragraph.name): fill(readme_numbers.render(paragraph.name, ran, work.root))
                     for paragraph, ran in zip(chosen, runs)}
         changed = rewrite(args.documents, rendered, write=not args.check)

@@ -134,7 +134,7 @@ def smollm2_decoder(runs: dict[str, list[Any]]) -> str:
     budgets = sorted(set(table["budget"]))
     methods = list(dict.fromkeys(table["method"]))
     ppl = {method: slashed([end_to_end(approximated, method, k)["ppl"] for k in budgets], sig) for method in methods}
-    quoted = [f"`{method}` {ppl[method]}" for method in methods]
+    quoted = [f"`{method}`{' gives' if not number else ''} {ppl[method]}" for number, method in enumerate(methods)]
     sink = analyzed.metrics.groupby("layer")["sink_mean"].mean()
     half = analyzed.layers // 2
     keys = key_ranks(analyzed)

@@ -107,7 +107,7 @@ def test_the_decoder_paragraph_quotes_its_runs(decoder_runs) -> None:
     assert f"({json.loads((approximated.path / 'run.json').read_text())['samples']} sequences)" in text
     assert f"perplexity is {numbers.sig(e2e['ppl_exact'].iloc[0])};" in text
     topk = e2e[e2e["method"] == "topk"].sort_values("budget")["ppl"]
-    assert f"`topk` {numbers.sig(topk.iloc[0])} / {numbers.sig(topk.iloc[1])}" in text
+    assert f"`window` gives " in text and f"`topk` {numbers.sig(topk.iloc[0])} / {numbers.sig(topk.iloc[1])}" in text
     sink = pd.read_csv(analyzed.path / "metrics.csv").groupby("layer")["sink_mean"].mean()
     assert f"ranges from {numbers.sig(sink.min(), 2)} (layer {sink.idxmin()}) to {numbers.sig(sink.max(), 2)}" in text
     keys = pd.read_csv(analyzed.path / "qkv.csv")
@@ -249,11 +249,13 @@ def test_the_script_rewrites_reuses_and_checks(roberta_dir, text_file, tmp_path,
     path.write_text(path.read_text().replace("--samples 2", "--samples 4"))
     assert readme.main(arguments, in_process(calls)) == 0 and len(calls) == 2, "a changed command reruns"
     assert "4 sequences" in path.read_text()
+    assert readme.main([*arguments, "--rerun"], in_process(calls)) == 0 and len(calls) == 3, "--rerun runs again"
 
 
 @pytest.mark.parametrize("arguments, setup, message", [
     (["--only", "nothing-here"], None, "--only nothing-here: no marked paragraph of that name"),
     (["--check"], None, "run without --check first"),
+    (["--check", "--rerun"], None, "give one of them"),
     ([], 'MODEL=$(python -c "import not_an_installed_package_xyz")', "the set-up line `MODEL=.*` failed"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(roberta_dir, text_file, tmp_path, capsys, arguments, setup,
