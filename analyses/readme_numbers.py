@@ -1,0 +1,370 @@
+"""The prose of the documents' marked paragraphs, written from the runs of the commands beside them.
+
+One renderer per `<!-- numbers: NAME -->` marker (analyses/readme.py finds the markers and runs the commands):
+`needs` names the `spectra` commands whose runs it reads, in the order they stand in the code block, and
+`text` turns those runs into markdown — the paragraph's wording, with every number it quotes taken from a run
+(counts and settings from run.json, so the prose cannot say 8 sequences where the command ran 32). Where a
+sentence interprets the numbers, the renderer checks that the numbers bear it out and words it accordingly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+import spectra
+from spectra.report.summaries import (approx_by_budget, gap_closed, interval_digits, key_ranks, scaling_fixed,
+                                      scaling_layers, theorem1_rows)
+from spectra.timings import summary
+
+
+class RenderError(Exception):
+    """A paragraph's runs do not hold what its renderer reads (a missing command, table or setting)."""
+
+
+@dataclass(frozen=True)
+class Renderer:
+    """`needs`: the spectra commands (analyze, approx, plan-k, …) whose runs the paragraph quotes, in block order;
+    `text`: the paragraph, from a map command → its runs (loaded) or, for plan-k, the plan it wrote."""
+
+    needs: tuple[str, ...]
+    text: Callable[[dict[str, list[Any]]], str]
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def sig(value: float, digits: int = 3) -> str:
+    """`value` to `digits` significant figures, never in scientific notation (70.0, 137, 3670, 0.0041)."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:g}"
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    return f"{value:.{decimals}f}" if decimals >= 0 else f"{round(value, decimals):.0f}"
+
+
+def span(values: Sequence[float], format: Callable[[float], str]) -> str:
+    """'low–high' of some values, or the one value when both ends read the same."""
+    low, high = format(min(values)), format(max(values))
+    return low if low == high else f"{low}–{high}"
+
+
+def slashed(values: Sequence[float], format: Callable[[float], str]) -> str:
+    return " / ".join(format(value) for value in values)
+
+
+def listed(values: Sequence[Any]) -> str:
+    return ", ".join(str(value) for value in values)
+
+
+def two(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def interval(low: float, high: float) -> str:
+    """A 95% interval's ends with as many decimals as it takes for them to differ (never 0.98–0.98)."""
+    return "–".join(interval_digits(low, high))
+
+
+# ---------------------------------------------------------------- reading runs
+
+
+def only(runs: dict[str, list[Any]], command: str, index: int = 0) -> Any:
+    found = runs.get(command, [])
+    if len(found) <= index:
+        raise RenderError(f"the code block has no `spectra {command}` command #{index + 1}")
+    return found[index]
+
+
+def extra(run: Any, name: str) -> Any:
+    """An analysis setting as run.json records it (settings.extra, then the top level)."""
+    settings = run.meta.get("settings", {}).get("extra", {})
+    return settings[name] if name in settings else run.meta[name]
+
+
+def evaluated(run: Any) -> int:
+    """The sequences an approx run measured: with fitted methods, those after the calibration sequences."""
+    if "evaluation" in run.meta:
+        start, end = run.meta["evaluation"]
+        return int(end) - int(start)
+    return int(run.meta["samples"])
+
+
+def by_budget(run: Any, method: str, table: str = "heads") -> pd.Series:
+    """Mean over layers of the per-layer mean head-output error of `method`, per budget."""
+    rows = approx_by_budget(run) if table == "heads" else \
+        run.per_layer("out_err", table=table).groupby(["method", "budget"], sort=False)["out_err"].mean().reset_index()
+    found = rows[rows["method"] == method].set_index("budget")["out_err"].sort_index()
+    if found.empty:
+        raise RenderError(f"{run.path} has no method {method}")
+    return found
+
+
+def end_to_end(run: Any, method: str, budget: int, allocation: str = "uniform") -> pd.Series:
+    table = run.end_to_end
+    if "allocation" in table.columns:
+        table = table[table["allocation"] == allocation]
+    rows = table[(table["method"] == method) & (table["budget"] == budget)]
+    if rows.empty:
+        raise RenderError(f"{run.path} has no end-to-end row for {method} at k = {budget} ({allocation})")
+    return rows.iloc[0]
+
+
+def pooled(run: Any, metric: str = "rank90") -> pd.Series:
+    rows = run.exponents[(run.exponents["scope"] == "pooled") & (run.exponents["metric"] == metric)]
+    return rows.iloc[0]
+
+
+def layer_alphas(run: Any, metric: str = "rank90") -> list[float]:
+    rows = run.exponents[(run.exponents["scope"] == "layer") & (run.exponents["metric"] == metric)]
+    return list(rows.sort_values("layer")["alpha"])
+
+
+# ---------------------------------------------------------------- the paragraphs
+
+
+def smollm2_decoder(runs: dict[str, list[Any]]) -> str:
+    """Perplexity per causal method and k, sink mass and key ranks per layer, loading time: a decoder's numbers."""
+    analyzed, approximated = only(runs, "analyze"), only(runs, "approx")
+    table = approximated.end_to_end
+    budgets = sorted(set(table["budget"]))
+    methods = list(dict.fromkeys(table["method"]))
+    ppl = {method: slashed([end_to_end(approximated, method, k)["ppl"] for k in budgets], sig) for method in methods}
+    quoted = [f"`{method}`{' gives' if not number else ''} {ppl[method]}" for number, method in enumerate(methods)]
+    sink = analyzed.metrics.groupby("layer")["sink_mean"].mean()
+    half = analyzed.layers // 2
+    keys = key_ranks(analyzed)
+    seconds = analyzed.meta["timings"]["seconds"]
+    return (
+        f"On SmolLM2 at n = {approximated.meta['n']} over the licence texts ({evaluated(approximated)} sequences), "
+        f"the exact next-token perplexity is {sig(table['ppl_exact'].iloc[0])}; at k = {slashed(budgets, str)}, "
+        f"{', '.join(quoted[:-1])} and {quoted[-1]}: "
+        + ("random features do not stand in for a pretrained decoder's peaked attention. "
+           if "performer-causal" in ppl and end_to_end(approximated, "performer-causal", budgets[-1])["ppl"]
+           > 10 * table["ppl_exact"].iloc[0] else "")
+        + f"Over the {analyzed.meta['samples']} sequences of the `analyze` command, sink mass per layer ranges from "
+        f"{sig(sink.min(), 2)} (layer {sink.idxmin()}) to {sig(sink.max(), 2)} (layer {sink.idxmax()}), above 0.5 in "
+        f"{int((sink.iloc[half:] > 0.5).sum())} of the last {analyzed.layers - half} layers and "
+        f"{int((sink.iloc[:half] > 0.5).sum())} of the first {half}; "
+        f"{'RoPE spreads the keys: ' if keys['attention'].mean() > keys['projection'].mean() else ''}the key rank "
+        f"for 90% of a head's variance (per layer, mean over key/value heads) is "
+        f"{span(keys['projection'], lambda x: sig(x, 2))} before RoPE, {span(keys['attention'], lambda x: sig(x, 2))} "
+        f"after. Loading (the GGUF file, the tokenizer and the data) took {seconds['load']:.0f} s of that run's "
+        f"{sum(seconds.values()):.0f} s."
+    )
+
+
+def minilm_fitted(runs: dict[str, list[Any]]) -> str:
+    """Held-out errors of the oracle, the fitted, pooled, PCA and random projections; overfitting; end to end."""
+    run = only(runs, "approx")
+    error = {method: by_budget(run, method) for method in
+             ("svd", "linformer-fit(kv)", "pool-mean", "linformer-pca(kv)", "jl", "linformer(kv)")}
+    budgets = list(error["svd"].index)
+    middle, top = budgets[len(budgets) // 2], budgets[-1]
+    lowered = 1 - error["linformer-fit(kv)"] / error["pool-mean"]
+    calibration = {method: by_budget(run, method, "calibration") for method in ("linformer-fit(kv)", "pool-mean")}
+    overfit = {method: error[method][middle] - calibration[method][middle] for method in calibration}
+    gap = gap_closed(run)
+    gap = gap[gap["method"] == "linformer-fit(kv)"]["gap_closed"]
+    e2e = {method: end_to_end(run, method, top) for method in ("svd", "linformer-fit(kv)", "pool-mean")}
+    pca_worse = bool((error["linformer-pca(kv)"] > error["pool-mean"]).all())
+    return (
+        f"What it gives on all-MiniLM-L6-v2 (n = {run.meta['n']}, licence texts, {extra(run, 'fit_samples')} calibration "
+        f"and {evaluated(run)} held-out sequences, {extra(run, 'fit_steps')} Adam steps; held-out head-output "
+        f"error, mean over layers and heads, at k = {slashed(budgets, str)}): the SVD oracle "
+        f"{slashed(error['svd'], two)}, `linformer-fit(kv)` {slashed(error['linformer-fit(kv)'], two)}, `pool-mean` "
+        f"(its start) {slashed(error['pool-mean'], two)}, `linformer-pca(kv)` {slashed(error['linformer-pca(kv)'], two)}. "
+        f"Fitting lowers pooling's error by {span(lowered * 100, lambda x: f'{x:.0f}')}% (on the calibration sequences "
+        f"it reaches {two(calibration['linformer-fit(kv)'][middle])} at k = {middle}: the gap of "
+        f"{overfit['linformer-fit(kv)']:+.2f} to held-out is overfitting, against {overfit['pool-mean']:+.2f} for "
+        f"pooling, which fits nothing); PCA directions are signed, and softmax over signed mixtures of keys stands in badly whatever the "
+        f"scale{' — worse than pooling' if pca_worse else ''}. End to end (every layer substituted, last hidden "
+        f"state) at k = {top}: SVD drift {two(e2e['svd']['hidden_rel_err'])} (cosine {two(e2e['svd']['cosine'])}), "
+        f"fit {two(e2e['linformer-fit(kv)']['hidden_rel_err'])} ({two(e2e['linformer-fit(kv)']['cosine'])}), pooling "
+        f"{two(e2e['pool-mean']['hidden_rel_err'])} ({two(e2e['pool-mean']['cosine'])}). The random projections the "
+        f"theorems analyse are far worse — `jl` {slashed(error['jl'], lambda x: sig(x, 2))} and `linformer(kv)` "
+        f"{slashed(error['linformer(kv)'], lambda x: sig(x, 2))} at k = {slashed(budgets, str)} — so measured from "
+        f"them the fit closes {span(gap * 100, lambda x: f'{x:.0f}')}% of the gap to the oracle (the fraction the run "
+        "prints per layer); yet a fixed projection of the sequence axis stays far from the per-sequence oracle."
+    )
+
+
+def minilm_fastformer(runs: dict[str, list[Any]]) -> str:
+    """fastformer-fit beside linformer-fit(kv): held-out and calibration head-output error, then end to end."""
+    run = only(runs, "approx")
+    fast, linformer = by_budget(run, "fastformer-fit"), by_budget(run, "linformer-fit(kv)")
+    budgets = list(linformer.index)
+    calibration = by_budget(run, "fastformer-fit", "calibration").iloc[0]
+    e2e = {method: [end_to_end(run, method, budget) for budget in budgets]
+           for method in ("fastformer-fit", "linformer-fit(kv)", "pool-mean", "svd")}
+    drift = e2e["fastformer-fit"][0]
+    worse = bool(fast.iloc[0] > linformer.iloc[0])
+    return (
+        f"On all-MiniLM-L6-v2 (n = {run.meta['n']}, licence texts, {extra(run, 'fit_samples')} calibration and "
+        f"{evaluated(run)} held-out sequences, {extra(run, 'fit_steps')} Adam steps) the held-out head-output error, "
+        f"mean over layers and heads, is {two(fast.iloc[0])} for `fastformer-fit` ({two(calibration)} on the "
+        f"calibration sequences; one fit serves every k) against {slashed(linformer, two)} for `linformer-fit(kv)` "
+        f"at k = {slashed(budgets, str)}. End to end (every layer substituted, last hidden state) its drift is "
+        f"{two(drift['hidden_rel_err'])} (cosine {two(drift['cosine'])}), against "
+        f"{slashed([row['hidden_rel_err'] for row in e2e['linformer-fit(kv)']], two)} (cosine "
+        f"{slashed([row['cosine'] for row in e2e['linformer-fit(kv)']], two)}) for `linformer-fit(kv)`, "
+        f"{slashed([row['hidden_rel_err'] for row in e2e['pool-mean']], two)} for `pool-mean` and "
+        f"{slashed([row['hidden_rel_err'] for row in e2e['svd']], two)} for the SVD oracle."
+        + (" Two pooled vectors per head cannot follow a pretrained head's per-query attention: per head, Fastformer's "
+           f"O(n d) cost buys less than a fitted Linformer projection at k = {budgets[0]}." if worse else "")
+    )
+
+
+def minilm_plan(runs: dict[str, list[Any]]) -> str:
+    """A k plan from the spectrum against a uniform k of equal cost, end to end, for the oracle, fit and pooling."""
+    plan, run = only(runs, "plan-k"), only(runs, "approx")
+    uniform = int(run.meta["budget"][0])
+    rows = {method: (end_to_end(run, method, uniform), end_to_end(run, method, uniform, "plan"))
+            for method in ("svd", "linformer-fit(kv)", "pool-mean")}
+    drift = {method: (pair[0]["hidden_rel_err"], pair[1]["hidden_rel_err"]) for method, pair in rows.items()}
+    change = {method: (after - before) / before for method, (before, after) in drift.items()}
+    spectral = change["svd"] < -0.1 and all(abs(change[method]) < abs(change["svd"]) / 2
+                                            for method in ("linformer-fit(kv)", "pool-mean"))
+    moves = "lowers" if change["svd"] < 0 else "raises"
+    return (
+        f"On MiniLM (n = {plan['n']}, the plan for {plan['energy']:.0%} of each layer's nuclear norm: k = "
+        f"{listed(entry['budget'] for entry in plan['layers'])} against a uniform {uniform}; {evaluated(run)} "
+        f"sequences), the plan {moves} the SVD oracle's end-to-end drift from {two(drift['svd'][0])} to "
+        f"{two(drift['svd'][1])} (cosine {rows['svd'][0]['cosine']:.3f} → {rows['svd'][1]['cosine']:.3f}), "
+        + ("but fitted and pooled projections barely move" if spectral else "and fitted and pooled projections move")
+        + f" (fit {two(drift['linformer-fit(kv)'][0])} → {two(drift['linformer-fit(kv)'][1])}, pooling "
+        f"{two(drift['pool-mean'][0])} → {two(drift['pool-mean'][1])})"
+        + (": their error is not spectral, so a plan made from the spectrum does not redistribute it." if spectral
+           else ".")
+    )
+
+
+def growth(run: Any) -> str:
+    """What the pooled exponent of rank90 says, in the README's words."""
+    row = pooled(run)
+    if row["alpha_low"] >= 0.9:
+        return "grows in proportion to n"
+    return "grows, but slower than n" if row["alpha_low"] > 0.1 else "does not measurably grow"
+
+
+def minilm_scaling(runs: dict[str, list[Any]]) -> str:
+    """rank90 against n on an encoder, its exponent, and c at a fixed k and at n/4."""
+    run = only(runs, "scaling")
+    ranks = scaling_layers(run).set_index("layer").loc["all"]
+    lengths = run.lengths
+    fixed = scaling_fixed(run).set_index("k")
+    row, quarter, first = pooled(run), fixed.loc["n/4"], min(run.c_fixed["budget"])
+    goes = " → ".join(f"{ranks['n=' + str(n)]:.1f}" for n in lengths)
+    return (
+        f"On all-MiniLM-L6-v2 over the licence texts ({run.meta['samples']} sequences per n, n = {lengths[0]}…"
+        f"{lengths[-1]}), rank90 pooled over heads goes "
+        f"{goes}, α = {two(row['alpha'])} (interval "
+        f"{interval(row['alpha_low'], row['alpha_high'])}); per layer {listed(map(two, layer_alphas(run)))}. c at k = "
+        f"n/4 {'stays at ' if two(quarter.min()) == two(quarter.max()) else 'stays within '}"
+        f"{span(quarter, two)} for every n while c at k = {first} falls from {two(fixed.loc[str(first)].iloc[0])} to "
+        f"{two(fixed.loc[str(first)].iloc[-1])}: "
+        + ("this encoder's attention keeps a fixed *fraction* of its spectrum per unit of n, so the k that holds a "
+           "fixed share of it grows linearly." if growth(run) == "grows in proportion to n" else
+           f"the k that holds a fixed share of this encoder's attention {growth(run)}.")
+    )
+
+
+def smollm2_scaling(runs: dict[str, list[Any]]) -> str:
+    """The same growth on a decoder at long n, a few layers."""
+    run = only(runs, "scaling")
+    row, layers = pooled(run), run.meta["settings"]["extra"]["layers"]
+    fixed = run.c_fixed[run.c_fixed["budget"] == max(run.c_fixed["budget"])]
+    budget = int(fixed["budget"].iloc[0])
+    fixed = fixed[fixed["n"] > budget].groupby("n")["c"].mean()
+    return (
+        f"SmolLM2 (n = {run.lengths[0]}…{run.lengths[-1]}, {run.meta['samples']} sequences, layers {layers}; "
+        f"{run.meta['wall_seconds'] / 60:.1f} minutes) {growth(run) == 'grows in proportion to n' and 'says the same' or 'differs'}: "
+        f"pooled α = {two(row['alpha'])} ({interval(row['alpha_low'], row['alpha_high'])}), per layer "
+        f"{span(layer_alphas(run), two)}, c at k = {budget} falling from {two(fixed.iloc[0])} (n = {fixed.index[0]}) "
+        f"to {two(fixed.iloc[-1])} (n = {fixed.index[-1]})."
+    )
+
+
+def minilm_k_needed(runs: dict[str, list[Any]]) -> str:
+    """The smallest k whose head-output error reaches a target, against n, beside the growth of rank90."""
+    run = only(runs, "scaling")
+    if run.k_needed is None:
+        raise RenderError(f"{run.path} has no k_needed.csv: the command needs --approx-target")
+    method = run.meta["methods"][0]
+    needed = run.k_needed[run.k_needed["layer"].isna() & (run.k_needed["method"] == method)].sort_values("n")
+    fit = run.exponents[(run.exponents["metric"] == "k_needed") & (run.exponents["method"] == method)].iloc[0]
+    rank = pooled(run)
+    ks = [("none" if pd.isna(k) else str(int(k))) for k in needed["k_needed"]]
+    pace = "slower than" if fit["alpha"] < rank["alpha"] else "at least as fast as"
+    return (
+        f"On MiniLM ({run.meta['samples']} sequences per n), the smallest k of the powers of two tried whose `{method}` "
+        f"head-output error, averaged over layers, is at most {run.meta['target']} is {listed(ks)} for n = "
+        f"{listed(needed['n'])}: α = {two(fit['alpha'])} on that coarse grid, {pace} rank90 over the same sequences "
+        f"(α = {two(rank['alpha'])})" + (" — still far from constant." if fit["alpha"] > 0.3 else ".")
+    )
+
+
+def theorems_synthetic(runs: dict[str, list[Any]]) -> str:
+    """Theorem 1's statement against its bound on Gaussian q, k, v."""
+    run = only(runs, "theorems")
+    rows = theorem1_rows(run, "output")
+    rows = rows[rows["method"] == "jl"]
+    largest = rows.loc[rows["pr"].idxmax()]
+    top = rows[(rows["budget"] == rows["budget"].max()) & (rows["eps"] == rows["eps"].max())].iloc[0]
+    return (
+        f"On Gaussian q, k, v at n = {run.meta['n']} (the `--synthetic` command above, {run.meta['samples']} samples) "
+        f"the empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) is at most {largest['pr']:.3f} for every k up to "
+        f"{int(rows['budget'].max())} and every ε up to {rows['eps'].max():g} (largest at k = {int(largest['budget'])}, "
+        f"ε = {largest['eps']:g}), where the stated bound at k = {int(top['budget'])}, ε = {top['eps']:g} is "
+        f"{top['bound']:.4f}. Theorem 2 is reported both against its own right side ‖softmax(w)‖‖V‖_F and against "
+        "‖softmax(w)V‖, so the same gap is visible there."
+    )
+
+
+def speed_line(runs: dict[str, list[Any]]) -> str:
+    """The stage timings `spectra analyze` prints at its end, as run.json recorded them."""
+    run = only(runs, "analyze")
+    return (f"({run.meta['model']['name']}, n = {run.n}, {run.meta['samples']} sequences, on the machine that last "
+            f"ran `python analyses/readme.py`) ended with:\n\n```\n{summary(run.meta['timings'])}\n```")
+
+
+RENDERERS: dict[str, Renderer] = {
+    "smollm2-decoder": Renderer(("analyze", "approx"), smollm2_decoder),
+    "minilm-fitted": Renderer(("approx",), minilm_fitted),
+    "minilm-plan": Renderer(("analyze", "plan-k", "approx"), minilm_plan),
+    "minilm-fastformer": Renderer(("approx",), minilm_fastformer),
+    "minilm-scaling": Renderer(("scaling",), minilm_scaling),
+    "smollm2-scaling": Renderer(("scaling",), smollm2_scaling),
+    "minilm-k-needed": Renderer(("scaling",), minilm_k_needed),
+    "theorems-synthetic": Renderer(("theorems",), theorems_synthetic),
+    "speed-line": Renderer(("analyze",), speed_line),
+}
+
+
+def loaded(arguments: list[str], out: Path | None, work: Path) -> Any:
+    """What a renderer reads of one command: its run loaded back, or for plan-k the plan JSON it wrote."""
+    if arguments[0] == "plan-k":
+        if "--out" not in arguments:
+            raise RenderError("give the plan-k command an --out file, which the approx command beside it reads")
+        return json.loads((work / arguments[arguments.index("--out") + 1]).read_text())
+    if out is None:
+        raise RenderError(f"`spectra {' '.join(arguments)}` wrote no run directory")
+    return spectra.load_run(out)
+
+
+def render(name: str, ran: list[tuple[list[str], Path | None]], work: Path) -> str:
+    """The markdown of paragraph `name` from the commands that ran beside it ((arguments, run directory) each)."""
+    renderer = RENDERERS[name]
+    runs: dict[str, list[Any]] = {}
+    for arguments, out in ran:
+        if arguments[0] in renderer.needs:
+            runs.setdefault(arguments[0], []).append(loaded(arguments, out, work))
+    missing = [command for command in dict.fromkeys(renderer.needs) if command not in runs]
+    if missing:
+        raise RenderError(f"the paragraph '{name}' quotes `spectra {missing[0]}`, which its code block does not run "
+                          "(or which needs the Hub)")
+    return renderer.text(runs)

@@ -1,0 +1,292 @@
+"""analyses/readme.py and readme_numbers.py: every marked paragraph of the documents is closed, named by a renderer
+and has the commands it quotes beside it; each renderer writes the numbers of tiny runs (checked against the run's
+own CSV files, read with pandas, not through the summaries the renderers use); the script runs a document's
+commands, rewrites its numbers, reuses finished runs, and `--check` catches a number edited by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import spectra
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("readme_script", ROOT / "analyses" / "readme.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+readme = load_script()
+numbers = readme.readme_numbers
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------- the documents' markup
+
+
+def marked() -> list:
+    return [paragraph for path in DOCUMENTS for paragraph in readme.read_document(path)[0]]
+
+
+def test_every_marker_is_closed_and_named_by_a_renderer() -> None:
+    names = [paragraph.name for paragraph in marked()]
+    assert sorted(names) == sorted(numbers.RENDERERS), "one marked paragraph per renderer, and no other"
+
+
+def test_every_paragraph_has_the_commands_it_quotes_beside_it() -> None:
+    for paragraph in marked():
+        commands = [arguments[0] for arguments in map(readme.spectra_arguments, paragraph.commands) if arguments]
+        for command in set(numbers.RENDERERS[paragraph.name].needs):
+            assert commands.count(command) >= numbers.RENDERERS[paragraph.name].needs.count(command), \
+                f"'{paragraph.name}' quotes `spectra {command}`, which the code block above it does not show"
+
+
+def test_the_documents_set_up_what_their_commands_use() -> None:
+    """$MODEL, $GGUF and licenses.txt are defined by set-up lines the script can run."""
+    setup = readme.setup_lines([block for path in DOCUMENTS for block in readme.read_document(path)[1]])
+    assert {"$MODEL", "$GGUF", "licenses.txt"} <= set(setup)
+    used = {token for paragraph in marked() for line in paragraph.commands for token in re.findall(r"\$[A-Z]+", line)}
+    assert used <= set(setup)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("```\nspectra analyze m\n```\n<!-- numbers: speed-line -->\nx\n", "never closed"),
+    ("```\nspectra analyze m\n```\n<!-- numbers: a -->\n<!-- numbers: b -->\n<!-- /numbers -->\n", "inside"),
+    ("```\nspectra analyze m\n```\n## Next\n<!-- numbers: a -->\nx\n<!-- /numbers -->\n", "no code block"),
+    ("text\n<!-- /numbers -->\n", "closes no"),
+    ("```\nspectra analyze m\n```\n<!-- numbers:a-->\nx\n", "a marker reads"),
+])
+def test_malformed_markers_are_one_line_errors(tmp_path, text, message) -> None:
+    path = tmp_path / "README.md"
+    path.write_text(text)
+    with pytest.raises(readme.ReadmeError, match=message) as raised:
+        readme.read_document(path)
+    assert "README.md:" in str(raised.value)
+
+
+# ---------------------------------------------------------------- renderers on tiny runs
+
+
+def layer_means(path: Path, method: str, table: str = "heads.csv") -> pd.Series:
+    """Per budget, the mean over layers of the mean over heads of out_err, straight from the CSV file."""
+    frame = pd.read_csv(path / table)
+    frame = frame[(frame["method"] == method) & (frame["metric"] == "out_err")]
+    return frame.groupby(["budget", "layer"])["mean"].mean().groupby("budget").mean()
+
+
+@pytest.fixture(scope="module")
+def decoder_runs(llama_dir, text_file, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("decoder")
+    common = dict(length=24, samples=4, batch_size=2, progress=None, notify=quiet)
+    return {"analyze": [spectra.analyze(str(llama_dir), str(text_file), out=root / "a", **common)],
+            "approx": [spectra.approx(str(llama_dir), str(text_file), budget=[4, 8],
+                                      methods="window,topk,performer-causal", end_to_end=True, out=root / "b", **common)]}
+
+
+def test_the_decoder_paragraph_quotes_its_runs(decoder_runs) -> None:
+    text = numbers.smollm2_decoder(decoder_runs)
+    analyzed, approximated = decoder_runs["analyze"][0], decoder_runs["approx"][0]
+    e2e = pd.read_csv(approximated.path / "end_to_end.csv")
+    assert f"({json.loads((approximated.path / 'run.json').read_text())['samples']} sequences)" in text
+    assert f"perplexity is {numbers.sig(e2e['ppl_exact'].iloc[0])};" in text
+    topk = e2e[e2e["method"] == "topk"].sort_values("budget")["ppl"]
+    assert f"`window` gives " in text and f"`topk` {numbers.sig(topk.iloc[0])} / {numbers.sig(topk.iloc[1])}" in text
+    sink = pd.read_csv(analyzed.path / "metrics.csv").groupby("layer")["sink_mean"].mean()
+    assert f"ranges from {numbers.sig(sink.min(), 2)} (layer {sink.idxmin()}) to {numbers.sig(sink.max(), 2)}" in text
+    keys = pd.read_csv(analyzed.path / "qkv.csv")
+    keys = keys[(keys["tensor"] == "k") & (keys["stage"] == "projection")].groupby("layer")["dataset_rank90"].mean()
+    assert f"{numbers.span(keys, lambda x: numbers.sig(x, 2))} before RoPE" in text
+    load = json.loads((analyzed.path / "run.json").read_text())["timings"]["seconds"]["load"]
+    assert f"took {load:.0f} s" in text
+
+
+@pytest.fixture(scope="module")
+def fitted_run(roberta_dir, text_file, tmp_path_factory):
+    return spectra.approx(str(roberta_dir), str(text_file), budget=[4, 8, 12], end_to_end=True, fit_samples=8,
+                          fit_steps=5, methods="svd,jl,linformer(kv),pool-mean,linformer-pca(kv),linformer-fit(kv),"
+                                                    "fastformer-fit",
+                          length=24, samples=4, batch_size=4, out=tmp_path_factory.mktemp("fit") / "f", progress=None,
+                          notify=quiet)
+
+
+def test_the_fitted_paragraph_quotes_its_run(fitted_run) -> None:
+    text = numbers.minilm_fitted({"approx": [fitted_run]})
+    fit, pool, svd = (layer_means(fitted_run.path, method) for method in ("linformer-fit(kv)", "pool-mean", "svd"))
+    assert f"the SVD oracle {' / '.join(f'{x:.2f}' for x in svd)}, `linformer-fit(kv)` " \
+           f"{' / '.join(f'{x:.2f}' for x in fit)}" in text
+    assert "8 calibration and 4 held-out sequences, 5 Adam steps" in text
+    calibration = layer_means(fitted_run.path, "linformer-fit(kv)", "heads_calibration.csv")
+    assert f"it reaches {calibration[8]:.2f} at k = 8: the gap of {fit[8] - calibration[8]:+.2f}" in text
+    e2e = pd.read_csv(fitted_run.path / "end_to_end.csv").set_index(["method", "budget"])
+    assert f"SVD drift {e2e.loc[('svd', 12), 'hidden_rel_err']:.2f}" in text
+    random = layer_means(fitted_run.path, "linformer(kv)")
+    assert f"`linformer(kv)` {' / '.join(numbers.sig(x, 2) for x in random)}" in text
+
+
+def test_the_fastformer_paragraph_quotes_its_run(fitted_run) -> None:
+    text = numbers.minilm_fastformer({"approx": [fitted_run]})
+    fast, fit = (layer_means(fitted_run.path, method) for method in ("fastformer-fit", "linformer-fit(kv)"))
+    assert len({round(x, 12) for x in fast.to_numpy()}) == 1, "one fit serves every budget"
+    calibration = layer_means(fitted_run.path, "fastformer-fit", "heads_calibration.csv")
+    assert f"is {fast[4]:.2f} for `fastformer-fit` ({calibration[4]:.2f} on the calibration" in text
+    assert f"against {' / '.join(f'{x:.2f}' for x in fit.to_numpy())} for `linformer-fit(kv)` at k = 4 / 8 / 12" in text
+    e2e = pd.read_csv(fitted_run.path / "end_to_end.csv").set_index(["method", "budget"])
+    assert f"its drift is {e2e.loc[('fastformer-fit', 4), 'hidden_rel_err']:.2f}" in text
+    assert ("buys less than a fitted Linformer projection" in text) == (fast[4] > fit[4])
+
+
+def test_the_plan_paragraph_quotes_its_runs(roberta_dir, text_file, tmp_path) -> None:
+    from spectra.report.plan import plan_k
+
+    common = dict(length=24, samples=4, batch_size=4, progress=None, notify=quiet)
+    analyzed = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "a", **common)
+    plan = plan_k(analyzed, 0.9, multiple=4).to_json()
+    run = spectra.approx(str(roberta_dir), str(text_file), k_plan=plan, end_to_end=True, fit_samples=8, fit_steps=3,
+                         methods="svd,pool-mean,linformer-fit(kv)", out=tmp_path / "b", **common)
+    text = numbers.minilm_plan({"analyze": [analyzed], "plan-k": [plan], "approx": [run]})
+    e2e = pd.read_csv(run.path / "end_to_end.csv")
+    svd = e2e[e2e["method"] == "svd"].set_index("allocation")
+    uniform = int(round(np.mean([entry["budget"] for entry in plan["layers"]])))
+    assert f"k = {', '.join(str(entry['budget']) for entry in plan['layers'])} against a uniform {uniform};" in text
+    assert f"drift from {svd.loc['uniform', 'hidden_rel_err']:.2f} to {svd.loc['plan', 'hidden_rel_err']:.2f}" in text
+
+
+@pytest.fixture(scope="module")
+def scaling_run(roberta_dir, text_file, tmp_path_factory):
+    return spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 32, 64], samples=4, batch_size=4,
+                           bootstrap=20, approx_target=0.3, out=tmp_path_factory.mktemp("scaling") / "s",
+                           progress=None, notify=quiet)
+
+
+def test_the_scaling_paragraphs_quote_their_run(scaling_run) -> None:
+    exponents = pd.read_csv(scaling_run.path / "exponents.csv")
+    rank = exponents[(exponents["scope"] == "pooled") & (exponents["metric"] == "rank90")].iloc[0]
+    ranks = pd.read_csv(scaling_run.path / "scaling.csv").groupby("n")["rank90"].mean()
+    text = numbers.minilm_scaling({"scaling": [scaling_run]})
+    assert f"goes {' → '.join(f'{x:.1f}' for x in ranks)}, α = {rank['alpha']:.2f}" in text
+    assert "(4 sequences per n, n = 16…64)" in text
+    text = numbers.smollm2_scaling({"scaling": [scaling_run]})
+    assert f"pooled α = {rank['alpha']:.2f} (" in text and f"{scaling_run.meta['wall_seconds'] / 60:.1f} minutes" in text
+    needed = pd.read_csv(scaling_run.path / "k_needed.csv")
+    needed = needed[needed["layer"].isna()].sort_values("n")["k_needed"]
+    text = numbers.minilm_k_needed({"scaling": [scaling_run]})
+    assert f"at most 0.3 is {', '.join('none' if pd.isna(k) else str(int(k)) for k in needed)} for n = 16, 32, 64" in text
+
+
+def test_the_theorems_paragraph_quotes_its_run(tmp_path) -> None:
+    run = spectra.theorems(None, synthetic=True, length=32, d=8, budget=[4, 16, 32], eps=[0.2, 0.5], samples=4,
+                           out=tmp_path / "t", progress=None, notify=quiet)
+    rows = pd.read_csv(run.path / "theorem1.csv")
+    rows = rows[(rows["method"] == "jl") & (rows["relative_to"] == "output")]
+    text = numbers.theorems_synthetic({"theorems": [run]})
+    assert f"is at most {rows['pr'].max():.3f} for every k up to 32" in text
+    bound = rows[(rows["budget"] == 32) & (rows["eps"] == 0.5)]["bound"].iloc[0]
+    assert f"at k = 32, ε = 0.5 is {bound:.4f}" in text
+
+
+def test_a_missing_command_is_a_render_error(decoder_runs) -> None:
+    with pytest.raises(numbers.RenderError, match="spectra approx"):
+        numbers.render("smollm2-decoder", [(["analyze"], decoder_runs["analyze"][0].path)], Path("."))
+
+
+# ---------------------------------------------------------------- the script on a document of its own
+
+
+def in_process(calls: list):
+    """Runs `spectra ARGUMENTS` in this process in the work directory (each start of the program costs an import of
+    torch); records the calls."""
+    from spectra import cli
+
+    def execute(arguments: list[str], cwd: Path) -> int:
+        calls.append(arguments)
+        previous, argv = Path.cwd(), sys.argv
+        os.chdir(cwd)
+        sys.argv = ["spectra", *arguments]
+        try:
+            cli.main()
+            return 0
+        except SystemExit as done:
+            return done.code if isinstance(done.code, int) else 1
+        finally:
+            os.chdir(previous)
+            sys.argv = argv
+
+    return execute
+
+
+def document(tmp_path: Path, model: Path, corpus: Path, setup: str | None = None) -> Path:
+    path = tmp_path / "README.md"
+    path.write_text(f"# A tool\n\n```\n{setup or f'MODEL={model}'}\ncat {corpus} > corpus.txt\n```\n\nRun it:\n\n"
+                    "```\nspectra analyze $MODEL --data corpus.txt --length 16 --samples 2 --batch-size 2\n```\n\n"
+                    "<!-- numbers: speed-line -->\nold numbers: 1.0, 2.0\n<!-- /numbers -->\n\nThe end.\n")
+    return path
+
+
+def test_the_script_rewrites_reuses_and_checks(roberta_dir, text_file, tmp_path, capsys) -> None:
+    path, work, calls = document(tmp_path, roberta_dir, text_file), tmp_path / "work", []
+    arguments = ["--documents", str(path), "--work", str(work)]
+    assert readme.main(arguments, in_process(calls)) == 0
+    assert calls == [["analyze", str(roberta_dir), "--data", "corpus.txt", "--length", "16", "--samples", "2",
+                      "--batch-size", "2", "--overwrite"]]
+    run = spectra.load_run(work / "runs" / "tiny-roberta-corpus-n16")
+    timings = json.loads((run.path / "run.json").read_text())["timings"]
+    total = sum(timings["seconds"].values())
+    text = path.read_text()
+    assert f"```\ntime {total:.1f} s; " in text and "old numbers" not in text and text.endswith("The end.\n")
+    assert "(tiny-roberta, n = 16, 2 sequences," in text
+    assert readme.main(arguments, in_process(calls)) == 0 and len(calls) == 1, "a finished run is reused"
+    assert readme.main([*arguments, "--check"], in_process(calls)) == 0
+    path.write_text(text.replace(f"time {total:.1f} s", f"time {total + 1:.1f} s"))
+    capsys.readouterr()
+    assert readme.main([*arguments, "--check"], in_process(calls)) == 1
+    assert f"-time {total + 1:.1f} s" in capsys.readouterr().err, "the difference is shown"
+    assert f"time {total + 1:.1f} s" in path.read_text(), "--check writes nothing"
+    assert len(calls) == 1, "--check runs nothing"
+    path.write_text(path.read_text().replace("--samples 2", "--samples 4"))
+    assert readme.main(arguments, in_process(calls)) == 0 and len(calls) == 2, "a changed command reruns"
+    assert "4 sequences" in path.read_text()
+    assert readme.main([*arguments, "--rerun"], in_process(calls)) == 0 and len(calls) == 3, "--rerun runs again"
+
+
+@pytest.mark.parametrize("arguments, setup, message", [
+    (["--only", "nothing-here"], None, "--only nothing-here: no marked paragraph of that name"),
+    (["--check"], None, "run without --check first"),
+    (["--check", "--rerun"], None, "give one of them"),
+    ([], 'MODEL=$(python -c "import not_an_installed_package_xyz")', "the set-up line `MODEL=.*` failed"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(roberta_dir, text_file, tmp_path, capsys, arguments, setup,
+                                               message) -> None:
+    path, calls = document(tmp_path, roberta_dir, text_file, setup), []
+    before = path.read_text()
+    code = readme.main(["--documents", str(path), "--work", str(tmp_path / "work"), *arguments], in_process(calls))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and re.search(message, err[-1]) and err[-1].startswith("error: ")
+    assert calls == [] and path.read_text() == before
+
+
+def test_hub_commands_are_skipped(tmp_path, capsys) -> None:
+    path = tmp_path / "README.md"
+    path.write_text("```\nspectra analyze roberta-base --data imdb --length 512\n```\n\n"
+                    "<!-- numbers: speed-line -->\nx\n<!-- /numbers -->\n")
+    calls: list = []
+    assert readme.main(["--documents", str(path), "--work", str(tmp_path / "work")], in_process(calls)) == 2
+    err = capsys.readouterr().err
+    assert "skipped (needs the Hugging Face Hub): spectra analyze roberta-base" in err and calls == []
+    assert "quotes `spectra analyze`, which its code block does not run" in err
