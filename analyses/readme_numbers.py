@@ -219,6 +219,29 @@ def minilm_fastformer(runs: dict[str, list[Any]]) -> str:
     )
 
 
+def smollm2_fastformer(runs: dict[str, list[Any]]) -> str:
+    """fastformer-fit-causal's next-token perplexity on a decoder beside window and topk at every k."""
+    run = only(runs, "approx")
+    table = run.end_to_end
+    budgets = sorted(set(table[table["method"] != "fastformer-fit-causal"]["budget"]))
+    exact = table["ppl_exact"].iloc[0]
+    fast = end_to_end(run, "fastformer-fit-causal", budgets[0])["ppl"]
+    ppl = {method: [end_to_end(run, method, budget)["ppl"] for budget in budgets] for method in ("window", "topk")}
+    beaten = [method for method in ppl if fast > max(ppl[method])]
+    return (
+        f"On SmolLM2-135M-Instruct (n = {run.meta['n']}, licence texts, {extra(run, 'fit_samples')} calibration and "
+        f"{evaluated(run)} held-out sequences, {extra(run, 'fit_steps')} Adam steps), with every layer substituted the "
+        f"next-token perplexity is {sig(fast)} for `fastformer-fit-causal` (one fit serves every k) against "
+        f"{slashed(ppl['window'], sig)} for `window` and {slashed(ppl['topk'], sig)} for `topk` at k = "
+        f"{slashed(budgets, str)}; exact attention gives {sig(exact)}. Per head, its held-out output error is "
+        f"{two(by_budget(run, 'fastformer-fit-causal').iloc[0])} (mean over layers and heads; "
+        f"{two(by_budget(run, 'fastformer-fit-causal', 'calibration').iloc[0])} on the calibration sequences) "
+        f"against {slashed(by_budget(run, 'window'), two)} for `window`."
+        + (f" A causal Fastformer fitted per head is worse than {' and '.join(f'`{m}`' for m in beaten)} at every k: "
+           "pooling a prefix into one vector loses what a decoder's heads attend to." if beaten else "")
+    )
+
+
 def minilm_plan(runs: dict[str, list[Any]]) -> str:
     """A k plan from the spectrum against a uniform k of equal cost, end to end, for the oracle, fit and pooling."""
     plan, run = only(runs, "plan-k"), only(runs, "approx")
@@ -337,6 +360,7 @@ RENDERERS: dict[str, Renderer] = {
     "minilm-fitted": Renderer(("approx",), minilm_fitted),
     "minilm-plan": Renderer(("analyze", "plan-k", "approx"), minilm_plan),
     "minilm-fastformer": Renderer(("approx",), minilm_fastformer),
+    "smollm2-fastformer": Renderer(("approx",), smollm2_fastformer),
     "minilm-scaling": Renderer(("scaling",), minilm_scaling),
     "smollm2-scaling": Renderer(("scaling",), smollm2_scaling),
     "minilm-k-needed": Renderer(("scaling",), minilm_k_needed),

@@ -152,6 +152,25 @@ def test_the_fastformer_paragraph_quotes_its_run(fitted_run) -> None:
     assert ("buys less than a fitted Linformer projection" in text) == (fast[4] > fit[4])
 
 
+def test_the_causal_fastformer_paragraph_quotes_its_run(llama_dir, text_file, tmp_path) -> None:
+    run = spectra.approx(str(llama_dir), str(text_file), budget=[4, 8], end_to_end=True, fit_samples=4, fit_steps=3,
+                         methods="fastformer-fit-causal,window,topk", length=24, samples=6, batch_size=2,
+                         out=tmp_path / "f", progress=None, notify=quiet)
+    text = numbers.smollm2_fastformer({"approx": [run]})
+    e2e = pd.read_csv(run.path / "end_to_end.csv").set_index(["method", "budget"])
+    fast = e2e.loc["fastformer-fit-causal", "ppl"]
+    assert len({round(x, 9) for x in fast}) == 1, "one fit serves every budget"
+    assert "4 calibration and 6 held-out sequences, 3 Adam steps" in text
+    assert f"is {numbers.sig(fast.iloc[0])} for `fastformer-fit-causal`" in text
+    window, topk = (e2e.loc[method, "ppl"].sort_index() for method in ("window", "topk"))
+    assert f"{numbers.sig(window.iloc[0])} / {numbers.sig(window.iloc[1])} for `window`" in text
+    assert f"{numbers.sig(topk.iloc[0])} / {numbers.sig(topk.iloc[1])} for `topk` at k = 4 / 8" in text
+    assert f"exact attention gives {numbers.sig(e2e['ppl_exact'].iloc[0])}." in text
+    assert ("is worse than" in text) == bool(fast.iloc[0] > min(window.max(), topk.max()))
+    held_out = layer_means(run.path, "fastformer-fit-causal")
+    assert f"held-out output error is {held_out.iloc[0]:.2f} (mean over layers and heads;" in text
+
+
 def test_the_plan_paragraph_quotes_its_runs(roberta_dir, text_file, tmp_path) -> None:
     from spectra.report.plan import plan_k
 
