@@ -164,10 +164,10 @@ def induction_stripe(p: torch.Tensor, offset: int) -> torch.Tensor:
 
 def energy_rank(sigma: np.ndarray, energy: float = 0.9) -> np.ndarray:
     """Smallest r with Σ_{i≤r} σ_i ≥ energy·Σσ (descending σ along the last axis): rank90 as `spectrum.summarize`
-    counts it for P, on the normalized cumulative curve."""
+    counts it for P, on the normalized cumulative curve; 0 for a zero matrix."""
     total = np.cumsum(sigma, axis=-1)
     cum = total / np.maximum(total[..., -1:], np.finfo(float).tiny)
-    return (cum < energy).sum(-1) + 1
+    return np.where(total[..., -1] > 0, (cum < energy).sum(-1) + 1, 0)
 
 
 def ceil_share(count: int, share: float) -> int:
