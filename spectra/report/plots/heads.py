@@ -37,15 +37,18 @@ def draw_weight_ranks(run: HeadsRun):
     for ax, name, title in zip(axes, ("qk", "ov"), ("W_QK = W_Q,hᵀ W_K,g", "W_OV = W_O,h W_V,g")):
         x, y = table[f"{name}_rank90"].to_numpy(float), table["rank90"].to_numpy(float)
         ax.scatter(x, y, c=colors, s=22, edgecolor="none", gid=name)
-        top = np.nanmax(np.concatenate([x, y, [1.0]]))
-        ax.plot([1, top], [1, top], color="0.4", linestyle="--", linewidth=1, gid=f"{name}:diagonal")
+        d = run.weights[f"{name}_sigma"].shape[-1] if f"{name}_sigma" in run.weights else np.nanmax(x)
+        ax.plot([0, d], [0, d], color="0.4", linestyle="--", linewidth=1, gid=f"{name}:diagonal", label="y = x")
+        ax.axvline(d, color="0.6", linestyle=":", linewidth=1, label=f"head dimension d = {d}")
+        ax.set_xlim(0, d * 1.08)
+        ax.legend(loc="upper left")
         ax.set_xlabel(f"rank90 of {title} (weights)")
         ax.set_title(f"{title}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("rank90 of P (attention, mean over sequences)")
     mappable = plt.cm.ScalarMappable(cmap="viridis", norm=plt.Normalize(0, max(run.layers - 1, 1)))
     figure.colorbar(mappable, ax=list(axes), label="layer")
-    figure.suptitle(f"Rank the weights allow vs rank the attention uses\n{heads_subtitle(run)}")
+    figure.suptitle(f"Rank the weights allow vs rank the attention uses\n{heads_subtitle(run)}", y=1.04)
     return figure
 
 
@@ -100,7 +103,7 @@ def draw_winners(run: HeadsRun):
         rule = run.rules[run.rules["budget"] == budget].iloc[0] if run.rules is not None else None
         held = f", rule {rule['held_out_accuracy']:.0%} held out" if rule is not None else ""
         ax.set_title(f"k = {budget}{held}")
-    figure.suptitle(f"Winning method per head (smallest ‖PV − P̃V‖/‖PV‖)\n{heads_subtitle(run)}")
+    figure.suptitle(f"Winning method per head (smallest ‖PV − P̃V‖/‖PV‖)\n{heads_subtitle(run)}", y=1.06)
     return figure
 
 
