@@ -32,6 +32,9 @@ from .spectrum import SpectrumProbe
 SCORES = (*ROW_SCORES, "retrieval")
 #: diagnosis.csv's columns taken from the spectrum probe's metrics (renamed: sink is the mean sink mass)
 FROM_SPECTRUM = {"sink": "sink_mean", "entropy": "entropy", "rank90": "rank90", "c_at": "c_at"}
+#: diagnosis.csv's score columns, in order (after layer, head, kv_head, sequences; before the weight ranks)
+COLUMNS = ("sink_share", "sink_mean", "prev", "local", "entropy", "induction_score", "retrieval", "top10",
+           "keynorm_corr", "rank90", "c_at")
 
 
 def induction_scores(source: Any, seed: int) -> np.ndarray:
@@ -98,21 +101,13 @@ class HeadsProbe(Probe):
         columns: dict[str, np.ndarray] = {"layer": layer.ravel(), "head": head.ravel(),
                                           "kv_head": np.tile(group_of(self.heads, self.kv_heads), self.layers),
                                           "sequences": self.scores.count.ravel().astype(np.int64)}
-        metrics = self.spectrum.metrics.mean
-        scores = self.scores.mean
-        for name in ("sink_share",):
-            columns[name] = scores[..., SCORES.index(name)].ravel()
-        columns["sink_mean"] = metrics[..., METRICS.index("sink")].ravel()
-        for name in ("prev", "local", "entropy", "induction_score", "retrieval", "top10", "keynorm_corr"):
-            if name == "entropy":
-                columns[name] = metrics[..., METRICS.index("entropy")].ravel()
-            elif name == "induction_score":
-                induction = self.induction if self.induction is not None else np.full((self.layers, self.heads), np.nan)
-                columns[name] = induction.ravel()
-            else:
-                columns[name] = scores[..., SCORES.index(name)].ravel()
-        columns["rank90"] = metrics[..., METRICS.index("rank90")].ravel()
-        columns["c_at"] = metrics[..., METRICS.index("c_at")].ravel()
+        metrics, scores = self.spectrum.metrics.mean, self.scores.mean
+        induction = self.induction if self.induction is not None else np.full((self.layers, self.heads), np.nan)
+        measured = {**{name: scores[..., i] for i, name in enumerate(SCORES)},
+                    **{FROM_SPECTRUM[name]: metrics[..., METRICS.index(name)] for name in FROM_SPECTRUM},
+                    "induction_score": induction}
+        for name in COLUMNS:
+            columns[name] = measured[name].ravel()
         for name in ("qk_rank90", "qk_rank99", "ov_rank90", "ov_rank99"):
             columns[name] = (self.spectra[name].ravel().astype(float) if name in self.spectra
                              else np.full(self.layers * self.heads, np.nan))
