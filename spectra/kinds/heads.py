@@ -109,7 +109,7 @@ class Heads(Analysis):
                    open_source=lambda where: model_source(config, where),
                    build_probe=lambda source: self.probe(config, options, reporter, source),
                    meta=lambda source: {**identity(options), "sink_from": sink_start(config.length),
-                                        **({} if source.loaded.causal else {"induction": ENCODER_INDUCTION})},
+                                        **self.induction_note(source.loaded)},
                    bytes_per_sequence=lambda source: 8.0 * 14 * source.heads * source.n ** 2)
 
     def probe(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, source):
@@ -126,12 +126,34 @@ class Heads(Analysis):
                           f"layers of {loaded.name}: no weight spectra and no retrieval score")
             weights = None
         spectra = head_spectra(weights, loaded.heads, source.kv_heads) if weights else {}
-        induction = induction_scores(source, config.seed) if loaded.causal else None
-        approx = load_run(options.approx, "approx").heads if options.approx else None
+        induction = induction_scores(source, config.seed) if self.induction_fits(loaded) else None
+        approx = None
+        if options.approx:
+            approx_run = load_run(options.approx, "approx")
+            approx = approx_run.heads
+            if approx_run.meta.get("n") != config.length:
+                reporter.notify(f"the approx run measured n = {approx_run.meta.get('n')}, this run n = "
+                                f"{config.length}: the method map joins heads measured at two lengths")
         spectrum = SpectrumProbe(loaded.layers, loaded.heads, config.length, options.at, seed=config.seed)
         return HeadsProbe(spectrum, kv_heads=source.kv_heads, eps=options.eps, window=options.window,
                           sinks=options.sinks, recent=options.recent, weights=weights, spectra=spectra,
                           induction=induction, approx=approx, duo_share=options.duo_share, seed=config.seed)
+
+    @staticmethod
+    def induction_fits(loaded) -> bool:
+        """Whether the induction pass runs: a decoder that can embed the repeated sequences."""
+        from ..diagnosis import INDUCTION_TOKENS
+
+        return loaded.causal and loaded.max_length >= 1 + 2 * INDUCTION_TOKENS
+
+    def induction_note(self, loaded) -> dict[str, str]:
+        """run.json's word on a missing induction score."""
+        if not loaded.causal:
+            return {"induction": ENCODER_INDUCTION}
+        if not self.induction_fits(loaded):
+            return {"induction": f"not measured: {loaded.name} embeds {loaded.max_length} tokens, fewer than the "
+                                 "101 of the repeated sequences"}
+        return {}
 
     def load(self, path: Path, meta: dict[str, Any]) -> HeadsRun:
         import numpy as np
