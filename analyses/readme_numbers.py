@@ -334,9 +334,9 @@ def speed_line(runs: dict[str, list[Any]]) -> str:
 
 
 def named_heads(table: pd.DataFrame, column: str, most: int = 4) -> str:
-    """'layer.head (score)' of the heads with the highest `column`, at most `most` of them."""
+    """'L<layer>H<head> (score)' of the heads with the highest `column`, at most `most` of them."""
     top = table.sort_values(column, ascending=False).head(most)
-    return ", ".join(f"{row.layer}.{row.head} ({two(getattr(row, column))})" for row in top.itertuples(index=False))
+    return ", ".join(f"L{row.layer}H{row.head} ({two(getattr(row, column))})" for row in top.itertuples(index=False))
 
 
 def one_model_heads(approximated: Any, diagnosed: Any) -> str:
@@ -378,11 +378,28 @@ def one_model_heads(approximated: Any, diagnosed: Any) -> str:
                  f"{span(table['rank90'], lambda x: sig(x, 2))}: {above} of {len(table)} heads use more than d "
                  "(the softmax raises rank)"
                  + (f", and across heads the two ranks correlate at Spearman ρ = {two(rho)}." if not constant else "."))
+    gap = table["rank90"] - table["qk_rank90"]
+    low = table.loc[gap.idxmin()]
+    parts.append(f"They part ways most at L{low['layer']}H{low['head']}, whose P needs rank {sig(low['rank90'], 2)} where "
+                 f"its W_QK allows {low['qk_rank90']:.0f}. Attention received and key norm correlate at a median of "
+                 f"{two(table['keynorm_corr'].median())} over heads"
+                 + (" (attention goes to keys of small norm)." if table["keynorm_corr"].median() < -0.1 else "."))
     if diagnosed.rules is not None:
         mapped = diagnosed.method_map
         for rule in diagnosed.rules.itertuples(index=False):
-            won = mapped[mapped["budget"] == rule.budget]["winner"].value_counts()
+            at = mapped[mapped["budget"] == rule.budget]
+            won = at["winner"].value_counts()
+            if len(won) == 1:
+                second = at["runner_up"].value_counts()
+                parts.append(f"At k = {rule.budget} `{won.index[0]}` wins on every head among "
+                             f"`{', '.join(approximated.meta['methods'])}` (runner-up mostly `{second.index[0]}`, its "
+                             f"error a median {sig(at['margin'].median(), 2)}× the winner's): nothing to predict.")
+                continue
             shares = ", ".join(f"`{method}` {count}" for method, count in won.items())
+            if rule.rule.startswith("→"):
+                parts.append(f"At k = {rule.budget} the winners among `{', '.join(approximated.meta['methods'])}` are "
+                             f"{shares}: no split of the diagnosis beats always `{rule.baseline_winner}`.")
+                continue
             parts.append(f"At k = {rule.budget} the winners among `{', '.join(approximated.meta['methods'])}` are "
                          f"{shares}; a depth-2 rule on the diagnosis (first split `{rule.rule.split(':')[0]}`) predicts "
                          f"{rule.held_out_accuracy:.0%} of held-out heads against {rule.baseline:.0%} for always "

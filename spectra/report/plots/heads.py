@@ -59,9 +59,9 @@ def _grid(run: HeadsRun, values: np.ndarray) -> np.ndarray:
     return grid
 
 
-def _categorical(ax, grid: np.ndarray, colors: list, labels: list[str], gid: str) -> None:
+def _categorical(ax, grid: np.ndarray, colors: list, gid: str) -> None:
+    """A layer × head grid of category indices (NaN: not measured) in the given colours."""
     from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
 
     ax.imshow(grid, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(colors) - 0.5, aspect="auto",
               interpolation="nearest", gid=gid)
@@ -70,9 +70,15 @@ def _categorical(ax, grid: np.ndarray, colors: list, labels: list[str], gid: str
     ax.set_yticks(ticks(layers))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    present = sorted({int(v) for v in grid[np.isfinite(grid)]})
-    ax.legend([Patch(color=colors[i]) for i in present], [labels[i] for i in present], loc="upper left",
-              bbox_to_anchor=(1.01, 1), fontsize=8)
+
+
+def _legend(figure, colors: list, labels: list[str], present: set[int]) -> None:
+    """One legend for the figure, right of its panels: the categories that occur."""
+    from matplotlib.patches import Patch
+
+    shown = sorted(present)
+    figure.legend([Patch(color=colors[i]) for i in shown], [labels[i] for i in shown], loc="outside right upper",
+                  fontsize=8)
 
 
 def draw_head_types(run: HeadsRun):
@@ -80,8 +86,9 @@ def draw_head_types(run: HeadsRun):
     plt = pyplot()
     table = run.diagnosis
     values = table["head_type"].map({name: i for i, name in enumerate(HEAD_TYPES)}).to_numpy(float)
-    figure, ax = plt.subplots(figsize=(0.35 * run.heads + 3.5, 0.3 * run.layers + 1.8))
-    _categorical(ax, _grid(run, values), list(TYPE_COLORS), list(HEAD_TYPES), "types")
+    figure, ax = plt.subplots(figsize=(0.35 * run.heads + 3.5, 0.3 * run.layers + 1.8), layout="constrained")
+    _categorical(ax, _grid(run, values), list(TYPE_COLORS), "types")
+    _legend(figure, list(TYPE_COLORS), list(HEAD_TYPES), {int(v) for v in values})
     ax.set_title(f"Head types\n{heads_subtitle(run)}")
     return figure
 
@@ -93,17 +100,19 @@ def draw_winners(run: HeadsRun):
     budgets = sorted(mapped["budget"].unique())
     methods = sorted(mapped["winner"].unique())
     colors = [method_style(label, i)["color"] for i, label in enumerate(methods)]
-    figure, axes = plt.subplots(1, len(budgets), figsize=(len(budgets) * (0.3 * run.heads + 2.5) + 2,
-                                                          0.3 * run.layers + 1.8), squeeze=False)
+    figure, axes = plt.subplots(1, len(budgets), figsize=(len(budgets) * (0.3 * run.heads + 2) + 2,
+                                                          0.3 * run.layers + 1.8), squeeze=False, layout="constrained")
     for ax, budget in zip(axes[0], budgets):
         rows = mapped[mapped["budget"] == budget]
         grid = np.full((run.layers, run.heads), np.nan)
         grid[rows["layer"].to_numpy(int), rows["head"].to_numpy(int)] = rows["winner"].map(methods.index)
-        _categorical(ax, grid, colors, methods, f"winners:{budget}")
+        _categorical(ax, grid, colors, f"winners:{budget}")
         rule = run.rules[run.rules["budget"] == budget].iloc[0] if run.rules is not None else None
-        held = f", rule {rule['held_out_accuracy']:.0%} held out" if rule is not None else ""
+        held = (f"\nrule: {rule['held_out_accuracy']:.0%} held out, always {rule['baseline_winner']}: "
+                f"{rule['baseline']:.0%}" if rule is not None else "")
         ax.set_title(f"k = {budget}{held}")
-    figure.suptitle(f"Winning method per head (smallest ‖PV − P̃V‖/‖PV‖)\n{heads_subtitle(run)}", y=1.06)
+    _legend(figure, colors, methods, set(range(len(methods))))
+    figure.suptitle(f"Winning method per head (smallest ‖PV − P̃V‖/‖PV‖)\n{heads_subtitle(run)}")
     return figure
 
 
