@@ -27,8 +27,6 @@ because the first rows see only a few keys and any key is a large share of them.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -169,7 +167,3 @@ def energy_rank(sigma: np.ndarray, energy: float = 0.9) -> np.ndarray:
     cum = total / np.maximum(total[..., -1:], np.finfo(float).tiny)
     return np.where(total[..., -1] > 0, (cum < energy).sum(-1) + 1, 0)
 
-
-def ceil_share(count: int, share: float) -> int:
-    """⌈count·share⌉, at least 1 when share > 0."""
-    return max(1, math.ceil(count * share - 1e-9)) if share > 0 else 0

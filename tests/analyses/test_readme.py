@@ -305,7 +305,14 @@ def test_the_heads_paragraph_quotes_its_runs(llama_dir, text_file, tmp_path) -> 
     assert f"moves its layer's output by {numbers.span(table['retrieval'], numbers.two)}" in text
     assert f"P's rank90 spans {numbers.span(table['rank90'], lambda x: numbers.sig(x, 2))}" in text
     rules = pd.read_csv(diagnosed.path / "rules.csv")
+    mapped = pd.read_csv(diagnosed.path / "method_map.csv")
     for rule in rules.itertuples(index=False):
-        assert f"At k = {rule.budget} the winners" in text and f"predicts {rule.held_out_accuracy:.0%} of held-out" in text
+        winners = mapped[mapped["budget"] == rule.budget]["winner"].unique()
+        if len(winners) == 1:
+            assert f"At k = {rule.budget} `{winners[0]}` wins on every head" in text
+        elif rule.rule.startswith("→"):
+            assert f"no split of the diagnosis beats always `{rule.baseline_winner}`" in text
+        else:
+            assert f"predicts {rule.held_out_accuracy:.0%} of held-out heads against {rule.baseline:.0%}" in text
     with pytest.raises(numbers.RenderError, match="no `spectra approx` and `spectra heads` pair"):
         numbers.heads_models({"approx": [approximated]})
