@@ -48,7 +48,7 @@ WIDTH = 110
 #: how a line that starts a markdown block (list item, heading, quote) begins
 BLOCK_START = re.compile(r"^([-+*] |\d+[.)] |#|>)")
 #: commands whose MODEL and --data are looked up; the others (plot, plan-k, compare, figure1) read run directories
-MODEL_COMMANDS = ("analyze", "approx", "theorems", "scaling")
+MODEL_COMMANDS = ("analyze", "approx", "theorems", "scaling", "heads")
 
 #: runs one `spectra` command in a directory and returns its exit code (tests pass an in-process one)
 Execute = Callable[[list[str], Path], int]

@@ -355,6 +355,90 @@ def speed_line(runs: dict[str, list[Any]]) -> str:
             f"ran `python analyses/readme.py`) ended with:\n\n```\n{summary(run.meta['timings'])}\n```")
 
 
+
+def named_heads(table: pd.DataFrame, column: str, most: int = 4) -> str:
+    """'L<layer>H<head> (score)' of the heads with the highest `column`, at most `most` of them."""
+    top = table.sort_values(column, ascending=False).head(most)
+    return ", ".join(f"L{row.layer}H{row.head} ({two(getattr(row, column))})" for row in top.itertuples(index=False))
+
+
+def one_model_heads(approximated: Any, diagnosed: Any) -> str:
+    """What `spectra heads` says of one model: its head types, the clearest heads of each kind, where the weights'
+    rank and the attention's part ways, DuoAttention's pattern and the method map with its rule."""
+    from scipy.stats import spearmanr
+
+    from spectra.methodmap import INDUCTION, PREVIOUS, RETRIEVAL, SINK
+
+    table, meta = diagnosed.diagnosis, diagnosed.meta
+    name = meta["model"]["name"]
+    counts = table["head_type"].value_counts()
+    kinds = ", ".join(f"{count} {kind}" for kind, count in counts.items())
+    parts = [f"On {name} ({len(table)} heads, n = {diagnosed.n}, {meta['samples']} sequences) the heads are {kinds}."]
+    prev = table[table["prev"] >= PREVIOUS]
+    if len(prev):
+        parts.append(f"Previous-token heads (prev ≥ {PREVIOUS}): {named_heads(prev, 'prev')}.")
+    induction = table[table["induction_score"] >= INDUCTION]
+    if len(induction):
+        parts.append(f"Induction heads (score ≥ {INDUCTION}) number {len(induction)}, the clearest "
+                     f"{named_heads(induction, 'induction_score')}, all in layers {span(induction['layer'], str)}.")
+    sinks = table[table["sink_share"] >= SINK]
+    layers = diagnosed.layers
+    if len(sinks):
+        late = int((sinks["layer"] >= layers // 2).sum())
+        parts.append(f"{len(sinks)} heads put more than ε = {extra(diagnosed, 'eps')} on the first token for most "
+                     f"queries (sink share ≥ {SINK}), {late} of them in the second half of the layers.")
+    retrieval = table[table["retrieval"] >= RETRIEVAL]
+    by_layer = table.groupby("layer")["retrieval"].mean()
+    parts.append(f"Streaming one head to {extra(diagnosed, 'sinks')} sinks + {extra(diagnosed, 'recent')} recent tokens "
+                 f"moves its layer's output by {span(table['retrieval'], two)} ({len(retrieval)} heads ≥ {RETRIEVAL}); "
+                 f"the layer mean is highest in layer {by_layer.idxmax()} ({two(by_layer.max())}).")
+    head_dim = diagnosed.weights["qk_sigma"].shape[-1]
+    constant = table["qk_rank90"].nunique() == 1 or table["rank90"].nunique() == 1
+    rho = math.nan if constant else spearmanr(table["qk_rank90"], table["rank90"]).statistic
+    above = int((table["rank90"] > head_dim).sum())
+    parts.append(f"The weights allow rank90 {span(table['qk_rank90'], lambda x: f'{x:.0f}')} (W_QK) and "
+                 f"{span(table['ov_rank90'], lambda x: f'{x:.0f}')} (W_OV) of d = {head_dim}, while P's rank90 spans "
+                 f"{span(table['rank90'], lambda x: sig(x, 2))}: {above} of {len(table)} heads use more than d "
+                 "(the softmax raises rank)"
+                 + (f", and across heads the two ranks correlate at Spearman ρ = {two(rho)}." if not constant else "."))
+    gap = table["rank90"] - table["qk_rank90"]
+    low = table.loc[gap.idxmin()]
+    parts.append(f"They part ways most at L{low['layer']}H{low['head']}, whose P needs rank {sig(low['rank90'], 2)} where "
+                 f"its W_QK allows {low['qk_rank90']:.0f}. Attention received and key norm correlate at a median of "
+                 f"{two(table['keynorm_corr'].median())} over heads"
+                 + (" (attention goes to keys of small norm)." if table["keynorm_corr"].median() < -0.1 else "."))
+    if diagnosed.rules is not None:
+        mapped = diagnosed.method_map
+        for rule in diagnosed.rules.itertuples(index=False):
+            at = mapped[mapped["budget"] == rule.budget]
+            won = at["winner"].value_counts()
+            if len(won) == 1:
+                second = at["runner_up"].value_counts()
+                parts.append(f"At k = {rule.budget} `{won.index[0]}` wins on every head among "
+                             f"`{', '.join(approximated.meta['methods'])}` (runner-up mostly `{second.index[0]}`, its "
+                             f"error a median {sig(at['margin'].median(), 2)}× the winner's): nothing to predict.")
+                continue
+            shares = ", ".join(f"`{method}` {count}" for method, count in won.items())
+            if rule.rule.startswith("→"):
+                parts.append(f"At k = {rule.budget} the winners among `{', '.join(approximated.meta['methods'])}` are "
+                             f"{shares}: no split of the diagnosis beats always `{rule.baseline_winner}`.")
+                continue
+            parts.append(f"At k = {rule.budget} the winners among `{', '.join(approximated.meta['methods'])}` are "
+                         f"{shares}; a depth-2 rule on the diagnosis (first split `{rule.rule.split(':')[0]}`) predicts "
+                         f"{rule.held_out_accuracy:.0%} of held-out heads against {rule.baseline:.0%} for always "
+                         f"`{rule.baseline_winner}`.")
+    return " ".join(parts)
+
+
+def heads_models(runs: dict[str, list[Any]]) -> str:
+    """`spectra heads` on each model of the block (an approx run, then the heads run joined with it)."""
+    pairs = zip(runs.get("approx", []), runs.get("heads", []))
+    paragraphs = [one_model_heads(approximated, diagnosed) for approximated, diagnosed in pairs]
+    if not paragraphs:
+        raise RenderError("the code block has no `spectra approx` and `spectra heads` pair")
+    return "\n\n".join(paragraphs)
+
+
 RENDERERS: dict[str, Renderer] = {
     "smollm2-decoder": Renderer(("analyze", "approx"), smollm2_decoder),
     "minilm-fitted": Renderer(("approx",), minilm_fitted),
@@ -366,6 +450,7 @@ RENDERERS: dict[str, Renderer] = {
     "minilm-k-needed": Renderer(("scaling",), minilm_k_needed),
     "theorems-synthetic": Renderer(("theorems",), theorems_synthetic),
     "speed-line": Renderer(("analyze",), speed_line),
+    "heads-models": Renderer(("approx", "heads"), heads_models),
 }
 
 

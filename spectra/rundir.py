@@ -81,6 +81,11 @@ def versions() -> dict[str, str]:
 
 
 def write_table(path: Path, frame: pd.DataFrame) -> None:
+    """A tidy CSV table; a `.tsv` name is a bare matrix instead (tab-separated, no header, full precision), the
+    layout other tools read with np.loadtxt (DuoAttention's full_attention_heads.tsv)."""
+    if path.suffix == ".tsv":
+        _atomic(path, lambda tmp: np.savetxt(tmp, frame.to_numpy(float), delimiter="\t"))
+        return
     _atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 

@@ -1,4 +1,4 @@
-"""Finished runs as objects: `Run` (analyze), `ApproxRun`, `TheoremRun`, `ScalingRun`, and the readers of their files.
+"""Finished runs as objects: `Run` (analyze), `ApproxRun`, `HeadsRun`, `TheoremRun`, `ScalingRun`, and the readers of their files.
 
 Each analysis reads its own run back (`spectra.kinds`, whose `load_run` dispatches on run.json's kind).
 
@@ -209,6 +209,46 @@ class ApproxRun(_Shown):
         frame = layer[["method", "layer"]].drop_duplicates().set_index(["method", "layer"])
         frame["k_needed"] = reached
         return frame.reset_index()
+
+
+@dataclass(repr=False)
+class HeadsRun(_Shown):
+    """A `spectra heads` run loaded back.
+
+    `diagnosis`: one row per (layer, head) with every score (see `spectra.diagnosis`), the weight ranks and the head
+    type; `weights`: σ and normalized cumulative curves of W_QK and W_OV (layers, heads, d), when the linears were
+    found; `kv_heads` and `full_attention_heads` (DuoAttention's pattern: layers × KV heads) when the retrieval score
+    was measured; `method_map` and `rules` when the run was joined with an approx run.
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    diagnosis: pd.DataFrame
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    kv_heads: pd.DataFrame | None = None
+    full_attention_heads: np.ndarray | None = None
+    method_map: pd.DataFrame | None = None
+    rules: pd.DataFrame | None = None
+
+    def _held(self) -> dict[str, Any]:
+        return {"diagnosis": self.diagnosis, **self.weights, "kv_heads": self.kv_heads,
+                "full_attention_heads": self.full_attention_heads, "method_map": self.method_map}
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+    @property
+    def layers(self) -> int:
+        return int(self.meta["model"]["layers"])
+
+    @property
+    def heads(self) -> int:
+        return int(self.meta["model"]["heads"])
+
+    @property
+    def n(self) -> int:
+        return int(self.meta["n"])
 
 
 @dataclass(repr=False)

@@ -90,3 +90,14 @@ def test_default_names_are_unique_per_model(tmp_path) -> None:
     (base / "run.json").write_text(json.dumps({"model": {"source": "/a/model"}}))
     assert rundir.default_dir(base, "/a/model") == base, "the same model finds its run again"
     assert rundir.default_dir(base, "/b/model") == tmp_path / "model-corpus-n32-2"
+
+
+def test_a_tsv_table_is_a_bare_tab_separated_matrix(tmp_path) -> None:
+    """DuoAttention and kvpress read full_attention_heads.tsv with np.loadtxt(delimiter="\\t"): no header, no index."""
+    from spectra.rundir import write_table
+
+    frame = pd.DataFrame([[1.0, 0.0, 1 / 3], [0.0, 1.0, 0.25]])
+    write_table(tmp_path / "full_attention_heads.tsv", frame)
+    lines = (tmp_path / "full_attention_heads.tsv").read_text().splitlines()
+    assert len(lines) == 2 and all(line.count("\t") == 2 for line in lines)
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "full_attention_heads.tsv", delimiter="\t"), frame.to_numpy())

@@ -309,3 +309,29 @@ def test_hub_commands_are_skipped(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "skipped (needs the Hugging Face Hub): spectra analyze roberta-base" in err and calls == []
     assert "quotes `spectra analyze`, which its code block does not run" in err
+
+
+def test_the_heads_paragraph_quotes_its_runs(llama_dir, text_file, tmp_path) -> None:
+    common = dict(length=24, samples=2, progress=None, notify=quiet)
+    approximated = spectra.approx(str(llama_dir), str(text_file), budget=[4, 8], methods="window,pool-mean",
+                                  out=tmp_path / "a", **common)
+    diagnosed = spectra.heads(str(llama_dir), str(text_file), approx=approximated.path, out=tmp_path / "h", **common)
+    text = numbers.heads_models({"approx": [approximated], "heads": [diagnosed]})
+    table = pd.read_csv(diagnosed.path / "diagnosis.csv")
+    assert f"({len(table)} heads, n = 24, 2 sequences)" in text
+    counts = table["head_type"].value_counts()
+    assert ", ".join(f"{count} {kind}" for kind, count in counts.items()) in text
+    assert f"moves its layer's output by {numbers.span(table['retrieval'], numbers.two)}" in text
+    assert f"P's rank90 spans {numbers.span(table['rank90'], lambda x: numbers.sig(x, 2))}" in text
+    rules = pd.read_csv(diagnosed.path / "rules.csv")
+    mapped = pd.read_csv(diagnosed.path / "method_map.csv")
+    for rule in rules.itertuples(index=False):
+        winners = mapped[mapped["budget"] == rule.budget]["winner"].unique()
+        if len(winners) == 1:
+            assert f"At k = {rule.budget} `{winners[0]}` wins on every head" in text
+        elif rule.rule.startswith("→"):
+            assert f"no split of the diagnosis beats always `{rule.baseline_winner}`" in text
+        else:
+            assert f"predicts {rule.held_out_accuracy:.0%} of held-out heads against {rule.baseline:.0%}" in text
+    with pytest.raises(numbers.RenderError, match="no `spectra approx` and `spectra heads` pair"):
+        numbers.heads_models({"approx": [approximated]})

@@ -1,0 +1,197 @@
+"""`spectra heads`: which head is what — a per-head diagnosis of sink, previous-token, local, induction and
+retrieval behaviour, the spectra of each head's weights beside the spectrum of its attention, a method map joined
+with an approx run, and DuoAttention's head pattern.
+
+Probe: `HeadsProbe` (wrapping `SpectrumProbe` for rank90, c at `at`, the sink mass and the entropy of the same P).
+Tables: diagnosis.csv (one row per layer and head; every score defined in `spectra.diagnosis`, the weight ranks in
+`spectra.weights`, the head types in `spectra.methodmap`), kv_heads.csv and full_attention_heads.tsv, with
+`approx` method_map.csv and rules.csv; metrics.csv; arrays curves.npz, weights.npz. Loads as `runs.HeadsRun`.
+
+Encoders: the induction score is NaN (its protocol asks whether a decoder copies what followed a token's earlier
+occurrence; a bidirectional head can read the copied token itself, so the stripe measures nothing of the kind) and
+run.json says why; every other score is measured, the local window and the streaming keys of the retrieval score
+taken on both sides of the query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .. import checkpoints
+from ..config import RunConfig
+from ..errors import SpectraError
+from ..errors import option as spell
+from ..inputs import path_text
+from ..options import identity, option
+from ..reporter import Reporter
+from ..runs import HeadsRun, read_arrays, read_table
+from .analyze import model_source
+from .base import Analysis, load_run, register
+
+ENCODER_INDUCTION = ("not measured: an encoder's heads see the whole sequence, so a head can read the repeated token "
+                     "itself in the other copy; TransformerLens's stripe asks a decoder whether it copies what "
+                     "followed a token's earlier occurrence")
+
+
+@dataclass(frozen=True)
+class HeadsOptions:
+    """What `spectra heads` measures: the thresholds and windows of its scores, the approx run it maps methods
+    from, and the share of key/value heads DuoAttention's pattern keeps at full attention."""
+
+    eps: float = option(0.3, "Sink threshold ε: a query counts toward the sink score when its attention on the first "
+                        "token exceeds ε (Gu et al.).")
+    window: int = option(64, "Local mass: attention within this many positions of the query (|i − j| < window).")
+    sinks: int = option(4, "Retrieval score: the first tokens a streaming head keeps (DuoAttention's sink).")
+    recent: int = option(64, "Retrieval score: the nearest tokens a streaming head keeps (DuoAttention's recent "
+                         "window).")
+    at: int | None = option(None, "1-based singular-value index of c@index (default n/4).")
+    approx: str | None = option(None, "An approx run of the same model (its directory): per head and budget the "
+                                "winning method, and a depth-2 rule predicting it from the diagnosis.", metavar="RUN")
+    duo_share: float = option(0.5, "Share of key/value heads full_attention_heads.tsv keeps at full attention (the "
+                              "highest retrieval scores); the rest stream.")
+
+    def __post_init__(self) -> None:
+        if not 0 < self.eps < 1:
+            raise SpectraError(f"{spell('--eps')} must be an attention share in (0, 1), got {self.eps}")
+        for name in ("window", "recent"):
+            if getattr(self, name) < 1:
+                raise SpectraError(f"{spell('--' + name)} must be a number of tokens ≥ 1, got {getattr(self, name)}")
+        if self.sinks < 0:
+            raise SpectraError(f"{spell('--sinks')} must be a number of tokens ≥ 0, got {self.sinks}")
+        if not 0 <= self.duo_share <= 1:
+            raise SpectraError(f"{spell('--duo-share')} must be a share of heads in [0, 1], got {self.duo_share}")
+        approx = path_text(self.approx)
+        if approx is not None:
+            approx = str(Path(approx).absolute())
+        object.__setattr__(self, "approx", approx)
+
+    def resolved(self, n: int) -> HeadsOptions:
+        """With `at` checked against n, or set to n/4."""
+        if self.at is not None and not 1 <= self.at <= n:
+            raise SpectraError(f"{spell('--at')} must be an index in 1…{n} (the sequence length), got {self.at}")
+        return replace(self, at=self.at or max(1, n // 4))
+
+
+class Heads(Analysis):
+    """Which head is what: sink, previous-token, local, induction and retrieval scores, weight spectra beside
+    attention spectra, and the method that wins on each head."""
+
+    name = "heads"
+    summary = ("Which head is what: sink, previous-token, local, induction and retrieval scores per head, weight "
+               "spectra beside attention spectra, a method map and DuoAttention's head pattern.")
+    options = HeadsOptions
+    defaults = {"samples": 64}
+    outputs = {"diagnosis.csv": ("layer", "head", "kv_head", "sequences"), "metrics.csv": ("layer", "head")}
+
+    def check(self, config: RunConfig, options: HeadsOptions, shape: checkpoints.Shape) -> None:
+        super().check(config, options, shape)
+        if options.approx is None:
+            return
+        approx = load_run(options.approx, "approx")
+        model = approx.meta.get("model", {})
+        for what, theirs, ours in (("layers", model.get("layers"), shape.layers), ("heads", model.get("heads"),
+                                                                                   shape.heads)):
+            if ours is not None and theirs != ours:
+                raise SpectraError(f"{spell('--approx')} {options.approx} is a run of {model.get('name')} with "
+                                   f"{theirs} {what}, but {shape.name} has {ours}: give an approx run of this model")
+
+    def run(self, config: RunConfig, options: HeadsOptions, reporter: Reporter) -> Path:
+        return super().run(config, options.resolved(config.length), reporter)
+
+    def job(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, found: checkpoints.Source):
+        from ..loop import Job
+        from ..spectrum import sink_start
+
+        return Job("heads", config, config.settings(identity(options)), config.samples,
+                   config.default_out("heads", found.label), found.where,
+                   open_source=lambda where: model_source(config, where),
+                   build_probe=lambda source: self.probe(config, options, reporter, source),
+                   meta=lambda source: {**identity(options), "sink_from": sink_start(config.length),
+                                        **self.induction_note(source.loaded)},
+                   bytes_per_sequence=lambda source: 8.0 * 14 * source.heads * source.n ** 2)
+
+    def probe(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, source):
+        """The heads probe, once the model has loaded: its weights read, its induction pass run."""
+        from ..probes.heads import HeadsProbe, induction_scores
+        from ..probes.spectrum import SpectrumProbe
+        from ..weights import attention_weights, head_spectra
+
+        self.check(config, options, source.shape())
+        loaded = source.loaded
+        weights = attention_weights(loaded.model)
+        if len(weights) != loaded.layers:
+            reporter.warn(f"found the query/key/value and output linears of {len(weights)} of {loaded.layers} "
+                          f"layers of {loaded.name}: no weight spectra and no retrieval score")
+            weights = None
+        spectra = head_spectra(weights, loaded.heads, source.kv_heads) if weights else {}
+        induction = induction_scores(source, config.seed) if self.induction_fits(loaded) else None
+        approx = None
+        if options.approx:
+            approx_run = load_run(options.approx, "approx")
+            approx = approx_run.heads
+            if approx_run.meta.get("n") != config.length:
+                reporter.notify(f"the approx run measured n = {approx_run.meta.get('n')}, this run n = "
+                                f"{config.length}: the method map joins heads measured at two lengths")
+        spectrum = SpectrumProbe(loaded.layers, loaded.heads, config.length, options.at, seed=config.seed)
+        return HeadsProbe(spectrum, kv_heads=source.kv_heads, eps=options.eps, window=options.window,
+                          sinks=options.sinks, recent=options.recent, weights=weights, spectra=spectra,
+                          induction=induction, approx=approx, duo_share=options.duo_share, seed=config.seed)
+
+    @staticmethod
+    def induction_fits(loaded) -> bool:
+        """Whether the induction pass runs: a decoder that can embed the repeated sequences."""
+        from ..diagnosis import INDUCTION_TOKENS
+
+        return loaded.causal and loaded.max_length >= 1 + 2 * INDUCTION_TOKENS
+
+    def induction_note(self, loaded) -> dict[str, str]:
+        """run.json's word on a missing induction score."""
+        if not loaded.causal:
+            return {"induction": ENCODER_INDUCTION}
+        if not self.induction_fits(loaded):
+            return {"induction": f"not measured: {loaded.name} embeds {loaded.max_length} tokens, fewer than the "
+                                 "101 of the repeated sequences"}
+        return {}
+
+    def load(self, path: Path, meta: dict[str, Any]) -> HeadsRun:
+        import numpy as np
+
+        weights = read_arrays(path / "weights.npz") if (path / "weights.npz").exists() else {}
+        tsv = path / "full_attention_heads.tsv"
+        full = np.loadtxt(tsv, delimiter="\t", ndmin=2) if tsv.exists() else None
+        return HeadsRun(path, meta, read_table(path, "diagnosis.csv"), weights,
+                        read_table(path, "kv_heads.csv", optional=True), full,
+                        read_table(path, "method_map.csv", optional=True), read_table(path, "rules.csv", optional=True))
+
+    def show(self, run: HeadsRun) -> None:
+        """The diagnosis per head (its main scores), the head types, the DuoAttention pattern and the method map."""
+        from ..report.console import out, print_frame
+
+        shown = ["layer", "head", "head_type", "sink_share", "sink_mean", "prev", "local", "induction_score",
+                 "retrieval", "top10", "keynorm_corr", "entropy", "rank90", "qk_rank90", "ov_rank90"]
+        table = run.diagnosis
+        print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis")
+        counts = table["head_type"].value_counts()
+        out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()), soft_wrap=True)
+        if "induction" in run.meta:
+            out.print(f"induction score {run.meta['induction']}", soft_wrap=True)
+        if run.full_attention_heads is not None:
+            out.print(f"full_attention_heads.tsv: {int(run.full_attention_heads.sum())} of "
+                      f"{run.full_attention_heads.size} key/value heads at full attention "
+                      f"(--duo-share {run.meta['duo_share']}), streaming {run.meta['sinks']} sinks + "
+                      f"{run.meta['recent']} recent tokens", soft_wrap=True)
+        if run.rules is not None and not run.rules.empty:
+            for rule in run.rules.itertuples(index=False):
+                out.print(f"k = {rule.budget}: winner rule {rule.rule}; accuracy {rule.accuracy:.0%}, held out "
+                          f"{rule.held_out_accuracy:.0%} (always {rule.baseline_winner}: {rule.baseline:.0%})",
+                          soft_wrap=True)
+
+    def plot(self, run: HeadsRun, out: str | Path | None = None) -> list[Path]:
+        from ..report.plots.heads import plot_heads
+
+        return plot_heads(run, out)
+
+
+register(Heads())

@@ -1,0 +1,160 @@
+"""`spectra heads` on a model built by hand: a 2-layer Llama (RoPE on, MLPs zero) whose head (0, 0) is an exact
+previous-token head and head (1, 0) an exact induction head; the scores are 1 there and low elsewhere. Also the
+encoder convention, the method map joined with an approx run, the DuoAttention pattern, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import tiny
+import torch
+
+import spectra
+from spectra.checkpoints import Shape
+from spectra.config import RunConfig
+from spectra.errors import SpectraError
+from spectra.kinds import REGISTRY
+from spectra.kinds.heads import HeadsOptions
+
+CODE = 32  # token code dimension: residual = [code of the token | code of the previous token]
+ROPE_THETA = 1e16  # head pairs f ≥ 10 turn by ≤ 1e-5 per position: what they carry is blind to position
+CONTENT = [*range(10, 32), *range(42, 52)]  # 32 head dimensions in those pairs (pair f = dims f and f + 32)
+
+
+def save_circuit(path: Path, vocab: int = 4096, seed: int = 0) -> Path:
+    """Head (0, 0): q and k from biases alone, k turned one position ahead of q in the fast RoPE pairs 0…3, so
+    q_i·k_j peaks at j = i − 1 (the logit gap to any other key ≥ 0.51 · 300); its values read the token's code and
+    its output writes it into the residual's second half. Head (1, 0): query = the token's code, key = the previous
+    token's code (from head (0, 0)), in position-blind pairs: it attends to the token after an earlier occurrence.
+    Heads (0, 1) and (1, 1) are zero (uniform attention). Codes: random unit vectors for a 4096-token vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tiny._decoder_tokenizer("llama")
+    config = LlamaConfig(vocab_size=vocab, hidden_size=2 * CODE, head_dim=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, intermediate_size=8, attention_bias=True,
+                         max_position_embeddings=128, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config)
+    codes = np.random.default_rng(seed).standard_normal((vocab, CODE))
+    codes /= np.linalg.norm(codes, axis=1, keepdims=True)
+    theta = ROPE_THETA ** (-np.arange(0, 64, 2) / 64)
+    beta = np.sqrt(8 * 300)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        for layer in model.model.layers:
+            layer.input_layernorm.weight.fill_(1.0)
+            layer.post_attention_layernorm.weight.fill_(1.0)
+        model.model.norm.weight.fill_(1.0)
+        model.model.embed_tokens.weight[:, :CODE] = torch.tensor(codes, dtype=torch.float32)
+        first, second = model.model.layers[0].self_attn, model.model.layers[1].self_attn
+        for f in range(4):
+            first.q_proj.bias[f] = beta
+            first.k_proj.bias[f], first.k_proj.bias[f + 32] = beta * np.cos(theta[f]), beta * np.sin(theta[f])
+        first.v_proj.weight[:CODE, :CODE] = torch.eye(CODE)
+        first.o_proj.weight[CODE:, :CODE] = torch.eye(CODE) / np.sqrt(CODE)  # undoes the norm's √32
+        for i, dim in enumerate(CONTENT):
+            second.q_proj.weight[dim, i] = 10.0
+            second.k_proj.weight[dim, CODE + i] = 10.0
+            second.o_proj.weight[i, dim] = 1.0  # a layer output, so streaming changes something
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def circuit_run(tmp_path_factory, text_file):
+    model = save_circuit(tmp_path_factory.mktemp("models") / "circuit")
+    return spectra.heads(str(model), str(text_file), length=48, samples=4, batch_size=2, window=8, recent=8,
+                         out=tmp_path_factory.mktemp("heads") / "circuit-run", progress=None, notify=lambda line: None)
+
+
+def cell(run, layer: int, head: int) -> pd.Series:
+    table = run.diagnosis
+    return table[(table["layer"] == layer) & (table["head"] == head)].iloc[0]
+
+
+def test_the_hand_built_heads_score_1_and_the_others_low(circuit_run) -> None:
+    from spectra.diagnosis import INDUCTION_TOKENS, induction_tokens
+    from spectra.seeds import Domain, derive_seed
+
+    tokens = induction_tokens(4096, [0, 1, 2], 1, derive_seed(0, Domain.INDUCTION))[:, 1:1 + INDUCTION_TOKENS]
+    assert all(len(set(row)) == INDUCTION_TOKENS for row in tokens), "no token repeats within a block: one match"
+    assert cell(circuit_run, 0, 0)["prev"] == pytest.approx(1, abs=1e-5)
+    assert cell(circuit_run, 1, 0)["induction_score"] == pytest.approx(1, abs=1e-5)
+    assert cell(circuit_run, 0, 0)["head_type"] == "previous-token"
+    assert cell(circuit_run, 1, 0)["head_type"] == "induction"
+    others = circuit_run.diagnosis.drop(index=[0])
+    assert (others["prev"] < 0.1).all()
+    induction = circuit_run.diagnosis.set_index(["layer", "head"])["induction_score"].drop(index=[(1, 0)])
+    assert (induction < 0.05).all()
+    assert cell(circuit_run, 0, 0)["local"] == pytest.approx(1, abs=1e-5), "the previous token lies within 8"
+    assert cell(circuit_run, 0, 0)["retrieval"] == pytest.approx(0, abs=1e-6), "a window of 8 keeps all it reads"
+    assert cell(circuit_run, 0, 0)["top10"] == pytest.approx(1, abs=1e-5)
+    assert cell(circuit_run, 0, 1)["entropy"] > 2, "a zero head attends uniformly"
+
+
+def test_the_weight_ranks_of_the_hand_built_heads(circuit_run) -> None:
+    assert cell(circuit_run, 1, 0)["qk_rank90"] > 0 and cell(circuit_run, 0, 1)["qk_rank90"] == 0
+    assert cell(circuit_run, 0, 0)["qk_rank90"] == 0, "its q and k come from biases: W_QK is zero"
+    sigma = circuit_run.weights["ov_sigma"][0, 0]
+    np.testing.assert_allclose(sigma[:CODE], 1 / np.sqrt(CODE), rtol=1e-6)  # W_OV = I/√32 on 32 dimensions
+    assert cell(circuit_run, 0, 0)["ov_rank90"] == 29, "flat spectrum: 90% of 32 equal values needs 29"
+
+
+def test_duo_pattern_has_one_row_per_layer_and_column_per_kv_head(circuit_run) -> None:
+    full = np.loadtxt(circuit_run.path / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
+    assert full.shape == (2, 2) and full.sum() == 2, "duo_share 0.5 of 4 key/value heads"
+    kv = circuit_run.kv_heads.set_index(["layer", "kv_head"])
+    kept = kv[kv["full_attention"] == 1]["retrieval"].min()
+    assert kept >= kv[kv["full_attention"] == 0]["retrieval"].max()
+
+
+def test_an_encoder_has_no_induction_score_and_says_why(bert_dir, text_file, tmp_path) -> None:
+    run = spectra.heads(str(bert_dir), str(text_file), length=16, samples=2, out=tmp_path / "bert", progress=None,
+                        notify=lambda line: None)
+    assert run.diagnosis["induction_score"].isna().all()
+    assert run.meta["induction"].startswith("not measured: an encoder")
+    assert np.isfinite(run.diagnosis[["sink_share", "prev", "retrieval", "qk_rank90"]].to_numpy()).all()
+
+
+def test_the_method_map_joins_an_approx_run(roberta_dir, text_file, tmp_path) -> None:
+    approx = spectra.approx(str(roberta_dir), str(text_file), length=16, samples=2, budget=[4, 8],
+                            methods="window,pool-mean,jl", out=tmp_path / "approx", progress=None,
+                            notify=lambda line: None)
+    run = spectra.heads(str(roberta_dir), str(text_file), length=16, samples=2, approx=approx.path,
+                        out=tmp_path / "heads", progress=None, notify=lambda line: None)
+    errors = approx.heads[approx.heads["metric"] == "out_err"]
+    for row in run.method_map.itertuples(index=False):
+        cell = errors[(errors["budget"] == row.budget) & (errors["layer"] == row.layer) & (errors["head"] == row.head)]
+        assert row.winner == cell.loc[cell["mean"].idxmin(), "method"]
+        assert row.winner_err == cell["mean"].min()
+    assert sorted(run.rules["budget"]) == [4, 8] and run.rules["held_out_accuracy"].between(0, 1).all()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eps", "1.5"], "eps must be an attention share in (0, 1), got 1.5"),
+    (["--window", "0"], "window must be a number of tokens ≥ 1, got 0"),
+    (["--duo-share", "2"], "duo-share must be a share of heads in [0, 1], got 2.0"),
+    (["--at", "99"], "at must be an index in 1…16"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, bert_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
+    code, out, err = tiny.run_cli(["heads", str(bert_dir), "--data", str(text_file), "--length", "16",
+                                   "--out", str(tmp_path / "never"), *args], monkeypatch, capsys)
+    assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "never").exists()
+
+
+def test_an_approx_run_of_another_model_is_refused_before_loading(tmp_path) -> None:
+    run = tmp_path / "approx"
+    run.mkdir()
+    (run / "run.json").write_text('{"kind": "approx", "model": {"name": "other", "layers": 3, "heads": 4}}')
+    (run / "heads.csv").write_text("method,budget,layer,head,metric,mean\n")
+    with pytest.raises(SpectraError, match="is a run of other with 3 layers, but MiniLM has 6"):
+        REGISTRY["heads"].check(RunConfig("m", "d", length=16), HeadsOptions(approx=run), Shape(6, 12, 512, False,
+                                                                                               "MiniLM"))
+    with pytest.raises(SpectraError, match="holds a run of 'spectra approx'; this needs a run of 'spectra heads'"):
+        spectra.load_run(run, "heads")
