@@ -5,8 +5,10 @@ resumes a run)."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 import spectra
+import spectra.models
 from spectra.probes import cache as probe_module
 
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -33,3 +35,29 @@ def test_one_variant_at_a_time_gives_the_batched_numbers(llama_dir, text_file, t
     alone = run(llama_dir, text_file, tmp_path / "alone")
     for column in ("nll", "kl", "top1", "kept"):
         np.testing.assert_allclose(alone.table[column], batched.table[column], atol=1e-5, err_msg=column)
+
+
+def test_presses_see_the_keys_before_rope_and_the_prefill_rows(llama_dir, text_file, tmp_path, monkeypatch) -> None:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from spectra import presses
+    from spectra.presses.eviction import Knorm
+
+    seen = []
+
+    class Recording(Knorm):
+        def compress(self, prefill, ratio):
+            seen.append(prefill)
+            return super().compress(prefill, ratio)
+
+    monkeypatch.setitem(presses.REGISTRY, "knorm", Recording())
+    run(llama_dir, text_file, tmp_path / "run", samples=1)
+    assert [prefill.layer for prefill in seen] == [0, 1] and all(prefill.index == 0 for prefill in seen)
+    model = spectra.models.load(str(llama_dir), device="cpu").model
+    for prefill in seen:
+        assert prefill.key.shape == prefill.key_pre.shape == (2, 70, 8) and prefill.q.shape == (4, 64, 8)
+        cos, sin = model.rotary_emb(prefill.key_pre, torch.arange(70)[None])
+        _, rotated = apply_rotary_pos_emb(prefill.key_pre[None], prefill.key_pre[None], cos, sin)
+        torch.testing.assert_close(rotated[0], prefill.key, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(prefill.window.sum(-1).numpy(), 1, atol=1e-5)
+        np.testing.assert_allclose(prefill.received.sum(-1).numpy(), 70, rtol=1e-5)
