@@ -24,7 +24,8 @@ def gqa_llama(tmp_path_factory):
     path = tiny.save_decoder(tmp_path_factory.mktemp("models") / "gqa-llama", heads=6, kv_heads=2, hidden=48)
     loaded = models.load(str(path), device="cpu", lm_head=True)
     loaded.model.double()
-    ids = torch.randint(3, len(loaded.tokenizer), (1, CONTEXT + CONTINUATION), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, len(loaded.tokenizer), (1, CONTEXT + CONTINUATION),
+                        generator=torch.Generator().manual_seed(0))
     return loaded, ids
 
 
