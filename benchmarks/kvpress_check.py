@@ -16,11 +16,12 @@ same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packe
   `KVPressTextGenerationPipeline._forward` issues for a question (kvpress's pipeline generates, it does not score a
   given text). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
   predicted from the prefill's last position.
-- spectra: `spectra.cache(...)` with every press and ratio in one run (one prefill per sequence), then, for the
-  timing, one run per (press, ratio) with the model loaded once (`models.reusing`).
+- spectra: `spectra.cache(...)` with every press and ratio in one run (one prefill per sequence); with
+  `--per-press`, also one run per (press, ratio) with the model loaded once (`models.reusing`), for the timing.
 Printed: per (press, ratio) the mean NLL of both, the largest |ΔNLL| over the sequences, and the seconds per
-sequence of both (kvpress: prefill with compression + continuation; spectra: a whole run of that press and ratio —
-one forward over L + C tokens, the full cache's and the press's continuation — over its sequences).
+sequence of kvpress (prefill with compression + continuation) and, with --per-press, of spectra (a whole run of
+that press and ratio: one forward over L + C tokens, the full cache's and the press's continuation); and the total
+per sequence of both for every press and ratio (spectra's one run, its stage timings without loading).
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None, help="Text file (default: the four licence texts).")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads on both sides.")
-    parser.add_argument("--no-timing", action="store_true", help="Skip spectra's one-run-per-press timing.")
+    parser.add_argument("--per-press", action="store_true",
+                        help="Also time spectra with one run per (press, ratio) (the model loaded once).")
     args = parser.parse_args()
 
     import numpy as np
@@ -155,6 +157,7 @@ def main() -> None:
     settings = dict(gguf_file=GGUF, context=args.context, continuation=args.continuation, samples=args.samples,
                     seed=args.seed, mode="pack", progress=None, notify=lambda line: None)
 
+    load_before = os.getloadavg()[0]
     with models.reusing():
         started = time.perf_counter()
         together = spectra.cache(folder, str(corpus_path), presses=presses, ratios=ratios, out=scratch / "all",
@@ -165,7 +168,7 @@ def main() -> None:
         blocks = data.sequences(loaded.tokenizer, corpus, args.context + args.continuation, "pack")
         sequences = [ids for _, ids in zip(range(args.samples), blocks)]
         timing = {}
-        if not args.no_timing:
+        if args.per_press:
             for press in presses:
                 for ratio in ratios:
                     run = spectra.cache(folder, str(corpus_path), presses=press, ratios=ratio,
@@ -183,8 +186,13 @@ def main() -> None:
           f"{args.continuation}, {len(sequences)} sequences, seed {args.seed}, {args.threads} threads; kvpress "
           f"{theirs['versions']['kvpress']} (transformers {theirs['versions']['transformers']}) vs spectra "
           f"(transformers {together.meta['versions'].get('transformers', '?')})")
-    print(f"spectra, every press and ratio in one run: {wall_all / len(sequences):.2f} s per sequence (wall, "
-          "model loading included)")
+    stages = together.meta["timings"]["seconds"]
+    steady = (sum(stages.values()) - stages.get("load", 0.0)) / len(sequences)
+    total_kvpress = sum(r["prefill_seconds"] + r["continuation_seconds"] for r in theirs["results"]) / len(sequences)
+    print(f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(f"per sequence, every press and ratio beside the full cache: spectra {steady:.2f} s in one run (one prefill "
+          f"for all; {wall_all / len(sequences):.2f} s with model loading), kvpress {total_kvpress:.2f} s (one prefill "
+          "per press and ratio)")
     print("| press | ratio | NLL kvpress | NLL spectra | max \\|ΔNLL\\| over sequences | kvpress s/seq (prefill + "
           "continuation) | spectra s/seq (run of this press) |")
     print("|---|---|---|---|---|---|---|")
