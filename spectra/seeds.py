@@ -35,6 +35,7 @@ class Domain(enum.IntEnum):
     PROBSPARSE = 603  # ProbSparse key samples per (layer, head, draw), or per (layer, head, sequence)
     BOOTSTRAP = 701  # Poisson bootstrap weights of sequence i
     INDUCTION = 801  # spectra heads: the random tokens of the induction sequences
+    RANDOM_PRESS = 901  # spectra cache: the random press's scores of sequence i (one torch generator per layer)
 
 
 def derive_seed(seed: int, *parts: int) -> int:
