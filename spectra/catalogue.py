@@ -67,3 +67,25 @@ def expand(names: Iterable[str]) -> list[str]:
     if not labels:
         raise SpectraError("no method given; pass e.g. --methods svd,jl,linformer,pool-mean")
     return labels
+
+
+#: the KV-cache presses of `spectra cache` (spectra/presses/, one module per kind), in registration order, and
+#: those whose ratio is the fraction of key channels removed (they need rotary positions): tests/test_catalogue.py
+#: holds these equal to the presses' registry
+PRESSES: tuple[str, ...] = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think")
+CHANNEL_PRESSES = frozenset({"think"})
+ROPE_PRESSES = frozenset({"think"})
+
+
+def presses(names: Iterable[str]) -> tuple[str, ...]:
+    """Press names from user input, in the order given, once each; an unknown one is one line listing the valid."""
+    chosen: list[str] = []
+    for name in names:
+        name = name.strip()
+        if name not in PRESSES:
+            raise SpectraError(f"unknown press '{name}'; valid presses: {', '.join(PRESSES)}")
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise SpectraError(f"no press given; pass e.g. --presses {','.join(PRESSES[:3])}")
+    return tuple(chosen)

@@ -1,4 +1,4 @@
-"""Finished runs as objects: `Run` (analyze), `ApproxRun`, `TheoremRun`, `ScalingRun`, and the readers of their files.
+"""Finished runs as objects: `Run` (analyze), `ApproxRun`, `TheoremRun`, `ScalingRun`, `CacheRun`, and the readers of their files.
 
 Each analysis reads its own run back (`spectra.kinds`, whose `load_run` dispatches on run.json's kind).
 
@@ -253,3 +253,21 @@ class ScalingRun(_Shown):
     def runs(self) -> dict[int, Run]:
         """The analyze run at each n."""
         return self.analyses
+
+
+@dataclass(repr=False)
+class CacheRun(_Shown):
+    """A `spectra cache` run loaded back: `table` (cache.csv: per press and ratio nll, ppl, kl, top1, kept,
+    kept_share, key_channel_ratio, saved; the full cache is press 'full' at ratio 0), `heads` (cache_heads.csv: per
+    press, ratio, layer and head the attention mass kept and the output error) and `sequences` (per press, ratio and
+    sequence: nll, kl, top1)."""
+
+    path: Path
+    meta: dict[str, Any]
+    table: pd.DataFrame
+    heads: pd.DataFrame
+    sequences: pd.DataFrame
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"

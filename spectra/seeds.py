@@ -34,6 +34,7 @@ class Domain(enum.IntEnum):
     SKYFORMER = 602  # landmark samples per (budget, layer, head, m[, sequence])
     PROBSPARSE = 603  # ProbSparse key samples per (layer, head, draw), or per (layer, head, sequence)
     BOOTSTRAP = 701  # Poisson bootstrap weights of sequence i
+    RANDOM_PRESS = 801  # spectra cache: the random press's scores of sequence i (one torch generator per layer)
 
 
 def derive_seed(seed: int, *parts: int) -> int:

@@ -31,9 +31,11 @@ class ModelSource:
     resumed run can compare what it read); `start` loads the model and checks the two fit together."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, *, lm_head: bool = False,
-                 fit_samples: int = 0) -> None:
-        """`fit_samples`: the calibration sequences that come first (no batch straddles their end)."""
+                 fit_samples: int = 0, keep_logits: int = 0) -> None:
+        """`fit_samples`: the calibration sequences that come first (no batch straddles their end); `keep_logits`:
+        the last positions whose logits `run` keeps in `logits` for the probes (0: none)."""
         self.config, self.where, self.lm_head, self.fit_samples = config, device, lm_head, fit_samples
+        self.keep_logits, self.logits = keep_logits, None
         self.corpus = data.open_corpus(config.data, split=config.split, text_column=config.text_column,
                                        seed=config.seed)
         self.n = config.length
@@ -99,24 +101,29 @@ class ModelSource:
         return self.loaded.kv_heads or self.loaded.heads
 
     def run(self, batch: data.Batch, observe: Observe) -> None:
-        """The batch's forward pass, every layer handed to `observe` (its records know the sequences' indices)."""
-        self.forward(batch.input_ids, batch.attention_mask, observe=observe, index=batch.index)
+        """The batch's forward pass, every layer handed to `observe` (its records know the sequences' indices); with
+        `keep_logits`, the logits of the last positions are kept in `logits` (B, keep_logits, vocab)."""
+        keep = {"logits_to_keep": self.keep_logits} if self.keep_logits else {}
+        outputs = self.forward(batch.input_ids, batch.attention_mask, observe=observe, index=batch.index, **keep)
+        self.logits = outputs.logits if self.keep_logits else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, index: Sequence[int],
-                observe: Observe | None = None, substitute: Substitute | None = None) -> Any:
+                observe: Observe | None = None, substitute: Substitute | None = None, **extra: Any) -> Any:
         """One forward pass with capture active (and a substitution, if given); returns the model's outputs.
         `index`: the sequences' global indices, which every captured record carries (required: a substitution
         drawing per sequence and every probe seed by them).
 
         A decoder gets position ids counted from each sequence's first valid token (as generation does), so a
-        left-padded sequence is encoded exactly as it is alone; encoders compute their own."""
+        left-padded sequence is encoded exactly as it is alone; encoders compute their own. `extra`: more keywords
+        for the model (e.g. logits_to_keep)."""
         if len(index) != input_ids.shape[0]:
             raise InternalError(f"{len(index)} sequence indices for a batch of {input_ids.shape[0]} sequences")
         loaded = self.loaded
         mask = attention_mask.to(loaded.device)
         positions = {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)} if loaded.causal else {}
         return capture.forward(loaded.model, loaded.layers, observe, substitute, index, input_ids=input_ids.to(loaded.device),
-                               attention_mask=mask, output_hidden_states=loaded.head is not None, **positions)
+                               attention_mask=mask, output_hidden_states=loaded.head is not None, **positions,
+                               **extra)
 
 
 def gaussian_qkv(

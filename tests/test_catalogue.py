@@ -33,3 +33,16 @@ def test_names_expand_to_labels() -> None:
         catalogue.expand([])
     listed = catalogue.listing().split(", ")
     assert listed[:3] == ["svd", "svd-causal", "jl"] and "linformer(kv)" in listed and len(set(listed)) == len(listed)
+
+
+def test_the_presses_are_the_registry_name_for_name() -> None:
+    from spectra import presses
+
+    assert catalogue.PRESSES == tuple(presses.REGISTRY), "a press registered without its catalogue line (or gone)"
+    assert catalogue.CHANNEL_PRESSES == {name for name, press in presses.REGISTRY.items() if press.channels}
+    assert catalogue.ROPE_PRESSES == {name for name, press in presses.REGISTRY.items() if press.needs_rope}
+    assert catalogue.presses(["tova", " knorm", "tova"]) == ("tova", "knorm")
+    with pytest.raises(SpectraError, match="unknown press 'h2o'; valid presses: streaming, knorm"):
+        catalogue.presses(["h2o"])
+    with pytest.raises(SpectraError, match="no press given"):
+        catalogue.presses([])

@@ -8,6 +8,7 @@ figures under spectra/report/plots/ and one line below: the import that register
 from . import (
     analyze,  # noqa: F401
     approx,  # noqa: F401
+    cache,  # noqa: F401
     scaling,  # noqa: F401
     theorems,  # noqa: F401
 )

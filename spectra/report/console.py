@@ -25,7 +25,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ..config import layers_label
-from ..runs import ApproxRun, Run, ScalingRun, TheoremRun
+from ..runs import ApproxRun, CacheRun, Run, ScalingRun, TheoremRun
 from ..timings import summary
 from .plan import Plan
 from .summaries import (
@@ -327,3 +327,18 @@ def print_scaling(run: ScalingRun) -> None:
         wide["α"] = fits["alpha"]
         print_frame(wide.reset_index(), f"smallest k (of those tried) whose mean head-output error over layers is ≤ "
                     f"{run.meta['target']}", {"n=": 0, "α": 2}, missing="—")
+
+
+def print_cache(run: CacheRun) -> None:
+    """Per press and ratio: NLL, perplexity, KL from the full cache, top-1 agreement, tokens kept, memory saved."""
+    meta = run.meta
+    columns = ["press", "ratio", "nll", "ppl", "kl", "top1", "kept", "saved"]
+    table = run.table[columns]
+    if (run.table["key_channel_ratio"] > 0).any():
+        table = table.assign(channels=run.table["key_channel_ratio"])
+    print_frame(table, f"{run.label}: context {meta['context']}, continuation {meta['continuation']}, "
+                f"{plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}; NLL (nats/token) of the continuation "
+                "against each compressed cache, KL from the full cache's next-token distribution, top-1 agreement",
+                digits={"ratio": 2, "nll": 4, "ppl": 3, "kl": 4, "top1": 3, "kept": 1, "saved": 3, "channels": 2})
+    if meta.get("skipped"):
+        out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")

@@ -1,0 +1,157 @@
+"""`spectra cache`: how much of a decoder's key–value cache can be dropped, which way, and at what loss.
+
+Each sequence is L = `context` tokens followed by C = `continuation` tokens. The context is prefilled exactly; each
+press (spectra/presses/, kvpress 0.5.5's at their defaults) compresses each layer's cache once at each ratio; the
+continuation is scored against the compressed cache with its original RoPE positions L … L + C − 1. One prefill
+per sequence serves every press and ratio (probe: `probes.cache.CacheProbe`, engine: `spectra.kvcache`).
+
+Tables: cache.csv (per press and ratio, the full cache as press 'full' at ratio 0), cache_heads.csv (per press,
+ratio, layer and head), cache_sequences.csv (per press, ratio and sequence). Loads as `runs.CacheRun`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .. import catalogue, checkpoints
+from ..config import RunConfig
+from ..errors import SpectraError
+from ..errors import option as spell
+from ..inputs import several
+from ..options import identity, option
+from ..reporter import Reporter
+from ..runs import CacheRun, read_table
+from .analyze import model_source
+from .base import Analysis, register
+
+#: the ratios measured when none are given
+DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
+#: model configuration fields that say the model rotates queries and keys (RoPE)
+ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
+#: SnapKV's window: it needs a longer context
+SNAPKV_WINDOW = 64
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """The context prefilled exactly, the continuation scored, and the presses and ratios compared."""
+
+    context: int = option(1024, "L: context tokens prefilled exactly and then compressed (special tokens included).")
+    continuation: int = option(128, "C: tokens scored after the context against the compressed cache (each sequence "
+                               "is L + C tokens).")
+    presses: tuple[str, ...] = option(catalogue.PRESSES, f"Comma-separated presses: {', '.join(catalogue.PRESSES)}.")
+    ratios: tuple[float, ...] = option(DEFAULT_RATIOS, "Comma-separated compression ratios in [0, 1): the fraction "
+                                       "of cached tokens removed (for think: of key channels; the memory saved is "
+                                       "half of it). The full cache (ratio 0) is always measured.")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "presses", catalogue.presses(several(self.presses, "--presses")))
+        ratios = several(self.ratios, spell("--ratios"), float)
+        for ratio in ratios:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+                raise SpectraError(f"{spell('--ratios')} must lie in [0, 1) (the fraction of the cache removed), "
+                                   f"got {ratio}")
+        object.__setattr__(self, "ratios", tuple(sorted({float(ratio) for ratio in ratios if ratio > 0})))
+        if not self.ratios:
+            raise SpectraError(f"{spell('--ratios')} holds no ratio above 0 (the full cache is always measured); "
+                               f"pass e.g. {spell('--ratios 0.25,0.5', 'ratios=(0.25, 0.5)')}")
+        for name, least in (("context", 2), ("continuation", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise SpectraError(f"{spell('--' + name)} must be an integer ≥ {least}, got {value!r}")
+        if "snapkv" in self.presses and self.context <= SNAPKV_WINDOW:
+            raise SpectraError(f"snapkv reads the last {SNAPKV_WINDOW} context queries: it needs "
+                               f"{spell('--context')} > {SNAPKV_WINDOW}, got {self.context}")
+
+    @property
+    def length(self) -> int:
+        return self.context + self.continuation
+
+
+def rotary(config: dict[str, Any]) -> bool:
+    """Whether a model's config says it uses rotary positions."""
+    return any(config.get(name) for name in ROPE_FIELDS)
+
+
+class Cache(Analysis):
+    """Compress a decoder's KV cache after an exact prefill and score what follows, press by press."""
+
+    name = "cache"
+    summary = ("Compress a decoder's key–value cache after an exact prefill (kvpress's presses) and score the "
+               "continuation: NLL, KL and top-1 agreement per press and ratio, attention mass kept per head.")
+    options = CacheOptions
+    run_fields = tuple(name for name in Analysis.run_fields if name != "length")
+    defaults = {"samples": 16, "batch_size": 1}
+    outputs = {"cache.csv": ("press", "ratio", "nll"), "cache_heads.csv": ("press", "ratio", "layer", "head"),
+               "cache_sequences.csv": ("press", "ratio", "sequence")}
+
+    def check(self, config: RunConfig, options: CacheOptions, shape: checkpoints.Shape) -> None:
+        if shape.causal is False:
+            raise SpectraError(f"{shape.name} is an encoder: a key–value cache belongs to a decoder (a causal "
+                               "language model, e.g. Llama, Qwen2, SmolLM2)")
+        if shape.positions is not None and options.length > shape.positions:
+            raise SpectraError(f"{spell('--context')} {options.context} + {spell('--continuation')} "
+                               f"{options.continuation} = {options.length} tokens exceeds what {shape.name} can embed "
+                               f"({shape.positions} positions); shorten them")
+
+    def check_rope(self, options: CacheOptions, uses_rope: bool | None, name: str) -> None:
+        """Channel presses score rotated key channels: a model without RoPE is refused."""
+        channel = [press for press in options.presses if press in catalogue.ROPE_PRESSES]
+        if channel and uses_rope is False:
+            raise SpectraError(f"{channel[0]} prunes rotary key channels, but {name} has no rotary position "
+                               f"embedding (RoPE); choose presses among "
+                               f"{', '.join(p for p in catalogue.PRESSES if p not in catalogue.ROPE_PRESSES)}")
+
+    def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
+        config = replace(config, length=options.length)
+        found = checkpoints.inspect(config.model, config.gguf_file)
+        shape = found.shape()
+        self.check(config, options, shape)
+        if found.local and found.gguf_file is None:
+            self.check_rope(options, rotary(found.config), shape.name)
+        from ..loop import execute
+
+        return execute(self.job(config, options, reporter, found), reporter)
+
+    def job(self, config: RunConfig, options: CacheOptions, reporter: Reporter, found: checkpoints.Source):
+        from ..loop import Job
+
+        return Job("cache", config, config.settings(identity(options)), config.samples,
+                   config.default_out("cache", found.label), found.where,
+                   open_source=lambda where: model_source(config, where, lm_head=True,
+                                                          keep_logits=options.continuation + 1),
+                   build_probe=lambda source: self.probe(config, options, source),
+                   meta=lambda source: identity(options),
+                   bytes_per_sequence=lambda source: 8.0 * 4 * source.heads * source.n ** 2)
+
+    def probe(self, config: RunConfig, options: CacheOptions, source):
+        """The cache probe, once the model has loaded (and been checked again: hub ids are only known now)."""
+        from .. import models
+        from ..probes.cache import CacheProbe
+
+        loaded = source.loaded
+        self.check(config, options, source.shape())
+        if loaded.head is None:
+            raise SpectraError(f"{loaded.name} has no language-model head: spectra cache scores next-token predictions")
+        self.check_rope(options, models.rotary(loaded.model), loaded.name)
+        return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
+                          config.seed, config.samples)
+
+    def load(self, path: Path, meta: dict[str, Any]) -> CacheRun:
+        return CacheRun(path, meta, read_table(path, "cache.csv"), read_table(path, "cache_heads.csv"),
+                        read_table(path, "cache_sequences.csv"))
+
+    def show(self, run: CacheRun) -> None:
+        from ..report.console import print_cache
+
+        print_cache(run)
+
+    def plot(self, run: CacheRun, out: str | Path | None = None) -> list[Path]:
+        from ..report.plots.cache import plot_cache
+
+        return plot_cache(run, out)
+
+
+register(Cache())

@@ -1,0 +1,172 @@
+"""What a press is: it turns one layer's exact prefill into the cache the continuation attends to.
+
+A press (the word is NVIDIA kvpress's) acts once per layer, after an exact prefill of the L context tokens: it
+reads what the prefill computed (`Prefill`: post-RoPE queries, keys and values, the attention of the last context
+queries, the attention each key received, the pre-RoPE keys) and returns a `Compressed` cache per key/value head.
+The continuation then attends to that cache (and to itself), with its original RoPE positions L, L+1, …
+
+Two kinds of press fit the same interface:
+
+- *eviction* presses keep n_kept of the L cached tokens per key/value head (`ScorerPress`: a score per token,
+  the top n_kept kept, kvpress's `compute_n_kept`); `Compressed.kept` says which positions survived;
+- *transform* presses return any rows (zeroed key channels, a low-rank or mixed-down K and V: Linformer's E·K,
+  F·V); `kept` is None when the rows are not context tokens, and `saved` says what memory the press saves.
+
+A new press is one module under `spectra/presses/` (a `Press` subclass, `register(...)` at its end), its test and
+its name in `spectra/catalogue.py` (PRESSES, and CHANNEL_PRESSES when its ratio counts key channels);
+tests/test_catalogue.py holds the catalogue equal to `REGISTRY`. A press that needs fitting on calibration
+sequences overrides `calibrate`; one that draws randomly seeds itself from `Prefill.seed` and `Prefill.index`
+(the run's seed and the sequence's global index), never from global state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+#: the queries SnapKV reads: the last WINDOW context positions (kvpress's default window_size)
+WINDOW = 64
+
+
+@dataclass(frozen=True, eq=False)
+class Prefill:
+    """One layer of one sequence's exact prefill of L context tokens: everything a press may read.
+
+    Shapes: H query heads, H_kv key/value heads (query head h belongs to key/value head h // (H / H_kv), the layout
+    of transformers' repeat_kv), L context tokens, d head dimensions.
+
+    - `q` (H, w, d): post-RoPE queries of the last w = min(WINDOW, L) context positions;
+    - `key`, `value` (H_kv, L, d): the cache as the prefill wrote it (keys post-RoPE);
+    - `key_pre` (H_kv, L, d): the keys before RoPE (None for models without RoPE: then they equal `key`);
+    - `window` (H, w, L): the causal attention weights of those w queries over the L context keys (the last rows
+      of the prefill's P, each summing to 1);
+    - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
+    - `scaling`: the score scale s of softmax(q kᵀ · s);
+    - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly.
+    """
+
+    layer: int
+    q: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    key_pre: torch.Tensor | None
+    window: torch.Tensor
+    received: torch.Tensor
+    scaling: float
+    seed: int
+    index: int
+
+    @property
+    def length(self) -> int:
+        """L, the context tokens in the cache."""
+        return self.key.shape[-2]
+
+    @property
+    def kv_heads(self) -> int:
+        return self.key.shape[0]
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (G)."""
+        return self.q.shape[0] // self.key.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.key.shape[-1]
+
+    def group_mean(self, per_query_head: torch.Tensor) -> torch.Tensor:
+        """(H, …) → (H_kv, …): the mean over the G query heads of each key/value head."""
+        return per_query_head.unflatten(0, (self.kv_heads, self.groups)).mean(1)
+
+
+@dataclass(frozen=True, eq=False)
+class Compressed:
+    """What the continuation attends to in place of one layer's L context tokens, per key/value head.
+
+    `kept` (H_kv, m): the context position of each row, ascending, for presses whose rows are context tokens
+    (eviction, ThinK) — None when they are not (a low-rank or mixed-down cache); `saved`: the share of the context
+    cache's memory the press saves (1 − m/L for eviction; for ThinK half the pruned share of key channels, as
+    kvpress reports it). `key`, `value` (H_kv, m, d): the rows, when they differ from the prefill's own keys and
+    values at `kept` (None: those rows, gathered when needed, so an eviction press stores only its indices). Keys
+    carry their RoPE rotation: a kept token keeps its original position.
+    """
+
+    kept: torch.Tensor | None
+    saved: float
+    key: torch.Tensor | None = None
+    value: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.kept is None and (self.key is None or self.value is None):
+            raise ValueError("a compressed cache whose rows are not context tokens must give its keys and values")
+
+    def rows(self, prefill_key: torch.Tensor, prefill_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) (H_kv, m, d), given the prefill's cached keys and values (H_kv, L, d)."""
+        def gathered(cached: torch.Tensor) -> torch.Tensor:
+            return cached.gather(1, self.kept[..., None].expand(-1, -1, cached.shape[-1]))
+
+        return (self.key if self.key is not None else gathered(prefill_key),
+                self.value if self.value is not None else gathered(prefill_value))
+
+
+def n_kept(length: int, ratio: float) -> int:
+    """kvpress 0.5.5's `compute_n_kept`: the tokens kept when the fraction `ratio` of `length` is removed — the
+    float product truncated (L = 100, r = 0.9 keeps 9: 100·0.1 = 9.999…), at least 1."""
+    return 0 if ratio >= 1 else max(1, int(length * (1 - ratio)))
+
+
+def evict(prefill: Prefill, scores: torch.Tensor, keep: int) -> Compressed:
+    """Keep the `keep` highest-scoring context tokens of each key/value head (`scores` (H_kv, L), higher = keep),
+    chosen by torch.topk as kvpress chooses them, listed in position order."""
+    kept = torch.topk(scores, keep, dim=-1).indices.sort(dim=-1).values
+    return Compressed(kept, 1.0 - keep / prefill.length)
+
+
+def full(prefill: Prefill) -> Compressed:
+    """The uncompressed cache (ratio 0)."""
+    return Compressed(torch.arange(prefill.length, device=prefill.key.device).expand(prefill.kv_heads, -1), 0.0)
+
+
+class Press:
+    """A compression of one layer's cache at a ratio (see the module docstring).
+
+    `name` is what `--presses` names; `channels` marks presses whose ratio is the fraction of key channels removed
+    (ThinK) rather than of tokens; `needs_rope` refuses models without rotary positions before they load."""
+
+    name: ClassVar[str]
+    channels: ClassVar[bool] = False
+    needs_rope: ClassVar[bool] = False
+    #: one line for tables and --help: what the press keeps
+    summary: ClassVar[str] = ""
+
+    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
+        """The cache the continuation attends to, `ratio` ∈ (0, 1) of it removed (ratio 0 never reaches a press)."""
+        raise NotImplementedError
+
+    def calibrate(self, prefill: Prefill) -> None:
+        """Fit on one calibration sequence's layer (presses that fit override it; the default fits nothing)."""
+
+
+class ScorerPress(Press):
+    """kvpress's ScorerPress: one score per (key/value head, context token), the top n_kept kept per head."""
+
+    def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
+        """(H_kv, L) scores, higher = keep."""
+        raise NotImplementedError
+
+    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
+        return evict(prefill, self.score(prefill, ratio), n_kept(prefill.length, ratio))
+
+
+#: press name → press, in registration order (the order of tables and legends)
+REGISTRY: dict[str, Press] = {}
+
+
+def register(press: Press) -> Press:
+    """Add `press` under its name (once)."""
+    if press.name in REGISTRY:
+        raise ValueError(f"press '{press.name}' is registered twice")
+    REGISTRY[press.name] = press
+    return press

@@ -1,0 +1,171 @@
+"""`spectra cache`'s probe: each sequence's exact prefill compressed by every (press, ratio), the continuation scored
+against each compressed cache, and the losses accumulated (see `spectra.kvcache` for the engine).
+
+`update` sees every layer of the loop's forward pass over the L + C tokens: it reads the layer's prefill, lets every
+press compress it once per ratio, measures each head with the layer's exact inputs (attention mass kept, output
+error) and keeps the compressed caches; `after_batch` scores the continuation against them, all (press, ratio) rows
+of a sequence in one batched forward pass per chunk, and accumulates next-token NLL, KL from the full cache's
+distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import catalogue, kvcache, models
+from ..capture import Captured
+from ..presses import REGISTRY, Compressed, Prefill, full
+from ..stats import State, tagged
+from .base import Probe
+
+if TYPE_CHECKING:
+    from ..sources import ModelSource
+
+#: logits held at once by the continuation's batched forward pass (bytes): rows are chunked to stay under it
+LOGIT_BYTES = 2**28
+#: per (press, ratio): sequences, Σ NLL, Σ KL, Σ top-1 agreement, tokens, Σ kept rows (mean over layers and heads),
+#: Σ memory saved
+_FIELDS = ("sequences", "nll", "kl", "top1", "tokens", "kept", "saved")
+#: per (press, ratio, sequence): NLL, KL, top-1 agreement (means over the continuation's tokens)
+_PER_SEQUENCE = ("nll", "kl", "top1")
+
+
+class CacheProbe(Probe):
+    """Every (press, ratio) of `presses` × `ratios` beside the full cache, on sequences of `context` + `continuation`
+    tokens; `samples` sizes the per-sequence table, `seed` is the run's (the random press draws from it)."""
+
+    def __init__(self, source: "ModelSource", presses: Sequence[str], ratios: Sequence[float], context: int,
+                 continuation: int, seed: int, samples: int) -> None:
+        self.source, self.context, self.continuation, self.seed = source, context, continuation, seed
+        self.variants: list[tuple[str, float]] = [("full", 0.0)] + [(p, r) for p in presses for r in ratios]
+        loaded = source.loaded
+        self.layers, self.heads = loaded.layers, loaded.heads
+        count = len(self.variants)
+        self.sums = np.zeros((count, len(_FIELDS)))
+        self.head_sums = np.zeros((count, self.layers, self.heads, 2))  # Σ mass kept, Σ output error
+        self.head_counts = np.zeros(1)
+        self.per_sequence = np.zeros((len(_PER_SEQUENCE), samples, count))
+        self.scored = np.zeros(samples)
+        self.skipped = np.zeros(1)
+        self.pending: dict[int, dict[int, tuple[Prefill, list[Compressed]]]] = {}
+        self.pre_rope: dict[int, torch.Tensor] = {}
+        self.hooks = models.watch_projections(loaded.model, self._projection) if models.rotary(loaded.model) else []
+
+    def _projection(self, layer: int, which: str, output: torch.Tensor) -> None:
+        if which == "k":
+            self.pre_rope[layer] = output
+
+    def _usable(self, captured: Captured, row: int) -> bool:
+        return captured.q.shape[-2] == self.context + self.continuation and bool(captured.valid[row].all())
+
+    def update(self, captured: Captured) -> None:
+        """One layer: each usable sequence's prefill, compressed by every (press, ratio), measured per head."""
+        context, layer = self.context, captured.layer
+        index = captured.sequence_index()
+        for row in range(captured.q.shape[0]):
+            if not self._usable(captured, row):
+                continue
+            pre = self.pre_rope.get(layer)
+            key_pre = None if pre is None else pre[row, :context].unflatten(-1, (captured.key.shape[1], -1)).transpose(0, 1)
+            prefilled = kvcache.prefill(captured, row, context, key_pre, self.seed, index[row])
+            parts = [full(prefilled) if press == "full" else REGISTRY[press].compress(prefilled, ratio)
+                     for press, ratio in self.variants]
+            mass, error = kvcache.head_measures(captured, row, context, parts, prefilled)
+            self.head_sums[:, layer, :, 0] += mass.double().cpu().numpy()
+            self.head_sums[:, layer, :, 1] += error.double().cpu().numpy()
+            # the prefill's tensors are views of the whole layer's: keep copies of what the continuation needs
+            kept = Prefill(layer, prefilled.q[:, :0], prefilled.key.clone(), prefilled.value.clone(), None,
+                           prefilled.window[:, :0], prefilled.received[:, :0], prefilled.scaling, self.seed, index[row])
+            self.pending.setdefault(index[row], {})[layer] = (kept, parts)
+        self.pre_rope.pop(layer, None)
+
+    def after_batch(self, batch: Any) -> None:
+        """Score each pending sequence's continuation against its compressed caches."""
+        rows = {index: row for row, index in enumerate(batch.index)}
+        self.skipped += len(batch.index) - len(self.pending)
+        for index, layers in self.pending.items():
+            self._score(batch, rows[index], index, layers)
+        self.pending = {}
+
+    def _score(self, batch: Any, row: int, index: int, layers: dict[int, tuple[Prefill, list[Compressed]]]) -> None:
+        loaded, context = self.source.loaded, self.context
+        tokens = batch.input_ids[row].to(loaded.device)
+        targets = tokens[context:]
+        first = self.source.logits[row, 0].double()  # the context's last position: no press changes it
+        chunk = max(1, int(LOGIT_BYTES // (4 * max(1, self.continuation - 1) * first.shape[-1])))
+        nll, kl, top1 = [], [], []
+        reference = None
+        for start in range(0, len(self.variants), chunk):
+            chosen = range(start, min(start + chunk, len(self.variants)))
+            stacked = {layer: kvcache.stack([parts[i] for i in chosen], kept.key, kept.value)
+                       for layer, (kept, parts) in layers.items()}
+            rest = kvcache.continuation_logits(loaded.model, self.layers, stacked.__getitem__, tokens[context:-1],
+                                               context, index, len(chosen))
+            logits = torch.cat([first.expand(len(chosen), 1, -1).to(rest.dtype), rest], dim=1)
+            if reference is None:  # row 0 is the full cache
+                reference = torch.log_softmax(logits[0].double(), dim=-1)
+            scores = kvcache.token_measures(logits, targets, reference)
+            for found, part in zip((nll, kl, top1), scores):
+                found.append(part.double().cpu())
+        per_token = [torch.cat(found).numpy() for found in (nll, kl, top1)]  # (variants, C) each
+        tokens_scored = per_token[0].shape[1]
+        for i, (press, ratio) in enumerate(self.variants):
+            parts = [layers[layer][1][i] for layer in sorted(layers)]
+            kept = np.mean([part.kept.shape[-1] if part.kept is not None else part.key.shape[-2] for part in parts])
+            saved = np.mean([part.saved for part in parts])
+            self.sums[i] += [1, per_token[0][i].sum(), per_token[1][i].sum(), per_token[2][i].sum(), tokens_scored,
+                             kept, saved]
+            for j, values in enumerate(per_token):
+                self.per_sequence[j, index, i] = values[i].mean()
+        self.scored[index] = 1
+        self.head_counts += 1
+
+    def state(self) -> State:
+        return tagged({"cache.sums": self.sums, "cache.heads": self.head_sums, "cache.head_counts": self.head_counts,
+                       "cache.sequences": self.per_sequence, "cache.scored": self.scored,
+                       "cache.skipped": self.skipped})
+
+    def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.sums, self.head_sums = np.array(arrays["cache.sums"]), np.array(arrays["cache.heads"])
+        self.head_counts, self.per_sequence = np.array(arrays["cache.head_counts"]), np.array(arrays["cache.sequences"])
+        self.scored, self.skipped = np.array(arrays["cache.scored"]), np.array(arrays["cache.skipped"])
+
+    def describe(self) -> dict[str, Any]:
+        return {"scored": int(self.scored.sum()), "skipped": int(self.skipped[0])}
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """cache.csv (per press and ratio), cache_heads.csv (per press, ratio, layer and head), cache_sequences.csv
+        (per press, ratio and sequence); the full cache is the row press 'full', ratio 0."""
+        rows, heads, sequences = [], [], []
+        scored = np.flatnonzero(self.scored)
+        for i, (press, ratio) in enumerate(self.variants):
+            s = dict(zip(_FIELDS, self.sums[i]))
+            count = max(s["sequences"], 1)
+            nll = s["nll"] / max(s["tokens"], 1)
+            channels = press in catalogue.CHANNEL_PRESSES
+            rows.append({"press": press, "ratio": ratio, "nll": nll, "ppl": math.exp(nll),
+                         "kl": s["kl"] / max(s["tokens"], 1), "top1": s["top1"] / max(s["tokens"], 1),
+                         "kept": s["kept"] / count, "kept_share": s["kept"] / count / self.context,
+                         "key_channel_ratio": ratio if channels else 0.0, "saved": s["saved"] / count,
+                         "sequences": int(s["sequences"]), "tokens": int(s["tokens"])})
+            mean = self.head_sums[i] / max(self.head_counts[0], 1)
+            for layer in range(self.layers):
+                for head in range(self.heads):
+                    heads.append({"press": press, "ratio": ratio, "layer": layer, "head": head,
+                                  "mass_kept": mean[layer, head, 0], "out_err": mean[layer, head, 1]})
+            for index in scored:
+                sequences.append({"press": press, "ratio": ratio, "sequence": int(index),
+                                  **{name: self.per_sequence[j, index, i] for j, name in enumerate(_PER_SEQUENCE)}})
+        return {"cache.csv": pd.DataFrame(rows), "cache_heads.csv": pd.DataFrame(heads),
+                "cache_sequences.csv": pd.DataFrame(sequences)}
+
+    def close(self) -> None:
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
