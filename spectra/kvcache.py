@@ -53,8 +53,8 @@ def stack(parts: Sequence[Compressed], key: torch.Tensor, value: torch.Tensor) -
 
 def attend(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
     """Attention of new queries q (R, H, n, d) over a cache (`Stacked`, its valid rows) and the new tokens' own keys
-    and values (R, H_kv, n, d) causally: the operations of eager attention (scores · s, a float32 softmax cast back,
-    weights · values). Returns (R, H, n, d)."""
+    and values (R, H_kv, n, d) causally: the operations of eager attention (scores · s, a softmax in float32 — or
+    wider, for a float64 model — cast back, weights · values). Returns (R, H, n, d)."""
     cached_key, cached_value, valid = cached
     groups = q.shape[1] // key.shape[1]
     keys = torch.cat([cached_key, key], dim=-2).repeat_interleave(groups, dim=1)
@@ -65,7 +65,7 @@ def attend(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Ten
                          causal.expand(*valid.shape[:2], n, n)], dim=-1).repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling
     scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
     return torch.matmul(weights, values)
 
 

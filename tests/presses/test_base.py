@@ -1,0 +1,55 @@
+"""The common pieces of every press: kvpress's n_kept, the per-key/value-head top-n selection, and the rows of a
+compressed cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spectra.presses import REGISTRY, Compressed, evict, full, n_kept
+
+from .conftest import make_prefill
+
+
+def test_n_kept_truncates_the_float_product_as_kvpress_does() -> None:
+    assert n_kept(100, 0.9) == 9, "100·(1 − 0.9) = 9.999…98 truncates to 9"
+    assert n_kept(256, 0.3) == 179 and n_kept(256, 0.5) == 128 and n_kept(1024, 0.75) == 256
+    assert n_kept(3, 0.9) == 1, "at least one token is kept"
+    assert n_kept(10, 1.0) == 0
+
+
+def test_evict_keeps_the_top_scores_of_each_key_value_head_in_position_order() -> None:
+    prefill, arrays = make_prefill(length=20)
+    scores = torch.from_numpy(np.random.default_rng(1).standard_normal((2, 20)))
+    compressed = evict(prefill, scores, 7)
+    for head in range(2):
+        expected = np.sort(np.argsort(-scores[head].numpy())[:7])
+        np.testing.assert_array_equal(compressed.kept[head].numpy(), expected)
+    assert not torch.equal(compressed.kept[0], compressed.kept[1]), "each key/value head chooses its own tokens"
+    keys, values = compressed.rows(prefill.key, prefill.value)
+    for head in range(2):
+        np.testing.assert_array_equal(keys[head].numpy(), arrays["k"][head, compressed.kept[head].numpy()])
+        np.testing.assert_array_equal(values[head].numpy(), arrays["v"][head, compressed.kept[head].numpy()])
+    assert compressed.saved == pytest.approx(1 - 7 / 20)
+
+
+def test_the_full_cache_is_every_row_and_a_transform_must_give_its_rows() -> None:
+    prefill, _ = make_prefill(length=12)
+    keys, values = full(prefill).rows(prefill.key, prefill.value)
+    assert torch.equal(keys, prefill.key) and torch.equal(values, prefill.value) and full(prefill).saved == 0
+    with pytest.raises(ValueError, match="must give its keys and values"):
+        Compressed(None, 0.5, key=prefill.key)
+    mixed = Compressed(None, 0.5, key=prefill.key[:, :3], value=prefill.value[:, :3])
+    assert mixed.rows(prefill.key, prefill.value)[0].shape == (2, 3, 8)
+
+
+def test_group_mean_averages_the_query_heads_of_each_key_value_head() -> None:
+    prefill, _ = make_prefill(length=12)
+    per_head = torch.arange(6.0)[:, None].expand(6, 4)
+    np.testing.assert_array_equal(prefill.group_mean(per_head).numpy(), [[1.0] * 4, [4.0] * 4])
+    assert prefill.groups == 3 and prefill.kv_heads == 2 and prefill.length == 12 and prefill.head_dim == 8
+
+
+def test_every_press_is_registered_once_with_a_summary() -> None:
+    assert all(press.summary for press in REGISTRY.values())
