@@ -16,11 +16,12 @@ from .conftest import make_prefill
 
 
 def numpy_mix(x: np.ndarray, rows: int) -> np.ndarray:
+    """√(m/L) Σ_m V_mᵀ per head, each singular pair signed so that its left vector sums to ≥ 0."""
     mixed = []
     for head in x:
-        u, _, _ = np.linalg.svd(head, full_matrices=False)
-        u = u[:, :rows] * np.where(u[:, :rows].sum(0) < 0, -1.0, 1.0)
-        mixed.append(u.T @ head)
+        u, sigma, vt = np.linalg.svd(head, full_matrices=False)
+        sign = np.where(u[:, :rows].sum(0) < 0, -1.0, 1.0)
+        mixed.append(np.sqrt(rows / head.shape[0]) * (sign * sigma[:rows])[:, None] * vt[:rows])
     return np.stack(mixed)
 
 
@@ -33,6 +34,8 @@ def test_rows_are_the_signed_singular_mixtures() -> None:
     e = signed_left(torch.from_numpy(arrays["k"]), 3).numpy()
     np.testing.assert_allclose(e @ e.transpose(0, 2, 1), np.broadcast_to(np.eye(3), (2, 3, 3)), atol=1e-12)
     assert (e.sum(-1) >= 0).all()
+    sigma = np.linalg.svd(arrays["k"], compute_uv=False)
+    np.testing.assert_allclose((got.key.numpy() ** 2).sum((1, 2)) / 3, (sigma[:, :3] ** 2).sum(-1) / 40, rtol=1e-9)
     flipped = REGISTRY["linformer"].compress(dataclasses.replace(prefill, key=-prefill.key), 0.9)
     np.testing.assert_allclose(flipped.key.numpy(), -got.key.numpy(), atol=1e-10)  # the sign follows the data
 
