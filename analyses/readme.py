@@ -48,7 +48,7 @@ WIDTH = 110
 #: how a line that starts a markdown block (list item, heading, quote) begins
 BLOCK_START = re.compile(r"^([-+*] |\d+[.)] |#|>)")
 #: commands whose MODEL and --data are looked up; the others (plot, plan-k, compare, figure1) read run directories
-MODEL_COMMANDS = ("analyze", "approx", "theorems", "scaling")
+MODEL_COMMANDS = ("analyze", "approx", "theorems", "scaling", "cache")
 
 #: runs one `spectra` command in a directory and returns its exit code (tests pass an in-process one)
 Execute = Callable[[list[str], Path], int]
@@ -275,12 +275,13 @@ class Work:
 
 
 def fill(markdown: str) -> list[str]:
-    """A renderer's markdown as document lines: each paragraph wrapped to WIDTH, code blocks kept as they are."""
+    """A renderer's markdown as document lines: each paragraph wrapped to WIDTH, code blocks and tables kept as
+    they are."""
     lines: list[str] = []
     for part in markdown.strip().split("\n\n"):
         if lines:
             lines.append("")
-        if part.startswith("```"):
+        if part.startswith(("```", "|")):
             lines += part.splitlines()
         else:
             wrapped = textwrap.wrap(" ".join(part.split()), WIDTH, break_long_words=False, break_on_hyphens=False)

@@ -376,6 +376,55 @@ def theorems_synthetic(runs: dict[str, list[Any]]) -> str:
     )
 
 
+def smollm2_cache(runs: dict[str, list[Any]]) -> str:
+    """The continuation's NLL per press and ratio after an exact prefill, what ranks first and last, ThinK against
+    eviction at equal memory, and whether the attention mass a press keeps orders the presses as their NLL does."""
+    run = only(runs, "cache")
+    table, meta = run.table, run.meta
+    full = table[table["press"] == "full"].iloc[0]
+    presses = [press for press in dict.fromkeys(table["press"]) if press != "full"]
+    ratios = sorted(set(table["ratio"]) - {0.0})
+    nll = table.set_index(["press", "ratio"])["nll"]
+    header = "| press | " + " | ".join(f"r = {ratio:g}" for ratio in ratios) + " |"
+    rows = [header, "|---|" + "---|" * len(ratios)]
+    for press in presses:
+        cells = [f"{nll[(press, ratio)]:.3f}" if (press, ratio) in nll.index else "" for ratio in ratios]
+        label = f"{press} (key channels)" if (table[table["press"] == press]["key_channel_ratio"] > 0).any() else press
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    evicting = [press for press in presses if not (table[table["press"] == press]["key_channel_ratio"] > 0).any()]
+    ends = []
+    for ratio in (0.5 if 0.5 in ratios else ratios[len(ratios) // 2], ratios[-1]):
+        at = nll[[(press, ratio) for press in evicting if (press, ratio) in nll.index]]
+        best, worst = at.idxmin()[0], at.idxmax()[0]
+        ends.append(f"at r = {ratio:g} `{best}` loses least (+{at.min() - full['nll']:.3f} nats) and `{worst}` most "
+                    f"(+{at.max() - full['nll']:.3f})")
+    text = (f"On SmolLM2, {meta['scored']} sequences of the licence texts with a context of {meta['context']} tokens "
+            f"prefilled exactly and {meta['continuation']} tokens scored after it, the full cache gives a "
+            f"continuation NLL of {full['nll']:.3f} nats/token (perplexity {sig(full['ppl'])}). The continuation's "
+            "NLL against each compressed cache (r: the fraction of cached tokens removed; for think, of key "
+            "channels, which saves r/2 of the memory):\n\n" + "\n".join(rows) + "\n\n"
+            f"Among the presses that evict tokens, {'; '.join(ends)}.")
+    if "knorm" in evicting and "random" in evicting:
+        worse = [ratio for ratio in ratios if nll[("knorm", ratio)] > nll[("random", ratio)]]
+        text += (f" Knorm (keep the smallest keys) is worse than dropping tokens at random at "
+                 f"{'every ratio' if len(worse) == len(ratios) else 'r = ' + listed([f'{r:g}' for r in worse])}."
+                 if worse else " Knorm beats random eviction at every ratio.")
+    if "think" in presses and 0.5 in ratios and 0.25 in ratios:
+        same = nll[[(press, 0.25) for press in evicting]]
+        think = nll[("think", 0.5)]
+        text += (f" At equal memory saved (a quarter), ThinK at r = 0.5 gives {think:.3f}, "
+                 f"{'better' if think < same.min() else 'worse'} than the best eviction at r = 0.25 "
+                 f"(`{same.idxmin()[0]}`, {same.min():.3f}).")
+    mass = run.heads.groupby(["press", "ratio"])["mass_kept"].mean()
+    pairs = pd.DataFrame({"mass": mass, "nll": nll}).loc[[(p, r) for p in evicting for r in ratios
+                                                            if (p, r) in nll.index]]
+    rho = pairs["mass"].corr(pairs["nll"], method="spearman")
+    text += (f" The share of the continuation's attention mass on the kept context tokens (per head, averaged) "
+             f"{'orders' if rho < -0.7 else 'only loosely orders'} the eviction presses as their NLL does "
+             f"(Spearman ρ = {rho:.2f} over the {len(pairs)} press–ratio pairs).")
+    return text
+
+
 def speed_line(runs: dict[str, list[Any]]) -> str:
     """The stage timings `spectra analyze` prints at its end, as run.json recorded them."""
     run = only(runs, "analyze")
@@ -394,6 +443,7 @@ RENDERERS: dict[str, Renderer] = {
     "minilm-k-needed": Renderer(("scaling",), minilm_k_needed),
     "theorems-synthetic": Renderer(("theorems",), theorems_synthetic),
     "speed-line": Renderer(("analyze",), speed_line),
+    "smollm2-cache": Renderer(("cache",), smollm2_cache),
 }
 
 

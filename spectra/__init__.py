@@ -26,6 +26,7 @@ _EXPORTS = {
     "ApproxRun": "runs",
     "TheoremRun": "runs",
     "ScalingRun": "runs",
+    "CacheRun": "runs",
 }
 
 

@@ -24,7 +24,8 @@ def gqa_llama(tmp_path_factory):
     path = tiny.save_decoder(tmp_path_factory.mktemp("models") / "gqa-llama", heads=6, kv_heads=2, hidden=48)
     loaded = models.load(str(path), device="cpu", lm_head=True)
     loaded.model.double()
-    ids = torch.randint(3, len(loaded.tokenizer), (1, CONTEXT + CONTINUATION), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, len(loaded.tokenizer), (1, CONTEXT + CONTINUATION),
+                        generator=torch.Generator().manual_seed(0))
     return loaded, ids
 
 
@@ -41,7 +42,8 @@ def prefilled(loaded, ids) -> dict:
 
 def dense_reference(loaded, ids, parts: dict) -> torch.Tensor:
     """Logits of one forward pass over all tokens where continuation query i ≥ L of layer ℓ, head h sees the context
-    keys kept for (ℓ, h's key/value head) — with their rows as the press left them — and continuation keys ≤ i."""
+    keys kept for (ℓ, h's key/value head) — with their rows as the press left them, or a transform's rows — and
+    continuation keys ≤ i."""
     def substitute(captured):
         q, key, value = captured.q[0], captured.key[0], captured.value[0]  # (H, n, d), (H_kv, n, d)
         part = parts[captured.layer]
@@ -50,16 +52,17 @@ def dense_reference(loaded, ids, parts: dict) -> torch.Tensor:
         outputs = torch.zeros_like(q)
         for head in range(q.shape[0]):
             kv = head // groups
-            context_keys = key[kv, :CONTEXT].clone()
-            if part.key is not None:  # rows the press rewrote (ThinK's zeroed channels), seen by the continuation only
-                context_keys[part.kept[kv]] = part.key[kv]
+            if part.kept is None:  # a transform: its rows are what the continuation sees of the context
+                seen_keys, seen_values = part.key[kv], part.value[kv]
+            else:  # the kept tokens, with their rows as the press left them (ThinK: zeroed channels)
+                seen_keys = key[kv, :CONTEXT][part.kept[kv]] if part.key is None else part.key[kv]
+                seen_values = value[kv, :CONTEXT][part.kept[kv]] if part.value is None else part.value[kv]
             for i in range(n):
                 if i < CONTEXT:
                     keys, values = key[kv, : i + 1], value[kv, : i + 1]
                 else:
-                    chosen = part.kept[kv]
-                    keys = torch.cat([context_keys[chosen], key[kv, CONTEXT: i + 1]])
-                    values = torch.cat([value[kv, :CONTEXT][chosen], value[kv, CONTEXT: i + 1]])
+                    keys = torch.cat([seen_keys, key[kv, CONTEXT: i + 1]])
+                    values = torch.cat([seen_values, value[kv, CONTEXT: i + 1]])
                 weights = torch.softmax(keys @ q[head, i] * captured.scaling, dim=-1)
                 outputs[head, i] = weights @ values
         return outputs[None]

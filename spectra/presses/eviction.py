@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional
 
 from ..seeds import Domain, derive_seed
-from .base import WINDOW, Prefill, ScorerPress, register
+from .base import Prefill, ScorerPress, register
 
 #: StreamingLLM's attention sinks and SnapKV's pooling kernel (kvpress's defaults)
 SINKS, KERNEL = 4, 5

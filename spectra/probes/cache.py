@@ -71,8 +71,9 @@ class CacheProbe(Probe):
         for row in range(captured.q.shape[0]):
             if not self._usable(captured, row):
                 continue
-            pre = self.pre_rope.get(layer)
-            key_pre = None if pre is None else pre[row, :context].unflatten(-1, (captured.key.shape[1], -1)).transpose(0, 1)
+            pre = self.pre_rope.get(layer)  # (B, n, H_kv·d) → (H_kv, L, d)
+            key_pre = None if pre is None else pre[row, :context].unflatten(-1, (captured.key.shape[1], -1))
+            key_pre = None if key_pre is None else key_pre.transpose(0, 1)
             prefilled = kvcache.prefill(captured, row, context, key_pre, self.seed, index[row])
             parts = [full(prefilled) if press == "full" else REGISTRY[press].compress(prefilled, ratio)
                      for press, ratio in self.variants]

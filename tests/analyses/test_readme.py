@@ -312,3 +312,20 @@ def test_hub_commands_are_skipped(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "skipped (needs the Hugging Face Hub): spectra analyze roberta-base" in err and calls == []
     assert "quotes `spectra analyze`, which its code block does not run" in err
+
+
+def test_the_cache_paragraph_quotes_its_run(llama_dir, text_file, tmp_path) -> None:
+    run = spectra.cache(str(llama_dir), str(text_file), context=70, continuation=6, samples=2,
+                        presses="streaming,knorm,random,think", ratios="0.25,0.5", out=tmp_path / "c", progress=None,
+                        notify=quiet)
+    text = numbers.smollm2_cache({"cache": [run]})
+    table = pd.read_csv(run.path / "cache.csv")
+    nll = table.set_index(["press", "ratio"])["nll"]
+    assert f"continuation NLL of {nll[('full', 0.0)]:.3f} nats/token" in text and "2 sequences" in text
+    assert f"| knorm | {nll[('knorm', 0.25)]:.3f} | {nll[('knorm', 0.5)]:.3f} |" in text
+    assert f"| think (key channels) | {nll[('think', 0.25)]:.3f} | {nll[('think', 0.5)]:.3f} |" in text
+    evicting = nll[[(press, 0.5) for press in ("streaming", "knorm", "random")]]
+    assert f"at r = 0.5 `{evicting.idxmin()[0]}` loses least" in text
+    assert f"ThinK at r = 0.5 gives {nll[('think', 0.5)]:.3f}" in text
+    lines = readme.fill(text)
+    assert any(line.startswith("| press | r = 0.25 | r = 0.5 |") for line in lines), "tables are not rewrapped"

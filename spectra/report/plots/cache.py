@@ -1,6 +1,7 @@
 """The view of a `spectra cache` run: next-token NLL of the continuation against the ratio of the cache removed,
 a line per press starting from the full cache at ratio 0 (dotted grey: the full cache's NLL), and beside it the
-share of the continuation's attention mass the kept tokens hold (mean over layers and heads)."""
+share of the continuation's attention mass on the context that the kept tokens hold (mean over layers and heads;
+channel presses, which keep every token, are left out there)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def draw_cache(run: CacheRun):
         channel = bool((rows["key_channel_ratio"] > 0).any())
         label = f"{press} (key channels)" if channel else press
         left.plot(ratios, [full["nll"], *rows["nll"]], label=label, gid=f"nll:{press}", **style_of)
-        kept = [mass.get(("full", 0.0), 1.0), *(mass.get((press, ratio)) for ratio in rows["ratio"])]
-        right.plot(ratios, kept, label=label, gid=f"mass:{press}", **style_of)
+        if not channel:  # a channel press keeps every token: its mass says nothing
+            kept = [mass.get(("full", 0.0), 1.0), *(mass.get((press, ratio)) for ratio in rows["ratio"])]
+            right.plot(ratios, kept, label=label, gid=f"mass:{press}", **style_of)
     left.axhline(full["nll"], color="0.5", linestyle=":", linewidth=1.0, label="full cache")
     left.set_ylabel("Continuation NLL (nats/token)")
     right.set_ylabel("Attention mass on kept context tokens")

