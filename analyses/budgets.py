@@ -26,7 +26,15 @@ import pandas as pd
 
 import spectra
 from spectra import catalogue, presses
-from spectra.presses.budgets import MEASURES, Scheduled, export, layer_weights, pyramid, spectral, uniform
+from spectra.presses.budgets import (
+    MEASURES,
+    Scheduled,
+    export,
+    layer_weights,
+    pyramid,
+    spectral,
+    uniform,
+)
 
 
 def schedules(run, layers: int) -> dict[str, object]:

@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from .base import Prefill, ScorerPress, register
+from .base import WINDOW, Prefill, ScorerPress, register
 from .eviction import SnapKV
 from .pca import Fit, Moments, principal
 
@@ -68,6 +68,9 @@ class Loki(ScorerPress):
         return Fit.of(pre_rope(prefill))
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
+        if prefill.length <= WINDOW:
+            raise ValueError(f"loki scores like snapkv: it needs more than {WINDOW} context tokens, got "
+                             f"{prefill.length}")
         basis = principal(self.fit(prefill), basis_rank(prefill.head_dim))
         approximate = dataclasses.replace(prefill, window=approximate_window(prefill, basis))
         return SnapKV().score(approximate, ratio)

@@ -27,7 +27,7 @@ def load_script():
 
 
 def test_budgets_export_and_measure(llama_dir, text_file, tmp_path) -> None:
-    quiet = dict(progress=None, notify=lambda line: None)
+    quiet = {"progress": None, "notify": lambda line: None}
     analyzed = spectra.analyze(str(llama_dir), str(text_file), length=24, samples=3, out=tmp_path / "a", **quiet)
     script = load_script()
     before = (catalogue.PRESSES, dict(presses.REGISTRY))

@@ -12,8 +12,19 @@ import pandas as pd
 import pytest
 
 from spectra.presses import REGISTRY, n_kept
-from spectra.presses.budgets import (Scheduled, export, head_ratios, head_weights, kept_tokens, layer_weights,
-                                     pyramid, pyramid_kept, spectral, uniform, water_fill)
+from spectra.presses.budgets import (
+    Scheduled,
+    export,
+    head_ratios,
+    head_weights,
+    kept_tokens,
+    layer_weights,
+    pyramid,
+    pyramid_kept,
+    spectral,
+    uniform,
+    water_fill,
+)
 
 from .conftest import make_prefill
 

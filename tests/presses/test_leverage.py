@@ -38,7 +38,7 @@ def test_scores_equal_the_projector_diagonal_and_sum_to_the_rank() -> None:
 
 
 def test_the_press_keeps_the_top_leverage_pre_rope_keys_per_head() -> None:
-    prefill, arrays = make_prefill(length=60)
+    prefill, _ = make_prefill(length=60)
     rng = np.random.default_rng(5)
     pre = rng.standard_normal((2, 60, 8)) * rng.uniform(0.2, 3.0, (2, 1, 8))
     prefill = dataclasses.replace(prefill, key_pre=torch.from_numpy(pre))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 
 from spectra.presses import n_kept
@@ -21,7 +22,7 @@ def top_directions(rows: np.ndarray, rank: int) -> np.ndarray:
     """(H_kv, d, rank): the top eigenvectors of each head's biased covariance of `rows` (H_kv, N, d)."""
     bases = []
     for x in rows:
-        values, vectors = np.linalg.eigh(np.cov(x, rowvar=False, bias=True))
+        _, vectors = np.linalg.eigh(np.cov(x, rowvar=False, bias=True))
         bases.append(vectors[:, ::-1][:, :rank])
     return np.stack(bases)
 
@@ -96,3 +97,9 @@ def test_a_full_rank_basis_is_snapkv() -> None:
     np.testing.assert_allclose(SnapKV().score(approximate, 0.5).numpy(), SnapKV().score(prefill, 0.5).numpy(),
                                rtol=1e-9, atol=1e-15)
     assert press.name == "loki"
+
+
+def test_loki_refuses_a_context_no_longer_than_the_window() -> None:
+    prefill, _ = make_prefill(length=64)
+    with pytest.raises(ValueError, match="loki scores like snapkv: it needs more than 64 context tokens"):
+        Loki().compress(prefill, 0.5)

@@ -31,7 +31,7 @@ def test_eigen_and_principal_directions_against_numpy() -> None:
     rng = np.random.default_rng(1)
     rows = rng.standard_normal((1, 200, 4)) @ np.diag([4.0, 2.0, 1.0, 0.1])
     fit = Fit.of(torch.from_numpy(rows))
-    values, vectors = fit.eigen()
+    values, _ = fit.eigen()
     expected = np.linalg.eigvalsh(np.cov(rows[0], rowvar=False, bias=True))[::-1]
     np.testing.assert_allclose(values[0].numpy(), expected, rtol=1e-10)
     basis = principal(fit, 2)[0].numpy()
