@@ -14,9 +14,10 @@ Two kinds of press fit the same interface:
 
 A new press is one module under `spectra/presses/` (a `Press` subclass, `register(...)` at its end), its test and
 its name in `spectra/catalogue.py` (PRESSES, and CHANNEL_PRESSES when its ratio counts key channels);
-tests/test_catalogue.py holds the catalogue equal to `REGISTRY`. A press that needs fitting on calibration
-sequences overrides `calibrate`; one that draws randomly seeds itself from `Prefill.seed` and `Prefill.index`
-(the run's seed and the sequence's global index), never from global state.
+tests/test_catalogue.py holds the catalogue equal to `REGISTRY`. A press that draws randomly seeds itself from
+`Prefill.seed` and `Prefill.index` (the run's seed and the sequence's global index), never from global state.
+Presses fitted on calibration sequences (Loki's PCA, low-rank K/V) need a calibration pass the probe does not run
+yet: the first `fit_samples` sequences handed to the press, its fit kept in the probe's checkpointed state.
 """
 
 from __future__ import annotations
@@ -144,9 +145,6 @@ class Press:
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         """The cache the continuation attends to, `ratio` ∈ (0, 1) of it removed (ratio 0 never reaches a press)."""
         raise NotImplementedError
-
-    def calibrate(self, prefill: Prefill) -> None:
-        """Fit on one calibration sequence's layer (presses that fit override it; the default fits nothing)."""
 
 
 class ScorerPress(Press):
