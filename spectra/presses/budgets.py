@@ -159,9 +159,6 @@ class Scheduled(Press):
         self.summary = summary or f"{inner.name} with per-layer ratios"  # type: ignore[misc]
         self.channels, self.needs_rope = inner.channels, inner.needs_rope  # type: ignore[misc]
 
-    def calibrate(self, prefill: Prefill) -> None:
-        self.inner.calibrate(prefill)
-
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         layer_ratio = self.schedule(ratio, prefill.length)[prefill.layer]
         if not math.isfinite(layer_ratio) or layer_ratio <= 0:

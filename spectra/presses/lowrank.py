@@ -4,7 +4,8 @@ spectrum.
 
 Per layer and key/value head, the keys (post-RoPE, as cached) and the values have a mean μ and a covariance fitted on
 calibration sequences (`calibrate`, float64 sums over every calibration token, `pca.Moments`); a press that has seen
-no calibration sequence for a layer fits them on the context itself (an oracle: the basis then costs memory too).
+no calibration sequence for a layer fits them on the context itself (an oracle: the basis then costs memory too;
+`spectra cache` runs no calibration pass yet, so for now every run takes that fallback).
 Ratio r removes the share r of the layer's cached numbers: the layer keeps B = round((1 − r)·2·d·H_kv) principal
 directions in all, shared among its keys and values of every head by the spectrum — the B largest of the
 eigenvalues each divided by its own covariance's trace (the share of a tensor's variance a direction explains), so a
