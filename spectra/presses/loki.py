@@ -5,8 +5,9 @@ Per key/value head a basis P (d × r, r = d·RANK_SHARE, Loki's default d_f = 0.
 principal directions of the keys *before RoPE*, fitted on calibration sequences (`calibrate`: float64 sums over
 every calibration token, `pca.Moments`); a press that has seen no calibration sequence for a layer fits P on the
 context's own pre-RoPE keys instead (an oracle the paper does not have). `spectra cache` runs no calibration
-pass yet (presses/base.py says what it needs), so for now every run takes that fallback. The last w = min(64, L) context queries
-then score the L context keys with approximate logits s·(qP)(kP)ᵀ — post-RoPE q and k, as attention sees them,
+pass yet (presses/base.py says what it needs), so for now every run takes that fallback. The last w = min(64, L)
+context queries then score the L context keys with approximate logits s·(qP)(kP)ᵀ — post-RoPE q and k, as attention
+sees them,
 projected on the pre-RoPE basis (RoPE rotates channel pairs by position, so the basis is only approximately theirs:
 that loss is part of what is measured) — a causal float32 softmax over the L keys, and the approximate attention
 rows go through SnapKV exactly as `snapkv` does (mean over the window, average pooling with kernel 5, mean over
