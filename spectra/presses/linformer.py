@@ -8,9 +8,9 @@ cache whose keys share a large mean is about √L times a key's norm: one mixed 
 mass. So E and F are scaled by √(m/L), which gives the m mixed rows together the energy (m/L)·Σ_{i≤m} σ_i², an
 average row as large as an average key or value (Linformer's trained E has no such constraint; its Gaussian
 initialisation N(0, 1/m) is √(L/m) per row instead). The continuation's queries attend to those m mixed rows (and
-causally to themselves): softmax(q (E K)ᵀ s) (F V). Singular vectors have no sign of their own; each is signed so that its entries sum to a
-non-negative number (a mixture that weighs the context positively on balance), which makes the press a function of
-the cache. m = kvpress's n_kept(L, ratio), but at most rank K (≤ d): beyond it the extra rows would be zero keys
+causally to themselves): softmax(q (E K)ᵀ s) (F V). Singular vectors have no sign of their own; each is signed so
+that its entries sum to a non-negative number (a mixture that weighs the context positively on balance), which
+makes the press a function of the cache. m = kvpress's n_kept(L, ratio), but at most rank K (≤ d): beyond it the extra rows would be zero keys
 that still take softmax mass, so they are not stored, and `saved` (1 − m/L) says what the cache saves. The rows are
 not context tokens: `kept` is None, and attention mass kept is not defined.
 """
