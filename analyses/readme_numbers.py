@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
 import spectra
@@ -155,6 +156,56 @@ def smollm2_decoder(runs: dict[str, list[Any]]) -> str:
         f"{span(keys['projection'], lambda x: sig(x, 2))} before RoPE, {span(keys['attention'], lambda x: sig(x, 2))} "
         f"after. Loading (the GGUF file, the tokenizer and the data) took {seconds['load']:.0f} s of that run's "
         f"{sum(seconds.values()):.0f} s."
+    )
+
+
+def key_means(run: Any) -> pd.DataFrame:
+    """Per (stage, layer), the mean over key/value heads of the uncentred and centred key ranks and of the share
+    of the keys' uncentred energy their mean holds, 1 − N·tr(covariance)/tr(Σkᵀk) (from qkv.npz)."""
+    if run.qkv is None:
+        raise RenderError(f"{run.path} has no qkv.csv: run analyze with --qkv")
+    keys = run.qkv[run.qkv["tensor"] == "k"]
+    table = keys.groupby(["stage", "layer"])[["dataset_rank90", "pca_rank90", "dataset_rank99", "pca_rank99"]].mean()
+    with np.load(run.path / "qkv.npz") as arrays:
+        for stage in table.index.unique("stage"):
+            second, centred = arrays[f"k_{stage}_eigenvalues"], arrays[f"k_{stage}_pca_eigenvalues"]
+            mean_share = 1 - arrays["tokens"][:, None] * centred.sum(-1) / second.sum(-1)
+            table.loc[stage, "mean_share"] = mean_share.mean(1)
+    return table
+
+
+def smollm2_keys(runs: dict[str, list[Any]]) -> str:
+    """Key ranks in the two conventions, uncentred (Σkᵀk) and centred (covariance, Loki's), and the mean's share."""
+    run = only(runs, "analyze")
+    table, d = key_means(run), int(run.qkv["d"].iloc[0])
+    before, after = table.loc["projection"], table.loc["attention"]
+
+    def rank(value: float) -> str:
+        return sig(value, 2)
+
+    lowest = before["pca_rank90"].idxmin()
+    rest = before["pca_rank90"].drop(lowest)
+    outlier = before["pca_rank90"][lowest] < 0.5 * rest.median()
+    centred = (f"{span(rest, rank)} (layer {lowest}: {rank(before['pca_rank90'][lowest])})" if outlier
+               else span(before["pca_rank90"], rank))
+    wider = bool((before["pca_rank90"] > before["dataset_rank90"]).all())
+    return (
+        f"On {'one sequence' if run.meta['samples'] == 1 else str(run.meta['samples']) + ' sequences'} of {run.n} "
+        f"tokens of the licence texts (the command above), SmolLM2's keys before RoPE "
+        f"need {span(before['dataset_rank90'], rank)} of their {d} dimensions per layer (mean over key/value heads) "
+        f"for 90% of their energy about zero (`dataset_rank90`, eigenvalues of Σkᵀk) and {centred} for 90% of their "
+        f"variance about their mean (`pca_rank90`, eigenvalues of the covariance: Loki's convention); "
+        f"for 99%, {span(before['dataset_rank99'], rank)} against {span(before['pca_rank99'], rank)}. "
+        + (f"The mean key makes the difference: it alone, N‖μ‖², holds "
+           f"{span(100 * before['mean_share'], lambda x: f'{x:.0f}')}% of the keys' energy Σ‖k‖² per layer, so "
+           "the uncentred spectrum is one large eigenvalue (the mean) and a few more, while what varies from key to "
+           "key spreads over many more directions. "
+           if wider else "The centred rank is not above the uncentred one in every layer here. ")
+        + "Before RoPE the mean adds the same logit q·μ to every key a query scores, which softmax ignores, so it is "
+        "the centred rank that a head-dimension compressor (Loki's PCA basis, a low-rank key projection) has to "
+        f"keep; after RoPE the mean is rotated differently at every position and no longer cancels: there the ranks "
+        f"are {span(after['dataset_rank90'], rank)} uncentred and {span(after['pca_rank90'], rank)} centred, and the "
+        f"mean holds {span(100 * after['mean_share'], lambda x: f'{x:.0f}')}% of the energy."
     )
 
 
@@ -490,6 +541,7 @@ def heads_models(runs: dict[str, list[Any]]) -> str:
 
 RENDERERS: dict[str, Renderer] = {
     "smollm2-decoder": Renderer(("analyze", "approx"), smollm2_decoder),
+    "smollm2-keys": Renderer(("analyze",), smollm2_keys),
     "minilm-fitted": Renderer(("approx",), minilm_fitted),
     "minilm-plan": Renderer(("analyze", "plan-k", "approx"), minilm_plan),
     "minilm-fastformer": Renderer(("approx",), minilm_fastformer),

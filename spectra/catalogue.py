@@ -72,7 +72,8 @@ def expand(names: Iterable[str]) -> list[str]:
 #: the KV-cache presses of `spectra cache` (spectra/presses/, one module per kind), in registration order, and
 #: those whose ratio is the fraction of key channels removed (they need rotary positions): tests/test_catalogue.py
 #: holds these equal to the presses' registry
-PRESSES: tuple[str, ...] = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think")
+PRESSES: tuple[str, ...] = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think", "leverage", "loki",
+                             "lowrank", "linformer")
 CHANNEL_PRESSES = frozenset({"think"})
 ROPE_PRESSES = frozenset({"think"})
 

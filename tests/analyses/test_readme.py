@@ -5,6 +5,7 @@ commands, rewrites its numbers, reuses finished runs, and `--check` catches a nu
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -115,6 +116,27 @@ def test_the_decoder_paragraph_quotes_its_runs(decoder_runs) -> None:
     assert f"{numbers.span(keys, lambda x: numbers.sig(x, 2))} before RoPE" in text
     load = json.loads((analyzed.path / "run.json").read_text())["timings"]["seconds"]["load"]
     assert f"took {load:.0f} s" in text
+
+
+def test_the_key_paragraph_quotes_both_conventions(decoder_runs) -> None:
+    analyzed = decoder_runs["analyze"][0]
+    text = numbers.smollm2_keys({"analyze": [analyzed]})
+    keys = pd.read_csv(analyzed.path / "qkv.csv")
+    keys = keys[(keys["tensor"] == "k") & (keys["stage"] == "projection")].groupby("layer")
+    two = lambda x: numbers.sig(x, 2)  # noqa: E731
+    assert f"need {numbers.span(keys['dataset_rank90'].mean(), two)} of their {int(analyzed.qkv['d'].iloc[0])}" in text
+    assert f"for 99%, {numbers.span(keys['dataset_rank99'].mean(), two)} against " \
+           f"{numbers.span(keys['pca_rank99'].mean(), two)}" in text
+    arrays = np.load(analyzed.path / "qkv.npz")
+    assert np.all(arrays["tokens"] == analyzed.n * analyzed.meta["samples"]), "packed: n tokens per sequence"
+    second, centred = arrays["k_projection_eigenvalues"], arrays["k_projection_pca_eigenvalues"]
+    share = (1 - arrays["tokens"][:, None] * centred.sum(-1) / second.sum(-1)).mean(1) * 100
+    if (keys["pca_rank90"].mean() > keys["dataset_rank90"].mean()).all():
+        assert f"holds {numbers.span(share, lambda x: f'{x:.0f}')}% of the keys' energy" in text
+    else:
+        assert "not above the uncentred one in every layer" in text
+    with pytest.raises(numbers.RenderError, match="no qkv.csv"):
+        numbers.smollm2_keys({"analyze": [dataclasses.replace(analyzed, qkv=None)]})
 
 
 @pytest.fixture(scope="module")
