@@ -448,6 +448,48 @@ def smollm2_cache(runs: dict[str, list[Any]]) -> str:
     return text
 
 
+def smollm2_cache_spectral(runs: dict[str, list[Any]]) -> str:
+    """The spectral presses beside snapkv: NLL per ratio, the memory each really saves, and the comparisons the
+    presses were built for (loki against snapkv, lowrank against eviction at equal memory, linformer's mixing)."""
+    run = only(runs, "cache")
+    table = run.table
+    full = table[table["press"] == "full"].iloc[0]
+    presses = [press for press in dict.fromkeys(table["press"]) if press != "full"]
+    ratios = sorted(set(table["ratio"]) - {0.0})
+    indexed = table.set_index(["press", "ratio"])
+    nll, saved = indexed["nll"], indexed["saved"]
+    rows = ["| press | " + " | ".join(f"r = {ratio:g}" for ratio in ratios) + " |", "|---|" + "---|" * len(ratios)]
+    for press in presses:
+        cells = []
+        for ratio in ratios:
+            cell = f"{nll[(press, ratio)]:.3f}"
+            if abs(saved[(press, ratio)] - ratio) > 0.01:
+                cell += f" (saves {saved[(press, ratio)]:.2f})"
+            cells.append(cell)
+        rows.append(f"| {press} | " + " | ".join(cells) + " |")
+    text = (f"Over {run.meta['scored']} sequences (context {run.meta['context']}, continuation "
+            f"{run.meta['continuation']}; full cache {full['nll']:.3f} nats/token), the continuation's NLL (where a "
+            "press saves another share of memory than r, that share in brackets):\n\n" + "\n".join(rows) + "\n\n")
+    notes = []
+    if {"loki", "snapkv"} <= set(presses):
+        gap = [nll[("loki", r)] - nll[("snapkv", r)] for r in ratios]
+        notes.append(f"Scoring SnapKV's window in a quarter of the key dimensions (`loki`) costs "
+                     f"{slashed(gap, lambda x: f'{x:+.3f}')} nats at r = {slashed(ratios, lambda r: f'{r:g}')}")
+    if {"leverage", "snapkv"} <= set(presses):
+        worse = sum(nll[("leverage", r)] > nll[("snapkv", r)] for r in ratios)
+        notes.append(f"the keys' own geometry (`leverage`) is worse than the attention SnapKV reads at {worse} of "
+                     f"{len(ratios)} ratios")
+    if {"lowrank", "snapkv"} <= set(presses):
+        better = [r for r in ratios if nll[("lowrank", r)] < nll[("snapkv", r)]]
+        notes.append("storing every token in fewer dimensions (`lowrank`) beats evicting tokens (`snapkv`) at equal "
+                     "memory " + (f"at r = {listed([f'{r:g}' for r in better])}" if better else "at no ratio"))
+    if "linformer" in presses and min(nll[("linformer", r)] for r in ratios) > full["nll"] + 1:
+        notes.append(f"mixing the tokens (`linformer`) gives {span([nll[('linformer', r)] for r in ratios], lambda x: f'{x:.1f}')} "
+                     "nats: a softmax over signed mixtures of keys does not stand in for "
+                     "attention over tokens without training, as `approx` found for fixed projections")
+    return text + "; ".join(notes) + "."
+
+
 def speed_line(runs: dict[str, list[Any]]) -> str:
     """The stage timings `spectra analyze` prints at its end, as run.json recorded them."""
     run = only(runs, "analyze")
@@ -553,6 +595,7 @@ RENDERERS: dict[str, Renderer] = {
     "speed-line": Renderer(("analyze",), speed_line),
     "heads-models": Renderer(("approx", "heads"), heads_models),
     "smollm2-cache": Renderer(("cache",), smollm2_cache),
+    "smollm2-cache-spectral": Renderer(("cache",), smollm2_cache_spectral),
 }
 
 

@@ -374,3 +374,20 @@ def test_the_cache_paragraph_quotes_its_run(llama_dir, text_file, tmp_path) -> N
     assert f"ThinK at r = 0.5 gives {nll[('think', 0.5)]:.3f}" in text
     lines = readme.fill(text)
     assert any(line.startswith("| press | r = 0.25 | r = 0.5 |") for line in lines), "tables are not rewrapped"
+
+
+def test_the_spectral_cache_paragraph_quotes_its_run(llama_dir, text_file, tmp_path) -> None:
+    run = spectra.cache(str(llama_dir), str(text_file), context=70, continuation=6, samples=2,
+                        presses="snapkv,leverage,loki,lowrank,linformer", ratios="0.25,0.5", out=tmp_path / "c",
+                        progress=None, notify=quiet)
+    text = numbers.smollm2_cache_spectral({"cache": [run]})
+    table = pd.read_csv(run.path / "cache.csv").set_index(["press", "ratio"])
+    assert f"full cache {table.loc[('full', 0.0), 'nll']:.3f} nats/token" in text
+    for press in ("snapkv", "leverage", "loki", "lowrank"):
+        assert f"| {press} | {table.loc[(press, 0.25), 'nll']:.3f} | {table.loc[(press, 0.5), 'nll']:.3f} |" in text
+    linformer = table.loc[("linformer", 0.25)]
+    saves = f" (saves {linformer['saved']:.2f})" if abs(linformer["saved"] - 0.25) > 0.01 else ""
+    assert f"| linformer | {linformer['nll']:.3f}{saves} |" in text
+    gap = table.loc[("loki", 0.5), "nll"] - table.loc[("snapkv", 0.5), "nll"]
+    assert f"{gap:+.3f} nats at r = 0.25 / 0.5" in text
+    assert any(line.startswith("| press | r = 0.25 | r = 0.5 |") for line in readme.fill(text))
