@@ -159,7 +159,8 @@ class Cache(Analysis):
             if distributed.requested():
                 raise SpectraError(f"calibrated presses ({spell('--fit-samples', 'fit_samples')}) are not supported "
                                    "across processes yet; run with a single process")
-            check_evaluable(source, options.fit_samples, config)
+            check_evaluable(source, options.fit_samples, config,
+                            f"a shorter {spell('--context')} + {spell('--continuation')}")
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
                           config.seed, config.samples, fit_samples=options.fit_samples)
 

@@ -72,7 +72,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, llama
                       "--context 100 + --continuation 40 = 140 tokens exceeds what tiny-llama can embed"),
         "loki-window": (llama_dir, ["--presses", "loki", "--context", "64"], "loki reads the last 64 context queries"),
         "fit-none": (llama_dir, ["--presses", "knorm", "--fit-samples", "2"], "but none is among --presses"),
-        "fit-all": (llama_dir, ["--presses", "lowrank", "--fit-samples", "1000"], "leaves no sequence to evaluate"),
+        "fit-all": (llama_dir, ["--presses", "lowrank", "--fit-samples", "1000"], "a shorter --context + --continuation"),
     }[case]
     out = tmp_path / "run"
     code, stdout, stderr = tiny.run_cli(["cache", str(model), "--data", str(text_file), "--out", str(out),
