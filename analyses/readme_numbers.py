@@ -467,8 +467,12 @@ def smollm2_cache_spectral(runs: dict[str, list[Any]]) -> str:
                 cell += f" (saves {saved[(press, ratio)]:.2f})"
             cells.append(cell)
         rows.append(f"| {press} | " + " | ".join(cells) + " |")
+    calibrated = run.meta.get("calibration", {}).get("sequences", 0)
+    fitted = (f"`loki` and `lowrank` fitted on {calibrated} calibration sequences" if calibrated else
+              "`loki` and `lowrank` fitted on each context itself, the oracle")
     text = (f"Over {run.meta['scored']} sequences (context {run.meta['context']}, continuation "
-            f"{run.meta['continuation']}; full cache {full['nll']:.3f} nats/token), the continuation's NLL (where a "
+            f"{run.meta['continuation']}; full cache {full['nll']:.3f} nats/token; {fitted}), the continuation's "
+            "NLL (where a "
             "press saves another share of memory than r, that share in brackets):\n\n" + "\n".join(rows) + "\n\n")
     notes = []
     if {"loki", "snapkv"} <= set(presses):

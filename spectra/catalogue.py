@@ -76,6 +76,10 @@ PRESSES: tuple[str, ...] = ("streaming", "knorm", "snapkv", "tova", "random", "o
                              "lowrank", "linformer")
 CHANNEL_PRESSES = frozenset({"think"})
 ROPE_PRESSES = frozenset({"think"})
+#: presses that read the last 64 context queries (they need a longer context), and those fitted on calibration
+#: sequences (`spectra cache --fit-samples`)
+WINDOW_PRESSES = frozenset({"snapkv", "loki"})
+CALIBRATING_PRESSES = frozenset({"loki", "lowrank"})
 
 
 def presses(names: Iterable[str]) -> tuple[str, ...]:

@@ -41,6 +41,8 @@ def test_the_presses_are_the_registry_name_for_name() -> None:
     assert catalogue.PRESSES == tuple(presses.REGISTRY), "a press registered without its catalogue line (or gone)"
     assert catalogue.CHANNEL_PRESSES == {name for name, press in presses.REGISTRY.items() if press.channels}
     assert catalogue.ROPE_PRESSES == {name for name, press in presses.REGISTRY.items() if press.needs_rope}
+    assert catalogue.WINDOW_PRESSES == {name for name, press in presses.REGISTRY.items() if press.windowed}
+    assert catalogue.CALIBRATING_PRESSES == {name for name, press in presses.REGISTRY.items() if press.calibrates}
     assert catalogue.presses(["tova", " knorm", "tova"]) == ("tova", "knorm")
     with pytest.raises(SpectraError, match="unknown press 'h2o'; valid presses: streaming, knorm"):
         catalogue.presses(["h2o"])

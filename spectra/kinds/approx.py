@@ -115,9 +115,10 @@ class ApproxOptions:
         return replace(self, methods=labels, budget=check_budgets(budget, n), k_plan=plan)
 
 
-def check_evaluable(source, fit_samples: int, config: RunConfig) -> None:
+def check_evaluable(source, fit_samples: int, config: RunConfig, length: str | None = None) -> None:
     """Refuse calibration sequences that leave none to evaluate: the corpus is read (tokenized, no model pass) up
-    to `fit_samples` + 1 sequences, before any calibration or evaluation work."""
+    to `fit_samples` + 1 sequences, before any calibration or evaluation work. `length`: how the command sets the
+    sequence length, when not by --length (spectra cache: --context and --continuation)."""
     from .. import data
 
     tokenizer = source.loaded.tokenizer
@@ -128,10 +129,12 @@ def check_evaluable(source, fit_samples: int, config: RunConfig) -> None:
     gives = f"{yielded} sequence{'s' if yielded != 1 else ''}"
     asked = spell(f"--fit-samples {fit_samples}", f"fit_samples={fit_samples}")
     where = spell(f"--length {config.length} --mode {config.mode}", f"length={config.length}, mode='{config.mode}'")
+    if length is not None:
+        where = f"{config.length} tokens a sequence, {spell(f'--mode {config.mode}', f'mode={config.mode!r}')}"
     raise SpectraError(
         f"{asked} leaves no sequence to evaluate: the corpus gives {'only ' if yielded < fit_samples else ''}{gives} "
         f"at {where}; pass fewer calibration sequences ({spell('--fit-samples', 'fit_samples')} < {yielded}), more "
-        f"text or a smaller {spell('--length')}")
+        f"text or {length or 'a smaller ' + spell('--length')}")
 
 
 class Approx(Analysis):

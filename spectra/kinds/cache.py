@@ -30,7 +30,7 @@ from .base import Analysis, register
 DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 #: model configuration fields that say the model rotates queries and keys (RoPE)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
-#: SnapKV's window: it needs a longer context
+#: SnapKV's window (loki's too): they need a longer context
 SNAPKV_WINDOW = 64
 
 
@@ -45,6 +45,9 @@ class CacheOptions:
     ratios: tuple[float, ...] = option(DEFAULT_RATIOS, "Comma-separated compression ratios in [0, 1): the fraction "
                                        "of cached tokens removed (for think: of key channels; the memory saved is "
                                        "half of it). The full cache (ratio 0) is always measured.")
+    fit_samples: int = option(0, "Calibration sequences for the presses that fit (loki, lowrank), read first and "
+                              "not evaluated; --samples more are evaluated after them with the fit frozen. 0: each "
+                              "of those presses fits on the context it compresses (an oracle).")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "presses", catalogue.presses(several(self.presses, "--presses")))
@@ -61,9 +64,21 @@ class CacheOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise SpectraError(f"{spell('--' + name)} must be an integer ≥ {least}, got {value!r}")
-        if "snapkv" in self.presses and self.context <= SNAPKV_WINDOW:
-            raise SpectraError(f"snapkv reads the last {SNAPKV_WINDOW} context queries: it needs "
+        windowed = [press for press in self.presses if press in catalogue.WINDOW_PRESSES]
+        if windowed and self.context <= SNAPKV_WINDOW:
+            raise SpectraError(f"{windowed[0]} reads the last {SNAPKV_WINDOW} context queries: it needs "
                                f"{spell('--context')} > {SNAPKV_WINDOW}, got {self.context}")
+        if isinstance(self.fit_samples, bool) or not isinstance(self.fit_samples, int) or self.fit_samples < 0:
+            raise SpectraError(f"{spell('--fit-samples')} must be an integer ≥ 0, got {self.fit_samples!r}")
+        if self.fit_samples and not self.calibrating:
+            raise SpectraError(f"{spell('--fit-samples')} calibrates the presses that fit "
+                               f"({', '.join(sorted(catalogue.CALIBRATING_PRESSES))}), but none is among "
+                               f"{spell('--presses')}; add one or drop {spell('--fit-samples')}")
+
+    @property
+    def calibrating(self) -> tuple[str, ...]:
+        """The chosen presses that fit on calibration sequences."""
+        return tuple(press for press in self.presses if press in catalogue.CALIBRATING_PRESSES)
 
     @property
     def length(self) -> int:
@@ -118,26 +133,36 @@ class Cache(Analysis):
     def job(self, config: RunConfig, options: CacheOptions, reporter: Reporter, found: checkpoints.Source):
         from ..loop import Job
 
-        return Job("cache", config, config.settings(identity(options)), config.samples,
+        fit_samples = options.fit_samples
+        evaluation = {"evaluation": [fit_samples, fit_samples + config.samples]} if fit_samples else {}
+        return Job("cache", config, config.settings(identity(options)), fit_samples + config.samples,
                    config.default_out("cache", found.label), found.where,
                    open_source=lambda where: model_source(config, where, lm_head=True,
-                                                          keep_logits=options.continuation + 1),
+                                                          keep_logits=options.continuation + 1,
+                                                          fit_samples=fit_samples),
                    build_probe=lambda source: self.probe(config, options, source),
-                   meta=lambda source: identity(options),
+                   meta=lambda source: {**identity(options), **evaluation},
                    bytes_per_sequence=lambda source: 8.0 * 4 * source.heads * source.n ** 2)
 
     def probe(self, config: RunConfig, options: CacheOptions, source):
         """The cache probe, once the model has loaded (and been checked again: hub ids are only known now)."""
-        from .. import models
+        from .. import distributed, models
         from ..probes.cache import CacheProbe
+        from .approx import check_evaluable
 
         loaded = source.loaded
         self.check(config, options, source.shape())
         if loaded.head is None:
             raise SpectraError(f"{loaded.name} has no language-model head: spectra cache scores next-token predictions")
         self.check_rope(options, models.rotary(loaded.model), loaded.name)
+        if options.fit_samples:
+            if distributed.requested():
+                raise SpectraError(f"calibrated presses ({spell('--fit-samples', 'fit_samples')}) are not supported "
+                                   "across processes yet; run with a single process")
+            check_evaluable(source, options.fit_samples, config,
+                            f"a shorter {spell('--context')} + {spell('--continuation')}")
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
-                          config.seed, config.samples)
+                          config.seed, config.samples, fit_samples=options.fit_samples)
 
     def load(self, path: Path, meta: dict[str, Any]) -> CacheRun:
         return CacheRun(path, meta, read_table(path, "cache.csv"), read_table(path, "cache_heads.csv"),

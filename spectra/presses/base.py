@@ -16,8 +16,12 @@ A new press is one module under `spectra/presses/` (a `Press` subclass, `registe
 its name in `spectra/catalogue.py` (PRESSES, and CHANNEL_PRESSES when its ratio counts key channels);
 tests/test_catalogue.py holds the catalogue equal to `REGISTRY`. A press that draws randomly seeds itself from
 `Prefill.seed` and `Prefill.index` (the run's seed and the sequence's global index), never from global state.
-Presses fitted on calibration sequences (Loki's PCA, low-rank K/V) need a calibration pass the probe does not run
-yet: the first `fit_samples` sequences handed to the press, its fit kept in the probe's checkpointed state.
+Presses fitted on calibration sequences (`calibrates`: Loki's PCA, low-rank K/V) get a calibration pass from
+`spectra cache --fit-samples N`: the probe makes the run its own fresh instance of each (`fresh`), hands it the
+prefill of each of the first N sequences (`calibrate`), keeps its statistics in the run's checkpointed state
+(`statistics`, `load_statistics`), and evaluates the sequences after them with that fit frozen. With N = 0 such a
+press fits on each evaluated context itself (an oracle). A press that reads the last WINDOW context queries
+(`windowed`: snapkv, loki) needs a context longer than the window.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 #: the queries SnapKV reads: the last WINDOW context positions (kvpress's default window_size)
@@ -134,17 +139,35 @@ class Press:
     """A compression of one layer's cache at a ratio (see the module docstring).
 
     `name` is what `--presses` names; `channels` marks presses whose ratio is the fraction of key channels removed
-    (ThinK) rather than of tokens; `needs_rope` refuses models without rotary positions before they load."""
+    (ThinK) rather than of tokens; `needs_rope` refuses models without rotary positions before they load;
+    `windowed` presses need more than WINDOW context tokens; `calibrates` presses fit on calibration sequences."""
 
     name: ClassVar[str]
     channels: ClassVar[bool] = False
     needs_rope: ClassVar[bool] = False
+    windowed: ClassVar[bool] = False
+    calibrates: ClassVar[bool] = False
     #: one line for tables and --help: what the press keeps
     summary: ClassVar[str] = ""
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         """The cache the continuation attends to, `ratio` ∈ (0, 1) of it removed (ratio 0 never reaches a press)."""
         raise NotImplementedError
+
+    def fresh(self) -> Press:
+        """A new instance with nothing fitted, for one run (the registry's instances are shared by every run)."""
+        return type(self)()
+
+    def calibrate(self, prefill: Prefill) -> None:
+        """Add one calibration sequence's layer (presses that `calibrates`)."""
+        raise NotImplementedError(f"{self.name} does not calibrate")
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        """What the calibration has gathered, as float64 arrays (empty for a press that does not calibrate)."""
+        return {}
+
+    def load_statistics(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore what `statistics` returned (a resumed run)."""
 
 
 class ScorerPress(Press):

@@ -58,6 +58,7 @@ class SnapKV(ScorerPress):
     averaged over each key/value group; the w window tokens are always kept. Needs L > w."""
 
     name, summary = "snapkv", "the keys the last 64 queries attend to"
+    windowed = True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
         window = prefill.window.shape[1]

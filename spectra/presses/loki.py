@@ -4,8 +4,9 @@ al. 2024: approximate q·k in the top principal components of the keys, fitted o
 Per key/value head a basis P (d × r, r = d·RANK_SHARE, Loki's default d_f = 0.25) holds the top r centred
 principal directions of the keys *before RoPE*, fitted on calibration sequences (`calibrate`: float64 sums over
 every calibration token, `pca.Moments`); a press that has seen no calibration sequence for a layer fits P on the
-context's own pre-RoPE keys instead (an oracle the paper does not have). `spectra cache` runs no calibration
-pass yet (presses/base.py says what it needs), so for now every run takes that fallback. The last w = min(64, L)
+context's own pre-RoPE keys instead (an oracle the paper does not have): `spectra cache --fit-samples N`
+calibrates on its first N sequences and freezes the basis for the evaluated ones; with N = 0 (the default) every
+context takes that oracle. The last w = min(64, L)
 context queries then score the L context keys with approximate logits s·(qP)(kP)ᵀ — post-RoPE q and k, as attention
 sees them,
 projected on the pre-RoPE basis (RoPE rotates channel pairs by position, so the basis is only approximately theirs:
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from .base import WINDOW, Prefill, ScorerPress, register
@@ -52,6 +54,7 @@ class Loki(ScorerPress):
     """SnapKV's scores from rank-r approximate logits in the keys' calibrated principal basis."""
 
     name, summary = "loki", "snapkv's choice, scored in the keys' top principal components"
+    windowed, calibrates = True, True
 
     def __init__(self) -> None:
         self.moments = Moments()
@@ -62,6 +65,12 @@ class Loki(ScorerPress):
     def clear(self) -> None:
         """Forget the calibration (a new run starts from none)."""
         self.moments.clear()
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        return self.moments.arrays()
+
+    def load_statistics(self, arrays: dict[str, np.ndarray]) -> None:
+        self.moments.load(arrays)
 
     def fit(self, prefill: Prefill) -> Fit:
         """The calibration's statistics for this layer, else the context's own."""

@@ -4,8 +4,9 @@ spectrum.
 
 Per layer and key/value head, the keys (post-RoPE, as cached) and the values have a mean μ and a covariance fitted on
 calibration sequences (`calibrate`, float64 sums over every calibration token, `pca.Moments`); a press that has seen
-no calibration sequence for a layer fits them on the context itself (an oracle: the basis then costs memory too;
-`spectra cache` runs no calibration pass yet, so for now every run takes that fallback).
+no calibration sequence for a layer fits them on the context itself (an oracle: the basis then costs memory too).
+`spectra cache --fit-samples N` calibrates on its first N sequences and freezes the fit (means, covariances, hence
+the bases and the ranks) for the evaluated ones; with N = 0 (the default) every context takes that oracle.
 Ratio r removes the share r of the layer's cached numbers: the layer keeps B = round((1 − r)·2·d·H_kv) principal
 directions in all, shared among its keys and values of every head by the spectrum — the B largest of the
 eigenvalues each divided by its own covariance's trace (the share of a tensor's variance a direction explains), so a
@@ -16,6 +17,7 @@ head whose keys live in 3 directions gives its dimensions to one whose values ne
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .base import Compressed, Prefill, Press, register
@@ -48,6 +50,7 @@ class LowRank(Press):
     """Keys and values on their top centred principal directions per head, ranks shared by the spectrum."""
 
     name, summary = "lowrank", "keys and values on their top principal directions (ranks by the spectrum)"
+    calibrates = True
 
     def __init__(self) -> None:
         self.moments = Moments()
@@ -59,6 +62,12 @@ class LowRank(Press):
     def clear(self) -> None:
         """Forget the calibration (a new run starts from none)."""
         self.moments.clear()
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        return self.moments.arrays()
+
+    def load_statistics(self, arrays: dict[str, np.ndarray]) -> None:
+        self.moments.load(arrays)
 
     def fits(self, prefill: Prefill) -> list[Fit]:
         """The key and value statistics of this layer: the calibration's, else the context's own."""

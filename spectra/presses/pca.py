@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -58,6 +59,24 @@ class Moments:
 
     def clear(self) -> None:
         self.sums.clear()
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The sums as arrays named "<layer>|<name>|sum", "…|second", "…|count" (a checkpoint's, exactly)."""
+        found = {}
+        for (layer, name), (total, second, count) in sorted(self.sums.items()):
+            found.update({f"{layer}|{name}|sum": total.numpy(), f"{layer}|{name}|second": second.numpy(),
+                          f"{layer}|{name}|count": np.array(count, dtype=np.int64)})
+        return found
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        """Replace the sums by those `arrays` holds (bitwise: float64 in, float64 out)."""
+        self.sums.clear()
+        for key in arrays:
+            layer, name, part = key.split("|")
+            if part == "count":
+                self.sums[(int(layer), name)] = (torch.from_numpy(np.array(arrays[f"{layer}|{name}|sum"])),
+                                                 torch.from_numpy(np.array(arrays[f"{layer}|{name}|second"])),
+                                                 int(arrays[key]))
 
 
 def energy_rank(eigenvalues: torch.Tensor, energy: float) -> torch.Tensor:

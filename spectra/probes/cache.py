@@ -6,6 +6,11 @@ press compress it once per ratio, measures each head with the layer's exact inpu
 error) and keeps the compressed caches; `after_batch` scores the continuation against them, all (press, ratio) rows
 of a sequence in one batched forward pass per chunk, and accumulates next-token NLL, KL from the full cache's
 distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is skipped and counted.
+
+With `fit_samples` N > 0 the first N sequences calibrate: their prefills go to the run's own fresh instance of each
+press that `calibrates` (never to the registry's shared one), nothing is scored, and the sequences after them are
+evaluated with that fit frozen. The fit's statistics are part of the checkpointed state (a resumed run goes on from
+the same float64 sums) and are written as calibration.npz.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import torch
 
 from .. import catalogue, kvcache, models
 from ..capture import Captured
-from ..presses import REGISTRY, Compressed, Prefill, full
+from ..errors import SpectraError
+from ..presses import REGISTRY, Compressed, Prefill, Press, full
 from ..stats import State, tagged
 from .base import Probe
 
@@ -38,11 +44,17 @@ _PER_SEQUENCE = ("nll", "kl", "top1")
 
 class CacheProbe(Probe):
     """Every (press, ratio) of `presses` × `ratios` beside the full cache, on sequences of `context` + `continuation`
-    tokens; `samples` sizes the per-sequence table, `seed` is the run's (the random press draws from it)."""
+    tokens; `samples` sizes the per-sequence table, `seed` is the run's (the random press draws from it);
+    `fit_samples` sequences come first and calibrate the presses that fit (see the module docstring)."""
 
     def __init__(self, source: "ModelSource", presses: Sequence[str], ratios: Sequence[float], context: int,
-                 continuation: int, seed: int, samples: int) -> None:
+                 continuation: int, seed: int, samples: int, fit_samples: int = 0) -> None:
         self.source, self.context, self.continuation, self.seed = source, context, continuation, seed
+        self.fit_samples = fit_samples
+        # the run's own presses: a calibrating press's fit belongs to this run, not to the shared registry
+        self.presses: dict[str, Press] = {name: REGISTRY[name].fresh() if REGISTRY[name].calibrates
+                                          else REGISTRY[name] for name in presses}
+        self.calibrated = np.zeros(1)  # calibration sequences used (long enough)
         self.variants: list[tuple[str, float]] = [("full", 0.0)] + [(p, r) for p in presses for r in ratios]
         loaded = source.loaded
         self.layers, self.heads = loaded.layers, loaded.heads
@@ -75,7 +87,10 @@ class CacheProbe(Probe):
             key_pre = None if pre is None else pre[row, :context].unflatten(-1, (captured.key.shape[1], -1))
             key_pre = None if key_pre is None else key_pre.transpose(0, 1)
             prefilled = kvcache.prefill(captured, row, context, key_pre, self.seed, index[row])
-            parts = [full(prefilled) if press == "full" else REGISTRY[press].compress(prefilled, ratio)
+            if index[row] < self.fit_samples:
+                self._calibrate(prefilled)
+                continue
+            parts = [full(prefilled) if press == "full" else self.presses[press].compress(prefilled, ratio)
                      for press, ratio in self.variants]
             mass, error = kvcache.head_measures(captured, row, context, parts, prefilled)
             self.head_sums[:, layer, :, 0] += mass.double().cpu().numpy()
@@ -86,8 +101,23 @@ class CacheProbe(Probe):
             self.pending.setdefault(index[row], {})[layer] = (kept, parts)
         self.pre_rope.pop(layer, None)
 
+    def _calibrate(self, prefilled: Prefill) -> None:
+        """One calibration sequence's layer, added to every calibrating press of the run."""
+        for press in self.presses.values():
+            if press.calibrates:
+                press.calibrate(prefilled)
+        if prefilled.layer == 0:
+            self.calibrated += 1
+
     def after_batch(self, batch: Any) -> None:
-        """Score each pending sequence's continuation against its compressed caches."""
+        """Score each pending sequence's continuation against its compressed caches (a calibration batch — no batch
+        straddles the end of the calibration — has none: it is refused if no calibration sequence was usable)."""
+        if min(batch.index) < self.fit_samples:
+            if max(batch.index) == self.fit_samples - 1 and not self.calibrated[0]:
+                raise SpectraError(f"none of the {self.fit_samples} calibration sequences has {self.context} + "
+                                   f"{self.continuation} tokens (truncate mode skips shorter ones); use --mode pack, "
+                                   "a shorter --context or more text")
+            return
         rows = {index: row for row, index in enumerate(batch.index)}
         self.skipped += len(batch.index) - len(self.pending)
         for index, layers in self.pending.items():
@@ -123,22 +153,42 @@ class CacheProbe(Probe):
             self.sums[i] += [1, per_token[0][i].sum(), per_token[1][i].sum(), per_token[2][i].sum(), tokens_scored,
                              kept, saved]
             for j, values in enumerate(per_token):
-                self.per_sequence[j, index, i] = values[i].mean()
-        self.scored[index] = 1
+                self.per_sequence[j, index - self.fit_samples, i] = values[i].mean()
+        self.scored[index - self.fit_samples] = 1
         self.head_counts += 1
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        """Every calibrating press's gathered statistics, named "<press>|<layer>|<tensor>|<part>"."""
+        return {f"{name}|{key}": array for name, press in self.presses.items()
+                for key, array in press.statistics().items()}
 
     def state(self) -> State:
         return tagged({"cache.sums": self.sums, "cache.heads": self.head_sums, "cache.head_counts": self.head_counts,
                        "cache.sequences": self.per_sequence, "cache.scored": self.scored,
-                       "cache.skipped": self.skipped})
+                       "cache.skipped": self.skipped, "cache.calibrated": self.calibrated,
+                       **{f"calibration.{key}": array for key, array in self.statistics().items()}})
 
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.sums, self.head_sums = np.array(arrays["cache.sums"]), np.array(arrays["cache.heads"])
         self.head_counts, self.per_sequence = np.array(arrays["cache.head_counts"]), np.array(arrays["cache.sequences"])
         self.scored, self.skipped = np.array(arrays["cache.scored"]), np.array(arrays["cache.skipped"])
+        self.calibrated = np.array(arrays["cache.calibrated"])
+        for name, press in self.presses.items():
+            prefix = f"calibration.{name}|"
+            press.load_statistics({key[len(prefix):]: value for key, value in arrays.items()
+                                   if key.startswith(prefix)})
 
     def describe(self) -> dict[str, Any]:
-        return {"scored": int(self.scored.sum()), "skipped": int(self.skipped[0])}
+        found = {"scored": int(self.scored.sum()), "skipped": int(self.skipped[0])}
+        if self.fit_samples:
+            found["calibration"] = {"sequences": [0, self.fit_samples], "used": int(self.calibrated[0]),
+                                    "presses": [name for name, press in self.presses.items() if press.calibrates]}
+        return found
+
+    def arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        """calibration.npz: the calibrating presses' float64 sums (Σx, Σxᵀx, N per press, layer and tensor)."""
+        found = self.statistics()
+        return {"calibration.npz": found} if self.fit_samples and found else {}
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """cache.csv (per press and ratio), cache_heads.csv (per press, ratio, layer and head), cache_sequences.csv
@@ -161,7 +211,7 @@ class CacheProbe(Probe):
                     heads.append({"press": press, "ratio": ratio, "layer": layer, "head": head,
                                   "mass_kept": mean[layer, head, 0], "out_err": mean[layer, head, 1]})
             for index in scored:
-                sequences.append({"press": press, "ratio": ratio, "sequence": int(index),
+                sequences.append({"press": press, "ratio": ratio, "sequence": int(index) + self.fit_samples,
                                   **{name: self.per_sequence[j, index, i] for j, name in enumerate(_PER_SEQUENCE)}})
         return {"cache.csv": pd.DataFrame(rows), "cache_heads.csv": pd.DataFrame(heads),
                 "cache_sequences.csv": pd.DataFrame(sequences)}

@@ -58,7 +58,8 @@ def test_the_model_shape_is_checked_before_it_loads() -> None:
     cache.check(config, CacheOptions(context=300, continuation=12), Shape(2, 4, 512, True, "tiny"))
 
 
-@pytest.mark.parametrize("case", ["ratio", "press", "encoder", "no-rope", "positions"])
+@pytest.mark.parametrize("case", ["ratio", "press", "encoder", "no-rope", "positions", "loki-window", "fit-none",
+                                  "fit-all"])
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, llama_dir, gpt2_dir, bert_dir, text_file,
                                                                       tmp_path, monkeypatch, capsys) -> None:
     model, extra, message = {
@@ -69,6 +70,9 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, llama
                                                             "rotary position embedding"),
         "positions": (llama_dir, ["--context", "100", "--continuation", "40"],
                       "--context 100 + --continuation 40 = 140 tokens exceeds what tiny-llama can embed"),
+        "loki-window": (llama_dir, ["--presses", "loki", "--context", "64"], "loki reads the last 64 context queries"),
+        "fit-none": (llama_dir, ["--presses", "knorm", "--fit-samples", "2"], "but none is among --presses"),
+        "fit-all": (llama_dir, ["--presses", "lowrank", "--fit-samples", "1000"], "a shorter --context + --continuation"),
     }[case]
     out = tmp_path / "run"
     code, stdout, stderr = tiny.run_cli(["cache", str(model), "--data", str(text_file), "--out", str(out),
@@ -140,3 +144,140 @@ def test_a_finished_run_reprints_and_plots(finished, monkeypatch, capsys, tmp_pa
     code, stdout, _ = tiny.run_cli(["cache", str(finished.path), "--plot"], monkeypatch, capsys)
     assert code == 0 and "snapkv" in stdout and "cache_nll_vs_ratio.png" in stdout
     assert spectra.load_run(finished.path).table.equals(finished.table)
+
+
+# --- calibration (--fit-samples): loki and lowrank fitted on the first sequences, frozen for the evaluated ones ---
+
+FIT = dict(context=CONTEXT, continuation=CONTINUATION, presses="loki,lowrank", ratios="0.5", samples=2,
+           fit_samples=2, batch_size=1, **QUIET)
+
+
+@pytest.fixture(scope="module")
+def calibrated(llama_dir, text_file, tmp_path_factory):
+    return spectra.cache(str(llama_dir), str(text_file), out=tmp_path_factory.mktemp("runs") / "fit", **FIT)
+
+
+def eager_prefills(llama_dir, text_file, indices):
+    """Per sequence: its tokens, and per layer the context's pre-RoPE keys (the model's own k_proj), post-RoPE keys
+    and values (transformers' own cache after an eager prefill), each (H_kv, L, d) in float64 numpy."""
+    tokenizer = AutoTokenizer.from_pretrained(llama_dir)
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, attn_implementation="eager").eval()
+    corpus = data.open_corpus(str(text_file))
+    found, pre = [], {}
+    hooks = [layer.self_attn.k_proj.register_forward_hook(
+        lambda module, args, output, i=i: pre.__setitem__(i, output)) for i, layer in enumerate(model.model.layers)]
+    heads, dim = model.config.num_key_value_heads, model.config.head_dim
+    for index, ids in zip(range(max(indices) + 1), data.sequences(tokenizer, corpus, CONTEXT + CONTINUATION, "pack")):
+        if index not in indices:
+            continue
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            past = model(input_ids=ids[:, :CONTEXT], use_cache=True).past_key_values
+        layers = [(pre[i][0].unflatten(-1, (heads, dim)).transpose(0, 1).double().numpy(),
+                   past.layers[i].keys[0].double().numpy(), past.layers[i].values[0].double().numpy())
+                  for i in range(len(model.model.layers))]
+        found.append((ids, layers))
+    for hook in hooks:
+        hook.remove()
+    return model, found
+
+
+def statistics(npz, press: str, layer: int, tensor: str) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and biased covariance per head from a run's calibration.npz sums."""
+    total, second = npz[f"{press}|{layer}|{tensor}|sum"], npz[f"{press}|{layer}|{tensor}|second"]
+    count = int(npz[f"{press}|{layer}|{tensor}|count"])
+    mean = total / count
+    return mean, second / count - mean[..., :, None] * mean[..., None, :]
+
+
+def numpy_fit(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    pooled = np.concatenate(rows, axis=1)  # (H_kv, N, d)
+    return pooled.mean(1), np.stack([np.cov(x, rowvar=False, bias=True) for x in pooled])
+
+
+def test_calibrated_bases_are_the_calibration_sequences_pca(calibrated, llama_dir, text_file) -> None:
+    _, found = eager_prefills(llama_dir, text_file, {0, 1})
+    npz = np.load(calibrated.path / "calibration.npz")
+    for layer in range(2):
+        for press, tensor, column in (("loki", "key_pre", 0), ("lowrank", "key", 1), ("lowrank", "value", 2)):
+            mean, covariance = statistics(npz, press, layer, tensor)
+            want_mean, want_covariance = numpy_fit([layers[layer][column] for _, layers in found])
+            np.testing.assert_allclose(mean, want_mean, atol=1e-5)
+            np.testing.assert_allclose(covariance, want_covariance, atol=1e-5)
+            for got, want in zip(covariance, want_covariance):  # loki's rank-2 basis spans the same plane
+                top = [np.linalg.eigh(c)[1][:, ::-1][:, :2] for c in (got, want)]
+                np.testing.assert_allclose(top[0] @ top[0].T, top[1] @ top[1].T, atol=1e-4)
+    assert int(npz["loki|0|key_pre|count"]) == 2 * CONTEXT
+
+
+def test_calibration_sequences_are_not_evaluated(calibrated) -> None:
+    table = calibrated.table.set_index(["press", "ratio"])
+    assert (table["sequences"] == 2).all() and (table["tokens"] == 2 * CONTINUATION).all()
+    assert sorted(calibrated.sequences["sequence"].unique()) == [2, 3]
+    assert calibrated.meta["calibration"] == {"sequences": [0, 2], "used": 2, "presses": ["loki", "lowrank"]}
+    assert calibrated.meta["evaluation"] == [2, 4]
+    assert not spectra.presses.REGISTRY["loki"].moments.sums and not spectra.presses.REGISTRY["lowrank"].moments.sums
+
+
+def numpy_lowrank(rows: np.ndarray, mean: np.ndarray, covariance: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    out = []
+    for x, mu, c, rank in zip(rows, mean, covariance, ranks):
+        basis = np.linalg.eigh(c)[1][:, ::-1][:, :rank]
+        out.append(mu + (x - mu) @ basis @ basis.T)
+    return np.stack(out)
+
+
+def test_evaluated_lowrank_is_the_dense_continuation_with_the_frozen_fit(calibrated, llama_dir, text_file) -> None:
+    model, calibration = eager_prefills(llama_dir, text_file, {0, 1})
+    _, evaluated = eager_prefills(llama_dir, text_file, {2, 3})
+    fits = {(layer, column): numpy_fit([layers[layer][column] for _, layers in calibration])
+            for layer in range(2) for column in (1, 2)}
+    got = calibrated.sequences.set_index(["press", "ratio", "sequence"])["nll"]
+    for sequence, (ids, layers) in zip((2, 3), evaluated):
+        with torch.no_grad():
+            prefill = model(input_ids=ids[:, :CONTEXT], use_cache=True)
+        past = prefill.past_key_values
+        for layer in range(2):
+            shares = []  # relative eigenvalues of keys and values, every head: the 0.5 · 2·d·H_kv largest kept
+            for column in (1, 2):
+                values = np.linalg.eigvalsh(fits[(layer, column)][1])[:, ::-1].clip(0)
+                shares.append(values / values.sum(-1, keepdims=True))
+            shares = np.stack(shares)
+            chosen = np.zeros(shares.size, bool)
+            chosen[np.argsort(-shares.ravel(), kind="stable")[: round(0.5 * shares.size)]] = True
+            ranks = chosen.reshape(shares.shape).sum(-1)
+            for column, name, rank in ((1, "keys", ranks[0]), (2, "values", ranks[1])):
+                rebuilt = numpy_lowrank(layers[layer][column], *fits[(layer, column)], rank)
+                setattr(past.layers[layer], name, torch.from_numpy(rebuilt).float()[None])
+        with torch.no_grad():
+            rest = model(input_ids=ids[:, CONTEXT:-1], past_key_values=past).logits[0]
+        logits = torch.cat([prefill.logits[0, -1:], rest]).double()
+        nll = torch.nn.functional.cross_entropy(logits, ids[0, CONTEXT:], reduction="none").mean().item()
+        assert got[("lowrank", 0.5, sequence)] == pytest.approx(nll, abs=1e-4)
+
+
+def test_a_resumed_calibrated_run_equals_an_uninterrupted_one(calibrated, llama_dir, text_file, tmp_path) -> None:
+    settings = {**FIT, "checkpoint_seconds": 0.0}
+
+    def interrupt(done, total):
+        if done >= 1:  # inside the calibration: the checkpoint holds the sums of one sequence
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", **{**settings, "progress": interrupt})
+    assert (tmp_path / "cut.partial" / "checkpoint.npz").exists()
+    resumed = spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", resume=True, **settings)
+    for name in ("table", "heads", "sequences"):
+        pd.testing.assert_frame_equal(getattr(resumed, name), getattr(calibrated, name), check_exact=True, obj=name)
+    for key, value in np.load(calibrated.path / "calibration.npz").items():
+        np.testing.assert_array_equal(np.load(resumed.path / "calibration.npz")[key], value)
+
+
+def test_fit_samples_is_checked_in_one_line() -> None:
+    assert CacheOptions(presses="snapkv,loki", fit_samples=4).calibrating == ("loki",)
+    for options, message in (({"presses": "snapkv", "fit_samples": 4}, "fit.samples calibrates the presses that fit "
+                                                                       "\\(loki, lowrank\\), but none is among"),
+                             ({"fit_samples": -1}, "fit.samples must be an integer ≥ 0"),
+                             ({"presses": "lowrank,loki", "context": 40}, "loki reads the last 64 context queries")):
+        with pytest.raises(SpectraError, match=message):
+            CacheOptions(**options)

@@ -45,3 +45,24 @@ def test_energy_rank_is_the_smallest_rank_reaching_the_share() -> None:
     values = torch.tensor([[8.0, 1.0, 0.5, 0.5], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
     assert energy_rank(values, 0.9).tolist() == [2, 4, 4]  # no energy: every direction
     assert energy_rank(values, 0.8).tolist() == [1, 4, 4]
+
+
+def test_moments_go_through_arrays_bitwise() -> None:
+    rng = np.random.default_rng(1)
+    moments = Moments()
+    for layer, name in ((0, "key"), (0, "value"), (3, "key_pre")):
+        moments.add(layer, name, torch.from_numpy(rng.standard_normal((2, 9, 4))))
+    arrays = {key: np.array(value) for key, value in moments.arrays().items()}  # what a checkpoint stores
+    assert sorted(arrays) == sorted(f"{layer}|{name}|{part}" for layer, name in ((0, "key"), (0, "value"),
+                                                                               (3, "key_pre"))
+                                    for part in ("sum", "second", "count"))
+    restored = Moments()
+    restored.load(arrays)
+    assert set(restored.sums) == set(moments.sums)
+    for key, (total, second, count) in moments.sums.items():
+        again = restored.sums[key]
+        assert torch.equal(again[0], total) and torch.equal(again[1], second) and again[2] == count == 9
+    more = torch.from_numpy(rng.standard_normal((2, 5, 4)))
+    moments.add(0, "key", more)
+    restored.add(0, "key", more)
+    assert torch.equal(moments.fit(0, "key").covariance, restored.fit(0, "key").covariance)
