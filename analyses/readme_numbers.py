@@ -467,7 +467,7 @@ def smollm2_cache_spectral(runs: dict[str, list[Any]]) -> str:
                 cell += f" (saves {saved[(press, ratio)]:.2f})"
             cells.append(cell)
         rows.append(f"| {press} | " + " | ".join(cells) + " |")
-    calibrated = run.meta.get("calibration", {}).get("sequences", 0)
+    calibrated = run.meta.get("calibration", {}).get("used", 0)
     fitted = (f"`loki` and `lowrank` fitted on {calibrated} calibration sequences" if calibrated else
               "`loki` and `lowrank` fitted on each context itself, the oracle")
     text = (f"Over {run.meta['scored']} sequences (context {run.meta['context']}, continuation "

@@ -382,7 +382,8 @@ def test_the_spectral_cache_paragraph_quotes_its_run(llama_dir, text_file, tmp_p
                         progress=None, notify=quiet)
     text = numbers.smollm2_cache_spectral({"cache": [run]})
     table = pd.read_csv(run.path / "cache.csv").set_index(["press", "ratio"])
-    assert f"full cache {table.loc[('full', 0.0), 'nll']:.3f} nats/token" in text
+    assert f"full cache {table.loc[('full', 0.0), 'nll']:.3f} nats/token; `loki` and `lowrank` fitted on each " \
+           "context itself, the oracle)" in text
     for press in ("snapkv", "leverage", "loki", "lowrank"):
         assert f"| {press} | {table.loc[(press, 0.25), 'nll']:.3f} | {table.loc[(press, 0.5), 'nll']:.3f} |" in text
     linformer = table.loc[("linformer", 0.25)]
