@@ -162,7 +162,7 @@ class Cache(Analysis):
             check_evaluable(source, options.fit_samples, config,
                             f"a shorter {spell('--context')} + {spell('--continuation')}")
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
-                          config.seed, config.samples, fit_samples=options.fit_samples)
+                          config.seed, range(options.fit_samples, options.fit_samples + config.samples))
 
     def load(self, path: Path, meta: dict[str, Any]) -> CacheRun:
         return CacheRun(path, meta, read_table(path, "cache.csv"), read_table(path, "cache_heads.csv"),

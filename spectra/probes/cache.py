@@ -44,13 +44,14 @@ _PER_SEQUENCE = ("nll", "kl", "top1")
 
 class CacheProbe(Probe):
     """Every (press, ratio) of `presses` × `ratios` beside the full cache, on sequences of `context` + `continuation`
-    tokens; `samples` sizes the per-sequence table, `seed` is the run's (the random press draws from it);
-    `fit_samples` sequences come first and calibrate the presses that fit (see the module docstring)."""
+    tokens; `seed` is the run's (the random press draws from it); `evaluated` are the global indices of the
+    sequences scored (they size the per-sequence table): the `evaluated.start` sequences before them calibrate
+    the presses that fit (see the module docstring)."""
 
     def __init__(self, source: "ModelSource", presses: Sequence[str], ratios: Sequence[float], context: int,
-                 continuation: int, seed: int, samples: int, fit_samples: int = 0) -> None:
+                 continuation: int, seed: int, evaluated: range) -> None:
         self.source, self.context, self.continuation, self.seed = source, context, continuation, seed
-        self.fit_samples = fit_samples
+        self.fit_samples, samples = evaluated.start, len(evaluated)
         # the run's own presses: a calibrating press's fit belongs to this run, not to the shared registry
         self.presses: dict[str, Press] = {name: REGISTRY[name].fresh() if REGISTRY[name].calibrates
                                           else REGISTRY[name] for name in presses}
