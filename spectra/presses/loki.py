@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
 
 from .base import WINDOW, Prefill, ScorerPress, register
 from .eviction import SnapKV
-from .pca import Fit, Moments, principal
+from .pca import Fit, MomentsCalibrated, principal
 
 #: the share of the head dimension the scoring basis keeps (Loki's d_f)
 RANK_SHARE = 0.25
@@ -50,27 +49,14 @@ def approximate_window(prefill: Prefill, basis: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1, dtype=wide).to(prefill.key.dtype)
 
 
-class Loki(ScorerPress):
+class Loki(MomentsCalibrated, ScorerPress):
     """SnapKV's scores from rank-r approximate logits in the keys' calibrated principal basis."""
 
     name, summary = "loki", "snapkv's choice, scored in the keys' top principal components"
-    windowed, calibrates = True, True
-
-    def __init__(self) -> None:
-        self.moments = Moments()
+    windowed = True
 
     def calibrate(self, prefill: Prefill) -> None:
         self.moments.add(prefill.layer, "key_pre", pre_rope(prefill))
-
-    def clear(self) -> None:
-        """Forget the calibration (a new run starts from none)."""
-        self.moments.clear()
-
-    def statistics(self) -> dict[str, np.ndarray]:
-        return self.moments.arrays()
-
-    def load_statistics(self, arrays: dict[str, np.ndarray]) -> None:
-        self.moments.load(arrays)
 
     def fit(self, prefill: Prefill) -> Fit:
         """The calibration's statistics for this layer, else the context's own."""

@@ -17,11 +17,10 @@ head whose keys live in 3 directions gives its dimensions to one whose values ne
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .base import Compressed, Prefill, Press, register
-from .pca import Fit, Moments
+from .pca import Fit, MomentsCalibrated
 
 TENSORS = ("key", "value")
 
@@ -46,28 +45,14 @@ def reconstruct(rows: torch.Tensor, fit: Fit, vectors: torch.Tensor, rank: torch
     return projected.to(rows.dtype)
 
 
-class LowRank(Press):
+class LowRank(MomentsCalibrated, Press):
     """Keys and values on their top centred principal directions per head, ranks shared by the spectrum."""
 
     name, summary = "lowrank", "keys and values on their top principal directions (ranks by the spectrum)"
-    calibrates = True
-
-    def __init__(self) -> None:
-        self.moments = Moments()
 
     def calibrate(self, prefill: Prefill) -> None:
         self.moments.add(prefill.layer, "key", prefill.key)
         self.moments.add(prefill.layer, "value", prefill.value)
-
-    def clear(self) -> None:
-        """Forget the calibration (a new run starts from none)."""
-        self.moments.clear()
-
-    def statistics(self) -> dict[str, np.ndarray]:
-        return self.moments.arrays()
-
-    def load_statistics(self, arrays: dict[str, np.ndarray]) -> None:
-        self.moments.load(arrays)
 
     def fits(self, prefill: Prefill) -> list[Fit]:
         """The key and value statistics of this layer: the calibration's, else the context's own."""

@@ -89,3 +89,23 @@ def energy_rank(eigenvalues: torch.Tensor, energy: float) -> torch.Tensor:
 def principal(fit: Fit, rank: int) -> torch.Tensor:
     """The top `rank` centred principal directions (H_kv, d, rank), float64, orthonormal columns."""
     return fit.eigen()[1][..., :rank]
+
+
+class MomentsCalibrated:
+    """The calibration state of a press that fits on centred moments (loki, lowrank): `self.moments`, a fresh
+    `Moments` per instance, which a run clears, checkpoints and restores through these three methods."""
+
+    calibrates = True
+
+    def __init__(self) -> None:
+        self.moments = Moments()
+
+    def clear(self) -> None:
+        """Forget the calibration (a new run starts from none)."""
+        self.moments.clear()
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        return self.moments.arrays()
+
+    def load_statistics(self, arrays: dict[str, np.ndarray]) -> None:
+        self.moments.load(arrays)
