@@ -31,6 +31,19 @@ class Stop(Exception):
     """Raised from a progress callback: an interrupt after some batches."""
 
 
+def interrupted_and_resumed(llama_dir, text_file, tmp_path, settings: dict, after: int):
+    """A run stopped once `after` sequences are done (its checkpoint left), then resumed to the end."""
+    def interrupt(done, total):
+        if done >= after:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", **{**settings, "progress": interrupt})
+    assert (tmp_path / "cut.partial" / "checkpoint.npz").exists()
+    return spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", resume=True, **settings)
+
+
+
 @pytest.fixture(scope="module")
 def finished(llama_dir, text_file, tmp_path_factory):
     return spectra.cache(str(llama_dir), str(text_file), out=tmp_path_factory.mktemp("runs") / "cache", **SETTINGS)
@@ -127,15 +140,7 @@ def test_the_tables_count_what_each_press_keeps(finished) -> None:
 def test_a_resumed_run_equals_an_uninterrupted_one(llama_dir, text_file, tmp_path) -> None:
     settings = {**SETTINGS, "batch_size": 1, "checkpoint_seconds": 0.0}
     whole = spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "whole", **settings)
-
-    def interrupt(done, total):
-        if done >= 2:
-            raise Stop
-
-    with pytest.raises(Stop):
-        spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", **{**settings, "progress": interrupt})
-    assert (tmp_path / "cut.partial" / "checkpoint.npz").exists()
-    resumed = spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", resume=True, **settings)
+    resumed = interrupted_and_resumed(llama_dir, text_file, tmp_path, settings, after=2)
     for name in ("table", "heads", "sequences"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(whole, name), check_exact=True, obj=name)
 
@@ -258,15 +263,8 @@ def test_evaluated_lowrank_is_the_dense_continuation_with_the_frozen_fit(calibra
 
 def test_a_resumed_calibrated_run_equals_an_uninterrupted_one(calibrated, llama_dir, text_file, tmp_path) -> None:
     settings = {**FIT, "checkpoint_seconds": 0.0}
-
-    def interrupt(done, total):
-        if done >= 1:  # inside the calibration: the checkpoint holds the sums of one sequence
-            raise Stop
-
-    with pytest.raises(Stop):
-        spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", **{**settings, "progress": interrupt})
-    assert (tmp_path / "cut.partial" / "checkpoint.npz").exists()
-    resumed = spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", resume=True, **settings)
+    # stopped inside the calibration: the checkpoint holds the sums of one sequence
+    resumed = interrupted_and_resumed(llama_dir, text_file, tmp_path, settings, after=1)
     for name in ("table", "heads", "sequences"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(calibrated, name), check_exact=True, obj=name)
     for key, value in np.load(calibrated.path / "calibration.npz").items():
