@@ -43,7 +43,6 @@ def interrupted_and_resumed(llama_dir, text_file, tmp_path, settings: dict, afte
     return spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "cut", resume=True, **settings)
 
 
-
 @pytest.fixture(scope="module")
 def finished(llama_dir, text_file, tmp_path_factory):
     return spectra.cache(str(llama_dir), str(text_file), out=tmp_path_factory.mktemp("runs") / "cache", **SETTINGS)
