@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .spectrum import query_rows
+
 #: the per-sequence scores a batch gives, in table order
 ROW_SCORES = ("sink_share", "prev", "local", "top10", "keynorm_corr")
 #: TransformerLens's induction protocol: random tokens repeated twice, in this many seeded sequences
@@ -40,15 +42,6 @@ def positions(valid: torch.Tensor) -> torch.Tensor:
     """Each token's rank among the valid tokens (B, n); padded positions get −1."""
     rank = valid.long().cumsum(-1) - 1
     return torch.where(valid, rank, -1)
-
-
-def query_rows(valid: torch.Tensor, start: int) -> torch.Tensor:
-    """The queries the per-query scores average over (B, n): valid, from rank `start` on (all but the first valid
-    token when the sequence is shorter), as `spectrum.row_metrics` takes them for the sink mass."""
-    rank = positions(valid)
-    lengths = valid.sum(-1, keepdim=True)
-    begin = torch.minimum(torch.full_like(lengths, start), (lengths - 1).clamp_min(0))
-    return valid & (rank >= begin)
 
 
 def _row_mean(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -310,6 +310,16 @@ def _entropy_totals(p: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(totals)
 
 
+def query_rows(valid: torch.Tensor, start: int) -> torch.Tensor:
+    """The queries a per-query mean takes (B, n): valid, from position `start` among the valid tokens on (all but
+    the first valid token when the sequence is shorter). The sink mass averages over them, and so do the head
+    diagnosis's per-query scores."""
+    rank = valid.long().cumsum(-1) - 1  # (B, n): position among the valid tokens
+    lengths = valid.sum(-1, keepdim=True)
+    begin = torch.minimum(torch.full_like(lengths, start), (lengths - 1).clamp_min(0))
+    return valid & (rank >= begin)
+
+
 def row_metrics(p: torch.Tensor, valid: torch.Tensor, start: int) -> torch.Tensor:
     """Sink mass and entropy (..., 2), float64, of each P (B, H, n, n) whose padded rows and columns are zero.
 
@@ -317,11 +327,9 @@ def row_metrics(p: torch.Tensor, valid: torch.Tensor, start: int) -> torch.Tenso
     the sequence is shorter) of P[i, first valid key]: the attention-sink share (Xiao et al. 2023);
     entropy = the mean over valid queries of −Σ_j p_ij ln p_ij, in nats (padded rows are zero: they add nothing).
     """
-    rank = valid.long().cumsum(-1) - 1  # (B, n): position among the valid tokens
     lengths = valid.sum(-1, keepdim=True)
     first = valid.long().argmax(-1)  # (B,)
-    begin = torch.minimum(torch.full_like(lengths, start), (lengths - 1).clamp_min(0))
-    rows = (valid & (rank >= begin)).to(torch.float64)  # (B, n)
+    rows = query_rows(valid, start).to(torch.float64)  # (B, n)
     to_sink = torch.gather(p, -1, first[:, None, None, None].expand(*p.shape[:-1], 1))[..., 0].to(torch.float64)
     sink = (to_sink * rows[:, None]).sum(-1) / rows.sum(-1, keepdim=True).clamp_min(1)
     totals = _entropy_totals(p.reshape(-1, *p.shape[-2:])).reshape(p.shape[:-2]).to(sink.device)
