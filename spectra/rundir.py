@@ -97,14 +97,28 @@ def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     _atomic(path, write)
 
 
-def check_writable(path: Path, what: str = "--out") -> None:
-    """The nearest existing ancestor of `path` must be a writable directory (checked before any work)."""
-    ancestor = path.absolute().parent
+def check_writable(path: Path, what: str = "--out", *, inside: bool = False) -> None:
+    """`path` can be written (checked before any work): its nearest existing ancestor is a directory that accepts a
+    new file. With `inside`, an existing `path` is itself that directory (a folder the figures go into).
+
+    Permissions alone do not say it: root passes every permission check, yet /proc and /sys refuse new files and a
+    read-only file system refuses everyone. So the directory is asked the real question: a probe file is created
+    in it and removed at once.
+    """
+    if inside and path.exists() and not path.is_dir():
+        raise SpectraError(f"cannot write into {path}: it is a file, not a directory; choose another {option(what)}")
+    ancestor = path.absolute() if inside and path.exists() else path.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent
+    refused = f"cannot write {path}: {ancestor} is not a writable directory; choose another {option(what)}"
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise SpectraError(f"cannot write {path}: {ancestor} is not a writable directory; choose another "
-                           f"{option(what)}")
+        raise SpectraError(refused)
+    try:
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".spectra-probe-")
+    except OSError:
+        raise SpectraError(refused) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _lock_path(out: Path) -> Path:

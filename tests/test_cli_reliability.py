@@ -475,3 +475,75 @@ def test_a_generic_model_folder_names_runs_after_its_config_and_never_collides(r
     assert sorted(path.name for path in (workdir / "runs").iterdir()) == ["roberta-first-corpus-n16",
                                                                           "roberta-second-corpus-n16"]
     assert "1 sequence," in out and "1 sequences" not in out
+
+
+# ---------------------------------------------------------------- every command that writes: an unwritable --out
+
+
+def _writers(roberta: Path, llama: Path, corpus: Path, run: Path) -> dict[str, list[str]]:
+    """Every command that writes, with the option naming where (the place is appended)."""
+    data = ["--data", str(corpus), "--samples", "2"]
+    return {
+        "analyze": ["analyze", str(roberta), *data, "--length", "16", "--out"],
+        "approx": ["approx", str(roberta), *data, "--length", "16", "--budget", "4", "--out"],
+        "theorems": ["theorems", str(roberta), *data, "--length", "16", "--budget", "4", "--out"],
+        "theorems --synthetic": ["theorems", "--synthetic", "--length", "16", "--samples", "2", "--budget", "4",
+                                 "--out"],
+        "scaling": ["scaling", str(roberta), *data, "--lengths", "8,16", "--out"],
+        "cache": ["cache", str(llama), *data, "--context", "80", "--continuation", "8", "--presses", "streaming",
+                  "--out"],
+        "heads": ["heads", str(roberta), *data, "--length", "16", "--out"],
+        "plot": ["plot", str(run), "--out"],
+        "figure1": ["figure1", str(run), "--out"],
+        "plan-k": ["plan-k", str(run), "--out"],
+        "compare": ["compare", str(run), "--csv"],
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(roberta_dir, text_file, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("finished") / "run"
+    analyze(roberta_dir, text_file, path)
+    return path
+
+
+def _unwritable(kind: str, workdir: Path) -> Path:
+    if kind == "under a file":
+        (workdir / "plain").write_text("a file, not a directory\n")
+        return workdir / "plain" / "out"
+    if kind == "read-only directory":
+        (workdir / "readonly").mkdir()
+        (workdir / "readonly").chmod(0o555)
+        return workdir / "readonly" / "out"
+    place = Path("/" + kind.split()[0]) / "spectra_out"
+    if not place.parent.is_dir():
+        pytest.skip(f"no {place.parent} here")
+    return place
+
+
+@pytest.mark.parametrize("place", ["proc filesystem", "sys filesystem", "under a file", "read-only directory"])
+@pytest.mark.parametrize("command", ["analyze", "approx", "theorems", "theorems --synthetic", "scaling", "cache",
+                                     "heads", "plot", "figure1", "plan-k", "compare"])
+def test_every_writing_command_refuses_an_unwritable_out_before_any_work(command, place, roberta_dir, llama_dir,
+                                                                         text_file, finished_run, workdir,
+                                                                         monkeypatch, capsys) -> None:
+    """/proc, /sys, a path under a regular file, a read-only directory: one line naming the place and the option,
+    exit 2, before any model loads or anything is drawn, and nothing written (no lock file beside it either)."""
+    target = _unwritable(place, workdir)
+    if place == "read-only directory" and os.geteuid() == 0:  # root writes anyway: the permission answers no
+        monkeypatch.setattr(rundir.os, "access", lambda path, mode: Path(path) != target.parent)
+    before = snapshot(workdir)
+
+    def work(*args, **kwargs):
+        raise AssertionError("the work started before --out was checked")
+
+    monkeypatch.setattr("spectra.models.load", work)
+    monkeypatch.setattr("spectra.sources.SyntheticSource.__init__", work)
+    monkeypatch.setattr("spectra.report.plots.style.save", work)
+    args = _writers(roberta_dir, llama_dir, text_file, finished_run)[command]
+    line = one_line(*run_cli([*args, str(target)], monkeypatch, capsys))
+    flag = "--csv" if command == "compare" else "--out"
+    assert line.startswith(f"error: cannot write {target}: ") and line.endswith(f"choose another {flag}"), line
+    assert snapshot(workdir) == before
+    if place == "read-only directory":
+        (workdir / "readonly").chmod(0o755)
