@@ -547,3 +547,47 @@ def test_every_writing_command_refuses_an_unwritable_out_before_any_work(command
     assert snapshot(workdir) == before
     if place == "read-only directory":
         (workdir / "readonly").chmod(0o755)
+
+
+# ---------------------------------------------------------------- a damaged run under --resume
+
+
+def _contents(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("damaged", ["run.partial/run.json", "run.partial/checkpoint.npz", "run/run.json"])
+def test_resume_on_a_damaged_run_says_what_is_damaged_and_how_to_start_afresh(damaged, roberta_dir, text_file,
+                                                                                workdir, monkeypatch,
+                                                                                capsys) -> None:
+    """A truncated run.json or checkpoint (a full disk, a killed copy): --resume names the damaged file, says
+    --overwrite starts afresh, exit 2, before the model loads, and leaves every byte as it was; --overwrite then
+    does start afresh."""
+    if damaged.startswith("run.partial"):
+        interrupted(roberta_dir, text_file, workdir / "run", 4)
+    else:
+        analyze(roberta_dir, text_file, workdir / "run", samples=12)
+    path = workdir / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = _contents(workdir)
+    args = ["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--length", "24", "--samples",
+            "12", "--batch-size", "4"]
+    with monkeypatch.context() as patched:
+        patched.setattr("spectra.models.load", lambda *a, **k: pytest.fail("the model loaded"))
+        line = one_line(*run_cli([*args, "--resume"], monkeypatch, capsys))
+    assert f"{path.relative_to(workdir)} is damaged" in line, line
+    assert "pass --overwrite to start afresh" in line, line
+    assert _contents(workdir) == before, "nothing is changed"
+    code, out, err = run_cli([*args, "--overwrite"], monkeypatch, capsys)
+    assert code == 0, err
+    assert spectra.load_run(workdir / "run").meta["samples"] == 12 and not (workdir / "run.partial").exists()
+
+
+def test_resume_onto_a_folder_that_is_no_run_keeps_it(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    """--resume at a folder holding files but no run.json would otherwise run afresh and replace the folder."""
+    (workdir / "notes").mkdir()
+    (workdir / "notes" / "todo.txt").write_text("mine\n")
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--samples",
+                              "2", "--out", "notes", "--resume"], monkeypatch, capsys))
+    assert "notes exists but holds no run.json" in line and "choose another --out" in line
+    assert (workdir / "notes" / "todo.txt").read_text() == "mine\n" and snapshot(workdir) == ["notes", "notes/todo.txt"]
