@@ -591,3 +591,19 @@ def test_resume_onto_a_folder_that_is_no_run_keeps_it(roberta_dir, text_file, wo
                               "2", "--out", "notes", "--resume"], monkeypatch, capsys))
     assert "notes exists but holds no run.json" in line and "choose another --out" in line
     assert (workdir / "notes" / "todo.txt").read_text() == "mine\n" and snapshot(workdir) == ["notes", "notes/todo.txt"]
+
+
+# ---------------------------------------------------------------- options that contradict each other
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resume", "--overwrite"], "--resume continues the run at --out and --overwrite replaces it: pass only one"),
+    (["--synthetic"], "--synthetic draws Gaussian q, k, v and reads no model or corpus, but MODEL was given"),
+])
+def test_contradicting_options_are_refused(args, message, roberta_dir, text_file, workdir, monkeypatch,
+                                           capsys) -> None:
+    command = "theorems" if "--synthetic" in args else "analyze"
+    line = one_line(*run_cli([command, str(roberta_dir), "--length", "16", "--samples", "2", "--budget" if
+                              command == "theorems" else "--seed", "4", *args], monkeypatch, capsys))
+    assert message in line, line
+    assert snapshot(workdir) == []
