@@ -58,7 +58,9 @@ def figure1(
     from .kinds import load_run
     from .report.console import out as stdout
     from .report.plots import figure1 as draw_figure1
+    from .rundir import check_writable
 
+    check_writable(out)
     paths = draw_figure1([load_run(path, "analyze") for path in runs], out,
                          heatmap=None if heatmap is None else load_run(heatmap, "analyze"), at=at, quantile=band)
     for path in paths:
@@ -74,7 +76,9 @@ def plot(
     """A run's views; for analyze: per-layer curves, heatmap of c at an index, rank for 90%/99% per layer and head."""
     from .kinds import load_run
     from .report.console import out as stdout
+    from .rundir import check_writable
 
+    check_writable(out if out is not None else run / "figures", inside=True)
     loaded = load_run(run)
     if at is not None:  # only analyze runs have an index to draw the heatmap at
         from .report.plots.spectra import plot_run
@@ -99,13 +103,16 @@ def plan_k(
     from .report.console import out as stdout
     from .report.console import print_plan
     from .report.plan import plan_k as make_plan
-    from .rundir import write_json
+    from .rundir import check_writable, write_json
 
+    if out is not None:
+        check_writable(out)
     loaded = load_run(run, "analyze")
     plan = make_plan(loaded, energy, multiple=multiple, per_head=per_head)
     target = out or loaded.path / f"plan-k-e{plan.energy:g}{'-per-head' if per_head else ''}.json"
     if target.is_dir():
         raise SpectraError(f"--out {target} is a directory; give a .json file path")
+    check_writable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json(target, plan.to_json())  # before printing: output piped into `head` must not lose the file
     print_plan(loaded, plan)
@@ -123,10 +130,12 @@ def compare(
     from .report.console import out as stdout
     from .report.console import print_compare
     from .report.summaries import compare as compare_runs
-    from .rundir import write_table
+    from .rundir import check_writable, write_table
 
     if csv is not None and csv.is_dir():
         raise SpectraError(f"--csv {csv} is a directory; give a .csv file path")
+    if csv is not None:
+        check_writable(csv, "--csv")
     loaded = [load_run(path, "analyze") for path in runs]
     table = compare_runs(loaded, at)
     if csv is not None:  # before printing: output piped into `head` must not lose the file
