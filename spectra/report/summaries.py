@@ -106,12 +106,12 @@ def key_ranks(run: Run, tensor: str = "k", column: str = "dataset_rank90") -> pd
 def analyze_layers(run: Run) -> pd.DataFrame:
     """What the terminal shows of an analyze run, per layer (means over heads): c at the run's index, the rank
     for 90% of the nuclear norm, sink mass and entropy when measured, and the dataset-level key rank for 90%
-    of the variance before and after RoPE when measured."""
+    of the energy Σkᵀk (uncentred: `dataset_rank90`) before and after RoPE when measured."""
     columns = {"c_at_mean": f"c@{run.at}", "rank90_mean": "rank for 90%", "sink_mean": "sink", "entropy_mean": "entropy"}
     present = [column for column in columns if column in run.metrics.columns]
     table = run.metrics.groupby("layer")[present].mean().reset_index().rename(columns=columns)
     keys = key_ranks(run)
-    for stage, name in (("projection", "key rank90 pre-RoPE"), ("attention", "key rank90")):
+    for stage, name in (("projection", "key rank90 (energy) pre-RoPE"), ("attention", "key rank90 (energy)")):
         if stage in keys.columns:
             table[name] = keys[stage].to_numpy()
     return table
