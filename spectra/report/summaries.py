@@ -223,6 +223,22 @@ def theorem1_rows(run: TheoremRun, relative_to: str = "output", table: str = "th
     return one[one["relative_to"] == relative_to]
 
 
+def theorem1_draws(run: TheoremRun) -> tuple[int, str]:
+    """The independent draws of R behind one pooled Theorem 1 rate (one budget), and what they are made of.
+
+    R is drawn per (layer, budget, sequence, draw) and shared by the heads and columns w of its layer, so the
+    layers × sequences × draws rates are independent given the data, and the heads and columns within one R are
+    not; with a fixed projection (draws 0, or a run from before per-sequence draws) there is one R per (layer,
+    budget) for the whole run."""
+    one = run.tables["theorem1"]
+    layers = run.tables["theorem1_layers"]["layer"].nunique() if "theorem1_layers" in run.tables else 1
+    per = int(one["draws"].iloc[0]) if "draws" in one.columns else 0
+    if not per:
+        return layers, f"one R per layer: {layers} layers"
+    sequences = int(one["sequences"].iloc[0]) if "sequences" in one.columns else int(run.meta.get("samples", 1))
+    return layers * sequences * per, f"{layers} layers × {sequences} sequences × {per} per sequence"
+
+
 def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame:
     """Pooled errors per (label, budget): jl, svd (Theorem 1, per column w of V), linformer(<sharing>) and
     theorem2(<variant>) (Theorem 2, per row w, relative to ‖softmax(w)V‖ or, with "rhs", its right side);
