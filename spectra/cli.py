@@ -1,5 +1,6 @@
 """The `spectra` command: one command per registered analysis (built from its declarations by
-`cli_options.add_commands`), and the commands that read finished runs (plot, figure1, plan-k, compare).
+`cli_options.add_commands`), the commands that read finished runs (plot, figure1, plan-k, compare), and
+`tasks`, which writes task files for `spectra cache`.
 
 Starts fast: the modules the commands are built from import neither torch, transformers nor pandas at the top,
 and every command imports what it needs when it runs, so `--help` and bad input never wait for them.
@@ -144,6 +145,30 @@ def compare(
     print_compare(loaded, table, at)
     if csv is not None:
         stdout.print(f"table written to {csv}")
+
+
+@app.command("tasks", cls=FlaglessCommand)
+def tasks_command(
+    model: str = typer.Argument(..., help="A decoder: hub id, local directory, or .gguf file (only its tokenizer and config are read)."),
+    tasks: str = typer.Option("all", "--tasks", help="Comma-separated: niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe, passkey (or all)."),
+    length: str = typer.Option(..., "--length", help="Comma-separated lengths in the model's tokens (chat template and generated tokens included, as RULER counts them), e.g. 1024,2048,4096."),
+    samples: int = typer.Option(10, "--samples", help="Examples per task and length; needle depths spread evenly over them."),
+    out: Path = typer.Option(..., "--out", help="The task file to write (.jsonl, kvpress's fields plus length and depth)."),
+    haystack: Path | None = typer.Option(None, "--haystack", help="A local text file for RULER's essay haystack (default: RULER's noise)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
+    gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
+) -> None:
+    """Long-context task files generated offline: RULER's synthetic tasks and passkey, fitted to the model's tokens."""
+    from .report.console import out as stdout
+    from .tasks.command import make_tasks
+
+    def progress(task: str, size: int, fitted: list) -> None:
+        tokens = [item.tokens for item in fitted]
+        stdout.print(f"{task} at {size}: {len(fitted)} examples of {min(tokens)}–{max(tokens)} tokens", soft_wrap=True)
+
+    written = make_tasks(model, tasks=tasks, lengths=length, samples=samples, out=out, haystack=haystack, seed=seed,
+                         gguf_file=gguf_file, progress=progress)
+    stdout.print(f"wrote {written.path} ({len(written.fitted)} records)", soft_wrap=True)
 
 
 def _stop(signum: int, frame: object) -> None:
