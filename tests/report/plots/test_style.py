@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-from report_helpers import mesh_values
+from report_helpers import cielab, mesh_values
 
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY
@@ -56,18 +56,6 @@ def test_method_styles_come_from_the_registry_and_theorem2_keeps_its_own() -> No
     # an unknown label: the index-th spare colour and marker, distinct for neighbours
     spare = [style.method_style("something-new", index=i) for i in range(3)]
     assert len({to_hex(line["color"]) for line in spare}) == 3 and len({line["marker"] for line in spare}) == 3
-
-
-def cielab(color) -> np.ndarray:
-    """CIE L*a*b* (D65) of a matplotlib colour, from the sRGB formulas."""
-    from matplotlib.colors import to_rgb
-
-    rgb = np.array(to_rgb(color))
-    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
-    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
-    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
-    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
-    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
 
 
 def test_methods_of_different_families_are_told_apart_by_colour() -> None:
