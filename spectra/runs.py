@@ -72,6 +72,10 @@ class _Shown:
         return sorted(names)
 
 
+#: the base of run objects whose kind reads them back in its own module (`report/tasks.py`)
+Shown = _Shown
+
+
 def read_table(path: Path, name: str, *, optional: bool = False, **options: Any) -> pd.DataFrame | None:
     """A run's CSV table `name` (None when `optional` and absent); a missing or damaged one is one line."""
     file = path / name
