@@ -13,7 +13,9 @@ new one is a stop token (kept: decoding drops special tokens).
 Each layer's attention in those passes is `scaled_dot_product_attention` of the new queries over the layer's cached
 rows and the new tokens so far (causal among the new ones), the call kvpress's SDPA model makes; new keys and values
 are written into the buffer, never concatenated, so a step costs O(cache) reads and no copy. A cache (one press at one
-ratio) decodes on its own, so its answer never depends on what else runs beside it.
+ratio) decodes on its own, so its answer never depends on what else runs beside it. On a CPU decoding runs on one
+intra-op thread (`THREADS`): its operations are small, and the fork-join of more threads costs more than they save (a
+one-token SDPA over 1k cached keys of SmolLM2: 0.3 ms on one thread, 20 ms on two cores shared with other work).
 
 With `needle` positions, the question's pass also measures, per layer and query head, the attention mass its queries
 put on those context positions (the softmax over every cached row and the question's own keys, eager's operations),
@@ -23,7 +25,8 @@ model looks at the answer's tokens when asked (`spectra.probes.tasks`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import contextlib
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +34,24 @@ import torch
 from . import capture
 from .capture import Captured
 from .presses import Compressed, Prefill
+
+
+#: intra-op threads of decoding on a CPU
+THREADS = 1
+
+
+@contextlib.contextmanager
+def threads(device: torch.device, count: int = THREADS) -> Iterator[None]:
+    """Within the block, torch runs `count` intra-op threads when `device` is a CPU (restored after)."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(count, before))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass
@@ -81,8 +102,8 @@ def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: flo
     earlier row is seen, the new tokens causally. Returns (H, n, d)."""
     n, rows = q.shape[-2], key.shape[-2]
     mask = None if n == 1 else torch.ones(n, rows, dtype=torch.bool, device=q.device).tril(rows - n)
-    return torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling,
-                                                            enable_gqa=q.shape[0] != key.shape[0])
+    return torch.nn.functional.scaled_dot_product_attention(q[None], key[None], value[None], attn_mask=mask,
+                                                            scale=scaling, enable_gqa=q.shape[0] != key.shape[0])[0]
 
 
 def needle_mass(q: torch.Tensor, key: torch.Tensor, scaling: float, needle: torch.Tensor) -> torch.Tensor:
@@ -120,12 +141,13 @@ def greedy(model: torch.nn.Module, layers: int, cache: Cache, question: torch.Te
                                  use_cache=False, logits_to_keep=1).logits
         return int(logits[0, -1].argmax())
 
-    produced = [step(question, start)]
-    position = start + question.shape[-1]
-    for offset in range(max_new_tokens - 1):
-        produced.append(step(question.new_tensor([produced[-1]]), position + offset))
-        if produced[-1] in stop:
-            break
+    with threads(question.device):
+        produced = [step(question, start)]
+        position = start + question.shape[-1]
+        for offset in range(max_new_tokens - 1):
+            produced.append(step(question.new_tensor([produced[-1]]), position + offset))
+            if produced[-1] in stop:
+                break
     found = torch.stack([masses[layer] for layer in range(layers)]) if needle is not None else None
     return Decoded(produced, found)
 

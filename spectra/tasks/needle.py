@@ -48,12 +48,11 @@ def needle_tokens(tokenizer, text: str, start: int, context: str, answers: Seque
     return np.flatnonzero(hit).astype(np.int64)
 
 
-def survival(kept: np.ndarray | None, needle: np.ndarray, length: int) -> np.ndarray:
+def survival(kept: np.ndarray, needle: np.ndarray, length: int) -> np.ndarray:
     """Per key/value head, the share of the needle's positions among `kept` (H_kv, m) context positions of a cache
-    of `length` tokens: (H_kv,). NaN for every head when the cache's rows are not tokens (`kept` None) or there is
-    no needle."""
-    if kept is None or needle.size == 0:
-        return np.full(1 if kept is None else kept.shape[0], np.nan)
+    of `length` tokens: (H_kv,); NaN for every head when there is no needle."""
+    if needle.size == 0:
+        return np.full(kept.shape[0], np.nan)
     mask = np.zeros((kept.shape[0], length), dtype=bool)
     np.put_along_axis(mask, kept, True, axis=1)
     return mask[:, needle].mean(axis=1)

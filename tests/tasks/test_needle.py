@@ -41,6 +41,6 @@ def test_survival_and_evicted_layers() -> None:
     kept = np.array([[0, 2, 5, 7], [1, 2, 3, 4]])
     needle = np.array([2, 3, 7])
     np.testing.assert_allclose(survival(kept, needle, 8), [2 / 3, 2 / 3])
-    assert np.isnan(survival(None, needle, 8)).all() and np.isnan(survival(kept, np.zeros(0, np.int64), 8)).all()
+    assert np.isnan(survival(kept, np.zeros(0, np.int64), 8)).all() and survival(kept, needle, 8).shape == (2,)
     shares = np.array([[0.0, 0.0], [0.0, 0.5], [np.nan, np.nan], [0.0, 0.0]])
     assert evicted_layers(shares) == [0, 3]
