@@ -7,6 +7,10 @@ per sequence serves every press and ratio (probe: `probes.cache.CacheProbe`, eng
 
 Tables: cache.csv (per press and ratio, the full cache as press 'full' at ratio 0), cache_heads.csv (per press,
 ratio, layer and head), cache_sequences.csv (per press, ratio and sequence). Loads as `runs.CacheRun`.
+
+A task file (kvpress's records: `tasks.records.is_task_file`) runs the long-context task protocol instead
+(`spectra.tasks.protocol`): answers decoded greedily from each compressed cache and scored; it loads as
+`report.tasks.TaskRun`.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class CacheOptions:
     fit_samples: int = option(0, "Calibration sequences for the presses that fit (loki, lowrank), read first and "
                               "not evaluated; --samples more are evaluated after them with the fit frozen. 0: each "
                               "of those presses fits on the context it compresses (an oracle).")
+    query_aware: bool = option(False, "Task files: compress the context with the question appended (kvpress's "
+                               "evaluation convention); by default the question is appended after compression.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "presses", catalogue.presses(several(self.presses, "--presses")))
@@ -120,6 +126,14 @@ class Cache(Analysis):
                                f"{', '.join(p for p in catalogue.PRESSES if p not in catalogue.ROPE_PRESSES)}")
 
     def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
+        from ..tasks import protocol
+
+        if protocol.wants_tasks(config.data):  # kvpress's task records: the long-context task protocol
+            def rope(found: checkpoints.Source) -> None:
+                if found.local and found.gguf_file is None:
+                    self.check_rope(options, rotary(found.config), found.shape().name)
+
+            return protocol.run(config, options, reporter, rope)
         config = replace(config, length=options.length)
         found = checkpoints.inspect(config.model, config.gguf_file)
         shape = found.shape()
@@ -164,16 +178,28 @@ class Cache(Analysis):
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
                           config.seed, range(options.fit_samples, options.fit_samples + config.samples))
 
-    def load(self, path: Path, meta: dict[str, Any]) -> CacheRun:
+    def load(self, path: Path, meta: dict[str, Any]):
+        if meta.get("protocol") == "tasks":
+            from ..report.tasks import load_tasks
+
+            return load_tasks(path, meta)
         return CacheRun(path, meta, read_table(path, "cache.csv"), read_table(path, "cache_heads.csv"),
                         read_table(path, "cache_sequences.csv"))
 
-    def show(self, run: CacheRun) -> None:
+    def show(self, run) -> None:
+        if not isinstance(run, CacheRun):
+            from ..report.tasks import print_tasks
+
+            return print_tasks(run)
         from ..report.console import print_cache
 
         print_cache(run)
 
-    def plot(self, run: CacheRun, out: str | Path | None = None) -> list[Path]:
+    def plot(self, run, out: str | Path | None = None) -> list[Path]:
+        if not isinstance(run, CacheRun):
+            from ..report.plots.tasks import plot_tasks
+
+            return plot_tasks(run, out)
         from ..report.plots.cache import plot_cache
 
         return plot_cache(run, out)
