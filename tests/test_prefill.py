@@ -44,11 +44,12 @@ def dense(loaded, ids) -> dict:
     return found
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 6 * CONTEXT * 8 * 7, 2**30], ids=["one-query", "seven", "whole"])
-def test_chunked_prefill_equals_the_dense_p(gqa_llama, chunk_bytes) -> None:
+@pytest.mark.parametrize("fused, chunk_bytes", [(False, 1), (False, 6 * CONTEXT * 8 * 7), (False, 2**30),
+                                               (True, 2**30)], ids=["one-query", "seven", "whole", "fused"])
+def test_chunked_prefill_equals_the_dense_p(gqa_llama, fused, chunk_bytes) -> None:
     loaded, ids = gqa_llama
     reference = dense(loaded, ids)
-    got = prefill.prefill(loaded.model, loaded.layers, ids, 3, 5, chunk_bytes=chunk_bytes)
+    got = prefill.prefill(loaded.model, loaded.layers, ids, 3, 5, fused=fused, chunk_bytes=chunk_bytes)
     assert [p.layer for p in got] == list(range(loaded.layers))
     for layer, chunked in enumerate(got):
         want = reference[layer]
@@ -75,6 +76,11 @@ def test_each_statistic_equals_eager_on_its_own() -> None:
     assert torch.allclose(prefill.window_rows(q, key, 0.3), p, atol=1e-13)
     for chunk in (1, 5, 36, 37):
         assert torch.allclose(prefill.received_attention(q, key, 0.3, chunk), p.sum(-2), atol=1e-13)
+    fused = prefill.fused_received(q, key, value, 0.3)
+    assert fused is not None, "torch's CPU flash kernel is where the fused route expects it"
+    assert torch.allclose(fused[0], out, atol=1e-12) and torch.allclose(fused[1], p.sum(-2), rtol=1e-12, atol=0)
+    single = prefill.fused_received(q.float(), key.float(), value.float(), 0.3)
+    assert torch.allclose(single[1], p.sum(-2).float(), rtol=1e-5, atol=0), "float32: relative error of rounding"
 
 
 def test_without_received_the_statistic_is_empty(gqa_llama) -> None:
