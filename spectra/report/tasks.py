@@ -56,6 +56,30 @@ def load_tasks(path: Path, meta: dict[str, Any]) -> TaskRun:
                    read_table(path, "task_evicted.csv", dtype=text, keep_default_na=False, na_values={"depth": [""]}))
 
 
+def needle_vs_score(run: TaskRun) -> pd.DataFrame:
+    """Whether keeping the needle predicts answering: per press (and "all"), over its compressed cells with a needle
+    on examples the full cache answered (score 1), the cells `answered` (score 1) and `missed`, the mean share of
+    the needle kept in each group, and the AUC — the probability that an answered cell kept more of the needle than
+    a missed one (ties count half; NaN without both groups)."""
+    import numpy as np
+    import pandas as pd
+
+    examples = run.examples
+    full = examples[examples["press"] == "full"].set_index("example")["score"]
+    cells = examples[(examples["press"] != "full") & examples["needle_kept"].notna()]
+    cells = cells[cells["example"].map(full) == 1]
+    rows = []
+    for press, group in [*cells.groupby("press", sort=False), ("all", cells)]:
+        hit = group[group["score"] == 1]["needle_kept"].to_numpy()
+        miss = group[group["score"] < 1]["needle_kept"].to_numpy()
+        auc = (float(((hit[:, None] > miss[None]) + 0.5 * (hit[:, None] == miss[None])).mean())
+               if hit.size and miss.size else float("nan"))
+        rows.append({"press": press, "answered": hit.size, "missed": miss.size,
+                     "kept_answered": hit.mean() if hit.size else np.nan,
+                     "kept_missed": miss.mean() if miss.size else np.nan, "auc": auc})
+    return pd.DataFrame(rows)
+
+
 def print_tasks(run: TaskRun) -> None:
     """Per task, press and ratio: the mean score beside the full cache's, the paired difference and its interval."""
     from .console import out, plural, print_frame
@@ -69,6 +93,12 @@ def print_tasks(run: TaskRun) -> None:
                 "difference, 95% bootstrap intervals over examples",
                 digits={"ratio": 3, "score": 3, "low": 3, "high": 3, "full": 3, "delta": 3, "delta_low": 3,
                         "delta_high": 3})
+    predicts = needle_vs_score(run)
+    if (predicts["answered"] + predicts["missed"]).sum():
+        print_frame(predicts, "does keeping the needle predict the answer? compressed cells of examples the full cache "
+                    "answered: the needle's share kept (mean over layers and heads) when answered and when missed, "
+                    "and the AUC (1: every answered cell kept more of it than every missed one; 0.5: no relation)",
+                    digits={"kept_answered": 3, "kept_missed": 3, "auc": 3})
     failed = run.evicted
     if len(failed):
         lost = failed[failed["evicted"] > 0]

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from spectra.report.tasks import load_tasks, print_tasks
+from spectra.report.tasks import TaskRun, load_tasks, needle_vs_score, print_tasks
 from spectra.tasks.summary import task_scores
 
 
@@ -43,3 +43,19 @@ def test_a_task_run_reads_back_and_prints(tmp_path, capsys) -> None:
     print_tasks(run)
     printed = capsys.readouterr().out
     assert "3 examples" in printed and "knorm" in printed and "1 cell scored below the full cache" in printed
+
+
+def test_needle_vs_score_is_a_rank_auc() -> None:
+    rows = [{"press": "full", "ratio": 0.0, "example": e, "score": 1.0 if e < 4 else 0.0, "needle_kept": 1.0}
+            for e in range(5)]
+    kept = {0: (0.9, 1.0), 1: (0.2, 0.0), 2: (0.5, 1.0), 3: (0.5, 0.0), 4: (0.0, 0.0)}  # example: (kept, score)
+    rows += [{"press": "knorm", "ratio": 0.5, "example": e, "score": score, "needle_kept": share}
+             for e, (share, score) in kept.items()]
+    rows += [{"press": "think", "ratio": 0.5, "example": e, "score": 1.0, "needle_kept": np.nan} for e in range(5)]
+    run = TaskRun(None, {}, pd.DataFrame(rows), *[pd.DataFrame()] * 4)
+    table = needle_vs_score(run).set_index("press")
+    knorm = table.loc["knorm"]  # example 4 is left out: the full cache missed it
+    assert (knorm["answered"], knorm["missed"]) == (2, 2)
+    assert knorm["kept_answered"] == 0.7 and knorm["kept_missed"] == 0.35
+    assert knorm["auc"] == (1 + 1 + 1 + 0.5) / 4
+    assert "think" not in table.index and table.loc["all", "auc"] == knorm["auc"]
