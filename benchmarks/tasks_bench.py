@@ -78,6 +78,10 @@ def kvpress_worker(job_path: str, result_path: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, pipeline
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable  # its own bar, outside the logging switches
     job = json.loads(Path(job_path).read_text())
     torch.set_num_threads(job["threads"])
     model = AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
