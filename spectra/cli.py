@@ -25,6 +25,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # click's plain help: a description column of ~45 characters at 80 columns, long flags and defaults whole (rich's
+    # panels squeeze descriptions to ~20 characters beside a wide name column and cut names with "…")
+    rich_markup_mode=None,
     help="Empirical spectral analysis of the attention of pretrained transformers (Linformer, Wang et al. 2020).",
 )
 
