@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-from report_helpers import cielab, mesh_values
+from report_helpers import cielab, mesh_values, visible_tick_labels
 
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY
@@ -96,6 +96,21 @@ def test_maybe_log_y_only_for_a_wide_range() -> None:
     style.maybe_log_y(wide)
     assert wide.get_yscale() == "log"
     plt.close(figure)
+
+
+def test_plain_log_ticks_on_wide_and_narrow_ranges() -> None:
+    """Over three decades: decades only (1, 10, 100, 1000); under a factor of 4: every integer multiple."""
+    plt = style.pyplot()
+    for (low, high), expected in (((1.0, 1000.0), [1, 10, 100, 1000]), ((21.0, 62.0), [30, 40, 50, 60])):
+        figure, ax = plt.subplots()
+        ax.plot([1, 2], [low, high])
+        ax.set_yscale("log")
+        ax.set_ylim(low, high)
+        style.plain_log_ticks(ax)
+        figure.canvas.draw()
+        labels = visible_tick_labels(ax.yaxis, low, high)
+        assert sorted(labels) == pytest.approx(expected) and all(float(t) == v for v, t in labels.items())
+        plt.close(figure)
 
 
 def test_k_axis_ticks_every_budget_on_a_log2_axis() -> None:
