@@ -157,7 +157,7 @@ def tasks_command(
     length: str = typer.Option(..., "--length", help="Comma-separated lengths in the model's tokens (chat template and generated tokens included, as RULER counts them), e.g. 1024,2048,4096."),
     samples: int = typer.Option(10, "--samples", help="Examples per task and length; needle depths spread evenly over them."),
     out: Path = typer.Option(..., "--out", help="The task file to write (.jsonl, kvpress's fields plus length and depth)."),
-    haystack: Path | None = typer.Option(None, "--haystack", help="A local text file for RULER's essay haystack (default: RULER's noise)."),
+    haystack: Path | None = typer.Option(None, "--haystack", help="A local text file in place of RULER's essays, for the tasks RULER hides in them (niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery); default: RULER's noise haystack."),
     seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
 ) -> None:
