@@ -240,3 +240,33 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
     rows = printed_tables(out)[-1]["rows"]
     assert rows == [["svd", "0", "4", fixed(planned[("svd", 4, 0)]), "8", fixed(uniform[("svd", 8, 0)])],
                     ["svd", "1", "12", fixed(planned[("svd", 12, 1)]), "8", fixed(uniform[("svd", 8, 1)])]]
+
+
+def test_a_wide_table_folds_to_the_terminal_width_repeating_the_row_keys(monkeypatch, capsys) -> None:
+    """A table wider than the terminal is printed as several, each within the width and each repeating the columns
+    that name a row (layer, head); together they hold every column once, in order, with the same cells."""
+    rng = np.random.default_rng(0)
+    measured = [f"score_{i}" for i in range(12)]
+    frame = pd.DataFrame({"layer": np.repeat([0, 1], 3), "head": np.tile([0, 1, 2], 2), "head_type": ["local"] * 6,
+                          **{name: rng.random(6) for name in measured}})
+    monkeypatch.setattr(console, "out", console._Console(width=60, file=sys.stdout))
+    console.print_frame(frame, "a title that is longer than sixty characters wraps between its words, never inside")
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 60
+    assert [line.rstrip() for line in out.splitlines()[:2]] == [
+        "a title that is longer than sixty characters wraps between", "its words, never inside"]
+    tables = printed_tables(out)
+    assert len(tables) > 1
+    seen = []
+    for table in tables:
+        (header,) = table["header"]
+        assert header[:2] == ["layer", "head"]
+        seen += header[2:]
+        for row, (_, expected) in zip(table["rows"], frame.iterrows()):
+            assert row[:2] == [str(expected["layer"]), str(expected["head"])]
+            assert row[2:] == [value if name == "head_type" else fixed(float(expected[name]))
+                               for name, value in zip(header[2:], [expected[name] for name in header[2:]])]
+    assert seen == ["head_type", *measured]
+    monkeypatch.setattr(console, "out", console._Console(width=300, file=sys.stdout))
+    console.print_frame(frame)
+    assert len(printed_tables(capsys.readouterr().out)) == 1, "a table that fits is one table"
