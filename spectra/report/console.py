@@ -346,16 +346,22 @@ def print_scaling(run: ScalingRun) -> None:
     heads = run.meta["settings"]["extra"]
     where = "" if heads["heads"] == "all" and heads["layers"] == "all" else \
         f" (layers {heads['layers']}, heads {heads['heads']})"
-    print_frame(scaling_layers(run, "rank90"),
-                f"{run.label}{where}, {plural(run.meta['samples'], 'sequence')} per n: rank holding 90% of P's nuclear "
-                "norm, mean over heads; α fits rank ∝ n^α", {"α": 2, "n=": 1})
+    ranks = scaling_layers(run, "rank90")
+    print_frame(ranks, f"{run.label}{where}, {plural(run.meta['samples'], 'sequence')} per n: rank holding 90% of "
+                "P's nuclear norm, mean over heads; α fits rank ∝ n^α", {"α": 2, "n=": 1})
+    blank = set(ranks["fits better"]) & {"tie", "n/a"}
+    if blank:  # a column of ties (two lengths) would otherwise read as a missing result
+        out.print("fits better: the power law or k = a + b·log n, whichever errs less in log k; "
+                  + "; ".join(reason for name, reason in (
+                      ("tie", "tie: both pass through every length (two lengths always do; three or more tell them "
+                              "apart)"),
+                      ("n/a", "n/a: a rank of 0 leaves both undefined")) if name in blank))
     print_frame(scaling_fixed(run), "c at a fixed k and at k = n/4 (mean over heads): steady across n when that k "
                 "keeps up with longer sequences", missing="—")
     pooled = run.exponents[(run.exponents["scope"] == "pooled") & (run.exponents["method"] == "")].set_index("metric")
     for metric, share in (("rank90", "90%"), ("rank99", "99%")):
         row = pooled.loc[metric]
-        out.print(f"rank for {share}: {growth_reading(row['alpha'], row['alpha_low'], row['alpha_high'])}",
-                  soft_wrap=True)
+        out.print(f"rank for {share}: {growth_reading(row['alpha'], row['alpha_low'], row['alpha_high'])}")
     if run.k_needed is not None:
         pooled_k = run.k_needed[run.k_needed["layer"].isna()]
         wide = pooled_k.pivot(index="method", columns="n", values="k_needed")

@@ -187,7 +187,8 @@ def test_print_scaling_tables_match_the_run(scaling_run, capsys) -> None:
         fit = fit.iloc[0]
         assert row[:5] == [str(layer), *(fixed(v, 1) for v in cells.groupby("n")["rank90"].mean()),
                            fixed(fit["alpha"], 2)]
-        assert row[5] == f"[{fit['alpha_low']:.2f}, {fit['alpha_high']:.2f}]" and row[6] == fit["better"]
+        assert row[5] == f"[{fit['alpha_low']:.2f}, {fit['alpha_high']:.2f}]"
+        assert row[6] == (fit["better"] or ("tie" if fit["rmse_power"] == fit["rmse_log"] else "n/a"))
     assert [row[0] for row in fixed_k["rows"]] == ["32", "n/4"]
     assert fixed_k["rows"][0][1] == "—" and fixed_k["rows"][0][2] == fixed(
         scaling_run.c_fixed.query("budget == 32 and n == 40")["c"].mean())
@@ -270,3 +271,21 @@ def test_a_wide_table_folds_to_the_terminal_width_repeating_the_row_keys(monkeyp
     monkeypatch.setattr(console, "out", console._Console(width=300, file=sys.stdout))
     console.print_frame(frame)
     assert len(printed_tables(capsys.readouterr().out)) == 1, "a table that fits is one table"
+
+
+def test_a_two_length_scaling_run_says_why_no_model_fits_better(roberta_dir, text_file, tmp_path, capsys) -> None:
+    """With two lengths both two-parameter models pass through every point: "fits better" says tie and a note says
+    why (an empty column read as a missing result); the verdict follows α's interval."""
+    from spectra.api import scaling
+    from spectra.report.summaries import growth_reading
+
+    run = scaling(str(roberta_dir), str(text_file), lengths=[16, 24], samples=3, bootstrap=20,
+                  out=tmp_path / "two", progress=None, notify=lambda line: None)
+    console.print_scaling(run)
+    out = capsys.readouterr().out
+    ranks = printed_tables(out)[0]
+    assert [row[-1] for row in ranks["rows"]] == ["tie"] * len(ranks["rows"])
+    assert "tie: both pass through every length (two lengths always do" in " ".join(out.split())
+    pooled = run.exponents.query("scope == 'pooled' and method == '' and metric == 'rank90'").iloc[0]
+    assert f"rank for 90%: {growth_reading(pooled['alpha'], pooled['alpha_low'], pooled['alpha_high'])}" in \
+        " ".join(out.split())
