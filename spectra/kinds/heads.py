@@ -172,21 +172,23 @@ class Heads(Analysis):
         shown = ["layer", "head", "head_type", "sink_share", "sink_mean", "prev", "local", "induction_score",
                  "retrieval", "top10", "keynorm_corr", "entropy", "rank90", "qk_rank90", "ov_rank90"]
         table = run.diagnosis
-        print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis")
+        print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis",
+                    {"rank": 1, "entropy": 2})
         counts = table["head_type"].value_counts()
-        out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()), soft_wrap=True)
+        out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()))
         if "induction" in run.meta:
-            out.print(f"induction score {run.meta['induction']}", soft_wrap=True)
+            out.print(f"induction score {run.meta['induction']}")
         if run.full_attention_heads is not None:
             out.print(f"full_attention_heads.tsv: {int(run.full_attention_heads.sum())} of "
                       f"{run.full_attention_heads.size} key/value heads at full attention "
                       f"(--duo-share {run.meta['duo_share']}), streaming {run.meta['sinks']} sinks + "
-                      f"{run.meta['recent']} recent tokens", soft_wrap=True)
+                      f"{run.meta['recent']} recent tokens")
         if run.rules is not None and not run.rules.empty:
-            for rule in run.rules.itertuples(index=False):
-                out.print(f"k = {rule.budget}: winner rule {rule.rule}; accuracy {rule.accuracy:.0%}, held out "
-                          f"{rule.held_out_accuracy:.0%} (always {rule.baseline_winner}: {rule.baseline:.0%})",
-                          soft_wrap=True)
+            for rule in run.rules.itertuples(index=False):  # rules.csv holds the tree's lines joined by " | "
+                out.print(f"k = {rule.budget}: winner rule, accuracy {rule.accuracy:.0%}, held out "
+                          f"{rule.held_out_accuracy:.0%} (always {rule.baseline_winner}: {rule.baseline:.0%}):")
+                for line in str(rule.rule).split(" | "):
+                    out.print(f"  {line}")
 
     def plot(self, run: HeadsRun, out: str | Path | None = None) -> list[Path]:
         from ..report.plots.heads import plot_heads

@@ -133,17 +133,54 @@ def frame_table(frame: pd.DataFrame, digits: int | dict[str, int] = 3, missing: 
     return table
 
 
+#: columns that name a row rather than measure it: a table folded to the terminal's width repeats them in every part
+ROW_KEYS = ("layer", "head", "kv_head", "method", "label", "budget", "k", "press", "ratio", "n", "run", "tensor",
+            "stage", "metric", "scope")
+
+
+def row_keys(frame: pd.DataFrame) -> list:
+    """The leading columns of `frame` that name its rows (`ROW_KEYS`), or its first column when none does."""
+    keys = []
+    for column in frame.columns:
+        if str(column) not in ROW_KEYS:
+            break
+        keys.append(column)
+    return keys or list(frame.columns[:1])
+
+
+def _natural(table: Table) -> int:
+    return out.measure(table, options=out.options.update(width=10_000)).maximum
+
+
+def fold(frame: pd.DataFrame, width: int, digits: int | dict[str, int] = 3, missing: str = "") -> list[pd.DataFrame]:
+    """`frame` cut into parts by columns, each as wide as `width` at most when printed, each part repeating the
+    columns that name a row (`row_keys`), the others in their order; one part when the whole table fits. A part
+    that holds one measured column and is still too wide stays whole (the terminal wraps it)."""
+    keys = row_keys(frame)
+    parts: list[list] = [[]]
+    for column in (column for column in frame.columns if column not in keys):
+        trial = parts[-1] + [column]
+        if parts[-1] and _natural(frame_table(frame[keys + trial], digits, missing)) > width:
+            parts.append([column])
+        else:
+            parts[-1] = trial
+    return [frame[keys + part] for part in parts]
+
+
 def print_frame(frame: pd.DataFrame, title: str | None = None, digits: int | dict[str, int] = 3,
                 missing: str = "") -> None:
-    """Print a DataFrame as a table at its natural width: a terminal wraps long lines, rich would elide cells."""
+    """Print a DataFrame as tables that fit the terminal: a table wider than it is folded into parts by columns,
+    each repeating the columns that name a row (the run's CSV keeps every column side by side). The title wraps
+    between words. Never does rich elide cells: a part still too wide prints at its natural width."""
     if title:
-        out.print(title, soft_wrap=True)
-    table = frame_table(frame, digits, missing)
-    natural = out.measure(table, options=out.options.update(width=10_000)).maximum
-    if natural <= out.width:
-        out.print(table)
-    else:
-        _Console(width=natural, file=out.file, color_system=out.color_system).print(table)
+        out.print(title)
+    for part in fold(frame, out.width, digits, missing):
+        table = frame_table(part, digits, missing)
+        natural = _natural(table)
+        if natural <= out.width:
+            out.print(table)
+        else:
+            _Console(width=natural, file=out.file, color_system=out.color_system).print(table)
 
 
 # ---------------------------------------------------------------- one printer per run kind
@@ -168,11 +205,10 @@ def print_analyze(run: Run) -> None:
     print_frame(analyze_layers(run), f"{run.label} ({kind}): n = {run.n}, {plural(run.meta['samples'], 'sequence')}, "
                 f"mean over {over} per layer", {"rank": 1, "entropy": 2})
     if run.qkv is not None:
-        out.print(f"sink: mean attention of queries to the first token; entropy in nats; {KEY_RANK_NOTE}",
-                  soft_wrap=True)
+        out.print(f"sink: mean attention of queries to the first token; entropy in nats; {KEY_RANK_NOTE}")
     out.print(f"results written to {run.path}")
     if summary(run.meta.get("timings")):  # where the time went (spectra.timings)
-        out.print(summary(run.meta["timings"]), soft_wrap=True)
+        out.print(summary(run.meta["timings"]))
 
 
 def print_approx(run: ApproxRun) -> None:
@@ -201,7 +237,7 @@ def print_approx(run: ApproxRun) -> None:
             line = f"  {row.method}, {where}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
             if "ppl" in run.end_to_end.columns:
                 line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({row.ppl_change:+.0%})"
-            out.print(line, soft_wrap=True)
+            out.print(line)
 
 
 def print_stand_in(run: ApproxRun) -> None:
@@ -260,7 +296,7 @@ def print_theorems(run: TheoremRun) -> None:
     jl = theorem1_rows(run, "output")
     jl = jl[jl["method"] == "jl"]
     needed = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in jl.groupby("eps")["k_theory"].first().items())
-    out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}", soft_wrap=True)
+    out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}")
     pooled = theorem_errors(run, "output")
     pooled["label"] = pooled["label"].map(theorem_column)
     for stat in ("median", "p95"):
@@ -274,7 +310,7 @@ def print_theorems(run: TheoremRun) -> None:
         out.print("Theorem 2 relative to its right side ‖softmax(w)‖‖V‖_F, median (largest over δ): "
                   + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "budget"])
                               .groupby("budget")["median"].max().items())
-                  + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}", soft_wrap=True)
+                  + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}")
 
 
 def print_plan(run: Run, plan: Plan) -> None:
@@ -284,7 +320,7 @@ def print_plan(run: Run, plan: Plan) -> None:
                 f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
                 f"(a layer's budget: {rule})")
     print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
-    out.print(RANK_VS_PLAN, soft_wrap=True)
+    out.print(RANK_VS_PLAN)
 
 
 #: why plan-k's k_min is not analyze's rank90 (the README says the same, tests/report/test_plan.py checks it)
@@ -315,16 +351,22 @@ def print_scaling(run: ScalingRun) -> None:
     heads = run.meta["settings"]["extra"]
     where = "" if heads["heads"] == "all" and heads["layers"] == "all" else \
         f" (layers {heads['layers']}, heads {heads['heads']})"
-    print_frame(scaling_layers(run, "rank90"),
-                f"{run.label}{where}, {plural(run.meta['samples'], 'sequence')} per n: rank holding 90% of P's nuclear "
-                "norm, mean over heads; α fits rank ∝ n^α", {"α": 2, "n=": 1})
+    ranks = scaling_layers(run, "rank90")
+    print_frame(ranks, f"{run.label}{where}, {plural(run.meta['samples'], 'sequence')} per n: rank holding 90% of "
+                "P's nuclear norm, mean over heads; α fits rank ∝ n^α", {"α": 2, "n=": 1})
+    blank = set(ranks["fits better"]) & {"tie", "n/a"}
+    if blank:  # a column of ties (two lengths) would otherwise read as a missing result
+        out.print("fits better: the power law or k = a + b·log n, whichever errs less in log k; "
+                  + "; ".join(reason for name, reason in (
+                      ("tie", "tie: both pass through every length (two lengths always do; three or more tell them "
+                              "apart)"),
+                      ("n/a", "n/a: a rank of 0 leaves both undefined")) if name in blank))
     print_frame(scaling_fixed(run), "c at a fixed k and at k = n/4 (mean over heads): steady across n when that k "
                 "keeps up with longer sequences", missing="—")
     pooled = run.exponents[(run.exponents["scope"] == "pooled") & (run.exponents["method"] == "")].set_index("metric")
     for metric, share in (("rank90", "90%"), ("rank99", "99%")):
         row = pooled.loc[metric]
-        out.print(f"rank for {share}: {growth_reading(row['alpha'], row['alpha_low'], row['alpha_high'])}",
-                  soft_wrap=True)
+        out.print(f"rank for {share}: {growth_reading(row['alpha'], row['alpha_low'], row['alpha_high'])}")
     if run.k_needed is not None:
         pooled_k = run.k_needed[run.k_needed["layer"].isna()]
         wide = pooled_k.pivot(index="method", columns="n", values="k_needed")
