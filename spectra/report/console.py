@@ -192,7 +192,7 @@ def plural(count: int, noun: str) -> str:
 
 
 def print_analyze(run: Run) -> None:
-    """The per-layer summary of an analyze run and where it was written."""
+    """The per-layer summary of an analyze run and where its time went (the command line says where it is)."""
     kind = "decoder, causal P" if run.causal else "encoder"
     heads = run.meta.get("heads")
     over = f"{run.heads} heads" if heads is None else f"heads {layers_label(heads)}"
@@ -201,7 +201,6 @@ def print_analyze(run: Run) -> None:
     if run.qkv is not None:
         out.print("sink: mean attention of queries to the first token; entropy in nats; key rank90: dimensions of the "
                   "head that hold 90% of the keys' variance over the run")
-    out.print(f"results written to {run.path}")
     if summary(run.meta.get("timings")):  # where the time went (spectra.timings)
         out.print(summary(run.meta["timings"]))
 
