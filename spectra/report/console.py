@@ -230,8 +230,20 @@ def print_approx(run: ApproxRun) -> None:
             where = f"k={row.budget}" if allocation in (None, "uniform") else f"k plan (mean k={row.budget})"
             line = f"  {row.method}, {where}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
             if "ppl" in run.end_to_end.columns:
-                line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({row.ppl_change:+.0%})"
+                line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({signed_percent(row.ppl_change)})"
             out.print(line)
+
+
+def signed_percent(share: float) -> str:
+    """A relative change as a signed percentage with the fewest decimals that show it is not zero (+86%, -0.3%,
+    +0.004%): a small change rounded to "-0%" reads as none. Exactly 0 is "no change"."""
+    if share == 0:
+        return "no change"
+    for places in range(8):
+        text = f"{share:+.{places}%}"
+        if float(text[:-1]) != 0:
+            return text
+    return f"{share:+.1e}"
 
 
 def print_stand_in(run: ApproxRun) -> None:
