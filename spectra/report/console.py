@@ -25,6 +25,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ..config import layers_label
+from ..reporter import plural
 from ..runs import ApproxRun, CacheRun, Run, ScalingRun, TheoremRun
 from ..timings import summary
 from .plan import Plan
@@ -184,11 +185,6 @@ def print_frame(frame: pd.DataFrame, title: str | None = None, digits: int | dic
 
 
 # ---------------------------------------------------------------- one printer per run kind
-
-
-def plural(count: int, noun: str) -> str:
-    """'1 sequence', '2 sequences'."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def print_analyze(run: Run) -> None:
