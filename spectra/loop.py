@@ -26,7 +26,7 @@ from . import distributed, timings
 from .config import RunConfig
 from .errors import Interrupted, SpectraError, option
 from .probes import Probe
-from .reporter import Reporter
+from .reporter import Reporter, plural
 from .rundir import OVERWRITE, RESUME, RunDir, default_dir, versions
 from .stats import plain
 
@@ -182,9 +182,9 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                 seen += len(batch.index)
                 if interrupted():
                     if distributed.size() == 1 and not checkpoint() and not saved:
-                        raise Interrupted(f"interrupted after {done + seen} sequences, during the calibration: "
+                        raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}, during the calibration: "
                                           "nothing was saved; run the command again")
-                    raise Interrupted(f"interrupted after {done + seen} sequences; continue with {RESUME} and the "
+                    raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}; continue with {RESUME} and the "
                                       f"same {option('--out')} ({target.out})")
                 if time.perf_counter() - last_save >= every and probe.ready():
                     checkpoint()
@@ -194,16 +194,16 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
         probe.load_state(distributed.reduce_state(probe.state(), source.device))
     except KeyboardInterrupt:
         if not saved:  # nothing on disk to continue from
-            raise Interrupted(f"interrupted twice: stopped at once after {done + seen} sequences, before the first "
+            raise Interrupted(f"interrupted twice: stopped at once after {plural(done + seen, 'sequence')}, before the first "
                               "checkpoint: nothing was saved; run the command again") from None
-        raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after {saved[0]} "
-                          f"sequences with {RESUME} and the same {option('--out')} ({target.out})") from None
+        raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after "
+                          f"{plural(saved[0], 'sequence')} with {RESUME} and the same {option('--out')} ({target.out})") from None
     except (RuntimeError, MemoryError) as error:
         if not (isinstance(error, MemoryError) or _out_of_memory(error)):
             raise
-        kept = (f"the checkpoint after {saved[0]} sequences is kept: continue with {RESUME} and"
+        kept = (f"the checkpoint after {plural(saved[0], 'sequence')} is kept: continue with {RESUME} and"
                 if saved else "nothing was written: try again with")
-        raise SpectraError(f"ran out of memory after {done + seen} sequences; {kept} a smaller "
+        raise SpectraError(f"ran out of memory after {plural(done + seen, 'sequence')}; {kept} a smaller "
                            f"{option('--batch-size')}") from None
     return seen
 
@@ -275,7 +275,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
             state, done = target.load_checkpoint()
             probe.load_state(state)
             elapsed = float(previous.get("wall_seconds", 0.0))
-            notify(f"resuming {target.partial} after {done} sequences")
+            notify(f"resuming {target.partial} after {plural(done, 'sequence')}")
         target.begin(record)
         started = time.perf_counter()
         try:
@@ -286,7 +286,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
         processed = done + distributed.total(seen, source.device)
         if processed < job.samples:
             reporter.advance(processed, processed)
-            notify(f"the corpus yields {processed} sequence{'s' if processed != 1 else ''} of the {job.samples} "
+            notify(f"the corpus yields {plural(processed, 'sequence')} of the {job.samples} "
                    "asked for; all of them were used")
         record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - started,
                       processes=distributed.size(), **probe.describe())

@@ -85,6 +85,29 @@ class CacheOptions:
         return self.context + self.continuation
 
 
+def warn_window_filled(options: CacheOptions, reporter: Reporter) -> None:
+    """Before the run: the ratios at which the windowed presses keep only tokens of their window, where their scores
+    choose nothing (and loki keeps what snapkv keeps), and the context that lets them choose at every ratio. Said,
+    not refused: the rows are true measurements of what those presses keep there."""
+    windowed = [press for press in options.presses if press in catalogue.WINDOW_PRESSES]
+    if not windowed:
+        return
+    from ..presses.base import WINDOW, window_choosing_length, window_filled
+
+    filled = window_filled(options.context, options.ratios)
+    if not filled:
+        return
+    ratios, kept = (", ".join(f"{value:g}" for value in values) for values in zip(*filled))
+    one, both = len(filled) == 1, len(windowed) > 1
+    reporter.warn(f"at a context of {options.context} tokens, {'ratio' if one else 'ratios'} {ratios} "
+                  f"{'keeps' if one else 'keep'} {kept} tokens, no more than the {WINDOW}-token window that "
+                  f"{' and '.join(windowed)} {'always keep' if both else 'always keeps'}: "
+                  f"{'their' if both else 'its'} scores choose nothing there (below {WINDOW} kept, torch.topk's "
+                  f"tie-break picks which window tokens stay){', so loki tells nothing snapkv does not' if both else ''}"
+                  f"; a context of {window_choosing_length(options.ratios)} tokens or more lets "
+                  f"{'them' if both else 'it'} choose at every ratio")
+
+
 def rotary(config: dict[str, Any]) -> bool:
     """Whether a model's config says it uses rotary positions."""
     return any(config.get(name) for name in ROPE_FIELDS)
@@ -126,6 +149,7 @@ class Cache(Analysis):
         self.check(config, options, shape)
         if found.local and found.gguf_file is None:
             self.check_rope(options, rotary(found.config), shape.name)
+        warn_window_filled(options, reporter)
         from ..loop import execute
 
         return execute(self.job(config, options, reporter, found), reporter)

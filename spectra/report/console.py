@@ -25,6 +25,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ..config import layers_label
+from ..reporter import plural
 from ..runs import ApproxRun, CacheRun, Run, ScalingRun, TheoremRun
 from ..timings import summary
 from .plan import Plan
@@ -186,11 +187,6 @@ def print_frame(frame: pd.DataFrame, title: str | None = None, digits: int | dic
 # ---------------------------------------------------------------- one printer per run kind
 
 
-def plural(count: int, noun: str) -> str:
-    """'1 sequence', '2 sequences'."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 #: what the key-rank columns of the analyze table are: the energy rank, not the variance one (issue 33, item 7)
 KEY_RANK_NOTE = ("key rank90 (energy): dimensions of the head holding 90% of the keys' energy Σkᵀk over the run, "
                  "the mean key included (dataset_rank90 in qkv.csv; pca_rank90 there holds 90% of their variance, "
@@ -198,7 +194,7 @@ KEY_RANK_NOTE = ("key rank90 (energy): dimensions of the head holding 90% of the
 
 
 def print_analyze(run: Run) -> None:
-    """The per-layer summary of an analyze run and where it was written."""
+    """The per-layer summary of an analyze run and where its time went (the command line says where it is)."""
     kind = "decoder, causal P" if run.causal else "encoder"
     heads = run.meta.get("heads")
     over = f"{run.heads} heads" if heads is None else f"heads {layers_label(heads)}"
@@ -206,7 +202,6 @@ def print_analyze(run: Run) -> None:
                 f"mean over {over} per layer", {"rank": 1, "entropy": 2})
     if run.qkv is not None:
         out.print(f"sink: mean attention of queries to the first token; entropy in nats; {KEY_RANK_NOTE}")
-    out.print(f"results written to {run.path}")
     if summary(run.meta.get("timings")):  # where the time went (spectra.timings)
         out.print(summary(run.meta["timings"]))
 
@@ -236,8 +231,20 @@ def print_approx(run: ApproxRun) -> None:
             where = f"k={row.budget}" if allocation in (None, "uniform") else f"k plan (mean k={row.budget})"
             line = f"  {row.method}, {where}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
             if "ppl" in run.end_to_end.columns:
-                line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({row.ppl_change:+.0%})"
+                line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({signed_percent(row.ppl_change)})"
             out.print(line)
+
+
+def signed_percent(share: float) -> str:
+    """A relative change as a signed percentage with the fewest decimals that show it is not zero (+86%, -0.3%,
+    +0.004%): a small change rounded to "-0%" reads as none. Exactly 0 is "no change"."""
+    if share == 0:
+        return "no change"
+    for places in range(8):
+        text = f"{share:+.{places}%}"
+        if float(text[:-1]) != 0:
+            return text
+    return f"{share:+.1e}"
 
 
 def print_stand_in(run: ApproxRun) -> None:
@@ -388,5 +395,17 @@ def print_cache(run: CacheRun) -> None:
                 f"{plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}; NLL (nats/token) of the continuation "
                 "against each compressed cache, KL from the full cache's next-token distribution, top-1 agreement",
                 digits={"ratio": 2, "nll": 4, "ppl": 3, "kl": 4, "top1": 3, "kept": 1, "saved": 3, "channels": 2})
+    windowed = [press for press in ("snapkv", "loki") if press in set(run.table["press"])]
+    if windowed:  # issue 33: loki equalled snapkv at --context 128, unexplained
+        from ..presses.base import WINDOW, window_filled
+
+        filled = window_filled(meta["context"], sorted(set(run.table["ratio"]) - {0.0}))
+        if filled:
+            both = len(windowed) > 1
+            out.print(f"{'ratio' if len(filled) == 1 else 'ratios'} {', '.join(f'{r:g}' for r, _ in filled)}: "
+                      f"{' and '.join(windowed)} {'keep' if both else 'keeps'} only tokens of "
+                      f"{'their' if both else 'its'} {WINDOW}-token window, whatever {'their' if both else 'its'} "
+                      f"scores (below {WINDOW} kept, torch.topk's tie-break picks which)"
+                      f"{', so there loki is no test of its scoring' if both else ''}")
     if meta.get("skipped"):
         out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")

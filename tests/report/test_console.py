@@ -36,7 +36,7 @@ def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
         assert row == [str(layer), fixed(cells["c_at_mean"].mean()), fixed(cells["rank90_mean"].mean(), 1),
                        fixed(cells["sink_mean"].mean()), fixed(cells["entropy_mean"].mean(), 2)]
     assert len(table["rows"]) == run.layers
-    assert f"results written to {run.path}" in out.replace("\n", "")
+    assert str(run.path) not in out, "the command line says where the results are, once for every kind"
 
 
 def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, capsys) -> None:
@@ -93,8 +93,10 @@ def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
     assert "end to end (all layers substituted):" in out
     for row in approx_run.end_to_end.itertuples(index=False):
         change = row.ppl / row.ppl_exact - 1
+        shown = console.signed_percent(change)
+        assert shown == "no change" if change == 0 else float(shown[:-1]) != 0, "never (-0%)"
         line = (f"  {row.method}, k={row.budget}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}, "
-                f"ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({change:+.0%})")
+                f"ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({shown})")
         assert line in out.splitlines()
 
 
@@ -313,3 +315,9 @@ def test_a_two_length_scaling_run_says_why_no_model_fits_better(roberta_dir, tex
     pooled = run.exponents.query("scope == 'pooled' and method == '' and metric == 'rank90'").iloc[0]
     assert f"rank for 90%: {growth_reading(pooled['alpha'], pooled['alpha_low'], pooled['alpha_high'])}" in \
         " ".join(out.split())
+
+
+def test_a_change_in_percent_is_never_shown_as_zero() -> None:
+    """ppl changes print with the decimals it takes to show they are not zero ("(-0%)" read as no change)."""
+    assert [console.signed_percent(x) for x in (0.86, -0.003, 0.00004, -0.0149, 0.0)] == [
+        "+86%", "-0.3%", "+0.004%", "-1%", "no change"]
