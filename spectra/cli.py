@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 import typer
 
+from . import runtime
 from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
@@ -193,6 +194,7 @@ def main() -> None:
     spectra's own `Interrupted`, which they pass through. Messages spell options as the command line does."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun only process 0 prints results
         sys.stdout = open(os.devnull, "w")
+    runtime.prefer_passive_wait()  # before torch loads: idle OpenMP threads sleep instead of spinning (runtime.py)
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         app(standalone_mode=False)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from . import distributed, timings
+from . import distributed, runtime, timings
 from .config import RunConfig
 from .errors import Interrupted, SpectraError, option
 from .probes import Probe
@@ -213,9 +213,10 @@ def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
 
     Nothing touches the disk until the first checkpoint, so bad input leaves no trace. An interrupt
     (Ctrl-C, SIGTERM) is honoured between batches: the state so far is checkpointed and `Interrupted`
-    says how to continue. The stage timings (`spectra.timings`) go into run.json under "timings".
+    says how to continue. The stage timings (`spectra.timings`) go into run.json under "timings". torch runs on
+    `config.threads` intra-op threads for the job (None: as many as it has), the count before restored after.
     """
-    with timings.recording() as timer:
+    with timings.recording() as timer, runtime.threads(job.config.threads):
         return _execute(job, reporter, timer)
 
 
