@@ -76,17 +76,21 @@ class Job:
     meta: Callable[[Source], dict[str, Any]]
     #: bytes one sequence needs while its batch runs (attention matrices and the probe's work), for the memory check
     bytes_per_sequence: Callable[[Source], float] = lambda source: 8.0 * 6 * source.heads * source.n ** 2
+    #: settings left at a default that follows from others (--at's n/4 follows --length): a refused --resume names
+    #: them only when nothing else differs, so it never lists an option the user did not type
+    derived: tuple[str, ...] = ()
 
 
-def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+def _differences(recorded: dict[str, Any], wanted: dict[str, Any], derived: tuple[str, ...] = ()) -> list[str]:
     """The identity settings that differ between a recorded run and the one asked for (the analysis's own
-    options, under "extra", named one by one)."""
+    options, under "extra", named one by one); a `derived` one only when no other differs (it followed them)."""
     def flat(settings: dict[str, Any]) -> dict[str, Any]:
         return {**{key: value for key, value in settings.items() if key != "extra"}, **settings.get("extra", {})}
 
     recorded, wanted = flat(recorded), flat(wanted)
     keys = (set(recorded) | set(wanted)) - set(NOT_IDENTITY)
-    return sorted(key for key in keys if recorded.get(key) != wanted.get(key))
+    changed = sorted(key for key in keys if recorded.get(key) != wanted.get(key))
+    return [key for key in changed if key not in derived] or changed
 
 
 def _data_changes(recorded: dict[str, Any], source: Source) -> list[str]:
@@ -227,7 +231,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
     notify = reporter.notify
     if target.complete:
         finished = target.finished_meta()
-        changed = _differences(finished["settings"], job.settings)
+        changed = _differences(finished["settings"], job.settings, job.derived)
         if changed:
             raise SpectraError(f"{target.out} is a complete run with different {', '.join(changed)}; pass {OVERWRITE} "
                                f"to replace it, or choose another {option('--out')}")
@@ -240,7 +244,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
         return target.out
     previous = target.checkpoint_meta()
     if previous is not None:
-        changed = _differences(previous["settings"], job.settings)
+        changed = _differences(previous["settings"], job.settings, job.derived)
         if changed:
             raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}; "
                                f"pass {OVERWRITE} to start over, or choose another {option('--out')}")

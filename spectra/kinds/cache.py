@@ -87,25 +87,18 @@ class CacheOptions:
 
 def warn_window_filled(options: CacheOptions, reporter: Reporter) -> None:
     """Before the run: the ratios at which the windowed presses keep only tokens of their window, where their scores
-    choose nothing (and loki keeps what snapkv keeps), and the context that lets them choose at every ratio. Said,
-    not refused: the rows are true measurements of what those presses keep there."""
-    windowed = [press for press in options.presses if press in catalogue.WINDOW_PRESSES]
+    choose nothing (`presses.base.window_note`), and the context that lets them choose at every ratio. Said, not
+    refused: the rows are true measurements of what those presses keep there."""
+    windowed = set(options.presses) & catalogue.WINDOW_PRESSES
     if not windowed:
         return
-    from ..presses.base import WINDOW, window_choosing_length, window_filled
+    from ..presses.base import window_choosing_length, window_note
 
-    filled = window_filled(options.context, options.ratios)
-    if not filled:
-        return
-    ratios, kept = (", ".join(f"{value:g}" for value in values) for values in zip(*filled))
-    one, both = len(filled) == 1, len(windowed) > 1
-    reporter.warn(f"at a context of {options.context} tokens, {'ratio' if one else 'ratios'} {ratios} "
-                  f"{'keeps' if one else 'keep'} {kept} tokens, no more than the {WINDOW}-token window that "
-                  f"{' and '.join(windowed)} {'always keep' if both else 'always keeps'}: "
-                  f"{'their' if both else 'its'} scores choose nothing there (below {WINDOW} kept, torch.topk's "
-                  f"tie-break picks which window tokens stay){', so loki tells nothing snapkv does not' if both else ''}"
-                  f"; a context of {window_choosing_length(options.ratios)} tokens or more lets "
-                  f"{'them' if both else 'it'} choose at every ratio")
+    note = window_note(options.context, options.ratios, options.presses)
+    if note is not None:
+        reporter.warn(f"at a context of {options.context} tokens, {note}; a context of "
+                      f"{window_choosing_length(options.ratios)} tokens or more lets "
+                      f"{'them' if len(windowed) > 1 else 'it'} choose at every ratio")
 
 
 def rotary(config: dict[str, Any]) -> bool:

@@ -97,20 +97,19 @@ class Heads(Analysis):
                 raise SpectraError(f"{spell('--approx')} {options.approx} is a run of {model.get('name')} with "
                                    f"{theirs} {what}, but {shape.name} has {ours}: give an approx run of this model")
 
-    def run(self, config: RunConfig, options: HeadsOptions, reporter: Reporter) -> Path:
-        return super().run(config, options.resolved(config.length), reporter)
-
     def job(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, found: checkpoints.Source):
         from ..loop import Job
         from ..spectrum import sink_start
 
+        derived = ("at",) if options.at is None else ()  # n/4 unless given
+        options = options.resolved(config.length)
         return Job("heads", config, config.settings(identity(options)), config.samples,
                    config.default_out("heads", found.label), found.where,
                    open_source=lambda where: model_source(config, where),
                    build_probe=lambda source: self.probe(config, options, reporter, source),
                    meta=lambda source: {**identity(options), "sink_from": sink_start(config.length),
                                         **self.induction_note(source.loaded)},
-                   bytes_per_sequence=lambda source: 8.0 * 14 * source.heads * source.n ** 2)
+                   bytes_per_sequence=lambda source: 8.0 * 14 * source.heads * source.n ** 2, derived=derived)
 
     def probe(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, source):
         """The heads probe, once the model has loaded: its weights read, its induction pass run."""

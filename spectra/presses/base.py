@@ -132,6 +132,21 @@ def window_filled(length: int, ratios: Sequence[float]) -> list[tuple[float, int
     return [(ratio, n_kept(length, ratio)) for ratio in ratios if n_kept(length, ratio) <= min(WINDOW, length)]
 
 
+def window_note(length: int, ratios: Sequence[float], presses: Sequence[str]) -> str | None:
+    """What a cache run says where the windowed presses among `presses` keep only tokens of their window
+    (`window_filled`), or None: the ratios, the tokens kept, and that their scores choose nothing there."""
+    windowed = [press for press in ("snapkv", "loki") if press in presses]
+    filled = window_filled(length, ratios)
+    if not windowed or not filled:
+        return None
+    one, both = len(filled) == 1, len(windowed) > 1
+    ratios_text, kept = (", ".join(f"{value:g}" for value in values) for values in zip(*filled))
+    return (f"{'ratio' if one else 'ratios'} {ratios_text} {'keeps' if one else 'keep'} {kept} tokens, no more than "
+            f"the {WINDOW}-token window that {' and '.join(windowed)} {'always keep' if both else 'always keeps'}: "
+            f"{'their' if both else 'its'} scores choose nothing there (below {WINDOW} kept, torch.topk's tie-break "
+            f"picks which window tokens stay){', so loki tells nothing snapkv does not' if both else ''}")
+
+
 def window_choosing_length(ratios: Sequence[float]) -> int:
     """The shortest context at which a windowed press keeps more than its WINDOW at every one of `ratios`."""
     length = WINDOW + 1

@@ -395,17 +395,10 @@ def print_cache(run: CacheRun) -> None:
                 f"{plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}; NLL (nats/token) of the continuation "
                 "against each compressed cache, KL from the full cache's next-token distribution, top-1 agreement",
                 digits={"ratio": 2, "nll": 4, "ppl": 3, "kl": 4, "top1": 3, "kept": 1, "saved": 3, "channels": 2})
-    windowed = [press for press in ("snapkv", "loki") if press in set(run.table["press"])]
-    if windowed:  # issue 33: loki equalled snapkv at --context 128, unexplained
-        from ..presses.base import WINDOW, window_filled
+    from ..presses.base import window_note  # issue 33: loki equalled snapkv at --context 128, unexplained
 
-        filled = window_filled(meta["context"], sorted(set(run.table["ratio"]) - {0.0}))
-        if filled:
-            both = len(windowed) > 1
-            out.print(f"{'ratio' if len(filled) == 1 else 'ratios'} {', '.join(f'{r:g}' for r, _ in filled)}: "
-                      f"{' and '.join(windowed)} {'keep' if both else 'keeps'} only tokens of "
-                      f"{'their' if both else 'its'} {WINDOW}-token window, whatever {'their' if both else 'its'} "
-                      f"scores (below {WINDOW} kept, torch.topk's tie-break picks which)"
-                      f"{', so there loki is no test of its scoring' if both else ''}")
+    note = window_note(meta["context"], sorted(set(run.table["ratio"]) - {0.0}), set(run.table["press"]))
+    if note is not None:
+        out.print(note[0].upper() + note[1:])
     if meta.get("skipped"):
         out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")

@@ -296,9 +296,9 @@ def test_where_the_window_fills_the_budget_the_run_says_so(llama_dir, text_file,
                        "64-token window that snapkv and loki always keep: their scores choose nothing there (below 64 "
                        "kept, torch.topk's tie-break picks which window tokens stay), so loki tells nothing snapkv "
                        "does not; a context of 130 tokens or more lets them choose at every ratio")
-    assert ("ratios 0.2, 0.5: snapkv and loki keep only tokens of their 64-token window, whatever their scores (below "
-            "64 kept, torch.topk's tie-break picks which), so there loki is no test of its scoring") \
-        in " ".join(stdout.split())
+    assert ("Ratios 0.2, 0.5 keep 64, 40 tokens, no more than the 64-token window that snapkv and loki always keep: "
+            "their scores choose nothing there (below 64 kept, torch.topk's tie-break picks which window tokens "
+            "stay), so loki tells nothing snapkv does not") in " ".join(stdout.split()), "and beside the table"
     rows = spectra.load_run(out).sequences.set_index(["press", "ratio", "sequence"])["nll"]
     assert (rows.loc["loki", 0.2] == rows.loc["snapkv", 0.2]).all(), "the whole window: the same cache"
     assert n_kept(80, 0.2) == 64 and n_kept(129, 0.5) == 64 < n_kept(130, 0.5)
