@@ -133,7 +133,10 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
 
         def measure(size: int) -> int:
             if size not in built:
-                example = build(sample_rng(seed, task, length, sample), size, depth)
+                try:
+                    example = build(sample_rng(seed, task, length, sample), size, depth)
+                except ValueError as error:  # cwe: more distinct words than the word lists hold
+                    raise SpectraError(f"{task} at length {length}: {error}") from None
                 built[size] = (example, prompt_length(tokenizer, example.context, example.question,
                                                       example.answer_prefix, new_tokens))
             return built[size][1]
