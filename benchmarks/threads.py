@@ -111,9 +111,9 @@ def stop_busy(busy: subprocess.Popen) -> float:
 
 def measure(setting: str, args: argparse.Namespace, corpus: Path, out: Path) -> dict:
     extra, threads = SETTINGS[setting]
-    code = CHILD.format(root=str(Path(__file__).resolve().parent.parent), threads=threads, model=args.model, corpus=str(corpus), length=args.length,
-                        batch=args.batch_size, repeats=args.repeats, analyze_length=args.analyze_length,
-                        samples=args.samples, out=str(out))
+    code = CHILD.format(root=str(Path(__file__).resolve().parent.parent), threads=threads, model=args.model,
+                        corpus=str(corpus), length=args.length, batch=args.batch_size, repeats=args.repeats,
+                        analyze_length=args.analyze_length, samples=args.samples, out=str(out))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment(extra))
     if done.returncode != 0:
         sys.exit(f"{setting}: {done.stderr[-3000:]}")

@@ -2,8 +2,9 @@
 a line per press starting from the full cache at ratio 0 (dotted grey: the full cache's NLL), and beside it the
 share of the continuation's attention mass on the context that the kept tokens hold (mean over layers and heads;
 presses that keep every token — ThinK's key channels, a low-rank K and V — or whose rows are not tokens —
-Linformer's E·K — are left out there, and its legend names them). Each panel has its own legend, below it, naming what
-it draws; every press has its own colour and marker (`PRESS_STYLES`), the same in every run's figure."""
+Linformer's E·K — are left out there, and its legend names them). Each panel has its own legend, below it,
+naming what it draws; every press has its own colour and marker (`PRESS_STYLES`), the same in every run's
+figure."""
 
 from __future__ import annotations
 

@@ -49,10 +49,10 @@ def theorem1_bound_curve(eps: float, n: int, k: np.ndarray) -> np.ndarray:
 
 
 def draw_theorem1(run: TheoremRun):
-    """Theorem 1: empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) of jl vs k per ε (solid, markers, thin error bars: Wilson's 95%
-    interval over the independent draws of R, see the module docstring), the proof's per-entry event dash-dotted,
-    the bound dashed on a fine k grid in the same colour, and Theorem 1's k(ε) dotted where it falls inside the
-    axis."""
+    """Theorem 1: empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) of jl vs k per ε (solid, markers, thin error bars:
+    Wilson's 95% interval over the independent draws of R, see the module docstring), the proof's per-entry event
+    dash-dotted, the bound dashed on a fine k grid in the same colour, and Theorem 1's k(ε) dotted where it falls
+    inside the axis."""
     plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.transforms import offset_copy

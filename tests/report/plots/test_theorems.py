@@ -55,7 +55,8 @@ def check_bars(ax, eps: float, rows, count: int) -> None:
     for segment, p in zip(segments, rows["pr"]):
         (x0, y0), (x1, y1) = segment
         low, high = wilson_interval(p, count)
-        assert x0 == x1 and (min(y0, y1), max(y0, y1)) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
+        assert x0 == x1
+        assert (min(y0, y1), max(y0, y1)) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
     assert max(bars.get_linewidths()) < by_gid(ax.lines, f"pr:{eps:g}").get_linewidth()
     assert not [item for item in ax.collections if item.get_gid() != f"pr_interval:{eps:g}"
                 and type(item).__name__ in ("PolyCollection", "FillBetweenPolyCollection")], "no shaded band"
@@ -121,7 +122,8 @@ def test_theorem1_fixed_projection_counts_one_draw_per_layer(theorem_run) -> Non
     fixed.tables = {**theorem_run.tables, "theorem1": one.assign(draws=0)}
     ax = by_gid(plots.draw_theorem1(fixed).axes, "theorem1")
     jl = one[(one["method"] == "jl") & (one["relative_to"] == "output")]
-    check_bars(ax, 0.5, jl[jl["eps"] == 0.5].sort_values("budget"), theorem_run.tables["theorem1_layers"]["layer"].nunique())
+    layers = theorem_run.tables["theorem1_layers"]["layer"].nunique()
+    check_bars(ax, 0.5, jl[jl["eps"] == 0.5].sort_values("budget"), layers)
 
 
 def test_theorem1_marks_k_inside_the_axis(tmp_path) -> None:
