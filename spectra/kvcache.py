@@ -19,6 +19,7 @@ import torch
 
 from . import capture
 from .capture import Captured
+from .kernels import causal_mask, eager_softmax, scores
 from .presses import Compressed, Prefill
 from .presses.base import WINDOW
 
@@ -60,12 +61,10 @@ def attend(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Ten
     keys = torch.cat([cached_key, key], dim=-2).repeat_interleave(groups, dim=1)
     values = torch.cat([cached_value, value], dim=-2).repeat_interleave(groups, dim=1)
     n = q.shape[-2]
-    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     allowed = torch.cat([valid[:, :, None, :].expand(-1, -1, n, -1),
-                         causal.expand(*valid.shape[:2], n, n)], dim=-1).repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+                         causal_mask(n, n, q.device).expand(*valid.shape[:2], n, n)],
+                        dim=-1).repeat_interleave(groups, dim=1)
+    weights = eager_softmax(scores(q, keys, scaling), allowed, q.dtype)
     return torch.matmul(weights, values)
 
 

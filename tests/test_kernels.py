@@ -10,7 +10,17 @@ import pytest
 import torch
 
 from spectra.errors import SpectraError
-from spectra.kernels import allowed, attend, compress, eager_p, eq7, masked_softmax, scores
+from spectra.kernels import (
+    allowed,
+    attend,
+    causal_mask,
+    compress,
+    eager_p,
+    eager_softmax,
+    eq7,
+    masked_softmax,
+    scores,
+)
 
 B, H, N, D, BUDGET = 2, 3, 9, 4, 5
 S = 0.6
@@ -144,3 +154,24 @@ def test_eq7_is_the_dense_formula_on_each_sequence_alone(per_sequence) -> None:
             assert np.allclose(out[b, h, :m].numpy(), want, atol=1e-12), (b, h)
             assert np.allclose(dense[b, h, :m].numpy(), want, atol=1e-12), (b, h)
             assert np.allclose(p_tilde[b, h, :m, :m].numpy(), p_bar @ fh[:, :m].numpy(), atol=1e-12)
+
+
+def test_the_causal_mask_places_the_queries_last() -> None:
+    mask = causal_mask(3, 7).numpy()
+    want = np.array([[j <= 7 - 3 + i for j in range(7)] for i in range(3)])
+    assert mask.shape == (3, 7) and (mask == want).all()
+    assert (causal_mask(N, N).numpy() == np.tril(np.ones((N, N), dtype=bool))).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_eager_softmax_is_eager_attentions_masked_row(dtype: torch.dtype) -> None:
+    """Hidden entries take no weight, the kept ones a float32 (float64 for float64) softmax, cast back."""
+    logits = gaussian(H, 4, N).to(dtype)
+    keep = torch.from_numpy(np.tril(np.ones((4, N), dtype=bool), k=N - 4))
+    p = eager_softmax(logits, keep, dtype)
+    assert p.dtype == dtype
+    wide = logits.double().numpy()
+    want = np.where(keep.numpy(), np.exp(wide - np.where(keep.numpy(), wide, -np.inf).max(-1, keepdims=True)), 0.0)
+    want /= want.sum(-1, keepdims=True)
+    tolerance = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float64: 1e-14}[dtype]
+    np.testing.assert_allclose(p.double().numpy(), want, atol=tolerance, rtol=0)
