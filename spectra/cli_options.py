@@ -50,16 +50,16 @@ class FlaglessGroup(Flagless, typer.core.TyperGroup):
     """The command group, likewise (its --version and --help)."""
 
 
-def cli_type(kind: Any) -> Any:
+def cli_type(annotation: Any) -> Any:
     """The type typer parses an option as: choice sets and numbers as they are; lists (tuples), paths and plans as
     text, which the option's dataclass reads (comma-separated lists: '32,64')."""
     optional = False
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        inner = [arg for arg in typing.get_args(kind) if arg is not type(None)]
-        optional, kind = len(inner) < len(typing.get_args(kind)), inner[0] if len(inner) == 1 else Any
-    if kind is Any or typing.get_origin(kind) is tuple:
-        kind, optional = str, True
-    return Optional[kind] if optional else kind
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        optional, annotation = len(inner) < len(typing.get_args(annotation)), inner[0] if len(inner) == 1 else Any
+    if annotation is Any or typing.get_origin(annotation) is tuple:
+        annotation, optional = str, True
+    return Optional[annotation] if optional else annotation
 
 
 def cli_default(value: Any) -> Any:
@@ -71,7 +71,7 @@ def _parameter(option: Declared, default: Any) -> inspect.Parameter:
     help_text = option.help.replace("{methods}", catalogue.listing()) if "{methods}" in option.help else option.help
     info = typer.Option(*option.flags, help=help_text, metavar=option.metavar)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default(default),
-                             annotation=Annotated[cli_type(option.kind), info])
+                             annotation=Annotated[cli_type(option.annotation), info])
 
 
 def parameters(analysis: Analysis) -> list[inspect.Parameter]:

@@ -79,9 +79,9 @@ def _read_table(path: Path, text_column: str) -> list[str]:
         )
     values = [x for x in table[text_column] if x is not None]
     if values and not any(isinstance(x, str) for x in values):
-        kind = "numbers" if all(isinstance(x, (int, float)) for x in values) else type(values[0]).__name__ + " values"
+        found = "numbers" if all(isinstance(x, (int, float)) for x in values) else type(values[0]).__name__ + " values"
         others = [name for name in table.column_names if name != text_column]
-        raise SpectraError(f"column '{text_column}' of {path} holds {kind}, not text; choose a text column with "
+        raise SpectraError(f"column '{text_column}' of {path} holds {found}, not text; choose a text column with "
                            f"--text-column (its other columns: {', '.join(others) or 'none'})")
     return [str(x) for x in values]
 

@@ -15,7 +15,7 @@ Capture, the methods, the Linformer layer, the calibration objective and the the
   outputs must match a dense forward bit for bit;
 - `eager_p(q, k, s, mask)`: P = softmax(q kᵀ s + mask) with the model's additive mask, exactly as transformers'
   eager attention computes it (tests/test_capture.py checks the bits);
-- eq. 7, softmax(Q (E K)ᵀ s)(F V): `compress` (E·X along the sequence, padded rows zeroed first), `attend`
+- eq. 7, softmax(Q (E K)ᵀ s)(F V): `project` (E·X along the sequence, padded rows zeroed first), `attend`
   (softmax(q k̄ᵀ s) v̄) and `eq7`, which also forms the n × n P̃ = softmax(Q (E K)ᵀ s) F when asked.
 """
 
@@ -72,7 +72,7 @@ def eager_p(q: torch.Tensor, k: torch.Tensor, scaling: float, mask: torch.Tensor
     return nn.functional.softmax(logits, dim=-1)
 
 
-def compress(x: torch.Tensor, proj: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+def project(x: torch.Tensor, proj: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """E·x along the sequence: x (B, H|1, n, c) and proj (budget, ≥n), (H|1, budget, ≥n) or, one per sequence,
     (B, H, budget, ≥n) → (B, H, budget, c).
 
@@ -113,11 +113,11 @@ def eq7(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, f: t
     with it the n × n P̃ = softmax(Q (E K)ᵀ s) F (padded columns zero) is formed, for measuring, and the output
     is P̃ V (the same up to rounding; v must then be zero on padded rows or `valid` given)."""
     if not dense:
-        return attend(q, compress(k, e, valid), compress(v, f, valid), scaling), None
+        return attend(q, project(k, e, valid), project(v, f, valid), scaling), None
     n = q.shape[-2]
     e, f = e[..., :n].to(q), f[..., :n].to(q)
     scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
-    p_bar = torch.softmax(torch.einsum("bhid,bhcd->bhic", q, compress(k, e, valid)) * scaling, dim=-1)
+    p_bar = torch.softmax(torch.einsum("bhid,bhcd->bhic", q, project(k, e, valid)) * scaling, dim=-1)
     if valid is not None:
         f = f * valid[:, None, None, :]
     p_tilde = p_bar @ f  # (B, H, n, n)

@@ -52,7 +52,7 @@ def stack(parts: Sequence[Compressed], key: torch.Tensor, value: torch.Tensor) -
     return keys, values, valid
 
 
-def attend(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+def cached_attention(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
     """Attention of new queries q (R, H, n, d) over a cache (`Stacked`, its valid rows) and the new tokens' own keys
     and values (R, H_kv, n, d) causally: the operations of eager attention (scores · s, a softmax in float32 — or
     wider, for a float64 model — cast back, weights · values). Returns (R, H, n, d)."""
@@ -82,7 +82,7 @@ def head_measures(captured: Captured, row: int, context: int, parts: Sequence[Co
     exact = torch.matmul(full_rows, captured.v[row])
     own_key, own_value = captured.key[row, :, context:], captured.value[row, :, context:]
     cached = stack(parts, prefilled.key, prefilled.value)
-    out = attend(q.expand(len(parts), -1, -1, -1), cached, own_key.expand(len(parts), -1, -1, -1),
+    out = cached_attention(q.expand(len(parts), -1, -1, -1), cached, own_key.expand(len(parts), -1, -1, -1),
                  own_value.expand(len(parts), -1, -1, -1), captured.scaling)
     error = (out - exact).flatten(2).norm(dim=-1) / exact.flatten(1).norm(dim=-1).clamp_min(1e-30)
     on_context = full_rows[..., :context]  # (H, C, L)
@@ -104,7 +104,7 @@ def continuation_logits(model: torch.nn.Module, layers: int, caches: Callable[[i
     """Logits (rows, n, vocab) of the n `tokens` at positions start … start + n − 1, row r of every layer attending
     to row r of `caches(layer)` and causally to the tokens themselves (their keys and values are not cached)."""
     def substitute(captured: Captured) -> torch.Tensor:
-        return attend(captured.q, caches(captured.layer), captured.key, captured.value, captured.scaling)
+        return cached_attention(captured.q, caches(captured.layer), captured.key, captured.value, captured.scaling)
 
     n = tokens.shape[-1]
     ids = tokens.reshape(1, n).expand(rows, -1)

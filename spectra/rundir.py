@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import SpectraError, option
+from .errors import SpectraError, spell
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - Windows
 
 CHECKPOINT = "checkpoint.npz"
 #: the two options that decide what happens to an existing run directory, as each front end spells them
-OVERWRITE, RESUME = option("--overwrite", "overwrite=True"), option("--resume", "resume=True")
+OVERWRITE, RESUME = spell("--overwrite", "overwrite=True"), spell("--resume", "resume=True")
 
 
 @lru_cache(maxsize=1)
@@ -104,7 +104,7 @@ def check_writable(path: Path, what: str = "--out") -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise SpectraError(f"cannot write {path}: {ancestor} is not a writable directory; choose another "
-                           f"{option(what)}")
+                           f"{spell(what)}")
 
 
 def _lock_path(out: Path) -> Path:
@@ -141,13 +141,13 @@ class RunDir:
         holder = lock_holder(self.out) if lock else None
         if holder is not None:
             raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait for it "
-                               f"to finish or choose another {option('--out')}")
+                               f"to finish or choose another {spell('--out')}")
         if self.out.exists() and not self.out.is_dir():
             raise SpectraError(f"output path {self.out} exists and is not a directory; choose another "
-                               f"{option('--out')}")
+                               f"{spell('--out')}")
         if self.out.exists() and not (overwrite or resume):
             raise SpectraError(f"run directory {self.out} already exists; pass {OVERWRITE} to replace it or choose "
-                               f"another {option('--out')}")
+                               f"another {spell('--out')}")
         if self.partial.exists() and not (overwrite or resume):
             raise SpectraError(f"an interrupted run is at {self.partial}; pass {RESUME} to continue it or "
                                f"{OVERWRITE} to start over")
@@ -181,7 +181,7 @@ class RunDir:
                 handle = os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w")
             except FileExistsError:
                 raise SpectraError(f"{self.out} is being written by another spectra run; choose another "
-                                   f"{option('--out')}") from None
+                                   f"{spell('--out')}") from None
         else:
             handle = open(path, "a+")
             try:
@@ -191,7 +191,7 @@ class RunDir:
                 holder = handle.read().strip() or "unknown"
                 handle.close()
                 raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait "
-                                   f"for it to finish or choose another {option('--out')}") from None
+                                   f"for it to finish or choose another {spell('--out')}") from None
             handle.seek(0)
             handle.truncate()
         handle.write(f"{os.getpid()}\n")

@@ -168,7 +168,7 @@ class Run(_Shown):
 class ApproxRun(_Shown):
     """A `spectra approx` run loaded back.
 
-    `heads`: one row per (method, budget, layer, head, metric) with samples, mean (and its 95% interval
+    `head_stats`: one row per (method, budget, layer, head, metric) with samples, mean (and its 95% interval
     mean_low, mean_high), median, p95, max, target and pr_below_target on the evaluated sequences;
     `end_to_end`: one row per (method, budget), or None without --end-to-end. With fitted methods also
     `calibration` (the same table on the calibration sequences) and `fit_history`; with a k plan `plan`
@@ -177,7 +177,7 @@ class ApproxRun(_Shown):
 
     path: Path
     meta: dict[str, Any]
-    heads: pd.DataFrame
+    head_stats: pd.DataFrame
     end_to_end: pd.DataFrame | None
     calibration: pd.DataFrame | None = None
     fit_history: pd.DataFrame | None = None
@@ -194,9 +194,9 @@ class ApproxRun(_Shown):
     def label(self) -> str:
         return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
 
-    def per_layer(self, metric: str = "out_err", stat: str = "mean", table: str = "heads") -> pd.DataFrame:
+    def per_layer(self, metric: str = "out_err", stat: str = "mean", table: str = "head_stats") -> pd.DataFrame:
         """Mean over heads of each head's `stat` (mean, median, p95, max) of `metric` over sequences: one row per
-        (method, budget, layer); `table`: heads (evaluated), calibration or plan."""
+        (method, budget, layer); `table`: head_stats (evaluated), calibration or plan."""
         frame = getattr(self, table)
         rows = frame[frame["metric"] == metric]
         return rows.groupby(["method", "budget", "layer"], sort=False)[stat].mean().reset_index(name=metric)
@@ -298,14 +298,14 @@ class ScalingRun(_Shown):
 @dataclass(repr=False)
 class CacheRun(_Shown):
     """A `spectra cache` run loaded back: `table` (cache.csv: per press and ratio nll, ppl, kl, top1, kept,
-    kept_share, key_channel_ratio, saved; the full cache is press 'full' at ratio 0), `heads` (cache_heads.csv: per
+    kept_share, key_channel_ratio, saved; the full cache is press 'full' at ratio 0), `head_stats` (cache_heads.csv: per
     press, ratio, layer and head the attention mass kept and the output error) and `sequences` (per press, ratio and
     sequence: nll, kl, top1)."""
 
     path: Path
     meta: dict[str, Any]
     table: pd.DataFrame
-    heads: pd.DataFrame
+    head_stats: pd.DataFrame
     sequences: pd.DataFrame
 
     @property

@@ -196,7 +196,7 @@ def test_one_value_where_several_are_taken(roberta_dir, text_file, tmp_path) -> 
     run = spectra.approx(roberta_dir, text_file, budget=4, methods="svd", layers=1, end_to_end=True,
                          out=tmp_path / "approx", **common)
     assert run.meta["budget"] == [4] and run.meta["methods"] == ["svd"] and run.meta["layers"] == [1]
-    assert set(run.heads["method"]) == {"svd"}
+    assert set(run.head_stats["method"]) == {"svd"}
     theorems = spectra.theorems(roberta_dir, text_file, budget=4, eps=0.5, out=tmp_path / "theorems", **common)
     assert theorems.meta["budget"] == [4] and theorems.meta["eps"] == [0.5]
     analyzed = spectra.analyze(roberta_dir, text_file, layers=1, heads=2, out=tmp_path / "analyze", **common)

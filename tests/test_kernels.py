@@ -1,6 +1,6 @@
 """The attention primitives against numpy written out one row at a time: the scaled scores, the keys a query may
 see (padding, causality, left padding), the masked softmax (and its zero rows), eager attention's P (bitwise the
-transformers formula), and eq. 7 — compressed, attended and dense — with per-head, shared and per-sequence
+transformers formula), and eq. 7 — projected, attended and dense — with per-head, shared and per-sequence
 projections."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from spectra.kernels import (
     allowed,
     attend,
     causal_mask,
-    compress,
     eager_p,
     eager_softmax,
     eq7,
     masked_softmax,
+    project,
     scores,
 )
 
@@ -104,12 +104,12 @@ def test_eager_p_is_transformers_eager_formula_bit_for_bit() -> None:
     assert torch.equal(eager_p(q, k, S), torch.nn.functional.softmax(torch.matmul(q, k.transpose(2, 3)) * S, dim=-1))
 
 
-def test_compress_projects_the_valid_rows_with_the_first_n_columns() -> None:
+def test_project_projects_the_valid_rows_with_the_first_n_columns() -> None:
     _, k, _ = qkv(7)
     valid = right_padded()
     for proj in (gaussian(BUDGET, N + 3, seed=8), gaussian(H, BUDGET, N + 3, seed=9), gaussian(1, BUDGET, N + 3, seed=10),
                  gaussian(B, H, BUDGET, N + 3, seed=11)):
-        got = compress(k, proj, valid)
+        got = project(k, proj, valid)
         assert got.shape == (B, H, BUDGET, D)
         for b in range(B):
             m = int(valid[b].sum())
@@ -118,7 +118,7 @@ def test_compress_projects_the_valid_rows_with_the_first_n_columns() -> None:
                 want = e[:, :m].numpy() @ k[b, h, :m].numpy()
                 assert np.allclose(got[b, h].numpy(), want, atol=1e-12), (proj.shape, b, h)
     with pytest.raises(SpectraError, match="longer than the projection's 8 columns; use projections with max_len ≥ 9"):
-        compress(k, gaussian(BUDGET, N - 1), valid)
+        project(k, gaussian(BUDGET, N - 1), valid)
 
 
 def test_attend_defaults_to_one_over_root_d() -> None:

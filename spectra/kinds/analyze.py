@@ -14,8 +14,7 @@ from typing import Any
 
 from .. import checkpoints
 from ..config import Place, RunConfig, choose, indices
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..options import identity, option
 from ..reporter import Reporter
 from ..runs import Run, read_arrays, read_table

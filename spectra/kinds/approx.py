@@ -1,7 +1,7 @@
 """`spectra approx`: how well each method stands in for a model's attention at each budget, per head on the
 model's own q, k, v and, with `end_to_end`, substituted into the forward pass.
 
-Probes: `Fitting` (methods that calibrate: the first `fit_samples` sequences), `HeadProbe` (every method at every
+Probes: `Fitting` (methods that calibrate: the first `fit_samples` sequences), `ApproxProbe` (every method at every
 budget, and at each layer's planned budget under a k plan) and `EndToEnd`. Tables: heads.csv,
 heads_calibration.csv, heads_plan.csv, end_to_end.csv, fit_history.csv; projections.npz. Loads as
 `runs.ApproxRun`.
@@ -25,8 +25,7 @@ from ..config import (
     indices,
     layers_label,
 )
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..inputs import budgets_or_default, path_text, several
 from ..options import identity, option
 from ..reporter import Reporter
@@ -168,22 +167,21 @@ class Approx(Analysis):
     def job(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, found: checkpoints.Source):
         from ..loop import Job
 
-        evaluation = {"evaluation": [options.fit_samples, options.fit_samples + config.samples]} if options.fits else {}
-        return Job("approx", config, config.settings(identity(options)), options.fit_samples + config.samples,
+        return Job("approx", config, config.settings(identity(options)), config.samples,
                    config.default_out("approx", found.label), found.where,
                    open_source=lambda where: model_source(config, where, lm_head=options.end_to_end,
                                                           fit_samples=options.fit_samples),
                    build_probe=lambda source: self.probe(config, options, reporter, source),
                    meta=lambda source: {**identity(options), "masked_lm": source.loaded.masked_lm,
-                                        **({"lm_head": source.loaded.head} if source.loaded.head else {}),
-                                        **evaluation})
+                                        **({"lm_head": source.loaded.head} if source.loaded.head else {})},
+                   calibration=options.fit_samples)
 
     def probe(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, source):
         """Fitting, per-head and end-to-end probes, once the model has loaded."""
         from .. import distributed
         from .. import methods as registry
         from ..probes import Probes
-        from ..probes.approx import HeadProbe
+        from ..probes.approx import ApproxProbe
         from ..probes.endtoend import EndToEnd
         from ..probes.fitting import Fitting
 
@@ -198,9 +196,9 @@ class Approx(Analysis):
             probes["fitting"] = Fitting(options, source.layers, source.heads, config.length, seed=seed,
                                         causal=source.loaded.causal, reporter=reporter)
             fitted = probes["fitting"].fitted
-        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, fitted=fitted)
+        probes["heads"] = ApproxProbe(options, source.layers, source.heads, seed=seed, fitted=fitted)
         if plan:
-            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed,
+            probes["plan"] = ApproxProbe(options, source.layers, source.heads, seed=seed,
                                        fitted=fitted, budget_of=plan.__getitem__, file="heads_plan.csv")
         if options.end_to_end:
             loaded = source.loaded

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from .. import checkpoints
 from ..config import RunConfig
-from ..errors import SpectraError, option
+from ..errors import SpectraError, spell
 from ..reporter import Reporter
 
 #: analysis name → analysis, in registration order (the order of `spectra --help`)
@@ -55,7 +55,7 @@ class Analysis:
     def check(self, config: RunConfig, options: Any, shape: checkpoints.Shape) -> None:
         """Refuse what the model's shape rules out (None fields: not known yet). Runs before and after loading."""
         if shape.positions is not None and config.length > shape.positions:
-            raise SpectraError(f"{option(f'--length {config.length}', f'length={config.length}')} exceeds what "
+            raise SpectraError(f"{spell(f'--length {config.length}', f'length={config.length}')} exceeds what "
                                f"{shape.name} can embed ({shape.positions} tokens)")
 
     def job(self, config: RunConfig, options: Any, reporter: Reporter, found: checkpoints.Source):
@@ -96,9 +96,19 @@ def read_meta(path: Path) -> dict[str, Any]:
         hint = " (an interrupted run: finish it with --resume)" if path.name.endswith(".partial") else ""
         raise SpectraError(f"{path} is not a spectra run directory: it has no run.json{hint}")
     try:
-        return json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as error:
         raise SpectraError(f"{path}/run.json is not readable: {error}") from None
+    return upgraded(meta)
+
+
+def upgraded(meta: dict[str, Any]) -> dict[str, Any]:
+    """run.json as this version writes it. Runs with a calibration written before `samples` meant the evaluated
+    sequences (as --samples does) counted every sequence read under `samples`: that count becomes `sequences`."""
+    if "evaluation" in meta and "sequences" not in meta and isinstance(meta.get("samples"), int):
+        first = int(meta["evaluation"][0])
+        meta = {**meta, "sequences": meta["samples"], "samples": max(0, meta["samples"] - first)}
+    return meta
 
 
 def load_run(path: str | Path, kind: str | None = None):

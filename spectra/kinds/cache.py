@@ -17,8 +17,7 @@ from typing import Any
 
 from .. import catalogue, checkpoints
 from ..config import RunConfig
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..inputs import several
 from ..options import identity, option
 from ..reporter import Reporter
@@ -134,15 +133,14 @@ class Cache(Analysis):
         from ..loop import Job
 
         fit_samples = options.fit_samples
-        evaluation = {"evaluation": [fit_samples, fit_samples + config.samples]} if fit_samples else {}
-        return Job("cache", config, config.settings(identity(options)), fit_samples + config.samples,
+        return Job("cache", config, config.settings(identity(options)), config.samples,
                    config.default_out("cache", found.label), found.where,
                    open_source=lambda where: model_source(config, where, lm_head=True,
                                                           keep_logits=options.continuation + 1,
                                                           fit_samples=fit_samples),
                    build_probe=lambda source: self.probe(config, options, source),
-                   meta=lambda source: {**identity(options), **evaluation},
-                   bytes_per_sequence=lambda source: 8.0 * 4 * source.heads * source.n ** 2)
+                   meta=lambda source: identity(options),
+                   bytes_per_sequence=lambda source: 8.0 * 4 * source.heads * source.n ** 2, calibration=fit_samples)
 
     def probe(self, config: RunConfig, options: CacheOptions, source):
         """The cache probe, once the model has loaded (and been checked again: hub ids are only known now)."""

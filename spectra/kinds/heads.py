@@ -21,8 +21,7 @@ from typing import Any
 
 from .. import checkpoints
 from ..config import RunConfig
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..inputs import path_text
 from ..options import identity, option
 from ..reporter import Reporter
@@ -130,7 +129,7 @@ class Heads(Analysis):
         approx = None
         if options.approx:
             approx_run = load_run(options.approx, "approx")
-            approx = approx_run.heads
+            approx = approx_run.head_stats
             if approx_run.meta.get("n") != config.length:
                 reporter.notify(f"the approx run measured n = {approx_run.meta.get('n')}, this run n = "
                                 f"{config.length}: the method map joins heads measured at two lengths")

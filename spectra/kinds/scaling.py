@@ -22,8 +22,7 @@ import numpy as np
 
 from .. import checkpoints
 from ..config import Place, RunConfig, check_budget, indices, layers_label
-from ..errors import Interrupted, SpectraError
-from ..errors import option as spell
+from ..errors import Interrupted, SpectraError, spell
 from ..growth import growth
 from ..inputs import several
 from ..options import option

@@ -14,8 +14,7 @@ from typing import Any
 
 from .. import checkpoints
 from ..config import RunConfig, check_budgets, check_eps
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..inputs import budgets_or_default, several
 from ..options import identity, option
 from ..reporter import Reporter

@@ -1,4 +1,4 @@
-"""KV-cache presses for `spectra cache`: one module per kind of press, registered by name (see base.py)."""
+"""KV-cache presses for `spectra cache`: one module per family of press, registered by name (see base.py)."""
 
 from . import eviction  # noqa: F401, I001  (registration, in this order: the order of tables)
 from . import channels  # noqa: F401, E402

@@ -242,7 +242,7 @@ def theorem_n(run: TheoremRun) -> int:
     return int(run.tables["theorem1"]["n"].iloc[0])
 
 
-def gap_closed(run: ApproxRun, table: str = "heads") -> pd.DataFrame:
+def gap_closed(run: ApproxRun, table: str = "head_stats") -> pd.DataFrame:
     """Per (method, budget, layer): the method's mean head-output error, the random baseline's and the oracle's,
     and the fraction of the gap between them the method closes, (random − method) / (random − svd): 0 is no
     better than a random projection, 1 is as good as the best rank-k matrix. The random baseline of a

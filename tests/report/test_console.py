@@ -43,7 +43,7 @@ def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
     out = capsys.readouterr().out
     tables = printed_tables(out)
     assert len(tables) == len(BUDGETS) + 1  # one per k, then the smallest k reaching the target
-    out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
+    out_err = approx_run.head_stats[approx_run.head_stats["metric"] == "out_err"]
     per_layer = out_err.groupby(["method", "budget", "layer"])["mean"].mean()
     medians = out_err.groupby(["method", "budget", "layer"])["median"].mean()
     layers = sorted(out_err["layer"].unique())
@@ -211,7 +211,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
     console.print_approx(run)
     out = capsys.readouterr().out
     assert "fitted methods: mean head-output error over layers" in out and "fraction of the gap" not in out
-    held, calibration = layer_means(run.heads), layer_means(run.calibration)
+    held, calibration = layer_means(run.head_stats), layer_means(run.calibration)
     fitted_table = printed_tables(out)[1]
     assert fitted_table["rows"] == [["linformer-pca(kv)", "4",
                                      fixed(calibration[("linformer-pca(kv)", 4)].mean()),
@@ -222,7 +222,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
     console.print_approx(run)
     out = capsys.readouterr().out
     assert "k = 4: fraction of the gap between the random projection" in out
-    errors = layer_means(run.heads)
+    errors = layer_means(run.head_stats)
     gap_table = printed_tables(out)[-1]
     for row in gap_table["rows"]:
         layer = int(row[0])
@@ -236,7 +236,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
     console.print_approx(run)
     out = capsys.readouterr().out
     assert "k plan against a uniform k of equal total cost" in out
-    planned, uniform = layer_means(run.plan), layer_means(run.heads)
+    planned, uniform = layer_means(run.plan), layer_means(run.head_stats)
     rows = printed_tables(out)[-1]["rows"]
     assert rows == [["svd", "0", "4", fixed(planned[("svd", 4, 0)]), "8", fixed(uniform[("svd", 8, 0)])],
                     ["svd", "1", "12", fixed(planned[("svd", 12, 1)]), "8", fixed(uniform[("svd", 8, 1)])]]

@@ -20,7 +20,7 @@ def draw_cache(run: CacheRun):
     plt = pyplot()
     table = run.table
     full = table[table["press"] == "full"].iloc[0]
-    mass = run.heads.groupby(["press", "ratio"], sort=False)["mass_kept"].mean()
+    mass = run.head_stats.groupby(["press", "ratio"], sort=False)["mass_kept"].mean()
     figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0), layout="constrained")
     presses = [press for press in dict.fromkeys(table["press"]) if press != "full"]
     colors = plt.get_cmap("tab10")

@@ -81,9 +81,7 @@ def subtitle(run: Run | ApproxRun | TheoremRun, n: int) -> str:
     calibration counts the sequences its numbers are measured on, and says how many calibrated."""
     samples, evaluation = run.meta.get("samples"), run.meta.get("evaluation")
     if evaluation:
-        first, end = evaluation
-        measured = (min(samples, end) if samples else end) - first  # a corpus that ran short measured fewer
-        return f"{run.label}, n = {n}, {measured} held-out sequences ({first} calibrated)"
+        return f"{run.label}, n = {n}, {samples} held-out sequences ({evaluation[0]} calibrated)"
     return f"{run.label}, n = {n}" + (f", {samples} sequences" if samples else "")
 
 

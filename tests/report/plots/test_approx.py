@@ -27,7 +27,7 @@ from spectra.report import plots
 
 
 def test_approx_views_plot_the_stored_values(approx_run) -> None:
-    out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
+    out_err = approx_run.head_stats[approx_run.head_stats["metric"] == "out_err"]
     per_layer = out_err.groupby(["method", "budget", "layer"])["mean"].mean()
     target = approx_run.meta["target"]
 
@@ -121,7 +121,7 @@ def test_a_k_plan_is_drawn_against_the_uniform_k(roberta_dir, text_file, tmp_pat
                  batch_size=4, end_to_end=True, out=tmp_path / "planned", progress=None, notify=lambda line: None)
     figure = plots.draw_plan_layers(run)
     ax = by_gid(figure.axes, "plan")
-    for table, name in ((run.plan, "plan"), (run.heads, "uniform")):
+    for table, name in ((run.plan, "plan"), (run.head_stats, "uniform")):
         out_err = table[table["metric"] == "out_err"].groupby(["method", "layer"])["mean"].mean()
         for method in ("svd", "pool-mean"):
             line = by_gid(ax.lines, f"{name}:{method}")

@@ -33,7 +33,7 @@ def test_the_view_draws_the_tables(tmp_path) -> None:
     np.testing.assert_array_equal(knorm.get_ydata(), [table[("full", 0.0)], table[("knorm", 0.25)],
                                                       table[("knorm", 0.5)]])
     assert by_gid(left.lines, "nll:think").get_label() == "think (key channels)"
-    mass = run.heads.groupby(["press", "ratio"])["mass_kept"].mean()
+    mass = run.head_stats.groupby(["press", "ratio"])["mass_kept"].mean()
     np.testing.assert_allclose(by_gid(right.lines, "mass:knorm").get_ydata(),
                                [1.0, mass[("knorm", 0.25)], mass[("knorm", 0.5)]], rtol=1e-12)
     assert not [line for line in right.lines if line.get_gid() == "mass:think"]
