@@ -25,7 +25,8 @@ from pathlib import Path
 import pandas as pd
 
 import spectra
-from spectra import catalogue, presses
+from spectra import presses
+from spectra.presses.base import facts
 from spectra.presses.schedules import (
     MEASURES,
     Scheduled,
@@ -59,18 +60,10 @@ def table(chosen: dict[str, object], ratios: list[float], length: int) -> pd.Dat
 
 @contextlib.contextmanager
 def registered(scheduled: list[Scheduled]) -> Iterator[None]:
-    """The scheduled presses registered (and named in the catalogue) inside the block only: `spectra cache` has no
-    option for per-layer ratio schedules yet, so this process alone sees them."""
-    before = catalogue.PRESSES
-    for press in scheduled:
-        presses.register(press)
-    catalogue.PRESSES = (*before, *(press.name for press in scheduled))
-    try:
+    """The scheduled presses registered inside the block only: `spectra cache` has no option for per-layer ratio
+    schedules yet, so this process alone sees them."""
+    with presses.REGISTRY.extended({press.name: (press, facts(press)) for press in scheduled}):
         yield
-    finally:
-        catalogue.PRESSES = before
-        for press in scheduled:
-            presses.REGISTRY.pop(press.name, None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 import click
 import typer
 
-from . import catalogue
+from . import registry
 from .config import RunConfig
 from .errors import SpectraError
 from .kinds import Analysis
@@ -68,7 +68,7 @@ def cli_default(value: Any) -> Any:
 
 
 def _parameter(option: Declared, default: Any) -> inspect.Parameter:
-    help_text = option.help.replace("{methods}", catalogue.listing()) if "{methods}" in option.help else option.help
+    help_text = option.help.replace("{methods}", registry.method_listing()) if "{methods}" in option.help else option.help
     info = typer.Option(*option.flags, help=help_text, metavar=option.metavar)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default(default),
                              annotation=Annotated[cli_type(option.annotation), info])

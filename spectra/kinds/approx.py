@@ -14,7 +14,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from .. import catalogue, checkpoints
+from .. import checkpoints, registry
 from ..config import (
     FitInit,
     Projection,
@@ -100,14 +100,14 @@ class ApproxOptions:
         set (the default, or the plan's mean) and checked against n; calibrating methods need fit_samples ≥ 2."""
         from ..report.plan import read_plan
 
-        labels = tuple(catalogue.expand(self.methods))
+        labels = registry.method_labels(self.methods)
         plan = self.k_plan
         if plan is not None and not isinstance(plan, tuple):
             plan = read_plan(plan, n)
         for layer_budget in plan or ():
             check_budget(layer_budget, n)
         budget = (round(sum(plan) / len(plan)),) if plan else budgets_or_default(self.budget, DEFAULT_BUDGET, n)
-        calibrating = [label for label in labels if label in catalogue.CALIBRATES]
+        calibrating = [label for label in labels if label in registry.METHODS.having("calibrates")]
         if calibrating and self.fit_samples < 2:  # one sequence is held out to choose the fit's step
             raise SpectraError(f"{calibrating[0]} fits its parameters on calibration sequences: pass "
                                f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
@@ -153,9 +153,10 @@ class Approx(Analysis):
         if isinstance(plan, tuple) and shape.layers is not None and len(plan) != shape.layers:
             raise SpectraError(f"the k plan has {len(plan)} layers but {shape.name} has {shape.layers}; make the plan "
                                "with spectra plan-k on a run of this model")
-        leaking = [label for label in options.methods if label not in catalogue.CAUSAL]
+        causal = registry.METHODS.having("causal")
+        leaking = [label for label in options.methods if label not in causal]
         if options.end_to_end and shape.causal and leaking:
-            usable = ", ".join(label for label in catalogue.LABELS if label in catalogue.CAUSAL)
+            usable = ", ".join(label for label in registry.METHODS if label in causal)
             raise SpectraError(
                 f"{leaking[0]} lets each query see future tokens, so it is not a causal approximation of {shape.name} "
                 f"(a decoder): end to end on a decoder takes causal methods ({usable}); measure "

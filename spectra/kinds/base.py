@@ -26,10 +26,11 @@ from typing import Any, ClassVar
 from .. import checkpoints
 from ..config import RunConfig
 from ..errors import SpectraError, spell
+from ..registry import Registry
 from ..reporter import Reporter
 
 #: analysis name → analysis, in registration order (the order of `spectra --help`)
-REGISTRY: dict[str, Analysis] = {}
+REGISTRY: Registry[Analysis] = Registry("analysis")
 #: every run-configuration option, in declaration order
 RUN_FIELDS = tuple(field.name for field in fields(RunConfig))
 
@@ -83,10 +84,7 @@ class Analysis:
 
 def register(analysis: Analysis) -> Analysis:
     """Add `analysis` to the registry under its name (once)."""
-    if analysis.name in REGISTRY:
-        raise ValueError(f"analysis '{analysis.name}' is registered twice")
-    REGISTRY[analysis.name] = analysis
-    return analysis
+    return REGISTRY.add(analysis.name, analysis)
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import catalogue, checkpoints
+from .. import checkpoints, registry
+from ..registry import PRESSES
 from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..inputs import several
@@ -40,7 +41,7 @@ class CacheOptions:
     context: int = option(1024, "L: context tokens prefilled exactly and then compressed (special tokens included).")
     continuation: int = option(128, "C: tokens scored after the context against the compressed cache (each sequence "
                                "is L + C tokens).")
-    presses: tuple[str, ...] = option(catalogue.PRESSES, f"Comma-separated presses: {', '.join(catalogue.PRESSES)}.")
+    presses: tuple[str, ...] = option(PRESSES.names(), f"Comma-separated presses: {', '.join(PRESSES)}.")
     ratios: tuple[float, ...] = option(DEFAULT_RATIOS, "Comma-separated compression ratios in [0, 1): the fraction "
                                        "of cached tokens removed (for think: of key channels; the memory saved is "
                                        "half of it). The full cache (ratio 0) is always measured.")
@@ -49,7 +50,7 @@ class CacheOptions:
                               "of those presses fits on the context it compresses (an oracle).")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "presses", catalogue.presses(several(self.presses, "--presses")))
+        object.__setattr__(self, "presses", registry.press_names(several(self.presses, "--presses")))
         ratios = several(self.ratios, spell("--ratios"), float)
         for ratio in ratios:
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
@@ -63,7 +64,7 @@ class CacheOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise SpectraError(f"{spell('--' + name)} must be an integer ≥ {least}, got {value!r}")
-        windowed = [press for press in self.presses if press in catalogue.WINDOW_PRESSES]
+        windowed = [press for press in self.presses if press in PRESSES.having("windowed")]
         if windowed and self.context <= SNAPKV_WINDOW:
             raise SpectraError(f"{windowed[0]} reads the last {SNAPKV_WINDOW} context queries: it needs "
                                f"{spell('--context')} > {SNAPKV_WINDOW}, got {self.context}")
@@ -71,13 +72,13 @@ class CacheOptions:
             raise SpectraError(f"{spell('--fit-samples')} must be an integer ≥ 0, got {self.fit_samples!r}")
         if self.fit_samples and not self.calibrating:
             raise SpectraError(f"{spell('--fit-samples')} calibrates the presses that fit "
-                               f"({', '.join(sorted(catalogue.CALIBRATING_PRESSES))}), but none is among "
+                               f"({', '.join(sorted(PRESSES.having('calibrates')))}), but none is among "
                                f"{spell('--presses')}; add one or drop {spell('--fit-samples')}")
 
     @property
     def calibrating(self) -> tuple[str, ...]:
         """The chosen presses that fit on calibration sequences."""
-        return tuple(press for press in self.presses if press in catalogue.CALIBRATING_PRESSES)
+        return tuple(press for press in self.presses if press in PRESSES.having("calibrates"))
 
     @property
     def length(self) -> int:
@@ -112,11 +113,11 @@ class Cache(Analysis):
 
     def check_rope(self, options: CacheOptions, uses_rope: bool | None, name: str) -> None:
         """Channel presses score rotated key channels: a model without RoPE is refused."""
-        channel = [press for press in options.presses if press in catalogue.ROPE_PRESSES]
+        channel = [press for press in options.presses if press in PRESSES.having("needs_rope")]
         if channel and uses_rope is False:
             raise SpectraError(f"{channel[0]} prunes rotary key channels, but {name} has no rotary position "
                                f"embedding (RoPE); choose presses among "
-                               f"{', '.join(p for p in catalogue.PRESSES if p not in catalogue.ROPE_PRESSES)}")
+                               f"{', '.join(p for p in PRESSES if p not in PRESSES.having('needs_rope'))}")
 
     def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
         config = replace(config, length=options.length)

@@ -25,6 +25,7 @@ from ..config import Projection
 from ..errors import InternalError, SpectraError, spell
 from ..reporter import Reporter
 from ..kernels import allowed, masked_softmax, scores
+from ..registry import METHODS, Registry
 from ..seeds import Domain, derive_seed, jl_matrix, orthogonal_matrix
 from ..spectrum import masked, split_threads
 
@@ -238,16 +239,14 @@ class Calibrated(Method):
                             f"{spell('spectra approx', 'spectra.approx')}")
 
 
-#: label → method, in registration order
-REGISTRY: dict[str, Method] = {}
+#: label → method, listed from each method file's DECLARES (`spectra.registry`), the file imported on first use
+REGISTRY: Registry[Method] = METHODS
 
 
 def register(method: Method) -> Method:
-    """Add `method` to the registry under its label."""
-    if method.label in REGISTRY:
-        raise ValueError(f"method '{method.label}' is registered twice")
-    REGISTRY[method.label] = method
-    return method
+    """Add `method` to the registry under its label, with the facts its file declares for it."""
+    return REGISTRY.add(method.label, method, family=method.family, causal=method.causal,
+                        calibrates=method.calibrates)
 
 
 def resolve(method: Method | str, fitted: Mapping[str, Method] | None = None) -> Method:
