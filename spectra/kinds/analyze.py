@@ -18,7 +18,7 @@ from ..errors import SpectraError, spell
 from ..options import identity, option
 from ..reporter import Reporter
 from ..runs import Run, read_arrays, read_table
-from .base import Analysis, register
+from .base import Analysis, check_selection, register
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,6 @@ class AnalyzeOptions:
         return replace(self, at=self.at or max(1, n // 4))
 
 
-def check_selection(layers: tuple[int, ...] | None, heads: tuple[int, ...] | None,
-                    shape: checkpoints.Shape) -> None:
-    """Chosen layers and heads must exist in the model (checked when its shape is known)."""
-    for chosen, count, name in ((layers, shape.layers, "--layers"), (heads, shape.heads, "--heads")):
-        if chosen is not None and count is not None and (chosen[0] < 0 or chosen[-1] >= count):
-            raise SpectraError(f"{spell(name)} must lie in 0…{count - 1} for {shape.name}, got {list(chosen)}")
-
-
 class Analyze(Analysis):
     """Singular spectra of the context mapping matrix P for every layer and head, averaged over sequences."""
 
@@ -77,17 +69,13 @@ class Analyze(Analysis):
         super().check(config, options, shape)
         check_selection(options.layers, options.heads, shape)
 
-    def job(self, config: RunConfig, options: AnalyzeOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
+    def resolve(self, config: RunConfig, options: AnalyzeOptions) -> AnalyzeOptions:
+        return options.resolved(config.length)
+
+    def meta(self, config: RunConfig, options: AnalyzeOptions, source) -> dict[str, Any]:
         from ..spectrum import sink_start
 
-        options = options.resolved(config.length)
-        return Job("analyze", config, config.settings(identity(options)), config.samples,
-                   config.default_out("analyze", found.label), found.where,
-                   open_source=lambda where: model_source(config, where),
-                   build_probe=lambda source: self.probe(config, options, reporter, source),
-                   meta=lambda source: {**identity(options), "qkv": self.wants_qkv(options, source),
-                                        "sink_from": sink_start(config.length)})
+        return {**identity(options), "qkv": self.wants_qkv(options, source), "sink_from": sink_start(config.length)}
 
     @staticmethod
     def wants_qkv(options: AnalyzeOptions, source) -> bool:
@@ -102,7 +90,6 @@ class Analyze(Analysis):
         from ..probes.spectrum import SpectrumProbe
 
         loaded = source.loaded
-        self.check(config, options, source.shape())
         spectrum = SpectrumProbe(source.layers, source.heads, config.length, options.at,
                                  select_layers=options.layers, select_heads=options.heads,
                                  bootstrap=options.bootstrap, seed=config.seed)
@@ -126,13 +113,6 @@ class Analyze(Analysis):
         from ..report.plots.spectra import plot_run
 
         return plot_run(run, out).paths
-
-
-def model_source(config: RunConfig, where: Any, **options: Any):
-    """The corpus read through the model (`sources.ModelSource`), imported when a run starts."""
-    from ..sources import ModelSource
-
-    return ModelSource(config, where, **options)
 
 
 register(Analyze())

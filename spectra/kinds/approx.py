@@ -10,7 +10,6 @@ heads_calibration.csv, heads_plan.csv, end_to_end.csv, fit_history.csv; projecti
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,7 @@ from ..inputs import budgets_or_default, path_text, several
 from ..options import identity, option
 from ..reporter import Reporter
 from ..runs import ApproxRun, read_table
-from .analyze import check_selection, model_source
-from .base import Analysis, register
+from .base import Analysis, check_selection, register
 
 #: the methods compared when none are named, and the budget when none is given
 DEFAULT_METHODS = ("svd", "jl", "linformer", "pool-mean", "pool-max")
@@ -114,28 +112,6 @@ class ApproxOptions:
         return replace(self, methods=labels, budget=check_budgets(budget, n), k_plan=plan)
 
 
-def check_evaluable(source, fit_samples: int, config: RunConfig, length: str | None = None) -> None:
-    """Refuse calibration sequences that leave none to evaluate: the corpus is read (tokenized, no model pass) up
-    to `fit_samples` + 1 sequences, before any calibration or evaluation work. `length`: how the command sets the
-    sequence length, when not by --length (spectra cache: --context and --continuation)."""
-    from .. import data
-
-    tokenizer = source.loaded.tokenizer
-    yielded = sum(1 for _ in islice(data.sequences(tokenizer, source.corpus, config.length, config.mode),
-                                    fit_samples + 1))
-    if yielded > fit_samples:
-        return
-    gives = f"{yielded} sequence{'s' if yielded != 1 else ''}"
-    asked = spell(f"--fit-samples {fit_samples}", f"fit_samples={fit_samples}")
-    where = spell(f"--length {config.length} --mode {config.mode}", f"length={config.length}, mode='{config.mode}'")
-    if length is not None:
-        where = f"{config.length} tokens a sequence, {spell(f'--mode {config.mode}', f'mode={config.mode!r}')}"
-    raise SpectraError(
-        f"{asked} leaves no sequence to evaluate: the corpus gives {'only ' if yielded < fit_samples else ''}{gives} "
-        f"at {where}; pass fewer calibration sequences ({spell('--fit-samples', 'fit_samples')} < {yielded}), more "
-        f"text or {length or 'a smaller ' + spell('--length')}")
-
-
 class Approx(Analysis):
     """How well cheap approximations stand in for a model's attention at each budget: per head and end to end."""
 
@@ -143,6 +119,7 @@ class Approx(Analysis):
     summary = "How well cheap approximations stand in for a model's attention at each budget: per head and end to end."
     options = ApproxOptions
     defaults = {"samples": 1000}
+    calibrates = "fitted methods"
     outputs = {"heads.csv": ("method", "budget", "layer", "head", "metric"),
                "end_to_end.csv": ("method", "budget")}
 
@@ -162,38 +139,30 @@ class Approx(Analysis):
                 f"(a decoder): end to end on a decoder takes causal methods ({usable}); measure "
                 f"{', '.join(leaking)} per head without {spell('--end-to-end', 'end_to_end=True')}")
 
-    def run(self, config: RunConfig, options: ApproxOptions, reporter: Reporter) -> Path:
-        return super().run(config, options.resolved(config.length), reporter)
+    def resolve(self, config: RunConfig, options: ApproxOptions) -> ApproxOptions:
+        return options.resolved(config.length)
 
-    def job(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
+    def calibration(self, options: ApproxOptions) -> int:
+        return options.fit_samples
 
-        return Job("approx", config, config.settings(identity(options)), config.samples,
-                   config.default_out("approx", found.label), found.where,
-                   open_source=lambda where: model_source(config, where, lm_head=options.end_to_end,
-                                                          fit_samples=options.fit_samples),
-                   build_probe=lambda source: self.probe(config, options, reporter, source),
-                   meta=lambda source: {**identity(options), "masked_lm": source.loaded.masked_lm,
-                                        **({"lm_head": source.loaded.head} if source.loaded.head else {})},
-                   calibration=options.fit_samples)
+    def source_options(self, options: ApproxOptions) -> dict[str, Any]:
+        return {"lm_head": options.end_to_end, "fit_samples": options.fit_samples}
+
+    def meta(self, config: RunConfig, options: ApproxOptions, source) -> dict[str, Any]:
+        loaded = source.loaded
+        return {**identity(options), "masked_lm": loaded.masked_lm, **({"lm_head": loaded.head} if loaded.head else {})}
 
     def probe(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, source):
         """Fitting, per-head and end-to-end probes, once the model has loaded."""
-        from .. import distributed
-        from .. import methods as registry
+        from .. import methods
         from ..probes import Probes
         from ..probes.approx import ApproxProbe
         from ..probes.endtoend import EndToEnd
         from ..probes.fitting import Fitting
 
-        self.check(config, options, source.shape())
-        seed, plan, fit_samples = config.seed, options.k_plan, options.fit_samples
+        seed, plan = config.seed, options.k_plan
         probes, fitted = {}, None
         if options.fits:
-            if distributed.requested():
-                raise SpectraError(f"fitted methods ({spell('--fit-samples', 'fit_samples')}) are not supported "
-                                   "across processes yet; run with a single process")
-            check_evaluable(source, fit_samples, config)
             probes["fitting"] = Fitting(options, source.layers, source.heads, config.length, seed=seed,
                                         causal=source.loaded.causal, reporter=reporter)
             fitted = probes["fitting"].fitted
@@ -207,12 +176,12 @@ class Approx(Analysis):
                 reporter.notify(f"{loaded.name} has no language-model head: end to end measures the hidden-state "
                                 "drift only")
             common = dict(seed=seed, projection=options.projection, fixed=options.fixed_projection, fitted=fitted)
-            substitutes = {(label, budget): registry.substitute(label, budget, options.layers, **common)
+            substitutes = {(label, budget): methods.substitute(label, budget, options.layers, **common)
                            for label in options.methods for budget in options.budget}
             if plan:
                 substitutes = {(*key, "uniform"): substitute for key, substitute in substitutes.items()}
                 substitutes.update({(label, options.budget[0], "plan"):
-                                    registry.substitute(label, plan.__getitem__, options.layers, **common)
+                                    methods.substitute(label, plan.__getitem__, options.layers, **common)
                                     for label in options.methods})
             probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(options.layers))
         return Probes(**probes)

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoints, registry
-from ..registry import PRESSES
 from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..inputs import several
-from ..options import identity, option
+from ..options import option
+from ..registry import PRESSES
 from ..reporter import Reporter
 from ..runs import CacheRun, read_table
-from .analyze import model_source
 from .base import Analysis, register
 
 #: the ratios measured when none are given
@@ -99,6 +98,9 @@ class Cache(Analysis):
     options = CacheOptions
     run_fields = tuple(name for name in Analysis.run_fields if name != "length")
     defaults = {"samples": 16, "batch_size": 1}
+    work = 4
+    calibrates = "calibrated presses"
+    length_by = f"a shorter {spell('--context')} + {spell('--continuation')}"
     outputs = {"cache.csv": ("press", "ratio", "nll"), "cache_heads.csv": ("press", "ratio", "layer", "head"),
                "cache_sequences.csv": ("press", "ratio", "sequence")}
 
@@ -119,47 +121,31 @@ class Cache(Analysis):
                                f"embedding (RoPE); choose presses among "
                                f"{', '.join(p for p in PRESSES if p not in PRESSES.having('needs_rope'))}")
 
-    def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
-        config = replace(config, length=options.length)
-        found = checkpoints.inspect(config.model, config.gguf_file)
-        shape = found.shape()
-        self.check(config, options, shape)
+    def configured(self, config: RunConfig, options: CacheOptions) -> RunConfig:
+        return replace(config, length=options.length)
+
+    def check_files(self, config: RunConfig, options: CacheOptions, found: checkpoints.Source) -> None:
         if found.local and found.gguf_file is None:
-            self.check_rope(options, rotary(found.config), shape.name)
-        from ..loop import execute
+            self.check_rope(options, rotary(found.config), found.shape().name)
 
-        return execute(self.job(config, options, reporter, found), reporter)
-
-    def job(self, config: RunConfig, options: CacheOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
-
-        fit_samples = options.fit_samples
-        return Job("cache", config, config.settings(identity(options)), config.samples,
-                   config.default_out("cache", found.label), found.where,
-                   open_source=lambda where: model_source(config, where, lm_head=True,
-                                                          keep_logits=options.continuation + 1,
-                                                          fit_samples=fit_samples),
-                   build_probe=lambda source: self.probe(config, options, source),
-                   meta=lambda source: identity(options),
-                   bytes_per_sequence=lambda source: 8.0 * 4 * source.heads * source.n ** 2, calibration=fit_samples)
-
-    def probe(self, config: RunConfig, options: CacheOptions, source):
-        """The cache probe, once the model has loaded (and been checked again: hub ids are only known now)."""
-        from .. import distributed, models
-        from ..probes.cache import CacheProbe
-        from .approx import check_evaluable
+    def check_loaded(self, config: RunConfig, options: CacheOptions, source) -> None:
+        from .. import models
 
         loaded = source.loaded
-        self.check(config, options, source.shape())
         if loaded.head is None:
             raise SpectraError(f"{loaded.name} has no language-model head: spectra cache scores next-token predictions")
         self.check_rope(options, models.rotary(loaded.model), loaded.name)
-        if options.fit_samples:
-            if distributed.requested():
-                raise SpectraError(f"calibrated presses ({spell('--fit-samples', 'fit_samples')}) are not supported "
-                                   "across processes yet; run with a single process")
-            check_evaluable(source, options.fit_samples, config,
-                            f"a shorter {spell('--context')} + {spell('--continuation')}")
+
+    def calibration(self, options: CacheOptions) -> int:
+        return options.fit_samples
+
+    def source_options(self, options: CacheOptions) -> dict[str, Any]:
+        return {"lm_head": True, "keep_logits": options.continuation + 1, "fit_samples": options.fit_samples}
+
+    def probe(self, config: RunConfig, options: CacheOptions, reporter: Reporter, source):
+        """The cache probe, once the model has loaded."""
+        from ..probes.cache import CacheProbe
+
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
                           config.seed, range(options.fit_samples, options.fit_samples + config.samples))
 

@@ -26,7 +26,6 @@ from ..inputs import path_text
 from ..options import identity, option
 from ..reporter import Reporter
 from ..runs import HeadsRun, read_arrays, read_table
-from .analyze import model_source
 from .base import Analysis, load_run, register
 
 ENCODER_INDUCTION = ("not measured: an encoder's heads see the whole sequence, so a head can read the repeated token "
@@ -82,6 +81,7 @@ class Heads(Analysis):
                "spectra beside attention spectra, a method map and DuoAttention's head pattern.")
     options = HeadsOptions
     defaults = {"samples": 64}
+    work = 14
     outputs = {"diagnosis.csv": ("layer", "head", "kv_head", "sequences"), "metrics.csv": ("layer", "head")}
 
     def check(self, config: RunConfig, options: HeadsOptions, shape: checkpoints.Shape) -> None:
@@ -96,20 +96,13 @@ class Heads(Analysis):
                 raise SpectraError(f"{spell('--approx')} {options.approx} is a run of {model.get('name')} with "
                                    f"{theirs} {what}, but {shape.name} has {ours}: give an approx run of this model")
 
-    def run(self, config: RunConfig, options: HeadsOptions, reporter: Reporter) -> Path:
-        return super().run(config, options.resolved(config.length), reporter)
+    def resolve(self, config: RunConfig, options: HeadsOptions) -> HeadsOptions:
+        return options.resolved(config.length)
 
-    def job(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
+    def meta(self, config: RunConfig, options: HeadsOptions, source) -> dict[str, Any]:
         from ..spectrum import sink_start
 
-        return Job("heads", config, config.settings(identity(options)), config.samples,
-                   config.default_out("heads", found.label), found.where,
-                   open_source=lambda where: model_source(config, where),
-                   build_probe=lambda source: self.probe(config, options, reporter, source),
-                   meta=lambda source: {**identity(options), "sink_from": sink_start(config.length),
-                                        **self.induction_note(source.loaded)},
-                   bytes_per_sequence=lambda source: 8.0 * 14 * source.heads * source.n ** 2)
+        return {**identity(options), "sink_from": sink_start(config.length), **self.induction_note(source.loaded)}
 
     def probe(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, source):
         """The heads probe, once the model has loaded: its weights read, its induction pass run."""
@@ -117,7 +110,6 @@ class Heads(Analysis):
         from ..probes.spectrum import SpectrumProbe
         from ..weights import attention_weights, head_spectra
 
-        self.check(config, options, source.shape())
         loaded = source.loaded
         weights = attention_weights(loaded.model)
         if len(weights) != loaded.layers:

@@ -29,9 +29,7 @@ from ..options import option
 from ..reporter import Reporter
 from ..rundir import RunDir, default_dir, versions, write_meta, write_table
 from ..runs import ApproxRun, Run, ScalingRun, read_table
-from .analyze import AnalyzeOptions, model_source
-from .approx import ApproxOptions
-from .base import REGISTRY, Analysis, load_run, register
+from .base import REGISTRY, Analysis, load_run, model_source, register
 
 if TYPE_CHECKING:  # pandas is imported where a table is made: the command line's start does not pay for it
     import pandas as pd
@@ -95,16 +93,16 @@ class ScalingOptions:
             budget = tuple(sorted(set(several(self.budget, spell("--budget"), int))))
             object.__setattr__(self, "budget", tuple(check_budget(b, self.lengths[-1]) for b in budget))
 
-    def analyze(self) -> AnalyzeOptions:
-        """The options of the analyze run at each length."""
-        return AnalyzeOptions(spectrum_device=self.spectrum_device, layers=self.layers,
-                              heads=self.heads, bootstrap=self.bootstrap)
+    def analyze(self) -> Any:
+        """The options of the analyze run at each length (the registered analysis's own dataclass)."""
+        return REGISTRY["analyze"].options(spectrum_device=self.spectrum_device, layers=self.layers,
+                                           heads=self.heads, bootstrap=self.bootstrap)
 
-    def approx(self, n: int) -> ApproxOptions:
+    def approx(self, n: int) -> Any:
         """The options of the approx run at length n."""
         budget = tuple(b for b in self.budget or default_budgets(n) if b <= n)
-        return ApproxOptions(budget=budget, methods=self.methods, layers=self.layers, target=self.approx_target,
-                             fit_samples=self.fit_samples)
+        return REGISTRY["approx"].options(budget=budget, methods=self.methods, layers=self.layers,
+                                          target=self.approx_target, fit_samples=self.fit_samples)
 
 
 class Scaling(Analysis):
