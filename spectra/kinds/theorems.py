@@ -80,6 +80,7 @@ class Theorems(Analysis):
     def inspect(self, config: RunConfig, options: TheoremOptions) -> checkpoints.Source | None:
         """The model's files; none for Gaussian q, k, v."""
         if options.synthetic:
+            check_nothing_to_read(config)
             return None
         if config.model is None:
             raise SpectraError(f"give a model, or pass {spell('--synthetic', 'synthetic=True')} for Gaussian q, k, v")
@@ -130,6 +131,21 @@ class Theorems(Analysis):
         from ..report.plots.theorems import plot_theorems
 
         return plot_theorems(run, out)
+
+
+def check_nothing_to_read(config: RunConfig) -> None:
+    """Synthetic q, k, v read no model and no corpus: a model or corpus option given with them would be silently
+    ignored, so it is refused (the corpus options count as given when they differ from their defaults)."""
+    defaults = RunConfig()
+    given = [spell(flag, name) for name, flag in (("model", "MODEL"), ("data", "--data"), ("split", "--split"),
+                                                  ("text_column", "--text-column"), ("mode", "--mode"),
+                                                  ("gguf_file", "--gguf-file"))
+             if getattr(config, name) != getattr(defaults, name)]
+    if given:
+        raise SpectraError(f"{spell('--synthetic', 'synthetic=True')} draws Gaussian q, k, v and reads no model or "
+                           f"corpus, but {', '.join(given)} {'was' if len(given) == 1 else 'were'} given; drop "
+                           f"{'it' if len(given) == 1 else 'them'}, or drop {spell('--synthetic', 'synthetic=True')} "
+                           "to measure the model")
 
 
 def synthetic_source(config: RunConfig, options: TheoremOptions, where: Any):
