@@ -204,7 +204,7 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
             raise Interrupted(f"interrupted twice: stopped at once after {done + seen} sequences, before the first "
                               "checkpoint: nothing was saved; run the command again") from None
         raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after {saved[0]} "
-                          f"sequences with {RESUME} and the same {option('--out')} ({target.out})") from None
+                          f"sequences with {RESUME} and the same {spell('--out')} ({target.out})") from None
     except (RuntimeError, MemoryError) as error:
         if not (isinstance(error, MemoryError) or _out_of_memory(error)):
             raise

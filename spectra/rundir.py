@@ -107,11 +107,11 @@ def check_writable(path: Path, what: str = "--out", *, inside: bool = False) -> 
     in it and removed at once.
     """
     if inside and path.exists() and not path.is_dir():
-        raise SpectraError(f"cannot write into {path}: it is a file, not a directory; choose another {option(what)}")
+        raise SpectraError(f"cannot write into {path}: it is a file, not a directory; choose another {spell(what)}")
     ancestor = path.absolute() if inside and path.exists() else path.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent
-    refused = f"cannot write {path}: {ancestor} is not a writable directory; choose another {option(what)}"
+    refused = f"cannot write {path}: {ancestor} is not a writable directory; choose another {spell(what)}"
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise SpectraError(refused)
     try:
@@ -173,7 +173,7 @@ class RunDir:
         """True when resuming onto a finished run."""
         if self.resume and self.out.is_dir() and not (self.out / "run.json").exists() and any(self.out.iterdir()):
             raise SpectraError(f"{self.out} exists but holds no run.json: it is not a spectra run to resume; choose "
-                               f"another {option('--out')} (or pass {OVERWRITE} to replace it)")
+                               f"another {spell('--out')} (or pass {OVERWRITE} to replace it)")
         return self.resume and (self.out / "run.json").exists()
 
     def _damaged(self, path: Path, what: str, run: Path) -> SpectraError:
