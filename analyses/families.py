@@ -26,7 +26,7 @@ import pandas as pd
 import spectra
 from spectra.api import approx
 from spectra.report.plots.style import save
-from spectra.runs import ApproxRun
+from spectra.report.approx import ApproxRun
 
 METHODS = ("svd", "linformer(kv)", "pool-mean", "performer", "nystrom", "nystrom-iter6", "skyformer", "probsparse")
 MARKERS = "osD^vP*Xh<>"

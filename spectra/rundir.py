@@ -5,7 +5,7 @@ so an interrupted or failed run never looks finished and an existing run is repl
 successor is whole. While a run writes, it holds an exclusive lock (`.<out>.lock` beside the directory,
 naming its process), so a second run aimed at the same place stops at once instead of racing it. Files
 are written through a temporary file and a rename, with the permissions the user's umask gives. Nothing
-is pickled: JSON, CSV and `.npz`. Reading runs back is `spectra.runs`.
+is pickled: JSON, CSV and `.npz`. Reading runs back is each analysis's read side (`spectra.report.<kind>`, on `spectra.runs`).
 """
 
 from __future__ import annotations

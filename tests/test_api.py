@@ -160,6 +160,7 @@ def test_paths_may_be_pathlib_paths_everywhere(roberta_dir, text_file, tmp_path,
     load_run and the figures (spectra.analyze(Path(model)) once crashed in checkpoints.inspect)."""
     from spectra import checkpoints
     from spectra.report import plots
+    from spectra.report.analyze import plot_run
     from spectra.report.plan import plan_k
 
     monkeypatch.chdir(tmp_path)
@@ -179,7 +180,7 @@ def test_paths_may_be_pathlib_paths_everywhere(roberta_dir, text_file, tmp_path,
                             **QUIET)
     assert sweep.lengths == [16, 24]
     loaded = spectra.load_run(tmp_path / "run")
-    assert plots.plot_run(loaded, tmp_path / "views").paths[0].parent == tmp_path / "views"
+    assert plot_run(loaded, tmp_path / "views").paths[0].parent == tmp_path / "views"
     assert plots.figure1([loaded], tmp_path / "figure")[0] == tmp_path / "figure.png"
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "weights.gguf").write_bytes(b"GGUF")

@@ -9,7 +9,6 @@ bootstrap.npz. Loads as `runs.Run`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from .. import checkpoints
@@ -17,7 +16,6 @@ from ..config import Place, RunConfig, choose, indices
 from ..errors import SpectraError, spell
 from ..options import identity, option
 from ..reporter import Reporter
-from ..runs import Run, read_arrays, read_table
 from .base import Analysis, check_selection, register
 
 
@@ -97,22 +95,6 @@ class Analyze(Analysis):
         if self.wants_qkv(options, source):
             probes["qkv"] = QKVProbe(loaded.model, loaded.layers, loaded.heads, source.kv_heads, loaded.head_dim)
         return Probes(**probes)
-
-    def load(self, path: Path, meta: dict[str, Any]) -> Run:
-        curves = read_arrays(path / "curves.npz")
-        qkv = read_table(path, "qkv.csv", optional=True)
-        return Run(path, meta, read_table(path, "metrics.csv"), curves["cum_mean"], curves["cum_std"],
-                   curves["sigma_mean"], curves["sigma_std"], qkv)
-
-    def show(self, run: Run) -> None:
-        from ..report.console import print_analyze
-
-        print_analyze(run)
-
-    def plot(self, run: Run, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.spectra import plot_run
-
-        return plot_run(run, out).paths
 
 
 register(Analyze())

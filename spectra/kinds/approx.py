@@ -10,7 +10,6 @@ heads_calibration.csv, heads_plan.csv, end_to_end.csv, fit_history.csv; projecti
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from .. import checkpoints, registry
@@ -28,7 +27,6 @@ from ..errors import SpectraError, spell
 from ..inputs import budgets_or_default, path_text, several
 from ..options import identity, option
 from ..reporter import Reporter
-from ..runs import ApproxRun, read_table
 from .base import Analysis, check_selection, register
 
 #: the methods compared when none are named, and the budget when none is given
@@ -185,23 +183,6 @@ class Approx(Analysis):
                                     for label in options.methods})
             probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(options.layers))
         return Probes(**probes)
-
-    def load(self, path: Path, meta: dict[str, Any]) -> ApproxRun:
-        return ApproxRun(path, meta, read_table(path, "heads.csv"),
-                         read_table(path, "end_to_end.csv", optional=True, dtype={"layers": str}),
-                         read_table(path, "heads_calibration.csv", optional=True),
-                         read_table(path, "fit_history.csv", optional=True),
-                         read_table(path, "heads_plan.csv", optional=True))
-
-    def show(self, run: ApproxRun) -> None:
-        from ..report.console import print_approx
-
-        print_approx(run)
-
-    def plot(self, run: ApproxRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.approx import plot_approx
-
-        return plot_approx(run, out)
 
 
 register(Approx())

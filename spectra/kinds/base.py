@@ -27,6 +27,8 @@ through the registry. Nothing here imports torch: the loop and the probes are im
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 from dataclasses import fields
 from itertools import islice
@@ -170,15 +172,29 @@ class Analysis:
 
     # ---------------------------------------------------------------- the read side
 
+    def read_side(self):
+        """The module of this analysis's read side, `spectra/report/<name>.py` — its run object, `load(path, meta)`,
+        `show(run)` and `plot(run, out)` — imported when a run is read (it may import pandas); None without one."""
+        module = f"spectra.report.{self.name}"
+        return importlib.import_module(module) if importlib.util.find_spec(module) is not None else None
+
     def load(self, path: Path, meta: dict[str, Any]):
-        raise NotImplementedError
+        """The finished run at `path` as its run object."""
+        side = self.read_side()
+        if side is None:
+            raise NotImplementedError(f"{self.name} has no read side (spectra/report/{self.name}.py)")
+        return side.load(path, meta)
 
     def show(self, run) -> None:
         """Print the run's tables to the terminal."""
+        side = self.read_side()
+        if side is not None:
+            side.show(run)
 
     def plot(self, run, out: str | Path | None = None) -> list[Path]:
         """Draw the run's figures (PNG and PDF) into `out` (default: the run directory's figures/)."""
-        return []
+        side = self.read_side()
+        return side.plot(run, out) if side is not None else []
 
 
 def model_source(config: RunConfig, where: Any, **options: Any):

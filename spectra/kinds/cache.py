@@ -12,7 +12,6 @@ ratio, layer and head), cache_sequences.csv (per press, ratio and sequence). Loa
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from .. import checkpoints, registry
@@ -22,7 +21,6 @@ from ..inputs import several
 from ..options import option
 from ..registry import PRESSES
 from ..reporter import Reporter
-from ..runs import CacheRun, read_table
 from .base import Analysis, register
 
 #: the ratios measured when none are given
@@ -148,20 +146,6 @@ class Cache(Analysis):
 
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
                           config.seed, range(options.fit_samples, options.fit_samples + config.samples))
-
-    def load(self, path: Path, meta: dict[str, Any]) -> CacheRun:
-        return CacheRun(path, meta, read_table(path, "cache.csv"), read_table(path, "cache_heads.csv"),
-                        read_table(path, "cache_sequences.csv"))
-
-    def show(self, run: CacheRun) -> None:
-        from ..report.console import print_cache
-
-        print_cache(run)
-
-    def plot(self, run: CacheRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.cache import plot_cache
-
-        return plot_cache(run, out)
 
 
 register(Cache())

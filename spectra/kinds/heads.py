@@ -25,7 +25,6 @@ from ..errors import SpectraError, spell
 from ..inputs import path_text
 from ..options import identity, option
 from ..reporter import Reporter
-from ..runs import HeadsRun, read_arrays, read_table
 from .base import Analysis, load_run, register
 
 ENCODER_INDUCTION = ("not measured: an encoder's heads see the whole sequence, so a head can read the repeated token "
@@ -145,44 +144,6 @@ class Heads(Analysis):
             return {"induction": f"not measured: {loaded.name} embeds {loaded.max_length} tokens, fewer than the "
                                  "101 of the repeated sequences"}
         return {}
-
-    def load(self, path: Path, meta: dict[str, Any]) -> HeadsRun:
-        import numpy as np
-
-        weights = read_arrays(path / "weights.npz") if (path / "weights.npz").exists() else {}
-        tsv = path / "full_attention_heads.tsv"
-        full = np.loadtxt(tsv, delimiter="\t", ndmin=2) if tsv.exists() else None
-        return HeadsRun(path, meta, read_table(path, "diagnosis.csv"), weights,
-                        read_table(path, "kv_heads.csv", optional=True), full,
-                        read_table(path, "method_map.csv", optional=True), read_table(path, "rules.csv", optional=True))
-
-    def show(self, run: HeadsRun) -> None:
-        """The diagnosis per head (its main scores), the head types, the DuoAttention pattern and the method map."""
-        from ..report.console import out, print_frame
-
-        shown = ["layer", "head", "head_type", "sink_share", "sink_mean", "prev", "local", "induction_score",
-                 "retrieval", "top10", "keynorm_corr", "entropy", "rank90", "qk_rank90", "ov_rank90"]
-        table = run.diagnosis
-        print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis")
-        counts = table["head_type"].value_counts()
-        out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()), soft_wrap=True)
-        if "induction" in run.meta:
-            out.print(f"induction score {run.meta['induction']}", soft_wrap=True)
-        if run.full_attention_heads is not None:
-            out.print(f"full_attention_heads.tsv: {int(run.full_attention_heads.sum())} of "
-                      f"{run.full_attention_heads.size} key/value heads at full attention "
-                      f"(--duo-share {run.meta['duo_share']}), streaming {run.meta['sinks']} sinks + "
-                      f"{run.meta['recent']} recent tokens", soft_wrap=True)
-        if run.rules is not None and not run.rules.empty:
-            for rule in run.rules.itertuples(index=False):
-                out.print(f"k = {rule.budget}: winner rule {rule.rule}; accuracy {rule.accuracy:.0%}, held out "
-                          f"{rule.held_out_accuracy:.0%} (always {rule.baseline_winner}: {rule.baseline:.0%})",
-                          soft_wrap=True)
-
-    def plot(self, run: HeadsRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.heads import plot_heads
-
-        return plot_heads(run, out)
 
 
 register(Heads())

@@ -28,11 +28,13 @@ from ..inputs import several
 from ..options import option
 from ..reporter import Reporter
 from ..rundir import RunDir, default_dir, versions, write_meta, write_table
-from ..runs import ApproxRun, Run, ScalingRun, read_table
 from .base import REGISTRY, Analysis, load_run, model_source, register
 
-if TYPE_CHECKING:  # pandas is imported where a table is made: the command line's start does not pay for it
+if TYPE_CHECKING:  # pandas (and the read side) are imported where a table is made: --help does not pay for them
     import pandas as pd
+
+    from ..report.analyze import Run
+    from ..report.approx import ApproxRun
 
 #: the fixed budgets at which c is compared across n (those ≤ n)
 FIXED_BUDGETS = (32, 64, 128)
@@ -205,24 +207,6 @@ class Scaling(Analysis):
             "wall_seconds": seconds,
             "versions": versions(),
         }
-
-    def load(self, path: Path, meta: dict[str, Any]) -> ScalingRun:
-        integers = {"layer": "Int64", "head": "Int64"}
-        exponents = read_table(path, "exponents.csv", dtype={**integers, "method": str, "better": str})
-        exponents[["method", "better"]] = exponents[["method", "better"]].fillna("")
-        return ScalingRun(path, meta, read_table(path, "scaling.csv"), read_table(path, "c_fixed.csv"), exponents,
-                          read_table(path, "k_needed.csv", optional=True, dtype={"layer": "Int64"}),
-                          {int(n): load_run(path / name, "analyze") for n, name in meta["runs"].items()})
-
-    def show(self, run: ScalingRun) -> None:
-        from ..report.console import print_scaling
-
-        print_scaling(run)
-
-    def plot(self, run: ScalingRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.scaling import plot_scaling
-
-        return plot_scaling(run, out)
 
 
 register(Scaling())

@@ -18,11 +18,9 @@ from ..errors import SpectraError, spell
 from ..inputs import budgets_or_default, several
 from ..options import identity, option
 from ..reporter import Reporter
-from ..runs import TheoremRun, read_table
 from .base import Analysis, register
 
 DEFAULT_BUDGET = (16, 32, 64, 128, 256)
-TABLES = tuple(f"theorem{i}{scope}" for i in (1, 2) for scope in ("", "_layers", "_heads"))
 
 
 @dataclass(frozen=True)
@@ -118,19 +116,6 @@ class Theorems(Analysis):
         shape = (source.layers, source.heads, config.length, options.budget, options.eps)
         draw = dict(seed=config.seed, draws=options.draws, fixed=options.fixed_projection)
         return Probes(theorem1=Theorem1Probe(*shape, **draw), theorem2=Theorem2Probe(*shape, **draw))
-
-    def load(self, path: Path, meta: dict[str, Any]) -> TheoremRun:
-        return TheoremRun(path, meta, {name: read_table(path, f"{name}.csv") for name in TABLES})
-
-    def show(self, run: TheoremRun) -> None:
-        from ..report.console import print_theorems
-
-        print_theorems(run)
-
-    def plot(self, run: TheoremRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.theorems import plot_theorems
-
-        return plot_theorems(run, out)
 
 
 def check_nothing_to_read(config: RunConfig) -> None:

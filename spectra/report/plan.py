@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import SpectraError, spell
-from ..runs import Run
+from ..runs import FinishedRun
 
 #: the key a layer's budget had in plans written before the projected dimension was called the budget everywhere
 #: (such plans still read)
@@ -138,7 +138,7 @@ class Plan:
         }
 
 
-def plan_k(run: Run, energy: float, *, multiple: int = 8, per_head: bool = False) -> Plan:
+def plan_k(run: FinishedRun, energy: float, *, multiple: int = 8, per_head: bool = False) -> Plan:
     """Smallest budget per layer (or per head) whose mean normalized cumulative singular value reaches `energy`."""
     energy, multiple = check_energy(energy), check_multiple(multiple)
     if per_head:

@@ -15,7 +15,8 @@ from tiny import run_cli
 
 from spectra import cli
 from spectra.api import approx
-from spectra.report import console
+from spectra.report import analyze, console, scaling, theorems
+from spectra.report import approx as approx_report
 from spectra.report.plan import plan_k
 from spectra.report.summaries import compare
 
@@ -26,7 +27,7 @@ def fixed(value: float, places: int = 3, missing: str = "") -> str:
 
 def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
     run = runs["deep-wiki"]
-    console.print_analyze(run)
+    analyze.show(run)
     out = capsys.readouterr().out
     assert out.startswith(f"{run.label} (encoder): n = {run.n}, 16 sequences, mean over {run.heads} heads per layer")
     (table,) = printed_tables(out)
@@ -46,7 +47,7 @@ def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, caps
 
     run = spectra.analyze(str(llama_dir), str(text_file), length=16, samples=4, out=tmp_path / "run", progress=None,
                           notify=lambda line: None)
-    console.print_analyze(run)
+    analyze.show(run)
     out = capsys.readouterr().out
     (table,) = printed_tables(out)
     header = [" ".join(part for part in column if part) for column in zip(*table["header"])]
@@ -63,7 +64,7 @@ def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, caps
 
 
 def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
-    console.print_approx(approx_run)
+    approx_report.show(approx_run)
     out = capsys.readouterr().out
     tables = printed_tables(out)
     assert len(tables) == len(BUDGETS) + 1  # one per k, then the smallest k reaching the target
@@ -99,7 +100,7 @@ def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
 
 
 def test_print_theorems_tables_match_the_run(theorem_run, capsys) -> None:
-    console.print_theorems(theorem_run)
+    theorems.show(theorem_run)
     out = capsys.readouterr().out
     one = theorem_run.tables["theorem1"]
     n = int(one["n"].iloc[0])
@@ -133,7 +134,7 @@ def test_print_plan_tables_match_the_plan(runs, capsys) -> None:
     run = runs["deep-imdb"]
     for per_head in (False, True):
         plan = plan_k(run, 0.9, multiple=4, per_head=per_head)
-        console.print_plan(run, plan)
+        analyze.print_plan(run, plan)
         out = capsys.readouterr().out
         layers, costs = printed_tables(out)
         curves = run.cum_mean.mean(axis=1) if not per_head else run.cum_mean
@@ -158,7 +159,7 @@ def test_print_plan_tables_match_the_plan(runs, capsys) -> None:
 
 def test_print_compare_tables_match_the_runs(runs, capsys) -> None:
     chosen = [runs["small-wiki"], runs["deep-imdb"]]
-    console.print_compare(chosen, compare(chosen), None)
+    analyze.print_compare(chosen, compare(chosen), None)
     out = capsys.readouterr().out
     lines = out.replace("\n", "")  # rich wraps a long path onto the next line
     assert lines.startswith(f"A  {chosen[0].label}, n = 32, 16 sequences: {chosen[0].path}")
@@ -199,7 +200,7 @@ def test_cli_compare(runs, tmp_path, monkeypatch, capsys) -> None:
 
 
 def test_print_scaling_tables_match_the_run(scaling_run, capsys) -> None:
-    console.print_scaling(scaling_run)
+    scaling.show(scaling_run)
     out = capsys.readouterr().out
     ranks, fixed_k = printed_tables(out)
     assert ranks["header"][0] == ["layer", "n=16", "n=40", "n=64", "α", "95% interval", "fits better"]
@@ -232,7 +233,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
 
     run = approx(str(roberta_dir), str(text_file), budget=[4], methods=["pool-mean", "linformer-pca(kv)"],
                  samples=4, fit_samples=8, out=tmp_path / "fit", **quiet)
-    console.print_approx(run)
+    approx_report.show(run)
     out = capsys.readouterr().out
     assert "fitted methods: mean head-output error over layers" in out and "fraction of the gap" not in out
     held, calibration = layer_means(run.head_stats), layer_means(run.calibration)
@@ -243,7 +244,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
 
     run = approx(str(roberta_dir), str(text_file), budget=[4], methods=["svd", "linformer(kv)", "linformer-pca(kv)"],
                  samples=4, fit_samples=8, out=tmp_path / "gap", **quiet)
-    console.print_approx(run)
+    approx_report.show(run)
     out = capsys.readouterr().out
     assert "k = 4: fraction of the gap between the random projection" in out
     errors = layer_means(run.head_stats)
@@ -257,7 +258,7 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
     plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd"], k_plan=plan, samples=4, out=tmp_path / "plan",
                  **quiet)
-    console.print_approx(run)
+    approx_report.show(run)
     out = capsys.readouterr().out
     assert "k plan against a uniform k of equal total cost" in out
     planned, uniform = layer_means(run.plan), layer_means(run.head_stats)

@@ -11,8 +11,7 @@ from matplotlib.colors import to_hex
 from report_helpers import by_gid, cielab, fake_save
 
 from spectra.registry import PRESSES as REGISTERED
-from spectra.report.plots.cache import draw_cache, plot_cache, press_style
-from spectra.runs import CacheRun
+from spectra.report.cache import CacheRun, draw_cache, plot_cache, press_style
 
 
 def cache_run(tmp_path) -> CacheRun:
