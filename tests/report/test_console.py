@@ -15,7 +15,7 @@ from tiny import run_cli
 
 from spectra import cli
 from spectra.api import approx
-from spectra.report import analyze, console, scaling, theorems
+from spectra.report import analyze, scaling, theorems
 from spectra.report import approx as approx_report
 from spectra.report.plan import plan_k
 from spectra.report.summaries import compare
