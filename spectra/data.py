@@ -256,9 +256,9 @@ def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int
             del buffer[:body]
 
 
-def batches(tokenizer, corpus: Corpus, n: int, mode: str, sequences: int, batch_size: int, skip: int = 0,
+def batches(tokenizer, corpus: Corpus, n: int, mode: str, count: int, batch_size: int, skip: int = 0,
             shard: tuple[int, int] = (0, 1), fit_samples: int = 0) -> Iterator[Batch]:
-    """Batches of up to `batch_size` of the first `sequences` sequences, leaving out the first `skip`
+    """Batches of up to `batch_size` of the first `count` sequences (calibration included), leaving out the first `skip`
     (resuming) and, with shard = (rank, size), keeping only indices ≡ rank mod size (one process's share).
     No batch holds sequences on both sides of `fit_samples` (the end of a calibration set)."""
     rank, size = shard
@@ -266,7 +266,7 @@ def batches(tokenizer, corpus: Corpus, n: int, mode: str, sequences: int, batch_
     left = getattr(tokenizer, "padding_side", "right") == "left"
     pending: list[tuple[int, list[int]]] = []
     for index, ids in enumerate(sequences(tokenizer, corpus, n, mode)):
-        if index >= sequences:
+        if index >= count:
             break
         if index < skip or index % size != rank:
             continue
