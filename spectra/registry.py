@@ -39,13 +39,22 @@ class Entry:
 
 
 def declarations(path: Path) -> tuple[float, dict[str, dict[str, Any]]] | None:
-    """A module file's `ORDER` and `DECLARES` literals, read from its text (None when it declares nothing)."""
+    """A module file's `ORDER` and `DECLARES` literals, read from its text (None when it declares nothing). Only
+    the two assignments are parsed (`ast.literal_eval` of each, from its line to where its brackets close), not the
+    whole file: --help reads every method and press file this way."""
     found: dict[str, Any] = {}
-    for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-        if isinstance(target, ast.Name) and target.id in ("ORDER", "DECLARES") and node.value is not None:
-            found[target.id] = ast.literal_eval(node.value)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines):
+        name = line.split("=", 1)[0].split(":", 1)[0].strip()
+        if name not in ("ORDER", "DECLARES") or not line.startswith(name):
+            continue
+        text, depth, end = line.split("=", 1)[1], 0, number
+        depth = text.count("{") + text.count("[") - text.count("}") - text.count("]")
+        while depth > 0:
+            end += 1
+            text += "\n" + lines[end]
+            depth += lines[end].count("{") + lines[end].count("[") - lines[end].count("}") - lines[end].count("]")
+        found[name] = ast.literal_eval(text.strip())
     if "DECLARES" not in found:
         return None
     return float(found.get("ORDER", 0)), found["DECLARES"]
