@@ -89,15 +89,12 @@ def extra(run: Any, name: str) -> Any:
 
 def evaluated(run: Any) -> int:
     """The sequences an approx run measured: with fitted methods, those after the calibration sequences."""
-    if "evaluation" in run.meta:
-        start, end = run.meta["evaluation"]
-        return int(end) - int(start)
     return int(run.meta["samples"])
 
 
-def by_budget(run: Any, method: str, table: str = "heads") -> pd.Series:
+def by_budget(run: Any, method: str, table: str = "head_stats") -> pd.Series:
     """Mean over layers of the per-layer mean head-output error of `method`, per budget."""
-    rows = approx_by_budget(run) if table == "heads" else \
+    rows = approx_by_budget(run) if table == "head_stats" else \
         run.per_layer("out_err", table=table).groupby(["method", "budget"], sort=False)["out_err"].mean().reset_index()
     found = rows[rows["method"] == method].set_index("budget")["out_err"].sort_index()
     if found.empty:
@@ -438,7 +435,7 @@ def smollm2_cache(runs: dict[str, list[Any]]) -> str:
         text += (f" At equal memory saved (a quarter), ThinK at r = 0.5 gives {think:.3f}, "
                  f"{'better' if think < same.min() else 'worse'} than the best eviction at r = 0.25 "
                  f"(`{same.idxmin()[0]}`, {same.min():.3f}).")
-    mass = run.heads.groupby(["press", "ratio"])["mass_kept"].mean()
+    mass = run.head_stats.groupby(["press", "ratio"])["mass_kept"].mean()
     pairs = pd.DataFrame({"mass": mass, "nll": nll}).loc[[(p, r) for p in evicting for r in ratios
                                                             if (p, r) in nll.index]]
     rho = pairs["mass"].corr(pairs["nll"], method="spearman")

@@ -86,7 +86,7 @@ def plot(
     check_writable(out if out is not None else run / "figures", inside=True)
     loaded = load_run(run)
     if at is not None:  # only analyze runs have an index to draw the heatmap at
-        from .report.plots.spectra import plot_run
+        from .report.analyze import plot_run
 
         paths = plot_run(load_run(run, "analyze"), out, at=at).paths
     else:
@@ -106,7 +106,7 @@ def plan_k(
     """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
     from .kinds import load_run
     from .report.console import out as stdout
-    from .report.console import print_plan
+    from .report.analyze import print_plan
     from .report.plan import plan_k as make_plan
     from .rundir import check_writable, write_json
 
@@ -133,7 +133,7 @@ def compare(
     """Headline numbers of several runs side by side: per layer c at the index and rank needed for 90%."""
     from .kinds import load_run
     from .report.console import out as stdout
-    from .report.console import print_compare
+    from .report.analyze import print_compare
     from .report.summaries import compare as compare_runs
     from .rundir import check_writable, write_table
 

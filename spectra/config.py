@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import SpectraError
-from .errors import option as spell
+from .errors import SpectraError, spell
 from .inputs import path_text, several
 from .options import option
 
@@ -91,12 +90,12 @@ class Sharing(Choice):
 C = TypeVar("C", bound=Choice)
 
 
-def choose(kind: type[C], value: str | C, option: str) -> C:
-    """`value` as a member of `kind`, or one line naming the option and its choices."""
+def choose(choices: type[C], value: str | C, option: str) -> C:
+    """`value` as a member of `choices`, or one line naming the option and its choices."""
     try:
-        return kind(value)
+        return choices(value)
     except ValueError:
-        raise SpectraError(f"unknown {spell(option)} '{value}'; use one of {', '.join(kind.values())}") from None
+        raise SpectraError(f"unknown {spell(option)} '{value}'; use one of {', '.join(choices.values())}") from None
 
 
 # ---------------------------------------------------------------- single checks shared by several options
@@ -269,7 +268,7 @@ class Init(Choice):
     XAVIER = "xavier"
 
 
-class Compress(Choice):
+class ProjectAt(Choice):
     """Where eq. 7 projects: after W^K, W^V (the paper, E(K W^K)) or before them (reference code, (E X) W^K)."""
 
     AFTER = "after"

@@ -54,7 +54,7 @@ def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
     one = approx(str(roberta_dir), str(text_file), length=24, samples=5, batch_size=1,
                  budget=[4, 8], methods=["svd", "jl", "pool-mean"], end_to_end=True, device="cpu",
                  out=tmp_path / "approx-one", progress=None, notify=lambda line: None)
-    for table in ("heads", "end_to_end"):
+    for table in ("head_stats", "end_to_end"):
         assert_frames_close(getattr(two, table), getattr(one, table), rtol=1e-9, atol=1e-9, name=table)
 
 

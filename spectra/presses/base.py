@@ -12,9 +12,8 @@ Two kinds of press fit the same interface:
 - *transform* presses return any rows (zeroed key channels, a low-rank or mixed-down K and V: Linformer's E·K,
   F·V); `kept` is None when the rows are not context tokens, and `saved` says what memory the press saves.
 
-A new press is one module under `spectra/presses/` (a `Press` subclass, `register(...)` at its end), its test and
-its name in `spectra/catalogue.py` (PRESSES, and CHANNEL_PRESSES when its ratio counts key channels);
-tests/test_catalogue.py holds the catalogue equal to `REGISTRY`. A press that draws randomly seeds itself from
+A new press is one module under `spectra/presses/` (its names and flags in `DECLARES` at its top, read by
+`spectra.registry` without importing it; a `Press` subclass; `register(...)` at its end) and its test. A press that draws randomly seeds itself from
 `Prefill.seed` and `Prefill.index` (the run's seed and the sequence's global index), never from global state.
 Presses fitted on calibration sequences (`calibrates`: Loki's PCA, low-rank K/V) get a calibration pass from
 `spectra cache --fit-samples N`: the probe makes the run its own fresh instance of each (`fresh`), hands it the
@@ -32,6 +31,8 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+
+from ..registry import PRESSES, Registry
 
 #: the queries SnapKV reads: the last WINDOW context positions (kvpress's default window_size)
 WINDOW = 64
@@ -213,13 +214,17 @@ class ScorerPress(Press):
         return evict(prefill, self.score(prefill, ratio), n_kept(prefill.length, ratio))
 
 
-#: press name → press, in registration order (the order of tables and legends)
-REGISTRY: dict[str, Press] = {}
+#: press name → press, listed from each press file's DECLARES (`spectra.registry`; the order of tables and legends),
+#: the file imported on first use
+REGISTRY: Registry[Press] = PRESSES
+
+
+def facts(press: Press) -> dict[str, bool]:
+    """What a press declares about itself: the flags the command checks before the model loads."""
+    return {"channels": press.channels, "needs_rope": press.needs_rope, "windowed": press.windowed,
+            "calibrates": press.calibrates}
 
 
 def register(press: Press) -> Press:
-    """Add `press` under its name (once)."""
-    if press.name in REGISTRY:
-        raise ValueError(f"press '{press.name}' is registered twice")
-    REGISTRY[press.name] = press
-    return press
+    """Add `press` under its name (once), with the facts its file declares for it."""
+    return REGISTRY.add(press.name, press, **facts(press))

@@ -31,7 +31,7 @@ from ..reporter import Reporter, plural
 from ..nn.calibration import Calibration
 from ..nn.descent import FitSettings, held_out
 from ..stats import State, tagged
-from .approx import HeadProbe
+from .approx import ApproxProbe
 from .base import Probe
 
 
@@ -53,7 +53,7 @@ class Fitting(Probe):
         self.fitted: dict[str, Calibrated] = {method.label: method.fresh() for method in calibrating}
         self.labels = list(self.fitted)
         self.history = pd.DataFrame()
-        self.calibration = HeadProbe(options, layers, heads, seed=seed, fitted=self.fitted,
+        self.calibration = ApproxProbe(options, layers, heads, seed=seed, fitted=self.fitted,
                                      file="heads_calibration.csv", calibration=True)
         self.records: dict[int, list[Captured]] = {}
         self.done = False

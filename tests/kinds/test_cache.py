@@ -126,7 +126,7 @@ def test_the_tables_count_what_each_press_keeps(finished) -> None:
             assert row["kl"] > 0 and 0 <= row["top1"] <= 1
     think = table.loc[("think", 0.5)]
     assert think["kept"] == CONTEXT and think["key_channel_ratio"] == 0.5 and think["saved"] == pytest.approx(0.25)
-    heads = finished.heads
+    heads = finished.head_stats
     assert list(heads.columns[:4]) == ["press", "ratio", "layer", "head"] and len(heads) == 7 * 2 * 4
     full = heads[heads["press"] == "full"]
     assert (full["mass_kept"] == 1).all() and full["out_err"].max() < 1e-6
@@ -140,7 +140,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(llama_dir, text_file, tmp_pat
     settings = {**SETTINGS, "batch_size": 1, "checkpoint_seconds": 0.0}
     whole = spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "whole", **settings)
     resumed = interrupted_and_resumed(llama_dir, text_file, tmp_path, settings, after=2)
-    for name in ("table", "heads", "sequences"):
+    for name in ("table", "head_stats", "sequences"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(whole, name), check_exact=True, obj=name)
 
 
@@ -220,6 +220,7 @@ def test_calibration_sequences_are_not_evaluated(calibrated) -> None:
     assert sorted(calibrated.sequences["sequence"].unique()) == [2, 3]
     assert calibrated.meta["calibration"] == {"sequences": [0, 2], "used": 2, "presses": ["loki", "lowrank"]}
     assert calibrated.meta["evaluation"] == [2, 4]
+    assert calibrated.meta["samples"] == 2 and calibrated.meta["sequences"] == 4, "samples: the evaluated ones"
     assert not spectra.presses.REGISTRY["loki"].moments.sums and not spectra.presses.REGISTRY["lowrank"].moments.sums
 
 
@@ -264,7 +265,7 @@ def test_a_resumed_calibrated_run_equals_an_uninterrupted_one(calibrated, llama_
     settings = {**FIT, "checkpoint_seconds": 0.0}
     # stopped inside the calibration: the checkpoint holds the sums of one sequence
     resumed = interrupted_and_resumed(llama_dir, text_file, tmp_path, settings, after=1)
-    for name in ("table", "heads", "sequences"):
+    for name in ("table", "head_stats", "sequences"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(calibrated, name), check_exact=True, obj=name)
     for key, value in np.load(calibrated.path / "calibration.npz").items():
         np.testing.assert_array_equal(np.load(resumed.path / "calibration.npz")[key], value)

@@ -127,7 +127,7 @@ def test_the_method_map_joins_an_approx_run(roberta_dir, text_file, tmp_path) ->
                             notify=lambda line: None)
     run = spectra.heads(str(roberta_dir), str(text_file), length=16, samples=2, approx=approx.path,
                         out=tmp_path / "heads", progress=None, notify=lambda line: None)
-    errors = approx.heads[approx.heads["metric"] == "out_err"]
+    errors = approx.head_stats[approx.head_stats["metric"] == "out_err"]
     for row in run.method_map.itertuples(index=False):
         cell = errors[(errors["budget"] == row.budget) & (errors["layer"] == row.layer) & (errors["head"] == row.head)]
         assert row.winner == cell.loc[cell["mean"].idxmin(), "method"]

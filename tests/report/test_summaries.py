@@ -86,7 +86,7 @@ def test_approx_by_budget_is_the_mean_over_layers_and_heads(approx_run) -> None:
     table = approx_by_budget(approx_run)
     assert list(table.columns) == ["method", "budget", "out_err"]
     assert list(dict.fromkeys(table["method"])) == METHODS  # the run's method order
-    out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
+    out_err = approx_run.head_stats[approx_run.head_stats["metric"] == "out_err"]
     overall = out_err.groupby(["method", "budget"])["mean"].mean()  # equal heads per layer: mean of layer means
     for method in METHODS:
         rows = table[table["method"] == method].sort_values("budget")
