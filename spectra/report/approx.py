@@ -63,7 +63,7 @@ class ApproxRun(FinishedRun):
     def projections(self, method: str, budget: int):
         """The projections `method` (linformer-pca(s) or linformer-fit(s)) fitted at `budget` in this run: an
         `nn.projections.Projections` for `LinformerSelfAttention` or `nn.linformer.substitute`."""
-        from .nn.projections import load_projections
+        from ..nn.projections import load_projections
 
         return load_projections(self.path, method, budget)
 
