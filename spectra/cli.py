@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 import typer
 
+from . import runtime
 from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
@@ -25,6 +26,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # click's plain help: a description column of ~45 characters at 80 columns, long flags and defaults whole (rich's
+    # panels squeeze descriptions to ~20 characters beside a wide name column and cut names with "…")
+    rich_markup_mode=None,
     help="Empirical spectral analysis of the attention of pretrained transformers (Linformer, Wang et al. 2020).",
 )
 
@@ -59,7 +63,9 @@ def figure1(
     from .kinds import load_run
     from .report.console import out as stdout
     from .report.plots import figure1 as draw_figure1
+    from .rundir import check_writable
 
+    check_writable(out)
     paths = draw_figure1([load_run(path, "analyze") for path in runs], out,
                          heatmap=None if heatmap is None else load_run(heatmap, "analyze"), at=at, quantile=band)
     for path in paths:
@@ -75,7 +81,9 @@ def plot(
     """A run's views; for analyze: per-layer curves, heatmap of c at an index, rank for 90%/99% per layer and head."""
     from .kinds import load_run
     from .report.console import out as stdout
+    from .rundir import check_writable
 
+    check_writable(out if out is not None else run / "figures", inside=True)
     loaded = load_run(run)
     if at is not None:  # only analyze runs have an index to draw the heatmap at
         from .report.plots.spectra import plot_run
@@ -100,13 +108,16 @@ def plan_k(
     from .report.console import out as stdout
     from .report.console import print_plan
     from .report.plan import plan_k as make_plan
-    from .rundir import write_json
+    from .rundir import check_writable, write_json
 
+    if out is not None:
+        check_writable(out)
     loaded = load_run(run, "analyze")
     plan = make_plan(loaded, energy, multiple=multiple, per_head=per_head)
     target = out or loaded.path / f"plan-k-e{plan.energy:g}{'-per-head' if per_head else ''}.json"
     if target.is_dir():
         raise SpectraError(f"--out {target} is a directory; give a .json file path")
+    check_writable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json(target, plan.to_json())  # before printing: output piped into `head` must not lose the file
     print_plan(loaded, plan)
@@ -124,10 +135,12 @@ def compare(
     from .report.console import out as stdout
     from .report.console import print_compare
     from .report.summaries import compare as compare_runs
-    from .rundir import write_table
+    from .rundir import check_writable, write_table
 
     if csv is not None and csv.is_dir():
         raise SpectraError(f"--csv {csv} is a directory; give a .csv file path")
+    if csv is not None:
+        check_writable(csv, "--csv")
     loaded = [load_run(path, "analyze") for path in runs]
     table = compare_runs(loaded, at)
     if csv is not None:  # before printing: output piped into `head` must not lose the file
@@ -181,6 +194,7 @@ def main() -> None:
     spectra's own `Interrupted`, which they pass through. Messages spell options as the command line does."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun only process 0 prints results
         sys.stdout = open(os.devnull, "w")
+    runtime.prefer_passive_wait()  # before torch loads: idle OpenMP threads sleep instead of spinning (runtime.py)
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         app(standalone_mode=False)

@@ -212,6 +212,9 @@ class RunConfig:
     resume: bool = option(False, "Continue an interrupted run from its last checkpoint.", identity=False)
     trust_remote_code: bool = option(False, "Allow code shipped with the model to run (off by default).",
                                      identity=False)
+    threads: int | None = option(None, "CPU threads for the forward pass and the spectra (default: one per CPU this "
+                                 "process may use); fewer leaves room to other jobs on a shared machine.",
+                                 identity=False)
     checkpoint_seconds: float = option(60.0, "Seconds between checkpoints.", identity=False, cli=False)
 
     def __post_init__(self) -> None:
@@ -221,7 +224,13 @@ class RunConfig:
             raise SpectraError(f"{spell('--samples')} must be at least 1, got {self.samples}")
         if self.batch_size < 1:
             raise SpectraError(f"{spell('--batch-size')} must be at least 1, got {self.batch_size}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise SpectraError(f"{spell('--threads')} must be a positive integer, got {self.threads!r}")
         check_seed(self.seed)
+        if self.resume and self.overwrite:
+            raise SpectraError(f"{spell('--resume', 'resume=True')} continues the run at {spell('--out')} and "
+                               f"{spell('--overwrite', 'overwrite=True')} replaces it: pass only one of them")
         for name in ("model", "data", "gguf_file", "out"):  # str or os.PathLike
             object.__setattr__(self, name, path_text(getattr(self, name)))
         for name in ("model", "data"):  # a local path is recorded absolute: --resume from another directory matches

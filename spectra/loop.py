@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import torch
 
-from . import distributed, timings
+from . import distributed, runtime, timings
 from .config import RunConfig
 from .errors import Interrupted, SpectraError, option
 from .probes import Probe
-from .reporter import Reporter
+from .reporter import Reporter, plural
 from .rundir import OVERWRITE, RESUME, RunDir, default_dir, versions
 from .stats import plain
 
@@ -76,17 +76,21 @@ class Job:
     meta: Callable[[Source], dict[str, Any]]
     #: bytes one sequence needs while its batch runs (attention matrices and the probe's work), for the memory check
     bytes_per_sequence: Callable[[Source], float] = lambda source: 8.0 * 6 * source.heads * source.n ** 2
+    #: settings left at a default that follows from others (--at's n/4 follows --length): a refused --resume names
+    #: them only when nothing else differs, so it never lists an option the user did not type
+    derived: tuple[str, ...] = ()
 
 
-def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+def _differences(recorded: dict[str, Any], wanted: dict[str, Any], derived: tuple[str, ...] = ()) -> list[str]:
     """The identity settings that differ between a recorded run and the one asked for (the analysis's own
-    options, under "extra", named one by one)."""
+    options, under "extra", named one by one); a `derived` one only when no other differs (it followed them)."""
     def flat(settings: dict[str, Any]) -> dict[str, Any]:
         return {**{key: value for key, value in settings.items() if key != "extra"}, **settings.get("extra", {})}
 
     recorded, wanted = flat(recorded), flat(wanted)
     keys = (set(recorded) | set(wanted)) - set(NOT_IDENTITY)
-    return sorted(key for key in keys if recorded.get(key) != wanted.get(key))
+    changed = sorted(key for key in keys if recorded.get(key) != wanted.get(key))
+    return [key for key in changed if key not in derived] or changed
 
 
 def _data_changes(recorded: dict[str, Any], source: Source) -> list[str]:
@@ -182,9 +186,9 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                 seen += len(batch.index)
                 if interrupted():
                     if distributed.size() == 1 and not checkpoint() and not saved:
-                        raise Interrupted(f"interrupted after {done + seen} sequences, during the calibration: "
+                        raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}, during the calibration: "
                                           "nothing was saved; run the command again")
-                    raise Interrupted(f"interrupted after {done + seen} sequences; continue with {RESUME} and the "
+                    raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}; continue with {RESUME} and the "
                                       f"same {option('--out')} ({target.out})")
                 if time.perf_counter() - last_save >= every and probe.ready():
                     checkpoint()
@@ -193,14 +197,17 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                 reporter.advance(min(done + seen * distributed.size(), job.samples), job.samples)
         probe.load_state(distributed.reduce_state(probe.state(), source.device))
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted twice: stopped at once; continue from the last checkpoint with {RESUME} and "
-                          f"the same {option('--out')} ({target.out})") from None
+        if not saved:  # nothing on disk to continue from
+            raise Interrupted(f"interrupted twice: stopped at once after {plural(done + seen, 'sequence')}, before the first "
+                              "checkpoint: nothing was saved; run the command again") from None
+        raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after "
+                          f"{plural(saved[0], 'sequence')} with {RESUME} and the same {option('--out')} ({target.out})") from None
     except (RuntimeError, MemoryError) as error:
         if not (isinstance(error, MemoryError) or _out_of_memory(error)):
             raise
-        kept = (f"the checkpoint after {saved[0]} sequences is kept: continue with {RESUME} and"
+        kept = (f"the checkpoint after {plural(saved[0], 'sequence')} is kept: continue with {RESUME} and"
                 if saved else "nothing was written: try again with")
-        raise SpectraError(f"ran out of memory after {done + seen} sequences; {kept} a smaller "
+        raise SpectraError(f"ran out of memory after {plural(done + seen, 'sequence')}; {kept} a smaller "
                            f"{option('--batch-size')}") from None
     return seen
 
@@ -210,9 +217,10 @@ def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
 
     Nothing touches the disk until the first checkpoint, so bad input leaves no trace. An interrupt
     (Ctrl-C, SIGTERM) is honoured between batches: the state so far is checkpointed and `Interrupted`
-    says how to continue. The stage timings (`spectra.timings`) go into run.json under "timings".
+    says how to continue. The stage timings (`spectra.timings`) go into run.json under "timings". torch runs on
+    `config.threads` intra-op threads for the job (None: as many as it has), the count before restored after.
     """
-    with timings.recording() as timer:
+    with timings.recording() as timer, runtime.threads(job.config.threads):
         return _execute(job, reporter, timer)
 
 
@@ -223,7 +231,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
     notify = reporter.notify
     if target.complete:
         finished = target.finished_meta()
-        changed = _differences(finished["settings"], job.settings)
+        changed = _differences(finished["settings"], job.settings, job.derived)
         if changed:
             raise SpectraError(f"{target.out} is a complete run with different {', '.join(changed)}; pass {OVERWRITE} "
                                f"to replace it, or choose another {option('--out')}")
@@ -236,7 +244,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
         return target.out
     previous = target.checkpoint_meta()
     if previous is not None:
-        changed = _differences(previous["settings"], job.settings)
+        changed = _differences(previous["settings"], job.settings, job.derived)
         if changed:
             raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}; "
                                f"pass {OVERWRITE} to start over, or choose another {option('--out')}")
@@ -272,7 +280,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
             state, done = target.load_checkpoint()
             probe.load_state(state)
             elapsed = float(previous.get("wall_seconds", 0.0))
-            notify(f"resuming {target.partial} after {done} sequences")
+            notify(f"resuming {target.partial} after {plural(done, 'sequence')}")
         target.begin(record)
         started = time.perf_counter()
         try:
@@ -283,7 +291,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
         processed = done + distributed.total(seen, source.device)
         if processed < job.samples:
             reporter.advance(processed, processed)
-            notify(f"the corpus yields {processed} sequence{'s' if processed != 1 else ''} of the {job.samples} "
+            notify(f"the corpus yields {plural(processed, 'sequence')} of the {job.samples} "
                    "asked for; all of them were used")
         record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - started,
                       processes=distributed.size(), **probe.describe())

@@ -110,4 +110,5 @@ def test_a_run_records_its_stages_and_prints_them(roberta_dir, text_file, tmp_pa
     assert streaming <= run.meta["wall_seconds"] + 1e-3
     with console.out.capture() as captured:
         console.print_analyze(run)
-    assert timings.summary(record) in captured.get()
+    # the console folds prose to the terminal's width (issue 33, defect 11): the words, in order, are the summary's
+    assert " ".join(timings.summary(record).split()) in " ".join(captured.get().split())

@@ -82,13 +82,14 @@ class Analyze(Analysis):
         from ..loop import Job
         from ..spectrum import sink_start
 
+        derived = ("at",) if options.at is None else ()  # n/4 unless given
         options = options.resolved(config.length)
         return Job("analyze", config, config.settings(identity(options)), config.samples,
                    config.default_out("analyze", found.label), found.where,
                    open_source=lambda where: model_source(config, where),
                    build_probe=lambda source: self.probe(config, options, reporter, source),
                    meta=lambda source: {**identity(options), "qkv": self.wants_qkv(options, source),
-                                        "sink_from": sink_start(config.length)})
+                                        "sink_from": sink_start(config.length)}, derived=derived)
 
     @staticmethod
     def wants_qkv(options: AnalyzeOptions, source) -> bool:

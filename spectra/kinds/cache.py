@@ -85,6 +85,22 @@ class CacheOptions:
         return self.context + self.continuation
 
 
+def warn_window_filled(options: CacheOptions, reporter: Reporter) -> None:
+    """Before the run: the ratios at which the windowed presses keep only tokens of their window, where their scores
+    choose nothing (`presses.base.window_note`), and the context that lets them choose at every ratio. Said, not
+    refused: the rows are true measurements of what those presses keep there."""
+    windowed = set(options.presses) & catalogue.WINDOW_PRESSES
+    if not windowed:
+        return
+    from ..presses.base import window_choosing_length, window_note
+
+    note = window_note(options.context, options.ratios, options.presses)
+    if note is not None:
+        reporter.warn(f"at a context of {options.context} tokens, {note}; a context of "
+                      f"{window_choosing_length(options.ratios)} tokens or more lets "
+                      f"{'them' if len(windowed) > 1 else 'it'} choose at every ratio")
+
+
 def rotary(config: dict[str, Any]) -> bool:
     """Whether a model's config says it uses rotary positions."""
     return any(config.get(name) for name in ROPE_FIELDS)
@@ -126,6 +142,7 @@ class Cache(Analysis):
         self.check(config, options, shape)
         if found.local and found.gguf_file is None:
             self.check_rope(options, rotary(found.config), shape.name)
+        warn_window_filled(options, reporter)
         from ..loop import execute
 
         return execute(self.job(config, options, reporter, found), reporter)

@@ -97,20 +97,19 @@ class Heads(Analysis):
                 raise SpectraError(f"{spell('--approx')} {options.approx} is a run of {model.get('name')} with "
                                    f"{theirs} {what}, but {shape.name} has {ours}: give an approx run of this model")
 
-    def run(self, config: RunConfig, options: HeadsOptions, reporter: Reporter) -> Path:
-        return super().run(config, options.resolved(config.length), reporter)
-
     def job(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, found: checkpoints.Source):
         from ..loop import Job
         from ..spectrum import sink_start
 
+        derived = ("at",) if options.at is None else ()  # n/4 unless given
+        options = options.resolved(config.length)
         return Job("heads", config, config.settings(identity(options)), config.samples,
                    config.default_out("heads", found.label), found.where,
                    open_source=lambda where: model_source(config, where),
                    build_probe=lambda source: self.probe(config, options, reporter, source),
                    meta=lambda source: {**identity(options), "sink_from": sink_start(config.length),
                                         **self.induction_note(source.loaded)},
-                   bytes_per_sequence=lambda source: 8.0 * 14 * source.heads * source.n ** 2)
+                   bytes_per_sequence=lambda source: 8.0 * 14 * source.heads * source.n ** 2, derived=derived)
 
     def probe(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, source):
         """The heads probe, once the model has loaded: its weights read, its induction pass run."""
@@ -172,21 +171,23 @@ class Heads(Analysis):
         shown = ["layer", "head", "head_type", "sink_share", "sink_mean", "prev", "local", "induction_score",
                  "retrieval", "top10", "keynorm_corr", "entropy", "rank90", "qk_rank90", "ov_rank90"]
         table = run.diagnosis
-        print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis")
+        print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis",
+                    {"rank": 1, "entropy": 2})
         counts = table["head_type"].value_counts()
-        out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()), soft_wrap=True)
+        out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()))
         if "induction" in run.meta:
-            out.print(f"induction score {run.meta['induction']}", soft_wrap=True)
+            out.print(f"induction score {run.meta['induction']}")
         if run.full_attention_heads is not None:
             out.print(f"full_attention_heads.tsv: {int(run.full_attention_heads.sum())} of "
                       f"{run.full_attention_heads.size} key/value heads at full attention "
                       f"(--duo-share {run.meta['duo_share']}), streaming {run.meta['sinks']} sinks + "
-                      f"{run.meta['recent']} recent tokens", soft_wrap=True)
+                      f"{run.meta['recent']} recent tokens")
         if run.rules is not None and not run.rules.empty:
-            for rule in run.rules.itertuples(index=False):
-                out.print(f"k = {rule.budget}: winner rule {rule.rule}; accuracy {rule.accuracy:.0%}, held out "
-                          f"{rule.held_out_accuracy:.0%} (always {rule.baseline_winner}: {rule.baseline:.0%})",
-                          soft_wrap=True)
+            for rule in run.rules.itertuples(index=False):  # rules.csv holds the tree's lines joined by " | "
+                out.print(f"k = {rule.budget}: winner rule, accuracy {rule.accuracy:.0%}, held out "
+                          f"{rule.held_out_accuracy:.0%} (always {rule.baseline_winner}: {rule.baseline:.0%}):")
+                for line in str(rule.rule).split(" | "):
+                    out.print(f"  {line}")
 
     def plot(self, run: HeadsRun, out: str | Path | None = None) -> list[Path]:
         from ..report.plots.heads import plot_heads

@@ -26,6 +26,7 @@ press fits on each evaluated context itself (an oracle). A press that reads the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -121,6 +122,37 @@ def n_kept(length: int, ratio: float) -> int:
     """kvpress 0.5.5's `compute_n_kept`: the tokens kept when the fraction `ratio` of `length` is removed — the
     float product truncated (L = 100, r = 0.9 keeps 9: 100·0.1 = 9.999…), at least 1."""
     return 0 if ratio >= 1 else max(1, int(length * (1 - ratio)))
+
+
+def window_filled(length: int, ratios: Sequence[float]) -> list[tuple[float, int]]:
+    """(ratio, tokens kept) for each ratio at which a windowed press (snapkv, loki) keeps no more than the WINDOW
+    last context tokens it always protects: there it keeps tokens of the window only, whatever its scores — the
+    whole window when exactly WINDOW are kept (snapkv and loki then keep the same cache), else the ones
+    torch.topk's tie-break among the equally protected tokens picks (which depends on the other scores)."""
+    return [(ratio, n_kept(length, ratio)) for ratio in ratios if n_kept(length, ratio) <= min(WINDOW, length)]
+
+
+def window_note(length: int, ratios: Sequence[float], presses: Sequence[str]) -> str | None:
+    """What a cache run says where the windowed presses among `presses` keep only tokens of their window
+    (`window_filled`), or None: the ratios, the tokens kept, and that their scores choose nothing there."""
+    windowed = [press for press in ("snapkv", "loki") if press in presses]
+    filled = window_filled(length, ratios)
+    if not windowed or not filled:
+        return None
+    one, both = len(filled) == 1, len(windowed) > 1
+    ratios_text, kept = (", ".join(f"{value:g}" for value in values) for values in zip(*filled))
+    return (f"{'ratio' if one else 'ratios'} {ratios_text} {'keeps' if one else 'keep'} {kept} tokens, no more than "
+            f"the {WINDOW}-token window that {' and '.join(windowed)} {'always keep' if both else 'always keeps'}: "
+            f"{'their' if both else 'its'} scores choose nothing there (below {WINDOW} kept, torch.topk's tie-break "
+            f"picks which window tokens stay){', so loki tells nothing snapkv does not' if both else ''}")
+
+
+def window_choosing_length(ratios: Sequence[float]) -> int:
+    """The shortest context at which a windowed press keeps more than its WINDOW at every one of `ratios`."""
+    length = WINDOW + 1
+    while window_filled(length, ratios):
+        length += 1
+    return length
 
 
 def evict(prefill: Prefill, scores: torch.Tensor, keep: int) -> Compressed:

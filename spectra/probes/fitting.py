@@ -27,9 +27,9 @@ import torch
 from ..capture import Captured
 from ..errors import InternalError, SpectraError
 from ..methods import REGISTRY, Calibrated, Layer
-from ..reporter import Reporter
+from ..reporter import Reporter, plural
 from ..nn.calibration import Calibration
-from ..nn.descent import FitSettings
+from ..nn.descent import FitSettings, held_out
 from ..stats import State, tagged
 from .approx import HeadProbe
 from .base import Probe
@@ -82,10 +82,11 @@ class Fitting(Probe):
             return
         calibrations = [Calibration.of(records) for _, records in sorted(self.records.items())]
         count = calibrations[0].sequences if calibrations else 0
-        held = round(count * self.options.fit_validation)
-        self.reporter.notify(f"calibration: {count} sequences, {sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, "
-                    f"v; fitting {len(self.labels)} method(s) at {len(self.options.fit_budgets)} budget(s) "
-                    f"({held} sequences held out to choose the fit's step)")
+        held = held_out(count, self.options.fit_validation)
+        self.reporter.notify(f"calibration: {plural(count, 'sequence')}, "
+                             f"{sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, v; fitting "
+                             f"{plural(len(self.labels), 'method')} at {plural(len(self.options.fit_budgets), 'budget')} "
+                             f"({plural(held, 'sequence')} held out to choose the fit's step)")
         histories = []
         for label, method in self.fitted.items():
             history = method.fit(calibrations, layers=self.layers, heads=self.heads, n=self.n,

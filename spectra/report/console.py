@@ -25,6 +25,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ..config import layers_label
+from ..reporter import plural
 from ..runs import ApproxRun, CacheRun, Run, ScalingRun, TheoremRun
 from ..timings import summary
 from .plan import Plan
@@ -133,40 +134,76 @@ def frame_table(frame: pd.DataFrame, digits: int | dict[str, int] = 3, missing: 
     return table
 
 
+#: columns that name a row rather than measure it: a table folded to the terminal's width repeats them in every part
+ROW_KEYS = ("layer", "head", "kv_head", "method", "label", "budget", "k", "press", "ratio", "n", "run", "tensor",
+            "stage", "metric", "scope")
+
+
+def row_keys(frame: pd.DataFrame) -> list:
+    """The leading columns of `frame` that name its rows (`ROW_KEYS`), or its first column when none does."""
+    keys = []
+    for column in frame.columns:
+        if str(column) not in ROW_KEYS:
+            break
+        keys.append(column)
+    return keys or list(frame.columns[:1])
+
+
+def _natural(table: Table) -> int:
+    return out.measure(table, options=out.options.update(width=10_000)).maximum
+
+
+def fold(frame: pd.DataFrame, width: int, digits: int | dict[str, int] = 3, missing: str = "") -> list[pd.DataFrame]:
+    """`frame` cut into parts by columns, each as wide as `width` at most when printed, each part repeating the
+    columns that name a row (`row_keys`), the others in their order; one part when the whole table fits. A part
+    that holds one measured column and is still too wide stays whole (the terminal wraps it)."""
+    keys = row_keys(frame)
+    parts: list[list] = [[]]
+    for column in (column for column in frame.columns if column not in keys):
+        trial = parts[-1] + [column]
+        if parts[-1] and _natural(frame_table(frame[keys + trial], digits, missing)) > width:
+            parts.append([column])
+        else:
+            parts[-1] = trial
+    return [frame[keys + part] for part in parts]
+
+
 def print_frame(frame: pd.DataFrame, title: str | None = None, digits: int | dict[str, int] = 3,
                 missing: str = "") -> None:
-    """Print a DataFrame as a table at its natural width: a terminal wraps long lines, rich would elide cells."""
+    """Print a DataFrame as tables that fit the terminal: a table wider than it is folded into parts by columns,
+    each repeating the columns that name a row (the run's CSV keeps every column side by side). The title wraps
+    between words. Never does rich elide cells: a part still too wide prints at its natural width."""
     if title:
-        out.print(title, soft_wrap=True)
-    table = frame_table(frame, digits, missing)
-    natural = out.measure(table, options=out.options.update(width=10_000)).maximum
-    if natural <= out.width:
-        out.print(table)
-    else:
-        _Console(width=natural, file=out.file, color_system=out.color_system).print(table)
+        out.print(title)
+    for part in fold(frame, out.width, digits, missing):
+        table = frame_table(part, digits, missing)
+        natural = _natural(table)
+        if natural <= out.width:
+            out.print(table)
+        else:
+            _Console(width=natural, file=out.file, color_system=out.color_system).print(table)
 
 
 # ---------------------------------------------------------------- one printer per run kind
 
 
-def plural(count: int, noun: str) -> str:
-    """'1 sequence', '2 sequences'."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+#: what the key-rank columns of the analyze table are: the energy rank, not the variance one (issue 33, item 7)
+KEY_RANK_NOTE = ("key rank90 (energy): dimensions of the head holding 90% of the keys' energy Σkᵀk over the run, "
+                 "the mean key included (dataset_rank90 in qkv.csv; pca_rank90 there holds 90% of their variance, "
+                 "the mean removed)")
 
 
 def print_analyze(run: Run) -> None:
-    """The per-layer summary of an analyze run and where it was written."""
+    """The per-layer summary of an analyze run and where its time went (the command line says where it is)."""
     kind = "decoder, causal P" if run.causal else "encoder"
     heads = run.meta.get("heads")
     over = f"{run.heads} heads" if heads is None else f"heads {layers_label(heads)}"
     print_frame(analyze_layers(run), f"{run.label} ({kind}): n = {run.n}, {plural(run.meta['samples'], 'sequence')}, "
                 f"mean over {over} per layer", {"rank": 1, "entropy": 2})
     if run.qkv is not None:
-        out.print("sink: mean attention of queries to the first token; entropy in nats; key rank90: dimensions of the "
-                  "head that hold 90% of the keys' variance over the run", soft_wrap=True)
-    out.print(f"results written to {run.path}")
+        out.print(f"sink: mean attention of queries to the first token; entropy in nats; {KEY_RANK_NOTE}")
     if summary(run.meta.get("timings")):  # where the time went (spectra.timings)
-        out.print(summary(run.meta["timings"]), soft_wrap=True)
+        out.print(summary(run.meta["timings"]))
 
 
 def print_approx(run: ApproxRun) -> None:
@@ -194,8 +231,20 @@ def print_approx(run: ApproxRun) -> None:
             where = f"k={row.budget}" if allocation in (None, "uniform") else f"k plan (mean k={row.budget})"
             line = f"  {row.method}, {where}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
             if "ppl" in run.end_to_end.columns:
-                line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({row.ppl_change:+.0%})"
-            out.print(line, soft_wrap=True)
+                line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({signed_percent(row.ppl_change)})"
+            out.print(line)
+
+
+def signed_percent(share: float) -> str:
+    """A relative change as a signed percentage with the fewest decimals that show it is not zero (+86%, -0.3%,
+    +0.004%): a small change rounded to "-0%" reads as none. Exactly 0 is "no change"."""
+    if share == 0:
+        return "no change"
+    for places in range(8):
+        text = f"{share:+.{places}%}"
+        if float(text[:-1]) != 0:
+            return text
+    return f"{share:+.1e}"
 
 
 def print_stand_in(run: ApproxRun) -> None:
@@ -254,7 +303,7 @@ def print_theorems(run: TheoremRun) -> None:
     jl = theorem1_rows(run, "output")
     jl = jl[jl["method"] == "jl"]
     needed = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in jl.groupby("eps")["k_theory"].first().items())
-    out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}", soft_wrap=True)
+    out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}")
     pooled = theorem_errors(run, "output")
     pooled["label"] = pooled["label"].map(theorem_column)
     for stat in ("median", "p95"):
@@ -268,7 +317,7 @@ def print_theorems(run: TheoremRun) -> None:
         out.print("Theorem 2 relative to its right side ‖softmax(w)‖‖V‖_F, median (largest over δ): "
                   + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "budget"])
                               .groupby("budget")["median"].max().items())
-                  + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}", soft_wrap=True)
+                  + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}")
 
 
 def print_plan(run: Run, plan: Plan) -> None:
@@ -278,7 +327,7 @@ def print_plan(run: Run, plan: Plan) -> None:
                 f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
                 f"(a layer's budget: {rule})")
     print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
-    out.print(RANK_VS_PLAN, soft_wrap=True)
+    out.print(RANK_VS_PLAN)
 
 
 #: why plan-k's k_min is not analyze's rank90 (the README says the same, tests/report/test_plan.py checks it)
@@ -309,16 +358,22 @@ def print_scaling(run: ScalingRun) -> None:
     heads = run.meta["settings"]["extra"]
     where = "" if heads["heads"] == "all" and heads["layers"] == "all" else \
         f" (layers {heads['layers']}, heads {heads['heads']})"
-    print_frame(scaling_layers(run, "rank90"),
-                f"{run.label}{where}, {plural(run.meta['samples'], 'sequence')} per n: rank holding 90% of P's nuclear "
-                "norm, mean over heads; α fits rank ∝ n^α", {"α": 2, "n=": 1})
+    ranks = scaling_layers(run, "rank90")
+    print_frame(ranks, f"{run.label}{where}, {plural(run.meta['samples'], 'sequence')} per n: rank holding 90% of "
+                "P's nuclear norm, mean over heads; α fits rank ∝ n^α", {"α": 2, "n=": 1})
+    blank = set(ranks["fits better"]) & {"tie", "n/a"}
+    if blank:  # a column of ties (two lengths) would otherwise read as a missing result
+        out.print("fits better: the power law or k = a + b·log n, whichever errs less in log k; "
+                  + "; ".join(reason for name, reason in (
+                      ("tie", "tie: both pass through every length (two lengths always do; three or more tell them "
+                              "apart)"),
+                      ("n/a", "n/a: a rank of 0 leaves both undefined")) if name in blank))
     print_frame(scaling_fixed(run), "c at a fixed k and at k = n/4 (mean over heads): steady across n when that k "
                 "keeps up with longer sequences", missing="—")
     pooled = run.exponents[(run.exponents["scope"] == "pooled") & (run.exponents["method"] == "")].set_index("metric")
     for metric, share in (("rank90", "90%"), ("rank99", "99%")):
         row = pooled.loc[metric]
-        out.print(f"rank for {share}: {growth_reading(row['alpha'], row['alpha_low'], row['alpha_high'])}",
-                  soft_wrap=True)
+        out.print(f"rank for {share}: {growth_reading(row['alpha'], row['alpha_low'], row['alpha_high'])}")
     if run.k_needed is not None:
         pooled_k = run.k_needed[run.k_needed["layer"].isna()]
         wide = pooled_k.pivot(index="method", columns="n", values="k_needed")
@@ -340,5 +395,10 @@ def print_cache(run: CacheRun) -> None:
                 f"{plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}; NLL (nats/token) of the continuation "
                 "against each compressed cache, KL from the full cache's next-token distribution, top-1 agreement",
                 digits={"ratio": 2, "nll": 4, "ppl": 3, "kl": 4, "top1": 3, "kept": 1, "saved": 3, "channels": 2})
+    from ..presses.base import window_note  # issue 33: loki equalled snapkv at --context 128, unexplained
+
+    note = window_note(meta["context"], sorted(set(run.table["ratio"]) - {0.0}), set(run.table["press"]))
+    if note is not None:
+        out.print(note[0].upper() + note[1:])
     if meta.get("skipped"):
         out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")

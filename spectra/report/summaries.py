@@ -10,6 +10,8 @@ Pure numpy/pandas on run objects, so a table and a figure of the same run always
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import numpy as np
@@ -106,12 +108,12 @@ def key_ranks(run: Run, tensor: str = "k", column: str = "dataset_rank90") -> pd
 def analyze_layers(run: Run) -> pd.DataFrame:
     """What the terminal shows of an analyze run, per layer (means over heads): c at the run's index, the rank
     for 90% of the nuclear norm, sink mass and entropy when measured, and the dataset-level key rank for 90%
-    of the variance before and after RoPE when measured."""
+    of the energy Σkᵀk (uncentred: `dataset_rank90`) before and after RoPE when measured."""
     columns = {"c_at_mean": f"c@{run.at}", "rank90_mean": "rank for 90%", "sink_mean": "sink", "entropy_mean": "entropy"}
     present = [column for column in columns if column in run.metrics.columns]
     table = run.metrics.groupby("layer")[present].mean().reset_index().rename(columns=columns)
     keys = key_ranks(run)
-    for stage, name in (("projection", "key rank90 pre-RoPE"), ("attention", "key rank90")):
+    for stage, name in (("projection", "key rank90 (energy) pre-RoPE"), ("attention", "key rank90 (energy)")):
         if stage in keys.columns:
             table[name] = keys[stage].to_numpy()
     return table
@@ -223,6 +225,22 @@ def theorem1_rows(run: TheoremRun, relative_to: str = "output", table: str = "th
     return one[one["relative_to"] == relative_to]
 
 
+def theorem1_draws(run: TheoremRun) -> tuple[int, str]:
+    """The independent draws of R behind one pooled Theorem 1 rate (one budget), and what they are made of.
+
+    R is drawn per (layer, budget, sequence, draw) and shared by the heads and columns w of its layer, so the
+    layers × sequences × draws rates are independent given the data, and the heads and columns within one R are
+    not; with a fixed projection (draws 0, or a run from before per-sequence draws) there is one R per (layer,
+    budget) for the whole run."""
+    one = run.tables["theorem1"]
+    layers = run.tables["theorem1_layers"]["layer"].nunique() if "theorem1_layers" in run.tables else 1
+    per = int(one["draws"].iloc[0]) if "draws" in one.columns else 0
+    if not per:
+        return layers, f"one R per layer: {layers} layers"
+    sequences = int(one["sequences"].iloc[0]) if "sequences" in one.columns else int(run.meta.get("samples", 1))
+    return layers * sequences * per, f"{layers} layers × {sequences} sequences × {per} per sequence"
+
+
 def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame:
     """Pooled errors per (label, budget): jl, svd (Theorem 1, per column w of V), linformer(<sharing>) and
     theorem2(<variant>) (Theorem 2, per row w, relative to ‖softmax(w)V‖ or, with "rhs", its right side);
@@ -284,8 +302,18 @@ def scaling_layers(run: ScalingRun, metric: str = "rank90") -> pd.DataFrame:
     wide["α"] = fits["alpha"]
     wide["95% interval"] = [f"[{', '.join(interval_digits(low, high))}]" if np.isfinite(low) else "" for low, high in
                             zip(fits["alpha_low"].reindex(wide.index), fits["alpha_high"].reindex(wide.index))]
-    wide["fits better"] = fits["better"].reindex(wide.index).fillna("")
+    wide["fits better"] = [fits_better(fits.loc[key]) if key in fits.index else "" for key in wide.index]
     return wide.rename_axis("layer").reset_index()
+
+
+def fits_better(fit: pd.Series) -> str:
+    """The model that fits better ("power" or "log", exponents.csv's `better`), or why neither does: "tie" where
+    both fit every length exactly (two lengths always do: each model has two parameters), "n/a" where a fit is
+    undefined (a mean rank of 0)."""
+    if fit["better"]:
+        return str(fit["better"])
+    exact = np.isfinite(fit["rmse_power"]) and fit["rmse_power"] == fit["rmse_log"]
+    return "tie" if exact or fit["lengths"] <= 2 else "n/a"
 
 
 def scaling_fixed(run: ScalingRun) -> pd.DataFrame:
@@ -307,16 +335,26 @@ def interval_digits(low: float, high: float, most: int = 4) -> tuple[str, str]:
     return f"{low:.{digits}f}", f"{high:.{digits}f}"
 
 
+#: what a fitted growth exponent α of the needed k (k ∝ n^α) reads as: (upper end of its range, verdict, short name)
+GROWTH_READINGS = ((0.1, "the needed k does not measurably grow with n, as the paper claims", "no growth"),
+                   (0.9, "the needed k grows with n, but slower than n: low rank, though not independent of n",
+                    "growth slower than n"),
+                   (math.inf, "the needed k grows in proportion to n: no fixed k keeps up with longer sequences",
+                    "growth in proportion to n"))
+
+
 def growth_reading(alpha: float, low: float, high: float) -> str:
-    """What an exponent α (with its interval) says about the needed k: not growing, growing slower than n, or
-    in proportion to n."""
+    """What an exponent α says about the needed k, following its interval: the one reading (`GROWTH_READINGS`) the
+    interval lies in, or "undetermined" naming the readings it spans; without an interval, the reading of α."""
     if not np.isfinite(alpha):
         return "no exponent (fewer than two lengths with positive values)"
-    interval = " (95% interval {}–{})".format(*interval_digits(low, high)) if np.isfinite(low) else ""
-    if np.isfinite(low) and low <= 0.1 and high < 0.3 or not np.isfinite(low) and alpha < 0.1:
-        verdict = "the needed k does not measurably grow with n, as the paper claims"
-    elif (high if np.isfinite(high) else alpha) < 0.9:
-        verdict = "the needed k grows with n, but slower than n: low rank, though not independent of n"
-    else:
-        verdict = "the needed k grows in proportion to n: no fixed k keeps up with longer sequences"
-    return f"α = {alpha:.2f}{interval}: {verdict}"
+    bounded = np.isfinite(low) and np.isfinite(high)
+    interval = " (95% interval {}–{})".format(*interval_digits(low, high)) if bounded else ""
+    low, high = (low, high) if bounded else (alpha, alpha)
+    lower = [-math.inf] + [upper for upper, _, _ in GROWTH_READINGS[:-1]]
+    met = [reading for start, reading in zip(lower, GROWTH_READINGS) if low < reading[0] and high >= start]
+    if len(met) == 1:
+        return f"α = {alpha:.2f}{interval}: {met[0][1]}"
+    spans = "every reading from" if len(met) > 2 else "both"
+    return (f"α = {alpha:.2f}{interval}: undetermined: the interval holds {spans} {met[0][2]} "
+            f"{'to' if len(met) > 2 else 'and'} {met[-1][2]}; more sequences per length narrow it")

@@ -17,6 +17,7 @@ from spectra.api import approx
 from spectra.capture import Captured
 from spectra.methods import REGISTRY, Draws, Layer
 from spectra.nn import linformer
+from spectra.nn.descent import validation_split
 from spectra.nn.projections import load_projections
 
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -232,3 +233,18 @@ def test_a_decoder_fits_fastformer_causal_and_refuses_a_linformer_fit(llama_dir,
     e2e = run.end_to_end.set_index(["method", "budget"])
     assert np.isfinite(e2e["ppl"]).all() and e2e.loc[("fastformer-fit-causal", 4), "hidden_rel_err"] > 0
     assert e2e.loc[("fastformer-fit-causal", 4), "loss"] == e2e.loc[("fastformer-fit-causal", n), "loss"]
+
+
+@pytest.mark.parametrize("fit_samples, held", [(2, "1 sequence held out"), (8, "2 sequences held out")])
+def test_the_calibration_notice_counts_what_is_held_out(fit_samples, held, roberta_dir, text_file, tmp_path) -> None:
+    """The notice names the sequences the fit really holds out (`descent.validation_split`: at least one), in the
+    right number: never "1 sequences", nor "0 sequences held out" when one is."""
+    lines: list[str] = []
+    approx(str(roberta_dir), str(text_file), budget=[4], methods=["linformer-fit(headwise)"], length=N, samples=1,
+           fit_samples=fit_samples, fit_steps=1, batch_size=4, out=tmp_path / "run", progress=None,
+           notify=lines.append)
+    (notice,) = [line for line in lines if line.startswith("calibration:")]
+    assert notice.startswith(f"calibration: {fit_samples} sequences, ") and f"({held} to choose the fit's step)" in notice
+    assert "fitting 1 method at 1 budget" in notice, notice
+    _, validation = validation_split(fit_samples, 0.25, 0)
+    assert len(validation) == int(held.split()[0])

@@ -13,6 +13,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 import report_helpers
 
 
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    """The printers' numbers are checked on a terminal wide enough for every table and title to stay whole (folding
+    to a narrow terminal has its own tests)."""
+    from spectra.report import console
+
+    monkeypatch.setattr(console, "out", console._Console(width=400))
+
+
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> dict:
     """The analyze runs of `report_helpers.build_runs`, by key (small-wiki, deep-imdb, small-imdb-n16, …)."""

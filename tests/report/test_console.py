@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 from report_helpers import BUDGETS, METHODS, expected_errors, printed_tables
 from tiny import run_cli
 
@@ -35,7 +36,30 @@ def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
         assert row == [str(layer), fixed(cells["c_at_mean"].mean()), fixed(cells["rank90_mean"].mean(), 1),
                        fixed(cells["sink_mean"].mean()), fixed(cells["entropy_mean"].mean(), 2)]
     assert len(table["rows"]) == run.layers
-    assert f"results written to {run.path}" in out.replace("\n", "")
+    assert str(run.path) not in out, "the command line says where the results are, once for every kind"
+
+
+def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, capsys) -> None:
+    """A decoder's table has the keys' dataset_rank90 per layer: the uncentred energy rank, which the header and the
+    note call so (they called it the keys' variance, which is pca_rank90)."""
+    import spectra
+
+    run = spectra.analyze(str(llama_dir), str(text_file), length=16, samples=4, out=tmp_path / "run", progress=None,
+                          notify=lambda line: None)
+    console.print_analyze(run)
+    out = capsys.readouterr().out
+    (table,) = printed_tables(out)
+    header = [" ".join(part for part in column if part) for column in zip(*table["header"])]
+    assert header[-2:] == ["key rank90 (energy) pre-RoPE", "key rank90 (energy)"], header
+    keys = run.qkv[run.qkv["tensor"] == "k"]
+    for layer, row in enumerate(table["rows"]):
+        for cell, stage in zip(row[-2:], ("projection", "attention")):
+            rows = keys[(keys["stage"] == stage) & (keys["layer"] == layer)]
+            assert float(cell) == pytest.approx(rows["dataset_rank90"].mean(), abs=0.051)
+    note = " ".join(out.split())
+    assert ("key rank90 (energy): dimensions of the head holding 90% of the keys' energy Σkᵀk over the run, the mean "
+            "key included (dataset_rank90 in qkv.csv; pca_rank90 there holds 90% of their variance, the mean "
+            "removed)") in note
 
 
 def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
@@ -69,8 +93,10 @@ def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
     assert "end to end (all layers substituted):" in out
     for row in approx_run.end_to_end.itertuples(index=False):
         change = row.ppl / row.ppl_exact - 1
+        shown = console.signed_percent(change)
+        assert shown == "no change" if change == 0 else float(shown[:-1]) != 0, "never (-0%)"
         line = (f"  {row.method}, k={row.budget}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}, "
-                f"ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({change:+.0%})")
+                f"ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({shown})")
         assert line in out.splitlines()
 
 
@@ -187,7 +213,8 @@ def test_print_scaling_tables_match_the_run(scaling_run, capsys) -> None:
         fit = fit.iloc[0]
         assert row[:5] == [str(layer), *(fixed(v, 1) for v in cells.groupby("n")["rank90"].mean()),
                            fixed(fit["alpha"], 2)]
-        assert row[5] == f"[{fit['alpha_low']:.2f}, {fit['alpha_high']:.2f}]" and row[6] == fit["better"]
+        assert row[5] == f"[{fit['alpha_low']:.2f}, {fit['alpha_high']:.2f}]"
+        assert row[6] == (fit["better"] or ("tie" if fit["rmse_power"] == fit["rmse_log"] else "n/a"))
     assert [row[0] for row in fixed_k["rows"]] == ["32", "n/4"]
     assert fixed_k["rows"][0][1] == "—" and fixed_k["rows"][0][2] == fixed(
         scaling_run.c_fixed.query("budget == 32 and n == 40")["c"].mean())
@@ -240,3 +267,57 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
     rows = printed_tables(out)[-1]["rows"]
     assert rows == [["svd", "0", "4", fixed(planned[("svd", 4, 0)]), "8", fixed(uniform[("svd", 8, 0)])],
                     ["svd", "1", "12", fixed(planned[("svd", 12, 1)]), "8", fixed(uniform[("svd", 8, 1)])]]
+
+
+def test_a_wide_table_folds_to_the_terminal_width_repeating_the_row_keys(monkeypatch, capsys) -> None:
+    """A table wider than the terminal is printed as several, each within the width and each repeating the columns
+    that name a row (layer, head); together they hold every column once, in order, with the same cells."""
+    rng = np.random.default_rng(0)
+    measured = [f"score_{i}" for i in range(12)]
+    frame = pd.DataFrame({"layer": np.repeat([0, 1], 3), "head": np.tile([0, 1, 2], 2), "head_type": ["local"] * 6,
+                          **{name: rng.random(6) for name in measured}})
+    monkeypatch.setattr(console, "out", console._Console(width=60, file=sys.stdout))
+    console.print_frame(frame, "a title that is longer than sixty characters wraps between its words, never inside")
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 60
+    assert [line.rstrip() for line in out.splitlines()[:2]] == [
+        "a title that is longer than sixty characters wraps between", "its words, never inside"]
+    tables = printed_tables(out)
+    assert len(tables) > 1
+    seen = []
+    for table in tables:
+        (header,) = table["header"]
+        assert header[:2] == ["layer", "head"]
+        seen += header[2:]
+        for row, (_, expected) in zip(table["rows"], frame.iterrows()):
+            assert row[:2] == [str(expected["layer"]), str(expected["head"])]
+            assert row[2:] == [value if name == "head_type" else fixed(float(expected[name]))
+                               for name, value in zip(header[2:], [expected[name] for name in header[2:]])]
+    assert seen == ["head_type", *measured]
+    monkeypatch.setattr(console, "out", console._Console(width=300, file=sys.stdout))
+    console.print_frame(frame)
+    assert len(printed_tables(capsys.readouterr().out)) == 1, "a table that fits is one table"
+
+
+def test_a_two_length_scaling_run_says_why_no_model_fits_better(roberta_dir, text_file, tmp_path, capsys) -> None:
+    """With two lengths both two-parameter models pass through every point: "fits better" says tie and a note says
+    why (an empty column read as a missing result); the verdict follows α's interval."""
+    from spectra.api import scaling
+    from spectra.report.summaries import growth_reading
+
+    run = scaling(str(roberta_dir), str(text_file), lengths=[16, 24], samples=3, bootstrap=20,
+                  out=tmp_path / "two", progress=None, notify=lambda line: None)
+    console.print_scaling(run)
+    out = capsys.readouterr().out
+    ranks = printed_tables(out)[0]
+    assert [row[-1] for row in ranks["rows"]] == ["tie"] * len(ranks["rows"])
+    assert "tie: both pass through every length (two lengths always do" in " ".join(out.split())
+    pooled = run.exponents.query("scope == 'pooled' and method == '' and metric == 'rank90'").iloc[0]
+    assert f"rank for 90%: {growth_reading(pooled['alpha'], pooled['alpha_low'], pooled['alpha_high'])}" in \
+        " ".join(out.split())
+
+
+def test_a_change_in_percent_is_never_shown_as_zero() -> None:
+    """ppl changes print with the decimals it takes to show they are not zero ("(-0%)" read as no change)."""
+    assert [console.signed_percent(x) for x in (0.86, -0.003, 0.00004, -0.0149, 0.0)] == [
+        "+86%", "-0.3%", "+0.004%", "-1%", "no change"]
