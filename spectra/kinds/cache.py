@@ -7,11 +7,16 @@ per sequence serves every press and ratio (probe: `probes.cache.CacheProbe`, eng
 
 Tables: cache.csv (per press and ratio, the full cache as press 'full' at ratio 0), cache_heads.csv (per press,
 ratio, layer and head), cache_sequences.csv (per press, ratio and sequence). Loads as `runs.CacheRun`.
+
+A task file (kvpress's records: `tasks.records.is_task_file`) runs the long-context task protocol instead
+(`spectra.tasks.protocol`): answers decoded greedily from each compressed cache and scored; it loads as
+`report.tasks.TaskRun`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from .. import checkpoints, registry
@@ -45,6 +50,8 @@ class CacheOptions:
     fit_samples: int = option(0, "Calibration sequences for the presses that fit (loki, lowrank), read first and "
                               "not evaluated; --samples more are evaluated after them with the fit frozen. 0: each "
                               "of those presses fits on the context it compresses (an oracle).")
+    query_aware: bool = option(False, "Task files: compress the context with the question appended (kvpress's "
+                               "evaluation convention); by default the question is appended after compression.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "presses", registry.press_names(several(self.presses, "--presses")))
@@ -135,6 +142,38 @@ class Cache(Analysis):
                                f"embedding (RoPE); choose presses among "
                                f"{', '.join(p for p in PRESSES if p not in PRESSES.having('needs_rope'))}")
 
+    def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
+        """A task file (kvpress's records) runs the long-context task protocol (`tasks.protocol`); any other data
+        the NLL protocol the base wires from this kind's declarations."""
+        from ..tasks import protocol
+
+        if protocol.wants_tasks(config.data):
+            def rope(found: checkpoints.Source) -> None:
+                if found.local and found.gguf_file is None:
+                    self.check_rope(options, rotary(found.config), found.shape().name)
+
+            return protocol.run(config, options, reporter, rope)
+        return super().run(config, options, reporter)
+
+    def load(self, path: Path, meta: dict[str, Any]):
+        """A task run reads back through the task protocol's read side (`report/tasks.py`), any other through
+        `report/cache.py`."""
+        if meta.get("protocol") == "tasks":
+            from ..report import tasks
+
+            return tasks.load_tasks(path, meta)
+        return super().load(path, meta)
+
+    def show(self, run) -> None:
+        from ..report import tasks
+
+        tasks.print_tasks(run) if isinstance(run, tasks.TaskRun) else super().show(run)
+
+    def plot(self, run, out: str | Path | None = None) -> list[Path]:
+        from ..report import tasks
+
+        return tasks.plot_tasks(run, out) if isinstance(run, tasks.TaskRun) else super().plot(run, out)
+
     def configured(self, config: RunConfig, options: CacheOptions) -> RunConfig:
         return replace(config, length=options.length)
 
@@ -165,6 +204,19 @@ class Cache(Analysis):
 
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
                           config.seed, range(options.fit_samples, options.fit_samples + config.samples))
+
+    def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
+        """A task file (kvpress's records) runs the long-context task protocol (`tasks.protocol`); any other data
+        the NLL protocol the base wires from this kind's declarations."""
+        from ..tasks import protocol
+
+        if protocol.wants_tasks(config.data):
+            def rope(found: checkpoints.Source) -> None:
+                if found.local and found.gguf_file is None:
+                    self.check_rope(options, rotary(found.config), found.shape().name)
+
+            return protocol.run(config, options, reporter, rope)
+        return super().run(config, options, reporter)
 
 
 register(Cache())
