@@ -49,8 +49,9 @@ class Source(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
-    def batches(self, sequences: int, batch_size: int, skip: int = 0,
-                shard: tuple[int, int] = (0, 1)) -> Iterator[Any]: ...
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[Any]:
+        """Batches of the first `sequences` (each source batches as its run configuration says), from `skip` on,
+        keeping the shard's share."""
 
     def run(self, batch: Any, observe: Callable[[Any], None]) -> None: ...
 
@@ -185,7 +186,7 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
     reporter.advance(done, job.sequences)
     try:
         with _deferred_interrupts(reporter.notify) as interrupted:
-            for batch in timings.timed("tokenize", source.batches(job.sequences, job.config.batch_size, skip=done,
+            for batch in timings.timed("tokenize", source.batches(job.sequences, skip=done,
                                                                    shard=(distributed.rank(), distributed.size()))):
                 with timings.stage("forward"):
                     source.run(batch, timings.staged("probes", probe.update))
