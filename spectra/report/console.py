@@ -117,7 +117,7 @@ def frame_table(frame: pd.DataFrame, digits: int | dict[str, int] = 3, missing: 
 
 
 #: columns that name a row rather than measure it: a table folded to the terminal's width repeats them in every part
-ROW_KEYS = ("layer", "head", "kv_head", "method", "label", "budget", "k", "press", "ratio", "n", "run", "tensor",
+ROW_KEYS = ("task", "layer", "head", "kv_head", "method", "label", "budget", "k", "press", "ratio", "n", "run", "tensor",
             "stage", "metric", "scope")
 
 
