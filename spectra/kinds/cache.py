@@ -148,11 +148,7 @@ class Cache(Analysis):
         from ..tasks import protocol
 
         if protocol.wants_tasks(config.data):
-            def rope(found: checkpoints.Source) -> None:
-                if found.local and found.gguf_file is None:
-                    self.check_rope(options, rotary(found.config), found.shape().name)
-
-            return protocol.run(config, options, reporter, rope)
+            return protocol.run(config, options, reporter, lambda found: self.check_files(config, options, found))
         return super().run(config, options, reporter)
 
     def load(self, path: Path, meta: dict[str, Any]):
@@ -204,19 +200,6 @@ class Cache(Analysis):
 
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
                           config.seed, range(options.fit_samples, options.fit_samples + config.samples))
-
-    def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
-        """A task file (kvpress's records) runs the long-context task protocol (`tasks.protocol`); any other data
-        the NLL protocol the base wires from this kind's declarations."""
-        from ..tasks import protocol
-
-        if protocol.wants_tasks(config.data):
-            def rope(found: checkpoints.Source) -> None:
-                if found.local and found.gguf_file is None:
-                    self.check_rope(options, rotary(found.config), found.shape().name)
-
-            return protocol.run(config, options, reporter, rope)
-        return super().run(config, options, reporter)
 
 
 register(Cache())
