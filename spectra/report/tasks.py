@@ -201,8 +201,23 @@ def draw_needle(run: TaskRun):
     return figure
 
 
+def layer_head_mesh(ax, values: np.ndarray, title: str, gid: str, vmax: float | None = 1.0):
+    """Layers down, key/value heads across, on the shared sequential scale [0, `vmax`] (None: the values' own)."""
+    layers, heads = values.shape
+    image = ax.pcolormesh(np.arange(heads + 1) - 0.5, np.arange(layers + 1) - 0.5, values, cmap=style.HEATMAP_CMAP,
+                          vmin=0.0, vmax=vmax, shading="flat", edgecolors="face", linewidth=0.0)
+    ax.set_ylim(layers - 0.5, -0.5)
+    ax.set_xticks(range(heads))
+    ax.set_yticks(style.ticks(layers))
+    ax.set_xlabel("KV head")
+    ax.set_title(title, fontsize=9)
+    ax.set_gid(gid)
+    return image
+
+
 def draw_survival(run: TaskRun, ratio: float):
-    """The needle kept per layer and key/value head by each press at `ratio`, and the full cache's attention on it."""
+    """The needle kept per layer and key/value head by each press at `ratio` (one scale, 0 to 1), and the full
+    cache's attention mass of the question on it (its own scale)."""
     plt = pyplot()
     needle = run.needle
     heads = int(needle["head"].max()) + 1
@@ -210,19 +225,23 @@ def draw_survival(run: TaskRun, ratio: float):
     presses = [press for press in presses_of(needle)
                if needle[(needle["press"] == press) & (needle["ratio"] == ratio)]["needle_kept"].notna().any()]
     panels = len(presses) + 1
-    figure, axes = plt.subplots(1, panels, figsize=(1.1 * panels * max(1.0, heads / 3) + 1.5, 5.0), squeeze=False,
-                                layout="constrained")
+    figure, axes = plt.subplots(1, panels, figsize=(1.5 * panels * max(1.0, heads / 4) + 2.0, 5.4), squeeze=False,
+                                layout="constrained", sharey=True)
 
     def grid(frame, column):
         return frame.sort_values(["layer", "head"])[column].to_numpy().reshape(layers, heads)
 
     full = needle[needle["press"] == "full"]
-    style.draw_heatmap(axes[0, 0], grid(full, "needle_mass"), title="full: attention\non the needle",
-                       colorbar="Mass")
+    mass = layer_head_mesh(axes[0, 0], grid(full, "needle_mass"), "full cache:\nattention on it", "mass", None)
+    axes[0, 0].set_ylabel("Layer")
+    plt.colorbar(mass, ax=axes[0, 0], location="left", fraction=0.12, pad=0.25).set_label("Attention mass")
+    kept = None
     for ax, press in zip(axes[0, 1:], presses):
         chosen = needle[(needle["press"] == press) & (needle["ratio"] == ratio)]
-        style.draw_heatmap(ax, grid(chosen, "needle_kept"), title=f"{press}: kept", colorbar="Share kept")
-    figure.suptitle(f"{run.label}: the needle kept per layer and key/value head at ratio {ratio:g}")
+        kept = layer_head_mesh(ax, grid(chosen, "needle_kept"), f"{press}:\nkept", f"kept:{press}")
+    if kept is not None:
+        plt.colorbar(kept, ax=axes[0, 1:], fraction=0.04, pad=0.02).set_label("Share of the needle kept")
+    figure.suptitle(f"{run.label}: the needle per layer and key/value head at ratio {ratio:g}")
     return figure
 
 

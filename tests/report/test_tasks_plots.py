@@ -61,13 +61,14 @@ def test_the_needle_heatmap_is_the_mean_per_depth_and_length(tmp_path) -> None:
 def test_survival_per_layer_and_head(tmp_path) -> None:
     run = task_run(tmp_path)
     figure = draw_survival(run, 0.75)
-    grids = [ax.collections[0] for ax in figure.axes if ax.get_gid() == "heatmap"]
-    assert len(grids) == 3  # the full cache's attention, knorm, snapkv
+    grids = {ax.get_gid(): ax.collections[0] for ax in figure.axes if ax.get_gid()}
+    assert set(grids) == {"mass", "kept:knorm", "kept:snapkv"}
     needle = run.needle
     mass = needle[needle["press"] == "full"].sort_values(["layer", "head"])["needle_mass"].to_numpy()
-    np.testing.assert_allclose(np.asarray(grids[0].get_array()).ravel(), mass)
+    np.testing.assert_allclose(np.asarray(grids["mass"].get_array()).ravel(), mass)
     knorm = needle[(needle["press"] == "knorm") & (needle["ratio"] == 0.75)].sort_values(["layer", "head"])
-    np.testing.assert_allclose(np.asarray(grids[1].get_array()).ravel(), knorm["needle_kept"].to_numpy())
+    np.testing.assert_allclose(np.asarray(grids["kept:knorm"].get_array()).ravel(), knorm["needle_kept"].to_numpy())
+    assert grids["kept:knorm"].get_clim() == (0.0, 1.0), "every press on one scale"
 
 
 def test_plot_writes_every_view(tmp_path, monkeypatch) -> None:
