@@ -1,5 +1,6 @@
 """The `spectra` command: one command per registered analysis (built from its declarations by
-`cli_options.add_commands`), and the commands that read finished runs (plot, figure1, plan-k, compare).
+`cli_options.add_commands`), the commands that read finished runs (plot, figure1, plan-k, compare), and
+`tasks`, which writes task files for `spectra cache`.
 
 Starts fast: the modules the commands are built from import neither torch, transformers nor pandas at the top,
 and every command imports what it needs when it runs, so `--help` and bad input never wait for them.
@@ -24,6 +25,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # click's plain help: a description column of ~45 characters at 80 columns, long flags and defaults whole (rich's
+    # panels squeeze descriptions to ~20 characters beside a wide name column and cut names with "…")
+    rich_markup_mode=None,
     help="Empirical spectral analysis of the attention of pretrained transformers (Linformer, Wang et al. 2020).",
 )
 
@@ -58,7 +62,9 @@ def figure1(
     from .kinds import load_run
     from .report.console import out as stdout
     from .report.plots import figure1 as draw_figure1
+    from .rundir import check_writable
 
+    check_writable(out)
     paths = draw_figure1([load_run(path, "analyze") for path in runs], out,
                          heatmap=None if heatmap is None else load_run(heatmap, "analyze"), at=at, quantile=band)
     for path in paths:
@@ -74,7 +80,9 @@ def plot(
     """A run's views; for analyze: per-layer curves, heatmap of c at an index, rank for 90%/99% per layer and head."""
     from .kinds import load_run
     from .report.console import out as stdout
+    from .rundir import check_writable
 
+    check_writable(out if out is not None else run / "figures", inside=True)
     loaded = load_run(run)
     if at is not None:  # only analyze runs have an index to draw the heatmap at
         from .report.plots.spectra import plot_run
@@ -99,13 +107,16 @@ def plan_k(
     from .report.console import out as stdout
     from .report.console import print_plan
     from .report.plan import plan_k as make_plan
-    from .rundir import write_json
+    from .rundir import check_writable, write_json
 
+    if out is not None:
+        check_writable(out)
     loaded = load_run(run, "analyze")
     plan = make_plan(loaded, energy, multiple=multiple, per_head=per_head)
     target = out or loaded.path / f"plan-k-e{plan.energy:g}{'-per-head' if per_head else ''}.json"
     if target.is_dir():
         raise SpectraError(f"--out {target} is a directory; give a .json file path")
+    check_writable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json(target, plan.to_json())  # before printing: output piped into `head` must not lose the file
     print_plan(loaded, plan)
@@ -123,10 +134,12 @@ def compare(
     from .report.console import out as stdout
     from .report.console import print_compare
     from .report.summaries import compare as compare_runs
-    from .rundir import write_table
+    from .rundir import check_writable, write_table
 
     if csv is not None and csv.is_dir():
         raise SpectraError(f"--csv {csv} is a directory; give a .csv file path")
+    if csv is not None:
+        check_writable(csv, "--csv")
     loaded = [load_run(path, "analyze") for path in runs]
     table = compare_runs(loaded, at)
     if csv is not None:  # before printing: output piped into `head` must not lose the file
@@ -135,6 +148,30 @@ def compare(
     print_compare(loaded, table, at)
     if csv is not None:
         stdout.print(f"table written to {csv}")
+
+
+@app.command("tasks", cls=FlaglessCommand)
+def tasks_command(
+    model: str = typer.Argument(..., help="A decoder: hub id, local directory, or .gguf file (only its tokenizer and config are read)."),
+    tasks: str = typer.Option("all", "--tasks", help="Comma-separated: niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe, passkey (or all)."),
+    length: str = typer.Option(..., "--length", help="Comma-separated lengths in the model's tokens (chat template and generated tokens included, as RULER counts them), e.g. 1024,2048,4096."),
+    samples: int = typer.Option(10, "--samples", help="Examples per task and length; needle depths spread evenly over them."),
+    out: Path = typer.Option(..., "--out", help="The task file to write (.jsonl, kvpress's fields plus length and depth)."),
+    haystack: Path | None = typer.Option(None, "--haystack", help="A local text file in place of RULER's essays, for the tasks RULER hides in them (niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery); default: RULER's noise haystack."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
+    gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
+) -> None:
+    """Long-context task files generated offline: RULER's synthetic tasks and passkey, fitted to the model's tokens."""
+    from .report.console import out as stdout
+    from .tasks.command import make_tasks
+
+    def progress(task: str, size: int, fitted: list) -> None:
+        tokens = [item.tokens for item in fitted]
+        stdout.print(f"{task} at {size}: {len(fitted)} examples of {min(tokens)}–{max(tokens)} tokens", soft_wrap=True)
+
+    written = make_tasks(model, tasks=tasks, lengths=length, samples=samples, out=out, haystack=haystack, seed=seed,
+                         gguf_file=gguf_file, progress=progress)
+    stdout.print(f"wrote {written.path} ({len(written.fitted)} records)", soft_wrap=True)
 
 
 def _stop(signum: int, frame: object) -> None:

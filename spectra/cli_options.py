@@ -47,7 +47,15 @@ class FlaglessCommand(Flagless, typer.core.TyperCommand):
 
 
 class FlaglessGroup(Flagless, typer.core.TyperGroup):
-    """The command group, likewise (its --version and --help)."""
+    """The command group, likewise (its --version and --help); its command list shows each summary whole, wrapped
+    (click would cut it at the first line's width with "...")."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, command.get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 def cli_type(kind: Any) -> Any:
@@ -69,7 +77,10 @@ def cli_default(value: Any) -> Any:
 
 def _parameter(option: Declared, default: Any) -> inspect.Parameter:
     help_text = option.help.replace("{methods}", catalogue.listing()) if "{methods}" in option.help else option.help
-    info = typer.Option(*option.flags, help=help_text, metavar=option.metavar)
+    listed = isinstance(default, tuple)
+    if listed:  # spaces after the commas, so that --help wraps a long list between values, never inside one
+        help_text += f"  [default: {', '.join(map(str, default))}]"
+    info = typer.Option(*option.flags, help=help_text, metavar=option.metavar, show_default=not listed)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default(default),
                              annotation=Annotated[cli_type(option.kind), info])
 

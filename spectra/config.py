@@ -222,6 +222,9 @@ class RunConfig:
         if self.batch_size < 1:
             raise SpectraError(f"{spell('--batch-size')} must be at least 1, got {self.batch_size}")
         check_seed(self.seed)
+        if self.resume and self.overwrite:
+            raise SpectraError(f"{spell('--resume', 'resume=True')} continues the run at {spell('--out')} and "
+                               f"{spell('--overwrite', 'overwrite=True')} replaces it: pass only one of them")
         for name in ("model", "data", "gguf_file", "out"):  # str or os.PathLike
             object.__setattr__(self, name, path_text(getattr(self, name)))
         for name in ("model", "data"):  # a local path is recorded absolute: --resume from another directory matches

@@ -65,14 +65,56 @@ def _read_txt(path: Path) -> list[str]:
     return lines
 
 
+def unclosed_quote(text: str) -> int | None:
+    """The 1-based line on which a CSV quoted field opens and never closes, or None. A quote opens a quoted field
+    only at a field's start (elsewhere it is text, as in `5" screen`); inside one, `""` is a literal quote."""
+    line, opened, quoted, at_start, i = 1, None, False, True, 0
+    while i < len(text):
+        char = text[i]
+        if quoted:
+            if char == '"' and text[i + 1:i + 2] == '"':
+                i += 1
+            elif char == '"':
+                quoted = False
+        elif char == '"' and at_start:
+            quoted, opened = True, line
+        else:
+            at_start = char in ",\n"
+        line += char == "\n"
+        i += 1
+    return opened if quoted else None
+
+
+def _table_error(path: Path, error: BaseException) -> str:
+    """Why datasets could not read a table file: its innermost cause (datasets wraps the parser's error in "An
+    error occurred while generating the dataset"), and for a CSV quote left open, the line it opens on."""
+    cause = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    if path.suffix == ".csv" and "EOF inside string" in text:
+        try:
+            line = unclosed_quote(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            line = None
+        if line is not None:
+            return (f"line {line} opens a quoted field that is never closed; close its quote, or double a quote "
+                    '("") that belongs to the text')
+    return text
+
+
 def _read_table(path: Path, text_column: str) -> list[str]:
     import datasets
 
     datasets.disable_progress_bars()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to read file" would be a second line
     try:
         table = datasets.load_dataset(FILE_TYPES[path.suffix], data_files=str(path), split="train")
     except Exception as error:  # datasets raises many types for unreadable files
-        raise SpectraError(f"could not read {path} as {path.suffix[1:]}: {str(error).splitlines()[0]}") from None
+        raise SpectraError(f"could not read {path} as {path.suffix[1:]}: {_table_error(path, error)}") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
     if text_column not in table.column_names:
         raise SpectraError(
             f"{path} has no column '{text_column}'; its columns are {', '.join(table.column_names)} (use --text-column)"

@@ -193,8 +193,11 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                 reporter.advance(min(done + seen * distributed.size(), job.samples), job.samples)
         probe.load_state(distributed.reduce_state(probe.state(), source.device))
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted twice: stopped at once; continue from the last checkpoint with {RESUME} and "
-                          f"the same {option('--out')} ({target.out})") from None
+        if not saved:  # nothing on disk to continue from
+            raise Interrupted(f"interrupted twice: stopped at once after {done + seen} sequences, before the first "
+                              "checkpoint: nothing was saved; run the command again") from None
+        raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after {saved[0]} "
+                          f"sequences with {RESUME} and the same {option('--out')} ({target.out})") from None
     except (RuntimeError, MemoryError) as error:
         if not (isinstance(error, MemoryError) or _out_of_memory(error)):
             raise

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -97,14 +98,28 @@ def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     _atomic(path, write)
 
 
-def check_writable(path: Path, what: str = "--out") -> None:
-    """The nearest existing ancestor of `path` must be a writable directory (checked before any work)."""
-    ancestor = path.absolute().parent
+def check_writable(path: Path, what: str = "--out", *, inside: bool = False) -> None:
+    """`path` can be written (checked before any work): its nearest existing ancestor is a directory that accepts a
+    new file. With `inside`, an existing `path` is itself that directory (a folder the figures go into).
+
+    Permissions alone do not say it: root passes every permission check, yet /proc and /sys refuse new files and a
+    read-only file system refuses everyone. So the directory is asked the real question: a probe file is created
+    in it and removed at once.
+    """
+    if inside and path.exists() and not path.is_dir():
+        raise SpectraError(f"cannot write into {path}: it is a file, not a directory; choose another {option(what)}")
+    ancestor = path.absolute() if inside and path.exists() else path.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent
+    refused = f"cannot write {path}: {ancestor} is not a writable directory; choose another {option(what)}"
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise SpectraError(f"cannot write {path}: {ancestor} is not a writable directory; choose another "
-                           f"{option(what)}")
+        raise SpectraError(refused)
+    try:
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".spectra-probe-")
+    except OSError:
+        raise SpectraError(refused) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _lock_path(out: Path) -> Path:
@@ -156,17 +171,47 @@ class RunDir:
     @property
     def complete(self) -> bool:
         """True when resuming onto a finished run."""
+        if self.resume and self.out.is_dir() and not (self.out / "run.json").exists() and any(self.out.iterdir()):
+            raise SpectraError(f"{self.out} exists but holds no run.json: it is not a spectra run to resume; choose "
+                               f"another {option('--out')} (or pass {OVERWRITE} to replace it)")
         return self.resume and (self.out / "run.json").exists()
 
+    def _damaged(self, path: Path, what: str, run: Path) -> SpectraError:
+        """The refusal of a run that cannot be resumed because `path` (one of its files) is damaged."""
+        return SpectraError(f"{path} is damaged ({what}), so {run} cannot be resumed; pass {OVERWRITE} to start "
+                            "afresh")
+
+    def _read_meta(self, directory: Path) -> dict[str, Any]:
+        """A run.json of this run (finished or interrupted) that --resume compares against; damage is one line."""
+        path = directory / "run.json"
+        try:
+            meta = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise self._damaged(path, "missing beside its checkpoint", directory) from None
+        except (OSError, UnicodeDecodeError, ValueError):
+            raise self._damaged(path, "truncated or not JSON", directory) from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict):
+            raise self._damaged(path, "no settings recorded", directory)
+        return meta
+
     def finished_meta(self) -> dict[str, Any]:
-        return json.loads((self.out / "run.json").read_text())
+        return self._read_meta(self.out)
 
     def checkpoint_meta(self) -> dict[str, Any] | None:
-        """The run.json of the interrupted run being resumed, or None to start fresh."""
-        path = self.partial / "run.json"
-        if not self.resume or not (self.partial / CHECKPOINT).exists() or not path.exists():
+        """The run.json of the interrupted run being resumed, or None to start fresh; a damaged checkpoint or
+        run.json is refused here, before the model loads (the archive's checksums are verified, not kept)."""
+        checkpoint = self.partial / CHECKPOINT
+        if not self.resume or not checkpoint.exists():
             return None
-        return json.loads(path.read_text())
+        meta = self._read_meta(self.partial)
+        try:
+            with zipfile.ZipFile(checkpoint) as archive:
+                whole = archive.testzip() is None and "done.npy" in archive.namelist()
+        except (OSError, EOFError, zipfile.BadZipFile):
+            whole = False
+        if not whole:
+            raise self._damaged(checkpoint, "truncated or not a checkpoint written by spectra", self.partial)
+        return meta
 
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:

@@ -36,6 +36,7 @@ class Domain(enum.IntEnum):
     BOOTSTRAP = 701  # Poisson bootstrap weights of sequence i
     INDUCTION = 801  # spectra heads: the random tokens of the induction sequences
     RANDOM_PRESS = 901  # spectra cache: the random press's scores of sequence i (one torch generator per layer)
+    TASKS = 1001  # spectra tasks: the draws of one example per (task number, length, sample)
 
 
 def derive_seed(seed: int, *parts: int) -> int:

@@ -475,3 +475,135 @@ def test_a_generic_model_folder_names_runs_after_its_config_and_never_collides(r
     assert sorted(path.name for path in (workdir / "runs").iterdir()) == ["roberta-first-corpus-n16",
                                                                           "roberta-second-corpus-n16"]
     assert "1 sequence," in out and "1 sequences" not in out
+
+
+# ---------------------------------------------------------------- every command that writes: an unwritable --out
+
+
+def _writers(roberta: Path, llama: Path, corpus: Path, run: Path) -> dict[str, list[str]]:
+    """Every command that writes, with the option naming where (the place is appended)."""
+    data = ["--data", str(corpus), "--samples", "2"]
+    return {
+        "analyze": ["analyze", str(roberta), *data, "--length", "16", "--out"],
+        "approx": ["approx", str(roberta), *data, "--length", "16", "--budget", "4", "--out"],
+        "theorems": ["theorems", str(roberta), *data, "--length", "16", "--budget", "4", "--out"],
+        "theorems --synthetic": ["theorems", "--synthetic", "--length", "16", "--samples", "2", "--budget", "4",
+                                 "--out"],
+        "scaling": ["scaling", str(roberta), *data, "--lengths", "8,16", "--out"],
+        "cache": ["cache", str(llama), *data, "--context", "80", "--continuation", "8", "--presses", "streaming",
+                  "--out"],
+        "heads": ["heads", str(roberta), *data, "--length", "16", "--out"],
+        "plot": ["plot", str(run), "--out"],
+        "figure1": ["figure1", str(run), "--out"],
+        "plan-k": ["plan-k", str(run), "--out"],
+        "compare": ["compare", str(run), "--csv"],
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(roberta_dir, text_file, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("finished") / "run"
+    analyze(roberta_dir, text_file, path)
+    return path
+
+
+def _unwritable(kind: str, workdir: Path) -> Path:
+    if kind == "under a file":
+        (workdir / "plain").write_text("a file, not a directory\n")
+        return workdir / "plain" / "out"
+    if kind == "read-only directory":
+        (workdir / "readonly").mkdir()
+        (workdir / "readonly").chmod(0o555)
+        return workdir / "readonly" / "out"
+    place = Path("/" + kind.split()[0]) / "spectra_out"
+    if not place.parent.is_dir():
+        pytest.skip(f"no {place.parent} here")
+    return place
+
+
+@pytest.mark.parametrize("place", ["proc filesystem", "sys filesystem", "under a file", "read-only directory"])
+@pytest.mark.parametrize("command", ["analyze", "approx", "theorems", "theorems --synthetic", "scaling", "cache",
+                                     "heads", "plot", "figure1", "plan-k", "compare"])
+def test_every_writing_command_refuses_an_unwritable_out_before_any_work(command, place, roberta_dir, llama_dir,
+                                                                         text_file, finished_run, workdir,
+                                                                         monkeypatch, capsys) -> None:
+    """/proc, /sys, a path under a regular file, a read-only directory: one line naming the place and the option,
+    exit 2, before any model loads or anything is drawn, and nothing written (no lock file beside it either)."""
+    target = _unwritable(place, workdir)
+    if place == "read-only directory" and os.geteuid() == 0:  # root writes anyway: the permission answers no
+        monkeypatch.setattr(rundir.os, "access", lambda path, mode: Path(path) != target.parent)
+    before = snapshot(workdir)
+
+    def work(*args, **kwargs):
+        raise AssertionError("the work started before --out was checked")
+
+    monkeypatch.setattr("spectra.models.load", work)
+    monkeypatch.setattr("spectra.sources.SyntheticSource.__init__", work)
+    monkeypatch.setattr("spectra.report.plots.style.save", work)
+    args = _writers(roberta_dir, llama_dir, text_file, finished_run)[command]
+    line = one_line(*run_cli([*args, str(target)], monkeypatch, capsys))
+    flag = "--csv" if command == "compare" else "--out"
+    assert line.startswith(f"error: cannot write {target}: ") and line.endswith(f"choose another {flag}"), line
+    assert snapshot(workdir) == before
+    if place == "read-only directory":
+        (workdir / "readonly").chmod(0o755)
+
+
+# ---------------------------------------------------------------- a damaged run under --resume
+
+
+def _contents(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("damaged", ["run.partial/run.json", "run.partial/checkpoint.npz", "run/run.json"])
+def test_resume_on_a_damaged_run_says_what_is_damaged_and_how_to_start_afresh(damaged, roberta_dir, text_file,
+                                                                                workdir, monkeypatch,
+                                                                                capsys) -> None:
+    """A truncated run.json or checkpoint (a full disk, a killed copy): --resume names the damaged file, says
+    --overwrite starts afresh, exit 2, before the model loads, and leaves every byte as it was; --overwrite then
+    does start afresh."""
+    if damaged.startswith("run.partial"):
+        interrupted(roberta_dir, text_file, workdir / "run", 4)
+    else:
+        analyze(roberta_dir, text_file, workdir / "run", samples=12)
+    path = workdir / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = _contents(workdir)
+    args = ["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--length", "24", "--samples",
+            "12", "--batch-size", "4"]
+    with monkeypatch.context() as patched:
+        patched.setattr("spectra.models.load", lambda *a, **k: pytest.fail("the model loaded"))
+        line = one_line(*run_cli([*args, "--resume"], monkeypatch, capsys))
+    assert f"{path.relative_to(workdir)} is damaged" in line, line
+    assert "pass --overwrite to start afresh" in line, line
+    assert _contents(workdir) == before, "nothing is changed"
+    code, out, err = run_cli([*args, "--overwrite"], monkeypatch, capsys)
+    assert code == 0, err
+    assert spectra.load_run(workdir / "run").meta["samples"] == 12 and not (workdir / "run.partial").exists()
+
+
+def test_resume_onto_a_folder_that_is_no_run_keeps_it(roberta_dir, text_file, workdir, monkeypatch, capsys) -> None:
+    """--resume at a folder holding files but no run.json would otherwise run afresh and replace the folder."""
+    (workdir / "notes").mkdir()
+    (workdir / "notes" / "todo.txt").write_text("mine\n")
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--samples",
+                              "2", "--out", "notes", "--resume"], monkeypatch, capsys))
+    assert "notes exists but holds no run.json" in line and "choose another --out" in line
+    assert (workdir / "notes" / "todo.txt").read_text() == "mine\n" and snapshot(workdir) == ["notes", "notes/todo.txt"]
+
+
+# ---------------------------------------------------------------- options that contradict each other
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resume", "--overwrite"], "--resume continues the run at --out and --overwrite replaces it: pass only one"),
+    (["--synthetic"], "--synthetic draws Gaussian q, k, v and reads no model or corpus, but MODEL was given"),
+])
+def test_contradicting_options_are_refused(args, message, roberta_dir, text_file, workdir, monkeypatch,
+                                           capsys) -> None:
+    command = "theorems" if "--synthetic" in args else "analyze"
+    line = one_line(*run_cli([command, str(roberta_dir), "--length", "16", "--samples", "2", "--budget" if
+                              command == "theorems" else "--seed", "4", *args], monkeypatch, capsys))
+    assert message in line, line
+    assert snapshot(workdir) == []

@@ -45,8 +45,8 @@ def test_run_config_checks_and_coerces() -> None:
 
 
 def test_settings_are_the_run_identity() -> None:
-    config = RunConfig("./models/tiny", "corpus.txt", length=32, trust_remote_code=True, out="x", overwrite=True,
-                       resume=True, checkpoint_seconds=5)
+    config = RunConfig("./models/tiny", "corpus.txt", length=32, trust_remote_code=True, out="x", resume=True,
+                       checkpoint_seconds=5)
     settings = config.settings({"at": 8})
     assert settings["extra"] == {"at": 8} and "trust_remote_code" not in settings
     assert set(settings) == {"model", "data", "length", "samples", "mode", "batch_size", "seed", "split",
@@ -98,3 +98,11 @@ def test_layers_parse_and_label_round_trip() -> None:
 def test_indices_take_text_one_index_or_several() -> None:
     assert indices("0,3,5-7", "layer") == (0, 3, 5, 6, 7) and indices(3, "layer") == (3,)
     assert indices([2, 0, 2], "head") == (0, 2) and indices(None, "layer") is None and indices("all", "head") is None
+
+
+def test_resume_and_overwrite_together_are_refused() -> None:
+    """--resume continues a run, --overwrite replaces it: given both, neither is what the user meant for sure."""
+    with pytest.raises(SpectraError, match="resume=True continues the run at out and overwrite=True replaces it") as raised:
+        RunConfig("m", "d", resume=True, overwrite=True)
+    assert raised.value.for_cli() == ("--resume continues the run at --out and --overwrite replaces it: pass only one "
+                                      "of them")

@@ -137,3 +137,19 @@ def test_decoders_get_only_their_own_special_tokens_and_padding_side(llama_dir, 
     for row, m in zip(batch.attention_mask, lengths.tolist()):
         assert row[16 - m:].all() and not row[: 16 - m].any(), "left padding"
     assert (batch.input_ids[batch.attention_mask == 0] == llama.eos_token_id).all(), "no pad token: EOS pads"
+
+
+def test_a_malformed_csv_names_the_cause_and_the_line(tmp_path) -> None:
+    """An unterminated quote is named with the line its field starts on (counting the lines of the quoted fields
+    before it, which the parser's own row number does not); any other parser error gives the parser's own cause,
+    never only "An error occurred while generating the dataset"."""
+    quoted = tmp_path / "quoted.csv"
+    quoted.write_text('text,label\n"a review\nover three\nlines",1\nplain 5" screen,2\n"never closed,1\nmore,0\n')
+    with pytest.raises(SpectraError) as raised:
+        data.open_corpus(str(quoted))
+    assert str(raised.value) == (f"could not read {quoted} as csv: line 6 opens a quoted field that is never closed; "
+                                 'close its quote, or double a quote ("") that belongs to the text')
+    fields = tmp_path / "fields.csv"
+    fields.write_text("text,label\nfine,1\ntoo,many,fields\n")
+    with pytest.raises(SpectraError, match=f"could not read {fields} as csv: .*Expected 2 fields in line 3, saw 3$"):
+        data.open_corpus(str(fields))

@@ -3,11 +3,14 @@ replacement is complete, a short corpus is used whole and said so, synthetic run
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 
 import spectra
-from spectra.errors import SpectraError
+from spectra.errors import Interrupted, SpectraError
 
 QUIET = dict(progress=None, notify=lambda line: None)
 
@@ -79,3 +82,27 @@ def test_synthetic_theorems_resume_to_the_same_tables(tmp_path) -> None:
     for name, table in whole.tables.items():
         assert resumed.tables[name].equals(table), name
     assert resumed.meta["samples"] == 9
+
+
+@pytest.mark.parametrize("checkpoint_seconds", [3600.0, 0.0])
+def test_two_interrupts_say_whether_a_checkpoint_exists(checkpoint_seconds, roberta_dir, text_file, tmp_path) -> None:
+    """Ctrl-C twice stops at once. Before the first checkpoint there is nothing to resume: the message says so
+    (never "continue from the last checkpoint") and nothing is on disk; after one, it names where it resumes."""
+    def twice(done, total):
+        if done >= 4:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    notices = []
+    with pytest.raises(Interrupted) as stopped:
+        spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / "run", length=24, samples=12, batch_size=4,
+                        checkpoint_seconds=checkpoint_seconds, progress=twice, notify=notices.append)
+    message = stopped.value.for_cli()
+    if checkpoint_seconds:
+        assert message == ("interrupted twice: stopped at once after 4 sequences, before the first checkpoint: "
+                           "nothing was saved; run the command again")
+        assert list(tmp_path.iterdir()) == []
+    else:
+        assert message == ("interrupted twice: stopped at once; continue from the checkpoint after 4 sequences with "
+                           f"--resume and the same --out ({tmp_path / 'run'})")
+        assert (tmp_path / "run.partial" / "checkpoint.npz").exists()

@@ -101,3 +101,25 @@ def test_a_tsv_table_is_a_bare_tab_separated_matrix(tmp_path) -> None:
     lines = (tmp_path / "full_attention_heads.tsv").read_text().splitlines()
     assert len(lines) == 2 and all(line.count("\t") == 2 for line in lines)
     np.testing.assert_array_equal(np.loadtxt(tmp_path / "full_attention_heads.tsv", delimiter="\t"), frame.to_numpy())
+
+
+def test_a_directory_that_refuses_new_files_is_refused_though_its_permissions_allow(tmp_path, monkeypatch) -> None:
+    """Permissions do not tell /proc, /sys or a read-only file system (root passes every permission check): the
+    check creates a probe file, and a refusal there is one line; where it succeeds the probe is gone again."""
+    refusing = tmp_path / "refusing"
+    refusing.mkdir()
+    real = rundir.tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if Path(dir) == refusing:
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(rundir.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(SpectraError, match=f"cannot write .*: {refusing} is not a writable directory; choose another"):
+        rundir.check_writable(refusing / "run")
+    rundir.check_writable(tmp_path / "fine" / "deeper")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["refusing"]
+    (tmp_path / "figures.png").write_text("")
+    with pytest.raises(SpectraError, match="it is a file, not a directory"):
+        rundir.check_writable(tmp_path / "figures.png", inside=True)

@@ -86,6 +86,7 @@ class Theorems(Analysis):
                 raise SpectraError(f"give a model, or pass {spell('--synthetic', 'synthetic=True')} for Gaussian "
                                    "q, k, v")
             return super().run(config, options, reporter)
+        check_nothing_to_read(config)
         settings = {"synthetic": True, "n": config.length, "d": options.d, "heads": options.heads,
                     "samples": config.samples, "batch_size": config.batch_size, "seed": config.seed}
         job = Job("theorems", config, settings, config.samples,
@@ -123,6 +124,21 @@ class Theorems(Analysis):
         from ..report.plots.theorems import plot_theorems
 
         return plot_theorems(run, out)
+
+
+def check_nothing_to_read(config: RunConfig) -> None:
+    """Synthetic q, k, v read no model and no corpus: a model or corpus option given with them would be silently
+    ignored, so it is refused (the corpus options count as given when they differ from their defaults)."""
+    defaults = RunConfig()
+    given = [spell(flag, name) for name, flag in (("model", "MODEL"), ("data", "--data"), ("split", "--split"),
+                                                  ("text_column", "--text-column"), ("mode", "--mode"),
+                                                  ("gguf_file", "--gguf-file"))
+             if getattr(config, name) != getattr(defaults, name)]
+    if given:
+        raise SpectraError(f"{spell('--synthetic', 'synthetic=True')} draws Gaussian q, k, v and reads no model or "
+                           f"corpus, but {', '.join(given)} {'was' if len(given) == 1 else 'were'} given; drop "
+                           f"{'it' if len(given) == 1 else 'them'}, or drop {spell('--synthetic', 'synthetic=True')} "
+                           "to measure the model")
 
 
 def synthetic_source(config: RunConfig, options: TheoremOptions, where: Any):

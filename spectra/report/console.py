@@ -154,6 +154,12 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+#: what the key-rank columns of the analyze table are: the energy rank, not the variance one (issue 33, item 7)
+KEY_RANK_NOTE = ("key rank90 (energy): dimensions of the head holding 90% of the keys' energy Σkᵀk over the run, "
+                 "the mean key included (dataset_rank90 in qkv.csv; pca_rank90 there holds 90% of their variance, "
+                 "the mean removed)")
+
+
 def print_analyze(run: Run) -> None:
     """The per-layer summary of an analyze run and where it was written."""
     kind = "decoder, causal P" if run.causal else "encoder"
@@ -162,8 +168,8 @@ def print_analyze(run: Run) -> None:
     print_frame(analyze_layers(run), f"{run.label} ({kind}): n = {run.n}, {plural(run.meta['samples'], 'sequence')}, "
                 f"mean over {over} per layer", {"rank": 1, "entropy": 2})
     if run.qkv is not None:
-        out.print("sink: mean attention of queries to the first token; entropy in nats; key rank90: dimensions of the "
-                  "head that hold 90% of the keys' variance over the run", soft_wrap=True)
+        out.print(f"sink: mean attention of queries to the first token; entropy in nats; {KEY_RANK_NOTE}",
+                  soft_wrap=True)
     out.print(f"results written to {run.path}")
     if summary(run.meta.get("timings")):  # where the time went (spectra.timings)
         out.print(summary(run.meta["timings"]), soft_wrap=True)

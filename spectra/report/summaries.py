@@ -106,12 +106,12 @@ def key_ranks(run: Run, tensor: str = "k", column: str = "dataset_rank90") -> pd
 def analyze_layers(run: Run) -> pd.DataFrame:
     """What the terminal shows of an analyze run, per layer (means over heads): c at the run's index, the rank
     for 90% of the nuclear norm, sink mass and entropy when measured, and the dataset-level key rank for 90%
-    of the variance before and after RoPE when measured."""
+    of the energy Σkᵀk (uncentred: `dataset_rank90`) before and after RoPE when measured."""
     columns = {"c_at_mean": f"c@{run.at}", "rank90_mean": "rank for 90%", "sink_mean": "sink", "entropy_mean": "entropy"}
     present = [column for column in columns if column in run.metrics.columns]
     table = run.metrics.groupby("layer")[present].mean().reset_index().rename(columns=columns)
     keys = key_ranks(run)
-    for stage, name in (("projection", "key rank90 pre-RoPE"), ("attention", "key rank90")):
+    for stage, name in (("projection", "key rank90 (energy) pre-RoPE"), ("attention", "key rank90 (energy)")):
         if stage in keys.columns:
             table[name] = keys[stage].to_numpy()
     return table
@@ -221,6 +221,22 @@ def theorem1_rows(run: TheoremRun, relative_to: str = "output", table: str = "th
     if "relative_to" not in one.columns:
         return one if relative_to == "output" else one.iloc[0:0]
     return one[one["relative_to"] == relative_to]
+
+
+def theorem1_draws(run: TheoremRun) -> tuple[int, str]:
+    """The independent draws of R behind one pooled Theorem 1 rate (one budget), and what they are made of.
+
+    R is drawn per (layer, budget, sequence, draw) and shared by the heads and columns w of its layer, so the
+    layers × sequences × draws rates are independent given the data, and the heads and columns within one R are
+    not; with a fixed projection (draws 0, or a run from before per-sequence draws) there is one R per (layer,
+    budget) for the whole run."""
+    one = run.tables["theorem1"]
+    layers = run.tables["theorem1_layers"]["layer"].nunique() if "theorem1_layers" in run.tables else 1
+    per = int(one["draws"].iloc[0]) if "draws" in one.columns else 0
+    if not per:
+        return layers, f"one R per layer: {layers} layers"
+    sequences = int(one["sequences"].iloc[0]) if "sequences" in one.columns else int(run.meta.get("samples", 1))
+    return layers * sequences * per, f"{layers} layers × {sequences} sequences × {per} per sequence"
 
 
 def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import spectra
 from spectra.errors import SpectraError
 from spectra.kinds.theorems import TheoremOptions
 
@@ -19,3 +20,15 @@ def test_options_check_and_default_their_budgets() -> None:
         TheoremOptions(fixed_projection=True, draws=2)
     with pytest.raises(SpectraError, match="d and heads must be at least 1"):
         TheoremOptions(synthetic=True, d=0)
+
+
+@pytest.mark.parametrize("given, named", [({"model": "some-model"}, "model"), ({"data": "corpus.txt"}, "data"),
+                                          ({"model": "m", "split": "train"}, "model, split")])
+def test_synthetic_refuses_a_model_or_corpus_it_would_ignore(given, named, tmp_path) -> None:
+    """Gaussian q, k, v read no model or corpus: naming one with synthetic=True is refused, not silently ignored."""
+    args = {"model": None, **given}
+    with pytest.raises(SpectraError, match=f"synthetic=True draws Gaussian q, k, v and reads no model or corpus, "
+                                           f"but {named} (was|were) given"):
+        spectra.theorems(args.pop("model"), synthetic=True, length=16, samples=2, budget=4, out=tmp_path / "run",
+                         progress=None, notify=lambda line: None, **args)
+    assert not (tmp_path / "run").exists()

@@ -161,3 +161,25 @@ def printed_tables(text: str) -> list[dict[str, list]]:
         elif line.startswith("│"):
             tables[-1]["rows"].append([cell.strip() for cell in line.strip("│").split("│")])
     return tables
+
+
+def cielab(color) -> np.ndarray:
+    """CIE L*a*b* (D65) of a matplotlib colour, from the sRGB formulas."""
+    from matplotlib.colors import to_rgb
+
+    rgb = np.array(to_rgb(color))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def visible_tick_labels(axis, low: float, high: float) -> dict[float, str]:
+    """tick value → label text of the ticks inside [low, high] that carry a label (major and minor)."""
+    found = {}
+    for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+        value, text = tick.get_loc(), tick.label1.get_text()
+        if low <= value <= high and tick.label1.get_visible() and text:
+            found[value] = text
+    return found

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 from report_helpers import BUDGETS, METHODS, expected_errors, printed_tables
 from tiny import run_cli
 
@@ -36,6 +37,29 @@ def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
                        fixed(cells["sink_mean"].mean()), fixed(cells["entropy_mean"].mean(), 2)]
     assert len(table["rows"]) == run.layers
     assert f"results written to {run.path}" in out.replace("\n", "")
+
+
+def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, capsys) -> None:
+    """A decoder's table has the keys' dataset_rank90 per layer: the uncentred energy rank, which the header and the
+    note call so (they called it the keys' variance, which is pca_rank90)."""
+    import spectra
+
+    run = spectra.analyze(str(llama_dir), str(text_file), length=16, samples=4, out=tmp_path / "run", progress=None,
+                          notify=lambda line: None)
+    console.print_analyze(run)
+    out = capsys.readouterr().out
+    (table,) = printed_tables(out)
+    header = [" ".join(part for part in column if part) for column in zip(*table["header"])]
+    assert header[-2:] == ["key rank90 (energy) pre-RoPE", "key rank90 (energy)"], header
+    keys = run.qkv[run.qkv["tensor"] == "k"]
+    for layer, row in enumerate(table["rows"]):
+        for cell, stage in zip(row[-2:], ("projection", "attention")):
+            rows = keys[(keys["stage"] == stage) & (keys["layer"] == layer)]
+            assert float(cell) == pytest.approx(rows["dataset_rank90"].mean(), abs=0.051)
+    note = " ".join(out.split())
+    assert ("key rank90 (energy): dimensions of the head holding 90% of the keys' energy Σkᵀk over the run, the mean "
+            "key included (dataset_rank90 in qkv.csv; pca_rank90 there holds 90% of their variance, the mean "
+            "removed)") in note
 
 
 def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:

@@ -19,6 +19,7 @@ from spectra.report.summaries import (
     layer_trend,
     metric_grid,
     per_layer,
+    theorem1_draws,
     theorem_errors,
 )
 
@@ -91,6 +92,18 @@ def test_approx_by_budget_is_the_mean_over_layers_and_heads(approx_run) -> None:
         rows = table[table["method"] == method].sort_values("budget")
         assert list(rows["budget"]) == BUDGETS
         np.testing.assert_allclose(rows["out_err"], overall.loc[method].loc[BUDGETS].to_numpy(), rtol=1e-12)
+
+
+def test_theorem1_draws_counts_the_independent_rs(theorem_run) -> None:
+    """The tiny theorems run draws one R per (layer, budget, sequence): 2 layers × 2 sequences × 1 draw; with a
+    fixed projection one R per layer."""
+    import copy
+
+    assert theorem_run.meta["model"]["layers"] == 2 and theorem_run.meta["samples"] == 2
+    assert theorem1_draws(theorem_run) == (4, "2 layers × 2 sequences × 1 per sequence")
+    fixed = copy.copy(theorem_run)
+    fixed.tables = {**theorem_run.tables, "theorem1": theorem_run.tables["theorem1"].assign(draws=0)}
+    assert theorem1_draws(fixed) == (2, "one R per layer: 2 layers")
 
 
 def test_theorem_errors_are_the_pooled_rows(theorem_run) -> None:

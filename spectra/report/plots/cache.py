@@ -1,18 +1,43 @@
 """The view of a `spectra cache` run: next-token NLL of the continuation against the ratio of the cache removed,
 a line per press starting from the full cache at ratio 0 (dotted grey: the full cache's NLL), and beside it the
 share of the continuation's attention mass on the context that the kept tokens hold (mean over layers and heads;
-channel presses, which keep every token, are left out there)."""
+presses that keep every token — ThinK's key channels, a low-rank K and V — or whose rows are not tokens —
+Linformer's E·K — are left out there, and its legend names them). Each panel has its own legend, below it, naming what
+it draws; every press has its own colour and marker (`PRESS_STYLES`), the same in every run's figure."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ...runs import CacheRun
 from . import style
 from .style import plot_folder, pyplot
 
-#: a fixed marker per press, so figures of different runs read the same way
-MARKERS = {"streaming": "o", "knorm": "v", "snapkv": "s", "tova": "D", "random": "x", "observed": "^", "think": "P"}
+#: (colour, marker) per press of the catalogue, each pair unique and each colour ΔE ≥ 25 (CIELAB) from every other
+#: and from the full cache's grey: the default run draws 11 presses, one more than tab10 has colours (streaming and
+#: linformer were the same blue circles). Fixed per press, so figures of different runs read the same way.
+PRESS_STYLES: dict[str, tuple[str, str]] = {
+    "streaming": ("tab:blue", "o"), "knorm": ("tab:orange", "v"), "snapkv": ("tab:green", "s"),
+    "tova": ("tab:red", "D"), "random": ("tab:purple", "x"), "observed": ("tab:brown", "^"),
+    "think": ("tab:pink", "P"), "leverage": ("tab:olive", "*"), "loki": ("tab:cyan", "<"),
+    "lowrank": ("#e6ab02", ">"), "linformer": ("black", "h"),
+}
+#: styles for a press `PRESS_STYLES` does not list yet (taken in turn), none of them a listed press's
+SPARE_STYLES: tuple[tuple[str, str], ...] = (("#1a237e", "p"), ("#00796b", "d"), ("#c2185b", "8"), ("#7cb342", "X"))
+FULL_STYLE = dict(color="0.5", linestyle=":", linewidth=1.0)
+
+
+def press_style(press: str, index: int = 0) -> tuple[str, str]:
+    """(colour, marker) of a press: its own from `PRESS_STYLES`, else the `index`-th spare."""
+    return PRESS_STYLES.get(press) or SPARE_STYLES[index % len(SPARE_STYLES)]
+
+
+def panel_legend(ax, title: str | None = None) -> None:
+    """The panel's own legend, below it (never over a curve), in columns that fit the panel's width."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=3, frameon=False, fontsize=8,
+              handlelength=1.8, columnspacing=1.2, title=title, title_fontsize=8)
 
 
 def draw_cache(run: CacheRun):
@@ -21,27 +46,38 @@ def draw_cache(run: CacheRun):
     table = run.table
     full = table[table["press"] == "full"].iloc[0]
     mass = run.heads.groupby(["press", "ratio"], sort=False)["mass_kept"].mean()
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0), layout="constrained")
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 5.4), layout="constrained")
     presses = [press for press in dict.fromkeys(table["press"]) if press != "full"]
-    colors = plt.get_cmap("tab10")
-    for i, press in enumerate(presses):
+    unknown = [press for press in presses if press not in PRESS_STYLES]
+    missing: dict[str, list[str]] = {"every token kept": [], "rows are not tokens": []}
+    for press in presses:
         rows = table[table["press"] == press].sort_values("ratio")
         ratios = [0.0, *rows["ratio"]]
-        style_of = dict(color=colors(i % 10), marker=MARKERS.get(press, "o"), markersize=4, linewidth=1.3)
+        color, marker = press_style(press, unknown.index(press) if press in unknown else 0)
+        style_of = dict(color=color, marker=marker, markersize=4.5, linewidth=1.3)
         channel = bool((rows["key_channel_ratio"] > 0).any())
         label = f"{press} (key channels)" if channel else press
         left.plot(ratios, [full["nll"], *rows["nll"]], label=label, gid=f"nll:{press}", **style_of)
-        if not channel:  # a channel press keeps every token: its mass says nothing
-            kept = [mass.get(("full", 0.0), 1.0), *(mass.get((press, ratio)) for ratio in rows["ratio"])]
-            right.plot(ratios, kept, label=label, gid=f"mass:{press}", **style_of)
-    left.axhline(full["nll"], color="0.5", linestyle=":", linewidth=1.0, label="full cache")
+        kept = [mass.get((press, ratio), np.nan) for ratio in rows["ratio"]]
+        every = channel or ("kept_share" in rows.columns and bool((rows["kept_share"] >= 1).all()))
+        if every:  # keeps every token (ThinK, a low-rank K and V): its mass says nothing
+            missing["every token kept"].append(press)
+        elif np.isnan(np.asarray(kept, dtype=float)).all():  # rows that are not tokens (Linformer's E·K)
+            missing["rows are not tokens"].append(press)
+        else:
+            right.plot(ratios, [mass.get(("full", 0.0), 1.0), *kept], label=label, gid=f"mass:{press}", **style_of)
+    left.axhline(full["nll"], label="full cache", gid="full", **FULL_STYLE)
     left.set_ylabel("Continuation NLL (nats/token)")
+    left.set_title("Next-token NLL of the continuation")
     right.set_ylabel("Attention mass on kept context tokens")
+    right.set_title("Share of the attention on the context that stays\n(mean over layers and heads)")
     right.set_ylim(-0.02, 1.02)
     for ax in (left, right):
         ax.set_xlabel("Ratio of the cache removed")
         ax.grid(alpha=0.25, linewidth=0.6)
-    left.legend(frameon=False, fontsize=8)
+    panel_legend(left)
+    why = [f"{', '.join(presses)} ({reason})" for reason, presses in missing.items() if presses]
+    panel_legend(right, f"not drawn: {'; '.join(why)}" if why else None)
     meta = run.meta
     figure.suptitle(f"KV-cache compression after an exact prefill — {run.label}, context {meta['context']}, "
                     f"continuation {meta['continuation']}, {meta.get('scored', meta.get('samples'))} sequences",

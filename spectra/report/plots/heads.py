@@ -29,10 +29,12 @@ def heads_subtitle(run: HeadsRun) -> str:
 
 def draw_weight_ranks(run: HeadsRun):
     """Per head, rank90 of P (the rank the data uses, y) against rank90 of W_QK and of W_OV (the rank the weights
-    allow, x; ≤ the head dimension): a panel each, points coloured by layer, the diagonal dashed."""
+    allow, x; ≤ the head dimension): a panel each, points coloured by layer, the diagonal dashed. The legend (the
+    same two reference lines in both panels) sits below the panels: inside, upper left, it hid the heads with a
+    low weight rank and a high attention rank (MiniLM's L0H2 at (22, 115)), the most notable ones."""
     plt = pyplot()
     table = run.diagnosis
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharey=True)
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4.8), sharey=True, layout="constrained")
     colors = plt.get_cmap("viridis")(table["layer"].to_numpy() / max(run.layers - 1, 1))
     for ax, name, title in zip(axes, ("qk", "ov"), ("W_QK = W_Q,hᵀ W_K,g", "W_OV = W_O,h W_V,g")):
         x, y = table[f"{name}_rank90"].to_numpy(float), table["rank90"].to_numpy(float)
@@ -41,14 +43,14 @@ def draw_weight_ranks(run: HeadsRun):
         ax.plot([0, d], [0, d], color="0.4", linestyle="--", linewidth=1, gid=f"{name}:diagonal", label="y = x")
         ax.axvline(d, color="0.6", linestyle=":", linewidth=1, label=f"head dimension d = {d}")
         ax.set_xlim(0, d * 1.08)
-        ax.legend(loc="upper left")
         ax.set_xlabel(f"rank90 of {title} (weights)")
         ax.set_title(f"{title}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("rank90 of P (attention, mean over sequences)")
     mappable = plt.cm.ScalarMappable(cmap="viridis", norm=plt.Normalize(0, max(run.layers - 1, 1)))
     figure.colorbar(mappable, ax=list(axes), label="layer")
-    figure.suptitle(f"Rank the weights allow vs rank the attention uses\n{heads_subtitle(run)}", y=1.04)
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, frameon=False)
+    figure.suptitle(f"Rank the weights allow vs rank the attention uses\n{heads_subtitle(run)}")
     return figure
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 from ...runs import ScalingRun
 from . import style
 from .spectra import DEPTH_CMAP
-from .style import plot_folder, pyplot
+from .style import plain_log_ticks, plot_folder, pyplot
 
 
 def _layer_colors(layers: int):
@@ -45,7 +45,7 @@ def draw_scaling_ranks(run: ScalingRun, metric: str = "rank90"):
     pooled = table.groupby("n")[metric].mean().reindex(lengths).to_numpy()
     layers = int(run.meta["model"]["layers"])
     colors = _layer_colors(layers)
-    figure, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+    figure, ax = plt.subplots(figsize=(7.6, 4.4), layout="constrained")
     for layer, values in per_layer.iterrows():
         ax.plot(lengths, values.to_numpy(), color=colors[int(layer)], linewidth=1.2, marker="o", markersize=3,
                 label=f"layer {layer}", gid=f"layer:{layer}")
@@ -61,12 +61,14 @@ def draw_scaling_ranks(run: ScalingRun, metric: str = "rank90"):
     for name, values, dash in references:
         ax.plot(n, values, color="0.45", linestyle=dash, linewidth=1.0, label=f"k {name}", gid=f"ref:{name}", zorder=1)
     ax.set_yscale("log")
+    plain_log_ticks(ax)
     _length_axis(ax, lengths)
     share = metric.removeprefix("rank")
     ax.set_ylabel(f"Rank holding {share}% of ‖P‖* (mean over heads)")
     ax.set_title(f"Rank needed vs sequence length: slope = α in rank ∝ n^α\n{run.label}, "
                  f"{run.meta['samples']} sequences per n")
-    ax.legend(loc="upper left", fontsize=7.5, ncol=2 if layers > 8 else 1, frameon=False)
+    # right of the axes: inside, upper left, it lay over the reference lines
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=7.5, ncol=2 if layers > 8 else 1, frameon=False)
     ax.set_gid("ranks")
     return figure
 

@@ -1,6 +1,7 @@
 """Per-run views of an analyze run: the mean curve of every layer, the heatmap of c at an index, the heatmaps
 of the rank needed for 90% and 99% of the nuclear norm, of the sink mass and the attention entropy, and
-(when measured) the key rank per layer before and after RoPE.
+(when measured) the key rank per layer before and after RoPE, for 90% of the keys' variance (centred) and of
+their energy (uncentred, over the run and per sequence).
 
 Gids the tests read back: "curves" (lines "layer:<i>"), "heatmap", "rank90", "rank99", "sink", "entropy",
 "key_ranks" (lines "<stage>:<column>").
@@ -113,18 +114,28 @@ def draw_attention_heatmaps(run: Run):
 
 KEY_STAGES = {"projection": ("before RoPE (W^K output)", "-"), "attention": ("after RoPE (what attention sees)", "--")}
 
+#: qkv.csv's key-rank columns the view draws: colour and what each is. Two conventions: the energy Σkᵀk (uncentred:
+#: the mean key counts, often one direction holding most of it) and the variance (centred: the mean removed,
+#: the covariance's eigenvalues — what a PCA basis such as Loki's must keep, several times larger)
+KEY_RANKS = {
+    "pca_rank90": ("tab:green", "over the run, 90% of the variance (centred: pca_rank90)"),
+    "dataset_rank90": ("tab:blue", "over the run, 90% of the energy Σkᵀk (uncentred: dataset_rank90)"),
+    "rank90_mean": ("tab:orange", "per sequence, 90% of the energy (uncentred: rank90_mean)"),
+}
+
 
 def draw_key_ranks(run: Run):
-    """Per layer (mean over key/value heads): the keys' dataset-level rank for 90% of their variance and the mean
-    per-sequence rank for 90% of their energy, before and after RoPE, against the head dimension."""
+    """Per layer (mean over key/value heads): the keys' rank for 90% of their variance over the run (centred), for
+    90% of their energy over the run and per sequence (uncentred), before and after RoPE, against the head dimension."""
     from matplotlib.lines import Line2D
 
     plt = pyplot()
-    figure, ax = plt.subplots(figsize=(6.4, 4.6), layout="constrained")
+    figure, ax = plt.subplots(figsize=(6.4, 4.9), layout="constrained")
     d = int(run.qkv["d"].iloc[0])
     handles, labels, stages = [], [], set()
-    for column, color, what in (("dataset_rank90", "tab:blue", "over the run (90% of variance)"),
-                                ("rank90_mean", "tab:orange", "per sequence (90% of energy)")):
+    for column, (color, what) in KEY_RANKS.items():
+        if column not in run.qkv.columns:  # a run from before the centred ranks
+            continue
         ranks = summaries.key_ranks(run, "k", column)
         for stage, (where, linestyle) in KEY_STAGES.items():
             if stage in ranks.columns:
@@ -146,8 +157,8 @@ def draw_key_ranks(run: Run):
     ax.set_ylabel("Key rank (mean over key/value heads)")
     ax.grid(alpha=0.25, linewidth=0.6)
     ax.set_title(f"Rank of the keys per layer\n{subtitle(run, run.n)}")
-    # below the axes, so it never covers a curve (inside, it hid the low layers' ranks)
-    figure.legend(handles, labels, loc="outside lower center", ncols=2, frameon=False, fontsize=8)
+    # below the axes, so it never covers a curve (inside, it hid the low layers' ranks); one column: long labels
+    figure.legend(handles, labels, loc="outside lower center", ncols=1, frameon=False, fontsize=8)
     ax.set_gid("key_ranks")
     return figure
 

@@ -202,6 +202,26 @@ def log_y(axes: Sequence, decades: float = 5.0) -> bool:
     return below
 
 
+def plain_log_ticks(ax) -> None:
+    """Label a log y axis (of counts such as ranks) with plain numbers — 60, not matplotlib's 6×10¹ — at every
+    decade and, on a range of under two decades, at 2, 3 and 5 times each (under a factor of 4, at every integer
+    multiple, so a narrow range still gets labels); minor ticks between the labels stay unlabelled."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    low, high = ax.get_ylim()
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_major_formatter(plain)
+    ratio = high / low if low > 0 else float("inf")
+    if ratio < 100:
+        subs = tuple(float(i) for i in range(2, 10)) if ratio < 4 else (2.0, 3.0, 5.0)
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=subs))
+        ax.yaxis.set_minor_formatter(plain)
+    else:
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def maybe_log_y(ax, ratio: float = 5.0) -> bool:
     """Log y (see `log_y`) when the positive values drawn span more than `ratio`, else linear with a grid."""
     values = np.concatenate([np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()])

@@ -1,8 +1,16 @@
 """Views of a theorems run: Theorem 1's empirical success probability against its bound, and the pooled
 errors of every method against k.
 
-Gids the tests read back: axis "theorem1" with lines "pr:<ε>", "bound:<ε>", "k_theory:<ε>"; axes "median"
-and "p95" with a line per label of `summaries.theorem_errors` and ▼ marks "below:<label>".
+Gids the tests read back: axis "theorem1" with lines "pr:<ε>", "bound:<ε>", "k_theory:<ε>" and error bars
+"pr_interval:<ε>"; axes "median" and "p95" with a line per label of `summaries.theorem_errors` and ▼ marks
+"below:<label>".
+
+Theorem 1's interval is one method for every point: Wilson's 95% score interval of the pooled rate over N, the
+independent draws of R behind it (`summaries.theorem1_draws`: layers × sequences × draws). Each draw's rate lies in
+[0, 1], so the mean of N independent ones has a variance of at most p(1 − p)/N, the binomial one the interval is
+built on; the heads and columns sharing an R are not independent and do not count. The tables' own pr_low/pr_high
+(a t interval over sequences, Wilson on the sequence count where the rates do not vary) mixed two methods: an
+estimate of 0 over 2 sequences got [0, 0.66] while 0.015 got [0, 0.079].
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ...runs import TheoremRun
+from ...stats import wilson
 from .. import summaries
 from ..summaries import labels_in_order, theorem_errors, theorem_n
 from . import (
@@ -30,38 +39,51 @@ from .style import (
 )
 
 
+#: points between the error bars of neighbouring ε at one k
+DODGE = 4.0
+
+
 def theorem1_bound_curve(eps: float, n: int, k: np.ndarray) -> np.ndarray:
     """Theorem 1's success bound max(0, 1 − 2n e^{−(ε²−ε³)k/4}) at (real) k."""
     return np.maximum(0.0, 1.0 - 2.0 * n * np.exp(-(eps**2 - eps**3) * np.asarray(k, dtype=float) / 4.0))
 
 
 def draw_theorem1(run: TheoremRun):
-    """Theorem 1: empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) of jl vs k per ε (solid, markers, with its 95% interval over
-    sequences when measured), the proof's per-entry event dash-dotted, the bound dashed on a fine k grid in the
-    same colour, and Theorem 1's k(ε) dotted where it falls inside the axis."""
+    """Theorem 1: empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) of jl vs k per ε (solid, markers, thin error bars: Wilson's 95%
+    interval over the independent draws of R, see the module docstring), the proof's per-entry event dash-dotted,
+    the bound dashed on a fine k grid in the same colour, and Theorem 1's k(ε) dotted where it falls inside the
+    axis."""
     plt = pyplot()
     from matplotlib.lines import Line2D
+    from matplotlib.transforms import offset_copy
 
     jl = summaries.theorem1_rows(run, "output")
     jl = jl[jl["method"] == "jl"]
     proof = summaries.theorem1_rows(run, "rows")
     n = theorem_n(run)
+    draws, made_of = summaries.theorem1_draws(run)
     eps_values = sorted(jl["eps"].unique())
     colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.8, len(eps_values)))
     figure, ax = plt.subplots(figsize=(7.6, 4.4), layout="constrained")
     low, high = k_axis(ax, jl["budget"])
     grid = np.geomspace(low, high, 400)
     handles, labels = [], []
-    for eps, color in zip(eps_values, colors):
+    for i, (eps, color) in enumerate(zip(eps_values, colors)):
         rows = jl[jl["eps"] == eps].sort_values("budget")
         k_theory = float(rows["k_theory"].iloc[0])
         ax.plot(grid, theorem1_bound_curve(eps, n, grid), color=color, linestyle="--", linewidth=1.3, zorder=2,
                 gid=f"bound:{eps:g}")
         line, = ax.plot(rows["budget"], rows["pr"], color=color, marker="o", markersize=5, linewidth=1.6, zorder=3,
                         gid=f"pr:{eps:g}")
-        if "pr_low" in rows.columns:
-            ax.fill_between(rows["budget"], rows["pr_low"], rows["pr_high"], color=color, alpha=0.18, linewidth=0,
-                            zorder=2, gid=f"pr_interval:{eps:g}")
+        pr = rows["pr"].to_numpy(float)
+        bottom, top = wilson(pr, np.full(len(pr), draws))
+        bars = ax.errorbar(rows["budget"], pr, yerr=[pr - bottom, top - pr], fmt="none", ecolor=color, elinewidth=0.9,
+                           capsize=2.5, capthick=0.9, alpha=0.75, zorder=2.5)
+        # side by side, DODGE points apart, so the bars of several ε at one k stay apart (the data stay at k)
+        shift = offset_copy(ax.transData, fig=figure, x=DODGE * (i - (len(eps_values) - 1) / 2), units="points")
+        for artist in (*bars.lines[1], *bars.lines[2]):
+            artist.set_transform(shift)
+        bars.lines[2][0].set_gid(f"pr_interval:{eps:g}")
         entries = proof[proof["eps"] == eps].sort_values("budget")
         if len(entries):
             ax.plot(entries["budget"], entries["pr"], color=color, marker="s", markersize=3.5, linewidth=1.1,
@@ -77,7 +99,8 @@ def draw_theorem1(run: TheoremRun):
         handles.insert(len(eps_values), Line2D([], [], color="0.25", marker="s", markersize=3.5, linewidth=1.1,
                                                linestyle="-."))
         labels.insert(len(eps_values), "jl, every entry within ε‖P_i‖‖w‖\n(the event the proof bounds)")
-    labels += ["jl, empirical (band: 95% interval\nover sequences)", "Theorem 1 bound\nmax(0, 1 − 2n exp(−(ε²−ε³)k/4))",
+    labels += [f"jl, empirical; bars: Wilson 95% interval\nover {draws} independent draws of R\n"
+               f"({made_of})", "Theorem 1 bound\nmax(0, 1 − 2n exp(−(ε²−ε³)k/4))",
                "Theorem 1's k(ε) = 5 ln n / (ε²−ε³)\n(drawn where inside the axis)"]
     ax.set_ylim(-0.03, 1.03)
     ax.set_ylabel("Pr(‖P̃w − Pw‖ ≤ ε ‖Pw‖)")

@@ -3,11 +3,15 @@ ratio 0) or the per-head table averaged here with pandas; channel presses stay o
 
 from __future__ import annotations
 
+from itertools import combinations
+
 import numpy as np
 import pandas as pd
-from report_helpers import by_gid, fake_save
+from matplotlib.colors import to_hex
+from report_helpers import by_gid, cielab, fake_save
 
-from spectra.report.plots.cache import draw_cache, plot_cache
+from spectra.catalogue import CHANNEL_PRESSES, PRESSES
+from spectra.report.plots.cache import draw_cache, plot_cache, press_style
 from spectra.runs import CacheRun
 
 
@@ -43,3 +47,66 @@ def test_plot_writes_one_figure_into_the_run(tmp_path, monkeypatch) -> None:
     saved = fake_save(monkeypatch)
     plot_cache(cache_run(tmp_path))
     assert [str(name) for name in saved] == [str(tmp_path / "figures" / "cache_nll_vs_ratio")]
+
+
+def every_press_run(tmp_path) -> CacheRun:
+    """A run of every press the catalogue lists (the default `spectra cache`), at two ratios: think and lowrank keep
+    every token (kept_share 1), linformer's rows are not tokens (mass NaN), as `spectra cache` writes them."""
+    rng = np.random.default_rng(1)
+    variants = [("full", 0.0)] + [(press, ratio) for press in PRESSES for ratio in (0.25, 0.5)]
+    table = pd.DataFrame([{"press": press, "ratio": ratio, "nll": 3 + ratio + rng.uniform(), "ppl": 0.0,
+                           "kept_share": 1.0 if press in ("think", "lowrank") else 1 - ratio,
+                           "key_channel_ratio": ratio if press in CHANNEL_PRESSES else 0.0}
+                          for press, ratio in variants])
+    heads = pd.DataFrame([{"press": press, "ratio": ratio, "layer": 0, "head": head,
+                           "mass_kept": 1.0 if press == "full" else np.nan if press == "linformer" else rng.uniform(),
+                           "out_err": rng.uniform()} for press, ratio in variants for head in range(2)])
+    meta = {"kind": "cache", "model": {"name": "tiny"}, "data": {"name": "corpus"}, "context": 128,
+            "continuation": 16, "scored": 1}
+    return CacheRun(tmp_path, meta, table, heads, pd.DataFrame())
+
+
+def test_every_press_has_its_own_colour_and_marker(tmp_path) -> None:
+    """The default run draws 11 presses; tab10 has 10 colours, so streaming and linformer were the same blue
+    circles. Now every press differs from every other by colour (ΔE ≥ 15 in CIELAB) and by marker, and no press
+    is drawn in the full cache's grey."""
+    left, right = draw_cache(every_press_run(tmp_path)).axes
+    lines = {press: by_gid(left.lines, f"nll:{press}") for press in PRESSES}
+    markers = [line.get_marker() for line in lines.values()]
+    assert len(set(markers)) == len(PRESSES), markers
+    for (a, one), (b, other) in combinations(lines.items(), 2):
+        distance = np.linalg.norm(cielab(one.get_color()) - cielab(other.get_color()))
+        assert distance >= 15, (a, b, round(distance, 1))
+    full = by_gid(left.lines, "full")
+    for press, line in lines.items():
+        assert np.linalg.norm(cielab(line.get_color()) - cielab(full.get_color())) >= 15, press
+        mass = [item for item in right.lines if item.get_gid() == f"mass:{press}"]
+        if mass:  # the same style in both panels
+            assert (to_hex(mass[0].get_color()), mass[0].get_marker()) == (to_hex(line.get_color()), line.get_marker())
+
+
+def test_each_panel_has_its_own_legend_off_the_data(tmp_path) -> None:
+    """Each panel names what it draws (the right one had no legend), and no legend covers a panel."""
+    figure = draw_cache(every_press_run(tmp_path))
+    left, right = figure.axes
+    figure.canvas.draw()
+    for ax, prefix in ((left, "nll:"), (right, "mass:")):
+        legend = ax.get_legend()
+        assert legend is not None, prefix
+        drawn = [line.get_label() for line in ax.lines if str(line.get_gid()).startswith(prefix)]
+        labels = [text.get_text() for text in legend.get_texts()]
+        assert set(drawn) <= set(labels)
+        box = legend.get_window_extent()
+        for other in (left, right):
+            assert not box.overlaps(other.get_window_extent()), (prefix, other)
+    assert "full cache" in [text.get_text() for text in left.get_legend().get_texts()]
+    drawn = {line.get_gid().removeprefix("mass:") for line in right.lines}
+    assert drawn == set(PRESSES) - {"think", "lowrank", "linformer"}
+    assert right.get_legend().get_title().get_text() == ("not drawn: think, lowrank (every token kept); linformer "
+                                                         "(rows are not tokens)")
+
+
+def test_a_press_the_styles_do_not_know_gets_a_spare_style() -> None:
+    known = {press_style(press) for press in PRESSES}
+    spare = [press_style(f"new{i}", index=i) for i in range(3)]
+    assert len(set(spare)) == 3 and not set(spare) & known

@@ -30,6 +30,29 @@ def test_the_scatter_draws_weight_and_attention_ranks(heads_run) -> None:
         np.testing.assert_array_equal(points[:, 1], table["rank90"])
 
 
+def test_the_legend_covers_no_point(heads_run) -> None:
+    """The legend sits outside both panels, so it covers no head; checked with a head moved to where it hid
+    MiniLM's L0H2 (a low weight rank, the highest attention rank: the upper left corner)."""
+    import copy
+
+    moved = copy.copy(heads_run)
+    diagnosis = heads_run.diagnosis.copy()
+    diagnosis.loc[0, ["qk_rank90", "ov_rank90"]] = 0.5
+    diagnosis.loc[0, "rank90"] = diagnosis["rank90"].max() * 1.2
+    moved.diagnosis = diagnosis
+    figure = draw_weight_ranks(moved)
+    figure.canvas.draw()
+    panels = [ax for ax in figure.axes if ax.collections and ax.collections[0].get_gid() in ("qk", "ov")]
+    assert len(panels) == 2 and all(ax.get_legend() is None for ax in panels)
+    (legend,) = figure.legends
+    box = legend.get_window_extent()
+    assert "y = x" in [text.get_text() for text in legend.get_texts()]
+    for ax in panels:
+        assert not box.overlaps(ax.get_window_extent())
+        points = ax.transData.transform(ax.collections[0].get_offsets())
+        assert not [point for point in points if box.contains(*point)]
+
+
 def test_the_grids_hold_each_head_s_type_and_winner(heads_run) -> None:
     image = by_gid(draw_head_types(heads_run).axes[0].images, "types").get_array()
     table = heads_run.diagnosis

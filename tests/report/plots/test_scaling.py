@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from report_helpers import by_gid, fake_save
+from report_helpers import by_gid, fake_save, visible_tick_labels
 
 import spectra
 from spectra.errors import SpectraError
@@ -30,6 +30,20 @@ def test_rank_view_draws_the_table_and_the_references(scaling_run) -> None:
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     alpha = scaling_run.exponents.query("metric == 'rank90' and scope == 'pooled' and method == ''")["alpha"].iloc[0]
     assert f"α = {alpha:.2f}" in by_gid(ax.lines, "pooled").get_label()
+
+
+def test_rank_axis_labels_are_plain_numbers(scaling_run) -> None:
+    """The log rank axis reads 20, 30, 50, not 2×10¹, 3×10¹, 5×10¹, and labels at least two ticks; the legend is
+    beside the axes, not over the reference lines."""
+    figure = plots.draw_scaling_ranks(scaling_run)
+    (ax,) = figure.axes
+    figure.canvas.draw()
+    low, high = ax.get_ylim()
+    labels = visible_tick_labels(ax.yaxis, low, high)
+    assert len(labels) >= 2, labels
+    for value, text in labels.items():
+        assert float(text) == pytest.approx(value), (value, text)
+    assert not ax.get_legend().get_window_extent().overlaps(ax.get_window_extent()), "the legend covers no line"
 
 
 def test_c_view_draws_fixed_budgets_and_the_quarter(scaling_run) -> None:

@@ -47,18 +47,40 @@ def test_plot_run_views(runs, tmp_path) -> None:
     assert all(path.stat().st_size > 1000 for path in written.paths)
 
 
+def rank_for(eigenvalues: np.ndarray, share: float = 0.9) -> np.ndarray:
+    """The smallest r whose top r eigenvalues hold `share` of their sum, along the last axis."""
+    descending = np.sort(eigenvalues, axis=-1)[..., ::-1]
+    cum = np.cumsum(descending, axis=-1) / descending.sum(-1, keepdims=True)
+    return (cum < share - 1e-12).sum(-1) + 1
+
+
 def test_decoder_key_ranks_view(llama_dir, text_file, tmp_path) -> None:
+    """Each line is the qkv column it names, and says what it is: the label "variance" goes to the centred rank
+    (pca_rank90, recomputed here from the covariance eigenvalues of qkv.npz), "energy" to the uncentred ones
+    (dataset_rank90 from the eigenvalues of Σkᵀk, and the per-sequence rank90_mean); the legend called
+    dataset_rank90 the variance one."""
     import spectra
 
     run = spectra.analyze(str(llama_dir), str(text_file), length=16, samples=4, out=tmp_path / "run", progress=None,
                           notify=lambda line: None)
-    ax = by_gid(plots.draw_key_ranks(run), "key_ranks")
+    figure = plots.draw_key_ranks(run)
+    ax = by_gid(figure, "key_ranks")
     keys = run.qkv[run.qkv["tensor"] == "k"]
+    arrays = np.load(run.path / "qkv.npz")
+    labels = {line.get_gid(): line.get_label() for line in ax.lines if line.get_gid()}
     for stage in ("projection", "attention"):
-        for column in ("dataset_rank90", "rank90_mean"):
+        for column in ("pca_rank90", "dataset_rank90", "rank90_mean"):
             line = next(line for line in ax.lines if line.get_gid() == f"{stage}:{column}")
             expected = keys[keys["stage"] == stage].groupby("layer")[column].mean().to_numpy()
             np.testing.assert_allclose(line.get_ydata(), expected, rtol=0)
+        centred = rank_for(arrays[f"k_{stage}_pca_eigenvalues"]).mean(-1)
+        uncentred = rank_for(arrays[f"k_{stage}_eigenvalues"]).mean(-1)
+        drawn = {line.get_gid(): line.get_ydata() for line in ax.lines}
+        np.testing.assert_allclose(drawn[f"{stage}:pca_rank90"], centred, rtol=1e-12)
+        np.testing.assert_allclose(drawn[f"{stage}:dataset_rank90"], uncentred, rtol=1e-12)
+        assert "variance" in labels[f"{stage}:pca_rank90"] and "energy" not in labels[f"{stage}:pca_rank90"]
+        for column in ("dataset_rank90", "rank90_mean"):
+            assert "energy" in labels[f"{stage}:{column}"] and "variance" not in labels[f"{stage}:{column}"]
     assert "key_ranks.png" in [path.name for path in plots.plot_run(run, tmp_path / "views").paths]
     # the legend sits below the axes, so it covers no curve (inside the axes it hid the low layers' ranks)
     figure = plots.draw_key_ranks(run)
@@ -68,7 +90,9 @@ def test_decoder_key_ranks_view(llama_dir, text_file, tmp_path) -> None:
     legend, frame = figure.legends[0].get_window_extent(), ax.get_window_extent()
     assert legend.y1 <= frame.y0 and not legend.overlaps(frame)
     texts = [text.get_text() for text in figure.legends[0].get_texts()]
-    assert texts == ["over the run (90% of variance)", "per sequence (90% of energy)", "head dimension d = 8",
+    assert texts == ["over the run, 90% of the variance (centred: pca_rank90)",
+                     "over the run, 90% of the energy Σkᵀk (uncentred: dataset_rank90)",
+                     "per sequence, 90% of the energy (uncentred: rank90_mean)", "head dimension d = 8",
                      "before RoPE (W^K output)", "after RoPE (what attention sees)"]
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-from report_helpers import mesh_values
+from report_helpers import cielab, mesh_values, visible_tick_labels
 
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY
@@ -58,18 +58,6 @@ def test_method_styles_come_from_the_registry_and_theorem2_keeps_its_own() -> No
     assert len({to_hex(line["color"]) for line in spare}) == 3 and len({line["marker"] for line in spare}) == 3
 
 
-def cielab(color) -> np.ndarray:
-    """CIE L*a*b* (D65) of a matplotlib colour, from the sRGB formulas."""
-    from matplotlib.colors import to_rgb
-
-    rgb = np.array(to_rgb(color))
-    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
-    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
-    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
-    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
-    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
-
-
 def test_methods_of_different_families_are_told_apart_by_colour() -> None:
     """Two families' colours differ by ΔE ≥ 20 (CIELAB, 1976: about what tells two thin lines apart at a glance);
     pool-mean and linformer-fit(headwise) were two greens 17 apart, linformer(none) and linformer-pca(headwise)
@@ -108,6 +96,21 @@ def test_maybe_log_y_only_for_a_wide_range() -> None:
     style.maybe_log_y(wide)
     assert wide.get_yscale() == "log"
     plt.close(figure)
+
+
+def test_plain_log_ticks_on_wide_and_narrow_ranges() -> None:
+    """Over three decades: decades only (1, 10, 100, 1000); under a factor of 4: every integer multiple."""
+    plt = style.pyplot()
+    for (low, high), expected in (((1.0, 1000.0), [1, 10, 100, 1000]), ((21.0, 62.0), [30, 40, 50, 60])):
+        figure, ax = plt.subplots()
+        ax.plot([1, 2], [low, high])
+        ax.set_yscale("log")
+        ax.set_ylim(low, high)
+        style.plain_log_ticks(ax)
+        figure.canvas.draw()
+        labels = visible_tick_labels(ax.yaxis, low, high)
+        assert sorted(labels) == pytest.approx(expected) and all(float(t) == v for v, t in labels.items())
+        plt.close(figure)
 
 
 def test_k_axis_ticks_every_budget_on_a_log2_axis() -> None:

@@ -29,6 +29,38 @@ from spectra.errors import SpectraError
 from spectra.report import plots
 
 
+Z = 1.959963984540054  # the normal 97.5% quantile
+
+
+def independent_draws(run) -> int:
+    """R is drawn per (layer, budget, sequence, draw): layers × sequences × draws rates are independent."""
+    one = run.tables["theorem1"]
+    layers = run.tables["theorem1_layers"]["layer"].nunique()
+    return layers * int(one["sequences"].iloc[0]) * int(one["draws"].iloc[0])
+
+
+def wilson_interval(p: float, count: int) -> tuple[float, float]:
+    """Wilson's score interval from its formula (Wilson 1927; Agresti & Coull 1998, eq. 2)."""
+    centre = (p + Z * Z / (2 * count)) / (1 + Z * Z / count)
+    half = Z / (1 + Z * Z / count) * math.sqrt(p * (1 - p) / count + Z * Z / (4 * count * count))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def check_bars(ax, eps: float, rows, count: int) -> None:
+    """The error bars of ε: one vertical segment per budget from Wilson's low to high end at the plotted rate,
+    thinner than the rate's line."""
+    bars = by_gid(ax.collections, f"pr_interval:{eps:g}")
+    segments = sorted(bars.get_segments(), key=lambda segment: segment[0][0])
+    assert len(segments) == len(rows)
+    for segment, p in zip(segments, rows["pr"]):
+        (x0, y0), (x1, y1) = segment
+        low, high = wilson_interval(p, count)
+        assert x0 == x1 and (min(y0, y1), max(y0, y1)) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
+    assert max(bars.get_linewidths()) < by_gid(ax.lines, f"pr:{eps:g}").get_linewidth()
+    assert not [item for item in ax.collections if item.get_gid() != f"pr_interval:{eps:g}"
+                and type(item).__name__ in ("PolyCollection", "FillBetweenPolyCollection")], "no shaded band"
+
+
 def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
     one = theorem_run.tables["theorem1"]
     jl = one[(one["method"] == "jl") & (one["relative_to"] == "output")]
@@ -44,9 +76,7 @@ def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
         proof = by_gid(ax.lines, f"pr_rows:{eps:g}")
         np.testing.assert_allclose(proof.get_ydata(), entries[entries["eps"] == eps].sort_values("budget")["pr"],
                                    rtol=1e-12)
-        band = next(c for c in ax.collections if c.get_gid() == f"pr_interval:{eps:g}")
-        low, high = band.get_paths()[0].vertices[:, 1].min(), band.get_paths()[0].vertices[:, 1].max()
-        assert low == pytest.approx(rows["pr_low"].min()) and high == pytest.approx(rows["pr_high"].max())
+        check_bars(ax, eps, rows, independent_draws(theorem_run))
         bound = by_gid(ax.lines, f"bound:{eps:g}")
         k = np.asarray(bound.get_xdata(), dtype=float)
         assert len(k) >= 100 and k[0] <= BUDGETS[0] and k[-1] >= BUDGETS[-1]  # a fine grid over the axis
@@ -59,6 +89,39 @@ def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
         assert f"ε = {eps:g}: k(ε) = {k_theory:,.0f}" in legend_texts(figure)
         assert not [item for item in ax.lines if item.get_gid() == f"k_theory:{eps:g}"]
     assert ax.get_xscale() == "log" and ax.get_ylim() == (-0.03, 1.03)
+
+
+def test_theorem1_intervals_follow_the_number_of_independent_draws(theorem_run) -> None:
+    """One method for every point: an estimate of 0 and one of 0.015 get Wilson intervals over the same count of
+    independent draws (the tables' intervals gave 0 over 2 sequences [0, 0.66] and 0.015 [0, 0.079]), four
+    times the sequences narrow them as Wilson says, and the legend names the method and the count."""
+    import copy
+
+    one = theorem_run.tables["theorem1"]
+    jl = one[(one["method"] == "jl") & (one["relative_to"] == "output")]
+    count = independent_draws(theorem_run)
+    assert count == 2 * 2 * 1  # the tiny model's 2 layers × 2 sequences × 1 draw
+    more = copy.copy(theorem_run)
+    more.tables = {**theorem_run.tables, "theorem1": one.assign(sequences=one["sequences"] * 4)}
+    for run, n_draws in ((theorem_run, count), (more, 4 * count)):
+        figure = plots.draw_theorem1(run)
+        ax = by_gid(figure.axes, "theorem1")
+        for eps in (0.3, 0.5):
+            check_bars(ax, eps, jl[jl["eps"] == eps].sort_values("budget"), n_draws)
+        text = " ".join(" ".join(legend_texts(figure)).split())
+        assert f"Wilson 95% interval over {n_draws} independent draws of R" in text
+    assert wilson_interval(0.0, count)[1] == pytest.approx(Z * Z / (count + Z * Z))
+
+
+def test_theorem1_fixed_projection_counts_one_draw_per_layer(theorem_run) -> None:
+    import copy
+
+    one = theorem_run.tables["theorem1"]
+    fixed = copy.copy(theorem_run)
+    fixed.tables = {**theorem_run.tables, "theorem1": one.assign(draws=0)}
+    ax = by_gid(plots.draw_theorem1(fixed).axes, "theorem1")
+    jl = one[(one["method"] == "jl") & (one["relative_to"] == "output")]
+    check_bars(ax, 0.5, jl[jl["eps"] == 0.5].sort_values("budget"), theorem_run.tables["theorem1_layers"]["layer"].nunique())
 
 
 def test_theorem1_marks_k_inside_the_axis(tmp_path) -> None:

@@ -1,0 +1,188 @@
+"""`spectra tasks`: task files of RULER's synthetic tasks and passkey, fitted to lengths in the model's own tokens.
+
+A length L is what RULER's prepare.py calls max_seq_length: the example's input tokens plus the tokens it may
+generate fit in L. The input is counted as the task protocol (and kvpress's pipeline) will see it: the context in
+the model's chat template, then question + answer prefix (prompt.py). Like RULER, the haystack's size is searched
+(here per example, starting from the previous example's size) for the largest one that fits. Needle depths are
+spread evenly over the samples of a (task, length): 0, 1/(N−1), …, 1 (0.5 for one sample). Every draw is seeded by
+(seed, Domain.TASKS, task number, length, sample), so a task file does not depend on which other tasks or lengths
+were asked for. Every reference answer must appear in its context, else the example is refused.
+
+Only the tokenizer and the model's config are read: the weights are never loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpectraError, option
+from .haystack import Haystack
+from .prompt import prompt_length
+from .records import TaskRecord
+from .synthetic import MIN_SIZE, TASKS, VT_ICL_TOKENS, Example, builder, max_new_tokens, vt_prompt
+
+#: haystack units added to the smallest size to estimate the tokens one unit costs
+PROBE = 64
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A generated record, the haystack size it was built with and its length in tokens (generation included)."""
+
+    record: TaskRecord
+    size: int
+    tokens: int
+
+
+def parse_tasks(text: str | Sequence[str]) -> tuple[str, ...]:
+    """Task names from "a,b,c" (or a list), in order, duplicates dropped; "all" is every task."""
+    names = [name.strip() for name in (text.split(",") if isinstance(text, str) else text) if name.strip()]
+    if names == ["all"]:
+        return TASKS
+    unknown = [name for name in names if name not in TASKS]
+    if unknown or not names:
+        raise SpectraError(f"unknown task {', '.join(unknown) or '(none given)'} in {option('--tasks', 'tasks')}; "
+                           f"the tasks are {', '.join(TASKS)} (or all)")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:
+    """Lengths in tokens from "1024,2048" (or a list), each ≥ 1."""
+    parts = [part.strip() for part in text.split(",") if part.strip()] if isinstance(text, str) else list(text)
+    try:
+        lengths = tuple(int(part) for part in parts)
+    except (TypeError, ValueError):
+        raise SpectraError(f"{option('--length', 'lengths')} takes token counts such as 1024,2048; got {text}") from None
+    if not lengths or any(length < 1 for length in lengths):
+        raise SpectraError(f"{option('--length', 'lengths')} takes token counts ≥ 1; got {text}")
+    return tuple(dict.fromkeys(lengths))
+
+
+def depths(samples: int) -> list[float]:
+    """Needle depths spread evenly over [0, 1]: 0, 1/(N−1), …, 1 (0.5 for one sample)."""
+    return [0.5] if samples == 1 else [i / (samples - 1) for i in range(samples)]
+
+
+def sample_rng(seed: int, task: str, length: int, sample: int) -> random.Random:
+    """The generator of one example: fresh for every size tried, so a size always builds the same example."""
+    from ..seeds import Domain, derive_seed
+
+    return random.Random(derive_seed(seed, Domain.TASKS, TASKS.index(task), length, sample))
+
+
+def largest_fitting(measure: Callable[[int], int], length: int, start: int, minimum: int) -> int | None:
+    """The largest size ≥ `minimum` with measure(size) ≤ `length` found by galloping from `start`, then bisecting
+    (token counts grow with the size, up to the noise of the draws: the size found fits, and size + 1 does not);
+    None when even `minimum` does not fit."""
+    if measure(minimum) > length:
+        return None
+    size = max(start, minimum)
+    step = max(1, size // 16)
+    if measure(size) <= length:
+        low, high = size, None
+        while high is None:
+            if measure(low + step) <= length:
+                low, step = low + step, step * 2
+            else:
+                high = low + step
+    else:
+        low, high = minimum, size
+        while high - step > minimum:
+            if measure(high - step) <= length:
+                low = high - step
+                break
+            high, step = high - step, step * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if measure(middle) <= length else (low, middle)
+    return low
+
+
+def vt_icl_size(tokenizer, seed: int) -> int:
+    """Noise lines of vt's worked example: the most whose prompt stays within RULER's 500 tokens."""
+    def measure(size: int) -> int:
+        text, _ = vt_prompt(sample_rng(seed, "vt", 0, 0), size, 3)
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    return largest_fitting(measure, VT_ICL_TOKENS, 20, MIN_SIZE["vt"]) or MIN_SIZE["vt"]
+
+
+def check_answers(example: Example, task: str, length: int, sample: int) -> None:
+    """Refuse an example whose context lacks one of its answers (the task could not be solved)."""
+    for answer in example.answers:
+        if answer not in example.context:
+            raise SpectraError(f"{task} at length {length}, sample {sample}: the answer '{answer}' is not in its "
+                               "context; the example is refused")
+
+
+def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystack: Haystack,
+             icl_size: int = 0, start: int = 0) -> list[Fitted]:
+    """`samples` examples of `task`, each with the largest haystack that fits `length`."""
+    build = builder(task, haystack, length, icl_size)
+    new_tokens = max_new_tokens(task)
+    minimum = MIN_SIZE.get(task, 1)
+    fitted = []
+    for sample, depth in enumerate(depths(samples)):
+        built: dict[int, tuple[Example, int]] = {}
+
+        def measure(size: int) -> int:
+            if size not in built:
+                example = build(sample_rng(seed, task, length, sample), size, depth)
+                built[size] = (example, prompt_length(tokenizer, example.context, example.question,
+                                                      example.answer_prefix, new_tokens))
+            return built[size][1]
+
+        if not start:
+            base = measure(minimum)
+            per_unit = max((measure(minimum + PROBE) - base) / PROBE, 1e-3)
+            start = minimum + max(0, int((length - base) / per_unit))
+        size = largest_fitting(measure, length, start, minimum)
+        if size is None:
+            raise SpectraError(f"{option('--length', 'lengths')} {length} is too short for {task}: its smallest "
+                               f"example takes {built[minimum][1]} tokens with the model's chat template and "
+                               f"{new_tokens} generated tokens")
+        example, tokens = built[size]
+        check_answers(example, task, length, sample)
+        record = TaskRecord(example.context, example.question, example.answer_prefix, example.answers, new_tokens,
+                            task, length, example.depth, 0)
+        fitted.append(Fitted(record, size, tokens))
+        start = size
+    return fitted
+
+
+def generate(tokenizer, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int = 0,
+             haystack: Haystack | None = None,
+             progress: Callable[[str, int, list[Fitted]], None] | None = None) -> list[Fitted]:
+    """Every (task, length, sample) in that order; `example` is the record's index in the list (its line in the
+    file). `progress(task, length, fitted)` is called after each (task, length)."""
+    if samples < 1:
+        raise SpectraError(f"{option('--samples', 'samples')} must be ≥ 1, got {samples}")
+    haystack = haystack or Haystack.noise()
+    icl_size = vt_icl_size(tokenizer, seed) if "vt" in tasks else 0
+    found: list[Fitted] = []
+    for task in tasks:
+        for length in lengths:
+            fitted = fit_task(tokenizer, task, length, samples, seed, haystack, icl_size)
+            if progress is not None:
+                progress(task, length, fitted)
+            found += fitted
+    return [dataclasses.replace(item, record=dataclasses.replace(item.record, example=i))
+            for i, item in enumerate(found)]
+
+
+def write_records(path: str | Path, records: Sequence[TaskRecord]) -> Path:
+    """Write records as jsonl (kvpress's fields plus length and depth), through a temporary file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+    os.replace(partial, path)
+    return path

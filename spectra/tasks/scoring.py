@@ -1,0 +1,56 @@
+"""RULER's scores of a prediction, per example, as kvpress's evaluation computes them.
+
+RULER (scripts/eval/synthetic/constants.py) scores a task with `string_match_all` (the share of the reference
+answers found, case-insensitively, in the prediction) except the qa tasks, scored with `string_match_part` (1 when
+any reference is found). Its functions average over a task's examples and report percentages rounded to 2
+decimals; here they score one example, in [0, 1], unrounded, so the means and bootstrap intervals over examples are
+computed from exact per-example scores (`100 * mean` of these equals RULER's number before its rounding).
+
+Before scoring, kvpress's evaluation/benchmarks/ruler/calculate_metrics.py strips the prediction, deletes the
+control characters (\\x00-\\x1f) and strips again. RULER's own evaluate.py replaces them by a newline instead;
+the two differ only when a control character splits an answer (kvpress's deletion can join "12\\n34" into a match
+of "1234"). `postprocess` follows kvpress, since the task protocol is checked against kvpress.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from .records import family
+
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def postprocess(prediction: str) -> str:
+    """The prediction as kvpress scores it: stripped, control characters deleted, stripped again."""
+    return _CONTROL.sub("", prediction.strip()).strip()
+
+
+def string_match_all(prediction: str, answers: Sequence[str]) -> float:
+    """The share of `answers` found in `prediction`, case-insensitively (RULER's string_match_all, one example)."""
+    if not answers:
+        raise ValueError("string_match_all needs at least one reference answer")
+    found = prediction.lower()
+    return sum(1.0 for answer in answers if answer.lower() in found) / len(answers)
+
+
+def string_match_part(prediction: str, answers: Sequence[str]) -> float:
+    """1 when any of `answers` is found in `prediction`, case-insensitively, else 0 (RULER's string_match_part)."""
+    if not answers:
+        raise ValueError("string_match_part needs at least one reference answer")
+    found = prediction.lower()
+    return max(1.0 if answer.lower() in found else 0.0 for answer in answers)
+
+
+def metric(task: str) -> str:
+    """The name of the metric RULER scores `task` with: string_match_part for the qa family, else string_match_all."""
+    return "string_match_part" if family(task) == "qa" else "string_match_all"
+
+
+def score(task: str, prediction: str, answers: Sequence[str]) -> float:
+    """The example's score in [0, 1]: RULER's metric for `task` on kvpress's postprocessed prediction."""
+    cleaned = postprocess(prediction)
+    if metric(task) == "string_match_part":
+        return string_match_part(cleaned, answers)
+    return string_match_all(cleaned, answers)

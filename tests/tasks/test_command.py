@@ -1,0 +1,66 @@
+"""`spectra tasks`: a task file from the model's tokenizer alone; bad input is one line and exit 2, and a length
+beyond the model's positions stops before the tokenizer loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tiny
+
+from spectra.tasks.command import make_tasks
+from spectra.tasks.records import read_records
+
+
+def test_the_command_writes_a_task_file(chat_decoder: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    essay = tmp_path / "essay.txt"
+    essay.write_text(tiny.licence_text(20000))
+    out = tmp_path / "tasks.jsonl"
+    code, stdout, stderr = tiny.run_cli(["tasks", str(chat_decoder), "--tasks", "passkey,niah_single_2", "--length",
+                                         "2048", "--samples", "2", "--out", str(out), "--haystack", str(essay)],
+                                        monkeypatch, capsys)
+    assert code == 0, stderr
+    records = read_records(out)
+    assert [(r.task, r.length, r.depth, r.example) for r in records] == [
+        ("passkey", 2048, 0.0, 0), ("passkey", 2048, 1.0, 1), ("niah_single_2", 2048, 0.0, 2),
+        ("niah_single_2", 2048, 1.0, 3)]
+    assert "The grass is green" not in records[2].context  # the file replaces the essays
+    assert f"wrote {out} (4 records)" in stdout.replace("\n", "")
+
+
+def test_the_api_returns_what_it_wrote(chat_decoder: Path, tmp_path: Path) -> None:
+    written = make_tasks(str(chat_decoder), tasks=["vt"], lengths=[2048], samples=1, out=tmp_path / "t.jsonl")
+    assert written.positions == 4096 and [f.record for f in written.fitted] == read_records(written.path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "qa_1"], "unknown task qa_1 in --tasks"),
+    (["--length", "4097"], "--length 4097 is beyond the 4096 positions of"),
+    (["--length", "two"], "--length takes token counts"),
+    (["--samples", "0"], "--samples must be ≥ 1"),
+    (["--out", "{tmp}"], "is a directory"),
+    (["--out", "{tmp}/t.txt"], "must end in .jsonl"),
+    (["--haystack", "{tmp}/none.txt"], "cannot read the haystack"),
+])
+def test_bad_input_is_one_line_before_the_tokenizer_loads(args: list[str], message: str, long_decoder: Path,
+                                                          tmp_path: Path, monkeypatch, capsys) -> None:
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tokenizer was loaded")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    base = {"--tasks": "passkey", "--length": "1024", "--out": str(tmp_path / "t.jsonl")}
+    given = dict(zip(args[::2], [value.format(tmp=tmp_path) for value in args[1::2]]))
+    argv = ["tasks", str(long_decoder)] + [item for key, value in {**base, **given}.items() for item in (key, value)]
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and stderr.count("\n") == 1 and message in stderr, stderr
+
+
+def test_models_that_cannot_answer(bert_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    out = str(tmp_path / "t.jsonl")
+    code, _, stderr = tiny.run_cli(["tasks", str(bert_dir), "--length", "64", "--out", out], monkeypatch, capsys)
+    assert code == 2 and "is not a decoder" in stderr
+    code, _, stderr = tiny.run_cli(["tasks", str(tmp_path / "none"), "--length", "64", "--out", out], monkeypatch,
+                                   capsys)
+    assert code == 2 and "does not exist" in stderr
