@@ -246,3 +246,18 @@ def test_a_claim_that_fails_fails_the_script(roberta_dir, text_file, tmp_path, c
     assert "1 claim(s) no longer hold" in err
     assert readme.main(arguments, in_process(calls)) == 1, "rendering fails too"
     assert "<!--claim: fast-->" in path.read_text() and len(calls) == 1
+
+
+def test_the_uncentred_key_rank_is_not_called_a_variance() -> None:
+    """Issue 33, defect 7: the decoder paragraph called `dataset_rank90` (the eigenvalues of Σkᵀk, mean included) the
+    rank for "90% of a head's variance", which is `pca_rank90`'s. Every sentence that quotes or names the uncentred
+    rank says energy, and the decoder paragraph names the column it quotes."""
+    sentences = []
+    for path in DOCUMENTS:
+        for paragraph in re.split(r"\n\s*\n", path.read_text()):
+            sentences += [sentence for sentence in re.split(r"(?<=[.;:])\s", " ".join(paragraph.split()))
+                          if "dataset_rank90" in sentence or "<!--{keys_before}-->" in sentence]
+    assert any("<!--{keys_before}-->" in sentence and "`dataset_rank90`" in sentence for sentence in sentences)
+    for sentence in sentences:
+        prose = re.sub(r"<!--.*?-->", "", sentence).replace("not a variance", "")
+        assert "variance" not in re.split(r"`pca_rank90`|\bcentred\b", prose)[0], sentence
