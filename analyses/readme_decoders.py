@@ -141,6 +141,15 @@ def cache_table(run, presses: list[str], ratios: list[float]) -> str:
     return table(["press", *(f"r = {ratio:g}" for ratio in ratios)], rows)
 
 
+def evicting(run) -> list[str]:
+    """The presses of a cache run that evict tokens: at every ratio each head keeps kvpress's int(L·(1 − r)) of the
+    L context tokens (ThinK and lowrank keep every token in fewer dimensions, linformer keeps mixed rows)."""
+    frame = run.table[run.table["press"] != "full"]
+    context = int(run.meta["context"])
+    whole = frame["kept"] == [max(1, int(context * (1 - ratio))) for ratio in frame["ratio"]]
+    return [press for press, rows in whole.groupby(frame["press"], sort=False) if rows.all()]
+
+
 def smollm2_cache(runs: Runs) -> Rendered:
     """The continuation's NLL per press and ratio after an exact prefill, what ranks first and last, ThinK against
     eviction at equal memory, and whether the attention mass a press keeps orders the presses as their NLL does."""
@@ -150,17 +159,17 @@ def smollm2_cache(runs: Runs) -> Rendered:
     presses = [press for press in dict.fromkeys(frame["press"]) if press != "full"]
     ratios = sorted(set(frame["ratio"]) - {0.0})
     nll = frame.set_index(["press", "ratio"])["nll"]
-    evicting = [press for press in presses if not (frame[frame["press"] == press]["key_channel_ratio"] > 0).any()]
+    evicted = evicting(run)
     values = {"scored": str(meta["scored"]), "context": str(meta["context"]), "continuation": str(meta["continuation"]),
               "full_nll": f"{full['nll']:.3f}", "full_ppl": sig(full["ppl"]), "table": cache_table(run, presses, ratios)}
     for name, ratio in (("half", 0.5), ("last", ratios[-1])):
-        at = nll[[(press, ratio) for press in evicting]]
+        at = nll[[(press, ratio) for press in evicted]]
         values |= {f"{name}": f"{ratio:g}", f"best_{name}": f"`{at.idxmin()[0]}`", f"best_{name}_loss": f"+{at.min() - full['nll']:.3f}",
                    f"worst_{name}": f"`{at.idxmax()[0]}`", f"worst_{name}_loss": f"+{at.max() - full['nll']:.3f}"}
-    same = nll[[(press, 0.25) for press in evicting]]
+    same = nll[[(press, 0.25) for press in evicted]]
     values |= {"think": f"{nll[('think', 0.5)]:.3f}", "best_quarter": f"`{same.idxmin()[0]}`", "best_quarter_nll": f"{same.min():.3f}"}
     mass = run.heads.groupby(["press", "ratio"])["mass_kept"].mean()
-    pairs = pd.DataFrame({"mass": mass, "nll": nll}).loc[[(p, r) for p in evicting for r in ratios]]
+    pairs = pd.DataFrame({"mass": mass, "nll": nll}).loc[[(p, r) for p in evicted for r in ratios]]
     rho = pairs["mass"].corr(pairs["nll"], method="spearman")
     values |= {"rho": f"{rho:.2f}", "pairs": str(len(pairs))}
     return Rendered(values, {"knorm-beats-random": all(nll[("knorm", r)] < nll[("random", r)] for r in ratios),

@@ -22,7 +22,7 @@ from typing import Callable
 import spectra
 from readme_approx import (minilm_fastformer, minilm_fitted, minilm_k_needed, minilm_plan, minilm_scaling,
                            smollm2_fastformer, smollm2_scaling, speed_line, theorems_synthetic)
-from readme_decoders import heads_model, smollm2_cache, smollm2_cache_spectral, smollm2_decoder, smollm2_keys
+from readme_decoders import evicting, heads_model, smollm2_cache, smollm2_cache_spectral, smollm2_decoder, smollm2_keys
 from readme_values import RenderError, Runs, only, sink_layers, two
 from slots import Rendered
 from spectra.report.summaries import c_at, headline, metric_grid
@@ -64,21 +64,24 @@ def front_heatmap(runs: Runs) -> Rendered:
                      "at": str(at), "heads": str(sink.size), "sink_heads": str(int(sinking.sum())),
                      "c_sink": two(float(grid[sinking].mean())), "c_other": two(float(grid[~sinking].mean())),
                      **sink_layers(run)},
-                    {"sink-heads-more-skewed": bool(grid[sinking].mean() > grid[~sinking].mean())})
+                    {"sink-heads-more-skewed": bool(grid[sinking].mean() > grid[~sinking].mean()),
+                     "sinks-mostly-late": bool(sinking[run.layers // 2:].sum() > sinking[:run.layers // 2].sum())})
 
 
 def front_cache(runs: Runs) -> Rendered:
-    """The cache study in two numbers per ratio: the best and the worst eviction press, against the full cache."""
+    """The cache study at half the cache: the eviction presses that lose least and most, against the full cache."""
     run = only(runs, "cache")
     frame = run.table
     full = frame[frame["press"] == "full"].iloc[0]
-    nll = frame[frame["press"] != "full"].set_index(["press", "ratio"])["nll"]
-    half = nll.xs(0.5, level="ratio")
-    return Rendered({"presses": str(nll.index.get_level_values("press").nunique()), "scored": str(run.meta["scored"]),
+    half = frame[frame["ratio"] == 0.5].set_index("press")["nll"]
+    evicted = half[evicting(run)]
+    return Rendered({"presses": str(len(half)), "evicting": str(len(evicted)), "scored": str(run.meta["scored"]),
                      "context": str(run.meta["context"]), "continuation": str(run.meta["continuation"]),
-                     "full_nll": f"{full['nll']:.3f}", "best": f"`{half.idxmin()}`", "best_loss": f"{half.min() - full['nll']:.3f}",
-                     "worst": f"`{half.idxmax()}`", "worst_loss": f"{half.max() - full['nll']:.3f}"},
-                    {"random-worse-than-attention": bool(half["random"] > half[["snapkv", "observed", "tova"]].max())})
+                     "full_nll": f"{full['nll']:.3f}", "best": f"`{evicted.idxmin()}`",
+                     "best_loss": f"{evicted.min() - full['nll']:.3f}", "worst": f"`{evicted.idxmax()}`",
+                     "worst_loss": f"{evicted.max() - full['nll']:.3f}"},
+                    {"random-worse-than-attention": bool(half["random"] > half[["snapkv", "observed", "tova"]].max()),
+                     "random-worst": evicted.idxmax() == "random"})
 
 
 RENDERERS: dict[str, Renderer] = {

@@ -37,6 +37,8 @@ def test_the_front_page_decoder_heatmap(decoder_runs) -> None:
     c = metrics["c_at_mean"]
     assert rendered.values["c_sink"] == two(c[sinking].mean()) and rendered.values["c_other"] == two(c[~sinking].mean())
     assert rendered.claims["sink-heads-more-skewed"] == bool(c[sinking].mean() > c[~sinking].mean())
+    late = metrics["layer"] >= analyzed.layers // 2
+    assert rendered.claims["sinks-mostly-late"] == bool((sinking & late).sum() > (sinking & ~late).sum())
 
 
 def test_the_front_page_figure1(roberta_dir, text_file, tmp_path) -> None:
@@ -54,10 +56,15 @@ def test_the_front_page_figure1(roberta_dir, text_file, tmp_path) -> None:
 def test_the_front_page_cache(cache_run) -> None:
     rendered = module.front_cache({"cache": [cache_run]})
     table = pd.read_csv(cache_run.path / "cache.csv")
-    half = table[table["ratio"] == 0.5].set_index("press")["nll"]
-    assert rendered.values["presses"] == "11" and rendered.values["best"] == f"`{half.idxmin()}`"
-    assert rendered.claims["random-worse-than-attention"] == bool(half["random"] > half[["snapkv", "observed",
-                                                                                          "tova"]].max())
+    half = table[table["ratio"] == 0.5].set_index("press")
+    evicted = half[half["kept"] == int(70 * 0.5)]["nll"]
+    assert rendered.values["presses"] == "11" and rendered.values["evicting"] == str(len(evicted))
+    assert rendered.values["best"] == f"`{evicted.idxmin()}`" and rendered.values["worst"] == f"`{evicted.idxmax()}`"
+    full = table[table["press"] == "full"]["nll"].iloc[0]
+    assert rendered.values["best_loss"] == f"{evicted.min() - full:.3f}"
+    assert rendered.claims["random-worse-than-attention"] == bool(
+        half.loc["random", "nll"] > half.loc[["snapkv", "observed", "tova"], "nll"].max())
+
 
 
 def test_a_missing_command_is_a_render_error(decoder_runs) -> None:
