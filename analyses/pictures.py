@@ -50,10 +50,31 @@ def draw_sink_heatmap(runs: list):
     return figure
 
 
+#: a press whose NLL rises more than this above the full cache's is drawn off the scale, so the others stay readable
+OFF_SCALE = 3.0
+
+
 def draw_cache(runs: list):
+    """`spectra cache --plot`'s view; a press far worse than the rest (linformer's mixed rows, 10 nats above the
+    others) would flatten every other line into the bottom of the NLL panel, so the panel stops above the others
+    and says where that press went."""
     from spectra.report.plots.cache import draw_cache
 
-    return draw_cache(runs[0])
+    figure = draw_cache(runs[0])
+    nll = next(ax for ax in figure.axes if any(str(line.get_gid()).startswith("nll:") for line in ax.lines))
+    full = next(line for line in nll.lines if line.get_gid() == "full").get_ydata()[0]
+    lines = [line for line in nll.lines if str(line.get_gid()).startswith("nll:")]
+    off = [line for line in lines if max(line.get_ydata()) > full + OFF_SCALE]
+    if off and len(off) < len(lines):
+        top = max(max(line.get_ydata()) for line in lines if line not in off)
+        margin = 0.08 * (top - full)
+        nll.set_ylim(full - margin, top + 2 * margin)
+        for place, line in enumerate(off):
+            low, high = min(line.get_ydata()[1:]), max(line.get_ydata()[1:])
+            span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+            nll.annotate(f"↑ {line.get_label()}: {span} nats, off the scale", xy=(0.5, 0.97 - 0.05 * place),
+                         xycoords="axes fraction", ha="center", va="top", fontsize=8.5, color=line.get_color())
+    return figure
 
 
 PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache}

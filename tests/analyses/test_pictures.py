@@ -3,6 +3,7 @@ limit, and bad input is one line with exit code 2."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -62,10 +63,21 @@ def test_the_heatmap_shows_c_beside_the_sink_mass(analyzed) -> None:
 
 def test_a_picture_of_a_cache_run(llama_dir, text_file, tmp_path) -> None:
     run = spectra.cache(str(llama_dir), str(text_file), context=70, continuation=6, samples=1,
-                        presses="streaming,knorm", ratios="0.5", out=tmp_path / "c", **QUIET)
+                        presses="streaming,knorm", ratios="0.25,0.5", out=tmp_path / "c", **QUIET)
     out = tmp_path / "cache.png"
     assert pictures.main(["cache", str(run.path), "--out", str(out)]) == 0
     assert out.stat().st_size <= pictures.MOST_BYTES
+    figure = pictures.draw_cache([run])
+    assert not any(text.get_text().startswith("↑") for ax in figure.axes for text in ax.texts)
+    table = run.table.copy()
+    table.loc[table["press"] == "knorm", "nll"] += pictures.OFF_SCALE + 7  # far above the others, as linformer is
+    figure = pictures.draw_cache([dataclasses.replace(run, table=table)])
+    panel = next(ax for ax in figure.axes if any(line.get_gid() == "nll:knorm" for line in ax.lines))
+    streaming = next(line for line in panel.lines if line.get_gid() == "nll:streaming").get_ydata()
+    assert max(streaming) < panel.get_ylim()[1] < min(table[table["press"] == "knorm"]["nll"])
+    low, high = table[table["press"] == "knorm"]["nll"].agg(["min", "max"])
+    span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+    assert [text.get_text() for text in panel.texts] == [f"↑ knorm: {span} nats, off the scale"]
 
 
 @pytest.mark.parametrize("arguments, message", [
