@@ -1,8 +1,9 @@
 """Per-layer (and per-head) compression ratios at equal total cache: uniform, PyramidKV's schedule, and schedules
 guided by spectra's measurements — the list kvpress's `PerLayerCompressionPress(press, compression_ratios)` takes.
 
-A schedule maps a mean ratio r and a context length L to one ratio per layer whose kept tokens add up to those of
-the uniform ratio (Σ_ℓ n_ℓ = N_layers·L·(1 − r), up to rounding to whole tokens):
+A schedule maps a mean ratio r and a context length L to one ratio per layer. Each ratio is made for a whole number
+of kept tokens n_ℓ and gives exactly that count through kvpress's own n_kept = int(L·(1 − r_ℓ)) (`ratio_keeping`:
+1 − n/L itself can lose a token to the truncation), and the counts add up to those of the uniform ratio:
 
 - `uniform`: r everywhere;
 - `pyramid`: kvpress 0.5.5's PyramidKVPress budget (window 64, β = 20: a linear ramp from the first layer to the
@@ -12,7 +13,7 @@ the uniform ratio (Σ_ℓ n_ℓ = N_layers·L·(1 − r), up to rounding to whol
   the attention's effective number of keys exp(entropy) (a layer attending broadly needs more), or the share of
   attention not on the first token, 1 − sink mass (a layer that parks its attention on the sink needs less). Shares
   above the whole context are capped at it and the surplus handed to the other layers in proportion (water-filling),
-  so the total is kept exactly.
+  so the total is kept exactly: the shares become whole tokens by largest remainders, adding up to N_layers·int(L·(1 − r)).
 
 `Scheduled` runs any eviction press with a schedule: at layer ℓ it compresses at the schedule's ratio for ℓ instead
 of the nominal one. `export` writes a schedule as kvpress's JSON list.
@@ -57,9 +58,21 @@ def pyramid_kept(length: int, ratio: float, layers: int, window: int = PYRAMID_W
     return [round(high - layer * steps) for layer in range(layers)]
 
 
+def ratio_keeping(kept: int, length: int) -> float:
+    """The compression ratio that keeps exactly `kept` of `length` tokens through kvpress's n_kept = int(L·(1 − r)):
+    1 − kept/L, moved by the few ulps it takes where float rounding makes L·(1 − r) fall just below `kept` (at L =
+    1024, 1 − 103/1024 gives 102.99999999999999, which int() truncates to 102)."""
+    if not 1 <= kept <= length:
+        raise ValueError(f"cannot keep {kept} of {length} tokens")
+    ratio = 1 - kept / length
+    while int(length * (1 - ratio)) < kept:
+        ratio = math.nextafter(ratio, -math.inf)
+    return max(ratio, 0.0)
+
+
 def pyramid(layers: int) -> Schedule:
-    """PyramidKV's per-layer ratios, 1 − n_ℓ/L."""
-    return lambda ratio, length: [1 - kept / length for kept in pyramid_kept(length, ratio, layers)]
+    """PyramidKV's per-layer ratios: for each layer the ratio that keeps its budget n_ℓ, ≈ 1 − n_ℓ/L."""
+    return lambda ratio, length: [ratio_keeping(kept, length) for kept in pyramid_kept(length, ratio, layers)]
 
 
 def uniform(layers: int) -> Schedule:
@@ -86,13 +99,28 @@ def water_fill(weights: Sequence[float], total: float, cap: float = 1.0) -> np.n
     return shares
 
 
+def whole_tokens(shares: np.ndarray, length: int, total: int) -> list[int]:
+    """Shares of a context (each in (0, 1]) as whole token counts in [1, length] adding up to `total`: each share's
+    floor, then one more token to the largest remainders (a count of 0 raised to 1, taken back from the largest)."""
+    exact = np.asarray(shares, dtype=np.float64) * length
+    kept = np.clip(np.floor(exact), 1, length).astype(int)
+    order = np.argsort(-(exact - np.floor(exact)), kind="stable")
+    for index in order[:max(total - int(kept.sum()), 0)]:
+        kept[index] = min(kept[index] + 1, length)
+    while kept.sum() > total and (kept > 1).any():
+        kept[np.argmax(kept)] -= 1
+    return [int(count) for count in kept]
+
+
 def spectral(weights: Sequence[float]) -> Schedule:
-    """Per-layer ratios whose kept shares 1 − r_ℓ are proportional to `weights` (one per layer), averaging 1 − r."""
+    """Per-layer ratios whose kept tokens are proportional to `weights` (one per layer), as whole tokens adding up
+    to the uniform ratio's: N_layers·int(L·(1 − r))."""
     weights = list(weights)
 
     def schedule(ratio: float, length: int) -> list[float]:
-        kept = water_fill(weights, (1 - ratio) * len(weights))
-        return [float(min(max(1 - share, 0.0), 1 - 1 / length)) for share in kept]
+        total = len(weights) * max(1, int(length * (1 - ratio)))
+        shares = water_fill(weights, total / length)
+        return [ratio_keeping(kept, length) for kept in whole_tokens(shares, length, total)]
 
     return schedule
 
