@@ -133,7 +133,7 @@ def draw_cache(run: CacheRun):
     panel_legend(right, f"not drawn: {'; '.join(why)}" if why else None)
     meta = run.meta
     figure.suptitle(f"KV-cache compression after an exact prefill — {run.label}, context {meta['context']}, "
-                    f"continuation {meta['continuation']}, {meta.get('scored', meta.get('samples'))} sequences",
+                    f"continuation {meta['continuation']}, {plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}",
                     fontsize=10.5)
     return figure
 

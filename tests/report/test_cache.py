@@ -12,6 +12,7 @@ from report_helpers import by_gid, cielab, fake_save
 
 from spectra.registry import PRESSES as REGISTERED
 from spectra.report.cache import CacheRun, draw_cache, plot_cache, press_style
+from spectra.report.plots.style import pyplot
 
 
 def cache_run(tmp_path) -> CacheRun:
@@ -109,3 +110,13 @@ def test_a_press_the_styles_do_not_know_gets_a_spare_style() -> None:
     known = {press_style(press) for press in REGISTERED.names()}
     spare = [press_style(f"new{i}", index=i) for i in range(3)]
     assert len(set(spare)) == 3 and not set(spare) & known
+
+
+def test_the_title_counts_its_sequences_in_words(tmp_path) -> None:
+    """Issue 33, item 16: one sequence is "1 sequence", never "1 sequences"."""
+    run = cache_run(tmp_path)
+    for scored, words in ((1, "1 sequence"), (3, "3 sequences")):
+        run.meta["scored"] = scored
+        figure = draw_cache(run)
+        assert figure._suptitle.get_text().endswith(f"continuation 8, {words}")
+        pyplot().close(figure)
