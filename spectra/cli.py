@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 import typer
 
+from . import runtime
 from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
@@ -25,6 +26,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # click's plain help: a description column of ~45 characters at 80 columns, long flags and defaults whole (rich's
+    # panels squeeze descriptions to ~20 characters beside a wide name column and cut names with "…")
+    rich_markup_mode=None,
     help="Empirical spectral analysis of the attention of pretrained transformers (Linformer, Wang et al. 2020).",
 )
 
@@ -82,7 +86,7 @@ def plot(
     check_writable(out if out is not None else run / "figures", inside=True)
     loaded = load_run(run)
     if at is not None:  # only analyze runs have an index to draw the heatmap at
-        from .report.plots.spectra import plot_run
+        from .report.analyze import plot_run
 
         paths = plot_run(load_run(run, "analyze"), out, at=at).paths
     else:
@@ -102,7 +106,7 @@ def plan_k(
     """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
     from .kinds import load_run
     from .report.console import out as stdout
-    from .report.console import print_plan
+    from .report.analyze import print_plan
     from .report.plan import plan_k as make_plan
     from .rundir import check_writable, write_json
 
@@ -129,7 +133,7 @@ def compare(
     """Headline numbers of several runs side by side: per layer c at the index and rank needed for 90%."""
     from .kinds import load_run
     from .report.console import out as stdout
-    from .report.console import print_compare
+    from .report.analyze import print_compare
     from .report.summaries import compare as compare_runs
     from .rundir import check_writable, write_table
 
@@ -154,7 +158,7 @@ def tasks_command(
     length: str = typer.Option(..., "--length", help="Comma-separated lengths in the model's tokens (chat template and generated tokens included, as RULER counts them), e.g. 1024,2048,4096."),
     samples: int = typer.Option(10, "--samples", help="Examples per task and length; needle depths spread evenly over them."),
     out: Path = typer.Option(..., "--out", help="The task file to write (.jsonl, kvpress's fields plus length and depth)."),
-    haystack: Path | None = typer.Option(None, "--haystack", help="A local text file for RULER's essay haystack (default: RULER's noise)."),
+    haystack: Path | None = typer.Option(None, "--haystack", help="A local text file in place of RULER's essays, for the tasks RULER hides in them (niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery); default: RULER's noise haystack."),
     seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
 ) -> None:
@@ -190,6 +194,7 @@ def main() -> None:
     spectra's own `Interrupted`, which they pass through. Messages spell options as the command line does."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun only process 0 prints results
         sys.stdout = open(os.devnull, "w")
+    runtime.prefer_passive_wait()  # before torch loads: idle OpenMP threads sleep instead of spinning (runtime.py)
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         app(standalone_mode=False)

@@ -3,7 +3,7 @@
 Documents are shuffled with the seed, then either packed (`pack`: concatenated with the tokenizer's
 separator and cut into blocks of exactly n tokens including special tokens, the last partial block
 dropped) or truncated (`truncate`: one document per sequence, at most n tokens, padded in the batch).
-Tokenization is lazy: only as many documents are read as the requested samples need.
+Tokenization is lazy: only as many documents are read as the requested sequences need.
 """
 
 from __future__ import annotations
@@ -65,23 +65,65 @@ def _read_txt(path: Path) -> list[str]:
     return lines
 
 
+def unclosed_quote(text: str) -> int | None:
+    """The 1-based line on which a CSV quoted field opens and never closes, or None. A quote opens a quoted field
+    only at a field's start (elsewhere it is text, as in `5" screen`); inside one, `""` is a literal quote."""
+    line, opened, quoted, at_start, i = 1, None, False, True, 0
+    while i < len(text):
+        char = text[i]
+        if quoted:
+            if char == '"' and text[i + 1:i + 2] == '"':
+                i += 1
+            elif char == '"':
+                quoted = False
+        elif char == '"' and at_start:
+            quoted, opened = True, line
+        else:
+            at_start = char in ",\n"
+        line += char == "\n"
+        i += 1
+    return opened if quoted else None
+
+
+def _table_error(path: Path, error: BaseException) -> str:
+    """Why datasets could not read a table file: its innermost cause (datasets wraps the parser's error in "An
+    error occurred while generating the dataset"), and for a CSV quote left open, the line it opens on."""
+    cause = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    if path.suffix == ".csv" and "EOF inside string" in text:
+        try:
+            line = unclosed_quote(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            line = None
+        if line is not None:
+            return (f"line {line} opens a quoted field that is never closed; close its quote, or double a quote "
+                    '("") that belongs to the text')
+    return text
+
+
 def _read_table(path: Path, text_column: str) -> list[str]:
     import datasets
 
     datasets.disable_progress_bars()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to read file" would be a second line
     try:
         table = datasets.load_dataset(FILE_TYPES[path.suffix], data_files=str(path), split="train")
     except Exception as error:  # datasets raises many types for unreadable files
-        raise SpectraError(f"could not read {path} as {path.suffix[1:]}: {str(error).splitlines()[0]}") from None
+        raise SpectraError(f"could not read {path} as {path.suffix[1:]}: {_table_error(path, error)}") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
     if text_column not in table.column_names:
         raise SpectraError(
             f"{path} has no column '{text_column}'; its columns are {', '.join(table.column_names)} (use --text-column)"
         )
     values = [x for x in table[text_column] if x is not None]
     if values and not any(isinstance(x, str) for x in values):
-        kind = "numbers" if all(isinstance(x, (int, float)) for x in values) else type(values[0]).__name__ + " values"
+        found = "numbers" if all(isinstance(x, (int, float)) for x in values) else type(values[0]).__name__ + " values"
         others = [name for name in table.column_names if name != text_column]
-        raise SpectraError(f"column '{text_column}' of {path} holds {kind}, not text; choose a text column with "
+        raise SpectraError(f"column '{text_column}' of {path} holds {found}, not text; choose a text column with "
                            f"--text-column (its other columns: {', '.join(others) or 'none'})")
     return [str(x) for x in values]
 
@@ -214,9 +256,9 @@ def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int
             del buffer[:body]
 
 
-def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_size: int, skip: int = 0,
+def batches(tokenizer, corpus: Corpus, n: int, mode: str, count: int, batch_size: int, skip: int = 0,
             shard: tuple[int, int] = (0, 1), fit_samples: int = 0) -> Iterator[Batch]:
-    """Batches of up to `batch_size` of the first `samples` sequences, leaving out the first `skip`
+    """Batches of up to `batch_size` of the first `count` sequences (calibration included), leaving out the first `skip`
     (resuming) and, with shard = (rank, size), keeping only indices ≡ rank mod size (one process's share).
     No batch holds sequences on both sides of `fit_samples` (the end of a calibration set)."""
     rank, size = shard
@@ -224,7 +266,7 @@ def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_si
     left = getattr(tokenizer, "padding_side", "right") == "left"
     pending: list[tuple[int, list[int]]] = []
     for index, ids in enumerate(sequences(tokenizer, corpus, n, mode)):
-        if index >= samples:
+        if index >= count:
             break
         if index < skip or index % size != rank:
             continue

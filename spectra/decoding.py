@@ -33,6 +33,7 @@ import torch
 
 from . import capture
 from .capture import Captured
+from .kernels import causal_mask, eager_softmax
 from .presses import Compressed, Prefill
 
 
@@ -97,11 +98,11 @@ class Decoded:
     needle_mass: torch.Tensor | None = None
 
 
-def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
     """n new queries q (H, n, d) over M rows key, value (H_kv, M, d) whose last n are the queries' own tokens: every
     earlier row is seen, the new tokens causally. Returns (H, n, d)."""
     n, rows = q.shape[-2], key.shape[-2]
-    mask = None if n == 1 else torch.ones(n, rows, dtype=torch.bool, device=q.device).tril(rows - n)
+    mask = None if n == 1 else causal_mask(n, rows, q.device)
     return torch.nn.functional.scaled_dot_product_attention(q[None], key[None], value[None], attn_mask=mask,
                                                             scale=scaling, enable_gqa=q.shape[0] != key.shape[0])[0]
 
@@ -112,9 +113,7 @@ def needle_mass(q: torch.Tensor, key: torch.Tensor, scaling: float, needle: torc
     heads, n, dim = q.shape
     kv_heads, rows = key.shape[0], key.shape[-2]
     scores = torch.matmul(q.reshape(kv_heads, -1, dim), key.transpose(-1, -2)).view(heads, n, rows) * scaling
-    hidden = torch.ones(n, rows, dtype=torch.bool, device=q.device).tril(rows - n).logical_not()
-    weights = torch.softmax(scores.masked_fill(hidden, torch.finfo(scores.dtype).min), dim=-1,
-                            dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = eager_softmax(scores, causal_mask(n, rows, q.device), torch.promote_types(scores.dtype, torch.float32))
     return weights[..., needle].sum(dim=-1).mean(dim=-1)
 
 
@@ -133,7 +132,7 @@ def greedy(model: torch.nn.Module, layers: int, cache: Cache, question: torch.Te
         q = captured.q[0]
         if needle is not None and q.shape[-2] > 1 and layer not in masses:
             masses[layer] = needle_mass(q, key, captured.scaling, needle)
-        return attend(q, key, value, captured.scaling)[None]
+        return decode_attention(q, key, value, captured.scaling)[None]
 
     def step(ids: torch.Tensor, first: int) -> int:
         positions = torch.arange(first, first + ids.shape[-1], device=ids.device)[None]

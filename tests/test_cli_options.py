@@ -19,3 +19,34 @@ def test_help_shows_flags_without_a_type_and_percent_signs_once(command, monkeyp
     assert help_line.split("--help")[1].split()[0] == "Show", "no type between a flag and its help"
     if command == ["theorems"]:
         assert "comes with a 95% interval" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("command", COMMANDS + [["cache"], ["heads"]], ids=lambda command: " ".join(command) or "spectra")
+def test_help_at_80_columns_keeps_names_defaults_and_readable_descriptions(command, monkeypatch, capsys) -> None:
+    """At 80 columns no line is longer, every flag and every default is shown whole (a long default may wrap, never
+    be cut with "…"), and descriptions keep at least 40 characters a line (not ~20 beside a wide name column)."""
+    import click
+    import typer
+
+    from spectra import cli
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli([*command, "--help"], monkeypatch, capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in out
+    group = typer.main.get_command(cli.app)
+    target = group.commands[command[0]] if command else group
+    whole = "".join(out.split())
+    for param in target.params:
+        for flag in (*param.opts, *param.secondary_opts):
+            assert flag in out.split() or any(word.startswith(flag) for word in out.split()), flag
+        shown = param.default
+        if isinstance(param, click.Option) and shown not in (None, False, "") and not param.is_flag:
+            assert f"[default:{''.join(str(shown).split())}]" in whole, (param.name, shown)
+    if not command:  # every command's summary whole, not cut at the first line with "..."
+        for name, sub in group.commands.items():
+            assert "".join(sub.help.split()) in whole, name
+    continuation = [len(line) - len(line.lstrip()) for line in lines if line.startswith("    ") and line.strip()]
+    assert max(continuation, default=0) <= 40, "descriptions squeezed into a narrow column"

@@ -56,10 +56,10 @@ def test_pack_makes_exact_blocks_of_the_separated_stream(roberta_dir, text_file)
     assert all(b[0] == tokenizer.cls_token_id and b[-1] == tokenizer.sep_token_id for b in blocks)
     bodies = [token for b in blocks for token in b[1:-1]]
     assert bodies == stream[: len(bodies)] and len(stream) - len(bodies) < n - 2
-    batches = list(data.batches(tokenizer, corpus, n, "pack", samples=10, batch_size=4))
+    batches = list(data.batches(tokenizer, corpus, n, "pack", count=10, batch_size=4))
     assert [b.input_ids.shape for b in batches] == [(4, n), (4, n), (2, n)]
     assert bool(batches[0].attention_mask.all())
-    resumed = list(data.batches(tokenizer, corpus, n, "pack", samples=10, batch_size=4, skip=4))
+    resumed = list(data.batches(tokenizer, corpus, n, "pack", count=10, batch_size=4, skip=4))
     assert all((a.input_ids == b.input_ids).all() for a, b in zip(resumed, batches[1:]))
 
 
@@ -71,7 +71,7 @@ def test_truncate_makes_one_padded_sequence_per_document(bert_dir, text_file) ->
     assert len(sequences) == len(corpus.documents)
     for ids, doc in zip(sequences, corpus.documents):
         assert ids == tokenizer(doc, truncation=True, max_length=n)["input_ids"]
-    batch = next(data.batches(tokenizer, corpus, n, "truncate", samples=8, batch_size=8))
+    batch = next(data.batches(tokenizer, corpus, n, "truncate", count=8, batch_size=8))
     lengths = [len(s) for s in sequences[:8]]
     assert batch.attention_mask.sum(1).tolist() == lengths
     assert batch.input_ids.shape == (8, max(lengths))
@@ -137,3 +137,19 @@ def test_decoders_get_only_their_own_special_tokens_and_padding_side(llama_dir, 
     for row, m in zip(batch.attention_mask, lengths.tolist()):
         assert row[16 - m:].all() and not row[: 16 - m].any(), "left padding"
     assert (batch.input_ids[batch.attention_mask == 0] == llama.eos_token_id).all(), "no pad token: EOS pads"
+
+
+def test_a_malformed_csv_names_the_cause_and_the_line(tmp_path) -> None:
+    """An unterminated quote is named with the line its field starts on (counting the lines of the quoted fields
+    before it, which the parser's own row number does not); any other parser error gives the parser's own cause,
+    never only "An error occurred while generating the dataset"."""
+    quoted = tmp_path / "quoted.csv"
+    quoted.write_text('text,label\n"a review\nover three\nlines",1\nplain 5" screen,2\n"never closed,1\nmore,0\n')
+    with pytest.raises(SpectraError) as raised:
+        data.open_corpus(str(quoted))
+    assert str(raised.value) == (f"could not read {quoted} as csv: line 6 opens a quoted field that is never closed; "
+                                 'close its quote, or double a quote ("") that belongs to the text')
+    fields = tmp_path / "fields.csv"
+    fields.write_text("text,label\nfine,1\ntoo,many,fields\n")
+    with pytest.raises(SpectraError, match=f"could not read {fields} as csv: .*Expected 2 fields in line 3, saw 3$"):
+        data.open_corpus(str(fields))

@@ -126,3 +126,91 @@ def test_installs_are_ones_that_work() -> None:
         for line in fenced_lines(path.read_text()) + re.findall(r"`(pip install [^`]+)`", path.read_text()):
             if "pip install" in line:
                 assert "spectra-attention" not in line, f"{path.name}: {line.strip()}"
+
+
+def written_files(path: Path) -> list[str]:
+    """The files a document's shell commands write into the current directory: redirect targets (`> file`) and the
+    values of --out/--csv, relative paths only, leaving out figures/ (where committed pictures are meant to go)."""
+    found = []
+    for line in fenced_lines(path.read_text()):
+        try:
+            tokens = shlex.split(re.sub(r"\$\([^)]*\)|\$\{?\w+\}?", PLACEHOLDER, line), comments=True)
+        except ValueError:
+            continue
+        for flag, value in zip(tokens, tokens[1:]):
+            if flag in (">", ">>", "--out", "--csv") and not value.startswith(("/", "~", "figures/")):
+                found.append(value)
+    return found
+
+
+def test_the_readme_commands_leave_a_clone_clean() -> None:
+    """A newcomer runs the README's commands in a clone: every file they write there (the corpus made from the
+    licence texts, a plan, run directories) is ignored by git, so `git status` stays clean."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git clone")
+    written = written_files(ROOT / "README.md")
+    assert "licenses.txt" in written, "the offline first run writes its corpus"
+    shown = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *written], capture_output=True,
+                           text=True).stdout.split()
+    assert sorted(set(written) - set(shown)) == [], "written into a clone and not ignored"
+
+
+# ---------------------------------------------------------------- the front page
+
+README = ROOT / "README.md"
+#: a front page a newcomer reads in five minutes, and pictures that keep the repository light
+MOST_LINES, MOST_PICTURE_BYTES = 250, 200_000
+
+
+def pictures() -> list[tuple[str, str]]:
+    """The README's pictures: (path, the fenced code block right after the picture)."""
+    text = README.read_text()
+    found = []
+    for image in re.finditer(r"!\[[^\]]*\]\(([^)]+\.png)\)", text, re.S):
+        block = re.search(r"```\n(.*?)```", text[image.end():], re.S)
+        found.append((image[1], block[1] if block else ""))
+    return found
+
+
+def test_the_front_page_is_short_and_shows_its_results() -> None:
+    """Issue 33: at most 250 lines, at least three pictures, each a committed PNG under figures/ that is small, made by
+    the command printed under it (the picture's own path as the recipe's --out)."""
+    assert len(README.read_text().splitlines()) <= MOST_LINES
+    shown = pictures()
+    assert len(shown) >= 3
+    for path, block in shown:
+        assert path.startswith("figures/") and (ROOT / path).is_file(), f"{path} is not committed under figures/"
+        assert (ROOT / path).stat().st_size <= MOST_PICTURE_BYTES, f"{path} is over {MOST_PICTURE_BYTES // 1000} KB"
+        assert f"--out {path}" in block and "python analyses/pictures.py" in block, \
+            f"the command under {path} does not make it"
+
+
+def test_the_set_up_and_test_commands_are_what_ci_runs() -> None:
+    """.ci/run installs and tests as the README says: the same two commands, word for word."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    text = README.read_text()
+    for command in ('pip install torch==2.13.0 && pip install -e ".[test]"', "python -m pytest"):
+        assert command in text
+    assert 'pip install -q torch==2.13.0 && pip install -q -e ".[test]"' in ci and "\npython -m pytest\n" in ci
+
+
+def test_links_between_the_pages_resolve() -> None:
+    """Every relative link of the README and docs/ names a file that exists, and an anchor a heading of it."""
+    for path in DOCUMENTS:
+        for target in re.findall(r"\]\(([^)#\s]+\.md)(#[^)]+)?\)", path.read_text()):
+            linked = (path.parent / target[0]).resolve()
+            assert linked.is_file(), f"{path.name} links to {target[0]}, which does not exist"
+            if target[1]:
+                slugs = {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+                         for heading in re.findall(r"^#+ (.+)$", linked.read_text(), re.M)}
+                assert target[1][1:] in slugs, f"{path.name} links to {target[0]}{target[1]}, no such heading"
+
+
+def test_every_command_page_is_linked_from_the_front_page() -> None:
+    text = README.read_text()
+    for page in ("analyze", "decoders", "cache", "figure1", "theorems", "approx", "heads", "scaling", "speed",
+                 "formats", "methods"):
+        assert f"(docs/{page}.md)" in text and (ROOT / "docs" / f"{page}.md").is_file(), page

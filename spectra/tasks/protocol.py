@@ -24,17 +24,16 @@ from typing import Any
 from .. import checkpoints
 from ..config import RunConfig
 from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import spell
 from ..options import identity
 from ..reporter import Reporter
+from ..registry import PRESSES
 from .records import QUESTION_PATTERNS, TaskRecord, family, is_task_file, read_records
 
 #: the task families the protocol scores (RULER's, and passkey)
 FAMILIES = (*QUESTION_PATTERNS, "passkey")
 #: presses that read the attention each key received (the prefill computes it only for them)
 RECEIVED_PRESSES = frozenset({"observed"})
-#: presses that read the last WINDOW context queries
-WINDOW_PRESSES = frozenset({"snapkv", "loki"})
 
 
 def wants_tasks(data: str) -> bool:
@@ -96,7 +95,7 @@ def job(config: RunConfig, options: Any, found: checkpoints.Source, records: lis
 
         return TaskSource(config, where, records, query_aware=options.query_aware,
                           received=bool(RECEIVED_PRESSES & set(options.presses)),
-                          windowed=bool(WINDOW_PRESSES & set(options.presses)))
+                          windowed=bool(PRESSES.having("windowed") & set(options.presses)))
 
     def build_probe(source):
         from .. import models

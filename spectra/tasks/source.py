@@ -144,12 +144,11 @@ class TaskSource:
         return {"model": loaded.describe(), "data": self.data(), "n": self.n, "device": str(loaded.device),
                 "dtype": self.config.dtype}
 
-    def batches(self, samples: int, batch_size: int, skip: int = 0,
-                shard: tuple[int, int] = (0, 1)) -> Iterator[TaskBatch]:
-        """One example per batch from `skip` on (the batch size does not apply); example i goes to process
-        i mod size."""
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[TaskBatch]:
+        """One example per batch from `skip` on (examples differ in length: the run's batch size does not apply);
+        example i goes to process i mod size."""
         rank, size = shard
-        for position in range(skip, min(samples, len(self.records))):
+        for position in range(skip, min(sequences, len(self.records))):
             if position % size == rank:
                 yield TaskBatch([position])
 

@@ -101,6 +101,7 @@ NIAH = {
     "niah_multivalue": Niah("essay", "words", "numbers", values=4),
     "niah_multiquery": Niah("essay", "words", "numbers", keys=4, queries=4),
 }
+#: every task; a task's index here enters its seeds (generate.sample_rng): add new tasks at the end
 TASKS = (*NIAH, "vt", "cwe", "fwe", "passkey")
 
 

@@ -30,7 +30,7 @@ def probed(tmp_path_factory):
                         received=False, windowed=False)
     source.start()
     probe = TaskProbe(source, PRESSES, RATIOS, 0, 3)
-    for batch in source.batches(3, 1):
+    for batch in source.batches(3):
         source.run(batch, probe.update)
         probe.after_batch(batch)
     return source, probe

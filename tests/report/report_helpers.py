@@ -173,3 +173,13 @@ def cielab(color) -> np.ndarray:
     xyz = xyz / np.array([0.95047, 1.0, 1.08883])
     f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
     return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def visible_tick_labels(axis, low: float, high: float) -> dict[float, str]:
+    """tick value → label text of the ticks inside [low, high] that carry a label (major and minor)."""
+    found = {}
+    for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+        value, text = tick.get_loc(), tick.label1.get_text()
+        if low <= value <= high and tick.label1.get_visible() and text:
+            found[value] = text
+    return found

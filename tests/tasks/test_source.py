@@ -45,10 +45,10 @@ def source(model, path, **options) -> TaskSource:
 
 def test_one_example_per_batch_skipped_and_sharded(chat_decoder, task_file) -> None:
     found = source(chat_decoder, task_file)
-    assert [batch.index for batch in found.batches(3, 8)] == [[0], [1], [2]]
-    assert [batch.index for batch in found.batches(3, 8, skip=1)] == [[1], [2]]
-    assert [batch.index for batch in found.batches(3, 1, shard=(1, 2))] == [[1]]
-    assert [batch.index for batch in found.batches(2, 1)] == [[0], [1]]
+    assert [batch.index for batch in found.batches(3)] == [[0], [1], [2]]
+    assert [batch.index for batch in found.batches(3, skip=1)] == [[1], [2]]
+    assert [batch.index for batch in found.batches(3, shard=(1, 2))] == [[1]]
+    assert [batch.index for batch in found.batches(2)] == [[0], [1]]
     data = found.data()
     assert data["sha256"] == hashlib.sha256(task_file.read_bytes()).hexdigest() and data["records"] == 3
 

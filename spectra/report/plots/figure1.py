@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import SpectraError
-from ...runs import Run
 from .. import summaries
 from . import (
     style,  # style.save, looked up at call time: the one name tests patch to record figures
 )
 from .style import draw_heatmap, index_ticks, output_paths, pyplot
+
+if TYPE_CHECKING:  # the analyze read side imports this package: only its type here
+    from ..analyze import Run
 
 
 def panels(runs: Sequence[Run]) -> list[list[Run]]:
@@ -67,12 +70,14 @@ def draw_curves_panel(ax, group: Sequence[Run], *, quantile: float, colors: dict
     styles = ["-", "--", "-.", ":"]  # distinct per line, so curves that coincide stay visible
     n = group[0].n
     index = np.arange(1, n + 1)
+    bands, lines = [], []
     for i, run in enumerate(group):
         mean, low, high = summaries.band(run, quantile)
         color = colors[run.meta["data"]["name"]]
         line_style = styles[i % len(styles)]
-        ax.fill_between(index, low, high, color=color, alpha=0.22, linewidth=0, gid=f"band:{run.path}")
-        ax.plot(index, mean, color=color, linestyle=line_style, linewidth=1.8, label=run.label, gid=f"mean:{run.path}")
+        bands.append(ax.fill_between(index, low, high, color=color, alpha=0.22, linewidth=0, gid=f"band:{run.path}"))
+        lines += ax.plot(index, mean, color=color, linestyle=line_style, linewidth=1.8, label=run.label,
+                         gid=f"mean:{run.path}")
     if mark is not None:
         ax.axvline(mark, color="0.45", linewidth=0.8, linestyle=(0, (3, 3)), zorder=0)
     ax.set_xlim(0, n)
@@ -83,11 +88,13 @@ def draw_curves_panel(ax, group: Sequence[Run], *, quantile: float, colors: dict
     ax.set_ylabel("Normalized cumulative singular value")
     ax.set_title(panel_title(group))
     ax.grid(alpha=0.25, linewidth=0.6)
-    handles, labels = ax.get_legend_handles_labels()
+    # each run's entry is its band under its line, in its colour (a grey band entry stood for bands that are
+    # never grey); the title says what the line and the band are
+    handles = [(Patch(facecolor=band.get_facecolor()[0], linewidth=0), line)
+               for band, line in zip(bands, lines)]
     share = f"{quantile * 100:g}–{(1 - quantile) * 100:g}%" if quantile > 0 else "min–max"
-    handles.append(Patch(color="0.6", alpha=0.4, linewidth=0))
-    labels.append(f"{share} of layer×head curves")
-    ax.legend(handles, labels, loc="lower right", frameon=True, framealpha=0.9)
+    ax.legend(handles, [line.get_label() for line in lines], loc="lower right", frameon=True, framealpha=0.9,
+              title=f"line: mean; band: {share} of layer×head curves", title_fontsize=8.5, handlelength=2.6)
     ax.set_gid(f"curves:{group[0].layers}")
 
 

@@ -36,7 +36,8 @@ def test_figure1_panels_curves_bands_and_heatmap(runs) -> None:
         assert ax.get_ylabel() == "Normalized cumulative singular value"
         legend = [text.get_text() for text in ax.get_legend().get_texts()]
         members = [run for run in order if run.layers == depth]
-        assert legend[:-1] == [run.label for run in members] and "10–90%" in legend[-1]
+        assert legend == [run.label for run in members]
+        assert ax.get_legend().get_title().get_text() == "line: mean; band: 10–90% of layer×head curves"
         assert all(run.meta["model"]["name"] in text and run.meta["data"]["name"] in text
                    for run, text in zip(members, legend))
         for run in members:
@@ -58,6 +59,33 @@ def test_figure1_panels_curves_bands_and_heatmap(runs) -> None:
     np.testing.assert_array_equal(mesh_values(heat), stored)
     assert heat.get_ylim() == (run.layers - 0.5, -0.5)  # layer 0 on top
     assert heat.get_xlabel() == "Head index" and heat.get_ylabel() == "Layer index"
+
+
+def test_figure1_legend_shows_each_band_in_its_run_s_colour(runs) -> None:
+    """A run's legend entry is its band and its line, both in the run's colour; no entry is a grey band (the bands
+    take each run's colour, and the grey entry stood for none of them)."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+
+    order = [runs["small-imdb"], runs["small-wiki"]]
+    figure = plots.draw_figure1(order)
+    ax = by_gid(figure, "curves:2")
+    figure.canvas.draw()
+    legend = ax.get_legend()
+    patches = [to_rgba(patch.get_facecolor()) for patch in legend.findobj(Rectangle)]
+    lines = [to_rgba(line.get_color()) for line in legend.findobj(Line2D) if line.get_linestyle() != "None"]
+    bands, means = [], []
+    for run in order:
+        (band,) = [c for c in ax.collections if c.get_gid() == f"band:{run.path}"]
+        (line,) = [line for line in ax.lines if line.get_gid() == f"mean:{run.path}"]
+        bands.append(to_rgba(band.get_facecolor()[0]))
+        means.append(to_rgba(line.get_color()))
+        assert bands[-1][:3] == pytest.approx(means[-1][:3])  # the band in its run's colour
+    assert len(set(means)) == len(order)
+    np.testing.assert_allclose(patches, bands, rtol=1e-12)
+    np.testing.assert_allclose(lines, means, rtol=1e-12)
+    assert not [colour for colour in patches if colour[0] == colour[1] == colour[2]], "no grey band in the legend"
 
 
 def test_figure1_heatmap_run_and_index_can_be_chosen(runs) -> None:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-from report_helpers import cielab, mesh_values
+from report_helpers import cielab, mesh_values, visible_tick_labels
 
 from spectra.errors import SpectraError
 from spectra.methods import REGISTRY
@@ -98,6 +98,21 @@ def test_maybe_log_y_only_for_a_wide_range() -> None:
     plt.close(figure)
 
 
+def test_plain_log_ticks_on_wide_and_narrow_ranges() -> None:
+    """Over three decades: decades only (1, 10, 100, 1000); under a factor of 4: every integer multiple."""
+    plt = style.pyplot()
+    for (low, high), expected in (((1.0, 1000.0), [1, 10, 100, 1000]), ((21.0, 62.0), [30, 40, 50, 60])):
+        figure, ax = plt.subplots()
+        ax.plot([1, 2], [low, high])
+        ax.set_yscale("log")
+        ax.set_ylim(low, high)
+        style.plain_log_ticks(ax)
+        figure.canvas.draw()
+        labels = visible_tick_labels(ax.yaxis, low, high)
+        assert sorted(labels) == pytest.approx(expected) and all(float(t) == v for v, t in labels.items())
+        plt.close(figure)
+
+
 def test_k_axis_ticks_every_budget_on_a_log2_axis() -> None:
     plt = style.pyplot()
     figure, ax = plt.subplots()
@@ -130,7 +145,7 @@ def test_subtitle(runs) -> None:
     run = runs["small-wiki"]
     assert style.subtitle(run, run.n) == f"{run.label}, n = 32, 16 sequences"
     calibrated = copy.copy(run)
-    calibrated.meta = {**run.meta, "samples": 96, "evaluation": [64, 96]}
+    calibrated.meta = {**run.meta, "samples": 32, "sequences": 96, "evaluation": [64, 96]}
     assert style.subtitle(calibrated, 128) == f"{run.label}, n = 128, 32 held-out sequences (64 calibrated)"
-    calibrated.meta = {**run.meta, "samples": 80, "evaluation": [64, 96]}
+    calibrated.meta = {**run.meta, "samples": 16, "sequences": 80, "evaluation": [64, 96]}
     assert style.subtitle(calibrated, 128).endswith(", 16 held-out sequences (64 calibrated)")

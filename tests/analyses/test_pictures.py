@@ -1,0 +1,101 @@
+"""analyses/pictures.py: the front page's pictures are PNG files at 100 dpi drawn from finished runs, under the size
+limit, and bad input is one line with exit code 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+import spectra
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("pictures_script", ROOT / "analyses" / "pictures.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+pictures = load_script()
+QUIET = {"progress": None, "notify": lambda line: None}
+
+
+@pytest.fixture(scope="module")
+def analyzed(llama_dir, text_file, tmp_path_factory):
+    return spectra.analyze(str(llama_dir), str(text_file), length=32, samples=2,
+                           out=tmp_path_factory.mktemp("pictures") / "a", **QUIET)
+
+
+def pixels(path: Path) -> tuple[int, int]:
+    from matplotlib.image import imread
+
+    height, width = imread(path).shape[:2]
+    return width, height
+
+
+@pytest.mark.parametrize("picture", ["figure1", "heatmap"])
+def test_a_picture_of_an_analyze_run(analyzed, tmp_path, capsys, picture) -> None:
+    out = tmp_path / "figures" / f"{picture}.png"
+    assert pictures.main([picture, str(analyzed.path), "--out", str(out)]) == 0
+    assert sorted(path.name for path in out.parent.iterdir()) == [f"{picture}.png"], "a PNG only, no PDF"
+    assert 0 < out.stat().st_size <= pictures.MOST_BYTES
+    width, height = pixels(out)
+    figure = pictures.PICTURES[picture]([analyzed])
+    inches = figure.get_size_inches()
+    for got, size in ((width, inches[0]), (height, inches[1])):  # 100 dpi, give or take the tight crop
+        assert 0.6 * size * pictures.DPI <= got <= 1.2 * size * pictures.DPI
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_the_heatmap_shows_c_beside_the_sink_mass(analyzed) -> None:
+    figure = pictures.draw_sink_heatmap([analyzed])
+    titles = [ax.get_title() for ax in figure.axes if ax.get_gid() == "heatmap"]
+    assert titles == [f"Normalized cumulative value at index {analyzed.n // 4}",
+                      "Sink mass: attention to the first token"]
+
+
+def test_a_picture_of_a_cache_run(llama_dir, text_file, tmp_path) -> None:
+    run = spectra.cache(str(llama_dir), str(text_file), context=70, continuation=6, samples=1,
+                        presses="streaming,knorm", ratios="0.25,0.5", out=tmp_path / "c", **QUIET)
+    out = tmp_path / "cache.png"
+    assert pictures.main(["cache", str(run.path), "--out", str(out)]) == 0
+    assert out.stat().st_size <= pictures.MOST_BYTES
+    figure = pictures.draw_cache([run])
+    assert not any(text.get_text().startswith("↑") for ax in figure.axes for text in ax.texts)
+    table = run.table.copy()
+    table.loc[table["press"] == "knorm", "nll"] += pictures.OFF_SCALE + 7  # far above the others, as linformer is
+    figure = pictures.draw_cache([dataclasses.replace(run, table=table)])
+    panel = next(ax for ax in figure.axes if any(line.get_gid() == "nll:knorm" for line in ax.lines))
+    streaming = next(line for line in panel.lines if line.get_gid() == "nll:streaming").get_ydata()
+    assert max(streaming) < panel.get_ylim()[1] < min(table[table["press"] == "knorm"]["nll"])
+    low, high = table[table["press"] == "knorm"]["nll"].agg(["min", "max"])
+    span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
+    assert [text.get_text() for text in panel.texts] == [f"↑ knorm: {span} nats, off the scale"]
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["heatmap", "RUN", "--out", "x.pdf"], "the front page's pictures are PNG files"),
+    (["heatmap", "RUN", "RUN", "--out", "x.png"], "`heatmap` draws one run, got 2"),
+    (["cache", "nowhere", "--out", "x.png"], "nowhere"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(analyzed, tmp_path, capsys, arguments, message) -> None:
+    arguments = [str(analyzed.path) if argument == "RUN" else argument for argument in arguments]
+    arguments[arguments.index("--out") + 1] = str(tmp_path / arguments[arguments.index("--out") + 1])
+    assert pictures.main(arguments) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_picture_over_the_limit_is_refused(analyzed, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(pictures, "MOST_BYTES", 1000)
+    out = tmp_path / "big.png"
+    assert pictures.main(["figure1", str(analyzed.path), "--out", str(out)]) == 2
+    assert "over the front page's 1 KB" in capsys.readouterr().err and not out.exists()

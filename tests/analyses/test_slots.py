@@ -1,0 +1,75 @@
+"""analyses/slots.py: a paragraph's values go into its slots and nowhere else, its prose never changes, a claim that
+no longer holds is named, and a paragraph that disagrees with its renderer is a one-line error."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "analyses" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+slots = load("slots")
+Rendered = slots.Rendered
+
+PARAGRAPH = ("The full cache gives <!--{nll}-->3.072<!--/--> nats/token over <!--{scored}-->16<!--/--> sequences.\n"
+             "Knorm beats random eviction at every ratio.<!--claim: knorm-beats-random-->\n")
+
+
+def test_values_fill_their_slots_and_the_prose_stays() -> None:
+    text, failed = slots.fill(PARAGRAPH, Rendered({"nll": "3.100", "scored": "4"}, {"knorm-beats-random": True}), "x")
+    assert text == PARAGRAPH.replace("3.072", "3.100").replace(">16<", ">4<")
+    assert failed == []
+    assert slots.slots(PARAGRAPH) == ["nll", "scored"] and slots.claims(PARAGRAPH) == ["knorm-beats-random"]
+
+
+def test_a_claim_that_no_longer_holds_is_named_and_its_line_found() -> None:
+    text, failed = slots.fill(PARAGRAPH, Rendered({"nll": "3.1", "scored": "4"}, {"knorm-beats-random": False}), "x")
+    assert failed == ["knorm-beats-random"]
+    assert "Knorm beats random eviction at every ratio." in text, "the sentence is not reworded by code"
+    assert slots.line_of(PARAGRAPH, "knorm-beats-random") == 1
+
+
+def test_a_slot_may_repeat_and_a_renderer_may_give_more_than_the_paragraph_shows() -> None:
+    text, _ = slots.fill("k = <!--{k}-->1<!--/--> and again <!--{k}-->2<!--/-->", Rendered({"k": "8", "n": "5"}), "x")
+    assert text == "k = <!--{k}-->8<!--/--> and again <!--{k}-->8<!--/-->"
+
+
+def test_a_table_stands_apart_by_blank_lines() -> None:
+    table = "| press | r = 0.5 |\n|---|---|\n| knorm | 3.312 |"
+    text, _ = slots.fill("NLL:\n\n<!--{table}-->\n\nold\n\n<!--/-->\n\nAfter.", Rendered({"table": table}), "x")
+    assert text == f"NLL:\n\n<!--{{table}}-->\n\n{table}\n\n<!--/-->\n\nAfter."
+    again, _ = slots.fill(text, Rendered({"table": table}), "x")
+    assert again == text, "filling twice changes nothing"
+
+
+@pytest.mark.parametrize("text, rendered, message", [
+    ("a <!--{x}-->1<!--/-->", Rendered({}), r"the slot \{x\} has no value"),
+    ("a<!--claim: c-->", Rendered({}, {"d": True}), "the claim 'c' is not one the renderer decides"),
+    ("a <!--{x}-->1 and no end", Rendered({"x": "1"}), r"the slot <!--\{x\}--> is never closed"),
+    ("a <!--/--> b", Rendered({}), "closes no slot"),
+    ("a<!--claim c-->", Rendered({}), "a claim reads '<!--claim: NAME-->'"),
+    ("in `code <!--{x}-->1<!--/--> span`", Rendered({"x": "1"}), "inside a code span"),
+    ("in `code\nspan <!--{x}-->1<!--/-->` over two lines", Rendered({"x": "1"}), "inside a code span"),
+])
+def test_a_paragraph_and_its_renderer_that_disagree_are_one_line_errors(text, rendered, message) -> None:
+    with pytest.raises(slots.SlotError, match=message) as raised:
+        slots.fill(text, rendered, "README.md:12 (name)")
+    assert str(raised.value).startswith("README.md:12 (name): ") and "\n" not in str(raised.value)
+
+
+def test_backticks_inside_values_do_not_count_as_code_spans() -> None:
+    text = "the winners are <!--{w}-->`window` 35,\n`pool` 3<!--/--> and <!--{k}-->8<!--/-->"
+    filled, _ = slots.fill(text, Rendered({"w": "`window` 30, `pool` 8", "k": "16"}), "x")
+    assert filled == "the winners are <!--{w}-->`window` 30, `pool` 8<!--/--> and <!--{k}-->16<!--/-->"

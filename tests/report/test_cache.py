@@ -1,0 +1,122 @@
+"""The view of a cache run: every plotted value is the run's table (NLL per press, starting from the full cache at
+ratio 0) or the per-head table averaged here with pandas; channel presses stay out of the mass panel."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+from matplotlib.colors import to_hex
+from report_helpers import by_gid, cielab, fake_save
+
+from spectra.registry import PRESSES as REGISTERED
+from spectra.report.cache import CacheRun, draw_cache, plot_cache, press_style
+from spectra.report.plots.style import pyplot
+
+
+def cache_run(tmp_path) -> CacheRun:
+    variants = [("full", 0.0), ("knorm", 0.5), ("knorm", 0.25), ("think", 0.5)]
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame([{"press": press, "ratio": ratio, "nll": 3 + ratio + rng.uniform(), "ppl": 0.0,
+                           "key_channel_ratio": ratio if press == "think" else 0.0} for press, ratio in variants])
+    heads = pd.DataFrame([{"press": press, "ratio": ratio, "layer": layer, "head": head,
+                           "mass_kept": 1.0 if press == "full" else rng.uniform(), "out_err": rng.uniform()}
+                          for press, ratio in variants for layer in range(2) for head in range(3)])
+    meta = {"kind": "cache", "model": {"name": "tiny"}, "data": {"name": "corpus"}, "context": 70,
+            "continuation": 8, "scored": 3}
+    return CacheRun(tmp_path, meta, table, heads, pd.DataFrame())
+
+
+def test_the_view_draws_the_tables(tmp_path) -> None:
+    run = cache_run(tmp_path)
+    left, right = draw_cache(run).axes
+    table = run.table.set_index(["press", "ratio"])["nll"]
+    knorm = by_gid(left.lines, "nll:knorm")
+    np.testing.assert_array_equal(knorm.get_xdata(), [0.0, 0.25, 0.5])
+    np.testing.assert_array_equal(knorm.get_ydata(), [table[("full", 0.0)], table[("knorm", 0.25)],
+                                                      table[("knorm", 0.5)]])
+    assert by_gid(left.lines, "nll:think").get_label() == "think (key channels)"
+    mass = run.head_stats.groupby(["press", "ratio"])["mass_kept"].mean()
+    np.testing.assert_allclose(by_gid(right.lines, "mass:knorm").get_ydata(),
+                               [1.0, mass[("knorm", 0.25)], mass[("knorm", 0.5)]], rtol=1e-12)
+    assert not [line for line in right.lines if line.get_gid() == "mass:think"]
+
+
+def test_plot_writes_one_figure_into_the_run(tmp_path, monkeypatch) -> None:
+    saved = fake_save(monkeypatch)
+    plot_cache(cache_run(tmp_path))
+    assert [str(name) for name in saved] == [str(tmp_path / "figures" / "cache_nll_vs_ratio")]
+
+
+def every_press_run(tmp_path) -> CacheRun:
+    """A run of every registered press (the default `spectra cache`), at two ratios: think and lowrank keep
+    every token (kept_share 1), linformer's rows are not tokens (mass NaN), as `spectra cache` writes them."""
+    rng = np.random.default_rng(1)
+    variants = [("full", 0.0)] + [(press, ratio) for press in REGISTERED.names() for ratio in (0.25, 0.5)]
+    table = pd.DataFrame([{"press": press, "ratio": ratio, "nll": 3 + ratio + rng.uniform(), "ppl": 0.0,
+                           "kept_share": 1.0 if press in ("think", "lowrank") else 1 - ratio,
+                           "key_channel_ratio": ratio if press in REGISTERED.having("channels") else 0.0}
+                          for press, ratio in variants])
+    heads = pd.DataFrame([{"press": press, "ratio": ratio, "layer": 0, "head": head,
+                           "mass_kept": 1.0 if press == "full" else np.nan if press == "linformer" else rng.uniform(),
+                           "out_err": rng.uniform()} for press, ratio in variants for head in range(2)])
+    meta = {"kind": "cache", "model": {"name": "tiny"}, "data": {"name": "corpus"}, "context": 128,
+            "continuation": 16, "scored": 1}
+    return CacheRun(tmp_path, meta, table, heads, pd.DataFrame())
+
+
+def test_every_press_has_its_own_colour_and_marker(tmp_path) -> None:
+    """The default run draws 11 presses; tab10 has 10 colours, so streaming and linformer were the same blue
+    circles. Now every press differs from every other by colour (ΔE ≥ 15 in CIELAB) and by marker, and no press
+    is drawn in the full cache's grey."""
+    left, right = draw_cache(every_press_run(tmp_path)).axes
+    lines = {press: by_gid(left.lines, f"nll:{press}") for press in REGISTERED.names()}
+    markers = [line.get_marker() for line in lines.values()]
+    assert len(set(markers)) == len(REGISTERED.names()), markers
+    for (a, one), (b, other) in combinations(lines.items(), 2):
+        distance = np.linalg.norm(cielab(one.get_color()) - cielab(other.get_color()))
+        assert distance >= 15, (a, b, round(distance, 1))
+    full = by_gid(left.lines, "full")
+    for press, line in lines.items():
+        assert np.linalg.norm(cielab(line.get_color()) - cielab(full.get_color())) >= 15, press
+        mass = [item for item in right.lines if item.get_gid() == f"mass:{press}"]
+        if mass:  # the same style in both panels
+            assert (to_hex(mass[0].get_color()), mass[0].get_marker()) == (to_hex(line.get_color()), line.get_marker())
+
+
+def test_each_panel_has_its_own_legend_off_the_data(tmp_path) -> None:
+    """Each panel names what it draws (the right one had no legend), and no legend covers a panel."""
+    figure = draw_cache(every_press_run(tmp_path))
+    left, right = figure.axes
+    figure.canvas.draw()
+    for ax, prefix in ((left, "nll:"), (right, "mass:")):
+        legend = ax.get_legend()
+        assert legend is not None, prefix
+        drawn = [line.get_label() for line in ax.lines if str(line.get_gid()).startswith(prefix)]
+        labels = [text.get_text() for text in legend.get_texts()]
+        assert set(drawn) <= set(labels)
+        box = legend.get_window_extent()
+        for other in (left, right):
+            assert not box.overlaps(other.get_window_extent()), (prefix, other)
+    assert "full cache" in [text.get_text() for text in left.get_legend().get_texts()]
+    drawn = {line.get_gid().removeprefix("mass:") for line in right.lines}
+    assert drawn == set(REGISTERED.names()) - {"think", "lowrank", "linformer"}
+    assert right.get_legend().get_title().get_text() == ("not drawn: think, lowrank (every token kept); linformer "
+                                                         "(rows are not tokens)")
+
+
+def test_a_press_the_styles_do_not_know_gets_a_spare_style() -> None:
+    known = {press_style(press) for press in REGISTERED.names()}
+    spare = [press_style(f"new{i}", index=i) for i in range(3)]
+    assert len(set(spare)) == 3 and not set(spare) & known
+
+
+def test_the_title_counts_its_sequences_in_words(tmp_path) -> None:
+    """Issue 33, item 16: one sequence is "1 sequence", never "1 sequences"."""
+    run = cache_run(tmp_path)
+    for scored, words in ((1, "1 sequence"), (3, "3 sequences")):
+        run.meta["scored"] = scored
+        figure = draw_cache(run)
+        assert figure._suptitle.get_text().endswith(f"continuation 8, {words}")
+        pyplot().close(figure)

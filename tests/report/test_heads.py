@@ -1,0 +1,75 @@
+"""Views of a heads run: the scatter holds each head's weight and attention rank90, the type grid each head's
+type, the winner grid each head's winning method."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from report_helpers import by_gid, fake_save
+
+import spectra
+from spectra.methodmap import HEAD_TYPES
+from spectra.report.heads import draw_head_types, draw_weight_ranks, draw_winners, plot_heads
+
+
+@pytest.fixture(scope="module")
+def heads_run(roberta_dir, text_file, tmp_path_factory):
+    base = tmp_path_factory.mktemp("heads-plots")
+    approx = spectra.approx(str(roberta_dir), str(text_file), length=16, samples=2, budget=[4, 8],
+                            methods="window,pool-mean", out=base / "approx", progress=None, notify=lambda line: None)
+    return spectra.heads(str(roberta_dir), str(text_file), length=16, samples=2, approx=approx.path,
+                         out=base / "heads", progress=None, notify=lambda line: None)
+
+
+def test_the_scatter_draws_weight_and_attention_ranks(heads_run) -> None:
+    figure = draw_weight_ranks(heads_run)
+    table = heads_run.diagnosis
+    for name in ("qk", "ov"):
+        points = by_gid([c for ax in figure.axes for c in ax.collections], name).get_offsets()
+        np.testing.assert_array_equal(points[:, 0], table[f"{name}_rank90"])
+        np.testing.assert_array_equal(points[:, 1], table["rank90"])
+
+
+def test_the_legend_covers_no_point(heads_run) -> None:
+    """The legend sits outside both panels, so it covers no head; checked with a head moved to where it hid
+    MiniLM's L0H2 (a low weight rank, the highest attention rank: the upper left corner)."""
+    import copy
+
+    moved = copy.copy(heads_run)
+    diagnosis = heads_run.diagnosis.copy()
+    diagnosis.loc[0, ["qk_rank90", "ov_rank90"]] = 0.5
+    diagnosis.loc[0, "rank90"] = diagnosis["rank90"].max() * 1.2
+    moved.diagnosis = diagnosis
+    figure = draw_weight_ranks(moved)
+    figure.canvas.draw()
+    panels = [ax for ax in figure.axes if ax.collections and ax.collections[0].get_gid() in ("qk", "ov")]
+    assert len(panels) == 2 and all(ax.get_legend() is None for ax in panels)
+    (legend,) = figure.legends
+    box = legend.get_window_extent()
+    assert "y = x" in [text.get_text() for text in legend.get_texts()]
+    for ax in panels:
+        assert not box.overlaps(ax.get_window_extent())
+        points = ax.transData.transform(ax.collections[0].get_offsets())
+        assert not [point for point in points if box.contains(*point)]
+
+
+def test_the_grids_hold_each_head_s_type_and_winner(heads_run) -> None:
+    image = by_gid(draw_head_types(heads_run).axes[0].images, "types").get_array()
+    table = heads_run.diagnosis
+    for row in table.itertuples(index=False):
+        assert HEAD_TYPES[int(image[row.layer, row.head])] == row.head_type
+    figure = draw_winners(heads_run)
+    mapped = heads_run.method_map
+    methods = sorted(mapped["winner"].unique())
+    for budget in (4, 8):
+        grid = by_gid([i for ax in figure.axes for i in ax.images], f"winners:{budget}").get_array()
+        for row in mapped[mapped["budget"] == budget].itertuples(index=False):
+            assert methods[int(grid[row.layer, row.head])] == row.winner
+
+
+def test_plot_heads_writes_three_views(heads_run, monkeypatch, tmp_path) -> None:
+    saved = fake_save(monkeypatch)
+    paths = plot_heads(heads_run, tmp_path / "views")
+    assert [path.name for path in paths] == ["weight_vs_attention_rank.png", "weight_vs_attention_rank.pdf",
+                                             "head_types.png", "head_types.pdf", "winners.png", "winners.pdf"]
+    assert len(saved) == 3
