@@ -26,7 +26,7 @@ import pandas as pd
 import spectra
 from spectra.api import approx
 from spectra.report.plots.style import save
-from spectra.runs import ApproxRun
+from spectra.report.approx import ApproxRun
 
 METHODS = ("svd", "linformer(kv)", "pool-mean", "performer", "nystrom", "nystrom-iter6", "skyformer", "probsparse")
 MARKERS = "osD^vP*Xh<>"
@@ -58,7 +58,7 @@ def ensure_run(model: str, dataset: str, out: Path, args: argparse.Namespace) ->
 
 def summary(run: ApproxRun) -> pd.DataFrame:
     """One row per (method, budget): per-head errors averaged over layers and heads, then end to end."""
-    heads = run.heads.pivot_table(index=["method", "budget", "layer", "head"], columns="metric", values="mean")
+    heads = run.head_stats.pivot_table(index=["method", "budget", "layer", "head"], columns="metric", values="mean")
     per_head = heads.groupby(["method", "budget"], sort=False)
     table = per_head.mean()[["out_err", "p_err"]]
     table.insert(1, "out_err_median_head", per_head["out_err"].median())

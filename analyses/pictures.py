@@ -33,7 +33,7 @@ def draw_figure1(runs: list):
 
 def draw_sink_heatmap(runs: list):
     """c at index n/4 and the sink mass of one analyze run, per layer (down) and head (across), side by side."""
-    from spectra.report.plots.spectra import heatmap_size
+    from spectra.report.analyze import heatmap_size
 
     run = runs[0]
     if "sink_mean" not in run.metrics.columns:
@@ -58,7 +58,7 @@ def draw_cache(runs: list):
     """`spectra cache --plot`'s view; a press far worse than the rest (linformer's mixed rows, 10 nats above the
     others) would flatten every other line into the bottom of the NLL panel, so the panel stops above the others
     and says where that press went."""
-    from spectra.report.plots.cache import draw_cache
+    from spectra.report.cache import draw_cache
 
     figure = draw_cache(runs[0])
     nll = next(ax for ax in figure.axes if any(str(line.get_gid()).startswith("nll:") for line in ax.lines))

@@ -168,7 +168,7 @@ def smollm2_cache(runs: Runs) -> Rendered:
                    f"worst_{name}": f"`{at.idxmax()[0]}`", f"worst_{name}_loss": f"+{at.max() - full['nll']:.3f}"}
     same = nll[[(press, 0.25) for press in evicted]]
     values |= {"think": f"{nll[('think', 0.5)]:.3f}", "best_quarter": f"`{same.idxmin()[0]}`", "best_quarter_nll": f"{same.min():.3f}"}
-    mass = run.heads.groupby(["press", "ratio"])["mass_kept"].mean()
+    mass = run.head_stats.groupby(["press", "ratio"])["mass_kept"].mean()
     pairs = pd.DataFrame({"mass": mass, "nll": nll}).loc[[(p, r) for p in evicted for r in ratios]]
     rho = pairs["mass"].corr(pairs["nll"], method="spearman")
     values |= {"rho": f"{rho:.2f}", "pairs": str(len(pairs))}

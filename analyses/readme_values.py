@@ -90,10 +90,7 @@ def extra(run: Any, name: str) -> Any:
 
 def evaluated(run: Any) -> int:
     """The sequences an approx run measured: with fitted methods, those after the calibration sequences."""
-    if "evaluation" in run.meta:
-        start, end = run.meta["evaluation"]
-        return int(end) - int(start)
-    return int(run.meta["samples"])
+    return int(run.meta["samples"])  # run.json's samples counts the evaluated sequences (issue 30)
 
 
 def fitting(run: Any) -> dict[str, str]:
@@ -102,9 +99,9 @@ def fitting(run: Any) -> dict[str, str]:
             "fit_steps": str(extra(run, "fit_steps"))}
 
 
-def by_budget(run: Any, method: str, table: str = "heads") -> pd.Series:
+def by_budget(run: Any, method: str, table: str = "head_stats") -> pd.Series:
     """Mean over layers of the per-layer mean head-output error of `method`, per budget."""
-    rows = approx_by_budget(run) if table == "heads" else \
+    rows = approx_by_budget(run) if table == "head_stats" else \
         run.per_layer("out_err", table=table).groupby(["method", "budget"], sort=False)["out_err"].mean().reset_index()
     found = rows[rows["method"] == method].set_index("budget")["out_err"].sort_index()
     if found.empty:

@@ -24,9 +24,9 @@ import pandas as pd
 import spectra
 from spectra.api import theorems
 from spectra.config import RunConfig
-from spectra.report.plots import plot_theorems
+from spectra.report.theorems import plot_theorems
 from spectra.report.summaries import theorem_errors
-from spectra.runs import TheoremRun
+from spectra.report.theorems import TheoremRun
 from spectra.theory.bounds import theorem1_k, theorem2_k
 
 EPS = 0.1  # the headline's relative error

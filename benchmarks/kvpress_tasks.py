@@ -7,7 +7,8 @@ For every record of F (a `spectra tasks` file, or RULER's / kvpress's format: sp
 press and ratio, and the full cache, kvpress's pipeline answers greedily, exactly as kvpress's evaluation calls it:
 `pipe(context, question=question, answer_prefix=answer_prefix, press=press, max_new_tokens=…)`, query-agnostic
 (the question is appended after compression), and query-aware (kvpress's evaluate.py convention: context + question
-compressed, question ""). A fresh press per call; kvpress prefills once per (press, ratio, example). It runs in
+compressed, question ""). A fresh press per call; kvpress prefills once per (press, ratio, example), so it is slow:
+every answered cell is logged at once (CSV.work/), and the same command resumes where it stopped. It runs in
 kvpress's own venv (`--worker JOB RESULT`, which imports only torch, transformers and kvpress); it also reports the
 token counts kvpress's `preprocess` gives every record, the independent check of the lengths `spectra tasks` fits.
 
@@ -56,24 +57,40 @@ def worker(job_path: str, result_path: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=GGUF)
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
     cells = [("full", 0.0)] + [(press, ratio) for press in job["presses"] for ratio in job["ratios"]]
-    predictions, tokens, seconds = [], [], {}
+    done_path = Path(result_path).with_suffix(".cells.jsonl")  # one line per answered cell: a rerun resumes
+    done = [json.loads(line) for line in done_path.read_text().splitlines()] if done_path.exists() else []
+    answered = {(c["press"], c["ratio"], c["query_aware"], c["example"]) for c in done}
+    tokens = []
     for record in job["records"]:
         inputs = pipe.preprocess(record["context"], [record["question"]], record["answer_prefix"], 10**10)
         tokens.append({"example": record["example"], "context": int(inputs["context_ids"].shape[1]),
                        "question": int(inputs["questions_ids"][0].shape[1])})
-        for aware in job["query_aware"]:
-            context = record["context"] + record["question"] if aware else record["context"]
-            question = "" if aware else record["question"]
-            for press, ratio in cells:
-                made = None if press == "full" else getattr(kvpress, KVPRESS_NAMES[press])(compression_ratio=ratio)
-                started = time.perf_counter()
-                with torch.inference_mode():
-                    answer = pipe(context, question=question, answer_prefix=record["answer_prefix"], press=made,
-                                  max_new_tokens=record["max_new_tokens"])["answer"]
-                key = f"{press}/{ratio}/{aware}"
-                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - started
-                predictions.append({"press": press, "ratio": ratio, "query_aware": aware,
-                                    "example": record["example"], "prediction": answer})
+    with open(done_path, "a") as log:
+        for aware in job["query_aware"]:  # every query-agnostic cell first
+            for record in job["records"]:
+                context = record["context"] + record["question"] if aware else record["context"]
+                question = "" if aware else record["question"]
+                for press, ratio in cells:
+                    if (press, ratio, aware, record["example"]) in answered:
+                        continue
+                    made = None if press == "full" else getattr(kvpress, KVPRESS_NAMES[press])(compression_ratio=ratio)
+                    started = time.perf_counter()
+                    with torch.inference_mode():
+                        answer = pipe(context, question=question, answer_prefix=record["answer_prefix"], press=made,
+                                      max_new_tokens=record["max_new_tokens"])["answer"]
+                    cell = {"press": press, "ratio": ratio, "query_aware": aware, "example": record["example"],
+                            "prediction": answer, "seconds": time.perf_counter() - started}
+                    log.write(json.dumps(cell) + "\n")
+                    log.flush()
+                    done.append(cell)
+    seconds: dict[str, float] = {}
+    for cell in done:
+        key = f"{cell['press']}/{cell['ratio']}/{cell['query_aware']}"
+        seconds[key] = seconds.get(key, 0.0) + cell["seconds"]
+    wanted = {(press, ratio, aware, record["example"]) for press, ratio in cells for aware in job["query_aware"]
+              for record in job["records"]}
+    predictions = [{key: cell[key] for key in ("press", "ratio", "query_aware", "example", "prediction")}
+                   for cell in done if (cell["press"], cell["ratio"], cell["query_aware"], cell["example"]) in wanted]
     from importlib.metadata import version
 
     Path(result_path).write_text(json.dumps({
@@ -95,11 +112,15 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     from spectra.tasks.scoring import score
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
+    scratch.mkdir(parents=True, exist_ok=True)
     job = {"folder": folder or smollm2_folder(), "presses": list(presses), "ratios": [float(r) for r in ratios],
            "query_aware": [bool(a) for a in query_aware], "threads": threads,
            "records": [{"example": r.example, "context": r.context, "question": r.question,
                         "answer_prefix": r.answer_prefix, "max_new_tokens": r.max_new_tokens} for r in records]}
-    (scratch / "job.json").write_text(json.dumps(job))
+    previous = scratch / "job.json"
+    if previous.exists() and json.loads(previous.read_text())["records"] != job["records"]:
+        (scratch / "kvpress.cells.jsonl").unlink(missing_ok=True)  # other records: nothing to resume
+    previous.write_text(json.dumps(job))
     subprocess.run([python, __file__, "--worker", str(scratch / "job.json"), str(scratch / "kvpress.json")],
                    check=True, env={**os.environ, "PYTHONPATH": ""})
     report = json.loads((scratch / "kvpress.json").read_text())
@@ -166,10 +187,11 @@ def main_tasks(args) -> None:
     modes = {"both": (False, True), "no": (False,), "yes": (True,)}[args.query_aware]
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    table, report = run_kvpress(records, args.python, args.presses.split(","),
-                                [float(r) for r in args.ratios.split(",")], modes, args.threads)
-    wall = time.perf_counter() - started
     csv = Path(args.csv or Path(args.tasks).with_suffix(".kvpress.csv"))
+    table, report = run_kvpress(records, args.python, args.presses.split(","),
+                                [float(r) for r in args.ratios.split(",")], modes, args.threads,
+                                scratch=csv.with_suffix(".work"))
+    wall = time.perf_counter() - started
     table.to_csv(csv, index=False)
     counts = [row["context"] + row["question"] for row in report["tokens"]]
     print(f"SmolLM2-135M-Instruct (Q4_1 GGUF → float32), {len(records)} examples of {args.tasks}, kvpress "
@@ -177,9 +199,9 @@ def main_tasks(args) -> None:
           f"threads, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {wall:.0f} s in all")
     print(f"prompt tokens by kvpress's preprocess: {min(counts)}–{max(counts)}; over their length: "
           f"{check_lengths(records, report) or 'none'}")
-    cells = len(table) // max(1, len(records))
-    print(f"seconds per example and cell (a prefill and a greedy answer): {wall / max(1, len(table)):.2f} "
-          f"({cells} cells per example)")
+    per_cell = sum(report["seconds"].values()) / max(1, len(table))
+    print(f"seconds per (press, ratio, mode, example) cell, a prefill and a greedy answer: {per_cell:.2f} "
+          f"({len(table) // max(1, len(records))} cells per example; a rerun resumes from {csv.with_suffix('.work')})")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary(table).round(3).to_string())
     print(f"predictions written to {csv}")

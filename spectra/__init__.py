@@ -4,8 +4,8 @@ Every analysis is a registered kind (`spectra.kinds`) run by one loop (`spectra.
 spectra of P), `approx` (how well cheap attentions stand in at a budget), `theorems` (the Linformer paper's JL
 theorems against reality), `scaling` (how the needed rank grows with n), and whatever else is registered; each
 is a keyword function here (`spectra.analyze(model, data, …)`, built by `spectra.api`). Runs load back with
-`load_run`; figures are in `spectra.report.plots`. Names are imported on first use, so `import spectra` (and
-`spectra --help`) stays fast.
+`load_run` (each analysis's run object, printer and figures are its read side, `spectra.report.<kind>`). Names
+are imported on first use, so `import spectra` (and `spectra --help`) stays fast.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree th
 _EXPORTS = {
     "SpectraError": "errors",
     "load_run": "kinds",
-    "Run": "runs",
-    "ApproxRun": "runs",
-    "TheoremRun": "runs",
-    "ScalingRun": "runs",
-    "CacheRun": "runs",
+    "Run": "report.analyze",
+    "ApproxRun": "report.approx",
+    "TheoremRun": "report.theorems",
+    "ScalingRun": "report.scaling",
+    "CacheRun": "report.cache",
+    "HeadsRun": "report.heads",
 }
 
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpectraError, option
+from .errors import SpectraError, spell
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
            "tf_model.h5", "flax_model.msgpack")
@@ -170,15 +170,15 @@ def inspect(source: str | os.PathLike, gguf_file: str | os.PathLike | None = Non
         return _gguf(path.parent, path.name)
     if not looks_local(source):
         if gguf_file is not None:
-            raise SpectraError(f"{option('--gguf-file', 'gguf_file')} names a file inside a local directory; give that "
-                               f"directory as {option('MODEL', 'model')}")
+            raise SpectraError(f"{spell('--gguf-file', 'gguf_file')} names a file inside a local directory; give that "
+                               f"directory as {spell('MODEL', 'model')}")
         return Source(source, None, {}, label(source))
     path = Path(source).expanduser()
     if not path.exists():
         raise SpectraError(f"model directory {source} does not exist")
     if gguf_file is not None:
         if not path.is_dir():
-            raise SpectraError(f"{option('--gguf-file', 'gguf_file')} needs {option('MODEL', 'model')} to be the "
+            raise SpectraError(f"{spell('--gguf-file', 'gguf_file')} needs {spell('MODEL', 'model')} to be the "
                                f"directory holding it, but {source} is a file")
         return _gguf(path, gguf_file)
     if not path.is_dir():

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 import typer
 
+from . import runtime
 from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
@@ -85,7 +86,7 @@ def plot(
     check_writable(out if out is not None else run / "figures", inside=True)
     loaded = load_run(run)
     if at is not None:  # only analyze runs have an index to draw the heatmap at
-        from .report.plots.spectra import plot_run
+        from .report.analyze import plot_run
 
         paths = plot_run(load_run(run, "analyze"), out, at=at).paths
     else:
@@ -105,7 +106,7 @@ def plan_k(
     """Nonuniform projected dimension: the smallest k_proj per layer (or head) whose mean curve reaches E."""
     from .kinds import load_run
     from .report.console import out as stdout
-    from .report.console import print_plan
+    from .report.analyze import print_plan
     from .report.plan import plan_k as make_plan
     from .rundir import check_writable, write_json
 
@@ -132,7 +133,7 @@ def compare(
     """Headline numbers of several runs side by side: per layer c at the index and rank needed for 90%."""
     from .kinds import load_run
     from .report.console import out as stdout
-    from .report.console import print_compare
+    from .report.analyze import print_compare
     from .report.summaries import compare as compare_runs
     from .rundir import check_writable, write_table
 
@@ -193,6 +194,7 @@ def main() -> None:
     spectra's own `Interrupted`, which they pass through. Messages spell options as the command line does."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun only process 0 prints results
         sys.stdout = open(os.devnull, "w")
+    runtime.prefer_passive_wait()  # before torch loads: idle OpenMP threads sleep instead of spinning (runtime.py)
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         app(standalone_mode=False)

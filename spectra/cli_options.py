@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 import click
 import typer
 
-from . import catalogue
+from . import registry
 from .config import RunConfig
 from .errors import SpectraError
 from .kinds import Analysis
@@ -58,16 +58,16 @@ class FlaglessGroup(Flagless, typer.core.TyperGroup):
                 formatter.write_dl(rows)
 
 
-def cli_type(kind: Any) -> Any:
+def cli_type(annotation: Any) -> Any:
     """The type typer parses an option as: choice sets and numbers as they are; lists (tuples), paths and plans as
     text, which the option's dataclass reads (comma-separated lists: '32,64')."""
     optional = False
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        inner = [arg for arg in typing.get_args(kind) if arg is not type(None)]
-        optional, kind = len(inner) < len(typing.get_args(kind)), inner[0] if len(inner) == 1 else Any
-    if kind is Any or typing.get_origin(kind) is tuple:
-        kind, optional = str, True
-    return Optional[kind] if optional else kind
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        optional, annotation = len(inner) < len(typing.get_args(annotation)), inner[0] if len(inner) == 1 else Any
+    if annotation is Any or typing.get_origin(annotation) is tuple:
+        annotation, optional = str, True
+    return Optional[annotation] if optional else annotation
 
 
 def cli_default(value: Any) -> Any:
@@ -76,13 +76,13 @@ def cli_default(value: Any) -> Any:
 
 
 def _parameter(option: Declared, default: Any) -> inspect.Parameter:
-    help_text = option.help.replace("{methods}", catalogue.listing()) if "{methods}" in option.help else option.help
+    help_text = option.help.replace("{methods}", registry.method_listing()) if "{methods}" in option.help else option.help
     listed = isinstance(default, tuple)
     if listed:  # spaces after the commas, so that --help wraps a long list between values, never inside one
         help_text += f"  [default: {', '.join(map(str, default))}]"
     info = typer.Option(*option.flags, help=help_text, metavar=option.metavar, show_default=not listed)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default(default),
-                             annotation=Annotated[cli_type(option.kind), info])
+                             annotation=Annotated[cli_type(option.annotation), info])
 
 
 def parameters(analysis: Analysis) -> list[inspect.Parameter]:

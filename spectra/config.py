@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import SpectraError
-from .errors import option as spell
+from .errors import SpectraError, spell
 from .inputs import path_text, several
 from .options import option
 
@@ -91,12 +90,12 @@ class Sharing(Choice):
 C = TypeVar("C", bound=Choice)
 
 
-def choose(kind: type[C], value: str | C, option: str) -> C:
-    """`value` as a member of `kind`, or one line naming the option and its choices."""
+def choose(choices: type[C], value: str | C, option: str) -> C:
+    """`value` as a member of `choices`, or one line naming the option and its choices."""
     try:
-        return kind(value)
+        return choices(value)
     except ValueError:
-        raise SpectraError(f"unknown {spell(option)} '{value}'; use one of {', '.join(kind.values())}") from None
+        raise SpectraError(f"unknown {spell(option)} '{value}'; use one of {', '.join(choices.values())}") from None
 
 
 # ---------------------------------------------------------------- single checks shared by several options
@@ -212,6 +211,9 @@ class RunConfig:
     resume: bool = option(False, "Continue an interrupted run from its last checkpoint.", identity=False)
     trust_remote_code: bool = option(False, "Allow code shipped with the model to run (off by default).",
                                      identity=False)
+    threads: int | None = option(None, "CPU threads for the forward pass and the spectra (default: one per CPU this "
+                                 "process may use); fewer leaves room to other jobs on a shared machine.",
+                                 identity=False)
     checkpoint_seconds: float = option(60.0, "Seconds between checkpoints.", identity=False, cli=False)
 
     def __post_init__(self) -> None:
@@ -221,6 +223,9 @@ class RunConfig:
             raise SpectraError(f"{spell('--samples')} must be at least 1, got {self.samples}")
         if self.batch_size < 1:
             raise SpectraError(f"{spell('--batch-size')} must be at least 1, got {self.batch_size}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise SpectraError(f"{spell('--threads')} must be a positive integer, got {self.threads!r}")
         check_seed(self.seed)
         if self.resume and self.overwrite:
             raise SpectraError(f"{spell('--resume', 'resume=True')} continues the run at {spell('--out')} and "
@@ -263,7 +268,7 @@ class Init(Choice):
     XAVIER = "xavier"
 
 
-class Compress(Choice):
+class ProjectAt(Choice):
     """Where eq. 7 projects: after W^K, W^V (the paper, E(K W^K)) or before them (reference code, (E X) W^K)."""
 
     AFTER = "after"

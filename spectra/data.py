@@ -3,7 +3,7 @@
 Documents are shuffled with the seed, then either packed (`pack`: concatenated with the tokenizer's
 separator and cut into blocks of exactly n tokens including special tokens, the last partial block
 dropped) or truncated (`truncate`: one document per sequence, at most n tokens, padded in the batch).
-Tokenization is lazy: only as many documents are read as the requested samples need.
+Tokenization is lazy: only as many documents are read as the requested sequences need.
 """
 
 from __future__ import annotations
@@ -121,9 +121,9 @@ def _read_table(path: Path, text_column: str) -> list[str]:
         )
     values = [x for x in table[text_column] if x is not None]
     if values and not any(isinstance(x, str) for x in values):
-        kind = "numbers" if all(isinstance(x, (int, float)) for x in values) else type(values[0]).__name__ + " values"
+        found = "numbers" if all(isinstance(x, (int, float)) for x in values) else type(values[0]).__name__ + " values"
         others = [name for name in table.column_names if name != text_column]
-        raise SpectraError(f"column '{text_column}' of {path} holds {kind}, not text; choose a text column with "
+        raise SpectraError(f"column '{text_column}' of {path} holds {found}, not text; choose a text column with "
                            f"--text-column (its other columns: {', '.join(others) or 'none'})")
     return [str(x) for x in values]
 
@@ -256,9 +256,9 @@ def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int
             del buffer[:body]
 
 
-def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_size: int, skip: int = 0,
+def batches(tokenizer, corpus: Corpus, n: int, mode: str, count: int, batch_size: int, skip: int = 0,
             shard: tuple[int, int] = (0, 1), fit_samples: int = 0) -> Iterator[Batch]:
-    """Batches of up to `batch_size` of the first `samples` sequences, leaving out the first `skip`
+    """Batches of up to `batch_size` of the first `count` sequences (calibration included), leaving out the first `skip`
     (resuming) and, with shard = (rank, size), keeping only indices ≡ rank mod size (one process's share).
     No batch holds sequences on both sides of `fit_samples` (the end of a calibration set)."""
     rank, size = shard
@@ -266,7 +266,7 @@ def batches(tokenizer, corpus: Corpus, n: int, mode: str, samples: int, batch_si
     left = getattr(tokenizer, "padding_side", "right") == "left"
     pending: list[tuple[int, list[int]]] = []
     for index, ids in enumerate(sequences(tokenizer, corpus, n, mode)):
-        if index >= samples:
+        if index >= count:
             break
         if index < skip or index % size != rank:
             continue

@@ -2,7 +2,7 @@
 (exit code 2 and 130), and `InternalError` (a bug: never turned into a one-line message).
 
 A message often names an option, which the command line and Python spell differently (`--fit-samples 64`,
-`fit_samples=64`). `option(cli, api)` marks such a name inside a message; `str(error)` (what a Python user
+`fit_samples=64`). `spell(cli, api)` marks such a name inside a message; `str(error)` (what a Python user
 sees) spells the API's, `error.for_cli()` (what `spectra` prints) the command line's, so neither audience reads
 the other's spelling.
 """
@@ -16,7 +16,7 @@ _START, _SPLIT, _END = "\x02", "\x1f", "\x03"
 _MARKED = re.compile(f"{_START}([^{_SPLIT}{_END}]*){_SPLIT}([^{_END}]*){_END}")
 
 
-def option(cli: str, api: str | None = None) -> str:
+def spell(cli: str, api: str | None = None) -> str:
     """`cli` as the command line spells an option, `api` as Python does (default: the keyword the option's name
     becomes, --fit-samples → fit_samples), for a message of a `SpectraError` or `Interrupted`. An option already
     marked is returned as it is."""
@@ -34,7 +34,7 @@ def render(message: str, front: str = "api") -> str:
 
 
 class _Spelled(Exception):
-    """An exception whose message may hold options marked with `option`."""
+    """An exception whose message may hold options marked with `spell`."""
 
     def __str__(self) -> str:
         return render(super().__str__(), "api")

@@ -11,18 +11,17 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import SpectraError
-from .errors import option as spell
+from .errors import SpectraError, spell
 
 
 def numbers(text: str, option: str, cast: type = int) -> list:
     """'32,64,128' → [32, 64, 128]; a malformed list is one line naming the option (its command-line spelling, or
-    both spellings marked with `errors.option`)."""
+    both spellings marked with `errors.spell`)."""
     try:
         return [cast(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        kind = "integers, e.g. 32,64,128" if cast is int else "numbers, e.g. 0.1,0.2,0.3,0.5"
-        raise SpectraError(f"{spell(option)} '{text}' is not a comma-separated list of {kind}") from None
+        expected = "integers, e.g. 32,64,128" if cast is int else "numbers, e.g. 0.1,0.2,0.3,0.5"
+        raise SpectraError(f"{spell(option)} '{text}' is not a comma-separated list of {expected}") from None
 
 
 def several(value: Any, option: str, cast: type | None = None) -> tuple:

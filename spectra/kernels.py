@@ -7,11 +7,15 @@ Capture, the methods, the Linformer layer, the calibration objective and the the
 - `scores(q, k, s)` = q kᵀ · s, (…, n, d) × (…, m, d) → (…, n, m);
 - `allowed(valid, causal)`: the keys each query may see — the valid ones and, for causal attention, those at
   or before the query's position;
+- `causal_mask(queries, keys)`: the causal mask of the last `queries` positions over `keys` positions;
 - `masked_softmax(logits, keep)`: the softmax over the kept entries of each row, zero elsewhere; a row that
   keeps nothing (a left-padded query of a decoder) is a zero row, not NaN;
+- `eager_softmax(logits, keep, dtype)`: the masked softmax as eager attention takes it — hidden entries at the
+  dtype's minimum, the softmax in float32 (or wider), cast back — for the KV-cache engine and the presses, whose
+  outputs must match a dense forward bit for bit;
 - `eager_p(q, k, s, mask)`: P = softmax(q kᵀ s + mask) with the model's additive mask, exactly as transformers'
   eager attention computes it (tests/test_capture.py checks the bits);
-- eq. 7, softmax(Q (E K)ᵀ s)(F V): `compress` (E·X along the sequence, padded rows zeroed first), `attend`
+- eq. 7, softmax(Q (E K)ᵀ s)(F V): `project` (E·X along the sequence, padded rows zeroed first), `attend`
   (softmax(q k̄ᵀ s) v̄) and `eq7`, which also forms the n × n P̃ = softmax(Q (E K)ᵀ s) F when asked.
 """
 
@@ -34,8 +38,14 @@ def allowed(valid: torch.Tensor, causal: bool = False) -> torch.Tensor:
     keep = valid[:, None, None, :]
     if causal:
         n = valid.shape[-1]
-        keep = keep & torch.ones(n, n, dtype=torch.bool, device=valid.device).tril()
+        keep = keep & causal_mask(n, n, valid.device)
     return keep
+
+
+def causal_mask(queries: int, keys: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(queries, keys) booleans: query i, at position keys − queries + i, sees the keys at or before it."""
+    position = torch.arange(keys - queries, keys, device=device)[:, None]
+    return torch.arange(keys, device=device)[None, :] <= position
 
 
 def masked_softmax(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -43,6 +53,14 @@ def masked_softmax(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     a row keeping no entry is zero (not NaN)."""
     p = torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
     return torch.where(keep.any(-1, keepdim=True), p, 0.0)
+
+
+def eager_softmax(logits: torch.Tensor, keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The softmax of each row of `logits` over its kept entries (`keep` broadcasts), as eager attention computes
+    a masked row: hidden entries set to the dtype's minimum, the softmax taken in float32 (or wider, for float64
+    logits) and cast to `dtype`."""
+    logits = logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+    return torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32)).to(dtype)
 
 
 def eager_p(q: torch.Tensor, k: torch.Tensor, scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,7 +72,7 @@ def eager_p(q: torch.Tensor, k: torch.Tensor, scaling: float, mask: torch.Tensor
     return nn.functional.softmax(logits, dim=-1)
 
 
-def compress(x: torch.Tensor, proj: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+def project(x: torch.Tensor, proj: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """E·x along the sequence: x (B, H|1, n, c) and proj (budget, ≥n), (H|1, budget, ≥n) or, one per sequence,
     (B, H, budget, ≥n) → (B, H, budget, c).
 
@@ -95,11 +113,11 @@ def eq7(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, f: t
     with it the n × n P̃ = softmax(Q (E K)ᵀ s) F (padded columns zero) is formed, for measuring, and the output
     is P̃ V (the same up to rounding; v must then be zero on padded rows or `valid` given)."""
     if not dense:
-        return attend(q, compress(k, e, valid), compress(v, f, valid), scaling), None
+        return attend(q, project(k, e, valid), project(v, f, valid), scaling), None
     n = q.shape[-2]
     e, f = e[..., :n].to(q), f[..., :n].to(q)
     scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
-    p_bar = torch.softmax(torch.einsum("bhid,bhcd->bhic", q, compress(k, e, valid)) * scaling, dim=-1)
+    p_bar = torch.softmax(torch.einsum("bhid,bhcd->bhic", q, project(k, e, valid)) * scaling, dim=-1)
     if valid is not None:
         f = f * valid[:, None, None, :]
     p_tilde = p_bar @ f  # (B, H, n, n)

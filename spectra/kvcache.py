@@ -19,6 +19,7 @@ import torch
 
 from . import capture
 from .capture import Captured
+from .kernels import causal_mask, eager_softmax, scores
 from .presses import Compressed, Prefill
 from .presses.base import WINDOW
 
@@ -51,7 +52,7 @@ def stack(parts: Sequence[Compressed], key: torch.Tensor, value: torch.Tensor) -
     return keys, values, valid
 
 
-def attend(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+def cached_attention(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
     """Attention of new queries q (R, H, n, d) over a cache (`Stacked`, its valid rows) and the new tokens' own keys
     and values (R, H_kv, n, d) causally: the operations of eager attention (scores · s, a softmax in float32 — or
     wider, for a float64 model — cast back, weights · values). Returns (R, H, n, d)."""
@@ -60,12 +61,10 @@ def attend(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Ten
     keys = torch.cat([cached_key, key], dim=-2).repeat_interleave(groups, dim=1)
     values = torch.cat([cached_value, value], dim=-2).repeat_interleave(groups, dim=1)
     n = q.shape[-2]
-    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     allowed = torch.cat([valid[:, :, None, :].expand(-1, -1, n, -1),
-                         causal.expand(*valid.shape[:2], n, n)], dim=-1).repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+                         causal_mask(n, n, q.device).expand(*valid.shape[:2], n, n)],
+                        dim=-1).repeat_interleave(groups, dim=1)
+    weights = eager_softmax(scores(q, keys, scaling), allowed, q.dtype)
     return torch.matmul(weights, values)
 
 
@@ -83,7 +82,7 @@ def head_measures(captured: Captured, row: int, context: int, parts: Sequence[Co
     exact = torch.matmul(full_rows, captured.v[row])
     own_key, own_value = captured.key[row, :, context:], captured.value[row, :, context:]
     cached = stack(parts, prefilled.key, prefilled.value)
-    out = attend(q.expand(len(parts), -1, -1, -1), cached, own_key.expand(len(parts), -1, -1, -1),
+    out = cached_attention(q.expand(len(parts), -1, -1, -1), cached, own_key.expand(len(parts), -1, -1, -1),
                  own_value.expand(len(parts), -1, -1, -1), captured.scaling)
     error = (out - exact).flatten(2).norm(dim=-1) / exact.flatten(1).norm(dim=-1).clamp_min(1e-30)
     on_context = full_rows[..., :context]  # (H, C, L)
@@ -105,7 +104,7 @@ def continuation_logits(model: torch.nn.Module, layers: int, caches: Callable[[i
     """Logits (rows, n, vocab) of the n `tokens` at positions start … start + n − 1, row r of every layer attending
     to row r of `caches(layer)` and causally to the tokens themselves (their keys and values are not cached)."""
     def substitute(captured: Captured) -> torch.Tensor:
-        return attend(captured.q, caches(captured.layer), captured.key, captured.value, captured.scaling)
+        return cached_attention(captured.q, caches(captured.layer), captured.key, captured.value, captured.scaling)
 
     n = tokens.shape[-1]
     ids = tokens.reshape(1, n).expand(rows, -1)

@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import torch
 
-from . import distributed, timings
+from . import distributed, runtime, timings
 from .config import RunConfig
-from .errors import Interrupted, SpectraError, option
+from .errors import Interrupted, SpectraError, spell
 from .probes import Probe
-from .reporter import Reporter
+from .reporter import Reporter, plural
 from .rundir import OVERWRITE, RESUME, RunDir, default_dir, versions
 from .stats import plain
 
@@ -49,7 +49,9 @@ class Source(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
-    def batches(self, samples: int, batch_size: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[Any]: ...
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[Any]:
+        """Batches of the first `sequences` (each source batches as its run configuration says), from `skip` on,
+        keeping the shard's share."""
 
     def run(self, batch: Any, observe: Callable[[Any], None]) -> None: ...
 
@@ -59,8 +61,8 @@ class Job:
     """One analysis, ready to run.
 
     `config` says what to read and where to write; `settings` identify the run (recorded in run.json, compared on
-    --resume); `samples` is how many sequences stream through (a calibration set and the evaluated ones);
-    `open_source(device)` reads the data and loads the model; `build_probe(source)` and `meta(source)` may use
+    --resume); `samples` is how many sequences are evaluated, after `calibration` sequences that fit what
+    calibrates (they stream through first; `sequences` counts both); `open_source(device)` reads the data and loads the model; `build_probe(source)` and `meta(source)` may use
     what it found.
     """
 
@@ -76,17 +78,28 @@ class Job:
     meta: Callable[[Source], dict[str, Any]]
     #: bytes one sequence needs while its batch runs (attention matrices and the probe's work), for the memory check
     bytes_per_sequence: Callable[[Source], float] = lambda source: 8.0 * 6 * source.heads * source.n ** 2
+    #: settings left at a default that follows from others (--at's n/4 follows --length): a refused --resume names
+    #: them only when nothing else differs, so it never lists an option the user did not type
+    derived: tuple[str, ...] = ()
+    #: sequences read first to calibrate (fitted methods, calibrated presses), not evaluated
+    calibration: int = 0
+
+    @property
+    def sequences(self) -> int:
+        """Every sequence that streams through: the calibration ones, then the evaluated ones."""
+        return self.calibration + self.samples
 
 
-def _differences(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+def _differences(recorded: dict[str, Any], wanted: dict[str, Any], derived: tuple[str, ...] = ()) -> list[str]:
     """The identity settings that differ between a recorded run and the one asked for (the analysis's own
-    options, under "extra", named one by one)."""
+    options, under "extra", named one by one); a `derived` one only when no other differs (it followed them)."""
     def flat(settings: dict[str, Any]) -> dict[str, Any]:
         return {**{key: value for key, value in settings.items() if key != "extra"}, **settings.get("extra", {})}
 
     recorded, wanted = flat(recorded), flat(wanted)
     keys = (set(recorded) | set(wanted)) - set(NOT_IDENTITY)
-    return sorted(key for key in keys if recorded.get(key) != wanted.get(key))
+    changed = sorted(key for key in keys if recorded.get(key) != wanted.get(key))
+    return [key for key in changed if key not in derived] or changed
 
 
 def _data_changes(recorded: dict[str, Any], source: Source) -> list[str]:
@@ -140,10 +153,10 @@ def _check_memory(job: Job, source: Source) -> None:
         return
     fits = max(1, int(0.8 * free // per_sequence))
     raise SpectraError(
-        f"{option(f'--batch-size {batch_size}', f'batch_size={batch_size}')} needs about "
+        f"{spell(f'--batch-size {batch_size}', f'batch_size={batch_size}')} needs about "
         f"{batch_size * per_sequence / 2**30:.1f} GiB for one batch's attention at n = {source.n} ({source.heads} "
         f"heads), but about {free / 2**30:.1f} GiB is free on {source.device.type}; use "
-        f"{option(f'--batch-size {fits}', f'batch_size={fits}')} or less"
+        f"{spell(f'--batch-size {fits}', f'batch_size={fits}')} or less"
     )
 
 
@@ -170,10 +183,10 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
         saved[:] = [done + seen]
         return True
 
-    reporter.advance(done, job.samples)
+    reporter.advance(done, job.sequences)
     try:
         with _deferred_interrupts(reporter.notify) as interrupted:
-            for batch in timings.timed("tokenize", source.batches(job.samples, job.config.batch_size, skip=done,
+            for batch in timings.timed("tokenize", source.batches(job.sequences, skip=done,
                                                                    shard=(distributed.rank(), distributed.size()))):
                 with timings.stage("forward"):
                     source.run(batch, timings.staged("probes", probe.update))
@@ -182,29 +195,29 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                 seen += len(batch.index)
                 if interrupted():
                     if distributed.size() == 1 and not checkpoint() and not saved:
-                        raise Interrupted(f"interrupted after {done + seen} sequences, during the calibration: "
+                        raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}, during the calibration: "
                                           "nothing was saved; run the command again")
-                    raise Interrupted(f"interrupted after {done + seen} sequences; continue with {RESUME} and the "
-                                      f"same {option('--out')} ({target.out})")
+                    raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}; continue with {RESUME} and the "
+                                      f"same {spell('--out')} ({target.out})")
                 if time.perf_counter() - last_save >= every and probe.ready():
                     checkpoint()
                     last_save = time.perf_counter()
                 # with several processes: this one's share, scaled
-                reporter.advance(min(done + seen * distributed.size(), job.samples), job.samples)
+                reporter.advance(min(done + seen * distributed.size(), job.sequences), job.sequences)
         probe.load_state(distributed.reduce_state(probe.state(), source.device))
     except KeyboardInterrupt:
         if not saved:  # nothing on disk to continue from
-            raise Interrupted(f"interrupted twice: stopped at once after {done + seen} sequences, before the first "
+            raise Interrupted(f"interrupted twice: stopped at once after {plural(done + seen, 'sequence')}, before the first "
                               "checkpoint: nothing was saved; run the command again") from None
-        raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after {saved[0]} "
-                          f"sequences with {RESUME} and the same {option('--out')} ({target.out})") from None
+        raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after "
+                          f"{plural(saved[0], 'sequence')} with {RESUME} and the same {spell('--out')} ({target.out})") from None
     except (RuntimeError, MemoryError) as error:
         if not (isinstance(error, MemoryError) or _out_of_memory(error)):
             raise
-        kept = (f"the checkpoint after {saved[0]} sequences is kept: continue with {RESUME} and"
+        kept = (f"the checkpoint after {plural(saved[0], 'sequence')} is kept: continue with {RESUME} and"
                 if saved else "nothing was written: try again with")
-        raise SpectraError(f"ran out of memory after {done + seen} sequences; {kept} a smaller "
-                           f"{option('--batch-size')}") from None
+        raise SpectraError(f"ran out of memory after {plural(done + seen, 'sequence')}; {kept} a smaller "
+                           f"{spell('--batch-size')}") from None
     return seen
 
 
@@ -213,9 +226,10 @@ def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
 
     Nothing touches the disk until the first checkpoint, so bad input leaves no trace. An interrupt
     (Ctrl-C, SIGTERM) is honoured between batches: the state so far is checkpointed and `Interrupted`
-    says how to continue. The stage timings (`spectra.timings`) go into run.json under "timings".
+    says how to continue. The stage timings (`spectra.timings`) go into run.json under "timings". torch runs on
+    `config.threads` intra-op threads for the job (None: as many as it has), the count before restored after.
     """
-    with timings.recording() as timer:
+    with timings.recording() as timer, runtime.threads(job.config.threads):
         return _execute(job, reporter, timer)
 
 
@@ -226,28 +240,28 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
     notify = reporter.notify
     if target.complete:
         finished = target.finished_meta()
-        changed = _differences(finished["settings"], job.settings)
+        changed = _differences(finished["settings"], job.settings, job.derived)
         if changed:
             raise SpectraError(f"{target.out} is a complete run with different {', '.join(changed)}; pass {OVERWRITE} "
-                               f"to replace it, or choose another {option('--out')}")
+                               f"to replace it, or choose another {spell('--out')}")
         changed = _data_changes(finished, job.open_source(config.device))
         if changed:
             raise SpectraError(f"{target.out} is a complete run of other data: its {', '.join(changed)} differ from "
                                f"what the data holds now; pass {OVERWRITE} to replace it, or choose another "
-                               f"{option('--out')}")
+                               f"{spell('--out')}")
         notify(f"{target.out} is already complete; loading it")
         return target.out
     previous = target.checkpoint_meta()
     if previous is not None:
-        changed = _differences(previous["settings"], job.settings)
+        changed = _differences(previous["settings"], job.settings, job.derived)
         if changed:
             raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}; "
-                               f"pass {OVERWRITE} to start over, or choose another {option('--out')}")
+                               f"pass {OVERWRITE} to start over, or choose another {spell('--out')}")
 
     device = config.device
     if distributed.requested():
         if config.resume:
-            raise SpectraError(f"{option('--resume', 'resume')} is not supported across processes; resume with a "
+            raise SpectraError(f"{spell('--resume', 'resume')} is not supported across processes; resume with a "
                                "single process")
         from .models import pick_device
 
@@ -275,7 +289,7 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
             state, done = target.load_checkpoint()
             probe.load_state(state)
             elapsed = float(previous.get("wall_seconds", 0.0))
-            notify(f"resuming {target.partial} after {done} sequences")
+            notify(f"resuming {target.partial} after {plural(done, 'sequence')}")
         target.begin(record)
         started = time.perf_counter()
         try:
@@ -284,11 +298,13 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
             with timings.stage("wait"):
                 probe.close()
         processed = done + distributed.total(seen, source.device)
-        if processed < job.samples:
+        if processed < job.sequences:
             reporter.advance(processed, processed)
-            notify(f"the corpus yields {processed} sequence{'s' if processed != 1 else ''} of the {job.samples} "
+            notify(f"the corpus yields {plural(processed, 'sequence')} of the {job.sequences} "
                    "asked for; all of them were used")
-        record.update(status="complete", samples=processed, wall_seconds=elapsed + time.perf_counter() - started,
+        if job.calibration:  # `samples` counts the evaluated sequences, as --samples does
+            record.update(evaluation=[job.calibration, job.sequences], sequences=processed)
+        record.update(status="complete", samples=max(0, processed - job.calibration), wall_seconds=elapsed + time.perf_counter() - started,
                       processes=distributed.size(), **probe.describe())
         if distributed.is_main():
             with timings.stage("write"):

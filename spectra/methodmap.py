@@ -40,10 +40,10 @@ def head_types(diagnosis: pd.DataFrame) -> pd.Series:
 
     tests = [column("induction_score") >= INDUCTION, column("prev") >= PREVIOUS, column("sink_share") >= SINK,
              column("local") >= LOCAL, column("retrieval") >= RETRIEVAL]
-    kind = np.full(len(diagnosis), HEAD_TYPES[-1], dtype=object)
+    types = np.full(len(diagnosis), HEAD_TYPES[-1], dtype=object)
     for name, holds in zip(reversed(HEAD_TYPES[:-1]), reversed(tests)):
-        kind = np.where(holds, name, kind)
-    return pd.Series(kind, index=diagnosis.index, name="head_type")
+        types = np.where(holds, name, types)
+    return pd.Series(types, index=diagnosis.index, name="head_type")
 
 
 def winners(approx_heads: pd.DataFrame, metric: str = "out_err") -> pd.DataFrame:

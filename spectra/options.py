@@ -36,7 +36,7 @@ class Declared:
     """One declared option, read back from its dataclass: name, resolved type, default and metadata."""
 
     name: str
-    kind: Any
+    annotation: Any
     default: Any
     help: str
     flag: str

@@ -14,6 +14,11 @@ from dataclasses import dataclass, replace
 Progress = Callable[[int, int], None]
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 sequence', '2 sequences': a count in a notice or a table's title."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _silent(line: str) -> None:
     pass
 

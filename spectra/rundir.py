@@ -5,7 +5,7 @@ so an interrupted or failed run never looks finished and an existing run is repl
 successor is whole. While a run writes, it holds an exclusive lock (`.<out>.lock` beside the directory,
 naming its process), so a second run aimed at the same place stops at once instead of racing it. Files
 are written through a temporary file and a rename, with the permissions the user's umask gives. Nothing
-is pickled: JSON, CSV and `.npz`. Reading runs back is `spectra.runs`.
+is pickled: JSON, CSV and `.npz`. Reading runs back is each analysis's read side (`spectra.report.<kind>`, on `spectra.runs`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import SpectraError, option
+from .errors import SpectraError, spell
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - Windows
 
 CHECKPOINT = "checkpoint.npz"
 #: the two options that decide what happens to an existing run directory, as each front end spells them
-OVERWRITE, RESUME = option("--overwrite", "overwrite=True"), option("--resume", "resume=True")
+OVERWRITE, RESUME = spell("--overwrite", "overwrite=True"), spell("--resume", "resume=True")
 
 
 @lru_cache(maxsize=1)
@@ -107,11 +107,11 @@ def check_writable(path: Path, what: str = "--out", *, inside: bool = False) -> 
     in it and removed at once.
     """
     if inside and path.exists() and not path.is_dir():
-        raise SpectraError(f"cannot write into {path}: it is a file, not a directory; choose another {option(what)}")
+        raise SpectraError(f"cannot write into {path}: it is a file, not a directory; choose another {spell(what)}")
     ancestor = path.absolute() if inside and path.exists() else path.absolute().parent
     while not ancestor.exists():
         ancestor = ancestor.parent
-    refused = f"cannot write {path}: {ancestor} is not a writable directory; choose another {option(what)}"
+    refused = f"cannot write {path}: {ancestor} is not a writable directory; choose another {spell(what)}"
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise SpectraError(refused)
     try:
@@ -156,13 +156,13 @@ class RunDir:
         holder = lock_holder(self.out) if lock else None
         if holder is not None:
             raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait for it "
-                               f"to finish or choose another {option('--out')}")
+                               f"to finish or choose another {spell('--out')}")
         if self.out.exists() and not self.out.is_dir():
             raise SpectraError(f"output path {self.out} exists and is not a directory; choose another "
-                               f"{option('--out')}")
+                               f"{spell('--out')}")
         if self.out.exists() and not (overwrite or resume):
             raise SpectraError(f"run directory {self.out} already exists; pass {OVERWRITE} to replace it or choose "
-                               f"another {option('--out')}")
+                               f"another {spell('--out')}")
         if self.partial.exists() and not (overwrite or resume):
             raise SpectraError(f"an interrupted run is at {self.partial}; pass {RESUME} to continue it or "
                                f"{OVERWRITE} to start over")
@@ -173,7 +173,7 @@ class RunDir:
         """True when resuming onto a finished run."""
         if self.resume and self.out.is_dir() and not (self.out / "run.json").exists() and any(self.out.iterdir()):
             raise SpectraError(f"{self.out} exists but holds no run.json: it is not a spectra run to resume; choose "
-                               f"another {option('--out')} (or pass {OVERWRITE} to replace it)")
+                               f"another {spell('--out')} (or pass {OVERWRITE} to replace it)")
         return self.resume and (self.out / "run.json").exists()
 
     def _damaged(self, path: Path, what: str, run: Path) -> SpectraError:
@@ -226,7 +226,7 @@ class RunDir:
                 handle = os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w")
             except FileExistsError:
                 raise SpectraError(f"{self.out} is being written by another spectra run; choose another "
-                                   f"{option('--out')}") from None
+                                   f"{spell('--out')}") from None
         else:
             handle = open(path, "a+")
             try:
@@ -236,7 +236,7 @@ class RunDir:
                 holder = handle.read().strip() or "unknown"
                 handle.close()
                 raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait "
-                                   f"for it to finish or choose another {option('--out')}") from None
+                                   f"for it to finish or choose another {spell('--out')}") from None
             handle.seek(0)
             handle.truncate()
         handle.write(f"{os.getpid()}\n")

@@ -86,9 +86,9 @@ class ModelSource:
             "dtype": self.config.dtype,
         }
 
-    def batches(self, samples: int, batch_size: int, skip: int = 0,
-                shard: tuple[int, int] = (0, 1)) -> Iterator[data.Batch]:
-        return data.batches(self.loaded.tokenizer, self.corpus, self.n, self.config.mode, samples, batch_size,
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[data.Batch]:
+        return data.batches(self.loaded.tokenizer, self.corpus, self.n, self.config.mode, sequences,
+                            self.config.batch_size,
                             skip=skip, shard=shard, fit_samples=self.fit_samples)
 
     def shape(self) -> checkpoints.Shape:
@@ -171,13 +171,13 @@ class SyntheticSource:
         return {"model": {"name": f"gaussian(d={self.d})", "layers": 1, "heads": self.heads},
                 "data": self.data(), "n": self.n, "device": str(self.device)}
 
-    def batches(self, samples: int, batch_size: int, skip: int = 0,
-                shard: tuple[int, int] = (0, 1)) -> Iterator[SyntheticBatch]:
-        """Batches from `skip` on; with several processes, batch b goes to process b mod size."""
-        rank, size = shard
-        for number, start in enumerate(range(skip, samples, batch_size)):
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[SyntheticBatch]:
+        """Batches of the run's batch size from `skip` on; with several processes, batch b goes to process b mod
+        size."""
+        rank, size, batch_size = *shard, self.config.batch_size
+        for number, start in enumerate(range(skip, sequences, batch_size)):
             if number % size == rank:
-                yield SyntheticBatch(start, min(batch_size, samples - start))
+                yield SyntheticBatch(start, min(batch_size, sequences - start))
 
     def run(self, batch: SyntheticBatch, observe: Observe) -> None:
         config = self.config

@@ -160,6 +160,7 @@ def test_paths_may_be_pathlib_paths_everywhere(roberta_dir, text_file, tmp_path,
     load_run and the figures (spectra.analyze(Path(model)) once crashed in checkpoints.inspect)."""
     from spectra import checkpoints
     from spectra.report import plots
+    from spectra.report.analyze import plot_run
     from spectra.report.plan import plan_k
 
     monkeypatch.chdir(tmp_path)
@@ -179,7 +180,7 @@ def test_paths_may_be_pathlib_paths_everywhere(roberta_dir, text_file, tmp_path,
                             **QUIET)
     assert sweep.lengths == [16, 24]
     loaded = spectra.load_run(tmp_path / "run")
-    assert plots.plot_run(loaded, tmp_path / "views").paths[0].parent == tmp_path / "views"
+    assert plot_run(loaded, tmp_path / "views").paths[0].parent == tmp_path / "views"
     assert plots.figure1([loaded], tmp_path / "figure")[0] == tmp_path / "figure.png"
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "weights.gguf").write_bytes(b"GGUF")
@@ -196,7 +197,7 @@ def test_one_value_where_several_are_taken(roberta_dir, text_file, tmp_path) -> 
     run = spectra.approx(roberta_dir, text_file, budget=4, methods="svd", layers=1, end_to_end=True,
                          out=tmp_path / "approx", **common)
     assert run.meta["budget"] == [4] and run.meta["methods"] == ["svd"] and run.meta["layers"] == [1]
-    assert set(run.heads["method"]) == {"svd"}
+    assert set(run.head_stats["method"]) == {"svd"}
     theorems = spectra.theorems(roberta_dir, text_file, budget=4, eps=0.5, out=tmp_path / "theorems", **common)
     assert theorems.meta["budget"] == [4] and theorems.meta["eps"] == [0.5]
     analyzed = spectra.analyze(roberta_dir, text_file, layers=1, heads=2, out=tmp_path / "analyze", **common)

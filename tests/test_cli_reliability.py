@@ -180,7 +180,11 @@ def test_resume_onto_a_complete_run_with_other_settings_is_refused(roberta_dir, 
     analyze(roberta_dir, text_file, workdir / "run")
     line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", "run", "--resume",
                               "--length", "32", "--samples", "8", "--seed", "5"], monkeypatch, capsys))
-    assert "complete run with different at, length, seed;" in line and "--overwrite" in line
+    assert "complete run with different length, seed;" in line and "--overwrite" in line, \
+        "--at was never passed: its default follows the length, so only the length is named"
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+                              "--length", "24", "--samples", "8", "--at", "3"], monkeypatch, capsys))
+    assert "complete run with different at;" in line, "an --at given is named"
     code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--out", "run", "--resume",
                               "--length", "24", "--samples", "8", "--batch-size", "2"], monkeypatch, capsys)
     assert code == 0 and "already complete; loading it" in err, "batch size is not part of a run's identity"
@@ -607,3 +611,12 @@ def test_contradicting_options_are_refused(args, message, roberta_dir, text_file
                               command == "theorems" else "--seed", "4", *args], monkeypatch, capsys))
     assert message in line, line
     assert snapshot(workdir) == []
+
+
+def test_resume_of_an_interrupted_run_at_another_length_names_the_length_only(roberta_dir, text_file, workdir,
+                                                                             monkeypatch, capsys) -> None:
+    """--at defaults to n/4, so another --length changes it too; a refusal names only what was typed differently."""
+    interrupted(roberta_dir, text_file, workdir / "run", 4)
+    line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--out", "run", "--resume",
+                              "--length", "32", "--samples", "12", "--batch-size", "4"], monkeypatch, capsys))
+    assert "it was started with different length;" in line, line

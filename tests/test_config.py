@@ -38,7 +38,9 @@ def test_run_config_checks_and_coerces() -> None:
     for kwargs, message in [({"length": 1}, "length must be at least 2"), ({"samples": 0}, "samples must be"),
                             ({"batch_size": 0}, "batch_size must be"), ({"seed": -1}, "seed must be a non-negative"),
                             ({"mode": "stack"}, "unknown mode 'stack'; use one of pack, truncate"),
-                            ({"dtype": "int8"}, "unknown dtype 'int8'"), ({"device": "tpu"}, "unknown device")]:
+                            ({"dtype": "int8"}, "unknown dtype 'int8'"), ({"device": "tpu"}, "unknown device"),
+                            ({"threads": 0}, "threads must be a positive integer"),
+                            ({"threads": True}, "threads must be a positive integer")]:
         with pytest.raises(SpectraError, match=f"^{message}") as raised:
             RunConfig("m", "d", **kwargs)
         assert raised.value.for_cli().startswith(("--", "unknown --")), "the command line reads its own spelling"
@@ -48,6 +50,7 @@ def test_settings_are_the_run_identity() -> None:
     config = RunConfig("./models/tiny", "corpus.txt", length=32, trust_remote_code=True, out="x", resume=True,
                        checkpoint_seconds=5)
     settings = config.settings({"at": 8})
+    assert "threads" not in settings and RunConfig("m", "d", threads=3).settings({}) == RunConfig("m", "d").settings({})
     assert settings["extra"] == {"at": 8} and "trust_remote_code" not in settings
     assert set(settings) == {"model", "data", "length", "samples", "mode", "batch_size", "seed", "split",
                              "text_column", "device", "dtype", "extra"}, "where and how often it writes is no identity"

@@ -56,10 +56,10 @@ def test_pack_makes_exact_blocks_of_the_separated_stream(roberta_dir, text_file)
     assert all(b[0] == tokenizer.cls_token_id and b[-1] == tokenizer.sep_token_id for b in blocks)
     bodies = [token for b in blocks for token in b[1:-1]]
     assert bodies == stream[: len(bodies)] and len(stream) - len(bodies) < n - 2
-    batches = list(data.batches(tokenizer, corpus, n, "pack", samples=10, batch_size=4))
+    batches = list(data.batches(tokenizer, corpus, n, "pack", count=10, batch_size=4))
     assert [b.input_ids.shape for b in batches] == [(4, n), (4, n), (2, n)]
     assert bool(batches[0].attention_mask.all())
-    resumed = list(data.batches(tokenizer, corpus, n, "pack", samples=10, batch_size=4, skip=4))
+    resumed = list(data.batches(tokenizer, corpus, n, "pack", count=10, batch_size=4, skip=4))
     assert all((a.input_ids == b.input_ids).all() for a, b in zip(resumed, batches[1:]))
 
 
@@ -71,7 +71,7 @@ def test_truncate_makes_one_padded_sequence_per_document(bert_dir, text_file) ->
     assert len(sequences) == len(corpus.documents)
     for ids, doc in zip(sequences, corpus.documents):
         assert ids == tokenizer(doc, truncation=True, max_length=n)["input_ids"]
-    batch = next(data.batches(tokenizer, corpus, n, "truncate", samples=8, batch_size=8))
+    batch = next(data.batches(tokenizer, corpus, n, "truncate", count=8, batch_size=8))
     lengths = [len(s) for s in sequences[:8]]
     assert batch.attention_mask.sum(1).tolist() == lengths
     assert batch.input_ids.shape == (8, max(lengths))

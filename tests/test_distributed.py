@@ -36,7 +36,7 @@ def torchrun(args: list[str], cwd) -> subprocess.CompletedProcess:
 def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
     common = ["--data", str(text_file), "--length", "24", "--samples", "7", "--batch-size", "2", "--mode", "truncate"]
     done = torchrun(["analyze", str(roberta_dir), *common, "--out", str(tmp_path / "two")], tmp_path)
-    assert done.stdout.count("results written to") == 1, "only process 0 prints"
+    assert done.stdout.count("results in ") == 1, "only process 0 prints"
     two = spectra.load_run(tmp_path / "two")
     one = spectra.analyze(str(roberta_dir), str(text_file), length=24, samples=7, batch_size=2, mode="truncate",
                           device="cpu", out=tmp_path / "one", progress=None, notify=lambda line: None)
@@ -54,7 +54,7 @@ def test_two_processes_equal_one(roberta_dir, text_file, tmp_path) -> None:
     one = approx(str(roberta_dir), str(text_file), length=24, samples=5, batch_size=1,
                  budget=[4, 8], methods=["svd", "jl", "pool-mean"], end_to_end=True, device="cpu",
                  out=tmp_path / "approx-one", progress=None, notify=lambda line: None)
-    for table in ("heads", "end_to_end"):
+    for table in ("head_stats", "end_to_end"):
         assert_frames_close(getattr(two, table), getattr(one, table), rtol=1e-9, atol=1e-9, name=table)
 
 

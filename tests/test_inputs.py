@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spectra.errors import SpectraError, option
+from spectra.errors import SpectraError, spell
 from spectra.inputs import budgets_or_default, numbers, path_text, several
 
 
@@ -19,7 +19,7 @@ def test_one_value_or_several() -> None:
     assert several(0.1, "--eps", float) == (0.1,) and several("0.1,0.3", "--eps", float) == (0.1, 0.3)
     assert several("32,64", "--budget", int) == (32, 64) and several(range(3), "--layers") == (0, 1, 2)
     with pytest.raises(SpectraError) as raised:
-        several("a,b", option("--budget"), int)
+        several("a,b", spell("--budget"), int)
     assert str(raised.value).startswith("budget 'a,b' is not a comma-separated list of integers")
     assert raised.value.for_cli().startswith("--budget 'a,b' is not a comma-separated list of integers")
 

@@ -1,6 +1,6 @@
 """The attention primitives against numpy written out one row at a time: the scaled scores, the keys a query may
 see (padding, causality, left padding), the masked softmax (and its zero rows), eager attention's P (bitwise the
-transformers formula), and eq. 7 — compressed, attended and dense — with per-head, shared and per-sequence
+transformers formula), and eq. 7 — projected, attended and dense — with per-head, shared and per-sequence
 projections."""
 
 from __future__ import annotations
@@ -10,7 +10,17 @@ import pytest
 import torch
 
 from spectra.errors import SpectraError
-from spectra.kernels import allowed, attend, compress, eager_p, eq7, masked_softmax, scores
+from spectra.kernels import (
+    allowed,
+    attend,
+    causal_mask,
+    eager_p,
+    eager_softmax,
+    eq7,
+    masked_softmax,
+    project,
+    scores,
+)
 
 B, H, N, D, BUDGET = 2, 3, 9, 4, 5
 S = 0.6
@@ -94,12 +104,12 @@ def test_eager_p_is_transformers_eager_formula_bit_for_bit() -> None:
     assert torch.equal(eager_p(q, k, S), torch.nn.functional.softmax(torch.matmul(q, k.transpose(2, 3)) * S, dim=-1))
 
 
-def test_compress_projects_the_valid_rows_with_the_first_n_columns() -> None:
+def test_project_projects_the_valid_rows_with_the_first_n_columns() -> None:
     _, k, _ = qkv(7)
     valid = right_padded()
     for proj in (gaussian(BUDGET, N + 3, seed=8), gaussian(H, BUDGET, N + 3, seed=9), gaussian(1, BUDGET, N + 3, seed=10),
                  gaussian(B, H, BUDGET, N + 3, seed=11)):
-        got = compress(k, proj, valid)
+        got = project(k, proj, valid)
         assert got.shape == (B, H, BUDGET, D)
         for b in range(B):
             m = int(valid[b].sum())
@@ -108,7 +118,7 @@ def test_compress_projects_the_valid_rows_with_the_first_n_columns() -> None:
                 want = e[:, :m].numpy() @ k[b, h, :m].numpy()
                 assert np.allclose(got[b, h].numpy(), want, atol=1e-12), (proj.shape, b, h)
     with pytest.raises(SpectraError, match="longer than the projection's 8 columns; use projections with max_len ≥ 9"):
-        compress(k, gaussian(BUDGET, N - 1), valid)
+        project(k, gaussian(BUDGET, N - 1), valid)
 
 
 def test_attend_defaults_to_one_over_root_d() -> None:
@@ -144,3 +154,24 @@ def test_eq7_is_the_dense_formula_on_each_sequence_alone(per_sequence) -> None:
             assert np.allclose(out[b, h, :m].numpy(), want, atol=1e-12), (b, h)
             assert np.allclose(dense[b, h, :m].numpy(), want, atol=1e-12), (b, h)
             assert np.allclose(p_tilde[b, h, :m, :m].numpy(), p_bar @ fh[:, :m].numpy(), atol=1e-12)
+
+
+def test_the_causal_mask_places_the_queries_last() -> None:
+    mask = causal_mask(3, 7).numpy()
+    want = np.array([[j <= 7 - 3 + i for j in range(7)] for i in range(3)])
+    assert mask.shape == (3, 7) and (mask == want).all()
+    assert (causal_mask(N, N).numpy() == np.tril(np.ones((N, N), dtype=bool))).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_eager_softmax_is_eager_attentions_masked_row(dtype: torch.dtype) -> None:
+    """Hidden entries take no weight, the kept ones a float32 (float64 for float64) softmax, cast back."""
+    logits = gaussian(H, 4, N).to(dtype)
+    keep = torch.from_numpy(np.tril(np.ones((4, N), dtype=bool), k=N - 4))
+    p = eager_softmax(logits, keep, dtype)
+    assert p.dtype == dtype
+    wide = logits.double().numpy()
+    want = np.where(keep.numpy(), np.exp(wide - np.where(keep.numpy(), wide, -np.inf).max(-1, keepdims=True)), 0.0)
+    want /= want.sum(-1, keepdims=True)
+    tolerance = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float64: 1e-14}[dtype]
+    np.testing.assert_allclose(p.double().numpy(), want, atol=tolerance, rtol=0)

@@ -106,3 +106,34 @@ def test_two_interrupts_say_whether_a_checkpoint_exists(checkpoint_seconds, robe
         assert message == ("interrupted twice: stopped at once; continue from the checkpoint after 4 sequences with "
                            f"--resume and the same --out ({tmp_path / 'run'})")
         assert (tmp_path / "run.partial" / "checkpoint.npz").exists()
+
+
+def test_threads_option_sets_torch_threads_for_the_run(roberta_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
+    """`threads=` and `--threads` reach the loop: the run's forward passes and spectra see that many torch threads,
+    and the count before the run comes back after it (the suite runs on one). Speed is benchmarks/threads.py's."""
+    import torch
+    from tiny import run_cli
+
+    from spectra import loop
+
+    seen = []
+    original = loop._execute
+
+    def recording(job, reporter, timer):
+        seen.append(torch.get_num_threads())
+        return original(job, reporter, timer)
+
+    monkeypatch.setattr(loop, "_execute", recording)
+    before = torch.get_num_threads()
+    spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, threads=3, out=tmp_path / "api", **QUIET)
+    assert seen == [3] and torch.get_num_threads() == before
+    spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=tmp_path / "default", **QUIET)
+    assert seen == [3, before], "no --threads: torch's own count (one per usable CPU) is left alone"
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--length", "16", "--samples", "2",
+                              "--threads", "2", "--out", str(tmp_path / "cli")], monkeypatch, capsys)
+    assert code == 0, err
+    assert seen == [3, before, 2] and torch.get_num_threads() == before
+    assert "threads" not in spectra.load_run(tmp_path / "cli").meta["settings"], "speed, not identity"
+    code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--threads", "0"], monkeypatch,
+                             capsys)
+    assert code == 2 and err == "error: --threads must be a positive integer, got 0\n" and len(seen) == 3

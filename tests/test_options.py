@@ -28,7 +28,7 @@ def test_declarations_read_back_in_order_with_flags() -> None:
     assert [d.name for d in found] == ["fit_samples", "overlap", "budget", "hidden"], "plain fields are not options"
     by_name = {d.name: d for d in found}
     assert by_name["fit_samples"].flag == "--fit-samples" and by_name["fit_samples"].flags == ("--fit-samples",)
-    assert by_name["overlap"].flags == ("--overlap/--no-overlap",) and by_name["overlap"].kind == bool | None
+    assert by_name["overlap"].flags == ("--overlap/--no-overlap",) and by_name["overlap"].annotation == bool | None
     assert by_name["budget"].metavar == "K,…" and by_name["budget"].default == (32, 64)
     assert by_name["hidden"].cli is False and by_name["overlap"].identity is False
     assert flag_of(Example, "budget") == "--budget"

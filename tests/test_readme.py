@@ -128,6 +128,36 @@ def test_installs_are_ones_that_work() -> None:
                 assert "spectra-attention" not in line, f"{path.name}: {line.strip()}"
 
 
+def written_files(path: Path) -> list[str]:
+    """The files a document's shell commands write into the current directory: redirect targets (`> file`) and the
+    values of --out/--csv, relative paths only, leaving out figures/ (where committed pictures are meant to go)."""
+    found = []
+    for line in fenced_lines(path.read_text()):
+        try:
+            tokens = shlex.split(re.sub(r"\$\([^)]*\)|\$\{?\w+\}?", PLACEHOLDER, line), comments=True)
+        except ValueError:
+            continue
+        for flag, value in zip(tokens, tokens[1:]):
+            if flag in (">", ">>", "--out", "--csv") and not value.startswith(("/", "~", "figures/")):
+                found.append(value)
+    return found
+
+
+def test_the_readme_commands_leave_a_clone_clean() -> None:
+    """A newcomer runs the README's commands in a clone: every file they write there (the corpus made from the
+    licence texts, a plan, run directories) is ignored by git, so `git status` stays clean."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git clone")
+    written = written_files(ROOT / "README.md")
+    assert "licenses.txt" in written, "the offline first run writes its corpus"
+    shown = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *written], capture_output=True,
+                           text=True).stdout.split()
+    assert sorted(set(written) - set(shown)) == [], "written into a clone and not ignored"
+
+
 # ---------------------------------------------------------------- the front page
 
 README = ROOT / "README.md"

@@ -43,9 +43,9 @@ def test_a_run_shows_itself_in_one_short_line_and_lists_what_it_holds(roberta_di
                              "metrics", "n", "path", "qkv", "sigma_mean", "sigma_std"]
     approx = spectra.approx(roberta_dir, text_file, budget=4, methods="svd", length=16, out=tmp_path / "b", **quiet)
     assert repr(approx) == (f"ApproxRun(kind='approx', model='tiny-roberta', data='corpus', n=16, samples=2, "
-                            f"methods=['svd'], budget=[4], heads={'×'.join(map(str, approx.heads.shape))}, "
+                            f"methods=['svd'], budget=[4], head_stats={'×'.join(map(str, approx.head_stats.shape))}, "
                             f"path='{tmp_path / 'b'}')")
-    assert {"heads", "end_to_end", "per_layer", "k_needed", "projections"} <= set(dir(approx))
+    assert {"head_stats", "end_to_end", "per_layer", "k_needed", "projections"} <= set(dir(approx))
     assert not any(name.startswith("_") for name in dir(approx))
     theorems = spectra.theorems(None, synthetic=True, budget=4, eps=0.5, length=16, d=4, out=tmp_path / "c", **quiet)
     shown = repr(theorems)

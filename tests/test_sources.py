@@ -28,19 +28,19 @@ def source(samples: int = 10, batch_size: int = 4) -> SyntheticSource:
 
 def test_batches_are_whole_from_skip() -> None:
     synthetic = source()
-    assert [(b.start, b.size) for b in synthetic.batches(10, 4)] == [(0, 4), (4, 4), (8, 2)]
-    assert [(b.start, b.size) for b in synthetic.batches(10, 4, skip=4)] == [(4, 4), (8, 2)]  # resumed after one batch
-    assert list(synthetic.batches(10, 4, skip=12)) == []
-    assert next(iter(synthetic.batches(10, 4, skip=4))).index == [4, 5, 6, 7]
+    assert [(b.start, b.size) for b in synthetic.batches(10)] == [(0, 4), (4, 4), (8, 2)]
+    assert [(b.start, b.size) for b in synthetic.batches(10, skip=4)] == [(4, 4), (8, 2)]  # resumed after one batch
+    assert list(synthetic.batches(10, skip=12)) == []
+    assert next(iter(synthetic.batches(10, skip=4))).index == [4, 5, 6, 7]
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
 @pytest.mark.parametrize("skip", [0, 3])
 def test_shards_are_round_robin_and_cover_every_sample_once(size, skip) -> None:
-    synthetic = source()
+    synthetic = source(batch_size=3)
     seen = []
     for rank in range(size):
-        batches = list(synthetic.batches(10, 3, skip=skip, shard=(rank, size)))
+        batches = list(synthetic.batches(10, skip=skip, shard=(rank, size)))
         starts = list(range(skip, 10, 3))
         assert [b.start for b in batches] == starts[rank::size]  # batch b goes to process b mod size
         seen += [i for batch in batches for i in batch.index]
@@ -50,7 +50,7 @@ def test_shards_are_round_robin_and_cover_every_sample_once(size, skip) -> None:
 def test_run_hands_one_seeded_layer() -> None:
     synthetic = source()
     records: list[Captured] = []
-    batch = next(iter(synthetic.batches(10, 4, skip=4)))
+    batch = next(iter(synthetic.batches(10, skip=4)))
     synthetic.run(batch, records.append)
     synthetic.run(batch, records.append)
     first, again = records
@@ -58,5 +58,5 @@ def test_run_hands_one_seeded_layer() -> None:
     assert first.valid.all() and first.scaling == 4**-0.5 and not first.causal
     assert torch.equal(first.q, again.q) and torch.equal(first.v, again.v)
     other: list[Captured] = []
-    synthetic.run(next(iter(synthetic.batches(10, 4))), other.append)
+    synthetic.run(next(iter(synthetic.batches(10))), other.append)
     assert not torch.equal(first.q, other[0].q)

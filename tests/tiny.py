@@ -38,9 +38,9 @@ def write_text(path: Path, count: int = 200, seed: int = 0) -> Path:
     return path
 
 
-def _decoder_tokenizer(kind: str) -> PreTrainedTokenizerFast:
+def _decoder_tokenizer(architecture: str) -> PreTrainedTokenizerFast:
     """llama: a Llama-2-style tokenizer that adds BOS and pads on the left; gpt2: adds nothing, pads on the right."""
-    if kind == "llama":
+    if architecture == "llama":
         specials = ["<unk>", "<s>", "</s>"]
         tok = Tokenizer(models.BPE(unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -56,7 +56,7 @@ def _decoder_tokenizer(kind: str) -> PreTrainedTokenizerFast:
                                    unk_token="<|endoftext|>")
 
 
-def save_decoder(path: Path, kind: str = "llama", layers: int = 2, heads: int = 4, kv_heads: int = 2,
+def save_decoder(path: Path, architecture: str = "llama", layers: int = 2, heads: int = 4, kv_heads: int = 2,
                  hidden: int = 32, positions: int = 128, seed: int = 0, init: float = 0.3) -> Path:
     """A randomly initialised causal LM (Llama with grouped-query attention and RoPE, or GPT-2) and its
     tokenizer, saved to `path`; `init` as in `save_model`."""
@@ -64,8 +64,8 @@ def save_decoder(path: Path, kind: str = "llama", layers: int = 2, heads: int = 
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    tokenizer = _decoder_tokenizer(kind)
-    if kind == "llama":
+    tokenizer = _decoder_tokenizer(architecture)
+    if architecture == "llama":
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                              num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=2 * hidden,
                              max_position_embeddings=positions, initializer_range=init,
@@ -81,8 +81,8 @@ def save_decoder(path: Path, kind: str = "llama", layers: int = 2, heads: int = 
     return path
 
 
-def _tokenizer(kind: str) -> PreTrainedTokenizerFast:
-    if kind == "roberta":
+def _tokenizer(architecture: str) -> PreTrainedTokenizerFast:
+    if architecture == "roberta":
         specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
         tok = Tokenizer(models.BPE(unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -110,7 +110,7 @@ def _tokenizer(kind: str) -> PreTrainedTokenizerFast:
     )
 
 
-def save_model(path: Path, kind: str = "roberta", layers: int = 2, heads: int = 4, hidden: int = 32,
+def save_model(path: Path, architecture: str = "roberta", layers: int = 2, heads: int = 4, hidden: int = 32,
                positions: int = 64, seed: int = 0, init: float = 0.3) -> Path:
     """A randomly initialised masked-LM model with its tokenizer, saved to `path`.
 
@@ -120,12 +120,12 @@ def save_model(path: Path, kind: str = "roberta", layers: int = 2, heads: int = 
     import torch
 
     torch.manual_seed(seed)
-    tokenizer = _tokenizer(kind)
+    tokenizer = _tokenizer(architecture)
     common = dict(
         vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         intermediate_size=2 * hidden, pad_token_id=tokenizer.pad_token_id, initializer_range=init,
     )
-    if kind == "roberta":
+    if architecture == "roberta":
         config = RobertaConfig(max_position_embeddings=positions + 2, bos_token_id=tokenizer.cls_token_id,
                                eos_token_id=tokenizer.sep_token_id, **common)
         model = RobertaForMaskedLM(config)

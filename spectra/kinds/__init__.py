@@ -1,7 +1,8 @@
 """The analyses: one module each, registered below — the command line and the Python API are built from them.
 
-Adding an analysis is its module here (an `Analysis` subclass, registered), its test under tests/kinds/, its
-figures under spectra/report/plots/ and one line below: the import that registers it. See ARCHITECTURE.md.
+Adding an analysis is its module here (an `Analysis` subclass declaring its options and probes, registered), its
+read side spectra/report/<name>.py (run object, load, show, plot), their tests, and one line below: the import that
+registers it. See ARCHITECTURE.md.
 """
 
 # the registry: one line per analysis, in the order `spectra --help` lists them

@@ -9,17 +9,14 @@ bootstrap.npz. Loads as `runs.Run`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from .. import checkpoints
 from ..config import Place, RunConfig, choose, indices
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..options import identity, option
 from ..reporter import Reporter
-from ..runs import Run, read_arrays, read_table
-from .base import Analysis, register
+from .base import Analysis, check_selection, register
 
 
 @dataclass(frozen=True)
@@ -58,14 +55,6 @@ class AnalyzeOptions:
         return replace(self, at=self.at or max(1, n // 4))
 
 
-def check_selection(layers: tuple[int, ...] | None, heads: tuple[int, ...] | None,
-                    shape: checkpoints.Shape) -> None:
-    """Chosen layers and heads must exist in the model (checked when its shape is known)."""
-    for chosen, count, name in ((layers, shape.layers, "--layers"), (heads, shape.heads, "--heads")):
-        if chosen is not None and count is not None and (chosen[0] < 0 or chosen[-1] >= count):
-            raise SpectraError(f"{spell(name)} must lie in 0…{count - 1} for {shape.name}, got {list(chosen)}")
-
-
 class Analyze(Analysis):
     """Singular spectra of the context mapping matrix P for every layer and head, averaged over sequences."""
 
@@ -78,17 +67,16 @@ class Analyze(Analysis):
         super().check(config, options, shape)
         check_selection(options.layers, options.heads, shape)
 
-    def job(self, config: RunConfig, options: AnalyzeOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
+    def derived(self, options: AnalyzeOptions) -> tuple[str, ...]:
+        return ("at",) if options.at is None else ()  # n/4 unless given
+
+    def resolve(self, config: RunConfig, options: AnalyzeOptions) -> AnalyzeOptions:
+        return options.resolved(config.length)
+
+    def meta(self, config: RunConfig, options: AnalyzeOptions, source) -> dict[str, Any]:
         from ..spectrum import sink_start
 
-        options = options.resolved(config.length)
-        return Job("analyze", config, config.settings(identity(options)), config.samples,
-                   config.default_out("analyze", found.label), found.where,
-                   open_source=lambda where: model_source(config, where),
-                   build_probe=lambda source: self.probe(config, options, reporter, source),
-                   meta=lambda source: {**identity(options), "qkv": self.wants_qkv(options, source),
-                                        "sink_from": sink_start(config.length)})
+        return {**identity(options), "qkv": self.wants_qkv(options, source), "sink_from": sink_start(config.length)}
 
     @staticmethod
     def wants_qkv(options: AnalyzeOptions, source) -> bool:
@@ -103,7 +91,6 @@ class Analyze(Analysis):
         from ..probes.spectrum import SpectrumProbe
 
         loaded = source.loaded
-        self.check(config, options, source.shape())
         spectrum = SpectrumProbe(source.layers, source.heads, config.length, options.at,
                                  select_layers=options.layers, select_heads=options.heads,
                                  bootstrap=options.bootstrap, seed=config.seed)
@@ -111,29 +98,6 @@ class Analyze(Analysis):
         if self.wants_qkv(options, source):
             probes["qkv"] = QKVProbe(loaded.model, loaded.layers, loaded.heads, source.kv_heads, loaded.head_dim)
         return Probes(**probes)
-
-    def load(self, path: Path, meta: dict[str, Any]) -> Run:
-        curves = read_arrays(path / "curves.npz")
-        qkv = read_table(path, "qkv.csv", optional=True)
-        return Run(path, meta, read_table(path, "metrics.csv"), curves["cum_mean"], curves["cum_std"],
-                   curves["sigma_mean"], curves["sigma_std"], qkv)
-
-    def show(self, run: Run) -> None:
-        from ..report.console import print_analyze
-
-        print_analyze(run)
-
-    def plot(self, run: Run, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.spectra import plot_run
-
-        return plot_run(run, out).paths
-
-
-def model_source(config: RunConfig, where: Any, **options: Any):
-    """The corpus read through the model (`sources.ModelSource`), imported when a run starts."""
-    from ..sources import ModelSource
-
-    return ModelSource(config, where, **options)
 
 
 register(Analyze())

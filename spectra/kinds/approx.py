@@ -1,7 +1,7 @@
 """`spectra approx`: how well each method stands in for a model's attention at each budget, per head on the
 model's own q, k, v and, with `end_to_end`, substituted into the forward pass.
 
-Probes: `Fitting` (methods that calibrate: the first `fit_samples` sequences), `HeadProbe` (every method at every
+Probes: `Fitting` (methods that calibrate: the first `fit_samples` sequences), `ApproxProbe` (every method at every
 budget, and at each layer's planned budget under a k plan) and `EndToEnd`. Tables: heads.csv,
 heads_calibration.csv, heads_plan.csv, end_to_end.csv, fit_history.csv; projections.npz. Loads as
 `runs.ApproxRun`.
@@ -10,11 +10,9 @@ heads_calibration.csv, heads_plan.csv, end_to_end.csv, fit_history.csv; projecti
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from itertools import islice
-from pathlib import Path
 from typing import Any
 
-from .. import catalogue, checkpoints
+from .. import checkpoints, registry
 from ..config import (
     FitInit,
     Projection,
@@ -25,14 +23,11 @@ from ..config import (
     indices,
     layers_label,
 )
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..inputs import budgets_or_default, path_text, several
 from ..options import identity, option
 from ..reporter import Reporter
-from ..runs import ApproxRun, read_table
-from .analyze import check_selection, model_source
-from .base import Analysis, register
+from .base import Analysis, check_selection, register
 
 #: the methods compared when none are named, and the budget when none is given
 DEFAULT_METHODS = ("svd", "jl", "linformer", "pool-mean", "pool-max")
@@ -101,40 +96,18 @@ class ApproxOptions:
         set (the default, or the plan's mean) and checked against n; calibrating methods need fit_samples ≥ 2."""
         from ..report.plan import read_plan
 
-        labels = tuple(catalogue.expand(self.methods))
+        labels = registry.method_labels(self.methods)
         plan = self.k_plan
         if plan is not None and not isinstance(plan, tuple):
             plan = read_plan(plan, n)
         for layer_budget in plan or ():
             check_budget(layer_budget, n)
         budget = (round(sum(plan) / len(plan)),) if plan else budgets_or_default(self.budget, DEFAULT_BUDGET, n)
-        calibrating = [label for label in labels if label in catalogue.CALIBRATES]
+        calibrating = [label for label in labels if label in registry.METHODS.having("calibrates")]
         if calibrating and self.fit_samples < 2:  # one sequence is held out to choose the fit's step
             raise SpectraError(f"{calibrating[0]} fits its parameters on calibration sequences: pass "
                                f"{spell('--fit-samples N', 'fit_samples=N')} with N ≥ 2, e.g. 64")
         return replace(self, methods=labels, budget=check_budgets(budget, n), k_plan=plan)
-
-
-def check_evaluable(source, fit_samples: int, config: RunConfig, length: str | None = None) -> None:
-    """Refuse calibration sequences that leave none to evaluate: the corpus is read (tokenized, no model pass) up
-    to `fit_samples` + 1 sequences, before any calibration or evaluation work. `length`: how the command sets the
-    sequence length, when not by --length (spectra cache: --context and --continuation)."""
-    from .. import data
-
-    tokenizer = source.loaded.tokenizer
-    yielded = sum(1 for _ in islice(data.sequences(tokenizer, source.corpus, config.length, config.mode),
-                                    fit_samples + 1))
-    if yielded > fit_samples:
-        return
-    gives = f"{yielded} sequence{'s' if yielded != 1 else ''}"
-    asked = spell(f"--fit-samples {fit_samples}", f"fit_samples={fit_samples}")
-    where = spell(f"--length {config.length} --mode {config.mode}", f"length={config.length}, mode='{config.mode}'")
-    if length is not None:
-        where = f"{config.length} tokens a sequence, {spell(f'--mode {config.mode}', f'mode={config.mode!r}')}"
-    raise SpectraError(
-        f"{asked} leaves no sequence to evaluate: the corpus gives {'only ' if yielded < fit_samples else ''}{gives} "
-        f"at {where}; pass fewer calibration sequences ({spell('--fit-samples', 'fit_samples')} < {yielded}), more "
-        f"text or {length or 'a smaller ' + spell('--length')}")
 
 
 class Approx(Analysis):
@@ -144,6 +117,7 @@ class Approx(Analysis):
     summary = "How well cheap approximations stand in for a model's attention at each budget: per head and end to end."
     options = ApproxOptions
     defaults = {"samples": 1000}
+    calibrates = "fitted methods"
     outputs = {"heads.csv": ("method", "budget", "layer", "head", "metric"),
                "end_to_end.csv": ("method", "budget")}
 
@@ -154,53 +128,45 @@ class Approx(Analysis):
         if isinstance(plan, tuple) and shape.layers is not None and len(plan) != shape.layers:
             raise SpectraError(f"the k plan has {len(plan)} layers but {shape.name} has {shape.layers}; make the plan "
                                "with spectra plan-k on a run of this model")
-        leaking = [label for label in options.methods if label not in catalogue.CAUSAL]
+        causal = registry.METHODS.having("causal")
+        leaking = [label for label in options.methods if label not in causal]
         if options.end_to_end and shape.causal and leaking:
-            usable = ", ".join(label for label in catalogue.LABELS if label in catalogue.CAUSAL)
+            usable = ", ".join(label for label in registry.METHODS if label in causal)
             raise SpectraError(
                 f"{leaking[0]} lets each query see future tokens, so it is not a causal approximation of {shape.name} "
                 f"(a decoder): end to end on a decoder takes causal methods ({usable}); measure "
                 f"{', '.join(leaking)} per head without {spell('--end-to-end', 'end_to_end=True')}")
 
-    def run(self, config: RunConfig, options: ApproxOptions, reporter: Reporter) -> Path:
-        return super().run(config, options.resolved(config.length), reporter)
+    def resolve(self, config: RunConfig, options: ApproxOptions) -> ApproxOptions:
+        return options.resolved(config.length)
 
-    def job(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
+    def calibration(self, options: ApproxOptions) -> int:
+        return options.fit_samples
 
-        evaluation = {"evaluation": [options.fit_samples, options.fit_samples + config.samples]} if options.fits else {}
-        return Job("approx", config, config.settings(identity(options)), options.fit_samples + config.samples,
-                   config.default_out("approx", found.label), found.where,
-                   open_source=lambda where: model_source(config, where, lm_head=options.end_to_end,
-                                                          fit_samples=options.fit_samples),
-                   build_probe=lambda source: self.probe(config, options, reporter, source),
-                   meta=lambda source: {**identity(options), "masked_lm": source.loaded.masked_lm,
-                                        **({"lm_head": source.loaded.head} if source.loaded.head else {}),
-                                        **evaluation})
+    def source_options(self, options: ApproxOptions) -> dict[str, Any]:
+        return {"lm_head": options.end_to_end, "fit_samples": options.fit_samples}
+
+    def meta(self, config: RunConfig, options: ApproxOptions, source) -> dict[str, Any]:
+        loaded = source.loaded
+        return {**identity(options), "masked_lm": loaded.masked_lm, **({"lm_head": loaded.head} if loaded.head else {})}
 
     def probe(self, config: RunConfig, options: ApproxOptions, reporter: Reporter, source):
         """Fitting, per-head and end-to-end probes, once the model has loaded."""
-        from .. import distributed
-        from .. import methods as registry
+        from .. import methods
         from ..probes import Probes
-        from ..probes.approx import HeadProbe
+        from ..probes.approx import ApproxProbe
         from ..probes.endtoend import EndToEnd
         from ..probes.fitting import Fitting
 
-        self.check(config, options, source.shape())
-        seed, plan, fit_samples = config.seed, options.k_plan, options.fit_samples
+        seed, plan = config.seed, options.k_plan
         probes, fitted = {}, None
         if options.fits:
-            if distributed.requested():
-                raise SpectraError(f"fitted methods ({spell('--fit-samples', 'fit_samples')}) are not supported "
-                                   "across processes yet; run with a single process")
-            check_evaluable(source, fit_samples, config)
             probes["fitting"] = Fitting(options, source.layers, source.heads, config.length, seed=seed,
                                         causal=source.loaded.causal, reporter=reporter)
             fitted = probes["fitting"].fitted
-        probes["heads"] = HeadProbe(options, source.layers, source.heads, seed=seed, fitted=fitted)
+        probes["heads"] = ApproxProbe(options, source.layers, source.heads, seed=seed, fitted=fitted)
         if plan:
-            probes["plan"] = HeadProbe(options, source.layers, source.heads, seed=seed,
+            probes["plan"] = ApproxProbe(options, source.layers, source.heads, seed=seed,
                                        fitted=fitted, budget_of=plan.__getitem__, file="heads_plan.csv")
         if options.end_to_end:
             loaded = source.loaded
@@ -208,32 +174,15 @@ class Approx(Analysis):
                 reporter.notify(f"{loaded.name} has no language-model head: end to end measures the hidden-state "
                                 "drift only")
             common = dict(seed=seed, projection=options.projection, fixed=options.fixed_projection, fitted=fitted)
-            substitutes = {(label, budget): registry.substitute(label, budget, options.layers, **common)
+            substitutes = {(label, budget): methods.substitute(label, budget, options.layers, **common)
                            for label in options.methods for budget in options.budget}
             if plan:
                 substitutes = {(*key, "uniform"): substitute for key, substitute in substitutes.items()}
                 substitutes.update({(label, options.budget[0], "plan"):
-                                    registry.substitute(label, plan.__getitem__, options.layers, **common)
+                                    methods.substitute(label, plan.__getitem__, options.layers, **common)
                                     for label in options.methods})
             probes["end_to_end"] = EndToEnd(source, substitutes, seed, layers_label(options.layers))
         return Probes(**probes)
-
-    def load(self, path: Path, meta: dict[str, Any]) -> ApproxRun:
-        return ApproxRun(path, meta, read_table(path, "heads.csv"),
-                         read_table(path, "end_to_end.csv", optional=True, dtype={"layers": str}),
-                         read_table(path, "heads_calibration.csv", optional=True),
-                         read_table(path, "fit_history.csv", optional=True),
-                         read_table(path, "heads_plan.csv", optional=True))
-
-    def show(self, run: ApproxRun) -> None:
-        from ..report.console import print_approx
-
-        print_approx(run)
-
-    def plot(self, run: ApproxRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.approx import plot_approx
-
-        return plot_approx(run, out)
 
 
 register(Approx())

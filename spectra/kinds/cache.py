@@ -7,6 +7,10 @@ per sequence serves every press and ratio (probe: `probes.cache.CacheProbe`, eng
 
 Tables: cache.csv (per press and ratio, the full cache as press 'full' at ratio 0), cache_heads.csv (per press,
 ratio, layer and head), cache_sequences.csv (per press, ratio and sequence). Loads as `runs.CacheRun`.
+
+A task file (kvpress's records: `tasks.records.is_task_file`) runs the long-context task protocol instead
+(`spectra.tasks.protocol`): answers decoded greedily from each compressed cache and scored; it loads as
+`report.tasks.TaskRun`.
 """
 
 from __future__ import annotations
@@ -15,15 +19,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import catalogue, checkpoints
+from .. import checkpoints, registry
 from ..config import RunConfig
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..inputs import several
-from ..options import identity, option
+from ..options import option
+from ..registry import PRESSES
 from ..reporter import Reporter
-from ..runs import CacheRun, read_table
-from .analyze import model_source
 from .base import Analysis, register
 
 #: the ratios measured when none are given
@@ -41,16 +43,18 @@ class CacheOptions:
     context: int = option(1024, "L: context tokens prefilled exactly and then compressed (special tokens included).")
     continuation: int = option(128, "C: tokens scored after the context against the compressed cache (each sequence "
                                "is L + C tokens).")
-    presses: tuple[str, ...] = option(catalogue.PRESSES, f"Comma-separated presses: {', '.join(catalogue.PRESSES)}.")
+    presses: tuple[str, ...] = option(PRESSES.names(), f"Comma-separated presses: {', '.join(PRESSES)}.")
     ratios: tuple[float, ...] = option(DEFAULT_RATIOS, "Comma-separated compression ratios in [0, 1): the fraction "
                                        "of cached tokens removed (for think: of key channels; the memory saved is "
                                        "half of it). The full cache (ratio 0) is always measured.")
     fit_samples: int = option(0, "Calibration sequences for the presses that fit (loki, lowrank), read first and "
                               "not evaluated; --samples more are evaluated after them with the fit frozen. 0: each "
                               "of those presses fits on the context it compresses (an oracle).")
+    query_aware: bool = option(False, "Task files: compress the context with the question appended (kvpress's "
+                               "evaluation convention); by default the question is appended after compression.")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "presses", catalogue.presses(several(self.presses, "--presses")))
+        object.__setattr__(self, "presses", registry.press_names(several(self.presses, "--presses")))
         ratios = several(self.ratios, spell("--ratios"), float)
         for ratio in ratios:
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
@@ -64,7 +68,7 @@ class CacheOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise SpectraError(f"{spell('--' + name)} must be an integer ≥ {least}, got {value!r}")
-        windowed = [press for press in self.presses if press in catalogue.WINDOW_PRESSES]
+        windowed = [press for press in self.presses if press in PRESSES.having("windowed")]
         if windowed and self.context <= SNAPKV_WINDOW:
             raise SpectraError(f"{windowed[0]} reads the last {SNAPKV_WINDOW} context queries: it needs "
                                f"{spell('--context')} > {SNAPKV_WINDOW}, got {self.context}")
@@ -72,17 +76,33 @@ class CacheOptions:
             raise SpectraError(f"{spell('--fit-samples')} must be an integer ≥ 0, got {self.fit_samples!r}")
         if self.fit_samples and not self.calibrating:
             raise SpectraError(f"{spell('--fit-samples')} calibrates the presses that fit "
-                               f"({', '.join(sorted(catalogue.CALIBRATING_PRESSES))}), but none is among "
+                               f"({', '.join(sorted(PRESSES.having('calibrates')))}), but none is among "
                                f"{spell('--presses')}; add one or drop {spell('--fit-samples')}")
 
     @property
     def calibrating(self) -> tuple[str, ...]:
         """The chosen presses that fit on calibration sequences."""
-        return tuple(press for press in self.presses if press in catalogue.CALIBRATING_PRESSES)
+        return tuple(press for press in self.presses if press in PRESSES.having("calibrates"))
 
     @property
     def length(self) -> int:
         return self.context + self.continuation
+
+
+def warn_window_filled(options: CacheOptions, reporter: Reporter) -> None:
+    """Before the run: the ratios at which the windowed presses keep only tokens of their window, where their scores
+    choose nothing (`presses.base.window_note`), and the context that lets them choose at every ratio. Said, not
+    refused: the rows are true measurements of what those presses keep there."""
+    windowed = set(options.presses) & PRESSES.having("windowed")
+    if not windowed:
+        return
+    from ..presses.base import window_choosing_length, window_note
+
+    note = window_note(options.context, options.ratios, options.presses)
+    if note is not None:
+        reporter.warn(f"at a context of {options.context} tokens, {note}; a context of "
+                      f"{window_choosing_length(options.ratios)} tokens or more lets "
+                      f"{'them' if len(windowed) > 1 else 'it'} choose at every ratio")
 
 
 def rotary(config: dict[str, Any]) -> bool:
@@ -99,6 +119,9 @@ class Cache(Analysis):
     options = CacheOptions
     run_fields = tuple(name for name in Analysis.run_fields if name != "length")
     defaults = {"samples": 16, "batch_size": 1}
+    work = 4
+    calibrates = "calibrated presses"
+    length_by = f"a shorter {spell('--context')} + {spell('--continuation')}"
     outputs = {"cache.csv": ("press", "ratio", "nll"), "cache_heads.csv": ("press", "ratio", "layer", "head"),
                "cache_sequences.csv": ("press", "ratio", "sequence")}
 
@@ -113,70 +136,70 @@ class Cache(Analysis):
 
     def check_rope(self, options: CacheOptions, uses_rope: bool | None, name: str) -> None:
         """Channel presses score rotated key channels: a model without RoPE is refused."""
-        channel = [press for press in options.presses if press in catalogue.ROPE_PRESSES]
+        channel = [press for press in options.presses if press in PRESSES.having("needs_rope")]
         if channel and uses_rope is False:
             raise SpectraError(f"{channel[0]} prunes rotary key channels, but {name} has no rotary position "
                                f"embedding (RoPE); choose presses among "
-                               f"{', '.join(p for p in catalogue.PRESSES if p not in catalogue.ROPE_PRESSES)}")
+                               f"{', '.join(p for p in PRESSES if p not in PRESSES.having('needs_rope'))}")
 
     def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
-        config = replace(config, length=options.length)
-        found = checkpoints.inspect(config.model, config.gguf_file)
-        shape = found.shape()
-        self.check(config, options, shape)
+        """A task file (kvpress's records) runs the long-context task protocol (`tasks.protocol`); any other data
+        the NLL protocol the base wires from this kind's declarations."""
+        from ..tasks import protocol
+
+        if protocol.wants_tasks(config.data):
+            return protocol.run(config, options, reporter, lambda found: self.check_files(config, options, found))
+        return super().run(config, options, reporter)
+
+    def load(self, path: Path, meta: dict[str, Any]):
+        """A task run reads back through the task protocol's read side (`report/tasks.py`), any other through
+        `report/cache.py`."""
+        if meta.get("protocol") == "tasks":
+            from ..report import tasks
+
+            return tasks.load_tasks(path, meta)
+        return super().load(path, meta)
+
+    def show(self, run) -> None:
+        from ..report import tasks
+
+        tasks.print_tasks(run) if isinstance(run, tasks.TaskRun) else super().show(run)
+
+    def plot(self, run, out: str | Path | None = None) -> list[Path]:
+        from ..report import tasks
+
+        return tasks.plot_tasks(run, out) if isinstance(run, tasks.TaskRun) else super().plot(run, out)
+
+    def configured(self, config: RunConfig, options: CacheOptions) -> RunConfig:
+        return replace(config, length=options.length)
+
+    def announce(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> None:
+        warn_window_filled(options, reporter)
+
+    def check_files(self, config: RunConfig, options: CacheOptions, found: checkpoints.Source) -> None:
         if found.local and found.gguf_file is None:
-            self.check_rope(options, rotary(found.config), shape.name)
-        from ..loop import execute
+            self.check_rope(options, rotary(found.config), found.shape().name)
 
-        return execute(self.job(config, options, reporter, found), reporter)
-
-    def job(self, config: RunConfig, options: CacheOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
-
-        fit_samples = options.fit_samples
-        evaluation = {"evaluation": [fit_samples, fit_samples + config.samples]} if fit_samples else {}
-        return Job("cache", config, config.settings(identity(options)), fit_samples + config.samples,
-                   config.default_out("cache", found.label), found.where,
-                   open_source=lambda where: model_source(config, where, lm_head=True,
-                                                          keep_logits=options.continuation + 1,
-                                                          fit_samples=fit_samples),
-                   build_probe=lambda source: self.probe(config, options, source),
-                   meta=lambda source: {**identity(options), **evaluation},
-                   bytes_per_sequence=lambda source: 8.0 * 4 * source.heads * source.n ** 2)
-
-    def probe(self, config: RunConfig, options: CacheOptions, source):
-        """The cache probe, once the model has loaded (and been checked again: hub ids are only known now)."""
-        from .. import distributed, models
-        from ..probes.cache import CacheProbe
-        from .approx import check_evaluable
+    def check_loaded(self, config: RunConfig, options: CacheOptions, source) -> None:
+        from .. import models
 
         loaded = source.loaded
-        self.check(config, options, source.shape())
         if loaded.head is None:
             raise SpectraError(f"{loaded.name} has no language-model head: spectra cache scores next-token predictions")
         self.check_rope(options, models.rotary(loaded.model), loaded.name)
-        if options.fit_samples:
-            if distributed.requested():
-                raise SpectraError(f"calibrated presses ({spell('--fit-samples', 'fit_samples')}) are not supported "
-                                   "across processes yet; run with a single process")
-            check_evaluable(source, options.fit_samples, config,
-                            f"a shorter {spell('--context')} + {spell('--continuation')}")
+
+    def calibration(self, options: CacheOptions) -> int:
+        return options.fit_samples
+
+    def source_options(self, options: CacheOptions) -> dict[str, Any]:
+        return {"lm_head": True, "keep_logits": options.continuation + 1, "fit_samples": options.fit_samples}
+
+    def probe(self, config: RunConfig, options: CacheOptions, reporter: Reporter, source):
+        """The cache probe, once the model has loaded."""
+        from ..probes.cache import CacheProbe
+
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
                           config.seed, range(options.fit_samples, options.fit_samples + config.samples))
-
-    def load(self, path: Path, meta: dict[str, Any]) -> CacheRun:
-        return CacheRun(path, meta, read_table(path, "cache.csv"), read_table(path, "cache_heads.csv"),
-                        read_table(path, "cache_sequences.csv"))
-
-    def show(self, run: CacheRun) -> None:
-        from ..report.console import print_cache
-
-        print_cache(run)
-
-    def plot(self, run: CacheRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.cache import plot_cache
-
-        return plot_cache(run, out)
 
 
 register(Cache())

@@ -21,13 +21,10 @@ from typing import Any
 
 from .. import checkpoints
 from ..config import RunConfig
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..inputs import path_text
 from ..options import identity, option
 from ..reporter import Reporter
-from ..runs import HeadsRun, read_arrays, read_table
-from .analyze import model_source
 from .base import Analysis, load_run, register
 
 ENCODER_INDUCTION = ("not measured: an encoder's heads see the whole sequence, so a head can read the repeated token "
@@ -83,6 +80,7 @@ class Heads(Analysis):
                "spectra beside attention spectra, a method map and DuoAttention's head pattern.")
     options = HeadsOptions
     defaults = {"samples": 64}
+    work = 14
     outputs = {"diagnosis.csv": ("layer", "head", "kv_head", "sequences"), "metrics.csv": ("layer", "head")}
 
     def check(self, config: RunConfig, options: HeadsOptions, shape: checkpoints.Shape) -> None:
@@ -97,20 +95,16 @@ class Heads(Analysis):
                 raise SpectraError(f"{spell('--approx')} {options.approx} is a run of {model.get('name')} with "
                                    f"{theirs} {what}, but {shape.name} has {ours}: give an approx run of this model")
 
-    def run(self, config: RunConfig, options: HeadsOptions, reporter: Reporter) -> Path:
-        return super().run(config, options.resolved(config.length), reporter)
+    def derived(self, options: HeadsOptions) -> tuple[str, ...]:
+        return ("at",) if options.at is None else ()  # n/4 unless given
 
-    def job(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
+    def resolve(self, config: RunConfig, options: HeadsOptions) -> HeadsOptions:
+        return options.resolved(config.length)
+
+    def meta(self, config: RunConfig, options: HeadsOptions, source) -> dict[str, Any]:
         from ..spectrum import sink_start
 
-        return Job("heads", config, config.settings(identity(options)), config.samples,
-                   config.default_out("heads", found.label), found.where,
-                   open_source=lambda where: model_source(config, where),
-                   build_probe=lambda source: self.probe(config, options, reporter, source),
-                   meta=lambda source: {**identity(options), "sink_from": sink_start(config.length),
-                                        **self.induction_note(source.loaded)},
-                   bytes_per_sequence=lambda source: 8.0 * 14 * source.heads * source.n ** 2)
+        return {**identity(options), "sink_from": sink_start(config.length), **self.induction_note(source.loaded)}
 
     def probe(self, config: RunConfig, options: HeadsOptions, reporter: Reporter, source):
         """The heads probe, once the model has loaded: its weights read, its induction pass run."""
@@ -118,7 +112,6 @@ class Heads(Analysis):
         from ..probes.spectrum import SpectrumProbe
         from ..weights import attention_weights, head_spectra
 
-        self.check(config, options, source.shape())
         loaded = source.loaded
         weights = attention_weights(loaded.model)
         if len(weights) != loaded.layers:
@@ -130,7 +123,7 @@ class Heads(Analysis):
         approx = None
         if options.approx:
             approx_run = load_run(options.approx, "approx")
-            approx = approx_run.heads
+            approx = approx_run.head_stats
             if approx_run.meta.get("n") != config.length:
                 reporter.notify(f"the approx run measured n = {approx_run.meta.get('n')}, this run n = "
                                 f"{config.length}: the method map joins heads measured at two lengths")
@@ -154,44 +147,6 @@ class Heads(Analysis):
             return {"induction": f"not measured: {loaded.name} embeds {loaded.max_length} tokens, fewer than the "
                                  "101 of the repeated sequences"}
         return {}
-
-    def load(self, path: Path, meta: dict[str, Any]) -> HeadsRun:
-        import numpy as np
-
-        weights = read_arrays(path / "weights.npz") if (path / "weights.npz").exists() else {}
-        tsv = path / "full_attention_heads.tsv"
-        full = np.loadtxt(tsv, delimiter="\t", ndmin=2) if tsv.exists() else None
-        return HeadsRun(path, meta, read_table(path, "diagnosis.csv"), weights,
-                        read_table(path, "kv_heads.csv", optional=True), full,
-                        read_table(path, "method_map.csv", optional=True), read_table(path, "rules.csv", optional=True))
-
-    def show(self, run: HeadsRun) -> None:
-        """The diagnosis per head (its main scores), the head types, the DuoAttention pattern and the method map."""
-        from ..report.console import out, print_frame
-
-        shown = ["layer", "head", "head_type", "sink_share", "sink_mean", "prev", "local", "induction_score",
-                 "retrieval", "top10", "keynorm_corr", "entropy", "rank90", "qk_rank90", "ov_rank90"]
-        table = run.diagnosis
-        print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis")
-        counts = table["head_type"].value_counts()
-        out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()), soft_wrap=True)
-        if "induction" in run.meta:
-            out.print(f"induction score {run.meta['induction']}", soft_wrap=True)
-        if run.full_attention_heads is not None:
-            out.print(f"full_attention_heads.tsv: {int(run.full_attention_heads.sum())} of "
-                      f"{run.full_attention_heads.size} key/value heads at full attention "
-                      f"(--duo-share {run.meta['duo_share']}), streaming {run.meta['sinks']} sinks + "
-                      f"{run.meta['recent']} recent tokens", soft_wrap=True)
-        if run.rules is not None and not run.rules.empty:
-            for rule in run.rules.itertuples(index=False):
-                out.print(f"k = {rule.budget}: winner rule {rule.rule}; accuracy {rule.accuracy:.0%}, held out "
-                          f"{rule.held_out_accuracy:.0%} (always {rule.baseline_winner}: {rule.baseline:.0%})",
-                          soft_wrap=True)
-
-    def plot(self, run: HeadsRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.heads import plot_heads
-
-        return plot_heads(run, out)
 
 
 register(Heads())

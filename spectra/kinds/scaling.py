@@ -22,20 +22,19 @@ import numpy as np
 
 from .. import checkpoints
 from ..config import Place, RunConfig, check_budget, indices, layers_label
-from ..errors import Interrupted, SpectraError
-from ..errors import option as spell
+from ..errors import Interrupted, SpectraError, spell
 from ..growth import growth
 from ..inputs import several
 from ..options import option
 from ..reporter import Reporter
 from ..rundir import RunDir, default_dir, versions, write_meta, write_table
-from ..runs import ApproxRun, Run, ScalingRun, read_table
-from .analyze import AnalyzeOptions, model_source
-from .approx import ApproxOptions
-from .base import REGISTRY, Analysis, load_run, register
+from .base import REGISTRY, Analysis, load_run, model_source, register
 
-if TYPE_CHECKING:  # pandas is imported where a table is made: the command line's start does not pay for it
+if TYPE_CHECKING:  # pandas (and the read side) are imported where a table is made: --help does not pay for them
     import pandas as pd
+
+    from ..report.analyze import Run
+    from ..report.approx import ApproxRun
 
 #: the fixed budgets at which c is compared across n (those ≤ n)
 FIXED_BUDGETS = (32, 64, 128)
@@ -96,16 +95,16 @@ class ScalingOptions:
             budget = tuple(sorted(set(several(self.budget, spell("--budget"), int))))
             object.__setattr__(self, "budget", tuple(check_budget(b, self.lengths[-1]) for b in budget))
 
-    def analyze(self) -> AnalyzeOptions:
-        """The options of the analyze run at each length."""
-        return AnalyzeOptions(spectrum_device=self.spectrum_device, layers=self.layers,
-                              heads=self.heads, bootstrap=self.bootstrap)
+    def analyze(self) -> Any:
+        """The options of the analyze run at each length (the registered analysis's own dataclass)."""
+        return REGISTRY["analyze"].options(spectrum_device=self.spectrum_device, layers=self.layers,
+                                           heads=self.heads, bootstrap=self.bootstrap)
 
-    def approx(self, n: int) -> ApproxOptions:
+    def approx(self, n: int) -> Any:
         """The options of the approx run at length n."""
         budget = tuple(b for b in self.budget or default_budgets(n) if b <= n)
-        return ApproxOptions(budget=budget, methods=self.methods, layers=self.layers, target=self.approx_target,
-                             fit_samples=self.fit_samples)
+        return REGISTRY["approx"].options(budget=budget, methods=self.methods, layers=self.layers,
+                                          target=self.approx_target, fit_samples=self.fit_samples)
 
 
 class Scaling(Analysis):
@@ -208,24 +207,6 @@ class Scaling(Analysis):
             "wall_seconds": seconds,
             "versions": versions(),
         }
-
-    def load(self, path: Path, meta: dict[str, Any]) -> ScalingRun:
-        integers = {"layer": "Int64", "head": "Int64"}
-        exponents = read_table(path, "exponents.csv", dtype={**integers, "method": str, "better": str})
-        exponents[["method", "better"]] = exponents[["method", "better"]].fillna("")
-        return ScalingRun(path, meta, read_table(path, "scaling.csv"), read_table(path, "c_fixed.csv"), exponents,
-                          read_table(path, "k_needed.csv", optional=True, dtype={"layer": "Int64"}),
-                          {int(n): load_run(path / name, "analyze") for n, name in meta["runs"].items()})
-
-    def show(self, run: ScalingRun) -> None:
-        from ..report.console import print_scaling
-
-        print_scaling(run)
-
-    def plot(self, run: ScalingRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.scaling import plot_scaling
-
-        return plot_scaling(run, out)
 
 
 register(Scaling())

@@ -14,17 +14,13 @@ from typing import Any
 
 from .. import checkpoints
 from ..config import RunConfig, check_budgets, check_eps
-from ..errors import SpectraError
-from ..errors import option as spell
+from ..errors import SpectraError, spell
 from ..inputs import budgets_or_default, several
 from ..options import identity, option
 from ..reporter import Reporter
-from ..runs import TheoremRun, read_table
-from .analyze import model_source
 from .base import Analysis, register
 
 DEFAULT_BUDGET = (16, 32, 64, 128, 256)
-TABLES = tuple(f"theorem{i}{scope}" for i in (1, 2) for scope in ("", "_layers", "_heads"))
 
 
 @dataclass(frozen=True)
@@ -76,54 +72,50 @@ class Theorems(Analysis):
                   "it again (and --plot it).")
     outputs = {"theorem1.csv": ("budget", "method"), "theorem2.csv": ("budget", "method")}
 
-    def run(self, config: RunConfig, options: TheoremOptions, reporter: Reporter) -> Path:
-        from ..loop import Job, execute
+    def resolve(self, config: RunConfig, options: TheoremOptions) -> TheoremOptions:
+        return options.resolved(config.length)
 
-        options = options.resolved(config.length)
-        meta = {**options.recorded(), "synthetic": options.synthetic}
-        if not options.synthetic:
-            if config.model is None:
-                raise SpectraError(f"give a model, or pass {spell('--synthetic', 'synthetic=True')} for Gaussian "
-                                   "q, k, v")
-            return super().run(config, options, reporter)
-        check_nothing_to_read(config)
-        settings = {"synthetic": True, "n": config.length, "d": options.d, "heads": options.heads,
+    def inspect(self, config: RunConfig, options: TheoremOptions) -> checkpoints.Source | None:
+        """The model's files; none for Gaussian q, k, v."""
+        if options.synthetic:
+            check_nothing_to_read(config)
+            return None
+        if config.model is None:
+            raise SpectraError(f"give a model, or pass {spell('--synthetic', 'synthetic=True')} for Gaussian q, k, v")
+        return super().inspect(config, options)
+
+    def settings(self, config: RunConfig, options: TheoremOptions) -> dict[str, Any]:
+        if options.synthetic:
+            return {"synthetic": True, "n": config.length, "d": options.d, "heads": options.heads,
                     "samples": config.samples, "batch_size": config.batch_size, "seed": config.seed}
-        job = Job("theorems", config, settings, config.samples,
-                  Path("runs") / f"synthetic-n{config.length}-d{options.d}-theorems", "synthetic",
-                  open_source=lambda where: synthetic_source(config, options, where),
-                  build_probe=lambda source: self.probe(config, options, source), meta=lambda source: meta)
-        return execute(job, reporter)
+        return config.settings(options.recorded())
 
-    def job(self, config: RunConfig, options: TheoremOptions, reporter: Reporter, found: checkpoints.Source):
-        from ..loop import Job
+    def target(self, config: RunConfig, options: TheoremOptions, found: checkpoints.Source | None) -> tuple[Path, str]:
+        if options.synthetic:
+            return Path("runs") / f"synthetic-n{config.length}-d{options.d}-theorems", "synthetic"
+        return super().target(config, options, found)
 
-        meta = {**options.recorded(), "synthetic": False}
-        return Job("theorems", config, config.settings(options.recorded()), config.samples,
-                   config.default_out("theorems", found.label), found.where,
-                   open_source=lambda where: model_source(config, where),
-                   build_probe=lambda source: self.probe(config, options, source), meta=lambda source: meta)
+    def source(self, config: RunConfig, options: TheoremOptions, where: Any):
+        if options.synthetic:
+            return synthetic_source(config, options, where)
+        return super().source(config, options, where)
 
-    def probe(self, config: RunConfig, options: TheoremOptions, source):
+    def meta(self, config: RunConfig, options: TheoremOptions, source) -> dict[str, Any]:
+        return {**options.recorded(), "synthetic": options.synthetic}
+
+    def loaded(self, config: RunConfig, options: TheoremOptions, reporter: Reporter, source):
+        """Synthetic q, k, v have no model to check again."""
+        if options.synthetic:
+            return self.probe(config, options, reporter, source)
+        return super().loaded(config, options, reporter, source)
+
+    def probe(self, config: RunConfig, options: TheoremOptions, reporter: Reporter, source):
         from ..probes import Probes
         from ..probes.theorems import Theorem1Probe, Theorem2Probe
 
         shape = (source.layers, source.heads, config.length, options.budget, options.eps)
         draw = dict(seed=config.seed, draws=options.draws, fixed=options.fixed_projection)
         return Probes(theorem1=Theorem1Probe(*shape, **draw), theorem2=Theorem2Probe(*shape, **draw))
-
-    def load(self, path: Path, meta: dict[str, Any]) -> TheoremRun:
-        return TheoremRun(path, meta, {name: read_table(path, f"{name}.csv") for name in TABLES})
-
-    def show(self, run: TheoremRun) -> None:
-        from ..report.console import print_theorems
-
-        print_theorems(run)
-
-    def plot(self, run: TheoremRun, out: str | Path | None = None) -> list[Path]:
-        from ..report.plots.theorems import plot_theorems
-
-        return plot_theorems(run, out)
 
 
 def check_nothing_to_read(config: RunConfig) -> None:

@@ -1,11 +1,12 @@
 """Approximations of a pretrained model's attention at a budget k, training-free or fitted: one file per family.
 
-Each file defines a `base.Method` subclass — what it is (causal, random, calibrates) and
-`approximate(layer, budget, draws) -> Approximation` — and registers its variants, instances with their label,
-plot style and terminal header (`base.register`). Adding a method is adding a file here (and importing it
-below) with its test file under tests/methods/, and its labels in `spectra/catalogue.py` (which lists them
-without importing torch, for --help and for refusing an unknown name before anything loads). See docs/methods.md for every formula, what k means and the
-cost.
+Each file declares at its top the labels it registers and their facts (`DECLARES`, `ORDER`: read as text by
+`spectra.registry`, so --help lists them and an unknown name is refused without importing torch), defines a
+`base.Method` subclass — what it is (causal, random, calibrates) and `approximate(layer, budget, draws) ->
+Approximation` — and registers its variants, instances with their label, plot style and terminal header
+(`base.register`, which refuses a variant its declaration contradicts). `REGISTRY[label]` imports the file on first
+use. Adding a method is adding a file here and its test file under tests/methods/. See docs/methods.md for every
+formula, what k means and the cost.
 
 | method | P̃ | budget k |
 | --- | --- | --- |
@@ -31,19 +32,6 @@ family's file. jl, linformer, performer(-causal), skyformer and probsparse are r
 `Draws`, per sequence unless fixed); linformer-pca, linformer-fit and fastformer-fit(-causal) calibrate.
 """
 
-# imported in the order methods are listed (registration order is the order of tables and legends)
-from . import svd  # noqa: F401, I001
-from . import jl  # noqa: F401
-from . import linformer  # noqa: F401
-from . import pooling  # noqa: F401
-from . import performer  # noqa: F401
-from . import nystrom  # noqa: F401
-from . import skyformer  # noqa: F401
-from . import probsparse  # noqa: F401
-from . import window  # noqa: F401
-from . import topk  # noqa: F401
-from . import fitted  # noqa: F401
-from . import fastformer  # noqa: F401
 from .base import (REGISTRY, Approximation, Calibrated, Draws, Layer, Method, register,
                    resolve, substitute)
 

@@ -7,7 +7,7 @@ taken from `Draws` only), `calibrates` (fitted on calibration sequences before i
 and `approximate(x, budget, draws)`. `Layer` holds only one layer's tensors, in float32 or better with padding
 taken care of: padded keys never contribute (their value rows are zero and P's padded rows and columns are
 zero) and padded query rows are ignored by the measures. `Draws` holds a batch's randomness: the run's seed,
-the sequences' global indices, whether one draw serves the whole run, and the kind of random projection.
+the sequences' global indices, whether one draw serves the whole run, and the random projection's distribution.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import torch
 
 from ..capture import Captured, Substitute
 from ..config import Projection
-from ..errors import InternalError, SpectraError, option
+from ..errors import InternalError, SpectraError, spell
 from ..reporter import Reporter
 from ..kernels import allowed, masked_softmax, scores
+from ..registry import METHODS, Registry
 from ..seeds import Domain, derive_seed, jl_matrix, orthogonal_matrix
 from ..spectrum import masked, split_threads
 
@@ -90,7 +91,7 @@ class Layer:
 @dataclass(frozen=True)
 class Draws:
     """The randomness of one batch: the run's `seed`, each sequence's global `index` in the run, `fixed` (one
-    draw per (budget, layer, head) for the whole run, `--fixed-projection`) and the `projection` kind.
+    draw per (budget, layer, head) for the whole run, `--fixed-projection`) and the `projection` distribution.
 
     Unless `fixed`, each sequence draws its own, seeded by its global index, so a method's error is measured over
     the randomness it is made of and depends neither on the batching nor on the number of processes. The indices
@@ -234,20 +235,18 @@ class Calibrated(Method):
         """The error of a method asked before its fit: how to fit it."""
         at = "" if budget is None else f" at k = {budget}"
         return SpectraError(f"{self.label}{at} needs projections fitted on calibration sequences: pass "
-                            f"{option('--fit-samples N', 'fit_samples=N')} to "
-                            f"{option('spectra approx', 'spectra.approx')}")
+                            f"{spell('--fit-samples N', 'fit_samples=N')} to "
+                            f"{spell('spectra approx', 'spectra.approx')}")
 
 
-#: label → method, in registration order
-REGISTRY: dict[str, Method] = {}
+#: label → method, listed from each method file's DECLARES (`spectra.registry`), the file imported on first use
+REGISTRY: Registry[Method] = METHODS
 
 
 def register(method: Method) -> Method:
-    """Add `method` to the registry under its label."""
-    if method.label in REGISTRY:
-        raise ValueError(f"method '{method.label}' is registered twice")
-    REGISTRY[method.label] = method
-    return method
+    """Add `method` to the registry under its label, with the facts its file declares for it."""
+    return REGISTRY.add(method.label, method, family=method.family, causal=method.causal,
+                        calibrates=method.calibrates)
 
 
 def resolve(method: Method | str, fitted: Mapping[str, Method] | None = None) -> Method:

@@ -41,6 +41,11 @@ from ..reporter import Reporter
 from ..nn.descent import FitSettings, descend, first_group_timer, validation_split
 from .base import Approximation, Calibrated, Draws, Layer, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 120
+DECLARES = {"fastformer-fit": {"calibrates": True}, "fastformer-fit-causal": {"calibrates": True, "causal": True}}
+
 #: positions per block of the causal form's prefix sums (the block length changes only the rounding)
 CAUSAL_BLOCK = 64
 #: the parameters of one head, in this order: w_q (d), w_k (d), W_r (d, d), b_r (d)

@@ -26,6 +26,20 @@ from ..nn.projections import Projections, projections_arrays, projections_from_a
 from .base import Approximation, Calibrated, Draws, Layer, register
 from .linformer import projected
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 110
+DECLARES = {
+    "linformer-pca(none)": {"family": "linformer-pca", "calibrates": True},
+    "linformer-pca(headwise)": {"family": "linformer-pca", "calibrates": True},
+    "linformer-pca(kv)": {"family": "linformer-pca", "calibrates": True},
+    "linformer-pca(layerwise)": {"family": "linformer-pca", "calibrates": True},
+    "linformer-fit(none)": {"family": "linformer-fit", "calibrates": True},
+    "linformer-fit(headwise)": {"family": "linformer-fit", "calibrates": True},
+    "linformer-fit(kv)": {"family": "linformer-fit", "calibrates": True},
+    "linformer-fit(layerwise)": {"family": "linformer-fit", "calibrates": True},
+}
+
 #: plot colour, marker and terminal header of each family's sharing levels: PCA in blue-greens (matplotlib's PuBuGn),
 #: the fit in greens (Greens), each level a shade; no colour within ΔE 20 (CIELAB) of another family's, so neither
 #: is taken for the random Linformer's blues nor for pool-mean (tests/report/plots/test_style.py checks it)
@@ -102,6 +116,6 @@ class LinformerFit(FittedLinformer):
         return pd.concat(histories, ignore_index=True) if histories else pd.DataFrame()
 
 
-for _family, _kind in (("linformer-pca", LinformerPCA), ("linformer-fit", LinformerFit)):
+for _family, _class in (("linformer-pca", LinformerPCA), ("linformer-fit", LinformerFit)):
     for _sharing, (_color, _marker, _short) in SHOWN[_family].items():
-        register(_kind(_sharing, color=_color, marker=_marker, short=_short))
+        register(_class(_sharing, color=_color, marker=_marker, short=_short))

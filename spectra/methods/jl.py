@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from .base import Approximation, Draws, Layer, Method, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 20
+DECLARES = {"jl": {}}
+
 
 class JL(Method):
     """P̃ = P Rᵀ R with the draws' seeded R, padded columns dropped."""

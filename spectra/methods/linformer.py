@@ -15,6 +15,16 @@ from ..nn.projections import jl_pair
 from ..seeds import Domain
 from .base import Approximation, Draws, Layer, Method, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 30
+DECLARES = {
+    "linformer(none)": {"family": "linformer"},
+    "linformer(headwise)": {"family": "linformer"},
+    "linformer(kv)": {"family": "linformer"},
+    "linformer(layerwise)": {"family": "linformer"},
+}
+
 #: plot colour, marker and terminal header of each sharing level
 SHOWN = {
     Sharing.NONE: ("tab:blue", "^", "lin\n(none)"),

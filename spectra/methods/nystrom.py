@@ -22,6 +22,11 @@ from ..kernels import masked_softmax, scores
 from .base import Approximation, Draws, Layer, Method, register
 from .pooling import pool, windows
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 60
+DECLARES = {"nystrom": {}, "nystrom-iter6": {}}
+
 #: Nyströmformer's default number of iterations of its pseudo-inverse approximation
 NYSTROM_ITERATIONS = 6
 

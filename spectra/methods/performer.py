@@ -21,6 +21,11 @@ import torch
 from ..seeds import Domain, derive_seed
 from .base import Approximation, Draws, Layer, Method, one_by_one, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 50
+DECLARES = {"performer": {}, "performer-causal": {"causal": True}}
+
 
 def orthogonal_features(m: int, d: int, seed: int) -> np.ndarray:
     """W (m, d): stacked d×d blocks of Haar-orthonormal rows, each row rescaled by an independent

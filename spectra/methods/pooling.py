@@ -13,6 +13,11 @@ import torch
 from ..kernels import scores
 from .base import Approximation, Draws, Layer, Method, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 40
+DECLARES = {"pool-mean": {}, "pool-max": {}}
+
 
 def windows(valid: torch.Tensor, budget: int) -> torch.Tensor:
     """Window id (B, n) of every position: ⌊rank·k/m⌋ over the m valid positions; padding goes to id k."""

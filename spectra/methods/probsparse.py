@@ -16,6 +16,11 @@ from ..seeds import Domain, derive_seed
 from ..kernels import scores
 from .base import Approximation, Draws, Layer, Method, register, valid_first
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 80
+DECLARES = {"probsparse": {}}
+
 #: Informer's sampling factor c: c·⌈ln m⌉ sampled keys per query for M̄
 INFORMER_FACTOR = 5
 

@@ -22,6 +22,11 @@ from ..seeds import Domain, derive_seed
 from .base import Approximation, Draws, Layer, Method, register, valid_first
 from .nystrom import pinv_cutoff
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 70
+DECLARES = {"skyformer": {}}
+
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor, scaling: float) -> torch.Tensor:
     """κ(x, y) = exp(−s‖x − y‖²/2) for x (…, n, d), y (…, c, d) → (…, n, c)."""

@@ -18,6 +18,11 @@ import torch
 from ..spectrum import split_threads
 from .base import Approximation, Draws, Layer, Method, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 10
+DECLARES = {"svd": {}, "svd-causal": {"causal": True}}
+
 
 def truncated(x: Layer, budget: int) -> Approximation:
     """P_k = U_k Σ_k V_kᵀ and P_k V."""

@@ -13,6 +13,11 @@ import torch
 from ..kernels import masked_softmax, scores
 from .base import Approximation, Draws, Layer, Method, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 100
+DECLARES = {"topk": {"causal": True}}
+
 
 def top_keys(x: Layer, s: torch.Tensor, budget: int) -> torch.Tensor:
     """The keys each query keeps (B, H, n, n) given the scores s (B, H, n, n): its k highest-scoring

@@ -14,6 +14,11 @@ import torch
 from ..kernels import masked_softmax, scores
 from .base import Approximation, Draws, Layer, Method, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's methods come in listings
+ORDER = 90
+DECLARES = {"window": {"causal": True}}
+
 #: at most this many sink tokens (StreamingLLM keeps 4)
 SINKS = 4
 

@@ -47,6 +47,12 @@ class FitSettings:
                    seed)
 
 
+def held_out(sequences: int, share: float) -> int:
+    """How many of `sequences` calibration sequences a validation `share` holds out: at least one, and one fewer
+    than all, when share > 0 (and there are two); none when share = 0."""
+    return 0 if share == 0 or sequences < 2 else min(max(round(share * sequences), 1), sequences - 1)
+
+
 def validation_split(sequences: int, share: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(calibration, validation) sequence indices, sorted: a seeded share held out (at least one sequence
     each side when share > 0; none held out when share = 0)."""
@@ -56,7 +62,7 @@ def validation_split(sequences: int, share: float, seed: int) -> tuple[torch.Ten
         return torch.arange(sequences), torch.arange(0)
     if sequences < 2:
         raise SpectraError(f"holding out a validation share needs ≥ 2 calibration sequences, got {sequences}")
-    held = min(max(round(share * sequences), 1), sequences - 1)
+    held = held_out(sequences, share)
     order = torch.from_numpy(np.random.default_rng(derive_seed(seed, Domain.LINFORMER_FIT, sequences)).permutation(sequences))
     return order[held:].sort().values, order[:held].sort().values
 

@@ -14,9 +14,9 @@ attention costs O(n·k) instead of O(n²). Three entry points share one computat
 Conventions (documented choices):
 - Padded keys are excluded by zeroing their key/value rows before projecting, so they contribute nothing
   and a padded sequence gives the same result as the sequence alone (the reference implementation
-  compresses padding too). Eq. 7 mixes every key into each projected key, so causal attention (a mask
+  projects padding too). Eq. 7 mixes every key into each projected key, so causal attention (a mask
   per query) cannot be honoured and is refused.
-- `compress="after"` (default) is the paper's E (K W^K + 1 bᵀ); `compress="before"` is the reference
+- `project_at="after"` (default) is the paper's E (K W^K + 1 bᵀ); `project_at="before"` is the reference
   implementation's (E X) W^K + 1 bᵀ. They differ only by the key/value bias term (E 1 − 1) bᵀ, so they
   agree when the bias is zero. Already-projected q, k, v carry their bias, so `linear_attention` is
   "after" by construction.
@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from ..capture import Captured, Substitute
-from ..config import Compress, choose
+from ..config import ProjectAt, choose
 from ..errors import SpectraError
-from ..kernels import attend, compress, eq7
+from ..kernels import attend, eq7, project
 from ..models import attention_linears
 from .projections import Projections
 
@@ -80,7 +80,7 @@ class LinformerSelfAttention(nn.Module):
 
     `projections` and `layer` give E_i, F_i (several layer modules may hold one Projections for
     shared matrices). W^Q, W^K, W^V (nn.Linear(dim, dim)) and W^O are created unless given;
-    `w_o=nn.Identity()` returns the concatenated heads. `compress`: "after" (paper, E (K W^K)) or
+    `w_o=nn.Identity()` returns the concatenated heads. `project_at`: "after" (paper, E (K W^K)) or
     "before" (reference, (E X) W^K); see the module docstring.
     """
 
@@ -92,7 +92,7 @@ class LinformerSelfAttention(nn.Module):
         layer: int = 0,
         *,
         bias: bool = True,
-        compress: Compress | str = Compress.AFTER,
+        project_at: ProjectAt | str = ProjectAt.AFTER,
         w_q: nn.Linear | None = None,
         w_k: nn.Linear | None = None,
         w_v: nn.Linear | None = None,
@@ -102,12 +102,12 @@ class LinformerSelfAttention(nn.Module):
         super().__init__()
         if dim % heads:
             raise SpectraError(f"dim {dim} is not a multiple of heads {heads}")
-        compress = choose(Compress, compress, "compress (after: the paper, before: the reference code)")
+        project_at = choose(ProjectAt, project_at, "project_at (after: the paper, before: the reference code)")
         if projections.heads != heads or not 0 <= layer < projections.layers:
             raise SpectraError(
                 f"projections for {projections.layers} layers × {projections.heads} heads do not fit layer {layer} of {heads} heads"
             )
-        self.dim, self.heads, self.d, self.layer, self.compress = dim, heads, dim // heads, layer, compress
+        self.dim, self.heads, self.d, self.layer, self.project_at = dim, heads, dim // heads, layer, project_at
         self.projections = projections
         self.w_q = w_q or nn.Linear(dim, dim, bias=bias)
         self.w_k = w_k or nn.Linear(dim, dim, bias=bias)
@@ -122,7 +122,7 @@ class LinformerSelfAttention(nn.Module):
     @classmethod
     def from_pretrained(
         cls, attention: nn.Module, projections: Projections, layer: int, *, heads: int | None = None,
-        compress: Compress | str = Compress.AFTER,
+        project_at: ProjectAt | str = ProjectAt.AFTER,
     ) -> "LinformerSelfAttention":
         """Wrap the W^Q, W^K, W^V (and W^O when found) of a pretrained attention module, sharing its weights.
 
@@ -134,7 +134,7 @@ class LinformerSelfAttention(nn.Module):
         if heads is None:
             raise SpectraError(f"cannot tell the number of heads of {type(attention).__name__}; pass heads=")
         return cls(
-            found.w_q.in_features, heads, projections, layer, compress=compress, w_q=found.w_q, w_k=found.w_k,
+            found.w_q.in_features, heads, projections, layer, project_at=project_at, w_q=found.w_q, w_k=found.w_k,
             w_v=found.w_v, w_o=found.w_o if found.w_o is not None else nn.Identity(), scaling=found.scaling,
         )
 
@@ -142,11 +142,11 @@ class LinformerSelfAttention(nn.Module):
         """(B, n, dim) → (B, H, n, d)."""
         return x.view(x.shape[0], x.shape[1], self.heads, self.d).transpose(1, 2)
 
-    def _compressed(self, x: torch.Tensor, proj: torch.Tensor, linear: nn.Linear, valid: torch.Tensor | None) -> torch.Tensor:
+    def _projected(self, x: torch.Tensor, proj: torch.Tensor, linear: nn.Linear, valid: torch.Tensor | None) -> torch.Tensor:
         """Projected keys or values (B, H, budget, d): E (X W + 1 bᵀ) after, (E X) W + 1 bᵀ before."""
-        if self.compress == Compress.AFTER:
-            return compress(self._heads(linear(x)), proj, valid)
-        x_bar = compress(x[:, None], proj, valid)  # (B, H, budget, dim): E_i X
+        if self.project_at == ProjectAt.AFTER:
+            return project(self._heads(linear(x)), proj, valid)
+        x_bar = project(x[:, None], proj, valid)  # (B, H, budget, dim): E_i X
         weight = linear.weight.view(self.heads, self.d, self.dim)
         out = torch.einsum("bhcx,hdx->bhcd", x_bar, weight)
         if linear.bias is not None:
@@ -159,7 +159,7 @@ class LinformerSelfAttention(nn.Module):
         valid = None if attention_mask is None else attention_mask.to(device=x.device).bool()
         e, f = self.projections.pair(self.layer, n)
         q = self._heads(self.w_q(x))
-        k_bar = self._compressed(x, e, self.w_k, valid)
-        v_bar = self._compressed(x, f, self.w_v, valid)
+        k_bar = self._projected(x, e, self.w_k, valid)
+        v_bar = self._projected(x, f, self.w_v, valid)
         heads = attend(q, k_bar, v_bar, self.scaling)  # (B, H, n, d)
         return self.w_o(heads.transpose(1, 2).reshape(batch, n, self.dim))

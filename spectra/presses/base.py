@@ -12,9 +12,8 @@ Two kinds of press fit the same interface:
 - *transform* presses return any rows (zeroed key channels, a low-rank or mixed-down K and V: Linformer's E·K,
   F·V); `kept` is None when the rows are not context tokens, and `saved` says what memory the press saves.
 
-A new press is one module under `spectra/presses/` (a `Press` subclass, `register(...)` at its end), its test and
-its name in `spectra/catalogue.py` (PRESSES, and CHANNEL_PRESSES when its ratio counts key channels);
-tests/test_catalogue.py holds the catalogue equal to `REGISTRY`. A press that draws randomly seeds itself from
+A new press is one module under `spectra/presses/` (its names and flags in `DECLARES` at its top, read by
+`spectra.registry` without importing it; a `Press` subclass; `register(...)` at its end) and its test. A press that draws randomly seeds itself from
 `Prefill.seed` and `Prefill.index` (the run's seed and the sequence's global index), never from global state.
 Presses fitted on calibration sequences (`calibrates`: Loki's PCA, low-rank K/V) get a calibration pass from
 `spectra cache --fit-samples N`: the probe makes the run its own fresh instance of each (`fresh`), hands it the
@@ -26,11 +25,14 @@ press fits on each evaluated context itself (an oracle). A press that reads the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
+
+from ..registry import PRESSES, Registry
 
 #: the queries SnapKV reads: the last WINDOW context positions (kvpress's default window_size)
 WINDOW = 64
@@ -123,6 +125,37 @@ def n_kept(length: int, ratio: float) -> int:
     return 0 if ratio >= 1 else max(1, int(length * (1 - ratio)))
 
 
+def window_filled(length: int, ratios: Sequence[float]) -> list[tuple[float, int]]:
+    """(ratio, tokens kept) for each ratio at which a windowed press (snapkv, loki) keeps no more than the WINDOW
+    last context tokens it always protects: there it keeps tokens of the window only, whatever its scores — the
+    whole window when exactly WINDOW are kept (snapkv and loki then keep the same cache), else the ones
+    torch.topk's tie-break among the equally protected tokens picks (which depends on the other scores)."""
+    return [(ratio, n_kept(length, ratio)) for ratio in ratios if n_kept(length, ratio) <= min(WINDOW, length)]
+
+
+def window_note(length: int, ratios: Sequence[float], presses: Sequence[str]) -> str | None:
+    """What a cache run says where the windowed presses among `presses` keep only tokens of their window
+    (`window_filled`), or None: the ratios, the tokens kept, and that their scores choose nothing there."""
+    windowed = [press for press in ("snapkv", "loki") if press in presses]
+    filled = window_filled(length, ratios)
+    if not windowed or not filled:
+        return None
+    one, both = len(filled) == 1, len(windowed) > 1
+    ratios_text, kept = (", ".join(f"{value:g}" for value in values) for values in zip(*filled))
+    return (f"{'ratio' if one else 'ratios'} {ratios_text} {'keeps' if one else 'keep'} {kept} tokens, no more than "
+            f"the {WINDOW}-token window that {' and '.join(windowed)} {'always keep' if both else 'always keeps'}: "
+            f"{'their' if both else 'its'} scores choose nothing there (below {WINDOW} kept, torch.topk's tie-break "
+            f"picks which window tokens stay){', so loki tells nothing snapkv does not' if both else ''}")
+
+
+def window_choosing_length(ratios: Sequence[float]) -> int:
+    """The shortest context at which a windowed press keeps more than its WINDOW at every one of `ratios`."""
+    length = WINDOW + 1
+    while window_filled(length, ratios):
+        length += 1
+    return length
+
+
 def evict(prefill: Prefill, scores: torch.Tensor, keep: int) -> Compressed:
     """Keep the `keep` highest-scoring context tokens of each key/value head (`scores` (H_kv, L), higher = keep),
     chosen by torch.topk as kvpress chooses them, listed in position order."""
@@ -181,13 +214,17 @@ class ScorerPress(Press):
         return evict(prefill, self.score(prefill, ratio), n_kept(prefill.length, ratio))
 
 
-#: press name → press, in registration order (the order of tables and legends)
-REGISTRY: dict[str, Press] = {}
+#: press name → press, listed from each press file's DECLARES (`spectra.registry`; the order of tables and legends),
+#: the file imported on first use
+REGISTRY: Registry[Press] = PRESSES
+
+
+def facts(press: Press) -> dict[str, bool]:
+    """What a press declares about itself: the flags the command checks before the model loads."""
+    return {"channels": press.channels, "needs_rope": press.needs_rope, "windowed": press.windowed,
+            "calibrates": press.calibrates}
 
 
 def register(press: Press) -> Press:
-    """Add `press` under its name (once)."""
-    if press.name in REGISTRY:
-        raise ValueError(f"press '{press.name}' is registered twice")
-    REGISTRY[press.name] = press
-    return press
+    """Add `press` under its name (once), with the facts its file declares for it."""
+    return REGISTRY.add(press.name, press, **facts(press))

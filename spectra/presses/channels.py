@@ -13,6 +13,11 @@ import torch
 
 from .base import Compressed, Prefill, Press, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's presses come in listings
+ORDER = 20
+DECLARES = {"think": {"channels": True, "needs_rope": True}}
+
 #: the queries ThinK reads: the last 32 context positions
 QUERIES = 32
 

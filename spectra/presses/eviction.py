@@ -18,6 +18,11 @@ from torch.nn import functional
 from ..seeds import Domain, derive_seed
 from .base import Prefill, ScorerPress, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's presses come in listings
+ORDER = 10
+DECLARES = {"streaming": {}, "knorm": {}, "snapkv": {"windowed": True}, "tova": {}, "random": {}, "observed": {}}
+
 #: StreamingLLM's attention sinks and SnapKV's pooling kernel (kvpress's defaults)
 SINKS, KERNEL = 4, 5
 

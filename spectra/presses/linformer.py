@@ -23,6 +23,11 @@ import torch
 
 from .base import Compressed, Prefill, Press, n_kept, register
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's presses come in listings
+ORDER = 60
+DECLARES = {"linformer": {}}
+
 
 def signed_left(x: torch.Tensor, rows: int) -> torch.Tensor:
     """E (H_kv, rows, L): the top `rows` left singular vectors of x (H_kv, L, d) as rows, each signed so that its

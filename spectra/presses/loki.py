@@ -22,9 +22,15 @@ import dataclasses
 
 import torch
 
+from ..kernels import causal_mask, eager_softmax, scores
 from .base import WINDOW, Prefill, ScorerPress, register
 from .eviction import SnapKV
 from .pca import Fit, MomentsCalibrated, principal
+
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's presses come in listings
+ORDER = 40
+DECLARES = {"loki": {"windowed": True, "calibrates": True}}
 
 #: the share of the head dimension the scoring basis keeps (Loki's d_f)
 RANK_SHARE = 0.25
@@ -40,13 +46,8 @@ def approximate_window(prefill: Prefill, basis: torch.Tensor) -> torch.Tensor:
     basis = basis.to(prefill.key.dtype)
     keys = (prefill.key @ basis).repeat_interleave(prefill.groups, dim=0)  # (H, L, r)
     queries = prefill.q @ basis.repeat_interleave(prefill.groups, dim=0)  # (H, w, r)
-    window, length = queries.shape[1], prefill.length
-    scores = (queries @ keys.transpose(-1, -2)) * prefill.scaling
-    position = torch.arange(length - window, length, device=scores.device)[:, None]
-    visible = torch.arange(length, device=scores.device)[None, :] <= position
-    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-    wide = torch.promote_types(scores.dtype, torch.float32)
-    return torch.softmax(scores, dim=-1, dtype=wide).to(prefill.key.dtype)
+    visible = causal_mask(queries.shape[1], prefill.length, queries.device)
+    return eager_softmax(scores(queries, keys, prefill.scaling), visible, prefill.key.dtype)
 
 
 class Loki(MomentsCalibrated, ScorerPress):

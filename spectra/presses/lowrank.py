@@ -22,6 +22,11 @@ import torch
 from .base import Compressed, Prefill, Press, register
 from .pca import Fit, MomentsCalibrated
 
+#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
+#: each name and its facts, and where the file's presses come in listings
+ORDER = 50
+DECLARES = {"lowrank": {"calibrates": True}}
+
 TENSORS = ("key", "value")
 
 

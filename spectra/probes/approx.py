@@ -49,7 +49,7 @@ def measures(x: Layer, approx: Approximation) -> torch.Tensor:
     return torch.stack([out_err, p_err, tv])
 
 
-class HeadProbe(Probe):
+class ApproxProbe(Probe):
     """Streams every layer through each (method, budget) and keeps error statistics.
 
     Cells are (method, budget, layer, head, measure); samples are sequences. Random methods draw per sequence

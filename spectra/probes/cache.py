@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import catalogue, kvcache, models
+from .. import kvcache, models
 from ..capture import Captured
 from ..errors import SpectraError
 from ..presses import REGISTRY, Compressed, Prefill, Press, full
@@ -200,7 +200,7 @@ class CacheProbe(Probe):
             s = dict(zip(_FIELDS, self.sums[i]))
             count = max(s["sequences"], 1)
             nll = s["nll"] / max(s["tokens"], 1)
-            channels = press in catalogue.CHANNEL_PRESSES
+            channels = press in REGISTRY.having("channels")
             rows.append({"press": press, "ratio": ratio, "nll": nll, "ppl": math.exp(nll),
                          "kl": s["kl"] / max(s["tokens"], 1), "top1": s["top1"] / max(s["tokens"], 1),
                          "kept": s["kept"] / count, "kept_share": s["kept"] / count / self.context,

@@ -27,11 +27,11 @@ import torch
 from ..capture import Captured
 from ..errors import InternalError, SpectraError
 from ..methods import REGISTRY, Calibrated, Layer
-from ..reporter import Reporter
+from ..reporter import Reporter, plural
 from ..nn.calibration import Calibration
-from ..nn.descent import FitSettings
+from ..nn.descent import FitSettings, held_out
 from ..stats import State, tagged
-from .approx import HeadProbe
+from .approx import ApproxProbe
 from .base import Probe
 
 
@@ -53,7 +53,7 @@ class Fitting(Probe):
         self.fitted: dict[str, Calibrated] = {method.label: method.fresh() for method in calibrating}
         self.labels = list(self.fitted)
         self.history = pd.DataFrame()
-        self.calibration = HeadProbe(options, layers, heads, seed=seed, fitted=self.fitted,
+        self.calibration = ApproxProbe(options, layers, heads, seed=seed, fitted=self.fitted,
                                      file="heads_calibration.csv", calibration=True)
         self.records: dict[int, list[Captured]] = {}
         self.done = False
@@ -82,10 +82,11 @@ class Fitting(Probe):
             return
         calibrations = [Calibration.of(records) for _, records in sorted(self.records.items())]
         count = calibrations[0].sequences if calibrations else 0
-        held = round(count * self.options.fit_validation)
-        self.reporter.notify(f"calibration: {count} sequences, {sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, "
-                    f"v; fitting {len(self.labels)} method(s) at {len(self.options.fit_budgets)} budget(s) "
-                    f"({held} sequences held out to choose the fit's step)")
+        held = held_out(count, self.options.fit_validation)
+        self.reporter.notify(f"calibration: {plural(count, 'sequence')}, "
+                             f"{sum(c.nbytes for c in calibrations) / 2**20:.0f} MiB of q, k, v; fitting "
+                             f"{plural(len(self.labels), 'method')} at {plural(len(self.options.fit_budgets), 'budget')} "
+                             f"({plural(held, 'sequence')} held out to choose the fit's step)")
         histories = []
         for label, method in self.fitted.items():
             history = method.fit(calibrations, layers=self.layers, heads=self.heads, n=self.n,

@@ -4,7 +4,7 @@ Low-rank-key studies ask this of the d-dimensional rows of K (n × d), not of P.
 the singular values of the valid rows of Q, K (per key/value head under grouped-query attention) and V
 give the smallest rank reaching 90% and 99% of the energy Σσ²; streamed over the whole run, the d × d
 second-moment matrix Σ xᵀx of each layer and head gives, through its eigenvalues, the dataset-level rank
-at 90% / 99% of the explained (uncentred) variance.
+at 90% / 99% of the energy Σxᵀx about zero (uncentred: the mean counts; not the variance, see below).
 
 Loki, Palu and the other head-dimension papers use the centred convention instead (PCA): the rows pooled over
 every token of the run, their mean removed, eigenvalues of the covariance. The probe streams the row sums Σx and
@@ -145,8 +145,8 @@ class QKVProbe(Probe):
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """qkv.csv: per (tensor, stage, layer, head): sequences, mean and std of the per-sequence ranks for 90% and
-        99% of the energy, the dataset-level ranks for 90% and 99% of the explained (uncentred) variance, the
-        centred (PCA) ranks for 90% and 99% of the covariance's trace over the run's pooled rows; d."""
+        99% of the energy, the dataset-level ranks for 90% and 99% of the energy Σxᵀx (uncentred: dataset_rank*),
+        the centred (PCA) ranks for 90% and 99% of the covariance's trace over the run's pooled rows; d."""
         frames = []
         centred = self.covariance_eigenvalues()
         for (which, stage), eigenvalues in self.eigenvalues().items():

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import SpectraError, option
-from ..runs import Run
+from ..errors import SpectraError, spell
+from ..runs import FinishedRun
 
 #: the key a layer's budget had in plans written before the projected dimension was called the budget everywhere
 #: (such plans still read)
@@ -27,7 +27,7 @@ OLD_KEY = "k_" + "proj"
 def check_energy(energy: float) -> float:
     """`energy` as a float if it is a share of the nuclear norm in (0, 1], else a one-line SpectraError."""
     if not (isinstance(energy, (int, float)) and 0 < energy <= 1):
-        raise SpectraError(f"{option('--energy')} must be in (0, 1] (a share of the nuclear norm, e.g. 0.9), got "
+        raise SpectraError(f"{spell('--energy')} must be in (0, 1] (a share of the nuclear norm, e.g. 0.9), got "
                            f"{energy}")
     return float(energy)
 
@@ -35,7 +35,7 @@ def check_energy(energy: float) -> float:
 def check_multiple(multiple: int) -> int:
     """`multiple` if it is a positive rounding step, else a one-line SpectraError."""
     if multiple < 1:
-        raise SpectraError(f"{option('--multiple')} must be a positive integer (e.g. 8), got {multiple}")
+        raise SpectraError(f"{spell('--multiple')} must be a positive integer (e.g. 8), got {multiple}")
     return int(multiple)
 
 
@@ -138,7 +138,7 @@ class Plan:
         }
 
 
-def plan_k(run: Run, energy: float, *, multiple: int = 8, per_head: bool = False) -> Plan:
+def plan_k(run: FinishedRun, energy: float, *, multiple: int = 8, per_head: bool = False) -> Plan:
     """Smallest budget per layer (or per head) whose mean normalized cumulative singular value reaches `energy`."""
     energy, multiple = check_energy(energy), check_multiple(multiple)
     if per_head:
@@ -188,6 +188,6 @@ def read_plan(plan: str | os.PathLike | dict, n: int | None = None) -> tuple[int
     made_at = plan.get("n")
     if n is not None and made_at is not None and made_at != n:
         raise SpectraError(f"{where} was made at n = {made_at} but this run has "
-                           f"{option(f'--length {n}', f'length={n}')}; make a plan at this length: spectra plan-k on an "
+                           f"{spell(f'--length {n}', f'length={n}')}; make a plan at this length: spectra plan-k on an "
                            f"analyze run with --length {n}")
     return found

@@ -10,13 +10,15 @@ Pure numpy/pandas on run objects, so a table and a figure of the same run always
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..errors import SpectraError
-from ..runs import ApproxRun, Run, ScalingRun, TheoremRun
+from ..runs import FinishedRun
 
 # ---------------------------------------------------------------- one analyze run
 
@@ -26,14 +28,14 @@ def default_at(n: int) -> int:
     return max(1, n // 4)
 
 
-def check_at(run: Run, at: int) -> int:
+def check_at(run: FinishedRun, at: int) -> int:
     """`at` if it is a 1-based index of the run's curves, else a one-line SpectraError."""
     if not 1 <= at <= run.n:
         raise SpectraError(f"--at must be an index in 1…{run.n} (the sequence length of {run.path}), got {at}")
     return at
 
 
-def c_at(run: Run, at: int | None = None) -> np.ndarray:
+def c_at(run: FinishedRun, at: int | None = None) -> np.ndarray:
     """Mean normalized cumulative singular value at 1-based index `at`, shape (layers, heads).
 
     For the run's stored `at` this is the metrics table's c_at_mean; for any other index it is the mean
@@ -45,7 +47,7 @@ def c_at(run: Run, at: int | None = None) -> np.ndarray:
     return np.asarray(run.cum_mean[:, :, at - 1], dtype=float)
 
 
-def metric_grid(run: Run, column: str) -> np.ndarray:
+def metric_grid(run: FinishedRun, column: str) -> np.ndarray:
     """A metrics column (e.g. rank90_mean) as a (layers, heads) array, layer down and head across; NaN for the
     (layer, head) a run with --layers/--heads did not measure."""
     if column not in run.metrics.columns:
@@ -80,7 +82,7 @@ def head_mean(values: np.ndarray) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def per_layer(run: Run, at: int | None = None) -> pd.DataFrame:
+def per_layer(run: FinishedRun, at: int | None = None) -> pd.DataFrame:
     """One row per layer: mean over heads of c at the index and of the ranks needed for 90% and 99%."""
     at = run.at if at is None else check_at(run, at)
     return pd.DataFrame(
@@ -93,7 +95,7 @@ def per_layer(run: Run, at: int | None = None) -> pd.DataFrame:
     )
 
 
-def key_ranks(run: Run, tensor: str = "k", column: str = "dataset_rank90") -> pd.DataFrame:
+def key_ranks(run: FinishedRun, tensor: str = "k", column: str = "dataset_rank90") -> pd.DataFrame:
     """Per layer, the mean over heads of a query/key/value rank `column`, one column per stage (projection:
     before RoPE; attention: what attention sees); empty when the run has no qkv table."""
     if run.qkv is None:
@@ -103,7 +105,7 @@ def key_ranks(run: Run, tensor: str = "k", column: str = "dataset_rank90") -> pd
     return wide.reset_index().rename_axis(columns=None)
 
 
-def analyze_layers(run: Run) -> pd.DataFrame:
+def analyze_layers(run: FinishedRun) -> pd.DataFrame:
     """What the terminal shows of an analyze run, per layer (means over heads): c at the run's index, the rank
     for 90% of the nuclear norm, sink mass and entropy when measured, and the dataset-level key rank for 90%
     of the energy Σkᵀk (uncentred: `dataset_rank90`) before and after RoPE when measured."""
@@ -117,7 +119,7 @@ def analyze_layers(run: Run) -> pd.DataFrame:
     return table
 
 
-def headline(run: Run, at: int | None = None) -> dict[str, Any]:
+def headline(run: FinishedRun, at: int | None = None) -> dict[str, Any]:
     """The numbers the paper states: heatmap range and mean of c at the index, and the layer trend."""
     at = run.at if at is None else check_at(run, at)
     grid = c_at(run, at)
@@ -134,7 +136,7 @@ def headline(run: Run, at: int | None = None) -> dict[str, Any]:
     }
 
 
-def band(run: Run, quantile: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def band(run: FinishedRun, quantile: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean curve over all layer×head mean curves and its `quantile`–(1 − quantile) band, each of length n."""
     curves = np.asarray(run.cum_mean, dtype=float).reshape(run.layers * run.heads, run.n)
     curves = curves[~np.isnan(curves).any(axis=1)]
@@ -145,7 +147,7 @@ def band(run: Run, quantile: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.nd
 # ---------------------------------------------------------------- several analyze runs
 
 
-def unique_names(runs: list[Run]) -> list[str]:
+def unique_names(runs: list[FinishedRun]) -> list[str]:
     """Run labels (model · dataset), with n and then the directory name added where they collide."""
     names = [run.label for run in runs]
     if len(set(names)) < len(names):
@@ -155,13 +157,13 @@ def unique_names(runs: list[Run]) -> list[str]:
     return names
 
 
-def headlines(runs: list[Run], at: int | None = None) -> pd.DataFrame:
+def headlines(runs: list[FinishedRun], at: int | None = None) -> pd.DataFrame:
     """One row per run of its `headline` numbers, the run named by `unique_names`."""
     rows = [{**headline(run, at), "run": name} for name, run in zip(unique_names(runs), runs)]
     return pd.DataFrame(rows)
 
 
-def compare(runs: list[Run], at: int | None = None) -> pd.DataFrame:
+def compare(runs: list[FinishedRun], at: int | None = None) -> pd.DataFrame:
     """Tidy per-layer headline numbers of several runs: one row per (run, layer).
 
     `at` defaults to each run's stored index (n/4 unless analysed with another --at), so runs of different
@@ -208,13 +210,13 @@ def labels_in_order(frame: pd.DataFrame, column: str = "method") -> list[str]:
     return list(dict.fromkeys(frame[column]))
 
 
-def approx_by_budget(run: ApproxRun, metric: str = "out_err") -> pd.DataFrame:
+def approx_by_budget(run: FinishedRun, metric: str = "out_err") -> pd.DataFrame:
     """Mean over layers of the per-layer mean over heads: one row per (method, budget)."""
     per_layer = run.per_layer(metric)
     return per_layer.groupby(["method", "budget"], sort=False)[metric].mean().reset_index()
 
 
-def theorem1_rows(run: TheoremRun, relative_to: str = "output", table: str = "theorem1") -> pd.DataFrame:
+def theorem1_rows(run: FinishedRun, relative_to: str = "output", table: str = "theorem1") -> pd.DataFrame:
     """Theorem 1's rows in one form: "output" (the statement, relative to ‖Pw‖) or "rows" (the proof's, each
     entry against ε‖P_i‖‖w‖; jl only). Runs from before the proof form have the statement's rows only."""
     one = run.tables[table]
@@ -223,7 +225,7 @@ def theorem1_rows(run: TheoremRun, relative_to: str = "output", table: str = "th
     return one[one["relative_to"] == relative_to]
 
 
-def theorem1_draws(run: TheoremRun) -> tuple[int, str]:
+def theorem1_draws(run: FinishedRun) -> tuple[int, str]:
     """The independent draws of R behind one pooled Theorem 1 rate (one budget), and what they are made of.
 
     R is drawn per (layer, budget, sequence, draw) and shared by the heads and columns w of its layer, so the
@@ -239,7 +241,7 @@ def theorem1_draws(run: TheoremRun) -> tuple[int, str]:
     return layers * sequences * per, f"{layers} layers × {sequences} sequences × {per} per sequence"
 
 
-def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame:
+def theorem_errors(run: FinishedRun, relative_to: str = "output") -> pd.DataFrame:
     """Pooled errors per (label, budget): jl, svd (Theorem 1, per column w of V), linformer(<sharing>) and
     theorem2(<variant>) (Theorem 2, per row w, relative to ‖softmax(w)V‖ or, with "rhs", its right side);
     columns label, budget, median, p95, mean, max."""
@@ -253,12 +255,12 @@ def theorem_errors(run: TheoremRun, relative_to: str = "output") -> pd.DataFrame
     return pd.concat(parts).drop_duplicates(["label", "budget"])[columns].reset_index(drop=True)
 
 
-def theorem_n(run: TheoremRun) -> int:
+def theorem_n(run: FinishedRun) -> int:
     """The sequence length n of a theorems run (as its pooled Theorem 1 table records it)."""
     return int(run.tables["theorem1"]["n"].iloc[0])
 
 
-def gap_closed(run: ApproxRun, table: str = "heads") -> pd.DataFrame:
+def gap_closed(run: FinishedRun, table: str = "head_stats") -> pd.DataFrame:
     """Per (method, budget, layer): the method's mean head-output error, the random baseline's and the oracle's,
     and the fraction of the gap between them the method closes, (random − method) / (random − svd): 0 is no
     better than a random projection, 1 is as good as the best rank-k matrix. The random baseline of a
@@ -286,7 +288,7 @@ def gap_closed(run: ApproxRun, table: str = "heads") -> pd.DataFrame:
 # ---------------------------------------------------------------- scaling runs
 
 
-def scaling_layers(run: ScalingRun, metric: str = "rank90") -> pd.DataFrame:
+def scaling_layers(run: FinishedRun, metric: str = "rank90") -> pd.DataFrame:
     """One row per layer and a last row 'all' (every measured head): the mean over heads of `metric` at each n
     (columns 'n=64', …), then the growth exponent α of the power-law fit, its 95% interval and the model that
     fits better (power or log)."""
@@ -300,11 +302,21 @@ def scaling_layers(run: ScalingRun, metric: str = "rank90") -> pd.DataFrame:
     wide["α"] = fits["alpha"]
     wide["95% interval"] = [f"[{', '.join(interval_digits(low, high))}]" if np.isfinite(low) else "" for low, high in
                             zip(fits["alpha_low"].reindex(wide.index), fits["alpha_high"].reindex(wide.index))]
-    wide["fits better"] = fits["better"].reindex(wide.index).fillna("")
+    wide["fits better"] = [fits_better(fits.loc[key]) if key in fits.index else "" for key in wide.index]
     return wide.rename_axis("layer").reset_index()
 
 
-def scaling_fixed(run: ScalingRun) -> pd.DataFrame:
+def fits_better(fit: pd.Series) -> str:
+    """The model that fits better ("power" or "log", exponents.csv's `better`), or why neither does: "tie" where
+    both fit every length exactly (two lengths always do: each model has two parameters), "n/a" where a fit is
+    undefined (a mean rank of 0)."""
+    if fit["better"]:
+        return str(fit["better"])
+    exact = np.isfinite(fit["rmse_power"]) and fit["rmse_power"] == fit["rmse_log"]
+    return "tie" if exact or fit["lengths"] <= 2 else "n/a"
+
+
+def scaling_fixed(run: FinishedRun) -> pd.DataFrame:
     """c at each fixed budget (rows) and n (columns), the mean over every measured head, and a last row at
     k = n/4 (the paper's heatmap index): constant across n when a fixed k keeps up with longer sequences."""
     wide = run.c_fixed.groupby(["budget", "n"])["c"].mean().unstack("n").reindex(columns=run.lengths)
@@ -323,16 +335,26 @@ def interval_digits(low: float, high: float, most: int = 4) -> tuple[str, str]:
     return f"{low:.{digits}f}", f"{high:.{digits}f}"
 
 
+#: what a fitted growth exponent α of the needed k (k ∝ n^α) reads as: (upper end of its range, verdict, short name)
+GROWTH_READINGS = ((0.1, "the needed k does not measurably grow with n, as the paper claims", "no growth"),
+                   (0.9, "the needed k grows with n, but slower than n: low rank, though not independent of n",
+                    "growth slower than n"),
+                   (math.inf, "the needed k grows in proportion to n: no fixed k keeps up with longer sequences",
+                    "growth in proportion to n"))
+
+
 def growth_reading(alpha: float, low: float, high: float) -> str:
-    """What an exponent α (with its interval) says about the needed k: not growing, growing slower than n, or
-    in proportion to n."""
+    """What an exponent α says about the needed k, following its interval: the one reading (`GROWTH_READINGS`) the
+    interval lies in, or "undetermined" naming the readings it spans; without an interval, the reading of α."""
     if not np.isfinite(alpha):
         return "no exponent (fewer than two lengths with positive values)"
-    interval = " (95% interval {}–{})".format(*interval_digits(low, high)) if np.isfinite(low) else ""
-    if np.isfinite(low) and low <= 0.1 and high < 0.3 or not np.isfinite(low) and alpha < 0.1:
-        verdict = "the needed k does not measurably grow with n, as the paper claims"
-    elif (high if np.isfinite(high) else alpha) < 0.9:
-        verdict = "the needed k grows with n, but slower than n: low rank, though not independent of n"
-    else:
-        verdict = "the needed k grows in proportion to n: no fixed k keeps up with longer sequences"
-    return f"α = {alpha:.2f}{interval}: {verdict}"
+    bounded = np.isfinite(low) and np.isfinite(high)
+    interval = " (95% interval {}–{})".format(*interval_digits(low, high)) if bounded else ""
+    low, high = (low, high) if bounded else (alpha, alpha)
+    lower = [-math.inf] + [upper for upper, _, _ in GROWTH_READINGS[:-1]]
+    met = [reading for start, reading in zip(lower, GROWTH_READINGS) if low < reading[0] and high >= start]
+    if len(met) == 1:
+        return f"α = {alpha:.2f}{interval}: {met[0][1]}"
+    spans = "every reading from" if len(met) > 2 else "both"
+    return (f"α = {alpha:.2f}{interval}: undetermined: the interval holds {spans} {met[0][2]} "
+            f"{'to' if len(met) > 2 else 'and'} {met[-1][2]}; more sequences per length narrow it")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import checkpoints
-from ..errors import SpectraError, option
+from ..errors import SpectraError, spell
 from .generate import Fitted, generate, parse_lengths, parse_tasks, write_records
 from .haystack import Haystack
 
@@ -30,7 +30,7 @@ class Written:
 def check_positions(lengths: Sequence[int], positions: int | None, name: str) -> None:
     """A length beyond the model's positions cannot be run: refuse it."""
     if positions is not None and max(lengths) > positions:
-        raise SpectraError(f"{option('--length', 'lengths')} {max(lengths)} is beyond the {positions} positions of "
+        raise SpectraError(f"{spell('--length', 'lengths')} {max(lengths)} is beyond the {positions} positions of "
                            f"{name}")
 
 
@@ -77,14 +77,14 @@ def make_tasks(model: str, *, tasks: str | Sequence[str] = "all", lengths: str |
     """Generate `samples` records per task and length for `model`'s tokenizer and write them to `out` (jsonl)."""
     names, sizes = parse_tasks(tasks), parse_lengths(lengths)
     if samples < 1:
-        raise SpectraError(f"{option('--samples', 'samples')} must be ≥ 1, got {samples}")
+        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
     if seed < 0:
-        raise SpectraError(f"{option('--seed', 'seed')} must be ≥ 0, got {seed}")
+        raise SpectraError(f"{spell('--seed', 'seed')} must be ≥ 0, got {seed}")
     out = Path(out)
     if out.is_dir():
-        raise SpectraError(f"{option('--out', 'out')} {out} is a directory; give a .jsonl file path")
+        raise SpectraError(f"{spell('--out', 'out')} {out} is a directory; give a .jsonl file path")
     if out.suffix != ".jsonl":
-        raise SpectraError(f"{option('--out', 'out')} {out} must end in .jsonl (spectra cache recognises task files "
+        raise SpectraError(f"{spell('--out', 'out')} {out} must end in .jsonl (spectra cache recognises task files "
                            "by it)")
     stack = Haystack.noise() if haystack is None else Haystack.from_file(haystack)
     tokenizer, positions = load_tokenizer(model, gguf_file, sizes)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpectraError, option
+from ..errors import SpectraError, spell
 from .haystack import Haystack
 from .prompt import prompt_length
 from .records import TaskRecord
@@ -47,7 +47,7 @@ def parse_tasks(text: str | Sequence[str]) -> tuple[str, ...]:
         return TASKS
     unknown = [name for name in names if name not in TASKS]
     if unknown or not names:
-        raise SpectraError(f"unknown task {', '.join(unknown) or '(none given)'} in {option('--tasks', 'tasks')}; "
+        raise SpectraError(f"unknown task {', '.join(unknown) or '(none given)'} in {spell('--tasks', 'tasks')}; "
                            f"the tasks are {', '.join(TASKS)} (or all)")
     return tuple(dict.fromkeys(names))
 
@@ -58,9 +58,9 @@ def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:
     try:
         lengths = tuple(int(part) for part in parts)
     except (TypeError, ValueError):
-        raise SpectraError(f"{option('--length', 'lengths')} takes token counts such as 1024,2048; got {text}") from None
+        raise SpectraError(f"{spell('--length', 'lengths')} takes token counts such as 1024,2048; got {text}") from None
     if not lengths or any(length < 1 for length in lengths):
-        raise SpectraError(f"{option('--length', 'lengths')} takes token counts ≥ 1; got {text}")
+        raise SpectraError(f"{spell('--length', 'lengths')} takes token counts ≥ 1; got {text}")
     return tuple(dict.fromkeys(lengths))
 
 
@@ -133,7 +133,10 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
 
         def measure(size: int) -> int:
             if size not in built:
-                example = build(sample_rng(seed, task, length, sample), size, depth)
+                try:
+                    example = build(sample_rng(seed, task, length, sample), size, depth)
+                except ValueError as error:  # cwe: more distinct words than the word lists hold
+                    raise SpectraError(f"{task} at length {length}: {error}") from None
                 built[size] = (example, prompt_length(tokenizer, example.context, example.question,
                                                       example.answer_prefix, new_tokens))
             return built[size][1]
@@ -144,7 +147,7 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
             start = minimum + max(0, int((length - base) / per_unit))
         size = largest_fitting(measure, length, start, minimum)
         if size is None:
-            raise SpectraError(f"{option('--length', 'lengths')} {length} is too short for {task}: its smallest "
+            raise SpectraError(f"{spell('--length', 'lengths')} {length} is too short for {task}: its smallest "
                                f"example takes {built[minimum][1]} tokens with the model's chat template and "
                                f"{new_tokens} generated tokens")
         example, tokens = built[size]
@@ -162,7 +165,7 @@ def generate(tokenizer, tasks: Sequence[str], lengths: Sequence[int], samples: i
     """Every (task, length, sample) in that order; `example` is the record's index in the list (its line in the
     file). `progress(task, length, fitted)` is called after each (task, length)."""
     if samples < 1:
-        raise SpectraError(f"{option('--samples', 'samples')} must be ≥ 1, got {samples}")
+        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
     haystack = haystack or Haystack.noise()
     icl_size = vt_icl_size(tokenizer, seed) if "vt" in tasks else 0
     found: list[Fitted] = []

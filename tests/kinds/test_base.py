@@ -9,7 +9,7 @@ import pytest
 from spectra.config import RunConfig
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY, load_run
-from spectra.kinds.base import Analysis, read_meta, register
+from spectra.kinds.base import Analysis, read_meta, register, upgraded
 
 
 def test_every_analysis_is_registered_with_its_declarations() -> None:
@@ -44,3 +44,13 @@ def test_an_analysis_without_a_job_says_so() -> None:
     with pytest.raises(NotImplementedError, match="bare runs no single job"):
         Bare().job(RunConfig("m", "d"), None, None, None)
     assert Bare().plot(None) == []
+
+
+def test_runs_written_before_samples_meant_the_evaluated_sequences_read_alike() -> None:
+    """Old run.json files with a calibration counted every sequence under `samples`; read back, `samples` is the
+    evaluated ones and `sequences` every one read, as runs record them now."""
+    old = {"kind": "approx", "samples": 10, "evaluation": [4, 10]}
+    assert upgraded(old) == {"kind": "approx", "samples": 6, "sequences": 10, "evaluation": [4, 10]}
+    assert upgraded(old) is not old and old["samples"] == 10
+    new = {"kind": "approx", "samples": 6, "sequences": 10, "evaluation": [4, 10]}
+    assert upgraded(new) == new and upgraded({"kind": "analyze", "samples": 3}) == {"kind": "analyze", "samples": 3}

@@ -126,7 +126,7 @@ def test_the_tables_count_what_each_press_keeps(finished) -> None:
             assert row["kl"] > 0 and 0 <= row["top1"] <= 1
     think = table.loc[("think", 0.5)]
     assert think["kept"] == CONTEXT and think["key_channel_ratio"] == 0.5 and think["saved"] == pytest.approx(0.25)
-    heads = finished.heads
+    heads = finished.head_stats
     assert list(heads.columns[:4]) == ["press", "ratio", "layer", "head"] and len(heads) == 7 * 2 * 4
     full = heads[heads["press"] == "full"]
     assert (full["mass_kept"] == 1).all() and full["out_err"].max() < 1e-6
@@ -140,7 +140,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(llama_dir, text_file, tmp_pat
     settings = {**SETTINGS, "batch_size": 1, "checkpoint_seconds": 0.0}
     whole = spectra.cache(str(llama_dir), str(text_file), out=tmp_path / "whole", **settings)
     resumed = interrupted_and_resumed(llama_dir, text_file, tmp_path, settings, after=2)
-    for name in ("table", "heads", "sequences"):
+    for name in ("table", "head_stats", "sequences"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(whole, name), check_exact=True, obj=name)
 
 
@@ -220,6 +220,7 @@ def test_calibration_sequences_are_not_evaluated(calibrated) -> None:
     assert sorted(calibrated.sequences["sequence"].unique()) == [2, 3]
     assert calibrated.meta["calibration"] == {"sequences": [0, 2], "used": 2, "presses": ["loki", "lowrank"]}
     assert calibrated.meta["evaluation"] == [2, 4]
+    assert calibrated.meta["samples"] == 2 and calibrated.meta["sequences"] == 4, "samples: the evaluated ones"
     assert not spectra.presses.REGISTRY["loki"].moments.sums and not spectra.presses.REGISTRY["lowrank"].moments.sums
 
 
@@ -264,7 +265,7 @@ def test_a_resumed_calibrated_run_equals_an_uninterrupted_one(calibrated, llama_
     settings = {**FIT, "checkpoint_seconds": 0.0}
     # stopped inside the calibration: the checkpoint holds the sums of one sequence
     resumed = interrupted_and_resumed(llama_dir, text_file, tmp_path, settings, after=1)
-    for name in ("table", "heads", "sequences"):
+    for name in ("table", "head_stats", "sequences"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(calibrated, name), check_exact=True, obj=name)
     for key, value in np.load(calibrated.path / "calibration.npz").items():
         np.testing.assert_array_equal(np.load(resumed.path / "calibration.npz")[key], value)
@@ -278,3 +279,31 @@ def test_fit_samples_is_checked_in_one_line() -> None:
                              ({"presses": "lowrank,loki", "context": 40}, "loki reads the last 64 context queries")):
         with pytest.raises(SpectraError, match=message):
             CacheOptions(**options)
+
+
+def test_where_the_window_fills_the_budget_the_run_says_so(llama_dir, text_file, tmp_path, monkeypatch,
+                                                            capsys) -> None:
+    """At --context 80 a ratio of 0.2 keeps 64 tokens and 0.5 keeps 40: no more than the 64-token window snapkv and
+    loki always keep, so their scores choose nothing (issue 33: loki equalled snapkv at --context 128). The run says
+    so before it starts (stderr) and beside its table. With exactly 64 kept both keep the whole window: the same
+    cache, so the same numbers; below it torch.topk's tie-break among the protected tokens picks which stay."""
+    out = tmp_path / "run"
+    code, stdout, stderr = tiny.run_cli(["cache", str(llama_dir), "--data", str(text_file), "--out", str(out),
+                                         "--context", "80", "--continuation", "8", "--presses", "snapkv,loki",
+                                         "--ratios", "0.2,0.5", "--samples", "2"], monkeypatch, capsys)
+    assert code == 0, stderr
+    warning = next(line for line in stderr.splitlines() if line.startswith("warning:"))
+    assert warning == ("warning: at a context of 80 tokens, ratios 0.2, 0.5 keep 64, 40 tokens, no more than the "
+                       "64-token window that snapkv and loki always keep: their scores choose nothing there (below 64 "
+                       "kept, torch.topk's tie-break picks which window tokens stay), so loki tells nothing snapkv "
+                       "does not; a context of 130 tokens or more lets them choose at every ratio")
+    assert ("Ratios 0.2, 0.5 keep 64, 40 tokens, no more than the 64-token window that snapkv and loki always keep: "
+            "their scores choose nothing there (below 64 kept, torch.topk's tie-break picks which window tokens "
+            "stay), so loki tells nothing snapkv does not") in " ".join(stdout.split()), "and beside the table"
+    rows = spectra.load_run(out).sequences.set_index(["press", "ratio", "sequence"])["nll"]
+    assert (rows.loc["loki", 0.2] == rows.loc["snapkv", 0.2]).all(), "the whole window: the same cache"
+    assert n_kept(80, 0.2) == 64 and n_kept(129, 0.5) == 64 < n_kept(130, 0.5)
+    quiet = tiny.run_cli(["cache", str(llama_dir), "--data", str(text_file), "--out", str(tmp_path / "long"),
+                          "--context", "100", "--continuation", "8", "--presses", "snapkv,loki", "--ratios", "0.25",
+                          "--samples", "1"], monkeypatch, capsys)
+    assert quiet[0] == 0 and "-token window" not in quiet[1] + quiet[2], "75 kept: they choose"

@@ -127,7 +127,7 @@ def test_the_method_map_joins_an_approx_run(roberta_dir, text_file, tmp_path) ->
                             notify=lambda line: None)
     run = spectra.heads(str(roberta_dir), str(text_file), length=16, samples=2, approx=approx.path,
                         out=tmp_path / "heads", progress=None, notify=lambda line: None)
-    errors = approx.heads[approx.heads["metric"] == "out_err"]
+    errors = approx.head_stats[approx.head_stats["metric"] == "out_err"]
     for row in run.method_map.itertuples(index=False):
         cell = errors[(errors["budget"] == row.budget) & (errors["layer"] == row.layer) & (errors["head"] == row.head)]
         assert row.winner == cell.loc[cell["mean"].idxmin(), "method"]
@@ -158,3 +158,29 @@ def test_an_approx_run_of_another_model_is_refused_before_loading(tmp_path) -> N
                                                                                                "MiniLM"))
     with pytest.raises(SpectraError, match="holds a run of 'spectra approx'; this needs a run of 'spectra heads'"):
         spectra.load_run(run, "heads")
+
+
+def test_the_printed_diagnosis_and_rules_fit_an_80_column_terminal(roberta_dir, text_file, tmp_path, monkeypatch,
+                                                                   capsys) -> None:
+    """`spectra heads` prints within 80 columns: the 15-column diagnosis folds into parts that repeat layer and
+    head, and a winner rule (a decision tree) prints one branch a line, indented, not as one flattened line."""
+    import dataclasses
+
+    from spectra.report import console
+
+    approx = spectra.approx(str(roberta_dir), str(text_file), length=16, samples=2, budget=[4], methods="window,jl",
+                            out=tmp_path / "approx", progress=None, notify=lambda line: None)
+    run = spectra.heads(str(roberta_dir), str(text_file), length=16, samples=2, approx=approx.path,
+                        out=tmp_path / "heads", progress=None, notify=lambda line: None)
+    tree = ["sink_share < 0.25:", "  prev < 0.5:", "    → window", "  prev ≥ 0.5:", "    → jl", "sink_share ≥ 0.25:",
+            "  → window"]
+    rules = run.rules.assign(rule=" | ".join(tree))
+    monkeypatch.setattr(console, "out", console._Console(width=80))
+    REGISTRY["heads"].show(dataclasses.replace(run, rules=rules))
+    out = capsys.readouterr().out
+    lines = [line.rstrip() for line in out.splitlines()]
+    assert max(len(line) for line in lines) <= 80
+    tables = [line for line in lines if line.startswith("┃ layer ┃ head ┃")]
+    assert len(tables) > 1, "the diagnosis folds into parts, each naming layer and head"
+    start = next(i for i, line in enumerate(lines) if line.startswith("k = 4: winner rule"))
+    assert [line[2:] for line in lines[start + 1:start + 1 + len(tree)]] == tree

@@ -30,7 +30,7 @@ def dense_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tenso
     return torch.softmax(scores, dim=-1) @ (f @ v)
 
 
-def dense_layer(x: torch.Tensor, module: LinformerSelfAttention, compress: str) -> torch.Tensor:
+def dense_layer(x: torch.Tensor, module: LinformerSelfAttention, project_at: str) -> torch.Tensor:
     """Eq. 7 on hidden states with explicit loops over sequences and heads, then W^O."""
     batch, n, dim = x.shape
     heads, d = module.heads, dim // module.heads
@@ -47,7 +47,7 @@ def dense_layer(x: torch.Tensor, module: LinformerSelfAttention, compress: str) 
             e = module.projections.matrix(module.layer, h, "e")[:, :n] * module.projections.e_scale
             f = module.projections.matrix(module.layer, h, "f")[:, :n] * module.projections.f_scale
             q = linear(module.w_q, x[b])
-            if compress == "after":  # E (X W^K + b)
+            if project_at == "after":  # E (X W^K + b)
                 head = dense_head(q, linear(module.w_k, x[b]), linear(module.w_v, x[b]), e, f)
             else:  # (E X) W^K + b, with identity "projections" on the compressed keys
                 k_bar, v_bar = linear(module.w_k, e @ x[b]), linear(module.w_v, f @ x[b])
@@ -64,14 +64,14 @@ def valid_keys(lengths: list[int], n: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("sharing", ["none", "headwise", "kv", "layerwise"])
-@pytest.mark.parametrize("compress", ["after", "before"])
-def test_module_equals_dense_eq7(sharing, compress) -> None:
+@pytest.mark.parametrize("project_at", ["after", "before"])
+def test_module_equals_dense_eq7(sharing, project_at) -> None:
     torch.manual_seed(0)
     projections = Projections(3, 4, budget=6, max_len=24, sharing=sharing, seed=1)
-    module = LinformerSelfAttention(32, 4, projections, layer=2, compress=compress)
+    module = LinformerSelfAttention(32, 4, projections, layer=2, project_at=project_at)
     x = torch.randn(2, 24, 32)
     with torch.no_grad():
-        assert torch.allclose(module(x), dense_layer(x, module, compress), atol=1e-5)
+        assert torch.allclose(module(x), dense_layer(x, module, project_at), atol=1e-5)
 
 
 @pytest.mark.parametrize("sharing", ["none", "headwise", "kv", "layerwise"])
@@ -127,8 +127,8 @@ def test_padded_batch_equals_each_sequence_alone() -> None:
     assert torch.allclose(linear_attention(q, k2, v2, e, f, valid), batched)
 
     torch.manual_seed(0)
-    for compress in ("after", "before"):
-        module = LinformerSelfAttention(16, 2, Projections(1, 2, 6, 20, "none"), compress=compress)
+    for project_at in ("after", "before"):
+        module = LinformerSelfAttention(16, 2, Projections(1, 2, 6, 20, "none"), project_at=project_at)
         x = torch.randn(2, 20, 16)
         attention_mask = torch.ones(2, 20, dtype=torch.long)
         attention_mask[1, 13:] = 0
@@ -163,8 +163,8 @@ def test_substitute_on_a_record_is_eq7_with_its_valid_keys_and_scale() -> None:
 def test_bias_before_and_after_agree_only_without_bias() -> None:
     torch.manual_seed(0)
     projections = Projections(1, 2, 5, 12, "none", seed=3)
-    after = LinformerSelfAttention(16, 2, projections, compress="after")
-    before = LinformerSelfAttention(16, 2, projections, compress="before",
+    after = LinformerSelfAttention(16, 2, projections, project_at="after")
+    before = LinformerSelfAttention(16, 2, projections, project_at="before",
                                     w_q=after.w_q, w_k=after.w_k, w_v=after.w_v, w_o=after.w_o)
     x = torch.randn(2, 12, 16)
     with torch.no_grad():
@@ -172,15 +172,15 @@ def test_bias_before_and_after_agree_only_without_bias() -> None:
         after.w_k.bias.zero_()
         after.w_v.bias.zero_()
         assert torch.allclose(after(x), before(x), atol=1e-5)
-        unbiased = LinformerSelfAttention(16, 2, projections, bias=False, compress="before")
-        other = LinformerSelfAttention(16, 2, projections, compress="after", w_q=unbiased.w_q, w_k=unbiased.w_k,
+        unbiased = LinformerSelfAttention(16, 2, projections, bias=False, project_at="before")
+        other = LinformerSelfAttention(16, 2, projections, project_at="after", w_q=unbiased.w_q, w_k=unbiased.w_k,
                                        w_v=unbiased.w_v, w_o=unbiased.w_o)
         assert torch.allclose(unbiased(x), other(x), atol=1e-5)
 
 
 def test_bad_input() -> None:
-    with pytest.raises(SpectraError, match="unknown compress") as error:
-        LinformerSelfAttention(8, 2, Projections(1, 2, 4, 8), compress="middle")
+    with pytest.raises(SpectraError, match="unknown project_at") as error:
+        LinformerSelfAttention(8, 2, Projections(1, 2, 4, 8), project_at="middle")
     assert "\n" not in str(error.value)
     with pytest.raises(SpectraError, match="do not fit"):
         LinformerSelfAttention(8, 4, Projections(1, 2, 4, 8))

@@ -52,7 +52,7 @@ def test_the_continuation_attends_to_the_mixed_rows_as_eq7_says() -> None:
     got = REGISTRY["linformer"].compress(prefill, 0.9)
     rng = np.random.default_rng(9)
     q, k, v = rng.standard_normal((6, 3, 8)), rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8))
-    out = kvcache.attend(torch.from_numpy(q)[None], kvcache.stack([got], prefill.key, prefill.value),
+    out = kvcache.cached_attention(torch.from_numpy(q)[None], kvcache.stack([got], prefill.key, prefill.value),
                          torch.from_numpy(k)[None], torch.from_numpy(v)[None], prefill.scaling)[0].numpy()
     ek, fv = numpy_mix(arrays["k"], 3), numpy_mix(arrays["v"], 3)
     for head in range(6):

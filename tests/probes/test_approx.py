@@ -75,7 +75,7 @@ def test_per_head_errors_match_dense_numpy(roberta_dir, text_file, tmp_path) -> 
                     pooled = (w / w.sum(-1, keepdims=True)) @ v_bar
                     errors[("pool-mean", 12)].append((layer, h, np.linalg.norm(pooled - exact) / np.linalg.norm(exact)))
     torch.set_grad_enabled(True)
-    table = run.heads[run.heads["metric"] == "out_err"].set_index(["method", "budget", "layer", "head"])
+    table = run.head_stats[run.head_stats["metric"] == "out_err"].set_index(["method", "budget", "layer", "head"])
     for (method, budget), rows in errors.items():
         for layer in range(2):
             for h in range(4):

@@ -67,7 +67,7 @@ def test_every_family_end_to_end(roberta_dir, text_file, tmp_path) -> None:
     run = approx(str(roberta_dir), str(text_file), budget=[4, n], length=n, samples=4, batch_size=2,
                  methods=["svd", "linformer(kv)", "performer", "nystrom", "skyformer", "probsparse"], end_to_end=True,
                  out=tmp_path / "run", progress=None, notify=lambda line: None)
-    heads = run.heads.pivot_table(index=["method", "budget"], columns="metric", values="mean")
+    heads = run.head_stats.pivot_table(index=["method", "budget"], columns="metric", values="mean")
     assert set(heads.index.get_level_values("method")) == {"svd", "linformer(kv)", "performer", "nystrom",
                                                             "skyformer", "probsparse"}
     assert np.isfinite(heads[["out_err", "p_err", "tv"]].to_numpy()).all()

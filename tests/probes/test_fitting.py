@@ -17,6 +17,7 @@ from spectra.api import approx
 from spectra.capture import Captured
 from spectra.methods import REGISTRY, Draws, Layer
 from spectra.nn import linformer
+from spectra.nn.descent import validation_split
 from spectra.nn.projections import load_projections
 
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -50,7 +51,7 @@ def eager_layers(model_dir, text_file, start: int, count: int):
 def test_calibration_and_evaluation_never_overlap(fitted_run, roberta_dir, text_file) -> None:
     run = fitted_run
     assert run.meta["calibration"]["sequences"] == [0, FIT] and run.meta["evaluation"] == [FIT, FIT + SAMPLES]
-    assert (run.heads["samples"] == SAMPLES).all() and (run.calibration["samples"] == FIT).all()
+    assert (run.head_stats["samples"] == SAMPLES).all() and (run.calibration["samples"] == FIT).all()
     assert set(run.fit_history["method"]) == {"linformer-fit(kv)"} and set(run.fit_history["budget"]) == {4, 8}
     # the fitted method's held-out errors: eq. 7 with the saved projections on sequences FIT … FIT + SAMPLES − 1
     projections = load_projections(run.path, "linformer-fit(kv)", 8)
@@ -62,8 +63,8 @@ def test_calibration_and_evaluation_never_overlap(fitted_run, roberta_dir, text_
         approx_out = linformer.linear_attention(x.q, x.k, x.v, e, f, x.valid, x.scaling)
         errors[record.layer].append(((approx_out - exact).flatten(-2).norm(dim=-1)
                                      / exact.flatten(-2).norm(dim=-1)).double().numpy())
-    table = run.heads[(run.heads["metric"] == "out_err") & (run.heads["method"] == "linformer-fit(kv)")
-                      & (run.heads["budget"] == 8)].set_index(["layer", "head"])
+    table = run.head_stats[(run.head_stats["metric"] == "out_err") & (run.head_stats["method"] == "linformer-fit(kv)")
+                      & (run.head_stats["budget"] == 8)].set_index(["layer", "head"])
     for layer, values in errors.items():
         values = np.concatenate(values)  # (sequences, heads)
         for head in range(4):
@@ -222,7 +223,7 @@ def test_a_decoder_fits_fastformer_causal_and_refuses_a_linformer_fit(llama_dir,
                 exact = p_v[b, h].double().numpy()
                 per_head.append(np.linalg.norm((out - exact)[rows]) / np.linalg.norm(exact[rows]))
             errors[layer].append(per_head)
-    heads = run.heads[(run.heads["metric"] == "out_err") & (run.heads["method"] == "fastformer-fit-causal")]
+    heads = run.head_stats[(run.head_stats["metric"] == "out_err") & (run.head_stats["method"] == "fastformer-fit-causal")]
     for budget in (4, n):
         table = heads[heads["budget"] == budget].set_index(["layer", "head"])["mean"]
         for layer, values in errors.items():
@@ -232,3 +233,18 @@ def test_a_decoder_fits_fastformer_causal_and_refuses_a_linformer_fit(llama_dir,
     e2e = run.end_to_end.set_index(["method", "budget"])
     assert np.isfinite(e2e["ppl"]).all() and e2e.loc[("fastformer-fit-causal", 4), "hidden_rel_err"] > 0
     assert e2e.loc[("fastformer-fit-causal", 4), "loss"] == e2e.loc[("fastformer-fit-causal", n), "loss"]
+
+
+@pytest.mark.parametrize("fit_samples, held", [(2, "1 sequence held out"), (8, "2 sequences held out")])
+def test_the_calibration_notice_counts_what_is_held_out(fit_samples, held, roberta_dir, text_file, tmp_path) -> None:
+    """The notice names the sequences the fit really holds out (`descent.validation_split`: at least one), in the
+    right number: never "1 sequences", nor "0 sequences held out" when one is."""
+    lines: list[str] = []
+    approx(str(roberta_dir), str(text_file), budget=[4], methods=["linformer-fit(headwise)"], length=N, samples=1,
+           fit_samples=fit_samples, fit_steps=1, batch_size=4, out=tmp_path / "run", progress=None,
+           notify=lines.append)
+    (notice,) = [line for line in lines if line.startswith("calibration:")]
+    assert notice.startswith(f"calibration: {fit_samples} sequences, ") and f"({held} to choose the fit's step)" in notice
+    assert "fitting 1 method at 1 budget" in notice, notice
+    _, validation = validation_split(fit_samples, 0.25, 0)
+    assert len(validation) == int(held.split()[0])

@@ -4,6 +4,7 @@ summaries, plan, console and plot tests (tests/report/ goes on sys.path for `imp
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import report_helpers
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    """The printers' numbers are checked on a terminal wide enough for every table and title to stay whole (folding
+    to a narrow terminal has its own tests)."""
+    from spectra.report import console
+
+    monkeypatch.setattr(console.out, "width", 400)  # the one console every kind's printer writes to
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +56,12 @@ def scaling_run(roberta_dir, text_file, tmp_path_factory):
     return spectra.scaling(str(roberta_dir), str(text_file), lengths=[16, 40, 64], samples=4, batch_size=2,
                            bootstrap=20, out=tmp_path_factory.mktemp("scaling") / "tiny-scaling", progress=None,
                            notify=lambda line: None)
+
+
+@pytest.fixture(autouse=True)
+def close_figures() -> Iterator[None]:
+    """Figures drawn by a test are closed after it, so a long run never holds dozens of open figures."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")

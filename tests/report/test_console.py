@@ -15,7 +15,8 @@ from tiny import run_cli
 
 from spectra import cli
 from spectra.api import approx
-from spectra.report import console
+from spectra.report import analyze, console, scaling, theorems
+from spectra.report import approx as approx_report
 from spectra.report.plan import plan_k
 from spectra.report.summaries import compare
 
@@ -26,7 +27,7 @@ def fixed(value: float, places: int = 3, missing: str = "") -> str:
 
 def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
     run = runs["deep-wiki"]
-    console.print_analyze(run)
+    analyze.show(run)
     out = capsys.readouterr().out
     assert out.startswith(f"{run.label} (encoder): n = {run.n}, 16 sequences, mean over {run.heads} heads per layer")
     (table,) = printed_tables(out)
@@ -36,7 +37,7 @@ def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
         assert row == [str(layer), fixed(cells["c_at_mean"].mean()), fixed(cells["rank90_mean"].mean(), 1),
                        fixed(cells["sink_mean"].mean()), fixed(cells["entropy_mean"].mean(), 2)]
     assert len(table["rows"]) == run.layers
-    assert f"results written to {run.path}" in out.replace("\n", "")
+    assert str(run.path) not in out, "the command line says where the results are, once for every kind"
 
 
 def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, capsys) -> None:
@@ -46,7 +47,7 @@ def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, caps
 
     run = spectra.analyze(str(llama_dir), str(text_file), length=16, samples=4, out=tmp_path / "run", progress=None,
                           notify=lambda line: None)
-    console.print_analyze(run)
+    analyze.show(run)
     out = capsys.readouterr().out
     (table,) = printed_tables(out)
     header = [" ".join(part for part in column if part) for column in zip(*table["header"])]
@@ -63,11 +64,11 @@ def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, caps
 
 
 def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
-    console.print_approx(approx_run)
+    approx_report.show(approx_run)
     out = capsys.readouterr().out
     tables = printed_tables(out)
     assert len(tables) == len(BUDGETS) + 1  # one per k, then the smallest k reaching the target
-    out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
+    out_err = approx_run.head_stats[approx_run.head_stats["metric"] == "out_err"]
     per_layer = out_err.groupby(["method", "budget", "layer"])["mean"].mean()
     medians = out_err.groupby(["method", "budget", "layer"])["median"].mean()
     layers = sorted(out_err["layer"].unique())
@@ -93,13 +94,15 @@ def test_print_approx_tables_match_the_run(approx_run, capsys) -> None:
     assert "end to end (all layers substituted):" in out
     for row in approx_run.end_to_end.itertuples(index=False):
         change = row.ppl / row.ppl_exact - 1
+        shown = approx_report.signed_percent(change)
+        assert shown == "no change" if change == 0 else float(shown[:-1]) != 0, "never (-0%)"
         line = (f"  {row.method}, k={row.budget}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}, "
-                f"ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({change:+.0%})")
+                f"ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({shown})")
         assert line in out.splitlines()
 
 
 def test_print_theorems_tables_match_the_run(theorem_run, capsys) -> None:
-    console.print_theorems(theorem_run)
+    theorems.show(theorem_run)
     out = capsys.readouterr().out
     one = theorem_run.tables["theorem1"]
     n = int(one["n"].iloc[0])
@@ -133,7 +136,7 @@ def test_print_plan_tables_match_the_plan(runs, capsys) -> None:
     run = runs["deep-imdb"]
     for per_head in (False, True):
         plan = plan_k(run, 0.9, multiple=4, per_head=per_head)
-        console.print_plan(run, plan)
+        analyze.print_plan(run, plan)
         out = capsys.readouterr().out
         layers, costs = printed_tables(out)
         curves = run.cum_mean.mean(axis=1) if not per_head else run.cum_mean
@@ -158,7 +161,7 @@ def test_print_plan_tables_match_the_plan(runs, capsys) -> None:
 
 def test_print_compare_tables_match_the_runs(runs, capsys) -> None:
     chosen = [runs["small-wiki"], runs["deep-imdb"]]
-    console.print_compare(chosen, compare(chosen), None)
+    analyze.print_compare(chosen, compare(chosen), None)
     out = capsys.readouterr().out
     lines = out.replace("\n", "")  # rich wraps a long path onto the next line
     assert lines.startswith(f"A  {chosen[0].label}, n = 32, 16 sequences: {chosen[0].path}")
@@ -199,7 +202,7 @@ def test_cli_compare(runs, tmp_path, monkeypatch, capsys) -> None:
 
 
 def test_print_scaling_tables_match_the_run(scaling_run, capsys) -> None:
-    console.print_scaling(scaling_run)
+    scaling.show(scaling_run)
     out = capsys.readouterr().out
     ranks, fixed_k = printed_tables(out)
     assert ranks["header"][0] == ["layer", "n=16", "n=40", "n=64", "α", "95% interval", "fits better"]
@@ -211,7 +214,8 @@ def test_print_scaling_tables_match_the_run(scaling_run, capsys) -> None:
         fit = fit.iloc[0]
         assert row[:5] == [str(layer), *(fixed(v, 1) for v in cells.groupby("n")["rank90"].mean()),
                            fixed(fit["alpha"], 2)]
-        assert row[5] == f"[{fit['alpha_low']:.2f}, {fit['alpha_high']:.2f}]" and row[6] == fit["better"]
+        assert row[5] == f"[{fit['alpha_low']:.2f}, {fit['alpha_high']:.2f}]"
+        assert row[6] == (fit["better"] or ("tie" if fit["rmse_power"] == fit["rmse_log"] else "n/a"))
     assert [row[0] for row in fixed_k["rows"]] == ["32", "n/4"]
     assert fixed_k["rows"][0][1] == "—" and fixed_k["rows"][0][2] == fixed(
         scaling_run.c_fixed.query("budget == 32 and n == 40")["c"].mean())
@@ -232,10 +236,10 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
 
     run = approx(str(roberta_dir), str(text_file), budget=[4], methods=["pool-mean", "linformer-pca(kv)"],
                  samples=4, fit_samples=8, out=tmp_path / "fit", **quiet)
-    console.print_approx(run)
+    approx_report.show(run)
     out = capsys.readouterr().out
     assert "fitted methods: mean head-output error over layers" in out and "fraction of the gap" not in out
-    held, calibration = layer_means(run.heads), layer_means(run.calibration)
+    held, calibration = layer_means(run.head_stats), layer_means(run.calibration)
     fitted_table = printed_tables(out)[1]
     assert fitted_table["rows"] == [["linformer-pca(kv)", "4",
                                      fixed(calibration[("linformer-pca(kv)", 4)].mean()),
@@ -243,10 +247,10 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
 
     run = approx(str(roberta_dir), str(text_file), budget=[4], methods=["svd", "linformer(kv)", "linformer-pca(kv)"],
                  samples=4, fit_samples=8, out=tmp_path / "gap", **quiet)
-    console.print_approx(run)
+    approx_report.show(run)
     out = capsys.readouterr().out
     assert "k = 4: fraction of the gap between the random projection" in out
-    errors = layer_means(run.heads)
+    errors = layer_means(run.head_stats)
     gap_table = printed_tables(out)[-1]
     for row in gap_table["rows"]:
         layer = int(row[0])
@@ -257,10 +261,64 @@ def test_fitted_runs_print_calibration_gap_and_plan_tables(roberta_dir, text_fil
     plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd"], k_plan=plan, samples=4, out=tmp_path / "plan",
                  **quiet)
-    console.print_approx(run)
+    approx_report.show(run)
     out = capsys.readouterr().out
     assert "k plan against a uniform k of equal total cost" in out
-    planned, uniform = layer_means(run.plan), layer_means(run.heads)
+    planned, uniform = layer_means(run.plan), layer_means(run.head_stats)
     rows = printed_tables(out)[-1]["rows"]
     assert rows == [["svd", "0", "4", fixed(planned[("svd", 4, 0)]), "8", fixed(uniform[("svd", 8, 0)])],
                     ["svd", "1", "12", fixed(planned[("svd", 12, 1)]), "8", fixed(uniform[("svd", 8, 1)])]]
+
+
+def test_a_wide_table_folds_to_the_terminal_width_repeating_the_row_keys(monkeypatch, capsys) -> None:
+    """A table wider than the terminal is printed as several, each within the width and each repeating the columns
+    that name a row (layer, head); together they hold every column once, in order, with the same cells."""
+    rng = np.random.default_rng(0)
+    measured = [f"score_{i}" for i in range(12)]
+    frame = pd.DataFrame({"layer": np.repeat([0, 1], 3), "head": np.tile([0, 1, 2], 2), "head_type": ["local"] * 6,
+                          **{name: rng.random(6) for name in measured}})
+    monkeypatch.setattr(console, "out", console._Console(width=60, file=sys.stdout))
+    console.print_frame(frame, "a title that is longer than sixty characters wraps between its words, never inside")
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 60
+    assert [line.rstrip() for line in out.splitlines()[:2]] == [
+        "a title that is longer than sixty characters wraps between", "its words, never inside"]
+    tables = printed_tables(out)
+    assert len(tables) > 1
+    seen = []
+    for table in tables:
+        (header,) = table["header"]
+        assert header[:2] == ["layer", "head"]
+        seen += header[2:]
+        for row, (_, expected) in zip(table["rows"], frame.iterrows()):
+            assert row[:2] == [str(expected["layer"]), str(expected["head"])]
+            assert row[2:] == [value if name == "head_type" else fixed(float(expected[name]))
+                               for name, value in zip(header[2:], [expected[name] for name in header[2:]])]
+    assert seen == ["head_type", *measured]
+    monkeypatch.setattr(console, "out", console._Console(width=300, file=sys.stdout))
+    console.print_frame(frame)
+    assert len(printed_tables(capsys.readouterr().out)) == 1, "a table that fits is one table"
+
+
+def test_a_two_length_scaling_run_says_why_no_model_fits_better(roberta_dir, text_file, tmp_path, capsys) -> None:
+    """With two lengths both two-parameter models pass through every point: "fits better" says tie and a note says
+    why (an empty column read as a missing result); the verdict follows α's interval."""
+    from spectra.api import scaling as run_scaling
+    from spectra.report.summaries import growth_reading
+
+    run = run_scaling(str(roberta_dir), str(text_file), lengths=[16, 24], samples=3, bootstrap=20,
+                  out=tmp_path / "two", progress=None, notify=lambda line: None)
+    scaling.show(run)
+    out = capsys.readouterr().out
+    ranks = printed_tables(out)[0]
+    assert [row[-1] for row in ranks["rows"]] == ["tie"] * len(ranks["rows"])
+    assert "tie: both pass through every length (two lengths always do" in " ".join(out.split())
+    pooled = run.exponents.query("scope == 'pooled' and method == '' and metric == 'rank90'").iloc[0]
+    assert f"rank for 90%: {growth_reading(pooled['alpha'], pooled['alpha_low'], pooled['alpha_high'])}" in \
+        " ".join(out.split())
+
+
+def test_a_change_in_percent_is_never_shown_as_zero() -> None:
+    """ppl changes print with the decimals it takes to show they are not zero ("(-0%)" read as no change)."""
+    assert [approx_report.signed_percent(x) for x in (0.86, -0.003, 0.00004, -0.0149, 0.0)] == [
+        "+86%", "-0.3%", "+0.004%", "-1%", "no change"]

@@ -126,7 +126,7 @@ def test_k_min_and_rank90_are_two_different_averages_as_documented(roberta_dir, 
 
     import spectra
     from spectra import data
-    from spectra.report.console import RANK_VS_PLAN
+    from spectra.report.analyze import RANK_VS_PLAN
 
     n, samples = 24, 12
     run = spectra.analyze(roberta_dir, text_file, length=n, samples=samples, out=tmp_path / "run", progress=None,

@@ -86,7 +86,7 @@ def test_approx_by_budget_is_the_mean_over_layers_and_heads(approx_run) -> None:
     table = approx_by_budget(approx_run)
     assert list(table.columns) == ["method", "budget", "out_err"]
     assert list(dict.fromkeys(table["method"])) == METHODS  # the run's method order
-    out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
+    out_err = approx_run.head_stats[approx_run.head_stats["metric"] == "out_err"]
     overall = out_err.groupby(["method", "budget"])["mean"].mean()  # equal heads per layer: mean of layer means
     for method in METHODS:
         rows = table[table["method"] == method].sort_values("budget")
@@ -133,7 +133,14 @@ def test_growth_reading_says_which_regime_the_exponent_is_in() -> None:
     assert "does not measurably grow" in growth_reading(0.02, -0.05, 0.09)
     assert "slower than n" in growth_reading(0.5, 0.45, 0.55)
     assert "in proportion to n" in growth_reading(0.96, 0.95, 0.97)
-    assert "in proportion to n" in growth_reading(0.85, 0.8, 0.95), "an interval reaching 0.9 is not 'slower'"
+    undetermined = growth_reading(0.85, 0.8, 0.95)
+    assert "undetermined" in undetermined and "in proportion to n" in undetermined and "slower than n" in undetermined
+    assert ": the needed k" not in undetermined, "an interval reaching 0.9 from below is neither reading alone"
+    wide = growth_reading(1.00, 0.27, 1.74)  # issue 33: --lengths 64,128 on 2 sequences
+    assert wide.startswith("α = 1.00 (95% interval 0.27–1.74): undetermined: the interval holds both")
+    assert "grows in proportion to n:" not in wide
+    assert "from no growth to growth in proportion to n" in growth_reading(0.4, -0.3, 1.2)
+    assert "undetermined" in growth_reading(0.05, -0.05, 0.2), "reaching 0.2 is not 'does not measurably grow'"
     assert growth_reading(0.5, float("nan"), float("nan")).startswith("α = 0.50: ")
     assert "no exponent" in growth_reading(float("nan"), float("nan"), float("nan"))
     assert growth_reading(0.5, 0.42, 0.61).startswith("α = 0.50 (95% interval 0.42–0.61): ")
@@ -149,3 +156,13 @@ def test_scaling_layers_is_the_table_beside_its_fits(scaling_run) -> None:
     assert np.allclose(wide.loc[2, ["n=16", "n=40", "n=64"]].to_numpy(float), table.groupby("n")["rank99"].mean())
     fit = scaling_run.exponents.query("metric == 'rank99' and scope == 'layer' and layer == 1").iloc[0]
     assert wide.loc[1, "α"] == fit["alpha"]
+
+
+def test_an_empty_fits_better_says_why(scaling_run) -> None:
+    """"fits better" names the model with the smaller error; where neither wins it says why: a tie where both fit
+    every length exactly (always so with two lengths), n/a where the fit is undefined (a rank of 0)."""
+    from spectra.report.summaries import fits_better
+
+    assert fits_better(pd.Series({"better": "log", "rmse_power": 0.2, "rmse_log": 0.1, "lengths": 3})) == "log"
+    assert fits_better(pd.Series({"better": "", "rmse_power": 0.0, "rmse_log": 0.0, "lengths": 2})) == "tie"
+    assert fits_better(pd.Series({"better": "", "rmse_power": np.nan, "rmse_log": np.nan, "lengths": 3})) == "n/a"

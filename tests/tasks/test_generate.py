@@ -107,3 +107,11 @@ def test_task_names_and_lengths() -> None:
     for bad in ("", "1k", "0,5"):
         with pytest.raises(SpectraError, match="token counts"):
             parse_lengths(bad)
+
+
+def test_cwe_beyond_its_word_lists_is_refused(tokenizer, monkeypatch) -> None:
+    import spectra.tasks.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "common_words", lambda: ("one", "two") * 30)
+    with pytest.raises(SpectraError, match="cwe at length 2048: cwe needs .* distinct words"):
+        generate(tokenizer, ["cwe"], [2048], 1)

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import SpectraError
-from ...runs import Run
 from .. import summaries
 from . import (
     style,  # style.save, looked up at call time: the one name tests patch to record figures
 )
 from .style import draw_heatmap, index_ticks, output_paths, pyplot
+
+if TYPE_CHECKING:  # the analyze read side imports this package: only its type here
+    from ..analyze import Run
 
 
 def panels(runs: Sequence[Run]) -> list[list[Run]]:

@@ -14,11 +14,15 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import SpectraError
-from ...runs import ApproxRun, Run, TheoremRun
+from ...runs import FinishedRun
 
 DPI = 200
 HEATMAP_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey
 FORMATS = ("png", "pdf")
+
+
+#: the colour map of layer depth (analyze and scaling figures)
+DEPTH_CMAP = "viridis"
 
 
 def pyplot():
@@ -62,13 +66,13 @@ def save(figure, out: str | Path) -> list[Path]:
     return list(paths.values())
 
 
-def default_plot_dir(run: Run | ApproxRun | TheoremRun) -> Path:
+def default_plot_dir(run: FinishedRun) -> Path:
     """<run directory>/figures: where a run's views go unless told otherwise, beside the numbers they draw (never
     into a folder of the current directory, such as a clone's tracked figures/)."""
     return Path(run.path) / "figures"
 
 
-def plot_folder(run: Run | ApproxRun | TheoremRun, out: str | Path | None) -> Path:
+def plot_folder(run: FinishedRun, out: str | Path | None) -> Path:
     """The directory for a run's views: `out`, or `default_plot_dir`; an existing file there is an error."""
     folder = Path(out) if out is not None else default_plot_dir(run)
     if folder.exists() and not folder.is_dir():
@@ -76,14 +80,12 @@ def plot_folder(run: Run | ApproxRun | TheoremRun, out: str | Path | None) -> Pa
     return folder
 
 
-def subtitle(run: Run | ApproxRun | TheoremRun, n: int) -> str:
+def subtitle(run: FinishedRun, n: int) -> str:
     """"<model> · <data>, n = <n>, <samples> sequences": the second line of a view's title. A run with a
     calibration counts the sequences its numbers are measured on, and says how many calibrated."""
     samples, evaluation = run.meta.get("samples"), run.meta.get("evaluation")
     if evaluation:
-        first, end = evaluation
-        measured = (min(samples, end) if samples else end) - first  # a corpus that ran short measured fewer
-        return f"{run.label}, n = {n}, {measured} held-out sequences ({first} calibrated)"
+        return f"{run.label}, n = {n}, {samples} held-out sequences ({evaluation[0]} calibrated)"
     return f"{run.label}, n = {n}" + (f", {samples} sequences" if samples else "")
 
 

@@ -145,7 +145,7 @@ def test_subtitle(runs) -> None:
     run = runs["small-wiki"]
     assert style.subtitle(run, run.n) == f"{run.label}, n = 32, 16 sequences"
     calibrated = copy.copy(run)
-    calibrated.meta = {**run.meta, "samples": 96, "evaluation": [64, 96]}
+    calibrated.meta = {**run.meta, "samples": 32, "sequences": 96, "evaluation": [64, 96]}
     assert style.subtitle(calibrated, 128) == f"{run.label}, n = 128, 32 held-out sequences (64 calibrated)"
-    calibrated.meta = {**run.meta, "samples": 80, "evaluation": [64, 96]}
+    calibrated.meta = {**run.meta, "samples": 16, "sequences": 80, "evaluation": [64, 96]}
     assert style.subtitle(calibrated, 128).endswith(", 16 held-out sequences (64 calibrated)")

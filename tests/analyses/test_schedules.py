@@ -1,4 +1,4 @@
-"""analyses/budgets.py on tiny runs: the exported lists are the schedules of spectra.presses.budgets for the analyze
+"""analyses/schedules.py on tiny runs: the exported lists are the schedules of spectra.presses.schedules for the analyze
 run's own measurements, and the measured cache run holds every scheduled press, registered for the run only."""
 
 from __future__ import annotations
@@ -12,29 +12,29 @@ import numpy as np
 import pandas as pd
 
 import spectra
-from spectra import catalogue, presses
-from spectra.presses.budgets import layer_weights, pyramid, spectral
+from spectra import presses
+from spectra.presses.schedules import layer_weights, pyramid, spectral
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("budgets_script", ROOT / "analyses" / "budgets.py")
+    spec = importlib.util.spec_from_file_location("schedules_script", ROOT / "analyses" / "schedules.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def test_budgets_export_and_measure(llama_dir, text_file, tmp_path) -> None:
+def test_schedules_export_and_measure(llama_dir, text_file, tmp_path) -> None:
     quiet = {"progress": None, "notify": lambda line: None}
     analyzed = spectra.analyze(str(llama_dir), str(text_file), length=24, samples=3, out=tmp_path / "a", **quiet)
     script = load_script()
-    before = (catalogue.PRESSES, dict(presses.REGISTRY))
-    out = tmp_path / "budgets"
+    before = (presses.REGISTRY.names(), dict(presses.REGISTRY))
+    out = tmp_path / "schedules"
     assert script.main([str(analyzed.path), "--ratios", "0.5,0.75", "--out", str(out), "--model", str(llama_dir),
                         "--data", str(text_file), "--context", "80", "--continuation", "8", "--samples", "2"]) == 0
-    assert (catalogue.PRESSES, presses.REGISTRY) == before, "the scheduled presses were for that run only"
+    assert (presses.REGISTRY.names(), dict(presses.REGISTRY)) == before, "the scheduled presses were for that run only"
     frame = pd.read_csv(out / "schedules.csv")
     assert set(frame["schedule"]) == {"uniform", "pyramid", "key_rank", "entropy", "sink"}
     weights = layer_weights("entropy", analyzed.metrics, analyzed.qkv)

@@ -10,9 +10,9 @@ import pandas as pd
 from matplotlib.colors import to_hex
 from report_helpers import by_gid, cielab, fake_save
 
-from spectra.catalogue import CHANNEL_PRESSES, PRESSES
-from spectra.report.plots.cache import draw_cache, plot_cache, press_style
-from spectra.runs import CacheRun
+from spectra.registry import PRESSES as REGISTERED
+from spectra.report.cache import CacheRun, draw_cache, plot_cache, press_style
+from spectra.report.plots.style import pyplot
 
 
 def cache_run(tmp_path) -> CacheRun:
@@ -37,7 +37,7 @@ def test_the_view_draws_the_tables(tmp_path) -> None:
     np.testing.assert_array_equal(knorm.get_ydata(), [table[("full", 0.0)], table[("knorm", 0.25)],
                                                       table[("knorm", 0.5)]])
     assert by_gid(left.lines, "nll:think").get_label() == "think (key channels)"
-    mass = run.heads.groupby(["press", "ratio"])["mass_kept"].mean()
+    mass = run.head_stats.groupby(["press", "ratio"])["mass_kept"].mean()
     np.testing.assert_allclose(by_gid(right.lines, "mass:knorm").get_ydata(),
                                [1.0, mass[("knorm", 0.25)], mass[("knorm", 0.5)]], rtol=1e-12)
     assert not [line for line in right.lines if line.get_gid() == "mass:think"]
@@ -50,13 +50,13 @@ def test_plot_writes_one_figure_into_the_run(tmp_path, monkeypatch) -> None:
 
 
 def every_press_run(tmp_path) -> CacheRun:
-    """A run of every press the catalogue lists (the default `spectra cache`), at two ratios: think and lowrank keep
+    """A run of every registered press (the default `spectra cache`), at two ratios: think and lowrank keep
     every token (kept_share 1), linformer's rows are not tokens (mass NaN), as `spectra cache` writes them."""
     rng = np.random.default_rng(1)
-    variants = [("full", 0.0)] + [(press, ratio) for press in PRESSES for ratio in (0.25, 0.5)]
+    variants = [("full", 0.0)] + [(press, ratio) for press in REGISTERED.names() for ratio in (0.25, 0.5)]
     table = pd.DataFrame([{"press": press, "ratio": ratio, "nll": 3 + ratio + rng.uniform(), "ppl": 0.0,
                            "kept_share": 1.0 if press in ("think", "lowrank") else 1 - ratio,
-                           "key_channel_ratio": ratio if press in CHANNEL_PRESSES else 0.0}
+                           "key_channel_ratio": ratio if press in REGISTERED.having("channels") else 0.0}
                           for press, ratio in variants])
     heads = pd.DataFrame([{"press": press, "ratio": ratio, "layer": 0, "head": head,
                            "mass_kept": 1.0 if press == "full" else np.nan if press == "linformer" else rng.uniform(),
@@ -71,9 +71,9 @@ def test_every_press_has_its_own_colour_and_marker(tmp_path) -> None:
     circles. Now every press differs from every other by colour (ΔE ≥ 15 in CIELAB) and by marker, and no press
     is drawn in the full cache's grey."""
     left, right = draw_cache(every_press_run(tmp_path)).axes
-    lines = {press: by_gid(left.lines, f"nll:{press}") for press in PRESSES}
+    lines = {press: by_gid(left.lines, f"nll:{press}") for press in REGISTERED.names()}
     markers = [line.get_marker() for line in lines.values()]
-    assert len(set(markers)) == len(PRESSES), markers
+    assert len(set(markers)) == len(REGISTERED.names()), markers
     for (a, one), (b, other) in combinations(lines.items(), 2):
         distance = np.linalg.norm(cielab(one.get_color()) - cielab(other.get_color()))
         assert distance >= 15, (a, b, round(distance, 1))
@@ -101,12 +101,22 @@ def test_each_panel_has_its_own_legend_off_the_data(tmp_path) -> None:
             assert not box.overlaps(other.get_window_extent()), (prefix, other)
     assert "full cache" in [text.get_text() for text in left.get_legend().get_texts()]
     drawn = {line.get_gid().removeprefix("mass:") for line in right.lines}
-    assert drawn == set(PRESSES) - {"think", "lowrank", "linformer"}
+    assert drawn == set(REGISTERED.names()) - {"think", "lowrank", "linformer"}
     assert right.get_legend().get_title().get_text() == ("not drawn: think, lowrank (every token kept); linformer "
                                                          "(rows are not tokens)")
 
 
 def test_a_press_the_styles_do_not_know_gets_a_spare_style() -> None:
-    known = {press_style(press) for press in PRESSES}
+    known = {press_style(press) for press in REGISTERED.names()}
     spare = [press_style(f"new{i}", index=i) for i in range(3)]
     assert len(set(spare)) == 3 and not set(spare) & known
+
+
+def test_the_title_counts_its_sequences_in_words(tmp_path) -> None:
+    """Issue 33, item 16: one sequence is "1 sequence", never "1 sequences"."""
+    run = cache_run(tmp_path)
+    for scored, words in ((1, "1 sequence"), (3, "3 sequences")):
+        run.meta["scored"] = scored
+        figure = draw_cache(run)
+        assert figure._suptitle.get_text().endswith(f"continuation 8, {words}")
+        pyplot().close(figure)

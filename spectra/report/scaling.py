@@ -1,4 +1,6 @@
-"""The views of a `spectra scaling` run: does the needed rank grow with n?
+"""The read side of `spectra scaling`: its run object (`ScalingRun`), what it prints and its figures.
+
+The views of a `spectra scaling` run: does the needed rank grow with n?
 
 - `draw_scaling_ranks`: the rank holding 90% of P's nuclear norm against n on log–log axes, a line per layer
   (mean over heads, shallow to deep) and the pooled mean in black, with the references a rank independent of n
@@ -10,15 +12,89 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ...runs import ScalingRun
-from . import style
-from .spectra import DEPTH_CMAP
-from .style import plain_log_ticks, plot_folder, pyplot
+from ..runs import FinishedRun, read_table
+from .plots import style
+from .analyze import Run
+from .console import out, plural, print_frame
+from .plots.style import DEPTH_CMAP, plain_log_ticks, plot_folder, pyplot
+from .summaries import growth_reading, scaling_fixed, scaling_layers
+
+@dataclass(repr=False)
+class ScalingRun(FinishedRun):
+    """A `spectra scaling` run loaded back: `table` (scaling.csv: per layer, head and n the ranks for 90%/99%, the
+    effective rank, c at n/4), `c_fixed` (c at fixed budgets), `exponents` (growth of the ranks with n per head,
+    layer and pooled, with intervals) and, with a target, `k_needed`; its analyze runs, by n, are `analyses` (also `runs()`)."""
+
+    path: Path
+    meta: dict[str, Any]
+    table: pd.DataFrame
+    c_fixed: pd.DataFrame
+    exponents: pd.DataFrame
+    k_needed: pd.DataFrame | None = None
+    analyses: dict[int, Run] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self.meta["lengths"])
+
+    def runs(self) -> dict[int, Run]:
+        """The analyze run at each n."""
+        return self.analyses
+
+
+def load(path: Path, meta: dict[str, Any]) -> ScalingRun:
+    """A scaling run directory read back, with its analyze run at each n."""
+    from ..kinds.base import load_run
+
+    integers = {"layer": "Int64", "head": "Int64"}
+    exponents = read_table(path, "exponents.csv", dtype={**integers, "method": str, "better": str})
+    exponents[["method", "better"]] = exponents[["method", "better"]].fillna("")
+    return ScalingRun(path, meta, read_table(path, "scaling.csv"), read_table(path, "c_fixed.csv"), exponents,
+                      read_table(path, "k_needed.csv", optional=True, dtype={"layer": "Int64"}),
+                      {int(n): load_run(path / name, "analyze") for n, name in meta["runs"].items()})
+
+
+def show(run: ScalingRun) -> None:
+    """The rank for 90% per layer and n with its growth exponent, c at fixed k per n, what the pooled α says
+    about the paper's claim, and with a target the k needed per n."""
+    heads = run.meta["settings"]["extra"]
+    where = "" if heads["heads"] == "all" and heads["layers"] == "all" else \
+        f" (layers {heads['layers']}, heads {heads['heads']})"
+    ranks = scaling_layers(run, "rank90")
+    print_frame(ranks, f"{run.label}{where}, {plural(run.meta['samples'], 'sequence')} per n: rank holding 90% of "
+                "P's nuclear norm, mean over heads; α fits rank ∝ n^α", {"α": 2, "n=": 1})
+    blank = set(ranks["fits better"]) & {"tie", "n/a"}
+    if blank:  # a column of ties (two lengths) would otherwise read as a missing result
+        out.print("fits better: the power law or k = a + b·log n, whichever errs less in log k; "
+                  + "; ".join(reason for name, reason in (
+                      ("tie", "tie: both pass through every length (two lengths always do; three or more tell them "
+                              "apart)"),
+                      ("n/a", "n/a: a rank of 0 leaves both undefined")) if name in blank))
+    print_frame(scaling_fixed(run), "c at a fixed k and at k = n/4 (mean over heads): steady across n when that k "
+                "keeps up with longer sequences", missing="—")
+    pooled = run.exponents[(run.exponents["scope"] == "pooled") & (run.exponents["method"] == "")].set_index("metric")
+    for metric, share in (("rank90", "90%"), ("rank99", "99%")):
+        row = pooled.loc[metric]
+        out.print(f"rank for {share}: {growth_reading(row['alpha'], row['alpha_low'], row['alpha_high'])}")
+    if run.k_needed is not None:
+        pooled_k = run.k_needed[run.k_needed["layer"].isna()]
+        wide = pooled_k.pivot(index="method", columns="n", values="k_needed")
+        wide.columns = [f"n={n}" for n in wide.columns]
+        fits = run.exponents[run.exponents["metric"] == "k_needed"].set_index("method")
+        wide["α"] = fits["alpha"]
+        print_frame(wide.reset_index(), f"smallest k (of those tried) whose mean head-output error over layers is ≤ "
+                    f"{run.meta['target']}", {"n=": 0, "α": 2}, missing="—")
 
 
 def _layer_colors(layers: int):
@@ -109,3 +185,7 @@ def plot_scaling(run: ScalingRun, out: str | Path | None = None) -> list[Path]:
     folder = plot_folder(run, out)
     return style.save(draw_scaling_ranks(run), folder / "rank_vs_n") + style.save(draw_scaling_c(run),
                                                                                    folder / "c_fixed_vs_n")
+
+
+def plot(run: ScalingRun, out: str | Path | None = None) -> list[Path]:
+    return plot_scaling(run, out)

@@ -26,7 +26,7 @@ import spectra
 from spectra import cli
 from spectra.api import theorems
 from spectra.errors import SpectraError
-from spectra.report import plots
+from spectra.report import theorems as report
 
 
 Z = 1.959963984540054  # the normal 97.5% quantile
@@ -55,7 +55,8 @@ def check_bars(ax, eps: float, rows, count: int) -> None:
     for segment, p in zip(segments, rows["pr"]):
         (x0, y0), (x1, y1) = segment
         low, high = wilson_interval(p, count)
-        assert x0 == x1 and (min(y0, y1), max(y0, y1)) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
+        assert x0 == x1
+        assert (min(y0, y1), max(y0, y1)) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
     assert max(bars.get_linewidths()) < by_gid(ax.lines, f"pr:{eps:g}").get_linewidth()
     assert not [item for item in ax.collections if item.get_gid() != f"pr_interval:{eps:g}"
                 and type(item).__name__ in ("PolyCollection", "FillBetweenPolyCollection")], "no shaded band"
@@ -66,7 +67,7 @@ def test_theorem1_view_probability_bound_and_k(theorem_run) -> None:
     jl = one[(one["method"] == "jl") & (one["relative_to"] == "output")]
     entries = one[(one["method"] == "jl") & (one["relative_to"] == "rows")]
     n = int(one["n"].iloc[0])
-    figure = plots.draw_theorem1(theorem_run)
+    figure = report.draw_theorem1(theorem_run)
     ax = by_gid(figure.axes, "theorem1")
     for eps in (0.3, 0.5):
         rows = jl[jl["eps"] == eps].sort_values("budget")
@@ -104,7 +105,7 @@ def test_theorem1_intervals_follow_the_number_of_independent_draws(theorem_run) 
     more = copy.copy(theorem_run)
     more.tables = {**theorem_run.tables, "theorem1": one.assign(sequences=one["sequences"] * 4)}
     for run, n_draws in ((theorem_run, count), (more, 4 * count)):
-        figure = plots.draw_theorem1(run)
+        figure = report.draw_theorem1(run)
         ax = by_gid(figure.axes, "theorem1")
         for eps in (0.3, 0.5):
             check_bars(ax, eps, jl[jl["eps"] == eps].sort_values("budget"), n_draws)
@@ -119,9 +120,10 @@ def test_theorem1_fixed_projection_counts_one_draw_per_layer(theorem_run) -> Non
     one = theorem_run.tables["theorem1"]
     fixed = copy.copy(theorem_run)
     fixed.tables = {**theorem_run.tables, "theorem1": one.assign(draws=0)}
-    ax = by_gid(plots.draw_theorem1(fixed).axes, "theorem1")
+    ax = by_gid(report.draw_theorem1(fixed).axes, "theorem1")
     jl = one[(one["method"] == "jl") & (one["relative_to"] == "output")]
-    check_bars(ax, 0.5, jl[jl["eps"] == 0.5].sort_values("budget"), theorem_run.tables["theorem1_layers"]["layer"].nunique())
+    layers = theorem_run.tables["theorem1_layers"]["layer"].nunique()
+    check_bars(ax, 0.5, jl[jl["eps"] == 0.5].sort_values("budget"), layers)
 
 
 def test_theorem1_marks_k_inside_the_axis(tmp_path) -> None:
@@ -129,7 +131,7 @@ def test_theorem1_marks_k_inside_the_axis(tmp_path) -> None:
     k(0.3) ≈ 420 does not."""
     run = theorems(None, synthetic=True, d=4, heads=1, length=200, samples=1, budget=[100, 200], eps=[0.3, 0.5],
                    out=tmp_path / "synthetic", progress=None)
-    ax = by_gid(plots.draw_theorem1(run).axes, "theorem1")
+    ax = by_gid(report.draw_theorem1(run).axes, "theorem1")
     mark = by_gid(ax.lines, "k_theory:0.5")
     assert list(mark.get_xdata()) == [pytest.approx(5 * math.log(200) / (0.25 - 0.125))] * 2
     assert not [line for line in ax.lines if line.get_gid() == "k_theory:0.3"]
@@ -139,7 +141,7 @@ def test_theorem1_marks_k_inside_the_axis(tmp_path) -> None:
 
 def test_theorem_errors_view(theorem_run) -> None:
     expected = expected_errors(theorem_run)
-    figure = plots.draw_theorem_errors(theorem_run)
+    figure = report.draw_theorem_errors(theorem_run)
     for stat in ("median", "p95"):
         ax = by_gid(figure.axes, stat)
         assert ax.get_yscale() == "log"
@@ -154,7 +156,7 @@ def test_theorem_errors_view(theorem_run) -> None:
 
 def test_plot_theorems_figures_and_folders(theorem_run, approx_run, tmp_path, monkeypatch) -> None:
     names = fake_save(monkeypatch)
-    plots.plot_theorems(theorem_run, tmp_path / "thm")
+    report.plot_theorems(theorem_run, tmp_path / "thm")
     assert names == [str(tmp_path / "thm" / name) for name in ("theorem1_probability", "errors_vs_k")]
     with pytest.raises(SpectraError, match="this needs a run of 'spectra theorems'"):
         spectra.load_run(approx_run.path, "theorems")
@@ -178,7 +180,7 @@ def test_cli_theorems_plot_flag(theorem_run, tmp_path, monkeypatch, capsys) -> N
 
 
 def load_recipe():
-    path = Path(__file__).resolve().parents[3] / "analyses" / "theorems.py"
+    path = Path(__file__).resolve().parents[2] / "analyses" / "theorems.py"
     spec = importlib.util.spec_from_file_location("theorems_recipe", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

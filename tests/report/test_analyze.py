@@ -11,12 +11,12 @@ from report_helpers import mesh_values
 from tiny import run_cli
 
 from spectra import cli
-from spectra.report import plots
+from spectra.report import analyze as report
 
 
 def test_plot_run_views(runs, tmp_path) -> None:
     run = runs["deep-wiki"]
-    curves = plots.draw_layer_curves(run)
+    curves = report.draw_layer_curves(run)
     ax = by_gid(curves, "curves")
     assert len(ax.lines) == run.layers
     for layer, line in enumerate(ax.lines):
@@ -24,23 +24,23 @@ def test_plot_run_views(runs, tmp_path) -> None:
         np.testing.assert_allclose(line.get_ydata(), run.cum_mean[layer].mean(axis=0), rtol=1e-12)
     assert run.label in ax.get_title()
 
-    heat = by_gid(plots.draw_c_heatmap(run, at=N), "heatmap")
+    heat = by_gid(report.draw_c_heatmap(run, at=N), "heatmap")
     np.testing.assert_allclose(mesh_values(heat), run.cum_mean[:, :, N - 1], rtol=0)
     assert "index 32" in heat.get_title()
 
-    ranks = plots.draw_rank_heatmaps(run)
+    ranks = report.draw_rank_heatmaps(run)
     table = run.metrics.sort_values(["layer", "head"])
     for energy in (90, 99):
         expected = table[f"rank{energy}_mean"].to_numpy().reshape(run.layers, run.heads)
         np.testing.assert_array_equal(mesh_values(by_gid(ranks, f"rank{energy}")), expected)
         assert f"{energy}%" in by_gid(ranks, f"rank{energy}").get_title()
 
-    attention = plots.draw_attention_heatmaps(run)
+    attention = report.draw_attention_heatmaps(run)
     for name in ("sink", "entropy"):
         expected = table[f"{name}_mean"].to_numpy().reshape(run.layers, run.heads)
         np.testing.assert_array_equal(mesh_values(by_gid(attention, name)), expected)
 
-    written = plots.plot_run(run, tmp_path / "views")
+    written = report.plot_run(run, tmp_path / "views")
     names = sorted(path.name for path in written.paths)
     assert names == ["c_at8.pdf", "c_at8.png", "curves.pdf", "curves.png", "rank.pdf", "rank.png",
                      "sink_entropy.pdf", "sink_entropy.png"], "an encoder run without qkv has no key-rank view"
@@ -63,7 +63,7 @@ def test_decoder_key_ranks_view(llama_dir, text_file, tmp_path) -> None:
 
     run = spectra.analyze(str(llama_dir), str(text_file), length=16, samples=4, out=tmp_path / "run", progress=None,
                           notify=lambda line: None)
-    figure = plots.draw_key_ranks(run)
+    figure = report.draw_key_ranks(run)
     ax = by_gid(figure, "key_ranks")
     keys = run.qkv[run.qkv["tensor"] == "k"]
     arrays = np.load(run.path / "qkv.npz")
@@ -81,9 +81,9 @@ def test_decoder_key_ranks_view(llama_dir, text_file, tmp_path) -> None:
         assert "variance" in labels[f"{stage}:pca_rank90"] and "energy" not in labels[f"{stage}:pca_rank90"]
         for column in ("dataset_rank90", "rank90_mean"):
             assert "energy" in labels[f"{stage}:{column}"] and "variance" not in labels[f"{stage}:{column}"]
-    assert "key_ranks.png" in [path.name for path in plots.plot_run(run, tmp_path / "views").paths]
+    assert "key_ranks.png" in [path.name for path in report.plot_run(run, tmp_path / "views").paths]
     # the legend sits below the axes, so it covers no curve (inside the axes it hid the low layers' ranks)
-    figure = plots.draw_key_ranks(run)
+    figure = report.draw_key_ranks(run)
     figure.canvas.draw()
     ax = by_gid(figure, "key_ranks")
     assert ax.get_legend() is None and len(figure.legends) == 1

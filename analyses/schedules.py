@@ -1,17 +1,17 @@
-"""Spectrum-guided per-layer budgets for `spectra cache` (issue 22 part 3): derive them from an analyze run, export
+"""Spectrum-guided per-layer ratio schedules for `spectra cache` (issue 22 part 3): derive them from an analyze run, export
 them as kvpress's PerLayerCompressionPress lists, and measure them against the uniform ratio and PyramidKV's
 schedule at equal total cache.
 
-    python analyses/budgets.py ANALYZE_RUN --ratios 0.5,0.75 --out budgets/           # the lists only
-    python analyses/budgets.py ANALYZE_RUN --ratios 0.5,0.75 --out budgets/ \\
+    python analyses/schedules.py ANALYZE_RUN --ratios 0.5,0.75 --out schedules/           # the lists only
+    python analyses/schedules.py ANALYZE_RUN --ratios 0.5,0.75 --out schedules/ \\
         --model MODEL --data licenses.txt --context 512 --continuation 64 --samples 4  # and a cache run
 
 ANALYZE_RUN is a finished `spectra analyze` run of the same model (metrics.csv with sink and entropy, qkv.csv with
-pca_rank90). For each schedule (uniform, pyramid, and one per measure in `spectra.presses.budgets.MEASURES`) and
+pca_rank90). For each schedule (uniform, pyramid, and one per measure in `spectra.presses.schedules.MEASURES`) and
 ratio, `OUT/<schedule>-<ratio>.json` holds the per-layer ratios for L = --context, and `OUT/schedules.csv` all of
 them in one tidy table. With --model, the base press (default snapkv) runs under every schedule in one `spectra
 cache` run written to OUT/cache: the scheduled presses are registered for this process only (`spectra cache` has no
-option for per-layer budgets yet).
+option for per-layer ratio schedules yet).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from pathlib import Path
 import pandas as pd
 
 import spectra
-from spectra import catalogue, presses
-from spectra.presses.budgets import (
+from spectra import presses
+from spectra.presses.base import facts
+from spectra.presses.schedules import (
     MEASURES,
     Scheduled,
     export,
@@ -59,18 +60,10 @@ def table(chosen: dict[str, object], ratios: list[float], length: int) -> pd.Dat
 
 @contextlib.contextmanager
 def registered(scheduled: list[Scheduled]) -> Iterator[None]:
-    """The scheduled presses registered (and named in the catalogue) inside the block only: `spectra cache` has no
-    option for per-layer budgets yet, so this process alone sees them."""
-    before = catalogue.PRESSES
-    for press in scheduled:
-        presses.register(press)
-    catalogue.PRESSES = (*before, *(press.name for press in scheduled))
-    try:
+    """The scheduled presses registered inside the block only: `spectra cache` has no option for per-layer ratio
+    schedules yet, so this process alone sees them."""
+    with presses.REGISTRY.extended({press.name: (press, facts(press)) for press in scheduled}):
         yield
-    finally:
-        catalogue.PRESSES = before
-        for press in scheduled:
-            presses.REGISTRY.pop(press.name, None)
 
 
 def main(argv: list[str] | None = None) -> int:

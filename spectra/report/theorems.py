@@ -1,4 +1,6 @@
-"""Views of a theorems run: Theorem 1's empirical success probability against its bound, and the pooled
+"""The read side of `spectra theorems`: its run object (`TheoremRun`), what it prints and its figures.
+
+Views of a theorems run: Theorem 1's empirical success probability against its bound, and the pooled
 errors of every method against k.
 
 Gids the tests read back: axis "theorem1" with lines "pr:<ε>", "bound:<ε>", "k_theory:<ε>" and error bars
@@ -15,18 +17,21 @@ estimate of 0 over 2 sequences got [0, 0.66] while 0.015 got [0, 0.079].
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...runs import TheoremRun
-from ...stats import wilson
-from .. import summaries
-from ..summaries import labels_in_order, theorem_errors, theorem_n
-from . import (
+from ..runs import FinishedRun, read_table
+from ..stats import wilson
+from . import summaries
+from .console import out, plural, print_frame
+from .summaries import labels_in_order, theorem1_rows, theorem_errors, theorem_n
+from .plots import (
     style,  # style.save, looked up at call time: the one name tests patch to record figures
 )
-from .style import (
+from .plots.style import (
     below_entry,
     bottom_legend,
     k_axis,
@@ -37,6 +42,81 @@ from .style import (
     pyplot,
     subtitle,
 )
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: the command line's start does not pay for it
+    import pandas as pd
+
+@dataclass(repr=False)
+class TheoremRun(FinishedRun):
+    """A `spectra theorems` run loaded back: for each theorem, tables pooled over layers and heads
+    (`theorem1`, `theorem2`), per layer (`*_layers`) and per head (`*_heads`); see theory.py for columns."""
+
+    path: Path
+    meta: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+
+    def _held(self) -> dict[str, Any]:
+        return dict(self.tables)
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+
+#: the tables of a theorems run: pooled over layers and heads, per layer and per head
+TABLES = tuple(f"theorem{i}{scope}" for i in (1, 2) for scope in ("", "_layers", "_heads"))
+
+
+def load(path: Path, meta: dict[str, Any]) -> TheoremRun:
+    """A theorems run directory read back."""
+    return TheoremRun(path, meta, {name: read_table(path, f"{name}.csv") for name in TABLES})
+
+
+def theorem_column(label: str) -> str:
+    """The terminal's name for a `theorem_errors` label: svd is the floor, Theorem 2's δ variants are short."""
+    if label == "svd":
+        return "svd (floor)"
+    if label.startswith("theorem2(") and label.endswith(")"):
+        return "thm2 " + label[len("theorem2("):-1].replace("delta=", "δ=")
+    return label
+
+
+def show(run: TheoremRun) -> None:
+    """Pooled over layers and heads: Pr(error ≤ ε) against the bound per k, and the errors per method."""
+    two = run.tables["theorem2"]
+    for form, wording in (("output", "Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖), the statement"),
+                          ("rows", "Pr(every |(P̃w − Pw)_i| ≤ ε‖P_i‖‖w‖), the event its proof bounds")):
+        jl = theorem1_rows(run, form)
+        jl = jl[jl["method"] == "jl"]
+        if not len(jl):
+            continue
+        interval = "pr_low" in jl.columns
+        cells = [f"{p:.3f}" + (f" [{low:.3f}, {high:.3f}]" if interval else "") + f" ({b:.3f})"
+                 for p, b, low, high in zip(jl["pr"], jl["bound"], jl.get("pr_low", jl["pr"]), jl.get("pr_high", jl["pr"]))]
+        table = jl.assign(cell=cells).pivot(index="budget", columns="eps", values="cell").reset_index()
+        table.columns = ["k"] + [f"ε={e:g}" for e in table.columns[1:]]
+        draws = int(jl["draws"].iloc[0]) if "draws" in jl.columns else 0
+        source = (f"a fresh R per sequence ({plural(draws, 'draw')} each)" if draws else "one R per layer and k (fixed)")
+        print_frame(table, f"{run.label}, n = {theorem_n(run)}: Theorem 1, P̃ = P RᵀR, {source} — empirical {wording}"
+                    + (" [95% interval over sequences]" if interval else "") + " (bound)")
+    jl = theorem1_rows(run, "output")
+    jl = jl[jl["method"] == "jl"]
+    needed = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in jl.groupby("eps")["k_theory"].first().items())
+    out.print(f"Theorem 1's k = 5 ln n/(ε²−ε³): {needed}")
+    pooled = theorem_errors(run, "output")
+    pooled["label"] = pooled["label"].map(theorem_column)
+    for stat in ("median", "p95"):
+        wide = pooled.pivot(index="budget", columns="label", values=stat)
+        wide = wide[labels_in_order(pooled, "label")].reset_index().rename(columns={"budget": "k"})
+        print_frame(wide, f"{stat} relative error per column w (jl, svd) or per row (linformer, Theorem 2 "
+                    "relative to ‖softmax(w)V‖)")
+    rhs = two[(two["method"] == "theorem2") & (two["relative_to"] == "rhs")]
+    if len(rhs):
+        k2 = ", ".join(f"ε={e:g}: {k:.0f}" for e, k in rhs.groupby("eps")["k_theory"].first().items())
+        out.print("Theorem 2 relative to its right side ‖softmax(w)‖‖V‖_F, median (largest over δ): "
+                  + ", ".join(f"k={k}: {m:.3g}" for k, m in rhs.drop_duplicates(["variant", "budget"])
+                              .groupby("budget")["median"].max().items())
+                  + f"; its k = min(9d ln d, 5 ln n)/ε²: {k2}")
 
 
 #: points between the error bars of neighbouring ε at one k
@@ -49,10 +129,10 @@ def theorem1_bound_curve(eps: float, n: int, k: np.ndarray) -> np.ndarray:
 
 
 def draw_theorem1(run: TheoremRun):
-    """Theorem 1: empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) of jl vs k per ε (solid, markers, thin error bars: Wilson's 95%
-    interval over the independent draws of R, see the module docstring), the proof's per-entry event dash-dotted,
-    the bound dashed on a fine k grid in the same colour, and Theorem 1's k(ε) dotted where it falls inside the
-    axis."""
+    """Theorem 1: empirical Pr(‖P̃w − Pw‖ ≤ ε‖Pw‖) of jl vs k per ε (solid, markers, thin error bars:
+    Wilson's 95% interval over the independent draws of R, see the module docstring), the proof's per-entry event
+    dash-dotted, the bound dashed on a fine k grid in the same colour, and Theorem 1's k(ε) dotted where it falls
+    inside the axis."""
     plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.transforms import offset_copy
@@ -139,3 +219,7 @@ def plot_theorems(run: TheoremRun, out: str | Path | None = None) -> list[Path]:
     folder = plot_folder(run, out)
     paths = style.save(draw_theorem1(run), folder / "theorem1_probability")
     return paths + style.save(draw_theorem_errors(run), folder / "errors_vs_k")
+
+
+def plot(run: TheoremRun, out: str | Path | None = None) -> list[Path]:
+    return plot_theorems(run, out)

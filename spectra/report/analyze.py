@@ -1,4 +1,7 @@
-"""Per-run views of an analyze run: the mean curve of every layer, the heatmap of c at an index, the heatmaps
+"""The read side of `spectra analyze`: its run object (`Run`), what `spectra analyze RUN` prints (and `plan-k` and
+`compare`, which read analyze runs), and its figures.
+
+Per-run views of an analyze run: the mean curve of every layer, the heatmap of c at an index, the heatmaps
 of the rank needed for 90% and 99% of the nuclear norm, of the sink mass and the attention entropy, and
 (when measured) the key rank per layer before and after RoPE, for 90% of the keys' variance (centred) and of
 their energy (uncentred, over the run and per sequence).
@@ -11,18 +14,149 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...config import layers_label
-from ...runs import Run
-from .. import summaries
-from . import (
+from ..config import layers_label
+from ..runs import FinishedRun, read_arrays, read_table
+from ..timings import summary
+from . import summaries
+from .console import out, plural, print_frame
+from .plan import Plan
+from .plots import (
     style,  # style.save, looked up at call time: the one name tests patch to record figures
 )
-from .style import draw_heatmap, index_ticks, plot_folder, pyplot, subtitle, ticks
+from .plots.style import DEPTH_CMAP, draw_heatmap, index_ticks, plot_folder, pyplot, subtitle, ticks
+from .summaries import analyze_layers, compare_wide, headlines, run_keys
 
-DEPTH_CMAP = "viridis"
+if TYPE_CHECKING:  # pandas is imported where a table is read: the command line's start does not pay for it
+    import pandas as pd
+
+
+@dataclass(repr=False)
+class Run(FinishedRun):
+    """An `analyze` run loaded back: metadata, the per-(layer, head) table and the curves.
+
+    Curves are arrays indexed (layer, head, index) with index j = 1…n on the relative grid j/n:
+    `cum_mean`/`cum_std` the normalized cumulative singular value, `sigma_mean`/`sigma_std` the
+    singular values at absolute index (zero past a sequence's length). `qkv`: the query/key/value spectra
+    table (one row per tensor, stage, layer, head) when the run measured them, else None.
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    metrics: pd.DataFrame
+    cum_mean: np.ndarray
+    cum_std: np.ndarray
+    sigma_mean: np.ndarray
+    sigma_std: np.ndarray
+    qkv: pd.DataFrame | None = None
+
+    @property
+    def causal(self) -> bool:
+        """Whether the model is a decoder (its P is lower triangular)."""
+        return bool(self.meta["model"].get("causal", False))
+
+    @property
+    def layers(self) -> int:
+        return self.cum_mean.shape[0]
+
+    @property
+    def heads(self) -> int:
+        return self.cum_mean.shape[1]
+
+    @property
+    def n(self) -> int:
+        return self.cum_mean.shape[2]
+
+    @property
+    def at(self) -> int:
+        return int(self.meta["at"])
+
+    @property
+    def label(self) -> str:
+        """model · data, and the mode when it is not the paper's pack mode."""
+        mode = self.meta["data"].get("mode", "pack")
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}" + ("" if mode == "pack" else f" ({mode})")
+
+    def curves(self) -> pd.DataFrame:
+        """The curves as a tidy frame: one row per (layer, head, index)."""
+        import pandas as pd
+
+        layer, head, index = np.meshgrid(
+            np.arange(self.layers), np.arange(self.heads), np.arange(1, self.n + 1), indexing="ij"
+        )
+        return pd.DataFrame(
+            {
+                "layer": layer.ravel(),
+                "head": head.ravel(),
+                "index": index.ravel(),
+                "cum_mean": self.cum_mean.ravel(),
+                "cum_std": self.cum_std.ravel(),
+                "sigma_mean": self.sigma_mean.ravel(),
+                "sigma_std": self.sigma_std.ravel(),
+            }
+        )
+
+
+def load(path: Path, meta: dict[str, Any]) -> Run:
+    """An analyze run directory read back."""
+    curves = read_arrays(path / "curves.npz")
+    qkv = read_table(path, "qkv.csv", optional=True)
+    return Run(path, meta, read_table(path, "metrics.csv"), curves["cum_mean"], curves["cum_std"],
+               curves["sigma_mean"], curves["sigma_std"], qkv)
+
+
+#: what the key-rank columns of the analyze table are: the energy rank, not the variance one (issue 33, item 7)
+KEY_RANK_NOTE = ("key rank90 (energy): dimensions of the head holding 90% of the keys' energy Σkᵀk over the run, "
+                 "the mean key included (dataset_rank90 in qkv.csv; pca_rank90 there holds 90% of their variance, "
+                 "the mean removed)")
+
+
+def show(run: Run) -> None:
+    """The per-layer summary of an analyze run and where its time went (the command line says where it is)."""
+    model = "decoder, causal P" if run.causal else "encoder"
+    heads = run.meta.get("heads")
+    over = f"{run.heads} heads" if heads is None else f"heads {layers_label(heads)}"
+    print_frame(analyze_layers(run), f"{run.label} ({model}): n = {run.n}, {plural(run.meta['samples'], 'sequence')}, "
+                f"mean over {over} per layer", {"rank": 1, "entropy": 2})
+    if run.qkv is not None:
+        out.print(f"sink: mean attention of queries to the first token; entropy in nats; {KEY_RANK_NOTE}")
+    if summary(run.meta.get("timings")):  # where the time went (spectra.timings)
+        out.print(summary(run.meta["timings"]))
+
+
+def print_plan(run: Run, plan: Plan) -> None:
+    """A k plan per layer (or head) and its cost against uniform and full attention."""
+    rule = "the largest of its heads' budget" if plan.per_head else f"from the mean curve of its {run.heads} heads"
+    print_frame(plan.by_layer(), f"{run.label}, n = {run.n}: smallest budget whose mean normalized cumulative "
+                f"singular value reaches E = {plan.energy:g}, rounded up to a multiple of {plan.multiple} "
+                f"(a layer's budget: {rule})")
+    print_frame(plan.costs(), "Attention " + plan.caption(), {"plan_share": -1, "saved": -1})
+    out.print(RANK_VS_PLAN)
+
+
+#: why plan-k's k_min is not analyze's rank90 (the README says the same, tests/report/test_plan.py checks it)
+RANK_VS_PLAN = ("k_min is not analyze's rank90: rank90 is the mean over sequences of each sequence's own smallest k "
+                "reaching 90%, k_min the smallest k where the mean curve (over sequences, and heads unless --per-head) "
+                "reaches E; neither bounds the other, and both lie between the smallest and the largest per-sequence "
+                "rank.")
+
+
+def print_compare(runs: list[Run], table: pd.DataFrame, at: int | None) -> None:
+    """Several analyze runs side by side (`table` is `summaries.compare(runs, at)`): per layer, then per run."""
+    summary = headlines(runs, at)
+    keys = run_keys(len(runs))
+    for key, run in zip(keys, runs):
+        out.print(f"{key}  {run.label}, n = {run.n}, {plural(run.meta.get('samples', 0), 'sequence')}: {run.path}")
+    print_frame(compare_wide(table), "Per layer, mean over heads: c at the index and the rank needed for 90% of the "
+                "nuclear norm", {"rank": 1})
+    summary = summary.drop(columns=["run"]).rename(columns={"c_min": "c min", "c_max": "c max", "c_mean": "c mean",
+                                                           "layer_rho": "rho", "sequences": "seqs"})
+    print_frame(summary.assign(run=keys)[["run", *summary.columns]],
+                "Per run, over every layer × head: c at the index (min, max, mean), Spearman rho between layer index "
+                "and per-layer mean c (positive: higher layers lower rank), mean rank for 90%", {"rank": 1, "rho": 2})
 
 
 def heatmap_size(layers: int, heads: int) -> tuple[float, float]:
@@ -191,3 +325,8 @@ def plot_run(run: Run, out: str | Path | None = None, *, at: int | None = None) 
         if "sink_mean" in run.metrics.columns else [],
         keys=style.save(draw_key_ranks(run), folder / "key_ranks") if run.qkv is not None else [],
     )
+
+
+def plot(run: Run, out: str | Path | None = None) -> list[Path]:
+    """Every view of the run (`plot_run`), the files written."""
+    return plot_run(run, out).paths

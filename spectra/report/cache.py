@@ -1,21 +1,74 @@
-"""The view of a `spectra cache` run: next-token NLL of the continuation against the ratio of the cache removed,
+"""The read side of `spectra cache`: its run object (`CacheRun`), what it prints and its figures.
+
+The view of a `spectra cache` run: next-token NLL of the continuation against the ratio of the cache removed,
 a line per press starting from the full cache at ratio 0 (dotted grey: the full cache's NLL), and beside it the
 share of the continuation's attention mass on the context that the kept tokens hold (mean over layers and heads;
 presses that keep every token — ThinK's key channels, a low-rank K and V — or whose rows are not tokens —
-Linformer's E·K — are left out there, and its legend names them). Each panel has its own legend, below it, naming what
-it draws; every press has its own colour and marker (`PRESS_STYLES`), the same in every run's figure."""
+Linformer's E·K — are left out there, and its legend names them). Each panel has its own legend, below it,
+naming what it draws; every press has its own colour and marker (`PRESS_STYLES`), the same in every run's
+figure."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...runs import CacheRun
-from . import style
-from .style import plot_folder, pyplot
+from ..runs import FinishedRun, read_table
+from .console import out, plural, print_frame
+from .plots import style
+from .plots.style import plot_folder, pyplot
 
-#: (colour, marker) per press of the catalogue, each pair unique and each colour ΔE ≥ 25 (CIELAB) from every other
+if TYPE_CHECKING:  # pandas is imported where a table is read: the command line's start does not pay for it
+    import pandas as pd
+
+@dataclass(repr=False)
+class CacheRun(FinishedRun):
+    """A `spectra cache` run loaded back: `table` (cache.csv: per press and ratio nll, ppl, kl, top1, kept,
+    kept_share, key_channel_ratio, saved; the full cache is press 'full' at ratio 0), `head_stats` (cache_heads.csv: per
+    press, ratio, layer and head the attention mass kept and the output error) and `sequences` (per press, ratio and
+    sequence: nll, kl, top1)."""
+
+    path: Path
+    meta: dict[str, Any]
+    table: pd.DataFrame
+    head_stats: pd.DataFrame
+    sequences: pd.DataFrame
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+
+def load(path: Path, meta: dict[str, Any]) -> CacheRun:
+    """A cache run directory read back."""
+    return CacheRun(path, meta, read_table(path, "cache.csv"), read_table(path, "cache_heads.csv"),
+                    read_table(path, "cache_sequences.csv"))
+
+
+def show(run: CacheRun) -> None:
+    """Per press and ratio: NLL, perplexity, KL from the full cache, top-1 agreement, tokens kept, memory saved."""
+    meta = run.meta
+    columns = ["press", "ratio", "nll", "ppl", "kl", "top1", "kept", "saved"]
+    table = run.table[columns]
+    if (run.table["key_channel_ratio"] > 0).any():
+        table = table.assign(channels=run.table["key_channel_ratio"])
+    print_frame(table, f"{run.label}: context {meta['context']}, continuation {meta['continuation']}, "
+                f"{plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}; NLL (nats/token) of the continuation "
+                "against each compressed cache, KL from the full cache's next-token distribution, top-1 agreement",
+                digits={"ratio": 2, "nll": 4, "ppl": 3, "kl": 4, "top1": 3, "kept": 1, "saved": 3, "channels": 2})
+    if meta.get("skipped"):
+        out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")
+    from ..presses.base import window_note  # issue 33: loki equalled snapkv at --context 128, unexplained
+
+    note = window_note(meta["context"], sorted(set(run.table["ratio"]) - {0.0}), set(run.table["press"]))
+    if note is not None:
+        out.print(note[0].upper() + note[1:])
+
+
+#: (colour, marker) per registered press, each pair unique and each colour ΔE ≥ 25 (CIELAB) from every other
 #: and from the full cache's grey: the default run draws 11 presses, one more than tab10 has colours (streaming and
 #: linformer were the same blue circles). Fixed per press, so figures of different runs read the same way.
 PRESS_STYLES: dict[str, tuple[str, str]] = {
@@ -45,7 +98,7 @@ def draw_cache(run: CacheRun):
     plt = pyplot()
     table = run.table
     full = table[table["press"] == "full"].iloc[0]
-    mass = run.heads.groupby(["press", "ratio"], sort=False)["mass_kept"].mean()
+    mass = run.head_stats.groupby(["press", "ratio"], sort=False)["mass_kept"].mean()
     figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 5.4), layout="constrained")
     presses = [press for press in dict.fromkeys(table["press"]) if press != "full"]
     unknown = [press for press in presses if press not in PRESS_STYLES]
@@ -80,7 +133,7 @@ def draw_cache(run: CacheRun):
     panel_legend(right, f"not drawn: {'; '.join(why)}" if why else None)
     meta = run.meta
     figure.suptitle(f"KV-cache compression after an exact prefill — {run.label}, context {meta['context']}, "
-                    f"continuation {meta['continuation']}, {meta.get('scored', meta.get('samples'))} sequences",
+                    f"continuation {meta['continuation']}, {plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}",
                     fontsize=10.5)
     return figure
 
@@ -88,3 +141,7 @@ def draw_cache(run: CacheRun):
 def plot_cache(run: CacheRun, out: str | Path | None = None) -> list[Path]:
     """Write the view into directory `out` (default <run directory>/figures). Returns the paths."""
     return style.save(draw_cache(run), plot_folder(run, out) / "cache_nll_vs_ratio")
+
+
+def plot(run: CacheRun, out: str | Path | None = None) -> list[Path]:
+    return plot_cache(run, out)

@@ -9,12 +9,12 @@ from report_helpers import by_gid, fake_save, visible_tick_labels
 
 import spectra
 from spectra.errors import SpectraError
-from spectra.report import plots
+from spectra.report import scaling as report
 
 
 def test_rank_view_draws_the_table_and_the_references(scaling_run) -> None:
     table = scaling_run.table
-    figure = plots.draw_scaling_ranks(scaling_run)
+    figure = report.draw_scaling_ranks(scaling_run)
     (ax,) = figure.axes
     for layer in (0, 1):
         line = by_gid(ax.lines, f"layer:{layer}")
@@ -35,7 +35,7 @@ def test_rank_view_draws_the_table_and_the_references(scaling_run) -> None:
 def test_rank_axis_labels_are_plain_numbers(scaling_run) -> None:
     """The log rank axis reads 20, 30, 50, not 2×10¹, 3×10¹, 5×10¹, and labels at least two ticks; the legend is
     beside the axes, not over the reference lines."""
-    figure = plots.draw_scaling_ranks(scaling_run)
+    figure = report.draw_scaling_ranks(scaling_run)
     (ax,) = figure.axes
     figure.canvas.draw()
     low, high = ax.get_ylim()
@@ -47,7 +47,7 @@ def test_rank_axis_labels_are_plain_numbers(scaling_run) -> None:
 
 
 def test_c_view_draws_fixed_budgets_and_the_quarter(scaling_run) -> None:
-    figure = plots.draw_scaling_c(scaling_run)
+    figure = report.draw_scaling_c(scaling_run)
     lines = [line for ax in figure.axes for line in ax.lines]
     fixed = scaling_run.c_fixed
     line = by_gid(lines, "c:32:pooled")
@@ -61,7 +61,7 @@ def test_c_view_draws_fixed_budgets_and_the_quarter(scaling_run) -> None:
 
 def test_plot_scaling_writes_both_views_and_refuses_other_runs(scaling_run, runs, monkeypatch, tmp_path) -> None:
     saved = fake_save(monkeypatch)
-    paths = plots.plot_scaling(scaling_run, tmp_path / "views")
+    paths = report.plot_scaling(scaling_run, tmp_path / "views")
     assert [path.name for path in paths] == ["rank_vs_n.png", "rank_vs_n.pdf", "c_fixed_vs_n.png", "c_fixed_vs_n.pdf"]
     assert len(saved) == 2
     with pytest.raises(SpectraError, match="holds a run of 'spectra analyze'; this needs a run of 'spectra scaling'"):

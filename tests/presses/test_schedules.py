@@ -1,4 +1,4 @@
-"""Per-layer budgets: PyramidKV's schedule against the kept counts kvpress 0.5.5 produced (SPEC.md, L = 256, 30
+"""Per-layer ratio schedules: PyramidKV's schedule against the kept counts kvpress 0.5.5 produced (SPEC.md, L = 256, 30
 layers), water-filling against its definition, spectral schedules at equal total cache, weights from analyze tables,
 the exported JSON list, and a scheduled press compressing each layer at its own ratio."""
 
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from spectra.presses import REGISTRY, n_kept
-from spectra.presses.budgets import (
+from spectra.presses.schedules import (
     Scheduled,
     export,
     head_ratios,

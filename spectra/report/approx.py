@@ -1,4 +1,6 @@
-"""Views of an approx run: the relative output error per layer (a panel per budget k), the error against k,
+"""The read side of `spectra approx`: its run object (`ApproxRun`), what it prints and its figures.
+
+Views of an approx run: the relative output error per layer (a panel per budget k), the error against k,
 and with --end-to-end the masked-LM perplexity and hidden-state drift against k; with a k plan, each layer's
 error at its planned k beside the uniform k of equal cost, and end to end the two allocations side by side.
 
@@ -10,15 +12,18 @@ Lines carry the method label as gid ("uniform:<method>", "plan:<method>" in the 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ...errors import SpectraError
-from ...runs import ApproxRun
-from ..summaries import approx_by_budget, labels_in_order
-from . import (
+from ..errors import SpectraError
+from ..runs import FinishedRun, read_table
+from .console import out, print_frame
+from .summaries import approx_by_budget, gap_closed, labels_in_order
+from .plots import (
     style,  # style.save, looked up at call time: the one name tests patch to record figures
 )
-from .style import (
+from .plots.style import (
     EXACT_STYLE,
     below_entry,
     bottom_legend,
@@ -32,6 +37,132 @@ from .style import (
     subtitle,
     ticks,
 )
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: the command line's start does not pay for it
+    import pandas as pd
+
+@dataclass(repr=False)
+class ApproxRun(FinishedRun):
+    """A `spectra approx` run loaded back.
+
+    `head_stats`: one row per (method, budget, layer, head, metric) with samples, mean (and its 95% interval
+    mean_low, mean_high), median, p95, max, target and pr_below_target on the evaluated sequences;
+    `end_to_end`: one row per (method, budget), or None without --end-to-end. With fitted methods also
+    `calibration` (the same table on the calibration sequences) and `fit_history`; with a k plan `plan`
+    (the table at each layer's planned k).
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    head_stats: pd.DataFrame
+    end_to_end: pd.DataFrame | None
+    calibration: pd.DataFrame | None = None
+    fit_history: pd.DataFrame | None = None
+    plan: pd.DataFrame | None = None
+
+    def projections(self, method: str, budget: int):
+        """The projections `method` (linformer-pca(s) or linformer-fit(s)) fitted at `budget` in this run: an
+        `nn.projections.Projections` for `LinformerSelfAttention` or `nn.linformer.substitute`."""
+        from ..nn.projections import load_projections
+
+        return load_projections(self.path, method, budget)
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+    def per_layer(self, metric: str = "out_err", stat: str = "mean", table: str = "head_stats") -> pd.DataFrame:
+        """Mean over heads of each head's `stat` (mean, median, p95, max) of `metric` over sequences: one row per
+        (method, budget, layer); `table`: head_stats (evaluated), calibration or plan."""
+        frame = getattr(self, table)
+        rows = frame[frame["metric"] == metric]
+        return rows.groupby(["method", "budget", "layer"], sort=False)[stat].mean().reset_index(name=metric)
+
+    def k_needed(self, target: float | None = None, metric: str = "out_err") -> pd.DataFrame:
+        """Per (method, layer), the smallest budget whose per-layer mean error is ≤ target (NaN if none)."""
+        target = self.meta["target"] if target is None else target
+        layer = self.per_layer(metric)
+        reached = layer[layer[metric] <= target].groupby(["method", "layer"], sort=False)["budget"].min()
+        frame = layer[["method", "layer"]].drop_duplicates().set_index(["method", "layer"])
+        frame["k_needed"] = reached
+        return frame.reset_index()
+
+
+def load(path: Path, meta: dict[str, Any]) -> ApproxRun:
+    """An approx run directory read back."""
+    return ApproxRun(path, meta, read_table(path, "heads.csv"),
+                     read_table(path, "end_to_end.csv", optional=True, dtype={"layers": str}),
+                     read_table(path, "heads_calibration.csv", optional=True),
+                     read_table(path, "fit_history.csv", optional=True),
+                     read_table(path, "heads_plan.csv", optional=True))
+
+
+def show(run: ApproxRun) -> None:
+    """The per-layer error table of an approx run (one per budget), the k plan, and the end-to-end lines."""
+    per_layer = run.per_layer("out_err")
+    medians = run.per_layer("out_err", "median")["out_err"].to_numpy()
+    cells = [f"{mean:.3f} ({median:.3f})" for mean, median in zip(per_layer["out_err"], medians)]
+    methods = labels_in_order(per_layer)
+    for budget, rows in per_layer.assign(cell=cells).groupby("budget", sort=True):
+        wide = rows.pivot(index="layer", columns="method", values="cell")[methods].reset_index()
+        print_frame(wide, f"{run.label}, k = {budget}: relative head-output error ‖PV − Ṽ‖/‖PV‖, mean (median) over "
+                    "sequences, averaged over heads")
+    if any(label.startswith("linformer(") for label in methods):
+        out.print("lin(s) = linformer with sharing s: none, head(wise), kv, layer(wise)")
+    if len(run.meta["budget"]) > 1:
+        plan = run.k_needed().pivot(index="layer", columns="method", values="k_needed")[methods].reset_index()
+        print_frame(plan, f"smallest k in the sweep with mean error ≤ {run.meta['target']} per layer", digits=0,
+                    missing="—")
+    print_stand_in(run)
+    if run.end_to_end is not None:
+        layers = run.end_to_end["layers"].iloc[0]
+        out.print(f"end to end ({'all layers' if layers == 'all' else 'layers ' + layers} substituted):")
+        for row in run.end_to_end.itertuples(index=False):
+            allocation = getattr(row, "allocation", None)
+            where = f"k={row.budget}" if allocation in (None, "uniform") else f"k plan (mean k={row.budget})"
+            line = f"  {row.method}, {where}: hidden drift {row.hidden_rel_err:.3f}, cosine {row.cosine:.3f}"
+            if "ppl" in run.end_to_end.columns:
+                line += f", ppl {row.ppl_exact:.3g} → {row.ppl:.3g} ({signed_percent(row.ppl_change)})"
+            out.print(line)
+
+
+def signed_percent(share: float) -> str:
+    """A relative change as a signed percentage with the fewest decimals that show it is not zero (+86%, -0.3%,
+    +0.004%): a small change rounded to "-0%" reads as none. Exactly 0 is "no change"."""
+    if share == 0:
+        return "no change"
+    for places in range(8):
+        text = f"{share:+.{places}%}"
+        if float(text[:-1]) != 0:
+            return text
+    return f"{share:+.1e}"
+
+
+def print_stand_in(run: ApproxRun) -> None:
+    """For runs with fitted methods or a k plan: held-out against calibration errors, the fraction of the gap
+    between a random projection and the SVD oracle each method closes, and plan against uniform k."""
+    if run.calibration is not None:
+        held = run.per_layer("out_err")
+        fitted = held[held["method"].isin(run.meta.get("calibration", {}).get("fitted", []))]
+        calibration = run.per_layer("out_err", table="calibration").set_index(["method", "budget", "layer"])
+        rows = fitted.assign(calibration=[calibration["out_err"].get(key, float("nan")) for key in
+                                          zip(fitted["method"], fitted["budget"], fitted["layer"])])
+        rows = rows.groupby(["method", "budget"], sort=False)[["calibration", "out_err"]].mean().reset_index()
+        print_frame(rows.rename(columns={"out_err": "held out"}), "fitted methods: mean head-output error over "
+                    "layers, on the calibration sequences and on the held-out ones (the gap is overfitting)")
+        gap = gap_closed(run)
+        for budget, part in gap.groupby("budget", sort=True):
+            wide = part.pivot(index="layer", columns="method", values="gap_closed")
+            wide = wide[labels_in_order(part)].reset_index()
+            print_frame(wide, f"k = {budget}: fraction of the gap between the random projection (same sharing, else "
+                        "jl) and the SVD oracle closed, (random − method)/(random − svd)", {"": 2})
+    if run.plan is not None:
+        plan = run.per_layer("out_err", table="plan").rename(columns={"out_err": "plan", "budget": "k (plan)"})
+        uniform = run.per_layer("out_err").rename(columns={"out_err": "uniform", "budget": "k (uniform)"})
+        both = plan.merge(uniform, on=["method", "layer"])
+        print_frame(both[["method", "layer", "k (plan)", "plan", "k (uniform)", "uniform"]],
+                    "k plan against a uniform k of equal total cost Σ n·k: mean head-output error per layer")
+
 
 OUT_ERR_LABEL = "Relative output error ‖PV − P̃V‖ / ‖PV‖"
 #: the end-to-end allocations of a k-plan run, in the order drawn
@@ -195,3 +326,7 @@ def plot_approx(run: ApproxRun, out: str | Path | None = None) -> list[Path]:
     if run.end_to_end is not None:
         paths += style.save(draw_end_to_end(run), folder / "end_to_end")
     return paths
+
+
+def plot(run: ApproxRun, out: str | Path | None = None) -> list[Path]:
+    return plot_approx(run, out)

@@ -1,4 +1,6 @@
-"""Views of a heads run: the rank the weights allow against the rank the attention uses, the heads' types on a
+"""The read side of `spectra heads`: its run object (`HeadsRun`), what it prints and its figures.
+
+Views of a heads run: the rank the weights allow against the rank the attention uses, the heads' types on a
 layer × head grid and, joined with an approx run, the winning method on the same grid (a panel per budget).
 
 Artists carry gids the tests read back: the scatter of each panel "qk" / "ov" (offsets: weight rank90, attention
@@ -8,16 +10,95 @@ head's type in `HEAD_TYPES`, or of its winner in the panel's legend order).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...methodmap import HEAD_TYPES
-from ...runs import HeadsRun
-from . import (
+from ..methodmap import HEAD_TYPES
+from ..runs import FinishedRun, read_arrays, read_table
+from .console import out, print_frame
+from .plots import (
     style,  # style.save, looked up at call time: the one name tests patch to record figures
 )
-from .style import method_style, plot_folder, pyplot, subtitle, ticks
+from .plots.style import method_style, plot_folder, pyplot, subtitle, ticks
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: the command line's start does not pay for it
+    import pandas as pd
+
+@dataclass(repr=False)
+class HeadsRun(FinishedRun):
+    """A `spectra heads` run loaded back.
+
+    `diagnosis`: one row per (layer, head) with every score (see `spectra.diagnosis`), the weight ranks and the head
+    type; `weights`: σ and normalized cumulative curves of W_QK and W_OV (layers, heads, d), when the linears were
+    found; `kv_heads` and `full_attention_heads` (DuoAttention's pattern: layers × KV heads) when the retrieval score
+    was measured; `method_map` and `rules` when the run was joined with an approx run.
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    diagnosis: pd.DataFrame
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    kv_heads: pd.DataFrame | None = None
+    full_attention_heads: np.ndarray | None = None
+    method_map: pd.DataFrame | None = None
+    rules: pd.DataFrame | None = None
+
+    def _held(self) -> dict[str, Any]:
+        return {"diagnosis": self.diagnosis, **self.weights, "kv_heads": self.kv_heads,
+                "full_attention_heads": self.full_attention_heads, "method_map": self.method_map}
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+    @property
+    def layers(self) -> int:
+        return int(self.meta["model"]["layers"])
+
+    @property
+    def heads(self) -> int:
+        return int(self.meta["model"]["heads"])
+
+    @property
+    def n(self) -> int:
+        return int(self.meta["n"])
+
+
+def load(path: Path, meta: dict[str, Any]) -> HeadsRun:
+    """A heads run directory read back."""
+    weights = read_arrays(path / "weights.npz") if (path / "weights.npz").exists() else {}
+    tsv = path / "full_attention_heads.tsv"
+    full = np.loadtxt(tsv, delimiter="\t", ndmin=2) if tsv.exists() else None
+    return HeadsRun(path, meta, read_table(path, "diagnosis.csv"), weights,
+                    read_table(path, "kv_heads.csv", optional=True), full,
+                    read_table(path, "method_map.csv", optional=True), read_table(path, "rules.csv", optional=True))
+
+def show(run: HeadsRun) -> None:
+    """The diagnosis per head (its main scores), the head types, the DuoAttention pattern and the method map."""
+    shown = ["layer", "head", "head_type", "sink_share", "sink_mean", "prev", "local", "induction_score",
+             "retrieval", "top10", "keynorm_corr", "entropy", "rank90", "qk_rank90", "ov_rank90"]
+    table = run.diagnosis
+    print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis",
+                {"rank": 1, "entropy": 2})
+    counts = table["head_type"].value_counts()
+    out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()))
+    if "induction" in run.meta:
+        out.print(f"induction score {run.meta['induction']}")
+    if run.full_attention_heads is not None:
+        out.print(f"full_attention_heads.tsv: {int(run.full_attention_heads.sum())} of "
+                  f"{run.full_attention_heads.size} key/value heads at full attention "
+                  f"(--duo-share {run.meta['duo_share']}), streaming {run.meta['sinks']} sinks + "
+                  f"{run.meta['recent']} recent tokens")
+    if run.rules is not None and not run.rules.empty:
+        for rule in run.rules.itertuples(index=False):  # rules.csv holds the tree's lines joined by " | "
+            out.print(f"k = {rule.budget}: winner rule, accuracy {rule.accuracy:.0%}, held out "
+                      f"{rule.held_out_accuracy:.0%} (always {rule.baseline_winner}: {rule.baseline:.0%}):")
+            for line in str(rule.rule).split(" | "):
+                out.print(f"  {line}")
+
 
 #: one colour per head type, in HEAD_TYPES order (mixed in grey)
 TYPE_COLORS = ("tab:purple", "tab:orange", "tab:red", "tab:green", "tab:blue", "0.8")
@@ -128,3 +209,7 @@ def plot_heads(run: HeadsRun, out: str | Path | None = None) -> list[Path]:
     if run.method_map is not None and not run.method_map.empty:
         paths += style.save(draw_winners(run), folder / "winners")
     return paths
+
+
+def plot(run: HeadsRun, out: str | Path | None = None) -> list[Path]:
+    return plot_heads(run, out)

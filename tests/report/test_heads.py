@@ -9,7 +9,7 @@ from report_helpers import by_gid, fake_save
 
 import spectra
 from spectra.methodmap import HEAD_TYPES
-from spectra.report.plots.heads import draw_head_types, draw_weight_ranks, draw_winners, plot_heads
+from spectra.report.heads import draw_head_types, draw_weight_ranks, draw_winners, plot_heads
 
 
 @pytest.fixture(scope="module")

@@ -23,15 +23,15 @@ from report_helpers import (
 from spectra import cli
 from spectra.api import approx
 from spectra.errors import SpectraError
-from spectra.report import plots
+from spectra.report import approx as report
 
 
 def test_approx_views_plot_the_stored_values(approx_run) -> None:
-    out_err = approx_run.heads[approx_run.heads["metric"] == "out_err"]
+    out_err = approx_run.head_stats[approx_run.head_stats["metric"] == "out_err"]
     per_layer = out_err.groupby(["method", "budget", "layer"])["mean"].mean()
     target = approx_run.meta["target"]
 
-    figure = plots.draw_approx_layers(approx_run)
+    figure = report.draw_approx_layers(approx_run)
     for budget in BUDGETS:
         ax = by_gid(figure.axes, f"layers:k={budget}")
         assert ax.get_yscale() == "log" and ax.get_title() == f"k = {budget}"
@@ -46,7 +46,7 @@ def test_approx_views_plot_the_stored_values(approx_run) -> None:
     assert by_gid(exact.lines, "below:pool-mean")  # pooling at k = n is exact: 0 on a log axis
     assert legend_texts(figure)[:len(METHODS)] == METHODS and "below the axis (≈ 0: exact)" in legend_texts(figure)
 
-    figure = plots.draw_approx_budgets(approx_run)
+    figure = report.draw_approx_budgets(approx_run)
     ax = by_gid(figure.axes, "budgets")
     overall = out_err.groupby(["method", "budget"])["mean"].mean()  # equal heads per layer: mean of layer means
     for method in METHODS:
@@ -60,7 +60,7 @@ def test_approx_views_plot_the_stored_values(approx_run) -> None:
 
 def test_end_to_end_view_perplexity_and_drift(approx_run) -> None:
     table = approx_run.end_to_end
-    figure = plots.draw_end_to_end(approx_run)
+    figure = report.draw_end_to_end(approx_run)
     ppl, drift = by_gid(figure.axes, "ppl"), by_gid(figure.axes, "hidden_rel_err")
     for method in METHODS:
         rows = table[table["method"] == method].sort_values("budget")
@@ -74,21 +74,21 @@ def test_end_to_end_view_perplexity_and_drift(approx_run) -> None:
 
     # without an MLM head: the drift alone
     drift_only = table.drop(columns=["masked_tokens", "loss_exact", "loss", "ppl_exact", "ppl", "ppl_change"])
-    figure = plots.draw_end_to_end(dataclasses.replace(approx_run, end_to_end=drift_only))
+    figure = report.draw_end_to_end(dataclasses.replace(approx_run, end_to_end=drift_only))
     assert [ax.get_gid() for ax in figure.axes] == ["hidden_rel_err"]
 
 
 def test_plot_approx_figures_and_folders(approx_run, tmp_path, monkeypatch) -> None:
     names = fake_save(monkeypatch)
-    paths = plots.plot_approx(approx_run, tmp_path / "views")
+    paths = report.plot_approx(approx_run, tmp_path / "views")
     assert names == [str(tmp_path / "views" / name) for name in ("error_vs_layer", "error_vs_k", "end_to_end")]
     assert len(paths) == 6
     names.clear()
-    plots.plot_approx(dataclasses.replace(approx_run, end_to_end=None))  # without --end-to-end: two figures
+    report.plot_approx(dataclasses.replace(approx_run, end_to_end=None))  # without --end-to-end: two figures
     assert names == [str(approx_run.path / "figures" / name) for name in ("error_vs_layer", "error_vs_k")]
     (tmp_path / "file").write_text("")
     with pytest.raises(SpectraError, match="not a directory"):
-        plots.plot_approx(approx_run, tmp_path / "file")
+        report.plot_approx(approx_run, tmp_path / "file")
 
 
 def wrote(stdout: str) -> list[str]:
@@ -119,9 +119,9 @@ def test_a_k_plan_is_drawn_against_the_uniform_k(roberta_dir, text_file, tmp_pat
     plan.write_text(json.dumps({"layers": [{"layer": 0, "budget": 4}, {"layer": 1, "budget": 12}]}))
     run = approx(str(roberta_dir), str(text_file), methods=["svd", "pool-mean"], k_plan=plan, length=N, samples=4,
                  batch_size=4, end_to_end=True, out=tmp_path / "planned", progress=None, notify=lambda line: None)
-    figure = plots.draw_plan_layers(run)
+    figure = report.draw_plan_layers(run)
     ax = by_gid(figure.axes, "plan")
-    for table, name in ((run.plan, "plan"), (run.heads, "uniform")):
+    for table, name in ((run.plan, "plan"), (run.head_stats, "uniform")):
         out_err = table[table["metric"] == "out_err"].groupby(["method", "layer"])["mean"].mean()
         for method in ("svd", "pool-mean"):
             line = by_gid(ax.lines, f"{name}:{method}")
@@ -131,7 +131,7 @@ def test_a_k_plan_is_drawn_against_the_uniform_k(roberta_dir, text_file, tmp_pat
     top = [axis for axis in ax.child_axes if axis.get_xlabel() == "planned k"]
     assert len(top) == 1 and [t.get_text() for t in top[0].get_xticklabels()] == ["4", "12"]
 
-    figure = plots.draw_end_to_end(run)
+    figure = report.draw_end_to_end(run)
     for gid in ("ppl", "hidden_rel_err"):
         panel = by_gid(figure.axes, gid)
         assert [t.get_text() for t in panel.get_xticklabels()] == ["uniform k = 8", "k plan (mean 8)"]
@@ -140,5 +140,5 @@ def test_a_k_plan_is_drawn_against_the_uniform_k(roberta_dir, text_file, tmp_pat
             np.testing.assert_allclose(by_gid(panel.lines, method).get_ydata(),
                                        rows.loc[["uniform", "plan"], gid].to_numpy(), rtol=1e-12)
     names = fake_save(monkeypatch)
-    plots.plot_approx(run, tmp_path / "views")
+    report.plot_approx(run, tmp_path / "views")
     assert [Path(name).name for name in names] == ["error_vs_layer", "error_vs_k", "plan_vs_uniform", "end_to_end"]

@@ -1,0 +1,157 @@
+"""Greedy decoding from a compressed cache, as kvpress 0.5.5's `KVPressTextGenerationPipeline` decodes.
+
+After one exact prefill of the context (`spectra.prefill`), a press leaves each layer's cache as rows of keys and
+values per key/value head (`presses.Compressed`). `Cache.of` lays every layer's rows into a buffer with room for the
+question and the answer; `greedy` then runs the question (question + the chat template's generation suffix + the
+answer prefix) through the model in one forward pass at positions L … L + n − 1 — L the *original* context length,
+whatever the press kept, as kvpress passes `position_ids` — and decodes greedily one token at a time at the
+positions after it, up to `max_new_tokens`, stopping after a stop token (the model's EOS) produced by a decoding
+step. kvpress's order is kept to the letter: the question's forward pass gives the first token, which is never
+checked against the stop tokens; each of the next max_new_tokens − 1 steps feeds the last token and stops once the
+new one is a stop token (kept: decoding drops special tokens).
+
+Each layer's attention in those passes is `scaled_dot_product_attention` of the new queries over the layer's cached
+rows and the new tokens so far (causal among the new ones), the call kvpress's SDPA model makes; new keys and values
+are written into the buffer, never concatenated, so a step costs O(cache) reads and no copy. A cache (one press at one
+ratio) decodes on its own, so its answer never depends on what else runs beside it. On a CPU decoding runs on one
+intra-op thread (`THREADS`): its operations are small, and the fork-join of more threads costs more than they save (a
+one-token SDPA over 1k cached keys of SmolLM2: 0.3 ms on one thread, 20 ms on two cores shared with other work).
+
+With `needle` positions, the question's pass also measures, per layer and query head, the attention mass its queries
+put on those context positions (the softmax over every cached row and the question's own keys, eager's operations),
+averaged over the question's queries: on the full cache, where row j is context position j, that is how much the
+model looks at the answer's tokens when asked (`spectra.probes.tasks`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from . import capture
+from .capture import Captured
+from .kernels import causal_mask, eager_softmax
+from .presses import Compressed, Prefill
+
+
+#: intra-op threads of decoding on a CPU
+THREADS = 1
+
+
+@contextlib.contextmanager
+def threads(device: torch.device, count: int = THREADS) -> Iterator[None]:
+    """Within the block, torch runs `count` intra-op threads when `device` is a CPU (restored after)."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(count, before))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass
+class Cache:
+    """Every layer's cache for decoding: `keys[ℓ]`, `values[ℓ]` (H_kv, capacity, d) buffers whose first
+    `lengths[ℓ]` rows are filled (the compressed context, then the tokens decoded so far)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: list[int]
+
+    @classmethod
+    def of(cls, parts: Sequence[Compressed], prefills: Sequence[Prefill], room: int) -> Cache:
+        """The caches `parts` (one per layer) leave of the `prefills`, with `room` rows to spare per layer."""
+        keys, values, lengths = [], [], []
+        for part, prefilled in zip(parts, prefills):
+            key, value = part.rows(prefilled.key, prefilled.value)
+            kept = key.shape[-2]
+            key_buffer = key.new_empty(key.shape[0], kept + room, key.shape[-1])
+            value_buffer = value.new_empty(value.shape[0], kept + room, value.shape[-1])
+            key_buffer[:, :kept], value_buffer[:, :kept] = key, value
+            keys.append(key_buffer)
+            values.append(value_buffer)
+            lengths.append(kept)
+        return cls(keys, values, lengths)
+
+    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write n new keys and values (H_kv, n, d) after the layer's rows; returns the filled rows."""
+        start, count = self.lengths[layer], key.shape[-2]
+        if start + count > self.keys[layer].shape[-2]:
+            raise ValueError(f"layer {layer}'s cache holds {self.keys[layer].shape[-2]} rows; {start + count} asked")
+        self.keys[layer][:, start:start + count] = key
+        self.values[layer][:, start:start + count] = value
+        self.lengths[layer] = start + count
+        return self.keys[layer][:, :start + count], self.values[layer][:, :start + count]
+
+
+@dataclass
+class Decoded:
+    """A greedy answer: its token ids and, when asked, the question's attention on the needle (layers, H)."""
+
+    ids: list[int]
+    needle_mass: torch.Tensor | None = None
+
+
+def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """n new queries q (H, n, d) over M rows key, value (H_kv, M, d) whose last n are the queries' own tokens: every
+    earlier row is seen, the new tokens causally. Returns (H, n, d)."""
+    n, rows = q.shape[-2], key.shape[-2]
+    mask = None if n == 1 else causal_mask(n, rows, q.device)
+    return torch.nn.functional.scaled_dot_product_attention(q[None], key[None], value[None], attn_mask=mask,
+                                                            scale=scaling, enable_gqa=q.shape[0] != key.shape[0])[0]
+
+
+def needle_mass(q: torch.Tensor, key: torch.Tensor, scaling: float, needle: torch.Tensor) -> torch.Tensor:
+    """The mean over the n queries q (H, n, d) of their attention on rows `needle` of key (H_kv, M, d) (the last n
+    rows are their own, seen causally): (H,)."""
+    heads, n, dim = q.shape
+    kv_heads, rows = key.shape[0], key.shape[-2]
+    scores = torch.matmul(q.reshape(kv_heads, -1, dim), key.transpose(-1, -2)).view(heads, n, rows) * scaling
+    weights = eager_softmax(scores, causal_mask(n, rows, q.device), torch.promote_types(scores.dtype, torch.float32))
+    return weights[..., needle].sum(dim=-1).mean(dim=-1)
+
+
+def greedy(model: torch.nn.Module, layers: int, cache: Cache, question: torch.Tensor, start: int, max_new_tokens: int,
+           stop: Collection[int], index: int, needle: torch.Tensor | None = None) -> Decoded:
+    """kvpress's greedy answer (see the module docstring) to `question` (n,) token ids from `cache`, the question at
+    positions start … start + n − 1; `needle`: context positions whose attention mass the question's pass measures
+    (cache rows must then be context positions). `index`: the example's global index (captured records carry it)."""
+    if question.shape[-1] == 0:
+        raise ValueError("the question holds no token: it must at least carry the template's generation suffix")
+    masses: dict[int, torch.Tensor] = {}
+
+    def substitute(captured: Captured) -> torch.Tensor:
+        layer = captured.layer
+        key, value = cache.extend(layer, captured.key[0], captured.value[0])
+        q = captured.q[0]
+        if needle is not None and q.shape[-2] > 1 and layer not in masses:
+            masses[layer] = needle_mass(q, key, captured.scaling, needle)
+        return decode_attention(q, key, value, captured.scaling)[None]
+
+    def step(ids: torch.Tensor, first: int) -> int:
+        positions = torch.arange(first, first + ids.shape[-1], device=ids.device)[None]
+        logits = capture.forward(model, layers, None, substitute, [index], input_ids=ids[None], position_ids=positions,
+                                 use_cache=False, logits_to_keep=1).logits
+        return int(logits[0, -1].argmax())
+
+    with threads(question.device):
+        produced = [step(question, start)]
+        position = start + question.shape[-1]
+        for offset in range(max_new_tokens - 1):
+            produced.append(step(question.new_tensor([produced[-1]]), position + offset))
+            if produced[-1] in stop:
+                break
+    found = torch.stack([masses[layer] for layer in range(layers)]) if needle is not None else None
+    return Decoded(produced, found)
+
+
+def stop_tokens(model: torch.nn.Module) -> set[int]:
+    """The token ids that end an answer: the model's generation config's EOS (one id or several), as kvpress reads."""
+    eos = model.generation_config.eos_token_id
+    return set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}

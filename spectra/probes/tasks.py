@@ -1,0 +1,201 @@
+"""The task protocol's probe: each example's exact prefill compressed by every (press, ratio), the answer decoded
+greedily from each compressed cache, scored, and the needle's fate measured per layer and key/value head.
+
+`update` receives the example's prefill layer by layer (`tasks.source.TaskSource.run`); `after_batch` runs the cells
+one after another — the full cache (press 'full', ratio 0) first, then every press at every ratio: the press
+compresses every layer (`Press.compress`), `decoding.greedy` answers from that cache alone, and the cell's memory is
+freed before the next. Per cell and example it keeps the answer's token ids, the share of context rows kept, and per
+layer and key/value head the share of the needle the press kept (`needle.survival`; NaN for presses whose rows are not
+tokens); from the full cache's decoding, the question's attention mass on the needle per layer and key/value head
+(the mean over the head's query heads). Everything is numeric state, checkpointed after any example (`--resume`
+goes on from the next example) and summed across processes; predictions are decoded and scored when the tables are
+written. Seconds spent compressing and decoding per cell go to run.json (`press_seconds`), not to the tables, so a
+resumed run's tables equal an uninterrupted run's bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import decoding
+from ..presses import REGISTRY, Prefill, Press, full
+from ..stats import State, tagged
+from ..tasks import needle as needles
+from ..tasks.scoring import score
+from ..tasks.summary import task_scores
+from .base import Probe
+
+if TYPE_CHECKING:
+    from ..tasks.source import TaskSource
+
+#: the per-example table's columns
+EXAMPLE_COLUMNS = ("press", "ratio", "example", "task", "length", "depth", "prediction", "score", "kept",
+                   "needle_kept")
+
+
+class TaskProbe(Probe):
+    """Every (press, ratio) of `presses` × `ratios` beside the full cache on the first `samples` examples of
+    `source`; `seed` is the run's (bootstrap intervals draw from it)."""
+
+    def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
+                 samples: int) -> None:
+        self.source, self.seed = source, seed
+        self.presses: dict[str, Press] = {name: REGISTRY[name].fresh() if REGISTRY[name].calibrates
+                                          else REGISTRY[name] for name in presses}
+        self.variants: list[tuple[str, float]] = [("full", 0.0)] + [(p, r) for p in presses for r in ratios]
+        self.examples = source.examples[:samples]
+        layers, kv_heads, cells = source.layers, source.kv_heads, len(self.variants)
+        tokens = max(example.record.max_new_tokens for example in self.examples)
+        self.ids = np.zeros((cells, samples, tokens), dtype=np.int64)  # token id + 1; 0: no token
+        self.done = np.zeros(samples)
+        self.kept = np.zeros((cells, samples))
+        self.survival = np.zeros((cells, samples, layers, kv_heads))
+        self.mass = np.zeros((samples, layers, kv_heads))
+        self.seconds = np.zeros((cells, 2))  # compressing, decoding
+        self.prefills: dict[int, Prefill] = {}
+        self.stop = decoding.stop_tokens(source.loaded.model)
+
+    def update(self, prefilled: Prefill) -> None:
+        self.prefills[prefilled.layer] = prefilled
+
+    def after_batch(self, batch: Any) -> None:
+        """Every cell of the batch's example (see the module docstring)."""
+        position = batch.index[0]
+        example = self.examples[position]
+        prefills = [self.prefills[layer] for layer in range(self.source.layers)]
+        self.prefills = {}
+        question = example.question_ids.to(self.source.device)
+        needle = torch.as_tensor(example.needle, device=self.source.device)
+        room = question.shape[-1] + example.record.max_new_tokens
+        for cell, (press, ratio) in enumerate(self.variants):
+            started = time.perf_counter()
+            parts = [full(p) if press == "full" else self.presses[press].compress(p, ratio) for p in prefills]
+            compressed = time.perf_counter()
+            cache = decoding.Cache.of(parts, prefills, room)
+            decoded = decoding.greedy(self.source.loaded.model, self.source.layers, cache, question, example.context,
+                                      example.record.max_new_tokens, self.stop, example.record.example,
+                                      needle if press == "full" else None)
+            del cache
+            self.seconds[cell] += [compressed - started, time.perf_counter() - compressed]
+            self.ids[cell, position, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
+            self.kept[cell, position] = np.mean([part.key.shape[-2] if part.kept is None else part.kept.shape[-1]
+                                                 for part in parts]) / example.context
+            self.survival[cell, position] = [np.full(p.kv_heads, np.nan) if part.kept is None else
+                                             needles.survival(part.kept.cpu().numpy(), example.needle, example.context)
+                                             for part, p in zip(parts, prefills)]
+            if decoded.needle_mass is not None:
+                per_head = decoded.needle_mass.double().cpu()  # (layers, H) → mean over each key/value group
+                mass = per_head.unflatten(1, (self.source.kv_heads, -1)).mean(-1).numpy()
+                self.mass[position] = mass if example.needle.size else np.nan
+        self.done[position] = 1
+
+    def state(self) -> State:
+        return tagged({"tasks.ids": self.ids, "tasks.done": self.done, "tasks.kept": self.kept,
+                       "tasks.survival": self.survival, "tasks.mass": self.mass, "tasks.seconds": self.seconds})
+
+    def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.ids, self.done = np.array(arrays["tasks.ids"]), np.array(arrays["tasks.done"])
+        self.kept, self.survival = np.array(arrays["tasks.kept"]), np.array(arrays["tasks.survival"])
+        self.mass, self.seconds = np.array(arrays["tasks.mass"]), np.array(arrays["tasks.seconds"])
+
+    def describe(self) -> dict[str, Any]:
+        done = max(int(self.done.sum()), 1)
+        seconds = [{"press": press, "ratio": ratio, "compress": self.seconds[i, 0] / done,
+                    "decode": self.seconds[i, 1] / done} for i, (press, ratio) in enumerate(self.variants)]
+        return {"examples": int(self.done.sum()), "press_seconds": seconds}
+
+    def predictions(self) -> list[list[str]]:
+        """[cell][position] the decoded answer (special tokens dropped, as kvpress's pipeline returns it)."""
+        tokenizer = self.source.loaded.tokenizer
+        return [[tokenizer.decode([int(token) - 1 for token in row if token], skip_special_tokens=True)
+                 for row in cell] for cell in self.ids]
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """task_examples.csv (per press, ratio and example), task_scores.csv (per press, ratio and task, beside the full
+        cache, with bootstrap intervals), task_lengths.csv (the same per task and length), task_needle.csv (per press,
+        ratio, layer and key/value head: the needle kept, over all examples and over the failed ones, and the full
+        cache's attention on it), task_evicted.csv (per failed example: the layers where no head kept the needle)."""
+        done = np.flatnonzero(self.done)
+        predictions = self.predictions()
+        rows = []
+        for cell, (press, ratio) in enumerate(self.variants):
+            for position in done:
+                example = self.examples[position]
+                record = example.record
+                rows.append({"press": press, "ratio": ratio, "example": record.example, "task": record.task,
+                             "length": example.length, "depth": np.nan if record.depth is None else record.depth,
+                             "prediction": predictions[cell][position],
+                             "score": score(record.task, predictions[cell][position], record.answers),
+                             "kept": self.kept[cell, position],
+                             "needle_kept": _nanmean(self.survival[cell, position])})
+        examples = pd.DataFrame(rows, columns=list(EXAMPLE_COLUMNS))
+        scores = examples.pivot_table(index="example", columns=["press", "ratio"], values="score", sort=False)
+        return {"task_examples.csv": examples,
+                "task_scores.csv": task_scores(examples, self.seed, ("task",)),
+                "task_lengths.csv": task_scores(examples, self.seed, ("task", "length")),
+                "task_needle.csv": self._needle_table(done, scores),
+                "task_evicted.csv": self._evicted_table(done, examples)}
+
+    def _failed(self, cell: int, done: np.ndarray, scores: pd.DataFrame) -> np.ndarray:
+        """Positions among `done` where the cell scored below the full cache."""
+        press, ratio = self.variants[cell]
+        example_ids = [self.examples[position].record.example for position in done]
+        mine = scores[(press, ratio)].reindex(example_ids).to_numpy()
+        baseline = scores[("full", 0.0)].reindex(example_ids).to_numpy()
+        return done[mine < baseline]
+
+    def _needle_table(self, done: np.ndarray, scores: pd.DataFrame) -> pd.DataFrame:
+        rows = []
+        mass = _nanmean(self.mass[done], axis=0)
+        for cell, (press, ratio) in enumerate(self.variants):
+            failed = self._failed(cell, done, scores)
+            kept = _nanmean(self.survival[cell, done], axis=0)
+            kept_failed = _nanmean(self.survival[cell, failed], axis=0)
+            for layer in range(self.source.layers):
+                for head in range(self.source.kv_heads):
+                    rows.append({"press": press, "ratio": ratio, "layer": layer, "head": head,
+                                 "needle_kept": kept[layer, head], "needle_kept_failed": kept_failed[layer, head],
+                                 "failed": len(failed), "needle_mass": mass[layer, head]})
+        return pd.DataFrame(rows, columns=["press", "ratio", "layer", "head", "needle_kept", "needle_kept_failed",
+                                           "failed", "needle_mass"])
+
+    def _evicted_table(self, done: np.ndarray, examples: pd.DataFrame) -> pd.DataFrame:
+        scores = examples.pivot_table(index="example", columns=["press", "ratio"], values="score", sort=False)
+        rows = []
+        for cell, (press, ratio) in enumerate(self.variants):
+            for position in self._failed(cell, done, scores):
+                record = self.examples[position].record
+                lost = needles.evicted_layers(self.survival[cell, position])
+                rows.append({"press": press, "ratio": ratio, "example": record.example, "task": record.task,
+                             "length": self.examples[position].length,
+                             "depth": np.nan if record.depth is None else record.depth,
+                             "score": scores.loc[record.example, (press, ratio)],
+                             "full": scores.loc[record.example, ("full", 0.0)], "evicted": len(lost),
+                             "evicted_layers": ",".join(map(str, lost)), "first_evicted": lost[0] if lost else -1})
+        return pd.DataFrame(rows, columns=["press", "ratio", "example", "task", "length", "depth", "score", "full",
+                                           "evicted", "evicted_layers", "first_evicted"])
+
+    def arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        """needle.npz: survival (cells, examples, layers, key/value heads), mass (examples, layers, key/value heads),
+        the cells' presses and ratios and the examples' line indices."""
+        done = np.flatnonzero(self.done)
+        return {"needle.npz": {"survival": self.survival[:, done], "mass": self.mass[done],
+                               "press": np.array([press for press, _ in self.variants]),
+                               "ratio": np.array([ratio for _, ratio in self.variants]),
+                               "example": np.array([self.examples[p].record.example for p in done], dtype=np.int64)}}
+
+
+def _nanmean(values: np.ndarray, axis: int | None = None) -> np.ndarray | float:
+    """The mean over the defined values (NaN where none is), without numpy's empty-slice warning."""
+    values = np.asarray(values, dtype=np.float64)
+    count = np.isfinite(values).sum(axis=axis)
+    total = np.where(np.isfinite(values), values, 0.0).sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan) if axis is not None else (
+            float(total / count) if count else float("nan"))

@@ -1,0 +1,257 @@
+"""A task run of `spectra cache` read back, printed and drawn: the run object, the console tables and the figures
+(the read side of the task protocol, beside `report/cache.py`'s of the NLL protocol).
+
+A task run (run.json's `protocol` is "tasks") holds `examples` (task_examples.csv: per press, ratio and example the
+prediction and its score, the share of context rows kept, the share of the needle kept over layers and heads),
+`scores` (task_scores.csv: per press, ratio and task the mean score, the full cache's on the same examples, the
+difference, with bootstrap intervals), `lengths` (task_lengths.csv: the same per task and length), `needle`
+(task_needle.csv: per press, ratio, layer and key/value head the needle kept and the full cache's attention on it) and
+`evicted` (task_evicted.csv: per example a press failed — scored below the full cache — the layers where no head kept
+the needle); needle.npz holds the per-example arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..runs import FinishedRun, read_table
+from .cache import FULL_STYLE, panel_legend, press_style
+from .plots import style
+from .plots.style import plot_folder, pyplot
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass(repr=False)
+class TaskRun(FinishedRun):
+    """A `spectra cache` run of the task protocol (see the module docstring)."""
+
+    path: Path
+    meta: dict[str, Any]
+    examples: pd.DataFrame
+    scores: pd.DataFrame
+    lengths: pd.DataFrame
+    needle: pd.DataFrame
+    evicted: pd.DataFrame
+
+    @property
+    def label(self) -> str:
+        return f"{self.meta['model']['name']} · {self.meta['data']['name']}"
+
+    def arrays(self) -> dict[str, Any]:
+        """needle.npz: survival (cells, examples, layers, key/value heads), mass (examples, layers, key/value heads),
+        press, ratio (per cell) and example (line indices)."""
+        from ..runs import read_arrays
+
+        return read_arrays(self.path / "needle.npz")
+
+
+def load_tasks(path: Path, meta: dict[str, Any]) -> TaskRun:
+    """A finished task run's tables (predictions kept as text: an answer such as "007" stays a string)."""
+    text = {"prediction": str, "evicted_layers": str, "task": str}
+    return TaskRun(path, meta, read_table(path, "task_examples.csv", dtype=text, keep_default_na=False,
+                                          na_values={"depth": [""]}),
+                   read_table(path, "task_scores.csv", dtype=text), read_table(path, "task_lengths.csv", dtype=text),
+                   read_table(path, "task_needle.csv"),
+                   read_table(path, "task_evicted.csv", dtype=text, keep_default_na=False, na_values={"depth": [""]}))
+
+
+def needle_vs_score(run: TaskRun) -> pd.DataFrame:
+    """Whether keeping the needle predicts answering: per press (and "all"), over its compressed cells with a needle
+    on examples the full cache answered (score 1), the cells `answered` (score 1) and `missed`, the mean share of
+    the needle kept in each group, and the AUC — the probability that an answered cell kept more of the needle than
+    a missed one (ties count half; NaN without both groups)."""
+    import numpy as np
+    import pandas as pd
+
+    examples = run.examples
+    full = examples[examples["press"] == "full"].set_index("example")["score"]
+    cells = examples[(examples["press"] != "full") & examples["needle_kept"].notna()]
+    cells = cells[cells["example"].map(full) == 1]
+    rows = []
+    for press, group in [*cells.groupby("press", sort=False), ("all", cells)]:
+        hit = group[group["score"] == 1]["needle_kept"].to_numpy()
+        miss = group[group["score"] < 1]["needle_kept"].to_numpy()
+        auc = (float(((hit[:, None] > miss[None]) + 0.5 * (hit[:, None] == miss[None])).mean())
+               if hit.size and miss.size else float("nan"))
+        rows.append({"press": press, "answered": hit.size, "missed": miss.size,
+                     "kept_answered": hit.mean() if hit.size else np.nan,
+                     "kept_missed": miss.mean() if miss.size else np.nan, "auc": auc})
+    return pd.DataFrame(rows)
+
+
+def print_tasks(run: TaskRun) -> None:
+    """Per task, press and ratio: the mean score beside the full cache's, the paired difference and its interval."""
+    from .console import out, plural, print_frame
+
+    meta = run.meta
+    table = run.scores[["task", "press", "ratio", "examples", "score", "low", "high", "full", "delta", "delta_low",
+                        "delta_high"]].sort_values(["task", "press", "ratio"], kind="stable")
+    aware = "context + question compressed" if meta.get("query_aware") else "question appended uncompressed"
+    print_frame(table, f"{run.label}: {plural(meta.get('examples', meta.get('samples', 0)), 'example')}, {aware}; "
+                "mean score per task (RULER's string match) beside the full cache's on the same examples, the "
+                "difference, 95% bootstrap intervals over examples",
+                digits={"ratio": 3, "score": 3, "low": 3, "high": 3, "full": 3, "delta": 3, "delta_low": 3,
+                        "delta_high": 3})
+    predicts = needle_vs_score(run)
+    if (predicts["answered"] + predicts["missed"]).sum():
+        print_frame(predicts, "does keeping the needle predict the answer? compressed cells of examples the full cache "
+                    "answered: the needle's share kept (mean over layers and heads) when answered and when missed, "
+                    "and the AUC (1: every answered cell kept more of it than every missed one; 0.5: no relation)",
+                    digits={"kept_answered": 3, "kept_missed": 3, "auc": 3})
+    failed = run.evicted
+    if len(failed):
+        lost = failed[failed["evicted"] > 0]
+        out.print(f"{plural(len(failed), 'cell')} scored below the full cache; in {len(lost)} of them some layer's "
+                  f"heads all evicted the needle (task_evicted.csv)")
+    out.print(f"written to {run.path}")
+
+
+def presses_of(table) -> list[str]:
+    """The compressing presses of a table, in the run's order."""
+    return [press for press in dict.fromkeys(table["press"]) if press != "full"]
+
+
+def draw_scores(run: TaskRun):
+    """Score vs ratio per task (see the module docstring)."""
+    plt = pyplot()
+    scores = run.scores
+    tasks = list(dict.fromkeys(scores["task"]))
+    columns = min(3, len(tasks))
+    rows = -(-len(tasks) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.6 * rows + 0.8), squeeze=False,
+                                layout="constrained")
+    presses = presses_of(scores)
+    for ax, task in zip(axes.flat, tasks):
+        mine = scores[scores["task"] == task]
+        full = mine[mine["press"] == "full"].iloc[0]
+        for index, press in enumerate(presses):
+            line = mine[mine["press"] == press].sort_values("ratio")
+            color, marker = press_style(press, index)
+            ratios = np.r_[0.0, line["ratio"]]
+            values = np.r_[full["score"], line["score"]]
+            low = np.r_[full["low"], line["low"]]
+            high = np.r_[full["high"], line["high"]]
+            drawn = ax.errorbar(ratios, values, yerr=[values - low, high - values], color=color, marker=marker,
+                                markersize=4, linewidth=1.2, capsize=2, label=press)
+            drawn.lines[0].set_gid(f"score:{task}:{press}")
+        ax.axhline(full["score"], label=f"full cache ({full['score']:.2f})", gid=f"full:{task}", **FULL_STYLE)
+        ax.set_title(f"{task} ({int(full['examples'])} examples)")
+        ax.set_xlabel("Ratio of the cache removed")
+        ax.set_ylabel("Mean score")
+        ax.set_ylim(-0.05, 1.05)
+        panel_legend(ax)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    figure.suptitle(f"{run.label}: score per task against the ratio removed (95% bootstrap intervals)")
+    return figure
+
+
+def depth_length_grid(examples) -> tuple[list[float], list[int], dict[tuple[str, float], np.ndarray]]:
+    """(depths, lengths, {(press, ratio): mean score (depths, lengths)}) over the examples with a depth."""
+    placed = examples.dropna(subset=["depth"])
+    depths = sorted(placed["depth"].unique())
+    lengths = sorted(placed["length"].unique())
+    grids = {}
+    for (press, ratio), group in placed.groupby(["press", "ratio"], sort=False):
+        mean = group.groupby(["depth", "length"])["score"].mean()
+        grids[(press, ratio)] = np.array([[mean.get((depth, length), np.nan) for length in lengths]
+                                          for depth in depths])
+    return depths, lengths, grids
+
+
+def draw_needle(run: TaskRun):
+    """Mean score per needle depth × length, per press and ratio (see the module docstring)."""
+    plt = pyplot()
+    depths, lengths, grids = depth_length_grid(run.examples)
+    if not depths:
+        return None
+    presses = presses_of(run.examples)
+    ratios = sorted({ratio for press, ratio in grids if press != "full"})
+    figure, axes = plt.subplots(len(presses) + 1, max(1, len(ratios)), squeeze=False, layout="constrained",
+                                figsize=(2.3 * max(1, len(ratios)) + 1.2, 1.9 * (len(presses) + 1) + 0.6))
+    image = None
+    for row, press in enumerate(["full", *presses]):
+        for column, ratio in enumerate(ratios or [0.0]):
+            ax = axes[row, column]
+            key = ("full", 0.0) if press == "full" else (press, ratio)
+            values = grids.get(key)
+            if press == "full" and column > 0 or values is None:
+                ax.set_visible(False)
+                continue
+            image = ax.pcolormesh(np.arange(len(lengths) + 1) - 0.5, np.arange(len(depths) + 1) - 0.5, values,
+                                  cmap=style.HEATMAP_CMAP, vmin=0, vmax=1, shading="flat",
+                                  gid=f"needle:{key[0]}:{key[1]}")
+            ax.set_ylim(len(depths) - 0.5, -0.5)
+            ax.set_xticks(range(len(lengths)), [str(int(length)) for length in lengths], fontsize=7)
+            ax.set_yticks(range(len(depths)), [f"{depth:.2f}" for depth in depths], fontsize=7)
+            ax.set_title("full cache" if press == "full" else f"{press}, ratio {ratio:g}", fontsize=8.5)
+            if column == 0:
+                ax.set_ylabel("Needle depth")
+            if row == len(presses):
+                ax.set_xlabel("Length (tokens)")
+    if image is not None:
+        plt.colorbar(image, ax=axes, fraction=0.03, pad=0.02).set_label("Mean score")
+    figure.suptitle(f"{run.label}: score by needle depth and length")
+    return figure
+
+
+def layer_head_mesh(ax, values: np.ndarray, title: str, gid: str, vmax: float | None = 1.0):
+    """Layers down, key/value heads across, on the shared sequential scale [0, `vmax`] (None: the values' own)."""
+    layers, heads = values.shape
+    image = ax.pcolormesh(np.arange(heads + 1) - 0.5, np.arange(layers + 1) - 0.5, values, cmap=style.HEATMAP_CMAP,
+                          vmin=0.0, vmax=vmax, shading="flat", edgecolors="face", linewidth=0.0)
+    ax.set_ylim(layers - 0.5, -0.5)
+    ax.set_xticks(range(heads))
+    ax.set_yticks(style.ticks(layers))
+    ax.set_xlabel("KV head")
+    ax.set_title(title, fontsize=9)
+    ax.set_gid(gid)
+    return image
+
+
+def draw_survival(run: TaskRun, ratio: float):
+    """The needle kept per layer and key/value head by each press at `ratio` (one scale, 0 to 1), and the full
+    cache's attention mass of the question on it (its own scale)."""
+    plt = pyplot()
+    needle = run.needle
+    heads = int(needle["head"].max()) + 1
+    layers = int(needle["layer"].max()) + 1
+    presses = [press for press in presses_of(needle)
+               if needle[(needle["press"] == press) & (needle["ratio"] == ratio)]["needle_kept"].notna().any()]
+    panels = len(presses) + 1
+    figure, axes = plt.subplots(1, panels, figsize=(1.5 * panels * max(1.0, heads / 4) + 2.0, 5.4), squeeze=False,
+                                layout="constrained", sharey=True)
+
+    def grid(frame, column):
+        return frame.sort_values(["layer", "head"])[column].to_numpy().reshape(layers, heads)
+
+    full = needle[needle["press"] == "full"]
+    mass = layer_head_mesh(axes[0, 0], grid(full, "needle_mass"), "full cache:\nattention on it", "mass", None)
+    axes[0, 0].set_ylabel("Layer")
+    plt.colorbar(mass, ax=axes[0, 0], location="left", fraction=0.12, pad=0.25).set_label("Attention mass")
+    kept = None
+    for ax, press in zip(axes[0, 1:], presses):
+        chosen = needle[(needle["press"] == press) & (needle["ratio"] == ratio)]
+        kept = layer_head_mesh(ax, grid(chosen, "needle_kept"), f"{press}:\nkept", f"kept:{press}")
+    if kept is not None:
+        plt.colorbar(kept, ax=axes[0, 1:], fraction=0.04, pad=0.02).set_label("Share of the needle kept")
+    figure.suptitle(f"{run.label}: the needle per layer and key/value head at ratio {ratio:g}")
+    return figure
+
+
+def plot_tasks(run: TaskRun, out: str | Path | None = None) -> list[Path]:
+    """Write the views into directory `out` (default <run directory>/figures). Returns the paths."""
+    folder = plot_folder(run, out)
+    paths = style.save(draw_scores(run), folder / "task_scores")
+    needle = draw_needle(run)
+    if needle is not None:
+        paths += style.save(needle, folder / "needle_heatmap")
+    for ratio in sorted(set(run.needle["ratio"]) - {0.0}):
+        paths += style.save(draw_survival(run, ratio), folder / f"needle_survival_r{ratio:g}")
+    return paths

@@ -1,0 +1,103 @@
+"""The task probe against computations written here: the needle each press kept per layer and key/value head from
+the press applied to a dense prefill (the eager P of one forward pass) and counted with sets, the share of rows kept,
+the question's attention on the needle from the dense P of one forward pass over context + question; and the tables
+built from its state — scores, the failed cells (below the full cache) and the layers where every head lost the
+needle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spectra import capture, kvcache
+from spectra.config import RunConfig
+from spectra.presses import REGISTRY, n_kept
+from spectra.probes.tasks import TaskProbe
+from spectra.tasks.records import read_records
+from spectra.tasks.source import TaskSource
+
+import task_files
+
+PRESSES, RATIOS = ("streaming", "knorm"), (0.5, 0.75)
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    chat_decoder = task_files.save_chat_decoder(tmp_path_factory.mktemp("models") / "tiny-chat")
+    path = task_files.write(tmp_path_factory.mktemp("tasks") / "tasks.jsonl", task_files.records(count=3))
+    source = TaskSource(RunConfig(str(chat_decoder), str(path)), "cpu", read_records(path), query_aware=False,
+                        received=False, windowed=False)
+    source.start()
+    probe = TaskProbe(source, PRESSES, RATIOS, 0, 3)
+    for batch in source.batches(3):
+        source.run(batch, probe.update)
+        probe.after_batch(batch)
+    return source, probe
+
+
+def dense(source, example):
+    """Each layer's prefill from the eager P of one forward pass over the context, and each layer's P rows of the
+    question's queries (H, n, L + n) from one forward pass over context + question."""
+    loaded = source.loaded
+    prefills, rows = {}, {}
+    context = example.context_ids[None]
+    capture.forward(loaded.model, loaded.layers,
+                    lambda c: prefills.__setitem__(c.layer, kvcache.prefill(c, 0, example.context, None, 0, 0)),
+                    None, [0], input_ids=context)
+    whole = torch.cat([example.context_ids, example.question_ids])[None]
+    capture.forward(loaded.model, loaded.layers, lambda c: rows.__setitem__(c.layer, c.p[0, :, example.context:]),
+                    None, [0], input_ids=whole)
+    return prefills, rows
+
+
+def test_needle_kept_and_attention_equal_the_dense_prefill(probed) -> None:
+    source, probe = probed
+    for position, example in enumerate(source.examples):
+        prefills, rows = dense(source, example)
+        needle = set(example.needle.tolist())
+        assert needle
+        for cell, (press, ratio) in enumerate(probe.variants):
+            for layer in range(source.layers):
+                if press == "full":
+                    kept = [set(range(example.context))] * source.kv_heads
+                else:
+                    kept = [set(row.tolist()) for row in REGISTRY[press].compress(prefills[layer], ratio).kept]
+                want = [len(needle & heads) / len(needle) for heads in kept]
+                np.testing.assert_allclose(probe.survival[cell, position, layer], want, rtol=0, atol=0)
+            share = 1.0 if press == "full" else n_kept(example.context, ratio) / example.context
+            assert probe.kept[cell, position] == pytest.approx(share)
+        for layer in range(source.layers):
+            mass = rows[layer][..., example.needle].sum(-1).mean(-1)  # (H,)
+            grouped = mass.unflatten(0, (source.kv_heads, -1)).mean(-1).double().numpy()
+            np.testing.assert_allclose(probe.mass[position, layer], grouped, atol=1e-6)
+
+
+def test_tables_from_the_state(probed, monkeypatch) -> None:
+    source, probe = probed
+    answer = source.examples[0].record.answers[0]
+    # the full cache answers example 0, every press misses it; other examples: nobody answers
+    predictions = [[f"it is {answer}." if cell == 0 and position == 0 else "no idea" for position in range(3)]
+                   for cell in range(len(probe.variants))]
+    monkeypatch.setattr(probe, "predictions", lambda: predictions)
+    survival = probe.survival.copy()
+    try:
+        knorm = probe.variants.index(("knorm", 0.75))
+        probe.survival[knorm, 0] = [[0.0, 0.0], [0.0, 0.5]]  # layer 0: every head lost the needle
+        tables = probe.tables()
+    finally:
+        probe.survival = survival
+    examples = tables["task_examples.csv"]
+    first = examples[examples["example"] == 0].set_index(["press", "ratio"])["score"]
+    assert first[("full", 0.0)] == 1 and (first.drop(("full", 0.0)) == 0).all()
+    evicted = tables["task_evicted.csv"]
+    assert len(evicted) == 4 and set(evicted["example"]) == {0}
+    row = evicted.set_index(["press", "ratio"]).loc[("knorm", 0.75)]
+    assert (row["evicted_layers"], row["evicted"], row["first_evicted"]) == ("0", 1, 0)
+    assert row["score"] == 0 and row["full"] == 1
+    needle = tables["task_needle.csv"].set_index(["press", "ratio", "layer", "head"])
+    assert needle.loc[("knorm", 0.75, 1, 1), "needle_kept_failed"] == 0.5
+    assert needle.loc[("knorm", 0.75, 0, 0), "failed"] == 1
+    scores = tables["task_scores.csv"].set_index(["press", "ratio"])
+    assert scores.loc[("full", 0.0), "score"] == pytest.approx(1 / 3)
+    assert scores.loc[("knorm", 0.5), "delta"] == pytest.approx(-1 / 3)

@@ -1,0 +1,78 @@
+"""The views of a task run: every plotted value is one of its tables' (score per press and ratio from the full cache
+at ratio 0, its interval), a mean of the per-example table computed here with pandas (score per depth and length), or
+the per-head needle table laid out per layer and head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from report_helpers import by_gid, fake_save
+
+from spectra.report.tasks import draw_needle, draw_scores, draw_survival, plot_tasks
+from spectra.report.tasks import TaskRun
+from spectra.tasks.summary import task_scores
+
+CELLS = [("full", 0.0), ("knorm", 0.5), ("knorm", 0.75), ("snapkv", 0.5), ("snapkv", 0.75)]
+
+
+def task_run(tmp_path) -> TaskRun:
+    rng = np.random.default_rng(0)
+    rows = []
+    for example in range(12):
+        task = "passkey" if example < 8 else "vt"
+        length, depth = (1024, 2048)[example % 2], (0.0, 0.5, 1.0, np.nan)[example // 3 % 4]
+        for press, ratio in CELLS:
+            rows.append({"press": press, "ratio": ratio, "example": example, "task": task, "length": length,
+                         "depth": depth, "prediction": "x", "score": float(press == "full" or rng.uniform() < 0.5)})
+    examples = pd.DataFrame(rows)
+    needle = pd.DataFrame([{"press": press, "ratio": ratio, "layer": layer, "head": head,
+                            "needle_kept": 1.0 if press == "full" else rng.uniform(), "needle_kept_failed": 0.0,
+                            "failed": 0, "needle_mass": rng.uniform()}
+                           for press, ratio in CELLS for layer in range(4) for head in range(3)])
+    meta = {"kind": "cache", "protocol": "tasks", "model": {"name": "tiny"}, "data": {"name": "tasks.jsonl"}}
+    return TaskRun(tmp_path, meta, examples, task_scores(examples, 0, replicates=50),
+                   task_scores(examples, 0, ("task", "length"), replicates=50), needle, pd.DataFrame())
+
+
+def test_scores_against_the_ratio(tmp_path) -> None:
+    run = task_run(tmp_path)
+    figure = draw_scores(run)
+    scores = run.scores.set_index(["task", "press", "ratio"])
+    for ax, task in zip(figure.axes, ("passkey", "vt")):
+        line = by_gid(ax.lines, f"score:{task}:snapkv")
+        np.testing.assert_array_equal(line.get_xdata(), [0.0, 0.5, 0.75])
+        np.testing.assert_allclose(line.get_ydata(), [scores.loc[(task, "full", 0.0), "score"],
+                                                      scores.loc[(task, "snapkv", 0.5), "score"],
+                                                      scores.loc[(task, "snapkv", 0.75), "score"]])
+        assert by_gid(ax.lines, f"full:{task}").get_ydata()[0] == scores.loc[(task, "full", 0.0), "score"]
+
+
+def test_the_needle_heatmap_is_the_mean_per_depth_and_length(tmp_path) -> None:
+    run = task_run(tmp_path)
+    figure = draw_needle(run)
+    placed = run.examples.dropna(subset=["depth"])
+    for press, ratio in CELLS:
+        mesh = next(c for ax in figure.axes for c in ax.collections if c.get_gid() == f"needle:{press}:{ratio}")
+        chosen = placed[(placed["press"] == press) & (placed["ratio"] == ratio)]
+        want = chosen.pivot_table(index="depth", columns="length", values="score", aggfunc="mean")
+        np.testing.assert_allclose(np.asarray(mesh.get_array()).reshape(want.shape), want.to_numpy())
+
+
+def test_survival_per_layer_and_head(tmp_path) -> None:
+    run = task_run(tmp_path)
+    figure = draw_survival(run, 0.75)
+    grids = {ax.get_gid(): ax.collections[0] for ax in figure.axes if ax.get_gid()}
+    assert set(grids) == {"mass", "kept:knorm", "kept:snapkv"}
+    needle = run.needle
+    mass = needle[needle["press"] == "full"].sort_values(["layer", "head"])["needle_mass"].to_numpy()
+    np.testing.assert_allclose(np.asarray(grids["mass"].get_array()).ravel(), mass)
+    knorm = needle[(needle["press"] == "knorm") & (needle["ratio"] == 0.75)].sort_values(["layer", "head"])
+    np.testing.assert_allclose(np.asarray(grids["kept:knorm"].get_array()).ravel(), knorm["needle_kept"].to_numpy())
+    assert grids["kept:knorm"].get_clim() == (0.0, 1.0), "every press on one scale"
+
+
+def test_plot_writes_every_view(tmp_path, monkeypatch) -> None:
+    names = fake_save(monkeypatch)
+    plot_tasks(task_run(tmp_path), tmp_path / "figures")
+    assert [name.rsplit("/", 1)[-1] for name in names] == ["task_scores", "needle_heatmap", "needle_survival_r0.5",
+                                                          "needle_survival_r0.75"]

@@ -1,0 +1,145 @@
+"""`spectra cache` on a task file, end to end on a tiny Llama with a chat template: the full cache's answers are
+`model.generate`'s (transformers' own greedy decoding of the same chat-templated ids, eager attention), every table
+holds what the protocol promises, an interrupted run resumed per example equals an uninterrupted one bit for bit,
+and bad input is one line with exit 2 before the model loads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import spectra
+from spectra import models
+from spectra.tasks.prompt import prompt_ids
+from spectra.tasks.records import read_records
+from spectra.tasks.scoring import score
+
+import task_files
+import tiny
+
+QUIET = dict(progress=None, notify=lambda line: None)
+SETTINGS = dict(presses="streaming,knorm,snapkv,observed,think", ratios="0.5,0.75", **QUIET)
+TABLES = ("examples", "scores", "lengths", "needle", "evicted")
+
+
+@pytest.fixture(scope="module")
+def task_file(tmp_path_factory):
+    return task_files.write(tmp_path_factory.mktemp("tasks") / "tasks.jsonl", task_files.records(count=4))
+
+
+@pytest.fixture(scope="module")
+def finished(chat_decoder, task_file, tmp_path_factory):
+    return spectra.cache(str(chat_decoder), str(task_file), out=tmp_path_factory.mktemp("runs") / "tasks", **SETTINGS)
+
+
+def test_the_full_cache_answers_as_model_generate(finished, chat_decoder, task_file) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(chat_decoder)
+    model = AutoModelForCausalLM.from_pretrained(chat_decoder, attn_implementation="eager").eval()
+    full = finished.examples[finished.examples["press"] == "full"].set_index("example")
+    for record in read_records(task_file):
+        context_ids, question_ids = prompt_ids(tokenizer, record.context, record.question, record.answer_prefix)
+        ids = torch.tensor([context_ids + question_ids])
+        with torch.no_grad():
+            generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=record.max_new_tokens,
+                                       do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                                       pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:]
+        assert generated[0] != tokenizer.eos_token_id, "kvpress and generate differ on a first-token EOS"
+        assert full.loc[record.example, "prediction"] == tokenizer.decode(generated, skip_special_tokens=True)
+
+
+def test_the_tables_hold_every_cell(finished, task_file) -> None:
+    records = read_records(task_file)
+    examples = finished.examples
+    assert list(examples.columns[:8]) == ["press", "ratio", "example", "task", "length", "depth", "prediction",
+                                          "score"]
+    cells = [("full", 0.0)] + [(p, r) for p in ("streaming", "knorm", "snapkv", "observed", "think")
+                               for r in (0.5, 0.75)]
+    assert list(dict.fromkeys(zip(examples["press"], examples["ratio"]))) == cells
+    assert len(examples) == len(cells) * len(records)
+    for _, row in examples.iterrows():
+        record = records[row["example"]]
+        assert row["score"] == score(record.task, row["prediction"], record.answers)
+        assert (row["task"], row["length"], row["depth"]) == (record.task, record.length, record.depth)
+    full = examples[examples["press"] == "full"]
+    assert (full["kept"] == 1).all() and (full["needle_kept"] == 1).all()
+    think = examples[examples["press"] == "think"]
+    assert (think["kept"] == 1).all() and (think["needle_kept"] == 1).all(), "ThinK keeps every token"
+    scores = finished.scores.set_index(["press", "ratio", "task"])
+    for (press, ratio), group in examples.groupby(["press", "ratio"], sort=False):
+        row = scores.loc[(press, ratio, "passkey")]
+        assert row["score"] == pytest.approx(group["score"].mean()) and row["examples"] == 4
+        assert row["full"] == pytest.approx(full["score"].mean())
+    needle = finished.needle
+    assert len(needle) == len(cells) * 2 * 2  # 2 layers × 2 key/value heads
+    assert (needle[needle["press"] == "full"]["needle_kept"] == 1).all()
+    assert needle["needle_mass"].between(0, 1).all() and (needle["needle_mass"] > 0).all()
+    assert finished.meta["protocol"] == "tasks" and finished.meta["examples"] == 4
+    assert [row["press"] for row in finished.meta["press_seconds"]] == [press for press, _ in cells]
+
+
+def interrupted_and_resumed(model, task_file, tmp_path, settings: dict, after: int):
+    """A run stopped once `after` examples are done (its checkpoint left), then resumed to the end."""
+    class Stop(Exception):
+        pass
+
+    def interrupt(done, total):
+        if done >= after:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.cache(str(model), str(task_file), out=tmp_path / "cut", **{**settings, "progress": interrupt})
+    assert (tmp_path / "cut.partial" / "checkpoint.npz").exists()
+    return spectra.cache(str(model), str(task_file), out=tmp_path / "cut", resume=True, **settings)
+
+
+def test_a_run_resumed_per_example_equals_an_uninterrupted_one(finished, chat_decoder, task_file, tmp_path) -> None:
+    resumed = interrupted_and_resumed(chat_decoder, task_file, tmp_path, {**SETTINGS, "checkpoint_seconds": 0.0},
+                                      after=2)
+    for name in TABLES:
+        pd.testing.assert_frame_equal(getattr(resumed, name), getattr(finished, name), check_exact=True, obj=name)
+    for key, value in finished.arrays().items():
+        np.testing.assert_array_equal(resumed.arrays()[key], value)
+
+
+def test_query_aware_and_fewer_samples(chat_decoder, task_file, tmp_path) -> None:
+    notices = []
+    run = spectra.cache(str(chat_decoder), str(task_file), out=tmp_path / "aware", presses="knorm", ratios="0.5",
+                        query_aware=True, samples=2, progress=None, notify=notices.append)
+    assert sorted(run.examples["example"].unique()) == [0, 1] and run.meta["query_aware"] is True
+    assert any("first 2 of the 4 examples" in notice for notice in notices)
+
+
+def test_a_finished_run_reprints_and_plots(finished, monkeypatch, capsys) -> None:
+    code, stdout, _ = tiny.run_cli(["cache", str(finished.path), "--plot"], monkeypatch, capsys)
+    assert code == 0 and "passkey" in stdout and "task_scores.png" in stdout and "needle_heatmap.png" in stdout
+    assert spectra.load_run(finished.path).examples.equals(finished.examples)
+
+
+@pytest.mark.parametrize("case", ["unknown-task", "missing-field", "empty", "positions", "fit-samples", "encoder"])
+def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_decoder, bert_dir, tmp_path,
+                                                                  monkeypatch, capsys) -> None:
+    rows = task_files.records(count=2)
+    model, extra, message = str(chat_decoder), [], None
+    if case == "unknown-task":
+        rows[1]["task"], message = "sudoku", "tasks.jsonl line 2: unknown task 'sudoku'"
+    elif case == "missing-field":
+        del rows[1]["answers"]
+        message = "line 2"
+    elif case == "empty":
+        rows, message = [], "holds no record"
+    elif case == "positions":
+        rows[0]["length"], message = 5000, "tasks.jsonl line 1: its length 5000 is beyond the 4096 positions"
+    elif case == "fit-samples":
+        extra, message = ["--presses", "lowrank", "--fit-samples", "1"], "the task protocol does not take it"
+    else:
+        model, message = str(bert_dir), "is an encoder"
+    path = task_files.write(tmp_path / "tasks.jsonl", rows)
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    out = tmp_path / "run"
+    code, _, stderr = tiny.run_cli(["cache", model, "--data", str(path), "--out", str(out), *extra], monkeypatch,
+                                   capsys)
+    assert code == 2 and message in stderr and stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
+    assert not out.exists() and not out.with_name("run.partial").exists()

@@ -1,0 +1,105 @@
+"""The registry lists methods and presses from their files' declarations without importing them, equals what the
+files register once imported, refuses a registration its declaration contradicts, and turns user names into labels."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectra import registry
+from spectra.config import Sharing
+from spectra.errors import SpectraError
+from spectra.registry import Registry, declarations
+
+
+def test_names_and_facts_are_listed_without_importing_torch() -> None:
+    code = ("import sys; from spectra import registry; "
+            "print(len(registry.METHODS), len(registry.PRESSES), sorted(registry.METHODS.having('causal'))); "
+            "print('torch' in sys.modules, 'spectra.methods' in sys.modules, 'spectra.presses' in sys.modules)")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout.split("\n")
+    assert shown[1] == "False False False", "listing imported a method or press file"
+    assert shown[0].startswith("27 11 ['fastformer-fit-causal', 'performer-causal', 'svd-causal', 'topk', 'window']")
+
+
+def test_the_declarations_are_what_the_files_register() -> None:
+    from spectra import methods, presses
+
+    loaded = registry.METHODS.load()
+    assert tuple(loaded) == registry.METHODS.names() == tuple(methods.REGISTRY)
+    assert registry.METHODS.names()[:4] == ("svd", "svd-causal", "jl", "linformer(none)")
+    for label, method in loaded.items():
+        facts = registry.METHODS.facts(label)
+        assert (facts.get("family", label), bool(facts.get("causal")), bool(facts.get("calibrates"))) == \
+            (method.family, method.causal, method.calibrates), label
+    assert registry.METHODS.groups("family")["linformer"] == tuple(f"linformer({s.value})" for s in Sharing)
+    loaded = registry.PRESSES.load()
+    assert tuple(loaded) == ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think", "leverage",
+                             "loki", "lowrank", "linformer")
+    for name, press in loaded.items():
+        assert {key: value for key, value in presses.base.facts(press).items() if value} == \
+            dict(registry.PRESSES.facts(name)), name
+
+
+def test_a_registration_must_match_its_declaration(tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "spectra" / "things"
+    folder.mkdir(parents=True)
+    (folder / "b.py").write_text("ORDER = 2\nDECLARES = {'beta': {'causal': True}}\n")
+    (folder / "a.py").write_text('"""docs"""\nimport os\n\nORDER = 1\nDECLARES = {\n    "alpha": {},\n}\n')
+    (folder / "helper.py").write_text("x = 1\n")
+    assert declarations(folder / "a.py") == (1.0, {"alpha": {}}) and declarations(folder / "helper.py") is None
+    monkeypatch.setattr(registry, "__file__", str(tmp_path / "spectra" / "registry.py"))
+    things: Registry[object] = Registry("thing", "spectra.things")
+    assert things.names() == ("alpha", "beta") and things.having("causal") == {"beta"}
+    with pytest.raises(ValueError, match="thing 'beta' declares {'causal': True} but is {'causal': False}"):
+        things.add("beta", object(), causal=False)
+    things.add("alpha", "A", causal=False)
+    assert things["alpha"] == "A"
+    with pytest.raises(ValueError, match="registered twice"):
+        things.add("alpha", "A")
+    with pytest.raises(ValueError, match="'gamma' is registered without a declaration"):
+        things.add("gamma", "C")
+    with things.extended({"gamma": ("C", {"causal": True})}):
+        assert things.names()[-1] == "gamma" and things["gamma"] == "C" and "gamma" in things.having("causal")
+    assert "gamma" not in things
+    with pytest.raises(KeyError):
+        things["delta"]
+
+
+def test_names_expand_to_labels() -> None:
+    assert registry.method_labels(["svd", "linformer"]) == ("svd", *(f"linformer({s.value})" for s in Sharing))
+    assert registry.method_labels(["linformer(kv)", "svd", " linformer(kv)"]) == ("linformer(kv)", "svd")
+    assert registry.method_labels(["nystrom"]) == ("nystrom",), "the iterative variant is a name of its own"
+    assert registry.method_labels(["fastformer-fit"]) == ("fastformer-fit",), "the causal variant is a family"
+    with pytest.raises(SpectraError, match="unknown method 'fastformer'; valid methods: .*fastformer-fit.*probsparse"):
+        registry.method_labels(["fastformer"])
+    with pytest.raises(SpectraError, match="unknown method 'lsh'; valid methods: .*linformer-fit.*topk"):
+        registry.method_labels(["lsh"])
+    with pytest.raises(SpectraError, match="no method given; pass e.g. --methods svd,jl,linformer,pool-mean"):
+        registry.method_labels([])
+    listed = registry.method_listing().split(", ")
+    assert listed[:3] == ["svd", "svd-causal", "jl"] and "linformer(kv)" in listed and len(set(listed)) == len(listed)
+
+
+def test_press_names_are_checked() -> None:
+    assert registry.press_names(["tova", " knorm", "tova"]) == ("tova", "knorm")
+    with pytest.raises(SpectraError, match="unknown press 'h2o'; valid presses: streaming, knorm"):
+        registry.press_names(["h2o"])
+    with pytest.raises(SpectraError, match="no press given; pass e.g. --presses streaming,knorm,snapkv"):
+        registry.press_names([])
+
+
+def test_a_registered_object_can_be_stood_in_for() -> None:
+    from spectra import presses
+
+    original = presses.REGISTRY["knorm"]
+    presses.REGISTRY["knorm"] = "recording"
+    try:
+        assert presses.REGISTRY["knorm"] == "recording"
+    finally:
+        presses.REGISTRY["knorm"] = original
+    with pytest.raises(KeyError, match="no press 'h2o' to replace"):
+        presses.REGISTRY["h2o"] = original
