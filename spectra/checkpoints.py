@@ -31,13 +31,16 @@ OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "ro
 @dataclass(frozen=True)
 class Shape:
     """What a model is, as far as its files tell before it loads: layers, attention heads, the longest sequence
-    it embeds and whether it is a decoder; None where they do not say (a hub id: nothing until it loads)."""
+    it embeds, whether it is a decoder and its key/value heads (fewer than `heads` under grouped-query attention);
+    None where they do not say (a hub id: nothing until it loads). Every source tells them alike — a config.json,
+    a GGUF header, a loaded model (`sources.OfLoadedModel.shape`) — so no analysis reads a model's files itself."""
 
     layers: int | None = None
     heads: int | None = None
     positions: int | None = None
     causal: bool | None = None
     name: str = "the model"
+    kv_heads: int | None = None
 
 
 def config_shape(config: dict, name: str, tokenizer_max: int | None = None) -> Shape:
@@ -52,7 +55,10 @@ def config_shape(config: dict, name: str, tokenizer_max: int | None = None) -> S
         positions = tokenizer_max if positions is None else min(positions, tokenizer_max)
     causal = bool(config.get("is_decoder")) or any(str(name_).endswith(("ForCausalLM", "LMHeadModel"))
                                                    for name_ in config.get("architectures") or ())
-    return Shape(first("num_hidden_layers", "n_layer"), first("num_attention_heads", "n_head"), positions, causal, name)
+    heads = first("num_attention_heads", "n_head")
+    # as the loaded model reads it (models.py): without num_key_value_heads every head has its own keys and values
+    kv_heads = first("num_key_value_heads") or heads
+    return Shape(first("num_hidden_layers", "n_layer"), heads, positions, causal, name, kv_heads)
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,8 @@ class Source:
         return self.path is not None
 
     def shape(self) -> Shape:
-        """The model's shape from its files alone (config.json and tokenizer_config.json, or the GGUF header)."""
+        """The model's shape from its files alone (config.json and tokenizer_config.json, or the GGUF header's
+        block_count, attention.head_count, attention.head_count_kv and context_length)."""
         if self.path is None:
             return Shape(name=self.label)
         if self.gguf_file is not None:
@@ -80,8 +87,9 @@ class Source:
             if not isinstance(architecture, str):
                 return Shape(causal=True, name=self.label)
             count = lambda key: value if isinstance(value := gguf_field(file, f"{architecture}.{key}"), int) else None
-            return Shape(count("block_count"), count("attention.head_count"), count("context_length"), True,
-                         self.label)
+            heads = count("attention.head_count")
+            return Shape(count("block_count"), heads, count("context_length"), True, self.label,
+                         count("attention.head_count_kv") or heads)
         tokenizer_max = None
         try:
             tokenizer_max = json.loads((self.path / "tokenizer_config.json").read_text()).get("model_max_length")

@@ -51,7 +51,8 @@ class OfLoadedModel:
     def shape(self) -> checkpoints.Shape:
         """The loaded model's shape, for the checks an analysis makes before loading when the files tell it."""
         loaded = self.loaded
-        return checkpoints.Shape(loaded.layers, loaded.heads, loaded.max_length, loaded.causal, loaded.name)
+        return checkpoints.Shape(loaded.layers, loaded.heads, loaded.max_length, loaded.causal, loaded.name,
+                                 self.kv_heads)
 
 
 class ModelSource(OfLoadedModel):

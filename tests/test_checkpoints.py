@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 
 import pytest
 
@@ -61,13 +62,20 @@ def test_missing_paths() -> None:
         checkpoints.inspect("./nowhere")
 
 
+def string(text: str) -> bytes:
+    """A GGUF string: its length (u64) and its bytes."""
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def write_gguf(path, fields: dict[str, object]) -> None:
+    """A GGUF header holding `fields` (strings and u32 counts) and no tensor."""
+    records = [string(key) + (struct.pack("<I", 8) + string(value) if isinstance(value, str)
+                              else struct.pack("<II", 4, value)) for key, value in fields.items()]
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(records)) + b"".join(records))
+
+
 def test_gguf_header_fields_are_read_without_decoding_the_rest(tmp_path) -> None:
-    import struct
-
-    def string(text: str) -> bytes:
-        data = text.encode()
-        return struct.pack("<Q", len(data)) + data
-
     records = [string("general.name") + struct.pack("<I", 8) + string("tiny"),
                string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + b"".join(map(string, "abc")),
                string("tokenizer.scores") + struct.pack("<IIQ", 9, 6, 3) + struct.pack("<3f", 1, 2, 3),
@@ -79,3 +87,20 @@ def test_gguf_header_fields_are_read_without_decoding_the_rest(tmp_path) -> None
     assert checkpoints.gguf_field(path, "general.missing") is None
     (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04")
     assert checkpoints.gguf_field(tmp_path / "not.gguf", "general.file_type") is None
+
+
+def test_the_shape_knows_the_key_value_heads_of_every_source(llama_dir, gpt2_dir, tmp_path) -> None:
+    """The key/value heads come with the shape, whatever the source: a config.json's num_key_value_heads (grouped
+    queries), its query heads when it names none (GPT-2's n_head), a GGUF header's head_count_kv (its head_count
+    when absent), and nothing for a hub id before it loads (the loaded model's shape tells them then)."""
+    assert checkpoints.inspect(str(llama_dir)).shape().kv_heads == 2  # tiny Llama: 4 query heads share 2
+    assert checkpoints.inspect(str(gpt2_dir)).shape().kv_heads == checkpoints.inspect(str(gpt2_dir)).shape().heads == 4
+    assert checkpoints.config_shape({"num_attention_heads": 8, "num_key_value_heads": 1}, "mqa").kv_heads == 1
+    assert checkpoints.inspect("org/some-model").shape().kv_heads is None
+    grouped = {"general.architecture": "llama", "llama.block_count": 30, "llama.attention.head_count": 9,
+               "llama.attention.head_count_kv": 3, "llama.context_length": 8192}
+    write_gguf(tmp_path / "grouped.gguf", grouped)
+    shape = checkpoints.Source("x", tmp_path, {}, "grouped", "grouped.gguf").shape()
+    assert (shape.layers, shape.heads, shape.kv_heads, shape.positions, shape.causal) == (30, 9, 3, 8192, True)
+    write_gguf(tmp_path / "plain.gguf", {key: value for key, value in grouped.items() if "_kv" not in key})
+    assert checkpoints.Source("x", tmp_path, {}, "plain", "plain.gguf").shape().kv_heads == 9

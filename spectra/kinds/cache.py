@@ -192,6 +192,7 @@ class Cache(Analysis):
                "cache_sequences.csv": ("press", "ratio", "sequence")}
 
     def check(self, config: RunConfig, options: CacheOptions, shape: checkpoints.Shape) -> None:
+        check_patterns(options, shape.layers, shape.kv_heads, shape.name)
         if tasks(config):
             return protocol().check(options, shape, config.data)
         if options.heads_run is not None:
@@ -252,14 +253,6 @@ class Cache(Analysis):
     def check_files(self, config: RunConfig, options: CacheOptions, found: checkpoints.Source) -> None:
         if found.local and found.gguf_file is None:
             self.check_rope(options, rotary(found.config), found.shape().name)
-        plain = found.local and found.gguf_file is None
-        kv_heads = (found.config.get("num_key_value_heads") or found.config.get("num_attention_heads")) if plain else None
-        if found.local and found.gguf_file is not None:  # the GGUF header names the key/value heads
-            file = found.path / found.gguf_file
-            kv_heads = checkpoints.gguf_field(file, f"{checkpoints.gguf_field(file, 'general.architecture')}"
-                                                    ".attention.head_count_kv")
-            kv_heads = kv_heads if isinstance(kv_heads, int) else None
-        check_patterns(options, found.shape().layers, kv_heads, found.shape().name)
 
     def check_loaded(self, config: RunConfig, options: CacheOptions, source) -> None:
         from .. import models
@@ -268,7 +261,6 @@ class Cache(Analysis):
         if loaded.head is None:
             raise SpectraError(f"{loaded.name} has no language-model head: spectra cache scores next-token predictions")
         self.check_rope(options, models.rotary(loaded.model), loaded.name)
-        check_patterns(options, loaded.layers, loaded.kv_heads or loaded.heads, loaded.name)
 
     def calibration(self, options: CacheOptions) -> int:
         return options.fit_samples

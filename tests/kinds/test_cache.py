@@ -343,6 +343,36 @@ def test_a_pattern_or_run_of_another_shape_is_refused_before_the_model_loads(lla
         spectra.cache(str(llama_dir), str(text_file), presses="adakv(think)", out=tmp_path / "run", **QUIET)
 
 
+def test_a_pattern_is_checked_against_the_key_value_heads_the_shape_tells(tmp_path, text_file) -> None:
+    """The kind reads the key/value heads off the model's shape, whichever source told them (a GGUF header, a
+    config.json, the loaded model): it reads no model file itself."""
+    import numpy as np
+
+    from spectra import headpattern
+
+    pattern = headpattern.write(tmp_path / "duo", np.ones((30, 2)), 4, 8)
+    options = CacheOptions(presses=f"duo({pattern})")
+    config = RunConfig("m.gguf", str(text_file))
+    with pytest.raises(SpectraError, match=r"duo is 30 layers × 2 key/value heads, but SmolLM2 has 30 × 3"):
+        REGISTRY["cache"].check(config, options, Shape(30, 9, 8192, True, "SmolLM2", kv_heads=3))
+    REGISTRY["cache"].check(config, options, Shape(30, 9, 8192, True, "SmolLM2", kv_heads=2))
+    REGISTRY["cache"].check(config, options, Shape(name="a hub id before it loads"))
+
+
+def test_a_pattern_of_another_shape_is_refused_on_a_gguf_file_before_it_loads(tmp_path, text_file,
+                                                                             monkeypatch) -> None:
+    import numpy as np
+
+    from spectra import headpattern, models
+
+    folder, name = tiny.smollm2()
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    pattern = headpattern.write(tmp_path / "duo", np.ones((30, 2)), 4, 8)  # SmolLM2: 30 layers × 3 KV heads
+    with pytest.raises(SpectraError, match=r"duo is 30 layers × 2 key/value heads, but .* has 30 × 3"):
+        spectra.cache(f"{folder}/{name}", str(text_file), presses=f"duo({pattern})", out=tmp_path / "run",
+                      context=80, continuation=8, **QUIET)
+
+
 def test_the_axis_map_options_are_checked_in_one_line(tmp_path) -> None:
     assert CacheOptions(bytes_kept="0.5,0.25,0.5").bytes_kept == (0.25, 0.5)
     for options, message in (({"bytes_kept": "0"}, "bytes.kept must lie in \\(0, 1\\]"),
