@@ -147,3 +147,31 @@ def read_plan(run: str) -> pd.DataFrame:
 def check_plan(run: str) -> None:
     """The registry's check of `mixed(RUN)`'s argument before anything loads: RUN holds a readable axis map."""
     read_plan(run)
+
+
+#: how close a ratio's budget 1 − r must be to one of an axis map's budgets
+TOLERANCE = 1e-6
+
+
+def plan_budget(budgets: Sequence[float], ratio: float) -> float | None:
+    """The budget of an axis map that the ratio r plays (the one within `TOLERANCE` of 1 − r), or None."""
+    nearest = min(budgets, key=lambda budget: abs(budget - (1 - ratio)), default=None)
+    return nearest if nearest is not None and abs(nearest - (1 - ratio)) <= TOLERANCE else None
+
+
+def check_plan_ratios(run: str, ratios: Sequence[float]) -> None:
+    """Refuse, before anything loads, ratios whose budget 1 − r the axis map of `mixed(run)` does not hold (it
+    plans heads at its own budgets only), naming the ratios it can play and how to map another budget."""
+    from .errors import SpectraError, spell
+
+    budgets = sorted({float(budget) for budget in read_plan(run)["budget"]})
+    lacking = [ratio for ratio in ratios if plan_budget(budgets, ratio) is None]
+    if not lacking:
+        return
+    playable = ",".join(f"{1 - budget:g}" for budget in reversed(budgets) if budget < 1)
+    asked = ",".join(f"{1 - ratio:g}" for ratio in lacking)
+    ratios_given = ",".join(f"{ratio:g}" for ratio in lacking)
+    raise SpectraError(f"mixed({run}) plays the byte budgets of its axis map, {', '.join(f'{b:g}' for b in budgets)} "
+                       f"(ratios {playable or 'none above 0'}), but {spell(f'--ratios {ratios_given}', f'ratios={ratios_given}')} "
+                       f"asks for {asked}: pass ratios among {playable or 'its'}, or map {asked} first with "
+                       f"{spell(f'--bytes-kept {asked}', f'bytes_kept={asked!r}')}")

@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spectra.axes import AXES, best_axes, dominant_type, join_diagnosis, kv_head_errors, summary
+from spectra.axes import (AXES, best_axes, check_plan_ratios, dominant_type, join_diagnosis, kv_head_errors,
+                          plan_budget, summary)
+from spectra.errors import SpectraError
 
 AXES_OF = {"snapkv": "tokens", "knorm": "tokens", "think": "channels", "lowrank": "rank", "kivi2": "bits"}
 
@@ -106,3 +108,27 @@ def test_dominant_type_is_the_most_common_query_head_type() -> None:
     """A key/value head's type is its query heads' most common one; a tie goes to the type first by name."""
     found = dominant_type(pd.Series(["sink+sink+mixed", "retrieval+mixed+mixed", "sink+retrieval+local"]))
     assert list(found) == ["sink", "mixed", "local"]
+
+
+def write_plan(path, budgets: tuple[float, ...]) -> str:
+    """A cache_axes.csv whose best rows plan one layer's two key/value heads at each budget."""
+    path.mkdir()
+    pd.DataFrame([{"budget": budget, "layer": 0, "kv_head": head, "press": "knorm", "ratio": 1 - budget,
+                   "best": True} for budget in budgets for head in (0, 1)]).to_csv(path / "cache_axes.csv", index=False)
+    return str(path)
+
+
+def test_a_ratio_plays_the_budget_within_the_tolerance() -> None:
+    assert plan_budget([0.3, 0.6], 0.7) == 0.3  # 1 − 0.7 is 0.30000000000000004
+    assert plan_budget([0.3, 0.6], 0.4) == 0.6
+    assert plan_budget([0.3, 0.6], 0.5) is None and plan_budget([], 0.5) is None
+
+
+def test_ratios_the_map_lacks_are_refused_in_one_line(tmp_path) -> None:
+    run = write_plan(tmp_path / "axes", (0.3, 0.6))
+    check_plan_ratios(run, (0.4, 0.7))
+    with pytest.raises(SpectraError) as refused:
+        check_plan_ratios(run, (0.4, 0.5))
+    message = str(refused.value)
+    assert "\n" not in message and "budgets of its axis map, 0.3, 0.6 (ratios 0.4,0.7)" in message
+    assert "ratios=0.5 asks for 0.5: pass ratios among 0.4,0.7, or map 0.5 first with bytes_kept='0.5'" in message

@@ -120,6 +120,12 @@ class CacheOptions:
             raise SpectraError(f"{spell('--heads-run')} is joined to the axis map: give "
                                f"{spell('--bytes-kept 0.25', 'bytes_kept=0.25')} too")
         object.__setattr__(self, "heads_run", None if heads_run is None else str(Path(heads_run).absolute()))
+        for press in self.presses:  # a mixed plan plays its map's budgets only: refused here, not after the prefill
+            parts = registry.applied(press)
+            if parts is not None and parts[0] == "mixed":
+                from ..axes import check_plan_ratios
+
+                check_plan_ratios(parts[1], self.ratios)
         if self.fit_samples and not self.calibrating:
             raise SpectraError(f"{spell('--fit-samples')} calibrates the presses that fit "
                                f"({', '.join(sorted(PRESSES.having('calibrates')))}), but none is among "

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from ..axes import read_plan
+from ..axes import plan_budget, read_plan
 from .base import REGISTRY, Compressed, Prefill, Press, full_memory, register
 
 #: what this file registers, read as text by `spectra.registry` without importing it
 ORDER = 85
 DECLARES = {"mixed": {"argument": "cache run", "check": "spectra.axes:check_plan"}}
-
-#: how close a ratio's budget 1 − r must be to one of the map's budgets
-TOLERANCE = 1e-6
 
 
 class Mixed(Press):
@@ -52,8 +49,8 @@ class Mixed(Press):
         if self.plan is None:
             raise ValueError("mixed needs an axis map: name it as mixed(<cache run>)")
         budgets = sorted(set(self.plan["budget"]))
-        budget = min(budgets, key=lambda value: abs(value - (1 - ratio)))
-        if abs(budget - (1 - ratio)) > TOLERANCE:
+        budget = plan_budget(budgets, ratio)
+        if budget is None:  # the cache kind refuses such ratios before the model loads (axes.check_plan_ratios)
             raise ValueError(f"the axis map in {self.where} has budgets {', '.join(f'{b:g}' for b in budgets)}; "
                              f"ratio {ratio:g} asks for {1 - ratio:g}")
         rows = self.plan[(self.plan["budget"] == budget) & (self.plan["layer"] == layer)].set_index("kv_head")

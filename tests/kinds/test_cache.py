@@ -415,3 +415,23 @@ def test_the_axis_map_is_each_key_value_heads_least_loss_within_the_bytes(llama_
     monkeypatch.setattr(style, "save", lambda figure, out: saved.append(str(out)) or [out])
     REGISTRY["cache"].plot(spectra.load_run(run.path), tmp_path / "figures")
     assert saved[-1].endswith("cache_axes")
+
+
+def test_a_ratio_the_axis_map_lacks_is_refused_before_the_model_loads(llama_dir, text_file, tmp_path, monkeypatch,
+                                                                      capsys) -> None:
+    """Issue 41, defect 1: `mixed(RUN)` at a ratio whose budget the map lacks was a traceback after the prefill."""
+    from spectra import models
+
+    axes = tmp_path / "axes"
+    axes.mkdir()
+    pd.DataFrame([{"budget": budget, "layer": layer, "kv_head": head, "press": "knorm", "ratio": 1 - budget,
+                   "best": True} for budget in (0.3, 0.6) for layer in (0, 1) for head in (0, 1)]
+                 ).to_csv(axes / "cache_axes.csv", index=False)
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    code, _, stderr = tiny.run_cli(["cache", str(llama_dir), "--data", str(text_file), "--presses",
+                                    f"tova,kivi4,mixed({axes})", "--ratios", "0.5", "--out", str(tmp_path / "run")],
+                                   monkeypatch, capsys)
+    assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert f"mixed({axes}) plays the byte budgets of its axis map, 0.3, 0.6 (ratios 0.4,0.7), but --ratios 0.5 " \
+           "asks for 0.5: pass ratios among 0.4,0.7, or map 0.5 first with --bytes-kept 0.5" in stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()
