@@ -4,7 +4,7 @@
 
 An analysis is a `Job`: its kind, its run configuration and the settings that identify it, how to open its
 source and which probe to build for it. `execute` does the rest, the same way for every analysis: checks the
-target before touching the disk, resumes from a checkpoint, shards sequences across torch.distributed
+target before touching the disk and locks it before the model loads, resumes from a checkpoint, shards sequences across torch.distributed
 processes and combines their states, checkpoints every `config.checkpoint_seconds`, reports progress through
 the run's `Reporter`, and writes the probe's tables and arrays with run.json.
 """
@@ -234,9 +234,19 @@ def execute(job: Job, reporter: Reporter = Reporter()) -> Path:
 
 
 def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
+    """The run, under the run directory's lock from the first look at the target to the last file written: the
+    target is checked again once the lock is held (`RunDir.claimed`), and the model loads only after that, so a
+    second run aimed at the same place is refused at once, whenever it starts, instead of loading a model and
+    replacing the first run's results when that one has finished (issue 41, defect 3)."""
     config = job.config
     target = RunDir(config.out or default_dir(job.default_out, job.owner), overwrite=config.overwrite,
                     resume=config.resume, lock=distributed.is_main())
+    with target.claimed():
+        return _claimed(job, target, reporter, timer)
+
+
+def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timings) -> Path:
+    config = job.config
     notify = reporter.notify
     if target.complete:
         finished = target.finished_meta()
@@ -281,33 +291,32 @@ def _execute(job: Job, reporter: Reporter, timer: timings.Timings) -> Path:
         source.start()
         _check_memory(job, source)
         probe = job.build_probe(source)
-    with target.claimed():  # an exclusive lock on the run directory, held until the run is written
-        record: dict[str, Any] = {"kind": job.kind, "settings": job.settings, **source.describe(),
-                                  **job.meta(source), "versions": versions()}
-        done, elapsed = 0, 0.0
-        if previous is not None:
-            state, done = target.load_checkpoint()
-            probe.load_state(state)
-            elapsed = float(previous.get("wall_seconds", 0.0))
-            notify(f"resuming {target.partial} after {plural(done, 'sequence')}")
-        target.begin(record)
-        started = time.perf_counter()
-        try:
-            seen = _stream(job, source, probe, target, done, reporter, lambda: elapsed + time.perf_counter() - started)
-        finally:
-            with timings.stage("wait"):
-                probe.close()
-        processed = done + distributed.total(seen, source.device)
-        if processed < job.sequences:
-            reporter.advance(processed, processed)
-            notify(f"the corpus yields {plural(processed, 'sequence')} of the {job.sequences} "
-                   "asked for; all of them were used")
-        if job.calibration:  # `samples` counts the evaluated sequences, as --samples does
-            record.update(evaluation=[job.calibration, job.sequences], sequences=processed)
-        record.update(status="complete", samples=max(0, processed - job.calibration), wall_seconds=elapsed + time.perf_counter() - started,
-                      processes=distributed.size(), **probe.describe())
-        if distributed.is_main():
-            with timings.stage("write"):
-                target.finish(record, probe.tables(), probe.arrays(), late=lambda: {"timings": timer.report(seen)})
-        distributed.barrier()
+    record: dict[str, Any] = {"kind": job.kind, "settings": job.settings, **source.describe(),
+                              **job.meta(source), "versions": versions()}
+    done, elapsed = 0, 0.0
+    if previous is not None:
+        state, done = target.load_checkpoint()
+        probe.load_state(state)
+        elapsed = float(previous.get("wall_seconds", 0.0))
+        notify(f"resuming {target.partial} after {plural(done, 'sequence')}")
+    target.begin(record)
+    started = time.perf_counter()
+    try:
+        seen = _stream(job, source, probe, target, done, reporter, lambda: elapsed + time.perf_counter() - started)
+    finally:
+        with timings.stage("wait"):
+            probe.close()
+    processed = done + distributed.total(seen, source.device)
+    if processed < job.sequences:
+        reporter.advance(processed, processed)
+        notify(f"the corpus yields {plural(processed, 'sequence')} of the {job.sequences} "
+               "asked for; all of them were used")
+    if job.calibration:  # `samples` counts the evaluated sequences, as --samples does
+        record.update(evaluation=[job.calibration, job.sequences], sequences=processed)
+    record.update(status="complete", samples=max(0, processed - job.calibration), wall_seconds=elapsed + time.perf_counter() - started,
+                  processes=distributed.size(), **probe.describe())
+    if distributed.is_main():
+        with timings.stage("write"):
+            target.finish(record, probe.tables(), probe.arrays(), late=lambda: {"timings": timer.report(seen)})
+    distributed.barrier()
     return target.out

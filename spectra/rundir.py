@@ -2,8 +2,9 @@
 
 A run is built in `<out>.partial/` (checkpoints land there too) and renamed to `<out>` only when complete,
 so an interrupted or failed run never looks finished and an existing run is replaced only after its
-successor is whole. While a run writes, it holds an exclusive lock (`.<out>.lock` beside the directory,
-naming its process), so a second run aimed at the same place stops at once instead of racing it. Files
+successor is whole. From its set-up to its last file, before its model loads, a run holds an exclusive lock
+(`.<out>.lock` beside the directory, naming its process) and checks its target again under it, so a second run
+aimed at the same place stops at once instead of racing it, and a run that finished in between is seen. Files
 are written through a temporary file and a rename, with the permissions the user's umask gives. Nothing
 is pickled: JSON, CSV and `.npz`. Reading runs back is each analysis's read side (`spectra.report.<kind>`, on `spectra.runs`).
 """
@@ -163,6 +164,13 @@ class RunDir:
         if holder is not None:
             raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait for it "
                                f"to finish or choose another {spell('--out')}")
+        self.check()
+
+    def check(self) -> None:
+        """Refuse a target that holds something this run may not replace or continue, or cannot be written. Asked
+        when the run is set up (before anything loads) and again once its lock is held (`claimed`), when no other
+        run can change the answer: a run that finished in between is then seen."""
+        overwrite, resume = self.overwrite, self.resume
         if self.out.exists() and not self.out.is_dir():
             raise SpectraError(f"output path {self.out} exists and is not a directory; choose another "
                                f"{spell('--out')}")
@@ -221,19 +229,42 @@ class RunDir:
 
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:
-        """Hold the run directory's lock for the block (creating the parent directory if needed)."""
+        """Hold the run directory's lock for the block, and check the target again under it (`check`): a run that
+        wrote the same place since this one was set up is seen, not replaced. The loop takes it before the model
+        loads, so a second run started meanwhile is refused at once. Parent directories are created for the lock
+        file, and removed again when the block leaves them empty (a run refused after its set-up leaves no trace)."""
         if not self.lock:
             yield
             return
+        created = [parent for parent in self.out.absolute().parents if not parent.exists()]
         self.out.parent.mkdir(parents=True, exist_ok=True)
         path = _lock_path(self.out)
+        try:
+            handle = self._acquire(path)
+            try:
+                handle.write(f"{os.getpid()}\n")
+                handle.flush()
+                self.check()
+                yield
+            finally:
+                path.unlink(missing_ok=True)
+                handle.close()
+        finally:
+            for parent in created:  # deepest first
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+
+    def _acquire(self, path: Path):
+        """The lock file at `path`, opened and locked exclusively (its old content cleared), or a refusal naming
+        the process that holds it. A lock file its holder removed while this one waited for it (the holder's run
+        finished) is opened afresh, so two runs never hold two files of the same name."""
         if fcntl is None:  # pragma: no cover
             try:
-                handle = os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w")
+                return os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w")
             except FileExistsError:
                 raise SpectraError(f"{self.out} is being written by another spectra run; choose another "
                                    f"{spell('--out')}") from None
-        else:
+        while True:
             handle = open(path, "a+")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -243,14 +274,14 @@ class RunDir:
                 handle.close()
                 raise SpectraError(f"{self.out} is being written by another spectra run (process {holder}); wait "
                                    f"for it to finish or choose another {spell('--out')}") from None
-            handle.seek(0)
-            handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
+            try:
+                same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                handle.seek(0)
+                handle.truncate()
+                return handle
             handle.close()
 
     def begin(self, meta: dict[str, Any]) -> None:

@@ -137,3 +137,53 @@ def test_threads_option_sets_torch_threads_for_the_run(roberta_dir, text_file, t
     code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--threads", "0"], monkeypatch,
                              capsys)
     assert code == 2 and err == "error: --threads must be a positive integer, got 0\n" and len(seen) == 3
+
+
+def test_a_second_run_started_while_the_first_loads_its_model_is_refused(roberta_dir, text_file, tmp_path,
+                                                                         monkeypatch) -> None:
+    """Issue 41, defect 3: the lock was taken after the model loaded, so a second run started meanwhile passed every
+    check, loaded too, and replaced the first one's results once that had finished (both said 'written'). The second
+    run starts here inside the first's model load, deterministically: it is refused at once, and the first run's
+    results are its own."""
+    from spectra.sources import ModelSource
+
+    out, second = tmp_path / "run", []
+    start = ModelSource.start
+
+    def load_and_race(source) -> None:
+        if not second:  # the first run's load: the second, same command, starts now and runs to its end
+            second.append(None)
+            try:
+                spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, **QUIET)
+            except SpectraError as refused:
+                second[0] = str(refused)
+        start(source)
+
+    monkeypatch.setattr(ModelSource, "start", load_and_race)
+    first = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=out, **QUIET)
+    assert second[0] is not None and "is being written by another spectra run" in second[0]
+    assert first.meta["samples"] == spectra.load_run(out).meta["samples"] == 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_run_finished_between_the_checks_and_the_lock_is_seen_under_the_lock(roberta_dir, text_file, tmp_path,
+                                                                               monkeypatch) -> None:
+    """The rest of the window: a run that finishes after this one checked its target and before this one holds the
+    lock. The checks run again under the lock, so it is refused before its model loads instead of replacing it."""
+    from spectra import models, rundir
+
+    out, raced = tmp_path / "run", []
+    writable, load = rundir.check_writable, models.load
+
+    def checked_then_race(path, *args, **kwargs) -> None:
+        writable(path, *args, **kwargs)
+        if not raced and path == out:  # the last of this run's checks has passed: another run writes `out` now
+            raced.append("racing")
+            raced[0] = spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=3, out=out, **QUIET)
+            monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("the model loaded after the race"))
+
+    monkeypatch.setattr(rundir, "check_writable", checked_then_race)
+    with pytest.raises(SpectraError, match="run directory .*run already exists; pass overwrite=True"):
+        spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=out, **QUIET)
+    assert raced[0].meta["samples"] == spectra.load_run(out).meta["samples"] == 3, "the finished run is kept"
+    monkeypatch.setattr(models, "load", load)

@@ -59,6 +59,46 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path) -> 
         pass
 
 
+def test_the_target_is_checked_again_once_the_lock_is_held(tmp_path) -> None:
+    """A run that finished after this one's set-up and before its lock (issue 41, defect 3) is seen under the lock."""
+    target = rundir.RunDir(tmp_path / "run")
+    (tmp_path / "run").mkdir()  # another run finished meanwhile
+    with pytest.raises(SpectraError, match="run directory .*run already exists; pass overwrite=True"):
+        with target.claimed():
+            pytest.fail("the lock was taken over a run it may not replace")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"], "no lock file is left behind"
+    with rundir.RunDir(tmp_path / "run", overwrite=True).claimed():
+        pass
+
+
+def test_a_refused_run_leaves_no_directory_its_lock_needed(tmp_path) -> None:
+    with pytest.raises(SpectraError, match="bad input found once the model loaded"):
+        with rundir.RunDir(tmp_path / "new" / "deeper" / "run").claimed():
+            assert (tmp_path / "new" / "deeper" / ".run.lock").exists()
+            raise SpectraError("bad input found once the model loaded")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lock_file_removed_by_its_finishing_holder_is_opened_afresh(tmp_path, monkeypatch) -> None:
+    """The holder removes its lock file as its run ends: a run that opened the old file just before, and locks it
+    just after, would hold a lock no later run sees. It opens the file again instead."""
+    import os
+
+    lock, flock, removed = tmp_path / ".run.lock", rundir.fcntl.flock, []
+
+    def holder_finishes_meanwhile(handle, operation) -> None:
+        flock(handle, operation)
+        if not removed and operation & rundir.fcntl.LOCK_EX:
+            removed.append(lock)
+            lock.unlink()
+
+    monkeypatch.setattr(rundir.fcntl, "flock", holder_finishes_meanwhile)
+    with rundir.RunDir(tmp_path / "run").claimed():
+        assert removed and lock.exists() and lock.read_text().strip() == str(os.getpid())
+        monkeypatch.setattr(rundir.fcntl, "flock", flock)
+        assert rundir.lock_holder(tmp_path / "run") == str(os.getpid()), "the lock the next run sees is held"
+
+
 def test_files_follow_the_umask(tmp_path) -> None:
     import os
 
