@@ -161,6 +161,7 @@ def tasks_command(
     haystack: Path | None = typer.Option(None, "--haystack", help="A local text file in place of RULER's essays, for the tasks RULER hides in them (niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery); default: RULER's noise haystack."),
     seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file (as a run directory is replaced)."),
 ) -> None:
     """Long-context task files generated offline: RULER's synthetic tasks and passkey, fitted to the model's tokens."""
     from .report.console import out as stdout
@@ -171,7 +172,7 @@ def tasks_command(
         stdout.print(f"{task} at {size}: {len(fitted)} examples of {min(tokens)}–{max(tokens)} tokens", soft_wrap=True)
 
     written = make_tasks(model, tasks=tasks, lengths=length, samples=samples, out=out, haystack=haystack, seed=seed,
-                         gguf_file=gguf_file, progress=progress)
+                         gguf_file=gguf_file, overwrite=overwrite, progress=progress)
     stdout.print(f"wrote {written.path} ({len(written.fitted)} records)", soft_wrap=True)
 
 

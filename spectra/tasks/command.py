@@ -34,6 +34,25 @@ def check_positions(lengths: Sequence[int], positions: int | None, name: str) ->
                            f"{name}")
 
 
+def check_out(out: Path, overwrite: bool) -> Path:
+    """The task file to write, refused in one line before any work unless it can be written: a .jsonl path that is
+    no directory, replaced only with `overwrite` (as a run directory), in a place that accepts a new file (not below
+    a file, not in /proc or a read-only file system: `rundir.check_writable`). Missing folders are made when the
+    file is written, as for a run directory."""
+    from ..rundir import check_writable
+
+    if out.is_dir():
+        raise SpectraError(f"{spell('--out', 'out')} {out} is a directory; give a .jsonl file path")
+    if out.suffix != ".jsonl":
+        raise SpectraError(f"{spell('--out', 'out')} {out} must end in .jsonl (spectra cache recognises task files "
+                           "by it)")
+    if out.exists() and not overwrite:
+        raise SpectraError(f"{spell('--out', 'out')} {out} already exists; pass {spell('--overwrite', 'overwrite=True')} "
+                           f"to replace it or choose another {spell('--out', 'out')}")
+    check_writable(out, "--out")
+    return out
+
+
 def load_tokenizer(model: str, gguf_file: str | None, lengths: Sequence[int]):
     """(tokenizer, positions) of `model`, after checking `lengths` against its positions where its files tell
     them before the tokenizer loads (a local config.json or GGUF header), else right after from its config."""
@@ -72,20 +91,16 @@ def load_tokenizer(model: str, gguf_file: str | None, lengths: Sequence[int]):
 
 def make_tasks(model: str, *, tasks: str | Sequence[str] = "all", lengths: str | Sequence[int],
                samples: int = 10, out: str | Path, haystack: str | Path | None = None, seed: int = 0,
-               gguf_file: str | None = None,
+               gguf_file: str | None = None, overwrite: bool = False,
                progress: Callable[[str, int, list[Fitted]], None] | None = None) -> Written:
-    """Generate `samples` records per task and length for `model`'s tokenizer and write them to `out` (jsonl)."""
+    """Generate `samples` records per task and length for `model`'s tokenizer and write them to `out` (jsonl); an
+    existing `out` is replaced only with `overwrite`, as a run directory is."""
     names, sizes = parse_tasks(tasks), parse_lengths(lengths)
     if samples < 1:
         raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
     if seed < 0:
         raise SpectraError(f"{spell('--seed', 'seed')} must be ≥ 0, got {seed}")
-    out = Path(out)
-    if out.is_dir():
-        raise SpectraError(f"{spell('--out', 'out')} {out} is a directory; give a .jsonl file path")
-    if out.suffix != ".jsonl":
-        raise SpectraError(f"{spell('--out', 'out')} {out} must end in .jsonl (spectra cache recognises task files "
-                           "by it)")
+    out = check_out(Path(out), overwrite)
     stack = Haystack.noise() if haystack is None else Haystack.from_file(haystack)
     tokenizer, positions = load_tokenizer(model, gguf_file, sizes)
     fitted = generate(tokenizer, names, sizes, samples, seed, stack, progress)

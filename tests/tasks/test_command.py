@@ -41,6 +41,10 @@ def test_the_api_returns_what_it_wrote(chat_decoder: Path, tmp_path: Path) -> No
     (["--out", "{tmp}"], "is a directory"),
     (["--out", "{tmp}/t.txt"], "must end in .jsonl"),
     (["--haystack", "{tmp}/none.txt"], "cannot read the haystack"),
+    (["--out", "{tmp}/afile/x.jsonl"], "afile/x.jsonl: {tmp}/afile is not a writable directory; choose another --out"),
+    (["--out", "/proc/x.jsonl"], "cannot write /proc/x.jsonl: /proc is not a writable directory"),
+    (["--out", "{tmp}/existing.jsonl"], "existing.jsonl already exists; pass --overwrite to replace it or choose "
+                                        "another --out"),
 ])
 def test_bad_input_is_one_line_before_the_tokenizer_loads(args: list[str], message: str, long_decoder: Path,
                                                           tmp_path: Path, monkeypatch, capsys) -> None:
@@ -50,6 +54,9 @@ def test_bad_input_is_one_line_before_the_tokenizer_loads(args: list[str], messa
         raise AssertionError("the tokenizer was loaded")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    (tmp_path / "afile").write_text("a file, not a folder")
+    (tmp_path / "existing.jsonl").write_text("")
+    message = message.format(tmp=tmp_path)
     base = {"--tasks": "passkey", "--length": "1024", "--out": str(tmp_path / "t.jsonl")}
     given = dict(zip(args[::2], [value.format(tmp=tmp_path) for value in args[1::2]]))
     argv = ["tasks", str(long_decoder)] + [item for key, value in {**base, **given}.items() for item in (key, value)]
@@ -64,3 +71,18 @@ def test_models_that_cannot_answer(bert_dir: Path, tmp_path: Path, monkeypatch, 
     code, _, stderr = tiny.run_cli(["tasks", str(tmp_path / "none"), "--length", "64", "--out", out], monkeypatch,
                                    capsys)
     assert code == 2 and "does not exist" in stderr
+
+
+def test_an_existing_file_is_replaced_only_with_overwrite(chat_decoder: Path, tmp_path: Path, monkeypatch,
+                                                          capsys) -> None:
+    """As a run directory: an existing --out is kept unless --overwrite; a missing folder is made, as for runs."""
+    out = tmp_path / "new" / "folder" / "t.jsonl"
+    argv = ["tasks", str(chat_decoder), "--tasks", "vt", "--length", "2048", "--samples", "1", "--out", str(out)]
+    assert tiny.run_cli(argv, monkeypatch, capsys)[0] == 0 and len(read_records(out)) == 1
+    out.write_text("")
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and "already exists; pass --overwrite" in stderr and out.read_text() == ""
+    code, _, stderr = tiny.run_cli(argv + ["--overwrite"], monkeypatch, capsys)
+    assert code == 0 and len(read_records(out)) == 1, stderr
+    with pytest.raises(Exception, match="already exists; pass overwrite=True"):
+        make_tasks(str(chat_decoder), tasks="vt", lengths=[2048], samples=1, out=out)
