@@ -27,6 +27,8 @@ from ..options import identity, option
 from ..reporter import Reporter
 from .base import Analysis, load_run, register
 
+#: DuoAttention's recent window, the streaming heads' default
+DEFAULT_RECENT = 64
 ENCODER_INDUCTION = ("not measured: an encoder's heads see the whole sequence, so a head can read the repeated token "
                      "itself in the other copy; TransformerLens's stripe asks a decoder whether it copies what "
                      "followed a token's earlier occurrence")
@@ -41,8 +43,9 @@ class HeadsOptions:
                         "token exceeds ε (Gu et al.).")
     window: int = option(64, "Local mass: attention within this many positions of the query (|i − j| < window).")
     sinks: int = option(4, "Retrieval score: the first tokens a streaming head keeps (DuoAttention's sink).")
-    recent: int = option(64, "Retrieval score: the nearest tokens a streaming head keeps (DuoAttention's recent "
-                         "window).")
+    recent: int | None = option(None, "Retrieval score: the nearest tokens a streaming head keeps (DuoAttention's "
+                                "recent window; default 64). With --sinks it must leave the head a key to drop: at "
+                                "most --length − 1 − --sinks.")
     at: int | None = option(None, "1-based singular-value index of c@index (default n/4).")
     approx: str | None = option(None, "An approx run of the same model (its directory): per head and budget the "
                                 "winning method, and a depth-2 rule predicting it from the diagnosis.", metavar="RUN")
@@ -53,7 +56,7 @@ class HeadsOptions:
         if not 0 < self.eps < 1:
             raise SpectraError(f"{spell('--eps')} must be an attention share in (0, 1), got {self.eps}")
         for name in ("window", "recent"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SpectraError(f"{spell('--' + name)} must be a number of tokens ≥ 1, got {getattr(self, name)}")
         if self.sinks < 0:
             raise SpectraError(f"{spell('--sinks')} must be a number of tokens ≥ 0, got {self.sinks}")
@@ -65,10 +68,24 @@ class HeadsOptions:
         object.__setattr__(self, "approx", approx)
 
     def resolved(self, n: int) -> HeadsOptions:
-        """With `at` checked against n, or set to n/4."""
+        """With `at` checked against n, or set to n/4; `recent` checked against n, or set to its default.
+
+        A streaming head keeps the first `sinks` keys and the `recent` nearest: with sinks + recent ≥ n it keeps
+        every key a decoder's query sees, so the retrieval score (its output change) is 0 for every head and the
+        head pattern ranks nothing. A `recent` given so long is refused, naming the longest that drops a key
+        (n − 1 − sinks); the default is kept as it was (runs at short lengths keep their tables), and said
+        (`Heads.announce`)."""
         if self.at is not None and not 1 <= self.at <= n:
             raise SpectraError(f"{spell('--at')} must be an index in 1…{n} (the sequence length), got {self.at}")
-        return replace(self, at=self.at or max(1, n // 4))
+        if self.recent is not None and self.sinks + self.recent >= n:
+            longest = n - 1 - self.sinks
+            fix = (f"give {spell(f'--recent {longest}', f'recent={longest}')} or less" if longest >= 1 else
+                   f"give fewer {spell('--sinks')} than {n - 1}")
+            raise SpectraError(f"{spell(f'--recent {self.recent}', f'recent={self.recent}')} with "
+                               f"{spell(f'--sinks {self.sinks}', f'sinks={self.sinks}')} leaves a streaming head "
+                               f"nothing to drop at {spell(f'--length {n}', f'length={n}')} (an encoder's next to "
+                               f"nothing), so the retrieval score would measure nothing; {fix}")
+        return replace(self, at=self.at or max(1, n // 4), recent=DEFAULT_RECENT if self.recent is None else self.recent)
 
 
 class Heads(Analysis):
@@ -94,6 +111,16 @@ class Heads(Analysis):
             if ours is not None and theirs != ours:
                 raise SpectraError(f"{spell('--approx')} {options.approx} is a run of {model.get('name')} with "
                                    f"{theirs} {what}, but {shape.name} has {ours}: give an approx run of this model")
+
+    def announce(self, config: RunConfig, options: HeadsOptions, reporter: Reporter) -> None:
+        """Say when the default recent window keeps every key at this length (a given one is refused instead)."""
+        n = config.length
+        if options.sinks + options.recent >= n:
+            longest = n - 1 - options.sinks
+            reporter.warn(f"at a length of {n} a streaming head keeping the first {options.sinks} and the "
+                          f"{options.recent} nearest keys (the default --recent) keeps every key: every retrieval "
+                          "score is 0 and full_attention_heads.tsv ranks nothing"
+                          + (f"; pass --recent {longest} or less" if longest >= 1 else ""))
 
     def derived(self, options: HeadsOptions) -> tuple[str, ...]:
         return ("at",) if options.at is None else ()  # n/4 unless given

@@ -147,12 +147,35 @@ def test_the_method_map_joins_an_approx_run(roberta_dir, text_file, tmp_path) ->
     (["--window", "0"], "window must be a number of tokens ≥ 1, got 0"),
     (["--duo-share", "2"], "duo-share must be a share of heads in [0, 1], got 2.0"),
     (["--at", "99"], "at must be an index in 1…16"),
+    (["--recent", "1000"], "--recent 1000 with --sinks 4 leaves a streaming head nothing to drop at --length 16"),
+    (["--recent", "12"], "so the retrieval score would measure nothing; give --recent 11 or less"),
+    (["--sinks", "15", "--recent", "1"], "give fewer --sinks than 15"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, bert_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
     code, out, err = tiny.run_cli(["heads", str(bert_dir), "--data", str(text_file), "--length", "16",
                                    "--out", str(tmp_path / "never"), *args], monkeypatch, capsys)
     assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "never").exists()
+
+
+def test_the_recent_window_is_checked_against_the_length(monkeypatch) -> None:
+    """Issue 41, defect 9: a recent window that keeps every key made a long run measure nothing. A given one is refused
+    (before the model loads: `resolve` runs first); the default stays 64 at every length (short runs keep their
+    tables) and a run says when it keeps every key."""
+    from spectra.reporter import Reporter
+
+    assert HeadsOptions(recent=11).resolved(16).recent == 11 and HeadsOptions(sinks=0, recent=15).resolved(16).recent == 15
+    with pytest.raises(SpectraError, match="recent=12 with sinks=4 leaves a streaming head nothing to drop at length=16"):
+        HeadsOptions(recent=12).resolved(16)
+    assert HeadsOptions().resolved(16).recent == HeadsOptions().resolved(4096).recent == 64
+    said = []
+    heads = REGISTRY["heads"]
+    heads.announce(RunConfig("m", "d", length=48), HeadsOptions().resolved(48), Reporter(None, said.append))
+    assert said == ["warning: at a length of 48 a streaming head keeping the first 4 and the 64 nearest keys (the "
+                    "default --recent) keeps every key: every retrieval score is 0 and full_attention_heads.tsv ranks "
+                    "nothing; pass --recent 43 or less"]
+    heads.announce(RunConfig("m", "d", length=128), HeadsOptions().resolved(128), Reporter(None, said.append))
+    assert len(said) == 1
 
 
 def test_an_approx_run_of_another_model_is_refused_before_loading(tmp_path) -> None:
