@@ -74,7 +74,7 @@ class HeadsOptions:
         every key a decoder's query sees, so the retrieval score (its output change) is 0 for every head and the
         head pattern ranks nothing. A `recent` given so long is refused, naming the longest that drops a key
         (n − 1 − sinks); the default is kept as it was (runs at short lengths keep their tables), and said
-        (`Heads.announce`)."""
+        (`Heads.warn_recent`)."""
         if self.at is not None and not 1 <= self.at <= n:
             raise SpectraError(f"{spell('--at')} must be an index in 1…{n} (the sequence length), got {self.at}")
         if self.recent is not None and self.sinks + self.recent >= n:
@@ -112,8 +112,10 @@ class Heads(Analysis):
                 raise SpectraError(f"{spell('--approx')} {options.approx} is a run of {model.get('name')} with "
                                    f"{theirs} {what}, but {shape.name} has {ours}: give an approx run of this model")
 
-    def announce(self, config: RunConfig, options: HeadsOptions, reporter: Reporter) -> None:
-        """Say when the default recent window keeps every key at this length (a given one is refused instead)."""
+    @staticmethod
+    def warn_recent(config: RunConfig, options: HeadsOptions, reporter: Reporter) -> None:
+        """Say when the default recent window keeps every key at this length (a given one is refused instead); once
+        the run goes ahead (from `probe`), so a refused run still says one line."""
         n = config.length
         if options.sinks + options.recent >= n:
             longest = n - 1 - options.sinks
@@ -139,6 +141,7 @@ class Heads(Analysis):
         from ..probes.spectrum import SpectrumProbe
         from ..weights import attention_weights, head_spectra
 
+        self.warn_recent(config, options, reporter)
         loaded = source.loaded
         weights = attention_weights(loaded.model)
         if len(weights) != loaded.layers:

@@ -121,8 +121,14 @@ def test_duo_pattern_has_one_row_per_layer_and_column_per_kv_head(circuit_run) -
 
 
 def test_an_encoder_has_no_induction_score_and_says_why(bert_dir, text_file, tmp_path) -> None:
+    said = []
     run = spectra.heads(str(bert_dir), str(text_file), length=16, samples=2, out=tmp_path / "bert", progress=None,
-                        notify=lambda line: None)
+                        notify=said.append)
+    assert [line for line in said if "--recent" in line] == [
+        "warning: at a length of 16 a streaming head keeping the first 4 and the 64 nearest keys (the default "
+        "--recent) keeps every key: every retrieval score is 0 and full_attention_heads.tsv ranks nothing; pass "
+        "--recent 11 or less"], "the default recent window is said, once the run goes ahead"
+    assert run.diagnosis["retrieval"].abs().max() < 1e-6, "nothing dropped: no output change but rounding"
     assert run.diagnosis["induction_score"].isna().all()
     assert run.meta["induction"].startswith("not measured: an encoder")
     assert np.isfinite(run.diagnosis[["sink_share", "prev", "retrieval", "qk_rank90"]].to_numpy()).all()
@@ -170,11 +176,11 @@ def test_the_recent_window_is_checked_against_the_length(monkeypatch) -> None:
     assert HeadsOptions().resolved(16).recent == HeadsOptions().resolved(4096).recent == 64
     said = []
     heads = REGISTRY["heads"]
-    heads.announce(RunConfig("m", "d", length=48), HeadsOptions().resolved(48), Reporter(None, said.append))
+    heads.warn_recent(RunConfig("m", "d", length=48), HeadsOptions().resolved(48), Reporter(None, said.append))
     assert said == ["warning: at a length of 48 a streaming head keeping the first 4 and the 64 nearest keys (the "
                     "default --recent) keeps every key: every retrieval score is 0 and full_attention_heads.tsv ranks "
                     "nothing; pass --recent 43 or less"]
-    heads.announce(RunConfig("m", "d", length=128), HeadsOptions().resolved(128), Reporter(None, said.append))
+    heads.warn_recent(RunConfig("m", "d", length=128), HeadsOptions().resolved(128), Reporter(None, said.append))
     assert len(said) == 1
 
 
