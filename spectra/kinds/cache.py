@@ -41,6 +41,8 @@ from .base import Analysis, load_run, register
 
 #: the ratios measured when none are given
 DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
+#: the NLL protocol's context and continuation when none are given (a task file's records set their own)
+DEFAULT_CONTEXT, DEFAULT_CONTINUATION = 1024, 128
 #: model configuration fields that say the model rotates queries and keys (RoPE)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
 #: kvpress's DecodingPress compresses every 512 decoding steps by default
@@ -53,9 +55,12 @@ SNAPKV_WINDOW = 64
 class CacheOptions:
     """The context prefilled exactly, the continuation scored, and the presses and ratios compared."""
 
-    context: int = option(1024, "L: context tokens prefilled exactly and then compressed (special tokens included).")
-    continuation: int = option(128, "C: tokens scored after the context against the compressed cache (each sequence "
-                               "is L + C tokens).")
+    context: int | None = option(None, "L: context tokens prefilled exactly and then compressed (special tokens "
+                                 f"included; default {DEFAULT_CONTEXT}). A text corpus only: a task file's records "
+                                 "hold their contexts.")
+    continuation: int | None = option(None, "C: tokens scored after the context against the compressed cache (each "
+                                      f"sequence is L + C tokens; default {DEFAULT_CONTINUATION}). A text corpus "
+                                      "only.")
     presses: tuple[str, ...] = option(PRESSES.bare(), f"Comma-separated presses: {PRESSES.listing()} (<scorer>: "
                                       f"one of {', '.join(sorted(PRESSES.having('scorer')))}; <decodable>: one of "
                                       f"{', '.join(sorted(PRESSES.having('decodable')))}, decoding(<decodable>) being "
@@ -72,8 +77,9 @@ class CacheOptions:
     compression_interval: int = option(DEFAULT_INTERVAL, "Decoding steps between two compressions of a "
                                        "decoding(<scorer>) press (kvpress's compression_interval; the NLL protocol "
                                        "feeds the continuation one token a step).")
-    query_aware: bool = option(False, "Task files: compress the context with the question appended (kvpress's "
-                               "evaluation convention); by default the question is appended after compression.")
+    query_aware: bool = option(False, "A task file only: compress the context with the question appended "
+                               "(kvpress's evaluation convention); by default the question is appended after "
+                               "compression.")
     bytes_kept: tuple[float, ...] = option((), "Comma-separated byte budgets in (0, 1], shares of the context cache's "
                                            "bytes: cache_axes.csv maps, per layer and key/value head, which axis "
                                            "(tokens, key channels, rank, bits) loses least within each, from the "
@@ -94,10 +100,10 @@ class CacheOptions:
                                f"pass e.g. {spell('--ratios 0.25,0.5', 'ratios=(0.25, 0.5)')}")
         for name, least in (("context", 2), ("continuation", 2)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise SpectraError(f"{spell('--' + name)} must be an integer ≥ {least}, got {value!r}")
         windowed = [press for press in self.presses if press in PRESSES.having("windowed")]
-        if windowed and self.context <= SNAPKV_WINDOW:
+        if windowed and self.context is not None and self.context <= SNAPKV_WINDOW:
             raise SpectraError(f"{windowed[0]} reads the last {SNAPKV_WINDOW} context queries: it needs "
                                f"{spell('--context')} > {SNAPKV_WINDOW}, got {self.context}")
         interval = self.compression_interval
@@ -243,6 +249,27 @@ class Cache(Analysis):
         from ..report import tasks
 
         return tasks.plot_tasks(run, out) if isinstance(run, tasks.TaskRun) else super().plot(run, out)
+
+    def resolve(self, config: RunConfig, options: CacheOptions) -> CacheOptions:
+        """The options of the data's protocol, with those of the other refused (before anything loads): the NLL
+        protocol's --context and --continuation on a task file whenever given (their defaults are left unset, so
+        a value typed is told from the default even when it equals it), --query-aware on a text corpus; the NLL
+        protocol's defaults set for a text corpus."""
+        name = Path(config.data).name
+        if tasks(config):
+            given = [spell("--" + field) for field in ("context", "continuation") if getattr(options, field) is not None]
+            if given:
+                raise SpectraError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the text a sequence of "
+                                   f"the NLL protocol prefills and scores; {name} is a task file, which runs the task "
+                                   "protocol: each record holds its context, question and answer. Drop "
+                                   f"{' and '.join(given)}, or give a text corpus")
+            return options
+        if options.query_aware:
+            raise SpectraError(f"{spell('--query-aware', 'query_aware=True')} appends a task record's question to the "
+                               f"context compressed (the task protocol); {name} is a text corpus, which runs the NLL "
+                               f"protocol and has no question. Drop it, or give a task file (spectra tasks writes one)")
+        return replace(options, context=DEFAULT_CONTEXT if options.context is None else options.context,
+                       continuation=DEFAULT_CONTINUATION if options.continuation is None else options.continuation)
 
     def configured(self, config: RunConfig, options: CacheOptions) -> RunConfig:
         if tasks(config):

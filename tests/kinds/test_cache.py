@@ -67,11 +67,11 @@ def test_options_are_checked_in_one_line() -> None:
 def test_the_model_shape_is_checked_before_it_loads() -> None:
     cache, config = REGISTRY["cache"], RunConfig("m", "d")
     with pytest.raises(SpectraError, match="tiny-bert is an encoder: a key–value cache belongs to a decoder"):
-        cache.check(config, CacheOptions(), Shape(2, 4, 512, False, "tiny-bert"))
+        cache.check(config, cache.resolve(config, CacheOptions()), Shape(2, 4, 512, False, "tiny-bert"))
     with pytest.raises(SpectraError, match="context 1024 \\+ continuation 128 = 1152 tokens exceeds what tiny can "
                                            "embed \\(512 positions\\)"):
-        cache.check(config, CacheOptions(), Shape(2, 4, 512, True, "tiny"))
-    cache.check(config, CacheOptions(context=300, continuation=12), Shape(2, 4, 512, True, "tiny"))
+        cache.check(config, cache.resolve(config, CacheOptions()), Shape(2, 4, 512, True, "tiny"))
+    cache.check(config, cache.resolve(config, CacheOptions(context=300, continuation=12)), Shape(2, 4, 512, True, "tiny"))
 
 
 @pytest.mark.parametrize("case", ["ratio", "press", "encoder", "no-rope", "positions", "loki-window", "fit-none",
@@ -351,8 +351,8 @@ def test_a_pattern_is_checked_against_the_key_value_heads_the_shape_tells(tmp_pa
     from spectra import headpattern
 
     pattern = headpattern.write(tmp_path / "duo", np.ones((30, 2)), 4, 8)
-    options = CacheOptions(presses=f"duo({pattern})")
     config = RunConfig("m.gguf", str(text_file))
+    options = REGISTRY["cache"].resolve(config, CacheOptions(presses=f"duo({pattern})"))
     with pytest.raises(SpectraError, match=r"duo is 30 layers × 2 key/value heads, but SmolLM2 has 30 × 3"):
         REGISTRY["cache"].check(config, options, Shape(30, 9, 8192, True, "SmolLM2", kv_heads=3))
     REGISTRY["cache"].check(config, options, Shape(30, 9, 8192, True, "SmolLM2", kv_heads=2))
@@ -435,3 +435,46 @@ def test_a_ratio_the_axis_map_lacks_is_refused_before_the_model_loads(llama_dir,
     assert f"mixed({axes}) plays the byte budgets of its axis map, 0.3, 0.6 (ratios 0.4,0.7), but --ratios 0.5 " \
            "asks for 0.5: pass ratios among 0.4,0.7, or map 0.5 first with --bytes-kept 0.5" in stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()
+
+
+@pytest.mark.parametrize("data, args, message", [
+    ("text", ["--query-aware"], "--query-aware appends a task record's question to the context compressed (the task "
+                                "protocol); corpus.txt is a text corpus, which runs the NLL protocol and has no "
+                                "question. Drop it, or give a task file"),
+    ("tasks", ["--context", "512"], "--context sets the text a sequence of the NLL protocol prefills and scores; "
+                                    "tasks.jsonl is a task file, which runs the task protocol: each record holds its "
+                                    "context, question and answer. Drop --context, or give a text corpus"),
+    ("tasks", ["--context", "1024"], "Drop --context, or give a text corpus"),  # the default's value, typed: refused
+    ("tasks", ["--context", "300", "--continuation", "12"], "--context and --continuation set the text"),
+])
+def test_an_option_of_the_other_protocol_is_refused_before_the_model_loads(data, args, message, llama_dir, text_file,
+                                                                           tmp_path, monkeypatch, capsys) -> None:
+    """Issue 41, defect 8: --query-aware on a text corpus ran a whole text run recording query_aware: true, and
+    --context on a task file was recorded though no record used it."""
+    import task_files
+
+    from spectra import models
+
+    given = text_file if data == "text" else task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=2))
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    code, _, stderr = tiny.run_cli(["cache", str(llama_dir), "--data", str(given), "--presses", "knorm",
+                                    "--ratios", "0.5", "--out", str(tmp_path / "run"), *args], monkeypatch, capsys)
+    assert code == 2 and stderr.count("\n") == 1 and message in stderr, stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == (["tasks.jsonl"] if data == "tasks" else [])
+
+
+def test_each_protocol_records_only_its_own_options(llama_dir, text_file, tmp_path) -> None:
+    """A text run records the NLL protocol's context and continuation (their defaults when not given); a task run
+    records none, as it uses none."""
+    import task_files
+
+    resolved = REGISTRY["cache"].resolve(RunConfig("m", str(text_file)), CacheOptions(continuation=4))
+    assert (resolved.context, resolved.continuation) == (1024, 4)
+    settings = dict(presses="knorm", ratios=0.5, samples=1, **QUIET)
+    text = spectra.cache(str(llama_dir), str(text_file), context=80, continuation=8, out=tmp_path / "text",
+                         **settings)
+    assert (text.meta["context"], text.meta["continuation"], text.meta["query_aware"]) == (80, 8, False)
+    file = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=1))
+    chat = task_files.save_chat_decoder(tmp_path / "tiny-chat")
+    run = spectra.cache(str(chat), str(file), query_aware=True, out=tmp_path / "tasks", **settings)
+    assert run.meta["query_aware"] is True and run.meta["context"] is None and run.meta["continuation"] is None
