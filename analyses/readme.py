@@ -16,6 +16,12 @@ with a message.
     python analyses/readme.py --only smollm2-decoder    # one paragraph
     python analyses/readme.py --check                   # re-render from the runs in --work only; exit 1 on a difference
     python analyses/readme.py --only speed-line --rerun # run again though finished (timings on an idle machine)
+    python analyses/readme.py --render                  # run nothing: render the templates into the documents
+
+The markup lives in the templates: templates/README.md and templates/docs/*.md are what this script reads and
+fills, and every template is rendered (`slots.clean`: values in place, markers gone) into the document people read,
+README.md and docs/*.md, which are never edited by hand; `--check` also fails where a document is not its template's
+render.
 
 Exit codes: 0 when every value is what the runs give and every claim holds (with --check: nothing would change),
 1 when a value differs (--check) or a claim fails (reword the sentence it ends), 2 on bad input.
@@ -44,6 +50,8 @@ import slots  # noqa: E402
 from readme_runs import Execute, ReadmeError, Work, subprocess_execute  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the folder of the templates, whose files mirror the documents' paths
+TEMPLATES = "templates"
 OPEN = re.compile(r"^<!-- numbers: (\S+) -->$")
 CLOSE = "<!-- /numbers -->"
 
@@ -116,6 +124,39 @@ def read_document(path: Path) -> tuple[list[Paragraph], list[list[str]]]:
     return paragraphs, blocks
 
 
+def rendered_path(template: Path) -> Path | None:
+    """The document a template renders into: templates/<path> → <path> (the folder above templates/); None for a
+    document outside a templates folder, which is filled in place and rendered nowhere."""
+    parts = template.resolve().parts
+    if TEMPLATES not in parts[:-1]:
+        return None
+    at = len(parts) - 1 - parts[:-1][::-1].index(TEMPLATES) - 1
+    return Path(*parts[:at], *parts[at + 1:])
+
+
+def render(documents: list[Path], write: bool) -> list[Path]:
+    """Render each template into its document (`slots.clean`): the documents that differ from their render, written
+    unless `write` is False, when their differences are printed instead."""
+    changed = []
+    for template in documents:
+        target = rendered_path(template)
+        if target is None:
+            continue
+        new = slots.clean(template.read_text())
+        old = target.read_text() if target.is_file() else ""
+        if new == old:
+            continue
+        changed.append(target)
+        if write:
+            partial = target.with_name(target.name + ".partial")
+            partial.write_text(new)
+            partial.replace(target)
+        else:
+            sys.stderr.writelines(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                                       str(target), f"{target} (rendered from {template})"))
+    return changed
+
+
 def setup_lines(blocks: list[list[str]]) -> dict[str, str]:
     """The set-up lines of the documents' code blocks, by what they define: `NAME=…` by `$NAME`, `cat … > FILE`
     by FILE."""
@@ -135,15 +176,28 @@ def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -
                         help="run nothing: re-render from the runs in --work and exit 1 if a document would change")
     parser.add_argument("--rerun", action="store_true",
                         help="run the commands again even when their runs are finished (fresh timings)")
+    parser.add_argument("--render", action="store_true",
+                        help="run nothing: render the templates into the documents people read")
     parser.add_argument("--work", type=Path, default=Path("/tmp/spectra-readme"),
                         help="where the commands run and their runs stay (reused when finished)")
     parser.add_argument("--documents", type=Path, nargs="+",
-                        default=[ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+                        default=[ROOT / TEMPLATES / "README.md", *sorted((ROOT / TEMPLATES / "docs").glob("*.md"))],
+                        help="the templates to fill (default: every template under templates/)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
         if args.check and args.rerun:
             raise ReadmeError("--check runs nothing and --rerun runs everything again: give one of them")
+        missing = [path for path in args.documents if not path.is_file()]
+        if missing:
+            raise ReadmeError(f"--documents {missing[0]} does not exist: give the templates to fill")
+        if args.render:
+            if args.check or args.rerun or args.only:
+                raise ReadmeError("--render runs nothing: give it alone")
+            rendered = render(args.documents, write=True)
+            print(f"rendered {', '.join(map(str, rendered)) or 'nothing (every document is its render)'}",
+                  file=sys.stderr)
+            return 0
         read = {path: read_document(path) for path in args.documents}
         marked = [paragraph for paragraphs, _ in read.values() for paragraph in paragraphs]
         names = [paragraph.name for paragraph in marked]
@@ -167,7 +221,8 @@ def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -
         rendered = {(paragraph.path, paragraph.name): readme_numbers.render(paragraph.name, ran, work.root)
                     for paragraph, ran in zip(chosen, runs)}
         changed, failed = rewrite(args.documents, rendered, write=not args.check)
-    except (ReadmeError, readme_numbers.RenderError, slots.SlotError) as error:
+        changed += render(args.documents, write=not args.check)
+    except (ReadmeError, readme_numbers.RenderError, slots.SlotError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

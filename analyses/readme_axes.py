@@ -190,8 +190,8 @@ def plan_values(tasks: list[TaskRun]) -> tuple[dict[str, str], dict[str, bool]]:
     return values, claims
 
 
-def front_axes(runs: Runs) -> Rendered:
-    """The front page's paragraph: heads won per axis and budget, and the mixed plan against each single axis."""
+def axes_summary(runs: Runs) -> Rendered:
+    """docs/cache.md's summary: heads won per axis and budget, and the mixed plan against each single axis."""
     heads, run, tasks = axis_runs(runs)
     values, claims, _, _ = map_values(heads, run, tasks)
     plan, decided = plan_values(tasks)

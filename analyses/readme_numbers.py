@@ -24,7 +24,7 @@ from typing import Callable
 import spectra
 from readme_approx import (minilm_fastformer, minilm_fitted, minilm_k_needed, minilm_plan, minilm_scaling,
                            smollm2_fastformer, smollm2_scaling, speed_line, theorems_synthetic)
-from readme_axes import front_axes, smollm2_axes
+from readme_axes import axes_summary, smollm2_axes
 from readme_decoders import heads_model, smollm2_cache, smollm2_cache_spectral, smollm2_decoder, smollm2_keys
 from readme_tasks import front_tasks, smollm2_tasks
 from readme_values import RenderError, Runs, only, sink_layers, two
@@ -76,7 +76,7 @@ RENDERERS: dict[str, Renderer] = {
     "front-figure1": Renderer(("analyze",), front_figure1),
     "front-heatmap": Renderer(("analyze",), front_heatmap),
     "front-tasks": Renderer(("cache", "cache", "cache"), front_tasks),
-    "front-axes": Renderer(("heads", "cache"), front_axes),
+    "axes-summary": Renderer(("heads", "cache"), axes_summary),
     "smollm2-decoder": Renderer(("analyze", "approx"), smollm2_decoder),
     "smollm2-keys": Renderer(("analyze",), smollm2_keys),
     "minilm-fitted": Renderer(("approx",), minilm_fitted),

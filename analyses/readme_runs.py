@@ -15,8 +15,11 @@ import time
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
-#: commands whose MODEL and --data are looked up; the others (plot, plan-k, compare, figure1) read run directories
-MODEL_COMMANDS = ("analyze", "approx", "theorems", "scaling", "heads", "cache")
+from spectra.kinds import REGISTRY
+
+#: commands whose MODEL and --data are looked up, every registered analysis; the others (plot, plan-k, compare,
+#: figure1) read run directories
+MODEL_COMMANDS = tuple(REGISTRY)
 #: runs one `spectra` command in a directory and returns its exit code (tests pass an in-process one)
 Execute = Callable[[list[str], Path], int]
 

@@ -14,17 +14,25 @@ The renderer NAME (readme_numbers.py) returns a `Rendered`: the values, already 
 decide, each True or False on the runs it read. `fill` puts every value into its slot and says which claims of the
 paragraph no longer hold: the prose never changes by itself, so a sentence whose claim fails is reworded by a
 person. A value may span lines (a table): it is then set apart by blank lines inside its slot.
+
+The markup lives in the templates (templates/README.md, templates/docs/*.md); the committed README.md and docs/*.md
+are their `clean` renders: the values in place, every marker gone, so the files people read are plain markdown.
 """
 
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 
 #: a slot: its name and what it holds now
 SLOT = re.compile(r"<!--\{([A-Za-z0-9_.-]+)\}-->(.*?)<!--/-->", re.S)
 #: a claim: its name
 CLAIM = re.compile(r"<!--claim: ([A-Za-z0-9_.-]+)-->")
+#: a marked paragraph: its opening marker, its body and its closing marker, each marker on a line of its own
+MARKED = re.compile(r"^<!-- numbers: \S+ -->\n(.*?)^<!-- /numbers -->\n", re.M | re.S)
+#: the width a rendered paragraph is reflowed to (the documents' own)
+WIDTH = 118
 #: anything that looks like a slot or a claim marker, well-formed or not
 MARKER = re.compile(r"<!--(\{[^}]*\}|claim:?[^>]*|/)-->")
 
@@ -101,3 +109,28 @@ def fill(text: str, rendered: Rendered, where: str) -> tuple[str, list[str]]:
 def line_of(text: str, claim: str) -> int:
     """The 0-based line of `text` on which the claim `claim` first stands."""
     return text[:text.index(f"<!--claim: {claim}-->")].count("\n")
+
+
+def clean(text: str) -> str:
+    """A template as people read it: in each marked paragraph every slot replaced by its value (a value set apart by
+    blank lines keeps one blank line on each side), every claim removed and the prose reflowed to `WIDTH` columns
+    (the markers made its lines ragged); the paragraph markers removed."""
+    def paragraph(found: re.Match) -> str:
+        body = found[1]
+        check_markup(body, f"the marked paragraph '{found[0].split()[2]}'")
+        body = SLOT.sub(lambda slot: slot[2].strip("\n") if "\n" in slot[2].strip("\n") else slot[2], body)
+        return "\n\n".join(reflow(block) for block in CLAIM.sub("", body).split("\n\n"))
+
+    return MARKED.sub(paragraph, text)
+
+
+def reflow(block: str) -> str:
+    """A block of prose as lines of at most `WIDTH` characters, words kept whole; a table, list, quote, heading or
+    code block is left as it stands."""
+    lines = block.splitlines()
+    if not lines or any(line.lstrip().startswith(("|", "- ", "* ", "#", ">", "```", "    ")) or
+                        re.match(r"\s*\d+\. ", line) for line in lines):
+        return block
+    trailing = block[len(block.rstrip("\n")):]
+    return textwrap.fill(" ".join(line.strip() for line in lines), WIDTH, break_long_words=False,
+                         break_on_hyphens=False) + trailing

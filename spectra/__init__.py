@@ -18,22 +18,21 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
     __version__ = "0+unknown"
 
-#: public name → module that defines it (every registered analysis is a function of `spectra.api` too)
-_EXPORTS = {
-    "SpectraError": "errors",
-    "load_run": "kinds",
-    "Run": "report.analyze",
-    "ApproxRun": "report.approx",
-    "TheoremRun": "report.theorems",
-    "ScalingRun": "report.scaling",
-    "CacheRun": "report.cache",
-    "HeadsRun": "report.heads",
-}
+#: public name → module that defines it, besides what the registered analyses export (each analysis is a function
+#: of `spectra.api`, and its finished run's class, `run_type`, comes from its read side `spectra.report.<name>`)
+_EXPORTS = {"SpectraError": "errors", "load_run": "kinds"}
+
+
+def _exports() -> dict[str, str]:
+    """Every public name → the module that defines it: the fixed ones and each registered analysis's run class."""
+    kinds = importlib.import_module(".kinds", __name__)
+    return _EXPORTS | {kind.run_type: f"report.{kind.name}" for kind in kinds.REGISTRY.values()}
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    exports = _exports()
+    if name in exports:
+        return getattr(importlib.import_module(f".{exports[name]}", __name__), name)
     kinds = importlib.import_module(".kinds", __name__)
     if name in kinds.REGISTRY:
         return getattr(importlib.import_module(".api", __name__), name)
@@ -41,4 +40,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({"__version__", *_EXPORTS, *importlib.import_module(".kinds", __name__).REGISTRY})
+    return sorted({"__version__", *_exports(), *importlib.import_module(".kinds", __name__).REGISTRY})

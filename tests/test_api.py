@@ -207,3 +207,20 @@ def test_one_value_where_several_are_taken(roberta_dir, text_file, tmp_path) -> 
     sweep = spectra.scaling(roberta_dir, text_file, lengths="16,24", samples=2, bootstrap=0, approx_target=0.5,
                             methods="svd", budget=4, layers=1, heads=0, out=tmp_path / "sweep", **QUIET)
     assert sweep.meta["methods"] == ["svd"] and set(sweep.table["head"]) == {0} and set(sweep.table["layer"]) == {1}
+
+
+def test_every_analysis_exports_its_run_class() -> None:
+    """Issue 37, item 5: the package's exports derive from the registry: each registered analysis's function and
+    its finished run's class (`run_type`, defined by its read side), with no list a new analysis must remember."""
+    import importlib
+
+    from spectra.kinds import REGISTRY
+    from spectra.runs import FinishedRun
+
+    for kind in REGISTRY.values():
+        module = importlib.import_module(f"spectra.report.{kind.name}")
+        cls = getattr(spectra, kind.run_type)
+        assert cls is getattr(module, kind.run_type) and issubclass(cls, FinishedRun)
+        assert kind.run_type in dir(spectra) and kind.name in dir(spectra)
+    with pytest.raises(AttributeError):
+        spectra.NoSuchRun

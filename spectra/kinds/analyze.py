@@ -59,6 +59,7 @@ class Analyze(Analysis):
     """Singular spectra of the context mapping matrix P for every layer and head, averaged over sequences."""
 
     name = "analyze"
+    run_type = "Run"
     summary = "Singular spectra of the context mapping matrix P for every layer and head, averaged over sequences."
     options = AnalyzeOptions
     outputs = {"metrics.csv": ("layer", "head", "sequences"), "qkv.csv": ("tensor", "stage", "layer", "head")}

@@ -114,6 +114,7 @@ class Approx(Analysis):
     """How well cheap approximations stand in for a model's attention at each budget: per head and end to end."""
 
     name = "approx"
+    run_type = "ApproxRun"
     summary = "How well cheap approximations stand in for a model's attention at each budget: per head and end to end."
     options = ApproxOptions
     defaults = {"samples": 1000}

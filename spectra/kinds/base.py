@@ -56,6 +56,8 @@ class Analysis:
     #: one line for --help
     summary: ClassVar[str]
     options: ClassVar[type]
+    #: the class of its finished run in its read side (`spectra/report/<name>.py`), exported as `spectra.<run_type>`
+    run_type: ClassVar[str]
     #: the run-configuration options this analysis takes (the command line shows those marked for it)
     run_fields: ClassVar[tuple[str, ...]] = RUN_FIELDS
     #: this analysis's defaults for run-configuration options (e.g. fewer samples than analyze's 10000)

@@ -192,6 +192,7 @@ class Cache(Analysis):
     """Compress a decoder's KV cache after an exact prefill and score what follows, press by press."""
 
     name = "cache"
+    run_type = "CacheRun"
     summary = ("Compress a decoder's key–value cache after an exact prefill (kvpress's presses) and score the "
                "continuation: NLL, KL and top-1 agreement per press and ratio, attention mass kept per head.")
     options = CacheOptions

@@ -93,6 +93,7 @@ class Heads(Analysis):
     attention spectra, and the method that wins on each head."""
 
     name = "heads"
+    run_type = "HeadsRun"
     summary = ("Which head is what: sink, previous-token, local, induction and retrieval scores per head, weight "
                "spectra beside attention spectra, a method map and DuoAttention's head pattern.")
     options = HeadsOptions

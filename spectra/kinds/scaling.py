@@ -111,6 +111,7 @@ class Scaling(Analysis):
     """Does the budget a head needs grow with n? Analyze at several lengths and fit rank ∝ n^α, with intervals."""
 
     name = "scaling"
+    run_type = "ScalingRun"
     summary = "Does the budget a head needs grow with n? Analyze at several lengths and fit rank ∝ n^α, with intervals."
     options = ScalingOptions
     run_fields = tuple(name for name in Analysis.run_fields if name != "length")

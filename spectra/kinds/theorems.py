@@ -64,6 +64,7 @@ class Theorems(Analysis):
     """Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs budget."""
 
     name = "theorems"
+    run_type = "TheoremRun"
     summary = "Theorems 1 and 2 (JL projections) against reality: success probability vs bound, errors vs budget."
     options = TheoremOptions
     defaults = {"samples": 100}

@@ -17,7 +17,8 @@ import pytest
 import spectra
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: the templates the script fills (their markup: slots, claims, marked paragraphs)
+DOCUMENTS = [ROOT / "templates" / "README.md", *sorted((ROOT / "templates" / "docs").glob("*.md"))]
 
 
 def load_script():
@@ -285,3 +286,41 @@ def test_the_uncentred_key_rank_is_not_called_a_variance() -> None:
     for sentence in sentences:
         prose = re.sub(r"<!--.*?-->", "", sentence).replace("not a variance", "")
         assert "variance" not in re.split(r"`pca_rank90`|\bcentred\b", prose)[0], sentence
+
+
+# ---------------------------------------------------------------- templates and the documents people read
+
+
+def test_every_document_is_its_templates_render() -> None:
+    """Issue 37, item 7: README.md and docs/*.md are the templates' renders, values in place and no markup, so the
+    committed files read as clean markdown; the templates hold the markup the script fills."""
+    assert len(DOCUMENTS) >= 2
+    for template in DOCUMENTS:
+        document = readme.rendered_path(template)
+        assert document == ROOT / template.relative_to(ROOT / "templates")
+        assert document.read_text() == slots.clean(template.read_text()), \
+            f"{document.relative_to(ROOT)} is not the render of {template.relative_to(ROOT)}: edit the template " \
+            "and run python analyses/readme.py --render"
+    for document in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        text = document.read_text()
+        assert not slots.MARKER.search(text) and "<!-- numbers:" not in text.replace("`<!-- numbers: NAME -->`", ""), \
+            f"{document.name} holds markup"
+
+
+def test_render_writes_documents_and_check_catches_a_document_edited_by_hand(tmp_path, capsys) -> None:
+    template = tmp_path / "templates" / "docs" / "page.md"
+    template.parent.mkdir(parents=True)
+    template.write_text("# Page\n\n```\nspectra analyze m\n```\n\n<!-- numbers: speed-line -->\nOn "
+                        "<!--{model}-->tiny<!--/--> it is fast.<!--claim: fast-->\n<!-- /numbers -->\n")
+    document = tmp_path / "docs" / "page.md"
+    document.parent.mkdir()
+    assert readme.rendered_path(template) == document
+    assert readme.rendered_path(tmp_path / "README.md") is None, "a document outside templates/ renders nowhere"
+    assert readme.main(["--documents", str(template), "--render"]) == 0
+    assert document.read_text() == "# Page\n\n```\nspectra analyze m\n```\n\nOn tiny it is fast.\n"
+    document.write_text(document.read_text().replace("fast", "quick"))
+    assert readme.render([template], write=False) == [document]
+    assert "-On tiny it is quick." in capsys.readouterr().err
+    assert readme.main(["--documents", str(template), "--render", "--check"]) == 2
+    assert readme.main(["--documents", str(tmp_path / "none.md"), "--render"]) == 2
+    assert "does not exist" in capsys.readouterr().err

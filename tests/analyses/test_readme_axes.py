@@ -104,7 +104,7 @@ def recount_winners(budget: float) -> dict[tuple[int, int], str]:
 def test_the_map_counts_the_heads_each_axis_wins() -> None:
     """Heads won per axis at the run's budgets and the mixed plan's (0.2, from the mixed cell at r = 0.8), recounted;
     the turn is where bits start winning most, and the token heads there are described from the diagnosis."""
-    rendered = readme_axes.front_axes(make_runs())
+    rendered = readme_axes.axes_summary(make_runs())
     budgets = [0.2, 0.3, 0.6]
     winners = {budget: recount_winners(budget) for budget in budgets}
     for axis in ("tokens", "channels", "rank", "bits"):
@@ -127,7 +127,7 @@ def test_the_map_counts_the_heads_each_axis_wins() -> None:
 def test_the_mixed_plan_against_each_single_axis() -> None:
     """Per budget, each axis' best cell among those whose bytes fit (kivi4 run at two ratios is one cell), the full
     cache beside; the mixed plan ties kivi4 at 0.6 and 0.3 and loses to tova at 0.2."""
-    rendered = readme_axes.front_axes(make_runs())
+    rendered = readme_axes.axes_summary(make_runs())
     rows = [line.split(" | ") for line in rendered.values["table"].splitlines()[2:]]
     assert [row[0].strip("| ") for row in rows] == ["0.6", "0.3", "0.2"]
     assert rows[0][1] == "1.00 (1.000)" and rows[0][2] == "1.00 (0.400)"
@@ -152,7 +152,7 @@ def test_a_mixed_plan_that_wins_flips_the_claims() -> None:
     beats no axis fail, so the prose saying so fails --check."""
     runs = [dict(TASK_RUNS[0]), *TASK_RUNS[1:]]
     runs[0][("mixed(runs/axes-b20)", 0.8)] = (0.4, 0.2)
-    claims = readme_axes.front_axes(make_runs(runs)).claims
+    claims = readme_axes.axes_summary(make_runs(runs)).claims
     assert not claims["mixed-below-best-at-lowest"] and not claims["mixed-beats-no-axis"]
     assert claims["mixed-ties-best-above-lowest"]
 
@@ -176,8 +176,8 @@ def test_the_detail_lists_every_cell_by_budget() -> None:
 
 def test_runs_without_a_mixed_plan_or_a_map_are_refused() -> None:
     with pytest.raises(RenderError, match="mixed plan"):
-        readme_axes.front_axes(make_runs([TASK_RUNS[3]]))
+        readme_axes.axes_summary(make_runs([TASK_RUNS[3]]))
     runs = make_runs()
     runs["cache"] = runs["cache"][1:]
     with pytest.raises(RenderError, match="once on text"):
-        readme_axes.front_axes(runs)
+        readme_axes.axes_summary(runs)

@@ -66,3 +66,19 @@ def test_backticks_inside_values_do_not_count_as_code_spans() -> None:
     text = "the winners are <!--{w}-->`window` 35,\n`pool` 3<!--/--> and <!--{k}-->8<!--/-->"
     filled, _ = slots.fill(text, Rendered({"w": "`window` 30, `pool` 8", "k": "16"}), "x")
     assert filled == "the winners are <!--{w}-->`window` 30, `pool` 8<!--/--> and <!--{k}-->16<!--/-->"
+
+
+def test_clean_leaves_values_and_prose_and_drops_every_marker() -> None:
+    """Issue 37, item 7: a template renders to plain markdown: values in place, claims and paragraph markers gone, the
+    prose reflowed (the markers made its lines ragged), a table value kept apart by one blank line each side."""
+    template = ("# Title\n\nKept as it is,\nshort lines and all.\n\n<!-- numbers: a -->\n" + PARAGRAPH +
+                "It reads:\n\n<!--{table}-->\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n<!--/-->\n\nThe end.\n"
+                "<!-- /numbers -->\n\nAfter.\n")
+    assert slots.clean(template) == (
+        "# Title\n\nKept as it is,\nshort lines and all.\n\nThe full cache gives 3.072 nats/token over 16 "
+        "sequences. Knorm beats random eviction at every ratio. It reads:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+        "The end.\n\nAfter.\n")
+    long = "<!-- numbers: a -->\n" + " ".join(["word"] * 60) + "<!--{x}-->1<!--/-->\n<!-- /numbers -->\n"
+    assert max(map(len, slots.clean(long).splitlines())) <= slots.WIDTH
+    with pytest.raises(slots.SlotError, match="never closed"):
+        slots.clean("<!-- numbers: a -->\nan <!--{open}-->slot\n<!-- /numbers -->\n")
