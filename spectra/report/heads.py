@@ -97,8 +97,9 @@ def show(run: HeadsRun) -> None:
                 out.print(f"  {line}")
 
 
-#: one colour per head type, in HEAD_TYPES order (mixed in grey)
-TYPE_COLORS = ("tab:purple", "tab:orange", "tab:red", "tab:green", "tab:blue", "0.8")
+#: one colour per head type, in HEAD_TYPES order (mixed in grey): Okabe and Ito's colour-blind-safe set, every pair
+#: apart for the three kinds of dichromacy (red and green, for sink and local, were one colour to many readers)
+TYPE_COLORS = ("#CC79A7", "#56B4E9", "#0072B2", "#F0E442", "#D55E00", "0.8")
 
 
 def heads_subtitle(run: HeadsRun) -> str:

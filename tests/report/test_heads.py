@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from report_helpers import by_gid, fake_save
+from report_helpers import DICHROMACY, by_gid, cielab, fake_save, seen_by
 
 import spectra
 from spectra.methodmap import HEAD_TYPES
@@ -65,6 +65,22 @@ def test_the_grids_hold_each_head_s_type_and_winner(heads_run) -> None:
         grid = by_gid([i for ax in figure.axes for i in ax.images], f"winners:{budget}").get_array()
         for row in mapped[mapped["budget"] == budget].itertuples(index=False):
             assert methods[int(grid[row.layer, row.head])] == row.winner
+
+
+def test_the_head_types_stay_apart_for_colour_blind_readers(heads_run) -> None:
+    """Issue 41, item 15: sink and local were red and green (ΔE 7 for a deuteranope, orange and green 5 for a
+    protanope). Every two types' colours, as drawn, now differ by ΔE ≥ 15 (CIELAB) for every dichromacy."""
+    from itertools import combinations
+
+    from matplotlib.colors import to_hex
+
+    image = by_gid(draw_head_types(heads_run).axes[0].images, "types")
+    drawn = [to_hex(image.get_cmap()(index)) for index in range(len(HEAD_TYPES))]
+    for (a, one), (b, other) in combinations(zip(HEAD_TYPES, drawn), 2):
+        assert np.linalg.norm(cielab(one) - cielab(other)) >= 15, (a, b)
+        for dichromacy in DICHROMACY:
+            distance = np.linalg.norm(cielab(seen_by(one, dichromacy)) - cielab(seen_by(other, dichromacy)))
+            assert distance >= 15, (a, b, dichromacy, round(distance, 1))
 
 
 def test_plot_heads_writes_three_views(heads_run, monkeypatch, tmp_path) -> None:
