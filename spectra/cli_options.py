@@ -78,8 +78,8 @@ def cli_default(value: Any) -> Any:
 def _parameter(option: Declared, default: Any) -> inspect.Parameter:
     help_text = option.help.replace("{methods}", registry.method_listing()) if "{methods}" in option.help else option.help
     listed = isinstance(default, tuple)
-    if listed:  # spaces after the commas, so that --help wraps a long list between values, never inside one
-        help_text += f"  [default: {', '.join(map(str, default))}]"
+    if listed and default:  # spaces after the commas, so that --help wraps a long list between values, never inside one
+        help_text += f"  [default: {', '.join(map(str, default))}]"  # (an empty list shows none: not "[default: ]")
     info = typer.Option(*option.flags, help=help_text, metavar=option.metavar, show_default=not listed)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default(default),
                              annotation=Annotated[cli_type(option.annotation), info])
