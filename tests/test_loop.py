@@ -137,3 +137,12 @@ def test_threads_option_sets_torch_threads_for_the_run(roberta_dir, text_file, t
     code, out, err = run_cli(["analyze", str(roberta_dir), "--data", str(text_file), "--threads", "0"], monkeypatch,
                              capsys)
     assert code == 2 and err == "error: --threads must be a positive integer, got 0\n" and len(seen) == 3
+
+
+def test_a_changed_data_key_is_said_in_a_sentence() -> None:
+    """Issue 41, item 15: a run whose data kept its size but not its content said "its sha256 differ"."""
+    from spectra.loop import differ
+
+    assert differ(["sha256"]) == "its sha256 differs"
+    assert differ(["bytes", "sha256"]) == "its bytes and sha256 differ"
+    assert differ(["bytes", "sha256", "documents"]) == "its bytes, sha256 and documents differ"
