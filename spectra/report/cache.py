@@ -48,19 +48,68 @@ def load(path: Path, meta: dict[str, Any]) -> CacheRun:
                     read_table(path, "cache_sequences.csv"), read_table(path, "cache_axes.csv", optional=True))
 
 
+def same_at_every_ratio(table: pd.DataFrame, values: list[str], within: tuple[str, ...] = ()) -> list[str]:
+    """The presses of `table` (press, ratio, the `within` keys, `values`) run at several ratios whose rows are the same
+    at every one of them, in the table's order: KIVI's quantization does not read the ratio, and linformer's rows stop
+    at the keys' rank. Printed once and drawn as one point, they no longer read as a curve over the ratio; the run's
+    CSV keeps a row per ratio (tidy, the same keys for every press)."""
+    keys, found = list(within), []
+    for press, rows in table[table["press"] != "full"].groupby("press", sort=False):
+        blocks = [block.sort_values(keys) if keys else block for _, block in rows.groupby("ratio", sort=True)]
+        first = blocks[0]
+        if len(blocks) > 1 and all(
+                len(block) == len(first) and block[keys].to_numpy().tolist() == first[keys].to_numpy().tolist()
+                and np.array_equal(block[values].to_numpy(float), first[values].to_numpy(float), equal_nan=True)
+                for block in blocks[1:]):
+            found.append(press)
+    return found
+
+
+def once_note(presses: list[str], table: pd.DataFrame, csv: str) -> str:
+    """The line under a table that printed `presses` once (`same_at_every_ratio`)."""
+    ratios = ", ".join(f"{ratio:g}" for ratio in sorted(set(table["ratio"]) - {0.0}))
+    return (f"{', '.join(presses)}: the same at every ratio ({ratios}), so one row each (ratio 'any'; {csv} keeps a "
+            "row per ratio)")
+
+
+def one_row_each(table: pd.DataFrame, once: list[str], within: tuple[str, ...] = ()) -> pd.DataFrame:
+    """`table` with its ratio as text (two decimals) and the presses of `once` in one row per `within` key, their
+    first ratio's, the ratio shown as 'any'."""
+    repeated = table["press"].isin(once) & table.duplicated(["press", *within])
+    shown = table[~repeated]
+    ratio = [("any" if press in once else f"{value:.2f}") for press, value in zip(shown["press"], shown["ratio"])]
+    return shown.assign(ratio=ratio)
+
+
+#: what the table's two memory columns count: lowrank's saved 0.500 beside its bytes_share 0.629 went unexplained
+MEMORY_NOTE = ("saved: the share of the cache a press reports removing, as kvpress reports a compression ratio (the "
+               "tokens evicted; half the key channels think prunes; the coefficients lowrank drops, its basis and mean "
+               "not counted; linformer's 1 − m/L; KIVI's 1 − bytes_share); bytes_share: the bytes the compressed "
+               "context cache stores over the full cache's, everything it keeps counted (channel masks, lowrank's "
+               "basis and mean, KIVI's scales, zero-points and full-precision recent tokens), the share on which "
+               "presses of every axis compare")
+
+
 def show(run: CacheRun) -> None:
-    """Per press and ratio: NLL, perplexity, KL from the full cache, top-1 agreement, tokens kept, memory saved."""
+    """Per press and ratio: NLL, perplexity, KL from the full cache, top-1 agreement, tokens kept, memory saved and
+    bytes stored; a press the same at every ratio (KIVI's bits) in one row; what saved and bytes_share count."""
     meta = run.meta
     columns = ["press", "ratio", "nll", "ppl", "kl", "top1", "kept", "saved"]
     columns += ["bytes_share"] if "bytes_share" in run.table.columns else []  # runs before bytes were counted
     table = run.table[columns]
     if (run.table["key_channel_ratio"] > 0).any():
         table = table.assign(channels=run.table["key_channel_ratio"])
-    print_frame(table, f"{run.label}: context {meta['context']}, continuation {meta['continuation']}, "
-                f"{plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}; NLL (nats/token) of the continuation "
-                "against each compressed cache, KL from the full cache's next-token distribution, top-1 agreement",
-                digits={"ratio": 2, "nll": 4, "ppl": 3, "kl": 4, "top1": 3, "kept": 1, "saved": 3, "channels": 2,
+    once = same_at_every_ratio(run.table, [column for column in [*columns[2:], "key_channel_ratio"]
+                                           if column in run.table.columns])
+    print_frame(one_row_each(table, once), f"{run.label}: context {meta['context']}, continuation "
+                f"{meta['continuation']}, {plural(meta.get('scored', meta.get('samples', 0)), 'sequence')}; NLL "
+                "(nats/token) of the continuation against each compressed cache, KL from the full cache's next-token "
+                "distribution, top-1 agreement",
+                digits={"nll": 4, "ppl": 3, "kl": 4, "top1": 3, "kept": 1, "saved": 3, "channels": 2,
                         "bytes_share": 3})
+    if once:
+        out.print(once_note(once, run.table, "cache.csv"))
+    out.print(MEMORY_NOTE if "bytes_share" in columns else MEMORY_NOTE.split("; bytes_share")[0])
     if meta.get("skipped"):
         out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")
     from ..presses.base import window_note  # issue 33: loki equalled snapkv at --context 128, unexplained

@@ -82,19 +82,60 @@ def needle_vs_score(run: TaskRun) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: the per-task table's measured columns, compared across ratios to find a press that ignores the ratio
+TASK_VALUES = ["score", "low", "high", "delta", "delta_low", "delta_high", "bytes_share"]
+
+
+def with_interval(value: float, low: float, high: float, sign: str = "") -> str:
+    """'0.80 [0.50, 1.00]' ('+' as `sign`: '-0.20 [-0.50, +0.00]'); the value alone without an interval."""
+    if np.isnan(value):
+        return ""
+    shown = f"{value:{sign}.2f}"
+    return shown if np.isnan(low) or np.isnan(high) else f"{shown} [{low:{sign}.2f}, {high:{sign}.2f}]"
+
+
+def task_table(scores: pd.DataFrame, once: list[str]) -> pd.DataFrame:
+    """One task's rows as printed: the full cache first, then each press (in the run's order) by ratio — one row for
+    a press of `once` —, its score and its paired difference from the full cache each with its interval, and the
+    share of the context cache's bytes stored (when the run counted bytes)."""
+    import pandas as pd
+
+    from .cache import one_row_each
+
+    order = {press: rank for rank, press in enumerate(["full", *presses_of(scores)])}
+    rows = scores.sort_values(["press", "ratio"], key=lambda column: column.map(order) if column.name == "press"
+                              else column, kind="stable")
+    rows = one_row_each(rows, once)
+    table = pd.DataFrame({
+        "press": rows["press"], "ratio": rows["ratio"],
+        "score": [with_interval(*values) for values in zip(rows["score"], rows["low"], rows["high"])],
+        "Δ vs full": ["" if press == "full" else with_interval(*values, sign="+")
+                      for press, *values in zip(rows["press"], rows["delta"], rows["delta_low"], rows["delta_high"])]})
+    if "bytes_share" in rows and rows["bytes_share"].notna().any():
+        table["bytes"] = rows["bytes_share"].to_numpy()
+    return table
+
+
 def print_tasks(run: TaskRun) -> None:
-    """Per task, press and ratio: the mean score beside the full cache's, the paired difference and its interval."""
+    """Per task (a table each, narrow enough for 80 columns): the full cache's mean score, then each press's and
+    ratio's beside it with the paired difference, intervals in brackets; then whether keeping the needle predicts
+    the answer."""
+    from .cache import once_note, same_at_every_ratio
     from .console import out, plural, print_frame
 
     meta = run.meta
-    table = run.scores[["task", "press", "ratio", "examples", "score", "low", "high", "full", "delta", "delta_low",
-                        "delta_high"]].sort_values(["task", "press", "ratio"], kind="stable")
+    scores = run.scores
     aware = "context + question compressed" if meta.get("query_aware") else "question appended uncompressed"
-    print_frame(table, f"{run.label}: {plural(meta.get('examples', meta.get('samples', 0)), 'example')}, {aware}; "
-                "mean score per task (RULER's string match) beside the full cache's on the same examples, the "
-                "difference, 95% bootstrap intervals over examples",
-                digits={"ratio": 3, "score": 3, "low": 3, "high": 3, "full": 3, "delta": 3, "delta_low": 3,
-                        "delta_high": 3})
+    out.print(f"{run.label}: {plural(meta.get('examples', meta.get('samples', 0)), 'example')}, {aware}. Per task, "
+              "the mean score (RULER's string match) of the full cache and of each press and ratio, its paired "
+              "difference from the full cache on the same examples (Δ) and the share of the context cache's bytes "
+              "it stored; [95% bootstrap interval over examples]")
+    once = same_at_every_ratio(scores, [column for column in TASK_VALUES if column in scores.columns], ("task",))
+    for task, mine in scores.groupby("task", sort=False):
+        examples = int(mine[mine["press"] == "full"]["examples"].iloc[0]) if (mine["press"] == "full").any() else 0
+        print_frame(task_table(mine, once), f"{task}, {plural(examples, 'example')}", digits={"bytes": 3})
+    if once:
+        out.print(once_note(once, scores, "task_scores.csv"))
     predicts = needle_vs_score(run)
     if (predicts["answered"] + predicts["missed"]).sum():
         print_frame(predicts, "does keeping the needle predict the answer? compressed cells of examples the full cache "
@@ -106,7 +147,6 @@ def print_tasks(run: TaskRun) -> None:
         lost = failed[failed["evicted"] > 0]
         out.print(f"{plural(len(failed), 'cell')} scored below the full cache; in {len(lost)} of them some layer's "
                   f"heads all evicted the needle (task_evicted.csv)")
-    out.print(f"written to {run.path}")
 
 
 def presses_of(table) -> list[str]:
