@@ -141,3 +141,68 @@ def test_a_decoding_press_is_drawn_dashed_in_its_scorers_style(tmp_path) -> None
     assert mine.get_linestyle() == "--" and scorer.get_linestyle() == "-"
     assert "mass:decoding(knorm)" not in {line.get_gid() for line in right.lines}
     assert right.get_legend().get_title().get_text().endswith("decoding(knorm) (compressed while decoding)")
+
+
+def memory_run(tmp_path) -> CacheRun:
+    """knorm, lowrank (its bytes count its basis and mean: bytes_share above 1 − saved) and kivi4 (the same at
+    every ratio) at three ratios, with the columns `spectra cache` writes."""
+    rng = np.random.default_rng(2)
+    rows = [{"press": "full", "ratio": 0.0, "nll": 3.0, "ppl": np.exp(3.0), "kl": 0.0, "top1": 1.0, "kept": 70.0,
+             "kept_share": 1.0, "key_channel_ratio": 0.0, "saved": 0.0, "bytes_share": 1.0}]
+    kivi = {"nll": 3.01, "kl": 0.002, "top1": 0.99, "kept": 70.0, "kept_share": 1.0, "saved": 0.72, "bytes_share": 0.28}
+    for ratio in (0.25, 0.5, 0.75):
+        nll = 3 + ratio + rng.uniform()
+        rows.append({"press": "knorm", "ratio": ratio, "nll": nll, "ppl": np.exp(nll), "kl": ratio, "top1": 1 - ratio,
+                     "kept": 70 * (1 - ratio), "kept_share": 1 - ratio, "key_channel_ratio": 0.0, "saved": ratio,
+                     "bytes_share": 1 - ratio})
+        rows.append({"press": "lowrank", "ratio": ratio, "nll": nll + 0.5, "ppl": np.exp(nll + 0.5), "kl": ratio,
+                     "top1": 1 - ratio, "kept": 70.0, "kept_share": 1.0, "key_channel_ratio": 0.0, "saved": ratio,
+                     "bytes_share": 1 - ratio + 0.13})
+        rows.append({"press": "kivi4", "ratio": ratio, "ppl": np.exp(3.01), "key_channel_ratio": 0.0, **kivi})
+    table = pd.DataFrame(rows)
+    heads = pd.DataFrame([{"press": row.press, "ratio": row.ratio, "layer": 0, "head": 0,
+                           "mass_kept": 1.0 if row.kept_share == 1 else row.kept_share, "out_err": 0.1}
+                          for row in table.itertuples()])
+    meta = {"kind": "cache", "model": {"name": "tiny"}, "data": {"name": "corpus"}, "context": 70,
+            "continuation": 8, "scored": 2}
+    return CacheRun(tmp_path, meta, table, heads, pd.DataFrame())
+
+
+def test_the_cache_table_prints_a_ratio_free_press_once_and_says_what_saved_and_bytes_count(tmp_path, capsys) -> None:
+    """Issue 41: kivi, which ignores the ratio, was printed once per ratio (item 10), and the table's saved and
+    bytes_share disagreed for lowrank (0.500 against 0.629) without a word (item 12)."""
+    from report_helpers import printed_tables
+
+    from spectra.report.cache import show
+
+    run = memory_run(tmp_path)
+    show(run)
+    printed = capsys.readouterr().out
+    (table,) = printed_tables(printed)
+    assert [row[:2] for row in table["rows"]] == [["full", "0.00"], ["knorm", "0.25"], ["lowrank", "0.25"],
+                                                 ["kivi4", "any"], ["knorm", "0.50"], ["lowrank", "0.50"],
+                                                 ["knorm", "0.75"], ["lowrank", "0.75"]]
+    kivi = next(row for row in table["rows"] if row[0] == "kivi4")
+    assert kivi[2:] == ["3.0100", f"{np.exp(3.01):.3f}", "0.0020", "0.990", "70.0", "0.720", "0.280"]
+    words = " ".join(printed.split())
+    assert ("kivi4: the same at every ratio (0.25, 0.5, 0.75), so one row each (ratio 'any'; cache.csv keeps a row "
+            "per ratio)") in words
+    assert "saved: the share of the cache a press reports removing, as kvpress reports a compression ratio" in words
+    assert "the coefficients lowrank drops, its basis and mean not counted" in words
+    assert "bytes_share: the bytes the compressed context cache stores over the full cache's" in words
+
+
+def test_a_press_is_the_same_at_every_ratio_only_when_every_row_is() -> None:
+    from spectra.report.cache import same_at_every_ratio
+
+    rows = [{"press": press, "ratio": ratio, "task": task, "score": score}
+            for press, ratio, task, score in [("full", 0.0, "a", 1.0), ("full", 0.0, "b", 1.0),
+                                              ("kivi4", 0.5, "a", 1.0), ("kivi4", 0.75, "a", 1.0),
+                                              ("kivi4", 0.5, "b", 0.5), ("kivi4", 0.75, "b", 0.5),
+                                              ("knorm", 0.5, "a", 1.0), ("knorm", 0.75, "a", 1.0),
+                                              ("knorm", 0.5, "b", 1.0), ("knorm", 0.75, "b", 0.0),
+                                              ("tova", 0.5, "a", 1.0), ("tova", 0.5, "b", 1.0)]]
+    table = pd.DataFrame(rows)
+    assert same_at_every_ratio(table, ["score"], ("task",)) == ["kivi4"], "knorm differs on b; tova has one ratio"
+    nan = table.assign(score=np.where(table["press"] == "kivi4", np.nan, table["score"]))
+    assert same_at_every_ratio(nan, ["score"], ("task",)) == ["kivi4"], "empty cells count as equal"

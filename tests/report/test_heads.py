@@ -89,3 +89,38 @@ def test_plot_heads_writes_three_views(heads_run, monkeypatch, tmp_path) -> None
     assert [path.name for path in paths] == ["weight_vs_attention_rank.png", "weight_vs_attention_rank.pdf",
                                              "head_types.png", "head_types.pdf", "winners.png", "winners.pdf"]
     assert len(saved) == 3
+
+
+def test_the_printout_is_a_summary_and_all_prints_every_head(heads_run, monkeypatch, capsys) -> None:
+    """Issue 41, item 14: `spectra heads` printed the whole diagnosis, three 270-row tables at 80 columns on SmolLM2
+    (836 lines). By default it prints per layer the count of each head type and the mean rank90, and each score's
+    three strongest heads (each within 80 columns); --all prints every head, as before, on a saved run too."""
+    from report_helpers import printed_tables
+    from tiny import run_cli
+
+    from spectra.report import console
+    from spectra.report.heads import show
+
+    monkeypatch.setattr(console.out, "width", 80)
+    show(heads_run)
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= 80
+    layers, strongest = printed_tables(printed)
+    table = heads_run.diagnosis
+    assert layers["header"] == [["layer", "induction", "prev", "sink", "local", "retrieval", "mixed", "rank90"]]
+    assert len(layers["rows"]) == heads_run.layers
+    for layer, row in enumerate(layers["rows"]):
+        mine = table[table["layer"] == layer]
+        assert row[1:7] == [str(int((mine["head_type"] == kind).sum())) for kind in HEAD_TYPES]
+        assert row[7] == f"{mine['rank90'].mean():.1f}"
+    scores = {row[0]: row[1] for row in strongest["rows"]}
+    for score in ("sink_share", "prev", "local", "retrieval"):
+        ranked = sorted(table.itertuples(), key=lambda head: -getattr(head, score))[:3]
+        assert scores[score] == ", ".join(f"L{head.layer}H{head.head} {getattr(head, score):.2f}" for head in ranked)
+    assert "induction_score" not in scores, "an encoder's induction score is not measured"
+    assert "--all prints them" in " ".join(printed.split())
+    for argv, rows in (([], heads_run.layers), (["--all"], len(table))):
+        code, out, err = run_cli(["heads", str(heads_run.path), *argv], monkeypatch, capsys)
+        assert code == 0, err
+        assert len(printed_tables(out)[0]["rows"]) == rows
+    assert printed_tables(out)[0]["header"][0][:3] == ["layer", "head", "head_type"]
