@@ -161,8 +161,28 @@ def panel_legend(ax, title: str | None = None) -> None:
               handlelength=1.8, columnspacing=1.2, title=title, title_fontsize=8)
 
 
+#: the x axis of a run that counted bytes (each cell at the share of the full cache's bytes it stores, the full
+#: cache at 1, compression growing to the right) and of an older run (the ratio)
+BYTES_AXIS = "Share of the context cache's bytes stored (1: the full cache)"
+RATIO_AXIS = "Ratio of the cache removed"
+
+
+def by_bytes(table: pd.DataFrame) -> bool:
+    """Whether the run's cells can be drawn at the bytes they store (runs before bytes were counted cannot)."""
+    return "bytes_share" in table.columns and bool(table["bytes_share"].notna().all())
+
+
+def x_axis(ax, bytes_axis: bool) -> None:
+    """Label the x axis; the bytes axis runs from the full cache (1) on the left to less memory on the right."""
+    ax.set_xlabel(BYTES_AXIS if bytes_axis else RATIO_AXIS)
+    if bytes_axis:
+        ax.invert_xaxis()
+
+
 def draw_cache(run: CacheRun):
-    """NLL vs ratio (left) and attention mass kept vs ratio (right), a line per press."""
+    """NLL (left) and attention mass kept (right) against the share of the context cache's bytes each cell stores, a
+    line per press from the full cache; a press the same at every ratio (KIVI: bits, not the ratio) as one point.
+    Runs before bytes were counted: against the ratio, as they were drawn."""
     plt = pyplot()
     table = run.table
     full = table[table["press"] == "full"].iloc[0]
@@ -170,37 +190,47 @@ def draw_cache(run: CacheRun):
     figure, (left, right) = plt.subplots(1, 2, figsize=(10.0, 5.4), layout="constrained")
     presses = [press for press in dict.fromkeys(table["press"]) if press != "full"]
     unknown = [press for press in presses if press not in PRESS_STYLES and wrapped(press) not in PRESS_STYLES]
+    bytes_axis = by_bytes(table)
+    x_column, x_full = ("bytes_share", 1.0) if bytes_axis else ("ratio", 0.0)
+    measured = [column for column in ("nll", "kl", "top1", "kept", "saved", "bytes_share", "key_channel_ratio")
+                if column in table.columns]
+    once = same_at_every_ratio(table, measured)
     missing: dict[str, list[str]] = {"every token kept": [], "rows are not tokens": [],
                                      "compressed while decoding": []}
     for press in presses:
         rows = table[table["press"] == press].sort_values("ratio")
-        ratios = [0.0, *rows["ratio"]]
+        alone = press in once  # one cell: no line from the full cache, one marker
+        if alone:
+            rows = rows.iloc[:1]
+        xs = list(rows[x_column]) if alone else [x_full, *rows[x_column]]
         color, marker = press_style(press, unknown.index(press) if press in unknown else 0)
-        style_of = dict(color=color, marker=marker, markersize=4.5, linewidth=1.3,
-                        linestyle="--" if wrapped(press) else "-")
+        style_of = dict(color=color, marker=marker, markersize=7.5 if alone else 4.5, linewidth=1.3, zorder=3,
+                        linestyle="none" if alone else "--" if wrapped(press) else "-")
         channel = bool((rows["key_channel_ratio"] > 0).any())
         label = f"{press} (key channels)" if channel else press
-        left.plot(ratios, [full["nll"], *rows["nll"]], label=label, gid=f"nll:{press}", **style_of)
+        label += " (any ratio)" if alone else ""
+        left.plot(xs, [*([] if alone else [full["nll"]]), *rows["nll"]], label=label, gid=f"nll:{press}", **style_of)
         kept = [mass.get((press, ratio), np.nan) for ratio in rows["ratio"]]
         every = channel or ("kept_share" in rows.columns and bool((rows["kept_share"] >= 1).all()))
-        if every:  # keeps every token (ThinK, a low-rank K and V): its mass says nothing
+        if every:  # keeps every token (ThinK, a low-rank K and V, KIVI): its mass says nothing
             missing["every token kept"].append(press)
         elif wrapped(press) and np.isnan(np.asarray(kept, dtype=float)).all():  # its cache changes as it decodes
             missing["compressed while decoding"].append(press)
         elif np.isnan(np.asarray(kept, dtype=float)).all():  # rows that are not tokens (Linformer's E·K)
             missing["rows are not tokens"].append(press)
         else:
-            right.plot(ratios, [mass.get(("full", 0.0), 1.0), *kept], label=label, gid=f"mass:{press}", **style_of)
-    left.axhline(full["nll"], label="full cache", gid="full", **FULL_STYLE)
+            right.plot(xs, [*([] if alone else [mass.get(("full", 0.0), 1.0)]), *kept], label=label,
+                       gid=f"mass:{press}", **style_of)
+    left.axhline(full["nll"], label="full cache", gid="full", zorder=1, **FULL_STYLE)
     left.set_ylabel("Continuation NLL (nats/token)")
     left.set_title("Next-token NLL of the continuation")
     right.set_ylabel("Attention mass on kept context tokens")
     right.set_title("Share of the attention on the context that stays\n(mean over layers and heads)")
     right.set_ylim(-0.02, 1.02)
     for ax in (left, right):
-        ax.set_xlabel("Ratio of the cache removed")
+        x_axis(ax, bytes_axis)
         ax.grid(alpha=0.25, linewidth=0.6)
-    panel_legend(left)
+    panel_legend(left, "one point: the same at every ratio" if once else None)
     why = [f"{', '.join(presses)} ({reason})" for reason, presses in missing.items() if presses]
     panel_legend(right, f"not drawn: {'; '.join(why)}" if why else None)
     meta = run.meta

@@ -206,3 +206,27 @@ def test_a_press_is_the_same_at_every_ratio_only_when_every_row_is() -> None:
     assert same_at_every_ratio(table, ["score"], ("task",)) == ["kivi4"], "knorm differs on b; tova has one ratio"
     nan = table.assign(score=np.where(table["press"] == "kivi4", np.nan, table["score"]))
     assert same_at_every_ratio(nan, ["score"], ("task",)) == ["kivi4"], "empty cells count as equal"
+
+
+def test_every_press_is_drawn_at_the_bytes_it_stores_and_a_ratio_free_press_as_one_point(tmp_path) -> None:
+    """Issue 41, item 10: kivi2/4/8 were drawn at x = ratio on an axis of "the ratio of the cache removed", though
+    kivi ignores the ratio (it stores 0.28 of the bytes here at every ratio), and lowrank at its ratio though it
+    stores more. Now every cell sits at the share of the bytes it stores (the full cache at 1, on the left), each
+    line starts from the full cache, and kivi4 is one marker, no line."""
+    run = memory_run(tmp_path)
+    left, right = draw_cache(run).axes
+    table = run.table
+    for ax in (left, right):
+        assert ax.get_xlabel() == "Share of the context cache's bytes stored (1: the full cache)"
+        assert ax.xaxis_inverted(), "less memory to the right, as compression grew to the right before"
+    for press in ("knorm", "lowrank"):
+        rows = table[table["press"] == press].sort_values("ratio")
+        line = by_gid(left.lines, f"nll:{press}")
+        np.testing.assert_array_equal(line.get_xdata(), [1.0, *rows["bytes_share"]])
+        np.testing.assert_array_equal(line.get_ydata(), [3.0, *rows["nll"]])
+    kivi = by_gid(left.lines, "nll:kivi4")
+    assert list(kivi.get_xdata()) == [0.28] and list(kivi.get_ydata()) == [3.01]
+    assert kivi.get_linestyle() == "None" and kivi.get_label() == "kivi4 (any ratio)"
+    assert kivi.get_zorder() > by_gid(left.lines, "full").get_zorder(), "not hidden under the full cache's line"
+    mass = by_gid(right.lines, "mass:knorm")
+    np.testing.assert_array_equal(mass.get_xdata(), [1.0, 0.75, 0.5, 0.25])
