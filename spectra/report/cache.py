@@ -163,7 +163,7 @@ def panel_legend(ax, title: str | None = None) -> None:
 
 #: the x axis of a run that counted bytes (each cell at the share of the full cache's bytes it stores, the full
 #: cache at 1, compression growing to the right) and of an older run (the ratio)
-BYTES_AXIS = "Share of the context cache's bytes stored (1: the full cache)"
+BYTES_AXIS = "Share of the full cache's bytes stored"
 RATIO_AXIS = "Ratio of the cache removed"
 
 

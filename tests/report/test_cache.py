@@ -217,7 +217,7 @@ def test_every_press_is_drawn_at_the_bytes_it_stores_and_a_ratio_free_press_as_o
     left, right = draw_cache(run).axes
     table = run.table
     for ax in (left, right):
-        assert ax.get_xlabel() == "Share of the context cache's bytes stored (1: the full cache)"
+        assert ax.get_xlabel() == "Share of the full cache's bytes stored"
         assert ax.xaxis_inverted(), "less memory to the right, as compression grew to the right before"
     for press in ("knorm", "lowrank"):
         rows = table[table["press"] == press].sort_values("ratio")
