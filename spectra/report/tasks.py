@@ -269,8 +269,12 @@ def draw_needle(run: TaskRun):
                 ax.set_ylabel("Needle depth")
             if row == len(presses):
                 ax.set_xlabel("Length (tokens)")
-    if image is not None:
-        plt.colorbar(image, ax=axes, fraction=0.03, pad=0.02).set_label("Mean score")
+    if image is not None:  # one scale for every panel: a bar as tall as the grid (at matplotlib's default aspect it
+        # was a short bar beside the middle row, read as that row's own)
+        shown = [ax for ax in axes.flat if ax.get_visible()]
+        bar = figure.colorbar(image, ax=shown, fraction=0.03, pad=0.02, aspect=16 * (len(presses) + 1))
+        bar.set_label("Mean score")
+        bar.ax.set_gid("colorbar")
     figure.suptitle(f"{run.label}: score by needle depth and length")
     return figure
 

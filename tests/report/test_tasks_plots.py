@@ -106,3 +106,17 @@ def test_presses_with_the_same_scores_stay_visible_and_a_ratio_free_press_is_one
     assert kivi.get_linestyle() == "None"
     assert "kivi4 (any ratio)" in [text.get_text() for text in ax.get_legend().get_texts()]
     assert ax.get_xlabel() == "Share of the full cache's bytes stored" and ax.xaxis_inverted()
+
+
+def test_the_needle_heatmap_s_one_colour_bar_spans_every_panel(tmp_path) -> None:
+    """Issue 41, item 15: the heatmap's one colour bar (one scale for every panel) was a short bar beside the middle
+    row, read as that row's own. It now runs the height of the grid, right of every panel."""
+    figure = draw_needle(task_run(tmp_path))
+    figure.canvas.draw()
+    (bar,) = [ax for ax in figure.axes if ax.get_ylabel() == "Mean score"]
+    panels = [ax for ax in figure.axes if ax.get_visible() and ax is not bar]
+    top, bottom = max(ax.get_position().y1 for ax in panels), min(ax.get_position().y0 for ax in panels)
+    box = bar.get_position()
+    assert box.height >= 0.9 * (top - bottom), (box.height, top - bottom)
+    assert box.y0 >= bottom - 0.01 and box.y1 <= top + 0.01
+    assert box.x0 >= max(ax.get_position().x1 for ax in panels)
