@@ -249,6 +249,29 @@ def plot_cache(run: CacheRun, out: str | Path | None = None) -> list[Path]:
 AXIS_COLOURS = {"tokens": "tab:green", "channels": "tab:pink", "rank": "#e6ab02", "bits": "#6a3d9a"}
 
 
+#: the axis map's cell text in points: readable at the figure's size (5.5 was not)
+CELL_FONT = 8.0
+
+
+def text_on(colour: str) -> str:
+    """Black or white, whichever contrasts more with `colour` (WCAG's relative luminance): the numbers stay
+    readable on the dark bits purple as on the light rank yellow."""
+    from matplotlib.colors import to_rgb
+
+    rgb = np.array(to_rgb(colour))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    luminance = float(linear @ [0.2126, 0.7152, 0.0722])
+    return "black" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "white"
+
+
+def compact_types(types: str) -> str:
+    """A key/value head's query-head types, repeats counted: 'sink+sink+local' → 'sink×2+local' (fits its cell)."""
+    counts = dict.fromkeys(types.split("+"), 0)
+    for kind in types.split("+"):
+        counts[kind] += 1
+    return "+".join(kind if count == 1 else f"{kind}×{count}" for kind, count in counts.items())
+
+
 def draw_axes(run: CacheRun):
     """The axis map: per byte budget a panel of layers × key/value heads, each cell coloured by the axis whose best
     press loses least there, labelled with its output error (and its head types when a heads run was joined)."""
@@ -260,8 +283,9 @@ def draw_axes(run: CacheRun):
     best = run.axes[run.axes["best"].astype(bool)]
     budgets = sorted(best["budget"].unique())
     layers, kv_heads = int(run.axes["layer"].max()) + 1, int(run.axes["kv_head"].max()) + 1
-    figure, panels = plt.subplots(1, len(budgets), figsize=(1.2 + 1.4 * kv_heads * len(budgets), 1.4 + 0.28 * layers),
-                                  layout="constrained", squeeze=False)
+    typed = "head_types" in best.columns and bool(best["head_types"].notna().any())
+    figure, panels = plt.subplots(1, len(budgets), squeeze=False, layout="constrained",
+                                  figsize=(1.2 + 1.4 * kv_heads * len(budgets), 1.4 + (0.5 if typed else 0.3) * layers))
     colours = ListedColormap([AXIS_COLOURS[axis] for axis in AXES])
     for ax, budget in zip(panels[0], budgets):
         cells = best[best["budget"] == budget]
@@ -270,8 +294,9 @@ def draw_axes(run: CacheRun):
         ax.imshow(grid, cmap=colours, vmin=-0.5, vmax=len(AXES) - 0.5, aspect="auto", interpolation="nearest")
         for row in cells.itertuples():
             types = getattr(row, "head_types", None)
-            label = f"{row.out_err:.2f}" + (f"\n{types}" if isinstance(types, str) else "")
-            ax.text(row.kv_head, row.layer, label, ha="center", va="center", fontsize=5.5, gid=f"cell:{budget}")
+            label = f"{row.out_err:.2f}" + (f"\n{compact_types(types)}" if isinstance(types, str) else "")
+            ax.text(row.kv_head, row.layer, label, ha="center", va="center", fontsize=CELL_FONT, linespacing=1.0,
+                    color=text_on(AXIS_COLOURS[row.axis]), gid=f"cell:{budget}")
         ax.set_xticks(range(kv_heads))
         ax.set_xlabel("Key/value head")
         ax.set_title(f"{budget:g} of the bytes", fontsize=9)

@@ -230,3 +230,36 @@ def test_every_press_is_drawn_at_the_bytes_it_stores_and_a_ratio_free_press_as_o
     assert kivi.get_zorder() > by_gid(left.lines, "full").get_zorder(), "not hidden under the full cache's line"
     mass = by_gid(right.lines, "mass:knorm")
     np.testing.assert_array_equal(mass.get_xdata(), [1.0, 0.75, 0.5, 0.25])
+
+
+def test_the_axis_map_s_cell_text_is_readable(tmp_path) -> None:
+    """Issue 41, item 15: the axis map's numbers were 5.5-point black text, unreadable (and dark on the bits
+    purple). Now 8 points, black or white for a WCAG contrast of at least 4.5 on each cell's colour, and a key/value
+    head's query-head types with their repeats counted, so they fit the cell."""
+    from spectra.report.cache import AXIS_COLOURS, draw_axes
+
+    rows = [{"budget": budget, "layer": layer, "kv_head": head, "axis": axis, "out_err": 0.1 * (layer + head),
+             "best": axis == ("bits" if (layer + head) % 2 else "tokens" if layer else "rank"),
+             "head_types": "sink+sink+local"}
+            for budget in (0.3, 0.6) for layer in range(3) for head in range(2) for axis in ("tokens", "rank", "bits")]
+    run = CacheRun(tmp_path, {"model": {"name": "tiny"}, "data": {"name": "corpus"}, "context": 70}, pd.DataFrame(),
+                   pd.DataFrame(), pd.DataFrame(), pd.DataFrame(rows))
+    figure = draw_axes(run)
+
+    def luminance(colour) -> float:
+        from matplotlib.colors import to_rgb
+
+        rgb = np.array(to_rgb(colour))
+        return float(np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4) @ [0.2126, 0.7152, 0.0722])
+
+    texts = [text for ax in figure.axes for text in ax.texts if str(text.get_gid()).startswith("cell:")]
+    assert len(texts) == 2 * 3 * 2
+    best = pd.DataFrame(rows)[pd.DataFrame(rows)["best"]]
+    for text in texts:
+        x, y = text.get_position()
+        budget = float(text.get_gid().removeprefix("cell:"))
+        cell = best[(best["budget"] == budget) & (best["layer"] == y) & (best["kv_head"] == x)].iloc[0]
+        assert text.get_fontsize() >= 8
+        assert text.get_text() == f"{cell['out_err']:.2f}\nsink×2+local"
+        light, dark = sorted([luminance(text.get_color()), luminance(AXIS_COLOURS[cell["axis"]])], reverse=True)
+        assert (light + 0.05) / (dark + 0.05) >= 4.5, (cell["axis"], text.get_color())
