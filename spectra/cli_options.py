@@ -143,7 +143,7 @@ def command(analysis: Analysis, notify: Callable[[str], None]) -> Callable[..., 
         if finished is None:
             with progress_bar("sequences") as progress:
                 finished = run_analysis(analysis, {"model": model, **values}, progress, notify)
-        analysis.show(finished, every)
+        analysis.show(finished, every=True) if every else analysis.show(finished)  # --all: a kind with `detail`
         if plot:
             for path in analysis.plot(finished):
                 out.print(f"wrote {path}", soft_wrap=True)
