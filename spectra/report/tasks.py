@@ -86,6 +86,17 @@ def needle_vs_score(run: TaskRun) -> pd.DataFrame:
 TASK_VALUES = ["score", "low", "high", "delta", "delta_low", "delta_high", "bytes_share"]
 
 
+def ratio_free(scores: pd.DataFrame) -> list[str]:
+    """The presses the same at every ratio in every task (`cache.same_at_every_ratio`), judged with the bytes each
+    cell stored: a run before bytes were counted cannot tell a press that ignores the ratio from one that scored the
+    same at each (snapkv, keeping the same few answers), so it names none."""
+    from .cache import by_bytes, same_at_every_ratio
+
+    if not by_bytes(scores):
+        return []
+    return same_at_every_ratio(scores, [column for column in TASK_VALUES if column in scores.columns], ("task",))
+
+
 def with_interval(value: float, low: float, high: float, sign: str = "") -> str:
     """'0.80 [0.50, 1.00]' ('+' as `sign`: '-0.20 [-0.50, +0.00]'); the value alone without an interval."""
     if np.isnan(value):
@@ -120,7 +131,7 @@ def print_tasks(run: TaskRun) -> None:
     """Per task (a table each, narrow enough for 80 columns): the full cache's mean score, then each press's and
     ratio's beside it with the paired difference, intervals in brackets; then whether keeping the needle predicts
     the answer."""
-    from .cache import once_note, same_at_every_ratio
+    from .cache import once_note
     from .console import out, plural, print_frame
 
     meta = run.meta
@@ -130,7 +141,7 @@ def print_tasks(run: TaskRun) -> None:
               "the mean score (RULER's string match) of the full cache and of each press and ratio, its paired "
               "difference from the full cache on the same examples (Δ) and the share of the context cache's bytes "
               "it stored; [95% bootstrap interval over examples]")
-    once = same_at_every_ratio(scores, [column for column in TASK_VALUES if column in scores.columns], ("task",))
+    once = ratio_free(scores)
     for task, mine in scores.groupby("task", sort=False):
         examples = int(mine[mine["press"] == "full"]["examples"].iloc[0]) if (mine["press"] == "full").any() else 0
         print_frame(task_table(mine, once), f"{task}, {plural(examples, 'example')}", digits={"bytes": 3})
@@ -177,7 +188,7 @@ def draw_scores(run: TaskRun):
     """Score per task against the share of the context cache's bytes stored (the ratio for runs before bytes were
     counted), a line per press from the full cache, 95% intervals; a press the same at every ratio as one point;
     presses whose points are all the same drawn side by side (`DODGE`), the panel's legend naming them."""
-    from .cache import by_bytes, same_at_every_ratio, x_axis
+    from .cache import by_bytes, x_axis
 
     plt = pyplot()
     scores = run.scores
@@ -189,7 +200,7 @@ def draw_scores(run: TaskRun):
     presses = presses_of(scores)
     bytes_axis = by_bytes(scores)
     x_column, x_full = ("bytes_share", 1.0) if bytes_axis else ("ratio", 0.0)
-    once = same_at_every_ratio(scores, [column for column in TASK_VALUES if column in scores.columns], ("task",))
+    once = ratio_free(scores)
     for ax, task in zip(axes.flat, tasks):
         mine = scores[scores["task"] == task]
         full = mine[mine["press"] == "full"].iloc[0]

@@ -132,3 +132,16 @@ def test_the_task_table_fits_80_columns_full_first_a_ratio_free_press_once(tmp_p
     assert ("kivi4: the same at every ratio (0.5, 0.75), so one row each (ratio 'any'; task_scores.csv keeps a row "
             "per ratio)") in " ".join(printed.split())
     assert len(run.scores[run.scores["press"] == "kivi4"]) == 4, "the table keeps a row per ratio and task"
+
+
+def test_a_run_without_bytes_names_no_press_ratio_free(tmp_path, capsys) -> None:
+    """Without the bytes each cell stored, a press that ignores the ratio cannot be told from one that scored the same
+    at each ratio (snapkv, keeping the same few answers): every ratio keeps its row."""
+    from report_helpers import printed_tables
+
+    run = study_run(tmp_path)
+    run.scores["bytes_share"] = np.nan
+    print_tasks(run)
+    printed = capsys.readouterr().out
+    rows = [row[:2] for row in printed_tables(printed)[0]["rows"]]
+    assert ["kivi4", "0.50"] in rows and ["kivi4", "0.75"] in rows and "any" not in printed
