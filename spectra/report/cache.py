@@ -1,7 +1,9 @@
 """The read side of `spectra cache`: its run object (`CacheRun`), what it prints and its figures.
 
-The view of a `spectra cache` run: next-token NLL of the continuation against the ratio of the cache removed,
-a line per press starting from the full cache at ratio 0 (dotted grey: the full cache's NLL), and beside it the
+The view of a `spectra cache` run: next-token NLL of the continuation against the share of the full cache's bytes
+each cell stores (every axis — tokens, key channels, rank, bits — on one currency; runs before bytes were counted:
+against the ratio), a line per press starting from the full cache at 1 (dotted grey: the full cache's NLL), a press
+the same at every ratio (KIVI) one point, and beside it the
 share of the continuation's attention mass on the context that the kept tokens hold (mean over layers and heads;
 presses that keep every token — ThinK's key channels, a low-rank K and V — or whose rows are not tokens —
 Linformer's E·K — are left out there, and its legend names them). Each panel has its own legend, below it,

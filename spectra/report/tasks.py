@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runs import FinishedRun, read_table
-from .cache import FULL_STYLE, panel_legend, press_style, wrapped
+from .cache import (
+    FULL_STYLE,
+    by_bytes,
+    once_note,
+    one_row_each,
+    panel_legend,
+    press_style,
+    same_at_every_ratio,
+    wrapped,
+    x_axis,
+)
 from .plots import style
 from .plots.style import plot_folder, pyplot
 
@@ -90,8 +100,6 @@ def ratio_free(scores: pd.DataFrame) -> list[str]:
     """The presses the same at every ratio in every task (`cache.same_at_every_ratio`), judged with the bytes each
     cell stored: a run before bytes were counted cannot tell a press that ignores the ratio from one that scored the
     same at each (snapkv, keeping the same few answers), so it names none."""
-    from .cache import by_bytes, same_at_every_ratio
-
     if not by_bytes(scores):
         return []
     return same_at_every_ratio(scores, [column for column in TASK_VALUES if column in scores.columns], ("task",))
@@ -111,8 +119,6 @@ def task_table(scores: pd.DataFrame, once: list[str]) -> pd.DataFrame:
     share of the context cache's bytes stored (when the run counted bytes)."""
     import pandas as pd
 
-    from .cache import one_row_each
-
     order = {press: rank for rank, press in enumerate(["full", *presses_of(scores)])}
     rows = scores.sort_values(["press", "ratio"], key=lambda column: column.map(order) if column.name == "press"
                               else column, kind="stable")
@@ -131,7 +137,6 @@ def print_tasks(run: TaskRun) -> None:
     """Per task (a table each, narrow enough for 80 columns): the full cache's mean score, then each press's and
     ratio's beside it with the paired difference, intervals in brackets; then whether keeping the needle predicts
     the answer."""
-    from .cache import once_note
     from .console import out, plural, print_frame
 
     meta = run.meta
@@ -188,8 +193,6 @@ def draw_scores(run: TaskRun):
     """Score per task against the share of the context cache's bytes stored (the ratio for runs before bytes were
     counted), a line per press from the full cache, 95% intervals; a press the same at every ratio as one point;
     presses whose points are all the same drawn side by side (`DODGE`), the panel's legend naming them."""
-    from .cache import by_bytes, x_axis
-
     plt = pyplot()
     scores = run.scores
     tasks = list(dict.fromkeys(scores["task"]))
