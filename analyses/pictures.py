@@ -72,8 +72,9 @@ def draw_cache(runs: list):
         top = max(max(line.get_ydata()) for line in lines if line not in off)
         margin = 0.08 * (top - full)
         nll.set_ylim(full - margin, top + 2 * margin)
-        for place, line in enumerate(off):
-            low, high = min(line.get_ydata()[1:]), max(line.get_ydata()[1:])
+        table = runs[0].table
+        for place, line in enumerate(off):  # its cells' NLL (a press the same at every ratio is one point, no full)
+            low, high = table.loc[table["press"] == str(line.get_gid()).removeprefix("nll:"), "nll"].agg(["min", "max"])
             span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
             nll.annotate(f"↑ {line.get_label()}: {span} nats, off the scale", xy=(0.5, 0.97 - 0.05 * place),
                          xycoords="axes fraction", ha="center", va="top", fontsize=8.5, color=line.get_color())

@@ -20,6 +20,7 @@ from . import runtime
 from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
+from .reporter import plural
 
 app = typer.Typer(
     cls=FlaglessGroup,
@@ -151,6 +152,13 @@ def compare(
         stdout.print(f"table written to {csv}")
 
 
+def fitted_line(task: str, size: int, tokens: list[int]) -> str:
+    """What `spectra tasks` says of one task at one length: "passkey at 1024: 1 example of 1020 tokens", a range only
+    where the examples' lengths differ ("3 examples of 1010–1024 tokens")."""
+    span = f"{min(tokens)}" if min(tokens) == max(tokens) else f"{min(tokens)}–{max(tokens)}"
+    return f"{task} at {size}: {plural(len(tokens), 'example')} of {span} tokens"
+
+
 @app.command("tasks", cls=FlaglessCommand)
 def tasks_command(
     model: str = typer.Argument(..., help="A decoder: hub id, local directory, or .gguf file (only its tokenizer and config are read)."),
@@ -168,8 +176,7 @@ def tasks_command(
     from .tasks.command import make_tasks
 
     def progress(task: str, size: int, fitted: list) -> None:
-        tokens = [item.tokens for item in fitted]
-        stdout.print(f"{task} at {size}: {len(fitted)} examples of {min(tokens)}–{max(tokens)} tokens", soft_wrap=True)
+        stdout.print(fitted_line(task, size, [item.tokens for item in fitted]), soft_wrap=True)
 
     written = make_tasks(model, tasks=tasks, lengths=length, samples=samples, out=out, haystack=haystack, seed=seed,
                          gguf_file=gguf_file, overwrite=overwrite, progress=progress)

@@ -78,8 +78,8 @@ def cli_default(value: Any) -> Any:
 def _parameter(option: Declared, default: Any) -> inspect.Parameter:
     help_text = option.help.replace("{methods}", registry.method_listing()) if "{methods}" in option.help else option.help
     listed = isinstance(default, tuple)
-    if listed:  # spaces after the commas, so that --help wraps a long list between values, never inside one
-        help_text += f"  [default: {', '.join(map(str, default))}]"
+    if listed and default:  # spaces after the commas, so that --help wraps a long list between values, never inside one
+        help_text += f"  [default: {', '.join(map(str, default))}]"  # (an empty list shows none: not "[default: ]")
     info = typer.Option(*option.flags, help=help_text, metavar=option.metavar, show_default=not listed)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=cli_default(default),
                              annotation=Annotated[cli_type(option.annotation), info])
@@ -99,12 +99,20 @@ def parameters(analysis: Analysis) -> list[inspect.Parameter]:
     plot = typer.Option("--plot", help="Draw the run's figures into the run directory's figures/.")
     found.append(inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, default=False,
                                    annotation=Annotated[bool, plot]))
+    if analysis.detail:
+        found.append(inspect.Parameter("all", inspect.Parameter.KEYWORD_ONLY, default=False,
+                                       annotation=Annotated[bool, typer.Option("--all", help=analysis.detail)]))
     return found
+
+
+#: what a finished run given as MODEL takes: how it is shown, nothing that would change it
+VIEW_OPTIONS = ("plot", "all")
 
 
 def saved_run(ctx: typer.Context, model: str | None, analysis: Analysis):
     """The finished run at `model` when it is a run directory of this analysis (else None); another kind is an
-    error, and so is any option given with it that a saved run cannot honour (only --plot applies to one)."""
+    error, and so is any option given with it that a saved run cannot honour (only how it is shown applies: --plot,
+    and --all where the kind has it)."""
     from .kinds import load_run, read_meta
 
     if model is None or not Path(model, "run.json").is_file():
@@ -114,10 +122,12 @@ def saved_run(ctx: typer.Context, model: str | None, analysis: Analysis):
         raise SpectraError(f"{model} is a run of 'spectra {kind}', not of 'spectra {analysis.name}'; print or plot "
                            f"it with 'spectra {kind} {model}' or 'spectra plot {model}'")
     given = [f"--{name.replace('_', '-')}" for name in ctx.params
-             if name not in ("model", "plot") and ctx.get_parameter_source(name).name == "COMMANDLINE"]
+             if name not in ("model", *VIEW_OPTIONS) and ctx.get_parameter_source(name).name == "COMMANDLINE"]
     if given:
-        raise SpectraError(f"{model} is a saved run: {', '.join(given)} cannot change it (only --plot applies); "
-                           "to analyse again, give the model and another --out")
+        views = " and ".join(f"--{name}" for name in VIEW_OPTIONS if name in ctx.params)
+        raise SpectraError(f"{model} is a saved run: {', '.join(given)} cannot change it (only {views} "
+                           f"{'applies' if ' and ' not in views else 'apply'}); to analyse again, give the model and "
+                           "another --out")
     return load_run(model)
 
 
@@ -128,11 +138,12 @@ def command(analysis: Analysis, notify: Callable[[str], None]) -> Callable[..., 
         from .api import run as run_analysis
         from .report.console import out, progress_bar
 
+        every = values.pop("all", False)
         finished = saved_run(ctx, model, analysis)
         if finished is None:
             with progress_bar("sequences") as progress:
                 finished = run_analysis(analysis, {"model": model, **values}, progress, notify)
-        analysis.show(finished)
+        analysis.show(finished, every=True) if every else analysis.show(finished)  # --all: a kind with `detail`
         if plot:
             for path in analysis.plot(finished):
                 out.print(f"wrote {path}", soft_wrap=True)

@@ -194,8 +194,8 @@ class RunConfig:
     data: str = option("imdb", "imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file.")
     length: int = option(512, "Sequence length n, special tokens included; at most what the model can embed.")
     samples: int = option(10000, "Number of sequences; fewer if the corpus yields fewer (said at the end).")
-    mode: Mode = option(Mode.PACK, "pack: documents concatenated into blocks of exactly n tokens; truncate: one "
-                        "document per sequence, cut at n, padded.")
+    mode: Mode = option(Mode.PACK, "pack: documents concatenated into blocks of exactly a sequence's length; "
+                        "truncate: one document per sequence, cut at that length, padded.")
     batch_size: int = option(8, "Sequences per forward pass (the results do not depend on it).", identity=False)
     seed: int = option(0, "Seed (≥ 0) of the document shuffle and of every random draw (projections, masking).")
     split: str | None = option(None, "Split of a named dataset (default: test).")

@@ -108,6 +108,12 @@ def _data_changes(recorded: dict[str, Any], source: Source) -> list[str]:
     return [key for key in DATA_IDENTITY if key in before and before[key] != now.get(key)]
 
 
+def differ(changed: list[str]) -> str:
+    """The data's changed keys in a sentence: "its sha256 differs", "its bytes and sha256 differ"."""
+    names = changed[0] if len(changed) == 1 else f"{', '.join(changed[:-1])} and {changed[-1]}"
+    return f"its {names} {'differs' if len(changed) == 1 else 'differ'}"
+
+
 @contextlib.contextmanager
 def _deferred_interrupts(notify: Callable[[str], None]) -> Iterator[Callable[[], bool]]:
     """While the batches run, Ctrl-C (SIGINT) or SIGTERM only raises a flag the loop checks between batches, so
@@ -256,7 +262,7 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
                                f"to replace it, or choose another {spell('--out')}")
         changed = _data_changes(finished, job.open_source(config.device))
         if changed:
-            raise SpectraError(f"{target.out} is a complete run of other data: its {', '.join(changed)} differ from "
+            raise SpectraError(f"{target.out} is a complete run of other data: {differ(changed)} from "
                                f"what the data holds now; pass {OVERWRITE} to replace it, or choose another "
                                f"{spell('--out')}")
         notify(f"{target.out} is already complete; loading it")
@@ -285,8 +291,8 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
     if previous is not None:
         changed = _data_changes(previous, source)
         if changed:
-            raise SpectraError(f"cannot resume {target.partial}: the data changed since it started (its "
-                               f"{', '.join(changed)} differ); pass {OVERWRITE} to start over")
+            raise SpectraError(f"cannot resume {target.partial}: the data changed since it started "
+                               f"({differ(changed)}); pass {OVERWRITE} to start over")
     with timings.stage("load"):
         source.start()
         _check_memory(job, source)

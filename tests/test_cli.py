@@ -144,3 +144,10 @@ def test_bare_spectra_prints_the_usage_and_no_empty_error(monkeypatch, capsys) -
     code, out, err = run_cli([], monkeypatch, capsys)
     assert code == 2 and "Usage:" in out + err and "analyze" in out + err
     assert not any(line.lower().startswith("error") for line in err.splitlines()), err
+
+
+def test_spectra_tasks_counts_its_examples_in_words() -> None:
+    """Issue 41, item 15: `spectra tasks` said "1 examples of 491–491 tokens"."""
+    assert cli.fitted_line("passkey", 512, [491]) == "passkey at 512: 1 example of 491 tokens"
+    assert cli.fitted_line("vt", 1024, [1010, 1024, 1017]) == "vt at 1024: 3 examples of 1010–1024 tokens"
+    assert cli.fitted_line("vt", 1024, [1020, 1020]) == "vt at 1024: 2 examples of 1020 tokens"

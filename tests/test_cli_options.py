@@ -50,3 +50,18 @@ def test_help_at_80_columns_keeps_names_defaults_and_readable_descriptions(comma
             assert "".join(sub.help.split()) in whole, name
     continuation = [len(line) - len(line.lstrip()) for line in lines if line.startswith("    ") and line.strip()]
     assert max(continuation, default=0) <= 40, "descriptions squeezed into a narrow column"
+
+
+def test_cache_help_speaks_of_decoders_and_of_its_own_options(monkeypatch, capsys) -> None:
+    """Issue 41, item 15: `spectra cache --help` gave an encoder (roberta-base) as its MODEL example, printed
+    "[default: ]" for --bytes-kept, called the same thing <scorer> in one place and <decodable> in another, and
+    explained --mode by an n that cache does not have."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["cache", "--help"], monkeypatch, capsys)
+    assert code == 0, err
+    whole = " ".join(out.split())
+    assert "roberta-base" not in whole and "A decoder: Hugging Face hub id (HuggingFaceTB/SmolLM2-135M-Instruct)" in whole
+    assert "[default: ]" not in whole and "[default:]" not in "".join(out.split())
+    assert "decoding(<scorer>)" not in whole and whole.count("decoding(<decodable>)") >= 3
+    mode = whole.split("--mode")[1].split("[default: pack]")[0]
+    assert " n " not in mode and " n," not in mode and "a sequence's length" in mode

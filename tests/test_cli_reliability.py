@@ -222,7 +222,7 @@ def test_resume_onto_a_complete_run_of_changed_data_is_refused(roberta_dir, work
     write_text(corpus, count=200, seed=1)
     line = one_line(*run_cli(["analyze", str(roberta_dir), "--data", str(corpus), "--out", "run", "--resume",
                               "--length", "24", "--samples", "8", "--batch-size", "4"], monkeypatch, capsys))
-    assert line.startswith("error: run is a complete run of other data: its bytes, sha256 differ")
+    assert line.startswith("error: run is a complete run of other data: its bytes and sha256 differ")
     assert "--overwrite" in line
     assert (workdir / "run" / "metrics.csv").read_bytes() == before
     write_text(corpus, count=200, seed=0)  # the same bytes again: the finished run is simply loaded

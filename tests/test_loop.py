@@ -187,3 +187,12 @@ def test_a_run_finished_between_the_checks_and_the_lock_is_seen_under_the_lock(r
         spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=out, **QUIET)
     assert raced[0].meta["samples"] == spectra.load_run(out).meta["samples"] == 3, "the finished run is kept"
     monkeypatch.setattr(models, "load", load)
+
+
+def test_a_changed_data_key_is_said_in_a_sentence() -> None:
+    """Issue 41, item 15: a run whose data kept its size but not its content said "its sha256 differ"."""
+    from spectra.loop import differ
+
+    assert differ(["sha256"]) == "its sha256 differs"
+    assert differ(["bytes", "sha256"]) == "its bytes and sha256 differ"
+    assert differ(["bytes", "sha256", "documents"]) == "its bytes, sha256 and documents differ"

@@ -214,3 +214,21 @@ def test_every_command_page_is_linked_from_the_front_page() -> None:
     for page in ("analyze", "decoders", "cache", "figure1", "theorems", "approx", "heads", "scaling", "speed",
                  "formats", "methods"):
         assert f"(docs/{page}.md)" in text and (ROOT / "docs" / f"{page}.md").is_file(), page
+
+
+def test_every_press_with_an_argument_is_explained_in_the_cache_page() -> None:
+    """Issue 41, item 13: adakv(<scorer>), duo(<pattern>) and headbudget(<run>) appeared only in --help. docs/cache.md
+    now has a bullet for every press written with an argument, as --help lists it, saying what its ratio means; and
+    where the argument is a run, which command makes it."""
+    from spectra.registry import PRESSES
+
+    text = (ROOT / "docs" / "cache.md").read_text()
+    section = text.split("## Presses that take an argument", 1)[1].split("\n## ", 1)[0]
+    bullets = {item.split("`", 2)[1]: " ".join(item.split()) for item in section.split("\n- ")[1:]}
+    written = [name for name in PRESSES.listing().split(", ") if "(" in name]
+    assert written and set(written) <= set(bullets), set(written) - set(bullets)
+    for name in written:
+        assert "ratio" in bullets[name], name
+    assert "`spectra heads` writes into its run directory" in bullets["duo(<pattern>)"]
+    assert "`spectra analyze` or `spectra heads` run" in bullets["headbudget(<run>)"]
+    assert "`spectra cache --bytes-kept` run" in bullets["mixed(<cache run>)"]

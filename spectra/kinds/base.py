@@ -74,6 +74,8 @@ class Analysis:
     calibrates: ClassVar[str] = "calibrated methods"
     #: how the command sets the sequence length, when not by --length (for the refusal of `check_evaluable`)
     length_by: ClassVar[str | None] = None
+    #: the help of --all, for a kind whose printout is a summary by default (None: it prints every row anyway)
+    detail: ClassVar[str | None] = None
 
     # ---------------------------------------------------------------- declarations (overridden by kinds)
 
@@ -203,11 +205,11 @@ class Analysis:
             raise NotImplementedError(f"{self.name} has no read side (spectra/report/{self.name}.py)")
         return side.load(path, meta)
 
-    def show(self, run) -> None:
-        """Print the run's tables to the terminal."""
+    def show(self, run, every: bool = False) -> None:
+        """Print the run's tables to the terminal (`every`: every row, for a kind that declares `detail`)."""
         side = self.read_side()
         if side is not None:
-            side.show(run)
+            side.show(run, every=True) if every and self.detail else side.show(run)
 
     def plot(self, run, out: str | Path | None = None) -> list[Path]:
         """Draw the run's figures (PNG and PDF) into `out` (default: the run directory's figures/)."""

@@ -4,7 +4,7 @@ Each sequence is L = `context` tokens followed by C = `continuation` tokens. The
 press (spectra/presses/, kvpress 0.5.5's at their defaults) compresses each layer's cache once at each ratio; the
 continuation is scored against the compressed cache with its original RoPE positions L … L + C − 1. One prefill
 per sequence serves every press and ratio (probe: `probes.cache.CacheProbe`, engine: `spectra.kvcache`).
-`decoding(<scorer>)` (kvpress's DecodingPress, `presses.decoding`) compresses nothing after the prefill: the
+`decoding(<decodable>)` (kvpress's DecodingPress, `presses.decoding`) compresses nothing after the prefill: the
 continuation is fed one decoding step per token, as kvpress would decode it with each generated token replaced by
 the text's next one, and every `--compression-interval` steps each layer's cache is brought back to the rows the
 ratio keeps of the context (`decoding.teacher_forced`).
@@ -67,15 +67,18 @@ class CacheOptions:
                                       "kvpress's DecodingPress: the cache brought back to the ratio's size every "
                                       "--compression-interval decoding steps, nothing compressed after the prefill; "
                                       "<pattern>: a directory with DuoAttention's full_attention_heads.tsv and "
-                                      "config.json, such as a `spectra heads` run).")
+                                      "config.json, such as a `spectra heads` run; <run>: an analyze or heads run, "
+                                      "<run>@rank to weigh heads by rank; <cache run>: a run with --bytes-kept; "
+                                      "docs/cache.md explains each).")
     ratios: tuple[float, ...] = option(DEFAULT_RATIOS, "Comma-separated compression ratios in [0, 1): the fraction "
-                                       "of cached tokens removed (for think: of key channels; the memory saved is "
-                                       "half of it). The full cache (ratio 0) is always measured.")
+                                       "of cached tokens removed (for think: of key channels, the memory saved "
+                                       "half of it; for duo: of key/value heads streaming; kivi2/4/8 ignore it). "
+                                       "The full cache (ratio 0) is always measured.")
     fit_samples: int = option(0, "Calibration sequences for the presses that fit (loki, lowrank), read first and "
                               "not evaluated; --samples more are evaluated after them with the fit frozen. 0: each "
                               "of those presses fits on the context it compresses (an oracle).")
     compression_interval: int = option(DEFAULT_INTERVAL, "Decoding steps between two compressions of a "
-                                       "decoding(<scorer>) press (kvpress's compression_interval; the NLL protocol "
+                                       "decoding(<decodable>) press (kvpress's compression_interval; the NLL protocol "
                                        "feeds the continuation one token a step).")
     query_aware: bool = option(False, "A task file only: compress the context with the question appended "
                                "(kvpress's evaluation convention); by default the question is appended after "
@@ -139,7 +142,7 @@ class CacheOptions:
 
     @property
     def decoding(self) -> tuple[str, ...]:
-        """The chosen presses that compress while decoding (decoding(<scorer>))."""
+        """The chosen presses that compress while decoding (decoding(<decodable>))."""
         return tuple(press for press in self.presses if press in PRESSES.having("decodes"))
 
     @property
@@ -198,6 +201,8 @@ class Cache(Analysis):
     options = CacheOptions
     run_fields = tuple(name for name in Analysis.run_fields if name != "length")
     defaults = {"samples": 16, "batch_size": 1}
+    model_help = ("A decoder: Hugging Face hub id (HuggingFaceTB/SmolLM2-135M-Instruct), a local directory saved with "
+                  "save_pretrained or a .gguf file; or a finished run directory, to print it again (and --plot it).")
     work = 4
     calibrates = "calibrated presses"
     length_by = f"a shorter {spell('--context')} + {spell('--continuation')}"

@@ -97,6 +97,8 @@ class Heads(Analysis):
     summary = ("Which head is what: sink, previous-token, local, induction and retrieval scores per head, weight "
                "spectra beside attention spectra, a method map and DuoAttention's head pattern.")
     options = HeadsOptions
+    detail = ("Print every head's diagnosis (by default: per layer its heads' types, and the heads scoring highest "
+              "on each score; diagnosis.csv holds every score of every head).")
     defaults = {"samples": 64}
     work = 14
     outputs = {"diagnosis.csv": ("layer", "head", "kv_head", "sequences"), "metrics.csv": ("layer", "head")}

@@ -114,6 +114,22 @@ KEY_RANK_NOTE = ("key rank90 (energy): dimensions of the head holding 90% of the
                  "the mean removed)")
 
 
+def columns_note(run: Run) -> str:
+    """What the per-layer table's columns mean (the table printed c@32 and "rank for 90%" without a word: issue 41,
+    item 15), naming only the columns it has."""
+    table = run.metrics.columns
+    parts = [f"c@{run.at}: the share of P's nuclear norm (the sum of its singular values) that its {run.at} largest "
+             "singular values hold", "rank for 90%: the fewest singular values holding 90% of it (both per sequence "
+             "and head, then averaged)"]
+    if "sink_mean" in table:
+        parts.append("sink: mean attention of queries to the first token")
+    if "entropy_mean" in table:
+        parts.append("entropy: of a query's attention, in nats")
+    if run.qkv is not None:
+        parts.append(KEY_RANK_NOTE)
+    return "; ".join(parts)
+
+
 def show(run: Run) -> None:
     """The per-layer summary of an analyze run and where its time went (the command line says where it is)."""
     model = "decoder, causal P" if run.causal else "encoder"
@@ -121,8 +137,7 @@ def show(run: Run) -> None:
     over = f"{run.heads} heads" if heads is None else f"heads {layers_label(heads)}"
     print_frame(analyze_layers(run), f"{run.label} ({model}): n = {run.n}, {plural(run.meta['samples'], 'sequence')}, "
                 f"mean over {over} per layer", {"rank": 1, "entropy": 2})
-    if run.qkv is not None:
-        out.print(f"sink: mean attention of queries to the first token; entropy in nats; {KEY_RANK_NOTE}")
+    out.print(columns_note(run))
     if summary(run.meta.get("timings")):  # where the time went (spectra.timings)
         out.print(summary(run.meta["timings"]))
 

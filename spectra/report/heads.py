@@ -73,13 +73,51 @@ def load(path: Path, meta: dict[str, Any]) -> HeadsRun:
                     read_table(path, "kv_heads.csv", optional=True), full,
                     read_table(path, "method_map.csv", optional=True), read_table(path, "rules.csv", optional=True))
 
-def show(run: HeadsRun) -> None:
-    """The diagnosis per head (its main scores), the head types, the DuoAttention pattern and the method map."""
-    shown = ["layer", "head", "head_type", "sink_share", "sink_mean", "prev", "local", "induction_score",
-             "retrieval", "top10", "keynorm_corr", "entropy", "rank90", "qk_rank90", "ov_rank90"]
+#: the per-head diagnosis columns `--all` prints
+DIAGNOSIS = ["layer", "head", "head_type", "sink_share", "sink_mean", "prev", "local", "induction_score", "retrieval",
+             "top10", "keynorm_corr", "entropy", "rank90", "qk_rank90", "ov_rank90"]
+#: the scores whose strongest heads the summary names (each defines a head type, `methodmap.head_types`)
+STRONGEST = ["sink_share", "prev", "local", "induction_score", "retrieval"]
+#: a head type's column in the per-layer summary (narrow enough for 80 columns)
+TYPE_COLUMNS = {"previous-token": "prev"}
+
+
+def types_per_layer(run: HeadsRun) -> pd.DataFrame:
+    """Per layer: how many of its heads are of each type (`HEAD_TYPES` order, previous-token as 'prev') and the mean
+    rank90 of P over its heads."""
     table = run.diagnosis
-    print_frame(table[[name for name in shown if name in table]], f"{run.label}, n = {run.n}: per-head diagnosis",
-                {"rank": 1, "entropy": 2})
+    counts = table.groupby(["layer", "head_type"]).size().unstack(fill_value=0)
+    counts = counts.reindex(columns=list(HEAD_TYPES), fill_value=0).rename(columns=TYPE_COLUMNS)
+    counts["rank90"] = table.groupby("layer")["rank90"].mean()
+    return counts.reset_index().rename_axis(columns=None)
+
+
+def strongest(run: HeadsRun, count: int = 3) -> pd.DataFrame:
+    """Per score of `STRONGEST` that the run measured: the `count` heads scoring highest ('L12H3 0.98', ties in
+    layer and head order)."""
+    import pandas as pd
+
+    table = run.diagnosis
+    rows = []
+    for score in (score for score in STRONGEST if score in table and table[score].notna().any()):
+        top = table.dropna(subset=[score]).sort_values(score, ascending=False, kind="stable").head(count)
+        rows.append({"score": score, "strongest heads": ", ".join(
+            f"L{row.layer}H{row.head} {getattr(row, score):.2f}" for row in top.itertuples(index=False))})
+    return pd.DataFrame(rows, columns=["score", "strongest heads"])
+
+
+def show(run: HeadsRun, every: bool = False) -> None:
+    """The head types per layer and each score's strongest heads (`every`: the whole per-head diagnosis), the type
+    counts, the DuoAttention pattern and the method map."""
+    table = run.diagnosis
+    if every:
+        print_frame(table[[name for name in DIAGNOSIS if name in table]], f"{run.label}, n = {run.n}: per-head "
+                    "diagnosis", {"rank": 1, "entropy": 2})
+    else:
+        print_frame(types_per_layer(run), f"{run.label}, n = {run.n}: per layer, how many of its {run.heads} heads "
+                    "are of each type (prev: previous-token), and the mean rank90 of P", {"rank": 1})
+        print_frame(strongest(run), "the three heads scoring highest on each score (L<layer>H<head>); diagnosis.csv "
+                    "holds every score of every head, --all prints them")
     counts = table["head_type"].value_counts()
     out.print("head types: " + ", ".join(f"{name} {count}" for name, count in counts.items()))
     if "induction" in run.meta:
@@ -97,8 +135,9 @@ def show(run: HeadsRun) -> None:
                 out.print(f"  {line}")
 
 
-#: one colour per head type, in HEAD_TYPES order (mixed in grey)
-TYPE_COLORS = ("tab:purple", "tab:orange", "tab:red", "tab:green", "tab:blue", "0.8")
+#: one colour per head type, in HEAD_TYPES order (mixed in grey): Okabe and Ito's colour-blind-safe set, every pair
+#: apart for the three kinds of dichromacy (red and green, for sink and local, were one colour to many readers)
+TYPE_COLORS = ("#CC79A7", "#56B4E9", "#0072B2", "#F0E442", "#D55E00", "0.8")
 
 
 def heads_subtitle(run: HeadsRun) -> str:

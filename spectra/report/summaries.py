@@ -108,12 +108,15 @@ def key_ranks(run: FinishedRun, tensor: str = "k", column: str = "dataset_rank90
 def analyze_layers(run: FinishedRun) -> pd.DataFrame:
     """What the terminal shows of an analyze run, per layer (means over heads): c at the run's index, the rank
     for 90% of the nuclear norm, sink mass and entropy when measured, and the dataset-level key rank for 90%
-    of the energy Σkᵀk (uncentred: `dataset_rank90`) before and after RoPE when measured."""
+    of the energy Σkᵀk (uncentred: `dataset_rank90`) before and after RoPE when measured (a model without RoPE has one
+    key stage: its column says neither)."""
     columns = {"c_at_mean": f"c@{run.at}", "rank90_mean": "rank for 90%", "sink_mean": "sink", "entropy_mean": "entropy"}
     present = [column for column in columns if column in run.metrics.columns]
     table = run.metrics.groupby("layer")[present].mean().reset_index().rename(columns=columns)
     keys = key_ranks(run)
-    for stage, name in (("projection", "key rank90 (energy) pre-RoPE"), ("attention", "key rank90 (energy)")):
+    rotated = "projection" in keys.columns  # a model with RoPE: the keys measured before it and after it
+    for stage, name in (("projection", "key rank90 (energy) pre-RoPE"),
+                        ("attention", "key rank90 (energy) post-RoPE" if rotated else "key rank90 (energy)")):
         if stage in keys.columns:
             table[name] = keys[stage].to_numpy()
     return table

@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runs import FinishedRun, read_table
-from .cache import FULL_STYLE, panel_legend, press_style
+from .cache import (
+    FULL_STYLE,
+    by_bytes,
+    once_note,
+    one_row_each,
+    panel_legend,
+    press_style,
+    same_at_every_ratio,
+    wrapped,
+    x_axis,
+)
 from .plots import style
 from .plots.style import plot_folder, pyplot
 
@@ -82,19 +92,66 @@ def needle_vs_score(run: TaskRun) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: the per-task table's measured columns, compared across ratios to find a press that ignores the ratio
+TASK_VALUES = ["score", "low", "high", "delta", "delta_low", "delta_high", "bytes_share"]
+
+
+def ratio_free(scores: pd.DataFrame) -> list[str]:
+    """The presses the same at every ratio in every task (`cache.same_at_every_ratio`), judged with the bytes each
+    cell stored: a run before bytes were counted cannot tell a press that ignores the ratio from one that scored the
+    same at each (snapkv, keeping the same few answers), so it names none."""
+    if not by_bytes(scores):
+        return []
+    return same_at_every_ratio(scores, [column for column in TASK_VALUES if column in scores.columns], ("task",))
+
+
+def with_interval(value: float, low: float, high: float, sign: str = "") -> str:
+    """'0.80 [0.50, 1.00]' ('+' as `sign`: '-0.20 [-0.50, +0.00]'); the value alone without an interval."""
+    if np.isnan(value):
+        return ""
+    shown = f"{value:{sign}.2f}"
+    return shown if np.isnan(low) or np.isnan(high) else f"{shown} [{low:{sign}.2f}, {high:{sign}.2f}]"
+
+
+def task_table(scores: pd.DataFrame, once: list[str]) -> pd.DataFrame:
+    """One task's rows as printed: the full cache first, then each press (in the run's order) by ratio — one row for
+    a press of `once` —, its score and its paired difference from the full cache each with its interval, and the
+    share of the context cache's bytes stored (when the run counted bytes)."""
+    import pandas as pd
+
+    order = {press: rank for rank, press in enumerate(["full", *presses_of(scores)])}
+    rows = scores.sort_values(["press", "ratio"], key=lambda column: column.map(order) if column.name == "press"
+                              else column, kind="stable")
+    rows = one_row_each(rows, once)
+    table = pd.DataFrame({
+        "press": rows["press"], "ratio": rows["ratio"],
+        "score": [with_interval(*values) for values in zip(rows["score"], rows["low"], rows["high"])],
+        "Δ vs full": ["" if press == "full" else with_interval(*values, sign="+")
+                      for press, *values in zip(rows["press"], rows["delta"], rows["delta_low"], rows["delta_high"])]})
+    if "bytes_share" in rows and rows["bytes_share"].notna().any():
+        table["bytes"] = rows["bytes_share"].to_numpy()
+    return table
+
+
 def print_tasks(run: TaskRun) -> None:
-    """Per task, press and ratio: the mean score beside the full cache's, the paired difference and its interval."""
+    """Per task (a table each, narrow enough for 80 columns): the full cache's mean score, then each press's and
+    ratio's beside it with the paired difference, intervals in brackets; then whether keeping the needle predicts
+    the answer."""
     from .console import out, plural, print_frame
 
     meta = run.meta
-    table = run.scores[["task", "press", "ratio", "examples", "score", "low", "high", "full", "delta", "delta_low",
-                        "delta_high"]].sort_values(["task", "press", "ratio"], kind="stable")
+    scores = run.scores
     aware = "context + question compressed" if meta.get("query_aware") else "question appended uncompressed"
-    print_frame(table, f"{run.label}: {plural(meta.get('examples', meta.get('samples', 0)), 'example')}, {aware}; "
-                "mean score per task (RULER's string match) beside the full cache's on the same examples, the "
-                "difference, 95% bootstrap intervals over examples",
-                digits={"ratio": 3, "score": 3, "low": 3, "high": 3, "full": 3, "delta": 3, "delta_low": 3,
-                        "delta_high": 3})
+    out.print(f"{run.label}: {plural(meta.get('examples', meta.get('samples', 0)), 'example')}, {aware}. Per task, "
+              "the mean score (RULER's string match) of the full cache and of each press and ratio, its paired "
+              "difference from the full cache on the same examples (Δ) and the share of the context cache's bytes "
+              "it stored; [95% bootstrap interval over examples]")
+    once = ratio_free(scores)
+    for task, mine in scores.groupby("task", sort=False):
+        examples = int(mine[mine["press"] == "full"]["examples"].iloc[0]) if (mine["press"] == "full").any() else 0
+        print_frame(task_table(mine, once), f"{task}, {plural(examples, 'example')}", digits={"bytes": 3})
+    if once:
+        out.print(once_note(once, scores, "task_scores.csv"))
     predicts = needle_vs_score(run)
     if (predicts["answered"] + predicts["missed"]).sum():
         print_frame(predicts, "does keeping the needle predict the answer? compressed cells of examples the full cache "
@@ -106,7 +163,6 @@ def print_tasks(run: TaskRun) -> None:
         lost = failed[failed["evicted"] > 0]
         out.print(f"{plural(len(failed), 'cell')} scored below the full cache; in {len(lost)} of them some layer's "
                   f"heads all evicted the needle (task_evicted.csv)")
-    out.print(f"written to {run.path}")
 
 
 def presses_of(table) -> list[str]:
@@ -114,8 +170,29 @@ def presses_of(table) -> list[str]:
     return [press for press in dict.fromkeys(table["press"]) if press != "full"]
 
 
+#: how far apart (in x, a share of the axis' unit span) the lines of presses with the same points are drawn
+DODGE = 0.012
+
+
+def coinciding(points: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[list[str]]:
+    """The groups (two presses or more, in the run's order) whose drawn points (x, y) are all the same: one line
+    would hide the others (adakv(snapkv) behind snapkv, kivi4 behind decoding(knorm))."""
+    groups: list[list[str]] = []
+    for press, (x, y) in points.items():
+        for group in groups:
+            other_x, other_y = points[group[0]]
+            if len(x) == len(other_x) and np.allclose(x, other_x, rtol=0, atol=1e-9) and np.array_equal(y, other_y):
+                group.append(press)
+                break
+        else:
+            groups.append([press])
+    return [group for group in groups if len(group) > 1]
+
+
 def draw_scores(run: TaskRun):
-    """Score vs ratio per task (see the module docstring)."""
+    """Score per task against the share of the context cache's bytes stored (the ratio for runs before bytes were
+    counted), a line per press from the full cache, 95% intervals; a press the same at every ratio as one point;
+    presses whose points are all the same drawn side by side (`DODGE`), the panel's legend naming them."""
     plt = pyplot()
     scores = run.scores
     tasks = list(dict.fromkeys(scores["task"]))
@@ -124,28 +201,42 @@ def draw_scores(run: TaskRun):
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.6 * rows + 0.8), squeeze=False,
                                 layout="constrained")
     presses = presses_of(scores)
+    bytes_axis = by_bytes(scores)
+    x_column, x_full = ("bytes_share", 1.0) if bytes_axis else ("ratio", 0.0)
+    once = ratio_free(scores)
     for ax, task in zip(axes.flat, tasks):
         mine = scores[scores["task"] == task]
         full = mine[mine["press"] == "full"].iloc[0]
+        lines = {press: mine[mine["press"] == press].sort_values("ratio").iloc[:1 if press in once else None]
+                 for press in presses}
+        same = coinciding({press: (line[x_column].to_numpy(float), line["score"].to_numpy(float))
+                           for press, line in lines.items()})
+        shift = {press: DODGE * (place - (len(group) - 1) / 2) for group in same for place, press in enumerate(group)}
         for index, press in enumerate(presses):
-            line = mine[mine["press"] == press].sort_values("ratio")
+            line, alone = lines[press], press in once
             color, marker = press_style(press, index)
-            ratios = np.r_[0.0, line["ratio"]]
-            values = np.r_[full["score"], line["score"]]
-            low = np.r_[full["low"], line["low"]]
-            high = np.r_[full["high"], line["high"]]
+            start = [] if alone else [x_full]
+            ratios = np.r_[start, line[x_column].to_numpy(float) + shift.get(press, 0.0)]
+            values = np.r_[[full["score"]] * len(start), line["score"]]
+            low = np.r_[[full["low"]] * len(start), line["low"]]
+            high = np.r_[[full["high"]] * len(start), line["high"]]
             drawn = ax.errorbar(ratios, values, yerr=[values - low, high - values], color=color, marker=marker,
-                                markersize=4, linewidth=1.2, capsize=2, label=press)
+                                markersize=6 if alone else 4, linewidth=1.2, capsize=2, zorder=3,
+                                linestyle="none" if alone else "--" if wrapped(press) else "-",
+                                label=f"{press} (any ratio)" if alone else press)
             drawn.lines[0].set_gid(f"score:{task}:{press}")
-        ax.axhline(full["score"], label=f"full cache ({full['score']:.2f})", gid=f"full:{task}", **FULL_STYLE)
+        ax.axhline(full["score"], label=f"full cache ({full['score']:.2f})", gid=f"full:{task}", zorder=1,
+                   **FULL_STYLE)
         ax.set_title(f"{task} ({int(full['examples'])} examples)")
-        ax.set_xlabel("Ratio of the cache removed")
+        x_axis(ax, bytes_axis)
         ax.set_ylabel("Mean score")
         ax.set_ylim(-0.05, 1.05)
-        panel_legend(ax)
+        panel_legend(ax, "side by side, the same scores: " + "; ".join(" = ".join(group) for group in same)
+                     if same else None)
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
-    figure.suptitle(f"{run.label}: score per task against the ratio removed (95% bootstrap intervals)")
+    against = "the share of the cache's bytes stored" if bytes_axis else "the ratio removed"
+    figure.suptitle(f"{run.label}: score per task against {against} (95% bootstrap intervals)")
     return figure
 
 
@@ -192,8 +283,12 @@ def draw_needle(run: TaskRun):
                 ax.set_ylabel("Needle depth")
             if row == len(presses):
                 ax.set_xlabel("Length (tokens)")
-    if image is not None:
-        plt.colorbar(image, ax=axes, fraction=0.03, pad=0.02).set_label("Mean score")
+    if image is not None:  # one scale for every panel: a bar as tall as the grid (at matplotlib's default aspect it
+        # was a short bar beside the middle row, read as that row's own)
+        shown = [ax for ax in axes.flat if ax.get_visible()]
+        bar = figure.colorbar(image, ax=shown, fraction=0.03, pad=0.02, aspect=16 * (len(presses) + 1))
+        bar.set_label("Mean score")
+        bar.ax.set_gid("colorbar")
     figure.suptitle(f"{run.label}: score by needle depth and length")
     return figure
 

@@ -198,7 +198,7 @@ def test_an_approx_run_of_another_model_is_refused_before_loading(tmp_path) -> N
 
 def test_the_printed_diagnosis_and_rules_fit_an_80_column_terminal(roberta_dir, text_file, tmp_path, monkeypatch,
                                                                    capsys) -> None:
-    """`spectra heads` prints within 80 columns: the 15-column diagnosis folds into parts that repeat layer and
+    """`spectra heads --all` prints within 80 columns: the 15-column diagnosis folds into parts that repeat layer and
     head, and a winner rule (a decision tree) prints one branch a line, indented, not as one flattened line."""
     import dataclasses
 
@@ -212,7 +212,7 @@ def test_the_printed_diagnosis_and_rules_fit_an_80_column_terminal(roberta_dir, 
             "  → window"]
     rules = run.rules.assign(rule=" | ".join(tree))
     monkeypatch.setattr(console, "out", console._Console(width=80))
-    REGISTRY["heads"].show(dataclasses.replace(run, rules=rules))
+    REGISTRY["heads"].show(dataclasses.replace(run, rules=rules), every=True)
     out = capsys.readouterr().out
     lines = [line.rstrip() for line in out.splitlines()]
     assert max(len(line) for line in lines) <= 80

@@ -175,6 +175,25 @@ def cielab(color) -> np.ndarray:
     return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
 
 
+#: Machado, Oliveira and Fernandes (2009): linear-RGB matrices simulating each dichromacy at full severity
+DICHROMACY = {"protanopia": ((0.152286, 1.052583, -0.204868), (0.114503, 0.786281, 0.099216),
+                             (-0.003882, -0.048116, 1.051998)),
+              "deuteranopia": ((0.367322, 0.860646, -0.227968), (0.280085, 0.672501, 0.047413),
+                               (-0.011820, 0.042940, 0.968881)),
+              "tritanopia": ((1.255528, -0.076749, -0.178779), (-0.078411, 0.930809, 0.147602),
+                             (0.004733, 0.691367, 0.303900))}
+
+
+def seen_by(color, dichromacy: str) -> tuple[float, float, float]:
+    """The sRGB colour a reader with `dichromacy` (a `DICHROMACY` key) sees for a matplotlib colour."""
+    from matplotlib.colors import to_rgb
+
+    rgb = np.array(to_rgb(color))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    seen = np.clip(np.array(DICHROMACY[dichromacy]) @ linear, 0.0, 1.0)
+    return tuple(np.where(seen <= 0.0031308, 12.92 * seen, 1.055 * seen ** (1 / 2.4) - 0.055))
+
+
 def visible_tick_labels(axis, low: float, high: float) -> dict[float, str]:
     """tick value → label text of the ticks inside [low, high] that carry a label (major and minor)."""
     found = {}

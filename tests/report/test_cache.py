@@ -141,3 +141,125 @@ def test_a_decoding_press_is_drawn_dashed_in_its_scorers_style(tmp_path) -> None
     assert mine.get_linestyle() == "--" and scorer.get_linestyle() == "-"
     assert "mass:decoding(knorm)" not in {line.get_gid() for line in right.lines}
     assert right.get_legend().get_title().get_text().endswith("decoding(knorm) (compressed while decoding)")
+
+
+def memory_run(tmp_path) -> CacheRun:
+    """knorm, lowrank (its bytes count its basis and mean: bytes_share above 1 − saved) and kivi4 (the same at
+    every ratio) at three ratios, with the columns `spectra cache` writes."""
+    rng = np.random.default_rng(2)
+    rows = [{"press": "full", "ratio": 0.0, "nll": 3.0, "ppl": np.exp(3.0), "kl": 0.0, "top1": 1.0, "kept": 70.0,
+             "kept_share": 1.0, "key_channel_ratio": 0.0, "saved": 0.0, "bytes_share": 1.0}]
+    kivi = {"nll": 3.01, "kl": 0.002, "top1": 0.99, "kept": 70.0, "kept_share": 1.0, "saved": 0.72, "bytes_share": 0.28}
+    for ratio in (0.25, 0.5, 0.75):
+        nll = 3 + ratio + rng.uniform()
+        rows.append({"press": "knorm", "ratio": ratio, "nll": nll, "ppl": np.exp(nll), "kl": ratio, "top1": 1 - ratio,
+                     "kept": 70 * (1 - ratio), "kept_share": 1 - ratio, "key_channel_ratio": 0.0, "saved": ratio,
+                     "bytes_share": 1 - ratio})
+        rows.append({"press": "lowrank", "ratio": ratio, "nll": nll + 0.5, "ppl": np.exp(nll + 0.5), "kl": ratio,
+                     "top1": 1 - ratio, "kept": 70.0, "kept_share": 1.0, "key_channel_ratio": 0.0, "saved": ratio,
+                     "bytes_share": 1 - ratio + 0.13})
+        rows.append({"press": "kivi4", "ratio": ratio, "ppl": np.exp(3.01), "key_channel_ratio": 0.0, **kivi})
+    table = pd.DataFrame(rows)
+    heads = pd.DataFrame([{"press": row.press, "ratio": row.ratio, "layer": 0, "head": 0,
+                           "mass_kept": 1.0 if row.kept_share == 1 else row.kept_share, "out_err": 0.1}
+                          for row in table.itertuples()])
+    meta = {"kind": "cache", "model": {"name": "tiny"}, "data": {"name": "corpus"}, "context": 70,
+            "continuation": 8, "scored": 2}
+    return CacheRun(tmp_path, meta, table, heads, pd.DataFrame())
+
+
+def test_the_cache_table_prints_a_ratio_free_press_once_and_says_what_saved_and_bytes_count(tmp_path, capsys) -> None:
+    """Issue 41: kivi, which ignores the ratio, was printed once per ratio (item 10), and the table's saved and
+    bytes_share disagreed for lowrank (0.500 against 0.629) without a word (item 12)."""
+    from report_helpers import printed_tables
+
+    from spectra.report.cache import show
+
+    run = memory_run(tmp_path)
+    show(run)
+    printed = capsys.readouterr().out
+    (table,) = printed_tables(printed)
+    assert [row[:2] for row in table["rows"]] == [["full", "0.00"], ["knorm", "0.25"], ["lowrank", "0.25"],
+                                                 ["kivi4", "any"], ["knorm", "0.50"], ["lowrank", "0.50"],
+                                                 ["knorm", "0.75"], ["lowrank", "0.75"]]
+    kivi = next(row for row in table["rows"] if row[0] == "kivi4")
+    assert kivi[2:] == ["3.0100", f"{np.exp(3.01):.3f}", "0.0020", "0.990", "70.0", "0.720", "0.280"]
+    words = " ".join(printed.split())
+    assert ("kivi4: the same at every ratio (0.25, 0.5, 0.75), so one row each (ratio 'any'; cache.csv keeps a row "
+            "per ratio)") in words
+    assert "saved: the share of the cache a press reports removing, as kvpress reports a compression ratio" in words
+    assert "the coefficients lowrank drops, its basis and mean not counted" in words
+    assert "bytes_share: the bytes the compressed context cache stores over the full cache's" in words
+
+
+def test_a_press_is_the_same_at_every_ratio_only_when_every_row_is() -> None:
+    from spectra.report.cache import same_at_every_ratio
+
+    rows = [{"press": press, "ratio": ratio, "task": task, "score": score}
+            for press, ratio, task, score in [("full", 0.0, "a", 1.0), ("full", 0.0, "b", 1.0),
+                                              ("kivi4", 0.5, "a", 1.0), ("kivi4", 0.75, "a", 1.0),
+                                              ("kivi4", 0.5, "b", 0.5), ("kivi4", 0.75, "b", 0.5),
+                                              ("knorm", 0.5, "a", 1.0), ("knorm", 0.75, "a", 1.0),
+                                              ("knorm", 0.5, "b", 1.0), ("knorm", 0.75, "b", 0.0),
+                                              ("tova", 0.5, "a", 1.0), ("tova", 0.5, "b", 1.0)]]
+    table = pd.DataFrame(rows)
+    assert same_at_every_ratio(table, ["score"], ("task",)) == ["kivi4"], "knorm differs on b; tova has one ratio"
+    nan = table.assign(score=np.where(table["press"] == "kivi4", np.nan, table["score"]))
+    assert same_at_every_ratio(nan, ["score"], ("task",)) == ["kivi4"], "empty cells count as equal"
+
+
+def test_every_press_is_drawn_at_the_bytes_it_stores_and_a_ratio_free_press_as_one_point(tmp_path) -> None:
+    """Issue 41, item 10: kivi2/4/8 were drawn at x = ratio on an axis of "the ratio of the cache removed", though
+    kivi ignores the ratio (it stores 0.28 of the bytes here at every ratio), and lowrank at its ratio though it
+    stores more. Now every cell sits at the share of the bytes it stores (the full cache at 1, on the left), each
+    line starts from the full cache, and kivi4 is one marker, no line."""
+    run = memory_run(tmp_path)
+    left, right = draw_cache(run).axes
+    table = run.table
+    for ax in (left, right):
+        assert ax.get_xlabel() == "Share of the full cache's bytes stored"
+        assert ax.xaxis_inverted(), "less memory to the right, as compression grew to the right before"
+    for press in ("knorm", "lowrank"):
+        rows = table[table["press"] == press].sort_values("ratio")
+        line = by_gid(left.lines, f"nll:{press}")
+        np.testing.assert_array_equal(line.get_xdata(), [1.0, *rows["bytes_share"]])
+        np.testing.assert_array_equal(line.get_ydata(), [3.0, *rows["nll"]])
+    kivi = by_gid(left.lines, "nll:kivi4")
+    assert list(kivi.get_xdata()) == [0.28] and list(kivi.get_ydata()) == [3.01]
+    assert kivi.get_linestyle() == "None" and kivi.get_label() == "kivi4 (any ratio)"
+    assert kivi.get_zorder() > by_gid(left.lines, "full").get_zorder(), "not hidden under the full cache's line"
+    mass = by_gid(right.lines, "mass:knorm")
+    np.testing.assert_array_equal(mass.get_xdata(), [1.0, 0.75, 0.5, 0.25])
+
+
+def test_the_axis_map_s_cell_text_is_readable(tmp_path) -> None:
+    """Issue 41, item 15: the axis map's numbers were 5.5-point black text, unreadable (and dark on the bits
+    purple). Now 8 points, black or white for a WCAG contrast of at least 4.5 on each cell's colour, and a key/value
+    head's query-head types with their repeats counted, so they fit the cell."""
+    from spectra.report.cache import AXIS_COLOURS, draw_axes
+
+    rows = [{"budget": budget, "layer": layer, "kv_head": head, "axis": axis, "out_err": 0.1 * (layer + head),
+             "best": axis == ("bits" if (layer + head) % 2 else "tokens" if layer else "rank"),
+             "head_types": "sink+sink+local"}
+            for budget in (0.3, 0.6) for layer in range(3) for head in range(2) for axis in ("tokens", "rank", "bits")]
+    run = CacheRun(tmp_path, {"model": {"name": "tiny"}, "data": {"name": "corpus"}, "context": 70}, pd.DataFrame(),
+                   pd.DataFrame(), pd.DataFrame(), pd.DataFrame(rows))
+    figure = draw_axes(run)
+
+    def luminance(colour) -> float:
+        from matplotlib.colors import to_rgb
+
+        rgb = np.array(to_rgb(colour))
+        return float(np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4) @ [0.2126, 0.7152, 0.0722])
+
+    texts = [text for ax in figure.axes for text in ax.texts if str(text.get_gid()).startswith("cell:")]
+    assert len(texts) == 2 * 3 * 2
+    best = pd.DataFrame(rows)[pd.DataFrame(rows)["best"]]
+    for text in texts:
+        x, y = text.get_position()
+        budget = float(text.get_gid().removeprefix("cell:"))
+        cell = best[(best["budget"] == budget) & (best["layer"] == y) & (best["kv_head"] == x)].iloc[0]
+        assert text.get_fontsize() >= 8
+        assert text.get_text() == f"{cell['out_err']:.2f}\nsink×2+local"
+        light, dark = sorted([luminance(text.get_color()), luminance(AXIS_COLOURS[cell["axis"]])], reverse=True)
+        assert (light + 0.05) / (dark + 0.05) >= 4.5, (cell["axis"], text.get_color())

@@ -38,11 +38,16 @@ def test_print_analyze_rows_are_the_per_layer_means(runs, capsys) -> None:
                        fixed(cells["sink_mean"].mean()), fixed(cells["entropy_mean"].mean(), 2)]
     assert len(table["rows"]) == run.layers
     assert str(run.path) not in out, "the command line says where the results are, once for every kind"
+    note = " ".join(out.split())  # issue 41, item 15: the encoder table said c@32 and "rank for 90%" without a word
+    assert (f"c@{run.at}: the share of P's nuclear norm (the sum of its singular values) that its {run.at} largest "
+            "singular values hold; rank for 90%: the fewest singular values holding 90% of it") in note
+    assert "sink: mean attention of queries to the first token; entropy: of a query's attention, in nats" in note
 
 
 def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, capsys) -> None:
     """A decoder's table has the keys' dataset_rank90 per layer: the uncentred energy rank, which the header and the
-    note call so (they called it the keys' variance, which is pca_rank90)."""
+    note call so (they called it the keys' variance, which is pca_rank90), before and after RoPE, each column saying
+    which (the second said neither: issue 41, item 15)."""
     import spectra
 
     run = spectra.analyze(str(llama_dir), str(text_file), length=16, samples=4, out=tmp_path / "run", progress=None,
@@ -51,7 +56,7 @@ def test_print_analyze_key_ranks_say_energy(llama_dir, text_file, tmp_path, caps
     out = capsys.readouterr().out
     (table,) = printed_tables(out)
     header = [" ".join(part for part in column if part) for column in zip(*table["header"])]
-    assert header[-2:] == ["key rank90 (energy) pre-RoPE", "key rank90 (energy)"], header
+    assert header[-2:] == ["key rank90 (energy) pre-RoPE", "key rank90 (energy) post-RoPE"], header
     keys = run.qkv[run.qkv["tensor"] == "k"]
     for layer, row in enumerate(table["rows"]):
         for cell, stage in zip(row[-2:], ("projection", "attention")):

@@ -75,3 +75,73 @@ def test_a_press_without_a_needle_share_reads_back_as_a_number_and_prints(tmp_pa
     assert "decoding(knorm)" not in set(summary["press"]), "no needle share: not in the needle-against-score rows"
     print_tasks(run)
     assert "does keeping the needle predict the answer?" in capsys.readouterr().out
+
+
+def study_run(tmp_path) -> TaskRun:
+    """Two tasks (the second with RULER's longest name), the full cache, knorm and decoding(knorm) at two ratios and
+    kivi4, which ignores the ratio (the same answers at both), as a task run writes them."""
+    rng = np.random.default_rng(3)
+    cells = [("full", 0.0)] + [(press, ratio) for press in ("knorm", "kivi4", "decoding(knorm)") for ratio in (0.5, 0.75)]
+    rows = []
+    for example in range(8):
+        task = "passkey" if example < 4 else "niah_multikey_1"
+        kivi = float(rng.uniform() < 0.8)
+        for press, ratio in cells:
+            score = 1.0 if press == "full" else kivi if press == "kivi4" else float(rng.uniform() < 1 - ratio)
+            rows.append({"press": press, "ratio": ratio, "example": example, "task": task, "length": 1024,
+                         "depth": 0.5, "prediction": "x", "score": score, "needle_kept": np.nan,
+                         "bytes_share": 1.0 if press == "full" else 0.28 if press == "kivi4" else 1 - ratio})
+    examples = pd.DataFrame(rows)
+    meta = {"kind": "cache", "protocol": "tasks", "model": {"name": "tiny"}, "data": {"name": "tasks.jsonl"},
+            "examples": 8}
+    return TaskRun(tmp_path, meta, examples, task_scores(examples, 0, replicates=50),
+                   task_scores(examples, 0, ("task", "length"), replicates=50), pd.DataFrame(), pd.DataFrame())
+
+
+def test_the_task_table_fits_80_columns_full_first_a_ratio_free_press_once(tmp_path, capsys, monkeypatch) -> None:
+    """Issue 41: at 80 columns the task table split into three stacked parts, one holding delta_high alone (item
+    14); `full` sorted between the presses (item 15); kivi4, which ignores the ratio, was printed once per ratio
+    (item 10); and the run said "written to" its directory, then the command line "results in" it (item 15). Now
+    one table per task, each whole within 80 columns: the full cache first, then the presses in the run's order,
+    each score and its difference from the full cache with the interval; kivi4 in one row."""
+    from report_helpers import printed_tables
+
+    from spectra.report import console
+
+    monkeypatch.setattr(console.out, "width", 80)
+    run = study_run(tmp_path)
+    print_tasks(run)
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= 80
+    assert "written to" not in printed
+    tables = printed_tables(printed)
+    assert len(tables) == 2, "one whole table per task"
+    scores = run.scores.set_index(["task", "press", "ratio"])
+    for table, task in zip(tables, ("passkey", "niah_multikey_1")):
+        assert table["header"] == [["press", "ratio", "score", "Δ vs full", "bytes"]]
+        assert [row[:2] for row in table["rows"]] == [["full", "0.00"], ["knorm", "0.50"], ["knorm", "0.75"],
+                                                     ["kivi4", "any"], ["decoding(knorm)", "0.50"],
+                                                     ["decoding(knorm)", "0.75"]]
+        for row in table["rows"]:
+            press, ratio = row[0], 0.5 if row[1] == "any" else float(row[1])
+            want = scores.loc[(task, press, ratio)]
+            assert row[2] == f"{want['score']:.2f} [{want['low']:.2f}, {want['high']:.2f}]"
+            delta = f"{want['delta']:+.2f} [{want['delta_low']:+.2f}, {want['delta_high']:+.2f}]"
+            assert row[3] == ("" if press == "full" else delta)
+            assert row[4] == f"{want['bytes_share']:.3f}"
+    assert ("kivi4: the same at every ratio (0.5, 0.75), so one row each (ratio 'any'; task_scores.csv keeps a row "
+            "per ratio)") in " ".join(printed.split())
+    assert len(run.scores[run.scores["press"] == "kivi4"]) == 4, "the table keeps a row per ratio and task"
+
+
+def test_a_run_without_bytes_names_no_press_ratio_free(tmp_path, capsys) -> None:
+    """Without the bytes each cell stored, a press that ignores the ratio cannot be told from one that scored the same
+    at each ratio (snapkv, keeping the same few answers): every ratio keeps its row."""
+    from report_helpers import printed_tables
+
+    run = study_run(tmp_path)
+    run.scores["bytes_share"] = np.nan
+    print_tasks(run)
+    printed = capsys.readouterr().out
+    rows = [row[:2] for row in printed_tables(printed)[0]["rows"]]
+    assert ["kivi4", "0.50"] in rows and ["kivi4", "0.75"] in rows and "any" not in printed

@@ -76,3 +76,47 @@ def test_plot_writes_every_view(tmp_path, monkeypatch) -> None:
     plot_tasks(task_run(tmp_path), tmp_path / "figures")
     assert [name.rsplit("/", 1)[-1] for name in names] == ["task_scores", "needle_heatmap", "needle_survival_r0.5",
                                                           "needle_survival_r0.75"]
+
+
+def test_presses_with_the_same_scores_stay_visible_and_a_ratio_free_press_is_one_point(tmp_path) -> None:
+    """Issue 41, item 11: adakv(snapkv) hid exactly behind snapkv-like lines and kivi4 behind decoding(knorm) (five
+    legend entries, two visible lines). Now presses whose points are all the same are drawn side by side, `DODGE`
+    apart (the full cache's start shared), and the panel's legend names them; every cell sits at the share of the
+    bytes it stores (item 10), kivi4, the same at every ratio, at one point."""
+    from spectra.report.tasks import DODGE
+
+    rows = []
+    for example in range(6):
+        for press, ratio in [("full", 0.0), *[(p, r) for p in ("snapkv", "adakv(snapkv)", "kivi4") for r in (0.5, 0.75)]]:
+            score = 1.0 if press in ("full", "kivi4") else float(example % 3 == 0) if ratio == 0.5 else 0.0
+            rows.append({"press": press, "ratio": ratio, "example": example, "task": "passkey", "length": 1024,
+                         "depth": 0.5, "prediction": "x", "score": score,
+                         "bytes_share": 1.0 if press == "full" else 0.45 if press == "kivi4" else 1 - ratio})
+    examples = pd.DataFrame(rows)
+    run = TaskRun(tmp_path, {"model": {"name": "tiny"}, "data": {"name": "t.jsonl"}}, examples,
+                  task_scores(examples, 0, replicates=50), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+    (ax,) = draw_scores(run).axes
+    snapkv, adakv = by_gid(ax.lines, "score:passkey:snapkv"), by_gid(ax.lines, "score:passkey:adakv(snapkv)")
+    np.testing.assert_allclose(snapkv.get_xdata(), [1.0, 0.5 - DODGE / 2, 0.25 - DODGE / 2])
+    np.testing.assert_allclose(adakv.get_xdata(), [1.0, 0.5 + DODGE / 2, 0.25 + DODGE / 2])
+    np.testing.assert_array_equal(snapkv.get_ydata(), adakv.get_ydata())
+    assert ax.get_legend().get_title().get_text() == "side by side, the same scores: snapkv = adakv(snapkv)"
+    kivi = by_gid(ax.lines, "score:passkey:kivi4")
+    assert list(kivi.get_xdata()) == [0.45] and list(kivi.get_ydata()) == [1.0]
+    assert kivi.get_linestyle() == "None"
+    assert "kivi4 (any ratio)" in [text.get_text() for text in ax.get_legend().get_texts()]
+    assert ax.get_xlabel() == "Share of the full cache's bytes stored" and ax.xaxis_inverted()
+
+
+def test_the_needle_heatmap_s_one_colour_bar_spans_every_panel(tmp_path) -> None:
+    """Issue 41, item 15: the heatmap's one colour bar (one scale for every panel) was a short bar beside the middle
+    row, read as that row's own. It now runs the height of the grid, right of every panel."""
+    figure = draw_needle(task_run(tmp_path))
+    figure.canvas.draw()
+    (bar,) = [ax for ax in figure.axes if ax.get_ylabel() == "Mean score"]
+    panels = [ax for ax in figure.axes if ax.get_visible() and ax is not bar]
+    top, bottom = max(ax.get_position().y1 for ax in panels), min(ax.get_position().y0 for ax in panels)
+    box = bar.get_position()
+    assert box.height >= 0.9 * (top - bottom), (box.height, top - bottom)
+    assert box.y0 >= bottom - 0.01 and box.y1 <= top + 0.01
+    assert box.x0 >= max(ax.get_position().x1 for ax in panels)
