@@ -32,10 +32,9 @@ from ..errors import SpectraError, spell
 from ..options import identity
 from ..reporter import Reporter
 from ..registry import PRESSES
-from .records import QUESTION_PATTERNS, TaskRecord, family, is_task_file, read_records
+from .family import families, family_of
+from .records import TaskRecord, is_task_file, read_records
 
-#: the task families the protocol scores (RULER's, and passkey)
-FAMILIES = (*QUESTION_PATTERNS, "passkey")
 #: the fact of presses that read the attention each key received (the prefill computes it only for them)
 RECEIVED = "received"
 
@@ -62,9 +61,9 @@ def check(options: Any, shape: checkpoints.Shape, data: str) -> None:
                            "language model, e.g. Llama, Qwen2, SmolLM2)")
     name = Path(data).name
     for record in records:
-        if family(record.task) not in FAMILIES:
+        if family_of(record.task) is None:
             raise SpectraError(f"{name} line {record.example + 1}: unknown task '{record.task}' (task families: "
-                               f"{', '.join(FAMILIES)})")
+                               f"{', '.join(families())})")
         if shape.positions is not None and record.length is not None and record.length > shape.positions:
             raise SpectraError(f"{name} line {record.example + 1}: its length {record.length} is beyond the "
                                f"{shape.positions} positions of {shape.name}")

@@ -18,35 +18,16 @@ Torch-free, so the task protocol and the generator can import it cheaply.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpectraError
+from .family import families, family_of
 
 #: the fields of kvpress's evaluation format; `answers` may be spelled `answer` (kvpress's datasets)
 KVPRESS_FIELDS = ("context", "question", "answer_prefix", "answers", "max_new_tokens", "task")
 #: the fields every RULER record carries
 RULER_FIELDS = ("input", "outputs")
-
-#: kvpress's split of a RULER prompt per task family (the task name's part before the first "_")
-QUESTION_PATTERNS = {
-    "niah": re.compile(r"What (?:is|are all) the special magic"),
-    "vt": re.compile(r"Question: Find all variables that are assigned the value"),
-    "cwe": re.compile(r"Question: What are the 10 most common words in the above list\?"),
-    "fwe": re.compile(r"Question: Do not provide any explanation\."),
-    "qa": re.compile(r"Answer the question based on the given documents\."),
-}
-ANSWER_PATTERNS = {
-    "niah": re.compile(r"The special magic"),
-    "vt": re.compile(r"Answer:"),
-    "cwe": re.compile(r"Answer:"),
-    "fwe": re.compile(r"Answer:"),
-    "qa": re.compile(r"Answer:"),
-}
-#: RULER's tokens_to_generate per task family (scripts/data/synthetic/constants.py), as kvpress copies them
-MAX_NEW_TOKENS = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
-
 
 @dataclass(frozen=True)
 class TaskRecord:
@@ -73,25 +54,19 @@ class TaskRecord:
                 "length": self.length, "depth": self.depth}
 
 
-def family(task: str) -> str:
-    """A task's family: the part of its name before the first "_" (niah_single_1 → niah), as kvpress groups them."""
-    return task.split("_")[0]
-
-
 def split_ruler_prompt(text: str, task: str) -> tuple[str, str, str]:
-    """(context, question, answer_prefix) of a RULER prompt, split as kvpress's create_huggingface_dataset does."""
-    name = family(task)
-    if name not in QUESTION_PATTERNS:
-        known = ", ".join(sorted(QUESTION_PATTERNS))
-        raise SpectraError(f"cannot split a RULER prompt of task '{task}': its family '{name}' is not one of {known}")
-    found = list(QUESTION_PATTERNS[name].finditer(text))
-    if not found:
-        raise SpectraError(f"the RULER prompt has no question of a {name} task ('{QUESTION_PATTERNS[name].pattern}')")
-    context, rest = text[: found[-1].start()], text[found[-1].start():]
-    prefix = ANSWER_PATTERNS[name].search(rest)
-    if prefix is None:
-        raise SpectraError(f"the RULER prompt has no answer prefix of a {name} task ('{ANSWER_PATTERNS[name].pattern}')")
-    return context, rest[: prefix.start()], rest[prefix.start():]
+    """(context, question, answer_prefix) of a RULER prompt of `task`, split as its family declares
+    (`family.Family.split`: as kvpress's create_huggingface_dataset does)."""
+    found = family_of(task)
+    if found is None or found.question is None:
+        raise SpectraError(f"cannot split a RULER prompt of task '{task}': its family '{task.split('_')[0]}' is not "
+                           f"one of {', '.join(ruler_families())}")
+    return found.split(text)
+
+
+def ruler_families() -> list[str]:
+    """The families RULER writes (whose prompts split into context, question and answer prefix)."""
+    return sorted(name for name in families() if family_of(name).question is not None)  # type: ignore[union-attr]
 
 
 def _answers(value: object, where: str) -> tuple[str, ...]:
@@ -138,9 +113,10 @@ def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> T
         if name not in record:
             raise SpectraError(f"{where} has no field '{name}' (a RULER record needs {', '.join(RULER_FIELDS)})")
     task = record.get("task", folder_task)
-    if not isinstance(task, str) or family(task) not in QUESTION_PATTERNS:
+    found = family_of(task) if isinstance(task, str) else None
+    if found is None or found.question is None:
         raise SpectraError(f"{where}: a RULER record's task is its folder's name (TASK/validation.jsonl) or its "
-                           f"'task' field; '{task}' is not a RULER task ({', '.join(sorted(QUESTION_PATTERNS))}…)")
+                           f"'task' field; '{task}' is not a RULER task ({', '.join(ruler_families())}…)")
     prefix = record.get("answer_prefix", "")
     if not isinstance(record["input"], str) or not isinstance(prefix, str):
         raise SpectraError(f"{where}: 'input' and 'answer_prefix' must be strings")
@@ -149,7 +125,7 @@ def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> T
     except SpectraError as error:
         raise SpectraError(f"{where}: {error}") from None
     return TaskRecord(context, question, answer_prefix, _answers(record["outputs"], where),
-                      MAX_NEW_TOKENS[family(task)], task, _optional(record, "length", int, where), None, example)
+                      found.max_new_tokens, task, _optional(record, "length", int, where), None, example)
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:

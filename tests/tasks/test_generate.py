@@ -3,24 +3,16 @@ answers in their contexts, depths spread evenly, seeded draws independent of the
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
 from spectra.errors import SpectraError
-from spectra.tasks.generate import (
-    check_answers,
-    depths,
-    generate,
-    largest_fitting,
-    parse_lengths,
-    parse_tasks,
-    write_records,
-)
+from spectra.tasks.family import Example, generated
+from spectra.tasks.generate import check_answers, depths, generate, parse_lengths, parse_tasks, write_records
 from spectra.tasks.records import read_records
-from spectra.tasks.synthetic import Example
-from spectra.tasks.synthetic import TASKS
+
+TASKS = generated()
 
 LENGTHS = (2048, 3072)
 
@@ -90,17 +82,6 @@ def test_a_length_too_short_for_the_template_is_refused(tokenizer) -> None:
         generate(tokenizer, ["niah_single_1"], [200], 1)
 
 
-def test_largest_fitting_agrees_with_a_scan() -> None:
-    rng = random.Random(0)
-    for _ in range(200):
-        steps = [rng.randint(0, 5) for _ in range(300)]
-        cost = [sum(steps[: i + 1]) for i in range(300)]  # non-decreasing
-        limit, start, minimum = rng.randint(0, 800), rng.randint(1, 299), rng.randint(1, 20)
-        measure = lambda size: cost[min(size, 299)] + (10**6 if size >= 299 else 0)  # noqa: E731
-        fits = [size for size in range(minimum, 300) if measure(size) <= limit]
-        assert largest_fitting(measure, limit, start, minimum) == (max(fits) if fits else None)
-
-
 def test_task_names_and_lengths() -> None:
     assert parse_tasks("vt, cwe,vt") == ("vt", "cwe") and parse_tasks("all") == TASKS
     assert parse_lengths("2048,1024") == (2048, 1024) and parse_lengths([512]) == (512,)
@@ -112,9 +93,9 @@ def test_task_names_and_lengths() -> None:
 
 
 def test_cwe_beyond_its_word_lists_is_refused(tokenizer, monkeypatch) -> None:
-    import spectra.tasks.synthetic as synthetic
+    import spectra.tasks.families.cwe as cwe
 
-    monkeypatch.setattr(synthetic, "common_words", lambda: ("one", "two") * 30)
+    monkeypatch.setattr(cwe, "common_words", lambda: ("one", "two") * 30)
     with pytest.raises(SpectraError, match="cwe at length 2048: cwe needs .* distinct words"):
         generate(tokenizer, ["cwe"], [2048], 1)
 
