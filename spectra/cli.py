@@ -173,6 +173,8 @@ def tasks_command(
 
     written = make_tasks(model, tasks=tasks, lengths=length, samples=samples, out=out, haystack=haystack, seed=seed,
                          gguf_file=gguf_file, progress=progress)
+    for note in written.notes:
+        print(f"warning: {note}", file=sys.stderr)
     stdout.print(f"wrote {written.path} ({len(written.fitted)} records)", soft_wrap=True)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import SpectraError, spell
 from ..registry import TASKS
-from .family import Example, Family, Target, example_rng, generated, largest_fitting
+from .family import Example, Family, Target, example_rng, generated, haystack_tasks, largest_fitting, listing
 from .haystack import Haystack
 from .prompt import prompt_length
 from .records import TaskRecord
@@ -142,6 +142,30 @@ def generate(tokenizer, tasks: Sequence[str], lengths: Sequence[int], samples: i
             found += fitted
     return [dataclasses.replace(item, record=dataclasses.replace(item.record, example=i))
             for i, item in enumerate(found)]
+
+
+def check_haystack(tasks: Sequence[str], given: bool) -> None:
+    """A --haystack file that none of `tasks` reads would change nothing: refuse it, naming the tasks that read one."""
+    if given and not any(TASKS.facts(task)["haystack"] for task in tasks):
+        flag = spell("--haystack", "haystack")
+        raise SpectraError(f"{flag} is read only by {listing(haystack_tasks())}, and none of the tasks asked for "
+                           f"({', '.join(tasks)}) is one of them: drop {flag} (their haystack is RULER's noise) or "
+                           f"ask for a task that reads it")
+
+
+def haystack_note(fitted: Sequence[Fitted], haystack: Haystack) -> str | None:
+    """What to say when the examples took more words than the haystack file holds, so its text repeats in them (as
+    RULER repeats its essays); None when nothing repeats."""
+    if haystack.words is None:
+        return None
+    repeating = [item for item in fitted if TASKS.facts(item.record.task)["haystack"]
+                 and haystack.repeats(item.size) > 1]
+    if not repeating:
+        return None
+    tasks = ", ".join(dict.fromkeys(item.record.task for item in repeating))
+    most = max(haystack.repeats(item.size) for item in repeating)
+    return (f"the haystack {haystack.name} holds {len(haystack.words)} words: the contexts of {tasks} repeat it up to "
+            f"{most} times (a text longer than the contexts repeats nothing)")
 
 
 def write_records(path: str | Path, records: Sequence[TaskRecord]) -> Path:

@@ -9,8 +9,19 @@ import pytest
 
 from spectra.errors import SpectraError
 from spectra.tasks.family import Example, generated
-from spectra.tasks.generate import check_answers, depths, generate, parse_lengths, parse_tasks, write_records
-from spectra.tasks.records import read_records
+from spectra.tasks.generate import (
+    Fitted,
+    check_answers,
+    check_haystack,
+    depths,
+    generate,
+    haystack_note,
+    parse_lengths,
+    parse_tasks,
+    write_records,
+)
+from spectra.tasks.haystack import Haystack
+from spectra.tasks.records import TaskRecord, read_records
 
 TASKS = generated()
 
@@ -108,3 +119,28 @@ def test_an_answer_missing_from_its_context_is_refused() -> None:
     lost = Example("the pass key is 4821.", "What are the keys?", "They are", ("4821", "7730"), 0.5)
     with pytest.raises(SpectraError, match="^niah_multikey_1 at length 2048, sample 3: the answer '7730' is not in its"):
         check_answers(lost, "niah_multikey_1", 2048, 3)
+
+
+def test_a_haystack_no_task_reads_is_refused() -> None:
+    """The README's own command gave --haystack to passkey and niah_single_1, which hide their needles in noise:
+    the file changed nothing. It is refused, naming the tasks that read one."""
+    check_haystack(("passkey", "niah_single_2"), True)
+    check_haystack(("passkey",), False)
+    with pytest.raises(SpectraError) as refused:
+        check_haystack(("passkey", "vt"), True)
+    assert refused.value.for_cli().startswith(
+        "--haystack is read only by niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery, and none of "
+        "the tasks asked for (passkey, vt) is one of them: drop --haystack")
+
+
+def test_a_repeated_haystack_is_noted() -> None:
+    def fitted(task: str, size: int) -> Fitted:
+        return Fitted(TaskRecord("c", "q", "p", ("a",), 8, task, 1024, 0.5, 0), size, 1000)
+
+    short = Haystack(("one", "two", "three"), "short.txt")
+    assert haystack_note([fitted("niah_single_2", 3), fitted("passkey", 900)], short) is None
+    assert haystack_note([fitted("niah_single_2", 3)], Haystack.noise()) is None
+    note = haystack_note([fitted("niah_single_2", 10), fitted("niah_multivalue", 700), fitted("niah_single_2", 4)],
+                         short)
+    assert note == ("the haystack short.txt holds 3 words: the contexts of niah_single_2, niah_multivalue repeat it "
+                    "up to 234 times (a text longer than the contexts repeats nothing)")
