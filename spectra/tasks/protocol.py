@@ -13,9 +13,10 @@ builds the loop's job from them as for any kind: the run configuration (`configu
 loads (`check`), the notice of a partial run (`announce`), the source (`source`: a `TaskSource` over the records), the
 probe (`probe`), what run.json records (`meta`) and the memory an example takes (`memory`).
 
-Checked before the model loads, each in one line: the records (missing fields name their line: `records.py`), the
-task names (a family RULER or passkey defines), a record's length beyond the model's positions (when its files tell
-them), presses that fit on calibration sequences (not supported here). After loading, each example's prompt is
+Checked before the model loads, each in one line: every record (`records.read_records` names the line and field of
+a missing or malformed field, an unknown task, an empty context or an answer its context lacks), a record's length
+beyond the model's positions (when its files tell them), presses that fit on calibration sequences (not supported
+here). After loading, each example's prompt is
 checked against the positions (`TaskSource.start`).
 """
 
@@ -32,7 +33,6 @@ from ..errors import SpectraError, spell
 from ..options import identity
 from ..reporter import Reporter
 from ..registry import PRESSES
-from .family import families, family_of
 from .records import TaskRecord, is_task_file, read_records
 
 #: the fact of presses that read the attention each key received (the prefill computes it only for them)
@@ -61,9 +61,6 @@ def check(options: Any, shape: checkpoints.Shape, data: str) -> None:
                            "language model, e.g. Llama, Qwen2, SmolLM2)")
     name = Path(data).name
     for record in records:
-        if family_of(record.task) is None:
-            raise SpectraError(f"{name} line {record.example + 1}: unknown task '{record.task}' (task families: "
-                               f"{', '.join(families())})")
         if shape.positions is not None and record.length is not None and record.length > shape.positions:
             raise SpectraError(f"{name} line {record.example + 1}: its length {record.length} is beyond the "
                                f"{shape.positions} positions of {shape.name}")

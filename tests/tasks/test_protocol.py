@@ -119,7 +119,8 @@ def test_a_finished_run_reprints_and_plots(finished, monkeypatch, capsys) -> Non
 
 
 @pytest.mark.parametrize("case", ["unknown-task", "missing-field", "empty", "positions", "fit-samples", "bytes-kept",
-                                  "encoder"])
+                                  "encoder", "no-answers-first", "no-question-first", "array", "answer-missing",
+                                  "empty-context"])
 def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_decoder, bert_dir, tmp_path,
                                                                   monkeypatch, capsys) -> None:
     rows = task_files.records(count=2)
@@ -137,6 +138,16 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
         extra, message = ["--bytes-kept", "0.5"], "--bytes-kept maps the per-head output error of the NLL protocol"
     elif case == "fit-samples":
         extra, message = ["--presses", "lowrank", "--fit-samples", "1"], "the task protocol does not take it"
+    elif case in ("no-answers-first", "no-question-first"):  # read as a text corpus before (no column 'text')
+        field = "answers" if case == "no-answers-first" else "question"
+        del rows[0][field]
+        message = f"tasks.jsonl line 1 has no field '{field}'"
+    elif case == "array":
+        rows, message = [rows], "tasks.jsonl holds a JSON array of 2 records; a task file holds one record"
+    elif case == "answer-missing":  # ran to the end before: full cache 0, needle_kept empty
+        rows[1]["answers"], message = ["nowhere"], "tasks.jsonl line 2: the answer 'nowhere' does not occur in its"
+    elif case == "empty-context":
+        rows[1]["context"], message = "", "tasks.jsonl line 2: 'context' is empty"
     else:
         model, message = str(bert_dir), "is an encoder"
     path = task_files.write(tmp_path / "tasks.jsonl", rows)
