@@ -385,3 +385,13 @@ def test_the_axis_map_is_each_key_value_heads_least_loss_within_the_bytes(llama_
     monkeypatch.setattr(style, "save", lambda figure, out: saved.append(str(out)) or [out])
     REGISTRY["cache"].plot(spectra.load_run(run.path), tmp_path / "figures")
     assert saved[-1].endswith("cache_axes")
+
+
+def test_a_corpus_evaluates_16_sequences_unless_told(monkeypatch, capsys) -> None:
+    """--samples has no fixed default here: a text corpus takes 16 sequences, a task file all its records."""
+    cache = REGISTRY["cache"]
+    assert cache.configured(RunConfig(data="imdb", samples=None), CacheOptions()).samples == 16
+    assert cache.configured(RunConfig(data="imdb", samples=3), CacheOptions()).samples == 3
+    code, stdout, _ = tiny.run_cli(["cache", "--help"], monkeypatch, capsys)
+    assert code == 0 and "Sequences of a text corpus (default 16); records of a task file (default: all)" in " ".join(
+        stdout.split())
