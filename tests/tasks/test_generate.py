@@ -57,10 +57,10 @@ def test_every_example_fits_its_length_tightly(fitted, chat_tokenizer) -> None:
 def test_records_come_in_task_then_length_order_with_depths_spread(fitted) -> None:
     order = [(item.record.task, item.record.length) for item in fitted]
     assert order == [(task, length) for task in TASKS for length in LENGTHS for _ in range(3)]
-    for item in fitted:
+    for item in fitted:  # the tasks with a needle spread its depths; vt, cwe and fwe have none
         if item.record.task.startswith("niah") or item.record.task == "passkey":
             assert item.record.depth in (0.0, 0.5, 1.0)
-        else:
+        elif item.record.task in ("vt", "cwe", "fwe"):
             assert item.record.depth is None
     assert depths(1) == [0.5] and depths(5) == [0.0, 0.25, 0.5, 0.75, 1.0]
 

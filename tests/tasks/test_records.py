@@ -84,7 +84,7 @@ def test_ruler_files_old_and_new(tmp_path: Path) -> None:
     (kvpress_line(length="long"), "line 2: 'length' must be an integer"),
     ("{not json", "line 2 is not JSON"),
     ("[1, 2]", "line 2 is not a JSON object"),
-    (kvpress_line(task="sudoku"), "line 2: unknown task 'sudoku' (task families: niah, vt, cwe, fwe, passkey, qa;"),
+    (kvpress_line(task="sudoku"), "line 2: unknown task 'sudoku' (task families: niah, vt, cwe, fwe, passkey, qa"),
     (kvpress_line(answers=["y", "x"]), "line 2: the answer 'y' does not occur in its 'context' (a passkey task's"),
     (kvpress_line(answers=["X"]), "line 2: the answer 'X' does not occur in its 'context'"),
     (kvpress_line(context=" \n"), "line 2: 'context' is empty; a task record needs the text the press compresses"),
