@@ -89,14 +89,17 @@ def comparable(value: Any) -> tuple | None:
 
 def stale(arguments: list[str], out: Path) -> list[str]:
     """The options a finished run recorded otherwise than `spectra ARGUMENTS` means today (its defaults included):
-    a run made before a default changed no longer belongs to its command. A task file holding fewer examples than
-    --samples asks for is read whole and its run records the examples it read: that run is what the command means."""
+    a run made before a default changed no longer belongs to its command. A task file run without --samples, or
+    holding fewer examples than --samples asks for, is read whole and its run records the examples it read: that run
+    is what the command means; a text run without --samples evaluated the kind's own count (`corpus_samples`)."""
     meta = json.loads((out / "run.json").read_text())
     settings = meta.get("settings", {})
     recorded = {**{key: value for key, value in settings.items() if key != "extra"}, **settings.get("extra", {})}
     records = meta.get("data", {}).get("records") if isinstance(meta.get("data"), dict) else None
     differ = []
     for key, value in parameters(arguments).items():
+        if key == "samples" and value is None and records is None:  # the kind's own count for a text corpus
+            value = corpus_samples(arguments[0])
         if key in UNCOMPARED or value is None or key not in recorded:
             continue
         if key == "samples" and records is not None and recorded[key] == records and value >= records:
@@ -105,6 +108,16 @@ def stale(arguments: list[str], out: Path) -> list[str]:
         if now is not None and then is not None and now != then:
             differ.append(f"{key}={recorded[key]!r}")
     return differ
+
+
+def corpus_samples(command: str) -> int:
+    """The sequences `spectra COMMAND` evaluates of a text corpus when --samples is not given (its default None
+    means the analysis's own count: `cache` reads a task file whole and 16 sequences of a corpus)."""
+    from spectra.config import RunConfig
+    from spectra.kinds import REGISTRY
+
+    kind = REGISTRY[command]
+    return kind.configured(RunConfig(samples=None), kind.options()).samples
 
 
 def subprocess_execute(arguments: list[str], cwd: Path) -> int:

@@ -56,7 +56,8 @@ def docstring(analysis: Analysis) -> str:
         for option in declared(cls):
             if cls is RunConfig and option.name not in analysis.run_fields:
                 continue
-            lines.append(f"    {option.name}: {option.help}")
+            text = analysis.run_help.get(option.name, option.help) if cls is RunConfig else option.help
+            lines.append(f"    {option.name}: {text}")
     lines += ["    progress: a callback progress(done, total) after every batch.",
               "    notify: where one-line notices go (default: print).",
               "", "Returns the finished run, loaded (as `spectra.load_run` reads it)."]

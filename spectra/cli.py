@@ -21,6 +21,7 @@ from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_comma
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
 from .reporter import plural
+from .tasks.family import generated, haystack_tasks, listing
 
 app = typer.Typer(
     cls=FlaglessGroup,
@@ -162,11 +163,11 @@ def fitted_line(task: str, size: int, tokens: list[int]) -> str:
 @app.command("tasks", cls=FlaglessCommand)
 def tasks_command(
     model: str = typer.Argument(..., help="A decoder: hub id, local directory, or .gguf file (only its tokenizer and config are read)."),
-    tasks: str = typer.Option("all", "--tasks", help="Comma-separated: niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe, passkey (or all)."),
+    tasks: str = typer.Option("all", "--tasks", help=f"Comma-separated: {listing(generated())} (or all)."),
     length: str = typer.Option(..., "--length", help="Comma-separated lengths in the model's tokens (chat template and generated tokens included, as RULER counts them), e.g. 1024,2048,4096."),
     samples: int = typer.Option(10, "--samples", help="Examples per task and length; needle depths spread evenly over them."),
     out: Path = typer.Option(..., "--out", help="The task file to write (.jsonl, kvpress's fields plus length and depth)."),
-    haystack: Path | None = typer.Option(None, "--haystack", help="A local text file in place of RULER's essays, for the tasks RULER hides in them (niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery); default: RULER's noise haystack."),
+    haystack: Path | None = typer.Option(None, "--haystack", help=f"A local text file in place of RULER's essays, for the tasks RULER hides in them ({listing(haystack_tasks())}); default: RULER's noise haystack."),
     seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file (as a run directory is replaced)."),
@@ -180,6 +181,8 @@ def tasks_command(
 
     written = make_tasks(model, tasks=tasks, lengths=length, samples=samples, out=out, haystack=haystack, seed=seed,
                          gguf_file=gguf_file, overwrite=overwrite, progress=progress)
+    for note in written.notes:
+        print(f"warning: {note}", file=sys.stderr)
     stdout.print(f"wrote {written.path} ({len(written.fitted)} records)", soft_wrap=True)
 
 

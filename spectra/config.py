@@ -193,7 +193,7 @@ class RunConfig:
                                "save_pretrained, or a .gguf file.", cli=False)
     data: str = option("imdb", "imdb, wikitext-103, wikitext-2, or a local .txt/.jsonl/.csv/.parquet file.")
     length: int = option(512, "Sequence length n, special tokens included; at most what the model can embed.")
-    samples: int = option(10000, "Number of sequences; fewer if the corpus yields fewer (said at the end).")
+    samples: int | None = option(10000, "Number of sequences; fewer if the corpus yields fewer (said at the end).")
     mode: Mode = option(Mode.PACK, "pack: documents concatenated into blocks of exactly a sequence's length; "
                         "truncate: one document per sequence, cut at that length, padded.")
     batch_size: int = option(8, "Sequences per forward pass (the results do not depend on it).", identity=False)
@@ -219,7 +219,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.length < 2:
             raise SpectraError(f"{spell('--length')} must be at least 2, got {self.length}")
-        if self.samples < 1:
+        if self.samples is not None and self.samples < 1:  # None: the analysis's own default (Analysis.configured)
             raise SpectraError(f"{spell('--samples')} must be at least 1, got {self.samples}")
         if self.batch_size < 1:
             raise SpectraError(f"{spell('--batch-size')} must be at least 1, got {self.batch_size}")

@@ -1,6 +1,6 @@
 """One small generic registry for what spectra has several of — analyses, methods, presses — listable without torch.
 
-A `Registry[T]` maps names to objects. Its entries come two ways:
+A `Registry[T]` maps names to objects. Its entries come three ways:
 
 - *declared* (methods, presses): every module of the registry's package states, as a plain literal at its top,
   the names it registers and their facts (`DECLARES = {"snapkv": {"windowed": True}, …}`) and where they come in
@@ -9,6 +9,9 @@ A `Registry[T]` maps names to objects. Its entries come two ways:
   `--methods` or `--presses` is refused before anything loads. The object behind a name is imported on first use
   (its module calls `add` as it loads), and `add` refuses an object whose facts differ from its declaration.
 - *added* (analyses): the objects themselves, registered by importing their (torch-free) modules.
+- *imported* (task families): a package of torch-free modules, each registering its objects as it loads with the
+  facts the objects themselves state (no literal to parse): the first listing imports them all, and `order` names
+  the fact the listing is sorted by (the import order depends on which module a caller imported first).
 
 A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts
 say what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
@@ -17,8 +20,9 @@ function `check: "module:function"`
 — so a bad argument is refused in one line before anything loads. `registry["adakv(snapkv)"]` is the registered
 object's `bind(argument)` (the wrapped object, or the argument's text), made once.
 
-So adding a method or a press is its file (with its `DECLARES`) and its test; nothing else lists it. Modelled on
-lm-evaluation-harness's `Registry[T]`, whose entries may be lazy "module:object" placeholders until first use.
+So adding a method or a press is its file (with its `DECLARES`) and its test, a task family its file and its test;
+nothing else lists them. Modelled on lm-evaluation-harness's `Registry[T]`, whose entries may be lazy
+"module:object" placeholders until first use.
 """
 
 from __future__ import annotations
@@ -81,8 +85,9 @@ class Registry(Mapping[str, T]):
     """Name → object (see the module docstring). Iterating, `len`, `in`, `names`, `facts` and `having` read the
     declarations only; indexing imports the object's module when it has not loaded yet."""
 
-    def __init__(self, what: str, package: str | None = None) -> None:
-        self.what, self.package = what, package
+    def __init__(self, what: str, package: str | None = None, *, imported: bool = False,
+                 order: str | None = None) -> None:
+        self.what, self.package, self.imported, self.order = what, package, imported, order
         self._objects: dict[str, T] = {}
         self._added: dict[str, Entry] = {}
         self._declared: dict[str, Entry] | None = None
@@ -94,8 +99,12 @@ class Registry(Mapping[str, T]):
         """Every entry, in listing order: declared ones by their module's ORDER then as written; added ones after."""
         if self._declared is None:
             self._declared = {}
-            if self.package is not None:
-                folder = Path(__file__).parent.joinpath(*self.package.split(".")[1:])
+            folder = None if self.package is None else Path(__file__).parent.joinpath(*self.package.split(".")[1:])
+            if folder is not None and self.imported:  # each module `add`s its objects as it loads
+                for path in sorted(folder.glob("*.py")):
+                    if path.stem != "__init__":
+                        importlib.import_module(f"{self.package}.{path.stem}")
+            elif folder is not None:
                 found = [(declared, path.stem) for path in sorted(folder.glob("*.py"))
                          if (declared := declarations(path)) is not None]
                 for (_, declares), stem in sorted(found, key=lambda item: item[0][0]):
@@ -103,7 +112,10 @@ class Registry(Mapping[str, T]):
                         if name in self._declared:
                             raise ValueError(f"{self.what} '{name}' is declared twice")
                         self._declared[name] = Entry(name, f"{self.package}.{stem}", dict(facts))
-        return {**self._declared, **self._added}
+        added = self._added
+        if self.order is not None:
+            added = dict(sorted(added.items(), key=lambda item: item[1].facts.get(self.order, float("inf"))))
+        return {**self._declared, **added}
 
     def names(self) -> tuple[str, ...]:
         return tuple(self.entries())
@@ -183,7 +195,7 @@ class Registry(Mapping[str, T]):
         if name in self._objects:
             raise ValueError(f"{self.what} '{name}' is registered twice")
         declared = self.entries().get(name)
-        if self.package is not None:
+        if self.package is not None and not self.imported:
             if declared is None:
                 raise ValueError(f"{self.what} '{name}' is registered without a declaration: add it to DECLARES "
                                  "at the top of its module")
@@ -287,6 +299,9 @@ def plural(word: str) -> str:
 METHODS: Registry[Any] = Registry("method", "spectra.methods")
 #: the KV-cache presses of `spectra cache` (spectra/presses/, one file per family of press)
 PRESSES: Registry[Any] = Registry("press", "spectra.presses")
+#: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
+#: of tasks, each registering its tasks with their family and their seed number, the listing's order)
+TASKS: Registry[Any] = Registry("task", "spectra.tasks.families", imported=True, order="number")
 
 
 def method_labels(names: Iterable[str]) -> tuple[str, ...]:

@@ -12,11 +12,15 @@ from __future__ import annotations
 import enum
 import math
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from .config import check_budget
 from .errors import SpectraError
+
+if TYPE_CHECKING:  # torch loads with the first matrix drawn: deriving a seed (e.g. before a model loads) needs numpy only
+    import torch
 
 
 class Domain(enum.IntEnum):
@@ -37,6 +41,7 @@ class Domain(enum.IntEnum):
     INDUCTION = 801  # spectra heads: the random tokens of the induction sequences
     RANDOM_PRESS = 901  # spectra cache: the random press's scores of sequence i (one torch generator per layer)
     TASKS = 1001  # spectra tasks: the draws of one example per (task number, length, sample)
+    TASK_SAMPLES = 1002  # spectra cache --samples on a task file: the records it takes, spread over tasks and lengths
 
 
 def derive_seed(seed: int, *parts: int) -> int:
@@ -47,7 +52,7 @@ def derive_seed(seed: int, *parts: int) -> int:
 
 
 def jl_matrix(
-    budget: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    budget: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """R (budget, n) with i.i.d. N(0, 1/budget) entries; jl_matrix(k, n)[:, :m] == jl_matrix(k, m).
 
@@ -57,16 +62,20 @@ def jl_matrix(
     check_budget(budget)
     if n < 1:
         raise SpectraError(f"n must be ≥ 1, got {n}")
+    import torch
+
     columns = np.random.default_rng(seed).standard_normal((n, budget))  # column j of R is row j
-    return torch.from_numpy(columns.T / math.sqrt(budget)).to(device=device, dtype=dtype)
+    return torch.from_numpy(columns.T / math.sqrt(budget)).to(device=device, dtype=dtype or torch.float32)
 
 
 def orthogonal_matrix(
-    budget: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    budget: int, n: int, seed: int = 0, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """R (budget, n) with orthonormal rows scaled by √(n/budget): E[RᵀR] = I, and RᵀR = I when budget = n."""
     check_budget(budget, n, "n (orthonormal rows need budget ≤ n)")
     gaussian = np.random.default_rng(seed).standard_normal((n, budget))
     basis, upper = np.linalg.qr(gaussian)
     basis = basis * np.sign(np.diag(upper))  # Haar-distributed columns
-    return torch.from_numpy(basis.T * math.sqrt(n / budget)).to(device=device, dtype=dtype)
+    import torch
+
+    return torch.from_numpy(basis.T * math.sqrt(n / budget)).to(device=device, dtype=dtype or torch.float32)

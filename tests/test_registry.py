@@ -71,6 +71,27 @@ def test_a_registration_must_match_its_declaration(tmp_path: Path, monkeypatch) 
         things["delta"]
 
 
+def test_an_imported_registry_lists_what_its_modules_register_in_the_order_of_a_fact(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """Task families: each module registers its objects with their own facts as it loads (no DECLARES); the first
+    listing imports every module of the package, and the listing follows the `order` fact whichever module a caller
+    imported first."""
+    folder = tmp_path / "pkg" / "spectra" / "kinds_of"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("")
+    for stem, name, number in (("a", "late", 2), ("b", "early", 0), ("c", "middle", 1)):
+        (folder / f"{stem}.py").write_text(f"from spectra.registry import THINGS\nTHINGS.add('{name}', "
+                                           f"'{stem}', number={number}, flag={number == 1})\n")
+    code = ("import importlib, sys; from spectra import registry; import spectra; "
+            f"spectra.__path__.append({str(tmp_path / 'pkg' / 'spectra')!r}); "
+            f"registry.__file__ = {str(tmp_path / 'pkg' / 'spectra' / 'registry.py')!r}; "
+            "registry.THINGS = registry.Registry('thing', 'spectra.kinds_of', imported=True, order='number'); "
+            "importlib.import_module('spectra.kinds_of.a'); "
+            "print(registry.THINGS.names(), sorted(registry.THINGS.having('flag')), registry.THINGS['early'])")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert shown.stdout.strip() == "('early', 'middle', 'late') ['middle'] b", shown.stderr
+
+
 def test_names_expand_to_labels() -> None:
     assert registry.method_labels(["svd", "linformer"]) == ("svd", *(f"linformer({s.value})" for s in Sharing))
     assert registry.method_labels(["linformer(kv)", "svd", " linformer(kv)"]) == ("linformer(kv)", "svd")

@@ -47,6 +47,8 @@ from ..reporter import Reporter
 REGISTRY: Registry[Analysis] = Registry("analysis")
 #: every run-configuration option, in declaration order
 RUN_FIELDS = tuple(field.name for field in fields(RunConfig))
+#: the sequences a run evaluates when neither the user nor the analysis says how many
+DEFAULT_SAMPLES: int = next(field.default for field in fields(RunConfig) if field.name == "samples")
 
 
 class Analysis:
@@ -62,6 +64,8 @@ class Analysis:
     run_fields: ClassVar[tuple[str, ...]] = RUN_FIELDS
     #: this analysis's defaults for run-configuration options (e.g. fewer samples than analyze's 10000)
     defaults: ClassVar[dict[str, Any]] = {}
+    #: this analysis's help for run-configuration options it reads its own way (cache: --samples of a task file)
+    run_help: ClassVar[dict[str, str]] = {}
     #: whether MODEL must be given (theorems on synthetic q, k, v needs none)
     needs_model: ClassVar[bool] = True
     model_help: ClassVar[str] = ("Hugging Face hub id (roberta-base), a local directory saved with save_pretrained "
@@ -89,7 +93,10 @@ class Analysis:
         return ()
 
     def configured(self, config: RunConfig, options: Any) -> RunConfig:
-        """The run configuration the analysis runs with (e.g. the length its own options set)."""
+        """The run configuration the analysis runs with (e.g. the length its own options set; `samples` given as
+        None: the analysis's default)."""
+        if config.samples is None:
+            return replace(config, samples=self.defaults.get("samples") or DEFAULT_SAMPLES)
         return config
 
     def check(self, config: RunConfig, options: Any, shape: checkpoints.Shape) -> None:

@@ -49,6 +49,8 @@ ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
 DEFAULT_INTERVAL = 512
 #: SnapKV's window (loki's too): they need a longer context
 SNAPKV_WINDOW = 64
+#: the sequences of a text corpus evaluated when --samples is not given (a task file runs whole)
+CORPUS_SAMPLES = 16
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,9 @@ class Cache(Analysis):
                "continuation: NLL, KL and top-1 agreement per press and ratio, attention mass kept per head.")
     options = CacheOptions
     run_fields = tuple(name for name in Analysis.run_fields if name != "length")
-    defaults = {"samples": 16, "batch_size": 1}
+    defaults = {"samples": None, "batch_size": 1}  # None: 16 sequences of a corpus, every record of a task file
+    run_help = {"samples": f"Sequences of a text corpus (default {CORPUS_SAMPLES}); records of a task file (default: "
+                           "all), spread evenly over its tasks and lengths (seeded by --seed)."}
     model_help = ("A decoder: Hugging Face hub id (HuggingFaceTB/SmolLM2-135M-Instruct), a local directory saved with "
                   "save_pretrained or a .gguf file; or a finished run directory, to print it again (and --plot it).")
     work = 4
@@ -284,7 +288,7 @@ class Cache(Analysis):
                                    "task file runs the task protocol, which decodes answers and measures no such "
                                    "error: drop it, or give a text corpus")
             return protocol().configured(config)
-        return replace(config, length=options.length)
+        return replace(config, length=options.length, samples=config.samples or CORPUS_SAMPLES)
 
     def announce(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> None:
         protocol().announce(config, reporter) if tasks(config) else warn_window_filled(options, reporter)

@@ -163,6 +163,9 @@ def print_tasks(run: TaskRun) -> None:
         lost = failed[failed["evicted"] > 0]
         out.print(f"{plural(len(failed), 'cell')} scored below the full cache; in {len(lost)} of them some layer's "
                   f"heads all evicted the needle (task_evicted.csv)")
+    left_out = meta.get("data", {}).get("tasks_left_out") if isinstance(meta.get("data"), dict) else None
+    if left_out:
+        out.print(f"--samples left out every record of {', '.join(left_out)}: without it the whole file runs")
 
 
 def presses_of(table) -> list[str]:

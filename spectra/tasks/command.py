@@ -14,17 +14,19 @@ from pathlib import Path
 
 from .. import checkpoints
 from ..errors import SpectraError, spell
-from .generate import Fitted, generate, parse_lengths, parse_tasks, write_records
+from .generate import Fitted, check_haystack, generate, haystack_note, parse_lengths, parse_tasks, write_records
 from .haystack import Haystack
 
 
 @dataclass(frozen=True)
 class Written:
-    """What `make_tasks` wrote: the file, its records (with sizes and token counts) and the model's positions."""
+    """What `make_tasks` wrote: the file, its records (with sizes and token counts), the model's positions and what
+    the user should know of them (`notes`: a haystack file repeated to fill the contexts)."""
 
     path: Path
     fitted: list[Fitted]
     positions: int | None
+    notes: tuple[str, ...] = ()
 
 
 def check_positions(lengths: Sequence[int], positions: int | None, name: str) -> None:
@@ -96,6 +98,7 @@ def make_tasks(model: str, *, tasks: str | Sequence[str] = "all", lengths: str |
     """Generate `samples` records per task and length for `model`'s tokenizer and write them to `out` (jsonl); an
     existing `out` is replaced only with `overwrite`, as a run directory is."""
     names, sizes = parse_tasks(tasks), parse_lengths(lengths)
+    check_haystack(names, haystack is not None)
     if samples < 1:
         raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
     if seed < 0:
@@ -104,4 +107,6 @@ def make_tasks(model: str, *, tasks: str | Sequence[str] = "all", lengths: str |
     stack = Haystack.noise() if haystack is None else Haystack.from_file(haystack)
     tokenizer, positions = load_tokenizer(model, gguf_file, sizes)
     fitted = generate(tokenizer, names, sizes, samples, seed, stack, progress)
-    return Written(write_records(out, [item.record for item in fitted]), fitted, positions)
+    note = haystack_note(fitted, stack)
+    return Written(write_records(out, [item.record for item in fitted]), fitted, positions, () if note is None else
+                   (note,))

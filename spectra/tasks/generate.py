@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpectraError, spell
+from ..registry import TASKS
+from .family import Example, Family, Target, example_rng, generated, haystack_tasks, largest_fitting, listing
 from .haystack import Haystack
 from .prompt import prompt_length
 from .records import TaskRecord
-from .synthetic import MIN_SIZE, TASKS, VT_ICL_TOKENS, Example, builder, max_new_tokens, vt_prompt
 
 #: haystack units added to the smallest size to estimate the tokens one unit costs
 PROBE = 64
@@ -43,12 +44,13 @@ class Fitted:
 def parse_tasks(text: str | Sequence[str]) -> tuple[str, ...]:
     """Task names from "a,b,c" (or a list), in order, duplicates dropped; "all" is every task."""
     names = [name.strip() for name in (text.split(",") if isinstance(text, str) else text) if name.strip()]
+    tasks = generated()
     if names == ["all"]:
-        return TASKS
-    unknown = [name for name in names if name not in TASKS]
+        return tasks
+    unknown = [name for name in names if name not in tasks]
     if unknown or not names:
         raise SpectraError(f"unknown task {', '.join(unknown) or '(none given)'} in {spell('--tasks', 'tasks')}; "
-                           f"the tasks are {', '.join(TASKS)} (or all)")
+                           f"the tasks are {', '.join(tasks)} (or all)")
     return tuple(dict.fromkeys(names))
 
 
@@ -70,47 +72,9 @@ def depths(samples: int) -> list[float]:
 
 
 def sample_rng(seed: int, task: str, length: int, sample: int) -> random.Random:
-    """The generator of one example: fresh for every size tried, so a size always builds the same example."""
-    from ..seeds import Domain, derive_seed
-
-    return random.Random(derive_seed(seed, Domain.TASKS, TASKS.index(task), length, sample))
-
-
-def largest_fitting(measure: Callable[[int], int], length: int, start: int, minimum: int) -> int | None:
-    """The largest size ≥ `minimum` with measure(size) ≤ `length` found by galloping from `start`, then bisecting
-    (token counts grow with the size, up to the noise of the draws: the size found fits, and size + 1 does not);
-    None when even `minimum` does not fit."""
-    if measure(minimum) > length:
-        return None
-    size = max(start, minimum)
-    step = max(1, size // 16)
-    if measure(size) <= length:
-        low, high = size, None
-        while high is None:
-            if measure(low + step) <= length:
-                low, step = low + step, step * 2
-            else:
-                high = low + step
-    else:
-        low, high = minimum, size
-        while high - step > minimum:
-            if measure(high - step) <= length:
-                low = high - step
-                break
-            high, step = high - step, step * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if measure(middle) <= length else (low, middle)
-    return low
-
-
-def vt_icl_size(tokenizer, seed: int) -> int:
-    """Noise lines of vt's worked example: the most whose prompt stays within RULER's 500 tokens."""
-    def measure(size: int) -> int:
-        text, _ = vt_prompt(sample_rng(seed, "vt", 0, 0), size, 3)
-        return len(tokenizer.encode(text, add_special_tokens=False))
-
-    return largest_fitting(measure, VT_ICL_TOKENS, 20, MIN_SIZE["vt"]) or MIN_SIZE["vt"]
+    """The generator of one example (seeded by the task's number): fresh for every size tried, so a size always
+    builds the same example."""
+    return example_rng(seed, TASKS.facts(task)["number"], length, sample)
 
 
 def check_answers(example: Example, task: str, length: int, sample: int) -> None:
@@ -122,11 +86,13 @@ def check_answers(example: Example, task: str, length: int, sample: int) -> None
 
 
 def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystack: Haystack,
-             icl_size: int = 0, start: int = 0) -> list[Fitted]:
+             start: int = 0) -> list[Fitted]:
     """`samples` examples of `task`, each with the largest haystack that fits `length`."""
-    build = builder(task, haystack, length, icl_size)
-    new_tokens = max_new_tokens(task)
-    minimum = MIN_SIZE.get(task, 1)
+    family: Family = TASKS[task]
+    build = family.builder(task, Target(length, haystack, seed,
+                                        lambda text: len(tokenizer.encode(text, add_special_tokens=False))))
+    new_tokens = family.max_new_tokens
+    minimum = family.minimum(task)
     fitted = []
     for sample, depth in enumerate(depths(samples)):
         built: dict[int, tuple[Example, int]] = {}
@@ -167,16 +133,39 @@ def generate(tokenizer, tasks: Sequence[str], lengths: Sequence[int], samples: i
     if samples < 1:
         raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
     haystack = haystack or Haystack.noise()
-    icl_size = vt_icl_size(tokenizer, seed) if "vt" in tasks else 0
     found: list[Fitted] = []
     for task in tasks:
         for length in lengths:
-            fitted = fit_task(tokenizer, task, length, samples, seed, haystack, icl_size)
+            fitted = fit_task(tokenizer, task, length, samples, seed, haystack)
             if progress is not None:
                 progress(task, length, fitted)
             found += fitted
     return [dataclasses.replace(item, record=dataclasses.replace(item.record, example=i))
             for i, item in enumerate(found)]
+
+
+def check_haystack(tasks: Sequence[str], given: bool) -> None:
+    """A --haystack file that none of `tasks` reads would change nothing: refuse it, naming the tasks that read one."""
+    if given and not any(TASKS.facts(task)["haystack"] for task in tasks):
+        flag = spell("--haystack", "haystack")
+        raise SpectraError(f"{flag} is read only by {listing(haystack_tasks())}, and none of the tasks asked for "
+                           f"({', '.join(tasks)}) is one of them: drop {flag} (their haystack is RULER's noise) or "
+                           f"ask for a task that reads it")
+
+
+def haystack_note(fitted: Sequence[Fitted], haystack: Haystack) -> str | None:
+    """What to say when the examples took more words than the haystack file holds, so its text repeats in them (as
+    RULER repeats its essays); None when nothing repeats."""
+    if haystack.words is None:
+        return None
+    repeating = [item for item in fitted if TASKS.facts(item.record.task)["haystack"]
+                 and haystack.repeats(item.size) > 1]
+    if not repeating:
+        return None
+    tasks = ", ".join(dict.fromkeys(item.record.task for item in repeating))
+    most = max(haystack.repeats(item.size) for item in repeating)
+    return (f"the haystack {haystack.name} holds {len(haystack.words)} words: the contexts of {tasks} repeat it up to "
+            f"{most} times (a text longer than the contexts repeats nothing)")
 
 
 def write_records(path: str | Path, records: Sequence[TaskRecord]) -> Path:

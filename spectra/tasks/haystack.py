@@ -73,12 +73,16 @@ class Haystack:
             raise SpectraError(f"the haystack {path} holds no text (it needs words to hide the needles in)")
         return cls(words, str(path))
 
+    def repeats(self, count: int) -> int:
+        """How many times the file's words are laid end to end to give `count` words (1: not repeated)."""
+        assert self.words is not None
+        return max(1, -(-count // len(self.words)))
+
     def sentences(self, count: int) -> list[str]:
         """The first `count` words (the file repeated as often as needed, as RULER repeats the essays), cut into
         sentences."""
         assert self.words is not None
-        repeats = -(-count // len(self.words))
-        text = " ".join((self.words * repeats)[:count]).strip()
+        text = " ".join((self.words * self.repeats(count))[:count]).strip()
         return [part for part in _SENTENCE_END.split(text) if part]
 
 

@@ -13,14 +13,19 @@ builds the loop's job from them as for any kind: the run configuration (`configu
 loads (`check`), the notice of a partial run (`announce`), the source (`source`: a `TaskSource` over the records), the
 probe (`probe`), what run.json records (`meta`) and the memory an example takes (`memory`).
 
-Checked before the model loads, each in one line: the records (missing fields name their line: `records.py`), the
-task names (a family RULER or passkey defines), a record's length beyond the model's positions (when its files tell
-them), presses that fit on calibration sequences (not supported here). After loading, each example's prompt is
-checked against the positions (`TaskSource.start`).
+Checked before the model loads, each in one line: every record (`records.read_records` names the line and field of
+a missing or malformed field, an unknown task, an empty context or an answer its context lacks), a record's length
+beyond the model's positions (when its files tell them), presses that fit on calibration sequences (not supported
+here). After loading, each example's prompt is checked against the positions (`TaskSource.start`).
+
+A task file runs whole; `--samples N` evaluates N of its records spread evenly over its tasks and each task's
+lengths, drawn with the run's seed (`evaluated`), and says which tasks it leaves out (the notice, run.json's
+`data.tasks_left_out` and the printed run).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -32,10 +37,8 @@ from ..errors import SpectraError, spell
 from ..options import identity
 from ..reporter import Reporter
 from ..registry import PRESSES
-from .records import QUESTION_PATTERNS, TaskRecord, family, is_task_file, read_records
+from .records import TaskRecord, is_task_file, read_records
 
-#: the task families the protocol scores (RULER's, and passkey)
-FAMILIES = (*QUESTION_PATTERNS, "passkey")
 #: the fact of presses that read the attention each key received (the prefill computes it only for them)
 RECEIVED = "received"
 
@@ -62,9 +65,6 @@ def check(options: Any, shape: checkpoints.Shape, data: str) -> None:
                            "language model, e.g. Llama, Qwen2, SmolLM2)")
     name = Path(data).name
     for record in records:
-        if family(record.task) not in FAMILIES:
-            raise SpectraError(f"{name} line {record.example + 1}: unknown task '{record.task}' (task families: "
-                               f"{', '.join(FAMILIES)})")
         if shape.positions is not None and record.length is not None and record.length > shape.positions:
             raise SpectraError(f"{name} line {record.example + 1}: its length {record.length} is beyond the "
                                f"{shape.positions} positions of {shape.name}")
@@ -89,30 +89,76 @@ def _records(path: str, version: tuple[int, int] | None) -> tuple[TaskRecord, ..
     return tuple(read_records(path))
 
 
-def configured(config: RunConfig) -> RunConfig:
-    """The run configuration of a task run: at most the file's examples, one example a batch, the length of the
-    longest evaluated record (what the loop and its memory check read before the prompts are built)."""
+def spread(count: int, sizes: list[int], rng: random.Random) -> list[int]:
+    """`count` items taken from groups of `sizes` as evenly as they allow: every group with items left gets one in
+    turn, and when fewer remain than such groups, groups drawn at random get them."""
+    taken = [0] * len(sizes)
+    while count > 0:
+        room = [i for i, size in enumerate(sizes) if taken[i] < size]
+        for i in room if count >= len(room) else rng.sample(room, count):
+            taken[i] += 1
+        count -= min(count, len(room))
+    return taken
+
+
+def evaluated(config: RunConfig) -> list[TaskRecord]:
+    """The records a run evaluates, in the file's order: every one without --samples (or with as many), else
+    `config.samples` of them spread evenly over the file's tasks, each task's share over its lengths, and drawn at
+    random within a (task, length) — seeded by the run's seed, so a resumed run evaluates the same records."""
     records = records_of(config.data)
-    samples = min(config.samples, len(records))
-    longest = max((record.length for record in records[:samples] if record.length is not None), default=config.length)
-    return replace(config, length=max(2, longest), samples=samples, batch_size=1)
+    if config.samples is None or config.samples >= len(records):
+        return records
+    from ..seeds import Domain, derive_seed
+
+    rng = random.Random(derive_seed(config.seed, Domain.TASK_SAMPLES))
+    chosen: list[TaskRecord] = []
+    tasks = grouped(records, "task")
+    for of_task, share in zip(tasks.values(), spread(config.samples, [len(group) for group in tasks.values()], rng)):
+        lengths = grouped(of_task, "length")
+        for of_length, count in zip(lengths.values(), spread(share, [len(group) for group in lengths.values()], rng)):
+            chosen += rng.sample(of_length, count)
+    return sorted(chosen, key=lambda record: record.example)
+
+
+def grouped(records: list[TaskRecord], field: str) -> dict[Any, list[TaskRecord]]:
+    """Records by the value of `field`, in the order the values first appear."""
+    groups: dict[Any, list[TaskRecord]] = {}
+    for record in records:
+        groups.setdefault(getattr(record, field), []).append(record)
+    return groups
+
+
+def left_out(config: RunConfig) -> list[str]:
+    """The file's tasks of which --samples evaluates no record, in the file's order."""
+    kept = {record.task for record in evaluated(config)}
+    return [task for task in dict.fromkeys(record.task for record in records_of(config.data)) if task not in kept]
+
+
+def configured(config: RunConfig) -> RunConfig:
+    """The run configuration of a task run: the records evaluated (`evaluated`), one example a batch, the length of
+    the longest evaluated record (what the loop and its memory check read before the prompts are built)."""
+    records = evaluated(config)
+    longest = max((record.length for record in records if record.length is not None), default=config.length)
+    return replace(config, length=max(2, longest), samples=len(records), batch_size=1)
 
 
 def announce(config: RunConfig, reporter: Reporter) -> None:
-    """Say when --samples leaves examples of the file out."""
+    """Say when --samples leaves records of the file out, and which tasks it leaves out whole."""
     total = len(records_of(config.data))
     if config.samples < total:
-        reporter.notify(f"evaluating the first {config.samples} of the {total} examples of {Path(config.data).name} "
-                        "(--samples)")
+        missing = left_out(config)
+        reporter.notify(f"evaluating {config.samples} of the {total} records of {Path(config.data).name} (--samples), "
+                        "spread over its tasks and lengths" +
+                        (f"; tasks left out: {', '.join(missing)}" if missing else ""))
 
 
 def source(config: RunConfig, options: Any, where: Any):
     """The loop's source: a `TaskSource` over the evaluated records."""
     from .source import TaskSource
 
-    return TaskSource(config, where, records_of(config.data)[:config.samples], query_aware=options.query_aware,
+    return TaskSource(config, where, evaluated(config), query_aware=options.query_aware,
                       received=bool(PRESSES.having(RECEIVED) & set(options.presses)),
-                      windowed=bool(PRESSES.having("windowed") & set(options.presses)))
+                      windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=left_out(config))
 
 
 def probe(config: RunConfig, options: Any, source):

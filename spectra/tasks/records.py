@@ -18,35 +18,18 @@ Torch-free, so the task protocol and the generator can import it cheaply.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpectraError
+from .family import families, family_of
 
 #: the fields of kvpress's evaluation format; `answers` may be spelled `answer` (kvpress's datasets)
 KVPRESS_FIELDS = ("context", "question", "answer_prefix", "answers", "max_new_tokens", "task")
 #: the fields every RULER record carries
 RULER_FIELDS = ("input", "outputs")
-
-#: kvpress's split of a RULER prompt per task family (the task name's part before the first "_")
-QUESTION_PATTERNS = {
-    "niah": re.compile(r"What (?:is|are all) the special magic"),
-    "vt": re.compile(r"Question: Find all variables that are assigned the value"),
-    "cwe": re.compile(r"Question: What are the 10 most common words in the above list\?"),
-    "fwe": re.compile(r"Question: Do not provide any explanation\."),
-    "qa": re.compile(r"Answer the question based on the given documents\."),
-}
-ANSWER_PATTERNS = {
-    "niah": re.compile(r"The special magic"),
-    "vt": re.compile(r"Answer:"),
-    "cwe": re.compile(r"Answer:"),
-    "fwe": re.compile(r"Answer:"),
-    "qa": re.compile(r"Answer:"),
-}
-#: RULER's tokens_to_generate per task family (scripts/data/synthetic/constants.py), as kvpress copies them
-MAX_NEW_TOKENS = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
-
+#: every field that marks a task record (kvpress's, its datasets' `answer`, RULER's)
+TASK_FIELDS = frozenset((*KVPRESS_FIELDS, "answer", *RULER_FIELDS))
 
 @dataclass(frozen=True)
 class TaskRecord:
@@ -73,25 +56,19 @@ class TaskRecord:
                 "length": self.length, "depth": self.depth}
 
 
-def family(task: str) -> str:
-    """A task's family: the part of its name before the first "_" (niah_single_1 → niah), as kvpress groups them."""
-    return task.split("_")[0]
-
-
 def split_ruler_prompt(text: str, task: str) -> tuple[str, str, str]:
-    """(context, question, answer_prefix) of a RULER prompt, split as kvpress's create_huggingface_dataset does."""
-    name = family(task)
-    if name not in QUESTION_PATTERNS:
-        known = ", ".join(sorted(QUESTION_PATTERNS))
-        raise SpectraError(f"cannot split a RULER prompt of task '{task}': its family '{name}' is not one of {known}")
-    found = list(QUESTION_PATTERNS[name].finditer(text))
-    if not found:
-        raise SpectraError(f"the RULER prompt has no question of a {name} task ('{QUESTION_PATTERNS[name].pattern}')")
-    context, rest = text[: found[-1].start()], text[found[-1].start():]
-    prefix = ANSWER_PATTERNS[name].search(rest)
-    if prefix is None:
-        raise SpectraError(f"the RULER prompt has no answer prefix of a {name} task ('{ANSWER_PATTERNS[name].pattern}')")
-    return context, rest[: prefix.start()], rest[prefix.start():]
+    """(context, question, answer_prefix) of a RULER prompt of `task`, split as its family declares
+    (`family.Family.split`: as kvpress's create_huggingface_dataset does)."""
+    found = family_of(task)
+    if found is None or found.question is None:
+        raise SpectraError(f"cannot split a RULER prompt of task '{task}': its family '{task.split('_')[0]}' is not "
+                           f"one of {', '.join(ruler_families())}")
+    return found.split(text)
+
+
+def ruler_families() -> list[str]:
+    """The families RULER writes (whose prompts split into context, question and answer prefix)."""
+    return sorted(name for name in families() if family_of(name).question is not None)  # type: ignore[union-attr]
 
 
 def _answers(value: object, where: str) -> tuple[str, ...]:
@@ -128,9 +105,12 @@ def _kvpress_record(record: dict, example: int, where: str) -> TaskRecord:
     depth = _optional(record, "depth", float, where)
     if depth is not None and not 0.0 <= depth <= 1.0:
         raise SpectraError(f"{where}: 'depth' is the needle's place in the context, in [0, 1]; got {depth}")
-    return TaskRecord(record["context"], record["question"], record["answer_prefix"],
-                      _answers(record["answers"], where), max_new_tokens, record["task"],
-                      _optional(record, "length", int, where), depth, example)
+    if family_of(record["task"]) is None:
+        raise SpectraError(f"{where}: unknown task '{record['task']}' (task families: {', '.join(families())}; a "
+                           "task is named after its family, e.g. niah_single_1)")
+    return checked(TaskRecord(record["context"], record["question"], record["answer_prefix"],
+                              _answers(record["answers"], where), max_new_tokens, record["task"],
+                              _optional(record, "length", int, where), depth, example), where)
 
 
 def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> TaskRecord:
@@ -138,9 +118,10 @@ def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> T
         if name not in record:
             raise SpectraError(f"{where} has no field '{name}' (a RULER record needs {', '.join(RULER_FIELDS)})")
     task = record.get("task", folder_task)
-    if not isinstance(task, str) or family(task) not in QUESTION_PATTERNS:
+    found = family_of(task) if isinstance(task, str) else None
+    if found is None or found.question is None:
         raise SpectraError(f"{where}: a RULER record's task is its folder's name (TASK/validation.jsonl) or its "
-                           f"'task' field; '{task}' is not a RULER task ({', '.join(sorted(QUESTION_PATTERNS))}…)")
+                           f"'task' field; '{task}' is not a RULER task ({', '.join(ruler_families())}…)")
     prefix = record.get("answer_prefix", "")
     if not isinstance(record["input"], str) or not isinstance(prefix, str):
         raise SpectraError(f"{where}: 'input' and 'answer_prefix' must be strings")
@@ -148,8 +129,25 @@ def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> T
         context, question, answer_prefix = split_ruler_prompt(record["input"] + prefix, task)
     except SpectraError as error:
         raise SpectraError(f"{where}: {error}") from None
-    return TaskRecord(context, question, answer_prefix, _answers(record["outputs"], where),
-                      MAX_NEW_TOKENS[family(task)], task, _optional(record, "length", int, where), None, example)
+    return checked(TaskRecord(context, question, answer_prefix, _answers(record["outputs"], where),
+                              found.max_new_tokens, task, _optional(record, "length", int, where), None, example),
+                   where)
+
+
+def checked(record: TaskRecord, where: str) -> TaskRecord:
+    """`record`, refused when it could not be answered from its context: an empty context, or (for a family whose
+    answers are strings of the context: `Family.extractive`) an answer that does not occur in it as written —
+    generation refuses such examples too, and a run would score them 0 with no needle to follow."""
+    if not record.context.strip():
+        raise SpectraError(f"{where}: 'context' is empty; a task record needs the text the press compresses")
+    family = family_of(record.task)
+    if family is not None and family.extractive:
+        for answer in record.answers:
+            if answer not in record.context:
+                raise SpectraError(f"{where}: the answer '{answer}' does not occur in its 'context' (a {family.name} "
+                                   "task's answers are strings of the context, case included): correct 'answers' or "
+                                   "'context'")
+    return record
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:
@@ -180,6 +178,25 @@ def is_ruler(record: dict) -> bool:
     return all(name in record for name in RULER_FIELDS)
 
 
+def looks_like_task(record: object) -> bool:
+    """Whether a JSON value looks like a task record: an object with kvpress's or RULER's fields, or two of them at
+    least (a record missing one is a task record to refuse by its field, not a text corpus)."""
+    if not isinstance(record, dict):
+        return False
+    return is_kvpress(record) or is_ruler(record) or len(TASK_FIELDS & record.keys()) >= 2
+
+
+def _array(text: str, path: Path) -> None:
+    """Refuse a file holding one JSON array of records (jsonl is one object a line)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return
+    if isinstance(value, list):
+        raise SpectraError(f"{path} holds a JSON array of {len(value)} records; a task file holds one record (a "
+                           "JSON object) per line: write each record on a line of its own")
+
+
 def read_records(path: str | Path) -> list[TaskRecord]:
     """Every record of a task file, in its order. `example` is the record's 0-based line index (blank lines count,
     so it is the line a user finds in an editor, minus one). Bad input raises `SpectraError` naming the line
@@ -188,8 +205,10 @@ def read_records(path: str | Path) -> list[TaskRecord]:
     lines = _lines(path)
     if not lines:
         raise SpectraError(f"the task file {path} holds no record")
+    if lines[0][1].lstrip().startswith("["):
+        _array(path.read_text(encoding="utf-8"), path)
     first = _parse(lines[0][1], f"{path} line {lines[0][0] + 1}")
-    ruler = not is_kvpress(first) and is_ruler(first)
+    ruler = not is_kvpress(first) and ("input" in first or "outputs" in first)
     records = []
     for number, line in lines:
         where = f"{path} line {number + 1}"
@@ -200,8 +219,10 @@ def read_records(path: str | Path) -> list[TaskRecord]:
 
 
 def is_task_file(path: str | Path) -> bool:
-    """Whether `path` is a .jsonl whose first record carries kvpress's fields or RULER's: the test `spectra cache`
-    uses to choose the task protocol over the NLL one. Never raises on a file it cannot read (False)."""
+    """Whether `path` is a .jsonl whose first record looks like a task record (`looks_like_task`), or that holds a
+    JSON array whose first item does: the test `spectra cache` uses to choose the task protocol over the NLL one, so
+    a task file with a missing field is refused by `read_records` naming it. Never raises on a file it cannot read
+    (False)."""
     path = Path(path)
     if path.suffix != ".jsonl" or not path.is_file():
         return False
@@ -209,8 +230,15 @@ def is_task_file(path: str | Path) -> bool:
         with open(path, encoding="utf-8") as handle:
             for line in handle:
                 if line.strip():
-                    record = json.loads(line)
-                    return isinstance(record, dict) and (is_kvpress(record) or is_ruler(record))
+                    break
+            else:
+                return False
+            if line.lstrip().startswith("["):  # a JSON array, on one line or several
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError:
+                    value = json.loads(line + handle.read())
+                return isinstance(value, list) and bool(value) and looks_like_task(value[0])
+            return looks_like_task(json.loads(line))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return False

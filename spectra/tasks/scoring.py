@@ -1,8 +1,8 @@
 """RULER's scores of a prediction, per example, as kvpress's evaluation computes them.
 
 RULER (scripts/eval/synthetic/constants.py) scores a task with `string_match_all` (the share of the reference
-answers found, case-insensitively, in the prediction) except the qa tasks, scored with `string_match_part` (1 when
-any reference is found). Its functions average over a task's examples and report percentages rounded to 2
+answers found, case-insensitively, in the prediction) or `string_match_part` (1 when any reference is found): the
+qa tasks with the second. Each task family declares its metric (`family.Family.metric`). Its functions average over a task's examples and report percentages rounded to 2
 decimals; here they score one example, in [0, 1], unrounded, so the means and bootstrap intervals over examples are
 computed from exact per-example scores (`100 * mean` of these equals RULER's number before its rounding).
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .records import family
+from .family import family_of
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
@@ -44,8 +44,9 @@ def string_match_part(prediction: str, answers: Sequence[str]) -> float:
 
 
 def metric(task: str) -> str:
-    """The name of the metric RULER scores `task` with: string_match_part for the qa family, else string_match_all."""
-    return "string_match_part" if family(task) == "qa" else "string_match_all"
+    """The name of the metric `task` is scored with: its family's (string_match_all for a family not known)."""
+    found = family_of(task)
+    return "string_match_all" if found is None else found.metric
 
 
 def score(task: str, prediction: str, answers: Sequence[str]) -> float:

@@ -77,20 +77,23 @@ class TaskBatch:
 
 class TaskSource(OfLoadedModel):
     """Task records through a pretrained decoder (see the module docstring); `received`: whether the prefill computes
-    the attention each key received (a press reads it)."""
+    the attention each key received (a press reads it); `left_out`: the file's tasks no evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
-                 query_aware: bool, received: bool, windowed: bool) -> None:
+                 query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = ()) -> None:
         self.config, self.where, self.records = config, device, list(records)
         self.query_aware, self.received, self.windowed = query_aware, received, windowed
+        self.left_out = list(left_out)
         self.content = data.file_content(Path(config.data))
         self.examples: list[Example] = []
         self.n = max((record.length or 0 for record in self.records), default=0)
 
     def data(self) -> dict[str, Any]:
-        """What run.json records of the task file, and what a resumed run must find again."""
+        """What run.json records of the task file (the records evaluated; the tasks --samples left out, if any), and
+        what a resumed run must find again."""
+        left_out = {"tasks_left_out": self.left_out} if self.left_out else {}
         return {"name": Path(self.config.data).name, "source": self.config.data, "format": "tasks",
-                "records": len(self.records), **self.content}
+                "records": len(self.records), **left_out, **self.content}
 
     def start(self) -> None:
         config = self.config

@@ -238,12 +238,12 @@ def test_options_compare_however_they_are_spelt(typed, recorded, same) -> None:
 
 @pytest.mark.parametrize("typed, records, recorded, differ", [
     ([], 10, 10, []), (["--samples", "10"], 10, 10, []), (["--samples", "8"], 10, 10, ["samples=10"]),
-    ([], None, 10, ["samples=10"]), ([], 20, 16, []), (["--heads-run", "runs/h"], 10, 10, []),
+    ([], None, 10, ["samples=10"]), ([], None, 16, []), ([], 20, 16, []), (["--heads-run", "runs/h"], 10, 10, []),
 ])
 def test_a_task_file_smaller_than_samples_is_read_whole(tmp_path, typed, records, recorded, differ) -> None:
-    """A task run records the examples it read: with the default --samples (16) a 10-example file gives samples=10,
-    which is what the command means; a text run (no `records`) or a smaller --samples than recorded still differs.
-    --heads-run is a path, recorded resolved."""
+    """A task run records the examples it read: without --samples a 10-example file gives samples=10, which is what
+    the command means; a text run (no `records`) without --samples means cache's 16 sequences, and a smaller
+    --samples than recorded still differs. --heads-run is a path, recorded resolved."""
     data = {"name": "t.jsonl"} if records is None else {"name": "t.jsonl", "records": records}
     meta = {"data": data, "settings": {"samples": recorded, "extra": {"presses": ["knorm"], "ratios": [0.5],
                                                                       "bytes_kept": [], "heads_run": "/w/runs/h"}}}

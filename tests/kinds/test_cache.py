@@ -478,3 +478,13 @@ def test_each_protocol_records_only_its_own_options(llama_dir, text_file, tmp_pa
     chat = task_files.save_chat_decoder(tmp_path / "tiny-chat")
     run = spectra.cache(str(chat), str(file), query_aware=True, out=tmp_path / "tasks", **settings)
     assert run.meta["query_aware"] is True and run.meta["context"] is None and run.meta["continuation"] is None
+
+
+def test_a_corpus_evaluates_16_sequences_unless_told(monkeypatch, capsys) -> None:
+    """--samples has no fixed default here: a text corpus takes 16 sequences, a task file all its records."""
+    cache = REGISTRY["cache"]
+    assert cache.configured(RunConfig(data="imdb", samples=None), CacheOptions()).samples == 16
+    assert cache.configured(RunConfig(data="imdb", samples=3), CacheOptions()).samples == 3
+    code, stdout, _ = tiny.run_cli(["cache", "--help"], monkeypatch, capsys)
+    assert code == 0 and "Sequences of a text corpus (default 16); records of a task file (default: all)" in " ".join(
+        stdout.split())

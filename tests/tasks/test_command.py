@@ -28,6 +28,24 @@ def test_the_command_writes_a_task_file(chat_decoder: Path, tmp_path: Path, monk
     assert f"wrote {out} (4 records)" in stdout.replace("\n", "")
 
 
+def test_a_haystack_shorter_than_the_contexts_is_said_to_repeat(chat_decoder: Path, tmp_path: Path, monkeypatch,
+                                                                 capsys) -> None:
+    """Three words fill a context only by repeating: the command says so (and still writes the file, as RULER
+    repeats its essays); a haystack the contexts do not exhaust draws no warning."""
+    short, out = tmp_path / "short.txt", tmp_path / "t.jsonl"
+    short.write_text("Grass grows slowly.")
+    argv = ["tasks", str(chat_decoder), "--tasks", "niah_single_1,niah_single_2", "--length", "1024", "--samples",
+            "1", "--out", str(out), "--haystack", str(short)]
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 0 and stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"warning: the haystack {short} holds 3 words: the contexts of niah_single_2 repeat it "
+                             "up to ")
+    assert read_records(out)[1].context.count("Grass grows slowly.") > 20
+    short.write_text(tiny.licence_text(20000))
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 0 and stderr == "", stderr
+
+
 def test_the_api_returns_what_it_wrote(chat_decoder: Path, tmp_path: Path) -> None:
     written = make_tasks(str(chat_decoder), tasks=["vt"], lengths=[2048], samples=1, out=tmp_path / "t.jsonl")
     assert written.positions == 4096 and [f.record for f in written.fitted] == read_records(written.path)
@@ -40,7 +58,10 @@ def test_the_api_returns_what_it_wrote(chat_decoder: Path, tmp_path: Path) -> No
     (["--samples", "0"], "--samples must be ≥ 1"),
     (["--out", "{tmp}"], "is a directory"),
     (["--out", "{tmp}/t.txt"], "must end in .jsonl"),
-    (["--haystack", "{tmp}/none.txt"], "cannot read the haystack"),
+    (["--tasks", "niah_single_2", "--haystack", "{tmp}/none.txt"], "cannot read the haystack"),
+    (["--tasks", "passkey,niah_single_1", "--haystack", "{tmp}/none.txt"],
+     "--haystack is read only by niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery, and none of "
+     "the tasks asked for (passkey, niah_single_1) is one of them"),
     (["--out", "{tmp}/afile/x.jsonl"], "afile/x.jsonl: {tmp}/afile is not a writable directory; choose another --out"),
     (["--out", "/proc/x.jsonl"], "cannot write /proc/x.jsonl: /proc is not a writable directory"),
     (["--out", "{tmp}/existing.jsonl"], "existing.jsonl already exists; pass --overwrite to replace it or choose "

@@ -3,24 +3,27 @@ answers in their contexts, depths spread evenly, seeded draws independent of the
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
 from spectra.errors import SpectraError
+from spectra.tasks.family import Example, generated
 from spectra.tasks.generate import (
+    Fitted,
     check_answers,
+    check_haystack,
     depths,
     generate,
-    largest_fitting,
+    haystack_note,
     parse_lengths,
     parse_tasks,
     write_records,
 )
-from spectra.tasks.records import read_records
-from spectra.tasks.synthetic import Example
-from spectra.tasks.synthetic import TASKS
+from spectra.tasks.haystack import Haystack
+from spectra.tasks.records import TaskRecord, read_records
+
+TASKS = generated()
 
 LENGTHS = (2048, 3072)
 
@@ -54,10 +57,10 @@ def test_every_example_fits_its_length_tightly(fitted, chat_tokenizer) -> None:
 def test_records_come_in_task_then_length_order_with_depths_spread(fitted) -> None:
     order = [(item.record.task, item.record.length) for item in fitted]
     assert order == [(task, length) for task in TASKS for length in LENGTHS for _ in range(3)]
-    for item in fitted:
+    for item in fitted:  # the tasks with a needle spread its depths; vt, cwe and fwe have none
         if item.record.task.startswith("niah") or item.record.task == "passkey":
             assert item.record.depth in (0.0, 0.5, 1.0)
-        else:
+        elif item.record.task in ("vt", "cwe", "fwe"):
             assert item.record.depth is None
     assert depths(1) == [0.5] and depths(5) == [0.0, 0.25, 0.5, 0.75, 1.0]
 
@@ -90,17 +93,6 @@ def test_a_length_too_short_for_the_template_is_refused(tokenizer) -> None:
         generate(tokenizer, ["niah_single_1"], [200], 1)
 
 
-def test_largest_fitting_agrees_with_a_scan() -> None:
-    rng = random.Random(0)
-    for _ in range(200):
-        steps = [rng.randint(0, 5) for _ in range(300)]
-        cost = [sum(steps[: i + 1]) for i in range(300)]  # non-decreasing
-        limit, start, minimum = rng.randint(0, 800), rng.randint(1, 299), rng.randint(1, 20)
-        measure = lambda size: cost[min(size, 299)] + (10**6 if size >= 299 else 0)  # noqa: E731
-        fits = [size for size in range(minimum, 300) if measure(size) <= limit]
-        assert largest_fitting(measure, limit, start, minimum) == (max(fits) if fits else None)
-
-
 def test_task_names_and_lengths() -> None:
     assert parse_tasks("vt, cwe,vt") == ("vt", "cwe") and parse_tasks("all") == TASKS
     assert parse_lengths("2048,1024") == (2048, 1024) and parse_lengths([512]) == (512,)
@@ -112,9 +104,9 @@ def test_task_names_and_lengths() -> None:
 
 
 def test_cwe_beyond_its_word_lists_is_refused(tokenizer, monkeypatch) -> None:
-    import spectra.tasks.synthetic as synthetic
+    import spectra.tasks.families.cwe as cwe
 
-    monkeypatch.setattr(synthetic, "common_words", lambda: ("one", "two") * 30)
+    monkeypatch.setattr(cwe, "common_words", lambda: ("one", "two") * 30)
     with pytest.raises(SpectraError, match="cwe at length 2048: cwe needs .* distinct words"):
         generate(tokenizer, ["cwe"], [2048], 1)
 
@@ -127,3 +119,28 @@ def test_an_answer_missing_from_its_context_is_refused() -> None:
     lost = Example("the pass key is 4821.", "What are the keys?", "They are", ("4821", "7730"), 0.5)
     with pytest.raises(SpectraError, match="^niah_multikey_1 at length 2048, sample 3: the answer '7730' is not in its"):
         check_answers(lost, "niah_multikey_1", 2048, 3)
+
+
+def test_a_haystack_no_task_reads_is_refused() -> None:
+    """The README's own command gave --haystack to passkey and niah_single_1, which hide their needles in noise:
+    the file changed nothing. It is refused, naming the tasks that read one."""
+    check_haystack(("passkey", "niah_single_2"), True)
+    check_haystack(("passkey",), False)
+    with pytest.raises(SpectraError) as refused:
+        check_haystack(("passkey", "vt"), True)
+    assert refused.value.for_cli().startswith(
+        "--haystack is read only by niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery, and none of "
+        "the tasks asked for (passkey, vt) is one of them: drop --haystack")
+
+
+def test_a_repeated_haystack_is_noted() -> None:
+    def fitted(task: str, size: int) -> Fitted:
+        return Fitted(TaskRecord("c", "q", "p", ("a",), 8, task, 1024, 0.5, 0), size, 1000)
+
+    short = Haystack(("one", "two", "three"), "short.txt")
+    assert haystack_note([fitted("niah_single_2", 3), fitted("passkey", 900)], short) is None
+    assert haystack_note([fitted("niah_single_2", 3)], Haystack.noise()) is None
+    note = haystack_note([fitted("niah_single_2", 10), fitted("niah_multivalue", 700), fitted("niah_single_2", 4)],
+                         short)
+    assert note == ("the haystack short.txt holds 3 words: the contexts of niah_single_2, niah_multivalue repeat it "
+                    "up to 234 times (a text longer than the contexts repeats nothing)")

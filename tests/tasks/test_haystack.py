@@ -25,6 +25,7 @@ def test_a_text_file_is_cut_into_words_then_sentences(tmp_path: Path) -> None:
     assert haystack.sentences(6) == ["First one.", "Second one!", "\"Third?\"", "Fourth"]
     assert haystack.sentences(3) == ["First one.", "Second"]
     assert haystack.sentences(8) == ["First one.", "Second one!", "\"Third?\"", "Fourth First one."]
+    assert [haystack.repeats(count) for count in (0, 3, 6, 7, 12, 13)] == [1, 1, 1, 2, 2, 3]
 
 
 def test_bad_haystack_files(tmp_path: Path) -> None:

@@ -5,6 +5,10 @@ and bad input is one line with exit 2 before the model loads."""
 
 from __future__ import annotations
 
+import json
+import random
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,6 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import spectra
 from spectra import models
+from spectra.config import RunConfig
+from spectra.tasks import protocol
 from spectra.tasks.prompt import prompt_ids
 from spectra.tasks.records import read_records
 from spectra.tasks.scoring import score
@@ -108,8 +114,52 @@ def test_query_aware_and_fewer_samples(chat_decoder, task_file, tmp_path) -> Non
     notices = []
     run = spectra.cache(str(chat_decoder), str(task_file), out=tmp_path / "aware", presses="knorm", ratios="0.5",
                         query_aware=True, samples=2, progress=None, notify=notices.append)
-    assert sorted(run.examples["example"].unique()) == [0, 1] and run.meta["query_aware"] is True
-    assert any("first 2 of the 4 examples" in notice for notice in notices)
+    examples = sorted(run.examples["example"].unique())
+    assert len(examples) == 2 and set(examples) <= {0, 1, 2, 3} and run.meta["query_aware"] is True
+    assert "evaluating 2 of the 4 records of tasks.jsonl (--samples), spread over its tasks and lengths" in notices
+
+
+TASKS = ("passkey", "niah_single_1", "vt", "cwe")
+
+
+def test_samples_spread_evenly_over_tasks_then_lengths(tmp_path) -> None:
+    rows = [row for task in ("a_task", "b_task") for row in task_files.records(count=6, task="passkey", seed=len(task))]
+    for i, row in enumerate(rows):
+        row["task"], row["length"] = ("niah_a", 100 + 100 * (i % 2)) if i < 6 else ("vt", 100)
+    path = task_files.write(tmp_path / "t.jsonl", rows)
+    assert protocol.evaluated(RunConfig(data=str(path))) == read_records(path)  # no --samples: the whole file
+    chosen = protocol.evaluated(RunConfig(data=str(path), samples=5, seed=3))
+    assert chosen == sorted(chosen, key=lambda record: record.example) and len(chosen) == 5
+    by_task = Counter(record.task for record in chosen)
+    assert sorted(by_task.values()) == [2, 3]
+    assert {record.length for record in chosen if record.task == "niah_a"} == {100, 200}  # its share over its lengths
+    assert chosen == protocol.evaluated(RunConfig(data=str(path), samples=5, seed=3))  # seeded: a resume finds them
+    assert any(protocol.evaluated(RunConfig(data=str(path), samples=5, seed=seed)) != chosen for seed in range(4, 9))
+    assert protocol.left_out(RunConfig(data=str(path), samples=1, seed=3)) in (["niah_a"], ["vt"])
+    assert protocol.spread(7, [5, 1, 5], random.Random(0)) == [3, 1, 3]
+    assert sorted(protocol.spread(2, [3, 3, 3], random.Random(0))) == [0, 1, 1]
+
+
+def test_a_task_file_runs_whole_and_samples_name_the_tasks_they_leave_out(chat_decoder, tmp_path, monkeypatch,
+                                                                           capsys) -> None:
+    """A file of 20 records ordered by task ran its first 16 (--samples' default): a whole task vanished from
+    task_scores.csv. It runs whole; --samples 4 takes one record of each task; --samples 2 names the two it leaves
+    out, before the run and in the printed run."""
+    rows = [row for seed, task in enumerate(TASKS) for row in task_files.records(count=5, seed=seed, task=task)]
+    path = task_files.write(tmp_path / "tasks.jsonl", rows)
+    whole = spectra.cache(str(chat_decoder), str(path), out=tmp_path / "whole", presses="knorm", ratios="0.5", **QUIET)
+    assert sorted(whole.examples["example"].unique()) == list(range(20)) and set(whole.scores["task"]) == set(TASKS)
+    four = spectra.cache(str(chat_decoder), str(path), out=tmp_path / "four", presses="knorm", ratios="0.5",
+                         samples=4, **QUIET)
+    assert sorted(four.examples.drop_duplicates("example")["task"]) == sorted(TASKS)
+    argv = ["cache", str(chat_decoder), "--data", str(path), "--presses", "knorm", "--ratios", "0.5", "--samples", "2",
+            "--out", str(tmp_path / "two")]
+    code, stdout, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    left = json.loads((tmp_path / "two" / "run.json").read_text())["data"]["tasks_left_out"]
+    assert code == 0 and len(left) == 2 and set(left) < set(TASKS), stderr
+    assert f"spread over its tasks and lengths; tasks left out: {', '.join(left)}" in stderr
+    assert f"--samples left out every record of {', '.join(left)}: without it the whole file runs" in " ".join(
+        stdout.split())
 
 
 def test_a_finished_run_reprints_and_plots(finished, monkeypatch, capsys) -> None:
@@ -119,7 +169,8 @@ def test_a_finished_run_reprints_and_plots(finished, monkeypatch, capsys) -> Non
 
 
 @pytest.mark.parametrize("case", ["unknown-task", "missing-field", "empty", "positions", "fit-samples", "bytes-kept",
-                                  "encoder"])
+                                  "encoder", "no-answers-first", "no-question-first", "array", "answer-missing",
+                                  "empty-context"])
 def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_decoder, bert_dir, tmp_path,
                                                                   monkeypatch, capsys) -> None:
     rows = task_files.records(count=2)
@@ -137,6 +188,16 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
         extra, message = ["--bytes-kept", "0.5"], "--bytes-kept maps the per-head output error of the NLL protocol"
     elif case == "fit-samples":
         extra, message = ["--presses", "lowrank", "--fit-samples", "1"], "the task protocol does not take it"
+    elif case in ("no-answers-first", "no-question-first"):  # read as a text corpus before (no column 'text')
+        field = "answers" if case == "no-answers-first" else "question"
+        del rows[0][field]
+        message = f"tasks.jsonl line 1 has no field '{field}'"
+    elif case == "array":
+        rows, message = [rows], "tasks.jsonl holds a JSON array of 2 records; a task file holds one record"
+    elif case == "answer-missing":  # ran to the end before: full cache 0, needle_kept empty
+        rows[1]["answers"], message = ["nowhere"], "tasks.jsonl line 2: the answer 'nowhere' does not occur in its"
+    elif case == "empty-context":
+        rows[1]["context"], message = "", "tasks.jsonl line 2: 'context' is empty"
     else:
         model, message = str(bert_dir), "is an encoder"
     path = task_files.write(tmp_path / "tasks.jsonl", rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -28,18 +29,18 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 
 def kvpress_line(**overrides) -> dict:
-    line = {"context": "ctx", "question": "q?", "answer_prefix": "A:", "answers": ["x"], "max_new_tokens": 8,
+    line = {"context": "ctx x", "question": "q?", "answer_prefix": "A:", "answers": ["x"], "max_new_tokens": 8,
             "task": "passkey", "length": 1024, "depth": 0.5}
     line.update(overrides)
     return {k: v for k, v in line.items() if v is not None}
 
 
 def test_kvpress_records_round_trip(tmp_path: Path) -> None:
-    record = TaskRecord("c", "q", "p", ("a", "b"), 30, "vt", 2048, None, 0)
+    record = TaskRecord("c a b", "q", "p", ("a", "b"), 30, "vt", 2048, None, 0)
     path = write_jsonl(tmp_path / "t.jsonl", [record.to_json(), "", kvpress_line(length=None, depth=None)])
     first, second = read_records(path)
     assert first == record
-    assert second == TaskRecord("ctx", "q?", "A:", ("x",), 8, "passkey", None, None, 2)  # blank line 2 counted
+    assert second == TaskRecord("ctx x", "q?", "A:", ("x",), 8, "passkey", None, None, 2)  # blank line 2 counted
     assert is_task_file(path)
 
 
@@ -83,11 +84,26 @@ def test_ruler_files_old_and_new(tmp_path: Path) -> None:
     (kvpress_line(length="long"), "line 2: 'length' must be an integer"),
     ("{not json", "line 2 is not JSON"),
     ("[1, 2]", "line 2 is not a JSON object"),
+    (kvpress_line(task="sudoku"), "line 2: unknown task 'sudoku' (task families: niah, vt, cwe, fwe, passkey, qa"),
+    (kvpress_line(answers=["y", "x"]), "line 2: the answer 'y' does not occur in its 'context' (a passkey task's"),
+    (kvpress_line(answers=["X"]), "line 2: the answer 'X' does not occur in its 'context'"),
+    (kvpress_line(context=" \n"), "line 2: 'context' is empty; a task record needs the text the press compresses"),
 ])
 def test_a_bad_record_names_its_line_and_field(tmp_path: Path, line, message: str) -> None:
     path = write_jsonl(tmp_path / "t.jsonl", [kvpress_line(), line])
-    with pytest.raises(SpectraError, match=message):
+    with pytest.raises(SpectraError, match=re.escape(message)):
         read_records(path)
+
+
+def test_answers_of_a_family_that_is_not_extractive_need_not_occur(tmp_path: Path) -> None:
+    """A qa answer is the dataset's (HotpotQA's "yes"), not a span: such a record is read; a vt record whose
+    answer is missing from its RULER prompt is refused as a kvpress record would be."""
+    qa = ("Answer the question based on the given documents.\nDocument 1: Paris is large.\nAnswer the question based "
+          "on the given documents.\nQuestion: Is Paris large? Answer:")
+    record = read_records(write_jsonl(tmp_path / "qa_2" / "v.jsonl", [{"input": qa, "outputs": ["yes"]}]))[0]
+    assert record.answers == ("yes",) and record.max_new_tokens == 32
+    with pytest.raises(SpectraError, match="line 1: the answer 'ZZ' does not occur in its 'context' \\(a vt task's"):
+        read_records(write_jsonl(tmp_path / "vt" / "v.jsonl", [{"input": VT + VT_PREFIX, "outputs": ["ZZ"]}]))
 
 
 def test_bad_ruler_records(tmp_path: Path) -> None:
@@ -98,6 +114,30 @@ def test_bad_ruler_records(tmp_path: Path) -> None:
                                                               {"input": VT + VT_PREFIX}]))
     with pytest.raises(SpectraError, match="line 1: the RULER prompt has no question of a niah task"):
         read_records(write_jsonl(tmp_path / "niah_single_2" / "v.jsonl", [{"input": VT, "outputs": ["1"]}]))
+
+
+def test_a_file_that_looks_like_task_records_is_read_as_one(tmp_path: Path) -> None:
+    """A first record missing its answers or its question, or records written as one JSON array, are task records
+    to refuse by what is wrong — not a text corpus without a 'text' column."""
+    for missing in ("answers", "question"):
+        path = write_jsonl(tmp_path / f"no-{missing}.jsonl", [kvpress_line(**{missing: None}), kvpress_line()])
+        assert is_task_file(path)
+        with pytest.raises(SpectraError, match=f"no-{missing}.jsonl line 1 has no field '{missing}'"):
+            read_records(path)
+    ruler = write_jsonl(tmp_path / "vt" / "r.jsonl", [{"input": VT, "answer_prefix": VT_PREFIX, "length": 9}])
+    assert is_task_file(ruler)
+    with pytest.raises(SpectraError, match="line 1 has no field 'outputs' \\(a RULER record needs input, outputs\\)"):
+        read_records(ruler)
+    for name, text in (("one-line", json.dumps([kvpress_line(), kvpress_line()])),
+                       ("indented", json.dumps([kvpress_line(), kvpress_line()], indent=2))):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(text + "\n")
+        assert is_task_file(path)
+        with pytest.raises(SpectraError, match=f"{name}.jsonl holds a JSON array of 2 records; a task file holds one "
+                                               "record \\(a JSON object\\) per line"):
+            read_records(path)
+    for rows in ([{"text": "a"}], [{"context": "a corpus column"}], [[{"text": "a"}]], [[]]):
+        assert not is_task_file(write_jsonl(tmp_path / "corpus.jsonl", [json.dumps(row) for row in rows]))
 
 
 def test_empty_and_foreign_files(tmp_path: Path) -> None:
