@@ -114,10 +114,9 @@ def corpus_samples(command: str) -> int:
     """The sequences `spectra COMMAND` evaluates of a text corpus when --samples is not given (its default None
     means the analysis's own count: `cache` reads a task file whole and 16 sequences of a corpus)."""
     from spectra.config import RunConfig
-    from spectra.kinds import REGISTRY
 
-    kind = REGISTRY[command]
-    return kind.configured(RunConfig(samples=None), kind.options()).samples
+    kind, config = REGISTRY[command], RunConfig(samples=None)
+    return kind.configured(config, kind.resolve(config, kind.options())).samples
 
 
 def subprocess_execute(arguments: list[str], cwd: Path) -> int:

@@ -483,8 +483,9 @@ def test_each_protocol_records_only_its_own_options(llama_dir, text_file, tmp_pa
 def test_a_corpus_evaluates_16_sequences_unless_told(monkeypatch, capsys) -> None:
     """--samples has no fixed default here: a text corpus takes 16 sequences, a task file all its records."""
     cache = REGISTRY["cache"]
-    assert cache.configured(RunConfig(data="imdb", samples=None), CacheOptions()).samples == 16
-    assert cache.configured(RunConfig(data="imdb", samples=3), CacheOptions()).samples == 3
+    for samples, evaluated in ((None, 16), (3, 3)):
+        config = RunConfig(data="imdb", samples=samples)
+        assert cache.configured(config, cache.resolve(config, CacheOptions())).samples == evaluated
     code, stdout, _ = tiny.run_cli(["cache", "--help"], monkeypatch, capsys)
     assert code == 0 and "Sequences of a text corpus (default 16); records of a task file (default: all)" in " ".join(
         stdout.split())

@@ -42,7 +42,7 @@ def test_a_haystack_shorter_than_the_contexts_is_said_to_repeat(chat_decoder: Pa
                              "up to ")
     assert read_records(out)[1].context.count("Grass grows slowly.") > 20
     short.write_text(tiny.licence_text(20000))
-    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    code, _, stderr = tiny.run_cli([*argv, "--overwrite"], monkeypatch, capsys)
     assert code == 0 and stderr == "", stderr
 
 
