@@ -86,3 +86,33 @@ def test_a_column_without_a_tolerance_is_reported() -> None:
     del spec["files"]["metrics.csv"]["columns"]["sink_mean"]
     problems = tolerances.check(got, want, spec)
     assert len(problems) == 1 and "covers" in problems[0] and problems[0].endswith("regenerate it")
+
+
+def test_discrete_outcomes_get_rules_derived_from_the_runs_that_moved_them() -> None:
+    """A greedy answer that flips in a perturbed run makes its cell free (text: flips; a score or a count: cells),
+    and a table row that an outcome removes becomes optional; the perturbed outputs then pass, unchanged cells do
+    not move."""
+    def csv(rows: list[dict], columns: list[str]) -> bytes:
+        return pd.DataFrame(rows, columns=columns).to_csv(index=False).encode()
+
+    examples, evicted = ["press", "example", "prediction", "score", "failed"], ["press", "example", "score"]
+    base = {"task_examples.csv": csv([{"press": "knorm", "example": 0, "prediction": "a b", "score": 1.0, "failed": 0},
+                                      {"press": "knorm", "example": 1, "prediction": "c", "score": 0.0, "failed": 1}],
+                                     examples),
+            "task_evicted.csv": csv([{"press": "knorm", "example": 1, "score": 0.0}], evicted)}
+    flipped = {"task_examples.csv": csv([{"press": "knorm", "example": 0, "prediction": "a b", "score": 1.0,
+                                          "failed": 0},
+                                         {"press": "knorm", "example": 1, "prediction": "a", "score": 0.5,
+                                          "failed": 2}], examples),
+               "task_evicted.csv": csv([], evicted)}
+    spec = tolerances.derive(base, [base, flipped], regression.AMPLITUDE)
+    columns = spec["files"]["task_examples.csv"]["columns"]
+    assert columns["press, example"]["rule"] == "exact"
+    assert columns["prediction"]["rule"] == "flips" and columns["prediction"]["cells"] == [1]
+    assert columns["score"]["cells"] == {"1": 5.0} and columns["failed"]["cells"] == {"1": 10.0}
+    assert spec["files"]["task_evicted.csv"]["rows"]["optional"] == ["'knorm'|1"]
+    assert tolerances.check(flipped, base, spec) == [] and tolerances.check(base, base, spec) == []
+    other = {**flipped, "task_examples.csv": flipped["task_examples.csv"].replace(b"a b", b"a c")}
+    assert tolerances.check(other, base, spec) == ["task_examples.csv:prediction at press=knorm example=0 "
+                                                   "prediction=a b failed=0: 1 cells differ where the perturbations "
+                                                   "changed none"]
