@@ -194,22 +194,23 @@ def _cells(base: np.ndarray, moves: np.ndarray, runs: int, what: str = "threshol
            ) -> dict[str, Any]:
     moved = {str(i): _up(SAFETY * float(move)) if np.isfinite(move) else None
              for i, move in enumerate(moves.reshape(-1)) if move > 0}
-    free = sum(value is None for value in moved.values())
+    free = "; null: a NaN came or went, any value" if any(value is None for value in moved.values()) else ""
     return {"rule": "cells", "rtol": FORMULA_RTOL, "cells": moved,
             "reason": (f"discrete ({what}): the {len(moved)} cells that moved in {runs} perturbed runs may move "
-                       f"{SAFETY:g}× as far (atol per cell{f'; null: a NaN came or went, any value' if free else ''}), "
+                       f"{SAFETY:g}× as far (atol per cell{free}), "
                        f"the others agree to {FORMULA_RTOL:g}")}
 
 
 def _flips(changed: np.ndarray, runs: int) -> dict[str, Any]:
     cells = [int(i) for i in np.flatnonzero(changed.reshape(-1))]
     return {"rule": "flips", "cells": cells,
-            "reason": (f"text the perturbations change (a greedy answer): the {len(cells)} cells that changed in {runs} "
-                       "perturbed runs may hold another text, the others are equal")}
+            "reason": (f"text the perturbations change (a greedy answer): the {len(cells)} cells that changed in "
+                       f"{runs} perturbed runs may hold another text, the others are equal")}
 
 
 def _discrete(name: str, column: str) -> bool:
-    return column in DISCRETE or column in STEPS or (name.split("/")[-1].startswith("task_") and column in TASK_DISCRETE)
+    task = name.split("/")[-1].startswith("task_")
+    return column in DISCRETE or column in STEPS or (task and column in TASK_DISCRETE)
 
 
 def _group(table: Table) -> tuple[str, np.ndarray] | None:
