@@ -187,3 +187,28 @@ def test_a_run_finished_between_the_checks_and_the_lock_is_seen_under_the_lock(r
         spectra.analyze(str(roberta_dir), str(text_file), length=16, samples=2, out=out, **QUIET)
     assert raced[0].meta["samples"] == spectra.load_run(out).meta["samples"] == 3, "the finished run is kept"
     monkeypatch.setattr(models, "load", load)
+
+
+def test_the_probe_input_a_source_feeds_is_counted_to_the_probes_stage() -> None:
+    """Issue 37, item 1: the loop hands a source the probe itself (`Staged`), not an untyped callable; both inputs
+    reach the probe, their time counted to the stage 'probes'."""
+    from spectra import timings
+    from spectra.loop import Staged
+    from spectra.probes import Probe
+
+    class Keep(Probe):
+        def __init__(self) -> None:
+            self.seen: list[object] = []
+
+        def update(self, captured) -> None:
+            self.seen.append(captured)
+
+        def prefilled(self, prefill) -> None:
+            self.seen.append(prefill)
+
+    kept = Keep()
+    with timings.recording() as recorded:
+        staged = Staged(kept)
+        staged.update("layer")
+        staged.prefilled("prefill")
+    assert kept.seen == ["layer", "prefill"] and "probes" in recorded.seconds()
