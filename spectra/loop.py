@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -29,6 +29,10 @@ from .probes import Probe
 from .reporter import Reporter, plural
 from .rundir import OVERWRITE, RESUME, RunDir, default_dir, versions
 from .stats import plain
+
+if TYPE_CHECKING:
+    from .capture import Captured
+    from .presses import Prefill
 
 #: settings that change how fast a run goes, not what it computes: a run may resume with others
 NOT_IDENTITY = ("batch_size",)
@@ -53,7 +57,25 @@ class Source(Protocol):
         """Batches of the first `sequences` (each source batches as its run configuration says), from `skip` on,
         keeping the shard's share."""
 
-    def run(self, batch: Any, observe: Callable[[Any], None]) -> None: ...
+    def run(self, batch: Any, probe: Probe) -> None:
+        """The batch's pass, each layer handed to the probe's input for that pass (`Probe.update` for a forward
+        pass, `Probe.prefilled` for an exact prefill)."""
+
+
+class Staged(Probe):
+    """What a source hands the probe, each layer's time counted to the stage 'probes' (the rest of the pass is
+    'forward')."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+
+    def update(self, captured: Captured) -> None:
+        with timings.stage("probes"):
+            self.probe.update(captured)
+
+    def prefilled(self, prefill: Prefill) -> None:
+        with timings.stage("probes"):
+            self.probe.prefilled(prefill)
 
 
 @dataclass(frozen=True)
@@ -195,7 +217,7 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
             for batch in timings.timed("tokenize", source.batches(job.sequences, skip=done,
                                                                    shard=(distributed.rank(), distributed.size()))):
                 with timings.stage("forward"):
-                    source.run(batch, timings.staged("probes", probe.update))
+                    source.run(batch, Staged(probe))
                 with timings.stage("probes"):
                     probe.after_batch(batch)
                 seen += len(batch.index)

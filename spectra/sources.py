@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from .capture import Captured, Observe, Substitute
 from .config import RunConfig
 from .errors import InternalError, SpectraError
 from .seeds import Domain, derive_seed
+
+if TYPE_CHECKING:
+    from .probes import Probe
 
 
 class OfLoadedModel:
@@ -108,11 +111,12 @@ class ModelSource(OfLoadedModel):
                             self.config.batch_size,
                             skip=skip, shard=shard, fit_samples=self.fit_samples)
 
-    def run(self, batch: data.Batch, observe: Observe) -> None:
-        """The batch's forward pass, every layer handed to `observe` (its records know the sequences' indices); with
+    def run(self, batch: data.Batch, probe: Probe) -> None:
+        """The batch's forward pass, every layer handed to the probe's `update` (its records know the sequences'
+        indices); with
         `keep_logits`, the logits of the last positions are kept in `logits` (B, keep_logits, vocab)."""
         keep = {"logits_to_keep": self.keep_logits} if self.keep_logits else {}
-        outputs = self.forward(batch.input_ids, batch.attention_mask, observe=observe, index=batch.index, **keep)
+        outputs = self.forward(batch.input_ids, batch.attention_mask, observe=probe.update, index=batch.index, **keep)
         self.logits = outputs.logits if self.keep_logits else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, index: Sequence[int],
@@ -187,9 +191,9 @@ class SyntheticSource:
             if number % size == rank:
                 yield SyntheticBatch(start, min(batch_size, sequences - start))
 
-    def run(self, batch: SyntheticBatch, observe: Observe) -> None:
+    def run(self, batch: SyntheticBatch, probe: Probe) -> None:
         config = self.config
         drawn = [gaussian_qkv(self.n, self.d, heads=self.heads, seed=derive_seed(config.seed, index),
                               device=self.device) for index in batch.index]
         q, k, v = (torch.cat(parts) for parts in zip(*drawn))
-        observe(Captured.of(0, q, k, v, index=tuple(batch.index)))
+        probe.update(Captured.of(0, q, k, v, index=tuple(batch.index)))

@@ -105,16 +105,6 @@ def stage(name: str) -> contextlib.AbstractContextManager:
     return timings.stage(name) if timings is not None else contextlib.nullcontext()
 
 
-def staged(name: str, fn: Callable[..., T]) -> Callable[..., T]:
-    """fn with every call's time counted to stage `name`."""
-
-    def call(*args: Any, **kwargs: Any) -> T:
-        with stage(name):
-            return fn(*args, **kwargs)
-
-    return call
-
-
 def timed(name: str, items: Iterable[T]) -> Iterator[T]:
     """The items of an iterable, the time spent producing each counted to stage `name`."""
     iterator = iter(items)

@@ -196,3 +196,28 @@ def test_a_changed_data_key_is_said_in_a_sentence() -> None:
     assert differ(["sha256"]) == "its sha256 differs"
     assert differ(["bytes", "sha256"]) == "its bytes and sha256 differ"
     assert differ(["bytes", "sha256", "documents"]) == "its bytes, sha256 and documents differ"
+
+
+def test_the_probe_input_a_source_feeds_is_counted_to_the_probes_stage() -> None:
+    """Issue 37, item 1: the loop hands a source the probe itself (`Staged`), not an untyped callable; both inputs
+    reach the probe, their time counted to the stage 'probes'."""
+    from spectra import timings
+    from spectra.loop import Staged
+    from spectra.probes import Probe
+
+    class Keep(Probe):
+        def __init__(self) -> None:
+            self.seen: list[object] = []
+
+        def update(self, captured) -> None:
+            self.seen.append(captured)
+
+        def prefilled(self, prefill) -> None:
+            self.seen.append(prefill)
+
+    kept = Keep()
+    with timings.recording() as recorded:
+        staged = Staged(kept)
+        staged.update("layer")
+        staged.prefilled("prefill")
+    assert kept.seen == ["layer", "prefill"] and "probes" in recorded.seconds()

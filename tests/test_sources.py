@@ -8,7 +8,18 @@ import torch
 from spectra.capture import Captured
 from spectra.config import RunConfig
 from spectra.errors import SpectraError
+from spectra.probes import Probe
 from spectra.sources import SyntheticSource, gaussian_qkv
+
+
+class Collect(Probe):
+    """A probe that keeps every record a source hands its `update`."""
+
+    def __init__(self, records: list[Captured]) -> None:
+        self.records = records
+
+    def update(self, captured: Captured) -> None:
+        self.records.append(captured)
 
 
 def test_gaussian_qkv_is_seeded() -> None:
@@ -51,12 +62,12 @@ def test_run_hands_one_seeded_layer() -> None:
     synthetic = source()
     records: list[Captured] = []
     batch = next(iter(synthetic.batches(10, skip=4)))
-    synthetic.run(batch, records.append)
-    synthetic.run(batch, records.append)
+    synthetic.run(batch, Collect(records))
+    synthetic.run(batch, Collect(records))
     first, again = records
     assert first.layer == 0 and first.q.shape == first.k.shape == first.v.shape == (4, 2, 8, 4)
     assert first.valid.all() and first.scaling == 4**-0.5 and not first.causal
     assert torch.equal(first.q, again.q) and torch.equal(first.v, again.v)
     other: list[Captured] = []
-    synthetic.run(next(iter(synthetic.batches(10))), other.append)
+    synthetic.run(next(iter(synthetic.batches(10))), Collect(other))
     assert not torch.equal(first.q, other[0].q)

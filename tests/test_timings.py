@@ -60,7 +60,10 @@ def test_timed_and_staged_count_what_they_wrap(clock) -> None:
         return item.upper()
 
     with timings.recording() as recorder:
-        got = [timings.staged("forward", work)(item) for item in timings.timed("tokenize", produce())]
+        got = []
+        for item in timings.timed("tokenize", produce()):
+            with timings.stage("forward"):
+                got.append(work(item))
     assert got == ["A", "B"] and recorder.seconds() == {"tokenize": 2.0, "forward": 20.0}
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -12,11 +12,20 @@ import pandas as pd
 from ..capture import Captured
 from ..stats import State
 
+if TYPE_CHECKING:
+    from ..presses import Prefill
+
 
 class Probe:
-    """The probe protocol with no-op defaults (see the package docstring)."""
+    """The probe protocol with no-op defaults (see the package docstring). A probe has two typed inputs, one per
+    kind of pass a source runs: `update(captured)`, a layer of a model's forward pass (`capture.Captured`), and
+    `prefilled(prefill)`, a layer of an example's exact prefill (`presses.Prefill`, what the task protocol's source
+    computes for the presses); a probe overrides the one its source feeds."""
 
     def update(self, captured: Captured) -> None:
+        pass
+
+    def prefilled(self, prefill: Prefill) -> None:
         pass
 
     def after_batch(self, batch: Any) -> None:
@@ -54,6 +63,10 @@ class Probes(Probe):
     def update(self, captured: Captured) -> None:
         for probe in self.probes.values():
             probe.update(captured)
+
+    def prefilled(self, prefill: Prefill) -> None:
+        for probe in self.probes.values():
+            probe.prefilled(prefill)
 
     def after_batch(self, batch: Any) -> None:
         for probe in self.probes.values():

@@ -1,7 +1,7 @@
 """The task protocol's probe: each example's exact prefill compressed by every (press, ratio), the answer decoded
 greedily from each compressed cache, scored, and the needle's fate measured per layer and key/value head.
 
-`update` receives the example's prefill layer by layer (`tasks.source.TaskSource.run`); `after_batch` runs the cells
+`prefilled` receives the example's prefill layer by layer (`tasks.source.TaskSource.run`); `after_batch` runs the cells
 one after another — the full cache (press 'full', ratio 0) first, then every press at every ratio: the press
 compresses every layer (`Press.compress`), `decoding.greedy` answers from that cache alone, and the cell's memory is
 freed before the next. Per cell and example it keeps the answer's token ids, the share of context rows kept, and per
@@ -65,8 +65,8 @@ class TaskProbe(Probe):
         self.prefills: dict[int, Prefill] = {}
         self.stop = decoding.stop_tokens(source.loaded.model)
 
-    def update(self, prefilled: Prefill) -> None:
-        self.prefills[prefilled.layer] = prefilled
+    def prefilled(self, prefill: Prefill) -> None:
+        self.prefills[prefill.layer] = prefill
 
     def after_batch(self, batch: Any) -> None:
         """Every cell of the batch's example (see the module docstring)."""

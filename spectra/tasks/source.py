@@ -12,10 +12,10 @@ decodes and scores.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from ..sources import OfLoadedModel
 from .needle import needle_tokens
 from .prompt import chat_prompt
 from .records import TaskRecord
+
+if TYPE_CHECKING:
+    from ..probes import Probe
 
 
 @dataclass(frozen=True)
@@ -136,10 +139,10 @@ class TaskSource(OfLoadedModel):
             if position % size == rank:
                 yield TaskBatch([position])
 
-    def run(self, batch: TaskBatch, observe: Callable[[Prefill], None]) -> None:
-        """The example's exact prefill; each layer's `Prefill` to `observe`."""
+    def run(self, batch: TaskBatch, probe: Probe) -> None:
+        """The example's exact prefill; each layer's `Prefill` to the probe's `prefilled`."""
         example = self.examples[batch.index[0]]
         found = prefill.prefill(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
                                 example.record.example, received=self.received)
         for layer in found:
-            observe(layer)
+            probe.prefilled(layer)

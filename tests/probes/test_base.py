@@ -42,6 +42,7 @@ class Counter(Probe):
 def test_defaults_are_no_ops() -> None:
     probe = Probe()
     probe.update(None)
+    probe.prefilled(None)
     probe.after_batch(None)
     probe.load_state({})
     probe.close()
@@ -71,3 +72,24 @@ def test_close_closes_every_probe_and_raises_the_first_failure() -> None:
     with pytest.raises(RuntimeError, match="bad failed to close"):
         Probes(bad=bad, good=good).close()
     assert bad.closed and good.closed
+
+
+def test_several_probes_get_each_input_they_are_fed() -> None:
+    """Issue 37, item 1: the probe contract has two typed inputs, a forward pass's layer (`update`) and an exact
+    prefill's layer (`prefilled`); several probes run as one get each."""
+
+    class Keep(Probe):
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, object]] = []
+
+        def update(self, captured) -> None:
+            self.seen.append(("update", captured))
+
+        def prefilled(self, prefill) -> None:
+            self.seen.append(("prefilled", prefill))
+
+    one, two = Keep(), Keep()
+    both = Probes(one=one, two=two)
+    both.update("layer 0")
+    both.prefilled("prefill 0")
+    assert one.seen == two.seen == [("update", "layer 0"), ("prefilled", "prefill 0")]

@@ -31,7 +31,7 @@ def probed(tmp_path_factory):
     source.start()
     probe = TaskProbe(source, PRESSES, RATIOS, 0, 3)
     for batch in source.batches(3):
-        source.run(batch, probe.update)
+        source.run(batch, probe)
         probe.after_batch(batch)
     return source, probe
 
@@ -120,7 +120,7 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
     for interval in (1000, 1):
         probe = TaskProbe(source, ("decoding(knorm)",), (0.5,), 0, 3, compression_interval=interval)
         for batch in source.batches(3):
-            source.run(batch, probe.update)
+            source.run(batch, probe)
             prefills = [probe.prefills[layer] for layer in range(source.layers)]
             example = probe.examples[batch.index[0]]
             probe.after_batch(batch)
