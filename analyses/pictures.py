@@ -87,7 +87,7 @@ def draw_tasks(runs: list):
     import dataclasses
 
     from readme_tasks import HOLDS
-    from spectra.report.tasks import TaskRun, draw_scores
+    from spectra.report.evaluate import TaskRun, draw_scores
 
     run = runs[0]
     if not isinstance(run, TaskRun):

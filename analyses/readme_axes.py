@@ -18,7 +18,7 @@ from readme_values import RenderError, Runs, listed, only, slashed, table, two
 from slots import Rendered
 from spectra import axes
 from spectra.presses import REGISTRY
-from spectra.report.tasks import TaskRun
+from spectra.report.evaluate import TaskRun
 
 #: slack on "fits the budget": a ThinK channel mask of ⌈d/8⌉ bytes a head is 1e-5 of a 1k-token cache
 SLACK = 1e-3

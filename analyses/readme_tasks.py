@@ -14,7 +14,7 @@ import pandas as pd
 
 from readme_values import RenderError, Runs, listed, slashed, table, two
 from slots import Rendered
-from spectra.report.tasks import TaskRun, needle_vs_score
+from spectra.report.evaluate import TaskRun, needle_vs_score
 
 #: the full cache's mean score from which a task counts as one the model can do (its baseline holds)
 HOLDS = 0.8

@@ -21,7 +21,7 @@ import typer
 from . import registry
 from .config import RunConfig
 from .errors import SpectraError
-from .kinds import Analysis
+from .kinds import REGISTRY, Analysis
 from .options import Declared, declared
 
 try:  # typer ≥ 0.26 vendors its own copy of click
@@ -120,7 +120,7 @@ def saved_run(ctx: typer.Context, model: str | None, analysis: Analysis):
     if model is None or not Path(model, "run.json").is_file():
         return None
     kind = read_meta(Path(model)).get("kind")
-    if kind != analysis.name:
+    if kind != analysis.name and kind not in analysis.hands_to:
         raise SpectraError(f"{model} is a run of 'spectra {kind}', not of 'spectra {analysis.name}'; print or plot "
                            f"it with 'spectra {kind} {model}' or 'spectra plot {model}'")
     given = [f"--{name.replace('_', '-')}" for name in ctx.params
@@ -145,9 +145,10 @@ def command(analysis: Analysis, notify: Callable[[str], None]) -> Callable[..., 
         if finished is None:
             with progress_bar("sequences") as progress:
                 finished = run_analysis(analysis, {"model": model, **values}, progress, notify)
-        analysis.show(finished, every=True) if every else analysis.show(finished)  # --all: a kind with `detail`
+        shown = REGISTRY[finished.meta["kind"]]  # the analysis that wrote it: this one or one it hands data to
+        shown.show(finished, every=True) if every else shown.show(finished)  # --all: a kind with `detail`
         if plot:
-            for path in analysis.plot(finished):
+            for path in shown.plot(finished):
                 out.print(f"wrote {path}", soft_wrap=True)
         out.print(f"results in {finished.path}")
 

@@ -13,6 +13,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).parent))
 
+import task_files
 import tiny
 
 
@@ -69,3 +70,38 @@ def intra_op_threads(request, machine_threads):
     torch.set_num_threads(machine_threads if marked else 1)
     yield
     torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------- task study: tiny decoders with 4096 positions
+# (the tiny Llama's tokenizer has no chat template: kvpress puts BOS before the context; the chat one has a template)
+
+@pytest.fixture(scope="session")
+def long_decoder(tmp_path_factory) -> Path:
+    return tiny.save_decoder(tmp_path_factory.mktemp("models") / "tiny-llama-4096", "llama", positions=4096)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(long_decoder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(long_decoder)
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer(long_decoder):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(long_decoder)
+    tokenizer.chat_template = task_files.CHAT
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def chat_decoder(long_decoder, chat_tokenizer, tmp_path_factory) -> Path:
+    """The tiny decoder's directory with the chat template saved in its tokenizer."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("models") / "tiny-chat"
+    shutil.copytree(long_decoder, path, dirs_exist_ok=True)
+    chat_tokenizer.save_pretrained(path)
+    return path

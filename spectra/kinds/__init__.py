@@ -10,6 +10,7 @@ from . import (
     analyze,  # noqa: F401
     approx,  # noqa: F401
     cache,  # noqa: F401
+    evaluate,  # noqa: F401
     heads,  # noqa: F401
     scaling,  # noqa: F401
     theorems,  # noqa: F401

@@ -60,6 +60,8 @@ class Analysis:
     options: ClassVar[type]
     #: the class of its finished run in its read side (`spectra/report/<name>.py`), exported as `spectra.<run_type>`
     run_type: ClassVar[str]
+    #: the analyses this one hands some data to (whose runs its command therefore reads back too), by name
+    hands_to: ClassVar[tuple[str, ...]] = ()
     #: the run-configuration options this analysis takes (the command line shows those marked for it)
     run_fields: ClassVar[tuple[str, ...]] = RUN_FIELDS
     #: this analysis's defaults for run-configuration options (e.g. fewer samples than analyze's 10000)
@@ -281,7 +283,11 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 def upgraded(meta: dict[str, Any]) -> dict[str, Any]:
     """run.json as this version writes it. Runs with a calibration written before `samples` meant the evaluated
-    sequences (as --samples does) counted every sequence read under `samples`: that count becomes `sequences`."""
+    sequences (as --samples does) counted every sequence read under `samples`: that count becomes `sequences`. A task
+    study written by `spectra cache` before the study was its own kind (kind "cache", protocol "tasks") is an
+    `evaluate` run."""
+    if meta.get("kind") == "cache" and meta.get("protocol") == "tasks":  # a task study written before it was a kind
+        meta = {key: value for key, value in meta.items() if key != "protocol"} | {"kind": "evaluate"}
     if "evaluation" in meta and "sequences" not in meta and isinstance(meta.get("samples"), int):
         first = int(meta["evaluation"][0])
         meta = {**meta, "sequences": meta["samples"], "samples": max(0, meta["samples"] - first)}

@@ -95,7 +95,7 @@ def test_a_picture_of_a_task_run_leaves_out_tasks_the_full_cache_fails() -> None
     """Score curves of the tasks the full cache answers (≥ HOLDS), the others named under the title."""
     import pandas as pd
 
-    from spectra.report.tasks import TaskRun
+    from spectra.report.evaluate import TaskRun
     from spectra.tasks.summary import task_scores
 
     rows = [{"press": press, "ratio": ratio, "example": example, "task": task, "length": 1024, "depth": 0.5,

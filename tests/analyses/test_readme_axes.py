@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from spectra.report.tasks import TaskRun
+from spectra.report.evaluate import TaskRun
 
 from . import conftest  # noqa: F401  (puts analyses/ on the path)
 

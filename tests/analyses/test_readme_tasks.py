@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spectra.report.tasks import TaskRun
+from spectra.report.evaluate import TaskRun
 from spectra.tasks.summary import task_scores
 
 from . import conftest  # noqa: F401  (puts analyses/ on the path)

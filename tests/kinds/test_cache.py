@@ -439,13 +439,13 @@ def test_a_ratio_the_axis_map_lacks_is_refused_before_the_model_loads(llama_dir,
 
 @pytest.mark.parametrize("data, args, message", [
     ("text", ["--query-aware"], "--query-aware appends a task record's question to the context compressed (the task "
-                                "protocol); corpus.txt is a text corpus, which runs the NLL protocol and has no "
-                                "question. Drop it, or give a task file"),
-    ("tasks", ["--context", "512"], "--context sets the text a sequence of the NLL protocol prefills and scores; "
-                                    "tasks.jsonl is a task file, which runs the task protocol: each record holds its "
-                                    "context, question and answer. Drop --context, or give a text corpus"),
+                                "study, spectra evaluate); corpus.txt is a text corpus, which runs the NLL study and "
+                                "has no question. Drop it, or give a task file"),
+    ("tasks", ["--context", "512"], "--context belongs to the NLL study of text; tasks.jsonl is a task file, which "
+                                    "runs the task study (spectra evaluate): each record holds its context, question "
+                                    "and answer. Drop --context, or give a text corpus"),
     ("tasks", ["--context", "1024"], "Drop --context, or give a text corpus"),  # the default's value, typed: refused
-    ("tasks", ["--context", "300", "--continuation", "12"], "--context and --continuation set the text"),
+    ("tasks", ["--context", "300", "--continuation", "12"], "--context and --continuation belong to the NLL study"),
 ])
 def test_an_option_of_the_other_protocol_is_refused_before_the_model_loads(data, args, message, llama_dir, text_file,
                                                                            tmp_path, monkeypatch, capsys) -> None:
@@ -477,7 +477,7 @@ def test_each_protocol_records_only_its_own_options(llama_dir, text_file, tmp_pa
     file = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=1))
     chat = task_files.save_chat_decoder(tmp_path / "tiny-chat")
     run = spectra.cache(str(chat), str(file), query_aware=True, out=tmp_path / "tasks", **settings)
-    assert run.meta["query_aware"] is True and run.meta["context"] is None and run.meta["continuation"] is None
+    assert run.meta["query_aware"] is True and "context" not in run.meta and "continuation" not in run.meta
 
 
 def test_a_corpus_evaluates_16_sequences_unless_told(monkeypatch, capsys) -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 from report_helpers import by_gid, fake_save
 
-from spectra.report.tasks import draw_needle, draw_scores, draw_survival, plot_tasks
-from spectra.report.tasks import TaskRun
+from spectra.report.evaluate import draw_needle, draw_scores, draw_survival, plot
+from spectra.report.evaluate import TaskRun
 from spectra.tasks.summary import task_scores
 
 CELLS = [("full", 0.0), ("knorm", 0.5), ("knorm", 0.75), ("snapkv", 0.5), ("snapkv", 0.75)]
@@ -29,7 +29,7 @@ def task_run(tmp_path) -> TaskRun:
                             "needle_kept": 1.0 if press == "full" else rng.uniform(), "needle_kept_failed": 0.0,
                             "failed": 0, "needle_mass": rng.uniform()}
                            for press, ratio in CELLS for layer in range(4) for head in range(3)])
-    meta = {"kind": "cache", "protocol": "tasks", "model": {"name": "tiny"}, "data": {"name": "tasks.jsonl"}}
+    meta = {"kind": "evaluate", "model": {"name": "tiny"}, "data": {"name": "tasks.jsonl"}}
     return TaskRun(tmp_path, meta, examples, task_scores(examples, 0, replicates=50),
                    task_scores(examples, 0, ("task", "length"), replicates=50), needle, pd.DataFrame())
 
@@ -73,7 +73,7 @@ def test_survival_per_layer_and_head(tmp_path) -> None:
 
 def test_plot_writes_every_view(tmp_path, monkeypatch) -> None:
     names = fake_save(monkeypatch)
-    plot_tasks(task_run(tmp_path), tmp_path / "figures")
+    plot(task_run(tmp_path), tmp_path / "figures")
     assert [name.rsplit("/", 1)[-1] for name in names] == ["task_scores", "needle_heatmap", "needle_survival_r0.5",
                                                           "needle_survival_r0.75"]
 
@@ -83,7 +83,7 @@ def test_presses_with_the_same_scores_stay_visible_and_a_ratio_free_press_is_one
     legend entries, two visible lines). Now presses whose points are all the same are drawn side by side, `DODGE`
     apart (the full cache's start shared), and the panel's legend names them; every cell sits at the share of the
     bytes it stores (item 10), kivi4, the same at every ratio, at one point."""
-    from spectra.report.tasks import DODGE
+    from spectra.report.evaluate import DODGE
 
     rows = []
     for example in range(6):

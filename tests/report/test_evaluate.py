@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from spectra.report.tasks import TaskRun, load_tasks, needle_vs_score, print_tasks
+from spectra.report.evaluate import TaskRun, load, needle_vs_score, show
 from spectra.tasks.summary import task_scores
 
 
@@ -27,7 +27,7 @@ def write_run(path) -> dict:
               "task_needle.csv": needle, "task_evicted.csv": evicted}
     for name, frame in tables.items():
         frame.to_csv(path / name, index=False)
-    meta = {"kind": "cache", "protocol": "tasks", "model": {"name": "tiny"}, "data": {"name": "tasks.jsonl"},
+    meta = {"kind": "evaluate", "model": {"name": "tiny"}, "data": {"name": "tasks.jsonl"},
             "examples": 3, "query_aware": False}
     (path / "run.json").write_text(json.dumps(meta))
     return tables
@@ -35,12 +35,12 @@ def write_run(path) -> dict:
 
 def test_a_task_run_reads_back_and_prints(tmp_path, capsys) -> None:
     tables = write_run(tmp_path)
-    run = load_tasks(tmp_path, json.loads((tmp_path / "run.json").read_text()))
+    run = load(tmp_path, json.loads((tmp_path / "run.json").read_text()))
     assert run.examples["prediction"].tolist() == ["007"] * 3 + [""] * 3
     assert np.isnan(run.examples["depth"][2]) and run.examples["depth"][1] == 0.5
     assert run.evicted["evicted_layers"].tolist() == ["0,1"]
     pd.testing.assert_frame_equal(run.scores, tables["task_scores.csv"], check_dtype=False)
-    print_tasks(run)
+    show(run)
     printed = capsys.readouterr().out
     assert "3 examples" in printed and "knorm" in printed and "1 cell scored below the full cache" in printed
 
@@ -68,12 +68,12 @@ def test_a_press_without_a_needle_share_reads_back_as_a_number_and_prints(tmp_pa
     examples = pd.read_csv(tmp_path / "task_examples.csv", dtype={"prediction": str}, keep_default_na=False)
     extra = examples[examples["press"] == "knorm"].assign(press="decoding(knorm)", needle_kept="")
     pd.concat([examples, extra]).to_csv(tmp_path / "task_examples.csv", index=False)
-    run = load_tasks(tmp_path, json.loads((tmp_path / "run.json").read_text()))
+    run = load(tmp_path, json.loads((tmp_path / "run.json").read_text()))
     assert run.examples["needle_kept"].dtype == float
     assert run.examples["needle_kept"].isna().sum() == 3
     summary = needle_vs_score(run)
     assert "decoding(knorm)" not in set(summary["press"]), "no needle share: not in the needle-against-score rows"
-    print_tasks(run)
+    show(run)
     assert "does keeping the needle predict the answer?" in capsys.readouterr().out
 
 
@@ -92,7 +92,7 @@ def study_run(tmp_path) -> TaskRun:
                          "depth": 0.5, "prediction": "x", "score": score, "needle_kept": np.nan,
                          "bytes_share": 1.0 if press == "full" else 0.28 if press == "kivi4" else 1 - ratio})
     examples = pd.DataFrame(rows)
-    meta = {"kind": "cache", "protocol": "tasks", "model": {"name": "tiny"}, "data": {"name": "tasks.jsonl"},
+    meta = {"kind": "evaluate", "model": {"name": "tiny"}, "data": {"name": "tasks.jsonl"},
             "examples": 8}
     return TaskRun(tmp_path, meta, examples, task_scores(examples, 0, replicates=50),
                    task_scores(examples, 0, ("task", "length"), replicates=50), pd.DataFrame(), pd.DataFrame())
@@ -110,7 +110,7 @@ def test_the_task_table_fits_80_columns_full_first_a_ratio_free_press_once(tmp_p
 
     monkeypatch.setattr(console.out, "width", 80)
     run = study_run(tmp_path)
-    print_tasks(run)
+    show(run)
     printed = capsys.readouterr().out
     assert max(len(line) for line in printed.splitlines()) <= 80
     assert "written to" not in printed
@@ -141,7 +141,7 @@ def test_a_run_without_bytes_names_no_press_ratio_free(tmp_path, capsys) -> None
 
     run = study_run(tmp_path)
     run.scores["bytes_share"] = np.nan
-    print_tasks(run)
+    show(run)
     printed = capsys.readouterr().out
     rows = [row[:2] for row in printed_tables(printed)[0]["rows"]]
     assert ["kivi4", "0.50"] in rows and ["kivi4", "0.75"] in rows and "any" not in printed

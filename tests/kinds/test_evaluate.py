@@ -1,13 +1,11 @@
-"""`spectra cache` on a task file, end to end on a tiny Llama with a chat template: the full cache's answers are
-`model.generate`'s (transformers' own greedy decoding of the same chat-templated ids, eager attention), every table
+"""`spectra evaluate` (and `spectra cache` on a task file, which runs it), end to end on a tiny Llama with a chat
+template: the full cache's answers are `model.generate`'s (transformers' own greedy decoding of the same chat-templated ids, eager attention), every table
 holds what the protocol promises, an interrupted run resumed per example equals an uninterrupted one bit for bit,
 and bad input is one line with exit 2 before the model loads."""
 
 from __future__ import annotations
 
 import json
-import random
-from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -18,7 +16,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import spectra
 from spectra import models
 from spectra.config import RunConfig
-from spectra.tasks import protocol
 from spectra.tasks.prompt import prompt_ids
 from spectra.tasks.records import read_records
 from spectra.tasks.scoring import score
@@ -82,7 +79,7 @@ def test_the_tables_hold_every_cell(finished, task_file) -> None:
     assert len(needle) == len(cells) * 2 * 2  # 2 layers × 2 key/value heads
     assert (needle[needle["press"] == "full"]["needle_kept"] == 1).all()
     assert needle["needle_mass"].between(0, 1).all() and (needle["needle_mass"] > 0).all()
-    assert finished.meta["protocol"] == "tasks" and finished.meta["examples"] == 4
+    assert finished.meta["kind"] == "evaluate" and "protocol" not in finished.meta and finished.meta["examples"] == 4
     assert [row["press"] for row in finished.meta["press_seconds"]] == [press for press, _ in cells]
 
 
@@ -120,24 +117,6 @@ def test_query_aware_and_fewer_samples(chat_decoder, task_file, tmp_path) -> Non
 
 
 TASKS = ("passkey", "niah_single_1", "vt", "cwe")
-
-
-def test_samples_spread_evenly_over_tasks_then_lengths(tmp_path) -> None:
-    rows = [row for task in ("a_task", "b_task") for row in task_files.records(count=6, task="passkey", seed=len(task))]
-    for i, row in enumerate(rows):
-        row["task"], row["length"] = ("niah_a", 100 + 100 * (i % 2)) if i < 6 else ("vt", 100)
-    path = task_files.write(tmp_path / "t.jsonl", rows)
-    assert protocol.evaluated(RunConfig(data=str(path))) == read_records(path)  # no --samples: the whole file
-    chosen = protocol.evaluated(RunConfig(data=str(path), samples=5, seed=3))
-    assert chosen == sorted(chosen, key=lambda record: record.example) and len(chosen) == 5
-    by_task = Counter(record.task for record in chosen)
-    assert sorted(by_task.values()) == [2, 3]
-    assert {record.length for record in chosen if record.task == "niah_a"} == {100, 200}  # its share over its lengths
-    assert chosen == protocol.evaluated(RunConfig(data=str(path), samples=5, seed=3))  # seeded: a resume finds them
-    assert any(protocol.evaluated(RunConfig(data=str(path), samples=5, seed=seed)) != chosen for seed in range(4, 9))
-    assert protocol.left_out(RunConfig(data=str(path), samples=1, seed=3)) in (["niah_a"], ["vt"])
-    assert protocol.spread(7, [5, 1, 5], random.Random(0)) == [3, 1, 3]
-    assert sorted(protocol.spread(2, [3, 3, 3], random.Random(0))) == [0, 1, 1]
 
 
 def test_a_task_file_runs_whole_and_samples_name_the_tasks_they_leave_out(chat_decoder, tmp_path, monkeypatch,
@@ -185,9 +164,9 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
     elif case == "positions":
         rows[0]["length"], message = 5000, "tasks.jsonl line 1: its length 5000 is beyond the 4096 positions"
     elif case == "bytes-kept":
-        extra, message = ["--bytes-kept", "0.5"], "--bytes-kept maps the per-head output error of the NLL protocol"
+        extra, message = ["--bytes-kept", "0.5"], "--bytes-kept belongs to the NLL study of text; tasks.jsonl is a task"
     elif case == "fit-samples":
-        extra, message = ["--presses", "lowrank", "--fit-samples", "1"], "the task protocol does not take it"
+        extra, message = ["--presses", "lowrank", "--fit-samples", "1"], "--fit-samples belongs to the NLL study"
     elif case in ("no-answers-first", "no-question-first"):  # read as a text corpus before (no column 'text')
         field = "answers" if case == "no-answers-first" else "question"
         del rows[0][field]
@@ -207,3 +186,37 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
                                    capsys)
     assert code == 2 and message in stderr and stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
     assert not out.exists() and not out.with_name("run.partial").exists()
+
+
+def test_the_task_study_is_a_kind_of_its_own(chat_decoder, task_file, finished, tmp_path, monkeypatch,
+                                             capsys) -> None:
+    """Issue 37, item 1: `spectra evaluate` / `spectra.evaluate` run the task study and give what `spectra cache` on
+    the same task file gives (cache hands the file over); its read side is `load/show/plot`; text data, and options of
+    the NLL study, are refused in one line before the model loads."""
+    direct = spectra.evaluate(str(chat_decoder), str(task_file), out=tmp_path / "direct", **SETTINGS)
+    assert isinstance(direct, spectra.TaskRun) and direct.meta["kind"] == "evaluate"
+    for table in TABLES:
+        assert getattr(direct, table).equals(getattr(finished, table)), table
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    text = tmp_path / "text.txt"
+    text.write_text("plain prose, no records\n" * 20)
+    code, _, stderr = tiny.run_cli(["evaluate", str(chat_decoder), "--data", str(text)], monkeypatch, capsys)
+    assert code == 2 and "is not a task file" in stderr and stderr.count("\n") == 1, stderr
+    code, _, stderr = tiny.run_cli(["evaluate", str(chat_decoder), "--data", str(task_file), "--context", "64"],
+                                   monkeypatch, capsys)
+    assert code == 2 and "--context" in stderr and stderr.count("\n") == 1, stderr
+    code, stdout, _ = tiny.run_cli(["evaluate", str(direct.path)], monkeypatch, capsys)
+    assert code == 0 and "passkey" in stdout
+
+
+def test_a_task_run_written_by_cache_before_the_kind_existed_loads(finished, tmp_path) -> None:
+    """run.json of a task study written as kind 'cache' with protocol 'tasks' reads back as the task study's run."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(finished.path, old)
+    meta = json.loads((old / "run.json").read_text())
+    (old / "run.json").write_text(json.dumps({**meta, "kind": "cache", "protocol": "tasks"}))
+    loaded = spectra.load_run(old)
+    assert isinstance(loaded, spectra.TaskRun) and loaded.meta["kind"] == "evaluate"
+    assert loaded.scores.equals(finished.scores)

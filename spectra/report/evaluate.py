@@ -1,7 +1,8 @@
-"""A task run of `spectra cache` read back, printed and drawn: the run object, the console tables and the figures
-(the read side of the task protocol, beside `report/cache.py`'s of the NLL protocol).
+"""A run of the task study (`spectra evaluate`, or `spectra cache` on a task file) read back, printed and drawn: the
+run object (`load`), the console tables (`show`) and the figures (`plot`) — the read side of `kinds/evaluate.py`,
+beside `report/cache.py`'s of the NLL study.
 
-A task run (run.json's `protocol` is "tasks") holds `examples` (task_examples.csv: per press, ratio and example the
+A task run holds `examples` (task_examples.csv: per press, ratio and example the
 prediction and its score, the share of context rows kept, the share of the needle kept over layers and heads),
 `scores` (task_scores.csv: per press, ratio and task the mean score, the full cache's on the same examples, the
 difference, with bootstrap intervals), `lengths` (task_lengths.csv: the same per task and length), `needle`
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 @dataclass(repr=False)
 class TaskRun(FinishedRun):
-    """A `spectra cache` run of the task protocol (see the module docstring)."""
+    """A run of the task study (see the module docstring)."""
 
     path: Path
     meta: dict[str, Any]
@@ -58,7 +59,7 @@ class TaskRun(FinishedRun):
         return read_arrays(self.path / "needle.npz")
 
 
-def load_tasks(path: Path, meta: dict[str, Any]) -> TaskRun:
+def load(path: Path, meta: dict[str, Any]) -> TaskRun:
     """A finished task run's tables (predictions kept as text: an answer such as "007" stays a string)."""
     text = {"prediction": str, "evicted_layers": str, "task": str}
     return TaskRun(path, meta, read_table(path, "task_examples.csv", dtype=text, keep_default_na=False,
@@ -133,7 +134,7 @@ def task_table(scores: pd.DataFrame, once: list[str]) -> pd.DataFrame:
     return table
 
 
-def print_tasks(run: TaskRun) -> None:
+def show(run: TaskRun) -> None:
     """Per task (a table each, narrow enough for 80 columns): the full cache's mean score, then each press's and
     ratio's beside it with the paired difference, intervals in brackets; then whether keeping the needle predicts
     the answer."""
@@ -340,7 +341,7 @@ def draw_survival(run: TaskRun, ratio: float):
     return figure
 
 
-def plot_tasks(run: TaskRun, out: str | Path | None = None) -> list[Path]:
+def plot(run: TaskRun, out: str | Path | None = None) -> list[Path]:
     """Write the views into directory `out` (default <run directory>/figures). Returns the paths."""
     folder = plot_folder(run, out)
     paths = style.save(draw_scores(run), folder / "task_scores")

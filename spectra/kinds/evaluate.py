@@ -1,0 +1,120 @@
+"""`spectra evaluate MODEL --data F.jsonl`: the task study — what a decoder can still answer from a compressed cache.
+
+kvpress 0.5.5's `KVPressTextGenerationPipeline` is the reference: the chat-templated context compressed once, the
+question + the template's suffix + the answer prefix appended uncompressed at positions after the *original* context
+length, greedy decoding up to `max_new_tokens` stopping at EOS. kvpress prefills once per press and ratio; here each
+example's context is prefilled once, exactly and in bounded memory (`spectra.prefill`), and every press compresses
+that one prefill at every ratio (`probes.tasks.TaskProbe`, decoding by `spectra.decoding`). The full cache is press
+'full' at ratio 0 in every run. `query_aware` compresses the context with the question appended (kvpress's evaluation
+convention: context + question compressed, question empty). `spectra cache` on a task file runs this study.
+
+Checked before the model loads, each in one line: every record (`tasks.records.read_records` names the line and field
+of a missing or malformed field, an unknown task, an empty context or an answer its context lacks), a record's length
+beyond the model's positions (when its files tell them), data that is not a task file. After loading, each example's
+prompt is checked against the positions (`TaskSource.start`). The records evaluated: `tasks.selection`.
+
+Tables: task_examples.csv, task_scores.csv, task_lengths.csv, task_needle.csv, task_evicted.csv (`probes.tasks`);
+the run loads as `report.evaluate.TaskRun`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .. import checkpoints
+from ..config import RunConfig
+from ..errors import SpectraError
+from ..options import identity, option
+from ..registry import PRESSES
+from ..reporter import Reporter
+from ..tasks import selection
+from .base import Analysis, register
+from .pressbase import PressOptions, PressStudy
+
+#: the fact of presses that read the attention each key received (the prefill computes it only for them)
+RECEIVED = "received"
+
+
+@dataclass(frozen=True)
+class EvaluateOptions(PressOptions):
+    """The presses and ratios compared on a task file's records, and whether the question is compressed too."""
+
+    query_aware: bool = option(False, "Compress the context with the question appended (kvpress's evaluation "
+                               "convention); by default the question is appended after compression.")
+
+
+class Evaluate(PressStudy):
+    """Decode each task record's answer greedily from every press's compressed cache and score it."""
+
+    name = "evaluate"
+    run_type = "TaskRun"
+    summary = ("Long-context tasks from `spectra tasks`: each example prefilled once, every press at every ratio, "
+               "answers decoded as kvpress's pipeline does and scored as RULER does, beside the full cache.")
+    options = EvaluateOptions
+    run_fields = tuple(name for name in Analysis.run_fields if name not in ("length", "mode"))
+    defaults = {"samples": None, "batch_size": 1}
+    run_help = {"samples": "Records of the task file (default: all), spread evenly over its tasks and lengths "
+                           "(seeded by --seed).",
+                "data": "A task file (.jsonl: kvpress's records, such as `spectra tasks` writes)."}
+    decodes = "the task study decodes answers with a decoder"
+    outputs = {"task_examples.csv": ("press", "ratio", "example"), "task_scores.csv": ("press", "ratio", "task")}
+
+    def configured(self, config: RunConfig, options: EvaluateOptions) -> RunConfig:
+        """The records evaluated (`selection.evaluated`), one example a batch, the length of the longest evaluated
+        record (what the loop and its memory check read before the prompts are built); data that is no task file is
+        refused first."""
+        if not selection.wants_tasks(config.data):
+            raise SpectraError(f"{config.data} is not a task file (kvpress's records with context, question and "
+                               "answers, as `spectra tasks` writes them): give one, or run `spectra cache` for the "
+                               "NLL of text")
+        records = selection.evaluated(config)
+        longest = max((record.length for record in records if record.length is not None), default=config.length)
+        return replace(config, length=max(2, longest), samples=len(records), batch_size=1)
+
+    def check(self, config: RunConfig, options: EvaluateOptions, shape: checkpoints.Shape) -> None:
+        """Every record of the file is read and checked (`records.read_records`), evaluated or not; a record longer
+        than the model's positions is refused."""
+        records = selection.records_of(config.data)
+        super().check(config, options, shape)
+        name = Path(config.data).name
+        for record in records:
+            if shape.positions is not None and record.length is not None and record.length > shape.positions:
+                raise SpectraError(f"{name} line {record.example + 1}: its length {record.length} is beyond the "
+                                   f"{shape.positions} positions of {shape.name}")
+
+    def announce(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter) -> None:
+        """Say when --samples leaves records of the file out, and which tasks it leaves out whole."""
+        total = len(selection.records_of(config.data))
+        if config.samples < total:
+            missing = selection.left_out(config)
+            reporter.notify(f"evaluating {config.samples} of the {total} records of {Path(config.data).name} "
+                            "(--samples), spread over its tasks and lengths" +
+                            (f"; tasks left out: {', '.join(missing)}" if missing else ""))
+
+    def source(self, config: RunConfig, options: EvaluateOptions, where: Any):
+        """A `TaskSource` over the evaluated records."""
+        from ..tasks.source import TaskSource
+
+        return TaskSource(config, where, selection.evaluated(config), query_aware=options.query_aware,
+                          received=bool(PRESSES.having(RECEIVED) & set(options.presses)),
+                          windowed=bool(PRESSES.having("windowed") & set(options.presses)),
+                          left_out=selection.left_out(config))
+
+    def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
+        return identity(options)
+
+    def memory(self, config: RunConfig, options: EvaluateOptions, source) -> float:
+        """Bytes an example takes: its prefill's and its full cache's (`TaskSource.prefill_bytes`)."""
+        return source.prefill_bytes()
+
+    def probe(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, source):
+        """A `TaskProbe` over every press and ratio."""
+        from ..probes.tasks import TaskProbe
+
+        return TaskProbe(source, options.presses, options.ratios, config.seed, config.samples,
+                         options.compression_interval)
+
+
+register(Evaluate())

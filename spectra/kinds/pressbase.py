@@ -1,0 +1,141 @@
+"""What the two studies of a compressed key–value cache share: the presses and ratios they compare, and the checks
+a press puts on a model.
+
+The NLL study (`spectra cache` on text, `kinds/cache.py`) and the task study (`spectra evaluate`, or `spectra cache`
+on a task file, `kinds/evaluate.py`) each declare their options as a `PressOptions` subclass and their kind as a
+`PressStudy`: the presses (spectra/presses/, kvpress 0.5.5's at their defaults, and those that take an argument),
+the ratios, the decoding presses' compression interval, and the refusals that follow from the model (an encoder, no
+language-model head, a channel press without RoPE, a head pattern of another shape) are written here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .. import checkpoints, registry
+from ..config import RunConfig
+from ..errors import SpectraError, spell
+from ..inputs import several
+from ..options import option
+from ..registry import PRESSES
+from .base import Analysis
+
+#: the ratios measured when none are given
+DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
+#: model configuration fields that say the model rotates queries and keys (RoPE)
+ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
+#: kvpress's DecodingPress compresses every 512 decoding steps by default
+DEFAULT_INTERVAL = 512
+
+
+@dataclass(frozen=True)
+class PressOptions:
+    """The presses compared, the ratios each compresses at, and how often a decoding press compresses."""
+
+    presses: tuple[str, ...] = option(PRESSES.bare(), f"Comma-separated presses: {PRESSES.listing()} (<scorer>: "
+                                      f"one of {', '.join(sorted(PRESSES.having('scorer')))}; <decodable>: one of "
+                                      f"{', '.join(sorted(PRESSES.having('decodable')))}, decoding(<decodable>) being "
+                                      "kvpress's DecodingPress: the cache brought back to the ratio's size every "
+                                      "--compression-interval decoding steps, nothing compressed after the prefill; "
+                                      "<pattern>: a directory with DuoAttention's full_attention_heads.tsv and "
+                                      "config.json, such as a `spectra heads` run; <run>: an analyze or heads run, "
+                                      "<run>@rank to weigh heads by rank; <cache run>: a run with --bytes-kept; "
+                                      "docs/cache.md explains each).")
+    ratios: tuple[float, ...] = option(DEFAULT_RATIOS, "Comma-separated compression ratios in [0, 1): the fraction "
+                                       "of cached tokens removed (for think: of key channels, the memory saved "
+                                       "half of it; for duo: of key/value heads streaming; kivi2/4/8 ignore it). "
+                                       "The full cache (ratio 0) is always measured.")
+    compression_interval: int = option(DEFAULT_INTERVAL, "Decoding steps between two compressions of a "
+                                       "decoding(<decodable>) press (kvpress's compression_interval; the NLL protocol "
+                                       "feeds the continuation one token a step).")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "presses", registry.press_names(several(self.presses, "--presses")))
+        ratios = several(self.ratios, spell("--ratios"), float)
+        for ratio in ratios:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+                raise SpectraError(f"{spell('--ratios')} must lie in [0, 1) (the fraction of the cache removed), "
+                                   f"got {ratio}")
+        object.__setattr__(self, "ratios", tuple(sorted({float(ratio) for ratio in ratios if ratio > 0})))
+        if not self.ratios:
+            raise SpectraError(f"{spell('--ratios')} holds no ratio above 0 (the full cache is always measured); "
+                               f"pass e.g. {spell('--ratios 0.25,0.5', 'ratios=(0.25, 0.5)')}")
+        interval = self.compression_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise SpectraError(f"{spell('--compression-interval')} must be an integer ≥ 1, got {interval!r}")
+        if interval != DEFAULT_INTERVAL and not self.decoding:
+            raise SpectraError(f"{spell('--compression-interval')} paces the decoding presses, but none is among "
+                               f"{spell('--presses')}; add one (e.g. decoding(knorm)) or drop "
+                               f"{spell('--compression-interval')}")
+        for press in self.presses:  # a mixed plan plays its map's budgets only: refused here, not after the prefill
+            parts = registry.applied(press)
+            if parts is not None and parts[0] == "mixed":
+                from ..axes import check_plan_ratios
+
+                check_plan_ratios(parts[1], self.ratios)
+
+    @property
+    def decoding(self) -> tuple[str, ...]:
+        """The chosen presses that compress while decoding (decoding(<decodable>))."""
+        return tuple(press for press in self.presses if press in PRESSES.having("decodes"))
+
+    @property
+    def calibrating(self) -> tuple[str, ...]:
+        """The chosen presses that fit on calibration sequences."""
+        return tuple(press for press in self.presses if press in PRESSES.having("calibrates"))
+
+
+def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | None, name: str) -> None:
+    """Refuse (one line) a `duo(DIR)` pattern or a `headbudget(DIR)` run that does not have the model's layers ×
+    key/value heads."""
+    from .. import headpattern, headweights
+
+    for press in options.presses:
+        parts = registry.applied(press)
+        if parts is not None and parts[0] == "duo":
+            headpattern.fits(headpattern.read(parts[1]), layers, kv_heads, name, parts[1])
+        if parts is not None and parts[0] == "headbudget":
+            weights = headweights.read(parts[1])
+            headpattern.fits(headpattern.HeadPattern(weights, 0, 0), layers, kv_heads, name, parts[1])
+
+
+def rotary(config: dict[str, Any]) -> bool:
+    """Whether a model's config says it uses rotary positions."""
+    return any(config.get(name) for name in ROPE_FIELDS)
+
+
+class PressStudy(Analysis):
+    """A study of presses on a decoder's cache: the refusals every such study shares, before and after loading."""
+
+    model_help = ("A decoder: Hugging Face hub id (HuggingFaceTB/SmolLM2-135M-Instruct), a local directory saved with "
+                  "save_pretrained or a .gguf file; or a finished run directory, to print it again (and --plot it).")
+    #: what the study does with the decoder, for the refusal of an encoder
+    decodes: ClassVar[str] = "a key–value cache belongs to a decoder"
+
+    def check(self, config: RunConfig, options: PressOptions, shape: checkpoints.Shape) -> None:
+        check_patterns(options, shape.layers, shape.kv_heads, shape.name)
+        if shape.causal is False:
+            raise SpectraError(f"{shape.name} is an encoder: {self.decodes} (a causal language model, e.g. Llama, "
+                               "Qwen2, SmolLM2)")
+
+    def check_rope(self, options: PressOptions, uses_rope: bool | None, name: str) -> None:
+        """Channel presses score rotated key channels: a model without RoPE is refused."""
+        channel = [press for press in options.presses if press in PRESSES.having("needs_rope")]
+        if channel and uses_rope is False:
+            raise SpectraError(f"{channel[0]} prunes rotary key channels, but {name} has no rotary position "
+                               f"embedding (RoPE); choose presses among "
+                               f"{', '.join(p for p in PRESSES if p not in PRESSES.having('needs_rope'))}")
+
+    def check_files(self, config: RunConfig, options: PressOptions, found: checkpoints.Source) -> None:
+        if found.local and found.gguf_file is None:
+            self.check_rope(options, rotary(found.config), found.shape().name)
+
+    def check_loaded(self, config: RunConfig, options: PressOptions, source) -> None:
+        from .. import models
+
+        loaded = source.loaded
+        if loaded.head is None:
+            raise SpectraError(f"{loaded.name} has no language-model head: spectra {self.name} scores next-token "
+                               "predictions")
+        self.check_rope(options, models.rotary(loaded.model), loaded.name)

@@ -1,0 +1,46 @@
+"""spectra/kinds/pressbase.py: the options both studies of a compressed cache share are checked once, in one line
+each, and the refusals a press puts on a model hold for the NLL study and the task study alike."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from spectra.errors import SpectraError
+from spectra.kinds import REGISTRY
+from spectra.kinds.pressbase import DEFAULT_INTERVAL, PressOptions, PressStudy, rotary
+
+
+def test_the_shared_options_are_checked_once_for_both_studies() -> None:
+    options = PressOptions(presses="knorm,decoding(tova)", ratios="0.5,0.25,0.5,0", compression_interval=16)
+    assert options.presses == ("knorm", "decoding(tova)") and options.ratios == (0.25, 0.5)
+    assert options.decoding == ("decoding(tova)",) and options.calibrating == ()
+    assert PressOptions(presses="lowrank").calibrating == ("lowrank",)
+    for bad, message in ((dict(ratios="1.0"), "must lie in [0, 1)"), (dict(ratios="0"), "holds no ratio above 0"),
+                         (dict(compression_interval=0), "must be an integer ≥ 1"),
+                         (dict(presses="knorm", compression_interval=DEFAULT_INTERVAL + 1), "paces the decoding"),
+                         (dict(presses="nosuch"), "nosuch")):
+        with pytest.raises(SpectraError, match=re.escape(message)):
+            PressOptions(**bad)
+    for name in ("cache", "evaluate"):
+        study = REGISTRY[name]
+        assert isinstance(study, PressStudy) and issubclass(study.options, PressOptions)
+        assert study.options(presses="knorm").presses == ("knorm",)
+
+
+def test_rotary_reads_the_config_fields_of_rope() -> None:
+    assert rotary({"rope_theta": 10000.0}) and rotary({"rope_parameters": {"rope_type": "default"}})
+    assert not rotary({"hidden_size": 8}) and not rotary({"rope_theta": None})
+
+
+def test_an_encoder_is_refused_by_either_study_in_its_words(bert_dir) -> None:
+    from spectra import checkpoints
+    from spectra.config import RunConfig
+
+    shape = checkpoints.inspect(str(bert_dir), None).shape()
+    for name, words in (("cache", "a key–value cache belongs to a decoder"),
+                        ("evaluate", "the task study decodes answers with a decoder")):
+        study = REGISTRY[name]
+        with pytest.raises(SpectraError, match=f"is an encoder: {words}"):
+            PressStudy.check(study, RunConfig(model=str(bert_dir)), study.options(presses="knorm"), shape)
