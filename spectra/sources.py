@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -25,8 +25,12 @@ from .config import RunConfig
 from .errors import InternalError, SpectraError
 from .seeds import Domain, derive_seed
 
-if TYPE_CHECKING:
-    from .probes import Probe
+
+
+class Observer(Protocol):
+    """What a forward pass hands each layer to (a probe, `probes.Probe.update`)."""
+
+    def update(self, captured: Captured) -> None: ...
 
 
 class OfLoadedModel:
@@ -111,7 +115,7 @@ class ModelSource(OfLoadedModel):
                             self.config.batch_size,
                             skip=skip, shard=shard, fit_samples=self.fit_samples)
 
-    def run(self, batch: data.Batch, probe: Probe) -> None:
+    def run(self, batch: data.Batch, probe: Observer) -> None:
         """The batch's forward pass, every layer handed to the probe's `update` (its records know the sequences'
         indices); with
         `keep_logits`, the logits of the last positions are kept in `logits` (B, keep_logits, vocab)."""
@@ -191,7 +195,7 @@ class SyntheticSource:
             if number % size == rank:
                 yield SyntheticBatch(start, min(batch_size, sequences - start))
 
-    def run(self, batch: SyntheticBatch, probe: Probe) -> None:
+    def run(self, batch: SyntheticBatch, probe: Observer) -> None:
         config = self.config
         drawn = [gaussian_qkv(self.n, self.d, heads=self.heads, seed=derive_seed(config.seed, index),
                               device=self.device) for index in batch.index]

@@ -123,6 +123,11 @@ class Scaling(Analysis):
         super().check(replace(config, length=options.lengths[-1]), options.analyze(), shape)
         REGISTRY["analyze"].check(config, options.analyze(), shape)
 
+    def load(self, path: Path, meta: dict[str, Any]):
+        """The scaling run with its analyze run at each n (each read back through the registry)."""
+        analyses = {int(n): load_run(path / name, "analyze") for n, name in meta["runs"].items()}
+        return self.read_side().load(path, meta, analyses)
+
     def run(self, config: RunConfig, options: ScalingOptions, reporter: Reporter) -> Path:
         """Analyze (and approx) at each length into sub-directories, then the growth tables and run.json."""
         from .. import models

@@ -50,16 +50,15 @@ class ScalingRun(FinishedRun):
         return self.analyses
 
 
-def load(path: Path, meta: dict[str, Any]) -> ScalingRun:
-    """A scaling run directory read back, with its analyze run at each n."""
-    from ..kinds.base import load_run
-
+def load(path: Path, meta: dict[str, Any], analyses: dict[int, Run]) -> ScalingRun:
+    """A scaling run directory read back, with its analyze run at each n (`analyses`, read by the scaling kind
+    through the registry: this read side reads run directories, not kinds)."""
     integers = {"layer": "Int64", "head": "Int64"}
     exponents = read_table(path, "exponents.csv", dtype={**integers, "method": str, "better": str})
     exponents[["method", "better"]] = exponents[["method", "better"]].fillna("")
     return ScalingRun(path, meta, read_table(path, "scaling.csv"), read_table(path, "c_fixed.csv"), exponents,
                       read_table(path, "k_needed.csv", optional=True, dtype={"layer": "Int64"}),
-                      {int(n): load_run(path / name, "analyze") for n, name in meta["runs"].items()})
+                      analyses)
 
 
 def show(run: ScalingRun) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -31,7 +31,13 @@ from .prompt import chat_prompt
 from .records import TaskRecord
 
 if TYPE_CHECKING:
-    from ..probes import Probe
+    from ..presses import Prefill
+
+
+class PrefillObserver(Protocol):
+    """What an exact prefill hands each layer to (a probe, `probes.Probe.prefilled`)."""
+
+    def prefilled(self, prefill: Prefill) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,7 @@ class TaskSource(OfLoadedModel):
             if position % size == rank:
                 yield TaskBatch([position])
 
-    def run(self, batch: TaskBatch, probe: Probe) -> None:
+    def run(self, batch: TaskBatch, probe: PrefillObserver) -> None:
         """The example's exact prefill; each layer's `Prefill` to the probe's `prefilled`."""
         example = self.examples[batch.index[0]]
         found = prefill.prefill(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
