@@ -46,9 +46,9 @@ DEFAULT_CONTEXT, DEFAULT_CONTINUATION = 1024, 128
 #: model configuration fields that say the model rotates queries and keys (RoPE)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
 #: kvpress's DecodingPress compresses every 512 decoding steps by default
-DEFAULT_INTERVAL = 512
+DEFAULT_INTERVAL = PRESSES.facts("decoding")["interval"]
 #: SnapKV's window (loki's too): they need a longer context
-SNAPKV_WINDOW = 64
+SNAPKV_WINDOW = PRESSES.facts("snapkv")["window"]
 #: the sequences of a text corpus evaluated when --samples is not given (a task file runs whole)
 CORPUS_SAMPLES = 16
 

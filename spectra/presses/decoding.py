@@ -1,7 +1,7 @@
 """kvpress 0.5.5's DecodingPress: the cache kept at a target size *while* the answer is generated, by a scorer press.
 
 `decoding(<scorer>)` (e.g. `decoding(knorm)`) compresses nothing after the prefill (kvpress's pipeline prefills a
-DecodingPress without it). Then every `interval` decoding steps (kvpress's `compression_interval`, 512 by default;
+DecodingPress without it). Then every `interval` decoding steps (kvpress's `compression_interval`, INTERVAL by default;
 `spectra cache --compression-interval`) each layer's whole cache — the context, the question and the tokens decoded
 so far — is brought back to `target` rows by the scorer, right after that step's attention in that layer (kvpress's
 forward hook), so the next step attends to the compressed cache. A step is one forward pass: the question's pass
@@ -35,10 +35,11 @@ from .base import Compressed, Prefill, Press, ScorerPress, Wrapper, full, n_kept
 
 #: what this file registers (read as text by `spectra.registry`): `decoding` wraps a scorer declared `decodable`
 ORDER = 90
-DECLARES = {"decoding": {"wraps": "decodable", "decodes": True}}
+DECLARES = {"decoding": {"wraps": "decodable", "decodes": True, "interval": 512}}
 
-#: kvpress's default compression_interval
-INTERVAL = 512
+#: kvpress's default compression_interval, declared once in the facts above (`spectra cache --compression-interval`
+#: reads it there, without torch)
+INTERVAL: int = DECLARES["decoding"]["interval"]
 
 
 def ratio_for(rows: int, target: int) -> float:
