@@ -279,6 +279,12 @@ class Press:
         """The cache the continuation attends to, `ratio` ∈ (0, 1) of it removed (ratio 0 never reaches a press)."""
         raise NotImplementedError
 
+    def target(self, context: int, ratio: float) -> int | None:
+        """How the press acts while an answer or a continuation is decoded: the rows it keeps each layer's cache at
+        (a press that `decodes`: `decoding(<decodable>)`), or None — it compresses once, after the prefill of
+        `context` tokens, and decoding only appends to what it kept."""
+        return None
+
     def fresh(self) -> Press:
         """A new instance with nothing fitted, for one run (the registry's instances are shared by every run)."""
         return type(self)()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressed, Prefill, Press, ScorerPress, Wrapper, full, n_kept, register, row_bytes
+from .base import Compressed, Prefill, Press, ScorerPress, Wrapper, full, n_kept, register
 
 #: what this file registers (read as text by `spectra.registry`): `decoding` wraps a scorer declared `decodable`
 ORDER = 90
@@ -95,16 +95,10 @@ class DecodingPress(Wrapper):
         """After the prefill: the whole cache (compression waits for the decoding steps)."""
         return full(prefill)
 
-    @staticmethod
-    def target(context: int, ratio: float) -> int:
-        """The rows each layer's cache is brought back to: those a press at `ratio` keeps of `context` tokens."""
+    def target(self, context: int, ratio: float) -> int:
+        """The rows each layer's cache is brought back to while decoding: those a press at `ratio` keeps of `context`
+        tokens (its kept share and bytes are that eviction press's: `spectra.cell`)."""
         return n_kept(context, ratio)
-
-    def memory(self, prefill: Prefill, ratio: float) -> torch.Tensor:
-        """(H_kv,) int64: the bytes of each key/value head's cache at its target (what it is brought back to while
-        decoding, at full precision) — the bytes of the eviction press it keeps the size of."""
-        rows = self.target(prefill.length, ratio)
-        return torch.full((prefill.kv_heads,), rows * row_bytes(prefill), dtype=torch.int64)
 
     def due(self, steps: int, step_tokens: int, target: int) -> bool:
         """Whether a layer compresses after a step: `steps` since its last compression, `step_tokens` in this one."""
