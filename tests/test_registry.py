@@ -118,7 +118,8 @@ def test_press_names_are_checked() -> None:
 def test_a_press_that_wraps_another_is_named_with_it() -> None:
     assert registry.press_names(["knorm", "decoding(knorm)", "decoding(tova)", "decoding(knorm)"]) == (
         "knorm", "decoding(knorm)", "decoding(tova)")
-    assert dict(registry.PRESSES.facts("decoding(knorm)")) == {"decodes": True}  # neither a scorer nor decodable
+    # neither a scorer nor decodable; its default interval, declared once
+    assert dict(registry.PRESSES.facts("decoding(knorm)")) == {"decodes": True, "interval": 512}
     for name, message in (("decoding", "press 'decoding' takes an argument: decoding\\(<decodable>\\)$"),
                           ("decoding(snapkv)", "decoding wraps a decodable press, and 'snapkv' is not one; "
                                                "decodables: streaming, knorm, tova$"),

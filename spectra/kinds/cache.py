@@ -42,8 +42,8 @@ from .pressbase import PressOptions, PressStudy
 
 #: the NLL protocol's context and continuation when none are given (a task file's records set their own)
 DEFAULT_CONTEXT, DEFAULT_CONTINUATION = 1024, 128
-#: SnapKV's window (loki's too): they need a longer context
-SNAPKV_WINDOW = 64
+#: SnapKV's window (loki's too), as SnapKV declares it: they need a longer context
+SNAPKV_WINDOW = PRESSES.facts("snapkv")["window"]
 #: the sequences of a text corpus evaluated when --samples is not given (a task file runs whole)
 CORPUS_SAMPLES = 16
 
@@ -96,7 +96,7 @@ class CacheOptions(PressOptions):
         object.__setattr__(self, "heads_run", None if heads_run is None else str(Path(heads_run).absolute()))
         if self.fit_samples and not self.calibrating:
             raise SpectraError(f"{spell('--fit-samples')} calibrates the presses that fit "
-                               f"({', '.join(sorted(PRESSES.having('calibrates')))}), but none is among "
+                               f"({', '.join(sorted(PRESSES.having('calibrates') & set(PRESSES.bare())))}), but none is among "
                                f"{spell('--presses')}; add one or drop {spell('--fit-samples')}")
 
     @property

@@ -25,8 +25,8 @@ from .base import Analysis
 DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 #: model configuration fields that say the model rotates queries and keys (RoPE)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
-#: kvpress's DecodingPress compresses every 512 decoding steps by default
-DEFAULT_INTERVAL = 512
+#: how many decoding steps kvpress's DecodingPress waits between compressions by default, as decoding(…) declares it
+DEFAULT_INTERVAL = PRESSES.facts("decoding")["interval"]
 
 
 @dataclass(frozen=True)

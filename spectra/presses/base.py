@@ -35,8 +35,10 @@ import torch
 from ..axes import AXES
 from ..registry import PRESSES, Registry
 
-#: the queries SnapKV reads: the last WINDOW context positions (kvpress's default window_size)
-WINDOW = 64
+#: the queries the prefill keeps for the presses: the last WINDOW context positions, the widest `window` a press
+#: declares (SnapKV's 64, kvpress's window_size, declared once in presses/eviction.py), which every press declared
+#: `windowed` reads
+WINDOW: int = max(int(entry.facts.get("window", 0)) for entry in PRESSES.entries().values())
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,7 +186,7 @@ def window_filled(length: int, ratios: Sequence[float]) -> list[tuple[float, int
 def window_note(length: int, ratios: Sequence[float], presses: Sequence[str]) -> str | None:
     """What a cache run says where the windowed presses among `presses` keep only tokens of their window
     (`window_filled`), or None: the ratios, the tokens kept, and that their scores choose nothing there."""
-    windowed = [press for press in ("snapkv", "loki") if press in presses]
+    windowed = windowed_presses(presses)
     filled = window_filled(length, ratios)
     if not windowed or not filled:
         return None
@@ -194,6 +196,13 @@ def window_note(length: int, ratios: Sequence[float], presses: Sequence[str]) ->
             f"the {WINDOW}-token window that {' and '.join(windowed)} {'always keep' if both else 'always keeps'}: "
             f"{'their' if both else 'its'} scores choose nothing there (below {WINDOW} kept, torch.topk's tie-break "
             f"picks which window tokens stay){', so loki tells nothing snapkv does not' if both else ''}")
+
+
+def windowed_presses(presses: Iterable[str] | None = None) -> list[str]:
+    """The presses declared `windowed` (among `presses`, or all), in listing order: those that read the prefill's last
+    WINDOW queries and always keep the window's tokens (a press wrapping one, `adakv(snapkv)`, is not listed)."""
+    chosen = None if presses is None else set(presses)
+    return [name for name in PRESSES if PRESSES.facts(name).get("windowed") and (chosen is None or name in chosen)]
 
 
 def window_choosing_length(ratios: Sequence[float]) -> int:
@@ -256,6 +265,11 @@ class Press:
     decodable: ClassVar[bool] = False
     #: compresses while the answer or continuation is decoded, not once after the prefill (`decoding(<decodable>)`)
     decodes: ClassVar[bool] = False
+    #: the last context queries the press reads, its own setting (SnapKV's window_size); 0: none of its own (a
+    #: `windowed` press without one reads the prefill's, `WINDOW`)
+    window: ClassVar[int] = 0
+    #: decoding steps between two compressions, for a press that `decodes` (kvpress's compression_interval)
+    interval: int | None = None
     #: one line for tables and --help: what the press keeps
     summary: ClassVar[str] = ""
     #: what the press removes: tokens, channels, rank or bits (AXES)
@@ -264,6 +278,12 @@ class Press:
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         """The cache the continuation attends to, `ratio` ∈ (0, 1) of it removed (ratio 0 never reaches a press)."""
         raise NotImplementedError
+
+    def target(self, context: int, ratio: float) -> int | None:
+        """How the press acts while an answer or a continuation is decoded: the rows it keeps each layer's cache at
+        (a press that `decodes`: `decoding(<decodable>)`), or None — it compresses once, after the prefill of
+        `context` tokens, and decoding only appends to what it kept."""
+        return None
 
     def fresh(self) -> Press:
         """A new instance with nothing fitted, for one run (the registry's instances are shared by every run)."""
@@ -308,7 +328,7 @@ class Wrapper(Press):
         self.inner = inner
         if inner is not None:
             self.name = f"{type(self).name}({inner.name})"  # type: ignore[misc]
-            for flag in ("channels", "needs_rope", "windowed", "calibrates", "received"):
+            for flag in ("channels", "needs_rope", "windowed", "window", "calibrates", "received"):
                 setattr(self, flag, getattr(inner, flag))
 
     def bind(self, inner: Press) -> Wrapper:
@@ -342,13 +362,15 @@ class Wrapper(Press):
 REGISTRY: Registry[Press] = PRESSES
 
 
-def facts(press: Press) -> dict[str, bool]:
+def facts(press: Press) -> dict[str, bool | int]:
     """What a press declares about itself: the flags the command checks before the model loads (`scorer`: a
     `ScorerPress`, which a press taking a scorer — `adakv(<scorer>)` — may wrap; `decodable`: a scorer
-    `decoding(<decodable>)` may wrap; `decodes`: compressing while decoding)."""
+    `decoding(<decodable>)` may wrap; `decodes`: compressing while decoding), and the settings it owns that others
+    read without torch (`window`, `interval`) where it has them."""
+    settings = {name: value for name, value in (("window", press.window), ("interval", press.interval)) if value}
     return {"channels": press.channels, "needs_rope": press.needs_rope, "windowed": press.windowed,
             "calibrates": press.calibrates, "received": press.received, "scorer": isinstance(press, ScorerPress),
-            "decodable": press.decodable, "decodes": press.decodes}
+            "decodable": press.decodable, "decodes": press.decodes, **settings}
 
 
 def run_presses(names: Iterable[str], **settings: object) -> dict[str, Press]:

@@ -1,7 +1,7 @@
 """kvpress 0.5.5's DecodingPress: the cache kept at a target size *while* the answer is generated, by a scorer press.
 
 `decoding(<scorer>)` (e.g. `decoding(knorm)`) compresses nothing after the prefill (kvpress's pipeline prefills a
-DecodingPress without it). Then every `interval` decoding steps (kvpress's `compression_interval`, 512 by default;
+DecodingPress without it). Then every `interval` decoding steps (kvpress's `compression_interval`, INTERVAL by default;
 `spectra cache --compression-interval`) each layer's whole cache — the context, the question and the tokens decoded
 so far — is brought back to `target` rows by the scorer, right after that step's attention in that layer (kvpress's
 forward hook), so the next step attends to the compressed cache. A step is one forward pass: the question's pass
@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressed, Prefill, Press, ScorerPress, Wrapper, full, n_kept, register, row_bytes
+from .base import Compressed, Prefill, Press, ScorerPress, Wrapper, full, n_kept, register
 
 #: what this file registers (read as text by `spectra.registry`): `decoding` wraps a scorer declared `decodable`
 ORDER = 90
-DECLARES = {"decoding": {"wraps": "decodable", "decodes": True}}
+DECLARES = {"decoding": {"wraps": "decodable", "decodes": True, "interval": 512}}
 
-#: kvpress's default compression_interval
-INTERVAL = 512
+#: kvpress's default compression_interval, declared once in the facts above (`spectra cache --compression-interval`
+#: reads it there, without torch)
+INTERVAL: int = DECLARES["decoding"]["interval"]
 
 
 def ratio_for(rows: int, target: int) -> float:
@@ -94,16 +95,10 @@ class DecodingPress(Wrapper):
         """After the prefill: the whole cache (compression waits for the decoding steps)."""
         return full(prefill)
 
-    @staticmethod
-    def target(context: int, ratio: float) -> int:
-        """The rows each layer's cache is brought back to: those a press at `ratio` keeps of `context` tokens."""
+    def target(self, context: int, ratio: float) -> int:
+        """The rows each layer's cache is brought back to while decoding: those a press at `ratio` keeps of `context`
+        tokens (its kept share and bytes are that eviction press's: `spectra.cell`)."""
         return n_kept(context, ratio)
-
-    def memory(self, prefill: Prefill, ratio: float) -> torch.Tensor:
-        """(H_kv,) int64: the bytes of each key/value head's cache at its target (what it is brought back to while
-        decoding, at full precision) — the bytes of the eviction press it keeps the size of."""
-        rows = self.target(prefill.length, ratio)
-        return torch.full((prefill.kv_heads,), rows * row_bytes(prefill), dtype=torch.int64)
 
     def due(self, steps: int, step_tokens: int, target: int) -> bool:
         """Whether a layer compresses after a step: `steps` since its last compression, `step_tokens` in this one."""

@@ -3,8 +3,9 @@ and keeps the top n_kept (`base.ScorerPress`). Formulas as kvpress computes them
 
 - `streaming` (StreamingLLM): the first 4 tokens (attention sinks) and the most recent ones;
 - `knorm`: the smallest key norms, score −‖k‖;
-- `snapkv`: attention of the last 64 context queries, averaged over them, pooled along the keys, averaged over
-  each key/value group; the 64 window tokens always kept;
+- `snapkv`: attention of the last 64 context queries (its `window`, kvpress's window_size, declared in `DECLARES`
+  once: `base.WINDOW` reads it), averaged over them, pooled along the keys, averaged over each key/value group; the
+  window's tokens always kept;
 - `tova`: attention of the last context query averaged over all heads of the layer; the last token always kept;
 - `random`: uniform scores from a torch generator seeded by (run seed, sequence index), the same at every layer;
 - `observed`: the attention each key received during the prefill, divided by the queries that could see it.
@@ -22,7 +23,7 @@ from .base import Prefill, ScorerPress, register
 #: each name and its facts, and where the file's presses come in listings
 ORDER = 10
 DECLARES = {"streaming": {"scorer": True, "decodable": True}, "knorm": {"scorer": True, "decodable": True},
-            "snapkv": {"windowed": True, "scorer": True}, "tova": {"scorer": True, "decodable": True},
+            "snapkv": {"windowed": True, "scorer": True, "window": 64}, "tova": {"scorer": True, "decodable": True},
             "random": {"scorer": True},
             "observed": {"scorer": True, "received": True}}
 
@@ -67,7 +68,8 @@ class SnapKV(ScorerPress):
     L keys, not renormalised over the first L − w), average-pooled along j (kernel KERNEL, zero padding counted),
     averaged over each key/value group; the w window tokens are always kept. Needs L > w."""
 
-    name, summary = "snapkv", "the keys the last 64 queries attend to"
+    window = DECLARES["snapkv"]["window"]
+    name, summary = "snapkv", f"the keys the last {window} queries attend to"
     windowed = True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:

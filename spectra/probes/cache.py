@@ -1,11 +1,13 @@
 """`spectra cache`'s probe: each sequence's exact prefill compressed by every (press, ratio), the continuation scored
 against each compressed cache, and the losses accumulated (see `spectra.kvcache` for the engine).
 
-`update` sees every layer of the loop's forward pass over the L + C tokens: it reads the layer's prefill, lets every
-press compress it once per ratio, measures each head with the layer's exact inputs (attention mass kept, output
-error) and keeps the compressed caches; `after_batch` scores the continuation against them, all (press, ratio) rows
-of a sequence in one batched forward pass per chunk, and accumulates next-token NLL, KL from the full cache's
-distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is skipped and counted.
+`update` sees every layer of the loop's forward pass over the L + C tokens: it reads the layer's prefill, hands it to
+every cell of the sequence (`spectra.cell`: one per press and ratio, which compresses it and counts the rows and bytes
+kept), measures each head with the layer's exact inputs (attention mass kept, output error) and keeps the cells;
+`after_batch` scores the continuation against their caches, all the cells that compress once in one batched forward
+pass per chunk, each that compresses while decoding teacher-forced by its schedule, and accumulates next-token NLL,
+KL from the full cache's distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is
+skipped and counted.
 
 With `fit_samples` N > 0 the first N sequences calibrate: their prefills go to the run's own fresh instance of each
 press that `calibrates` (never to the registry's shared one), nothing is scored, and the sequences after them are
@@ -25,10 +27,11 @@ import torch
 
 from .. import axes, decoding, kvcache, models
 from ..capture import Captured
+from ..cell import Cell, Cells
 from ..errors import SpectraError
-from ..presses import REGISTRY, Compressed, Prefill, Press, full, run_presses
+from ..presses import REGISTRY, Prefill, Press
 from ..presses.base import full_memory
-from ..presses.decoding import DecodingPress
+from ..presses.decoding import INTERVAL
 from ..stats import State, tagged
 from .base import Probe
 
@@ -52,14 +55,15 @@ class CacheProbe(Probe):
 
     def __init__(self, source: "ModelSource", presses: Sequence[str], ratios: Sequence[float], context: int,
                  continuation: int, seed: int, evaluated: range, bytes_kept: Sequence[float] = (),
-                 diagnosis: pd.DataFrame | None = None, compression_interval: int = 512) -> None:
+                 diagnosis: pd.DataFrame | None = None, compression_interval: int = INTERVAL) -> None:
         self.source, self.context, self.continuation, self.seed = source, context, continuation, seed
         self.bytes_kept, self.diagnosis = tuple(bytes_kept), diagnosis
         self.fit_samples, samples = evaluated.start, len(evaluated)
         # the run's own presses: a calibrating press's fit belongs to this run, not to the shared registry
-        self.presses: dict[str, Press] = run_presses(presses, compression_interval=compression_interval)
+        self.cells = Cells(presses, ratios, compression_interval=compression_interval)
+        self.presses: dict[str, Press] = self.cells.presses
         self.calibrated = np.zeros(1)  # calibration sequences used (long enough)
-        self.variants: list[tuple[str, float]] = [("full", 0.0)] + [(p, r) for p in presses for r in ratios]
+        self.variants = self.cells.variants
         loaded = source.loaded
         self.layers, self.heads = loaded.layers, loaded.heads
         count = len(self.variants)
@@ -70,7 +74,8 @@ class CacheProbe(Probe):
         self.per_sequence = np.zeros((len(_PER_SEQUENCE), samples, count))
         self.scored = np.zeros(samples)
         self.skipped = np.zeros(1)
-        self.pending: dict[int, dict[int, tuple[Prefill, list[Compressed]]]] = {}
+        # per sequence awaiting its continuation: each layer's prefill (the keys and values kept) and its cells
+        self.pending: dict[int, tuple[dict[int, Prefill], list[Cell]]] = {}
         self.pre_rope: dict[int, torch.Tensor] = {}
         self.hooks = models.watch_projections(loaded.model, self._projection) if models.rotary(loaded.model) else []
 
@@ -95,25 +100,23 @@ class CacheProbe(Probe):
             if index[row] < self.fit_samples:
                 self._calibrate(prefilled)
                 continue
-            parts = [full(prefilled) if press == "full" else self.presses[press].compress(prefilled, ratio)
-                     for press, ratio in self.variants]
+            if index[row] not in self.pending:
+                self.pending[index[row]] = ({}, list(self.cells.of(context, self.seed, index[row])))
+            prefills, cells = self.pending[index[row]]
+            parts = [cell.compress(prefilled) for cell in cells]
             mass, error = kvcache.head_measures(captured, row, context, parts, prefilled)
-            during = torch.tensor([self._decodes(press) for press, _ in self.variants], device=mass.device)
+            during = torch.tensor([cell.decodes for cell in cells], device=mass.device)
             mass[during], error[during] = float("nan"), float("nan")  # its cache changes while decoding: not one
             self.head_sums[:, layer, :, 0] += mass.double().cpu().numpy()
             self.head_sums[:, layer, :, 1] += error.double().cpu().numpy()
             whole = full_memory(prefilled)  # each query head: its key/value head's bytes, over the full cache's
-            shares = torch.stack([self._memory(i, prefilled, part) for i, part in enumerate(parts)]).double() / whole
+            shares = torch.stack([cell.memory(layer) for cell in cells]).double() / whole
             self.head_sums[:, layer, :, 2] += shares.repeat_interleave(prefilled.groups, dim=1).numpy()
-            counts = torch.stack([part.counts() for part in parts]).double().cpu().numpy()
-            for i, (press, ratio) in enumerate(self.variants):
-                if self._decodes(press):  # the rows it brings the cache back to while decoding
-                    counts[i] = self.presses[press].target(context, ratio)
-            self.head_kept[:, layer] += counts / context
+            self.head_kept[:, layer] += np.stack([cell.counts(layer) for cell in cells]) / context
             # the prefill's tensors are views of the whole layer's: keep copies of what the continuation needs
-            kept = Prefill(layer, prefilled.q[:, :0], prefilled.key.clone(), prefilled.value.clone(), None,
-                           prefilled.window[:, :0], prefilled.received[:, :0], prefilled.scaling, self.seed, index[row])
-            self.pending.setdefault(index[row], {})[layer] = (kept, parts)
+            prefills[layer] = Prefill(layer, prefilled.q[:, :0], prefilled.key.clone(), prefilled.value.clone(), None,
+                                      prefilled.window[:, :0], prefilled.received[:, :0], prefilled.scaling, self.seed,
+                                      index[row])
         self.pre_rope.pop(layer, None)
 
     def _calibrate(self, prefilled: Prefill) -> None:
@@ -135,38 +138,26 @@ class CacheProbe(Probe):
             return
         rows = {index: row for row, index in enumerate(batch.index)}
         self.skipped += len(batch.index) - len(self.pending)
-        for index, layers in self.pending.items():
-            self._score(batch, rows[index], index, layers)
+        for index, (prefills, cells) in self.pending.items():
+            self._score(batch, rows[index], index, prefills, cells)
         self.pending = {}
 
-    def _decodes(self, press: str) -> bool:
-        """Whether `press` compresses while the continuation is decoded (decoding(<scorer>))."""
-        return isinstance(self.presses.get(press), DecodingPress)
-
-    def _memory(self, variant: int, prefill: Prefill, part: Compressed) -> torch.Tensor:
-        """(H_kv,) the bytes of each key/value head's context cache under a variant: the compressed part's, or for a
-        decoding press the target's (the rows it brings the cache back to while decoding, `DecodingPress.memory`)."""
-        press, ratio = self.variants[variant]
-        if self._decodes(press):
-            return self.presses[press].memory(prefill, ratio)  # type: ignore[attr-defined]
-        return part.memory(prefill)
-
-    def _score(self, batch: Any, row: int, index: int, layers: dict[int, tuple[Prefill, list[Compressed]]]) -> None:
-        """Every variant's per-token measures: the presses that compress once in batched passes (row 0, the full
-        cache, first: the reference), each decoding press teacher-forced on its own (`decoding.teacher_forced`)."""
+    def _score(self, batch: Any, row: int, index: int, prefills: dict[int, Prefill], cells: list[Cell]) -> None:
+        """Every cell's per-token measures: the cells that compress once in batched passes (the full cache's first:
+        the reference), each that decodes teacher-forced on its own (`decoding.teacher_forced`)."""
         loaded, context = self.source.loaded, self.context
         tokens = batch.input_ids[row].to(loaded.device)
         targets = tokens[context:]
         first = self.source.logits[row, 0].double()  # the context's last position: no press changes it
         chunk = max(1, int(LOGIT_BYTES // (4 * max(1, self.continuation - 1) * first.shape[-1])))
-        once = [i for i, (press, _) in enumerate(self.variants) if not self._decodes(press)]
+        once = [i for i, cell in enumerate(cells) if not cell.decodes]
         measured: dict[int, list[torch.Tensor]] = {}
-        decoded: dict[int, tuple[int, float]] = {}  # variant → (target rows, memory saved)
+        saved: dict[int, float] = {}  # cell that decodes → the memory it saved
         reference = None
         for start in range(0, len(once), chunk):
             chosen = once[start:start + chunk]
-            stacked = {layer: kvcache.stack([parts[i] for i in chosen], kept.key, kept.value)
-                       for layer, (kept, parts) in layers.items()}
+            stacked = {layer: kvcache.stack([cells[i].parts[layer] for i in chosen], kept.key, kept.value)
+                       for layer, kept in prefills.items()}
             rest = kvcache.continuation_logits(loaded.model, self.layers, stacked.__getitem__, tokens[context:-1],
                                                context, index, len(chosen))
             logits = torch.cat([first.expand(len(chosen), 1, -1).to(rest.dtype), rest], dim=1)
@@ -175,39 +166,31 @@ class CacheProbe(Probe):
             scores = kvcache.token_measures(logits, targets, reference)
             for position, i in enumerate(chosen):
                 measured[i] = [part[position].double().cpu() for part in scores]
-        for i, (press, ratio) in enumerate(self.variants):
+        for i, cell in enumerate(cells):
             if i in measured:
                 continue
-            rest, saved = self._teacher_forced(self.presses[press], ratio, layers, tokens, index)
+            rest, saved[i] = self._teacher_forced(cell, prefills, tokens, index)
             logits = torch.cat([first[None].to(rest.dtype), rest])[None]
             measured[i] = [part[0].double().cpu() for part in kvcache.token_measures(logits, targets, reference)]
-            decoded[i] = (self.presses[press].target(context, ratio), saved)
-        per_token = [torch.stack([measured[i][j] for i in range(len(self.variants))]).numpy() for j in range(3)]
+        per_token = [torch.stack([measured[i][j] for i in range(len(cells))]).numpy() for j in range(3)]
         tokens_scored = per_token[0].shape[1]
-        for i, (press, ratio) in enumerate(self.variants):
-            parts = [layers[layer][1][i] for layer in sorted(layers)]
-            kept = np.mean([part.counts().double().mean().item() for part in parts])
-            saved = np.mean([part.saved for part in parts])
-            if i in decoded:
-                kept, saved = decoded[i]
-            stored = sum(int(self._memory(i, prefill, compressed[i]).sum()) for prefill, compressed in layers.values())
-            whole = sum(full_memory(prefill) * prefill.kv_heads for prefill, _ in layers.values())
+        for i, cell in enumerate(cells):
+            kept = np.mean(cell.counts().mean(axis=1))  # rows kept: the mean over layers of the mean over heads
             self.sums[i] += [1, per_token[0][i].sum(), per_token[1][i].sum(), per_token[2][i].sum(), tokens_scored,
-                             kept, saved, stored, whole]
+                             kept, saved[i] if cell.decodes else cell.saved(), cell.bytes(), cell.full_bytes()]
             for j, values in enumerate(per_token):
                 self.per_sequence[j, index - self.fit_samples, i] = values[i].mean()
         self.scored[index - self.fit_samples] = 1
         self.head_counts += 1
 
-    def _teacher_forced(self, press: DecodingPress, ratio: float, layers: dict[int, tuple[Prefill, list[Compressed]]],
-                        tokens: torch.Tensor, index: int) -> tuple[torch.Tensor, float]:
-        """A decoding press's logits for the continuation's tokens 1 … C − 1 (fed one step each from the whole
-        prefill cache, compressed every `interval` steps), and the memory it saved: the mean over those tokens of
-        1 − rows attended / rows of the full cache."""
+    def _teacher_forced(self, cell: Cell, prefills: dict[int, Prefill], tokens: torch.Tensor,
+                        index: int) -> tuple[torch.Tensor, float]:
+        """The logits of a cell that decodes for the continuation's tokens 1 … C − 1 (fed one step each from the
+        cache its press left after the prefill — the whole one — compressed every `interval` steps), and the memory it
+        saved: the mean over those tokens of 1 − rows attended / rows of the full cache."""
         context = self.context
-        prefills = [layers[layer][0] for layer in range(self.layers)]
-        cache = decoding.Cache.of([full(p) for p in prefills], prefills, self.continuation)
-        schedule = decoding.Schedule(press, press.target(context, ratio), self.seed, index)
+        cache = cell.cache([prefills[layer] for layer in range(self.layers)], self.continuation)
+        schedule = cell.schedule()
         fed = tokens[context:-1]
         logits, attended = decoding.teacher_forced(self.source.loaded.model, self.layers, cache, fed, context,
                                                    schedule, index)
@@ -284,7 +267,7 @@ class CacheProbe(Probe):
                  "cache_sequences.csv": pd.DataFrame(sequences)}
         if self.bytes_kept:
             # a decoding press is left out: its cache changes while decoding, so it has no per-head output error
-            axes_of = {name: press.axis for name, press in self.presses.items() if not self._decodes(name)}
+            axes_of = {name: press.axis for name, press in self.presses.items() if not press.decodes}
             mapped = axes.best_axes(found["cache_heads.csv"], axes_of, self.source.kv_heads, self.bytes_kept)
             found["cache_axes.csv"] = mapped if self.diagnosis is None else axes.join_diagnosis(mapped, self.diagnosis)
         return found

@@ -2,13 +2,14 @@
 greedily from each compressed cache, scored, and the needle's fate measured per layer and key/value head.
 
 `prefilled` receives the example's prefill layer by layer (`tasks.source.TaskSource.run`); `after_batch` runs the cells
-one after another — the full cache (press 'full', ratio 0) first, then every press at every ratio: the press
-compresses every layer (`Press.compress`), `decoding.greedy` answers from that cache alone, and the cell's memory is
-freed before the next. Per cell and example it keeps the answer's token ids, the share of context rows kept, and per
-layer and key/value head the share of the needle the press kept, and the bytes of the compressed context cache beside
-the full one's (`Compressed.memory`) (`needle.survival`; NaN for presses whose rows are not
-tokens); from the full cache's decoding, the question's attention mass on the needle per layer and key/value head
-(the mean over the head's query heads). Everything is numeric state, checkpointed after any example (`--resume`
+(`spectra.cell`) one after another — the full cache (press 'full', ratio 0) first, then every press at every ratio:
+the cell compresses every layer, `decoding.greedy` answers from its cache alone (as the cell decodes: a press that
+compresses while decoding by its schedule), and the cell's memory is freed before the next. Per cell and example it
+keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
+and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
+share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
+the question's attention mass on the needle per layer and key/value head (the mean over the head's query heads).
+Everything is numeric state, checkpointed after any example (`--resume`
 goes on from the next example) and summed across processes; predictions are decoded and scored when the tables are
 written. Seconds spent compressing and decoding per cell go to run.json (`press_seconds`), not to the tables, so a
 resumed run's tables equal an uninterrupted run's bit for bit.
@@ -25,9 +26,9 @@ import pandas as pd
 import torch
 
 from .. import decoding
-from ..presses import Prefill, Press, full, run_presses
-from ..presses.base import full_memory, row_bytes
-from ..presses.decoding import DecodingPress
+from ..cell import Cells
+from ..presses import Prefill
+from ..presses.decoding import INTERVAL
 from ..stats import State, tagged
 from ..tasks import needle as needles
 from ..tasks.scoring import score
@@ -47,10 +48,10 @@ class TaskProbe(Probe):
     `source`; `seed` is the run's (bootstrap intervals draw from it)."""
 
     def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
-                 samples: int, compression_interval: int = 512) -> None:
+                 samples: int, compression_interval: int = INTERVAL) -> None:
         self.source, self.seed = source, seed
-        self.presses: dict[str, Press] = run_presses(presses, compression_interval=compression_interval)
-        self.variants: list[tuple[str, float]] = [("full", 0.0)] + [(p, r) for p in presses for r in ratios]
+        self.cells = Cells(presses, ratios, compression_interval=compression_interval)
+        self.variants = self.cells.variants
         self.examples = source.examples[:samples]
         layers, kv_heads, cells = source.layers, source.kv_heads, len(self.variants)
         tokens = max(example.record.max_new_tokens for example in self.examples)
@@ -77,33 +78,23 @@ class TaskProbe(Probe):
         question = example.question_ids.to(self.source.device)
         needle = torch.as_tensor(example.needle, device=self.source.device)
         room = question.shape[-1] + example.record.max_new_tokens
-        for cell, (press, ratio) in enumerate(self.variants):
+        cells = self.cells.of(example.context, self.seed, example.record.example)
+        for i, cell in enumerate(cells):  # one cell's compressed cache at a time
             started = time.perf_counter()
-            parts = [full(p) if press == "full" else self.presses[press].compress(p, ratio) for p in prefills]
+            for prefill in prefills:
+                cell.compress(prefill)
             compressed = time.perf_counter()
-            cache = decoding.Cache.of(parts, prefills, room)
-            during = self.presses.get(press)
-            schedule = decoding.Schedule(during, during.target(example.context, ratio), self.seed,
-                                         example.record.example) if isinstance(during, DecodingPress) else None
-            decoded = decoding.greedy(self.source.loaded.model, self.source.layers, cache, question, example.context,
-                                      example.record.max_new_tokens, self.stop, example.record.example,
-                                      needle if press == "full" else None, schedule)
-            del cache
-            self.seconds[cell] += [compressed - started, time.perf_counter() - compressed]
-            self.ids[cell, position, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
-            whole = sum(full_memory(p) * p.kv_heads for p in prefills)
-            if schedule is not None:  # rows are no longer context positions once decoding compresses: kept its target
-                self.head_kept[cell, position] = self.kept[cell, position] = schedule.target / example.context
-                self.bytes[cell, position] = [sum(schedule.target * row_bytes(p) * p.kv_heads for p in prefills), whole]
-                self.survival[cell, position] = np.nan
-                continue
-            counts = torch.stack([part.counts() for part in parts]).double().cpu().numpy()  # (layers, H_kv)
-            self.head_kept[cell, position] = counts / example.context
-            self.kept[cell, position] = counts.mean() / example.context
-            self.bytes[cell, position] = [sum(int(part.memory(p).sum()) for part, p in zip(parts, prefills)), whole]
-            self.survival[cell, position] = [np.full(p.kv_heads, np.nan) if part.kept is None else
-                                             needles.survival(part.kept.cpu().numpy(), example.needle, example.context)
-                                             for part, p in zip(parts, prefills)]
+            decoded = decoding.greedy(self.source.loaded.model, self.source.layers, cell.cache(prefills, room), question,
+                                      example.context, example.record.max_new_tokens, self.stop,
+                                      example.record.example, needle if cell.compressor is None else None,
+                                      cell.schedule())
+            self.seconds[i] += [compressed - started, time.perf_counter() - compressed]
+            self.ids[i, position, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
+            counts = cell.counts()  # (layers, H_kv); a cell that decodes: its target everywhere
+            self.head_kept[i, position] = counts / example.context
+            self.kept[i, position] = counts.mean() / example.context
+            self.bytes[i, position] = [cell.bytes(), cell.full_bytes()]
+            self.survival[i, position] = cell.survival(example.needle)
             if decoded.needle_mass is not None:
                 per_head = decoded.needle_mass.double().cpu()  # (layers, H) → mean over each key/value group
                 mass = per_head.unflatten(1, (self.source.kv_heads, -1)).mean(-1).numpy()

@@ -24,7 +24,8 @@ from .. import data, models, prefill
 from ..config import RunConfig
 from ..errors import SpectraError
 from ..presses import Prefill
-from ..presses.base import WINDOW
+from ..presses.base import WINDOW, windowed_presses
+from ..registry import PRESSES
 from ..sources import OfLoadedModel
 from .needle import needle_tokens
 from .prompt import chat_prompt
@@ -119,8 +120,11 @@ class TaskSource(OfLoadedModel):
                                    f"question tokens) and {example.record.max_new_tokens} new tokens exceed the "
                                    f"{loaded.max_length} positions of {loaded.name}")
             if self.windowed and example.context <= WINDOW:
-                raise SpectraError(f"{line}: its context has {example.context} tokens; snapkv and loki read the last "
-                                   f"{WINDOW} context queries and need more")
+                *others, last = [name if name in PRESSES.bare() else PRESSES.listing_of(name)
+                                 for name in windowed_presses()]
+                named = f"{', '.join(others)} and {last}" if others else last
+                raise SpectraError(f"{line}: its context has {example.context} tokens; {named} read the last {WINDOW} "
+                                   "context queries and need more")
         self.n = max(example.tokens for example in self.examples)
 
     def prefill_bytes(self) -> float:
