@@ -2,7 +2,7 @@
 channels, rank or bits — loses least at a byte budget, and the mixed plan (`mixed(RUN)`: each head its best axis)
 against every single axis on tasks at equal bytes, beside the full cache.
 
-The map is recomputed from the NLL run's per-head rows (cache_heads.csv, through `spectra.axes.best_axes`, as
+The map is recomputed from the NLL run's per-head rows (cache_heads.csv, through `spectra.kv.axes.best_axes`, as
 `spectra cache --bytes-kept` writes cache_axes.csv) at the run's budgets and at the budgets the task runs played the
 mixed plan at (budget 1 − r of a `mixed` cell at ratio r), so a budget the run did not map (0.2) is read the same
 way. On tasks a cell counts at a budget when the bytes its context cache stored (bytes_share, the mean over its
@@ -16,13 +16,13 @@ import pandas as pd
 
 from readme_values import RenderError, Runs, listed, only, slashed, table, two
 from slots import Rendered
-from spectra import axes
-from spectra.presses import REGISTRY
+from spectra.kv import axes
+from spectra.kv.presses import REGISTRY
 from spectra.report.evaluate import TaskRun
 
 #: slack on "fits the budget": a ThinK channel mask of ⌈d/8⌉ bytes a head is 1e-5 of a 1k-token cache
 SLACK = 1e-3
-#: the axes in words, in spectra.axes.AXES order
+#: the axes in words, in spectra.kv.axes.AXES order
 WORDS = {"tokens": "tokens", "channels": "key channels", "rank": "rank", "bits": "bits"}
 
 

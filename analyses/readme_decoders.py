@@ -82,7 +82,7 @@ def heads_model(runs: Runs) -> Rendered:
     rank and the attention's part ways, and per budget the method map's winners and the rule that predicts them."""
     from scipy.stats import spearmanr
 
-    from spectra.methodmap import INDUCTION, PREVIOUS, RETRIEVAL, SINK
+    from spectra.anatomy.methodmap import INDUCTION, PREVIOUS, RETRIEVAL, SINK
 
     approximated, diagnosed = only(runs, "approx"), only(runs, "heads")
     frame, meta = diagnosed.diagnosis, diagnosed.meta

@@ -7,7 +7,7 @@ schedule at equal total cache.
         --model MODEL --data licenses.txt --context 512 --continuation 64 --samples 4  # and a cache run
 
 ANALYZE_RUN is a finished `spectra analyze` run of the same model (metrics.csv with sink and entropy, qkv.csv with
-pca_rank90). For each schedule (uniform, pyramid, and one per measure in `spectra.presses.schedules.MEASURES`) and
+pca_rank90). For each schedule (uniform, pyramid, and one per measure in `spectra.kv.presses.schedules.MEASURES`) and
 ratio, `OUT/<schedule>-<ratio>.json` holds the per-layer ratios for L = --context, and `OUT/schedules.csv` all of
 them in one tidy table. With --model, the base press (default snapkv) runs under every schedule in one `spectra
 cache` run written to OUT/cache: the scheduled presses are registered for this process only (`spectra cache` has no
@@ -25,17 +25,9 @@ from pathlib import Path
 import pandas as pd
 
 import spectra
-from spectra import presses
-from spectra.presses.base import facts
-from spectra.presses.schedules import (
-    MEASURES,
-    Scheduled,
-    export,
-    layer_weights,
-    pyramid,
-    spectral,
-    uniform,
-)
+from spectra.kv import presses
+from spectra.kv.presses.base import facts
+from spectra.kv.presses.schedules import MEASURES, Scheduled, export, layer_weights, pyramid, spectral, uniform
 
 
 def schedules(run, layers: int) -> dict[str, object]:

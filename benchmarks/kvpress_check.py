@@ -192,7 +192,7 @@ def main() -> None:
 
     import spectra
     from spectra import data, models
-    from spectra.presses.eviction import Random
+    from spectra.kv.presses.eviction import Random
 
     torch.set_num_threads(args.threads)
     folder = smollm2_folder()

@@ -123,8 +123,8 @@ def main_decoding(args) -> None:
 
     import spectra
     from spectra import models
-    from spectra.tasks import read_records
-    from spectra.tasks.scoring import score
+    from spectra.kv.tasks import read_records
+    from spectra.kv.tasks.scoring import score
 
     records = read_records(args.decoding)[: args.limit]
     if args.max_new_tokens:  # a longer answer: the record's length (RULER counts the generated tokens) grows with it

@@ -96,9 +96,10 @@ def main() -> None:
     import numpy as np
     import pandas as pd
 
-    from spectra import data, headpattern, models
-    from spectra.presses.duo import streaming_heads
-    from spectra.presses.schedules import export, head_ratios, head_weights, kept_tokens, layer_weights, spectral
+    from spectra import data, models
+    from spectra.kv import headpattern
+    from spectra.kv.presses.duo import streaming_heads
+    from spectra.kv.presses.schedules import export, head_ratios, head_weights, kept_tokens, layer_weights, spectral
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("heads", help="A `spectra heads` run directory of SmolLM2-135M-Instruct.")

@@ -3,7 +3,7 @@
     python benchmarks/kvpress_check.py [KVPRESS_PYTHON] --tasks F.jsonl [--presses streaming,snapkv,knorm,tova]
         [--ratios 0.5,0.75] [--query-aware both|no|yes] [--limit N] [--csv OUT.csv] [--spectra RUN_CSV …]
 
-For every record of F (a `spectra tasks` file, or RULER's / kvpress's format: spectra.tasks.read_records), every
+For every record of F (a `spectra tasks` file, or RULER's / kvpress's format: spectra.kv.tasks.read_records), every
 press and ratio, and the full cache, kvpress's pipeline answers greedily, exactly as kvpress's evaluation calls it:
 `pipe(context, question=question, answer_prefix=answer_prefix, press=press, max_new_tokens=…)`, query-agnostic
 (the question is appended after compression), and query-aware (kvpress's evaluate.py convention: context + question
@@ -13,7 +13,7 @@ kvpress's own venv (`--worker JOB RESULT`, which imports only torch, transformer
 token counts kvpress's `preprocess` gives every record, the independent check of the lengths `spectra tasks` fits.
 
 Written: a CSV of (press, ratio, query_aware, example, task, length, depth, prediction, score) — prediction as
-kvpress's pipeline returns it, score RULER's (spectra.tasks.scoring) — and printed: per (press, ratio, mode) the
+kvpress's pipeline returns it, score RULER's (spectra.kv.tasks.scoring) — and printed: per (press, ratio, mode) the
 mean score beside the full cache's, per task. `agreement(kvpress, spectra)` is the comparison with the task protocol
 of `spectra cache` (its per-example CSV: press, ratio, example, prediction, …); `--spectra RUN_CSV` applies it.
 """
@@ -163,7 +163,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     counts per example, seconds per cell, versions)."""
     import pandas as pd
 
-    from spectra.tasks.scoring import score
+    from spectra.kv.tasks.scoring import score
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -235,7 +235,7 @@ def main_tasks(args) -> None:
     spectra, threads)."""
     import pandas as pd
 
-    from spectra.tasks import read_records
+    from spectra.kv.tasks import read_records
 
     records = read_records(args.tasks)[: args.limit]
     modes = {"both": (False, True), "no": (False,), "yes": (True,)}[args.query_aware]

@@ -23,7 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spectra.axes import dominant_type, summary  # noqa: E402
+from spectra.kv.axes import dominant_type, summary
 
 #: slack on "fits the budget" (a ThinK mask of ⌈d/8⌉ bytes per head is 1e-5 of a 1k cache)
 SLACK = 1e-3
@@ -70,10 +70,10 @@ def task_table(runs: list[Path], budgets: list[float]) -> str:
 
 
 def write_map(run: Path, budgets: list[float], heads: Path | None, out: Path) -> Path:
-    """OUT/cache_axes.csv: AXES_RUN's axis map at `budgets` (spectra.axes.best_axes on its cache_heads.csv)."""
+    """OUT/cache_axes.csv: AXES_RUN's axis map at `budgets` (spectra.kv.axes.best_axes on its cache_heads.csv)."""
     import spectra
-    from spectra import axes
-    from spectra.presses import REGISTRY
+    from spectra.kv import axes
+    from spectra.kv.presses import REGISTRY
 
     cache = spectra.load_run(run)
     presses = [press for press in dict.fromkeys(cache.head_stats["press"]) if press != "full"]

@@ -119,7 +119,7 @@ def child(args: list[str]) -> dict:
 
 
 def make_tasks(work: Path, length: int, samples: int) -> Path:
-    from spectra.tasks.command import make_tasks as generate
+    from spectra.kv.tasks.command import make_tasks as generate
 
     out = work / f"passkey{length}.jsonl"
     if not out.exists():
@@ -164,7 +164,7 @@ def main() -> None:
     print_press_seconds(found, "the speed run (no press reads the received attention)")
     if args.skip_kvpress:
         return
-    from spectra.tasks.records import read_records
+    from spectra.kv.tasks.records import read_records
 
     records = [{**record.to_json(), "example": record.example} for record in read_records(task_file)[:samples]]
     job = {"folder": smollm2_folder(), "records": records, "presses": list(SPEED_PRESSES),

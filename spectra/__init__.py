@@ -18,9 +18,10 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
     __version__ = "0+unknown"
 
-#: public name → module that defines it, besides what the registered analyses export (each analysis is a function
-#: of `spectra.api`, and its finished run's class, `run_type`, comes from its read side `spectra.report.<name>`)
-_EXPORTS = {"SpectraError": "errors", "load_run": "kinds"}
+#: public name → module that defines it (`module:attribute` where the name differs), besides what the registered
+#: analyses export (each analysis is a function of `spectra.api`, and its finished run's class, `run_type`, comes
+#: from its read side `spectra.report.<name>`); `tasks` is the `spectra tasks` command's function
+_EXPORTS = {"SpectraError": "errors", "load_run": "kinds", "tasks": "kv.tasks.command:make_tasks"}
 
 
 def _exports() -> dict[str, str]:
@@ -32,7 +33,8 @@ def _exports() -> dict[str, str]:
 def __getattr__(name: str):
     exports = _exports()
     if name in exports:
-        return getattr(importlib.import_module(f".{exports[name]}", __name__), name)
+        module, _, attribute = exports[name].partition(":")
+        return getattr(importlib.import_module(f".{module}", __name__), attribute or name)
     kinds = importlib.import_module(".kinds", __name__)
     if name in kinds.REGISTRY:
         return getattr(importlib.import_module(".api", __name__), name)

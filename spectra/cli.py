@@ -21,7 +21,7 @@ from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_comma
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
 from .reporter import plural
-from .tasks.family import generated, haystack_tasks, listing
+from .kv.tasks.family import generated, haystack_tasks, listing
 
 app = typer.Typer(
     cls=FlaglessGroup,
@@ -174,7 +174,7 @@ def tasks_command(
 ) -> None:
     """Long-context task files generated offline: RULER's synthetic tasks and passkey, fitted to the model's tokens."""
     from .report.console import out as stdout
-    from .tasks.command import make_tasks
+    from .kv.tasks.command import make_tasks
 
     def progress(task: str, size: int, fitted: list) -> None:
         stdout.print(fitted_line(task, size, [item.tokens for item in fitted]), soft_wrap=True)

@@ -32,7 +32,7 @@ from .stats import plain
 
 if TYPE_CHECKING:
     from .capture import Captured
-    from .presses import Prefill
+    from .kv.presses import Prefill
 
 #: settings that change how fast a run goes, not what it computes: a run may resume with others
 NOT_IDENTITY = ("batch_size",)

@@ -298,10 +298,10 @@ def plural(word: str) -> str:
 #: the approximation methods of `spectra approx` (spectra/methods/, one file per family)
 METHODS: Registry[Any] = Registry("method", "spectra.methods")
 #: the KV-cache presses of `spectra cache` (spectra/presses/, one file per family of press)
-PRESSES: Registry[Any] = Registry("press", "spectra.presses")
+PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses")
 #: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
 #: of tasks, each registering its tasks with their family and their seed number, the listing's order)
-TASKS: Registry[Any] = Registry("task", "spectra.tasks.families", imported=True, order="number")
+TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")
 
 
 def method_labels(names: Iterable[str]) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ class Observer(Protocol):
 
 class OfLoadedModel:
     """What a source reading through a loaded model (`self.loaded`, a `models.Loaded`) says of it: its layers, query
-    and key/value heads, device and shape — shared by the corpus source here and the task source of `spectra.tasks`."""
+    and key/value heads, device and shape — shared by the corpus source here and the task source of `spectra.kv.tasks`."""
 
     loaded: models.Loaded
 

@@ -224,3 +224,12 @@ def test_every_analysis_exports_its_run_class() -> None:
         assert kind.run_type in dir(spectra) and kind.name in dir(spectra)
     with pytest.raises(AttributeError):
         spectra.NoSuchRun
+
+
+def test_every_command_has_its_function() -> None:
+    """Issue 37, item 4: `spectra.tasks` is the `spectra tasks` command's function (it raised AttributeError while
+    a package of that name stood under spectra/), beside one function per registered analysis."""
+    from spectra.kv.tasks.command import make_tasks
+
+    assert spectra.tasks is make_tasks and "tasks" in dir(spectra)
+    assert spectra.evaluate.__name__ == "evaluate" and spectra.cache.__name__ == "cache"

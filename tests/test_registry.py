@@ -18,7 +18,7 @@ from spectra.registry import Registry, declarations
 def test_names_and_facts_are_listed_without_importing_torch() -> None:
     code = ("import sys; from spectra import registry; "
             "print(len(registry.METHODS), len(registry.PRESSES), sorted(registry.METHODS.having('causal'))); "
-            "print('torch' in sys.modules, 'spectra.methods' in sys.modules, 'spectra.presses' in sys.modules)")
+            "print('torch' in sys.modules, 'spectra.methods' in sys.modules, 'spectra.kv.presses' in sys.modules)")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout.split("\n")
     assert shown[1] == "False False False", "listing imported a method or press file"
@@ -26,7 +26,8 @@ def test_names_and_facts_are_listed_without_importing_torch() -> None:
 
 
 def test_the_declarations_are_what_the_files_register() -> None:
-    from spectra import methods, presses
+    from spectra import methods
+    from spectra.kv import presses
 
     loaded = registry.METHODS.load()
     assert tuple(loaded) == registry.METHODS.names() == tuple(methods.REGISTRY)
@@ -137,7 +138,7 @@ def test_a_press_that_wraps_another_is_named_with_it() -> None:
 
 
 def test_a_registered_object_can_be_stood_in_for() -> None:
-    from spectra import presses
+    from spectra.kv import presses
 
     original = presses.REGISTRY["knorm"]
     presses.REGISTRY["knorm"] = "recording"

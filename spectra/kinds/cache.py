@@ -3,16 +3,16 @@
 Each sequence is L = `context` tokens followed by C = `continuation` tokens. The context is prefilled exactly; each
 press (spectra/presses/, kvpress 0.5.5's at their defaults) compresses each layer's cache once at each ratio; the
 continuation is scored against the compressed cache with its original RoPE positions L … L + C − 1. One prefill
-per sequence serves every press and ratio (probe: `probes.cache.CacheProbe`, engine: `spectra.kvcache`).
+per sequence serves every press and ratio (probe: `probes.cache.CacheProbe`, engine: `spectra.kv.continuation`).
 `decoding(<decodable>)` (kvpress's DecodingPress, `presses.decoding`) compresses nothing after the prefill: the
 continuation is fed one decoding step per token, as kvpress would decode it with each generated token replaced by
 the text's next one, and every `--compression-interval` steps each layer's cache is brought back to the rows the
-ratio keeps of the context (`decoding.teacher_forced`).
+ratio keeps of the context (`generation.teacher_forced`).
 
 Tables: cache.csv (per press and ratio, the full cache as press 'full' at ratio 0), cache_heads.csv (per press,
 ratio, layer and head), cache_sequences.csv (per press, ratio and sequence); with `--bytes-kept`, cache_axes.csv (per
 byte budget, layer and key/value head, the loss of each axis — tokens, key channels, rank, bits — and the best,
-`spectra.axes`). Loads as `report.cache.CacheRun`.
+`spectra.kv.axes`). Loads as `report.cache.CacheRun`.
 
 The axis map is an option of this analysis, not one of its own: the per-head output error and the per-head bytes it
 reads are what this probe measures anyway, on the same prefill, for every press and ratio; a separate analysis would
@@ -36,7 +36,7 @@ from ..inputs import path_text, several
 from ..options import identity, option
 from ..registry import PRESSES
 from ..reporter import Reporter
-from ..tasks.selection import wants_tasks
+from ..kv.tasks.selection import wants_tasks
 from .base import REGISTRY, Analysis, load_run, register
 from .pressbase import PressOptions, PressStudy
 
@@ -94,7 +94,7 @@ class CacheOptions(PressOptions):
             raise SpectraError(f"{spell('--heads-run')} is joined to the axis map: give "
                                f"{spell('--bytes-kept 0.25', 'bytes_kept=0.25')} too")
         object.__setattr__(self, "heads_run", None if heads_run is None else str(Path(heads_run).absolute()))
-        if self.fit_samples and not self.calibrating:
+        if self.fit_samples and not self.calibrating_presses:
             raise SpectraError(f"{spell('--fit-samples')} calibrates the presses that fit "
                                f"({', '.join(sorted(PRESSES.having('calibrates') & set(PRESSES.bare())))}), but none is among "
                                f"{spell('--presses')}; add one or drop {spell('--fit-samples')}")
@@ -111,7 +111,7 @@ def warn_window_filled(options: CacheOptions, reporter: Reporter) -> None:
     windowed = set(options.presses) & PRESSES.having("windowed")
     if not windowed:
         return
-    from ..presses.base import window_choosing_length, window_note
+    from ..kv.presses.base import window_choosing_length, window_note
 
     note = window_note(options.context, options.ratios, options.presses)
     if note is not None:

@@ -3,8 +3,8 @@
 kvpress 0.5.5's `KVPressTextGenerationPipeline` is the reference: the chat-templated context compressed once, the
 question + the template's suffix + the answer prefix appended uncompressed at positions after the *original* context
 length, greedy decoding up to `max_new_tokens` stopping at EOS. kvpress prefills once per press and ratio; here each
-example's context is prefilled once, exactly and in bounded memory (`spectra.prefill`), and every press compresses
-that one prefill at every ratio (`probes.tasks.TaskProbe`, decoding by `spectra.decoding`). The full cache is press
+example's context is prefilled once, exactly and in bounded memory (`spectra.kv.prefill`), and every press compresses
+that one prefill at every ratio (`probes.tasks.TaskProbe`, decoding by `spectra.kv.generation`). The full cache is press
 'full' at ratio 0 in every run. `query_aware` compresses the context with the question appended (kvpress's evaluation
 convention: context + question compressed, question empty). `spectra cache` on a task file runs this study.
 
@@ -29,7 +29,7 @@ from ..errors import SpectraError
 from ..options import identity, option
 from ..registry import PRESSES
 from ..reporter import Reporter
-from ..tasks import selection
+from ..kv.tasks import selection
 from .base import Analysis, register
 from .pressbase import PressOptions, PressStudy
 
@@ -95,7 +95,7 @@ class Evaluate(PressStudy):
 
     def source(self, config: RunConfig, options: EvaluateOptions, where: Any):
         """A `TaskSource` over the evaluated records."""
-        from ..tasks.source import TaskSource
+        from ..kv.tasks.examples import TaskSource
 
         return TaskSource(config, where, selection.evaluated(config), query_aware=options.query_aware,
                           received=bool(PRESSES.having(RECEIVED) & set(options.presses)),

@@ -3,8 +3,8 @@ retrieval behaviour, the spectra of each head's weights beside the spectrum of i
 with an approx run, and DuoAttention's head pattern.
 
 Probe: `HeadsProbe` (wrapping `SpectrumProbe` for rank90, c at `at`, the sink mass and the entropy of the same P).
-Tables: diagnosis.csv (one row per layer and head; every score defined in `spectra.diagnosis`, the weight ranks in
-`spectra.weights`, the head types in `spectra.methodmap`), kv_heads.csv and full_attention_heads.tsv, with
+Tables: diagnosis.csv (one row per layer and head; every score defined in `spectra.anatomy.diagnosis`, the weight ranks in
+`spectra.anatomy.weights`, the head types in `spectra.anatomy.methodmap`), kv_heads.csv and full_attention_heads.tsv, with
 `approx` method_map.csv and rules.csv; metrics.csv; arrays curves.npz, weights.npz. Loads as `runs.HeadsRun`.
 
 Encoders: the induction score is NaN (its protocol asks whether a decoder copies what followed a token's earlier
@@ -142,7 +142,7 @@ class Heads(Analysis):
         """The heads probe, once the model has loaded: its weights read, its induction pass run."""
         from ..probes.heads import HeadsProbe, induction_scores
         from ..probes.spectrum import SpectrumProbe
-        from ..weights import attention_weights, head_spectra
+        from ..anatomy.weights import attention_weights, head_spectra
 
         self.warn_recent(config, options, reporter)
         loaded = source.loaded
@@ -168,7 +168,7 @@ class Heads(Analysis):
     @staticmethod
     def induction_fits(loaded) -> bool:
         """Whether the induction pass runs: a decoder that can embed the repeated sequences."""
-        from ..diagnosis import INDUCTION_TOKENS
+        from ..anatomy.diagnosis import INDUCTION_TOKENS
 
         return loaded.causal and loaded.max_length >= 1 + 2 * INDUCTION_TOKENS
 

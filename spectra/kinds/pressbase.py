@@ -64,24 +64,24 @@ class PressOptions:
         interval = self.compression_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise SpectraError(f"{spell('--compression-interval')} must be an integer ≥ 1, got {interval!r}")
-        if interval != DEFAULT_INTERVAL and not self.decoding:
+        if interval != DEFAULT_INTERVAL and not self.decoding_presses:
             raise SpectraError(f"{spell('--compression-interval')} paces the decoding presses, but none is among "
                                f"{spell('--presses')}; add one (e.g. decoding(knorm)) or drop "
                                f"{spell('--compression-interval')}")
         for press in self.presses:  # a mixed plan plays its map's budgets only: refused here, not after the prefill
             parts = registry.applied(press)
             if parts is not None and parts[0] == "mixed":
-                from ..axes import check_plan_ratios
+                from ..kv.axes import check_plan_ratios
 
                 check_plan_ratios(parts[1], self.ratios)
 
     @property
-    def decoding(self) -> tuple[str, ...]:
+    def decoding_presses(self) -> tuple[str, ...]:
         """The chosen presses that compress while decoding (decoding(<decodable>))."""
         return tuple(press for press in self.presses if press in PRESSES.having("decodes"))
 
     @property
-    def calibrating(self) -> tuple[str, ...]:
+    def calibrating_presses(self) -> tuple[str, ...]:
         """The chosen presses that fit on calibration sequences."""
         return tuple(press for press in self.presses if press in PRESSES.having("calibrates"))
 
@@ -89,7 +89,8 @@ class PressOptions:
 def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | None, name: str) -> None:
     """Refuse (one line) a `duo(DIR)` pattern or a `headbudget(DIR)` run that does not have the model's layers ×
     key/value heads."""
-    from .. import headpattern, headweights
+    from ..kv import headpattern
+    from ..anatomy import headweights
 
     for press in options.presses:
         parts = registry.applied(press)

@@ -13,7 +13,7 @@ from ..capture import Captured
 from ..stats import State
 
 if TYPE_CHECKING:
-    from ..presses import Prefill
+    from ..kv.presses import Prefill
 
 
 class Probe:

@@ -1,11 +1,11 @@
 """`spectra cache`'s probe: each sequence's exact prefill compressed by every (press, ratio), the continuation scored
-against each compressed cache, and the losses accumulated (see `spectra.kvcache` for the engine).
+against each compressed cache, and the losses accumulated (see `spectra.kv.continuation` for the engine).
 
 `update` sees every layer of the loop's forward pass over the L + C tokens: it reads the layer's prefill, hands it to
-every cell of the sequence (`spectra.cell`: one per press and ratio, which compresses it and counts the rows and bytes
+every cell of the sequence (`spectra.kv.cell`: one per press and ratio, which compresses it and counts the rows and bytes
 kept), measures each head with the layer's exact inputs (attention mass kept, output error) and keeps the cells;
 `after_batch` scores the continuation against their caches, all the cells that compress once in one batched forward
-pass per chunk, each that compresses while decoding teacher-forced by its schedule, and accumulates next-token NLL,
+pass per chunk, each that compresses while decoding teacher-forced by its recompression, and accumulates next-token NLL,
 KL from the full cache's distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is
 skipped and counted.
 
@@ -25,13 +25,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import axes, decoding, kvcache, models
+from ..kv import axes, generation, continuation
+from .. import models
 from ..capture import Captured
-from ..cell import Cell, Cells
+from ..kv.cell import Cell, Cells
 from ..errors import SpectraError
-from ..presses import REGISTRY, Prefill, Press
-from ..presses.base import full_memory
-from ..presses.decoding import INTERVAL
+from ..kv.presses import REGISTRY, Prefill, Press
+from ..kv.presses.base import full_memory
+from ..kv.presses.decoding import INTERVAL
 from ..stats import State, tagged
 from .base import Probe
 
@@ -96,7 +97,7 @@ class CacheProbe(Probe):
             pre = self.pre_rope.get(layer)  # (B, n, H_kv·d) → (H_kv, L, d)
             key_pre = None if pre is None else pre[row, :context].unflatten(-1, (captured.key.shape[1], -1))
             key_pre = None if key_pre is None else key_pre.transpose(0, 1)
-            prefilled = kvcache.prefill(captured, row, context, key_pre, self.seed, index[row])
+            prefilled = continuation.from_captured(captured, row, context, key_pre, self.seed, index[row])
             if index[row] < self.fit_samples:
                 self._calibrate(prefilled)
                 continue
@@ -104,7 +105,7 @@ class CacheProbe(Probe):
                 self.pending[index[row]] = ({}, list(self.cells.of(context, self.seed, index[row])))
             prefills, cells = self.pending[index[row]]
             parts = [cell.compress(prefilled) for cell in cells]
-            mass, error = kvcache.head_measures(captured, row, context, parts, prefilled)
+            mass, error = continuation.head_measures(captured, row, context, parts, prefilled)
             during = torch.tensor([cell.decodes for cell in cells], device=mass.device)
             mass[during], error[during] = float("nan"), float("nan")  # its cache changes while decoding: not one
             self.head_sums[:, layer, :, 0] += mass.double().cpu().numpy()
@@ -144,7 +145,7 @@ class CacheProbe(Probe):
 
     def _score(self, batch: Any, row: int, index: int, prefills: dict[int, Prefill], cells: list[Cell]) -> None:
         """Every cell's per-token measures: the cells that compress once in batched passes (the full cache's first:
-        the reference), each that decodes teacher-forced on its own (`decoding.teacher_forced`)."""
+        the reference), each that decodes teacher-forced on its own (`generation.teacher_forced`)."""
         loaded, context = self.source.loaded, self.context
         tokens = batch.input_ids[row].to(loaded.device)
         targets = tokens[context:]
@@ -156,14 +157,14 @@ class CacheProbe(Probe):
         reference = None
         for start in range(0, len(once), chunk):
             chosen = once[start:start + chunk]
-            stacked = {layer: kvcache.stack([cells[i].parts[layer] for i in chosen], kept.key, kept.value)
+            stacked = {layer: continuation.stack([cells[i].parts[layer] for i in chosen], kept.key, kept.value)
                        for layer, kept in prefills.items()}
-            rest = kvcache.continuation_logits(loaded.model, self.layers, stacked.__getitem__, tokens[context:-1],
+            rest = continuation.continuation_logits(loaded.model, self.layers, stacked.__getitem__, tokens[context:-1],
                                                context, index, len(chosen))
             logits = torch.cat([first.expand(len(chosen), 1, -1).to(rest.dtype), rest], dim=1)
             if reference is None:  # row 0 is the full cache
                 reference = torch.log_softmax(logits[0].double(), dim=-1)
-            scores = kvcache.token_measures(logits, targets, reference)
+            scores = continuation.token_measures(logits, targets, reference)
             for position, i in enumerate(chosen):
                 measured[i] = [part[position].double().cpu() for part in scores]
         for i, cell in enumerate(cells):
@@ -171,7 +172,7 @@ class CacheProbe(Probe):
                 continue
             rest, saved[i] = self._teacher_forced(cell, prefills, tokens, index)
             logits = torch.cat([first[None].to(rest.dtype), rest])[None]
-            measured[i] = [part[0].double().cpu() for part in kvcache.token_measures(logits, targets, reference)]
+            measured[i] = [part[0].double().cpu() for part in continuation.token_measures(logits, targets, reference)]
         per_token = [torch.stack([measured[i][j] for i in range(len(cells))]).numpy() for j in range(3)]
         tokens_scored = per_token[0].shape[1]
         for i, cell in enumerate(cells):
@@ -189,11 +190,11 @@ class CacheProbe(Probe):
         cache its press left after the prefill — the whole one — compressed every `interval` steps), and the memory it
         saved: the mean over those tokens of 1 − rows attended / rows of the full cache."""
         context = self.context
-        cache = cell.cache([prefills[layer] for layer in range(self.layers)], self.continuation)
-        schedule = cell.schedule()
+        cache = cell.buffers([prefills[layer] for layer in range(self.layers)], self.continuation)
+        recompression = cell.recompression()
         fed = tokens[context:-1]
-        logits, attended = decoding.teacher_forced(self.source.loaded.model, self.layers, cache, fed, context,
-                                                   schedule, index)
+        logits, attended = generation.teacher_forced(self.source.loaded.model, self.layers, cache, fed, context,
+                                                   recompression, index)
         whole = np.arange(context + 1, context + 1 + fed.shape[-1])
         return logits, float(np.mean(1 - np.asarray(attended) / whole))
 
@@ -237,7 +238,7 @@ class CacheProbe(Probe):
         of context rows the head's key/value head kept, the achieved compression per head; `bytes_share`: its bytes
         over the full cache's), cache_sequences.csv (per press, ratio and sequence); the full cache is the row press
         'full', ratio 0. With `bytes_kept`, cache_axes.csv: per byte budget, layer and key/value head, each axis'
-        least loss (`spectra.axes`), beside the head's diagnosis when a heads run's is given."""
+        least loss (`spectra.kv.axes`), beside the head's diagnosis when a heads run's is given."""
         rows, heads, sequences = [], [], []
         scored = np.flatnonzero(self.scored)
         for i, (press, ratio) in enumerate(self.variants):

@@ -1,9 +1,9 @@
 """`spectra heads`' probe: every layer's P streamed into per-(layer, head) diagnosis scores, beside the spectrum
 probe's metrics of the same P, the heads' weight spectra and their induction scores.
 
-Per sequence and head (`spectra.diagnosis`): the ROW_SCORES (sink share, previous-token, local and top-10% mass,
+Per sequence and head (`spectra.anatomy.diagnosis`): the ROW_SCORES (sink share, previous-token, local and top-10% mass,
 key-norm correlation) and the retrieval score, averaged over sequences; rank90, c at `at`, the sink mass and the
-entropy come from `SpectrumProbe` on the same P (one definition of each). The weight spectra (`spectra.weights`) and
+entropy come from `SpectrumProbe` on the same P (one definition of each). The weight spectra (`spectra.anatomy.weights`) and
 the induction scores (one forward pass of TransformerLens's repeated random tokens, decoders only) are fixed by the
 model and the seed, computed once when the probe is built. Results: diagnosis.csv (one row per layer and head),
 kv_heads.csv, full_attention_heads.tsv and config.json (DuoAttention's pattern directory), method_map.csv and rules.csv (joined with an
@@ -19,14 +19,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import headpattern
+from ..kv import headpattern
 from ..capture import Captured
-from ..diagnosis import ROW_SCORES, induction_stripe, induction_tokens, retrieval_scores, row_scores
-from ..methodmap import duo_pattern, head_types, method_map
+from ..anatomy.diagnosis import ROW_SCORES, induction_stripe, induction_tokens, retrieval_scores, row_scores
+from ..anatomy.methodmap import duo_pattern, head_types, method_map
 from ..seeds import Domain, derive_seed
 from ..spectrum import METRICS, sink_start
 from ..stats import Moments, State
-from ..weights import LayerWeights, group_of
+from ..anatomy.weights import LayerWeights, group_of
 from .base import Probe
 from .spectrum import SpectrumProbe
 

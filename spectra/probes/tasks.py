@@ -1,10 +1,10 @@
 """The task protocol's probe: each example's exact prefill compressed by every (press, ratio), the answer decoded
 greedily from each compressed cache, scored, and the needle's fate measured per layer and key/value head.
 
-`prefilled` receives the example's prefill layer by layer (`tasks.source.TaskSource.run`); `after_batch` runs the cells
-(`spectra.cell`) one after another — the full cache (press 'full', ratio 0) first, then every press at every ratio:
-the cell compresses every layer, `decoding.greedy` answers from its cache alone (as the cell decodes: a press that
-compresses while decoding by its schedule), and the cell's memory is freed before the next. Per cell and example it
+`prefilled` receives the example's prefill layer by layer (`tasks.examples.TaskSource.run`); `after_batch` runs the cells
+(`spectra.kv.cell`) one after another — the full cache (press 'full', ratio 0) first, then every press at every ratio:
+the cell compresses every layer, `generation.greedy` answers from its cache alone (as the cell decodes: a press that
+compresses while decoding by its recompression), and the cell's memory is freed before the next. Per cell and example it
 keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
 and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
 share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
@@ -25,18 +25,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import decoding
-from ..cell import Cells
-from ..presses import Prefill
-from ..presses.decoding import INTERVAL
+from ..kv import generation
+from ..kv.cell import Cells
+from ..kv.presses import Prefill
+from ..kv.presses.decoding import INTERVAL
 from ..stats import State, tagged
-from ..tasks import needle as needles
-from ..tasks.scoring import score
-from ..tasks.summary import task_scores
+from ..kv.tasks import needle as needles
+from ..kv.tasks.scoring import score
+from ..kv.tasks.summary import task_scores
 from .base import Probe
 
 if TYPE_CHECKING:
-    from ..tasks.source import TaskSource
+    from ..kv.tasks.examples import TaskSource
 
 #: the per-example table's columns
 EXAMPLE_COLUMNS = ("press", "ratio", "example", "task", "length", "depth", "prediction", "score", "kept",
@@ -64,7 +64,7 @@ class TaskProbe(Probe):
         self.mass = np.zeros((samples, layers, kv_heads))
         self.seconds = np.zeros((cells, 2))  # compressing, decoding
         self.prefills: dict[int, Prefill] = {}
-        self.stop = decoding.stop_tokens(source.loaded.model)
+        self.stop = generation.stop_tokens(source.loaded.model)
 
     def prefilled(self, prefill: Prefill) -> None:
         self.prefills[prefill.layer] = prefill
@@ -84,10 +84,10 @@ class TaskProbe(Probe):
             for prefill in prefills:
                 cell.compress(prefill)
             compressed = time.perf_counter()
-            decoded = decoding.greedy(self.source.loaded.model, self.source.layers, cell.cache(prefills, room), question,
+            decoded = generation.greedy(self.source.loaded.model, self.source.layers, cell.buffers(prefills, room), question,
                                       example.context, example.record.max_new_tokens, self.stop,
                                       example.record.example, needle if cell.compressor is None else None,
-                                      cell.schedule())
+                                      cell.recompression())
             self.seconds[i] += [compressed - started, time.perf_counter() - compressed]
             self.ids[i, position, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
             counts = cell.counts()  # (layers, H_kv); a cell that decodes: its target everywhere

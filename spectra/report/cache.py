@@ -34,7 +34,7 @@ class CacheRun(FinishedRun):
     key/value head, and their share of the full cache's; the full cache is press 'full' at ratio 0), `head_stats` (cache_heads.csv: per
     press, ratio, layer and head the attention mass kept and the output error) and `sequences` (per press, ratio and
     sequence: nll, kl, top1); `axes` (cache_axes.csv, a run with --bytes-kept: per byte budget, layer, key/value head
-    and axis the least loss, `spectra.axes`), else None."""
+    and axis the least loss, `spectra.kv.axes`), else None."""
 
     path: Path
     meta: dict[str, Any]
@@ -114,13 +114,13 @@ def show(run: CacheRun) -> None:
     out.print(MEMORY_NOTE if "bytes_share" in columns else MEMORY_NOTE.split("; bytes_share")[0])
     if meta.get("skipped"):
         out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")
-    from ..presses.base import window_note  # issue 33: loki equalled snapkv at --context 128, unexplained
+    from ..kv.presses.base import window_note
 
     note = window_note(meta["context"], sorted(set(run.table["ratio"]) - {0.0}), set(run.table["press"]))
     if note is not None:
         out.print(note[0].upper() + note[1:])
     if run.axes is not None:
-        from ..axes import summary
+        from ..kv.axes import summary
 
         print_frame(summary(run.axes), "Per byte budget (a share of the context cache's bytes) and axis: the key/value "
                     "heads whose output the axis harms least (best_heads of heads where it fits), its median output "
@@ -279,7 +279,7 @@ def draw_axes(run: CacheRun):
     press loses least there, labelled with its output error (and its head types when a heads run was joined)."""
     from matplotlib.colors import ListedColormap
 
-    from ..axes import AXES
+    from ..kv.axes import AXES
 
     plt = pyplot()
     best = run.axes[run.axes["best"].astype(bool)]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..methodmap import HEAD_TYPES
+from ..anatomy.methodmap import HEAD_TYPES
 from ..runs import FinishedRun, read_arrays, read_table
 from .console import out, print_frame
 from .plots import (
@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pandas is imported where a table is read: the command line'
 class HeadsRun(FinishedRun):
     """A `spectra heads` run loaded back.
 
-    `diagnosis`: one row per (layer, head) with every score (see `spectra.diagnosis`), the weight ranks and the head
+    `diagnosis`: one row per (layer, head) with every score (see `spectra.anatomy.diagnosis`), the weight ranks and the head
     type; `weights`: σ and normalized cumulative curves of W_QK and W_OV (layers, heads, d), when the linears were
     found; `kv_heads` and `full_attention_heads` (DuoAttention's pattern: layers × KV heads) when the retrieval score
     was measured; `method_map` and `rules` when the run was joined with an approx run.

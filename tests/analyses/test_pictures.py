@@ -96,7 +96,7 @@ def test_a_picture_of_a_task_run_leaves_out_tasks_the_full_cache_fails() -> None
     import pandas as pd
 
     from spectra.report.evaluate import TaskRun
-    from spectra.tasks.summary import task_scores
+    from spectra.kv.tasks.summary import task_scores
 
     rows = [{"press": press, "ratio": ratio, "example": example, "task": task, "length": 1024, "depth": 0.5,
              "score": float(task == "passkey" and (press == "full" or example % 2 == 0)), "needle_kept": 1.0}

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from spectra.report.evaluate import TaskRun
-from spectra.tasks.summary import task_scores
+from spectra.kv.tasks.summary import task_scores
 
 from . import conftest  # noqa: F401  (puts analyses/ on the path)
 

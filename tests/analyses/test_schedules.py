@@ -1,4 +1,4 @@
-"""analyses/schedules.py on tiny runs: the exported lists are the schedules of spectra.presses.schedules for the analyze
+"""analyses/schedules.py on tiny runs: the exported lists are the schedules of spectra.kv.presses.schedules for the analyze
 run's own measurements, and the measured cache run holds every scheduled press, registered for the run only."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 import spectra
-from spectra import presses
-from spectra.presses.schedules import layer_weights, pyramid, spectral
+from spectra.kv import presses
+from spectra.kv.presses.schedules import layer_weights, pyramid, spectral
 
 from .conftest import load
 

@@ -17,7 +17,7 @@ from spectra.config import RunConfig
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
 from spectra.kinds.cache import CacheOptions
-from spectra.presses import n_kept
+from spectra.kv.presses import n_kept
 
 import tiny
 
@@ -240,7 +240,7 @@ def test_calibration_sequences_are_not_evaluated(calibrated) -> None:
     assert calibrated.meta["calibration"] == {"sequences": [0, 2], "used": 2, "presses": ["loki", "lowrank"]}
     assert calibrated.meta["evaluation"] == [2, 4]
     assert calibrated.meta["samples"] == 2 and calibrated.meta["sequences"] == 4, "samples: the evaluated ones"
-    assert not spectra.presses.REGISTRY["loki"].moments.sums and not spectra.presses.REGISTRY["lowrank"].moments.sums
+    assert not spectra.kv.presses.REGISTRY["loki"].moments.sums and not spectra.kv.presses.REGISTRY["lowrank"].moments.sums
 
 
 def numpy_lowrank(rows: np.ndarray, mean: np.ndarray, covariance: np.ndarray, ranks: np.ndarray) -> np.ndarray:
@@ -291,7 +291,7 @@ def test_a_resumed_calibrated_run_equals_an_uninterrupted_one(calibrated, llama_
 
 
 def test_fit_samples_is_checked_in_one_line() -> None:
-    assert CacheOptions(presses="snapkv,loki", fit_samples=4).calibrating == ("loki",)
+    assert CacheOptions(presses="snapkv,loki", fit_samples=4).calibrating_presses == ("loki",)
     for options, message in (({"presses": "snapkv", "fit_samples": 4}, "fit.samples calibrates the presses that fit "
                                                                        "\\(loki, lowrank\\), but none is among"),
                              ({"fit_samples": -1}, "fit.samples must be an integer ≥ 0"),
@@ -332,7 +332,8 @@ def test_a_pattern_or_run_of_another_shape_is_refused_before_the_model_loads(lla
                                                                             monkeypatch) -> None:
     import numpy as np
 
-    from spectra import headpattern, models
+    from spectra.kv import headpattern
+    from spectra import models
 
     monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
     pattern = headpattern.write(tmp_path / "duo", np.ones((5, 2)), 4, 8)  # the tiny Llama: 2 layers × 2 KV heads
@@ -348,7 +349,7 @@ def test_a_pattern_is_checked_against_the_key_value_heads_the_shape_tells(tmp_pa
     config.json, the loaded model): it reads no model file itself."""
     import numpy as np
 
-    from spectra import headpattern
+    from spectra.kv import headpattern
 
     pattern = headpattern.write(tmp_path / "duo", np.ones((30, 2)), 4, 8)
     config = RunConfig("m.gguf", str(text_file))
@@ -363,7 +364,8 @@ def test_a_pattern_of_another_shape_is_refused_on_a_gguf_file_before_it_loads(tm
                                                                              monkeypatch) -> None:
     import numpy as np
 
-    from spectra import headpattern, models
+    from spectra.kv import headpattern
+    from spectra import models
 
     folder, name = tiny.smollm2()
     monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))

@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import spectra
 from spectra import models
 from spectra.config import RunConfig
-from spectra.tasks.prompt import prompt_ids
-from spectra.tasks.records import read_records
-from spectra.tasks.scoring import score
+from spectra.kv.tasks.prompt import prompt_ids
+from spectra.kv.tasks.records import read_records
+from spectra.kv.tasks.scoring import score
 
 import task_files
 import tiny

@@ -14,7 +14,7 @@ import tiny
 import torch
 
 import spectra
-from spectra import headpattern
+from spectra.kv import headpattern
 from spectra.checkpoints import Shape
 from spectra.config import RunConfig
 from spectra.errors import SpectraError
@@ -80,7 +80,7 @@ def cell(run, layer: int, head: int) -> pd.Series:
 
 
 def test_the_hand_built_heads_score_1_and_the_others_low(circuit_run) -> None:
-    from spectra.diagnosis import INDUCTION_TOKENS, induction_tokens
+    from spectra.anatomy.diagnosis import INDUCTION_TOKENS, induction_tokens
     from spectra.seeds import Domain, derive_seed
 
     tokens = induction_tokens(4096, [0, 1, 2], 1, derive_seed(0, Domain.INDUCTION))[:, 1:1 + INDUCTION_TOKENS]

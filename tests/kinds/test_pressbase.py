@@ -15,8 +15,8 @@ from spectra.kinds.pressbase import DEFAULT_INTERVAL, PressOptions, PressStudy, 
 def test_the_shared_options_are_checked_once_for_both_studies() -> None:
     options = PressOptions(presses="knorm,decoding(tova)", ratios="0.5,0.25,0.5,0", compression_interval=16)
     assert options.presses == ("knorm", "decoding(tova)") and options.ratios == (0.25, 0.5)
-    assert options.decoding == ("decoding(tova)",) and options.calibrating == ()
-    assert PressOptions(presses="lowrank").calibrating == ("lowrank",)
+    assert options.decoding_presses == ("decoding(tova)",) and options.calibrating_presses == ()
+    assert PressOptions(presses="lowrank").calibrating_presses == ("lowrank",)
     for bad, message in ((dict(ratios="1.0"), "must lie in [0, 1)"), (dict(ratios="0"), "holds no ratio above 0"),
                          (dict(compression_interval=0), "must be an integer ≥ 1"),
                          (dict(presses="knorm", compression_interval=DEFAULT_INTERVAL + 1), "paces the decoding"),

@@ -40,8 +40,8 @@ def test_one_variant_at_a_time_gives_the_batched_numbers(llama_dir, text_file, t
 def test_presses_see_the_keys_before_rope_and_the_prefill_rows(llama_dir, text_file, tmp_path, monkeypatch) -> None:
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from spectra import presses
-    from spectra.presses.eviction import Knorm
+    from spectra.kv import presses
+    from spectra.kv.presses.eviction import Knorm
 
     seen = []
 

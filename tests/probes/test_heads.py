@@ -7,11 +7,11 @@ import numpy as np
 import torch
 
 from spectra.capture import Captured
-from spectra.diagnosis import retrieval_scores, row_scores
+from spectra.anatomy.diagnosis import retrieval_scores, row_scores
 from spectra.probes.heads import HeadsProbe
 from spectra.probes.spectrum import SpectrumProbe
 from spectra.stats import plain
-from spectra.weights import LayerWeights, head_spectra
+from spectra.anatomy.weights import LayerWeights, head_spectra
 
 
 def make_probe(weights, layers=2, heads=4, kv_heads=2, n=12):

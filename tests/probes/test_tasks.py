@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from spectra import capture, kvcache
+from spectra import capture
+from spectra.kv import continuation
 from spectra.config import RunConfig
-from spectra.presses import REGISTRY, n_kept
+from spectra.kv.presses import REGISTRY, n_kept
 from spectra.probes.tasks import TaskProbe
-from spectra.tasks.records import read_records
-from spectra.tasks.source import TaskSource
+from spectra.kv.tasks.records import read_records
+from spectra.kv.tasks.examples import TaskSource
 
 import task_files
 
@@ -43,7 +44,7 @@ def dense(source, example):
     prefills, rows = {}, {}
     context = example.context_ids[None]
     capture.forward(loaded.model, loaded.layers,
-                    lambda c: prefills.__setitem__(c.layer, kvcache.prefill(c, 0, example.context, None, 0, 0)),
+                    lambda c: prefills.__setitem__(c.layer, continuation.from_captured(c, 0, example.context, None, 0, 0)),
                     None, [0], input_ids=context)
     whole = torch.cat([example.context_ids, example.question_ids])[None]
     capture.forward(loaded.model, loaded.layers, lambda c: rows.__setitem__(c.layer, c.p[0, :, example.context:]),
@@ -111,10 +112,10 @@ def test_tables_from_the_state(probed, monkeypatch) -> None:
 
 def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
     """decoding(knorm) cells: paced beyond the answer they are the full cache's answers; paced every step they are the
-    greedy answers of `decoding.greedy` with that schedule (tests/test_decoding.py holds it against a dense forward),
+    greedy answers of `generation.greedy` with that recompression (tests/test_decoding.py holds it against a dense forward),
     kept share the ratio's target over the context and no needle survival (the rows are no longer positions)."""
-    from spectra import decoding
-    from spectra.presses import REGISTRY
+    from spectra.kv import generation
+    from spectra.kv.presses import REGISTRY
 
     source, _ = probed
     for interval in (1000, 1):
@@ -127,12 +128,12 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
             if interval == 1000:
                 assert (probe.ids[1, batch.index[0]] == probe.ids[0, batch.index[0]]).all()
                 continue
-            schedule = decoding.Schedule(REGISTRY["decoding(knorm)"].for_run(compression_interval=1),
+            recompression = generation.Recompression(REGISTRY["decoding(knorm)"].for_run(compression_interval=1),
                                          n_kept(example.context, 0.5))
             room = example.question_ids.shape[-1] + example.record.max_new_tokens
-            cache = decoding.Cache.of([REGISTRY["decoding(knorm)"].compress(p, 0.5) for p in prefills], prefills, room)
-            want = decoding.greedy(source.loaded.model, source.layers, cache, example.question_ids, example.context,
-                                   example.record.max_new_tokens, probe.stop, example.record.example, None, schedule)
+            cache = generation.Buffers.of([REGISTRY["decoding(knorm)"].compress(p, 0.5) for p in prefills], prefills, room)
+            want = generation.greedy(source.loaded.model, source.layers, cache, example.question_ids, example.context,
+                                   example.record.max_new_tokens, probe.stop, example.record.example, None, recompression)
             got = probe.ids[1, batch.index[0]]
             assert [int(token) - 1 for token in got if token] == want.ids
             assert probe.kept[1, batch.index[0]] == n_kept(example.context, 0.5) / example.context

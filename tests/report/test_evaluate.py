@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from spectra.report.evaluate import TaskRun, load, needle_vs_score, show
-from spectra.tasks.summary import task_scores
+from spectra.kv.tasks.summary import task_scores
 
 
 def write_run(path) -> dict:

@@ -10,7 +10,7 @@ from report_helpers import by_gid, fake_save
 
 from spectra.report.evaluate import draw_needle, draw_scores, draw_survival, plot
 from spectra.report.evaluate import TaskRun
-from spectra.tasks.summary import task_scores
+from spectra.kv.tasks.summary import task_scores
 
 CELLS = [("full", 0.0), ("knorm", 0.5), ("knorm", 0.75), ("snapkv", 0.5), ("snapkv", 0.75)]
 

@@ -8,7 +8,7 @@ import pytest
 from report_helpers import DICHROMACY, by_gid, cielab, fake_save, seen_by
 
 import spectra
-from spectra.methodmap import HEAD_TYPES
+from spectra.anatomy.methodmap import HEAD_TYPES
 from spectra.report.heads import draw_head_types, draw_weight_ranks, draw_winners, plot_heads
 
 

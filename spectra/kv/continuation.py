@@ -1,0 +1,126 @@
+"""The KV-cache engine of `spectra cache`: an exact prefill read into `presses.Prefill`, the continuation scored
+against compressed caches, and what is lost, per head and per token.
+
+One forward pass over a sequence's L + C tokens serves everything: by causality its first L positions are the exact
+prefill of the context (so `prefill` reads each layer's post-RoPE queries, keys, values and attention rows off the
+captured record), and its last C rows are the continuation's *full-cache* attention, the reference the per-head
+measures compare against. Each press then compresses each layer's cache once, and `continuation_logits` runs the
+C − 1 continuation tokens (positions L … L + C − 2, their original RoPE positions, as kvpress's pipeline passes
+them) through the model with an attention that sees the compressed context and the continuation causally — every
+(press, ratio) a row of one batched forward pass, the caches padded to a common length and the padding masked.
+Token 0 of the continuation is predicted from the context's last position, whose logits no press changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .. import capture
+from ..capture import Captured
+from ..kernels import causal_mask, eager_softmax, scores
+from .presses import Compressed, Prefill
+from .presses.base import WINDOW
+
+#: a layer's stacked caches for the rows of a forward pass: keys, values (R, H_kv, M, d), valid (R, H_kv, M)
+Stacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def from_captured(captured: Captured, row: int, context: int, key_pre: torch.Tensor | None, seed: int,
+            index: int) -> Prefill:
+    """Sequence `row`'s exact prefill of `context` tokens, read off a captured layer of a longer causal forward
+    pass (rows < context of a causal P see only the context). `key_pre` (H_kv, L, d): its keys before RoPE."""
+    window = min(WINDOW, context)
+    p = captured.p[row]
+    return Prefill(captured.layer, captured.q[row, :, context - window:context], captured.key[row, :, :context],
+                   captured.value[row, :, :context], key_pre, p[:, context - window:context, :context],
+                   p[:, :context, :context].sum(dim=-2), captured.scaling, seed, index)
+
+
+def stack(parts: Sequence[Compressed], key: torch.Tensor, value: torch.Tensor) -> Stacked:
+    """Several compressed caches of one layer as one batch, padded to the longest; `key`, `value` (H_kv, L, d) are
+    the prefill's (the rows of eviction presses are gathered from them). A cache's padding — to the longest, and
+    its own per-head padding (`Compressed.valid`) — is marked invalid."""
+    rows = [part.rows(key, value) for part in parts]
+    longest = max(k.shape[-2] for k, _ in rows)
+    heads, dim = key.shape[0], key.shape[-1]
+    keys = key.new_zeros(len(rows), heads, longest, dim)
+    values = value.new_zeros(len(rows), heads, longest, value.shape[-1])
+    valid = torch.zeros(len(rows), heads, longest, dtype=torch.bool, device=key.device)
+    for i, ((k, v), part) in enumerate(zip(rows, parts)):
+        keys[i, :, : k.shape[-2]], values[i, :, : v.shape[-2]] = k, v
+        valid[i, :, : k.shape[-2]] = True if part.valid is None else part.valid
+    return keys, values, valid
+
+
+def cached_attention(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Attention of new queries q (R, H, n, d) over a cache (`Stacked`, its valid rows) and the new tokens' own keys
+    and values (R, H_kv, n, d) causally: the operations of eager attention (scores · s, a softmax in float32 — or
+    wider, for a float64 model — cast back, weights · values). Returns (R, H, n, d)."""
+    cached_key, cached_value, valid = cached
+    groups = q.shape[1] // key.shape[1]
+    keys = torch.cat([cached_key, key], dim=-2).repeat_interleave(groups, dim=1)
+    values = torch.cat([cached_value, value], dim=-2).repeat_interleave(groups, dim=1)
+    n = q.shape[-2]
+    allowed = torch.cat([valid[:, :, None, :].expand(-1, -1, n, -1),
+                         causal_mask(n, n, q.device).expand(*valid.shape[:2], n, n)],
+                        dim=-1).repeat_interleave(groups, dim=1)
+    weights = eager_softmax(scores(q, keys, scaling), allowed, q.dtype)
+    return torch.matmul(weights, values)
+
+
+def head_measures(captured: Captured, row: int, context: int, parts: Sequence[Compressed], prefilled: Prefill
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per compressed cache and query head of this layer, with the layer's exact inputs (R = len(parts)):
+
+    - `mass` (R, H): the share of the continuation queries' full-attention mass on the context that falls on kept
+      context tokens, averaged over the C continuation queries (NaN for caches whose rows are not tokens);
+    - `error` (R, H): ‖o − o_full‖_F / ‖o_full‖_F of the head's output over the C continuation rows, o attending
+      to the compressed cache (and the continuation), o_full to the full one.
+    """
+    q = captured.q[row, :, context:]  # (H, C, d)
+    full_rows = captured.p[row, :, context:, :]  # (H, C, L + C)
+    exact = torch.matmul(full_rows, captured.v[row])
+    own_key, own_value = captured.key[row, :, context:], captured.value[row, :, context:]
+    cached = stack(parts, prefilled.key, prefilled.value)
+    out = cached_attention(q.expand(len(parts), -1, -1, -1), cached, own_key.expand(len(parts), -1, -1, -1),
+                 own_value.expand(len(parts), -1, -1, -1), captured.scaling)
+    error = (out - exact).flatten(2).norm(dim=-1) / exact.flatten(1).norm(dim=-1).clamp_min(1e-30)
+    on_context = full_rows[..., :context]  # (H, C, L)
+    total = on_context.sum(dim=-1)
+    groups = prefilled.groups
+    mass = torch.full_like(error, float("nan"))
+    for i, part in enumerate(parts):
+        if part.kept is None:
+            continue
+        kept = part.kept_mask(context).repeat_interleave(groups, dim=0)[:, None, :]
+        mass[i] = ((on_context * kept).sum(dim=-1) / total.clamp_min(1e-30)).mean(dim=-1)
+    return mass, error
+
+
+def continuation_logits(model: torch.nn.Module, layers: int, caches: Callable[[int], Stacked], tokens: torch.Tensor,
+                        start: int, index: int, rows: int) -> torch.Tensor:
+    """Logits (rows, n, vocab) of the n `tokens` at positions start … start + n − 1, row r of every layer attending
+    to row r of `caches(layer)` and causally to the tokens themselves (their keys and values are not cached)."""
+    def substitute(captured: Captured) -> torch.Tensor:
+        return cached_attention(captured.q, caches(captured.layer), captured.key, captured.value, captured.scaling)
+
+    n = tokens.shape[-1]
+    ids = tokens.reshape(1, n).expand(rows, -1)
+    positions = torch.arange(start, start + n, device=tokens.device).expand(rows, -1)
+    outputs = capture.forward(model, layers, None, substitute, [index] * rows, input_ids=ids, position_ids=positions,
+                              use_cache=False)
+    return outputs.logits
+
+
+def token_measures(logits: torch.Tensor, targets: torch.Tensor, reference: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row and token of `logits` (R, C, vocab), in float64: the negative log-likelihood of `targets` (C,), the
+    KL divergence KL(reference ‖ row) from the `reference` log-probabilities (C, vocab), and whether the row's
+    top-1 token is the reference's."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    nll = -logp.gather(-1, targets.reshape(1, -1, 1).expand(logp.shape[0], -1, 1))[..., 0]
+    kl = (reference.exp() * (reference - logp)).sum(dim=-1)
+    agree = logp.argmax(dim=-1) == reference.argmax(dim=-1)
+    return nll, kl, agree

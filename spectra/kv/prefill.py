@@ -1,0 +1,167 @@
+"""The exact prefill of one long context in bounded memory: every layer's `presses.Prefill`, P never held whole.
+
+A press reads, per layer, the post-RoPE queries of the last WINDOW context positions, the cached keys and values, the
+keys before RoPE, the window's attention rows and the attention each key received (`presses.Prefill`). The NLL engine
+reads the last two off a dense P of every layer (`continuation.from_captured`): at L = 8192 that is 2.4 GB per layer for a
+9-head model, 72 GB for SmolLM2's 30 layers. Here one forward pass over the context runs with an attention that
+computes, layer by layer,
+
+- the layer's output with `scaled_dot_product_attention` (causal, grouped-query; the fused kernel on CPU and CUDA,
+  which never forms P: kvpress's pipeline prefills with the same call);
+- the window's rows: the last w = min(WINDOW, L) queries' scores over the L keys, masked causally, softmax in float32
+  (or wider) — eager attention's operations in its order;
+- the attention each key received, Σ_i P_ij, only when a press reads it (`received=True`; kvpress's observed
+  attention). On a CPU, by two passes of the fused flash kernel (`fused_received`: the layer's attention with its
+  log-normalisers, then a reversed attention whose log-normalisers are the column sums), about 1.6 times one
+  attention; elsewhere, or as the reference, in *query chunks*, each chunk forming its c × (its last position + 1)
+  causal scores and softmax and adding its column sums, so a layer holds c·L scores at a time (`CHUNK_BYTES`).
+  Without it, `Prefill.received` is an empty (H, 0) tensor, so a press that reads it undeclared fails loudly
+  instead of reading zeros.
+
+What is kept per layer is O(L·d) (keys, values, pre-RoPE keys) plus the window's H × w × L rows — about 1.1 GB for
+SmolLM2 at 8192 tokens. Keys are never repeated over the query heads of a key/value head: a chunk's queries are grouped
+per key/value head (H_kv, G·c, d). Statistics equal those of the dense P up to float rounding (matrix products of
+another shape sum in another order; `tests/test_prefill.py` bounds it). Causal decoders with full attention only (no
+sliding window, no padding: one context at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import capture, models
+from ..capture import Captured
+from .presses import Prefill
+from .presses.base import WINDOW
+
+#: bytes of one chunk's scores (H × c × L floats): the chunk's queries c are chosen to stay under it
+CHUNK_BYTES = 2**27
+
+
+def chunk_queries(heads: int, length: int, itemsize: int = 4, budget: int = CHUNK_BYTES) -> int:
+    """The queries per chunk whose H × c × L scores fit in `budget` bytes (at least one, at most L)."""
+    return max(1, min(length, budget // max(1, heads * length * itemsize)))
+
+
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype eager attention takes its softmax in: float32, or wider for a float64 model."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def window_rows(q: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """P's rows of the last w queries: q (H, w, d) post-RoPE at positions L − w … L − 1, key (H_kv, L, d) → (H, w, L),
+    causal (query L − w + i sees keys ≤ L − w + i)."""
+    heads, window, dim = q.shape
+    kv_heads, length = key.shape[0], key.shape[1]
+    scores = torch.matmul(q.reshape(kv_heads, -1, dim), key.transpose(-1, -2)).view(heads, window, length) * scaling
+    hidden = torch.ones(window, window, dtype=torch.bool, device=q.device).triu(1)
+    scores[..., length - window:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(q.dtype)
+
+
+def received_attention(q: torch.Tensor, key: torch.Tensor, scaling: float, chunk: int) -> torch.Tensor:
+    """Σ_i P_ij (H, L): the causal attention each key received from the L queries q (H, L, d) over key (H_kv, L, d),
+    in chunks of `chunk` queries (each forms only its c × (last position + 1) block)."""
+    heads, length, dim = q.shape
+    kv_heads = key.shape[0]
+    received = torch.zeros(heads, length, dtype=q.dtype, device=q.device)
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        size = stop - start
+        grouped = q[:, start:stop].reshape(kv_heads, -1, dim)  # (H_kv, G·c, d)
+        scores = (torch.matmul(grouped, key[:, :stop].transpose(-1, -2)) * scaling).view(heads, size, stop)
+        hidden = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
+        scores[..., start:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
+        p = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(q.dtype)
+        received[:, :stop] += p.sum(dim=-2)
+    return received
+
+
+def fused_received(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(output (H, L, d), Σ_i P_ij (H, L)) by two passes of the CPU's fused flash-attention kernel, or None where it
+    is not available (another device, another torch).
+
+    The first pass is the layer's causal attention, which also returns each query's log-normaliser
+    lse_i = log Σ_j exp(s_ij), s_ij = q_i·k_j · s. Then Σ_i P_ij = Σ_{i ≥ j} exp(s_ij − lse_i) is the normaliser of a
+    *reversed* attention in which key j is the query and the queries i ≥ j are its keys, each shifted by −lse_i: the
+    shift rides in one extra dimension ([k_j, 1] · [q_i, −lse_i / s] · s = s_ij − lse_i), and the sequence is flipped
+    so that "i ≥ j" is the kernel's causal mask. Its log-normaliser is log Σ_i P_ij. Two fused passes, no L × L
+    matrix anywhere."""
+    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if kernel is None or q.device.type != "cpu":
+        return None
+    groups = q.shape[0] // key.shape[0]
+    keys = key.repeat_interleave(groups, dim=0)[None]
+    try:
+        out, lse = kernel(q[None], keys, value.repeat_interleave(groups, dim=0)[None], 0.0, True, scale=scaling)
+        shifted_keys = torch.cat([q[None], (-lse / scaling)[..., None].to(q.dtype)], dim=-1).flip(2)
+        queries = torch.cat([keys, torch.ones_like(keys[..., :1])], dim=-1).flip(2)
+        _, reverse = kernel(queries, shifted_keys, torch.zeros_like(queries), 0.0, True, scale=scaling)
+    except RuntimeError:  # a kernel that refuses these shapes or dtypes: the chunked route
+        return None
+    return out[0], reverse[0].flip(-1).exp().to(q.dtype)
+
+
+def attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Causal attention output (…, H, L, d) of q over key, value (…, H_kv, L, d) by the fused SDPA kernel."""
+    return torch.nn.functional.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling,
+                                                            enable_gqa=q.shape[-3] != key.shape[-3])
+
+
+@dataclass
+class _Collector:
+    """What the prefill's forward pass gathers, layer by layer."""
+
+    window: int
+    received: bool
+    fused: bool
+    chunk_bytes: int
+    seed: int
+    index: int
+    prefills: dict[int, Prefill] = field(default_factory=dict)
+    pre_rope: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def projection(self, layer: int, which: str, output: torch.Tensor) -> None:
+        if which == "k":
+            self.pre_rope[layer] = output
+
+    def substitute(self, captured: Captured) -> torch.Tensor:
+        """One layer: its output, and its `Prefill` kept."""
+        q, key, value = captured.q[0], captured.key[0], captured.value[0]
+        heads, length, _ = q.shape
+        window = min(self.window, length)
+        q_window = q[:, length - window:].clone()
+        rows = window_rows(q_window, key, captured.scaling)
+        fused = fused_received(q, key, value, captured.scaling) if self.received and self.fused else None
+        if fused is not None:
+            out, received = fused
+        elif self.received:
+            chunk = chunk_queries(heads, length, torch.finfo(softmax_dtype(q.dtype)).bits // 8, self.chunk_bytes)
+            out, received = None, received_attention(q, key, captured.scaling, chunk)
+        else:
+            out, received = None, q.new_zeros(heads, 0)
+        pre = self.pre_rope.pop(captured.layer, None)  # (1, L, H_kv·d) → (H_kv, L, d)
+        key_pre = None if pre is None else pre[0].unflatten(-1, (key.shape[0], -1)).transpose(0, 1)
+        self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, rows, received,
+                                                captured.scaling, self.seed, self.index)
+        return out[None] if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
+
+
+def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int, *, received: bool = True,
+            fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES) -> list[Prefill]:
+    """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring);
+    `received`: compute the attention each key received (else an empty (H, 0) tensor), by the fused kernel where
+    there is one (`fused`), else in query chunks; `seed` and `index` (the run's seed and the example's global index)
+    go to the presses that draw randomly."""
+    collector = _Collector(window, received, fused, chunk_bytes, seed, index)
+    hooks = models.watch_projections(model, collector.projection) if models.rotary(model) else []
+    try:
+        capture.forward(model, layers, None, collector.substitute, [index], input_ids=ids.reshape(1, -1),
+                        use_cache=False, logits_to_keep=1)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return [collector.prefills[layer] for layer in range(layers)]

@@ -1,0 +1,384 @@
+"""What a press is: it turns one layer's exact prefill into the cache the continuation attends to.
+
+A press (the word is NVIDIA kvpress's) acts once per layer, after an exact prefill of the L context tokens: it
+reads what the prefill computed (`Prefill`: post-RoPE queries, keys and values, the attention of the last context
+queries, the attention each key received, the pre-RoPE keys) and returns a `Compressed` cache per key/value head.
+The continuation then attends to that cache (and to itself), with its original RoPE positions L, L+1, …
+
+Two kinds of press fit the same interface:
+
+- *eviction* presses keep n_kept of the L cached tokens per key/value head (`ScorerPress`: a score per token,
+  the top n_kept kept, kvpress's `compute_n_kept`); `Compressed.kept` says which positions survived;
+- *transform* presses return any rows (zeroed key channels, a low-rank or mixed-down K and V: Linformer's E·K,
+  F·V); `kept` is None when the rows are not context tokens, and `saved` says what memory the press saves.
+
+A new press is one module under `spectra/presses/` (its names and flags in `DECLARES` at its top, read by
+`spectra.registry` without importing it; a `Press` subclass; `register(...)` at its end) and its test. A press that draws randomly seeds itself from
+`Prefill.seed` and `Prefill.index` (the run's seed and the sequence's global index), never from global state.
+Presses fitted on calibration sequences (`calibrates`: Loki's PCA, low-rank K/V) get a calibration pass from
+`spectra cache --fit-samples N`: the probe makes the run its own fresh instance of each (`fresh`), hands it the
+prefill of each of the first N sequences (`calibrate`), keeps its statistics in the run's checkpointed state
+(`statistics`, `load_statistics`), and evaluates the sequences after them with that fit frozen. With N = 0 such a
+press fits on each evaluated context itself (an oracle). A press that reads the last WINDOW context queries
+(`windowed`: snapkv, loki) needs a context longer than the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from ..axes import AXES
+from ...registry import PRESSES, Registry
+
+#: the queries the prefill keeps for the presses: the last WINDOW context positions, the widest `window` a press
+#: declares (SnapKV's 64, kvpress's window_size, declared once in presses/eviction.py), which every press declared
+#: `windowed` reads
+WINDOW: int = max(int(entry.facts.get("window", 0)) for entry in PRESSES.entries().values())
+
+
+@dataclass(frozen=True, eq=False)
+class Prefill:
+    """One layer of one sequence's exact prefill of L context tokens: everything a press may read.
+
+    Shapes: H query heads, H_kv key/value heads (query head h belongs to key/value head h // (H / H_kv), the layout
+    of transformers' repeat_kv), L context tokens, d head dimensions.
+
+    - `q` (H, w, d): post-RoPE queries of the last w = min(WINDOW, L) context positions;
+    - `key`, `value` (H_kv, L, d): the cache as the prefill wrote it (keys post-RoPE);
+    - `key_pre` (H_kv, L, d): the keys before RoPE (None for models without RoPE: then they equal `key`);
+    - `window` (H, w, L): the causal attention weights of those w queries over the L context keys (the last rows
+      of the prefill's P, each summing to 1);
+    - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
+    - `scaling`: the score scale s of softmax(q kᵀ · s);
+    - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly.
+    """
+
+    layer: int
+    q: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    key_pre: torch.Tensor | None
+    window: torch.Tensor
+    received: torch.Tensor
+    scaling: float
+    seed: int
+    index: int
+
+    @property
+    def length(self) -> int:
+        """L, the context tokens in the cache."""
+        return self.key.shape[-2]
+
+    @property
+    def kv_heads(self) -> int:
+        return self.key.shape[0]
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (G)."""
+        return self.q.shape[0] // self.key.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.key.shape[-1]
+
+    def group_mean(self, per_query_head: torch.Tensor) -> torch.Tensor:
+        """(H, …) → (H_kv, …): the mean over the G query heads of each key/value head."""
+        return per_query_head.unflatten(0, (self.kv_heads, self.groups)).mean(1)
+
+
+@dataclass(frozen=True, eq=False)
+class Compressed:
+    """What the continuation attends to in place of one layer's L context tokens, per key/value head.
+
+    `kept` (H_kv, m): the context position of each row, ascending, for presses whose rows are context tokens
+    (eviction, ThinK) — None when they are not (a low-rank or mixed-down cache); `saved`: the share of the context
+    cache's memory the press saves (1 − m/L for eviction; for ThinK half the pruned share of key channels, as
+    kvpress reports it). `key`, `value` (H_kv, m, d): the rows, when they differ from the prefill's own keys and
+    values at `kept` (None: those rows, gathered when needed, so an eviction press stores only its indices). Keys
+    carry their RoPE rotation: a kept token keeps its original position.
+
+    `valid` (H_kv, m) bool: which rows a head really keeps, for presses whose heads keep different numbers of tokens
+    (AdaKV, DuoAttention: `per_head`). Each head's m_h kept positions come first, ascending, and its rows after them
+    are padding (they repeat its last kept position) that every attention over the cache hides. None: every row is
+    kept (the heads keep the same count), and the engine runs exactly as without it.
+
+    `stored` (H_kv,): the bytes each key/value head's context cache really holds, for presses whose rows are not what
+    they store (pruned channels, low-rank coefficients, quantized codes); None: its rows at the cache's dtype
+    (`memory`).
+    """
+
+    kept: torch.Tensor | None
+    saved: float
+    key: torch.Tensor | None = None
+    value: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    stored: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.kept is None and (self.key is None or self.value is None):
+            raise ValueError("a compressed cache whose rows are not context tokens must give its keys and values")
+        if self.valid is not None and (self.kept is None or self.valid.shape != self.kept.shape):
+            raise ValueError("per-head validity needs kept positions of the same shape")
+
+    def counts(self) -> torch.Tensor:
+        """(H_kv,) the rows each key/value head keeps (m_h; m for every head without `valid`)."""
+        if self.valid is not None:
+            return self.valid.sum(dim=-1)
+        rows = self.key if self.kept is None else self.kept[..., None]
+        return torch.full((rows.shape[0],), rows.shape[-2], dtype=torch.long, device=rows.device)
+
+    def kept_mask(self, length: int) -> torch.Tensor:
+        """(H_kv, L) bool: which of the L context positions each key/value head keeps (eviction presses)."""
+        if self.kept is None:
+            raise ValueError("a cache whose rows are not context tokens keeps no positions")
+        hits = torch.zeros(self.kept.shape[0], length, dtype=torch.long, device=self.kept.device)
+        weight = torch.ones_like(self.kept) if self.valid is None else self.valid.long()
+        return hits.scatter_add_(1, self.kept, weight) > 0
+
+    def rows(self, prefill_key: torch.Tensor, prefill_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) (H_kv, m, d), given the prefill's cached keys and values (H_kv, L, d)."""
+        def gathered(cached: torch.Tensor) -> torch.Tensor:
+            return cached.gather(1, self.kept[..., None].expand(-1, -1, cached.shape[-1]))
+
+        return (self.key if self.key is not None else gathered(prefill_key),
+                self.value if self.value is not None else gathered(prefill_value))
+
+    def memory(self, prefill: Prefill) -> torch.Tensor:
+        """(H_kv,) int64: the bytes of each key/value head's compressed context cache — `stored` when the press
+        counted it, else its rows × (key + value dimensions) × the bytes of the cache's dtype (what an eviction
+        press or a mixed-down cache keeps, each head its own count; the kept positions are not stored: the keys carry
+        their rotation)."""
+        if self.stored is not None:
+            return self.stored.to(torch.int64)
+        return self.counts().to(torch.int64).cpu() * row_bytes(prefill)
+
+
+def row_bytes(prefill: Prefill) -> int:
+    """Bytes of one cached token of one key/value head at full precision: its key and its value."""
+    return (prefill.key.shape[-1] + prefill.value.shape[-1]) * prefill.key.element_size()
+
+
+def full_memory(prefill: Prefill) -> int:
+    """Bytes of one key/value head's uncompressed context cache: L tokens × (key + value) at the cache's dtype."""
+    return prefill.length * row_bytes(prefill)
+
+
+def n_kept(length: int, ratio: float) -> int:
+    """kvpress 0.5.5's `compute_n_kept`: the tokens kept when the fraction `ratio` of `length` is removed — the
+    float product truncated (L = 100, r = 0.9 keeps 9: 100·0.1 = 9.999…), at least 1."""
+    return 0 if ratio >= 1 else max(1, int(length * (1 - ratio)))
+
+
+def window_filled(length: int, ratios: Sequence[float]) -> list[tuple[float, int]]:
+    """(ratio, tokens kept) for each ratio at which a windowed press (snapkv, loki) keeps no more than the WINDOW
+    last context tokens it always protects: there it keeps tokens of the window only, whatever its scores — the
+    whole window when exactly WINDOW are kept (snapkv and loki then keep the same cache), else the ones
+    torch.topk's tie-break among the equally protected tokens picks (which depends on the other scores)."""
+    return [(ratio, n_kept(length, ratio)) for ratio in ratios if n_kept(length, ratio) <= min(WINDOW, length)]
+
+
+def window_note(length: int, ratios: Sequence[float], presses: Sequence[str]) -> str | None:
+    """What a cache run says where the windowed presses among `presses` keep only tokens of their window
+    (`window_filled`), or None: the ratios, the tokens kept, and that their scores choose nothing there."""
+    windowed = windowed_presses(presses)
+    filled = window_filled(length, ratios)
+    if not windowed or not filled:
+        return None
+    one, both = len(filled) == 1, len(windowed) > 1
+    ratios_text, kept = (", ".join(f"{value:g}" for value in values) for values in zip(*filled))
+    return (f"{'ratio' if one else 'ratios'} {ratios_text} {'keeps' if one else 'keep'} {kept} tokens, no more than "
+            f"the {WINDOW}-token window that {' and '.join(windowed)} {'always keep' if both else 'always keeps'}: "
+            f"{'their' if both else 'its'} scores choose nothing there (below {WINDOW} kept, torch.topk's tie-break "
+            f"picks which window tokens stay){', so loki tells nothing snapkv does not' if both else ''}")
+
+
+def windowed_presses(presses: Iterable[str] | None = None) -> list[str]:
+    """The presses declared `windowed` (among `presses`, or all), in listing order: those that read the prefill's last
+    WINDOW queries and always keep the window's tokens (a press wrapping one, `adakv(snapkv)`, is not listed)."""
+    chosen = None if presses is None else set(presses)
+    return [name for name in PRESSES if PRESSES.facts(name).get("windowed") and (chosen is None or name in chosen)]
+
+
+def window_choosing_length(ratios: Sequence[float]) -> int:
+    """The shortest context at which a windowed press keeps more than its WINDOW at every one of `ratios`."""
+    length = WINDOW + 1
+    while window_filled(length, ratios):
+        length += 1
+    return length
+
+
+def evict(prefill: Prefill, scores: torch.Tensor, keep: int) -> Compressed:
+    """Keep the `keep` highest-scoring context tokens of each key/value head (`scores` (H_kv, L), higher = keep),
+    chosen by torch.topk as kvpress chooses them, listed in position order."""
+    kept = torch.topk(scores, keep, dim=-1).indices.sort(dim=-1).values
+    return Compressed(kept, 1.0 - keep / prefill.length)
+
+
+def per_head(prefill: Prefill, keep: torch.Tensor) -> Compressed:
+    """The cache keeping, per key/value head, the context positions where `keep` (H_kv, L) bool is true — as many
+    as each head chose (at least one): rows padded to the largest head's count and marked by `Compressed.valid`
+    (or no `valid` when every head keeps the same count). `saved` is the share of the layer's context rows
+    dropped, 1 − Σ_h m_h / (H_kv·L)."""
+    counts = keep.sum(dim=-1)
+    if int(counts.min()) < 1:
+        raise ValueError("every key/value head must keep at least one token")
+    width = int(counts.max())
+    positions = torch.arange(keep.shape[-1], device=keep.device).expand_as(keep)
+    # kept positions first, in order: sort by (not kept, position)
+    order = torch.where(keep, positions, positions + keep.shape[-1]).sort(dim=-1).values[:, :width]
+    valid = torch.arange(width, device=keep.device)[None] < counts[:, None]
+    last = order.gather(1, (counts - 1)[:, None])
+    kept = torch.where(valid, order, last)
+    saved = 1.0 - float(counts.sum()) / keep.numel()
+    return Compressed(kept, saved, valid=None if bool(valid.all()) else valid)
+
+
+def full(prefill: Prefill) -> Compressed:
+    """The uncompressed cache (ratio 0)."""
+    return Compressed(torch.arange(prefill.length, device=prefill.key.device).expand(prefill.kv_heads, -1), 0.0)
+
+
+class Press:
+    """A compression of one layer's cache at a ratio (see the module docstring).
+
+    `name` is what `--presses` names; `channels` marks presses whose ratio is the fraction of key channels removed
+    (ThinK) rather than of tokens; `needs_rope` refuses models without rotary positions before they load;
+    `windowed` presses need more than WINDOW context tokens; `calibrates` presses fit on calibration sequences;
+    `axis` is what the press removes, the axes whose losses `spectra cache` compares per head at equal bytes:
+    `tokens` (rows along the sequence), `channels` (key channels), `rank` (principal directions), `bits`."""
+
+    name: ClassVar[str]
+    channels: ClassVar[bool] = False
+    needs_rope: ClassVar[bool] = False
+    windowed: ClassVar[bool] = False
+    calibrates: ClassVar[bool] = False
+    #: reads `Prefill.received`, which the task protocol's prefill computes only when a press needs it
+    received: ClassVar[bool] = False
+    #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
+    #: apply at every decoding step (streaming, knorm, tova)
+    decodable: ClassVar[bool] = False
+    #: compresses while the answer or continuation is decoded, not once after the prefill (`decoding(<decodable>)`)
+    decodes: ClassVar[bool] = False
+    #: the last context queries the press reads, its own setting (SnapKV's window_size); 0: none of its own (a
+    #: `windowed` press without one reads the prefill's, `WINDOW`)
+    window: ClassVar[int] = 0
+    #: decoding steps between two compressions, for a press that `decodes` (kvpress's compression_interval)
+    interval: int | None = None
+    #: one line for tables and --help: what the press keeps
+    summary: ClassVar[str] = ""
+    #: what the press removes: tokens, channels, rank or bits (AXES)
+    axis: ClassVar[str] = "tokens"
+
+    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
+        """The cache the continuation attends to, `ratio` ∈ (0, 1) of it removed (ratio 0 never reaches a press)."""
+        raise NotImplementedError
+
+    def target(self, context: int, ratio: float) -> int | None:
+        """How the press acts while an answer or a continuation is decoded: the rows it keeps each layer's cache at
+        (a press that `decodes`: `decoding(<decodable>)`), or None — it compresses once, after the prefill of
+        `context` tokens, and decoding only appends to what it kept."""
+        return None
+
+    def fresh(self) -> Press:
+        """A new instance with nothing fitted, for one run (the registry's instances are shared by every run)."""
+        return type(self)()
+
+    def for_run(self, **settings: object) -> Press:
+        """This press as one run uses it: a fresh instance for one that `calibrates` (its fit is the run's), else
+        the registry's. `settings` are the run's options a press may read (`compression_interval`, which
+        `decoding(<scorer>)` overrides this to take); the others ignore them."""
+        return self.fresh() if self.calibrates else self
+
+    def calibrate(self, prefill: Prefill) -> None:
+        """Add one calibration sequence's layer (presses that `calibrates`)."""
+        raise NotImplementedError(f"{self.name} does not calibrate")
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        """What the calibration has gathered, as float64 arrays (empty for a press that does not calibrate)."""
+        return {}
+
+    def load_statistics(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore what `statistics` returned (a resumed run)."""
+
+
+class ScorerPress(Press):
+    """kvpress's ScorerPress: one score per (key/value head, context token), the top n_kept kept per head."""
+
+    def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
+        """(H_kv, L) scores, higher = keep."""
+        raise NotImplementedError
+
+    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
+        return evict(prefill, self.score(prefill, ratio), n_kept(prefill.length, ratio))
+
+
+class Wrapper(Press):
+    """A press applied to a scorer press, named `name(<scorer>)` on the command line (`adakv(snapkv)`; its file
+    declares `{"wraps": "scorer"}`): the registry's `bind(inner)` makes the wrapped press, which takes the inner
+    press's facts (windowed, calibrates, needs_rope) and hands it its calibration. The unbound instance (`inner` None)
+    is what the file registers; it compresses nothing."""
+
+    def __init__(self, inner: ScorerPress | None = None) -> None:
+        self.inner = inner
+        if inner is not None:
+            self.name = f"{type(self).name}({inner.name})"  # type: ignore[misc]
+            for flag in ("channels", "needs_rope", "windowed", "window", "calibrates", "received"):
+                setattr(self, flag, getattr(inner, flag))
+
+    def bind(self, inner: Press) -> Wrapper:
+        """This press wrapping `inner` (a `ScorerPress`, as the registry's `wraps: "scorer"` checked)."""
+        if not isinstance(inner, ScorerPress):
+            raise TypeError(f"{self.name} wraps a scorer press, not {inner.name}")
+        return type(self)(inner)
+
+    def fresh(self) -> Press:
+        return type(self)(None if self.inner is None else self.inner.fresh())  # type: ignore[arg-type]
+
+    def calibrate(self, prefill: Prefill) -> None:
+        self.inner.calibrate(prefill)  # type: ignore[union-attr]
+
+    def statistics(self) -> dict[str, np.ndarray]:
+        return {} if self.inner is None else self.inner.statistics()
+
+    def load_statistics(self, arrays: dict[str, np.ndarray]) -> None:
+        if self.inner is not None:
+            self.inner.load_statistics(arrays)
+
+    def scores(self, prefill: Prefill, ratio: float) -> torch.Tensor:
+        """The inner press's (H_kv, L) scores (higher = keep)."""
+        if self.inner is None:
+            raise ValueError(f"{type(self).name} needs a scorer press: name it as {type(self).name}(<scorer>)")
+        return self.inner.score(prefill, ratio)
+
+
+#: press name → press, listed from each press file's DECLARES (`spectra.registry`; the order of tables and legends),
+#: the file imported on first use
+REGISTRY: Registry[Press] = PRESSES
+
+
+def facts(press: Press) -> dict[str, bool | int]:
+    """What a press declares about itself: the flags the command checks before the model loads (`scorer`: a
+    `ScorerPress`, which a press taking a scorer — `adakv(<scorer>)` — may wrap; `decodable`: a scorer
+    `decoding(<decodable>)` may wrap; `decodes`: compressing while decoding), and the settings it owns that others
+    read without torch (`window`, `interval`) where it has them."""
+    settings = {name: value for name, value in (("window", press.window), ("interval", press.interval)) if value}
+    return {"channels": press.channels, "needs_rope": press.needs_rope, "windowed": press.windowed,
+            "calibrates": press.calibrates, "received": press.received, "scorer": isinstance(press, ScorerPress),
+            "decodable": press.decodable, "decodes": press.decodes, **settings}
+
+
+def run_presses(names: Iterable[str], **settings: object) -> dict[str, Press]:
+    """The presses `--presses` names (`registry.press_names`, `adakv(snapkv)` and `decoding(knorm)` included), as one
+    run uses them (`Press.for_run`, given the run's `settings`)."""
+    return {name: REGISTRY[name].for_run(**settings) for name in names}
+
+
+def register(press: Press) -> Press:
+    """Add `press` under its name (once), with the facts its file declares for it."""
+    return REGISTRY.add(press.name, press, **facts(press))

@@ -1,0 +1,75 @@
+"""A spectrum-guided per-head budget: each key/value head keeps a number of tokens proportional to what its attention
+was measured to need (`spectra.anatomy.headweights`: exp(entropy) or the rank of P, from an `analyze` or `heads` run), the
+total over every layer and head that of the uniform press at the same ratio — so the cache holds exactly as many
+bytes (every kept token costs each head the same key and value rows).
+
+At ratio r and L context tokens the model keeps N_layers · H_kv · n_kept(L, r) tokens in all. Head (ℓ, h) gets the
+share w_ℓh / Σw of them, capped at the whole context with the surplus handed to the other heads in proportion
+(`schedules.water_fill`), in whole tokens by largest remainders (`schedules.whole_tokens`), at least one each. Which
+tokens a head keeps is SnapKV's choice (the attention of the last 64 context queries, the window always kept): the
+budget says how many, the scorer which. `headbudget(DIR)` weighs by entropy, `headbudget(DIR@rank)` by rank.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ...anatomy import headweights
+from .base import Compressed, Prefill, Press, n_kept, per_head, register
+from .eviction import SnapKV
+from .schedules import water_fill, whole_tokens
+
+#: what this file registers, read as text by `spectra.registry` without importing it
+ORDER = 80
+DECLARES = {"headbudget": {"argument": "run", "check": "spectra.anatomy.headweights:check", "windowed": True}}
+
+
+def head_budgets(weights: np.ndarray, length: int, ratio: float) -> np.ndarray:
+    """(layers, H_kv) whole tokens kept per head ∝ `weights`, adding up to layers · H_kv · n_kept(length, ratio)."""
+    total = weights.size * n_kept(length, ratio)
+    shares = water_fill(weights.ravel(), total / length)
+    return np.asarray(whole_tokens(shares, length, total)).reshape(weights.shape)
+
+
+class HeadBudget(Press):
+    """`headbudget(DIR[@measure])`: SnapKV's tokens, as many per head as its measured need (module docstring)."""
+
+    name, summary = "headbudget", "SnapKV's tokens, each head's count from its measured entropy or rank"
+    windowed = True
+
+    def __init__(self, weights: np.ndarray | None = None, where: str = "") -> None:
+        self.weights, self.where = weights, where
+        if weights is not None:
+            self.name = f"headbudget({where})"  # type: ignore[misc]
+        self._budgets = lru_cache(maxsize=16)(self._compute)
+
+    def bind(self, argument: str) -> HeadBudget:
+        return HeadBudget(headweights.read(argument), argument)
+
+    def _compute(self, length: int, ratio: float) -> np.ndarray:
+        return head_budgets(self.weights, length, ratio)
+
+    def budgets(self, length: int, ratio: float) -> np.ndarray:
+        """(layers, H_kv) tokens each head keeps at this length and ratio."""
+        if self.weights is None:
+            raise ValueError("headbudget needs a run: name it as headbudget(<analyze or heads run>)")
+        return self._budgets(length, ratio)
+
+    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
+        if self.weights is not None and (self.weights.shape[0] <= prefill.layer
+                                         or self.weights.shape[1] != prefill.kv_heads):
+            raise ValueError(f"the run {self.where} measured {self.weights.shape[0]} layers × "
+                             f"{self.weights.shape[1]} key/value heads; layer {prefill.layer} has {prefill.kv_heads}")
+        counts = self.budgets(prefill.length, ratio)[prefill.layer]
+        scores = SnapKV().score(prefill, ratio)
+        order = torch.argsort(scores, dim=-1, descending=True, stable=True)
+        ranks = torch.empty_like(order).scatter_(1, order, torch.arange(prefill.length, device=order.device)
+                                                 .expand_as(order))
+        keep = ranks < torch.as_tensor(counts, device=ranks.device)[:, None]
+        return per_head(prefill, keep)
+
+
+register(HeadBudget())

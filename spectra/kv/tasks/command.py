@@ -1,0 +1,112 @@
+"""`spectra tasks MODEL …`: check the request, read the model's tokenizer and positions (never its weights),
+generate the task file and say what was written.
+
+Every bad input is one line before anything heavy happens: task names, lengths, samples, the haystack file and
+the output path first; then the model's files (a directory, a GGUF file or a hub id), its decoder-ness and its
+positions, read from its config or GGUF header, so a length beyond them stops before the tokenizer loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ... import checkpoints
+from ...errors import SpectraError, spell
+from .generate import Fitted, check_haystack, generate, haystack_note, parse_lengths, parse_tasks, write_records
+from .haystack import Haystack
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `make_tasks` wrote: the file, its records (with sizes and token counts), the model's positions and what
+    the user should know of them (`notes`: a haystack file repeated to fill the contexts)."""
+
+    path: Path
+    fitted: list[Fitted]
+    positions: int | None
+    notes: tuple[str, ...] = ()
+
+
+def check_positions(lengths: Sequence[int], positions: int | None, name: str) -> None:
+    """A length beyond the model's positions cannot be run: refuse it."""
+    if positions is not None and max(lengths) > positions:
+        raise SpectraError(f"{spell('--length', 'lengths')} {max(lengths)} is beyond the {positions} positions of "
+                           f"{name}")
+
+
+def check_out(out: Path, overwrite: bool) -> Path:
+    """The task file to write, refused in one line before any work unless it can be written: a .jsonl path that is
+    no directory, replaced only with `overwrite` (as a run directory), in a place that accepts a new file (not below
+    a file, not in /proc or a read-only file system: `rundir.check_writable`). Missing folders are made when the
+    file is written, as for a run directory."""
+    from ...rundir import check_writable
+
+    if out.is_dir():
+        raise SpectraError(f"{spell('--out', 'out')} {out} is a directory; give a .jsonl file path")
+    if out.suffix != ".jsonl":
+        raise SpectraError(f"{spell('--out', 'out')} {out} must end in .jsonl (spectra cache recognises task files "
+                           "by it)")
+    if out.exists() and not overwrite:
+        raise SpectraError(f"{spell('--out', 'out')} {out} already exists; pass {spell('--overwrite', 'overwrite=True')} "
+                           f"to replace it or choose another {spell('--out', 'out')}")
+    check_writable(out, "--out")
+    return out
+
+
+def load_tokenizer(model: str, gguf_file: str | None, lengths: Sequence[int]):
+    """(tokenizer, positions) of `model`, after checking `lengths` against its positions where its files tell
+    them before the tokenizer loads (a local config.json or GGUF header), else right after from its config."""
+    source = checkpoints.inspect(model, gguf_file)
+    shape = source.shape()
+    if shape.causal is False:
+        raise SpectraError(f"{source.label} is not a decoder: the task protocol decodes answers (spectra tasks "
+                           "needs a causal language model)")
+    check_positions(lengths, shape.positions, source.label)
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ... import hub
+
+    if not source.local:
+        hub.prepare()
+    transformers.logging.set_verbosity_error()
+    where = str(source.path) if source.gguf_file else source.where
+    options = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **options)
+        positions = shape.positions
+        if positions is None:
+            config = AutoConfig.from_pretrained(where, **options).to_dict()
+            limit = getattr(tokenizer, "model_max_length", None)
+            positions = checkpoints.config_shape(config, source.label, limit if isinstance(limit, int) else None
+                                                 ).positions
+    except OSError:
+        raise SpectraError(f"cannot read the tokenizer of '{model}' (not a local model, and not in the hub's "
+                           "cache)") from None
+    except ValueError as error:
+        raise SpectraError(f"cannot read the tokenizer of '{model}': {str(error).splitlines()[0]}") from None
+    check_positions(lengths, positions, source.label)
+    return tokenizer, positions
+
+
+def make_tasks(model: str, *, tasks: str | Sequence[str] = "all", lengths: str | Sequence[int],
+               samples: int = 10, out: str | Path, haystack: str | Path | None = None, seed: int = 0,
+               gguf_file: str | None = None, overwrite: bool = False,
+               progress: Callable[[str, int, list[Fitted]], None] | None = None) -> Written:
+    """Generate `samples` records per task and length for `model`'s tokenizer and write them to `out` (jsonl); an
+    existing `out` is replaced only with `overwrite`, as a run directory is."""
+    names, sizes = parse_tasks(tasks), parse_lengths(lengths)
+    check_haystack(names, haystack is not None)
+    if samples < 1:
+        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
+    if seed < 0:
+        raise SpectraError(f"{spell('--seed', 'seed')} must be ≥ 0, got {seed}")
+    out = check_out(Path(out), overwrite)
+    stack = Haystack.noise() if haystack is None else Haystack.from_file(haystack)
+    tokenizer, positions = load_tokenizer(model, gguf_file, sizes)
+    fitted = generate(tokenizer, names, sizes, samples, seed, stack, progress)
+    note = haystack_note(fitted, stack)
+    return Written(write_records(out, [item.record for item in fitted]), fitted, positions, () if note is None else
+                   (note,))

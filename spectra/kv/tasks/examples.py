@@ -1,0 +1,159 @@
+"""The task protocol's source for the loop: task records read through a decoder, one example per batch.
+
+Examples have their own lengths, so each is a batch of its own (the loop checkpoints, resumes and shards by example).
+Opening reads the records (bad records are refused before any model loads); `start` loads the model and builds every
+example's prompt as kvpress's pipeline does (`prompt.chat_prompt`: the chat-templated context, the question with the
+template's suffix and the answer prefix; `query_aware`: the question joins the context and the question part is the
+suffix and the answer prefix only, kvpress's evaluation convention) with its needle (`needle.needle_tokens`), and
+refuses an example that does not fit the model's positions. `run` is the example's one exact prefill
+(`spectra.kv.prefill`), every layer's `presses.Prefill` handed to the probe (`spectra.probes.tasks`), which compresses,
+decodes and scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from ... import data, models
+from .. import prefill
+from ...config import RunConfig
+from ...errors import SpectraError
+from ..presses import Prefill
+from ..presses.base import WINDOW, windowed_presses
+from ...registry import PRESSES
+from ...sources import OfLoadedModel
+from .needle import needle_tokens
+from .prompt import chat_prompt
+from .records import TaskRecord
+
+if TYPE_CHECKING:
+    from ..presses import Prefill
+
+
+class PrefillObserver(Protocol):
+    """What an exact prefill hands each layer to (a probe, `probes.Probe.prefilled`)."""
+
+    def prefilled(self, prefill: Prefill) -> None: ...
+
+
+@dataclass(frozen=True)
+class Example:
+    """One record ready to run: its context ids (L,) prefilled, question ids (n,) decoded after them, the needle's
+    context positions and the tokens it may occupy (L + n + max_new_tokens)."""
+
+    record: TaskRecord
+    context_ids: torch.Tensor
+    question_ids: torch.Tensor
+    needle: np.ndarray
+
+    @property
+    def context(self) -> int:
+        return self.context_ids.shape[-1]
+
+    @property
+    def tokens(self) -> int:
+        return self.context + self.question_ids.shape[-1] + self.record.max_new_tokens
+
+    @property
+    def length(self) -> int:
+        """The record's length (as its generator fitted it), else the tokens it occupies."""
+        return self.record.length if self.record.length is not None else self.tokens
+
+
+def prepare(tokenizer, record: TaskRecord, query_aware: bool) -> Example:
+    """The record's prompt ids, as kvpress's pipeline tokenizes them, and its needle."""
+    compressed, question = (record.context + record.question, "") if query_aware else (record.context,
+                                                                                        record.question)
+    prompt = chat_prompt(tokenizer, compressed, question, record.answer_prefix)
+    context_ids = tokenizer.encode(prompt.context, add_special_tokens=False)
+    question_ids = tokenizer.encode(prompt.question, add_special_tokens=False)
+    start = len(prompt.context) - len(compressed)
+    needle = needle_tokens(tokenizer, prompt.context, start, record.context, record.answers, context_ids)
+    return Example(record, torch.tensor(context_ids, dtype=torch.long), torch.tensor(question_ids, dtype=torch.long),
+                   needle)
+
+
+@dataclass
+class TaskBatch:
+    """One example of the run: its position in the records evaluated."""
+
+    index: list[int]
+
+
+class TaskSource(OfLoadedModel):
+    """Task records through a pretrained decoder (see the module docstring); `received`: whether the prefill computes
+    the attention each key received (a press reads it); `left_out`: the file's tasks no evaluated record has."""
+
+    def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
+                 query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = ()) -> None:
+        self.config, self.where, self.records = config, device, list(records)
+        self.query_aware, self.received, self.windowed = query_aware, received, windowed
+        self.left_out = list(left_out)
+        self.content = data.file_content(Path(config.data))
+        self.examples: list[Example] = []
+        self.n = max((record.length or 0 for record in self.records), default=0)
+
+    def data(self) -> dict[str, Any]:
+        """What run.json records of the task file (the records evaluated; the tasks --samples left out, if any), and
+        what a resumed run must find again."""
+        left_out = {"tasks_left_out": self.left_out} if self.left_out else {}
+        return {"name": Path(self.config.data).name, "source": self.config.data, "format": "tasks",
+                "records": len(self.records), **left_out, **self.content}
+
+    def start(self) -> None:
+        config = self.config
+        self.loaded = models.load(config.model, device=self.where, dtype=config.dtype, lm_head=True,
+                                  gguf_file=config.gguf_file, trust_remote_code=config.trust_remote_code)
+        loaded = self.loaded
+        if not loaded.causal or loaded.head is None:
+            raise SpectraError(f"{loaded.name} is not a causal language model: the task protocol decodes answers")
+        self.examples = [prepare(loaded.tokenizer, record, self.query_aware) for record in self.records]
+        for example in self.examples:
+            line = f"{Path(config.data).name} line {example.record.example + 1}"
+            if example.tokens > loaded.max_length:
+                raise SpectraError(f"{line}: its prompt ({example.context} context + {example.question_ids.shape[-1]} "
+                                   f"question tokens) and {example.record.max_new_tokens} new tokens exceed the "
+                                   f"{loaded.max_length} positions of {loaded.name}")
+            if self.windowed and example.context <= WINDOW:
+                *others, last = [name if name in PRESSES.bare() else PRESSES.listing_of(name)
+                                 for name in windowed_presses()]
+                named = f"{', '.join(others)} and {last}" if others else last
+                raise SpectraError(f"{line}: its context has {example.context} tokens; {named} read the last {WINDOW} "
+                                   "context queries and need more")
+        self.n = max(example.tokens for example in self.examples)
+
+    def prefill_bytes(self) -> float:
+        """What the longest example's prefill holds (every layer's keys, values, pre-RoPE keys and window rows, one
+        chunk's scores and softmax) and its full cache for decoding: the loop's memory check."""
+        loaded, n = self.loaded, self.n
+        dim = loaded.head_dim or 64
+        itemsize = torch.finfo(loaded.dtype).bits // 8
+        per_layer = n * (5 * self.kv_heads * dim + self.heads * WINDOW) * itemsize
+        return float(loaded.layers * per_layer + 3 * prefill.CHUNK_BYTES)
+
+    def describe(self) -> dict[str, Any]:
+        loaded = self.loaded
+        return {"model": loaded.describe(), "data": self.data(), "n": self.n, "device": str(loaded.device),
+                "dtype": self.config.dtype}
+
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[TaskBatch]:
+        """One example per batch from `skip` on (examples differ in length: the run's batch size does not apply);
+        example i goes to process i mod size."""
+        rank, size = shard
+        for position in range(skip, min(sequences, len(self.records))):
+            if position % size == rank:
+                yield TaskBatch([position])
+
+    def run(self, batch: TaskBatch, probe: PrefillObserver) -> None:
+        """The example's exact prefill; each layer's `Prefill` to the probe's `prefilled`."""
+        example = self.examples[batch.index[0]]
+        found = prefill.exact(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
+                                example.record.example, received=self.received)
+        for layer in found:
+            probe.prefilled(layer)

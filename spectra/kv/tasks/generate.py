@@ -1,0 +1,180 @@
+"""`spectra tasks`: task files of RULER's synthetic tasks and passkey, fitted to lengths in the model's own tokens.
+
+A length L is what RULER's prepare.py calls max_seq_length: the example's input tokens plus the tokens it may
+generate fit in L. The input is counted as the task protocol (and kvpress's pipeline) will see it: the context in
+the model's chat template, then question + answer prefix (prompt.py). Like RULER, the haystack's size is searched
+(here per example, starting from the previous example's size) for the largest one that fits. Needle depths are
+spread evenly over the samples of a (task, length): 0, 1/(N−1), …, 1 (0.5 for one sample). Every draw is seeded by
+(seed, Domain.TASKS, task number, length, sample), so a task file does not depend on which other tasks or lengths
+were asked for. Every reference answer must appear in its context, else the example is refused.
+
+Only the tokenizer and the model's config are read: the weights are never loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import SpectraError, spell
+from ...registry import TASKS
+from .family import Example, Family, Target, example_rng, generated, haystack_tasks, largest_fitting, listing
+from .haystack import Haystack
+from .prompt import prompt_length
+from .records import TaskRecord
+
+#: haystack units added to the smallest size to estimate the tokens one unit costs
+PROBE = 64
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A generated record, the haystack size it was built with and its length in tokens (generation included)."""
+
+    record: TaskRecord
+    size: int
+    tokens: int
+
+
+def parse_tasks(text: str | Sequence[str]) -> tuple[str, ...]:
+    """Task names from "a,b,c" (or a list), in order, duplicates dropped; "all" is every task."""
+    names = [name.strip() for name in (text.split(",") if isinstance(text, str) else text) if name.strip()]
+    tasks = generated()
+    if names == ["all"]:
+        return tasks
+    unknown = [name for name in names if name not in tasks]
+    if unknown or not names:
+        raise SpectraError(f"unknown task {', '.join(unknown) or '(none given)'} in {spell('--tasks', 'tasks')}; "
+                           f"the tasks are {', '.join(tasks)} (or all)")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:
+    """Lengths in tokens from "1024,2048" (or a list), each ≥ 1."""
+    parts = [part.strip() for part in text.split(",") if part.strip()] if isinstance(text, str) else list(text)
+    try:
+        lengths = tuple(int(part) for part in parts)
+    except (TypeError, ValueError):
+        raise SpectraError(f"{spell('--length', 'lengths')} takes token counts such as 1024,2048; got {text}") from None
+    if not lengths or any(length < 1 for length in lengths):
+        raise SpectraError(f"{spell('--length', 'lengths')} takes token counts ≥ 1; got {text}")
+    return tuple(dict.fromkeys(lengths))
+
+
+def depths(samples: int) -> list[float]:
+    """Needle depths spread evenly over [0, 1]: 0, 1/(N−1), …, 1 (0.5 for one sample)."""
+    return [0.5] if samples == 1 else [i / (samples - 1) for i in range(samples)]
+
+
+def sample_rng(seed: int, task: str, length: int, sample: int) -> random.Random:
+    """The generator of one example (seeded by the task's number): fresh for every size tried, so a size always
+    builds the same example."""
+    return example_rng(seed, TASKS.facts(task)["number"], length, sample)
+
+
+def check_answers(example: Example, task: str, length: int, sample: int) -> None:
+    """Refuse an example whose context lacks one of its answers (the task could not be solved)."""
+    for answer in example.answers:
+        if answer not in example.context:
+            raise SpectraError(f"{task} at length {length}, sample {sample}: the answer '{answer}' is not in its "
+                               "context; the example is refused")
+
+
+def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystack: Haystack,
+             start: int = 0) -> list[Fitted]:
+    """`samples` examples of `task`, each with the largest haystack that fits `length`."""
+    family: Family = TASKS[task]
+    build = family.builder(task, Target(length, haystack, seed,
+                                        lambda text: len(tokenizer.encode(text, add_special_tokens=False))))
+    new_tokens = family.max_new_tokens
+    minimum = family.minimum(task)
+    fitted = []
+    for sample, depth in enumerate(depths(samples)):
+        built: dict[int, tuple[Example, int]] = {}
+
+        def measure(size: int) -> int:
+            if size not in built:
+                try:
+                    example = build(sample_rng(seed, task, length, sample), size, depth)
+                except ValueError as error:  # cwe: more distinct words than the word lists hold
+                    raise SpectraError(f"{task} at length {length}: {error}") from None
+                built[size] = (example, prompt_length(tokenizer, example.context, example.question,
+                                                      example.answer_prefix, new_tokens))
+            return built[size][1]
+
+        if not start:
+            base = measure(minimum)
+            per_unit = max((measure(minimum + PROBE) - base) / PROBE, 1e-3)
+            start = minimum + max(0, int((length - base) / per_unit))
+        size = largest_fitting(measure, length, start, minimum)
+        if size is None:
+            raise SpectraError(f"{spell('--length', 'lengths')} {length} is too short for {task}: its smallest "
+                               f"example takes {built[minimum][1]} tokens with the model's chat template and "
+                               f"{new_tokens} generated tokens")
+        example, tokens = built[size]
+        check_answers(example, task, length, sample)
+        record = TaskRecord(example.context, example.question, example.answer_prefix, example.answers, new_tokens,
+                            task, length, example.depth, 0)
+        fitted.append(Fitted(record, size, tokens))
+        start = size
+    return fitted
+
+
+def generate(tokenizer, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int = 0,
+             haystack: Haystack | None = None,
+             progress: Callable[[str, int, list[Fitted]], None] | None = None) -> list[Fitted]:
+    """Every (task, length, sample) in that order; `example` is the record's index in the list (its line in the
+    file). `progress(task, length, fitted)` is called after each (task, length)."""
+    if samples < 1:
+        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
+    haystack = haystack or Haystack.noise()
+    found: list[Fitted] = []
+    for task in tasks:
+        for length in lengths:
+            fitted = fit_task(tokenizer, task, length, samples, seed, haystack)
+            if progress is not None:
+                progress(task, length, fitted)
+            found += fitted
+    return [dataclasses.replace(item, record=dataclasses.replace(item.record, example=i))
+            for i, item in enumerate(found)]
+
+
+def check_haystack(tasks: Sequence[str], given: bool) -> None:
+    """A --haystack file that none of `tasks` reads would change nothing: refuse it, naming the tasks that read one."""
+    if given and not any(TASKS.facts(task)["haystack"] for task in tasks):
+        flag = spell("--haystack", "haystack")
+        raise SpectraError(f"{flag} is read only by {listing(haystack_tasks())}, and none of the tasks asked for "
+                           f"({', '.join(tasks)}) is one of them: drop {flag} (their haystack is RULER's noise) or "
+                           f"ask for a task that reads it")
+
+
+def haystack_note(fitted: Sequence[Fitted], haystack: Haystack) -> str | None:
+    """What to say when the examples took more words than the haystack file holds, so its text repeats in them (as
+    RULER repeats its essays); None when nothing repeats."""
+    if haystack.words is None:
+        return None
+    repeating = [item for item in fitted if TASKS.facts(item.record.task)["haystack"]
+                 and haystack.repeats(item.size) > 1]
+    if not repeating:
+        return None
+    tasks = ", ".join(dict.fromkeys(item.record.task for item in repeating))
+    most = max(haystack.repeats(item.size) for item in repeating)
+    return (f"the haystack {haystack.name} holds {len(haystack.words)} words: the contexts of {tasks} repeat it up to "
+            f"{most} times (a text longer than the contexts repeats nothing)")
+
+
+def write_records(path: str | Path, records: Sequence[TaskRecord]) -> Path:
+    """Write records as jsonl (kvpress's fields plus length and depth), through a temporary file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+    os.replace(partial, path)
+    return path

@@ -1,0 +1,92 @@
+"""Which records of a task file a run of the task study evaluates (`spectra evaluate`, `kinds/evaluate.py`).
+
+A task file (kvpress's evaluation records, `records.py`) is read once per version of the file and runs whole; `--samples
+N` evaluates N of its records spread evenly over its tasks and each task's lengths, drawn with the run's seed
+(`evaluated`), and the tasks it leaves out whole are named (`left_out`: the notice, run.json's `data.tasks_left_out`
+and the printed run). `wants_tasks` tells a task file from a text corpus, so `spectra cache` can hand a task file to
+the task study.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ...config import RunConfig
+from .records import TaskRecord, is_task_file, read_records
+
+
+def wants_tasks(data: str) -> bool:
+    """Whether `spectra cache --data` names a task file: records with kvpress's or RULER's fields, or an empty .jsonl
+    (refused as a task file that holds no record, not read as an empty corpus)."""
+    path = Path(data)
+    if is_task_file(path):
+        return True
+    try:
+        return path.suffix == ".jsonl" and path.is_file() and path.stat().st_size < 2**16 and not path.read_text(
+            encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return False
+
+
+def records_of(data: str) -> list[TaskRecord]:
+    """The task file's records, read once per version of the file (the kind's declarations each ask for them)."""
+    path = Path(data)
+    try:
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        version = None
+    return list(_records(str(path), version))
+
+
+@lru_cache(maxsize=4)
+def _records(path: str, version: tuple[int, int] | None) -> tuple[TaskRecord, ...]:
+    return tuple(read_records(path))
+
+
+def spread(count: int, sizes: list[int], rng: random.Random) -> list[int]:
+    """`count` items taken from groups of `sizes` as evenly as they allow: every group with items left gets one in
+    turn, and when fewer remain than such groups, groups drawn at random get them."""
+    taken = [0] * len(sizes)
+    while count > 0:
+        room = [i for i, size in enumerate(sizes) if taken[i] < size]
+        for i in room if count >= len(room) else rng.sample(room, count):
+            taken[i] += 1
+        count -= min(count, len(room))
+    return taken
+
+
+def evaluated(config: RunConfig) -> list[TaskRecord]:
+    """The records a run evaluates, in the file's order: every one without --samples (or with as many), else
+    `config.samples` of them spread evenly over the file's tasks, each task's share over its lengths, and drawn at
+    random within a (task, length) — seeded by the run's seed, so a resumed run evaluates the same records."""
+    records = records_of(config.data)
+    if config.samples is None or config.samples >= len(records):
+        return records
+    from ...seeds import Domain, derive_seed
+
+    rng = random.Random(derive_seed(config.seed, Domain.TASK_SAMPLES))
+    chosen: list[TaskRecord] = []
+    tasks = grouped(records, "task")
+    for of_task, share in zip(tasks.values(), spread(config.samples, [len(group) for group in tasks.values()], rng)):
+        lengths = grouped(of_task, "length")
+        for of_length, count in zip(lengths.values(), spread(share, [len(group) for group in lengths.values()], rng)):
+            chosen += rng.sample(of_length, count)
+    return sorted(chosen, key=lambda record: record.example)
+
+
+def grouped(records: list[TaskRecord], field: str) -> dict[Any, list[TaskRecord]]:
+    """Records by the value of `field`, in the order the values first appear."""
+    groups: dict[Any, list[TaskRecord]] = {}
+    for record in records:
+        groups.setdefault(getattr(record, field), []).append(record)
+    return groups
+
+
+def left_out(config: RunConfig) -> list[str]:
+    """The file's tasks of which --samples evaluates no record, in the file's order."""
+    kept = {record.task for record in evaluated(config)}
+    return [task for task in dict.fromkeys(record.task for record in records_of(config.data)) if task not in kept]

@@ -1,0 +1,105 @@
+"""The common pieces of every press: kvpress's n_kept, the per-key/value-head top-n selection, and the rows of a
+compressed cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from spectra.kv.presses import REGISTRY, Compressed, evict, full, n_kept, per_head
+from spectra.kv.presses.base import AXES, full_memory, row_bytes
+
+from .conftest import make_prefill
+
+
+def test_n_kept_truncates_the_float_product_as_kvpress_does() -> None:
+    assert n_kept(100, 0.9) == 9, "100·(1 − 0.9) = 9.999…98 truncates to 9"
+    assert n_kept(256, 0.3) == 179 and n_kept(256, 0.5) == 128 and n_kept(1024, 0.75) == 256
+    assert n_kept(3, 0.9) == 1, "at least one token is kept"
+    assert n_kept(10, 1.0) == 0
+
+
+def test_evict_keeps_the_top_scores_of_each_key_value_head_in_position_order() -> None:
+    prefill, arrays = make_prefill(length=20)
+    scores = torch.from_numpy(np.random.default_rng(1).standard_normal((2, 20)))
+    compressed = evict(prefill, scores, 7)
+    for head in range(2):
+        expected = np.sort(np.argsort(-scores[head].numpy())[:7])
+        np.testing.assert_array_equal(compressed.kept[head].numpy(), expected)
+    assert not torch.equal(compressed.kept[0], compressed.kept[1]), "each key/value head chooses its own tokens"
+    keys, values = compressed.rows(prefill.key, prefill.value)
+    for head in range(2):
+        np.testing.assert_array_equal(keys[head].numpy(), arrays["k"][head, compressed.kept[head].numpy()])
+        np.testing.assert_array_equal(values[head].numpy(), arrays["v"][head, compressed.kept[head].numpy()])
+    assert compressed.saved == pytest.approx(1 - 7 / 20)
+
+
+def test_the_full_cache_is_every_row_and_a_transform_must_give_its_rows() -> None:
+    prefill, _ = make_prefill(length=12)
+    keys, values = full(prefill).rows(prefill.key, prefill.value)
+    assert torch.equal(keys, prefill.key) and torch.equal(values, prefill.value) and full(prefill).saved == 0
+    with pytest.raises(ValueError, match="must give its keys and values"):
+        Compressed(None, 0.5, key=prefill.key)
+    mixed = Compressed(None, 0.5, key=prefill.key[:, :3], value=prefill.value[:, :3])
+    assert mixed.rows(prefill.key, prefill.value)[0].shape == (2, 3, 8)
+
+
+def test_group_mean_averages_the_query_heads_of_each_key_value_head() -> None:
+    prefill, _ = make_prefill(length=12)
+    per_head = torch.arange(6.0)[:, None].expand(6, 4)
+    np.testing.assert_array_equal(prefill.group_mean(per_head).numpy(), [[1.0] * 4, [4.0] * 4])
+    assert prefill.groups == 3 and prefill.kv_heads == 2 and prefill.length == 12 and prefill.head_dim == 8
+
+
+def test_every_press_is_registered_once_with_a_summary() -> None:
+    assert all(press.summary for press in REGISTRY.values())
+
+
+def test_the_ratios_where_the_window_fills_the_budget() -> None:
+    """kvpress keeps int(L(1 − r)) tokens; where that is no more than the 64-token window snapkv and loki always keep,
+    their scores choose nothing. At L = 128 (issue 33) that is 0.5, 0.75 and 0.9; r = 0.9 needs L ≥ 651 to choose
+    (1 − 0.9 is 0.0999…, so 650 keeps 64)."""
+    from spectra.kv.presses.base import window_choosing_length, window_filled, window_note
+
+    assert window_filled(128, [0.25, 0.5, 0.75, 0.9]) == [(0.5, 64), (0.75, 32), (0.9, 12)]
+    first = next(length for length in range(65, 10_000) if int(length * (1 - 0.9)) > 64)
+    assert window_choosing_length([0.25, 0.9]) == first == 651
+    assert window_note(128, [0.25], ["snapkv", "loki"]) is None
+    assert window_note(128, [0.5], ["knorm"]) is None, "only the windowed presses"
+    assert window_note(128, [0.5], ["snapkv"]).startswith("ratio 0.5 keeps 64 tokens, no more than the 64-token "
+                                                          "window that snapkv always keeps: its scores choose nothing")
+
+
+def test_memory_counts_rows_at_the_caches_dtype_unless_the_press_counted_it() -> None:
+    prefill, _ = make_prefill(length=20)  # float64, d = 8: a row of one key/value head is 2 × 8 × 8 bytes
+    assert evict(prefill, torch.zeros(2, 20), 7).memory(prefill).tolist() == [7 * 128] * 2
+    assert full(prefill).memory(prefill).tolist() == [20 * 128] * 2
+    assert full_memory(prefill) == 20 * 128 and row_bytes(prefill) == 128
+    mixed = Compressed(None, 0.5, key=prefill.key[:, :3], value=prefill.value[:, :3])
+    assert mixed.memory(prefill).tolist() == [3 * 128] * 2
+    counted = Compressed(None, 0.5, key=prefill.key, value=prefill.value, stored=torch.tensor([5, 6]))
+    assert counted.memory(prefill).tolist() == [5, 6]
+
+
+def test_every_press_declares_an_axis() -> None:
+    axes = {name: press.axis for name, press in REGISTRY.items()}
+    assert set(axes.values()) <= set(AXES)
+    assert axes["think"] == "channels" and axes["lowrank"] == "rank" and axes["kivi2"] == "bits"
+    assert axes["snapkv"] == "tokens"
+
+
+def test_per_head_keeps_each_heads_positions_padded_with_its_last(prefill) -> None:
+    prefilled, _ = prefill
+    keep = np.zeros((2, 100), dtype=bool)
+    keep[0, [3, 50, 99]] = True
+    keep[1, [0, 7, 8, 9, 40, 41]] = True
+    part = per_head(prefilled, torch.from_numpy(keep))
+    assert part.kept.tolist() == [[3, 50, 99, 99, 99, 99], [0, 7, 8, 9, 40, 41]]
+    assert part.valid.tolist() == [[True] * 3 + [False] * 3, [True] * 6]
+    assert part.counts().tolist() == [3, 6] and part.saved == pytest.approx(1 - 9 / 200)
+    np.testing.assert_array_equal(part.kept_mask(100).numpy(), keep)
+    even = per_head(prefilled, torch.from_numpy(np.repeat(keep[1:], 2, axis=0)))
+    assert even.valid is None and even.counts().tolist() == [6, 6], "equal counts need no mask"
+    with pytest.raises(ValueError, match="at least one"):
+        per_head(prefilled, torch.zeros(2, 100, dtype=torch.bool))

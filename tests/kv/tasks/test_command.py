@@ -1,0 +1,109 @@
+"""`spectra tasks`: a task file from the model's tokenizer alone; bad input is one line and exit 2, and a length
+beyond the model's positions stops before the tokenizer loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tiny
+
+from spectra.kv.tasks.command import make_tasks
+from spectra.kv.tasks.records import read_records
+
+
+def test_the_command_writes_a_task_file(chat_decoder: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    essay = tmp_path / "essay.txt"
+    essay.write_text(tiny.licence_text(20000))
+    out = tmp_path / "tasks.jsonl"
+    code, stdout, stderr = tiny.run_cli(["tasks", str(chat_decoder), "--tasks", "passkey,niah_single_2", "--length",
+                                         "2048", "--samples", "2", "--out", str(out), "--haystack", str(essay)],
+                                        monkeypatch, capsys)
+    assert code == 0, stderr
+    records = read_records(out)
+    assert [(r.task, r.length, r.depth, r.example) for r in records] == [
+        ("passkey", 2048, 0.0, 0), ("passkey", 2048, 1.0, 1), ("niah_single_2", 2048, 0.0, 2),
+        ("niah_single_2", 2048, 1.0, 3)]
+    assert "The grass is green" not in records[2].context  # the file replaces the essays
+    assert f"wrote {out} (4 records)" in stdout.replace("\n", "")
+
+
+def test_a_haystack_shorter_than_the_contexts_is_said_to_repeat(chat_decoder: Path, tmp_path: Path, monkeypatch,
+                                                                 capsys) -> None:
+    """Three words fill a context only by repeating: the command says so (and still writes the file, as RULER
+    repeats its essays); a haystack the contexts do not exhaust draws no warning."""
+    short, out = tmp_path / "short.txt", tmp_path / "t.jsonl"
+    short.write_text("Grass grows slowly.")
+    argv = ["tasks", str(chat_decoder), "--tasks", "niah_single_1,niah_single_2", "--length", "1024", "--samples",
+            "1", "--out", str(out), "--haystack", str(short)]
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 0 and stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"warning: the haystack {short} holds 3 words: the contexts of niah_single_2 repeat it "
+                             "up to ")
+    assert read_records(out)[1].context.count("Grass grows slowly.") > 20
+    short.write_text(tiny.licence_text(20000))
+    code, _, stderr = tiny.run_cli([*argv, "--overwrite"], monkeypatch, capsys)
+    assert code == 0 and stderr == "", stderr
+
+
+def test_the_api_returns_what_it_wrote(chat_decoder: Path, tmp_path: Path) -> None:
+    written = make_tasks(str(chat_decoder), tasks=["vt"], lengths=[2048], samples=1, out=tmp_path / "t.jsonl")
+    assert written.positions == 4096 and [f.record for f in written.fitted] == read_records(written.path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "qa_1"], "unknown task qa_1 in --tasks"),
+    (["--length", "4097"], "--length 4097 is beyond the 4096 positions of"),
+    (["--length", "two"], "--length takes token counts"),
+    (["--samples", "0"], "--samples must be ≥ 1"),
+    (["--out", "{tmp}"], "is a directory"),
+    (["--out", "{tmp}/t.txt"], "must end in .jsonl"),
+    (["--tasks", "niah_single_2", "--haystack", "{tmp}/none.txt"], "cannot read the haystack"),
+    (["--tasks", "passkey,niah_single_1", "--haystack", "{tmp}/none.txt"],
+     "--haystack is read only by niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery, and none of "
+     "the tasks asked for (passkey, niah_single_1) is one of them"),
+    (["--out", "{tmp}/afile/x.jsonl"], "afile/x.jsonl: {tmp}/afile is not a writable directory; choose another --out"),
+    (["--out", "/proc/x.jsonl"], "cannot write /proc/x.jsonl: /proc is not a writable directory"),
+    (["--out", "{tmp}/existing.jsonl"], "existing.jsonl already exists; pass --overwrite to replace it or choose "
+                                        "another --out"),
+])
+def test_bad_input_is_one_line_before_the_tokenizer_loads(args: list[str], message: str, long_decoder: Path,
+                                                          tmp_path: Path, monkeypatch, capsys) -> None:
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tokenizer was loaded")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    (tmp_path / "afile").write_text("a file, not a folder")
+    (tmp_path / "existing.jsonl").write_text("")
+    message = message.format(tmp=tmp_path)
+    base = {"--tasks": "passkey", "--length": "1024", "--out": str(tmp_path / "t.jsonl")}
+    given = dict(zip(args[::2], [value.format(tmp=tmp_path) for value in args[1::2]]))
+    argv = ["tasks", str(long_decoder)] + [item for key, value in {**base, **given}.items() for item in (key, value)]
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and stderr.count("\n") == 1 and message in stderr, stderr
+
+
+def test_models_that_cannot_answer(bert_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    out = str(tmp_path / "t.jsonl")
+    code, _, stderr = tiny.run_cli(["tasks", str(bert_dir), "--length", "64", "--out", out], monkeypatch, capsys)
+    assert code == 2 and "is not a decoder" in stderr
+    code, _, stderr = tiny.run_cli(["tasks", str(tmp_path / "none"), "--length", "64", "--out", out], monkeypatch,
+                                   capsys)
+    assert code == 2 and "does not exist" in stderr
+
+
+def test_an_existing_file_is_replaced_only_with_overwrite(chat_decoder: Path, tmp_path: Path, monkeypatch,
+                                                          capsys) -> None:
+    """As a run directory: an existing --out is kept unless --overwrite; a missing folder is made, as for runs."""
+    out = tmp_path / "new" / "folder" / "t.jsonl"
+    argv = ["tasks", str(chat_decoder), "--tasks", "vt", "--length", "2048", "--samples", "1", "--out", str(out)]
+    assert tiny.run_cli(argv, monkeypatch, capsys)[0] == 0 and len(read_records(out)) == 1
+    out.write_text("")
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and "already exists; pass --overwrite" in stderr and out.read_text() == ""
+    code, _, stderr = tiny.run_cli(argv + ["--overwrite"], monkeypatch, capsys)
+    assert code == 0 and len(read_records(out)) == 1, stderr
+    with pytest.raises(Exception, match="already exists; pass overwrite=True"):
+        make_tasks(str(chat_decoder), tasks="vt", lengths=[2048], samples=1, out=out)

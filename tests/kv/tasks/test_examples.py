@@ -1,0 +1,67 @@
+"""spectra/kv/tasks/examples.py, the task source: each record's prompt ids as kvpress tokenizes them (and the
+query-aware variant), its needle, one example per batch (skipped and sharded by position), the refusals once the model
+has loaded, and what run.json records of the file."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from spectra.config import RunConfig
+from spectra.errors import SpectraError
+from spectra.kv.tasks.prompt import prompt_ids
+from spectra.kv.tasks.records import read_records
+from spectra.kv.tasks.examples import TaskSource, prepare
+
+import task_files
+
+
+@pytest.fixture(scope="module")
+def task_file(tmp_path_factory):
+    return task_files.write(tmp_path_factory.mktemp("tasks") / "tasks.jsonl", task_files.records(count=3))
+
+
+def test_prompts_are_kvpress_ids_with_their_needle(chat_tokenizer, task_file) -> None:
+    for record in read_records(task_file):
+        example = prepare(chat_tokenizer, record, query_aware=False)
+        context_ids, question_ids = prompt_ids(chat_tokenizer, record.context, record.question, record.answer_prefix)
+        assert example.context_ids.tolist() == context_ids and example.question_ids.tolist() == question_ids
+        assert example.tokens == len(context_ids) + len(question_ids) + record.max_new_tokens
+        spelled = chat_tokenizer.decode(example.context_ids[example.needle].tolist()).replace(" ", "")
+        assert record.answers[0] in spelled and example.needle.size <= len(record.answers[0])
+        aware = prepare(chat_tokenizer, record, query_aware=True)
+        context_ids, question_ids = prompt_ids(chat_tokenizer, record.context + record.question, "",
+                                               record.answer_prefix)
+        assert aware.context_ids.tolist() == context_ids and aware.question_ids.tolist() == question_ids
+        assert aware.needle.tolist() == example.needle.tolist(), "the needle sits where it sat"
+        assert aware.context > example.context and aware.question_ids.shape[-1] < example.question_ids.shape[-1]
+
+
+def source(model, path, **options) -> TaskSource:
+    settings = dict(query_aware=False, received=False, windowed=False) | options
+    return TaskSource(RunConfig(str(model), str(path)), "cpu", read_records(path), **settings)
+
+
+def test_one_example_per_batch_skipped_and_sharded(chat_decoder, task_file) -> None:
+    found = source(chat_decoder, task_file)
+    assert [batch.index for batch in found.batches(3)] == [[0], [1], [2]]
+    assert [batch.index for batch in found.batches(3, skip=1)] == [[1], [2]]
+    assert [batch.index for batch in found.batches(3, shard=(1, 2))] == [[1]]
+    assert [batch.index for batch in found.batches(2)] == [[0], [1]]
+    data = found.data()
+    assert data["sha256"] == hashlib.sha256(task_file.read_bytes()).hexdigest() and data["records"] == 3
+
+
+def test_what_does_not_fit_is_refused_once_loaded(chat_decoder, long_decoder, tmp_path) -> None:
+    long = task_files.write(tmp_path / "long.jsonl", task_files.records(count=2, max_new_tokens=5000, length=None))
+    with pytest.raises(SpectraError, match="long.jsonl line 1: its prompt .* and 5000 new tokens exceed the 4096 "
+                                           "positions"):
+        source(chat_decoder, long).start()
+    short = task_files.write(tmp_path / "short.jsonl", task_files.records(count=2, words=5))
+    with pytest.raises(SpectraError, match=r"short.jsonl line 1: its context has 20 tokens; snapkv, loki and "
+                                           r"headbudget\(<run>\) read the last 64 "):
+        source(long_decoder, short, windowed=True).start()
+    started = source(long_decoder, short)
+    started.start()
+    assert started.n == max(example.tokens for example in started.examples) and started.prefill_bytes() > 0

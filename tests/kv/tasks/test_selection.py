@@ -1,0 +1,31 @@
+"""spectra/tasks/selection.py: the records a task study evaluates — the whole file by default; --samples N spread
+evenly over the file's tasks, then each task's lengths, seeded, with the tasks left out named."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from spectra.config import RunConfig
+from spectra.kv.tasks import selection
+from spectra.kv.tasks.records import read_records
+
+import task_files
+
+
+def test_samples_spread_evenly_over_tasks_then_lengths(tmp_path) -> None:
+    rows = [row for task in ("a_task", "b_task") for row in task_files.records(count=6, task="passkey", seed=len(task))]
+    for i, row in enumerate(rows):
+        row["task"], row["length"] = ("niah_a", 100 + 100 * (i % 2)) if i < 6 else ("vt", 100)
+    path = task_files.write(tmp_path / "t.jsonl", rows)
+    assert selection.evaluated(RunConfig(data=str(path))) == read_records(path)  # no --samples: the whole file
+    chosen = selection.evaluated(RunConfig(data=str(path), samples=5, seed=3))
+    assert chosen == sorted(chosen, key=lambda record: record.example) and len(chosen) == 5
+    by_task = Counter(record.task for record in chosen)
+    assert sorted(by_task.values()) == [2, 3]
+    assert {record.length for record in chosen if record.task == "niah_a"} == {100, 200}  # its share over its lengths
+    assert chosen == selection.evaluated(RunConfig(data=str(path), samples=5, seed=3))  # seeded: a resume finds them
+    assert any(selection.evaluated(RunConfig(data=str(path), samples=5, seed=seed)) != chosen for seed in range(4, 9))
+    assert selection.left_out(RunConfig(data=str(path), samples=1, seed=3)) in (["niah_a"], ["vt"])
+    assert selection.spread(7, [5, 1, 5], random.Random(0)) == [3, 1, 3]
+    assert sorted(selection.spread(2, [3, 3, 3], random.Random(0))) == [0, 1, 1]

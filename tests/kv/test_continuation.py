@@ -1,0 +1,208 @@
+"""The cache engine against dense references written here: the continuation scored against a compressed cache equals
+one forward pass over context + continuation in which every layer and head hides the evicted context keys from
+the continuation queries (ThinK: shows them with the pruned channels zeroed); the full cache equals the plain
+model; the per-head measures and the token measures equal numpy formulas. Float64 throughout, so the routes agree to
+float64 rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from spectra import capture, models
+from spectra.kv import headpattern, continuation
+from spectra.kv.presses import REGISTRY, full, per_head
+
+import tiny
+from ..anatomy.test_headweights import fake_run
+
+CONTEXT, CONTINUATION = 72, 9
+
+
+@pytest.fixture(scope="module")
+def gqa_llama(tmp_path_factory):
+    """A tiny Llama with 6 query heads over 2 key/value heads, in float64, and a sequence of its tokens."""
+    path = tiny.save_decoder(tmp_path_factory.mktemp("models") / "gqa-llama", heads=6, kv_heads=2, hidden=48)
+    loaded = models.load(str(path), device="cpu", lm_head=True)
+    loaded.model.double()
+    ids = torch.randint(3, len(loaded.tokenizer), (1, CONTEXT + CONTINUATION),
+                        generator=torch.Generator().manual_seed(0))
+    return loaded, ids
+
+
+def prefilled(loaded, ids) -> dict:
+    """Each layer's prefill and captured record, read off one forward over the whole sequence."""
+    found = {}
+
+    def observe(captured):
+        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, None, 0, 0))
+
+    outputs = capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=ids)
+    return found, outputs.logits[0]
+
+
+def dense_reference(loaded, ids, parts: dict) -> torch.Tensor:
+    """Logits of one forward pass over all tokens where continuation query i ≥ L of layer ℓ, head h sees the context
+    keys kept for (ℓ, h's key/value head) — with their rows as the press left them, or a transform's rows — and
+    continuation keys ≤ i."""
+    def substitute(captured):
+        q, key, value = captured.q[0], captured.key[0], captured.value[0]  # (H, n, d), (H_kv, n, d)
+        part = parts[captured.layer]
+        groups = q.shape[0] // key.shape[0]
+        n = q.shape[1]
+        outputs = torch.zeros_like(q)
+        for head in range(q.shape[0]):
+            kv = head // groups
+            if part.kept is None:  # a transform: its rows are what the continuation sees of the context
+                seen_keys, seen_values = part.key[kv], part.value[kv]
+            else:  # the kept tokens, with their rows as the press left them (ThinK: zeroed channels)
+                rows = slice(None) if part.valid is None else part.valid[kv]  # per-head counts: padding hidden
+                kept = part.kept[kv][rows]
+                seen_keys = key[kv, :CONTEXT][kept] if part.key is None else part.key[kv][rows]
+                seen_values = value[kv, :CONTEXT][kept] if part.value is None else part.value[kv][rows]
+            for i in range(n):
+                if i < CONTEXT:
+                    keys, values = key[kv, : i + 1], value[kv, : i + 1]
+                else:
+                    keys = torch.cat([seen_keys, key[kv, CONTEXT: i + 1]])
+                    values = torch.cat([seen_values, value[kv, CONTEXT: i + 1]])
+                weights = torch.softmax(keys @ q[head, i] * captured.scaling, dim=-1)
+                outputs[head, i] = weights @ values
+        return outputs[None]
+
+    return capture.forward(loaded.model, loaded.layers, None, substitute, [0], input_ids=ids).logits[0]
+
+
+def engine(loaded, ids, parts_per_variant: list[dict], layers: dict, first: torch.Tensor) -> torch.Tensor:
+    """Logits (variants, C, vocab) of the continuation through the engine: the prefill's last position, then the
+    batched continuation against the compressed caches."""
+    stacked = {layer: continuation.stack([parts[layer] for parts in parts_per_variant], prefill.key, prefill.value)
+               for layer, (_, prefill) in layers.items()}
+    rest = continuation.continuation_logits(loaded.model, loaded.layers, stacked.__getitem__, ids[0, CONTEXT:-1], CONTEXT,
+                                       0, len(parts_per_variant))
+    return torch.cat([first.expand(len(parts_per_variant), 1, -1), rest], dim=1)
+
+
+def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_llama, tmp_path) -> None:
+    loaded, ids = gqa_llama
+    layers, logits = prefilled(loaded, ids)
+    pattern = headpattern.write(tmp_path / "duo", np.array([[0.2, 0.9], [0.8, 0.1]]), 4, 8)
+    run, _ = fake_run(tmp_path / "run")
+    plan = pd.DataFrame([{"budget": 0.5, "layer": layer, "kv_head": head, "press": press, "ratio": 0.5, "best": True}
+                         for layer in range(loaded.layers) for head, press in enumerate(("knorm", "think"))])
+    plan.to_csv(tmp_path / "cache_axes.csv", index=False)
+    arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})"]
+    names = [*REGISTRY.bare(), *arguments]  # presses with an argument too
+    variants = [{layer: REGISTRY[name].compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
+                for name in names]
+    through_cache = engine(loaded, ids, variants, layers, logits[CONTEXT - 1])
+    for name, parts, got in zip(names, variants, through_cache):
+        reference = dense_reference(loaded, ids, parts)[CONTEXT - 1: -1]
+        assert torch.allclose(got, reference, atol=1e-10, rtol=0), name
+        if name.startswith("kivi"):  # KIVI quantizes 128 tokens at a time: a 72-token context stays whole
+            assert parts[0].saved == 0 and torch.allclose(got, logits[CONTEXT - 1: -1], atol=1e-10), name
+            continue
+        assert not torch.allclose(got, logits[CONTEXT - 1: -1], atol=1e-4), f"{name} changed nothing"
+    knorm = variants[names.index("knorm")][0].kept
+    assert not torch.equal(knorm[0], knorm[1]), "key/value heads keep different tokens"
+    for name in arguments:  # the presses with an argument keep different counts per head
+        assert any(part.valid is not None for part in variants[names.index(name)].values()), f"{name}: equal counts"
+
+
+def per_head_caches(layers: dict, seed: int) -> dict:
+    """Each layer's cache keeping a different random number of random context tokens per key/value head."""
+    generator = torch.Generator().manual_seed(seed)
+    found = {}
+    for layer, (_, prefill) in layers.items():
+        keep = torch.zeros(prefill.kv_heads, CONTEXT, dtype=torch.bool)
+        for head, count in enumerate((5 + 30 * layer, 60 - 20 * layer)):
+            keep[head, torch.randperm(CONTEXT, generator=generator)[:count]] = True
+        found[layer] = per_head(prefill, keep)
+    return found
+
+
+def test_per_head_counts_equal_the_dense_forward_that_hides_what_each_head_evicted(gqa_llama) -> None:
+    loaded, ids = gqa_llama
+    layers, logits = prefilled(loaded, ids)
+    variants = [per_head_caches(layers, 0), {layer: full(prefill) for layer, (_, prefill) in layers.items()},
+                per_head_caches(layers, 1)]
+    assert all(part.valid is not None for parts in variants[::2] for part in parts.values())
+    through_cache = engine(loaded, ids, variants, layers, logits[CONTEXT - 1])
+    for parts, got in zip(variants, through_cache):
+        reference = dense_reference(loaded, ids, parts)[CONTEXT - 1: -1]
+        assert torch.allclose(got, reference, atol=1e-10, rtol=0)
+    captured, prefill = layers[0]
+    mass, _ = continuation.head_measures(captured, 0, CONTEXT, [variants[0][0]], prefill)
+    p = captured.p[0, :, CONTEXT:].numpy()
+    for head in range(6):
+        part = variants[0][0]
+        kept = part.kept[head // 3][part.valid[head // 3]].numpy()
+        share = p[head][:, kept].sum(-1) / p[head][:, :CONTEXT].sum(-1)
+        assert mass[0, head].item() == pytest.approx(share.mean(), abs=1e-12)
+
+
+def test_a_quantized_cache_equals_the_dense_forward_over_its_dequantized_rows(gqa_llama) -> None:
+    from spectra.kv.presses.kivi import Kivi
+
+    loaded, ids = gqa_llama
+    layers, logits = prefilled(loaded, ids)
+    press = Kivi(2, group=8, residual=16)  # 64 keys and 56 values quantized of 72
+    parts = {layer: press.compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
+    got = engine(loaded, ids, [parts], layers, logits[CONTEXT - 1])[0]
+    assert torch.allclose(got, dense_reference(loaded, ids, parts)[CONTEXT - 1: -1], atol=1e-10, rtol=0)
+    assert not torch.allclose(got, logits[CONTEXT - 1: -1], atol=1e-4), "2 bits changed nothing"
+
+
+def test_the_full_cache_equals_the_plain_model(gqa_llama) -> None:
+    loaded, ids = gqa_llama
+    layers, logits = prefilled(loaded, ids)
+    whole = {layer: full(prefill) for layer, (_, prefill) in layers.items()}
+    got = engine(loaded, ids, [whole], layers, logits[CONTEXT - 1])[0]
+    plain = loaded.model(input_ids=ids).logits[0]
+    assert torch.allclose(got, plain[CONTEXT - 1: -1], atol=1e-10, rtol=0)
+    reference = dense_reference(loaded, ids, whole)[CONTEXT - 1: -1]
+    assert torch.allclose(got, reference, atol=1e-10, rtol=0)
+
+
+def test_head_measures_equal_numpy(gqa_llama) -> None:
+    loaded, ids = gqa_llama
+    layers, _ = prefilled(loaded, ids)
+    captured, prefill = layers[1]
+    parts = [full(prefill), REGISTRY["knorm"].compress(prefill, 0.5), REGISTRY["think"].compress(prefill, 0.5)]
+    mass, error = continuation.head_measures(captured, 0, CONTEXT, parts, prefill)
+    p = captured.p[0, :, CONTEXT:].numpy()  # (H, C, n)
+    v = np.repeat(captured.value[0].numpy(), 3, axis=0)
+    exact = p @ v
+    kept = np.repeat(parts[1].kept.numpy(), 3, axis=0)
+    for head in range(6):
+        share = p[head][:, kept[head]].sum(-1) / p[head][:, :CONTEXT].sum(-1)
+        assert mass[1, head].item() == pytest.approx(share.mean(), abs=1e-12)
+        q = captured.q[0, head, CONTEXT:].numpy()
+        key = captured.key[0, head // 3].numpy()
+        keys = np.r_[key[kept[head]], key[CONTEXT:]]
+        values = np.r_[v[head][kept[head]], v[head][CONTEXT:]]
+        scores = q @ keys.T * captured.scaling
+        scores[:, len(kept[head]):] = np.where(np.tril(np.ones((CONTINUATION, CONTINUATION), bool)),
+                                               scores[:, len(kept[head]):], -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        out = (weights / weights.sum(-1, keepdims=True)) @ values
+        relative = np.linalg.norm(out - exact[head]) / np.linalg.norm(exact[head])
+        assert error[1, head].item() == pytest.approx(relative, rel=1e-9)
+    assert torch.all(mass[0] == 1) and error[0].max() < 1e-12, "the full cache loses nothing"
+    assert torch.allclose(mass[2], torch.ones(6, dtype=mass.dtype)) and error[2].min() > 0, "ThinK keeps every token"
+
+
+def test_token_measures_equal_numpy() -> None:
+    rng = np.random.default_rng(0)
+    logits = torch.from_numpy(rng.standard_normal((3, 5, 11)))
+    targets = torch.from_numpy(rng.integers(0, 11, 5))
+    reference = torch.log_softmax(torch.from_numpy(rng.standard_normal((5, 11))), dim=-1)
+    nll, kl, agree = continuation.token_measures(logits, targets, reference)
+    logp = logits.numpy() - np.log(np.exp(logits.numpy()).sum(-1, keepdims=True))
+    ref = reference.numpy()
+    np.testing.assert_allclose(nll.numpy(), -np.take_along_axis(logp, targets.numpy()[None, :, None].repeat(3, 0),
+                                                                 -1)[..., 0], rtol=1e-12)
+    np.testing.assert_allclose(kl.numpy(), (np.exp(ref) * (ref - logp)).sum(-1), rtol=1e-10)
+    np.testing.assert_array_equal(agree.numpy(), logp.argmax(-1) == ref.argmax(-1))

@@ -1,0 +1,99 @@
+"""The chunked prefill against the dense P: every layer's window rows, received attention, keys, values, window
+queries and pre-RoPE keys equal what `continuation.from_captured` reads off one eager forward pass that forms P whole, for
+chunks of one query, of a few and of the whole context; the layer outputs (hence the next layers' inputs) agree to
+float rounding. Float64 tiny Llama with grouped-query attention, so the two routes agree to float64 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectra import capture, models
+from spectra.kv import continuation, prefill
+from spectra.kv.presses.base import WINDOW
+
+import tiny
+
+CONTEXT = 90
+
+
+@pytest.fixture(scope="module")
+def gqa_llama(tmp_path_factory):
+    path = tiny.save_decoder(tmp_path_factory.mktemp("models") / "gqa-llama", heads=6, kv_heads=2, hidden=48)
+    loaded = models.load(str(path), device="cpu", lm_head=True)
+    loaded.model.double()
+    ids = torch.randint(3, len(loaded.tokenizer), (CONTEXT,), generator=torch.Generator().manual_seed(1))
+    return loaded, ids
+
+
+def dense(loaded, ids) -> dict:
+    """Each layer's prefill read off the dense P of one eager forward pass, with its pre-RoPE keys."""
+    found, pre = {}, {}
+
+    def projection(layer, which, output):
+        if which == "k":
+            pre[layer] = output
+
+    def observe(captured):
+        key_pre = pre[captured.layer][0].unflatten(-1, (captured.key.shape[1], -1)).transpose(0, 1)
+        found[captured.layer] = continuation.from_captured(captured, 0, CONTEXT, key_pre, 3, 5)
+
+    hooks = models.watch_projections(loaded.model, projection)
+    capture.forward(loaded.model, loaded.layers, observe, None, [5], input_ids=ids[None])
+    for handle in hooks:
+        handle.remove()
+    return found
+
+
+@pytest.mark.parametrize("fused, chunk_bytes", [(False, 1), (False, 6 * CONTEXT * 8 * 7), (False, 2**30),
+                                               (True, 2**30)], ids=["one-query", "seven", "whole", "fused"])
+def test_chunked_prefill_equals_the_dense_p(gqa_llama, fused, chunk_bytes) -> None:
+    loaded, ids = gqa_llama
+    reference = dense(loaded, ids)
+    got = prefill.exact(loaded.model, loaded.layers, ids, 3, 5, fused=fused, chunk_bytes=chunk_bytes)
+    assert [p.layer for p in got] == list(range(loaded.layers))
+    for layer, chunked in enumerate(got):
+        want = reference[layer]
+        for name in ("q", "key", "value", "key_pre", "window", "received"):
+            a, b = getattr(chunked, name), getattr(want, name)
+            assert a.shape == b.shape, name
+            assert torch.allclose(a, b, rtol=1e-12, atol=1e-12), (layer, name)
+        assert chunked.window.shape[1] == min(WINDOW, CONTEXT)
+        assert torch.allclose(chunked.window.sum(-1), torch.ones(6, WINDOW, dtype=torch.float64), atol=1e-12)
+        assert (chunked.scaling, chunked.seed, chunked.index) == (want.scaling, 3, 5)
+
+
+def test_each_statistic_equals_eager_on_its_own() -> None:
+    generator = torch.Generator().manual_seed(0)
+    q, key, value = (torch.randn(shape, generator=generator, dtype=torch.float64)
+                     for shape in ((4, 37, 8), (2, 37, 8), (2, 37, 8)))
+    groups = 2
+    scores = q @ key.repeat_interleave(groups, 0).transpose(-1, -2) * 0.3
+    scores = scores.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    out = p @ value.repeat_interleave(groups, 0)
+    assert torch.allclose(prefill.attention(q, key, value, 0.3), out, atol=1e-13)
+    assert torch.allclose(prefill.window_rows(q[:, -10:], key, 0.3), p[:, -10:], atol=1e-13)
+    assert torch.allclose(prefill.window_rows(q, key, 0.3), p, atol=1e-13)
+    for chunk in (1, 5, 36, 37):
+        assert torch.allclose(prefill.received_attention(q, key, 0.3, chunk), p.sum(-2), atol=1e-13)
+    fused = prefill.fused_received(q, key, value, 0.3)
+    assert fused is not None, "torch's CPU flash kernel is where the fused route expects it"
+    assert torch.allclose(fused[0], out, atol=1e-12) and torch.allclose(fused[1], p.sum(-2), rtol=1e-12, atol=0)
+    single = prefill.fused_received(q.float(), key.float(), value.float(), 0.3)
+    assert torch.allclose(single[1], p.sum(-2).float(), rtol=1e-5, atol=0), "float32: relative error of rounding"
+
+
+def test_without_received_the_statistic_is_empty(gqa_llama) -> None:
+    loaded, ids = gqa_llama
+    got = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False)
+    reference = prefill.exact(loaded.model, loaded.layers, ids, 0, 0)
+    for without, whole in zip(got, reference):
+        assert without.received.shape == (6, 0)
+        assert torch.equal(without.window, whole.window) and torch.equal(without.key, whole.key)
+
+
+def test_the_chunk_fits_its_budget() -> None:
+    assert prefill.chunk_queries(9, 8192) == 2**27 // (9 * 8192 * 4)
+    assert prefill.chunk_queries(9, 8192, budget=1) == 1
+    assert prefill.chunk_queries(1, 10, budget=2**30) == 10
