@@ -183,7 +183,7 @@ def tasks_command(
                          gguf_file=gguf_file, overwrite=overwrite, progress=progress)
     for note in written.notes:
         print(f"warning: {note}", file=sys.stderr)
-    stdout.print(f"wrote {written.path} ({len(written.fitted)} records)", soft_wrap=True)
+    stdout.print(f"wrote {written.path} ({plural(len(written.fitted), 'record')})", soft_wrap=True)
 
 
 def _stop(signum: int, frame: object) -> None:

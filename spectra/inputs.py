@@ -14,11 +14,24 @@ from typing import Any
 from .errors import SpectraError, spell
 
 
+def items(text: str, option: str) -> list[str]:
+    """'a, b,c' → ['a', 'b', 'c']; '' → [] (an option given empty is no value); an empty item between commas
+    ('a,,b', 'a,') is one line naming the option: a typo there would silently drop a value."""
+    if not text.strip():
+        return []
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise SpectraError(f"{spell(option)} '{text}' has an empty item: separate its values by single commas, with "
+                           "nothing after the last")
+    return parts
+
+
 def numbers(text: str, option: str, cast: type = int) -> list:
     """'32,64,128' → [32, 64, 128]; a malformed list is one line naming the option (its command-line spelling, or
     both spellings marked with `errors.spell`)."""
+    parts = items(text, option)
     try:
-        return [cast(part) for part in text.split(",") if part.strip()]
+        return [cast(part) for part in parts]
     except ValueError:
         expected = "integers, e.g. 32,64,128" if cast is int else "numbers, e.g. 0.1,0.2,0.3,0.5"
         raise SpectraError(f"{spell(option)} '{text}' is not a comma-separated list of {expected}") from None
@@ -30,7 +43,7 @@ def several(value: Any, option: str, cast: type | None = None) -> tuple:
     if isinstance(value, str):
         if cast is not None:
             return tuple(numbers(value, option, cast))
-        return tuple(part.strip() for part in value.split(",") if part.strip())
+        return tuple(items(value, option))
     if isinstance(value, Iterable):
         return tuple(value)
     return (value,)

@@ -44,3 +44,12 @@ def test_a_default_that_does_not_fit_says_it_was_the_default() -> None:
     with pytest.raises(SpectraError) as raised:
         budgets_or_default(None, (16, 32, 64, 128, 256), 40)
     assert raised.value.for_cli().endswith("e.g. --budget 16,32") and str(raised.value).endswith("e.g. budget=(16, 32)")
+
+
+@pytest.mark.parametrize("text", ["0.5,,0.7", "0.5,", ",0.5", " , "])
+def test_an_empty_item_in_a_list_is_one_line(text) -> None:
+    """Issue 41, item 15: `--tasks passkey,,` and `--length 1024,` were accepted, an empty item dropped without a
+    word; a typo between commas is refused (an option given empty is still no value)."""
+    with pytest.raises(SpectraError, match="has an empty item: separate its values by single commas"):
+        several(text, "--ratios", float)
+    assert several("", "--bytes-kept", float) == () and several("a, b", "--presses") == ("a", "b")

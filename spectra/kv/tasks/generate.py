@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import SpectraError, spell
+from ...inputs import items
 from ...registry import TASKS
 from .family import Example, Family, Target, example_rng, generated, haystack_tasks, largest_fitting, listing
 from .haystack import Haystack
@@ -43,7 +44,7 @@ class Fitted:
 
 def parse_tasks(text: str | Sequence[str]) -> tuple[str, ...]:
     """Task names from "a,b,c" (or a list), in order, duplicates dropped; "all" is every task."""
-    names = [name.strip() for name in (text.split(",") if isinstance(text, str) else text) if name.strip()]
+    names = items(text, spell("--tasks", "tasks")) if isinstance(text, str) else [name.strip() for name in text]
     tasks = generated()
     if names == ["all"]:
         return tasks
@@ -56,7 +57,7 @@ def parse_tasks(text: str | Sequence[str]) -> tuple[str, ...]:
 
 def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:
     """Lengths in tokens from "1024,2048" (or a list), each ≥ 1."""
-    parts = [part.strip() for part in text.split(",") if part.strip()] if isinstance(text, str) else list(text)
+    parts = items(text, spell("--length", "lengths")) if isinstance(text, str) else list(text)
     try:
         lengths = tuple(int(part) for part in parts)
     except (TypeError, ValueError):

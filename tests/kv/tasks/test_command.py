@@ -107,3 +107,15 @@ def test_an_existing_file_is_replaced_only_with_overwrite(chat_decoder: Path, tm
     assert code == 0 and len(read_records(out)) == 1, stderr
     with pytest.raises(Exception, match="already exists; pass overwrite=True"):
         make_tasks(str(chat_decoder), tasks="vt", lengths=[2048], samples=1, out=out)
+
+
+@pytest.mark.parametrize("option, value", [("--tasks", "passkey,,"), ("--length", "1024,")])
+def test_an_empty_item_in_tasks_or_lengths_is_refused(option, value, chat_decoder, tmp_path, monkeypatch,
+                                                      capsys) -> None:
+    """Issue 41, item 15: both were accepted, the empty item dropped without a word."""
+    argv = ["tasks", str(chat_decoder), "--tasks", "passkey", "--length", "1024", "--samples", "1", "--out",
+            str(tmp_path / "t.jsonl")]
+    argv[argv.index(option) + 1] = value
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and f"{option} '{value}' has an empty item" in stderr and stderr.count("\n") == 1, stderr
+    assert not (tmp_path / "t.jsonl").exists()
