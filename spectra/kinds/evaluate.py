@@ -97,10 +97,10 @@ class Evaluate(PressStudy):
         """A `TaskSource` over the evaluated records."""
         from ..kv.tasks.examples import TaskSource
 
-        return TaskSource(config, where, selection.evaluated(config), query_aware=options.query_aware,
+        records, missing = selection.evaluated(config), selection.left_out(config)
+        return TaskSource(config, where, records, query_aware=options.query_aware,
                           received=bool(PRESSES.having(RECEIVED) & set(options.presses)),
-                          windowed=bool(PRESSES.having("windowed") & set(options.presses)),
-                          left_out=selection.left_out(config))
+                          windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing)
 
     def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
         return identity(options)
