@@ -154,4 +154,4 @@ def test_the_real_packages_are_read_in_milliseconds() -> None:
     methods = Package(root / "methods", "spectra.methods").entries(("family", "causal", "calibrates"))
     presses = Package(root / "kv" / "presses", "spectra.kv.presses").entries(("scorer", "axis"))
     assert time.perf_counter() - start < 0.5
-    assert len(methods) == 27 and len(presses) == 19
+    assert len(methods) >= 27 and len(presses) >= 19

@@ -136,9 +136,11 @@ def test_a_press_that_wraps_another_is_named_with_it() -> None:
         "knorm", "decoding(knorm)", "decoding(tova)")
     # neither a scorer nor decodable; its default interval, declared once
     assert dict(registry.PRESSES.facts("decoding(knorm)")) == {"decodes": True, "interval": 512, "axis": "tokens"}
+    decodables = [name for name in registry.PRESSES if registry.PRESSES.facts(name).get("decodable")]
+    assert decodables[:3] == ["streaming", "knorm", "tova"]  # and any decodable scorer added since, in listing order
     for name, message in (("decoding", "press 'decoding' takes an argument: decoding\\(<decodable>\\)$"),
                           ("decoding(snapkv)", "decoding wraps a decodable press, and 'snapkv' is not one; "
-                                               "decodables: streaming, knorm, tova$"),
+                                               f"decodables: {', '.join(decodables)}$"),
                           ("decoding(knorm", "unknown press 'decoding\\(knorm'"),
                           ("knorm(tova)", "press 'knorm' takes no argument \\(in 'knorm\\(tova\\)'\\); presses "
                                           "taking one: adakv\\(<scorer>\\), .*decoding\\(<decodable>\\)$"),
