@@ -89,7 +89,7 @@ def test_a_group_fact_left_unstated_is_the_name() -> None:
 
 def test_an_imported_registry_lists_what_its_modules_register_in_the_order_of_a_fact(tmp_path: Path,
                                                                                       monkeypatch) -> None:
-    """Task families: each module registers its objects with their own facts as it loads (no DECLARES); the first
+    """Task families: each module registers its objects with their own facts as it loads (no source read); the first
     listing imports every module of the package, and the listing follows the `order` fact whichever module a caller
     imported first."""
     folder = tmp_path / "pkg" / "spectra" / "kinds_of"
