@@ -2,16 +2,19 @@
 
 A `Registry[T]` maps names to objects. Its entries come three ways:
 
-- *declared* (methods, presses): every module of the registry's package states, as a plain literal at its top,
-  the names it registers and their facts (`DECLARES = {"snapkv": {"windowed": True}, …}`) and where they come in
-  listings (`ORDER = 10`). The registry reads those literals from the files' text (`ast.literal_eval`), never
-  importing them, so the names and facts are known in milliseconds without torch: `--help` lists them and an unknown
+- *declared* (methods, presses): a press or a method is its class. The class registered by its module
+  (`@register`) states in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2},
+  …}` for instances of one class with different parameters) and its facts (class attributes named as the registry's
+  `facts`: `windowed = True`, inherited from its bases); its module's `ORDER = 10` says where its names come in
+  listings. The registry reads them from the package's syntax trees (`spectra.declarations`), never importing the
+  modules, so the names and facts are known in milliseconds without torch: `--help` lists them and an unknown
   `--methods` or `--presses` is refused before anything loads. The object behind a name is imported on first use
-  (its module calls `add` as it loads), and `add` refuses an object whose facts differ from its declaration.
+  (its module's `@register` calls `add` as it loads), and `add` refuses an object whose facts differ from what its
+  class was read to declare (a fact set in `__init__`, say, which no reading of the source can see).
 - *added* (analyses): the objects themselves, registered by importing their (torch-free) modules.
 - *imported* (task families): a package of torch-free modules, each registering its objects as it loads with the
-  facts the objects themselves state (no literal to parse): the first listing imports them all, and `order` names
-  the fact the listing is sorted by (the import order depends on which module a caller imported first).
+  facts the objects themselves state: the first listing imports them all, and `order` names the fact the listing is
+  sorted by (the import order depends on which module a caller imported first).
 
 A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts
 say what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
@@ -20,14 +23,13 @@ function `check: "module:function"`
 — so a bad argument is refused in one line before anything loads. `registry["adakv(snapkv)"]` is the registered
 object's `bind(argument)` (the wrapped object, or the argument's text), made once.
 
-So adding a method or a press is its file (with its `DECLARES`) and its test, a task family its file and its test;
-nothing else lists them. Modelled on lm-evaluation-harness's `Registry[T]`, whose entries may be lazy
+So adding a method or a press is its file (its class, decorated `@register`) and its test, a task family its file
+and its test; nothing else lists them. Modelled on lm-evaluation-harness's `Registry[T]`, whose entries may be lazy
 "module:object" placeholders until first use.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import importlib
 import re
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .declarations import Package
 from .errors import SpectraError
 
 T = TypeVar("T")
@@ -59,35 +62,15 @@ class Entry:
     facts: Mapping[str, Any] = field(default_factory=dict)
 
 
-def declarations(path: Path) -> tuple[float, dict[str, dict[str, Any]]] | None:
-    """A module file's `ORDER` and `DECLARES` literals, read from its text (None when it declares nothing). Only
-    the two assignments are parsed (`ast.literal_eval` of each, from its line to where its brackets close), not the
-    whole file: --help reads every method and press file this way."""
-    found: dict[str, Any] = {}
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines):
-        name = line.split("=", 1)[0].split(":", 1)[0].strip()
-        if name not in ("ORDER", "DECLARES") or not line.startswith(name):
-            continue
-        text, depth, end = line.split("=", 1)[1], 0, number
-        depth = text.count("{") + text.count("[") - text.count("}") - text.count("]")
-        while depth > 0:
-            end += 1
-            text += "\n" + lines[end]
-            depth += lines[end].count("{") + lines[end].count("[") - lines[end].count("}") - lines[end].count("]")
-        found[name] = ast.literal_eval(text.strip())
-    if "DECLARES" not in found:
-        return None
-    return float(found.get("ORDER", 0)), found["DECLARES"]
-
-
 class Registry(Mapping[str, T]):
     """Name → object (see the module docstring). Iterating, `len`, `in`, `names`, `facts` and `having` read the
     declarations only; indexing imports the object's module when it has not loaded yet."""
 
     def __init__(self, what: str, package: str | None = None, *, imported: bool = False,
-                 order: str | None = None) -> None:
+                 order: str | None = None, facts: tuple[str, ...] = ()) -> None:
         self.what, self.package, self.imported, self.order = what, package, imported, order
+        #: the class attributes a declared entry's class states as its facts
+        self.fact_names = facts
         self._objects: dict[str, T] = {}
         self._added: dict[str, Entry] = {}
         self._declared: dict[str, Entry] | None = None
@@ -96,7 +79,8 @@ class Registry(Mapping[str, T]):
     # ---------------------------------------------------------------- the declared side (no import)
 
     def entries(self) -> dict[str, Entry]:
-        """Every entry, in listing order: declared ones by their module's ORDER then as written; added ones after."""
+        """Every entry, in listing order: declared ones by their module's ORDER, file and the order written; added
+        ones after."""
         if self._declared is None:
             self._declared = {}
             folder = None if self.package is None else Path(__file__).parent.joinpath(*self.package.split(".")[1:])
@@ -105,13 +89,10 @@ class Registry(Mapping[str, T]):
                     if path.stem != "__init__":
                         importlib.import_module(f"{self.package}.{path.stem}")
             elif folder is not None:
-                found = [(declared, path.stem) for path in sorted(folder.glob("*.py"))
-                         if (declared := declarations(path)) is not None]
-                for (_, declares), stem in sorted(found, key=lambda item: item[0][0]):
-                    for name, facts in declares.items():
-                        if name in self._declared:
-                            raise ValueError(f"{self.what} '{name}' is declared twice")
-                        self._declared[name] = Entry(name, f"{self.package}.{stem}", dict(facts))
+                for name, module, facts in Package(folder, self.package).entries(self.fact_names):
+                    if name in self._declared:
+                        raise ValueError(f"{self.what} '{name}' is declared twice")
+                    self._declared[name] = Entry(name, module, facts)
         added = self._added
         if self.order is not None:
             added = dict(sorted(added.items(), key=lambda item: item[1].facts.get(self.order, float("inf"))))
@@ -191,16 +172,16 @@ class Registry(Mapping[str, T]):
     # ---------------------------------------------------------------- the objects
 
     def add(self, name: str, obj: T, **facts: Any) -> T:
-        """Register `obj` under `name` (once). A declared name must be added with the facts it declares."""
+        """Register `obj` under `name` (once). A declared name must be added with the facts its class declares."""
         if name in self._objects:
             raise ValueError(f"{self.what} '{name}' is registered twice")
         declared = self.entries().get(name)
         if self.package is not None and not self.imported:
             if declared is None:
-                raise ValueError(f"{self.what} '{name}' is registered without a declaration: add it to DECLARES "
-                                 "at the top of its module")
-            differing = {key: value for key, value in facts.items() if value != declared.facts.get(
-                key, False if isinstance(value, bool) else name)}  # a flag defaults to False, a group to the name
+                raise ValueError(f"{self.what} '{name}' is registered without a declaration: its class, decorated "
+                                 "@register, names it (name = \"…\" or variants = {name: {…}}) in its body")
+            differing = {key: value for key, value in facts.items()
+                         if not agrees(value, declared.facts.get(key), key in declared.facts, name)}
             if differing:
                 raise ValueError(f"{self.what} '{name}' declares {dict(declared.facts)} but is {differing}")
         else:
@@ -286,6 +267,12 @@ def chosen(names: Iterable[str], registry: Registry[Any], *, group: str | None =
     return tuple(picked)
 
 
+def agrees(value: Any, declared: Any, stated: bool, name: str) -> bool:
+    """Whether an object's fact agrees with its declaration: equal to the fact stated, or, unstated, one that does
+    not hold (False, 0, None, "") or a group that is the name itself (a method's family)."""
+    return value == declared if stated else (not value or value == name)
+
+
 def takes_argument(entry: Entry) -> bool:
     """Whether a declared name is used as `name(argument)`."""
     return bool(entry.facts.get("wraps") or entry.facts.get("argument"))
@@ -295,10 +282,14 @@ def plural(word: str) -> str:
     return word + ("es" if word.endswith("s") else "s")
 
 
-#: the approximation methods of `spectra approx` (spectra/methods/, one file per family)
-METHODS: Registry[Any] = Registry("method", "spectra.methods")
-#: the KV-cache presses of `spectra cache` (spectra/presses/, one file per family of press)
-PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses")
+#: the approximation methods of `spectra approx` (spectra/methods/, one file per family), and what each method class
+#: states of itself that is known before anything loads (`methods.base.Method`)
+METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", "causal", "calibrates"))
+#: the KV-cache presses of `spectra cache` (spectra/kv/presses/, one file per family of press), and what each press
+#: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
+PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
+    "needs_rope", "windowed", "calibrates", "received", "scorer", "decodable", "decodes", "window",
+    "interval", "wraps", "argument", "check", "axis", "ratio_means"))
 #: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
 #: of tasks, each registering its tasks with their family and their seed number, the listing's order)
 TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")

@@ -17,6 +17,7 @@ from .. import checkpoints, registry
 from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..inputs import several
+from ..kv.axes import ratio_meaning
 from ..options import option
 from ..registry import PRESSES
 from .base import Analysis
@@ -27,6 +28,18 @@ DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
 #: how many decoding steps kvpress's DecodingPress waits between compressions by default, as decoding(…) declares it
 DEFAULT_INTERVAL = PRESSES.facts("decoding")["interval"]
+
+
+def ratio_meanings() -> str:
+    """What each press's ratio is, as the presses declare it (`kv.axes.ratio_meaning`): the meaning most presses
+    share, then each other one after the presses it belongs to, in listing order."""
+    meanings: dict[str, list[str]] = {}
+    for name, entry in PRESSES.entries().items():
+        shown = PRESSES.listing_of(name) if registry.takes_argument(entry) else name
+        meanings.setdefault(ratio_meaning(entry.facts), []).append(shown)
+    common = max(meanings, key=lambda meaning: len(meanings[meaning]))
+    return f"for most, {common}" + "".join(f"; for {', '.join(names)}, {meaning}"
+                                           for meaning, names in meanings.items() if meaning != common)
 
 
 @dataclass(frozen=True)
@@ -42,10 +55,9 @@ class PressOptions:
                                       "config.json, such as a `spectra heads` run; <run>: an analyze or heads run, "
                                       "<run>@rank to weigh heads by rank; <cache run>: a run with --bytes-kept; "
                                       "docs/cache.md explains each).")
-    ratios: tuple[float, ...] = option(DEFAULT_RATIOS, "Comma-separated compression ratios in [0, 1): the fraction "
-                                       "of cached tokens removed (for think: of key channels, the memory saved "
-                                       "half of it; for duo: of key/value heads streaming; kivi2/4/8 ignore it). "
-                                       "The full cache (ratio 0) is always measured.")
+    ratios: tuple[float, ...] = option(DEFAULT_RATIOS, f"Comma-separated compression ratios in [0, 1), as each press "
+                                       f"declares them: {ratio_meanings()}. The full cache (ratio 0) is always "
+                                       "measured.")
     compression_interval: int = option(DEFAULT_INTERVAL, "Decoding steps between two compressions of a "
                                        "decoding(<decodable>) press (kvpress's compression_interval; the NLL protocol "
                                        "feeds the continuation one token a step).")

@@ -26,8 +26,10 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-#: what a press can remove from a cache, in the order tables and figures list them
-AXES = ("tokens", "channels", "rank", "bits")
+#: what a press can remove from a cache (`Press.axis`), in the order tables and figures list them, and what a ratio
+#: counts along each: a press's ratio is the share of its axis' units removed unless the press says otherwise
+UNITS = {"tokens": "cached tokens", "channels": "key channels", "rank": "principal directions", "bits": "bits"}
+AXES = tuple(UNITS)
 #: cache_axes.csv's columns
 COLUMNS = ("budget", "layer", "kv_head", "axis", "press", "ratio", "bytes_share", "out_err", "best")
 #: the diagnosis scores joined per key/value head: the largest of its query heads' (DuoAttention's convention for
@@ -35,6 +37,12 @@ COLUMNS = ("budget", "layer", "kv_head", "axis", "press", "ratio", "bytes_share"
 JOINED_MAX, JOINED_MEAN = ("retrieval",), ("sink_share", "local", "induction_score", "entropy", "rank90")
 #: slack on "fits in the budget": the shares are ratios of integers, the budgets typed decimals
 SLACK = 1e-9
+
+
+def ratio_meaning(facts: Mapping[str, object]) -> str:
+    """What a press's ratio is, from its declared facts (torch-free): its `ratio_means`, else the share of its
+    `axis`' units removed."""
+    return str(facts.get("ratio_means") or f"the share of {UNITS[str(facts.get('axis', 'tokens'))]} removed")
 
 
 def kv_head_errors(head_stats: pd.DataFrame, axes_of: Mapping[str, str], kv_heads: int) -> pd.DataFrame:

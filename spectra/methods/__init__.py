@@ -1,12 +1,12 @@
 """Approximations of a pretrained model's attention at a budget k, training-free or fitted: one file per family.
 
-Each file declares at its top the labels it registers and their facts (`DECLARES`, `ORDER`: read as text by
-`spectra.registry`, so --help lists them and an unknown name is refused without importing torch), defines a
-`base.Method` subclass — what it is (causal, random, calibrates) and `approximate(layer, budget, draws) ->
-Approximation` — and registers its variants, instances with their label, plot style and terminal header
-(`base.register`, which refuses a variant its declaration contradicts). `REGISTRY[label]` imports the file on first
-use. Adding a method is adding a file here and its test file under tests/methods/. See docs/methods.md for every
-formula, what k means and the cost.
+Each file defines a `base.Method` subclass decorated `@register`, whose class body states what it is (family,
+causal, random, calibrates) and its `variants` — each label with its instance's keyword arguments: a parameter, its
+plot style and terminal header — as literals that `spectra.registry` reads from the source (with the file's `ORDER`,
+where its labels come in listings), so --help lists them and an unknown name is refused without importing torch;
+and `approximate(layer, budget, draws) -> Approximation`. `REGISTRY[label]` imports the file on first use, and
+`register` builds the variants. Adding a method is adding a file here and its test file under tests/methods/. See
+docs/methods.md for every formula, what k means and the cost.
 
 | method | P̃ | budget k |
 | --- | --- | --- |

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -160,16 +160,20 @@ def joined(parts: list[Approximation]) -> Approximation:
 class Method:
     """An approximation method: `approximate(x, budget, draws)` for one layer's batch, and what it is.
 
-    A subclass declares its `family` (what `--methods` may name for all its variants), whether it is `causal`,
-    `random` or `calibrates`; an instance is one registered variant with its label, plot colour and marker and
-    terminal header `short`. Variants are instances of one class with a parameter (a sharing level, an
-    iteration count); an unregistered variant of your own (`Nystrom("nystrom-iter60", 60)`) needs no style. Call a
-    method as `method(x, budget, draws)`: it checks the draws fit the batch."""
+    A subclass declares, as literals in its class body (the registry reads them from the source, without torch),
+    its `family` (what `--methods` may name for all its variants), whether it is `causal`, `random` or
+    `calibrates`, and its `variants`: each label it is registered under and the keyword arguments of that instance
+    — a parameter (a sharing level, an iteration count; one named as a fact, `causal`, sets it for that variant),
+    its plot colour and marker and terminal header `short`. An unregistered variant of your own
+    (`Nystrom("nystrom-iter60", 60)`) needs no style. Call a method as `method(x, budget, draws)`: it checks the
+    draws fit the batch."""
 
     family: str = ""
     causal: bool = False
     random: bool = False
     calibrates: bool = False
+    #: label → keyword arguments of its instance (`cls(label, **arguments)`), one registered variant each
+    variants: dict[str, dict[str, object]] = {}
 
     def __init__(self, label: str, *, color: str = "gray", marker: str = ".", short: str | None = None,
                  family: str | None = None) -> None:
@@ -239,14 +243,19 @@ class Calibrated(Method):
                             f"{spell('spectra approx', 'spectra.approx')}")
 
 
-#: label → method, listed from each method file's DECLARES (`spectra.registry`), the file imported on first use
+#: label → method, listed from the method classes' source (`spectra.registry`), the file imported on first use
 REGISTRY: Registry[Method] = METHODS
 
+MethodClass = TypeVar("MethodClass", bound=type[Method])
 
-def register(method: Method) -> Method:
-    """Add `method` to the registry under its label, with the facts its file declares for it."""
-    return REGISTRY.add(method.label, method, family=method.family, causal=method.causal,
-                        calibrates=method.calibrates)
+
+def register(cls: MethodClass) -> MethodClass:
+    """Register a method class (a class decorator): one instance per `variants` entry, `cls(label, **arguments)`,
+    under its label, with the facts the class declares."""
+    for label, arguments in vars(cls).get("variants", {}).items():
+        method = cls(label, **arguments)
+        REGISTRY.add(label, method, family=method.family, causal=method.causal, calibrates=method.calibrates)
+    return cls
 
 
 def resolve(method: Method | str, fitted: Mapping[str, Method] | None = None) -> Method:

@@ -41,10 +41,8 @@ from ..reporter import Reporter
 from ..nn.descent import FitSettings, descend, first_group_timer, validation_split
 from .base import Approximation, Calibrated, Draws, Layer, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 120
-DECLARES = {"fastformer-fit": {"calibrates": True}, "fastformer-fit-causal": {"calibrates": True, "causal": True}}
 
 #: positions per block of the causal form's prefix sums (the block length changes only the rounding)
 CAUSAL_BLOCK = 64
@@ -136,9 +134,14 @@ def output_transform(calib: Calibration, rows: torch.Tensor, causal: bool) -> tu
     return solution[:, :d].transpose(-1, -2).to(calib.q.dtype), solution[:, d].to(calib.q.dtype)
 
 
+@register
 class Fastformer(Calibrated):
     """Fastformer's additive attention with w_q, w_k, W_r, b_r fitted per (layer, head) on the calibration
     sequences; `causal`: the prefix form on a decoder's layer."""
+
+    variants = {"fastformer-fit": {"causal": False, "color": "#e7298a", "marker": "$F$", "short": "fastf\nfit"},
+                "fastformer-fit-causal": {"causal": True, "color": "#8a2be2", "marker": "$f$",
+                                          "short": "fastf\ncausal"}}
 
     def __init__(self, label: str, *, causal: bool, **shown: str) -> None:
         super().__init__(label, **shown)
@@ -229,7 +232,3 @@ def head_errors(calib: Calibration, index: torch.Tensor, causal: bool, units: li
                 error.sum().backward()
         total += error.detach().double()
     return total.tolist()
-
-
-register(Fastformer("fastformer-fit", causal=False, color="#e7298a", marker="$F$", short="fastf\nfit"))
-register(Fastformer("fastformer-fit-causal", causal=True, color="#8a2be2", marker="$f$", short="fastf\ncausal"))

@@ -26,36 +26,18 @@ from ..nn.projections import Projections, projections_arrays, projections_from_a
 from .base import Approximation, Calibrated, Draws, Layer, register
 from .linformer import projected
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 110
-DECLARES = {
-    "linformer-pca(none)": {"family": "linformer-pca", "calibrates": True},
-    "linformer-pca(headwise)": {"family": "linformer-pca", "calibrates": True},
-    "linformer-pca(kv)": {"family": "linformer-pca", "calibrates": True},
-    "linformer-pca(layerwise)": {"family": "linformer-pca", "calibrates": True},
-    "linformer-fit(none)": {"family": "linformer-fit", "calibrates": True},
-    "linformer-fit(headwise)": {"family": "linformer-fit", "calibrates": True},
-    "linformer-fit(kv)": {"family": "linformer-fit", "calibrates": True},
-    "linformer-fit(layerwise)": {"family": "linformer-fit", "calibrates": True},
-}
-
-#: plot colour, marker and terminal header of each family's sharing levels: PCA in blue-greens (matplotlib's PuBuGn),
-#: the fit in greens (Greens), each level a shade; no colour within ΔE 20 (CIELAB) of another family's, so neither
-#: is taken for the random Linformer's blues nor for pool-mean (tests/report/plots/test_style.py checks it)
-SHOWN = {
-    "linformer-pca": {Sharing.NONE: ("#66a9cf", "1", "pca\n(none)"), Sharing.HEADWISE: ("#16879f", "2", "pca\n(head)"),
-                      Sharing.KV: ("#03657a", "3", "pca\n(kv)"), Sharing.LAYERWISE: ("#afc1dd", "4", "pca\n(layer)")},
-    "linformer-fit": {Sharing.NONE: ("#73c476", "^", "fit\n(none)"), Sharing.HEADWISE: ("#2f974e", "v", "fit\n(head)"),
-                      Sharing.KV: ("#005321", "D", "fit\n(kv)"), Sharing.LAYERWISE: ("#a9dca3", "P", "fit\n(layer)")},
-}
 
 
 class FittedLinformer(Calibrated):
-    """Eq. 7 with the E, F this instance fitted at the budget asked, under one sharing level."""
+    """Eq. 7 with the E, F this instance fitted at the budget asked, under one sharing level. Each family's variants
+    (one per sharing level) carry a plot colour, marker and terminal header: PCA in blue-greens (matplotlib's
+    PuBuGn), the fit in greens (Greens), each level a shade; no colour within ΔE 20 (CIELAB) of another family's, so
+    neither is taken for the random Linformer's blues nor for pool-mean (tests/report/plots/test_style.py checks it)."""
 
-    def __init__(self, sharing: Sharing, **shown: str) -> None:
-        super().__init__(f"{self.family}({sharing})", **shown)
+    def __init__(self, label: str, sharing: Sharing, **shown: str) -> None:
+        super().__init__(label, **shown)
         self.sharing = sharing
         self.projections: dict[int, Projections] = {}
 
@@ -81,10 +63,19 @@ class FittedLinformer(Calibrated):
         self.projections = {budget: projections for (_, budget), projections in found.items()}
 
 
+@register
 class LinformerPCA(FittedLinformer):
     """E, F from the calibration's principal directions, scaled by the best factors (closed form)."""
 
     family = "linformer-pca"
+    variants = {
+        "linformer-pca(none)": {"sharing": Sharing.NONE, "color": "#66a9cf", "marker": "1", "short": "pca\n(none)"},
+        "linformer-pca(headwise)": {"sharing": Sharing.HEADWISE, "color": "#16879f", "marker": "2",
+                                    "short": "pca\n(head)"},
+        "linformer-pca(kv)": {"sharing": Sharing.KV, "color": "#03657a", "marker": "3", "short": "pca\n(kv)"},
+        "linformer-pca(layerwise)": {"sharing": Sharing.LAYERWISE, "color": "#afc1dd", "marker": "4",
+                                     "short": "pca\n(layer)"},
+    }
 
     def fit(self, calibrations: Sequence[Calibration], *, layers: int, heads: int, n: int, settings: FitSettings,
             reporter: Reporter) -> pd.DataFrame:
@@ -93,10 +84,19 @@ class LinformerPCA(FittedLinformer):
         return pd.DataFrame()
 
 
+@register
 class LinformerFit(FittedLinformer):
     """E, F fitted by Adam from mean pooling (or the PCA start), the best held-out step kept."""
 
     family = "linformer-fit"
+    variants = {
+        "linformer-fit(none)": {"sharing": Sharing.NONE, "color": "#73c476", "marker": "^", "short": "fit\n(none)"},
+        "linformer-fit(headwise)": {"sharing": Sharing.HEADWISE, "color": "#2f974e", "marker": "v",
+                                    "short": "fit\n(head)"},
+        "linformer-fit(kv)": {"sharing": Sharing.KV, "color": "#005321", "marker": "D", "short": "fit\n(kv)"},
+        "linformer-fit(layerwise)": {"sharing": Sharing.LAYERWISE, "color": "#a9dca3", "marker": "P",
+                                     "short": "fit\n(layer)"},
+    }
 
     def fit(self, calibrations: Sequence[Calibration], *, layers: int, heads: int, n: int, settings: FitSettings,
             reporter: Reporter) -> pd.DataFrame:
@@ -114,8 +114,3 @@ class LinformerFit(FittedLinformer):
             kept = ", ".join(f"{step}" for step in fit.best_step.values())
             reporter.notify(f"fitted {self.label} at k = {budget}: kept step(s) {kept} of {settings.steps}")
         return pd.concat(histories, ignore_index=True) if histories else pd.DataFrame()
-
-
-for _family, _class in (("linformer-pca", LinformerPCA), ("linformer-fit", LinformerFit)):
-    for _sharing, (_color, _marker, _short) in SHOWN[_family].items():
-        register(_class(_sharing, color=_color, marker=_marker, short=_short))

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 from .base import Approximation, Draws, Layer, Method, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 20
-DECLARES = {"jl": {}}
 
 
+@register
 class JL(Method):
     """P̃ = P Rᵀ R with the draws' seeded R, padded columns dropped."""
 
     random = True
+    variants = {"jl": {"color": "tab:orange", "marker": "o"}}
 
     def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
         r = draws.matrix(x, budget) * x.valid[:, None, None, :]  # (B, H, k, n): padded columns never mix in
         p_tilde = (x.p @ r.transpose(-1, -2)) @ r
         return Approximation(p_tilde @ x.v, p_tilde)
-
-
-register(JL("jl", color="tab:orange", marker="o"))

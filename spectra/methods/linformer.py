@@ -15,23 +15,8 @@ from ..nn.projections import jl_pair
 from ..seeds import Domain
 from .base import Approximation, Draws, Layer, Method, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 30
-DECLARES = {
-    "linformer(none)": {"family": "linformer"},
-    "linformer(headwise)": {"family": "linformer"},
-    "linformer(kv)": {"family": "linformer"},
-    "linformer(layerwise)": {"family": "linformer"},
-}
-
-#: plot colour, marker and terminal header of each sharing level
-SHOWN = {
-    Sharing.NONE: ("tab:blue", "^", "lin\n(none)"),
-    Sharing.HEADWISE: ("tab:cyan", "v", "lin\n(head)"),
-    Sharing.KV: ("tab:purple", "D", "lin\n(kv)"),
-    Sharing.LAYERWISE: ("tab:pink", "P", "lin\n(layer)"),
-}
 
 
 def projected(x: Layer, e: torch.Tensor, f: torch.Tensor) -> Approximation:
@@ -41,14 +26,24 @@ def projected(x: Layer, e: torch.Tensor, f: torch.Tensor) -> Approximation:
     return Approximation(out, p_tilde)
 
 
+@register
 class Linformer(Method):
-    """Eq. 7 with the seeded E, F of one sharing level (one draw per sequence unless the draws are fixed)."""
+    """Eq. 7 with the seeded E, F of one sharing level (one draw per sequence unless the draws are fixed); one
+    variant per sharing level, each with its plot colour, marker and terminal header."""
 
     family = "linformer"
     random = True
+    variants = {
+        "linformer(none)": {"sharing": Sharing.NONE, "color": "tab:blue", "marker": "^", "short": "lin\n(none)"},
+        "linformer(headwise)": {"sharing": Sharing.HEADWISE, "color": "tab:cyan", "marker": "v",
+                                "short": "lin\n(head)"},
+        "linformer(kv)": {"sharing": Sharing.KV, "color": "tab:purple", "marker": "D", "short": "lin\n(kv)"},
+        "linformer(layerwise)": {"sharing": Sharing.LAYERWISE, "color": "tab:pink", "marker": "P",
+                                 "short": "lin\n(layer)"},
+    }
 
-    def __init__(self, sharing: Sharing, **shown: str) -> None:
-        super().__init__(f"linformer({sharing})", **shown)
+    def __init__(self, label: str, sharing: Sharing, **shown: str) -> None:
+        super().__init__(label, **shown)
         self.sharing = sharing
 
     def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
@@ -62,7 +57,3 @@ class Linformer(Method):
             e = draws.matrix(x, budget, which=1)
             f = e if self.sharing in (Sharing.KV, Sharing.LAYERWISE) else draws.matrix(x, budget, which=2)
         return projected(x, e, f)
-
-
-for _sharing, (_color, _marker, _short) in SHOWN.items():
-    register(Linformer(_sharing, color=_color, marker=_marker, short=_short))

@@ -22,13 +22,8 @@ from ..kernels import masked_softmax, scores
 from .base import Approximation, Draws, Layer, Method, register
 from .pooling import pool, windows
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 60
-DECLARES = {"nystrom": {}, "nystrom-iter6": {}}
-
-#: Nyströmformer's default number of iterations of its pseudo-inverse approximation
-NYSTROM_ITERATIONS = 6
 
 
 def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
@@ -51,9 +46,13 @@ def pinv_cutoff(budget: int, dtype: torch.dtype) -> float:
     return budget * torch.finfo(dtype).eps
 
 
+@register
 class Nystrom(Method):
     """Nyströmformer with the pseudo-inverse exact (`iterations` None) or by `iterations` steps of
-    `iterative_pinv`."""
+    `iterative_pinv`: `nystrom-iter6`, Nyströmformer's default number of iterations."""
+
+    variants = {"nystrom": {"iterations": None, "color": "tab:brown", "marker": ">"},
+                "nystrom-iter6": {"iterations": 6, "color": "#c49c94", "marker": "h"}}
 
     def __init__(self, label: str, iterations: int | None, **shown: str) -> None:
         super().__init__(label, **shown)
@@ -81,7 +80,3 @@ class Nystrom(Method):
             a_plus = iterative_pinv(a, self.iterations)
         out = f @ (a_plus @ (b @ v))
         return Approximation(out.to(x.q.dtype), (f @ a_plus @ b).to(x.q.dtype))
-
-
-register(Nystrom("nystrom", None, color="tab:brown", marker=">"))
-register(Nystrom(f"nystrom-iter{NYSTROM_ITERATIONS}", NYSTROM_ITERATIONS, color="#c49c94", marker="h"))

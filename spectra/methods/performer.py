@@ -21,10 +21,8 @@ import torch
 from ..seeds import Domain, derive_seed
 from .base import Approximation, Draws, Layer, Method, one_by_one, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 50
-DECLARES = {"performer": {}, "performer-causal": {"causal": True}}
 
 
 def orthogonal_features(m: int, d: int, seed: int) -> np.ndarray:
@@ -157,12 +155,15 @@ def causal_favor(x: Layer, budget: int, draws: Draws) -> Approximation:
     return Approximation(torch.cat(outs, dim=-2), p_tilde)
 
 
+@register
 class Performer(Method):
     """FAVOR+ with k random features per head (`favor`), or with `causal` its prefix-sum form (`causal_favor`) on a
     decoder's layer; on a bidirectional layer every query may see every valid key and the causal variant is
     `performer`. Each sequence draws its own features unless the draws are fixed."""
 
     random = True
+    variants = {"performer": {"causal": False, "color": "tab:red", "marker": "<"},
+                "performer-causal": {"causal": True, "color": "#ff9896", "marker": "x", "short": "perf\ncausal"}}
 
     def __init__(self, label: str, *, causal: bool, **shown: str) -> None:
         super().__init__(label, **shown)
@@ -172,7 +173,3 @@ class Performer(Method):
         if draws.per_sequence and x.q.shape[0] > 1:
             return one_by_one(self, x, budget, draws)
         return (causal_favor if self.causal and x.causal else favor)(x, budget, draws)
-
-
-register(Performer("performer", causal=False, color="tab:red", marker="<"))
-register(Performer("performer-causal", causal=True, color="#ff9896", marker="x", short="perf\ncausal"))

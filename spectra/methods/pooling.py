@@ -13,10 +13,8 @@ import torch
 from ..kernels import scores
 from .base import Approximation, Draws, Layer, Method, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 40
-DECLARES = {"pool-mean": {}, "pool-max": {}}
 
 
 def windows(valid: torch.Tensor, budget: int) -> torch.Tensor:
@@ -49,9 +47,13 @@ def mean_pooling_matrix(window: torch.Tensor, budget: int, dtype: torch.dtype) -
     return (member / member.sum(1, keepdim=True).clamp_min(1)).transpose(-1, -2)
 
 
+@register
 class Pooling(Method):
     """Keys and values pooled over k windows by `reduce`: "mean" (linear: P̃ = softmax(Q K̄ᵀ s + log|W|) M) or
     "amax" (no P̃)."""
+
+    variants = {"pool-mean": {"reduce": "mean", "color": "#e6ab02", "marker": "X", "short": "pool\nmean"},
+                "pool-max": {"reduce": "amax", "color": "tab:olive", "marker": "*", "short": "pool\nmax"}}
 
     def __init__(self, label: str, reduce: str, **shown: str) -> None:
         super().__init__(label, **shown)
@@ -63,7 +65,3 @@ class Pooling(Method):
             return Approximation(p_bar @ v_bar, None)
         p_tilde = p_bar @ mean_pooling_matrix(window, budget, x.q.dtype)[:, None]
         return Approximation(p_tilde @ x.v, p_tilde)
-
-
-register(Pooling("pool-mean", "mean", color="#e6ab02", marker="X", short="pool\nmean"))
-register(Pooling("pool-max", "amax", color="tab:olive", marker="*", short="pool\nmax"))

@@ -16,10 +16,8 @@ from ..seeds import Domain, derive_seed
 from ..kernels import scores
 from .base import Approximation, Draws, Layer, Method, register, valid_first
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 80
-DECLARES = {"probsparse": {}}
 
 #: Informer's sampling factor c: c·⌈ln m⌉ sampled keys per query for M̄
 INFORMER_FACTOR = 5
@@ -73,10 +71,12 @@ def probsparse_sample(x: Layer, draws: Draws) -> tuple[torch.Tensor, torch.Tenso
     return positions, torch.from_numpy(used).to(x.valid.device)[:, None, None, :]
 
 
+@register
 class ProbSparse(Method):
     """Informer's ProbSparse self-attention with u = k active queries."""
 
     random = True
+    variants = {"probsparse": {"color": "#637939", "marker": "d"}}
 
     def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
         """Informer's ProbSparse self-attention: the u = k queries with the largest sparsity measurement
@@ -95,6 +95,3 @@ class ProbSparse(Method):
         uniform = keys / keys.sum(-1, keepdim=True)
         p_tilde = torch.where(active, x.p, uniform)  # x.p's rows are softmax(q_i Kᵀ s) over valid keys
         return Approximation(p_tilde @ x.v, p_tilde)
-
-
-register(ProbSparse("probsparse", color="#637939", marker="d"))

@@ -22,10 +22,8 @@ from ..seeds import Domain, derive_seed
 from .base import Approximation, Draws, Layer, Method, register, valid_first
 from .nystrom import pinv_cutoff
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 70
-DECLARES = {"skyformer": {}}
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -64,10 +62,12 @@ def skyformer_landmarks(x: Layer, budget: int, draws: Draws) -> tuple[torch.Tens
     return positions, torch.from_numpy(present).to(x.valid.device)
 
 
+@register
 class Skyformer(Method):
     """Skyformer's Nyström of the Gaussian kernel with k sampled landmarks, reweighted into softmax attention."""
 
     random = True
+    variants = {"skyformer": {"color": "tab:gray", "marker": "p"}}
 
     def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
         """Skyformer's Nyström of the Gaussian kernel, reweighted into softmax attention.
@@ -103,6 +103,3 @@ class Skyformer(Method):
         d_tilde = torch.where(d_tilde < 0, d_tilde.clamp_max(-tiny), d_tilde.clamp_min(tiny))
         out = middle @ (kernel_lk_w @ v) / d_tilde
         return Approximation(out.to(x.q.dtype), (middle @ kernel_lk_w / d_tilde).to(x.q.dtype))
-
-
-register(Skyformer("skyformer", color="tab:gray", marker="p"))

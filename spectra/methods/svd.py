@@ -18,10 +18,8 @@ import torch
 from ..spectrum import split_threads
 from .base import Approximation, Draws, Layer, Method, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 10
-DECLARES = {"svd": {}, "svd-causal": {"causal": True}}
 
 
 def truncated(x: Layer, budget: int) -> Approximation:
@@ -43,11 +41,15 @@ def prefix_truncations(p: torch.Tensor, budget: int) -> torch.Tensor:
     return rows
 
 
+@register
 class TruncatedSVD(Method):
     """The truncated SVD of P (`svd`), or with `causal` of each prefix block (`svd-causal`): row i of P̃ = row i
     of the best rank-k approximation (Eckart–Young) of P[:i+1, :i+1] on a causal layer (`prefix_truncations`);
     on a bidirectional layer every query sees the whole P and this is `svd`. Exact for the first k valid rows
     and for k ≥ n."""
+
+    variants = {"svd": {"causal": False, "color": "black", "marker": "s"},
+                "svd-causal": {"causal": True, "color": "#7b4173", "marker": "+", "short": "svd\ncausal"}}
 
     def __init__(self, label: str, *, causal: bool, **shown: str) -> None:
         super().__init__(label, **shown)
@@ -60,7 +62,3 @@ class TruncatedSVD(Method):
         parts = split_threads(lambda chunk: prefix_truncations(chunk, budget), p)
         p_tilde = torch.cat(parts).reshape(p.shape)
         return Approximation(p_tilde @ x.v, p_tilde)
-
-
-register(TruncatedSVD("svd", causal=False, color="black", marker="s"))
-register(TruncatedSVD("svd-causal", causal=True, color="#7b4173", marker="+", short="svd\ncausal"))

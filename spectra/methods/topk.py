@@ -13,10 +13,8 @@ import torch
 from ..kernels import masked_softmax, scores
 from .base import Approximation, Draws, Layer, Method, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 100
-DECLARES = {"topk": {"causal": True}}
 
 
 def top_keys(x: Layer, s: torch.Tensor, budget: int) -> torch.Tensor:
@@ -32,15 +30,14 @@ def top_keys(x: Layer, s: torch.Tensor, budget: int) -> torch.Tensor:
     return above | (tie & (tie.cumsum(-1, dtype=torch.int32) <= room))
 
 
+@register
 class TopK(Method):
     """The softmax of the model's scores over each query's k highest-scoring allowed keys; zero elsewhere."""
 
     causal = True
+    variants = {"topk": {"color": "#8c6d31", "marker": "8", "short": "top-k\noracle"}}
 
     def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
         s = scores(x.q, x.k, x.scaling)
         p_tilde = masked_softmax(s, top_keys(x, s, budget))
         return Approximation(p_tilde @ x.v, p_tilde)
-
-
-register(TopK("topk", color="#8c6d31", marker="8", short="top-k\noracle"))

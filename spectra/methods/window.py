@@ -14,10 +14,8 @@ import torch
 from ..kernels import masked_softmax, scores
 from .base import Approximation, Draws, Layer, Method, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's methods come in listings
+#: where this file's methods come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 90
-DECLARES = {"window": {"causal": True}}
 
 #: at most this many sink tokens (StreamingLLM keeps 4)
 SINKS = 4
@@ -45,15 +43,14 @@ def window_keys(x: Layer, budget: int) -> torch.Tensor:
     return (allowed & sink) | near
 
 
+@register
 class Window(Method):
     """StreamingLLM: the exact softmax over the s = min(4, ⌊k/4⌋) first valid keys (attention sinks) and
     the k − s nearest other keys the query may see (`window_keys`); zero elsewhere."""
 
     causal = True
+    variants = {"window": {"color": "#393b79", "marker": "H", "short": "window\n+sinks"}}
 
     def approximate(self, x: Layer, budget: int, draws: Draws) -> Approximation:
         p_tilde = masked_softmax(scores(x.q, x.k, x.scaling), window_keys(x, budget))
         return Approximation(p_tilde @ x.v, p_tilde)
-
-
-register(Window("window", color="#393b79", marker="H", short="window\n+sinks"))

@@ -245,7 +245,7 @@ class CacheProbe(Probe):
             s = dict(zip(_FIELDS, self.sums[i]))
             count = max(s["sequences"], 1)
             nll = s["nll"] / max(s["tokens"], 1)
-            channels = press in REGISTRY.having("channels")
+            channels = press != "full" and self.presses[press].axis == "channels"
             rows.append({"press": press, "ratio": ratio, "nll": nll, "ppl": math.exp(nll),
                          "kl": s["kl"] / max(s["tokens"], 1), "top1": s["top1"] / max(s["tokens"], 1),
                          "kept": s["kept"] / count, "kept_share": s["kept"] / count / self.context,

@@ -9,7 +9,25 @@ import pytest
 
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
-from spectra.kinds.pressbase import DEFAULT_INTERVAL, PressOptions, PressStudy, rotary
+from spectra.kinds.pressbase import DEFAULT_INTERVAL, PressOptions, PressStudy, ratio_meanings, rotary
+from spectra.registry import PRESSES
+
+
+def test_the_ratios_help_says_what_each_press_declares_its_ratio_is() -> None:
+    """Issue 37, item 4: a ratio means tokens, key channels, rank, a share of heads or nothing (kivi) depending on the
+    press; each press declares it (its axis, or `ratio_means`) and --ratios' help is written from the declarations,
+    in `spectra cache --help` and `spectra evaluate --help` alike."""
+    text = ratio_meanings()
+    assert text.startswith("for most, the share of cached tokens removed; for think, the share of key channels "
+                           "removed (half of it saved: keys are half the cache); for lowrank, the share of principal "
+                           "directions removed; for kivi2, kivi4, kivi8, ignored (the bits are in the name); for "
+                           "duo(<pattern>), the share of key/value heads made streaming")
+    with PRESSES.extended({"halfbits": (object(), {"axis": "bits"}), "heads": (object(), {"ratio_means": "heads"})}):
+        assert ratio_meanings() == text + "; for halfbits, the share of bits removed; for heads, heads"
+    help_text = " ".join(REGISTRY["cache"].options.__dataclass_fields__["ratios"].metadata["help"].split())
+    assert text in help_text and help_text.startswith("Comma-separated compression ratios in [0, 1), as each press")
+    assert REGISTRY["evaluate"].options.__dataclass_fields__["ratios"].metadata["help"] == \
+        REGISTRY["cache"].options.__dataclass_fields__["ratios"].metadata["help"]
 
 
 def test_the_shared_options_are_checked_once_for_both_studies() -> None:

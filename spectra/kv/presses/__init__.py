@@ -1,5 +1,6 @@
-"""KV-cache presses for `spectra cache`: one module per family of press, each declaring its names (`DECLARES`) and
-registering them by name (see base.py); `REGISTRY[name]` imports the module on first use."""
+"""KV-cache presses for `spectra cache`: one module per family of press, each press a class that states its name and
+facts in its body and is registered by its decorator (see base.py); `REGISTRY[name]` imports the module on first
+use."""
 
 from .base import (
     REGISTRY,

@@ -16,9 +16,8 @@ import torch
 
 from .base import Compressed, Prefill, Wrapper, n_kept, per_head, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 70
-DECLARES = {"adakv": {"wraps": "scorer"}}
 
 #: kvpress's default alpha_safeguard: the share of n_kept each head keeps whatever the other heads score
 SAFEGUARD = 0.2
@@ -40,13 +39,12 @@ def adaptive_keep(scores: torch.Tensor, keep: int, safeguard: float = SAFEGUARD)
     return kept.view(heads, length)
 
 
+@register
 class AdaKV(Wrapper):
     """`adakv(<scorer>)`: the scorer's tokens, budgets shared by the heads of each layer (see the module docstring)."""
 
     name, summary = "adakv", "a scorer's best tokens, the layer's budget shared by its heads (AdaKV)"
+    wraps = "scorer"
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         return per_head(prefill, adaptive_keep(self.scores(prefill, ratio), n_kept(prefill.length, ratio)))
-
-
-register(AdaKV())

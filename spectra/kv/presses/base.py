@@ -12,8 +12,9 @@ Two kinds of press fit the same interface:
 - *transform* presses return any rows (zeroed key channels, a low-rank or mixed-down K and V: Linformer's E·K,
   F·V); `kept` is None when the rows are not context tokens, and `saved` says what memory the press saves.
 
-A new press is one module under `spectra/presses/` (its names and flags in `DECLARES` at its top, read by
-`spectra.registry` without importing it; a `Press` subclass; `register(...)` at its end) and its test. A press that draws randomly seeds itself from
+A new press is one module under `spectra/kv/presses/` and its test: a `Press` subclass decorated `@register`, whose
+class body states its name and facts as literals (`name = "snapkv"`, `windowed = True`, …; read from the source by
+`spectra.registry` without importing it, so `--help` needs no torch). A press that draws randomly seeds itself from
 `Prefill.seed` and `Prefill.index` (the run's seed and the sequence's global index), never from global state.
 Presses fitted on calibration sequences (`calibrates`: Loki's PCA, low-rank K/V) get a calibration pass from
 `spectra cache --fit-samples N`: the probe makes the run its own fresh instance of each (`fresh`), hands it the
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -36,8 +37,7 @@ from ..axes import AXES
 from ...registry import PRESSES, Registry
 
 #: the queries the prefill keeps for the presses: the last WINDOW context positions, the widest `window` a press
-#: declares (SnapKV's 64, kvpress's window_size, declared once in presses/eviction.py), which every press declared
-#: `windowed` reads
+#: declares (SnapKV's 64, kvpress's window_size, in eviction.py), which every press declared `windowed` reads
 WINDOW: int = max(int(entry.facts.get("window", 0)) for entry in PRESSES.entries().values())
 
 
@@ -247,19 +247,24 @@ def full(prefill: Prefill) -> Compressed:
 class Press:
     """A compression of one layer's cache at a ratio (see the module docstring).
 
-    `name` is what `--presses` names; `channels` marks presses whose ratio is the fraction of key channels removed
-    (ThinK) rather than of tokens; `needs_rope` refuses models without rotary positions before they load;
-    `windowed` presses need more than WINDOW context tokens; `calibrates` presses fit on calibration sequences;
-    `axis` is what the press removes, the axes whose losses `spectra cache` compares per head at equal bytes:
-    `tokens` (rows along the sequence), `channels` (key channels), `rank` (principal directions), `bits`."""
+    Its class attributes are its declaration, literals in the class body that the registry reads from the source
+    (those named in `registry.PRESSES`' facts). `name` is what `--presses` names; `needs_rope` refuses models without
+    rotary positions before they load; `windowed` presses need more than WINDOW context tokens; `calibrates` presses
+    fit on calibration sequences; `axis` is what the press removes, the axes whose losses `spectra cache` compares
+    per head at equal bytes: `tokens` (rows along the sequence), `channels` (key channels), `rank` (principal
+    directions), `bits`; its ratio is the share of that axis removed (`kv.axes.ratio_meaning`) unless `ratio_means`
+    says otherwise."""
 
     name: ClassVar[str]
-    channels: ClassVar[bool] = False
+    #: name → keyword arguments, one registered instance each, for a class registered as several variants (kivi2/4/8)
+    variants: ClassVar[dict[str, dict[str, object]]] = {}
     needs_rope: ClassVar[bool] = False
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
     #: reads `Prefill.received`, which the task protocol's prefill computes only when a press needs it
     received: ClassVar[bool] = False
+    #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
+    scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
     #: apply at every decoding step (streaming, knorm, tova)
     decodable: ClassVar[bool] = False
@@ -270,10 +275,15 @@ class Press:
     window: ClassVar[int] = 0
     #: decoding steps between two compressions, for a press that `decodes` (kvpress's compression_interval)
     interval: int | None = None
+    #: a press written `name(<argument>)`: the fact of the press it wraps (`adakv`: "scorer"), or what its text is
+    #: (`duo`: "pattern") and the torch-free "module:function" checking it
+    wraps, argument, check = "", "", ""
     #: one line for tables and --help: what the press keeps
     summary: ClassVar[str] = ""
     #: what the press removes: tokens, channels, rank or bits (AXES)
     axis: ClassVar[str] = "tokens"
+    #: what its ratio is, where it is not the share of its axis removed (duo: of heads; kivi: ignored)
+    ratio_means: ClassVar[str] = ""
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         """The cache the continuation attends to, `ratio` ∈ (0, 1) of it removed (ratio 0 never reaches a press)."""
@@ -310,6 +320,8 @@ class Press:
 class ScorerPress(Press):
     """kvpress's ScorerPress: one score per (key/value head, context token), the top n_kept kept per head."""
 
+    scorer = True
+
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
         """(H_kv, L) scores, higher = keep."""
         raise NotImplementedError
@@ -328,7 +340,7 @@ class Wrapper(Press):
         self.inner = inner
         if inner is not None:
             self.name = f"{type(self).name}({inner.name})"  # type: ignore[misc]
-            for flag in ("channels", "needs_rope", "windowed", "window", "calibrates", "received"):
+            for flag in ("needs_rope", "windowed", "window", "calibrates", "received"):
                 setattr(self, flag, getattr(inner, flag))
 
     def bind(self, inner: Press) -> Wrapper:
@@ -357,20 +369,17 @@ class Wrapper(Press):
         return self.inner.score(prefill, ratio)
 
 
-#: press name → press, listed from each press file's DECLARES (`spectra.registry`; the order of tables and legends),
-#: the file imported on first use
+#: press name → press, in the order of tables and legends, listed from the classes' source, imported on first use
 REGISTRY: Registry[Press] = PRESSES
 
+PressClass = TypeVar("PressClass", bound=type[Press])
 
-def facts(press: Press) -> dict[str, bool | int]:
-    """What a press declares about itself: the flags the command checks before the model loads (`scorer`: a
-    `ScorerPress`, which a press taking a scorer — `adakv(<scorer>)` — may wrap; `decodable`: a scorer
-    `decoding(<decodable>)` may wrap; `decodes`: compressing while decoding), and the settings it owns that others
-    read without torch (`window`, `interval`) where it has them."""
-    settings = {name: value for name, value in (("window", press.window), ("interval", press.interval)) if value}
-    return {"channels": press.channels, "needs_rope": press.needs_rope, "windowed": press.windowed,
-            "calibrates": press.calibrates, "received": press.received, "scorer": isinstance(press, ScorerPress),
-            "decodable": press.decodable, "decodes": press.decodes, **settings}
+
+def facts(press: Press) -> dict[str, object]:
+    """What a press states about itself (`Press`' class attributes named as the registry's facts): the flags the
+    command checks before the model loads, what its argument is, and the settings it owns that others read without
+    torch (`window`, `interval`)."""
+    return {name: getattr(press, name) for name in REGISTRY.fact_names}
 
 
 def run_presses(names: Iterable[str], **settings: object) -> dict[str, Press]:
@@ -379,6 +388,12 @@ def run_presses(names: Iterable[str], **settings: object) -> dict[str, Press]:
     return {name: REGISTRY[name].for_run(**settings) for name in names}
 
 
-def register(press: Press) -> Press:
-    """Add `press` under its name (once), with the facts its file declares for it."""
-    return REGISTRY.add(press.name, press, **facts(press))
+def register(cls: PressClass) -> PressClass:
+    """Register a press class (a class decorator): its instance under its `name`, or one instance per `variants`
+    entry, built with that entry's keyword arguments, under the entry's name — with the facts the class declares."""
+    for name, arguments in (vars(cls).get("variants") or {cls.name: {}}).items():
+        press = cls(**arguments)
+        if press.name != name:
+            raise ValueError(f"{cls.__name__} declares the press '{name}', but its instance is named '{press.name}'")
+        REGISTRY.add(name, press, **facts(press))
+    return cls

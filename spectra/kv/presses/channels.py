@@ -15,10 +15,8 @@ import torch
 
 from .base import Compressed, Prefill, Press, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's presses come in listings
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 20
-DECLARES = {"think": {"channels": True, "needs_rope": True}}
 
 #: the queries ThinK reads: the last 32 context positions
 QUERIES = 32
@@ -30,11 +28,13 @@ def channel_scores(prefill: Prefill) -> torch.Tensor:
     return prefill.group_mean(queries) * prefill.key.pow(2).mean(dim=1)
 
 
+@register
 class ThinK(Press):
     """ThinK: the int(d·r) lowest-scoring key channels of each key/value head set to 0 in the context's keys."""
 
     name, summary = "think", "key channels with the largest query·key energy"
-    channels, needs_rope, axis = True, True, "channels"
+    needs_rope, axis = True, "channels"
+    ratio_means = "the share of key channels removed (half of it saved: keys are half the cache)"
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         pruned = int(prefill.head_dim * ratio)
@@ -47,6 +47,3 @@ class ThinK(Press):
                   + -(-prefill.head_dim // 8))
         return Compressed(every, pruned / prefill.head_dim / 2, key=key,
                           stored=torch.full((prefill.kv_heads,), stored, dtype=torch.int64))
-
-
-register(ThinK())

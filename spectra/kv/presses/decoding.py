@@ -1,7 +1,7 @@
 """kvpress 0.5.5's DecodingPress: the cache kept at a target size *while* the answer is generated, by a scorer press.
 
 `decoding(<scorer>)` (e.g. `decoding(knorm)`) compresses nothing after the prefill (kvpress's pipeline prefills a
-DecodingPress without it). Then every `interval` decoding steps (kvpress's `compression_interval`, INTERVAL by default;
+DecodingPress without it). Then every `interval` decoding steps (kvpress's `compression_interval`, 512 by default;
 `spectra cache --compression-interval`) each layer's whole cache — the context, the question and the tokens decoded
 so far — is brought back to `target` rows by the scorer, right after that step's attention in that layer (kvpress's
 forward hook), so the next step attends to the compressed cache. A step is one forward pass: the question's pass
@@ -33,13 +33,8 @@ import torch
 
 from .base import Compressed, Prefill, Press, ScorerPress, Wrapper, full, n_kept, register
 
-#: what this file registers (read as text by `spectra.registry`): `decoding` wraps a scorer declared `decodable`
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 90
-DECLARES = {"decoding": {"wraps": "decodable", "decodes": True, "interval": 512}}
-
-#: kvpress's default compression_interval, declared once in the facts above (`spectra cache --compression-interval`
-#: reads it there, without torch)
-INTERVAL: int = DECLARES["decoding"]["interval"]
 
 
 def ratio_for(rows: int, target: int) -> float:
@@ -53,17 +48,20 @@ def ratio_for(rows: int, target: int) -> float:
     return ratio
 
 
+@register
 class DecodingPress(Wrapper):
-    """`decoding(<scorer>)`: every `interval` decoding steps, each layer's cache brought back to `target` rows by
+    """`decoding(<decodable>)`: every `interval` decoding steps, each layer's cache brought back to `target` rows by
     `scorer` (see the module docstring); nothing compressed after the prefill. The registry's `decoding(knorm)`
-    (`bind`) compresses every INTERVAL steps; a run's (`for_run`) every `compression_interval` of its settings."""
+    (`bind`) compresses every 512 steps (the class's `interval`, kvpress's default compression_interval, which
+    `spectra cache --compression-interval` reads without torch); a run's (`for_run`) every `compression_interval` of
+    its settings."""
 
     name, summary = "decoding", "kept at the ratio's size while decoding"
-    decodes = True
+    wraps, decodes, interval = "decodable", True, 512
 
-    def __init__(self, inner: ScorerPress | None = None, interval: int = INTERVAL) -> None:
+    def __init__(self, inner: ScorerPress | None = None, interval: int | None = None) -> None:
         super().__init__(inner)
-        self.interval = interval
+        self.interval = type(self).interval if interval is None else interval
 
     def bind(self, inner: Press) -> DecodingPress:
         """This press around the scorer `inner` (one the registry's `wraps: "decodable"` checked)."""
@@ -75,12 +73,13 @@ class DecodingPress(Wrapper):
         inner = None if self.inner is None else self.inner.fresh()
         return DecodingPress(inner, self.interval)  # type: ignore[arg-type]
 
-    def for_run(self, compression_interval: int = INTERVAL, **settings: object) -> DecodingPress:
-        """This press for one run: compressing every `compression_interval` decoding steps (the run's option)."""
+    def for_run(self, compression_interval: int | None = None, **settings: object) -> DecodingPress:
+        """This press for one run: compressing every `compression_interval` decoding steps (the run's option;
+        None: INTERVAL)."""
         return DecodingPress(self.inner, compression_interval)
 
     @property
-    def scorer(self) -> ScorerPress:
+    def wrapped(self) -> ScorerPress:
         """The scorer it applies at every compression."""
         if self.inner is None:
             raise ValueError("decoding needs a scorer press: name it as decoding(<scorer>)")
@@ -115,7 +114,7 @@ class DecodingPress(Wrapper):
         last = q[:, -1:]
         attended = Prefill(layer, last, key, value, None, last_row(last, key, scaling), q.new_zeros(q.shape[0], 0),
                            scaling, seed, index)
-        scores = self.scorer.score(attended, ratio_for(rows, target))
+        scores = self.wrapped.score(attended, ratio_for(rows, target))
         return torch.topk(scores, target, dim=-1).indices
 
 
@@ -129,4 +128,5 @@ def last_row(q: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
 
 
-register(DecodingPress())
+#: kvpress's default compression_interval, declared once by the class
+INTERVAL: int = DecodingPress.interval  # type: ignore[assignment]

@@ -18,9 +18,8 @@ import torch
 from ..headpattern import HeadPattern, read
 from .base import Compressed, Prefill, Press, full, per_head, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 75
-DECLARES = {"duo": {"argument": "pattern", "check": "spectra.kv.headpattern:check"}}
 
 
 def streaming_heads(scores: np.ndarray, ratio: float) -> np.ndarray:
@@ -39,10 +38,13 @@ def streaming_window(length: int, sink_size: int, recent_size: int) -> torch.Ten
     return keep
 
 
+@register
 class Duo(Press):
     """`duo(DIR)`: DuoAttention's retrieval and streaming heads from the pattern in DIR (see the module docstring)."""
 
     name, summary = "duo", "the whole cache for retrieval heads, sink + recent tokens for streaming heads"
+    argument, check = "pattern", "spectra.kv.headpattern:check"
+    ratio_means = "the share of key/value heads made streaming"
 
     def __init__(self, pattern: HeadPattern | None = None, where: str = "") -> None:
         self.pattern, self.where = pattern, where
@@ -68,6 +70,3 @@ class Duo(Press):
             return full(prefill)
         window = streaming_window(prefill.length, pattern.sink_size, pattern.recent_size).to(prefill.key.device)
         return per_head(prefill, ~streaming[:, None] | window[None])
-
-
-register(Duo())

@@ -3,8 +3,8 @@ and keeps the top n_kept (`base.ScorerPress`). Formulas as kvpress computes them
 
 - `streaming` (StreamingLLM): the first 4 tokens (attention sinks) and the most recent ones;
 - `knorm`: the smallest key norms, score −‖k‖;
-- `snapkv`: attention of the last 64 context queries (its `window`, kvpress's window_size, declared in `DECLARES`
-  once: `base.WINDOW` reads it), averaged over them, pooled along the keys, averaged over each key/value group; the
+- `snapkv`: attention of the last 64 context queries (its `window`, kvpress's window_size, declared once in its
+  class: `base.WINDOW` reads it), averaged over them, pooled along the keys, averaged over each key/value group; the
   window's tokens always kept;
 - `tova`: attention of the last context query averaged over all heads of the layer; the last token always kept;
 - `random`: uniform scores from a torch generator seeded by (run seed, sequence index), the same at every layer;
@@ -19,13 +19,8 @@ from torch.nn import functional
 from ...seeds import Domain, derive_seed
 from .base import Prefill, ScorerPress, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's presses come in listings
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 10
-DECLARES = {"streaming": {"scorer": True, "decodable": True}, "knorm": {"scorer": True, "decodable": True},
-            "snapkv": {"windowed": True, "scorer": True, "window": 64}, "tova": {"scorer": True, "decodable": True},
-            "random": {"scorer": True},
-            "observed": {"scorer": True, "received": True}}
 
 #: StreamingLLM's attention sinks and SnapKV's pooling kernel (kvpress's defaults)
 SINKS, KERNEL = 4, 5
@@ -37,6 +32,7 @@ def protect_last(scores: torch.Tensor, count: int) -> torch.Tensor:
     return functional.pad(scores, (0, count), value=scores.max().item() + 1)
 
 
+@register
 class Streaming(ScorerPress):
     """StreamingLLM: keeps the first SINKS tokens and the most recent ones. kvpress counts the pruned tokens as
     L − int(L(1 − r)) (no floor at 1) and zero-scores them right after the sinks; ties are broken by topk."""
@@ -52,6 +48,7 @@ class Streaming(ScorerPress):
         return scores
 
 
+@register
 class Knorm(ScorerPress):
     """Knorm: score −‖k‖₂ of the post-RoPE cached key, computed in float32 or wider as kvpress does."""
 
@@ -63,12 +60,13 @@ class Knorm(ScorerPress):
         return -torch.linalg.vector_norm(prefill.key, dim=-1, dtype=wide)
 
 
+@register
 class SnapKV(ScorerPress):
     """SnapKV: m_j = mean over the last w = WINDOW context queries of their attention to key j (the softmax over all
     L keys, not renormalised over the first L − w), average-pooled along j (kernel KERNEL, zero padding counted),
     averaged over each key/value group; the w window tokens are always kept. Needs L > w."""
 
-    window = DECLARES["snapkv"]["window"]
+    window = 64  # kvpress's window_size
     name, summary = "snapkv", f"the keys the last {window} queries attend to"
     windowed = True
 
@@ -82,6 +80,7 @@ class SnapKV(ScorerPress):
         return protect_last(prefill.group_mean(pooled), window)
 
 
+@register
 class TOVA(ScorerPress):
     """TOVA as kvpress implements it: the last context query's attention to each earlier key, averaged over all
     query heads of the layer (so every key/value head keeps the same tokens); the last token always kept."""
@@ -94,6 +93,7 @@ class TOVA(ScorerPress):
         return protect_last(last[None], 1).expand(prefill.kv_heads, -1)
 
 
+@register
 class Random(ScorerPress):
     """Uniform scores: torch.rand(1, H_kv, L) from a CPU/device generator seeded by (run seed, sequence index) anew at
     every layer (kvpress's RandomPress(seed) reseeds at every layer, so all layers keep the same positions)."""
@@ -112,6 +112,7 @@ class Random(ScorerPress):
                           device=key.device)[0]
 
 
+@register
 class Observed(ScorerPress):
     """ObservedAttention: key j's attention summed over all L context queries, divided by the L − j queries that can
     see it, averaged over each key/value group (not H2O's plain sum)."""
@@ -123,7 +124,3 @@ class Observed(ScorerPress):
         length = prefill.length
         seen_by = torch.arange(length, 0, -1, device=prefill.received.device, dtype=prefill.received.dtype)
         return prefill.group_mean(prefill.received / seen_by)
-
-
-for _press in (Streaming(), Knorm(), SnapKV(), TOVA(), Random(), Observed()):
-    register(_press)

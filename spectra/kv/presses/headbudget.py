@@ -22,9 +22,8 @@ from .base import Compressed, Prefill, Press, n_kept, per_head, register
 from .eviction import SnapKV
 from .schedules import water_fill, whole_tokens
 
-#: what this file registers, read as text by `spectra.registry` without importing it
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 80
-DECLARES = {"headbudget": {"argument": "run", "check": "spectra.anatomy.headweights:check", "windowed": True}}
 
 
 def head_budgets(weights: np.ndarray, length: int, ratio: float) -> np.ndarray:
@@ -34,11 +33,13 @@ def head_budgets(weights: np.ndarray, length: int, ratio: float) -> np.ndarray:
     return np.asarray(whole_tokens(shares, length, total)).reshape(weights.shape)
 
 
+@register
 class HeadBudget(Press):
     """`headbudget(DIR[@measure])`: SnapKV's tokens, as many per head as its measured need (module docstring)."""
 
     name, summary = "headbudget", "SnapKV's tokens, each head's count from its measured entropy or rank"
     windowed = True
+    argument, check = "run", "spectra.anatomy.headweights:check"
 
     def __init__(self, weights: np.ndarray | None = None, where: str = "") -> None:
         self.weights, self.where = weights, where
@@ -70,6 +71,3 @@ class HeadBudget(Press):
                                                  .expand_as(order))
         keep = ranks < torch.as_tensor(counts, device=ranks.device)[:, None]
         return per_head(prefill, keep)
-
-
-register(HeadBudget())

@@ -29,10 +29,8 @@ import torch
 
 from .base import Compressed, Prefill, Press, full_memory, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's presses come in listings
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 65
-DECLARES = {"kivi2": {}, "kivi4": {}, "kivi8": {}}
 
 #: KIVI's defaults: numbers per quantization group, and the tokens quantized at a time (the full-precision residual)
 GROUP, RESIDUAL = 32, 128
@@ -67,15 +65,18 @@ def quantized_bytes(rows: int, columns: int, group: int, bits: int, itemsize: in
     return -(-rows * columns * bits // 8) + 2 * groups * itemsize
 
 
+@register
 @dataclass(frozen=True)
 class Kivi(Press):
     """KIVI at `bits` bits: keys per channel, values per token, in groups of `group`, the last `residual` tokens
-    (keys: L mod `residual`) in full precision."""
+    (keys: L mod `residual`) in full precision. Registered at 2, 4 and 8 bits (`variants`: kivi2, kivi4, kivi8)."""
 
     bits: int
     group: int = GROUP
     residual: int = RESIDUAL
+    variants = {"kivi2": {"bits": 2}, "kivi4": {"bits": 4}, "kivi8": {"bits": 8}}
     axis: ClassVar[str] = "bits"
+    ratio_means: ClassVar[str] = "ignored (the bits are in the name)"
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -111,7 +112,3 @@ class Kivi(Press):
         values = (quantized_bytes(values_quantized, value_dim, self.group, self.bits, itemsize)
                   + (length - values_quantized) * value_dim * itemsize)
         return keys + values
-
-
-for _bits in (2, 4, 8):
-    register(Kivi(_bits))

@@ -23,10 +23,8 @@ import torch
 from .base import Prefill, ScorerPress, register
 from .pca import energy_rank
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's presses come in listings
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 30
-DECLARES = {"leverage": {"scorer": True}}
 
 #: the share of the centred keys' energy the leverage subspace holds
 ENERGY = 0.9
@@ -43,6 +41,7 @@ def leverage_scores(keys: torch.Tensor, energy: float = ENERGY) -> torch.Tensor:
     return (u.pow(2) * inside[:, None, :]).sum(-1)
 
 
+@register
 class Leverage(ScorerPress):
     """Leverage scores of the centred pre-RoPE keys in their top-r principal subspace (r for ENERGY of the variance),
     computed exactly (see the module docstring for kvpress's sketched version)."""
@@ -52,6 +51,3 @@ class Leverage(ScorerPress):
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
         keys = prefill.key_pre if prefill.key_pre is not None else prefill.key
         return leverage_scores(keys)
-
-
-register(Leverage())

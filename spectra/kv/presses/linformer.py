@@ -23,10 +23,8 @@ import torch
 
 from .base import Compressed, Prefill, Press, n_kept, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's presses come in listings
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 60
-DECLARES = {"linformer": {}}
 
 
 def signed_left(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -38,6 +36,7 @@ def signed_left(x: torch.Tensor, rows: int) -> torch.Tensor:
     return (u * sign).transpose(-1, -2)
 
 
+@register
 class LinformerCache(Press):
     """E·K, F·V with E, F the context's own top singular vectors (see the module docstring)."""
 
@@ -50,6 +49,3 @@ class LinformerCache(Press):
         key = (e @ prefill.key.to(torch.float64)).to(prefill.key.dtype)
         value = (f @ prefill.value.to(torch.float64)).to(prefill.value.dtype)
         return Compressed(None, 1 - rows / prefill.length, key=key, value=value)
-
-
-register(LinformerCache())

@@ -27,10 +27,8 @@ from .base import WINDOW, Prefill, ScorerPress, register
 from .eviction import SnapKV
 from .pca import Fit, MomentsCalibrated, principal
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's presses come in listings
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 40
-DECLARES = {"loki": {"windowed": True, "calibrates": True, "scorer": True}}
 
 #: the share of the head dimension the scoring basis keeps (Loki's d_f)
 RANK_SHARE = 0.25
@@ -50,6 +48,7 @@ def approximate_window(prefill: Prefill, basis: torch.Tensor) -> torch.Tensor:
     return eager_softmax(scores(queries, keys, prefill.scaling), visible, prefill.key.dtype)
 
 
+@register
 class Loki(MomentsCalibrated, ScorerPress):
     """SnapKV's scores from rank-r approximate logits in the keys' calibrated principal basis."""
 
@@ -77,6 +76,3 @@ class Loki(MomentsCalibrated, ScorerPress):
 def pre_rope(prefill: Prefill) -> torch.Tensor:
     """The context's keys before RoPE (the cached keys for a model without it)."""
     return prefill.key_pre if prefill.key_pre is not None else prefill.key
-
-
-register(Loki())

@@ -25,10 +25,8 @@ import torch
 from .base import Compressed, Prefill, Press, register
 from .pca import Fit, MomentsCalibrated
 
-#: what this file registers, read as text by `spectra.registry` without importing it (so `--help` needs no torch):
-#: each name and its facts, and where the file's presses come in listings
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 50
-DECLARES = {"lowrank": {"calibrates": True}}
 
 TENSORS = ("key", "value")
 
@@ -53,6 +51,7 @@ def reconstruct(rows: torch.Tensor, fit: Fit, vectors: torch.Tensor, rank: torch
     return projected.to(rows.dtype)
 
 
+@register
 class LowRank(MomentsCalibrated, Press):
     """Keys and values on their top centred principal directions per head, ranks shared by the spectrum."""
 
@@ -88,6 +87,3 @@ class LowRank(MomentsCalibrated, Press):
             if not self.moments.has(prefill.layer, name):
                 numbers = numbers + rank.to(torch.int64) * dim + dim
         return numbers * itemsize
-
-
-register(LowRank())

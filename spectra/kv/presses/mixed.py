@@ -22,15 +22,17 @@ import torch
 from ..axes import plan_budget, read_plan
 from .base import REGISTRY, Compressed, Prefill, Press, full_memory, register
 
-#: what this file registers, read as text by `spectra.registry` without importing it
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 85
-DECLARES = {"mixed": {"argument": "cache run", "check": "spectra.kv.axes:check_plan"}}
 
 
+@register
 class Mixed(Press):
     """`mixed(RUN)`: each key/value head its best axis at the budget 1 − ratio (see the module docstring)."""
 
     name, summary = "mixed", "each key/value head along its own best axis (an axis map of spectra cache)"
+    argument, check = "cache run", "spectra.kv.axes:check_plan"
+    ratio_means = "one minus the byte budget it plays from its axis map"
 
     def __init__(self, plan=None, where: str = "") -> None:
         self.plan, self.where = plan, where
@@ -89,6 +91,3 @@ def combine(prefill: Prefill, parts: list[Compressed]) -> Compressed:
         stored[head] = part.memory(prefill)[head]
     saved = 1.0 - float(stored.sum()) / (heads * full_memory(prefill))
     return Compressed(kept, saved, key=key, value=value, valid=None if bool(valid.all()) else valid, stored=stored)
-
-
-register(Mixed())

@@ -190,7 +190,7 @@ class Scheduled(Press):
     def __init__(self, name: str, inner: Press, schedule: Schedule, summary: str = "") -> None:
         self.name, self.inner, self.schedule = name, inner, schedule  # type: ignore[misc]
         self.summary = summary or f"{inner.name} with per-layer ratios"  # type: ignore[misc]
-        self.channels, self.needs_rope = inner.channels, inner.needs_rope  # type: ignore[misc]
+        self.axis, self.needs_rope = inner.axis, inner.needs_rope  # type: ignore[misc]
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         layer_ratio = self.schedule(ratio, prefill.length)[prefill.layer]
