@@ -41,6 +41,8 @@ class LinformerCache(Press):
     """E·K, F·V with E, F the context's own top singular vectors (see the module docstring)."""
 
     name, summary = "linformer", "keys and values mixed down to their top singular directions (E·K, F·V)"
+    ratio_means = ("the share of cached rows removed, the rows kept capped at the head dimension (so beyond "
+                   "L ≈ d/(1 − r) every ratio keeps d rows)")
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         rows = min(n_kept(prefill.length, ratio), prefill.length, prefill.head_dim)
