@@ -265,6 +265,7 @@ def draw_needle(run: TaskRun):
         return None
     presses = presses_of(run.examples)
     ratios = sorted({ratio for press, ratio in grids if press != "full"})
+    once = set(ratio_free(run.scores))  # the same at every ratio: one panel, at its first ratio, named "any ratio"
     figure, axes = plt.subplots(len(presses) + 1, max(1, len(ratios)), squeeze=False, layout="constrained",
                                 figsize=(2.3 * max(1, len(ratios)) + 1.2, 1.9 * (len(presses) + 1) + 0.6))
     image = None
@@ -273,7 +274,7 @@ def draw_needle(run: TaskRun):
             ax = axes[row, column]
             key = ("full", 0.0) if press == "full" else (press, ratio)
             values = grids.get(key)
-            if press == "full" and column > 0 or values is None:
+            if (press == "full" or press in once) and column > 0 or values is None:
                 ax.set_visible(False)
                 continue
             image = ax.pcolormesh(np.arange(len(lengths) + 1) - 0.5, np.arange(len(depths) + 1) - 0.5, values,
@@ -282,7 +283,8 @@ def draw_needle(run: TaskRun):
             ax.set_ylim(len(depths) - 0.5, -0.5)
             ax.set_xticks(range(len(lengths)), [str(int(length)) for length in lengths], fontsize=7)
             ax.set_yticks(range(len(depths)), [f"{depth:.2f}" for depth in depths], fontsize=7)
-            ax.set_title("full cache" if press == "full" else f"{press}, ratio {ratio:g}", fontsize=8.5)
+            ax.set_title("full cache" if press == "full" else f"{press}, any ratio" if press in once else
+                         f"{press}, ratio {ratio:g}", fontsize=8.5)
             if column == 0:
                 ax.set_ylabel("Needle depth")
             if row == len(presses):

@@ -120,3 +120,20 @@ def test_the_needle_heatmap_s_one_colour_bar_spans_every_panel(tmp_path) -> None
     assert box.height >= 0.9 * (top - bottom), (box.height, top - bottom)
     assert box.y0 >= bottom - 0.01 and box.y1 <= top + 0.01
     assert box.x0 >= max(ax.get_position().x1 for ax in panels)
+
+
+def test_a_press_the_same_at_every_ratio_is_one_needle_panel(tmp_path) -> None:
+    """kivi ignores the ratio: its needle heatmap was drawn once per ratio, the same panel twice; it is one panel,
+    titled 'any ratio', beside the panels of the presses the ratio changes."""
+    run = task_run(tmp_path)
+    frozen = run.examples[run.examples["press"] == "full"].assign(press="kivi4", bytes_share=0.28, bytes=28.0)
+    examples = pd.concat([run.examples.assign(bytes_share=run.examples["ratio"].rsub(1.0),
+                                              bytes=run.examples["ratio"].rsub(1.0) * 100),
+                          frozen.assign(ratio=0.5), frozen.assign(ratio=0.75)], ignore_index=True)
+    run = TaskRun(tmp_path, run.meta, examples, task_scores(examples, 0, replicates=50),
+                  task_scores(examples, 0, ("task", "length"), replicates=50), run.needle, pd.DataFrame())
+    figure = draw_needle(run)
+    shown = {c.get_gid(): ax.get_title() for ax in figure.axes if ax.get_visible() for c in ax.collections
+             if (c.get_gid() or "").startswith("needle:")}
+    assert shown["needle:kivi4:0.5"] == "kivi4, any ratio" and "needle:kivi4:0.75" not in shown
+    assert shown["needle:knorm:0.75"] == "knorm, ratio 0.75"
