@@ -26,7 +26,7 @@ from readme_approx import (minilm_fastformer, minilm_fitted, minilm_k_needed, mi
                            smollm2_fastformer, smollm2_scaling, speed_line, theorems_synthetic)
 from readme_axes import axes_summary, smollm2_axes
 from readme_decoders import heads_model, smollm2_cache, smollm2_cache_spectral, smollm2_decoder, smollm2_keys
-from readme_tasks import front_tasks, smollm2_tasks
+from readme_tasks import front_tasks, smollm2_tasks, tasks_vs_nll
 from readme_values import RenderError, Runs, only, sink_layers, two
 from slots import Rendered
 from spectra.report.summaries import c_at, headline, metric_grid
@@ -75,7 +75,8 @@ def front_heatmap(runs: Runs) -> Rendered:
 RENDERERS: dict[str, Renderer] = {
     "front-figure1": Renderer(("analyze",), front_figure1),
     "front-heatmap": Renderer(("analyze",), front_heatmap),
-    "front-tasks": Renderer(("cache", "cache", "cache"), front_tasks),
+    "front-tasks": Renderer(("cache",), front_tasks),
+    "tasks-vs-nll": Renderer(("cache", "cache", "cache"), tasks_vs_nll),
     "axes-summary": Renderer(("heads", "cache"), axes_summary),
     "smollm2-decoder": Renderer(("analyze", "approx"), smollm2_decoder),
     "smollm2-keys": Renderer(("analyze",), smollm2_keys),

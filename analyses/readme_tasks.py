@@ -1,4 +1,5 @@
-"""The renderers of the long-context task paragraphs: the front page's cache story and docs/cache.md's detail.
+"""The renderers of the long-context task paragraphs: the front page's headline, docs/cache.md's story against NLL
+and its detail.
 
 A task run of `spectra cache` (a task file made by `spectra tasks`) scores each press by the answers decoded from its
 compressed cache; the full cache's score on the same examples is the baseline. A task whose baseline fails (the model
@@ -112,8 +113,39 @@ def baseline_values(sweep: TaskRun) -> tuple[dict[str, str], dict[str, bool]]:
 
 
 def front_tasks(runs: Runs) -> Rendered:
-    """The front page's cache story: the baseline per length, then per press and ratio the mean score on the tasks
-    whose baseline holds beside the full cache and beside the NLL run, and the two metrics' rankings of the
+    """The front page's cache story, its headline only: per press and ratio the mean score on the tasks whose full
+    cache answers, beside the full cache's, and which press keeps most and which least at half the cache."""
+    found = [run for run in runs.get("cache", []) if isinstance(run, TaskRun)]
+    if len(found) != 1:
+        raise RenderError(f"the block must run `spectra cache` once on a task file, got {len(found)} task runs")
+    run = found[0]
+    tasks = held(run)
+    if not tasks:
+        raise RenderError(f"{run.path}: the full cache answers no task of the run (≥ {HOLDS:g}): nothing to compare "
+                          "presses on")
+    scores = press_scores(run, tasks)
+    ratios, presses = ratios_of(run), compressing(run)
+    rows = [["full (r = 0)", two(scores[("full", 0.0)]), *[""] * (len(ratios) - 1)]]
+    rows += [[f"`{press}`", *(two(scores[(press, ratio)]) for ratio in ratios)] for press in presses]
+    half = pd.Series({press: scores[(press, HALF)] for press in presses})
+    dropped = [task for task in full_scores(run).index if task not in tasks]
+    examples = run.examples[run.examples["press"] == "full"].groupby("task").size()
+    best, worst, full = half.idxmax(), half.idxmin(), float(scores[("full", 0.0)])
+    values = {"examples": str(int(examples.min())), "length": str(int(run.examples["length"].max())),
+              "held": listed([f"`{task}`" for task in tasks]), "holds": f"{HOLDS:g}",
+              "dropped": listed([f"`{task}` ({two(full_scores(run)[task])})" for task in dropped]) or "none",
+              "full_score": two(full), "half": f"{HALF:g}", "table": table(["press", *(f"r = {r:g}" for r in ratios)],
+                                                                           rows),
+              "best": f"`{best}`", "best_score": two(half[best]), "worst": f"`{worst}`",
+              "worst_score": two(half[worst])}
+    claims = {"a-press-holds-at-half": bool(half[best] >= full - 0.1 and (half == half[best]).sum() == 1),
+              "presses-spread-wide": bool(half[best] - half[worst] > 0.5)}
+    return Rendered(values, claims)
+
+
+def tasks_vs_nll(runs: Runs) -> Rendered:
+    """docs/cache.md's task story against NLL: the baseline per length, then per press and ratio the mean score on
+    the tasks whose baseline holds beside the full cache and beside the NLL run, and the two metrics' rankings of the
     presses (at half the cache, and Spearman's ρ over every press and ratio both ran)."""
     sweep, run = task_runs(runs)
     nll = nll_run(runs)

@@ -71,8 +71,8 @@ def runs():
                       SimpleNamespace(path=Path("nll"), table=nll, meta={"context": 1024})]}
 
 
-def test_the_front_paragraph_leaves_out_tasks_whose_baseline_fails(runs) -> None:
-    rendered = tasks_module.front_tasks(runs)
+def test_the_story_against_nll_leaves_out_tasks_whose_baseline_fails(runs) -> None:
+    rendered = tasks_module.tasks_vs_nll(runs)
     values = rendered.values
     assert values["held"] == "`passkey`, `niah_single_1`" and values["dropped"] == "`vt` (0.30)"
     # the press table: means over the held tasks' 20 examples, recounted from ANSWERED
@@ -85,7 +85,7 @@ def test_the_front_paragraph_leaves_out_tasks_whose_baseline_fails(runs) -> None
 
 
 def test_the_rankings_per_metric(runs) -> None:
-    values = tasks_module.front_tasks(runs).values
+    values = tasks_module.tasks_vs_nll(runs).values
     # at r = 0.5 over the held tasks: tova 0.85, knorm 0.80, snapkv 0.15; NLL: tova 3.1 < snapkv 3.2 < knorm 3.3
     assert values["task_order"] == "`tova` > `knorm` > `snapkv`"
     assert values["nll_order"] == "`tova` > `snapkv` > `knorm`"
@@ -94,7 +94,7 @@ def test_the_rankings_per_metric(runs) -> None:
     nll = [3.3, 3.5, 3.2, 3.4, 3.1, 3.3]
     rho = pd.Series(scores).corr(-pd.Series(nll), method="spearman")
     assert values["rho"] == f"{rho:.2f}" and values["cells"] == "6"
-    claims = tasks_module.front_tasks(runs).claims
+    claims = tasks_module.tasks_vs_nll(runs).claims
     assert claims["same-best"] is True, "tova is best on both"
     assert claims["task-worst-not-nll-worst"] is True, "snapkv is worst on the tasks, knorm on NLL"
     assert values["task_worst_press"] == "`snapkv`" and values["task_worst_nll_rank"] == "second"
@@ -103,12 +103,12 @@ def test_the_rankings_per_metric(runs) -> None:
 
 
 def test_the_baseline_per_length(runs) -> None:
-    values = tasks_module.front_tasks(runs).values
+    values = tasks_module.tasks_vs_nll(runs).values
     assert values["lengths"] == "1024 / 2048 / 4096"
     assert values["baseline"] == "1.00 / 0.60 / 0.20"
     assert values["baseline_counts"] == "10 of 10 / 6 of 10 / 2 of 10"
     assert values["passkey"] == "5 of 5 / 3 of 5 / 1 of 5"
-    claims = tasks_module.front_tasks(runs).claims
+    claims = tasks_module.tasks_vs_nll(runs).claims
     assert claims["baseline-falls-with-length"] and claims["passkey-falls-with-length"]
     assert values["never"] == "none" and not claims["a-task-fails-at-every-length"]
 
@@ -129,6 +129,23 @@ def test_the_docs_detail(runs) -> None:
 
 def test_a_block_without_its_runs_is_refused(runs) -> None:
     with pytest.raises(tasks_module.RenderError, match="several lengths"):
-        tasks_module.front_tasks({"cache": runs["cache"][1:]})
+        tasks_module.tasks_vs_nll({"cache": runs["cache"][1:]})
     with pytest.raises(tasks_module.RenderError, match="NLL run"):
-        tasks_module.front_tasks({"cache": runs["cache"][:2]})
+        tasks_module.tasks_vs_nll({"cache": runs["cache"][:2]})
+
+
+def test_the_front_page_quotes_the_headline_only(runs) -> None:
+    """Issue 37, item 7: the front page keeps a few headline numbers — the score table of the task run alone, the
+    best and the worst press at half the cache — from one run; the baseline per length and NLL moved to the docs."""
+    presses = runs["cache"][1]
+    rendered = tasks_module.front_tasks({"cache": [presses]})
+    values, claims = rendered.values, rendered.claims
+    assert values["held"] == "`passkey`, `niah_single_1`" and values["dropped"] == "`vt` (0.30)"
+    assert values["full_score"] == "0.95" and values["examples"] == "10" and values["length"] == "1024"
+    assert "| `knorm` | 0.80 | 0.45 |" in values["table"] and "NLL" not in values["table"]
+    # at half the cache: tova (0.8 + 0.9) / 2 = 0.85 best, snapkv (0.1 + 0.2) / 2 = 0.15 worst
+    assert (values["best"], values["best_score"], values["worst"], values["worst_score"]) == \
+        ("`tova`", "0.85", "`snapkv`", "0.15")
+    assert claims["a-press-holds-at-half"] and claims["presses-spread-wide"]
+    with pytest.raises(tasks_module.RenderError, match="once on a task file"):
+        tasks_module.front_tasks(runs)
