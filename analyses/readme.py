@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules beside this script, however it is run
 
+import generated  # noqa: E402
 import readme_numbers  # noqa: E402
 import slots  # noqa: E402
 from readme_runs import Execute, ReadmeError, Work, subprocess_execute  # noqa: E402
@@ -134,6 +135,26 @@ def rendered_path(template: Path) -> Path | None:
     return Path(*parts[:at], *parts[at + 1:])
 
 
+def regenerate(documents: list[Path], write: bool) -> list[Path]:
+    """Rewrite each template's generated blocks with what their generators give now (`generated.refreshed`): the
+    templates that change, written unless `write` is False, when their differences are printed instead."""
+    changed = []
+    for template in documents:
+        old = template.read_text()
+        new = generated.refreshed(old)
+        if new == old:
+            continue
+        changed.append(template)
+        if write:
+            partial = template.with_name(template.name + ".partial")
+            partial.write_text(new)
+            partial.replace(template)
+        else:
+            sys.stderr.writelines(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                                       str(template), f"{template} (regenerated)"))
+    return changed
+
+
 def render(documents: list[Path], write: bool) -> list[Path]:
     """Render each template into its document (`slots.clean`): the documents that differ from their render, written
     unless `write` is False, when their differences are printed instead."""
@@ -194,7 +215,7 @@ def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -
         if args.render:
             if args.check or args.rerun or args.only:
                 raise ReadmeError("--render runs nothing: give it alone")
-            rendered = render(args.documents, write=True)
+            rendered = regenerate(args.documents, write=True) + render(args.documents, write=True)
             print(f"rendered {', '.join(map(str, rendered)) or 'nothing (every document is its render)'}",
                   file=sys.stderr)
             return 0
@@ -221,8 +242,8 @@ def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -
         rendered = {(paragraph.path, paragraph.name): readme_numbers.render(paragraph.name, ran, work.root)
                     for paragraph, ran in zip(chosen, runs)}
         changed, failed = rewrite(args.documents, rendered, write=not args.check)
-        changed += render(args.documents, write=not args.check)
-    except (ReadmeError, readme_numbers.RenderError, slots.SlotError, OSError) as error:
+        changed += regenerate(args.documents, write=not args.check) + render(args.documents, write=not args.check)
+    except (ReadmeError, readme_numbers.RenderError, slots.SlotError, OSError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -31,6 +31,8 @@ SLOT = re.compile(r"<!--\{([A-Za-z0-9_.-]+)\}-->(.*?)<!--/-->", re.S)
 CLAIM = re.compile(r"<!--claim: ([A-Za-z0-9_.-]+)-->")
 #: a marked paragraph: its opening marker, its body and its closing marker, each marker on a line of its own
 MARKED = re.compile(r"^<!-- numbers: \S+ -->\n(.*?)^<!-- /numbers -->\n", re.M | re.S)
+#: the markers of a block written from the code (analyses/generated.py), each on a line of its own
+GENERATED = re.compile(r"^<!-- (generated: \S+|/generated) -->\n", re.M)
 #: the width a rendered paragraph is reflowed to (the documents' own)
 WIDTH = 118
 #: anything that looks like a slot or a claim marker, well-formed or not
@@ -121,7 +123,7 @@ def clean(text: str) -> str:
         body = SLOT.sub(lambda slot: slot[2].strip("\n") if "\n" in slot[2].strip("\n") else slot[2], body)
         return "\n\n".join(reflow(block) for block in CLAIM.sub("", body).split("\n\n"))
 
-    return MARKED.sub(paragraph, text)
+    return GENERATED.sub("", MARKED.sub(paragraph, text))
 
 
 def reflow(block: str) -> str:

@@ -278,8 +278,8 @@ class Press:
     #: a press written `name(<argument>)`: the fact of the press it wraps (`adakv`: "scorer"), or what its text is
     #: (`duo`: "pattern") and the torch-free "module:function" checking it
     wraps, argument, check = "", "", ""
-    #: one line for tables and --help: what the press keeps
-    summary: ClassVar[str] = ""
+    #: one line for tables and --help: what the press keeps (`guide`: a press taking an argument, its docs entry)
+    summary, guide = "", ""
     #: what the press removes: tokens, channels, rank or bits (AXES)
     axis: ClassVar[str] = "tokens"
     #: what its ratio is, where it is not the share of its axis removed (duo: of heads; kivi: ignored)

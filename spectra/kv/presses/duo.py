@@ -43,6 +43,17 @@ class Duo(Press):
     """`duo(DIR)`: DuoAttention's retrieval and streaming heads from the pattern in DIR (see the module docstring)."""
 
     name, summary = "duo", "the whole cache for retrieval heads, sink + recent tokens for streaming heads"
+    guide = ("DuoAttention (kvpress's `DuoAttentionPress`) given a head pattern: a retrieval head keeps the whole "
+             "cache, a streaming head only the first `sink_size` and the last `recent_size` tokens. The pattern is a "
+             "directory with `full_attention_heads.tsv` (layers × key/value heads, a score in [0, 1] each) and "
+             "`config.json` (`sink_size`, `recent_size`): what DuoAttention publishes for its models and what "
+             "`spectra heads` writes into its run directory (its `--sinks` and `--recent` become the sink and the "
+             "recent window; the matrix holds 1 for the `--duo-share` of key/value heads with the highest retrieval "
+             "score and 0 for the others, [formats.md](formats.md) has the format). The ratio is kvpress's "
+             "`head_compression_ratio`: the share of key/value heads made streaming, the round(r · N) lowest scores "
+             "of the N = layers × H_kv (equal scores in kvpress's `argsort` order, so with a `spectra heads` pattern a "
+             "ratio up to 1 − duo-share streams heads it marked 0), not a share of tokens: the memory saved is "
+             "r · (1 − (sink + recent) / L), less than r, and the tables report what each head kept.")
     argument, check = "pattern", "spectra.kv.headpattern:check"
     ratio_means = "the share of key/value heads made streaming"
 

@@ -31,6 +31,8 @@ class Mixed(Press):
     """`mixed(RUN)`: each key/value head its best axis at the budget 1 − ratio (see the module docstring)."""
 
     name, summary = "mixed", "each key/value head along its own best axis (an axis map of spectra cache)"
+    guide = ("the axis map of a `spectra cache --bytes-kept` run played per key/value head (below): the ratio r plays "
+             "the map's plan at the byte budget 1 − r, and a ratio whose budget the map lacks is refused.")
     argument, check = "cache run", "spectra.kv.axes:check_plan"
     ratio_means = "one minus the byte budget it plays from its axis map"
 

@@ -1,0 +1,46 @@
+"""Sections of the documents written from the code rather than from runs: between `<!-- generated: NAME -->` and
+`<!-- /generated -->` (each on a line of its own) a template holds what the generator NAME returns now, and
+`python analyses/readme.py` (or `--render`) rewrites it there before rendering the page; `--check` and
+tests/analyses/test_generated.py fail where a template holds anything else. So a press taking an argument is explained
+in docs/cache.md by its own `guide`, and a new one needs no hand-written entry.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Callable
+
+#: a generated block: its name and what it holds now
+BLOCK = re.compile(r"^<!-- generated: (\S+) -->\n(.*?)^<!-- /generated -->\n", re.M | re.S)
+#: the width of a generated paragraph or bullet (the documents' own)
+WIDTH = 118
+
+
+def bullet(name: str, text: str) -> str:
+    """`- `name`: text`, wrapped to `WIDTH` with the continuation indented under the text."""
+    return textwrap.fill(f"- `{name}`: {text}", WIDTH, subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False)
+
+
+def presses_with_argument() -> str:
+    """A bullet for every press written `name(<argument>)`, as --help lists it, from the press's `guide` (its lists
+    of scorers and decodable scorers filled in from the registry)."""
+    from spectra.kv.presses import REGISTRY
+    from spectra.registry import PRESSES
+
+    bare = PRESSES.bare()
+    lists = {fact + "s": ", ".join(f"`{name}`" for name in bare if name in PRESSES.having(fact))
+             for fact in ("scorer", "decodable")}
+    written = [name for name in PRESSES.listing().split(", ") if "(" in name]
+    return "\n".join(bullet(name, REGISTRY[name.split("(")[0]].guide.format(**lists)) for name in written) + "\n"
+
+
+#: generator name → the function writing its block
+GENERATORS: dict[str, Callable[[], str]] = {"presses-with-argument": presses_with_argument}
+
+
+def refreshed(text: str) -> str:
+    """`text` with every generated block holding what its generator gives now; an unknown name is a KeyError."""
+    return BLOCK.sub(lambda found: f"<!-- generated: {found[1]} -->\n{GENERATORS[found[1]]()}<!-- /generated -->\n",
+                     text)
