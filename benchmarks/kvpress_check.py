@@ -95,6 +95,8 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.RandomPress(compression_ratio=ratio, seed=seed)
         if press == "observed":
             return kvpress.ObservedAttentionPress(compression_ratio=ratio)
+        if press == "keydiff":
+            return kvpress.KeyDiffPress(compression_ratio=ratio)
         if press == "think":
             return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
         raise ValueError(press)
