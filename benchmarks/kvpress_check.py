@@ -99,6 +99,8 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.KeyDiffPress(compression_ratio=ratio)
         if press == "think":
             return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
+        if press == "lagkv":
+            return kvpress.LagKVPress(compression_ratio=ratio)
         raise ValueError(press)
 
     results = []
