@@ -135,24 +135,26 @@ def rendered_path(template: Path) -> Path | None:
     return Path(*parts[:at], *parts[at + 1:])
 
 
+def update(path: Path, old: str, new: str, why: str, write: bool) -> bool:
+    """Whether `path` changes from `old` to `new`; written (atomically) when `write`, else its difference printed,
+    the new side labelled `why`."""
+    if new == old:
+        return False
+    if write:
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(new)
+        partial.replace(path)
+    else:
+        sys.stderr.writelines(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                                   str(path), f"{path} ({why})"))
+    return True
+
+
 def regenerate(documents: list[Path], write: bool) -> list[Path]:
     """Rewrite each template's generated blocks with what their generators give now (`generated.refreshed`): the
     templates that change, written unless `write` is False, when their differences are printed instead."""
-    changed = []
-    for template in documents:
-        old = template.read_text()
-        new = generated.refreshed(old)
-        if new == old:
-            continue
-        changed.append(template)
-        if write:
-            partial = template.with_name(template.name + ".partial")
-            partial.write_text(new)
-            partial.replace(template)
-        else:
-            sys.stderr.writelines(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                                       str(template), f"{template} (regenerated)"))
-    return changed
+    return [template for template in documents
+            if update(template, old := template.read_text(), generated.refreshed(old), "regenerated", write)]
 
 
 def render(documents: list[Path], write: bool) -> list[Path]:
@@ -161,20 +163,9 @@ def render(documents: list[Path], write: bool) -> list[Path]:
     changed = []
     for template in documents:
         target = rendered_path(template)
-        if target is None:
-            continue
-        new = slots.clean(template.read_text())
-        old = target.read_text() if target.is_file() else ""
-        if new == old:
-            continue
-        changed.append(target)
-        if write:
-            partial = target.with_name(target.name + ".partial")
-            partial.write_text(new)
-            partial.replace(target)
-        else:
-            sys.stderr.writelines(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                                       str(target), f"{target} (rendered from {template})"))
+        if target is not None and update(target, target.read_text() if target.is_file() else "",
+                                         slots.clean(template.read_text()), f"rendered from {template}", write):
+            changed.append(target)
     return changed
 
 
@@ -279,15 +270,8 @@ def rewrite(documents: list[Path], rendered: dict[tuple[Path, str], slots.Render
                                        f"{path.name}:{paragraph.start + 1} ({paragraph.name})")
             new[paragraph.start + 1:paragraph.end] = filled.splitlines(keepends=True)
             failed += [(f"{path.name}:{paragraph.start + 2 + slots.line_of(body, claim)}", claim) for claim in wrong]
-        if new == old:
-            continue
-        changed.append(path)
-        if write:
-            partial = path.with_name(path.name + ".partial")
-            partial.write_text("".join(new))
-            partial.replace(path)
-        else:
-            sys.stderr.writelines(difflib.unified_diff(old, new, str(path), f"{path} (rerendered)"))
+        if update(path, "".join(old), "".join(new), "rerendered", write):
+            changed.append(path)
     return changed, sorted(failed)
 
 
