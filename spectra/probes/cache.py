@@ -30,7 +30,7 @@ from .. import models
 from ..capture import Captured
 from ..kv.cell import Cell, Cells
 from ..errors import SpectraError
-from ..kv.presses import REGISTRY, Prefill, Press
+from ..kv.presses import Prefill, Press
 from ..kv.presses.base import full_memory
 from ..kv.presses.decoding import INTERVAL
 from ..stats import State, tagged

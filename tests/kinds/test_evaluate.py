@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import spectra
 from spectra import models
-from spectra.config import RunConfig
 from spectra.kv.tasks.prompt import prompt_ids
 from spectra.kv.tasks.records import read_records
 from spectra.kv.tasks.scoring import score

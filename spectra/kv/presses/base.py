@@ -33,7 +33,6 @@ from typing import ClassVar, TypeVar
 import numpy as np
 import torch
 
-from ..axes import AXES
 from ...registry import PRESSES, Registry
 
 #: the queries the prefill keeps for the presses: the last WINDOW context positions, the widest `window` a press

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from spectra.kv.presses import REGISTRY, Compressed, evict, full, n_kept, per_head
-from spectra.kv.presses.base import AXES, full_memory, row_bytes
+from spectra.kv.axes import AXES
+from spectra.kv.presses.base import full_memory, row_bytes
 
 from .conftest import make_prefill
 
