@@ -155,6 +155,11 @@ class Registry(Mapping[str, T]):
         """The names whose `fact` is true: the declared ones, and the names with an argument resolved so far."""
         return frozenset(name for name, entry in {**self.entries(), **self._applied}.items() if entry.facts.get(fact))
 
+    def most(self, fact: str) -> int:
+        """The largest value a declared name gives the numeric `fact` (0 where none gives it): e.g. the widest window
+        a press reads, which the prefill keeps and the cache kind checks the context against."""
+        return max((int(entry.facts.get(fact, 0)) for entry in self.entries().values()), default=0)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.entries())
 

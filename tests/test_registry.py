@@ -192,3 +192,14 @@ def test_a_bad_argument_is_one_line(name, message) -> None:
     with pytest.raises(SpectraError) as error:
         registry.press_names([name])
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_widest_declared_window_is_read_once_for_the_prefill_and_the_cache_kind() -> None:
+    """The prefill keeps, and `spectra cache` checks --context against, the widest window a press declares (SnapKV's
+    64), one value read from the declarations (no press named by hand)."""
+    from spectra.kinds import cache
+    from spectra.kv.presses import base
+
+    widest = max(int(registry.PRESSES.facts(name).get("window", 0)) for name in registry.PRESSES)
+    assert registry.PRESSES.most("window") == widest == base.WINDOW == cache.WINDOW == 64
+    assert registry.PRESSES.most("no-such-fact") == 0

@@ -42,8 +42,9 @@ from .pressbase import PressOptions, PressStudy
 
 #: the NLL protocol's context and continuation when none are given (a task file's records set their own)
 DEFAULT_CONTEXT, DEFAULT_CONTINUATION = 1024, 128
-#: SnapKV's window (loki's too), as SnapKV declares it: they need a longer context
-SNAPKV_WINDOW = PRESSES.facts("snapkv")["window"]
+#: the last context queries the windowed presses read (the widest window a press declares, SnapKV's): they need a
+#: longer context
+WINDOW = PRESSES.most("window")
 #: the sequences of a text corpus evaluated when --samples is not given (a task file runs whole)
 CORPUS_SAMPLES = 16
 
@@ -78,9 +79,9 @@ class CacheOptions(PressOptions):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise SpectraError(f"{spell('--' + name)} must be an integer ≥ {least}, got {value!r}")
         windowed = [press for press in self.presses if press in PRESSES.having("windowed")]
-        if windowed and self.context is not None and self.context <= SNAPKV_WINDOW:
-            raise SpectraError(f"{windowed[0]} reads the last {SNAPKV_WINDOW} context queries: it needs "
-                               f"{spell('--context')} > {SNAPKV_WINDOW}, got {self.context}")
+        if windowed and self.context is not None and self.context <= WINDOW:
+            raise SpectraError(f"{windowed[0]} reads the last {WINDOW} context queries: it needs "
+                               f"{spell('--context')} > {WINDOW}, got {self.context}")
         if isinstance(self.fit_samples, bool) or not isinstance(self.fit_samples, int) or self.fit_samples < 0:
             raise SpectraError(f"{spell('--fit-samples')} must be an integer ≥ 0, got {self.fit_samples!r}")
         budgets = several(self.bytes_kept, spell("--bytes-kept"), float)
@@ -95,9 +96,9 @@ class CacheOptions(PressOptions):
                                f"{spell('--bytes-kept 0.25', 'bytes_kept=0.25')} too")
         object.__setattr__(self, "heads_run", None if heads_run is None else str(Path(heads_run).absolute()))
         if self.fit_samples and not self.calibrating_presses:
-            raise SpectraError(f"{spell('--fit-samples')} calibrates the presses that fit "
-                               f"({', '.join(sorted(PRESSES.having('calibrates') & set(PRESSES.bare())))}), but none is among "
-                               f"{spell('--presses')}; add one or drop {spell('--fit-samples')}")
+            fitting = sorted(PRESSES.having("calibrates") & set(PRESSES.bare()))  # declared, not resolved earlier
+            raise SpectraError(f"{spell('--fit-samples')} calibrates the presses that fit ({', '.join(fitting)}), "
+                               f"but none is among {spell('--presses')}; add one or drop {spell('--fit-samples')}")
 
     @property
     def length(self) -> int:

@@ -37,7 +37,7 @@ from ...registry import PRESSES, Registry
 
 #: the queries the prefill keeps for the presses: the last WINDOW context positions, the widest `window` a press
 #: declares (SnapKV's 64, kvpress's window_size, in eviction.py), which every press declared `windowed` reads
-WINDOW: int = max(int(entry.facts.get("window", 0)) for entry in PRESSES.entries().values())
+WINDOW: int = PRESSES.most("window")
 
 
 @dataclass(frozen=True, eq=False)
