@@ -32,8 +32,9 @@ class Captured:
 
     `key`, `value` (B, H_kv, n, d) are per key/value head (grouped-query attention has H_kv < H);
     `k`, `v` repeat them to the H query heads, as eager attention does (no copy when H_kv = H).
-    `valid` (B, n) marks the keys that take part (not padding); `mask` is the model's additive mask
-    (B, 1, n, n) or None, used only to form P exactly as eager attention does. `index` holds each
+    `valid` (B, n) marks the keys that take part (not padding): `known_valid`, or read off `mask` (the model's
+    additive mask (B, 1, n, n) or None, also used to form P exactly as eager attention does) when first asked — an
+    O(n²) pass a substitution that never reads it (the KV-cache prefill) does not pay. `index` holds each
     sequence's global index in the run: every record a run makes carries it (the sources pass it to
     `capturing`), because per-sequence randomness — bootstrap weights, random projections, landmark and key
     samples — is seeded by it, so no draw depends on batching or the number of processes. It is None
@@ -45,7 +46,7 @@ class Captured:
     q: torch.Tensor
     key: torch.Tensor
     value: torch.Tensor
-    valid: torch.Tensor
+    known_valid: torch.Tensor | None
     scaling: float
     causal: bool = False
     mask: torch.Tensor | None = field(default=None, repr=False)
@@ -55,6 +56,12 @@ class Captured:
     def groups(self) -> int:
         """Query heads per key/value head."""
         return self.q.shape[1] // self.key.shape[1]
+
+    @cached_property
+    def valid(self) -> torch.Tensor:
+        if self.known_valid is not None:
+            return self.known_valid
+        return key_valid(self.mask, self.q.shape[0], self.key.shape[-2], self.q.device)
 
     @cached_property
     def k(self) -> torch.Tensor:
@@ -144,8 +151,8 @@ def spectra_attention(
     layer = _layer_index(module)  # before counting this call
     _state.calls += 1
     _state.layers_seen.add(layer)
-    captured = Captured(layer, query, key, value, key_valid(mask, query.shape[0], key.shape[-2], query.device),
-                        scaling, bool(getattr(module, "is_causal", False)), mask, _state.index)
+    captured = Captured(layer, query, key, value, None, scaling, bool(getattr(module, "is_causal", False)), mask,
+                        _state.index)
     out = None
     if _state.substitute is not None and _state.observe is None:  # no one needs P: never form it
         out = _state.substitute(captured)

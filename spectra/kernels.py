@@ -13,6 +13,8 @@ Capture, the methods, the Linformer layer, the calibration objective and the the
 - `eager_softmax(logits, keep, dtype)`: the masked softmax as eager attention takes it — hidden entries at the
   dtype's minimum, the softmax in float32 (or wider), cast back — for the KV-cache engine and the presses, whose
   outputs must match a dense forward bit for bit;
+- `window_rows(q, key, s)`: the causal attention rows of a context's last queries over its keys, grouped-query,
+  as eager attention takes its softmax (what SnapKV and TOVA read of a prefill);
 - `eager_p(q, k, s, mask)`: P = softmax(q kᵀ s + mask) with the model's additive mask, exactly as transformers'
   eager attention computes it (tests/test_capture.py checks the bits);
 - eq. 7, softmax(Q (E K)ᵀ s)(F V): `project` (E·X along the sequence, padded rows zeroed first), `attend`
@@ -122,3 +124,19 @@ def eq7(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, f: t
         f = f * valid[:, None, None, :]
     p_tilde = p_bar @ f  # (B, H, n, n)
     return p_tilde @ v, p_tilde
+
+
+def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype eager attention takes its softmax in: float32, or wider for a float64 model."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def window_rows(q: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """P's rows of the last w queries: q (H, w, d) post-RoPE at positions L − w … L − 1, key (H_kv, L, d) → (H, w, L),
+    causal (query L − w + i sees keys ≤ L − w + i)."""
+    heads, window, dim = q.shape
+    kv_heads, length = key.shape[0], key.shape[1]
+    scores = torch.matmul(q.reshape(kv_heads, -1, dim), key.transpose(-1, -2)).view(heads, window, length) * scaling
+    hidden = torch.ones(window, window, dtype=torch.bool, device=q.device).triu(1)
+    scores[..., length - window:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(q.dtype)

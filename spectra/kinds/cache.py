@@ -38,7 +38,7 @@ from ..registry import PRESSES
 from ..reporter import Reporter
 from ..kv.tasks.selection import wants_tasks
 from .base import REGISTRY, Analysis, load_run, register
-from .pressbase import PressOptions, PressStudy
+from .pressbase import DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory
 
 #: the NLL protocol's context and continuation when none are given (a task file's records set their own)
 DEFAULT_CONTEXT, DEFAULT_CONTINUATION = 1024, 128
@@ -65,6 +65,7 @@ class CacheOptions(PressOptions):
     query_aware: bool = option(False, "A task file only (which runs `spectra evaluate`): compress the context "
                                "with the question appended (kvpress's evaluation convention); by default the question "
                                "is appended after compression.")
+    decode_memory: float = option(DECODE_GIB, DECODE_HELP, metavar="GIB", identity=False)
     bytes_kept: tuple[float, ...] = option((), "Comma-separated byte budgets in (0, 1], shares of the context cache's "
                                            "bytes: cache_axes.csv maps, per layer and key/value head, which axis "
                                            "(tokens, key channels, rank, bits) loses least within each, from the "
@@ -74,6 +75,7 @@ class CacheOptions(PressOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_decode_memory(self.decode_memory)
         for name, least in (("context", 2), ("continuation", 2)):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
@@ -181,6 +183,10 @@ class Cache(PressStudy):
                                f"context compressed (the task study, spectra evaluate); {Path(config.data).name} is a "
                                "text corpus, which runs the NLL study and has no question. Drop it, or give a task "
                                "file (spectra tasks writes one)")
+        if options.decode_memory != DECODE_GIB:
+            raise SpectraError(f"{spell('--decode-memory', 'decode_memory')} sizes the batches in which a task file's "
+                               f"answers decode (the task study, spectra evaluate); {Path(config.data).name} is a text "
+                               "corpus, whose continuations are scored, not decoded. Drop it, or give a task file")
         return replace(options, context=DEFAULT_CONTEXT if options.context is None else options.context,
                        continuation=DEFAULT_CONTINUATION if options.continuation is None else options.continuation)
 

@@ -25,13 +25,13 @@ from typing import Any
 
 from .. import checkpoints
 from ..config import RunConfig
-from ..errors import SpectraError
+from ..errors import SpectraError, spell
 from ..options import identity, option
 from ..registry import PRESSES
 from ..reporter import Reporter
 from ..kv.tasks import selection
 from .base import Analysis, register
-from .pressbase import PressOptions, PressStudy
+from .pressbase import DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
 
 #: the fact of presses that read the attention each key received (the prefill computes it only for them)
 RECEIVED = "received"
@@ -43,6 +43,11 @@ class EvaluateOptions(PressOptions):
 
     query_aware: bool = option(False, "Compress the context with the question appended (kvpress's evaluation "
                                "convention); by default the question is appended after compression.")
+    decode_memory: float = option(DECODE_GIB, DECODE_HELP, metavar="GIB", identity=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_decode_memory(self.decode_memory)
 
 
 class Evaluate(PressStudy):
@@ -114,7 +119,18 @@ class Evaluate(PressStudy):
         from ..probes.tasks import TaskProbe
 
         return TaskProbe(source, options.presses, options.ratios, config.seed, config.samples,
-                         options.compression_interval)
+                         options.compression_interval, int(options.decode_memory * 2**30))
+
+    def check_loaded(self, config: RunConfig, options: EvaluateOptions, source) -> None:
+        """Also: --decode-memory must hold the largest cell of the longest example (its full cache), before any
+        example runs."""
+        super().check_loaded(config, options, source)
+        needed = source.smallest_decode_bytes()
+        if options.decode_memory * 2**30 < needed:
+            least = smallest_gib(needed)
+            raise SpectraError(f"{spell('--decode-memory', 'decode_memory')} {options.decode_memory:g} GiB cannot hold "
+                               f"the full cache of the longest example ({needed / 2**30:.3g} GiB with its question "
+                               f"and answer); give at least {spell(f'--decode-memory {least}', f'decode_memory={least}')}")
 
 
 register(Evaluate())

@@ -10,6 +10,7 @@ language-model head, a channel press without RoPE, a head pattern of another sha
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +29,21 @@ DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
 #: how many decoding steps kvpress's DecodingPress waits between compressions by default, as decoding(…) declares it
 DEFAULT_INTERVAL = PRESSES.facts("decoding")["interval"]
+#: GiB the caches of a task example's cells decoded together may take (`--decode-memory`)
+DECODE_GIB = 2.0
+DECODE_HELP = ("A task file only: GiB the compressed caches of an example's cells may take while they decode "
+               "together as one batch (more cells per batch: faster; the group is cut where it would exceed this).")
+
+
+def check_decode_memory(gib: float) -> None:
+    """Refuse a --decode-memory that is no positive number of GiB."""
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
+        raise SpectraError(f"{spell('--decode-memory', 'decode_memory')} must be a positive number of GiB, got {gib!r}")
+
+
+def smallest_gib(needed: float) -> str:
+    """`needed` bytes as the GiB to type, rounded up to two decimals."""
+    return f"{math.ceil(needed / 2**30 * 100) / 100:g}"
 
 
 def ratio_meanings() -> str:

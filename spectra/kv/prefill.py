@@ -35,6 +35,7 @@ from .. import capture, models
 from ..capture import Captured
 from .presses import Prefill
 from .presses.base import WINDOW
+from ..kernels import softmax_dtype
 
 #: bytes of one chunk's scores (H × c × L floats): the chunk's queries c are chosen to stay under it
 CHUNK_BYTES = 2**27
@@ -43,22 +44,6 @@ CHUNK_BYTES = 2**27
 def chunk_queries(heads: int, length: int, itemsize: int = 4, budget: int = CHUNK_BYTES) -> int:
     """The queries per chunk whose H × c × L scores fit in `budget` bytes (at least one, at most L)."""
     return max(1, min(length, budget // max(1, heads * length * itemsize)))
-
-
-def softmax_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype eager attention takes its softmax in: float32, or wider for a float64 model."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def window_rows(q: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
-    """P's rows of the last w queries: q (H, w, d) post-RoPE at positions L − w … L − 1, key (H_kv, L, d) → (H, w, L),
-    causal (query L − w + i sees keys ≤ L − w + i)."""
-    heads, window, dim = q.shape
-    kv_heads, length = key.shape[0], key.shape[1]
-    scores = torch.matmul(q.reshape(kv_heads, -1, dim), key.transpose(-1, -2)).view(heads, window, length) * scaling
-    hidden = torch.ones(window, window, dtype=torch.bool, device=q.device).triu(1)
-    scores[..., length - window:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
-    return torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(q.dtype)
 
 
 def received_attention(q: torch.Tensor, key: torch.Tensor, scaling: float, chunk: int) -> torch.Tensor:
@@ -134,7 +119,6 @@ class _Collector:
         heads, length, _ = q.shape
         window = min(self.window, length)
         q_window = q[:, length - window:].clone()
-        rows = window_rows(q_window, key, captured.scaling)
         fused = fused_received(q, key, value, captured.scaling) if self.received and self.fused else None
         if fused is not None:
             out, received = fused
@@ -145,7 +129,7 @@ class _Collector:
             out, received = None, q.new_zeros(heads, 0)
         pre = self.pre_rope.pop(captured.layer, None)  # (1, L, H_kv·d) → (H_kv, L, d)
         key_pre = None if pre is None else pre[0].unflatten(-1, (key.shape[0], -1)).transpose(0, 1)
-        self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, rows, received,
+        self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, received,
                                                 captured.scaling, self.seed, self.index)
         return out[None] if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
 

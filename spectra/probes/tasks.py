@@ -1,10 +1,12 @@
 """The task protocol's probe: each example's exact prefill compressed by every (press, ratio), the answer decoded
 greedily from each compressed cache, scored, and the needle's fate measured per layer and key/value head.
 
-`prefilled` receives the example's prefill layer by layer (`tasks.examples.TaskSource.run`); `after_batch` runs the cells
-(`spectra.kv.cell`) one after another — the full cache (press 'full', ratio 0) first, then every press at every ratio:
-the cell compresses every layer, `generation.greedy` answers from its cache alone (as the cell decodes: a press that
-compresses while decoding by its recompression), and the cell's memory is freed before the next. Per cell and example it
+`prefilled` receives the example's prefill layer by layer (`tasks.examples.TaskSource.run`); `after_batch` compresses
+every cell (`spectra.kv.cell`: the full cache, press 'full' at ratio 0, and every press at every ratio) in order of
+ratio, and decodes them together: the cells' caches join a batch until the next would take it past `--decode-memory`
+(`kv.batching`: buffers, padding and the rows a transform holds), then that batch is answered greedily as one
+(`batching.greedy`: one forward pass per step for all its cells) and freed. A press that compresses while decoding
+answers alone (`generation.greedy` with its recompression). Per cell and example it
 keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
 and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
 share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
@@ -19,14 +21,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..kv import generation
-from ..kv.cell import Cells
+from ..kv import batching, generation
+from ..kv.cell import Cell, Cells
 from ..kv.presses import Prefill
 from ..kv.presses.decoding import INTERVAL
 from ..stats import State, tagged
@@ -36,11 +39,26 @@ from ..kv.tasks.summary import task_scores
 from .base import Probe
 
 if TYPE_CHECKING:
-    from ..kv.tasks.examples import TaskSource
+    from ..kv.tasks.examples import Example, TaskSource
 
+#: bytes the caches decoded together may take by default (`--decode-memory`'s 2 GiB)
+DECODE_MEMORY = 2 * 2**30
 #: the per-example table's columns
 EXAMPLE_COLUMNS = ("press", "ratio", "example", "task", "length", "depth", "prediction", "score", "kept",
                    "bytes", "bytes_share", "needle_kept")
+
+
+@dataclass(frozen=True)
+class Answering:
+    """One example being answered: its position among the examples evaluated, the example, every layer's prefill,
+    the question's ids, the needle's context positions and the room a cache keeps for the question and answer."""
+
+    position: int
+    example: Example
+    prefills: list[Prefill]
+    question: torch.Tensor
+    needle: torch.Tensor
+    room: int
 
 
 class TaskProbe(Probe):
@@ -48,8 +66,8 @@ class TaskProbe(Probe):
     `source`; `seed` is the run's (bootstrap intervals draw from it)."""
 
     def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
-                 samples: int, compression_interval: int = INTERVAL) -> None:
-        self.source, self.seed = source, seed
+                 samples: int, compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY) -> None:
+        self.source, self.seed, self.decode_memory = source, seed, decode_memory
         self.cells = Cells(presses, ratios, compression_interval=compression_interval)
         self.variants = self.cells.variants
         self.examples = source.examples[:samples]
@@ -76,30 +94,73 @@ class TaskProbe(Probe):
         prefills = [self.prefills[layer] for layer in range(self.source.layers)]
         self.prefills = {}
         question = example.question_ids.to(self.source.device)
-        needle = torch.as_tensor(example.needle, device=self.source.device)
-        room = question.shape[-1] + example.record.max_new_tokens
-        cells = self.cells.of(example.context, self.seed, example.record.example)
-        for i, cell in enumerate(cells):  # one cell's compressed cache at a time
+        at = Answering(position, example, prefills, question, torch.as_tensor(example.needle, device=question.device),
+                       question.shape[-1] + example.record.max_new_tokens)
+        cells: list[Cell | None] = list(self.cells.of(example.context, self.seed, example.record.example))
+        first = prefills[0]
+        row_bytes = batching.batch_row_bytes(first.kv_heads, first.head_dim, first.value.shape[-1],
+                                             first.key.element_size())
+        pending: list[int] = []
+        held = 0
+        # by ratio (cells that keep as many rows share a group and pad nothing), the full cache first
+        for i in sorted(range(len(cells)), key=lambda cell: (self.variants[cell][1], cell)):
+            cell = cells[i]
             started = time.perf_counter()
             for prefill in prefills:
                 cell.compress(prefill)
-            compressed = time.perf_counter()
-            decoded = generation.greedy(self.source.loaded.model, self.source.layers, cell.buffers(prefills, room), question,
-                                      example.context, example.record.max_new_tokens, self.stop,
-                                      example.record.example, needle if cell.compressor is None else None,
-                                      cell.recompression())
-            self.seconds[i] += [compressed - started, time.perf_counter() - compressed]
-            self.ids[i, position, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
-            counts = cell.counts()  # (layers, H_kv); a cell that decodes: its target everywhere
-            self.head_kept[i, position] = counts / example.context
-            self.kept[i, position] = counts.mean() / example.context
-            self.bytes[i, position] = [cell.bytes(), cell.full_bytes()]
-            self.survival[i, position] = cell.survival(example.needle)
-            if decoded.needle_mass is not None:
-                per_head = decoded.needle_mass.double().cpu()  # (layers, H) → mean over each key/value group
-                mass = per_head.unflatten(1, (self.source.kv_heads, -1)).mean(-1).numpy()
-                self.mass[position] = mass if example.needle.size else np.nan
+            self.seconds[i, 0] += time.perf_counter() - started
+            if cell.decodes:  # its cache changes length mid-answer: it decodes on its own
+                self.decode_alone(i, cells, at)
+                continue
+            rows = [batching.cell_rows(cells[j].parts) for j in [*pending, i]]
+            own = batching.held_bytes(cell.parts)
+            if pending and batching.group_bytes(rows, at.room, row_bytes) + held + own > self.decode_memory:
+                self.decode_group(pending, cells, at)
+                pending, held = [], 0
+            pending.append(i)
+            held += own
+        if pending:
+            self.decode_group(pending, cells, at)
         self.done[position] = 1
+
+    def decode_group(self, group: Sequence[int], cells: list[Cell | None], at: Answering) -> None:
+        """The answers of the cells `group` (indices into `cells`), decoded as one batch (`kv.batching`); each
+        cell's records taken and its cache freed."""
+        started = time.perf_counter()
+        batch = batching.Batch.of([cells[i].parts for i in group], at.prefills, at.room)
+        full = [row for row, i in enumerate(group) if cells[i].compressor is None]
+        answers = batching.greedy(self.source.loaded.model, self.source.layers, batch, at.question,
+                                  at.example.context, at.example.record.max_new_tokens, self.stop,
+                                  at.example.record.example, at.needle, full[0] if full else None)
+        del batch
+        for i, decoded in zip(group, answers):  # the group's decoding time, shared by its cells
+            self.seconds[i, 1] += (time.perf_counter() - started) / len(group)
+            self.record(i, cells, decoded, at)
+
+    def decode_alone(self, i: int, cells: list[Cell | None], at: Answering) -> None:
+        """The answer of cell `i`, whose press compresses while decoding, from its cache alone."""
+        cell = cells[i]
+        started = time.perf_counter()
+        decoded = generation.greedy(self.source.loaded.model, self.source.layers, cell.buffers(at.prefills, at.room),
+                                    at.question, at.example.context, at.example.record.max_new_tokens, self.stop,
+                                    at.example.record.example, None, cell.recompression())
+        self.seconds[i, 1] += time.perf_counter() - started
+        self.record(i, cells, decoded, at)
+
+    def record(self, i: int, cells: list[Cell | None], decoded: generation.Decoded, at: Answering) -> None:
+        """What cell `i` counted on the example and its answer, kept; the cell is then dropped (its cache freed)."""
+        cell, position, context = cells[i], at.position, at.example.context
+        self.ids[i, position, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
+        counts = cell.counts()  # (layers, H_kv); a cell that decodes: its target everywhere
+        self.head_kept[i, position] = counts / context
+        self.kept[i, position] = counts.mean() / context
+        self.bytes[i, position] = [cell.bytes(), cell.full_bytes()]
+        self.survival[i, position] = cell.survival(at.example.needle)
+        if decoded.needle_mass is not None:
+            per_head = decoded.needle_mass.double().cpu()  # (layers, H) → mean over each key/value group
+            mass = per_head.unflatten(1, (self.source.kv_heads, -1)).mean(-1).numpy()
+            self.mass[position] = mass if at.example.needle.size else np.nan
+        cells[i] = None
 
     def state(self) -> State:
         return tagged({"tasks.ids": self.ids, "tasks.done": self.done, "tasks.kept": self.kept,

@@ -14,25 +14,25 @@ Two kinds of press fit the same interface:
 
 A new press is one module under `spectra/kv/presses/` and its test: a `Press` subclass decorated `@register`, whose
 class body states its name and facts as literals (`name = "snapkv"`, `windowed = True`, …; read from the source by
-`spectra.registry` without importing it, so `--help` needs no torch). A press that draws randomly seeds itself from
-`Prefill.seed` and `Prefill.index` (the run's seed and the sequence's global index), never from global state.
-Presses fitted on calibration sequences (`calibrates`: Loki's PCA, low-rank K/V) get a calibration pass from
-`spectra cache --fit-samples N`: the probe makes the run its own fresh instance of each (`fresh`), hands it the
-prefill of each of the first N sequences (`calibrate`), keeps its statistics in the run's checkpointed state
-(`statistics`, `load_statistics`), and evaluates the sequences after them with that fit frozen. With N = 0 such a
-press fits on each evaluated context itself (an oracle). A press that reads the last WINDOW context queries
-(`windowed`: snapkv, loki) needs a context longer than the window.
+`spectra.registry`, so `--help` needs no torch). A press drawing randomly seeds itself from `Prefill.seed` and
+`Prefill.index`, never from global state. A press fitted on calibration sequences (`calibrates`: Loki, low-rank K/V)
+is made fresh for the run (`fresh`), handed the prefills of `--fit-samples` sequences (`calibrate`), keeps its
+statistics in the run's checkpoint (`statistics`, `load_statistics`) and evaluates the later ones with its fit frozen
+(with none, it fits on each context itself: an oracle). A `windowed` press (snapkv, loki) needs more than WINDOW
+context tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar, TypeVar
 
 import numpy as np
 import torch
 
+from ...kernels import window_rows
 from ...registry import PRESSES, Registry
 
 #: the queries the prefill keeps for the presses: the last WINDOW context positions, the widest `window` a press
@@ -51,7 +51,8 @@ class Prefill:
     - `key`, `value` (H_kv, L, d): the cache as the prefill wrote it (keys post-RoPE);
     - `key_pre` (H_kv, L, d): the keys before RoPE (None for models without RoPE: then they equal `key`);
     - `window` (H, w, L): the causal attention weights of those w queries over the L context keys (the last rows
-      of the prefill's P, each summing to 1);
+      of the prefill's P, each summing to 1): `window_rows` where the prefill had them (a dense P), else computed
+      from q and the keys when a press first reads them (SnapKV, TOVA), so a prefill for other presses skips them;
     - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
     - `scaling`: the score scale s of softmax(q kᵀ · s);
     - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly.
@@ -62,11 +63,15 @@ class Prefill:
     key: torch.Tensor
     value: torch.Tensor
     key_pre: torch.Tensor | None
-    window: torch.Tensor
+    window_rows: torch.Tensor | None
     received: torch.Tensor
     scaling: float
     seed: int
     index: int
+
+    @cached_property
+    def window(self) -> torch.Tensor:
+        return window_rows(self.q, self.key, self.scaling) if self.window_rows is None else self.window_rows
 
     @property
     def length(self) -> int:
@@ -228,8 +233,7 @@ def per_head(prefill: Prefill, keep: torch.Tensor) -> Compressed:
     if int(counts.min()) < 1:
         raise ValueError("every key/value head must keep at least one token")
     width = int(counts.max())
-    positions = torch.arange(keep.shape[-1], device=keep.device).expand_as(keep)
-    # kept positions first, in order: sort by (not kept, position)
+    positions = torch.arange(keep.shape[-1], device=keep.device).expand_as(keep)  # kept first, in order:
     order = torch.where(keep, positions, positions + keep.shape[-1]).sort(dim=-1).values[:, :width]
     valid = torch.arange(width, device=keep.device)[None] < counts[:, None]
     last = order.gather(1, (counts - 1)[:, None])
@@ -375,21 +379,19 @@ PressClass = TypeVar("PressClass", bound=type[Press])
 
 
 def facts(press: Press) -> dict[str, object]:
-    """What a press states about itself (`Press`' class attributes named as the registry's facts): the flags the
-    command checks before the model loads, what its argument is, and the settings it owns that others read without
-    torch (`window`, `interval`)."""
+    """What a press states about itself: `Press`' class attributes named as the registry's facts (flags checked before
+    the model loads, what its argument is, the settings others read without torch: `window`, `interval`)."""
     return {name: getattr(press, name) for name in REGISTRY.fact_names}
 
 
 def run_presses(names: Iterable[str], **settings: object) -> dict[str, Press]:
-    """The presses `--presses` names (`registry.press_names`, `adakv(snapkv)` and `decoding(knorm)` included), as one
-    run uses them (`Press.for_run`, given the run's `settings`)."""
+    """The presses `--presses` names (`adakv(snapkv)` included), as one run uses them (`Press.for_run`, `settings`)."""
     return {name: REGISTRY[name].for_run(**settings) for name in names}
 
 
 def register(cls: PressClass) -> PressClass:
-    """Register a press class (a class decorator): its instance under its `name`, or one instance per `variants`
-    entry, built with that entry's keyword arguments, under the entry's name — with the facts the class declares."""
+    """Register a press class (a decorator): its instance under its `name`, or one per `variants` entry, built with
+    its keyword arguments, under its name — with the facts the class declares."""
     for name, arguments in (vars(cls).get("variants") or {cls.name: {}}).items():
         press = cls(**arguments)
         if press.name != name:

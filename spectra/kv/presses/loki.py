@@ -69,7 +69,7 @@ class Loki(MomentsCalibrated, ScorerPress):
             raise ValueError(f"loki scores like snapkv: it needs more than {WINDOW} context tokens, got "
                              f"{prefill.length}")
         basis = principal(self.fit(prefill), basis_rank(prefill.head_dim))
-        approximate = dataclasses.replace(prefill, window=approximate_window(prefill, basis))
+        approximate = dataclasses.replace(prefill, window_rows=approximate_window(prefill, basis))
         return SnapKV().score(approximate, ratio)
 
 

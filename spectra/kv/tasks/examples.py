@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ... import data, models
-from .. import prefill
+from .. import batching, prefill
 from ...config import RunConfig
 from ...errors import SpectraError
 from ..presses import Prefill
@@ -136,6 +136,14 @@ class TaskSource(OfLoadedModel):
         itemsize = torch.finfo(loaded.dtype).bits // 8
         per_layer = n * (5 * self.kv_heads * dim + self.heads * WINDOW) * itemsize
         return float(loaded.layers * per_layer + 3 * prefill.CHUNK_BYTES)
+
+    def smallest_decode_bytes(self) -> int:
+        """The bytes the largest cell of the longest example takes while it decodes (`kv.batching`): its full
+        context cache and room for its question and answer — the smallest --decode-memory that works."""
+        loaded = self.loaded
+        dim = loaded.head_dim or 64
+        row = batching.batch_row_bytes(self.kv_heads, dim, dim, torch.finfo(loaded.dtype).bits // 8)
+        return max((loaded.layers * example.tokens * row for example in self.examples), default=0)
 
     def describe(self) -> dict[str, Any]:
         loaded = self.loaded

@@ -92,7 +92,7 @@ def test_a_full_rank_basis_is_snapkv() -> None:
     from spectra.kv.presses.eviction import SnapKV
     from spectra.kv.presses.loki import approximate_window
 
-    approximate = dataclasses.replace(prefill, window=approximate_window(prefill, full_basis))
+    approximate = dataclasses.replace(prefill, window_rows=approximate_window(prefill, full_basis))
     np.testing.assert_allclose(approximate.window.numpy(), prefill.window.numpy(), rtol=1e-9, atol=1e-15)
     np.testing.assert_allclose(SnapKV().score(approximate, 0.5).numpy(), SnapKV().score(prefill, 0.5).numpy(),
                                rtol=1e-9, atol=1e-15)

@@ -1,0 +1,189 @@
+"""Every cell of an example decoded together: the compressed caches of many (press, ratio) cells stacked into one
+batch, answered greedily by one batched forward pass per step.
+
+A greedy answer reads all 135M weights of SmolLM2 for every token it produces; a batch of one is what made decoding,
+not the prefill, the cost of a task sweep (1–2 s per cell at 4k, ~120 cells per example for a leaderboard). Every
+cell of an example answers the same question at the same positions (after the *original* context length, as kvpress
+passes them), so the cells differ only in the rows their caches hold: here they share each forward pass.
+
+Layout (`Batch`): per layer one key and one value buffer (B, H_kv, M + room, d). Row b's compressed context cache
+fills its first m_b columns (each key/value head its own count where a press keeps different numbers per head,
+`Compressed.valid`); columns m_b … M − 1 are padding, hidden from every query; the question and the answer's tokens
+are written at the same columns M, M + 1, … for every row, so a step writes one column for the whole batch. `seen`
+(B, H_kv, M + room) marks the columns each head of each row attends to; attention is
+`scaled_dot_product_attention` under that mask (and causal among the question's tokens) — the single-cell decoding's
+call with padding hidden, so each row's answer is its cell's, up to the float rounding of a differently shaped sum (a
+tie in the greedy argmax is the only way two answers can differ; `tests/kv/test_batching.py` holds them equal). Rows
+that have stopped ride along until half the batch has stopped, then the batch keeps only the rows still answering.
+
+Groups: the caches of an example's cells may not fit in memory together. The probe (`probes.tasks`) decodes them in
+groups whose buffers (padding and room included, `group_bytes`) and the rows the cells hold of their own
+(`held_bytes`) stay within a memory budget; cells that keep the same number of rows (every eviction press at one
+ratio) pad nothing when they share a group.
+
+Cells whose press compresses while decoding (`Cell.decodes`: decoding(<decodable>)) rewrite their caches mid-answer,
+each at its own steps; they decode on their own (`generation.greedy`), as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .. import capture
+from ..capture import Captured
+from ..kernels import causal_mask
+from .generation import Decoded, needle_mass, threads
+from .presses import Compressed, Prefill
+
+
+def cell_rows(parts: Sequence[Compressed]) -> list[int]:
+    """Per layer, the rows a cell's compressed context cache occupies (the widest head's, padding included)."""
+    return [part.key.shape[-2] if part.kept is None else part.kept.shape[-1] for part in parts]
+
+
+def held_bytes(parts: Sequence[Compressed]) -> int:
+    """The bytes a cell's compressed cache holds of its own until it decodes: the rows of a press whose rows are
+    not the prefill's (a transform, quantized rows), nothing for an eviction press (its kept positions only)."""
+    return sum(tensor.numel() * tensor.element_size() for part in parts for tensor in (part.key, part.value)
+               if tensor is not None)
+
+
+def group_bytes(rows: Sequence[Sequence[int]], room: int, row_bytes: int) -> int:
+    """The bytes of one group's buffers: per layer, as many columns as the group's widest cell plus `room`, times
+    the cells, times `row_bytes` (the key and value of one token of every key/value head, and its mask bytes)."""
+    return len(rows) * sum(max(layer) + room for layer in zip(*rows)) * row_bytes
+
+
+def batch_row_bytes(kv_heads: int, key_dim: int, value_dim: int, itemsize: int) -> int:
+    """The bytes one column of one cell takes in a `Batch`: every key/value head's key, value and mask entry."""
+    return kv_heads * ((key_dim + value_dim) * itemsize + 1)
+
+
+@dataclass
+class Batch:
+    """The caches of B cells, every layer's laid out as the module docstring says: `keys[ℓ]`, `values[ℓ]`
+    (B, H_kv, capacity, d), `seen[ℓ]` (B, H_kv, capacity) bool, and `filled[ℓ]`, the columns in use (the widest
+    cell's context rows, then the tokens decoded so far)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    seen: list[torch.Tensor]
+    filled: list[int]
+
+    @classmethod
+    def of(cls, cells: Sequence[Sequence[Compressed]], prefills: Sequence[Prefill], room: int) -> Batch:
+        """The batch of `cells` (each its compressed cache per layer) of one example's `prefills`, with `room`
+        columns per layer for the question and the answer."""
+        keys, values, seen, filled = [], [], [], []
+        for layer, prefilled in enumerate(prefills):
+            rows = [parts[layer].rows(prefilled.key, prefilled.value) for parts in cells]
+            width = max(key.shape[-2] for key, _ in rows)
+            heads, dim = prefilled.key.shape[0], prefilled.key.shape[-1]
+            key_buffer = prefilled.key.new_zeros(len(cells), heads, width + room, dim)
+            value_buffer = prefilled.value.new_zeros(len(cells), heads, width + room, prefilled.value.shape[-1])
+            mask = torch.zeros(len(cells), heads, width + room, dtype=torch.bool, device=prefilled.key.device)
+            mask[:, :, width:] = True
+            for row, ((key, value), parts) in enumerate(zip(rows, cells)):
+                count = key.shape[-2]
+                key_buffer[row, :, :count], value_buffer[row, :, :count] = key, value
+                valid = parts[layer].valid
+                mask[row, :, :count] = True if valid is None else valid
+            keys.append(key_buffer)
+            values.append(value_buffer)
+            seen.append(mask)
+            filled.append(width)
+        return cls(keys, values, seen, filled)
+
+    @property
+    def size(self) -> int:
+        """B, the cells in the batch."""
+        return self.keys[0].shape[0]
+
+    def extend(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write n new keys and values (B, H_kv, n, d) at the layer's next n columns; returns the filled columns."""
+        start, count = self.filled[layer], key.shape[-2]
+        if start + count > self.keys[layer].shape[-2]:
+            raise ValueError(f"layer {layer}'s batch holds {self.keys[layer].shape[-2]} columns; {start + count} asked")
+        self.keys[layer][:, :, start:start + count] = key
+        self.values[layer][:, :, start:start + count] = value
+        self.filled[layer] = start + count
+        return self.keys[layer][:, :, :start + count], self.values[layer][:, :, :start + count]
+
+    def mask(self, layer: int, queries: int, heads: int) -> torch.Tensor:
+        """(B, H, n, S) bool: what each of the n new queries of each query head sees of the layer's S filled
+        columns — its cell's rows, and the new tokens causally."""
+        seen = self.seen[layer][:, :, :self.filled[layer]]
+        per_head = seen.repeat_interleave(heads // seen.shape[1], dim=1)[:, :, None, :]
+        if queries == 1:
+            return per_head
+        return per_head & causal_mask(queries, seen.shape[-1], seen.device)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows `rows` (indices), in that order."""
+        for layer in range(len(self.keys)):
+            self.keys[layer] = self.keys[layer].index_select(0, rows)
+            self.values[layer] = self.values[layer].index_select(0, rows)
+            self.seen[layer] = self.seen[layer].index_select(0, rows)
+
+
+def attend(batch: Batch, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           scaling: float) -> torch.Tensor:
+    """The new queries q (B, H, n, d) over the layer's filled columns key, value (B, H_kv, S, d), each row over its
+    own cell's rows (`Batch.mask`): (B, H, n, d)."""
+    mask = batch.mask(layer, q.shape[-2], q.shape[1])
+    return torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling,
+                                                            enable_gqa=q.shape[1] != key.shape[1])
+
+
+def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Tensor, start: int,
+           max_new_tokens: int, stop: Collection[int], index: int, needle: torch.Tensor | None = None,
+           needle_row: int | None = None) -> list[Decoded]:
+    """Each row's greedy answer to `question` (n,) from its cache, as `generation.greedy` answers from one (the
+    question's pass at positions start … start + n − 1, then one token a step, each row stopping after a stop token
+    produced by a decoding step, up to `max_new_tokens`). `needle`, `needle_row`: the question's attention mass on
+    the needle's context positions, measured on that row (whose cache rows must be context positions)."""
+    if question.shape[-1] == 0:
+        raise ValueError("the question holds no token: it must at least carry the template's generation suffix")
+    size = batch.size
+    masses: dict[int, torch.Tensor] = {}
+    produced: list[list[int]] = [[] for _ in range(size)]
+    live = list(range(size))  # the cell of each batch row still in the batch
+
+    def substitute(captured: Captured) -> torch.Tensor:
+        layer, q = captured.layer, captured.q
+        key, value = batch.extend(layer, captured.key, captured.value)
+        if needle is not None and needle_row is not None and q.shape[-2] > 1 and layer not in masses:
+            row = live.index(needle_row)
+            columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
+            masses[layer] = needle_mass(q[row], key[row][:, columns], captured.scaling, needle)
+        return attend(batch, layer, q, key, value, captured.scaling)
+
+    def step(ids: torch.Tensor, first: int) -> list[int]:
+        positions = torch.arange(first, first + ids.shape[-1], device=ids.device).expand(ids.shape[0], -1)
+        logits = capture.forward(model, layers, None, substitute, [index] * ids.shape[0], input_ids=ids,
+                                 position_ids=positions, use_cache=False, logits_to_keep=1).logits
+        return logits[:, -1].argmax(dim=-1).tolist()
+
+    with threads(question.device):
+        for row, token in zip(live, step(question.expand(size, -1), start)):
+            produced[row].append(token)
+        position = start + question.shape[-1]
+        answering = list(live)
+        for offset in range(max_new_tokens - 1):
+            if not answering:
+                break
+            if len(answering) <= len(live) // 2:  # half the rows have stopped: drop them
+                batch.keep(torch.tensor([live.index(row) for row in answering], device=question.device))
+                live = list(answering)
+            last = question.new_tensor([[produced[row][-1]] for row in live])
+            for row, token in zip(live, step(last, position + offset)):
+                if row in answering:
+                    produced[row].append(token)
+                    if token in stop:
+                        answering.remove(row)
+    found = torch.stack([masses[layer] for layer in range(layers)]) if needle is not None and needle_row is not None \
+        else None
+    return [Decoded(ids, found if row == needle_row else None) for row, ids in enumerate(produced)]

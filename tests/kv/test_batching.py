@@ -1,0 +1,95 @@
+"""Cells decoded together as one batch against each cell decoded alone (`generation.greedy`, itself held equal to
+`model.generate` and to dense forwards in test_generation.py): every press that compresses once, at two ratios, in
+one batch, with stop tokens that end some rows early (so the batch sheds them) — the same answers, and the full
+cache's attention on the needle the same to float64 rounding. Float64 tiny Llama with grouped-query attention, so a
+greedy tie (the one way a batch may change an answer) cannot happen by rounding. Also the memory arithmetic and the
+layout: padding hidden, room refused beyond its end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectra import models
+from spectra.kv import batching, generation, prefill
+from spectra.kv.cell import Cells
+from spectra.registry import PRESSES
+
+import tiny
+
+CONTEXT, QUESTION, NEW = 96, 6, 8
+#: every press named alone that compresses once after the prefill (decoding(…) decodes alone; duo, headbudget and
+#: mixed take a file, which test_cell.py and the kind's tests give them)
+PRESSES_ALONE = [name for name in PRESSES.bare() if name not in PRESSES.having("decodes")]
+
+
+@pytest.fixture(scope="module")
+def gqa_llama(tmp_path_factory):
+    path = tiny.save_decoder(tmp_path_factory.mktemp("models") / "gqa-llama", heads=6, kv_heads=2, hidden=48)
+    loaded = models.load(str(path), device="cpu", lm_head=True)
+    loaded.model.double()
+    ids = torch.randint(3, len(loaded.tokenizer), (CONTEXT + QUESTION,), generator=torch.Generator().manual_seed(5))
+    return loaded, ids, prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0)
+
+
+def compressed_cells(prefills, presses, ratios):
+    cells = list(Cells(presses + ["adakv(snapkv)"], ratios).of(CONTEXT, 0, 0))
+    for cell in cells:
+        for layer in prefills:
+            cell.compress(layer)
+    return cells
+
+
+def alone(loaded, ids, prefills, cell, stop, needle=None):
+    cache = cell.buffers(prefills, QUESTION + NEW)
+    return generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, NEW, stop, 0, needle)
+
+
+def test_every_press_answers_in_a_batch_as_alone(gqa_llama) -> None:
+    loaded, ids, prefills = gqa_llama
+    cells = compressed_cells(prefills, PRESSES_ALONE, (0.3, 0.7))
+    free = [alone(loaded, ids, prefills, cell, set()).ids for cell in cells]
+    assert len({tuple(answer) for answer in free}) > 3, "the presses must change answers for the test to tell"
+    stop = {answer[2] for answer in free[::3]}  # most rows end early, at different steps: the batch sheds rows
+    want = [alone(loaded, ids, prefills, cell, stop).ids for cell in cells]
+    early = sum(len(answer) < NEW for answer in want)
+    assert len(want) // 2 < early < len(want) and len({len(answer) for answer in want}) > 2
+    batch = batching.Batch.of([cell.parts for cell in cells], prefills, QUESTION + NEW)
+    got = batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], CONTEXT, NEW, stop, 0)
+    assert [decoded.ids for decoded in got] == want
+
+
+def test_the_needle_mass_is_measured_on_its_row(gqa_llama) -> None:
+    loaded, ids, prefills = gqa_llama
+    cells = compressed_cells(prefills, ["knorm", "snapkv"], (0.5,))
+    needle = torch.tensor([3, 40, 41, 90])
+    want = alone(loaded, ids, prefills, cells[0], set(), needle).needle_mass
+    order = [1, 0, 2, 3]  # the full cache's cell in the second row
+    batch = batching.Batch.of([cells[i].parts for i in order], prefills, QUESTION + NEW)
+    got = batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], CONTEXT, NEW, set(), 0, needle, 1)
+    assert got[1].needle_mass is not None and all(decoded.needle_mass is None for i, decoded in enumerate(got) if i != 1)
+    assert torch.allclose(got[1].needle_mass, want, atol=1e-12, rtol=0)
+
+
+def test_padding_is_hidden_and_new_tokens_are_seen_causally(gqa_llama) -> None:
+    _, _, prefills = gqa_llama
+    cells = compressed_cells(prefills, ["knorm"], (0.5,))  # full (96 rows), knorm (48), adakv(snapkv) (per head)
+    batch = batching.Batch.of([cell.parts for cell in cells], prefills, 5)
+    assert batch.filled[0] == CONTEXT and batch.keys[0].shape == (3, 2, CONTEXT + 5, 8)
+    batch.extend(0, *(torch.zeros(3, 2, 3, 8, dtype=torch.float64),) * 2)
+    mask = batch.mask(0, 3, 6)  # (B, H, n, S)
+    assert mask.shape == (3, 6, 3, CONTEXT + 3)
+    assert mask[0, :, :, :CONTEXT].all() and not mask[1, :, :, 48:CONTEXT].any() and mask[1, :, :, :48].all()
+    adakv = cells[2].parts[0]
+    for head in range(6):
+        kept = adakv.valid[head // 3]
+        assert torch.equal(mask[2, head, 0, :kept.shape[0]], kept) and not mask[2, head, 0, kept.shape[0]:CONTEXT].any()
+    assert torch.equal(mask[:, :, :, CONTEXT:], torch.ones(3, 3, dtype=torch.bool).tril().expand(3, 6, 3, 3))
+    with pytest.raises(ValueError, match="holds 101 columns; 102 asked"):
+        batch.extend(0, *(torch.zeros(3, 2, 3, 8, dtype=torch.float64),) * 2)
+
+
+def test_the_memory_of_a_group() -> None:
+    rows = [[10, 20], [6, 4]]  # two cells' rows in two layers
+    assert batching.group_bytes(rows, 3, 100) == 2 * ((10 + 3) + (20 + 3)) * 100
+    assert batching.batch_row_bytes(3, 64, 64, 4) == 3 * (128 * 4 + 1)
