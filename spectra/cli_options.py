@@ -143,7 +143,7 @@ def command(analysis: Analysis, notify: Callable[[str], None]) -> Callable[..., 
         every = values.pop("all", False)
         finished = saved_run(ctx, model, analysis)
         if finished is None:
-            with progress_bar("sequences") as progress:
+            with progress_bar(analysis.progress_unit(values.get("data"))) as progress:
                 finished = run_analysis(analysis, {"model": model, **values}, progress, notify)
         shown = REGISTRY[finished.meta["kind"]]  # the analysis that wrote it: this one or one it hands data to
         shown.show(finished, every=True) if every else shown.show(finished)  # --all: a kind with `detail`

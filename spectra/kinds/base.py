@@ -82,12 +82,18 @@ class Analysis:
     length_by: ClassVar[str | None] = None
     #: the help of --all, for a kind whose printout is a summary by default (None: it prints every row anyway)
     detail: ClassVar[str | None] = None
+    #: what one step of its progress is, as the progress bar counts them
+    unit: ClassVar[str] = "sequences"
 
     # ---------------------------------------------------------------- declarations (overridden by kinds)
 
     def resolve(self, config: RunConfig, options: Any) -> Any:
         """The options as they run at the configured length (defaults that depend on n set, n-bound checks)."""
         return options
+
+    def progress_unit(self, data: str | None) -> str:
+        """What its progress counts on `data` (the kind it hands the data to may count otherwise)."""
+        return self.unit
 
     def derived(self, options: Any) -> tuple[str, ...]:
         """Settings left at a default that follows from others (`loop.Job.derived`), judged before `resolve` sets

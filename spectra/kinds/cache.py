@@ -25,7 +25,7 @@ and `--query-aware`; an option only the NLL study takes is refused there, and `-
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from .. import checkpoints
 from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..inputs import path_text, several
-from ..options import identity, option
+from ..options import option
 from ..registry import PRESSES
 from ..reporter import Reporter
 from ..kv.tasks.selection import wants_tasks
@@ -143,6 +143,10 @@ class Cache(PressStudy):
     outputs = {"cache.csv": ("press", "ratio", "nll"), "cache_heads.csv": ("press", "ratio", "layer", "head"),
                "cache_sequences.csv": ("press", "ratio", "sequence")}
 
+    def progress_unit(self, data: str | None) -> str:
+        """Examples on a task file (the task study runs it), else sequences."""
+        return REGISTRY[self.hands_to[0]].unit if data is not None and wants_tasks(data) else self.unit
+
     def run(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> Path:
         """The NLL study on a text corpus; a task file is handed to the task study (`spectra evaluate`) with the
         options the two share, an option only this study takes refused first (before anything is read)."""
@@ -157,7 +161,8 @@ class Cache(PressStudy):
                                f"text; {Path(config.data).name} is a task file, which runs the task study "
                                f"(spectra {study.name}): each record holds its context, question and answer. Drop "
                                f"{' and '.join(given)}, or give a text corpus")
-        shared = {name: value for name, value in identity(options).items() if name in identity(study.options())}
+        theirs = {field.name for field in fields(study.options)}
+        shared = {field.name: getattr(options, field.name) for field in fields(options) if field.name in theirs}
         return study.run(config, study.options(**shared), reporter)
 
     def check(self, config: RunConfig, options: CacheOptions, shape: checkpoints.Shape) -> None:

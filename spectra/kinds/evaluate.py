@@ -64,6 +64,7 @@ class Evaluate(PressStudy):
                            "(seeded by --seed).",
                 "data": "A task file (.jsonl: kvpress's records, such as `spectra tasks` writes)."}
     decodes = "the task study decodes answers with a decoder"
+    unit = "examples"
     outputs = {"task_examples.csv": ("press", "ratio", "example"), "task_scores.csv": ("press", "ratio", "task")}
 
     def configured(self, config: RunConfig, options: EvaluateOptions) -> RunConfig:
@@ -119,7 +120,7 @@ class Evaluate(PressStudy):
         from ..probes.tasks import TaskProbe
 
         return TaskProbe(source, options.presses, options.ratios, config.seed, config.samples,
-                         options.compression_interval, int(options.decode_memory * 2**30))
+                         options.compression_interval, int(options.decode_memory * 2**30), reporter.notify)
 
     def check_loaded(self, config: RunConfig, options: EvaluateOptions, source) -> None:
         """Also: --decode-memory must hold the largest cell of the longest example (its full cache), before any

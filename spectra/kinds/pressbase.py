@@ -42,8 +42,13 @@ def check_decode_memory(gib: float) -> None:
 
 
 def smallest_gib(needed: float) -> str:
-    """`needed` bytes as the GiB to type, rounded up to two decimals."""
-    return f"{math.ceil(needed / 2**30 * 100) / 100:g}"
+    """`needed` bytes (> 0) as the GiB to type: rounded up at three significant digits."""
+    gib = needed / 2**30
+    step = 10.0 ** (math.floor(math.log10(gib)) - 2)
+    count = math.ceil(gib / step)
+    while float(f"{count * step:.3g}") * 2**30 < needed:
+        count += 1
+    return f"{count * step:.3g}"
 
 
 def ratio_meanings() -> str:

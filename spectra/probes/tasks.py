@@ -20,7 +20,7 @@ resumed run's tables equal an uninterrupted run's bit for bit.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,8 +66,9 @@ class TaskProbe(Probe):
     `source`; `seed` is the run's (bootstrap intervals draw from it)."""
 
     def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
-                 samples: int, compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY) -> None:
-        self.source, self.seed, self.decode_memory = source, seed, decode_memory
+                 samples: int, compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
+                 notify: Callable[[str], None] | None = None) -> None:
+        self.source, self.seed, self.decode_memory, self.notify = source, seed, decode_memory, notify
         self.cells = Cells(presses, ratios, compression_interval=compression_interval)
         self.variants = self.cells.variants
         self.examples = source.examples[:samples]
@@ -101,7 +102,7 @@ class TaskProbe(Probe):
         row_bytes = batching.batch_row_bytes(first.kv_heads, first.head_dim, first.value.shape[-1],
                                              first.key.element_size())
         pending: list[int] = []
-        held = 0
+        held, groups, started = 0, 0, time.perf_counter()
         # by ratio (cells that keep as many rows share a group and pad nothing), the full cache first
         for i in sorted(range(len(cells)), key=lambda cell: (self.variants[cell][1], cell)):
             cell = cells[i]
@@ -116,11 +117,16 @@ class TaskProbe(Probe):
             own = batching.held_bytes(cell.parts)
             if pending and batching.group_bytes(rows, at.room, row_bytes) + held + own > self.decode_memory:
                 self.decode_group(pending, cells, at)
-                pending, held = [], 0
+                pending, held, groups = [], 0, groups + 1
             pending.append(i)
             held += own
         if pending:
             self.decode_group(pending, cells, at)
+            groups += 1
+        if self.notify is not None and not self.done.any() and len(self.examples) > 1:  # what an example costs, once
+            self.notify(f"each example: {len(cells)} cells, compressed and answered in {groups} "
+                        f"{'batch' if groups == 1 else 'batches'} ({time.perf_counter() - started:.1f} s after its "
+                        "prefill on the first)")
         self.done[position] = 1
 
     def decode_group(self, group: Sequence[int], cells: list[Cell | None], at: Answering) -> None:

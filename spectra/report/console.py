@@ -42,8 +42,9 @@ out = _Console()
 
 
 @contextlib.contextmanager
-def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
-    """A progress(done, total) callback drawing sequences done, sequences/s and the ETA.
+def progress_bar(unit: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress(done, total) callback drawing the `unit`s (sequences, examples) done, their rate — per second, or
+    seconds each when one takes longer than a second (a long task example: "41.3 s/example") — and the ETA.
 
     The bar appears at the first call (so an input error before any work prints only its message)
     and is erased if the block ends with an error.
@@ -52,13 +53,14 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]} seq/s"),
+        TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
         console=console,
     )
-    task = bar.add_task(description, total=None, rate="–")
+    task = bar.add_task(unit, total=None, rate="–")
+    one = unit[:-1] if unit.endswith("s") else unit
     first: list[float] = []
 
     def update(done: int, total: int) -> None:
@@ -71,7 +73,9 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
             bar.reset(task, total=total, rate="–")
         first[2] = done
         rate = (done - first[1]) / (now - first[0]) if now > first[0] and done > first[1] else None
-        bar.update(task, completed=done, total=total, rate=f"{rate:.2f}" if rate else "–")
+        shown = "–" if not rate else f"{rate:.2f} {'seq' if one == 'sequence' else one}/s" if rate >= 1 else \
+            f"{1 / rate:.1f} s/{one}"
+        bar.update(task, completed=done, total=total, rate=shown)
 
     try:
         yield update

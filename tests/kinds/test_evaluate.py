@@ -15,6 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import spectra
 from spectra import models
+from spectra.errors import SpectraError
+from spectra.kv import batching
 from spectra.kv.tasks.prompt import prompt_ids
 from spectra.kv.tasks.records import read_records
 from spectra.kv.tasks.scoring import score
@@ -146,9 +148,38 @@ def test_a_finished_run_reprints_and_plots(finished, monkeypatch, capsys) -> Non
     assert spectra.load_run(finished.path).examples.equals(finished.examples)
 
 
+def test_answers_do_not_depend_on_how_the_cells_are_grouped(finished, chat_decoder, task_file, tmp_path,
+                                                            monkeypatch) -> None:
+    """The default budget decodes every cell of an example as one batch; a budget of three full caches decodes them
+    in several groups: the same answers, the same tables."""
+    with pytest.raises(SpectraError) as refused:
+        spectra.cache(str(chat_decoder), str(task_file), out=tmp_path / "none", decode_memory=1e-9, **SETTINGS)
+    least = float(str(refused.value).split("give at least decode_memory=")[1])
+    sizes = []
+    original = batching.Batch.of
+    monkeypatch.setattr(batching.Batch, "of", lambda *args: sizes.append(len(args[0])) or original(*args))
+    grouped = spectra.cache(str(chat_decoder), str(task_file), out=tmp_path / "grouped", decode_memory=3 * least,
+                            **SETTINGS)
+    assert len(sizes) > 4 * 2 and max(sizes) < 11, sizes
+    for name in TABLES:
+        pd.testing.assert_frame_equal(getattr(grouped, name), getattr(finished, name), rtol=1e-6, obj=name)
+    assert (grouped.examples["prediction"] == finished.examples["prediction"]).all()
+
+
+def test_a_budget_below_one_cell_says_the_smallest_that_works(chat_decoder, task_file, tmp_path, monkeypatch,
+                                                              capsys) -> None:
+    argv = ["evaluate", str(chat_decoder), "--data", str(task_file), "--presses", "knorm", "--ratios", "0.5",
+            "--decode-memory", "0.000001", "--out", str(tmp_path / "run")]
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and stderr.count("\n") == 1 and "--decode-memory 1e-06 GiB cannot hold the full cache" in stderr
+    least = float(stderr.split("give at least --decode-memory ")[1].split()[0])
+    argv[argv.index("0.000001")] = str(least)
+    assert tiny.run_cli(argv, monkeypatch, capsys)[0] == 0
+
+
 @pytest.mark.parametrize("case", ["unknown-task", "missing-field", "empty", "positions", "fit-samples", "bytes-kept",
                                   "encoder", "no-answers-first", "no-question-first", "array", "answer-missing",
-                                  "empty-context"])
+                                  "empty-context", "decode-memory"])
 def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_decoder, bert_dir, tmp_path,
                                                                   monkeypatch, capsys) -> None:
     rows = task_files.records(count=2)
@@ -176,6 +207,8 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
         rows[1]["answers"], message = ["nowhere"], "tasks.jsonl line 2: the answer 'nowhere' does not occur in its"
     elif case == "empty-context":
         rows[1]["context"], message = "", "tasks.jsonl line 2: 'context' is empty"
+    elif case == "decode-memory":
+        extra, message = ["--decode-memory", "0"], "--decode-memory must be a positive number of GiB, got 0"
     else:
         model, message = str(bert_dir), "is an encoder"
     path = task_files.write(tmp_path / "tasks.jsonl", rows)

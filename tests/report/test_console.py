@@ -327,3 +327,23 @@ def test_a_change_in_percent_is_never_shown_as_zero() -> None:
     """ppl changes print with the decimals it takes to show they are not zero ("(-0%)" read as no change)."""
     assert [approx_report.signed_percent(x) for x in (0.86, -0.003, 0.00004, -0.0149, 0.0)] == [
         "+86%", "-0.3%", "+0.004%", "-1%", "no change"]
+
+
+@pytest.mark.parametrize("unit,seconds,shown", [("examples", 40.0, "40.0 s/example"), ("sequences", 0.25, "4.00 seq/s")])
+def test_the_progress_bar_counts_its_unit_and_a_slow_one_in_seconds_each(unit, seconds, shown, monkeypatch) -> None:
+    """A long task run's examples take tens of seconds each: the rate reads as seconds per example, not 0.02/s."""
+    import io
+
+    from rich.console import Console
+
+    from spectra.report import console as console_module
+
+    written, now = io.StringIO(), [0.0]
+    monkeypatch.setattr(console_module, "console", Console(file=written, width=120, force_terminal=False,
+                                                           get_time=lambda: now[0]))
+    with console_module.progress_bar(unit) as update:
+        for done in range(3):
+            now[0] = done * seconds
+            update(done, 4)
+    text = written.getvalue()
+    assert unit in text and shown in text and "2/4" in text, text
