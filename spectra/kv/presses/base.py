@@ -54,7 +54,8 @@ class Prefill:
       of the prefill's P, each summing to 1);
     - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
     - `scaling`: the score scale s of softmax(q kᵀ · s);
-    - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly.
+    - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly;
+    - `w_o` (D, H·d): the layer's output projection W^O (criticalkv's value norms; None where the model has none).
     """
 
     layer: int
@@ -67,6 +68,7 @@ class Prefill:
     scaling: float
     seed: int
     index: int
+    w_o: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
