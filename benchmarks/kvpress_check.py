@@ -83,6 +83,10 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.DecodingPress(base_press=make(press[len("decoding("):-1], 0.0, seed),
                                          compression_interval=job["interval"],
                                          target_size=max(1, int(context * (1 - ratio))))
+        if press.startswith(("criticalkv(", "criticaladakv(")):  # a wrapper at its defaults, its scorer inside
+            outer, inner = press[:-1].split("(", 1)
+            wrapped = make(inner, ratio, seed)
+            return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
         if press == "streaming":
             return kvpress.StreamingLLMPress(compression_ratio=ratio)
         if press == "knorm":

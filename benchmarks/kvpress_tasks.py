@@ -43,6 +43,10 @@ def make_press(kvpress, name: str, ratio: float, model):
     if name.startswith("adakv(") and name.endswith(")"):
         inner = getattr(kvpress, KVPRESS_NAMES[name[len("adakv("):-1]])(compression_ratio=ratio)
         return kvpress.AdaKVPress(inner, alpha_safeguard=ALPHA_SAFEGUARD)
+    if name.startswith(("criticalkv(", "criticaladakv(")) and name.endswith(")"):  # at kvpress's defaults
+        outer, inner = name[:-1].split("(", 1)
+        wrapped = make_press(kvpress, inner, ratio, model)
+        return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
     if name.startswith("duo(") and name.endswith(")"):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)

@@ -285,6 +285,24 @@ def attention_linears(attention: torch.nn.Module) -> Linears:
     return Linears(*linears, w_o, heads, getattr(inner, "scaling", None))
 
 
+def output_projections(model: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """Layer index → that attention layer's output projection W^O (D × H·d, the Linear's weight, not a copy), for
+    the attention modules with a `layer_idx` whose output linear `attention_linears` finds: what a press weighing a
+    token by what its heads write reads (criticalkv)."""
+    found = {}
+    for module in model.modules():
+        layer = getattr(module, "layer_idx", None)
+        if not isinstance(layer, int):
+            continue
+        try:
+            w_o = attention_linears(module).w_o
+        except SpectraError:
+            continue
+        if w_o is not None:
+            found[layer] = w_o.weight.detach()
+    return found
+
+
 def rotary(model: torch.nn.Module) -> bool:
     """Whether the model rotates queries and keys by position (RoPE) between its projections and attention."""
     config = getattr(model, "config", None)

@@ -59,6 +59,16 @@ def test_a_decoder_loads_with_its_causal_lm_head_and_describes_itself(llama_dir,
     assert bare.causal and bare.head is None and bare.kv_heads == bare.heads and not models.rotary(bare.model)
 
 
+def test_output_projections_are_each_layers_w_o_by_its_index() -> None:
+    llama = LlamaForCausalLM(LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+                                         num_hidden_layers=3, intermediate_size=32, vocab_size=50))
+    found = models.output_projections(llama)
+    assert sorted(found) == [0, 1, 2]
+    for layer, w_o in found.items():  # the weight itself (D, H·d), no copy
+        assert w_o.data_ptr() == llama.model.layers[layer].self_attn.o_proj.weight.data_ptr()
+        assert w_o.shape == (16, 16) and not w_o.requires_grad
+    assert models.output_projections(torch.nn.Linear(4, 4)) == {}
+
 def test_gguf_sources_are_checked_before_loading(tmp_path, monkeypatch) -> None:
     from spectra import checkpoints
 

@@ -114,7 +114,7 @@ def warn_window_filled(options: CacheOptions, reporter: Reporter) -> None:
     windowed = set(options.presses) & PRESSES.having("windowed")
     if not windowed:
         return
-    from ..kv.presses.base import window_choosing_length, window_note
+    from ..kv.presses.window import window_choosing_length, window_note
 
     note = window_note(options.context, options.ratios, options.presses)
     if note is not None:

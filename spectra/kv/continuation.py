@@ -28,14 +28,15 @@ Stacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def from_captured(captured: Captured, row: int, context: int, key_pre: torch.Tensor | None, seed: int,
-            index: int) -> Prefill:
+            index: int, w_o: torch.Tensor | None = None) -> Prefill:
     """Sequence `row`'s exact prefill of `context` tokens, read off a captured layer of a longer causal forward
-    pass (rows < context of a causal P see only the context). `key_pre` (H_kv, L, d): its keys before RoPE."""
+    pass (rows < context of a causal P see only the context). `key_pre` (H_kv, L, d): its keys before RoPE; `w_o`:
+    the layer's output projection W^O (D, H·d)."""
     window = min(WINDOW, context)
     p = captured.p[row]
     return Prefill(captured.layer, captured.q[row, :, context - window:context], captured.key[row, :, :context],
                    captured.value[row, :, :context], key_pre, p[:, context - window:context, :context],
-                   p[:, :context, :context].sum(dim=-2), captured.scaling, seed, index)
+                   p[:, :context, :context].sum(dim=-2), captured.scaling, seed, index, w_o)
 
 
 def stack(parts: Sequence[Compressed], key: torch.Tensor, value: torch.Tensor) -> Stacked:

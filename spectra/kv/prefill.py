@@ -106,6 +106,7 @@ class _Collector:
     chunk_bytes: int
     seed: int
     index: int
+    w_o: dict[int, torch.Tensor] = field(default_factory=dict)
     prefills: dict[int, Prefill] = field(default_factory=dict)
     pre_rope: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -130,7 +131,7 @@ class _Collector:
         pre = self.pre_rope.pop(captured.layer, None)  # (1, L, H_kv·d) → (H_kv, L, d)
         key_pre = None if pre is None else pre[0].unflatten(-1, (key.shape[0], -1)).transpose(0, 1)
         self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, received,
-                                                captured.scaling, self.seed, self.index)
+                                                captured.scaling, self.seed, self.index, self.w_o.get(captured.layer))
         return out[None] if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
 
 
@@ -139,8 +140,8 @@ def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, ind
     """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring);
     `received`: compute the attention each key received (else an empty (H, 0) tensor), by the fused kernel where
     there is one (`fused`), else in query chunks; `seed` and `index` (the run's seed and the example's global index)
-    go to the presses that draw randomly."""
-    collector = _Collector(window, received, fused, chunk_bytes, seed, index)
+    go to the presses that draw randomly; each layer's output projection W^O goes with its prefill (`Prefill.w_o`)."""
+    collector = _Collector(window, received, fused, chunk_bytes, seed, index, models.output_projections(model))
     hooks = models.watch_projections(model, collector.projection) if models.rotary(model) else []
     try:
         capture.forward(model, layers, None, collector.substitute, [index], input_ids=ids.reshape(1, -1),

@@ -79,6 +79,7 @@ class CacheProbe(Probe):
         self.pending: dict[int, tuple[dict[int, Prefill], list[Cell]]] = {}
         self.pre_rope: dict[int, torch.Tensor] = {}
         self.hooks = models.watch_projections(loaded.model, self._projection) if models.rotary(loaded.model) else []
+        self.w_o = models.output_projections(loaded.model)  # each layer's W^O, for the presses that read it
 
     def _projection(self, layer: int, which: str, output: torch.Tensor) -> None:
         if which == "k":
@@ -97,7 +98,8 @@ class CacheProbe(Probe):
             pre = self.pre_rope.get(layer)  # (B, n, H_kv·d) → (H_kv, L, d)
             key_pre = None if pre is None else pre[row, :context].unflatten(-1, (captured.key.shape[1], -1))
             key_pre = None if key_pre is None else key_pre.transpose(0, 1)
-            prefilled = continuation.from_captured(captured, row, context, key_pre, self.seed, index[row])
+            prefilled = continuation.from_captured(captured, row, context, key_pre, self.seed, index[row],
+                                                   self.w_o.get(layer))
             if index[row] < self.fit_samples:
                 self._calibrate(prefilled)
                 continue

@@ -114,7 +114,7 @@ def show(run: CacheRun) -> None:
     out.print(MEMORY_NOTE if "bytes_share" in columns else MEMORY_NOTE.split("; bytes_share")[0])
     if meta.get("skipped"):
         out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")
-    from ..kv.presses.base import window_note
+    from ..kv.presses.window import window_note
 
     note = window_note(meta["context"], sorted(set(run.table["ratio"]) - {0.0}), set(run.table["press"]))
     if note is not None:

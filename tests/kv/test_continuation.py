@@ -34,10 +34,11 @@ def gqa_llama(tmp_path_factory):
 
 def prefilled(loaded, ids) -> dict:
     """Each layer's prefill and captured record, read off one forward over the whole sequence."""
-    found = {}
+    found, w_o = {}, models.output_projections(loaded.model)
 
     def observe(captured):
-        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, None, 0, 0))
+        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, None, 0, 0,
+                                                                      w_o[captured.layer]))
 
     outputs = capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=ids)
     return found, outputs.logits[0]
@@ -93,8 +94,9 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     plan = pd.DataFrame([{"budget": 0.5, "layer": layer, "kv_head": head, "press": press, "ratio": 0.5, "best": True}
                          for layer in range(loaded.layers) for head, press in enumerate(("knorm", "think"))])
     plan.to_csv(tmp_path / "cache_axes.csv", index=False)
-    arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})"]
-    names = [*REGISTRY.bare(), *arguments]  # presses with an argument too
+    arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})",
+                 "criticaladakv(knorm)"]
+    names = [*REGISTRY.bare(), *arguments, "criticalkv(snapkv)"]  # presses with an argument too
     variants = [{layer: REGISTRY[name].compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
                 for name in names]
     through_cache = engine(loaded, ids, variants, layers, logits[CONTEXT - 1])

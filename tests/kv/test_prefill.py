@@ -93,6 +93,13 @@ def test_without_received_the_statistic_is_empty(gqa_llama) -> None:
         assert torch.equal(without.window, whole.window) and torch.equal(without.key, whole.key)
 
 
+def test_each_layer_carries_its_output_projection(gqa_llama) -> None:
+    """criticalkv reads W^O: each layer's prefill holds its own attention's o_proj weight (D, H·d)."""
+    loaded, ids = gqa_llama
+    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False)):
+        own = loaded.model.model.layers[layer].self_attn.o_proj.weight
+        assert found.w_o is not None and torch.equal(found.w_o, own)
+
 def test_the_chunk_fits_its_budget() -> None:
     assert prefill.chunk_queries(9, 8192) == 2**27 // (9 * 8192 * 4)
     assert prefill.chunk_queries(9, 8192, budget=1) == 1

@@ -24,7 +24,7 @@ context tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar, TypeVar
@@ -55,7 +55,8 @@ class Prefill:
       from q and the keys when a press first reads them (SnapKV, TOVA), so a prefill for other presses skips them;
     - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
     - `scaling`: the score scale s of softmax(q kᵀ · s);
-    - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly.
+    - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly; `w_o` (D, H·d):
+      the layer's output projection W^O (criticalkv's value norms; None where the model has none).
     """
 
     layer: int
@@ -68,6 +69,7 @@ class Prefill:
     scaling: float
     seed: int
     index: int
+    w_o: torch.Tensor | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -177,44 +179,6 @@ def n_kept(length: int, ratio: float) -> int:
     """kvpress 0.5.5's `compute_n_kept`: the tokens kept when the fraction `ratio` of `length` is removed — the
     float product truncated (L = 100, r = 0.9 keeps 9: 100·0.1 = 9.999…), at least 1."""
     return 0 if ratio >= 1 else max(1, int(length * (1 - ratio)))
-
-
-def window_filled(length: int, ratios: Sequence[float]) -> list[tuple[float, int]]:
-    """(ratio, tokens kept) for each ratio at which a windowed press (snapkv, loki) keeps no more than the WINDOW
-    last context tokens it always protects: there it keeps tokens of the window only, whatever its scores — the
-    whole window when exactly WINDOW are kept (snapkv and loki then keep the same cache), else the ones
-    torch.topk's tie-break among the equally protected tokens picks (which depends on the other scores)."""
-    return [(ratio, n_kept(length, ratio)) for ratio in ratios if n_kept(length, ratio) <= min(WINDOW, length)]
-
-
-def window_note(length: int, ratios: Sequence[float], presses: Sequence[str]) -> str | None:
-    """What a cache run says where the windowed presses among `presses` keep only tokens of their window
-    (`window_filled`), or None: the ratios, the tokens kept, and that their scores choose nothing there."""
-    windowed = windowed_presses(presses)
-    filled = window_filled(length, ratios)
-    if not windowed or not filled:
-        return None
-    one, both = len(filled) == 1, len(windowed) > 1
-    ratios_text, kept = (", ".join(f"{value:g}" for value in values) for values in zip(*filled))
-    return (f"{'ratio' if one else 'ratios'} {ratios_text} {'keeps' if one else 'keep'} {kept} tokens, no more than "
-            f"the {WINDOW}-token window that {' and '.join(windowed)} {'always keep' if both else 'always keeps'}: "
-            f"{'their' if both else 'its'} scores choose nothing there (below {WINDOW} kept, torch.topk's tie-break "
-            f"picks which window tokens stay){', so loki tells nothing snapkv does not' if both else ''}")
-
-
-def windowed_presses(presses: Iterable[str] | None = None) -> list[str]:
-    """The presses declared `windowed` (among `presses`, or all), in listing order: those that read the prefill's last
-    WINDOW queries and always keep the window's tokens (a press wrapping one, `adakv(snapkv)`, is not listed)."""
-    chosen = None if presses is None else set(presses)
-    return [name for name in PRESSES if PRESSES.facts(name).get("windowed") and (chosen is None or name in chosen)]
-
-
-def window_choosing_length(ratios: Sequence[float]) -> int:
-    """The shortest context at which a windowed press keeps more than its WINDOW at every one of `ratios`."""
-    length = WINDOW + 1
-    while window_filled(length, ratios):
-        length += 1
-    return length
 
 
 def evict(prefill: Prefill, scores: torch.Tensor, keep: int) -> Compressed:
@@ -385,7 +349,7 @@ def facts(press: Press) -> dict[str, object]:
 
 
 def run_presses(names: Iterable[str], **settings: object) -> dict[str, Press]:
-    """The presses `--presses` names (`adakv(snapkv)` included), as one run uses them (`Press.for_run`, `settings`)."""
+    """The presses `--presses` names, as one run uses them (`Press.for_run`, `settings`)."""
     return {name: REGISTRY[name].for_run(**settings) for name in names}
 
 

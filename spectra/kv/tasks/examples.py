@@ -25,7 +25,8 @@ from .. import batching, prefill
 from ...config import RunConfig
 from ...errors import SpectraError
 from ..presses import Prefill
-from ..presses.base import WINDOW, windowed_presses
+from ..presses.base import WINDOW
+from ..presses.window import windowed_presses
 from ...registry import PRESSES
 from ...sources import OfLoadedModel
 from .needle import needle_tokens
