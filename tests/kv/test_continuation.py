@@ -33,13 +33,25 @@ def gqa_llama(tmp_path_factory):
 
 
 def prefilled(loaded, ids) -> dict:
-    """Each layer's prefill and captured record, read off one forward over the whole sequence."""
-    found = {}
+    """Each layer's prefill and captured record, read off one forward over the whole sequence (with the context's
+    queries before RoPE and the model's RoPE, which expected_attention reads)."""
+    found, queries = {}, {}
 
     def observe(captured):
-        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, None, 0, 0))
+        query_pre = queries.pop(captured.layer)[0, :CONTEXT].unflatten(-1, (captured.q.shape[1], -1)).transpose(0, 1)
+        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, None, 0, 0, query_pre,
+                                                                      models.rope(loaded.model)))
 
-    outputs = capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=ids)
+    def projection(layer, which, output):
+        if which == "q":
+            queries[layer] = output
+
+    hooks = models.watch_projections(loaded.model, projection)
+    try:
+        outputs = capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=ids)
+    finally:
+        for handle in hooks:
+            handle.remove()
     return found, outputs.logits[0]
 
 
