@@ -101,6 +101,10 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
         if press == "lagkv":
             return kvpress.LagKVPress(compression_ratio=ratio)
+        if press == "expected_attention":
+            return kvpress.ExpectedAttentionPress(compression_ratio=ratio)
+        if press == "cur":
+            return kvpress.CURPress(compression_ratio=ratio)
         raise ValueError(press)
 
     results = []
