@@ -34,17 +34,17 @@ def gqa_llama(tmp_path_factory):
 
 def prefilled(loaded, ids) -> dict:
     """Each layer's prefill and captured record, read off one forward over the whole sequence (with the context's
-    queries before RoPE and the model's RoPE, which expected_attention reads)."""
-    found, queries = {}, {}
+    keys and queries before RoPE and the model's RoPE, which expected_attention and compactor read)."""
+    found, pre = {}, {}
 
     def observe(captured):
-        query_pre = queries.pop(captured.layer)[0, :CONTEXT].unflatten(-1, (captured.q.shape[1], -1)).transpose(0, 1)
-        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, None, 0, 0, query_pre,
+        key_pre, query_pre = (pre.pop((captured.layer, which))[0, :CONTEXT].unflatten(-1, (heads, -1)).transpose(0, 1)
+                              for which, heads in (("k", captured.key.shape[1]), ("q", captured.q.shape[1])))
+        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, key_pre, 0, 0, query_pre,
                                                                       models.rope(loaded.model)))
 
     def projection(layer, which, output):
-        if which == "q":
-            queries[layer] = output
+        pre[layer, which] = output
 
     hooks = models.watch_projections(loaded.model, projection)
     try:
