@@ -37,13 +37,15 @@ FUTURE, SINKS, EPSILON = 512, 4, 0.0
 def mean_rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """(d, d) the mean over positions of RoPE's rotation matrices R(p) = diag(cos_p) + J·diag(sin_p), given cos, sin
     (F, d) at F positions, where J is rotate-half's matrix (J x = [−x₂, x₁] for x = [x₁, x₂]): R(p)x = x·cos_p +
-    rotate_half(x)·sin_p, the rotation a query at position p gets."""
-    dim = cos.shape[-1]
-    half = torch.eye(dim // 2, dtype=cos.dtype, device=cos.device)
-    rotate_half = torch.zeros(dim, dim, dtype=cos.dtype, device=cos.device)
-    rotate_half[dim // 2:, : dim // 2], rotate_half[: dim // 2, dim // 2:] = half, -half
-    identity = torch.eye(dim, dtype=cos.dtype, device=cos.device)
-    return (cos[:, None, :] * identity + sin[:, None, :] * rotate_half).mean(dim=0)
+    rotate_half(x)·sin_p, the rotation a query at position p gets. Its entries are means of cos and ±sin over the
+    positions, so they are averaged as vectors, not as F matrices of d × d (kvpress's way, the same numbers)."""
+    dim, half = cos.shape[-1], cos.shape[-1] // 2
+    cos_mean, sin_mean = cos.mean(dim=0), sin.mean(dim=0)
+    rotation = torch.diag(cos_mean)
+    low, high = torch.arange(half, device=cos.device), torch.arange(half, dim, device=cos.device)
+    rotation[high, low] = sin_mean[:half]  # J·diag(sin): row d/2 + i takes +x_i, row i takes −x_{d/2+i}
+    rotation[low, high] = -sin_mean[half:]
+    return rotation
 
 
 def future_query(query_pre: torch.Tensor, rotation: torch.Tensor, sinks: int = SINKS
