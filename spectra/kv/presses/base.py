@@ -152,9 +152,9 @@ class Compressed:
 
     def memory(self, prefill: Prefill) -> torch.Tensor:
         """(H_kv,) int64: the bytes of each key/value head's compressed context cache — `stored` when the press
-        counted it, else its rows × (key + value dimensions) × the bytes of the cache's dtype (what an eviction
-        press or a mixed-down cache keeps, each head its own count; the kept positions are not stored: the keys carry
-        their rotation)."""
+        counted it, else its rows × (key + value dimensions) × the bytes of the cache's dtype (what an eviction press
+        or a mixed-down cache keeps, each head its own count; the kept positions are not stored: the keys carry their
+        rotation)."""
         if self.stored is not None:
             return self.stored.to(torch.int64)
         return self.counts().to(torch.int64).cpu() * row_bytes(prefill)
@@ -261,9 +261,9 @@ class Press:
     needs_rope: ClassVar[bool] = False
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
-    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`), which a prefill computes only when a press needs it
-    received: ClassVar[bool] = False
-    queries: ClassVar[bool] = False
+    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`), which a prefill computes only when a press needs it;
+    #: `min_context`: the fewest context tokens it compresses (compactor: 13, beyond its 12 sinks)
+    received, queries, min_context = False, False, 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
@@ -341,7 +341,7 @@ class Wrapper(Press):
         self.inner = inner
         if inner is not None:
             self.name = f"{type(self).name}({inner.name})"  # type: ignore[misc]
-            for flag in ("needs_rope", "windowed", "window", "calibrates", "received", "queries"):
+            for flag in ("needs_rope", "windowed", "window", "calibrates", "received", "queries", "min_context"):
                 setattr(self, flag, getattr(inner, flag))
 
     def bind(self, inner: Press) -> Wrapper:

@@ -125,6 +125,7 @@ class Compactor(ScorerPress):
     peer = "CompactorPress"
     needs_rope = True
     queries = True
+    min_context = 13  # more than its sinks
 
     @staticmethod
     def seed_of(seed: int, index: int) -> int:

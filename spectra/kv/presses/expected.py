@@ -91,6 +91,7 @@ class ExpectedAttention(ScorerPress):
     peer = "ExpectedAttentionPress"
     needs_rope = True
     queries = True
+    min_context = 5  # more than its sinks
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
         return expected_scores(prefill)

@@ -132,6 +132,9 @@ def test_a_prefill_without_what_it_reads_is_refused() -> None:
     short, _ = with_keys_before_rope(SINKS_START + SINKS_END)
     with pytest.raises(ValueError, match=f"more than {SINKS_START + SINKS_END} context tokens"):
         REGISTRY["compactor"].compress(short, 0.5)
+    least = REGISTRY["compactor"].min_context  # what `spectra cache --context` is checked against before loading
+    assert least == SINKS_START + SINKS_END + 1
+    assert REGISTRY["compactor"].compress(with_keys_before_rope(least)[0], 0.5).kept.shape == (KV_HEADS, 6)
     bare, _ = with_queries()
     with pytest.raises(ValueError, match="pre-RoPE queries and keys"):
         REGISTRY["compactor"].compress(bare, 0.5)

@@ -129,6 +129,8 @@ def test_a_prefill_without_what_it_reads_is_refused() -> None:
     prefill, _ = with_queries(length=SINKS)
     with pytest.raises(ValueError, match=f"more than {SINKS} context tokens"):
         expected_scores(prefill)
+    least = REGISTRY["expected_attention"].min_context  # `spectra cache --context` is checked against it
+    assert least == SINKS + 1 and expected_scores(with_queries(length=least)[0]).shape == (KV_HEADS, least)
     bare, _ = make_prefill()
     with pytest.raises(ValueError, match="pre-RoPE queries"):
         REGISTRY["expected_attention"].compress(bare, 0.5)
