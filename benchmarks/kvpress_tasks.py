@@ -31,7 +31,8 @@ from pathlib import Path
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
-                 "tova": "TOVAPress"}
+                 "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
+                 "compactor": "CompactorPress"}
 #: AdaKV's safeguard as spectra's adakv(<scorer>) applies it (kvpress's default)
 ALPHA_SAFEGUARD = 0.2
 
@@ -108,6 +109,8 @@ def worker(job_path: str, result_path: str) -> None:
                     if (press, ratio, aware, record["example"]) in answered:
                         continue
                     made = None if press == "full" else make_press(kvpress, press, ratio, model)
+                    if press == "compactor":  # its sketches from the global generator, seeded as spectra's
+                        torch.manual_seed(job["sketch_seeds"][str(record["example"])])
                     started = time.perf_counter()
                     with torch.inference_mode():
                         answer = pipe(context, question=question, answer_prefix=record["answer_prefix"], press=made,
@@ -167,6 +170,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     counts per example, seconds per cell, versions)."""
     import pandas as pd
 
+    from spectra.kv.presses.compactor import Compactor
     from spectra.kv.tasks.scoring import score
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
@@ -174,7 +178,9 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     job = {"folder": folder or smollm2_folder(), "presses": list(presses), "ratios": [float(r) for r in ratios],
            "query_aware": [bool(a) for a in query_aware], "threads": threads, "full": full,
            "records": [{"example": r.example, "context": r.context, "question": r.question,
-                        "answer_prefix": r.answer_prefix, "max_new_tokens": r.max_new_tokens} for r in records]}
+                        "answer_prefix": r.answer_prefix, "max_new_tokens": r.max_new_tokens} for r in records],
+           # compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
+           "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records}}
     previous = scratch / "job.json"
     if previous.exists() and json.loads(previous.read_text())["records"] != job["records"]:
         (scratch / "kvpress.cells.jsonl").unlink(missing_ok=True)  # other records: nothing to resume

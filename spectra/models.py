@@ -309,6 +309,29 @@ def rotary(model: torch.nn.Module) -> bool:
     return any(getattr(config, name, None) for name in ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim"))
 
 
+#: positions (n,) → RoPE's (cos, sin), each (n, d): the rotation the model gives a query or key at those positions
+Rope = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def rope(model: torch.nn.Module) -> Rope | None:
+    """The model's own rotary embedding as a function of positions (its `rotary_emb` module, as transformers' decoders
+    hold it: cos and sin with its scaling, in the model's dtype), or None for a model without one. Presses that
+    rotate statistics to positions beyond the context (expected attention's future queries) read it."""
+    if not rotary(model):
+        return None
+    found = next((module for name, module in model.named_modules() if name.rsplit(".", 1)[-1] == "rotary_emb"), None)
+    if found is None:
+        return None
+    dtype = next(model.parameters()).dtype
+
+    def cos_sin(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dummy = torch.zeros((), dtype=dtype, device=positions.device)
+        cos, sin = found(dummy, positions.reshape(1, -1))
+        return cos[0], sin[0]
+
+    return cos_sin
+
+
 #: callback(layer, which ∈ {"q", "k", "v"}, output (B, n, heads·d)) for the projections' outputs
 ProjectionHook = Callable[[int, str, torch.Tensor], None]
 

@@ -57,6 +57,10 @@ def test_a_decoder_loads_with_its_causal_lm_head_and_describes_itself(llama_dir,
     assert type(loaded.model).__name__ == "LlamaForCausalLM" and models.rotary(loaded.model)
     bare = models.load(str(gpt2_dir), device="cpu")
     assert bare.causal and bare.head is None and bare.kv_heads == bare.heads and not models.rotary(bare.model)
+    assert models.rope(bare.model) is None
+    cos, sin = models.rope(loaded.model)(torch.arange(3, 9))
+    want = loaded.model.model.rotary_emb(torch.zeros(1), torch.arange(3, 9)[None])
+    assert torch.equal(cos, want[0][0]) and torch.equal(sin, want[1][0]) and cos.shape == (6, 8)
 
 
 def test_output_projections_are_each_layers_w_o_by_its_index() -> None:

@@ -84,6 +84,11 @@ class CacheOptions(PressOptions):
         if windowed and self.context is not None and self.context <= WINDOW:
             raise SpectraError(f"{windowed[0]} reads the last {WINDOW} context queries: it needs "
                                f"{spell('--context')} > {WINDOW}, got {self.context}")
+        short = [(press, PRESSES.facts(press).get("min_context", 0)) for press in self.presses]
+        short = [(press, least) for press, least in short if self.context is not None and self.context < least]
+        if short:
+            raise SpectraError(f"{short[0][0]} compresses contexts of at least {short[0][1]} tokens: it needs "
+                               f"{spell('--context')} ≥ {short[0][1]}, got {self.context}")
         if isinstance(self.fit_samples, bool) or not isinstance(self.fit_samples, int) or self.fit_samples < 0:
             raise SpectraError(f"{spell('--fit-samples')} must be an integer ≥ 0, got {self.fit_samples!r}")
         budgets = several(self.bytes_kept, spell("--bytes-kept"), float)

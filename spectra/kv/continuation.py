@@ -20,6 +20,7 @@ import torch
 from .. import capture
 from ..capture import Captured
 from ..kernels import causal_mask, eager_softmax, scores
+from ..models import Rope
 from .presses import Compressed, Prefill
 from .presses.base import WINDOW
 
@@ -28,15 +29,18 @@ Stacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def from_captured(captured: Captured, row: int, context: int, key_pre: torch.Tensor | None, seed: int,
-            index: int, w_o: torch.Tensor | None = None) -> Prefill:
+                  index: int, w_o: torch.Tensor | None = None, query_pre: torch.Tensor | None = None,
+                  rope: Rope | None = None) -> Prefill:
     """Sequence `row`'s exact prefill of `context` tokens, read off a captured layer of a longer causal forward
-    pass (rows < context of a causal P see only the context). `key_pre` (H_kv, L, d): its keys before RoPE; `w_o`:
-    the layer's output projection W^O (D, H·d)."""
+    pass (rows < context of a causal P see only the context). `key_pre` (H_kv, L, d), `query_pre` (H, L, d): its
+    keys and queries before RoPE; `w_o`: the layer's output projection W^O (D, H·d); `rope`: the model's rotation
+    (`models.rope`)."""
     window = min(WINDOW, context)
     p = captured.p[row]
     return Prefill(captured.layer, captured.q[row, :, context - window:context], captured.key[row, :, :context],
                    captured.value[row, :, :context], key_pre, p[:, context - window:context, :context],
-                   p[:, :context, :context].sum(dim=-2), captured.scaling, seed, index, w_o)
+                   p[:, :context, :context].sum(dim=-2), captured.scaling, seed, index, w_o=w_o, query_pre=query_pre,
+                   rope=rope)
 
 
 def stack(parts: Sequence[Compressed], key: torch.Tensor, value: torch.Tensor) -> Stacked:

@@ -19,10 +19,11 @@ computes, layer by layer,
   instead of reading zeros.
 
 What is kept per layer is O(L·d) (keys, values, pre-RoPE keys) plus the window's H × w × L rows — about 1.1 GB for
-SmolLM2 at 8192 tokens. Keys are never repeated over the query heads of a key/value head: a chunk's queries are grouped
-per key/value head (H_kv, G·c, d). Statistics equal those of the dense P up to float rounding (matrix products of
-another shape sum in another order; `tests/test_prefill.py` bounds it). Causal decoders with full attention only (no
-sliding window, no padding: one context at a time).
+SmolLM2 at 8192 tokens — and, only for a press declaring `queries`, the H × L × d pre-RoPE queries. Keys are never
+repeated over the query heads of a key/value head: a chunk's queries are grouped per key/value head (H_kv, G·c, d).
+Statistics equal those of the dense P up to float rounding (matrix products of another shape sum in another order;
+`tests/test_prefill.py` bounds it). Causal decoders with full attention only (no sliding window, no padding: one
+context at a time).
 """
 
 from __future__ import annotations
@@ -107,12 +108,17 @@ class _Collector:
     seed: int
     index: int
     w_o: dict[int, torch.Tensor] = field(default_factory=dict)
+    queries: bool = False
+    rope: models.Rope | None = None
     prefills: dict[int, Prefill] = field(default_factory=dict)
     pre_rope: dict[int, torch.Tensor] = field(default_factory=dict)
+    query_pre: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def projection(self, layer: int, which: str, output: torch.Tensor) -> None:
         if which == "k":
             self.pre_rope[layer] = output
+        elif which == "q" and self.queries:
+            self.query_pre[layer] = output
 
     def substitute(self, captured: Captured) -> torch.Tensor:
         """One layer: its output, and its `Prefill` kept."""
@@ -130,19 +136,25 @@ class _Collector:
             out, received = None, q.new_zeros(heads, 0)
         pre = self.pre_rope.pop(captured.layer, None)  # (1, L, H_kv·d) → (H_kv, L, d)
         key_pre = None if pre is None else pre[0].unflatten(-1, (key.shape[0], -1)).transpose(0, 1)
+        queries = self.query_pre.pop(captured.layer, None)  # (1, L, H·d) → (H, L, d)
+        query_pre = None if queries is None else queries[0].unflatten(-1, (heads, -1)).transpose(0, 1)
         self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, received,
-                                                captured.scaling, self.seed, self.index, self.w_o.get(captured.layer))
+                                                captured.scaling, self.seed, self.index,
+                                                w_o=self.w_o.get(captured.layer), query_pre=query_pre, rope=self.rope)
         return out[None] if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
 
 
 def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int, *, received: bool = True,
-            fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES) -> list[Prefill]:
+          fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES, queries: bool = False
+          ) -> list[Prefill]:
     """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring);
     `received`: compute the attention each key received (else an empty (H, 0) tensor), by the fused kernel where
     there is one (`fused`), else in query chunks; `seed` and `index` (the run's seed and the example's global index)
-    go to the presses that draw randomly; each layer's output projection W^O goes with its prefill (`Prefill.w_o`)."""
-    collector = _Collector(window, received, fused, chunk_bytes, seed, index, models.output_projections(model))
-    hooks = models.watch_projections(model, collector.projection) if models.rotary(model) else []
+    go to the presses that draw randomly; each layer's output projection W^O goes with its prefill (`Prefill.w_o`);
+    `queries`: keep every layer's pre-RoPE queries (a press reads them)."""
+    collector = _Collector(window, received, fused, chunk_bytes, seed, index, models.output_projections(model),
+                           queries, models.rope(model))
+    hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or queries else []
     try:
         capture.forward(model, layers, None, collector.substitute, [index], input_ids=ids.reshape(1, -1),
                         use_cache=False, logits_to_keep=1)

@@ -78,12 +78,17 @@ class CacheProbe(Probe):
         # per sequence awaiting its continuation: each layer's prefill (the keys and values kept) and its cells
         self.pending: dict[int, tuple[dict[int, Prefill], list[Cell]]] = {}
         self.pre_rope: dict[int, torch.Tensor] = {}
+        self.query_pre: dict[int, torch.Tensor] = {}  # only for a press reading them (`queries`)
+        self.queries = any(press.queries for press in self.presses.values())
+        self.rope = models.rope(loaded.model)
         self.hooks = models.watch_projections(loaded.model, self._projection) if models.rotary(loaded.model) else []
         self.w_o = models.output_projections(loaded.model)  # each layer's W^O, for the presses that read it
 
     def _projection(self, layer: int, which: str, output: torch.Tensor) -> None:
         if which == "k":
             self.pre_rope[layer] = output
+        elif which == "q" and self.queries:
+            self.query_pre[layer] = output
 
     def _usable(self, captured: Captured, row: int) -> bool:
         return captured.q.shape[-2] == self.context + self.continuation and bool(captured.valid[row].all())
@@ -98,8 +103,11 @@ class CacheProbe(Probe):
             pre = self.pre_rope.get(layer)  # (B, n, H_kv·d) → (H_kv, L, d)
             key_pre = None if pre is None else pre[row, :context].unflatten(-1, (captured.key.shape[1], -1))
             key_pre = None if key_pre is None else key_pre.transpose(0, 1)
+            queries = self.query_pre.get(layer)  # (B, n, H·d) → (H, L, d)
+            query_pre = None if queries is None else queries[row, :context].unflatten(-1, (captured.q.shape[1], -1))
+            query_pre = None if query_pre is None else query_pre.transpose(0, 1)
             prefilled = continuation.from_captured(captured, row, context, key_pre, self.seed, index[row],
-                                                   self.w_o.get(layer))
+                                                   self.w_o.get(layer), query_pre, self.rope)
             if index[row] < self.fit_samples:
                 self._calibrate(prefilled)
                 continue
@@ -121,6 +129,7 @@ class CacheProbe(Probe):
                                       prefilled.window[:, :0], prefilled.received[:, :0], prefilled.scaling, self.seed,
                                       index[row])
         self.pre_rope.pop(layer, None)
+        self.query_pre.pop(layer, None)
 
     def _calibrate(self, prefilled: Prefill) -> None:
         """One calibration sequence's layer, added to every calibrating press of the run."""

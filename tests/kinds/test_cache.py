@@ -56,6 +56,8 @@ def test_options_are_checked_in_one_line() -> None:
                              ({"presses": "h2o"}, "unknown press 'h2o'; valid presses: streaming"),
                              ({"context": 64}, "snapkv reads the last 64 context queries: it needs context > 64"),
                              ({"continuation": 1}, "continuation must be an integer ≥ 2"),
+                             ({"presses": "knorm,compactor", "context": 12},
+                              "compactor compresses contexts of at least 13 tokens: it needs context ≥ 13, got 12"),
                              ({"presses": "decoding(knorm)", "compression_interval": 0},
                               "compression_interval must be an integer ≥ 1, got 0"),
                              ({"presses": "knorm", "compression_interval": 8},
@@ -74,8 +76,8 @@ def test_the_model_shape_is_checked_before_it_loads() -> None:
     cache.check(config, cache.resolve(config, CacheOptions(context=300, continuation=12)), Shape(2, 4, 512, True, "tiny"))
 
 
-@pytest.mark.parametrize("case", ["ratio", "press", "encoder", "no-rope", "positions", "loki-window", "fit-none",
-                                  "fit-all", "decoding-scorer", "interval"])
+@pytest.mark.parametrize("case", ["ratio", "press", "encoder", "no-rope", "positions", "loki-window", "short-context",
+                                  "fit-none", "fit-all", "decoding-scorer", "interval"])
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, llama_dir, gpt2_dir, bert_dir, text_file,
                                                                       tmp_path, monkeypatch, capsys) -> None:
     model, extra, message = {
@@ -87,6 +89,8 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, llama
         "positions": (llama_dir, ["--context", "100", "--continuation", "40"],
                       "--context 100 + --continuation 40 = 140 tokens exceeds what tiny-llama can embed"),
         "loki-window": (llama_dir, ["--presses", "loki", "--context", "64"], "loki reads the last 64 context queries"),
+        "short-context": (llama_dir, ["--presses", "adakv(expected_attention)", "--context", "4"],
+                          "adakv(expected_attention) compresses contexts of at least 5 tokens: it needs --context ≥ 5"),
         "fit-none": (llama_dir, ["--presses", "knorm", "--fit-samples", "2"], "but none is among --presses"),
         "fit-all": (llama_dir, ["--presses", "lowrank", "--fit-samples", "1000"], "a shorter --context + --continuation"),
         "decoding-scorer": (llama_dir, ["--presses", "decoding(snapkv)"],

@@ -117,6 +117,16 @@ def test_query_aware_and_fewer_samples(chat_decoder, task_file, tmp_path) -> Non
     assert "evaluating 2 of the 4 records of tasks.jsonl (--samples), spread over its tasks and lengths" in notices
 
 
+def test_a_press_reading_the_queries_before_rope_gets_them(chat_decoder, task_file, tmp_path) -> None:
+    """expected_attention reads every context query before RoPE, which the task prefill keeps only for a press
+    declaring `queries` — named alone or wrapped (a prefill without them is refused by the press)."""
+    presses = ("expected_attention", "adakv(expected_attention)")
+    run = spectra.cache(str(chat_decoder), str(task_file), out=tmp_path / "expected", presses=",".join(presses),
+                        ratios="0.5", samples=2, **QUIET)
+    assert set(presses) < set(run.examples["press"])
+    assert (run.examples.query("press in @presses")["kept"] < 0.6).all()
+
+
 TASKS = ("passkey", "niah_single_1", "vt", "cwe")
 
 

@@ -33,14 +33,27 @@ def gqa_llama(tmp_path_factory):
 
 
 def prefilled(loaded, ids) -> dict:
-    """Each layer's prefill and captured record, read off one forward over the whole sequence."""
-    found, w_o = {}, models.output_projections(loaded.model)
+    """Each layer's prefill and captured record, read off one forward over the whole sequence (with the context's
+    keys and queries before RoPE, the model's RoPE and each layer's W^O, which expected_attention, compactor and
+    criticalkv read)."""
+    found, pre, w_o = {}, {}, models.output_projections(loaded.model)
 
     def observe(captured):
-        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, None, 0, 0,
-                                                                      w_o[captured.layer]))
+        key_pre, query_pre = (pre.pop((captured.layer, which))[0, :CONTEXT].unflatten(-1, (heads, -1)).transpose(0, 1)
+                              for which, heads in (("k", captured.key.shape[1]), ("q", captured.q.shape[1])))
+        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, key_pre, 0, 0,
+                                                                      w_o[captured.layer], query_pre,
+                                                                      models.rope(loaded.model)))
 
-    outputs = capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=ids)
+    def projection(layer, which, output):
+        pre[layer, which] = output
+
+    hooks = models.watch_projections(loaded.model, projection)
+    try:
+        outputs = capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=ids)
+    finally:
+        for handle in hooks:
+            handle.remove()
     return found, outputs.logits[0]
 
 

@@ -27,16 +27,17 @@ def gqa_llama(tmp_path_factory):
 
 
 def dense(loaded, ids) -> dict:
-    """Each layer's prefill read off the dense P of one eager forward pass, with its pre-RoPE keys."""
+    """Each layer's prefill read off the dense P of one eager forward pass, with its pre-RoPE keys and queries."""
     found, pre = {}, {}
 
     def projection(layer, which, output):
-        if which == "k":
-            pre[layer] = output
+        pre[layer, which] = output
 
     def observe(captured):
-        key_pre = pre[captured.layer][0].unflatten(-1, (captured.key.shape[1], -1)).transpose(0, 1)
-        found[captured.layer] = continuation.from_captured(captured, 0, CONTEXT, key_pre, 3, 5)
+        key_pre, query_pre = (pre[captured.layer, which][0].unflatten(-1, (heads, -1)).transpose(0, 1)
+                              for which, heads in (("k", captured.key.shape[1]), ("q", captured.q.shape[1])))
+        found[captured.layer] = continuation.from_captured(captured, 0, CONTEXT, key_pre, 3, 5, query_pre,
+                                                           models.rope(loaded.model))
 
     hooks = models.watch_projections(loaded.model, projection)
     capture.forward(loaded.model, loaded.layers, observe, None, [5], input_ids=ids[None])
@@ -50,11 +51,11 @@ def dense(loaded, ids) -> dict:
 def test_chunked_prefill_equals_the_dense_p(gqa_llama, fused, chunk_bytes) -> None:
     loaded, ids = gqa_llama
     reference = dense(loaded, ids)
-    got = prefill.exact(loaded.model, loaded.layers, ids, 3, 5, fused=fused, chunk_bytes=chunk_bytes)
+    got = prefill.exact(loaded.model, loaded.layers, ids, 3, 5, fused=fused, chunk_bytes=chunk_bytes, queries=True)
     assert [p.layer for p in got] == list(range(loaded.layers))
     for layer, chunked in enumerate(got):
         want = reference[layer]
-        for name in ("q", "key", "value", "key_pre", "window", "received"):
+        for name in ("q", "key", "value", "key_pre", "query_pre", "window", "received"):
             a, b = getattr(chunked, name), getattr(want, name)
             assert a.shape == b.shape, name
             assert torch.allclose(a, b, rtol=1e-12, atol=1e-12), (layer, name)
@@ -82,6 +83,21 @@ def test_each_statistic_equals_eager_on_its_own() -> None:
     assert torch.allclose(fused[0], out, atol=1e-12) and torch.allclose(fused[1], p.sum(-2), rtol=1e-12, atol=0)
     single = prefill.fused_received(q.float(), key.float(), value.float(), 0.3)
     assert torch.allclose(single[1], p.sum(-2).float(), rtol=1e-5, atol=0), "float32: relative error of rounding"
+
+
+def test_the_queries_before_rope_turn_into_the_window_queries_by_the_models_rope(gqa_llama) -> None:
+    """query_pre, kept only when asked (`queries`), rotated by `rope` at positions 0 … L − 1 (q·cos +
+    rotate_half(q)·sin), gives the post-RoPE queries the prefill keeps for its window; so do the keys."""
+    loaded, ids = gqa_llama
+    without = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False)
+    assert all(layer.query_pre is None for layer in without)
+    for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False, queries=True):
+        assert layer.query_pre.shape == (6, CONTEXT, 8)
+        cos, sin = layer.rope(torch.arange(CONTEXT))
+        assert cos.shape == sin.shape == (CONTEXT, 8) and cos.dtype == torch.float64
+        for pre, post in ((layer.query_pre, layer.q), (layer.key_pre, layer.key)):
+            turned = pre * cos + torch.cat([-pre[..., 4:], pre[..., :4]], dim=-1) * sin
+            assert torch.allclose(turned[:, -post.shape[1]:], post, rtol=1e-12, atol=1e-12)
 
 
 def test_without_received_the_statistic_is_empty(gqa_llama) -> None:

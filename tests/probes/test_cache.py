@@ -63,6 +63,41 @@ def test_presses_see_the_keys_before_rope_and_the_prefill_rows(llama_dir, text_f
         np.testing.assert_allclose(prefill.received.sum(-1).numpy(), 70, rtol=1e-5)
 
 
+def test_a_press_reading_queries_sees_them_before_rope(llama_dir, text_file, tmp_path, monkeypatch) -> None:
+    """A press declaring `queries` (expected_attention) gets every context query before RoPE and the model's RoPE:
+    rotated, they are the post-RoPE queries of its window; a run without one keeps none."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from spectra.kv import presses
+    from spectra.kv.presses.eviction import Knorm
+    from spectra.kv.presses.expected import ExpectedAttention
+
+    seen = []
+
+    class Recording(ExpectedAttention):
+        def compress(self, prefill, ratio):
+            seen.append(prefill)
+            return super().compress(prefill, ratio)
+
+    class Plain(Knorm):
+        def compress(self, prefill, ratio):
+            seen.append(prefill)
+            return super().compress(prefill, ratio)
+
+    monkeypatch.setitem(presses.REGISTRY, "expected_attention", Recording())
+    monkeypatch.setitem(presses.REGISTRY, "knorm", Plain())
+    run(llama_dir, text_file, tmp_path / "run", samples=1, presses="knorm,expected_attention")
+    assert len(seen) == 4 and all(prefill.query_pre is not None for prefill in seen)
+    for prefill in seen:
+        assert prefill.query_pre.shape == (4, 70, 8)
+        cos, sin = prefill.rope(torch.arange(70))
+        rotated, _ = apply_rotary_pos_emb(prefill.query_pre[None], prefill.query_pre[None], cos[None], sin[None])
+        torch.testing.assert_close(rotated[0, :, -64:], prefill.q, atol=1e-5, rtol=1e-5)
+    seen.clear()
+    run(llama_dir, text_file, tmp_path / "plain", samples=1, presses="knorm")
+    assert len(seen) == 2 and all(prefill.query_pre is None for prefill in seen)
+
+
 def test_a_decoding_press_is_the_full_cache_until_it_compresses(llama_dir, text_file, tmp_path) -> None:
     """decoding(knorm) compresses nothing after the prefill: paced beyond the continuation it is the full cache; paced
     every 2 tokens it keeps the ratio's rows and saves the memory those rows save at each token, and its NLL is the

@@ -1,9 +1,9 @@
 """What a press is: it turns one layer's exact prefill into the cache the continuation attends to.
 
-A press (the word is NVIDIA kvpress's) acts once per layer, after an exact prefill of the L context tokens: it
-reads what the prefill computed (`Prefill`: post-RoPE queries, keys and values, the attention of the last context
-queries, the attention each key received, the pre-RoPE keys) and returns a `Compressed` cache per key/value head.
-The continuation then attends to that cache (and to itself), with its original RoPE positions L, L+1, …
+A press (the word is NVIDIA kvpress's) acts once per layer, after an exact prefill of the L context tokens: it reads
+what the prefill computed (`Prefill`: post-RoPE queries, keys and values, the attention of the last context queries,
+the attention each key received, pre-RoPE keys and queries) and returns a `Compressed` cache per key/value head. The
+continuation then attends to that cache (and to itself), with its original RoPE positions L, L+1, …
 
 Two kinds of press fit the same interface:
 
@@ -24,7 +24,7 @@ context tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar, TypeVar
@@ -44,8 +44,8 @@ WINDOW: int = PRESSES.most("window")
 class Prefill:
     """One layer of one sequence's exact prefill of L context tokens: everything a press may read.
 
-    Shapes: H query heads, H_kv key/value heads (query head h belongs to key/value head h // (H / H_kv), the layout
-    of transformers' repeat_kv), L context tokens, d head dimensions.
+    Shapes: H query heads, H_kv key/value heads (query head h is key/value head h // (H / H_kv)'s: transformers'
+    repeat_kv), L context tokens, d head dimensions.
 
     - `q` (H, w, d): post-RoPE queries of the last w = min(WINDOW, L) context positions;
     - `key`, `value` (H_kv, L, d): the cache as the prefill wrote it (keys post-RoPE);
@@ -56,7 +56,8 @@ class Prefill:
     - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
     - `scaling`: the score scale s of softmax(q kᵀ · s);
     - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly; `w_o` (D, H·d):
-      the layer's output projection W^O (criticalkv's value norms; None where the model has none).
+      the layer's output projection W^O (criticalkv's value norms; None where the model has none);
+    - `query_pre` (H, L, d): queries before RoPE (`queries` presses only); `rope`: positions (n,) → (cos, sin) (n, d).
     """
 
     layer: int
@@ -70,6 +71,8 @@ class Prefill:
     seed: int
     index: int
     w_o: torch.Tensor | None = None
+    query_pre: torch.Tensor | None = None
+    rope: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -115,8 +118,7 @@ class Compressed:
     kept (the heads keep the same count), and the engine runs exactly as without it.
 
     `stored` (H_kv,): the bytes each key/value head's context cache really holds, for presses whose rows are not what
-    they store (pruned channels, low-rank coefficients, quantized codes); None: its rows at the cache's dtype
-    (`memory`).
+    they store (pruned channels, low-rank coefficients, quantized codes); None: its rows at the cache's dtype.
     """
 
     kept: torch.Tensor | None
@@ -157,9 +159,9 @@ class Compressed:
 
     def memory(self, prefill: Prefill) -> torch.Tensor:
         """(H_kv,) int64: the bytes of each key/value head's compressed context cache — `stored` when the press
-        counted it, else its rows × (key + value dimensions) × the bytes of the cache's dtype (what an eviction
-        press or a mixed-down cache keeps, each head its own count; the kept positions are not stored: the keys carry
-        their rotation)."""
+        counted it, else its rows × (key + value dimensions) × the bytes of the cache's dtype (what an eviction press
+        or a mixed-down cache keeps, each head its own count; the kept positions are not stored: the keys carry their
+        rotation)."""
         if self.stored is not None:
             return self.stored.to(torch.int64)
         return self.counts().to(torch.int64).cpu() * row_bytes(prefill)
@@ -190,9 +192,8 @@ def evict(prefill: Prefill, scores: torch.Tensor, keep: int) -> Compressed:
 
 def per_head(prefill: Prefill, keep: torch.Tensor) -> Compressed:
     """The cache keeping, per key/value head, the context positions where `keep` (H_kv, L) bool is true — as many
-    as each head chose (at least one): rows padded to the largest head's count and marked by `Compressed.valid`
-    (or no `valid` when every head keeps the same count). `saved` is the share of the layer's context rows
-    dropped, 1 − Σ_h m_h / (H_kv·L)."""
+    as each head chose (at least one): rows padded to the largest head's count and marked by `Compressed.valid` (or
+    no `valid` when every head keeps the same count). `saved`: the context rows dropped, 1 − Σ_h m_h / (H_kv·L)."""
     counts = keep.sum(dim=-1)
     if int(counts.min()) < 1:
         raise ValueError("every key/value head must keep at least one token")
@@ -228,8 +229,9 @@ class Press:
     needs_rope: ClassVar[bool] = False
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
-    #: reads `Prefill.received`, which the task protocol's prefill computes only when a press needs it
-    received: ClassVar[bool] = False
+    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`), which a prefill computes only when a press needs it;
+    #: `min_context`: the fewest context tokens it compresses (compactor: 13, beyond its 12 sinks)
+    received, queries, min_context = False, False, 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
@@ -307,7 +309,7 @@ class Wrapper(Press):
         self.inner = inner
         if inner is not None:
             self.name = f"{type(self).name}({inner.name})"  # type: ignore[misc]
-            for flag in ("needs_rope", "windowed", "window", "calibrates", "received"):
+            for flag in ("needs_rope", "windowed", "window", "calibrates", "received", "queries", "min_context"):
                 setattr(self, flag, getattr(inner, flag))
 
     def bind(self, inner: Press) -> Wrapper:

@@ -89,12 +89,14 @@ class TaskBatch:
 
 class TaskSource(OfLoadedModel):
     """Task records through a pretrained decoder (see the module docstring); `received`: whether the prefill computes
-    the attention each key received (a press reads it); `left_out`: the file's tasks no evaluated record has."""
+    the attention each key received (a press reads it); `queries`: whether it keeps the pre-RoPE queries (a press
+    reads them); `left_out`: the file's tasks no evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
-                 query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = ()) -> None:
+                 query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = (),
+                 queries: bool = False) -> None:
         self.config, self.where, self.records = config, device, list(records)
-        self.query_aware, self.received, self.windowed = query_aware, received, windowed
+        self.query_aware, self.received, self.windowed, self.queries = query_aware, received, windowed, queries
         self.left_out = list(left_out)
         self.content = data.file_content(Path(config.data))
         self.examples: list[Example] = []
@@ -130,12 +132,13 @@ class TaskSource(OfLoadedModel):
         self.n = max(example.tokens for example in self.examples)
 
     def prefill_bytes(self) -> float:
-        """What the longest example's prefill holds (every layer's keys, values, pre-RoPE keys and window rows, one
-        chunk's scores and softmax) and its full cache for decoding: the loop's memory check."""
+        """What the longest example's prefill holds (every layer's keys, values, pre-RoPE keys and window rows — and
+        pre-RoPE queries for a press reading them —, one chunk's scores and softmax) and its full cache for decoding:
+        the loop's memory check."""
         loaded, n = self.loaded, self.n
         dim = loaded.head_dim or 64
         itemsize = torch.finfo(loaded.dtype).bits // 8
-        per_layer = n * (5 * self.kv_heads * dim + self.heads * WINDOW) * itemsize
+        per_layer = n * (5 * self.kv_heads * dim + self.heads * (WINDOW + dim * self.queries)) * itemsize
         return float(loaded.layers * per_layer + 3 * prefill.CHUNK_BYTES)
 
     def smallest_decode_bytes(self) -> int:
@@ -163,6 +166,6 @@ class TaskSource(OfLoadedModel):
         """The example's exact prefill; each layer's `Prefill` to the probe's `prefilled`."""
         example = self.examples[batch.index[0]]
         found = prefill.exact(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
-                                example.record.example, received=self.received)
+                                example.record.example, received=self.received, queries=self.queries)
         for layer in found:
             probe.prefilled(layer)
