@@ -29,7 +29,7 @@ def gqa_llama(tmp_path_factory):
     loaded = models.load(str(path), device="cpu", lm_head=True)
     loaded.model.double()
     ids = torch.randint(3, len(loaded.tokenizer), (CONTEXT + QUESTION,), generator=torch.Generator().manual_seed(5))
-    return loaded, ids, prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0)
+    return loaded, ids, prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0, queries=True)
 
 
 def compressed_cells(prefills, presses, ratios):

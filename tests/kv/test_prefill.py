@@ -36,8 +36,8 @@ def dense(loaded, ids) -> dict:
     def observe(captured):
         key_pre, query_pre = (pre[captured.layer, which][0].unflatten(-1, (heads, -1)).transpose(0, 1)
                               for which, heads in (("k", captured.key.shape[1]), ("q", captured.q.shape[1])))
-        found[captured.layer] = continuation.from_captured(captured, 0, CONTEXT, key_pre, 3, 5, query_pre,
-                                                           models.rope(loaded.model))
+        found[captured.layer] = continuation.from_captured(captured, 0, CONTEXT, key_pre, 3, 5, query_pre=query_pre,
+                                                           rope=models.rope(loaded.model))
 
     hooks = models.watch_projections(loaded.model, projection)
     capture.forward(loaded.model, loaded.layers, observe, None, [5], input_ids=ids[None])
