@@ -94,7 +94,8 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
                          for layer in range(loaded.layers) for head, press in enumerate(("knorm", "think"))])
     plan.to_csv(tmp_path / "cache_axes.csv", index=False)
     arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})"]
-    names = [*REGISTRY.bare(), *arguments]  # presses with an argument too
+    wrapped = ["chunkkv(knorm)", "entropy_gated_chunkkv(snapkv)", "chunk(keydiff)", "block(streaming)"]
+    names = [*REGISTRY.bare(), *arguments, *wrapped]  # presses with an argument too
     variants = [{layer: REGISTRY[name].compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
                 for name in names]
     through_cache = engine(loaded, ids, variants, layers, logits[CONTEXT - 1])
