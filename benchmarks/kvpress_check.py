@@ -48,6 +48,9 @@ from pathlib import Path
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LICENCES = ("Apache-2.0", "GPL-3", "LGPL-3", "MPL-2.0")
 PRESSES = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think")
+#: spectra's wrapper name → the kvpress 0.5.5 class it equals, built around the inner press at its defaults
+WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
+            "block": "BlockPress"}
 
 
 def smollm2_folder() -> str:
@@ -79,6 +82,9 @@ def worker(job_path: str, result_path: str) -> None:
     context = job["context"]
 
     def make(press: str, ratio: float, seed: int):
+        for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
+            if press.startswith(f"{wrapper}(") and press.endswith(")"):
+                return getattr(kvpress, peer)(press=make(press[len(wrapper) + 1:-1], ratio, seed))
         if press.startswith("decoding("):  # kvpress's DecodingPress: spectra's ratio is its target size
             return kvpress.DecodingPress(base_press=make(press[len("decoding("):-1], 0.0, seed),
                                          compression_interval=job["interval"],
