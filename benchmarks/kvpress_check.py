@@ -48,9 +48,6 @@ from pathlib import Path
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LICENCES = ("Apache-2.0", "GPL-3", "LGPL-3", "MPL-2.0")
 PRESSES = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think")
-#: spectra's wrapper name → the kvpress 0.5.5 class it equals, built around the inner press at its defaults
-WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
-            "block": "BlockPress"}
 
 
 def smollm2_folder() -> str:
@@ -80,6 +77,8 @@ def worker(job_path: str, result_path: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
                                                  attn_implementation="sdpa").eval()
     context = job["context"]
+
+    from kvpress_tasks import WRAPPERS  # spectra's wrapper name → kvpress's class (this file's folder is on the path)
 
     def make(press: str, ratio: float, seed: int):
         for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
