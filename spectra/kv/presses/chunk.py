@@ -28,17 +28,19 @@ ORDER = 72
 CHUNK = 1024
 
 
-def restricted(prefill: Prefill, rows: torch.Tensor) -> Prefill:
-    """The prefill of the cached rows `rows` (H_kv, m) alone, in that order per key/value head: what a `rowscorer`
-    scorer reads (keys, values, pre-RoPE keys, the seed). It carries no queries (q and window have no rows) and no
-    received attention (NaN): a scorer reading them is no row scorer."""
+def restricted(prefill: Prefill, rows: torch.Tensor | slice) -> Prefill:
+    """The prefill of the cached rows `rows` (H_kv, m) alone, in that order per key/value head (or a slice of the
+    context, the same at every head): what a row scorer reads (keys, values, pre-RoPE keys, the seed). It carries no
+    queries (q and window have no rows) and no received attention (NaN): a scorer reading them is no row scorer."""
     def gathered(cached: torch.Tensor | None) -> torch.Tensor | None:
         if cached is None:
             return None
+        if isinstance(rows, slice):
+            return cached[:, rows]
         return cached.gather(1, rows[..., None].expand(-1, -1, cached.shape[-1]))
 
-    heads, count = prefill.q.shape[0], rows.shape[-1]
     key = gathered(prefill.key)
+    heads, count = prefill.q.shape[0], key.shape[1]  # type: ignore[union-attr]
     return Prefill(prefill.layer, prefill.q[:, :0], key, gathered(prefill.value),  # type: ignore[arg-type]
                    gathered(prefill.key_pre), prefill.window.new_zeros(heads, 0, count),
                    prefill.received.new_full((heads, count), float("nan")), prefill.scaling, prefill.seed,
@@ -48,12 +50,11 @@ def restricted(prefill: Prefill, rows: torch.Tensor) -> Prefill:
 def chunked_keep(scorer: Wrapper, prefill: Prefill, ratio: float, chunk: int = CHUNK) -> torch.Tensor:
     """(H_kv, m) the positions ChunkPress keeps, ascending: each chunk's max(1, int(c · (1 − ratio))) best by the
     wrapped scorer applied to that chunk's rows alone."""
-    length, heads = prefill.length, prefill.kv_heads
+    length = prefill.length
     kept = []
     for start in range(0, length, chunk):
-        rows = torch.arange(start, min(start + chunk, length), device=prefill.key.device).expand(heads, -1)
-        scores = scorer.scores(restricted(prefill, rows), ratio)
-        taken = max(1, int(rows.shape[-1] * (1 - ratio)))
+        scores = scorer.scores(restricted(prefill, slice(start, start + chunk)), ratio)
+        taken = max(1, int(scores.shape[-1] * (1 - ratio)))
         kept.append(start + scores.topk(taken, dim=-1).indices)
     return torch.cat(kept, dim=-1).sort(dim=-1).values
 

@@ -101,6 +101,9 @@ def test_restricted_gathers_each_heads_rows_in_their_order() -> None:
         np.testing.assert_array_equal(sub.key[head].numpy(), arrays["k"][head, rows[head]])
         np.testing.assert_array_equal(sub.value[head].numpy(), arrays["v"][head, rows[head]])
     assert torch.isnan(sub.received).all(), "no received attention: a scorer reading it is no row scorer"
+    part = restricted(prefill, slice(10, 20))
+    assert part.length == 10 and torch.equal(part.key, prefill.key[:, 10:20])
+    assert torch.equal(part.value, restricted(prefill, torch.arange(10, 20).expand(2, -1)).value)
 
 
 @pytest.mark.parametrize("name", ["chunk", "block"])
