@@ -25,13 +25,13 @@ def bullet(name: str, text: str) -> str:
 
 def presses_with_argument() -> str:
     """A bullet for every press written `name(<argument>)`, as --help lists it, from the press's `guide` (its lists
-    of scorers and decodable scorers filled in from the registry)."""
+    of scorers, decodable scorers and row scorers filled in from the registry)."""
     from spectra.kv.presses import REGISTRY
     from spectra.registry import PRESSES
 
     bare = PRESSES.bare()
     lists = {fact + "s": ", ".join(f"`{name}`" for name in bare if name in PRESSES.having(fact))
-             for fact in ("scorer", "decodable")}
+             for fact in ("scorer", "decodable", "rowscorer")}
     written = [name for name in PRESSES.listing().split(", ") if "(" in name]
     return "\n".join(bullet(name, REGISTRY[name.split("(")[0]].guide.format(**lists)) for name in written) + "\n"
 

@@ -79,7 +79,12 @@ def worker(job_path: str, result_path: str) -> None:
                                                  attn_implementation="sdpa").eval()
     context = job["context"]
 
+    from kvpress_tasks import WRAPPERS  # spectra's wrapper name → kvpress's class (this file's folder is on the path)
+
     def make(press: str, ratio: float, seed: int):
+        for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
+            if press.startswith(f"{wrapper}(") and press.endswith(")"):
+                return getattr(kvpress, peer)(press=make(press[len(wrapper) + 1:-1], ratio, seed))
         if press.startswith("decoding("):  # kvpress's DecodingPress: spectra's ratio is its target size
             return kvpress.DecodingPress(base_press=make(press[len("decoding("):-1], 0.0, seed),
                                          compression_interval=job["interval"],

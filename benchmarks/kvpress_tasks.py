@@ -32,7 +32,10 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
-                 "compactor": "CompactorPress"}
+                 "compactor": "CompactorPress", "keydiff": "KeyDiffPress"}
+#: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
+WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
+            "block": "BlockPress"}
 #: AdaKV's safeguard as spectra's adakv(<scorer>) applies it (kvpress's default)
 ALPHA_SAFEGUARD = 0.2
 
@@ -40,7 +43,11 @@ ALPHA_SAFEGUARD = 0.2
 def make_press(kvpress, name: str, ratio: float, model):
     """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `adakv(<scorer>)`:
     AdaKVPress(scorer, alpha_safeguard=0.2); `duo(DIR)`: DuoAttentionPress(head_compression_ratio=ratio) with the
-    pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`)."""
+    pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`); `chunkkv(<scorer>)` and the other
+    WRAPPERS: kvpress's wrapper around the inner press, built the same way."""
+    for wrapper, peer in WRAPPERS.items():
+        if name.startswith(f"{wrapper}(") and name.endswith(")"):
+            return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model))
     if name.startswith("adakv(") and name.endswith(")"):
         inner = getattr(kvpress, KVPRESS_NAMES[name[len("adakv("):-1]])(compression_ratio=ratio)
         return kvpress.AdaKVPress(inner, alpha_safeguard=ALPHA_SAFEGUARD)

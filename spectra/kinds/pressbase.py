@@ -68,7 +68,9 @@ class PressOptions:
     """The presses compared, the ratios each compresses at, and how often a decoding press compresses."""
 
     presses: tuple[str, ...] = option(PRESSES.bare(), f"Comma-separated presses: {PRESSES.listing()} (<scorer>: "
-                                      f"one of {', '.join(sorted(PRESSES.having('scorer')))}; <decodable>: one of "
+                                      f"one of {', '.join(sorted(PRESSES.having('scorer')))}; <rowscorer>: one of "
+                                      f"{', '.join(sorted(PRESSES.having('rowscorer')))}, the scorers reading only "
+                                      "the cached rows; <decodable>: one of "
                                       f"{', '.join(sorted(PRESSES.having('decodable')))}, decoding(<decodable>) being "
                                       "kvpress's DecodingPress: the cache brought back to the ratio's size every "
                                       "--compression-interval decoding steps, nothing compressed after the prefill; "

@@ -22,8 +22,9 @@ def test_the_ratios_help_says_what_each_press_declares_its_ratio_is() -> None:
                            "removed (half of it saved: keys are half the cache); for lowrank, the share of principal "
                            "directions removed; for linformer, the share of cached rows removed, the rows kept "
                            "capped at the head dimension (so beyond L ≈ d/(1 − r) every ratio keeps d rows); for "
-                           "kivi2, kivi4, kivi8, ignored (the bits are in the name); for duo(<pattern>), the share of "
-                           "key/value heads made streaming")
+                           "kivi2, kivi4, kivi8, ignored (the bits are in the name); for chunkkv(<scorer>), the share "
+                           "of its 20-token chunks removed; for duo(<pattern>), the share of key/value heads made "
+                           "streaming")
     with PRESSES.extended({"halfbits": (object(), {"axis": "bits"}), "heads": (object(), {"ratio_means": "heads"})}):
         assert ratio_meanings() == text + "; for halfbits, the share of bits removed; for heads, heads"
     help_text = " ".join(REGISTRY["cache"].options.__dataclass_fields__["ratios"].metadata["help"].split())

@@ -109,7 +109,9 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     plan.to_csv(tmp_path / "cache_axes.csv", index=False)
     arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})",
                  "criticaladakv(knorm)"]
-    names = [*REGISTRY.bare(), *arguments, "criticalkv(snapkv)"]  # presses with an argument too
+    wrapped = ["criticalkv(snapkv)", "chunkkv(knorm)", "entropy_gated_chunkkv(snapkv)", "chunk(keydiff)",
+               "block(streaming)"]
+    names = [*REGISTRY.bare(), *arguments, *wrapped]  # presses with an argument too
     variants = [{layer: REGISTRY[name].compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
                 for name in names]
     through_cache = engine(loaded, ids, variants, layers, logits[CONTEXT - 1])

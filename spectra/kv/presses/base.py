@@ -237,6 +237,8 @@ class Press:
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
     #: apply at every decoding step (streaming, knorm, tova)
     decodable: ClassVar[bool] = False
+    #: a scorer reading only the cached rows and their order, so it scores any subset (`chunk(…)`, `block(…)`)
+    rowscorer: ClassVar[bool] = False
     #: compresses while the answer or continuation is decoded, not once after the prefill (`decoding(<decodable>)`)
     decodes: ClassVar[bool] = False
     #: the last context queries the press reads, its own setting (SnapKV's window_size); 0: none of its own (a

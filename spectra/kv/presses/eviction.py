@@ -39,6 +39,7 @@ class Streaming(ScorerPress):
 
     name, summary = "streaming", "the first 4 tokens and the most recent"
     decodable = True  # its score reads only positions: decoding(streaming) applies it at a decoding step
+    rowscorer = True  # and chunk(streaming), block(streaming) score each subset of rows by its positions in the subset
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
         length = prefill.length
@@ -54,6 +55,7 @@ class Knorm(ScorerPress):
 
     name, summary = "knorm", "the smallest key norms"
     decodable = True  # its score reads only the cached keys: decoding(knorm) applies it at a decoding step
+    rowscorer = True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
         wide = torch.promote_types(prefill.key.dtype, torch.float32)
@@ -99,6 +101,7 @@ class Random(ScorerPress):
     every layer (kvpress's RandomPress(seed) reseeds at every layer, so all layers keep the same positions)."""
 
     name, summary = "random", "uniformly random tokens"
+    rowscorer = True  # a subset of m rows draws torch.rand(1, H_kv, m) from the same seed, as kvpress's does
 
     @staticmethod
     def seed_of(seed: int, index: int) -> int:

@@ -50,6 +50,7 @@ class LagKV(ScorerPress):
     docstring for the formula and the short-context rule)."""
 
     name, summary = "lagkv", "keys and values that stand out against the next partition's range (LagKVPress)"
+    rowscorer = True
 
     def __init__(self, sinks: int = SINKS, lag: int = LAG) -> None:
         self.sinks, self.lag = sinks, lag

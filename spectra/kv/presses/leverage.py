@@ -47,6 +47,7 @@ class Leverage(ScorerPress):
     computed exactly (see the module docstring for kvpress's sketched version)."""
 
     name, summary = "leverage", "the keys with the largest leverage in their top principal subspace"
+    rowscorer = True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
         keys = prefill.key_pre if prefill.key_pre is not None else prefill.key
