@@ -55,7 +55,7 @@ class Block(Wrapper):
              f"({{rowscorers}}): the context enters the cache in blocks of {BLOCK} tokens after its first "
              "int(L · (1 − r)), and after each block the scorer, given only the cached rows and the block's, keeps "
              "the int(L · (1 − r)) best, so a token competes with the survivors of earlier blocks, not with the "
-             "whole context. Each key/value head keeps the scorer's count. Scorers that read queries (snapkv, tova, "
+             "whole context. The ratio is the scorer's: each key/value head keeps its int(L · (1 − r)). Scorers that read queries (snapkv, tova, "
              "…) are refused: kvpress recomputes each block's last queries, which the prefill does not keep.")
     wraps, peer = "rowscorer", "BlockPress"
 

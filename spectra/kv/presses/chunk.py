@@ -67,7 +67,8 @@ class Chunk(Wrapper):
     name, summary = "chunk", f"a scorer's best tokens of each {CHUNK}-token chunk, scored alone (ChunkPress)"
     guide = (f"kvpress's `ChunkPress` (`chunk_length` {CHUNK}, after FINCH) over a row scorer ({{rowscorers}}): "
              f"the context is cut into chunks of {CHUNK} tokens, and each chunk is scored as if it were the whole "
-             "context and keeps int(c · (1 − r)) of its c tokens, so every part of the context keeps its share. A "
+             "context and keeps int(c · (1 − r)) of its c tokens, so every part of the context keeps its share: the "
+             "ratio is the scorer's, the share of each chunk's tokens removed. A "
              f"context of at most {CHUNK} tokens is the scorer alone. Scorers that read queries (snapkv, tova, …) are "
              "refused: kvpress recomputes each chunk's last queries, which the prefill does not keep.")
     wraps, peer = "rowscorer", "ChunkPress"

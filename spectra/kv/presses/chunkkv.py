@@ -145,7 +145,8 @@ class EntropyGatedChunkKV(Wrapper):
              "over any scorer ({scorers}): ChunkKV's chunks, chosen by their mean head-summed score, except that a "
              "chunk scoring at least the median whose scores have less than the median entropy (one token carries "
              f"it) keeps only its {SPIKY} best tokens, and what that saves goes to further chunks, then to the best "
-             "tokens left. It keeps exactly the scorer's int(L · (1 − r)) tokens, the same at every key/value head. "
+             "tokens left. The ratio is the scorer's, the share of the cached tokens removed: it keeps exactly the "
+             "scorer's int(L · (1 − r)) tokens, the same at every key/value head. "
              "(kvpress refuses observed, which reads attention weights.)")
     wraps, peer = "scorer", "EntropyGatedChunkKVPress"
 
