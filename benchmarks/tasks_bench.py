@@ -274,7 +274,9 @@ def hour(args: argparse.Namespace, work: Path, task_file: Path, presses: list[st
                                      "-m", "spectra"])):
         out = work / f"hour{processes}"
         started = time.perf_counter()
-        subprocess.run([*launcher, *common, "--out", str(out)], check=True, env=env, capture_output=True)
+        done = subprocess.run([*launcher, *common, "--out", str(out)], env=env, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"{processes} process(es) failed:\n{done.stderr[-3000:]}")
         wall = time.perf_counter() - started
         runs[processes] = spectra.load_run(out)
         examples = runs[processes].examples["example"].nunique()
