@@ -13,7 +13,7 @@ import torch
 
 from spectra import capture, models
 from spectra.kv import headpattern, continuation
-from spectra.kv.presses import REGISTRY, full, per_head
+from spectra.kv.presses import REGISTRY, full, per_head, run_presses
 
 import tiny
 from ..anatomy.test_headweights import fake_run
@@ -97,7 +97,8 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})",
                  "criticaladakv(knorm)"]
     names = [*REGISTRY.bare(), *arguments, "criticalkv(snapkv)"]  # presses with an argument too
-    variants = [{layer: REGISTRY[name].compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
+    built = run_presses(names, layers=loaded.layers)  # as a run builds them (pyramidkv reads the layer count)
+    variants = [{layer: built[name].compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
                 for name in names]
     through_cache = engine(loaded, ids, variants, layers, logits[CONTEXT - 1])
     for name, parts, got in zip(names, variants, through_cache):
