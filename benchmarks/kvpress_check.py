@@ -25,7 +25,7 @@ same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packe
   predicted from the prefill's last position. A decoding press (`decoding(knorm)`: kvpress's DecodingPress with
   `--compression-interval` and the target size n_kept(L, ratio)) leaves the prefill whole and is fed the
   continuation one token per step inside `with press(model)`, as its generation would feed it. A press whose layers
-  keep different numbers of tokens (pyramidkv: `UNEVEN`) has its continuation fed one token per step
+  keep different numbers of tokens (pyramidkv, simlayerkv: `UNEVEN`) has its continuation fed one token per step
   too, outside the press: a several-token pass over its cache fails in kvpress's venv (one sdpa mask for all layers).
 - spectra: `spectra.cache(...)` with every press and ratio in one run (one prefill per sequence); with
   `--per-press`, also one run per (press, ratio) with the model loaded once (`models.reusing`), for the timing.
@@ -53,7 +53,7 @@ PRESSES = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think"
 #: presses whose layers keep different numbers of tokens: a forward of several tokens over their cache fails in
 #: kvpress's venv (transformers builds one attention mask, sized by layer 0's cache, that sdpa cannot apply to the
 #: other layers), so the worker feeds their continuation one token per step (no mask: the same causal computation)
-UNEVEN = ("pyramidkv",)
+UNEVEN = ("pyramidkv", "simlayerkv")
 
 
 def smollm2_folder() -> str:
@@ -113,6 +113,8 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.LagKVPress(compression_ratio=ratio)
         if press == "pyramidkv":
             return kvpress.PyramidKVPress(compression_ratio=ratio)
+        if press == "simlayerkv":  # its ratio cannot be set (it sets its own)
+            return kvpress.SimLayerKVPress()
         raise ValueError(press)
 
     results = []

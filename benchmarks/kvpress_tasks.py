@@ -47,6 +47,8 @@ def make_press(kvpress, name: str, ratio: float, model):
         outer, inner = name[:-1].split("(", 1)
         wrapped = make_press(kvpress, inner, ratio, model)
         return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
+    if name == "simlayerkv":  # at its defaults: its ratio cannot be set (it sets its own)
+        return kvpress.SimLayerKVPress()
     if name.startswith("duo(") and name.endswith(")"):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
