@@ -41,7 +41,7 @@ class SimLayerKV(Press):
 
     name, summary = "simlayerkv", "lazy layers streamed (their first and recent tokens), the others whole"
     peer = "SimLayerKVPress"
-    ratio_means = "ignored (a lazy layer keeps 4 + 1023 tokens, the others all; at kvpress's threshold 1.0, none is)"
+    ratio_means = "ignored (lazy layers keep their first 4 and last 1023 tokens; at kvpress's threshold 1.0, none is)"
 
     def __init__(self, lazy_threshold: float = 1.0, n_last: int = 1, n_recent: int = 1024,
                  n_initial: int = 4) -> None:
