@@ -25,7 +25,9 @@ same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packe
   pipeline generates, it does not score a given text). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
   predicted from the prefill's last position. A decoding press (`decoding(knorm)`: kvpress's DecodingPress with
   `--compression-interval` and the target size n_kept(L, ratio)) leaves the prefill whole and is fed the
-  continuation one token per step inside `with press(model)`, as its generation would feed it.
+  continuation one token per step inside `with press(model)`, as its generation would feed it. A press whose layers
+  keep different numbers of tokens (pyramidkv, simlayerkv: `UNEVEN`) has its continuation fed one token per step
+  too, outside the press: a several-token pass over its cache fails in kvpress's venv (one sdpa mask for all layers).
 - spectra: `spectra.cache(...)` with every press and ratio in one run (one prefill per sequence); with
   `--per-press`, also one run per (press, ratio) with the model loaded once (`models.reusing`), for the timing.
 Printed: per (press, ratio) the mean NLL of both, the largest |ΔNLL| over the sequences, and the seconds per
@@ -49,6 +51,10 @@ from pathlib import Path
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LICENCES = ("Apache-2.0", "GPL-3", "LGPL-3", "MPL-2.0")
 PRESSES = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think")
+#: presses whose layers keep different numbers of tokens: a forward of several tokens over their cache fails in
+#: kvpress's venv (transformers builds one attention mask, sized by layer 0's cache, that sdpa cannot apply to the
+#: other layers), so the worker feeds their continuation one token per step (no mask: the same causal computation)
+UNEVEN = ("pyramidkv", "simlayerkv")
 
 
 def smollm2_folder() -> str:
@@ -117,6 +123,10 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.CURPress(compression_ratio=ratio)
         if press == "compactor":
             return kvpress.CompactorPress(compression_ratio=ratio)
+        if press == "pyramidkv":
+            return kvpress.PyramidKVPress(compression_ratio=ratio)
+        if press == "simlayerkv":  # its ratio cannot be set (it sets its own)
+            return kvpress.SimLayerKVPress()
         raise ValueError(press)
 
     results = []
@@ -137,7 +147,11 @@ def worker(job_path: str, result_path: str) -> None:
                     with make(press, ratio, seed)(model):
                         first = model(input_ids=ctx[None], past_key_values=cache, logits_to_keep=1).logits[0, -1]
                 middle = time.perf_counter()
-                if press.startswith("decoding("):  # one decoding step per continuation token, as generation feeds
+                if press in UNEVEN:  # one step per token: no mask is built, each layer attends to all it kept
+                    rest = torch.cat([model(input_ids=cont[None, j:j + 1], past_key_values=cache,
+                                            position_ids=torch.tensor([[context + j]])).logits[0]
+                                      for j in range(len(cont) - 1)])
+                elif press.startswith("decoding("):  # one decoding step per continuation token, as generation feeds
                     with make(press, ratio, seed)(model):
                         rest = torch.cat([model(input_ids=cont[None, j:j + 1], past_key_values=cache,
                                                 position_ids=torch.tensor([[context + j]])).logits[0]

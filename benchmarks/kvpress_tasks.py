@@ -32,10 +32,14 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
-                 "compactor": "CompactorPress", "keydiff": "KeyDiffPress"}
+                 "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress"}
 #: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
 WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
             "block": "BlockPress"}
+#: presses whose layers keep different numbers of tokens: kvpress's pipeline passes the question's tokens in one
+#: forward, over which transformers builds one attention mask sized by layer 0's cache, that sdpa cannot apply to the
+#: other layers (it fails); for these the worker feeds the question one token per step (`stepwise`)
+UNEVEN = ("pyramidkv", "simlayerkv")
 #: AdaKV's safeguard as spectra's adakv(<scorer>) applies it (kvpress's default)
 ALPHA_SAFEGUARD = 0.2
 
@@ -55,10 +59,30 @@ def make_press(kvpress, name: str, ratio: float, model):
         outer, inner = name[:-1].split("(", 1)
         wrapped = make_press(kvpress, inner, ratio, model)
         return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
+    if name == "simlayerkv":  # at its defaults: its ratio cannot be set (it sets its own)
+        return kvpress.SimLayerKVPress()
     if name.startswith("duo(") and name.endswith(")"):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
     return getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
+
+
+def stepwise(pipe):
+    """kvpress's own `generate_answer` for `pipe`, the question's tokens but the last fed first one per step (no
+    mask is built for a one-token step: each layer attends to all it kept, the same causal computation as kvpress's
+    one question pass, which fails on a cache whose layers differ in length)."""
+    import torch
+
+    method = type(pipe).generate_answer
+
+    def generate_answer(question_ids, cache, context_length: int, max_new_tokens: int) -> str:
+        steps = question_ids.shape[1] - 1
+        for j in range(steps):
+            pipe.model(input_ids=question_ids[:, j:j + 1], past_key_values=cache,
+                       position_ids=torch.tensor([[context_length + j]], device=question_ids.device))
+        return method(pipe, question_ids[:, steps:], cache, context_length + steps, max_new_tokens)
+
+    return generate_answer
 
 
 def serve_pattern(model, folder: str) -> None:
@@ -118,6 +142,10 @@ def worker(job_path: str, result_path: str) -> None:
                     made = None if press == "full" else make_press(kvpress, press, ratio, model)
                     if press == "compactor":  # its sketches from the global generator, seeded as spectra's
                         torch.manual_seed(job["sketch_seeds"][str(record["example"])])
+                    if press in UNEVEN:
+                        pipe.generate_answer = stepwise(pipe)
+                    else:
+                        pipe.__dict__.pop("generate_answer", None)
                     started = time.perf_counter()
                     with torch.inference_mode():
                         answer = pipe(context, question=question, answer_prefix=record["answer_prefix"], press=made,

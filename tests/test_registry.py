@@ -174,11 +174,11 @@ def test_a_name_with_an_argument_is_checked_without_torch_and_inherits_its_score
             "print('torch' in sys.modules)")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert shown[0] == "('adakv(snapkv)', 'knorm', 'adakv(loki)')"
-    assert shown[1] == "['adakv(loki)', 'adakv(snapkv)', 'headbudget', 'loki', 'snapkv'] ['adakv(loki)', 'loki', 'lowrank']"
+    assert shown[1] == "['adakv(loki)', 'adakv(snapkv)', 'headbudget', 'loki', 'pyramidkv', 'snapkv'] ['adakv(loki)', 'loki', 'lowrank']"
     assert shown[2] == "False", "checking a press's argument imported torch"
     assert registry.applied("adakv( knorm )") == ("adakv", "knorm") and registry.applied("knorm") is None
     assert "adakv(knorm)" in registry.PRESSES and "adakv(think)" not in registry.PRESSES
-    assert registry.PRESSES.bare()[-1] == "kivi8" and "adakv(<scorer>)" in registry.PRESSES.listing()
+    assert registry.PRESSES.bare()[-1] == "simlayerkv" and "adakv(<scorer>)" in registry.PRESSES.listing()
 
 
 @pytest.mark.parametrize("name, message", [

@@ -124,7 +124,8 @@ class Cell:
 
 class Cells:
     """The (press, ratio) grid of a run: the full cache first, then each of `presses` at each of `ratios`, with the
-    run's own presses built once (`presses.run_presses`, given the run's `settings`)."""
+    run's own presses built once (`presses.run_presses`, given the run's `settings`: `compression_interval`, and
+    `layers`, the model's layer count, which a press budgeting per layer reads — pyramidkv)."""
 
     def __init__(self, presses: Sequence[str], ratios: Sequence[float], **settings: object) -> None:
         self.presses: dict[str, Press] = run_presses(presses, **settings)

@@ -61,11 +61,11 @@ class CacheProbe(Probe):
         self.bytes_kept, self.diagnosis = tuple(bytes_kept), diagnosis
         self.fit_samples, samples = evaluated.start, len(evaluated)
         # the run's own presses: a calibrating press's fit belongs to this run, not to the shared registry
-        self.cells = Cells(presses, ratios, compression_interval=compression_interval)
+        loaded = source.loaded
+        self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=loaded.layers)
         self.presses: dict[str, Press] = self.cells.presses
         self.calibrated = np.zeros(1)  # calibration sequences used (long enough)
         self.variants = self.cells.variants
-        loaded = source.loaded
         self.layers, self.heads = loaded.layers, loaded.heads
         count = len(self.variants)
         self.sums = np.zeros((count, len(_FIELDS)))

@@ -69,7 +69,7 @@ class TaskProbe(Probe):
                  samples: int, compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
                  notify: Callable[[str], None] | None = None) -> None:
         self.source, self.seed, self.decode_memory, self.notify = source, seed, decode_memory, notify
-        self.cells = Cells(presses, ratios, compression_interval=compression_interval)
+        self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=source.layers)
         self.variants = self.cells.variants
         self.examples = source.examples[:samples]
         layers, kv_heads, cells = source.layers, source.kv_heads, len(self.variants)

@@ -13,7 +13,8 @@ import torch
 
 from spectra import capture, models
 from spectra.kv import headpattern, continuation
-from spectra.kv.presses import REGISTRY, full, per_head
+from spectra.kv.presses import REGISTRY, full, per_head, run_presses
+from spectra.kv.presses.simlayerkv import SimLayerKV
 
 import tiny
 from ..anatomy.test_headweights import fake_run
@@ -112,13 +113,17 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     wrapped = ["criticalkv(snapkv)", "chunkkv(knorm)", "entropy_gated_chunkkv(snapkv)", "chunk(keydiff)",
                "block(streaming)"]
     names = [*REGISTRY.bare(), *arguments, *wrapped]  # presses with an argument too
-    variants = [{layer: REGISTRY[name].compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
+    built = run_presses(names, layers=loaded.layers)  # as a run builds them (pyramidkv reads the layer count)
+    built["simlayerkv: all lazy"] = SimLayerKV(0.0, n_recent=40)  # kvpress's defaults compress nothing at L = 72
+    names.append("simlayerkv: all lazy")
+    variants = [{layer: built[name].compress(prefill, 0.5) for layer, (_, prefill) in layers.items()}
                 for name in names]
     through_cache = engine(loaded, ids, variants, layers, logits[CONTEXT - 1])
     for name, parts, got in zip(names, variants, through_cache):
         reference = dense_reference(loaded, ids, parts)[CONTEXT - 1: -1]
         assert torch.allclose(got, reference, atol=1e-10, rtol=0), name
-        if name.startswith("kivi"):  # KIVI quantizes 128 tokens at a time: a 72-token context stays whole
+        if name.startswith("kivi") or name == "simlayerkv":  # KIVI quantizes 128 tokens at a time, SimLayerKV
+            # streams no layer at its threshold of 1.0 nor below 4 + 1024 + 1 tokens: a 72-token context stays whole
             assert parts[0].saved == 0 and torch.allclose(got, logits[CONTEXT - 1: -1], atol=1e-10), name
             continue
         assert not torch.allclose(got, logits[CONTEXT - 1: -1], atol=1e-4), f"{name} changed nothing"

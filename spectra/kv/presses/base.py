@@ -273,7 +273,8 @@ class Press:
     def for_run(self, **settings: object) -> Press:
         """This press as one run uses it: a fresh instance for one that `calibrates` (its fit is the run's), else
         the registry's. `settings` are the run's options a press may read (`compression_interval`, which
-        `decoding(<scorer>)` overrides this to take); the others ignore them."""
+        `decoding(<scorer>)` overrides this to take; `layers`, the model's layer count, pyramidkv's); the others
+        ignore them."""
         return self.fresh() if self.calibrates else self
 
     def calibrate(self, prefill: Prefill) -> None:
