@@ -33,7 +33,7 @@ def gqa_llama(tmp_path_factory):
 
 
 def compressed_cells(prefills, presses, ratios):
-    cells = list(Cells(presses + ["adakv(snapkv)"], ratios).of(CONTEXT, 0, 0))
+    cells = list(Cells(presses + ["adakv(snapkv)"], ratios, layers=len(prefills)).of(CONTEXT, 0, 0))
     for cell in cells:
         for layer in prefills:
             cell.compress(layer)
