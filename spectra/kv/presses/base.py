@@ -50,11 +50,12 @@ class Prefill:
     - `q` (H, w, d): post-RoPE queries of the last w = min(WINDOW, L) context positions;
     - `key`, `value` (H_kv, L, d): the cache as the prefill wrote it (keys post-RoPE);
     - `key_pre` (H_kv, L, d): the keys before RoPE (None for models without RoPE: then they equal `key`);
-    - `window` (H, w, L): the causal attention weights of those w queries over the L context keys (the last rows
-      of the prefill's P, each summing to 1);
+    - `window` (H, w, L): the causal attention of those w queries over the L context keys (P's last rows, summing to 1);
     - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
     - `scaling`: the score scale s of softmax(q kᵀ · s);
-    - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly.
+    - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly;
+    - `reconstruction` (layers, H_kv, L): KVzip's context-reconstruction scores of *every* layer (one tensor shared by
+      the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None.
     """
 
     layer: int
@@ -67,6 +68,7 @@ class Prefill:
     scaling: float
     seed: int
     index: int
+    reconstruction: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -260,8 +262,8 @@ class Press:
     needs_rope: ClassVar[bool] = False
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
-    #: reads `Prefill.received`, which the task protocol's prefill computes only when a press needs it
-    received: ClassVar[bool] = False
+    #: reads `Prefill.received` (`.reconstruction`), which the engine computes only when a run's press needs it
+    received, reconstructs = False, False
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
