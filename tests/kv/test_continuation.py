@@ -6,13 +6,15 @@ float64 rounding."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from spectra import capture, models
-from spectra.kv import headpattern, continuation
+from spectra.kv import continuation, headpattern, reconstruction
 from spectra.kv.presses import REGISTRY, full, per_head
 
 import tiny
@@ -33,13 +35,19 @@ def gqa_llama(tmp_path_factory):
 
 
 def prefilled(loaded, ids) -> dict:
-    """Each layer's prefill and captured record, read off one forward over the whole sequence."""
+    """Each layer's prefill and captured record, read off one forward over the whole sequence, with KVzip's
+    reconstruction scores of the context (the pass the engine runs for a press that `reconstructs`)."""
     found = {}
 
     def observe(captured):
         found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, None, 0, 0))
 
     outputs = capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=ids)
+    parts = [found[layer][1] for layer in range(loaded.layers)]
+    scores = reconstruction.scores(loaded.model, loaded.layers, [part.key for part in parts],
+                                   [part.value for part in parts], ids[0, :CONTEXT],
+                                   reconstruction.Repetition.of(loaded.tokenizer), 0)
+    found = {layer: (captured, replace(part, reconstruction=scores)) for layer, (captured, part) in found.items()}
     return found, outputs.logits[0]
 
 
