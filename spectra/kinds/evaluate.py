@@ -100,7 +100,8 @@ class Evaluate(PressStudy):
         records, missing = selection.evaluated(config), selection.left_out(config)
         return TaskSource(config, where, records, query_aware=options.query_aware,
                           received=bool(PRESSES.having(RECEIVED) & set(options.presses)),
-                          windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing)
+                          windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing,
+                          reconstructs=bool(PRESSES.having("reconstructs") & set(options.presses)))
 
     def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
         return identity(options)
