@@ -31,7 +31,7 @@ from pathlib import Path
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
-                 "tova": "TOVAPress"}
+                 "tova": "TOVAPress", "kvzip": "KVzipPress"}
 #: AdaKV's safeguard as spectra's adakv(<scorer>) applies it (kvpress's default)
 ALPHA_SAFEGUARD = 0.2
 
@@ -39,13 +39,18 @@ ALPHA_SAFEGUARD = 0.2
 def make_press(kvpress, name: str, ratio: float, model):
     """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `adakv(<scorer>)`:
     AdaKVPress(scorer, alpha_safeguard=0.2); `duo(DIR)`: DuoAttentionPress(head_compression_ratio=ratio) with the
-    pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`)."""
+    pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`); `kvzip`: KVzipPress, its
+    tokenizer read from the model's GGUF file (`kvpress_check.serve_tokenizer`)."""
     if name.startswith("adakv(") and name.endswith(")"):
         inner = getattr(kvpress, KVPRESS_NAMES[name[len("adakv("):-1]])(compression_ratio=ratio)
         return kvpress.AdaKVPress(inner, alpha_safeguard=ALPHA_SAFEGUARD)
     if name.startswith("duo(") and name.endswith(")"):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
+    if name == "kvzip":  # it reloads the tokenizer from model.config.name_or_path: the folder holding the GGUF
+        from kvpress_check import serve_tokenizer
+
+        serve_tokenizer(model.config.name_or_path)
     return getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
 
 
