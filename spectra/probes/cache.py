@@ -7,7 +7,9 @@ kept), measures each head with the layer's exact inputs (attention mass kept, ou
 `after_batch` scores the continuation against their caches, all the cells that compress once in one batched forward
 pass per chunk, each that compresses while decoding teacher-forced by its recompression, and accumulates next-token NLL,
 KL from the full cache's distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is
-skipped and counted.
+skipped and counted. A press that `reconstructs` (kvzip) reads every layer's cache, so its cells wait: `update` keeps
+each layer's continuation rows for them (`continuation.Tail`), and `after_batch` first runs KVzip's reconstruction pass
+over the sequence's prefilled cache (`kv.reconstruction`), then compresses and measures them layer by layer.
 
 With `fit_samples` N > 0 the first N sequences calibrate: their prefills go to the run's own fresh instance of each
 press that `calibrates` (never to the registry's shared one), nothing is scored, and the sequences after them are
