@@ -56,6 +56,8 @@ class KVzip(Press):
 
     def __init__(self, layerwise: bool = False) -> None:
         self.layerwise = layerwise
+        #: the last (scores, ratio) ranked and its per-layer counts: every layer of an example reads the same scores
+        self._ranked: tuple[torch.Tensor, float, torch.Tensor] | None = None
 
     def fresh(self) -> Press:
         return type(self)(self.layerwise)
@@ -65,5 +67,7 @@ class KVzip(Press):
         if scores is None:
             raise ValueError("kvzip reads the reconstruction pass's scores, which this prefill lacks: the engine runs "
                              "it for a press declaring `reconstructs` (spectra.kv.reconstruction)")
-        pruned = int(pruned_counts(scores, ratio, self.layerwise)[prefill.layer])
+        if self._ranked is None or self._ranked[0] is not scores or self._ranked[1] != ratio:
+            self._ranked = (scores, ratio, pruned_counts(scores, ratio, self.layerwise))
+        pruned = int(self._ranked[2][prefill.layer])
         return per_head(prefill, kvzip_keep(scores[prefill.layer], pruned))

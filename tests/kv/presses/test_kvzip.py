@@ -83,3 +83,15 @@ def test_it_declares_the_pass_and_its_kvpress_peer() -> None:
     assert PRESSES.facts("kvzip")["reconstructs"] and "kvzip" in PRESSES.having("reconstructs")
     assert not PRESSES.facts("kvzip").get("scorer"), "a global ranking, no per-layer scorer to wrap"
     assert KVzip.peer == "KVzipPress"
+
+
+def test_one_instance_ranks_each_example_and_ratio_anew() -> None:
+    """The press remembers the last ranking (every layer reads the same scores): other scores or another ratio
+    rank again."""
+    prefill, _ = make_prefill(length=LENGTH)
+    press = KVzip()
+    for seed, ratio in ((1, 0.3), (1, 0.6), (2, 0.6), (1, 0.3)):
+        scores = torch.from_numpy(random_scores(seed))
+        for layer in range(LAYERS):
+            got = press.compress(dataclasses.replace(prefill, layer=layer, reconstruction=scores), ratio)
+            np.testing.assert_array_equal(got.kept_mask(LENGTH).numpy(), ~numpy_evicted(scores.numpy(), ratio)[layer])
