@@ -19,9 +19,11 @@ letter, with its defaults:
 - the first `SINKS` positions are then raised above every score of every layer (max + 1): attention sinks are never
   evicted. Positions of the template's opening that are not sinks keep the score 0.
 
-The pass's own forward attends exactly (the continuation engine's `cached_attention` over the whole cache and the
-repeat). Its result, (layers, H_kv, L), goes to every layer's `Prefill.reconstruction`; the `kvzip` press ranks it
-across layers. kvpress's KVzip+ normalisation (by ‖h‖ and ‖W_O v‖) is not computed here.
+The pass's own forward attends exactly, by SDPA over the whole cache and the repeat (`repeat_attention`, never an
+n × (L + n) matrix: at L = 8192 and the 2048-token chunk, the scores of a layer's subset, H × n × (4 + 2048 + n)
+floats, about 0.3 GB for SmolLM2, are what the pass holds). Its result, (layers, H_kv, L), goes to every layer's
+`Prefill.reconstruction`; the `kvzip` press ranks it across layers. kvpress's KVzip+ normalisation (by ‖h‖ and
+‖W_O v‖) is not computed here.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import torch
 
 from .. import capture
 from ..capture import Captured
-from .continuation import cached_attention
 
 #: kvpress's n_sink: the first cached positions each layer's score subset includes and no ratio evicts
 SINKS = 4
@@ -108,6 +109,19 @@ def chunk_scores(q: torch.Tensor, own: torch.Tensor, cached: torch.Tensor, start
     return weights[..., sink:sink + stop - start].amax(dim=(1, 2))
 
 
+def repeat_attention(q: torch.Tensor, cached_key: torch.Tensor, cached_value: torch.Tensor, key: torch.Tensor,
+                     value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """The repeat's attention output (1, H, n, d): its queries q over the whole prefilled cache `cached_key`,
+    `cached_value` (H_kv, L, d) and causally over its own keys and values (1, H_kv, n, d), by the fused SDPA kernel
+    with a boolean mask (as kvpress's pass attends, with its cache; no n × (L + n) scores held)."""
+    n, length = q.shape[-2], cached_key.shape[-2]
+    allowed = torch.ones(n, length + n, dtype=torch.bool, device=q.device)
+    allowed[:, length:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, torch.cat([cached_key[None], key], dim=-2), torch.cat([cached_value[None], value], dim=-2),
+        attn_mask=allowed, scale=scaling, enable_gqa=q.shape[-3] != key.shape[-3])
+
+
 def scores(model: torch.nn.Module, layers: int, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
            ids: torch.Tensor, repetition: Repetition, index: int, chunk: int = CHUNK) -> torch.Tensor:
     """(layers, H_kv, L): every cached pair's reconstruction score (see the module docstring), given each layer's
@@ -119,9 +133,8 @@ def scores(model: torch.nn.Module, layers: int, keys: Sequence[torch.Tensor], va
         def substitute(captured: Captured) -> torch.Tensor:
             layer = captured.layer
             found[layer, :, start:stop] = chunk_scores(captured.q[0], captured.key[0], keys[layer], start, stop)
-            cache = (keys[layer][None], values[layer][None],
-                     torch.ones(1, *keys[layer].shape[:2], dtype=torch.bool, device=ids.device))
-            return cached_attention(captured.q, cache, captured.key, captured.value, captured.scaling)
+            return repeat_attention(captured.q, keys[layer], values[layer], captured.key, captured.value,
+                                    captured.scaling)
 
         positions = torch.arange(length, length + repeat.shape[-1], device=ids.device)[None]
         capture.forward(model, layers, None, substitute, [index], input_ids=repeat[None], position_ids=positions,
