@@ -130,7 +130,7 @@ def scores(model: torch.nn.Module, layers: int, keys: Sequence[torch.Tensor], va
     length = ids.shape[-1]
     found = keys[0].new_zeros(layers, keys[0].shape[0], length)
     for start, stop, repeat in repetition.chunks(ids, chunk):
-        def substitute(captured: Captured) -> torch.Tensor:
+        def substitute(captured: Captured, start: int = start, stop: int = stop) -> torch.Tensor:
             layer = captured.layer
             found[layer, :, start:stop] = chunk_scores(captured.q[0], captured.key[0], keys[layer], start, stop)
             return repeat_attention(captured.q, keys[layer], values[layer], captured.key, captured.value,

@@ -94,7 +94,7 @@ def dense_scores(loaded, ids: torch.Tensor, pieces: Repetition, chunk: int) -> n
     for start, stop, repeat in pieces.chunks(ids, chunk):
         seen = {}
 
-        def observe(captured):
+        def observe(captured, seen=seen):
             seen[captured.layer] = (captured.q[0, :, length:].numpy(), captured.key[0].numpy())
 
         capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=torch.cat([ids, repeat])[None])
