@@ -101,10 +101,10 @@ def chunk_scores(q: torch.Tensor, own: torch.Tensor, cached: torch.Tensor, start
     kv_heads = cached.shape[0]
     sink = min(SINKS, start)
     keys = torch.cat([cached[:, :sink], cached[:, start:stop], own], dim=1)  # (H_kv, m, d)
-    weights = torch.matmul(q.reshape(kv_heads, -1, dim), keys.transpose(-1, -2)) / math.sqrt(dim)
+    weights = torch.matmul(q.reshape(kv_heads, -1, dim), keys.transpose(-1, -2)).div_(math.sqrt(dim))
     weights = weights.view(kv_heads, heads // kv_heads, n, keys.shape[1])
     hidden = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-    weights[..., -n:] = weights[..., -n:].masked_fill(hidden, torch.finfo(weights.dtype).min)
+    weights[..., -n:].masked_fill_(hidden, torch.finfo(weights.dtype).min)  # in place: a view of the own keys
     weights = torch.softmax(weights, dim=-1)
     return weights[..., sink:sink + stop - start].amax(dim=(1, 2))
 
