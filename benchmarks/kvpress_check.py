@@ -127,6 +127,9 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.PyramidKVPress(compression_ratio=ratio)
         if press == "simlayerkv":  # its ratio cannot be set (it sets its own)
             return kvpress.SimLayerKVPress()
+        if press == "kvzip":
+            serve_tokenizer(job["folder"])
+            return kvpress.KVzipPress(compression_ratio=ratio)
         raise ValueError(press)
 
     results = []
@@ -169,6 +172,20 @@ def worker(job_path: str, result_path: str) -> None:
     Path(result_path).write_text(json.dumps({"results": results, "versions": {
         "kvpress": getattr(kvpress, "__version__", None) or _version("kvpress"), "torch": torch.__version__,
         "transformers": _version("transformers")}}))
+
+
+def serve_tokenizer(folder: str) -> None:
+    """Make kvpress 0.5.5's KVzipPress, which reloads the tokenizer with `AutoTokenizer.from_pretrained(
+    model.config.name_or_path)` (the folder, whose only file is the GGUF), read it from the GGUF file in `folder`."""
+    from kvpress.presses import kvzip_press
+    from transformers import AutoTokenizer
+
+    class FromGguf:
+        @staticmethod
+        def from_pretrained(name: str, *args, **kwargs):
+            return AutoTokenizer.from_pretrained(folder, *args, gguf_file=GGUF, **kwargs)
+
+    kvzip_press.AutoTokenizer = FromGguf
 
 
 def _version(package: str) -> str:

@@ -32,7 +32,8 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
-                 "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress"}
+                 "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress",
+                 "kvzip": "KVzipPress"}
 #: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
 WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
             "block": "BlockPress"}
@@ -48,7 +49,8 @@ def make_press(kvpress, name: str, ratio: float, model):
     """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `adakv(<scorer>)`:
     AdaKVPress(scorer, alpha_safeguard=0.2); `duo(DIR)`: DuoAttentionPress(head_compression_ratio=ratio) with the
     pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`); `chunkkv(<scorer>)` and the other
-    WRAPPERS: kvpress's wrapper around the inner press, built the same way."""
+    WRAPPERS: kvpress's wrapper around the inner press, built the same way; `kvzip`: KVzipPress, its tokenizer read
+    from the model's GGUF file (`kvpress_check.serve_tokenizer`)."""
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
             return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model))
@@ -64,6 +66,10 @@ def make_press(kvpress, name: str, ratio: float, model):
     if name.startswith("duo(") and name.endswith(")"):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
+    if name == "kvzip":  # it reloads the tokenizer from model.config.name_or_path: the folder holding the GGUF
+        from kvpress_check import serve_tokenizer
+
+        serve_tokenizer(model.config.name_or_path)
     return getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
 
 

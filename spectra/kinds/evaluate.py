@@ -107,7 +107,8 @@ class Evaluate(PressStudy):
         return TaskSource(config, where, records, query_aware=options.query_aware,
                           received=bool(PRESSES.having(RECEIVED) & set(options.presses)),
                           windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing,
-                          queries=bool(PRESSES.having("queries") & set(options.presses)))
+                          queries=bool(PRESSES.having("queries") & set(options.presses)),
+                          reconstructs=bool(PRESSES.having("reconstructs") & set(options.presses)))
 
     def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
         return identity(options)

@@ -14,6 +14,7 @@ Token 0 of the continuation is predicted from the context's last position, whose
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -75,6 +76,32 @@ def cached_attention(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value:
     return torch.matmul(weights, values)
 
 
+@dataclass(frozen=True, eq=False)
+class Tail:
+    """What the per-head measures read of one layer's continuation rows in the full-cache pass: the C continuation
+    queries `q` (H, C, d), their full attention on the L context keys `on_context` (H, C, L), their full-cache output
+    `exact` (H, C, d), the continuation's own keys and values `key`, `value` (H_kv, C, d) and the score scale."""
+
+    q: torch.Tensor
+    on_context: torch.Tensor
+    exact: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    scaling: float
+
+    @classmethod
+    def of(cls, captured: Captured, row: int, context: int) -> Tail:
+        """Sequence `row`'s continuation rows of a captured layer (views: `kept` copies them)."""
+        full_rows = captured.p[row, :, context:, :]  # (H, C, L + C)
+        return cls(captured.q[row, :, context:], full_rows[..., :context], torch.matmul(full_rows, captured.v[row]),
+                   captured.key[row, :, context:], captured.value[row, :, context:], captured.scaling)
+
+    def kept(self) -> Tail:
+        """A copy owning its tensors, for measures taken after the forward pass (a press that reconstructs)."""
+        return Tail(self.q.clone(), self.on_context.clone(), self.exact.clone(), self.key.clone(), self.value.clone(),
+                    self.scaling)
+
+
 def head_measures(captured: Captured, row: int, context: int, parts: Sequence[Compressed], prefilled: Prefill
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per compressed cache and query head of this layer, with the layer's exact inputs (R = len(parts)):
@@ -84,15 +111,18 @@ def head_measures(captured: Captured, row: int, context: int, parts: Sequence[Co
     - `error` (R, H): ‖o − o_full‖_F / ‖o_full‖_F of the head's output over the C continuation rows, o attending
       to the compressed cache (and the continuation), o_full to the full one.
     """
-    q = captured.q[row, :, context:]  # (H, C, d)
-    full_rows = captured.p[row, :, context:, :]  # (H, C, L + C)
-    exact = torch.matmul(full_rows, captured.v[row])
-    own_key, own_value = captured.key[row, :, context:], captured.value[row, :, context:]
+    return tail_measures(Tail.of(captured, row, context), parts, prefilled)
+
+
+def tail_measures(tail: Tail, parts: Sequence[Compressed], prefilled: Prefill) -> tuple[torch.Tensor, torch.Tensor]:
+    """`head_measures` from a layer's continuation rows (`Tail`)."""
+    q, exact, count = tail.q, tail.exact, len(parts)
     cached = stack(parts, prefilled.key, prefilled.value)
-    out = cached_attention(q.expand(len(parts), -1, -1, -1), cached, own_key.expand(len(parts), -1, -1, -1),
-                 own_value.expand(len(parts), -1, -1, -1), captured.scaling)
+    out = cached_attention(q.expand(count, -1, -1, -1), cached, tail.key.expand(count, -1, -1, -1),
+                           tail.value.expand(count, -1, -1, -1), tail.scaling)
     error = (out - exact).flatten(2).norm(dim=-1) / exact.flatten(1).norm(dim=-1).clamp_min(1e-30)
-    on_context = full_rows[..., :context]  # (H, C, L)
+    on_context = tail.on_context  # (H, C, L)
+    context = on_context.shape[-1]
     total = on_context.sum(dim=-1)
     groups = prefilled.groups
     mass = torch.full_like(error, float("nan"))

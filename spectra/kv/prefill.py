@@ -18,6 +18,9 @@ computes, layer by layer,
   Without it, `Prefill.received` is an empty (H, 0) tensor, so a press that reads it undeclared fails loudly
   instead of reading zeros.
 
+Only when a press `reconstructs` (kvzip), the forward pass is followed by KVzip's reconstruction pass over the
+prefilled cache (`kv.reconstruction`), whose scores of every layer go to each layer's `Prefill.reconstruction`.
+
 What is kept per layer is O(L·d) (keys, values, pre-RoPE keys) plus the window's H × w × L rows — about 1.1 GB for
 SmolLM2 at 8192 tokens — and, only for a press declaring `queries`, the H × L × d pre-RoPE queries. Keys are never
 repeated over the query heads of a key/value head: a chunk's queries are grouped per key/value head (H_kv, G·c, d).
@@ -28,11 +31,12 @@ context at a time).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .. import capture, models
+from . import reconstruction
 from ..capture import Captured
 from .presses import Prefill
 from .presses.base import WINDOW
@@ -145,13 +149,15 @@ class _Collector:
 
 
 def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int, *, received: bool = True,
-          fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES, queries: bool = False
-          ) -> list[Prefill]:
+          fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES, queries: bool = False,
+          repetition: reconstruction.Repetition | None = None) -> list[Prefill]:
     """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring);
     `received`: compute the attention each key received (else an empty (H, 0) tensor), by the fused kernel where
     there is one (`fused`), else in query chunks; `seed` and `index` (the run's seed and the example's global index)
     go to the presses that draw randomly; each layer's output projection W^O goes with its prefill (`Prefill.w_o`);
-    `queries`: keep every layer's pre-RoPE queries (a press reads them)."""
+    `queries`: keep every layer's pre-RoPE queries (a press reads them); `repetition` (the tokenizer's prompts): run
+    KVzip's reconstruction pass after the prefill and give every layer its scores (`Prefill.reconstruction`,
+    `kv.reconstruction`)."""
     collector = _Collector(window, received, fused, chunk_bytes, seed, index, models.output_projections(model),
                            queries, models.rope(model))
     hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or queries else []
@@ -161,4 +167,9 @@ def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, ind
     finally:
         for handle in hooks:
             handle.remove()
-    return [collector.prefills[layer] for layer in range(layers)]
+    found = [collector.prefills[layer] for layer in range(layers)]
+    if repetition is None:
+        return found
+    scores = reconstruction.scores(model, layers, [part.key for part in found], [part.value for part in found],
+                                   ids.reshape(-1), repetition, index)
+    return [replace(part, reconstruction=scores) for part in found]

@@ -7,7 +7,9 @@ kept), measures each head with the layer's exact inputs (attention mass kept, ou
 `after_batch` scores the continuation against their caches, all the cells that compress once in one batched forward
 pass per chunk, each that compresses while decoding teacher-forced by its recompression, and accumulates next-token NLL,
 KL from the full cache's distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is
-skipped and counted.
+skipped and counted. A press that `reconstructs` (kvzip) reads every layer's cache, so its cells wait: `update` keeps
+each layer's continuation rows for them (`continuation.Tail`), and `after_batch` first runs KVzip's reconstruction pass
+over the sequence's prefilled cache (`kv.reconstruction`), then compresses and measures them layer by layer.
 
 With `fit_samples` N > 0 the first N sequences calibrate: their prefills go to the run's own fresh instance of each
 press that `calibrates` (never to the registry's shared one), nothing is scored, and the sequences after them are
@@ -19,13 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..kv import axes, generation, continuation
+from ..kv import axes, continuation, generation, reconstruction
 from .. import models
 from ..capture import Captured
 from ..kv.cell import Cell, Cells
@@ -75,8 +78,10 @@ class CacheProbe(Probe):
         self.per_sequence = np.zeros((len(_PER_SEQUENCE), samples, count))
         self.scored = np.zeros(samples)
         self.skipped = np.zeros(1)
-        # per sequence awaiting its continuation: each layer's prefill (the keys and values kept) and its cells
-        self.pending: dict[int, tuple[dict[int, Prefill], list[Cell]]] = {}
+        # per sequence awaiting its continuation: each layer's prefill (the keys and values kept), its cells, and
+        # for cells whose press reconstructs (compressed after the forward pass) each layer's continuation rows
+        self.pending: dict[int, tuple[dict[int, Prefill], list[Cell], dict[int, continuation.Tail]]] = {}
+        self.repetition: reconstruction.Repetition | None = None  # the reconstruction prompts, made on first use
         self.pre_rope: dict[int, torch.Tensor] = {}
         self.query_pre: dict[int, torch.Tensor] = {}  # only for a press reading them (`queries`)
         self.queries = any(press.queries for press in self.presses.values())
@@ -112,24 +117,57 @@ class CacheProbe(Probe):
                 self._calibrate(prefilled)
                 continue
             if index[row] not in self.pending:
-                self.pending[index[row]] = ({}, list(self.cells.of(context, self.seed, index[row])))
-            prefills, cells = self.pending[index[row]]
-            parts = [cell.compress(prefilled) for cell in cells]
-            mass, error = continuation.head_measures(captured, row, context, parts, prefilled)
-            during = torch.tensor([cell.decodes for cell in cells], device=mass.device)
-            mass[during], error[during] = float("nan"), float("nan")  # its cache changes while decoding: not one
-            self.head_sums[:, layer, :, 0] += mass.double().cpu().numpy()
-            self.head_sums[:, layer, :, 1] += error.double().cpu().numpy()
-            whole = full_memory(prefilled)  # each query head: its key/value head's bytes, over the full cache's
-            shares = torch.stack([cell.memory(layer) for cell in cells]).double() / whole
-            self.head_sums[:, layer, :, 2] += shares.repeat_interleave(prefilled.groups, dim=1).numpy()
-            self.head_kept[:, layer] += np.stack([cell.counts(layer) for cell in cells]) / context
+                self.pending[index[row]] = ({}, list(self.cells.of(context, self.seed, index[row])), {})
+            prefills, cells, tails = self.pending[index[row]]
+            tail = continuation.Tail.of(captured, row, context)
+            now = [i for i, cell in enumerate(cells) if not self._reconstructs(cell)]
+            self._measure(layer, [cells[i] for i in now], now, tail, prefilled)
+            if len(now) < len(cells):  # a press that reconstructs compresses after the pass, measured then
+                tails[layer] = tail.kept()
             # the prefill's tensors are views of the whole layer's: keep copies of what the continuation needs
             prefills[layer] = Prefill(layer, prefilled.q[:, :0], prefilled.key.clone(), prefilled.value.clone(), None,
                                       prefilled.window[:, :0], prefilled.received[:, :0], prefilled.scaling, self.seed,
                                       index[row])
         self.pre_rope.pop(layer, None)
         self.query_pre.pop(layer, None)
+
+    @staticmethod
+    def _reconstructs(cell: Cell) -> bool:
+        return cell.compressor is not None and cell.compressor.reconstructs
+
+    def _measure(self, layer: int, cells: list[Cell], rows: list[int], tail: continuation.Tail,
+                 prefilled: Prefill) -> None:
+        """`cells` (rows `rows` of the tables) compress one layer and are measured per head against its `tail`."""
+        if not cells:
+            return
+        context = self.context
+        parts = [cell.compress(prefilled) for cell in cells]
+        mass, error = continuation.tail_measures(tail, parts, prefilled)
+        during = torch.tensor([cell.decodes for cell in cells], device=mass.device)
+        mass[during], error[during] = float("nan"), float("nan")  # its cache changes while decoding: not one
+        self.head_sums[rows, layer, :, 0] += mass.double().cpu().numpy()
+        self.head_sums[rows, layer, :, 1] += error.double().cpu().numpy()
+        whole = full_memory(prefilled)  # each query head: its key/value head's bytes, over the full cache's
+        shares = torch.stack([cell.memory(layer) for cell in cells]).double() / whole
+        self.head_sums[rows, layer, :, 2] += shares.repeat_interleave(prefilled.groups, dim=1).numpy()
+        self.head_kept[rows, layer] += np.stack([cell.counts(layer) for cell in cells]) / context
+
+    def _reconstruct(self, ids: torch.Tensor, index: int, prefills: dict[int, Prefill], cells: list[Cell],
+                     tails: dict[int, continuation.Tail]) -> None:
+        """KVzip's reconstruction pass over the sequence's prefilled context `ids` (L,), then every layer of the
+        cells whose press reconstructs, compressed with its scores and measured."""
+        rows = [i for i, cell in enumerate(cells) if self._reconstructs(cell)]
+        if not rows:
+            return
+        loaded = self.source.loaded
+        if self.repetition is None:
+            self.repetition = reconstruction.Repetition.of(loaded.tokenizer)
+        layers = [prefills[layer] for layer in range(self.layers)]
+        scores = reconstruction.scores(loaded.model, self.layers, [part.key for part in layers],
+                                       [part.value for part in layers], ids, self.repetition, index)
+        for layer, prefilled in enumerate(layers):
+            self._measure(layer, [cells[i] for i in rows], rows, tails.pop(layer),
+                          replace(prefilled, reconstruction=scores))
 
     def _calibrate(self, prefilled: Prefill) -> None:
         """One calibration sequence's layer, added to every calibrating press of the run."""
@@ -150,7 +188,9 @@ class CacheProbe(Probe):
             return
         rows = {index: row for row, index in enumerate(batch.index)}
         self.skipped += len(batch.index) - len(self.pending)
-        for index, (prefills, cells) in self.pending.items():
+        for index, (prefills, cells, tails) in self.pending.items():
+            ids = batch.input_ids[rows[index], :self.context].to(self.source.loaded.device)
+            self._reconstruct(ids, index, prefills, cells, tails)
             self._score(batch, rows[index], index, prefills, cells)
         self.pending = {}
 

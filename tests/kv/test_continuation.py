@@ -6,13 +6,15 @@ float64 rounding."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from spectra import capture, models
-from spectra.kv import headpattern, continuation
+from spectra.kv import continuation, headpattern, reconstruction
 from spectra.kv.presses import REGISTRY, full, per_head, run_presses
 from spectra.kv.presses.simlayerkv import SimLayerKV
 
@@ -36,7 +38,8 @@ def gqa_llama(tmp_path_factory):
 def prefilled(loaded, ids) -> dict:
     """Each layer's prefill and captured record, read off one forward over the whole sequence (with the context's
     keys and queries before RoPE, the model's RoPE and each layer's W^O, which expected_attention, compactor and
-    criticalkv read)."""
+    criticalkv read), and KVzip's reconstruction scores of the context (the pass the engine runs for a press that
+    `reconstructs`)."""
     found, pre, w_o = {}, {}, models.output_projections(loaded.model)
 
     def observe(captured):
@@ -55,6 +58,11 @@ def prefilled(loaded, ids) -> dict:
     finally:
         for handle in hooks:
             handle.remove()
+    parts = [found[layer][1] for layer in range(loaded.layers)]
+    scores = reconstruction.scores(loaded.model, loaded.layers, [part.key for part in parts],
+                                   [part.value for part in parts], ids[0, :CONTEXT],
+                                   reconstruction.Repetition.of(loaded.tokenizer), 0)
+    found = {layer: (captured, replace(part, reconstruction=scores)) for layer, (captured, part) in found.items()}
     return found, outputs.logits[0]
 
 

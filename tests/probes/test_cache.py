@@ -5,6 +5,7 @@ resumes a run)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import spectra
@@ -117,3 +118,34 @@ def test_a_decoding_press_is_the_full_cache_until_it_compresses(llama_dir, text_
     np.testing.assert_allclose(row["saved"], np.mean(1 - attended / np.arange(71, 76)), rtol=1e-12)
     heads = often.head_stats
     assert heads[heads["press"] == "decoding(knorm)"][["mass_kept", "out_err"]].isna().all().all()
+
+
+def test_a_press_that_reconstructs_is_measured_after_the_pass_as_it_would_be_before(llama_dir, text_file, tmp_path,
+                                                                                     monkeypatch) -> None:
+    """A press declaring `reconstructs` compresses every layer after the forward pass (the reconstruction pass needs
+    all of them): knorm declared so, under tova's name, gives knorm's numbers (its own rows of every table), and
+    sees the pass's scores."""
+    from spectra.kv import presses
+    from spectra.kv.presses.eviction import Knorm
+
+    seen = []
+
+    class Late(Knorm):
+        reconstructs = True
+
+        def compress(self, prefill, ratio):
+            seen.append(prefill)
+            return super().compress(prefill, ratio)
+
+    monkeypatch.setitem(presses.REGISTRY, "tova", Late())
+    finished = run(llama_dir, text_file, tmp_path / "run", presses="knorm,tova,kvzip")
+    assert len(seen) == 2 * 2 and all(prefill.reconstruction is not None for prefill in seen)
+    assert [prefill.layer for prefill in seen] == [0, 1, 0, 1]
+    assert seen[0].reconstruction.shape == (2, 2, 70) and seen[0].reconstruction is seen[1].reconstruction
+    for table, keys in ((finished.table, []), (finished.head_stats, ["layer", "head"])):
+        numbers = [column for column in table.columns if table[column].dtype.kind == "f" and column != "ratio"]
+        knorm = table[table["press"] == "knorm"].sort_values(keys or ["ratio"])[numbers].to_numpy()
+        late = table[table["press"] == "tova"].sort_values(keys or ["ratio"])[numbers].to_numpy()
+        np.testing.assert_allclose(late, knorm, rtol=1e-5, atol=1e-6)
+    kvzip = finished.table.set_index("press").loc["kvzip"]
+    assert kvzip["kept_share"] == pytest.approx(0.5) and kvzip["nll"] != finished.table["nll"].iloc[0]

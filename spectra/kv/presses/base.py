@@ -50,14 +50,16 @@ class Prefill:
     - `q` (H, w, d): post-RoPE queries of the last w = min(WINDOW, L) context positions;
     - `key`, `value` (H_kv, L, d): the cache as the prefill wrote it (keys post-RoPE);
     - `key_pre` (H_kv, L, d): the keys before RoPE (None for models without RoPE: then they equal `key`);
-    - `window` (H, w, L): the causal attention weights of those w queries over the L context keys (the last rows
-      of the prefill's P, each summing to 1): `window_rows` where the prefill had them (a dense P), else computed
-      from q and the keys when a press first reads them (SnapKV, TOVA), so a prefill for other presses skips them;
+    - `window` (H, w, L): the causal attention of those w queries over the L context keys (P's last rows, summing to 1):
+      `window_rows` where the prefill had them (a dense P), else computed from q and the keys when a press first
+      reads them (SnapKV, TOVA), so a prefill for other presses skips them;
     - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
     - `scaling`: the score scale s of softmax(q kᵀ · s);
     - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly; `w_o` (D, H·d):
       the layer's output projection W^O (criticalkv's value norms; None where the model has none);
-    - `query_pre` (H, L, d): queries before RoPE (`queries` presses only); `rope`: positions (n,) → (cos, sin) (n, d).
+    - `query_pre` (H, L, d): queries before RoPE (`queries` presses only); `rope`: positions (n,) → (cos, sin) (n, d);
+    - `reconstruction` (layers, H_kv, L): KVzip's context-reconstruction scores of *every* layer (one tensor shared by
+      the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None.
     """
 
     layer: int
@@ -73,6 +75,7 @@ class Prefill:
     w_o: torch.Tensor | None = None
     query_pre: torch.Tensor | None = None
     rope: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    reconstruction: torch.Tensor | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -229,9 +232,9 @@ class Press:
     needs_rope: ClassVar[bool] = False
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
-    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`), which a prefill computes only when a press needs it;
-    #: `min_context`: the fewest context tokens it compresses (compactor: 13, beyond its 12 sinks)
-    received, queries, min_context = False, False, 0
+    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`), which a prefill
+    #: computes only when a run's press needs it; `min_context`: the fewest context tokens it compresses (compactor: 13)
+    received, queries, reconstructs, min_context = False, False, False, 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ... import data, models
-from .. import batching, prefill
+from .. import batching, prefill, reconstruction
 from ...config import RunConfig
 from ...errors import SpectraError
 from ..presses import Prefill
@@ -90,13 +90,15 @@ class TaskBatch:
 class TaskSource(OfLoadedModel):
     """Task records through a pretrained decoder (see the module docstring); `received`: whether the prefill computes
     the attention each key received (a press reads it); `queries`: whether it keeps the pre-RoPE queries (a press
-    reads them); `left_out`: the file's tasks no evaluated record has."""
+    reads them); `reconstructs`: whether it runs KVzip's reconstruction pass (a press reads its scores); `left_out`:
+    the file's tasks no evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
                  query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = (),
-                 queries: bool = False) -> None:
+                 queries: bool = False, reconstructs: bool = False) -> None:
         self.config, self.where, self.records = config, device, list(records)
         self.query_aware, self.received, self.windowed, self.queries = query_aware, received, windowed, queries
+        self.reconstructs, self.repetition = reconstructs, None
         self.left_out = list(left_out)
         self.content = data.file_content(Path(config.data))
         self.examples: list[Example] = []
@@ -117,6 +119,7 @@ class TaskSource(OfLoadedModel):
         if not loaded.causal or loaded.head is None:
             raise SpectraError(f"{loaded.name} is not a causal language model: the task protocol decodes answers")
         self.examples = [prepare(loaded.tokenizer, record, self.query_aware) for record in self.records]
+        self.repetition = reconstruction.Repetition.of(loaded.tokenizer) if self.reconstructs else None
         for example in self.examples:
             line = f"{Path(config.data).name} line {example.record.example + 1}"
             if example.tokens > loaded.max_length:
@@ -166,6 +169,7 @@ class TaskSource(OfLoadedModel):
         """The example's exact prefill; each layer's `Prefill` to the probe's `prefilled`."""
         example = self.examples[batch.index[0]]
         found = prefill.exact(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
-                                example.record.example, received=self.received, queries=self.queries)
+                                example.record.example, received=self.received, queries=self.queries,
+                                repetition=self.repetition)
         for layer in found:
             probe.prefilled(layer)

@@ -67,6 +67,9 @@ def test_the_map_and_the_ratio_are_checked_in_one_line(tmp_path) -> None:
     observed = write_map(tmp_path / "observed", {0.5: [("observed", 0.5), ("knorm", 0.5)]})
     with pytest.raises(SpectraError, match="received attention.*: observed"):
         registry.PRESSES.resolve(f"mixed({observed})")
+    kvzip = write_map(tmp_path / "kvzip", {0.5: [("knorm", 0.5), ("kvzip", 0.5)]})
+    with pytest.raises(SpectraError, match="reconstruction pass, which it does not prefill: kvzip"):
+        registry.PRESSES.resolve(f"mixed({kvzip})")
     run = write_map(tmp_path / "run", {0.6: [("knorm", 0.5), ("kivi4", 0.5)]})
     press = REGISTRY[f"mixed({run})"]
     prefill, _ = make_prefill(length=300)

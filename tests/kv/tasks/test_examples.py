@@ -65,3 +65,36 @@ def test_what_does_not_fit_is_refused_once_loaded(chat_decoder, long_decoder, tm
     started = source(long_decoder, short)
     started.start()
     assert started.n == max(example.tokens for example in started.examples) and started.prefill_bytes() > 0
+
+
+def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_file) -> None:
+    """`reconstructs`: every layer's prefill carries KVzip's scores of the example, computed over its prefilled keys
+    and values with the prompts cut from the model's chat template (whose opening is not reconstructed)."""
+    import torch
+
+    from spectra.kv import reconstruction
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.prefills = []
+
+        def prefilled(self, prefill) -> None:
+            self.prefills.append(prefill)
+
+    plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, reconstructs=True)
+    seen = []
+    for found in (plain, asked):
+        found.start()
+        recorder = Recorder()
+        found.run(next(found.batches(1)), recorder)
+        seen.append(recorder.prefills)
+    assert plain.repetition is None and all(prefill.reconstruction is None for prefill in seen[0])
+    pieces = asked.repetition
+    opening = asked.loaded.tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+    assert 0 < pieces.prefix == len(asked.loaded.tokenizer.encode(opening.split("x")[0], add_special_tokens=False))
+    example = asked.examples[0]
+    expected = reconstruction.scores(asked.loaded.model, asked.layers, [part.key for part in seen[0]],
+                                     [part.value for part in seen[0]], example.context_ids, pieces, 0)
+    for prefill in seen[1]:
+        torch.testing.assert_close(prefill.reconstruction, expected)
+    assert expected.shape == (asked.layers, asked.kv_heads, example.context)
