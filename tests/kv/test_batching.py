@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from spectra import models
-from spectra.kv import batching, generation, prefill
+from spectra.kv import batching, generation, prefill, reconstruction
 from spectra.kv.cell import Cells
 from spectra.registry import PRESSES
 
@@ -29,7 +29,8 @@ def gqa_llama(tmp_path_factory):
     loaded = models.load(str(path), device="cpu", lm_head=True)
     loaded.model.double()
     ids = torch.randint(3, len(loaded.tokenizer), (CONTEXT + QUESTION,), generator=torch.Generator().manual_seed(5))
-    return loaded, ids, prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0, queries=True)
+    return loaded, ids, prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0, queries=True,
+                                      repetition=reconstruction.Repetition.of(loaded.tokenizer))
 
 
 def compressed_cells(prefills, presses, ratios):
