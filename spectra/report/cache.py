@@ -128,7 +128,7 @@ def show(run: CacheRun) -> None:
                                                                  "median_bytes_share": 3})
 
 
-#: (colour, marker) per registered press, each pair unique and each colour ΔE ≥ 25 (CIELAB) from every other
+#: (colour, marker) per registered press, each pair unique and each colour ΔE ≥ 15 (CIELAB) from every other
 #: and from the full cache's grey: the default run draws 11 presses, one more than tab10 has colours (streaming and
 #: linformer were the same blue circles). Fixed per press, so figures of different runs read the same way.
 PRESS_STYLES: dict[str, tuple[str, str]] = {
@@ -137,9 +137,13 @@ PRESS_STYLES: dict[str, tuple[str, str]] = {
     "think": ("tab:pink", "P"), "leverage": ("tab:olive", "*"), "loki": ("tab:cyan", "<"),
     "lowrank": ("#e6ab02", ">"), "linformer": ("black", "h"),
     "kivi2": ("#6a3d9a", "H"), "kivi4": ("#b15928", "1"), "kivi8": ("#80cdc1", "2"),
+    "keydiff": ("#1a237e", "p"), "lagkv": ("#00796b", "d"), "cur": ("#c2185b", "8"), "compactor": ("#7cb342", "X"),
+    "expected_attention": ("#3e82fc", "3"), "pyramidkv": ("#01c08d", "4"), "simlayerkv": ("#c4a661", "+"),
+    "kvzip": ("#fe7b7c", "$Z$"),
 }
 #: styles for a press `PRESS_STYLES` does not list yet (taken in turn), none of them a listed press's
-SPARE_STYLES: tuple[tuple[str, str], ...] = (("#1a237e", "p"), ("#00796b", "d"), ("#c2185b", "8"), ("#7cb342", "X"))
+SPARE_STYLES: tuple[tuple[str, str], ...] = (("#3c4d03", "$a$"), ("#6c3461", "$b$"), ("#7f5f00", "$c$"),
+                                             ("#8fb67b", "$e$"))
 FULL_STYLE = dict(color="0.5", linestyle=":", linewidth=1.0)
 
 
