@@ -43,7 +43,23 @@ class Flagless:
 
 
 class FlaglessCommand(Flagless, typer.core.TyperCommand):
-    """A command whose --help shows no type beside its flags."""
+    """A command whose --help shows no type beside its flags, and after its options the sections its analysis
+    lists (`Analysis.listings`: the presses of `spectra cache`), each a column of names and their one-line
+    descriptions, wrapped to the terminal like the options."""
+
+    #: the analysis the command runs (`command_class`)
+    analysis: Analysis | None = None
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        for title, rows in (self.analysis.listings() if self.analysis is not None else {}).items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
+        super().format_epilog(ctx, formatter)
+
+
+def command_class(analysis: Analysis) -> type[FlaglessCommand]:
+    """The command class of `analysis`'s command: `FlaglessCommand` showing its listings."""
+    return type(f"{type(analysis).__name__}Command", (FlaglessCommand,), {"analysis": analysis})
 
 
 class FlaglessGroup(Flagless, typer.core.TyperGroup):
@@ -166,4 +182,4 @@ def notify_stderr(line: str) -> None:
 def add_commands(app: typer.Typer, analyses: dict[str, Analysis]) -> None:
     """One command per registered analysis, in registration order."""
     for name, analysis in analyses.items():
-        app.command(name, cls=FlaglessCommand, help=analysis.summary)(command(analysis, notify_stderr))
+        app.command(name, cls=command_class(analysis), help=analysis.summary)(command(analysis, notify_stderr))

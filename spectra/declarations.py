@@ -5,7 +5,9 @@ A press or a method is its class: the class says what it is in its body, and the
 
 - its name, `name = "snapkv"`; or its *variants*, instances of the one class with different parameters, as a mapping
   of each name to the keyword arguments its instance is built with (`variants = {"kivi2": {"bits": 2}, …}`). A
-  variant's argument named as a fact sets that fact for the variant (`"svd-causal": {"causal": True, …}`);
+  variant's argument named as a fact sets that fact for the variant (`"svd-causal": {"causal": True, …}`), and
+  where each variant sets it the class's own may be something the reader cannot evaluate (kivi's `summary`, a
+  property of its bits);
 - its facts, the class attributes named as the registry's facts (`windowed = True`, `axis = "channels"`,
   `wraps = "scorer"`), inherited from its bases as Python inherits them (C3 order) where the bases are classes of
   the same package (`ScorerPress` declares `scorer = True` for every scorer).
@@ -173,7 +175,6 @@ class Package:
     def declared(self, body: Body, facts: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
         """(name, truthy facts) of each name a registered class declares: its variants, or its name."""
         facts = tuple(facts)
-        own = self.facts(body, facts)
         variants = body.names.get("variants")
         if "variants" in body.names:
             if not isinstance(variants, ast.Dict) or not all(isinstance(value, ast.Dict) for value in variants.values):
@@ -184,14 +185,15 @@ class Package:
                 given = {self.literal(body, "variants", argument): value
                          for argument, value in zip(arguments.keys, arguments.values)}  # type: ignore[union-attr]
                 overridden = {fact: self.literal(body, f"variants['{name}']['{fact}']", given[fact])
-                              for fact in facts if fact in given}
+                              for fact in facts if fact in given}  # the class's own need be no literal then
+                own = self.facts(body, [fact for fact in facts if fact not in overridden])
                 found.append((name, truthy({**own, **overridden})))
             return found
         name = self.literal(body, "name", body.names["name"]) if "name" in body.names else None
         if not isinstance(name, str):
             raise ValueError(f"{self.where(body)} is registered but declares no name: write name = \"…\" (or "
                              "variants = {name: {argument: value}}) in its class body")
-        return [(name, truthy(own))]
+        return [(name, truthy(self.facts(body, facts)))]
 
     def entries(self, facts: Iterable[str]) -> list[tuple[str, str, dict[str, Any]]]:
         """(name, module, facts) of every registered class's names, by ORDER, then file, then as written."""

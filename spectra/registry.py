@@ -5,9 +5,10 @@ A `Registry[T]` maps names to objects. Its entries come three ways:
 - *declared* (methods, presses): a press or a method is its class. The class registered by its module
   (`@register`) states in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2},
   …}` for instances of one class with different parameters) and its facts (class attributes named as the registry's
-  `facts`: `windowed = True`, inherited from its bases); its module's `ORDER = 10` says where its names come in
-  listings. The registry reads them from the package's syntax trees (`spectra.declarations`), never importing the
-  modules, so the names and facts are known in milliseconds without torch: `--help` lists them and an unknown
+  `facts`: `windowed = True`, its one-line `summary` and kvpress `peer` that `--help` lists, inherited from its
+  bases); its module's `ORDER = 10` says where its names come in listings. The registry reads them from the
+  package's syntax trees (`spectra.declarations`), never importing the modules, so the names and facts are known in
+  milliseconds without torch: `--help` lists them and an unknown
   `--methods` or `--presses` is refused before anything loads. The object behind a name is imported on first use
   (its module's `@register` calls `add` as it loads), and `add` refuses an object whose facts differ from what its
   class was read to declare (a fact set in `__init__`, say, which no reading of the source can see).
@@ -67,10 +68,13 @@ class Registry(Mapping[str, T]):
     declarations only; indexing imports the object's module when it has not loaded yet."""
 
     def __init__(self, what: str, package: str | None = None, *, imported: bool = False,
-                 order: str | None = None, facts: tuple[str, ...] = ()) -> None:
+                 order: str | None = None, facts: tuple[str, ...] = (), identity: tuple[str, ...] = ()) -> None:
         self.what, self.package, self.imported, self.order = what, package, imported, order
         #: the class attributes a declared entry's class states as its facts
         self.fact_names = facts
+        #: the facts that say what a name is (its summary, its peer): `name(argument)` never takes them from the name
+        #: it wraps (adakv(snapkv) is AdaKVPress, not SnapKVPress)
+        self.identity = identity
         self._objects: dict[str, T] = {}
         self._added: dict[str, Entry] = {}
         self._declared: dict[str, Entry] | None = None
@@ -113,7 +117,8 @@ class Registry(Mapping[str, T]):
     def resolve(self, name: str) -> Entry:
         """The entry of a declared name, or of `name(argument)` — its facts the name's (without `wraps`, `argument`
         and `check`) over those of the name it wraps (without the facts any `wraps` asks for: adakv(snapkv) is
-        windowed but no scorer, decoding(knorm) neither a scorer nor decodable, so neither wraps the other). A bad
+        windowed but no scorer, decoding(knorm) neither a scorer nor decodable, so neither wraps the other; nor its
+        `identity`: adakv(snapkv)'s summary and peer are adakv's). A bad
         argument raises SpectraError (one line); an unknown name KeyError."""
         entries = self.entries()
         if name in entries:
@@ -134,7 +139,8 @@ class Registry(Mapping[str, T]):
                                    f"is {'not one' if known else 'unknown'}; {plural(wraps)}: "
                                    f"{', '.join(fitting)}")
             asked = {entry.facts.get("wraps") for entry in entries.values()}  # a wrapped name is no kind a name wraps
-            inner = {key: value for key, value in entries[argument].facts.items() if key not in asked}
+            inner = {key: value for key, value in entries[argument].facts.items()
+                     if key not in asked and key not in self.identity}
             facts = {**inner, **own}
         else:
             module, function = base.facts["check"].split(":")
@@ -294,7 +300,8 @@ METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", 
 #: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "scorer", "decodable", "rowscorer",
-    "decodes", "window", "interval", "wraps", "argument", "check", "axis", "ratio_means", "min_context"))
+    "decodes", "window", "interval", "wraps", "argument", "check", "axis", "ratio_means", "min_context", "summary",
+    "peer"), identity=("summary", "peer"))
 #: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
 #: of tasks, each registering its tasks with their family and their seed number, the listing's order)
 TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")

@@ -65,3 +65,35 @@ def test_cache_help_speaks_of_decoders_and_of_its_own_options(monkeypatch, capsy
     assert "decoding(<scorer>)" not in whole and whole.count("decoding(<decodable>)") >= 3
     mode = whole.split("--mode")[1].split("[default: pack]")[0]
     assert " n " not in mode and " n," not in mode and "a sequence's length" in mode
+
+
+@pytest.mark.parametrize("command", ["cache", "evaluate"])
+def test_help_lists_every_press_once_with_what_it_keeps_and_its_kvpress_class(command, monkeypatch, capsys) -> None:
+    """Issue 38: after the options, a Presses section lists each press as it is written, what it keeps and the kvpress
+    class it equals (or spectra's own), wrapped at 80 columns beside the names as the options are."""
+    from spectra.registry import PRESSES
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli([command, "--help"], monkeypatch, capsys)
+    assert code == 0, err
+    assert max(len(line) for line in out.splitlines()) <= 80
+    options, presses = out.split("\nPresses:\n")
+    assert "--help" in options and "--help" not in presses
+    rows = presses.splitlines()
+    starts = [line[2:].split("  ")[0] for line in rows if line.startswith("  ") and not line.startswith("   ")]
+    assert starts == PRESSES.listing().split(", ") and len(starts) == len(set(starts)) >= 30
+    whole = " ".join(presses.split())
+    assert "snapkv the keys the last 64 queries attend to (kvpress: SnapKVPress) tova" in whole
+    assert "adakv(<scorer>) a scorer's best tokens, the layer's budget shared by its heads (kvpress: AdaKVPress)" \
+        in whole
+    assert "loki snapkv's choice, scored in the keys' top principal components (spectra's own)" in whole
+    peers = [entry.facts.get("peer") for entry in PRESSES.entries().values()]
+    assert whole.count("(kvpress: ") == sum(map(bool, peers)) and whole.count("(spectra's own)") == peers.count(None)
+    continuation = {len(line) - len(line.lstrip()) for line in rows[1:] if line.startswith("   ")}
+    assert len(continuation) == 1 and min(continuation) <= 34, "descriptions wrap in one column beside the names"
+
+
+def test_help_of_a_kind_without_listings_ends_with_its_options(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["analyze", "--help"], monkeypatch, capsys)
+    assert code == 0 and out.rstrip().endswith("Show this message and exit."), err

@@ -155,3 +155,20 @@ def test_the_real_packages_are_read_in_milliseconds() -> None:
     presses = Package(root / "kv" / "presses", "spectra.kv.presses").entries(("scorer", "axis"))
     assert time.perf_counter() - start < 0.5
     assert len(methods) >= 27 and len(presses) >= 19
+
+
+def test_a_fact_every_variant_sets_needs_no_literal_in_the_class(package: Path) -> None:
+    """Issue 38: kivi2/4/8 declare their summaries per variant, literals for --help, while the class computes its own
+    from its bits (a property): the reader takes each variant's and never evaluates the class's — unless a variant
+    leaves it to the class, which is then refused as before."""
+    path = package / "beta.py"
+    path.write_text(path.read_text().replace('    family = "betas"\n', '    @property\n    def family(self):\n'
+                                             '        return f"betas-{self.width}"\n').replace(
+        '{"causal": True, "width": 1 + 1}, "beta-2": {"width": 2}',
+        '{"causal": True, "width": 1 + 1, "family": "betas-2"}, "beta-2": {"width": 2, "family": "betas-2"}'))
+    read = {name: facts for name, _, facts in Package(package, "things").entries(FACTS)}
+    assert read["beta-1"] == {"causal": True, "family": "betas-2", "axis": "rank"}
+    assert read["beta-2"] == {"family": "betas-2", "axis": "rank"}
+    path.write_text(path.read_text().replace(', "family": "betas-2"}}', "}}"))
+    with pytest.raises(ValueError, match=r"things.beta.Beta \(line 9\) declares 'family' as something other than"):
+        Package(package, "things").entries(FACTS)

@@ -48,8 +48,54 @@ def test_the_declarations_are_what_the_files_register() -> None:
     for name, press in loaded.items():  # what the registry read from the source is what the object states
         assert {key: value for key, value in presses.base.facts(press).items() if value} == \
             dict(registry.PRESSES.facts(name)), name
-    assert registry.PRESSES.facts("kivi4") == {"axis": "bits", "ratio_means": "ignored (the bits are in the name)"}
-    assert dict(registry.PRESSES.facts("snapkv")) == {"windowed": True, "scorer": True, "window": 64, "axis": "tokens"}
+    assert registry.PRESSES.facts("kivi4") == {"axis": "bits", "ratio_means": "ignored (the bits are in the name)",
+                                               "summary": loaded["kivi4"].summary}
+    assert "4 bits" in loaded["kivi4"].summary and "2 bits" in registry.PRESSES.facts("kivi2")["summary"]
+    assert dict(registry.PRESSES.facts("snapkv")) == {"windowed": True, "scorer": True, "window": 64, "axis": "tokens",
+                                                      "summary": "the keys the last 64 queries attend to",
+                                                      "peer": "SnapKVPress"}
+
+
+def test_every_press_states_its_summary_and_its_kvpress_peer_in_its_own_class() -> None:
+    """Issue 38: --help lists each press with one line of what it keeps and the kvpress class it equals, read from the
+    source: each registered press class writes `peer` in its own body ("" for spectra's own: no class inherits
+    another's by forgetting it) and every name has a summary."""
+    from spectra.declarations import Package
+
+    folder = Path(registry.__file__).parent / "kv" / "presses"
+    classes = [body for module in Package(folder, "spectra.kv.presses").modules.values()
+               for body in module.classes.values() if body.registered]
+    assert len(classes) >= 30
+    assert [body.key for body in classes if "peer" not in body.names] == []
+    entries = registry.PRESSES.entries()
+    assert [name for name, entry in entries.items() if not entry.facts.get("summary")] == []
+    peers = {name: entry.facts.get("peer", "") for name, entry in entries.items()}
+    assert {name for name, peer in peers.items() if not peer} == {
+        "loki", "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "headbudget", "mixed"}
+    assert peers["pyramidkv"] == "PyramidKVPress" and peers["decoding"] == "DecodingPress"
+
+
+def test_a_press_whose_object_contradicts_its_summary_or_peer_is_refused() -> None:
+    """The summary and the peer are facts: an instance stating another (a summary computed at run time that drifted
+    from the literal --help shows) is refused when it registers."""
+    from spectra.kv.presses import base
+    from spectra.kv.presses.eviction import SnapKV
+
+    fresh = Registry("press", "spectra.kv.presses", facts=registry.PRESSES.fact_names)
+    for field, value in (("summary", "the keys the last 32 queries attend to"), ("peer", "TOVAPress")):
+        press = type("Drifted", (SnapKV,), {field: value})()
+        with pytest.raises(ValueError, match=f"press 'snapkv' declares .* but is {{'{field}': '{value}'}}"):
+            fresh.add("snapkv", press, **base.facts(press))
+    fresh.add("snapkv", SnapKV(), **base.facts(SnapKV()))
+
+
+def test_a_name_with_an_argument_is_its_own_press_not_the_one_it_wraps() -> None:
+    """adakv(snapkv) takes snapkv's window but is AdaKVPress, with adakv's summary."""
+    facts = registry.PRESSES.facts("adakv(snapkv)")
+    assert facts["window"] == 64 and facts["peer"] == "AdaKVPress"
+    assert facts["summary"] == registry.PRESSES.facts("adakv")["summary"]
+    assert registry.PRESSES.facts("decoding(knorm)")["peer"] == "DecodingPress"
+    assert registry.PRESSES.facts("chunk(keydiff)")["peer"] == "ChunkPress"
 
 
 def test_a_registration_must_match_its_declaration(tmp_path: Path, monkeypatch) -> None:
@@ -135,7 +181,9 @@ def test_a_press_that_wraps_another_is_named_with_it() -> None:
     assert registry.press_names(["knorm", "decoding(knorm)", "decoding(tova)", "decoding(knorm)"]) == (
         "knorm", "decoding(knorm)", "decoding(tova)")
     # neither a scorer nor decodable; its default interval, declared once
-    assert dict(registry.PRESSES.facts("decoding(knorm)")) == {"decodes": True, "interval": 512, "axis": "tokens"}
+    assert dict(registry.PRESSES.facts("decoding(knorm)")) == {"decodes": True, "interval": 512, "axis": "tokens",
+                                                               "summary": "kept at the ratio's size while decoding",
+                                                               "peer": "DecodingPress"}
     decodables = [name for name in registry.PRESSES if registry.PRESSES.facts(name).get("decodable")]
     assert decodables[:3] == ["streaming", "knorm", "tova"]  # and any decodable scorer added since, in listing order
     for name, message in (("decoding", "press 'decoding' takes an argument: decoding\\(<decodable>\\)$"),

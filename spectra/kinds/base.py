@@ -87,6 +87,11 @@ class Analysis:
 
     # ---------------------------------------------------------------- declarations (overridden by kinds)
 
+    def listings(self) -> dict[str, list[tuple[str, str]]]:
+        """What --help lists after the options, from declarations only (no torch): section title → (name, one line)
+        rows — the presses of a study of presses; none by default."""
+        return {}
+
     def resolve(self, config: RunConfig, options: Any) -> Any:
         """The options as they run at the configured length (defaults that depend on n set, n-bound checks)."""
         return options

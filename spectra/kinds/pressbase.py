@@ -63,6 +63,18 @@ def ratio_meanings() -> str:
                                            for meaning, names in meanings.items() if meaning != common)
 
 
+def press_lines() -> list[tuple[str, str]]:
+    """Every press as --help lists it, in listing order: its name as written (`adakv(<scorer>)`) and its declared
+    summary, then the kvpress 0.5.5 class it equals (its declared `peer`) or that it is spectra's own."""
+    rows = []
+    for name, entry in PRESSES.entries().items():
+        shown = PRESSES.listing_of(name) if registry.takes_argument(entry) else name
+        peer = entry.facts.get("peer")
+        source = f"kvpress: {peer}" if peer else "spectra's own"
+        rows.append((shown, f"{entry.facts.get('summary', '')} ({source})"))
+    return rows
+
+
 @dataclass(frozen=True)
 class PressOptions:
     """The presses compared, the ratios each compresses at, and how often a decoding press compresses."""
@@ -148,6 +160,9 @@ class PressStudy(Analysis):
                   "save_pretrained or a .gguf file; or a finished run directory, to print it again (and --plot it).")
     #: what the study does with the decoder, for the refusal of an encoder
     decodes: ClassVar[str] = "a key–value cache belongs to a decoder"
+
+    def listings(self) -> dict[str, list[tuple[str, str]]]:
+        return {"Presses": press_lines()}
 
     def check(self, config: RunConfig, options: PressOptions, shape: checkpoints.Shape) -> None:
         check_patterns(options, shape.layers, shape.kv_heads, shape.name)

@@ -9,8 +9,8 @@ import pytest
 
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
-from spectra.kinds.pressbase import DEFAULT_INTERVAL, PressOptions, PressStudy, ratio_meanings, rotary
-from spectra.registry import PRESSES
+from spectra.kinds.pressbase import DEFAULT_INTERVAL, PressOptions, PressStudy, press_lines, ratio_meanings, rotary
+from spectra.registry import PRESSES, takes_argument
 
 
 def test_the_ratios_help_says_what_each_press_declares_its_ratio_is() -> None:
@@ -31,6 +31,28 @@ def test_the_ratios_help_says_what_each_press_declares_its_ratio_is() -> None:
     assert text in help_text and help_text.startswith("Comma-separated compression ratios in [0, 1), as each press")
     assert REGISTRY["evaluate"].options.__dataclass_fields__["ratios"].metadata["help"] == \
         REGISTRY["cache"].options.__dataclass_fields__["ratios"].metadata["help"]
+
+
+def test_the_press_listing_has_every_press_once_with_its_summary_and_peer() -> None:
+    """Issue 38: the rows `spectra cache --help` and `spectra evaluate --help` list after their options, from the
+    declarations: each press as written on the command line, what it keeps, and the kvpress class it equals."""
+    rows = press_lines()
+    names = [name for name, _ in rows]
+    assert names == [PRESSES.listing_of(name) if takes_argument(entry) else name
+                     for name, entry in PRESSES.entries().items()]
+    assert len(set(names)) == len(names) == len(PRESSES) >= 30 and "decoding(<decodable>)" in names
+    shown = dict(rows)
+    assert shown["snapkv"] == "the keys the last 64 queries attend to (kvpress: SnapKVPress)"
+    assert shown["adakv(<scorer>)"] == ("a scorer's best tokens, the layer's budget shared by its heads "
+                                        "(kvpress: AdaKVPress)")
+    assert shown["loki"].endswith("(spectra's own)") and shown["kivi2"].startswith("every token at 2 bits")
+    own = [name for name, line in rows if line.endswith("(spectra's own)")]
+    assert own == ["loki", "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "headbudget(<run>)",
+                   "mixed(<cache run>)"]
+    assert all(re.search(r"\S \(kvpress: [A-Za-z]+Press\)$", line) for name, line in rows if name not in own)
+    for name in ("cache", "evaluate"):
+        assert REGISTRY[name].listings() == {"Presses": rows}
+    assert REGISTRY["analyze"].listings() == {}
 
 
 def test_the_shared_options_are_checked_once_for_both_studies() -> None:

@@ -43,13 +43,13 @@ def adaptive_keep(scores: torch.Tensor, keep: int, safeguard: float = SAFEGUARD)
 class AdaKV(Wrapper):
     """`adakv(<scorer>)`: the scorer's tokens, budgets shared by the heads of each layer (see the module docstring)."""
 
-    name, summary = "adakv", "a scorer's best tokens, the layer's budget shared by its heads (AdaKV)"
+    name, summary = "adakv", "a scorer's best tokens, the layer's budget shared by its heads"
     guide = ("AdaKV (kvpress's `AdaKVPress`, `alpha_safeguard` 0.2) over any scorer ({scorers}): the scorer's scores "
              "of every key/value head of a layer compete for the layer's budget, so its heads keep different numbers "
              "of tokens, each at least a fifth of its even share. The ratio is the scorer's, the share of the layer's "
              "cached tokens removed: the layer keeps H_kv · int(L · (1 − r)) tokens in all, the bytes of the scorer at "
              "the same ratio. It needs no input beyond the scorer's name.")
-    wraps = "scorer"
+    wraps, peer = "scorer", "AdaKVPress"
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         return per_head(prefill, adaptive_keep(self.scores(prefill, ratio), n_kept(prefill.length, ratio)))

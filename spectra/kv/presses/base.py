@@ -13,9 +13,9 @@ Two kinds of press fit the same interface:
   F·V); `kept` is None when the rows are not context tokens, and `saved` says what memory the press saves.
 
 A new press is one module under `spectra/kv/presses/` and its test: a `Press` subclass decorated `@register`, whose
-class body states its name and facts as literals (`name = "snapkv"`, `windowed = True`, …; read from the source by
-`spectra.registry`, so `--help` needs no torch). A press drawing randomly seeds itself from `Prefill.seed` and
-`Prefill.index`, never from global state. A press fitted on calibration sequences (`calibrates`: Loki, low-rank K/V)
+class body states its name and facts as literals (`name = "snapkv"`, `windowed = True`, its one-line `summary` and
+its kvpress `peer`, …; read from the source by `spectra.registry`, so `--help` lists them without torch). A press
+drawing randomly seeds itself from `Prefill.seed` and `Prefill.index`, never from global state. A press fitted on calibration sequences (`calibrates`: Loki, low-rank K/V)
 is made fresh for the run (`fresh`), handed the prefills of `--fit-samples` sequences (`calibrate`), keeps its
 statistics in the run's checkpoint (`statistics`, `load_statistics`) and evaluates the later ones with its fit frozen
 (with none, it fits on each context itself: an oracle). A `windowed` press (snapkv, loki) needs more than WINDOW
@@ -252,8 +252,12 @@ class Press:
     #: a press written `name(<argument>)`: the fact of the press it wraps (`adakv`: "scorer"), or what its text is
     #: (`duo`: "pattern") and the torch-free "module:function" checking it
     wraps, argument, check = "", "", ""
-    #: one line for tables and --help: what the press keeps (`guide`: a press taking an argument, its docs entry)
+    #: one line for tables and --help: what the press keeps, a literal (`guide`: a press taking an argument, its docs
+    #: entry)
     summary, guide = "", ""
+    #: the kvpress 0.5.5 class the press equals at its defaults (`SnapKVPress`; a wrapper: its own, `AdaKVPress`),
+    #: or "" for spectra's own (loki, lowrank): every press class states it in its own body, as `--help` shows it
+    peer: ClassVar[str] = ""
     #: what the press removes: tokens, channels, rank or bits (AXES)
     axis: ClassVar[str] = "tokens"
     #: what its ratio is, where it is not the share of its axis removed (duo: of heads; kivi: ignored)
@@ -363,9 +367,11 @@ def run_presses(names: Iterable[str], **settings: object) -> dict[str, Press]:
 
 def register(cls: PressClass) -> PressClass:
     """Register a press class (a decorator): its instance under its `name`, or one per `variants` entry, built with
-    its keyword arguments, under its name — with the facts the class declares."""
-    for name, arguments in (vars(cls).get("variants") or {cls.name: {}}).items():
-        press = cls(**arguments)
+    its keyword arguments, under its name — with the facts the class declares. A variant's entry named as one of the
+    registry's facts is no argument but that fact's declaration for the variant (kivi2's `summary`), which its
+    instance must state itself (`Registry.add` checks that they agree)."""
+    for name, entries in (vars(cls).get("variants") or {cls.name: {}}).items():
+        press = cls(**{key: value for key, value in entries.items() if key not in REGISTRY.fact_names})
         if press.name != name:
             raise ValueError(f"{cls.__name__} declares the press '{name}', but its instance is named '{press.name}'")
         REGISTRY.add(name, press, **facts(press))

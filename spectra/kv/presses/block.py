@@ -50,7 +50,7 @@ def block_keep(scorer: Wrapper, prefill: Prefill, ratio: float, block: int = BLO
 class Block(Wrapper):
     """`block(<rowscorer>)`: the context's rows evicted block by block down to n_kept (see the module docstring)."""
 
-    name, summary = "block", f"a scorer's best tokens, evicted block by block of {BLOCK} (BlockPress)"
+    name, summary = "block", "a scorer's best tokens, evicted block by block of 128"  # BLOCK, as a literal
     guide = (f"kvpress's `BlockPress` (`block_size` {BLOCK}, KeyDiff's block-wise eviction) over a row scorer "
              f"({{rowscorers}}): the context enters the cache in blocks of {BLOCK} tokens after its first "
              "int(L · (1 − r)), and after each block the scorer, given only the cached rows and the block's, keeps "

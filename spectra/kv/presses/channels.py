@@ -33,6 +33,7 @@ class ThinK(Press):
     """ThinK: the int(d·r) lowest-scoring key channels of each key/value head set to 0 in the context's keys."""
 
     name, summary = "think", "key channels with the largest query·key energy"
+    peer = "ThinKPress"
     needs_rope, axis = True, "channels"
     ratio_means = "the share of key channels removed (half of it saved: keys are half the cache)"
 

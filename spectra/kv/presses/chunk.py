@@ -64,7 +64,7 @@ class Chunk(Wrapper):
     """`chunk(<rowscorer>)`: the scorer applied to each chunk of CHUNK tokens alone, each keeping its share (see the
     module docstring)."""
 
-    name, summary = "chunk", f"a scorer's best tokens of each {CHUNK}-token chunk, scored alone (ChunkPress)"
+    name, summary = "chunk", "a scorer's best tokens of each 1024-token chunk, scored alone"  # CHUNK, as a literal
     guide = (f"kvpress's `ChunkPress` (`chunk_length` {CHUNK}, after FINCH) over a row scorer ({{rowscorers}}): "
              f"the context is cut into chunks of {CHUNK} tokens, and each chunk is scored as if it were the whole "
              "context and keeps int(c · (1 − r)) of its c tokens, so every part of the context keeps its share: the "

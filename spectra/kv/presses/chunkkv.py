@@ -117,7 +117,7 @@ class ChunkKV(Wrapper):
     """`chunkkv(<scorer>)`: the chunks of CHUNK tokens with the best mean head-summed score kept whole (see the module
     docstring)."""
 
-    name, summary = "chunkkv", f"a scorer's best chunks of {CHUNK} tokens, kept whole (ChunkKV)"
+    name, summary = "chunkkv", "a scorer's best chunks of 20 tokens, kept whole"  # CHUNK, as a literal
     guide = (f"ChunkKV (kvpress's `ChunkKVPress`, `chunk_length` {CHUNK}) over any scorer ({{scorers}}): the "
              f"scorer's scores are summed over the key/value heads and averaged over chunks of {CHUNK} consecutive "
              "tokens, and the best chunks are kept whole, the same at every head. The ratio is the share of chunks "
@@ -140,7 +140,8 @@ class EntropyGatedChunkKV(Wrapper):
     best tokens, n_kept tokens in all (see the module docstring)."""
 
     name = "entropy_gated_chunkkv"
-    summary = f"a scorer's best chunks of {GATED} tokens, spiky ones cut to their {SPIKY} best (EntropyGatedChunkKV)"
+    #: GATED and SPIKY, as a literal for --help
+    summary = "a scorer's best chunks of 10 tokens, spiky ones cut to their 4 best"
     guide = (f"kvpress's `EntropyGatedChunkKVPress` (`chunk_length` {GATED}, `low_entropy_chunk_length` {SPIKY}) "
              "over any scorer ({scorers}): ChunkKV's chunks, chosen by their mean head-summed score, except that a "
              "chunk scoring at least the median whose scores have less than the median entropy (one token carries "

@@ -50,7 +50,7 @@ class CUR(ScorerPress):
     """CurDKV: the product of the key's and the value's squared norm, each a share of its 16-token block, the first
     SINKS tokens kept (see the module docstring)."""
 
-    name, summary = "cur", "the keys and values with the largest local leverage (CUR decomposition)"
+    name, summary = "cur", "the keys and values of largest local leverage, as a CUR decomposition picks"
     peer = "CURPress"
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:

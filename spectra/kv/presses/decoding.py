@@ -57,6 +57,7 @@ class DecodingPress(Wrapper):
     its settings."""
 
     name, summary = "decoding", "kept at the ratio's size while decoding"
+    peer = "DecodingPress"
     guide = ("kvpress's DecodingPress over a decodable scorer ({decodables}): it compresses while decoding (above); "
              "its ratio is the eviction ratio of its target.")
     wraps, decodes, interval = "decodable", True, 512

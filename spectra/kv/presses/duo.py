@@ -43,6 +43,7 @@ class Duo(Press):
     """`duo(DIR)`: DuoAttention's retrieval and streaming heads from the pattern in DIR (see the module docstring)."""
 
     name, summary = "duo", "the whole cache for retrieval heads, sink + recent tokens for streaming heads"
+    peer = "DuoAttentionPress"
     guide = ("DuoAttention (kvpress's `DuoAttentionPress`) given a head pattern: a retrieval head keeps the whole "
              "cache, a streaming head only the first `sink_size` and the last `recent_size` tokens. The pattern is a "
              "directory with `full_attention_heads.tsv` (layers × key/value heads, a score in [0, 1] each) and "

@@ -38,6 +38,7 @@ class Streaming(ScorerPress):
     L − int(L(1 − r)) (no floor at 1) and zero-scores them right after the sinks; ties are broken by topk."""
 
     name, summary = "streaming", "the first 4 tokens and the most recent"
+    peer = "StreamingLLMPress"
     decodable = True  # its score reads only positions: decoding(streaming) applies it at a decoding step
     rowscorer = True  # and chunk(streaming), block(streaming) score each subset of rows by its positions in the subset
 
@@ -54,6 +55,7 @@ class Knorm(ScorerPress):
     """Knorm: score −‖k‖₂ of the post-RoPE cached key, computed in float32 or wider as kvpress does."""
 
     name, summary = "knorm", "the smallest key norms"
+    peer = "KnormPress"
     decodable = True  # its score reads only the cached keys: decoding(knorm) applies it at a decoding step
     rowscorer = True
 
@@ -69,7 +71,8 @@ class SnapKV(ScorerPress):
     averaged over each key/value group; the w window tokens are always kept. Needs L > w."""
 
     window = 64  # kvpress's window_size
-    name, summary = "snapkv", f"the keys the last {window} queries attend to"
+    name, summary = "snapkv", "the keys the last 64 queries attend to"  # its window, as a literal for --help
+    peer = "SnapKVPress"
     windowed = True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
@@ -88,6 +91,7 @@ class TOVA(ScorerPress):
     query heads of the layer (so every key/value head keeps the same tokens); the last token always kept."""
 
     name, summary = "tova", "the keys the last query attends to"
+    peer = "TOVAPress"
     decodable = True  # its score reads only the last query: decoding(tova) applies it at a decoding step
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
@@ -101,6 +105,7 @@ class Random(ScorerPress):
     every layer (kvpress's RandomPress(seed) reseeds at every layer, so all layers keep the same positions)."""
 
     name, summary = "random", "uniformly random tokens"
+    peer = "RandomPress"
     rowscorer = True  # a subset of m rows draws torch.rand(1, H_kv, m) from the same seed, as kvpress's does
 
     @staticmethod
@@ -121,6 +126,7 @@ class Observed(ScorerPress):
     see it, averaged over each key/value group (not H2O's plain sum)."""
 
     name, summary = "observed", "the keys the prefill attended to most"
+    peer = "ObservedAttentionPress"
     received = True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:

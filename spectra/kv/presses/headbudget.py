@@ -38,6 +38,7 @@ class HeadBudget(Press):
     """`headbudget(DIR[@measure])`: SnapKV's tokens, as many per head as its measured need (module docstring)."""
 
     name, summary = "headbudget", "SnapKV's tokens, each head's count from its measured entropy or rank"
+    peer = ""
     guide = ("spectra's own per-head budget: each key/value head keeps a number of tokens in proportion to what a "
              "finished `spectra analyze` or `spectra heads` run of the same model measured its attention to need — "
              "exp(entropy) by default, the rank of P for 90% of its nuclear norm with `headbudget(<run>@rank)` — and "

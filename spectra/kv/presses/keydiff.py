@@ -39,6 +39,7 @@ class KeyDiff(ScorerPress):
     KeyDiffPress computes it (see the module docstring)."""
 
     name, summary = "keydiff", "the keys least aligned with their head's mean key direction"
+    peer = "KeyDiffPress"
     rowscorer = True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:

@@ -74,7 +74,16 @@ class Kivi(Press):
     bits: int
     group: int = GROUP
     residual: int = RESIDUAL
-    variants = {"kivi2": {"bits": 2}, "kivi4": {"bits": 4}, "kivi8": {"bits": 8}}
+    #: each variant's bits, and its summary as a literal for --help (the instance states it: `summary` below)
+    variants = {
+        "kivi2": {"bits": 2, "summary": "every token at 2 bits, as KIVI quantizes: keys per channel, values per "
+                                        "token, groups of 32, the last 128 tokens whole"},
+        "kivi4": {"bits": 4, "summary": "every token at 4 bits, as KIVI quantizes: keys per channel, values per "
+                                        "token, groups of 32, the last 128 tokens whole"},
+        "kivi8": {"bits": 8, "summary": "every token at 8 bits, as KIVI quantizes: keys per channel, values per "
+                                        "token, groups of 32, the last 128 tokens whole"},
+    }
+    peer: ClassVar[str] = ""
     axis: ClassVar[str] = "bits"
     ratio_means: ClassVar[str] = "ignored (the bits are in the name)"
 
@@ -84,8 +93,8 @@ class Kivi(Press):
 
     @property
     def summary(self) -> str:  # type: ignore[override]
-        return (f"every token, quantized to {self.bits} bits (KIVI: keys per channel, values per token, groups of "
-                f"{self.group}, the last {self.residual} tokens in full precision)")
+        return (f"every token at {self.bits} bits, as KIVI quantizes: keys per channel, values per token, groups of "
+                f"{self.group}, the last {self.residual} tokens whole")
 
     def fresh(self) -> Kivi:
         return self

@@ -50,7 +50,7 @@ class KVzip(Press):
     """KVzip: the pairs the model attends to most while it repeats the context, ranked across layers (see the module
     docstring); `layerwise` evicts the same share of every layer."""
 
-    name, summary = "kvzip", "the pairs the model attends to most while it repeats the context (KVzip)"
+    name, summary = "kvzip", "the pairs the model attends to most while it repeats the context"
     peer = "KVzipPress"
     reconstructs = True
 

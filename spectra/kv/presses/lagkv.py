@@ -49,7 +49,8 @@ class LagKV(ScorerPress):
     within their partition of LAG tokens; the SINKS first tokens and the last partition always kept (see the module
     docstring for the formula and the short-context rule)."""
 
-    name, summary = "lagkv", "keys and values that stand out against the next partition's range (LagKVPress)"
+    name, summary = "lagkv", "keys and values that stand out against the next partition's range"
+    peer = "LagKVPress"
     rowscorer = True
 
     def __init__(self, sinks: int = SINKS, lag: int = LAG) -> None:

@@ -47,6 +47,7 @@ class Leverage(ScorerPress):
     computed exactly (see the module docstring for kvpress's sketched version)."""
 
     name, summary = "leverage", "the keys with the largest leverage in their top principal subspace"
+    peer = "LeverageScorePress"  # sketched and ridged there, exact and truncated here (the module docstring)
     rowscorer = True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:

@@ -40,7 +40,8 @@ def signed_left(x: torch.Tensor, rows: int) -> torch.Tensor:
 class LinformerCache(Press):
     """E·K, F·V with E, F the context's own top singular vectors (see the module docstring)."""
 
-    name, summary = "linformer", "keys and values mixed down to their top singular directions (E·K, F·V)"
+    name, summary = "linformer", "keys and values mixed down to their top singular directions: E·K, F·V"
+    peer = ""
     ratio_means = ("the share of cached rows removed, the rows kept capped at the head dimension (so beyond "
                    "L ≈ d/(1 − r) every ratio keeps d rows)")
 

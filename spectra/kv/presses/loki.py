@@ -53,6 +53,7 @@ class Loki(MomentsCalibrated, ScorerPress):
     """SnapKV's scores from rank-r approximate logits in the keys' calibrated principal basis."""
 
     name, summary = "loki", "snapkv's choice, scored in the keys' top principal components"
+    peer = ""
     windowed = True
 
     def calibrate(self, prefill: Prefill) -> None:

@@ -55,7 +55,8 @@ def reconstruct(rows: torch.Tensor, fit: Fit, vectors: torch.Tensor, rank: torch
 class LowRank(MomentsCalibrated, Press):
     """Keys and values on their top centred principal directions per head, ranks shared by the spectrum."""
 
-    name, summary = "lowrank", "keys and values on their top principal directions (ranks by the spectrum)"
+    name, summary = "lowrank", "keys and values on their top principal directions, ranks set by the spectrum"
+    peer = ""
     axis = "rank"
 
     def calibrate(self, prefill: Prefill) -> None:

@@ -30,7 +30,8 @@ ORDER = 85
 class Mixed(Press):
     """`mixed(RUN)`: each key/value head its best axis at the budget 1 − ratio (see the module docstring)."""
 
-    name, summary = "mixed", "each key/value head along its own best axis (an axis map of spectra cache)"
+    name, summary = "mixed", "each key/value head along its own best axis, from a spectra cache axis map"
+    peer = ""
     guide = ("the axis map of a `spectra cache --bytes-kept` run played per key/value head (below): the ratio r plays "
              "the map's plan at the byte budget 1 − r, and a ratio whose budget the map lacks is refused.")
     argument, check = "cache run", "spectra.kv.axes:check_plan"

@@ -34,7 +34,7 @@ class PyramidKV(SnapKV):
     """PyramidKV: SnapKV's scores, layer ℓ keeping `pyramid_kept(L, r, layers)[ℓ]` tokens per key/value head (see the
     module docstring); `layers` is the model's layer count, given by the run (`for_run`)."""
 
-    name, summary = "pyramidkv", "SnapKV's tokens, more kept in the lower layers (a pyramid of budgets)"
+    name, summary = "pyramidkv", "SnapKV's tokens, more kept in the lower layers: a pyramid of budgets"
     peer = "PyramidKVPress"
     scorer = False  # its budget is its own: a wrapper taking a scorer (adakv) would drop the pyramid
 

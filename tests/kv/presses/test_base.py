@@ -3,6 +3,11 @@ compressed cache."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +15,7 @@ import torch
 from spectra.kv.presses import REGISTRY, Compressed, evict, full, n_kept, per_head
 from spectra.kv.axes import AXES
 from spectra.kv.presses.base import full_memory, row_bytes
+from spectra.registry import PRESSES
 
 from .conftest import make_prefill
 
@@ -55,6 +61,54 @@ def test_group_mean_averages_the_query_heads_of_each_key_value_head() -> None:
 
 def test_every_press_is_registered_once_with_a_summary() -> None:
     assert all(press.summary for press in REGISTRY.values())
+
+
+def test_the_literal_summaries_name_the_settings_the_presses_run_with() -> None:
+    """A summary is a literal (--help reads it without importing the press), so the setting it names is written twice:
+    each must be the one the press runs with."""
+    from spectra.kv.presses import block, chunk, chunkkv, eviction
+
+    assert f"last {eviction.SnapKV.window} queries" in REGISTRY["snapkv"].summary
+    assert f"block of {block.BLOCK}" in REGISTRY["block"].summary
+    assert f"each {chunk.CHUNK}-token chunk" in REGISTRY["chunk"].summary
+    assert f"chunks of {chunkkv.CHUNK} tokens" in REGISTRY["chunkkv"].summary
+    assert f"chunks of {chunkkv.GATED} tokens, spiky ones cut to their {chunkkv.SPIKY} best" in \
+        REGISTRY["entropy_gated_chunkkv"].summary
+
+
+#: where kvpress 0.5.5 lives when it is installed beside the project (its own venv: it pins transformers < 5.3)
+KVPRESS_VENV = Path(os.environ.get("KVPRESS_VENV", "/work/kv"))
+
+
+def kvpress_classes() -> set[str] | None:
+    """The class names kvpress's presses define, read from its source (importing it needs its own venv), or None."""
+    spec = importlib.util.find_spec("kvpress")
+    folders = [Path(spec.origin).parent / "presses"] if spec is not None and spec.origin else []
+    folders += sorted(KVPRESS_VENV.glob("lib/python3*/site-packages/kvpress/presses"))
+    for folder in folders:
+        if folder.is_dir():
+            return {node.name for path in folder.glob("*.py") for node in ast.parse(path.read_text()).body
+                    if isinstance(node, ast.ClassDef)}
+    return None
+
+
+def test_each_peer_is_the_class_the_benchmarks_run_against_spectra() -> None:
+    """benchmarks/kvpress_tasks.py builds kvpress 0.5.5's press for each spectra name it compares (its mappings, which
+    ran against kvpress in benchmarks/RESULTS.md): the declared peers say the same."""
+    tree = ast.parse((Path(__file__).parents[3] / "benchmarks" / "kvpress_tasks.py").read_text())
+    mappings = {target.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                for target in node.targets
+                if isinstance(target, ast.Name) and target.id in ("KVPRESS_NAMES", "WRAPPERS")}
+    built = {**mappings["KVPRESS_NAMES"], **mappings["WRAPPERS"]}
+    assert len(built) >= 14
+    assert {name: PRESSES.facts(name).get("peer") for name in built} == built
+
+
+@pytest.mark.skipif(kvpress_classes() is None, reason="kvpress 0.5.5's source is not installed here")
+def test_each_peer_is_a_class_of_kvpress() -> None:
+    classes = kvpress_classes()
+    peers = {name: entry.facts["peer"] for name, entry in PRESSES.entries().items() if entry.facts.get("peer")}
+    assert len(peers) >= 25 and {name: peer for name, peer in peers.items() if peer not in classes} == {}
 
 
 def test_memory_counts_rows_at_the_caches_dtype_unless_the_press_counted_it() -> None:
