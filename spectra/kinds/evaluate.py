@@ -122,7 +122,7 @@ class Evaluate(PressStudy):
         from ..probes.tasks import TaskProbe
 
         return TaskProbe(source, options.presses, options.ratios, config.seed, config.samples,
-                         options.compression_interval, int(options.decode_memory * 2**30), reporter.notify)
+                         options.compression_interval, int(options.decode_memory * 2**30), reporter)
 
     def check_loaded(self, config: RunConfig, options: EvaluateOptions, source) -> None:
         """Also: --decode-memory must hold the largest cell of the longest example (its full cache), before any

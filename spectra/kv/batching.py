@@ -129,7 +129,7 @@ class Batch:
             self.seen[layer] = self.seen[layer].index_select(0, rows)
 
 
-def attend(batch: Batch, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def batch_attention(batch: Batch, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            scaling: float) -> torch.Tensor:
     """The new queries q (B, H, n, d) over the layer's filled columns key, value (B, H_kv, S, d), each row over its
     own cell's rows (`Batch.mask`): (B, H, n, d)."""
@@ -159,7 +159,7 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
             row = live.index(needle_row)
             columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
             masses[layer] = needle_mass(q[row], key[row][:, columns], captured.scaling, needle)
-        return attend(batch, layer, q, key, value, captured.scaling)
+        return batch_attention(batch, layer, q, key, value, captured.scaling)
 
     def step(ids: torch.Tensor, first: int) -> list[int]:
         positions = torch.arange(first, first + ids.shape[-1], device=ids.device).expand(ids.shape[0], -1)

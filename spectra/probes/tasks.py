@@ -20,7 +20,7 @@ resumed run's tables equal an uninterrupted run's bit for bit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from ..kv.tasks.summary import task_scores
 from .base import Probe
 
 if TYPE_CHECKING:
+    from ..reporter import Reporter
     from ..kv.tasks.examples import Example, TaskSource
 
 #: bytes the caches decoded together may take by default (`--decode-memory`'s 2 GiB)
@@ -67,8 +68,8 @@ class TaskProbe(Probe):
 
     def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
                  samples: int, compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
-                 notify: Callable[[str], None] | None = None) -> None:
-        self.source, self.seed, self.decode_memory, self.notify = source, seed, decode_memory, notify
+                 reporter: Reporter | None = None) -> None:
+        self.source, self.seed, self.decode_memory, self.reporter = source, seed, decode_memory, reporter
         self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=source.layers)
         self.variants = self.cells.variants
         self.examples = source.examples[:samples]
@@ -123,8 +124,8 @@ class TaskProbe(Probe):
         if pending:
             self.decode_group(pending, cells, at)
             groups += 1
-        if self.notify is not None and not self.done.any() and len(self.examples) > 1:  # what an example costs, once
-            self.notify(f"each example: {len(cells)} cells, compressed and answered in {groups} "
+        if self.reporter is not None and not self.done.any() and len(self.examples) > 1:  # an example's cost, once
+            self.reporter.notify(f"each example: {len(cells)} cells, compressed and answered in {groups} "
                         f"{'batch' if groups == 1 else 'batches'} ({time.perf_counter() - started:.1f} s after its "
                         "prefill on the first)")
         self.done[position] = 1
