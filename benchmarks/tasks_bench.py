@@ -304,7 +304,11 @@ def speed(args: argparse.Namespace, work: Path) -> None:
         return
     from spectra.kv.tasks.records import read_records
 
-    records = [{**record.to_json(), "example": record.example} for record in read_records(task_file)[:samples]]
+    import spectra
+
+    evaluated = set(spectra.load_run(work / "speed").examples["example"])  # the records --samples chose
+    records = [{**record.to_json(), "example": record.example} for record in read_records(task_file)
+               if record.example in evaluated]
     job = {"folder": smollm2_folder(), "records": records, "presses": list(SPEED_PRESSES),
            "ratios": list(SPEED_RATIOS), "threads": args.threads}
     (work / "kvpress_job.json").write_text(json.dumps(job))
