@@ -85,7 +85,7 @@ def worker(job_path: str, result_path: str) -> None:
                                                  attn_implementation="sdpa").eval()
     context = job["context"]
 
-    from kvpress_tasks import WRAPPERS  # spectra's wrapper name → kvpress's class (this file's folder is on the path)
+    from kvpress_tasks import WRAPPERS, serve_tokenizer  # this file's folder is on the path
 
     def make(press: str, ratio: float, seed: int):
         for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
@@ -172,20 +172,6 @@ def worker(job_path: str, result_path: str) -> None:
     Path(result_path).write_text(json.dumps({"results": results, "versions": {
         "kvpress": getattr(kvpress, "__version__", None) or _version("kvpress"), "torch": torch.__version__,
         "transformers": _version("transformers")}}))
-
-
-def serve_tokenizer(folder: str) -> None:
-    """Make kvpress 0.5.5's KVzipPress, which reloads the tokenizer with `AutoTokenizer.from_pretrained(
-    model.config.name_or_path)` (the folder, whose only file is the GGUF), read it from the GGUF file in `folder`."""
-    from kvpress.presses import kvzip_press
-    from transformers import AutoTokenizer
-
-    class FromGguf:
-        @staticmethod
-        def from_pretrained(name: str, *args, **kwargs):
-            return AutoTokenizer.from_pretrained(folder, *args, gguf_file=GGUF, **kwargs)
-
-    kvzip_press.AutoTokenizer = FromGguf
 
 
 def _version(package: str) -> str:

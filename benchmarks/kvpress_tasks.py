@@ -50,7 +50,7 @@ def make_press(kvpress, name: str, ratio: float, model):
     AdaKVPress(scorer, alpha_safeguard=0.2); `duo(DIR)`: DuoAttentionPress(head_compression_ratio=ratio) with the
     pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`); `chunkkv(<scorer>)` and the other
     WRAPPERS: kvpress's wrapper around the inner press, built the same way; `kvzip`: KVzipPress, its tokenizer read
-    from the model's GGUF file (`kvpress_check.serve_tokenizer`)."""
+    from the model's GGUF file (`serve_tokenizer`)."""
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
             return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model))
@@ -67,8 +67,6 @@ def make_press(kvpress, name: str, ratio: float, model):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
     if name == "kvzip":  # it reloads the tokenizer from model.config.name_or_path: the folder holding the GGUF
-        from kvpress_check import serve_tokenizer
-
         serve_tokenizer(model.config.name_or_path)
     return getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
 
@@ -89,6 +87,20 @@ def stepwise(pipe):
         return method(pipe, question_ids[:, steps:], cache, context_length + steps, max_new_tokens)
 
     return generate_answer
+
+
+def serve_tokenizer(folder: str) -> None:
+    """Make kvpress 0.5.5's KVzipPress, which reloads the tokenizer with `AutoTokenizer.from_pretrained(
+    model.config.name_or_path)` (the folder, whose only file is the GGUF), read it from the GGUF file in `folder`."""
+    from kvpress.presses import kvzip_press
+    from transformers import AutoTokenizer
+
+    class FromGguf:
+        @staticmethod
+        def from_pretrained(name: str, *args, **kwargs):
+            return AutoTokenizer.from_pretrained(folder, *args, gguf_file=GGUF, **kwargs)
+
+    kvzip_press.AutoTokenizer = FromGguf
 
 
 def serve_pattern(model, folder: str) -> None:
