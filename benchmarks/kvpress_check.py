@@ -22,7 +22,8 @@ same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packe
   `Compactor.seed_of(seed, index)`), the seed of spectra's sketches); the context is prefilled inside
   `with press(model)` and the C − 1 continuation tokens are run against the compressed cache with
   `position_ids = L … L+C−2`, the call `KVPressTextGenerationPipeline._forward` issues for a question (kvpress's
-  pipeline generates, it does not score a given text). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
+  pipeline generates, it does not score a given text; after KeyRerotationPress it passes m … m+C−2, m the
+  compressed cache's length). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
   predicted from the prefill's last position. A decoding press (`decoding(knorm)`: kvpress's DecodingPress with
   `--compression-interval` and the target size n_kept(L, ratio)) leaves the prefill whole and is fed the
   continuation one token per step inside `with press(model)`, as its generation would feed it. A press whose layers
@@ -159,8 +160,9 @@ def worker(job_path: str, result_path: str) -> None:
                         rest = torch.cat([model(input_ids=cont[None, j:j + 1], past_key_values=cache,
                                                 position_ids=torch.tensor([[context + j]])).logits[0]
                                           for j in range(len(cont) - 1)])
-                else:
-                    positions = torch.arange(context, context + len(cont) - 1)[None]
+                else:  # after KeyRerotationPress, the cache's length m, as kvpress's pipeline sets it for this press
+                    start = cache.get_seq_length() if press.startswith("key_rerotation(") else context
+                    positions = torch.arange(start, start + len(cont) - 1)[None]
                     rest = model(input_ids=cont[None, :-1], past_key_values=cache, position_ids=positions).logits[0]
             ended = time.perf_counter()
             prefill_seconds += middle - started

@@ -171,10 +171,11 @@ class PressStudy(Analysis):
                                "Qwen2, SmolLM2)")
 
     def check_rope(self, options: PressOptions, uses_rope: bool | None, name: str) -> None:
-        """Channel presses score rotated key channels: a model without RoPE is refused."""
+        """Presses that read RoPE (rotary key channels, future positions, keys re-rotated): a model without it is
+        refused."""
         channel = [press for press in options.presses if press in PRESSES.having("needs_rope")]
         if channel and uses_rope is False:
-            raise SpectraError(f"{channel[0]} prunes rotary key channels, but {name} has no rotary position "
+            raise SpectraError(f"{channel[0]} reads rotary positions, but {name} has no rotary position "
                                f"embedding (RoPE); choose presses among "
                                f"{', '.join(p for p in PRESSES if p not in PRESSES.having('needs_rope'))}")
 

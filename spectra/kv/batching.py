@@ -3,8 +3,9 @@ batch, answered greedily by one batched forward pass per step.
 
 A greedy answer reads all 135M weights of SmolLM2 for every token it produces; a batch of one is what made decoding,
 not the prefill, the cost of a task sweep (1–2 s per cell at 4k, ~120 cells per example for a leaderboard). Every
-cell of an example answers the same question at the same positions (after the *original* context length, as kvpress
-passes them), so the cells differ only in the rows their caches hold: here they share each forward pass.
+cell of an example answers the same question (after the *original* context length, as kvpress passes its positions,
+or after the m kept tokens of a press that renumbered them, `Cell.start`: each row its own positions), so the cells
+differ only in the rows their caches hold: here they share each forward pass.
 
 Layout (`Batch`): per layer one key and one value buffer (B, H_kv, M + room, d). Row b's compressed context cache
 fills its first m_b columns (each key/value head its own count where a press keeps different numbers per head,
@@ -138,11 +139,12 @@ def batch_attention(batch: Batch, layer: int, q: torch.Tensor, key: torch.Tensor
                                                             enable_gqa=q.shape[1] != key.shape[1])
 
 
-def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Tensor, start: int,
+def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Tensor, start: int | Sequence[int],
            max_new_tokens: int, stop: Collection[int], index: int, needle: torch.Tensor | None = None,
            needle_row: int | None = None) -> list[Decoded]:
     """Each row's greedy answer to `question` (n,) from its cache, as `generation.greedy` answers from one (the
-    question's pass at positions start … start + n − 1, then one token a step, each row stopping after a stop token
+    question's pass at positions start … start + n − 1 — one `start`, or one per row — then one token a step, each
+    row stopping after a stop token
     produced by a decoding step, up to `max_new_tokens`). `needle`, `needle_row`: the question's attention mass on
     the needle's context positions, measured on that row (whose cache rows must be context positions)."""
     if question.shape[-1] == 0:
@@ -151,6 +153,7 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
     masses: dict[int, torch.Tensor] = {}
     produced: list[list[int]] = [[] for _ in range(size)]
     live = list(range(size))  # the cell of each batch row still in the batch
+    starts = torch.as_tensor(start, device=question.device).reshape(-1).expand(size)  # each cell's first position
 
     def substitute(captured: Captured) -> torch.Tensor:
         layer, q = captured.layer, captured.q
@@ -161,16 +164,17 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
             masses[layer] = needle_mass(q[row], key[row][:, columns], captured.scaling, needle)
         return batch_attention(batch, layer, q, key, value, captured.scaling)
 
-    def step(ids: torch.Tensor, first: int) -> list[int]:
-        positions = torch.arange(first, first + ids.shape[-1], device=ids.device).expand(ids.shape[0], -1)
+    def step(ids: torch.Tensor, offset: int) -> list[int]:
+        first = starts[torch.tensor(live, device=ids.device)][:, None] + offset
+        positions = first + torch.arange(ids.shape[-1], device=ids.device)
         logits = capture.forward(model, layers, None, substitute, [index] * ids.shape[0], input_ids=ids,
                                  position_ids=positions, use_cache=False, logits_to_keep=1).logits
         return logits[:, -1].argmax(dim=-1).tolist()
 
     with threads(question.device):
-        for row, token in zip(live, step(question.expand(size, -1), start)):
+        for row, token in zip(live, step(question.expand(size, -1), 0)):
             produced[row].append(token)
-        position = start + question.shape[-1]
+        position = question.shape[-1]
         answering = list(live)
         for offset in range(max_new_tokens - 1):
             if not answering:

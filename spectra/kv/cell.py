@@ -12,6 +12,8 @@ the example's prefill layer by layer (`Cell.compress`) and read off it what thei
 - `memory(layer)`, `bytes()`, `full_bytes()`: the bytes of the compressed context cache per key/value head and in
   all, beside the full cache's;
 - `survival(needle)`: per layer and key/value head, the share of the needle's positions the cache kept;
+- `start`: the position the question (or continuation) starts at — the context's length L, or m where the press moved
+  its kept keys to positions 0 … m − 1 (`Compressed.start`: key_rerotation, as kvpress's pipeline decodes after it);
 - `recompression()`: how it decodes — None for a press that compresses once, after the prefill, else the
   `generation.Recompression` that keeps the cache at the press's `target` rows while an answer or continuation is decoded.
 
@@ -41,6 +43,16 @@ from .tasks import needle as needles
 FULL = "full"
 
 
+def start(parts: Sequence[Compressed], context: int) -> int:
+    """The position the continuation's first token takes after the caches `parts` (one per layer) of a `context`-token
+    prefill: the press's `Compressed.start` where it renumbered the kept tokens (one for every layer), else `context`."""
+    starts = {part.start for part in parts}
+    if len(starts) > 1:
+        raise ValueError(f"the layers of one cache start the continuation at different positions: {starts}")
+    found = starts.pop() if starts else None
+    return context if found is None else found
+
+
 class Cell:
     """`press` (its name; `FULL` for the full cache, `compressor` None) at `ratio` on one example of `context` tokens,
     the run's `seed` and the example's global `index` (what a scorer drawing at random or decoding reads). Fed the
@@ -56,6 +68,11 @@ class Cell:
         self._counts: list[np.ndarray] = []
         self._memory: list[torch.Tensor] = []
         self._whole: list[int] = []
+
+    @property
+    def start(self) -> int:
+        """The position of the question's (or continuation's) first token after this cell's cache (`start`)."""
+        return start(self.parts, self.context)
 
     @property
     def decodes(self) -> bool:

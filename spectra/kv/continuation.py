@@ -6,7 +6,7 @@ prefill of the context (so `prefill` reads each layer's post-RoPE queries, keys,
 captured record), and its last C rows are the continuation's *full-cache* attention, the reference the per-head
 measures compare against. Each press then compresses each layer's cache once, and `continuation_logits` runs the
 C − 1 continuation tokens (positions L … L + C − 2, their original RoPE positions, as kvpress's pipeline passes
-them) through the model with an attention that sees the compressed context and the continuation causally — every
+them; m … m + C − 2 after a press that renumbers its m kept tokens 0 … m − 1, `Compressed.start`) through the model with an attention that sees the compressed context and the continuation causally — every
 (press, ratio) a row of one batched forward pass, the caches padded to a common length and the padding masked.
 Token 0 of the continuation is predicted from the context's last position, whose logits no press changes.
 """
@@ -24,6 +24,7 @@ from ..kernels import causal_mask, eager_softmax, scores
 from ..models import Rope
 from .presses import Compressed, Prefill
 from .presses.base import WINDOW
+from .presses.rerotation import rotate_half
 
 #: a layer's stacked caches for the rows of a forward pass: keys, values (R, H_kv, M, d), valid (R, H_kv, M)
 Stacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -76,6 +77,18 @@ def cached_attention(q: torch.Tensor, cached: Stacked, key: torch.Tensor, value:
     return torch.matmul(weights, values)
 
 
+def moved(rows: torch.Tensor, shift: int, rope: Rope | None) -> torch.Tensor:
+    """Post-RoPE rows (…, n, d) moved by `shift` positions, R(shift)·x, with the model's `rope` (its scaling, the
+    cosine at position 0, divided out: the rows carry it already); unchanged for a shift of 0."""
+    if shift == 0:
+        return rows
+    if rope is None:
+        raise ValueError("moving rows to other positions needs the model's RoPE")
+    cos, sin = rope(torch.tensor([shift, 0], device=rows.device))
+    scale = cos[1]
+    return rows * (cos[0] / scale) + rotate_half(rows) * (sin[0] / scale)
+
+
 @dataclass(frozen=True, eq=False)
 class Tail:
     """What the per-head measures read of one layer's continuation rows in the full-cache pass: the C continuation
@@ -118,8 +131,12 @@ def tail_measures(tail: Tail, parts: Sequence[Compressed], prefilled: Prefill) -
     """`head_measures` from a layer's continuation rows (`Tail`)."""
     q, exact, count = tail.q, tail.exact, len(parts)
     cached = stack(parts, prefilled.key, prefilled.value)
-    out = cached_attention(q.expand(count, -1, -1, -1), cached, tail.key.expand(count, -1, -1, -1),
-                           tail.value.expand(count, -1, -1, -1), tail.scaling)
+    shifts = [0 if part.start is None else part.start - prefilled.length for part in parts]
+    queries, keys = q.expand(count, -1, -1, -1), tail.key.expand(count, -1, -1, -1)
+    if any(shifts):  # a press that renumbered its kept tokens: the continuation sits at its start, not at L
+        queries = torch.stack([moved(q, shift, prefilled.rope) for shift in shifts])
+        keys = torch.stack([moved(tail.key, shift, prefilled.rope) for shift in shifts])
+    out = cached_attention(queries, cached, keys, tail.value.expand(count, -1, -1, -1), tail.scaling)
     error = (out - exact).flatten(2).norm(dim=-1) / exact.flatten(1).norm(dim=-1).clamp_min(1e-30)
     on_context = tail.on_context  # (H, C, L)
     context = on_context.shape[-1]
@@ -135,15 +152,17 @@ def tail_measures(tail: Tail, parts: Sequence[Compressed], prefilled: Prefill) -
 
 
 def continuation_logits(model: torch.nn.Module, layers: int, caches: Callable[[int], Stacked], tokens: torch.Tensor,
-                        start: int, index: int, rows: int) -> torch.Tensor:
-    """Logits (rows, n, vocab) of the n `tokens` at positions start … start + n − 1, row r of every layer attending
-    to row r of `caches(layer)` and causally to the tokens themselves (their keys and values are not cached)."""
+                        start: int | Sequence[int], index: int, rows: int) -> torch.Tensor:
+    """Logits (rows, n, vocab) of the n `tokens` at positions start … start + n − 1 (one `start`, or one per row:
+    `cell.start`), row r of every layer attending to row r of `caches(layer)` and causally to the tokens themselves
+    (their keys and values are not cached)."""
     def substitute(captured: Captured) -> torch.Tensor:
         return cached_attention(captured.q, caches(captured.layer), captured.key, captured.value, captured.scaling)
 
     n = tokens.shape[-1]
     ids = tokens.reshape(1, n).expand(rows, -1)
-    positions = torch.arange(start, start + n, device=tokens.device).expand(rows, -1)
+    first = torch.as_tensor(start, device=tokens.device).reshape(-1, 1).expand(rows, 1)
+    positions = first + torch.arange(n, device=tokens.device)
     outputs = capture.forward(model, layers, None, substitute, [index] * rows, input_ids=ids, position_ids=positions,
                               use_cache=False)
     return outputs.logits

@@ -211,7 +211,7 @@ class CacheProbe(Probe):
             stacked = {layer: continuation.stack([cells[i].parts[layer] for i in chosen], kept.key, kept.value)
                        for layer, kept in prefills.items()}
             rest = continuation.continuation_logits(loaded.model, self.layers, stacked.__getitem__, tokens[context:-1],
-                                               context, index, len(chosen))
+                                                    [cells[i].start for i in chosen], index, len(chosen))
             logits = torch.cat([first.expand(len(chosen), 1, -1).to(rest.dtype), rest], dim=1)
             if reference is None:  # row 0 is the full cache
                 reference = torch.log_softmax(logits[0].double(), dim=-1)
@@ -244,7 +244,7 @@ class CacheProbe(Probe):
         cache = cell.buffers([prefills[layer] for layer in range(self.layers)], self.continuation)
         recompression = cell.recompression()
         fed = tokens[context:-1]
-        logits, attended = generation.teacher_forced(self.source.loaded.model, self.layers, cache, fed, context,
+        logits, attended = generation.teacher_forced(self.source.loaded.model, self.layers, cache, fed, cell.start,
                                                    recompression, index)
         whole = np.arange(context + 1, context + 1 + fed.shape[-1])
         return logits, float(np.mean(1 - np.asarray(attended) / whole))

@@ -137,7 +137,7 @@ class TaskProbe(Probe):
         batch = batching.Batch.of([cells[i].parts for i in group], at.prefills, at.room)
         full = [row for row, i in enumerate(group) if cells[i].compressor is None]
         answers = batching.greedy(self.source.loaded.model, self.source.layers, batch, at.question,
-                                  at.example.context, at.example.record.max_new_tokens, self.stop,
+                                  [cells[i].start for i in group], at.example.record.max_new_tokens, self.stop,
                                   at.example.record.example, at.needle, full[0] if full else None)
         del batch
         for i, decoded in zip(group, answers):  # the group's decoding time, shared by its cells
@@ -149,7 +149,7 @@ class TaskProbe(Probe):
         cell = cells[i]
         started = time.perf_counter()
         decoded = generation.greedy(self.source.loaded.model, self.source.layers, cell.buffers(at.prefills, at.room),
-                                    at.question, at.example.context, at.example.record.max_new_tokens, self.stop,
+                                    at.question, cell.start, at.example.record.max_new_tokens, self.stop,
                                     at.example.record.example, None, cell.recompression())
         self.seconds[i, 1] += time.perf_counter() - started
         self.record(i, cells, decoded, at)

@@ -76,7 +76,7 @@ def test_the_model_shape_is_checked_before_it_loads() -> None:
     cache.check(config, cache.resolve(config, CacheOptions(context=300, continuation=12)), Shape(2, 4, 512, True, "tiny"))
 
 
-@pytest.mark.parametrize("case", ["ratio", "press", "encoder", "no-rope", "positions", "loki-window", "short-context",
+@pytest.mark.parametrize("case", ["ratio", "press", "encoder", "no-rope", "no-rope-rerotation", "positions", "loki-window", "short-context",
                                   "fit-none", "fit-all", "decoding-scorer", "interval"])
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, llama_dir, gpt2_dir, bert_dir, text_file,
                                                                       tmp_path, monkeypatch, capsys) -> None:
@@ -84,8 +84,11 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, llama
         "ratio": (llama_dir, ["--ratios", "0.5,1.0"], "--ratios must lie in [0, 1)"),
         "press": (llama_dir, ["--presses", "knorm,h2o"], "unknown press 'h2o'"),
         "encoder": (bert_dir, [], "is an encoder"),
-        "no-rope": (gpt2_dir, ["--presses", "knorm,think"], "think prunes rotary key channels, but tiny-gpt2 has no "
+        "no-rope": (gpt2_dir, ["--presses", "knorm,think"], "think reads rotary positions, but tiny-gpt2 has no "
                                                             "rotary position embedding"),
+        "no-rope-rerotation": (gpt2_dir, ["--presses", "key_rerotation(knorm)"],
+                               "key_rerotation(knorm) reads rotary positions, but tiny-gpt2 has no rotary position "
+                               "embedding"),
         "positions": (llama_dir, ["--context", "100", "--continuation", "40"],
                       "--context 100 + --continuation 40 = 140 tokens exceeds what tiny-llama can embed"),
         "loki-window": (llama_dir, ["--presses", "loki", "--context", "64"], "loki reads the last 64 context queries"),

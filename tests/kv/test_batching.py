@@ -60,6 +60,26 @@ def test_every_press_answers_in_a_batch_as_alone(gqa_llama) -> None:
     assert [decoded.ids for decoded in got] == want
 
 
+def test_cells_starting_at_different_positions_answer_in_a_batch_as_alone(gqa_llama) -> None:
+    """key_rerotation's cells decode from m, the others from L: one batch, each row at its own positions."""
+    loaded, ids, prefills = gqa_llama
+    cells = compressed_cells(prefills, ["knorm", "key_rerotation(knorm)", "key_rerotation(snapkv)"], (0.3, 0.7))
+    starts = [cell.start for cell in cells]
+    assert starts[:3] == [CONTEXT] * 3 and starts[3:7] == [67, 28, 67, 28], starts
+    want = []
+    for cell in cells:
+        cache = cell.buffers(prefills, QUESTION + NEW)
+        want.append(generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], cell.start, NEW, set(), 0).ids)
+    at_context = [alone(loaded, ids, prefills, cell, set()).ids for cell in cells[3:7]]
+    assert at_context != want[3:7], "the start must change answers for the test to tell"
+    stop = {want[3][2], want[4][1]}  # rows end early: the batch sheds them with their starts
+    want = [generation.greedy(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), ids[CONTEXT:],
+                              cell.start, NEW, stop, 0).ids for cell in cells]
+    batch = batching.Batch.of([cell.parts for cell in cells], prefills, QUESTION + NEW)
+    got = batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], starts, NEW, stop, 0)
+    assert [decoded.ids for decoded in got] == want
+
+
 def test_the_needle_mass_is_measured_on_its_row(gqa_llama) -> None:
     loaded, ids, prefills = gqa_llama
     cells = compressed_cells(prefills, ["knorm", "snapkv"], (0.5,))

@@ -5,6 +5,8 @@ counting its target; and the grid making each press once per run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -123,3 +125,17 @@ def test_the_grid_builds_each_press_once_and_fresh_cells_per_example(monkeypatch
     assert [(cell.press, cell.ratio) for cell in first] == grid.variants and made == [["knorm", "loki"]]
     assert first[3].compressor is grid.presses["loki"] and (second[0].context, second[0].index) == (50, 4)
     assert all(not cell.parts for cell in second)
+
+
+def test_a_cell_starts_decoding_where_its_press_renumbered_the_context() -> None:
+    """An eviction press decodes from the context's length; key_rerotation from its m kept tokens, in every layer."""
+    layers = prefills()
+    knorm = filled(Cell("knorm", 0.75, REGISTRY["knorm"], LENGTH, 7, 3), layers)
+    assert knorm.start == LENGTH
+    rotary = [replace(prefill, key_pre=prefill.key, rope=lambda positions: (
+        torch.ones(len(positions), DIM), torch.zeros(len(positions), DIM))) for prefill in layers]  # R(p) = I
+    cell = filled(Cell("key_rerotation(knorm)", 0.75, REGISTRY["key_rerotation(knorm)"], LENGTH, 7, 3), rotary)
+    assert cell.start == n_kept(LENGTH, 0.75) == 10 and cell.kept_share().max() == 0.25
+    parts = [cell.parts[0], replace(cell.parts[1], start=None)]
+    with pytest.raises(ValueError, match="different positions"):
+        cells_module.start(parts, LENGTH)

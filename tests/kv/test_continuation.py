@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spectra import capture, models
-from spectra.kv import continuation, headpattern, reconstruction
+from spectra.kv import cell, continuation, headpattern, reconstruction
 from spectra.kv.presses import REGISTRY, full, per_head, run_presses
 from spectra.kv.presses.simlayerkv import SimLayerKV
 
@@ -69,7 +69,11 @@ def prefilled(loaded, ids) -> dict:
 def dense_reference(loaded, ids, parts: dict) -> torch.Tensor:
     """Logits of one forward pass over all tokens where continuation query i ≥ L of layer ℓ, head h sees the context
     keys kept for (ℓ, h's key/value head) — with their rows as the press left them, or a transform's rows — and
-    continuation keys ≤ i."""
+    continuation keys ≤ i; the continuation at positions L, L + 1, … or, after a press that renumbered its m kept
+    tokens, m, m + 1, …"""
+    start = {part.start for part in parts.values()}.pop() or CONTEXT
+    positions = torch.cat([torch.arange(CONTEXT), torch.arange(start, start + ids.shape[-1] - CONTEXT)])[None]
+
     def substitute(captured):
         q, key, value = captured.q[0], captured.key[0], captured.value[0]  # (H, n, d), (H_kv, n, d)
         part = parts[captured.layer]
@@ -95,7 +99,8 @@ def dense_reference(loaded, ids, parts: dict) -> torch.Tensor:
                 outputs[head, i] = weights @ values
         return outputs[None]
 
-    return capture.forward(loaded.model, loaded.layers, None, substitute, [0], input_ids=ids).logits[0]
+    return capture.forward(loaded.model, loaded.layers, None, substitute, [0], input_ids=ids,
+                           position_ids=positions).logits[0]
 
 
 def engine(loaded, ids, parts_per_variant: list[dict], layers: dict, first: torch.Tensor) -> torch.Tensor:
@@ -103,8 +108,9 @@ def engine(loaded, ids, parts_per_variant: list[dict], layers: dict, first: torc
     batched continuation against the compressed caches."""
     stacked = {layer: continuation.stack([parts[layer] for parts in parts_per_variant], prefill.key, prefill.value)
                for layer, (_, prefill) in layers.items()}
-    rest = continuation.continuation_logits(loaded.model, loaded.layers, stacked.__getitem__, ids[0, CONTEXT:-1], CONTEXT,
-                                       0, len(parts_per_variant))
+    starts = [cell.start(list(parts.values()), CONTEXT) for parts in parts_per_variant]
+    rest = continuation.continuation_logits(loaded.model, loaded.layers, stacked.__getitem__, ids[0, CONTEXT:-1], starts,
+                                            0, len(parts_per_variant))
     return torch.cat([first.expand(len(parts_per_variant), 1, -1), rest], dim=1)
 
 
@@ -119,7 +125,7 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})",
                  "criticaladakv(knorm)"]
     wrapped = ["criticalkv(snapkv)", "chunkkv(knorm)", "entropy_gated_chunkkv(snapkv)", "chunk(keydiff)",
-               "block(streaming)"]
+               "block(streaming)", "key_rerotation(knorm)", "key_rerotation(snapkv)"]
     names = [*REGISTRY.bare(), *arguments, *wrapped]  # presses with an argument too
     built = run_presses(names, layers=loaded.layers)  # as a run builds them (pyramidkv reads the layer count)
     built["simlayerkv: all lazy"] = SimLayerKV(0.0, n_recent=40)  # kvpress's defaults compress nothing at L = 72
@@ -236,3 +242,72 @@ def test_token_measures_equal_numpy() -> None:
                                                                  -1)[..., 0], rtol=1e-12)
     np.testing.assert_allclose(kl.numpy(), (np.exp(ref) * (ref - logp)).sum(-1), rtol=1e-10)
     np.testing.assert_array_equal(agree.numpy(), logp.argmax(-1) == ref.argmax(-1))
+
+
+def numpy_rope(rows: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+    """rows (…, n, d) rotated by RoPE to `positions` (n,): angle p · θ^(−2i/d) on channels i and d/2 + i."""
+    dim = rows.shape[-1]
+    angles = positions.astype(np.float64)[:, None] * theta ** (-np.arange(0, dim, 2) / dim)
+    angles = np.concatenate([angles, angles], axis=-1)
+    half = np.concatenate([-rows[..., dim // 2:], rows[..., :dim // 2]], axis=-1)
+    return rows * np.cos(angles) + half * np.sin(angles)
+
+
+def rerotated(loaded, layers: dict, ratio: float) -> tuple[dict, dict]:
+    """key_rerotation(knorm)'s caches, and the same caches with their keys rotated here: the keys before RoPE of the
+    kept positions turned to 0 … m − 1 by numpy."""
+    theta = loaded.model.config.rope_parameters["rope_theta"]
+    press = REGISTRY["key_rerotation(knorm)"]
+    parts = {layer: press.compress(prefill, ratio) for layer, (_, prefill) in layers.items()}
+    independent = {}
+    for layer, (_, prefill) in layers.items():
+        kept = parts[layer].kept.numpy()
+        pre = np.take_along_axis(prefill.key_pre.numpy(), kept[..., None], axis=1)
+        rows = torch.from_numpy(numpy_rope(pre, np.arange(kept.shape[-1]), theta))
+        independent[layer] = replace(parts[layer], key=rows)
+    return parts, independent
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.9])
+def test_key_rerotation_equals_the_dense_forward_with_its_keys_at_0_to_m_and_the_continuation_from_m(
+        gqa_llama, ratio) -> None:
+    loaded, ids = gqa_llama
+    layers, logits = prefilled(loaded, ids)
+    parts, independent = rerotated(loaded, layers, ratio)
+    m = parts[0].kept.shape[-1]
+    assert all(part.start == m for part in parts.values()) and m == int(CONTEXT * (1 - ratio))
+    knorm = {layer: REGISTRY["knorm"].compress(prefill, ratio) for layer, (_, prefill) in layers.items()}
+    got, unrotated = engine(loaded, ids, [parts, knorm], layers, logits[CONTEXT - 1])  # one batch, two starts
+    reference = dense_reference(loaded, ids, independent)[CONTEXT - 1: -1]
+    # the model's rotary module computes its angles in float32 (transformers), numpy in float64: the keys differ by
+    # ~1e-6 and the logits by ~1e-5 at most, where rerotating moves them by ~10
+    assert torch.allclose(got, reference, atol=1e-4, rtol=0)
+    assert torch.allclose(unrotated, dense_reference(loaded, ids, knorm)[CONTEXT - 1: -1], atol=1e-10, rtol=0)
+    assert not torch.allclose(got, unrotated, atol=1e-4), "rerotation changed nothing"
+
+
+def test_head_measures_of_key_rerotation_put_the_continuation_at_m(gqa_llama) -> None:
+    loaded, ids = gqa_llama
+    layers, _ = prefilled(loaded, ids)
+    captured, prefill = layers[1]
+    theta = loaded.model.config.rope_parameters["rope_theta"]
+    part = rerotated(loaded, layers, 0.5)[1][1]
+    _, error = continuation.head_measures(captured, 0, CONTEXT, [part], prefill)
+    shift = np.full(CONTINUATION, part.start - CONTEXT)
+    p = captured.p[0, :, CONTEXT:].numpy()
+    v = np.repeat(captured.value[0].numpy(), 3, axis=0)
+    exact = p @ v
+    for head in range(6):
+        kv = head // 3
+        q = numpy_rope(captured.q[0, head, CONTEXT:].numpy(), shift, theta)  # from L + i to m + i
+        keys = np.r_[part.key[kv].numpy(), numpy_rope(captured.key[0, kv, CONTEXT:].numpy(), shift, theta)]
+        values = np.r_[v[head][part.kept[kv].numpy()], v[head][CONTEXT:]]
+        scores = q @ keys.T * captured.scaling
+        scores[:, part.start:] = np.where(np.tril(np.ones((CONTINUATION, CONTINUATION), bool)),
+                                          scores[:, part.start:], -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        out = (weights / weights.sum(-1, keepdims=True)) @ values
+        relative = np.linalg.norm(out - exact[head]) / np.linalg.norm(exact[head])
+        assert error[0, head].item() == pytest.approx(relative, rel=1e-6)  # the model's float32 angles, as above
+    _, at_context = continuation.head_measures(captured, 0, CONTEXT, [replace(part, start=None)], prefill)
+    assert not torch.allclose(error, at_context, rtol=1e-3), "the continuation's positions changed nothing"

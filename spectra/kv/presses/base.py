@@ -3,7 +3,8 @@
 A press (the word is NVIDIA kvpress's) acts once per layer, after an exact prefill of the L context tokens: it reads
 what the prefill computed (`Prefill`: post-RoPE queries, keys and values, the attention of the last context queries,
 the attention each key received, pre-RoPE keys and queries) and returns a `Compressed` cache per key/value head. The
-continuation then attends to that cache (and to itself), with its original RoPE positions L, L+1, …
+continuation then attends to that cache (and to itself), with its original RoPE positions L, L+1, … (or m, m+1, …
+where a press renumbers the kept tokens 0 … m − 1: `Compressed.start`, key_rerotation)
 
 Two kinds of press fit the same interface:
 
@@ -122,6 +123,9 @@ class Compressed:
 
     `stored` (H_kv,): the bytes each key/value head's context cache really holds, for presses whose rows are not what
     they store (pruned channels, low-rank coefficients, quantized codes); None: its rows at the cache's dtype.
+
+    `start`: the position of the continuation's first token where the press moved the kept keys to new positions
+    (key_rerotation: m, its keys rotated to 0 … m − 1, as kvpress decodes after it); None: L, the original one.
     """
 
     kept: torch.Tensor | None
@@ -130,6 +134,7 @@ class Compressed:
     value: torch.Tensor | None = None
     valid: torch.Tensor | None = None
     stored: torch.Tensor | None = None
+    start: int | None = None
 
     def __post_init__(self) -> None:
         if self.kept is None and (self.key is None or self.value is None):
