@@ -119,7 +119,7 @@ class Cell:
         keeps the cache at its `target` rows while generation."""
         if self.target is None:
             return None
-        return generation.Recompression(self.compressor, self.target, self.seed, self.index)
+        return generation.Recompression(self.compressor, self.target, self.seed, self.index, self.ratio)
 
 
 class Cells:
