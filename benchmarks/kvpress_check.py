@@ -24,11 +24,13 @@ same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packe
   `position_ids = L … L+C−2`, the call `KVPressTextGenerationPipeline._forward` issues for a question (kvpress's
   pipeline generates, it does not score a given text). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
   predicted from the prefill's last position. A decoding press (`decoding(knorm)`: kvpress's DecodingPress with
-  `--compression-interval` and the target size n_kept(L, ratio)) leaves the prefill whole and is fed the
-  continuation one token per step inside `with press(model)`, as its generation would feed it
-  (`compression_ratio_decoding(knorm)`: kvpress's CompressionRatioDecodingPress, target_compression_ratio = ratio,
-  its target the ratio's share of the tokens seen). A press whose layers keep different numbers of tokens
-  (pyramidkv, simlayerkv: `UNEVEN`) has its continuation fed one token per step too, outside the press: a several-token pass over its cache fails in kvpress's venv (one sdpa mask for all layers).
+  `--compression-interval` and the target size n_kept(L, ratio)) leaves the prefill whole and is fed the continuation
+  one token per step inside `with press(model)`, as its generation would feed it (`compression_ratio_decoding(knorm)`:
+  kvpress's CompressionRatioDecodingPress, target_compression_ratio = ratio, its target the ratio's share of the
+  tokens seen; `prefill_decoding(knorm)`: kvpress's PrefillDecodingPress of KnormPress at the ratio and that
+  DecodingPress, its prefill compressed inside the press). A press whose layers keep different numbers of tokens
+  (pyramidkv, simlayerkv: `UNEVEN`) has its continuation fed one token per step too, outside the press: a
+  several-token pass over its cache fails in kvpress's venv (one sdpa mask for all layers).
 - spectra: `spectra.cache(...)` with every press and ratio in one run (one prefill per sequence); with
   `--per-press`, also one run per (press, ratio) with the model loaded once (`models.reusing`), for the timing.
 Printed: per (press, ratio) the mean NLL of both, the largest |ΔNLL| over the sequences, and the seconds per
@@ -96,6 +98,10 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.DecodingPress(base_press=make(press[len("decoding("):-1], 0.0, seed),
                                          compression_interval=job["interval"],
                                          target_size=max(1, int(context * (1 - ratio))))
+        if press.startswith("prefill_decoding("):  # the scorer at the ratio, then a DecodingPress at its size
+            inner = press[len("prefill_decoding("):-1]
+            return kvpress.PrefillDecodingPress(prefilling_press=make(inner, ratio, seed), decoding_press=make(
+                f"decoding({inner})", ratio, seed))
         if press.startswith("compression_ratio_decoding("):  # its target: the ratio's share of the tokens seen
             return kvpress.CompressionRatioDecodingPress(
                 base_press=make(press[len("compression_ratio_decoding("):-1], 0.0, seed),
@@ -149,7 +155,8 @@ def worker(job_path: str, result_path: str) -> None:
             cache = DynamicCache()
             started = time.perf_counter()
             with torch.inference_mode():
-                if press == "full" or decodes(press):  # a DecodingPress leaves the prefill whole
+                if press == "full" or (decodes(press) and not press.startswith("prefill_decoding(")):  # a
+                    # DecodingPress leaves the prefill whole (a PrefillDecodingPress compresses it: below)
                     first = model(input_ids=ctx[None], past_key_values=cache, logits_to_keep=1).logits[0, -1]
                 else:
                     with make(press, ratio, seed)(model):
@@ -180,8 +187,9 @@ def worker(job_path: str, result_path: str) -> None:
 
 
 def decodes(press: str) -> bool:
-    """Whether spectra's press name is one of kvpress's DecodingPresses (decoding(…), compression_ratio_decoding(…))."""
-    return press.startswith(("decoding(", "compression_ratio_decoding("))
+    """Whether spectra's press name compresses while decoding (decoding(…), compression_ratio_decoding(…),
+    prefill_decoding(…))."""
+    return press.startswith(("decoding(", "compression_ratio_decoding(", "prefill_decoding("))
 
 
 def serve_tokenizer(folder: str) -> None:

@@ -6,7 +6,9 @@ token by token, on task records with long answers.
 
 `--presses` names scorers (knorm: decoding(knorm)) or spectra's decoding presses themselves: decoding(<scorer>), or
 compression_ratio_decoding(<scorer>), kvpress's CompressionRatioDecodingPress(base_press=<Scorer>(),
-compression_interval=I, target_compression_ratio=ratio), whose target is the ratio's share of the tokens seen.
+compression_interval=I, target_compression_ratio=ratio), whose target is the ratio's share of the tokens seen, or
+prefill_decoding(<scorer>), kvpress's PrefillDecodingPress(prefilling_press=<Scorer>(compression_ratio=ratio),
+decoding_press=DecodingPress(<Scorer>(), compression_interval=I, target_size=T)).
 
 For every record of F (a `spectra tasks` file: cwe and fwe answer with 50–120 tokens; `--max-new-tokens` raises every
 record's budget), every scorer and ratio, and the full cache, kvpress's own `kv-press-text-generation` pipeline
@@ -81,9 +83,14 @@ def worker(job_path: str, result_path: str) -> None:
                 made = None
                 if press != "full":
                     outer, inner = press[:-1].split("(", 1)
-                    sizing = {"target_size": target} if outer == "decoding" else {"target_compression_ratio": ratio}
-                    made = getattr(kvpress, DECODERS[outer])(base_press=getattr(kvpress, KVPRESS_NAMES[inner])(),
-                                                             compression_interval=job["interval"], **sizing)
+                    scorer = getattr(kvpress, KVPRESS_NAMES[inner])
+                    sizing = {"target_size": target} if outer != "compression_ratio_decoding" else {
+                        "target_compression_ratio": ratio}
+                    made = getattr(kvpress, DECODERS.get(outer, "DecodingPress"))(
+                        base_press=scorer(), compression_interval=job["interval"], **sizing)
+                    if outer == "prefill_decoding":
+                        made = kvpress.PrefillDecodingPress(prefilling_press=scorer(compression_ratio=ratio),
+                                                            decoding_press=made)
                 decoded.clear()
                 started = time.perf_counter()
                 with torch.inference_mode():

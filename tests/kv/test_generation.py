@@ -140,17 +140,18 @@ def test_the_presses_change_the_answer(gqa_llama) -> None:
 
 
 def reference_decoding(loaded, ids, scorer: str, interval: int, target, new: int, forced=None,
-                       question: int = QUESTION):
+                       question: int = QUESTION, evicted=None):
     """kvpress's DecodingPress, written here without the engine: every step one dense float64 forward over all tokens
     so far in which query i of layer ℓ, key/value head h sees the positions ≤ i not evicted from (ℓ, h) before i's
     step; after the step, each layer whose step count reaches `interval` (or whose step held ≥ target tokens) keeps
     `target` of its surviving positions by the scorer (knorm: smallest ‖k‖; tova: the step's last query's attention
     over the survivors, mean over all query heads, itself always kept), ranked with numpy; `target` may be a function
-    of the tokens seen so far (CompressionRatioDecodingPress's size, read at each step). Returns the greedy tokens
+    of the tokens seen so far (CompressionRatioDecodingPress's size, read at each step); `evicted`: the context
+    positions each (layer, key/value head) dropped after the prefill (PrefillDecodingPress). Returns the greedy tokens
     (or, with `forced` tokens fed instead, the logits of each step's last position) and the compressions made."""
     heads, kv_heads = 6, 2
     groups = heads // kv_heads
-    evicted = [[set() for _ in range(kv_heads)] for _ in range(loaded.layers)]
+    evicted = evicted or [[set() for _ in range(kv_heads)] for _ in range(loaded.layers)]
     snapshot: dict[int, list[list[set]]] = {}
     counts = [0] * loaded.layers
     tokens, out, compressions = ids.tolist(), [], 0
@@ -283,6 +284,25 @@ def test_teacher_forced_logits_at_a_share_are_the_dense_forwards(gqa_llama, scor
     assert torch.allclose(logits, torch.stack(want), atol=1e-10, rtol=0)
     assert attended == [81, 82, 83, 21, 22, 23, 22, 23, 24]
     assert recompression.compressions == 3
+
+
+@pytest.mark.parametrize("scorer,interval,ratio", [("knorm", 3, 0.5), ("tova", 2, 0.7)])
+def test_evicting_after_the_prefill_then_while_decoding_is_the_dense_forward(gqa_llama, scorer, interval,
+                                                                             ratio) -> None:
+    """prefill_decoding: the scorer's eviction after the prefill, then decoding(…) at that size."""
+    loaded, ids, prefills = gqa_llama
+    press = REGISTRY[f"prefill_decoding({scorer})"].for_run(compression_interval=interval)
+    parts = [press.compress(p, ratio) for p in prefills]
+    cache = generation.Buffers.of(parts, prefills, QUESTION + NEW)
+    target = press.target(CONTEXT, ratio)
+    recompression = generation.Recompression(press, target, ratio=ratio)
+    got = generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, NEW, set(), 0, None,
+                            recompression)
+    dropped = [[set(range(CONTEXT)) - set(kept.tolist()) for kept in part.kept] for part in parts]
+    assert all(len(heads) == CONTEXT - target for layer in dropped for heads in layer)
+    want, expected = reference_decoding(loaded, ids, scorer, interval, target, NEW, evicted=dropped)
+    assert recompression.compressions == expected >= 2
+    assert got.ids == want
 
 
 def reference_forced(loaded, context, tokens, scorer, interval, target):

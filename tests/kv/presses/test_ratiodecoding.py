@@ -34,7 +34,8 @@ def test_its_size_is_the_ratios_share_of_the_tokens_seen() -> None:
 
 
 def test_a_run_builds_it_with_its_interval_and_the_registry_states_its_facts() -> None:
-    built = run_presses(["compression_ratio_decoding(tova)"], compression_interval=9)["compression_ratio_decoding(tova)"]
+    name = "compression_ratio_decoding(tova)"
+    built = run_presses([name], compression_interval=9)[name]
     assert isinstance(built, CompressionRatioDecodingPress) and isinstance(built, DecodingPress)
     assert built.interval == 9 and built.label == "compression_ratio_decoding(tova)" and built.wrapped.name == "tova"
     assert REGISTRY["compression_ratio_decoding(tova)"].interval == 512
@@ -104,8 +105,8 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(TypeError, match="compression_ratio_decoding wraps a decodable scorer press, not snapkv"):
         REGISTRY["compression_ratio_decoding"].bind(REGISTRY["snapkv"])
     for name, message in (
-            ("compression_ratio_decoding(snapkv)", "compression_ratio_decoding wraps a decodable press, and 'snapkv' "
-                                                   "is not one; decodables: streaming, knorm, tova$"),
+            ("compression_ratio_decoding(snapkv)", ("compression_ratio_decoding wraps a decodable press, and "
+                                                    "'snapkv' is not one; decodables: streaming, knorm, tova$")),
             ("compression_ratio_decoding", "takes an argument: compression_ratio_decoding\\(<decodable>\\)$"),
             ("compression_ratio_decoding(decoding(knorm))", "'decoding\\(knorm\\)' is not one")):
         with pytest.raises(SpectraError, match=message):
