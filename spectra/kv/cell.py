@@ -13,12 +13,14 @@ the example's prefill layer by layer (`Cell.compress`) and read off it what thei
   all, beside the full cache's;
 - `survival(needle)`: per layer and key/value head, the share of the needle's positions the cache kept;
 - `recompression()`: how it decodes — None for a press that compresses once, after the prefill, else the
-  `generation.Recompression` that keeps the cache at the press's `target` rows while an answer or continuation is decoded.
+  `generation.Recompression` that brings the cache back to the press's size (its `target` rows, or a share of the
+  tokens seen: `compression_ratio_decoding`) while an answer or continuation is decoded.
 
-A press that acts while decoding says so itself (`Press.target` is not None: `decoding(<decodable>)`): after the
-prefill it leaves the cache whole, so its rows are no longer context positions once decoding compresses; its kept
-share and bytes are then its target's (the eviction press at that ratio stores as much) and its needle survival is
-undefined (NaN). Nothing here asks what type a press is.
+A press that acts while decoding says so itself (`Press.target` is not None: `decoding(<decodable>)` and its kin):
+after the prefill it leaves the cache whole (or, `prefill_decoding`, evicted to its target), and its rows are no
+longer context positions once decoding compresses; its kept share and bytes are then its target's (the eviction
+press at that ratio stores as much) and its needle survival is undefined (NaN). Nothing here asks what type a press
+is.
 
 The cell sits beside the engine (`prefill`, `kvcache`, `decoding`), not in `presses/`: it joins a press to the
 decoding engine (its `Recompression` and `Buffers`), which itself imports the presses; the two probes (`probes.cache`,
