@@ -25,10 +25,13 @@ same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packe
   pipeline generates, it does not score a given text; after KeyRerotationPress it passes m … m+C−2, m the
   compressed cache's length). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
   predicted from the prefill's last position. A decoding press (`decoding(knorm)`: kvpress's DecodingPress with
-  `--compression-interval` and the target size n_kept(L, ratio)) leaves the prefill whole and is fed the
-  continuation one token per step inside `with press(model)`, as its generation would feed it. A press whose layers
-  keep different numbers of tokens (pyramidkv, simlayerkv: `UNEVEN`) has its continuation fed one token per step
-  too, outside the press: a several-token pass over its cache fails in kvpress's venv (one sdpa mask for all layers).
+  `--compression-interval` and the target size n_kept(L, ratio)) leaves the prefill whole and is fed the continuation
+  one token per step inside `with press(model)`, as its generation would feed it (`compression_ratio_decoding(knorm)`:
+  kvpress's CompressionRatioDecodingPress, target_compression_ratio = ratio, its target the ratio's share of the
+  tokens seen; `prefill_decoding(knorm)`: kvpress's PrefillDecodingPress of KnormPress at the ratio and that
+  DecodingPress, its prefill compressed inside the press). A press whose layers keep different numbers of tokens
+  (pyramidkv, simlayerkv: `UNEVEN`) has its continuation fed one token per step too, outside the press: a
+  several-token pass over its cache fails in kvpress's venv (one sdpa mask for all layers).
 - spectra: `spectra.cache(...)` with every press and ratio in one run (one prefill per sequence); with
   `--per-press`, also one run per (press, ratio) with the model loaded once (`models.reusing`), for the timing.
 Printed: per (press, ratio) the mean NLL of both, the largest |ΔNLL| over the sequences, and the seconds per
@@ -96,6 +99,14 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.DecodingPress(base_press=make(press[len("decoding("):-1], 0.0, seed),
                                          compression_interval=job["interval"],
                                          target_size=max(1, int(context * (1 - ratio))))
+        if press.startswith("prefill_decoding("):  # the scorer at the ratio, then a DecodingPress at its size
+            inner = press[len("prefill_decoding("):-1]
+            return kvpress.PrefillDecodingPress(prefilling_press=make(inner, ratio, seed), decoding_press=make(
+                f"decoding({inner})", ratio, seed))
+        if press.startswith("compression_ratio_decoding("):  # its target: the ratio's share of the tokens seen
+            return kvpress.CompressionRatioDecodingPress(
+                base_press=make(press[len("compression_ratio_decoding("):-1], 0.0, seed),
+                compression_interval=job["interval"], target_compression_ratio=ratio)
         if press.startswith(("criticalkv(", "criticaladakv(")):  # a wrapper at its defaults, its scorer inside
             outer, inner = press[:-1].split("(", 1)
             wrapped = make(inner, ratio, seed)
@@ -145,7 +156,8 @@ def worker(job_path: str, result_path: str) -> None:
             cache = DynamicCache()
             started = time.perf_counter()
             with torch.inference_mode():
-                if press == "full" or press.startswith("decoding("):  # a DecodingPress leaves the prefill whole
+                if press == "full" or (decodes(press) and not press.startswith("prefill_decoding(")):  # a
+                    # DecodingPress leaves the prefill whole (a PrefillDecodingPress compresses it: below)
                     first = model(input_ids=ctx[None], past_key_values=cache, logits_to_keep=1).logits[0, -1]
                 else:
                     with make(press, ratio, seed)(model):
@@ -155,7 +167,7 @@ def worker(job_path: str, result_path: str) -> None:
                     rest = torch.cat([model(input_ids=cont[None, j:j + 1], past_key_values=cache,
                                             position_ids=torch.tensor([[context + j]])).logits[0]
                                       for j in range(len(cont) - 1)])
-                elif press.startswith("decoding("):  # one decoding step per continuation token, as generation feeds
+                elif decodes(press):  # one decoding step per continuation token, as generation feeds
                     with make(press, ratio, seed)(model):
                         rest = torch.cat([model(input_ids=cont[None, j:j + 1], past_key_values=cache,
                                                 position_ids=torch.tensor([[context + j]])).logits[0]
@@ -174,6 +186,12 @@ def worker(job_path: str, result_path: str) -> None:
     Path(result_path).write_text(json.dumps({"results": results, "versions": {
         "kvpress": getattr(kvpress, "__version__", None) or _version("kvpress"), "torch": torch.__version__,
         "transformers": _version("transformers")}}))
+
+
+def decodes(press: str) -> bool:
+    """Whether spectra's press name compresses while decoding (decoding(…), compression_ratio_decoding(…),
+    prefill_decoding(…))."""
+    return press.startswith(("decoding(", "compression_ratio_decoding(", "prefill_decoding("))
 
 
 def _version(package: str) -> str:
@@ -245,7 +263,7 @@ def main() -> None:
         corpus_path.write_text("".join(Path("/usr/share/common-licenses", name).read_text() for name in LICENCES))
     settings = dict(gguf_file=GGUF, context=args.context, continuation=args.continuation, samples=args.samples,
                     seed=args.seed, mode="pack", progress=None, notify=lambda line: None)
-    if any(press.startswith("decoding(") for press in presses):
+    if any(decodes(press) for press in presses):
         settings["compression_interval"] = args.compression_interval
 
     load_before = os.getloadavg()[0]
@@ -263,7 +281,7 @@ def main() -> None:
             for press in presses:
                 for ratio in ratios:
                     alone = {key: value for key, value in settings.items()
-                             if key != "compression_interval" or press.startswith("decoding(")}
+                             if key != "compression_interval" or decodes(press)}
                     run = spectra.cache(folder, str(corpus_path), presses=press, ratios=ratio,
                                         out=scratch / f"{press}-{ratio}", **alone)
                     timing[(press, ratio)] = run.meta["wall_seconds"] / len(sequences)

@@ -4,6 +4,12 @@ token by token, on task records with long answers.
     python benchmarks/kvpress_check.py [KVPRESS_PYTHON] --decoding F.jsonl [--presses knorm,streaming,tova]
         [--ratios 0.5,0.75] [--compression-interval 16] [--limit N] [--max-new-tokens N]
 
+`--presses` names scorers (knorm: decoding(knorm)) or spectra's decoding presses themselves: decoding(<scorer>), or
+compression_ratio_decoding(<scorer>), kvpress's CompressionRatioDecodingPress(base_press=<Scorer>(),
+compression_interval=I, target_compression_ratio=ratio), whose target is the ratio's share of the tokens seen, or
+prefill_decoding(<scorer>), kvpress's PrefillDecodingPress(prefilling_press=<Scorer>(compression_ratio=ratio),
+decoding_press=DecodingPress(<Scorer>(), compression_interval=I, target_size=T)).
+
 For every record of F (a `spectra tasks` file: cwe and fwe answer with 50–120 tokens; `--max-new-tokens` raises every
 record's budget), every scorer and ratio, and the full cache, kvpress's own `kv-press-text-generation` pipeline
 answers greedily with `DecodingPress(base_press=<Scorer>(), compression_interval=I, target_size=T)` — T the rows
@@ -31,6 +37,14 @@ from pathlib import Path
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SCORERS = ("knorm", "streaming", "tova")
+#: spectra's decoding presses → kvpress's class (spectra's ratio: DecodingPress's target size n_kept(L, ratio),
+#: CompressionRatioDecodingPress's target_compression_ratio)
+DECODERS = {"decoding": "DecodingPress", "compression_ratio_decoding": "CompressionRatioDecodingPress"}
+
+
+def decoding_name(press: str) -> str:
+    """spectra's name of a `--presses` entry: a scorer means decoding(<scorer>)."""
+    return press if "(" in press else f"decoding({press})"
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "knorm": "KnormPress", "tova": "TOVAPress"}
 
 
@@ -66,9 +80,17 @@ def worker(job_path: str, result_path: str) -> None:
                 if (press, ratio, record["example"]) in answered:
                     continue
                 target = max(1, int(context * (1 - ratio)))  # kvpress's compute_n_kept of the context
-                made = None if press == "full" else kvpress.DecodingPress(
-                    base_press=getattr(kvpress, KVPRESS_NAMES[press])(), compression_interval=job["interval"],
-                    target_size=target)
+                made = None
+                if press != "full":
+                    outer, inner = press[:-1].split("(", 1)
+                    scorer = getattr(kvpress, KVPRESS_NAMES[inner])
+                    sizing = {"target_size": target} if outer != "compression_ratio_decoding" else {
+                        "target_compression_ratio": ratio}
+                    made = getattr(kvpress, DECODERS.get(outer, "DecodingPress"))(
+                        base_press=scorer(), compression_interval=job["interval"], **sizing)
+                    if outer == "prefill_decoding":
+                        made = kvpress.PrefillDecodingPress(prefilling_press=scorer(compression_ratio=ratio),
+                                                            decoding_press=made)
                 decoded.clear()
                 started = time.perf_counter()
                 with torch.inference_mode():
@@ -105,7 +127,7 @@ def compare(kvpress_cells: list[dict], spectra_answers: dict, decode) -> list[di
     examples = {int(e): j for j, e in enumerate(spectra_answers["example"])}
     rows = []
     for cell in kvpress_cells:
-        name = "full" if cell["press"] == "full" else f"decoding({cell['press']})"
+        name = cell["press"]
         ids = spectra_answers["ids"][index[(name, float(cell["ratio"]))], examples[cell["example"]]]
         mine = [int(token) for token in ids if token >= 0]
         shared = common_prefix(mine, cell["ids"])
@@ -136,12 +158,13 @@ def main_decoding(args) -> None:
     task_file = scratch / "records.jsonl"
     task_file.write_text("".join(json.dumps(record.to_json()) + "\n" for record in records))
     records = read_records(task_file)
-    presses, ratios = args.presses.split(","), [float(r) for r in args.ratios.split(",")]
+    presses = [decoding_name(press) for press in args.presses.split(",")]
+    ratios = [float(r) for r in args.ratios.split(",")]
     folder = smollm2_folder()
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     with models.reusing():
-        spectra.cache(folder, str(task_file), gguf_file=GGUF, presses=[f"decoding({p})" for p in presses],
+        spectra.cache(folder, str(task_file), gguf_file=GGUF, presses=presses,
                       ratios=ratios, compression_interval=args.compression_interval, samples=len(records),
                       out=scratch / "spectra", overwrite=True, progress=None, notify=lambda line: None)
     spectra_seconds = time.perf_counter() - started

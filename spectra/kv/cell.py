@@ -15,12 +15,14 @@ the example's prefill layer by layer (`Cell.compress`) and read off it what thei
 - `start`: the position the question (or continuation) starts at — the context's length L, or m where the press moved
   its kept keys to positions 0 … m − 1 (`Compressed.start`: key_rerotation, as kvpress's pipeline decodes after it);
 - `recompression()`: how it decodes — None for a press that compresses once, after the prefill, else the
-  `generation.Recompression` that keeps the cache at the press's `target` rows while an answer or continuation is decoded.
+  `generation.Recompression` that brings the cache back to the press's size (its `target` rows, or a share of the
+  tokens seen: `compression_ratio_decoding`) while an answer or continuation is decoded.
 
-A press that acts while decoding says so itself (`Press.target` is not None: `decoding(<decodable>)`): after the
-prefill it leaves the cache whole, so its rows are no longer context positions once decoding compresses; its kept
-share and bytes are then its target's (the eviction press at that ratio stores as much) and its needle survival is
-undefined (NaN). Nothing here asks what type a press is.
+A press that acts while decoding says so itself (`Press.target` is not None: `decoding(<decodable>)` and its kin):
+after the prefill it leaves the cache whole (or, `prefill_decoding`, evicted to its target), and its rows are no
+longer context positions once decoding compresses; its kept share and bytes are then its target's (the eviction
+press at that ratio stores as much) and its needle survival is undefined (NaN). Nothing here asks what type a press
+is.
 
 The cell sits beside the engine (`prefill`, `kvcache`, `decoding`), not in `presses/`: it joins a press to the
 decoding engine (its `Recompression` and `Buffers`), which itself imports the presses; the two probes (`probes.cache`,
@@ -136,7 +138,7 @@ class Cell:
         keeps the cache at its `target` rows while generation."""
         if self.target is None:
             return None
-        return generation.Recompression(self.compressor, self.target, self.seed, self.index)
+        return generation.Recompression(self.compressor, self.target, self.seed, self.index, self.ratio)
 
 
 class Cells:

@@ -124,25 +124,34 @@ class Buffers:
 @dataclass
 class Recompression:
     """A `DecodingPress` at work on one cache (`presses.decoding`): per layer, the decoding steps since its last
-    compression; after a step's attention in a layer, `after` compresses that layer's cache to `target` rows when
-    the press says it is due. `seed`, `index`: the run's seed and the example's global index (for the scorer)."""
+    compression; after a step's attention in a layer, `after` compresses that layer's cache to `size()` rows when
+    the press says it is due. `target`, `ratio`: the cell's (the press sizes each compression from them and `seen`,
+    the tokens seen so far — the pass's last logical position + 1, which the decoding loop sets before each pass).
+    `seed`, `index`: the run's seed and the example's global index (for the scorer)."""
 
     press: DecodingPress
     target: int
     seed: int = 0
     index: int = 0
+    ratio: float = 0.0
     steps: dict[int, int] = field(default_factory=dict)
     compressions: int = 0
+    seen: int = 0
+
+    def size(self, seen: int | None = None) -> int:
+        """The rows a compression keeps once `seen` tokens have been seen (default: the current pass's)."""
+        return self.press.size(self.target, self.seen if seen is None else seen, self.ratio)
 
     def after(self, layer: int, cache: Buffers, q: torch.Tensor, scaling: float, steps: int = 1) -> None:
         """Layer `layer` has attended with queries q (H, n, d) (its new rows written): `steps` decoding steps more
         (a teacher-forced pass of n tokens is n steps; a generation step is one, the question's pass too)."""
         self.steps[layer] = self.steps.get(layer, 0) + steps
         step_tokens = 1 if steps > 1 else q.shape[-2]
-        if not self.press.due(self.steps[layer], step_tokens, self.target):
+        target = self.size()
+        if not self.press.due(self.steps[layer], step_tokens, target):
             return
         key, value = cache.rows(layer)
-        kept = self.press.keep(layer, q, key, value, scaling, self.target, self.seed, self.index)
+        kept = self.press.keep(layer, q, key, value, scaling, target, self.seed, self.index)
         if kept is not None:
             cache.keep(layer, kept)
             self.compressions += layer == 0
@@ -206,6 +215,8 @@ def greedy(model: torch.nn.Module, layers: int, cache: Buffers, question: torch.
 
     def step(ids: torch.Tensor, first: int) -> int:
         positions = torch.arange(first, first + ids.shape[-1], device=ids.device)[None]
+        if recompression is not None:
+            recompression.seen = first + ids.shape[-1]
         logits = capture.forward(model, layers, None, substitute, [index], input_ids=ids[None], position_ids=positions,
                                  use_cache=False, logits_to_keep=1).logits
         return int(logits[0, -1].argmax())
@@ -233,7 +244,7 @@ def teacher_forced(model: torch.nn.Module, layers: int, cache: Buffers, tokens: 
     `recompression` compresses `cache` every `interval` steps — kvpress's DecodingPress on a teacher-forced text. The
     steps between two compressions run as one causal pass (a token attends to the same rows either way). Also the
     rows each token attends to (layer 0's cache, its own included), for the memory the press saves."""
-    interval = 1 if recompression.target <= 1 else recompression.press.interval
+    interval = 1 if recompression.size(start + 1) <= 1 else recompression.press.interval  # sizes never shrink
     logits, attended = [], []
 
     def substitute(captured: Captured) -> torch.Tensor:
@@ -249,6 +260,7 @@ def teacher_forced(model: torch.nn.Module, layers: int, cache: Buffers, tokens: 
         before = cache.lengths[0]
         attended += range(before + 1, before + count + 1)
         positions = torch.arange(start + done, start + done + count, device=tokens.device)[None]
+        recompression.seen = start + done + count
         logits.append(capture.forward(model, layers, None, substitute, [index],
                                       input_ids=tokens[None, done:done + count], position_ids=positions,
                                       use_cache=False).logits[0])

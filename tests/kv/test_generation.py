@@ -139,17 +139,19 @@ def test_the_presses_change_the_answer(gqa_llama) -> None:
 # ---------------------------------------------------------------- compression while decoding (DecodingPress)
 
 
-def reference_decoding(loaded, ids, scorer: str, interval: int, target: int, new: int, forced=None,
-                       question: int = QUESTION):
+def reference_decoding(loaded, ids, scorer: str, interval: int, target, new: int, forced=None,
+                       question: int = QUESTION, evicted=None):
     """kvpress's DecodingPress, written here without the engine: every step one dense float64 forward over all tokens
     so far in which query i of layer ℓ, key/value head h sees the positions ≤ i not evicted from (ℓ, h) before i's
     step; after the step, each layer whose step count reaches `interval` (or whose step held ≥ target tokens) keeps
     `target` of its surviving positions by the scorer (knorm: smallest ‖k‖; tova: the step's last query's attention
-    over the survivors, mean over all query heads, itself always kept), ranked with numpy. Returns the greedy tokens
+    over the survivors, mean over all query heads, itself always kept), ranked with numpy; `target` may be a function
+    of the tokens seen so far (CompressionRatioDecodingPress's size, read at each step); `evicted`: the context
+    positions each (layer, key/value head) dropped after the prefill (PrefillDecodingPress). Returns the greedy tokens
     (or, with `forced` tokens fed instead, the logits of each step's last position) and the compressions made."""
     heads, kv_heads = 6, 2
     groups = heads // kv_heads
-    evicted = [[set() for _ in range(kv_heads)] for _ in range(loaded.layers)]
+    evicted = evicted or [[set() for _ in range(kv_heads)] for _ in range(loaded.layers)]
     snapshot: dict[int, list[list[set]]] = {}
     counts = [0] * loaded.layers
     tokens, out, compressions = ids.tolist(), [], 0
@@ -175,16 +177,17 @@ def reference_decoding(loaded, ids, scorer: str, interval: int, target: int, new
 
         logits = capture.forward(loaded.model, loaded.layers, None, substitute, [0],
                                  input_ids=torch.tensor([tokens])).logits[0, -1]
+        size = target(len(tokens)) if callable(target) else target
         for layer in range(loaded.layers):
             counts[layer] += 1
-            if counts[layer] < interval and len(steps[-1]) < target:
+            if counts[layer] < interval and len(steps[-1]) < size:
                 continue
             counts[layer] = 0
             q, key, scaling = seen[layer]
             last = len(tokens) - 1
             for kv in range(kv_heads):
                 alive = np.array([j for j in range(len(tokens)) if j not in evicted[layer][kv]])
-                if len(alive) <= target:
+                if len(alive) <= size:
                     continue
                 if scorer == "knorm":
                     score = -np.linalg.norm(key[kv, alive].numpy(), axis=-1)
@@ -193,7 +196,7 @@ def reference_decoding(loaded, ids, scorer: str, interval: int, target: int, new
                             (key[h // groups, alive].numpy() @ q[h, last].numpy() * scaling for h in range(heads))]
                     score = np.mean(rows, axis=0)
                     score[alive == last] = np.inf
-                keep = alive[np.argsort(-score, kind="stable")[:target]]
+                keep = alive[np.argsort(-score, kind="stable")[:size]]
                 evicted[layer][kv] |= set(alive.tolist()) - set(keep.tolist())
                 compressions += layer == 0 and kv == 0
         token = int(logits.argmax()) if forced is None else int(forced[step])
@@ -243,6 +246,63 @@ def test_teacher_forced_logits_are_the_dense_forwards(gqa_llama, scorer) -> None
     assert torch.allclose(logits, torch.stack(want), atol=1e-10, rtol=0)
     assert attended == [81, 82, 83, 21, 22, 23, 21, 22, 23]
     assert recompression.compressions == 3
+
+
+def share(ratio: float):
+    """CompressionRatioDecodingPress's size after S tokens seen, written here."""
+    return lambda seen: max(1, int(seen * (1 - ratio)))
+
+
+@pytest.mark.parametrize("scorer,interval,ratio", [("knorm", 3, 0.7), ("tova", 2, 0.6), ("knorm", 2, 0.95)])
+def test_compressing_to_a_share_of_the_tokens_seen_is_the_dense_forward(gqa_llama, scorer, interval, ratio) -> None:
+    """compression_ratio_decoding: the size grows with the text (at 0.95: 4 of the 86 tokens the question's pass
+    ends with, fewer than its 6 tokens, so that pass compresses too)."""
+    loaded, ids, prefills = gqa_llama
+    press = REGISTRY[f"compression_ratio_decoding({scorer})"].for_run(compression_interval=interval)
+    cache = generation.Buffers.of([full(p) for p in prefills], prefills, QUESTION + NEW)
+    recompression = generation.Recompression(press, press.target(CONTEXT, ratio), ratio=ratio)
+    got = generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, NEW, set(), 0, None,
+                            recompression)
+    want, expected = reference_decoding(loaded, ids, scorer, interval, share(ratio), NEW)
+    assert recompression.compressions == expected >= 2
+    assert got.ids == want
+
+
+@pytest.mark.parametrize("scorer", ["knorm", "tova"])
+def test_teacher_forced_logits_at_a_share_are_the_dense_forwards(gqa_llama, scorer) -> None:
+    """The NLL protocol's continuation under compression_ratio_decoding at 0.75, compressed every 3 tokens to a
+    quarter of the tokens seen (20 rows after 83 tokens, 21 after 86, 22 after 89)."""
+    loaded, ids, prefills = gqa_llama
+    forced = torch.randint(3, len(loaded.tokenizer), (8,), generator=torch.Generator().manual_seed(5))
+    tokens = torch.cat([ids[CONTEXT:CONTEXT + 1], forced])
+    press = REGISTRY[f"compression_ratio_decoding({scorer})"].for_run(compression_interval=3)
+    recompression = generation.Recompression(press, press.target(CONTEXT, 0.75), ratio=0.75)
+    cache = generation.Buffers.of([full(p) for p in prefills], prefills, len(tokens))
+    logits, attended = generation.teacher_forced(loaded.model, loaded.layers, cache, tokens, CONTEXT, recompression, 0)
+    want, _ = reference_decoding(loaded, torch.cat([ids[:CONTEXT], tokens[:1]]), scorer, 3, share(0.75), len(tokens),
+                                 forced=list(tokens[1:].tolist()) + [0], question=1)
+    assert torch.allclose(logits, torch.stack(want), atol=1e-10, rtol=0)
+    assert attended == [81, 82, 83, 21, 22, 23, 22, 23, 24]
+    assert recompression.compressions == 3
+
+
+@pytest.mark.parametrize("scorer,interval,ratio", [("knorm", 3, 0.5), ("tova", 2, 0.7)])
+def test_evicting_after_the_prefill_then_while_decoding_is_the_dense_forward(gqa_llama, scorer, interval,
+                                                                             ratio) -> None:
+    """prefill_decoding: the scorer's eviction after the prefill, then decoding(…) at that size."""
+    loaded, ids, prefills = gqa_llama
+    press = REGISTRY[f"prefill_decoding({scorer})"].for_run(compression_interval=interval)
+    parts = [press.compress(p, ratio) for p in prefills]
+    cache = generation.Buffers.of(parts, prefills, QUESTION + NEW)
+    target = press.target(CONTEXT, ratio)
+    recompression = generation.Recompression(press, target, ratio=ratio)
+    got = generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, NEW, set(), 0, None,
+                            recompression)
+    dropped = [[set(range(CONTEXT)) - set(kept.tolist()) for kept in part.kept] for part in parts]
+    assert all(len(heads) == CONTEXT - target for layer in dropped for heads in layer)
+    want, expected = reference_decoding(loaded, ids, scorer, interval, target, NEW, evicted=dropped)
+    assert recompression.compressions == expected >= 2
+    assert got.ids == want
 
 
 def reference_forced(loaded, context, tokens, scorer, interval, target):

@@ -69,23 +69,23 @@ class DecodingPress(Wrapper):
     def bind(self, inner: Press) -> DecodingPress:
         """This press around the scorer `inner` (one the registry's `wraps: "decodable"` checked)."""
         if not (isinstance(inner, ScorerPress) and inner.decodable):
-            raise TypeError(f"decoding wraps a decodable scorer press, not {inner.name}")
-        return DecodingPress(inner, self.interval)
+            raise TypeError(f"{self.name} wraps a decodable scorer press, not {inner.name}")
+        return type(self)(inner, self.interval)
 
     def fresh(self) -> DecodingPress:
         inner = None if self.inner is None else self.inner.fresh()
-        return DecodingPress(inner, self.interval)  # type: ignore[arg-type]
+        return type(self)(inner, self.interval)  # type: ignore[arg-type]
 
     def for_run(self, compression_interval: int | None = None, **settings: object) -> DecodingPress:
         """This press for one run: compressing every `compression_interval` decoding steps (the run's option;
         None: INTERVAL)."""
-        return DecodingPress(self.inner, compression_interval)
+        return type(self)(self.inner, compression_interval)
 
     @property
     def wrapped(self) -> ScorerPress:
         """The scorer it applies at every compression."""
         if self.inner is None:
-            raise ValueError("decoding needs a scorer press: name it as decoding(<scorer>)")
+            raise ValueError(f"{type(self).name} needs a scorer press: name it as {type(self).name}(<scorer>)")
         return self.inner
 
     @property
@@ -101,6 +101,12 @@ class DecodingPress(Wrapper):
         """The rows each layer's cache is brought back to while decoding: those a press at `ratio` keeps of `context`
         tokens (its kept share and bytes are that eviction press's: `spectra.kv.cell`)."""
         return n_kept(context, ratio)
+
+    def size(self, target: int, seen: int, ratio: float) -> int:
+        """The rows a compression brings a layer's cache back to once `seen` tokens have been seen (the last logical
+        position + 1, as kvpress reads it from `position_ids`), given the cell's `target` and `ratio`: here always
+        `target` (kvpress's fixed target_size; compression_ratio_decoding's grows with `seen`)."""
+        return target
 
     def due(self, steps: int, step_tokens: int, target: int) -> bool:
         """Whether a layer compresses after a step: `steps` since its last compression, `step_tokens` in this one."""
