@@ -89,7 +89,7 @@ def worker(job_path: str, result_path: str) -> None:
                                                  attn_implementation="sdpa").eval()
     context = job["context"]
 
-    from kvpress_tasks import WRAPPERS, serve_tokenizer  # this file's folder is on the path
+    from kvpress_tasks import KVPRESS_NAMES, WRAPPERS, serve_tokenizer  # this file's folder is on the path
 
     def make(press: str, ratio: float, seed: int):
         for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
@@ -111,37 +111,16 @@ def worker(job_path: str, result_path: str) -> None:
             outer, inner = press[:-1].split("(", 1)
             wrapped = make(inner, ratio, seed)
             return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
-        if press == "streaming":
-            return kvpress.StreamingLLMPress(compression_ratio=ratio)
-        if press == "knorm":
-            return kvpress.KnormPress(compression_ratio=ratio)
-        if press == "snapkv":
-            return kvpress.SnapKVPress(compression_ratio=ratio)
-        if press == "tova":
-            return kvpress.TOVAPress(compression_ratio=ratio)
         if press == "random":
             return kvpress.RandomPress(compression_ratio=ratio, seed=seed)
-        if press == "observed":
-            return kvpress.ObservedAttentionPress(compression_ratio=ratio)
-        if press == "keydiff":
-            return kvpress.KeyDiffPress(compression_ratio=ratio)
         if press == "think":
             return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
-        if press == "lagkv":
-            return kvpress.LagKVPress(compression_ratio=ratio)
-        if press == "expected_attention":
-            return kvpress.ExpectedAttentionPress(compression_ratio=ratio)
-        if press == "cur":
-            return kvpress.CURPress(compression_ratio=ratio)
-        if press == "compactor":
-            return kvpress.CompactorPress(compression_ratio=ratio)
-        if press == "pyramidkv":
-            return kvpress.PyramidKVPress(compression_ratio=ratio)
         if press == "simlayerkv":  # its ratio cannot be set (it sets its own)
             return kvpress.SimLayerKVPress()
         if press == "kvzip":
             serve_tokenizer(job["folder"])
-            return kvpress.KVzipPress(compression_ratio=ratio)
+        if press in KVPRESS_NAMES:  # a press at its defaults but the ratio
+            return getattr(kvpress, KVPRESS_NAMES[press])(compression_ratio=ratio)
         raise ValueError(press)
 
     results = []

@@ -33,7 +33,7 @@ TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
                  "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress",
-                 "kvzip": "KVzipPress"}
+                 "kvzip": "KVzipPress", "observed": "ObservedAttentionPress", "lagkv": "LagKVPress"}
 #: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
 WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
             "block": "BlockPress", "key_rerotation": "KeyRerotationPress"}
