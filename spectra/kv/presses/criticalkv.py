@@ -22,6 +22,8 @@ kvpress). The value norms are computed as kvpress computes them, one query head 
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ...errors import SpectraError
@@ -34,9 +36,17 @@ ORDER = 72
 EPSILON, FIRST_STAGE = 1e-4, 0.5
 
 
+#: each layer's value norms, computed once for every ratio and both presses of this family that read them (a sweep
+#: asks 8 times per layer: 4 ratios × criticalkv, criticaladakv), and freed with the prefill they belong to
+NORMS: weakref.WeakKeyDictionary[Prefill, torch.Tensor] = weakref.WeakKeyDictionary()
+
+
 def value_norms(prefill: Prefill, name: str) -> torch.Tensor:
     """(H_kv, L): ‖v_{g,j} W_O,hᵀ‖₁ averaged over the query heads h of each key/value head g (kvpress's vwl1norm),
-    in the cache's dtype; `name` is the press asking, for the error where the prefill carries no W^O."""
+    in the cache's dtype, once per prefill (`NORMS`); `name` is the press asking, for the error where the prefill
+    carries no W^O."""
+    if prefill in NORMS:
+        return NORMS[prefill]
     if prefill.w_o is None:
         raise SpectraError(f"{name} weighs each token by what its value writes through the layer's output projection "
                            "W^O, which spectra finds in no attention layer of this model (it looks for o_proj, "
@@ -45,7 +55,8 @@ def value_norms(prefill: Prefill, name: str) -> torch.Tensor:
     per_head = prefill.w_o.to(prefill.value.dtype).transpose(0, 1).view(heads, dim, -1)  # (H, d, D)
     norms = [torch.norm(prefill.value[head // prefill.groups].matmul(per_head[head]), p=1, dim=-1)
              for head in range(heads)]
-    return prefill.group_mean(torch.stack(norms))
+    NORMS[prefill] = prefill.group_mean(torch.stack(norms))
+    return NORMS[prefill]
 
 
 def weighed(scores: torch.Tensor, norms: torch.Tensor, epsilon: float = EPSILON) -> torch.Tensor:

@@ -5,6 +5,7 @@ by (s + 1e-4)·n."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from spectra.errors import SpectraError
 from spectra.kv.presses import REGISTRY, n_kept
-from spectra.kv.presses.criticalkv import first_stage, value_norms
+from spectra.kv.presses.criticalkv import NORMS, first_stage, value_norms
 
 from .conftest import DIM, HEADS, KV_HEADS, make_prefill
 
@@ -52,6 +53,21 @@ def test_the_value_norms_are_the_l1_norms_through_each_heads_output_columns() ->
     prefill, arrays = with_w_o()
     np.testing.assert_allclose(value_norms(prefill, "criticalkv(knorm)").numpy(),
                                numpy_norms(arrays["v"], arrays["w_o"]), rtol=1e-12)
+
+
+def test_the_value_norms_are_computed_once_per_prefill_and_freed_with_it() -> None:
+    """A sweep asks for a layer's norms at every ratio of both critical presses: one computation serves them all, and
+    the entry goes when the prefill does (no example's norms outlive it)."""
+    gc.collect()
+    before = len(NORMS)  # other tests' prefills still alive
+    prefill, _ = with_w_o()
+    first = value_norms(prefill, "criticalkv(knorm)")
+    assert value_norms(prefill, "criticaladakv(snapkv)") is first and len(NORMS) == before + 1
+    other, _ = with_w_o(seed=3)
+    assert not torch.equal(value_norms(other, "criticalkv(knorm)"), first) and len(NORMS) == before + 2
+    del prefill, other, first
+    gc.collect()
+    assert len(NORMS) == before
 
 
 @pytest.mark.parametrize("scorer", ["knorm", "keydiff", "random", "observed", "leverage"])
