@@ -103,7 +103,8 @@ class TaskProbe(Probe):
         row_bytes = batching.batch_row_bytes(first.kv_heads, first.head_dim, first.value.shape[-1],
                                              first.key.element_size())
         pending: list[int] = []
-        held, groups, started = 0, 0, time.perf_counter()
+        pending_rows: list[list[int]] = []  # each pending cell's rows per layer
+        held, groups, began = 0, 0, time.perf_counter()
         # by ratio (cells that keep as many rows share a group and pad nothing), the full cache first
         for i in sorted(range(len(cells)), key=lambda cell: (self.variants[cell][1], cell)):
             cell = cells[i]
@@ -114,20 +115,21 @@ class TaskProbe(Probe):
             if cell.decodes:  # its cache changes length mid-answer: it decodes on its own
                 self.decode_alone(i, cells, at)
                 continue
-            rows = [batching.cell_rows(cells[j].parts) for j in [*pending, i]]
-            own = batching.held_bytes(cell.parts)
-            if pending and batching.group_bytes(rows, at.room, row_bytes) + held + own > self.decode_memory:
+            rows, own = batching.cell_rows(cell.parts), batching.held_bytes(cell.parts)
+            if pending and batching.group_bytes([*pending_rows, rows], at.room, row_bytes) + held + own > \
+                    self.decode_memory:
                 self.decode_group(pending, cells, at)
-                pending, held, groups = [], 0, groups + 1
+                pending, pending_rows, held, groups = [], [], 0, groups + 1
             pending.append(i)
+            pending_rows.append(rows)
             held += own
         if pending:
             self.decode_group(pending, cells, at)
             groups += 1
         if self.reporter is not None and not self.done.any() and len(self.examples) > 1:  # an example's cost, once
             self.reporter.notify(f"each example: {len(cells)} cells, compressed and answered in {groups} "
-                        f"{'batch' if groups == 1 else 'batches'} ({time.perf_counter() - started:.1f} s after its "
-                        "prefill on the first)")
+                                 f"{'batch' if groups == 1 else 'batches'} ({time.perf_counter() - began:.1f} s "
+                                 "after its prefill on the first)")
         self.done[position] = 1
 
     def decode_group(self, group: Sequence[int], cells: list[Cell | None], at: Answering) -> None:
