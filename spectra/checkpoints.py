@@ -125,10 +125,11 @@ def _read_config(path: Path) -> dict:
     return config
 
 
-def check_directory(path: Path) -> dict:
-    """The config of a local checkpoint directory, after checking its weights and tokenizer files exist."""
+def check_directory(path: Path, weights: bool = True) -> dict:
+    """The config of a local checkpoint directory, after checking its weights (unless not `weights`: a reader of
+    the config and tokenizer alone) and tokenizer files exist."""
     config = _read_config(path)
-    if not any((path / name).is_file() for name in WEIGHTS):
+    if weights and not any((path / name).is_file() for name in WEIGHTS):
         raise SpectraError(f"{path} has a config.json but no weights (none of {', '.join(WEIGHTS[:3])}, …); "
                            "save the model with model.save_pretrained")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -168,9 +169,10 @@ def _gguf(path: Path, name: str) -> Source:
     return Source(str(file), path, {}, file.name.removesuffix(".gguf"), name)
 
 
-def inspect(source: str | os.PathLike, gguf_file: str | os.PathLike | None = None) -> Source:
-    """A hub id as it is; a local directory checked (config, weights, tokenizer) and labelled; a `.gguf` file (or a
-    directory and `gguf_file`) checked to exist, with the gguf package installed. Paths may be str or os.PathLike."""
+def inspect(source: str | os.PathLike, gguf_file: str | os.PathLike | None = None, weights: bool = True) -> Source:
+    """A hub id as it is; a local directory checked (config, weights unless not `weights`, tokenizer) and labelled;
+    a `.gguf` file (or a directory and `gguf_file`) checked to exist, with the gguf package installed. Paths may be
+    str or os.PathLike."""
     source = os.fspath(source)
     gguf_file = None if gguf_file is None else os.fspath(gguf_file)
     if source.endswith(".gguf") and gguf_file is None:
@@ -191,7 +193,7 @@ def inspect(source: str | os.PathLike, gguf_file: str | os.PathLike | None = Non
         return _gguf(path, gguf_file)
     if not path.is_dir():
         raise SpectraError(f"model {source} is a file, not a directory saved with save_pretrained (or a .gguf file)")
-    config = check_directory(path)
+    config = check_directory(path, weights)
     return Source(source, path, config, label(source, config))
 
 

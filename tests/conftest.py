@@ -17,6 +17,16 @@ import task_files
 import tiny
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked `cuda` run only where torch sees a CUDA device (benchmarks/gpu/run.sh runs them there)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: benchmarks/gpu/run.sh runs these on a GPU")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def roberta_dir(tmp_path_factory) -> Path:
     return tiny.save_model(tmp_path_factory.mktemp("models") / "tiny-roberta", "roberta")

@@ -35,7 +35,9 @@ from spectra.spectrum import SPECTRUM_METRICS as METRICS
 #: the two implementations of the exact route: the CPU's (one matrix per thread through spectra.lapack) and the
 #: batched torch one that GPUs take (run here on CPU tensors)
 ROUTES = {"lapack": singular_values, "torch": lambda p: torch_sigma(p.reshape(-1, *p.shape[-2:]))[0].reshape(
-    *p.shape[:-2], -1)}
+    *p.shape[:-2], -1), "cuda": lambda p: singular_values(p.cuda()).cpu()}
+#: the routes as test parameters: the GPU's own (the torch route on CUDA tensors) only where a GPU is
+ROUTE_PARAMETERS = ["lapack", "torch", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 pytestmark = pytest.mark.threads  # the spectra run as users get them: split_threads' pool over the machine's cores
 
@@ -134,7 +136,7 @@ def scipy_curve(block: np.ndarray, n: int) -> np.ndarray:
     return np.cumsum(sigma) / sigma.sum()
 
 
-@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("route", ROUTE_PARAMETERS)
 @pytest.mark.parametrize("n", [16, 128, 512])
 @pytest.mark.parametrize("scale", [0.0, 1e-3, 0.01, 0.1, 1.0, 3.0, 10.0, 100.0])
 def test_exact_mode_within_1e6_of_scipy_at_every_temperature(n: int, scale: float, route: str) -> None:
@@ -151,7 +153,7 @@ def test_exact_mode_within_1e6_of_scipy_at_every_temperature(n: int, scale: floa
         assert (sigma[b, :-1] >= sigma[b, 1:]).all()
 
 
-@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("route", ROUTE_PARAMETERS)
 @pytest.mark.parametrize("n", [16, 128, 512])
 def test_exact_mode_on_rank_deficient_p(n: int, route: str) -> None:
     """Repeated rows (rank n/4 and rank 2; hence many zero singular values) stay within 1e-6 of scipy."""

@@ -48,3 +48,23 @@ def test_the_api_function_is_built_from_the_declarations() -> None:
     assert "spectrum_device" in spectra.analyze.__doc__ and spectra.analyze.__name__ == "analyze"
     with pytest.raises(TypeError, match="unexpected keyword argument 'budgets'"):
         spectra.analyze("m", "d", budgets=4)
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_spectra_are_the_cpus(roberta_dir, text_file, tmp_path) -> None:
+    """The capture and the spectra on the GPU (each spectrum route, inline and overlapped) give the CPU's c to
+    within float32 rounding of P; in half precision, c moves by the rounding of the forward pass only."""
+    import pandas as pd
+
+    quiet = dict(length=32, samples=16, batch_size=4, progress=None, notify=lambda line: None)
+
+    def c_at(out, **options) -> pd.Series:
+        run = spectra.analyze(str(roberta_dir), str(text_file), out=tmp_path / out, **quiet, **options)
+        return pd.read_csv(run.path / "metrics.csv").set_index(["layer", "head"])["c_at_mean"]
+
+    cpu = c_at("cpu", device="cpu")
+    for place, overlap in (("same", False), ("same", True), ("cpu", True), ("auto", None)):
+        gpu = c_at(f"gpu-{place}-{overlap}", device="cuda", spectrum_device=place, overlap=overlap)
+        assert (gpu - cpu).abs().max() <= 1e-5, (place, overlap)
+    for dtype in ("float16", "bfloat16"):  # 8 / 11 mantissa bits fewer than float32 in q, k and P
+        assert (c_at(dtype, device="cuda", dtype=dtype) - cpu).abs().max() <= 2e-2, dtype

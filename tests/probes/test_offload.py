@@ -170,3 +170,35 @@ def test_run_with_overlap_equals_run_without(roberta_dir, text_file, tmp_path) -
     for overlap, run in runs.items():
         meta = json.loads((run.path / "run.json").read_text())
         assert meta["spectrum_device"] == "cpu" and meta["overlap"] is overlap
+
+
+def _on(device: str, batches):
+    """The same captured layers with every tensor on `device` (P is then computed there)."""
+    for c in batches:
+        yield Captured.of(c.layer, c.q.to(device), c.key.to(device), c.value.to(device), c.mask.to(device),
+                          scaling=c.scaling, index=c.index)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("place, overlap", [("cpu", True), ("cpu", False), ("same", True), ("same", False),
+                                            ("auto", None)])
+def test_on_cuda_every_path_gives_the_cpus_numbers(place, overlap) -> None:
+    """P computed on the GPU, its spectra on the CPU through pinned copies and the worker's events, or on the GPU
+    itself, inline or overlapped: the numbers are the CPU's to within the rounding of P (float32 softmax on either
+    device), and the path taken is the one recorded."""
+    inline = _fed(SpectrumProbe(2, 3, 24, 6), _softmax_batches(6))
+    lines: list[str] = []
+    offloaded = Offloaded(SpectrumProbe(2, 3, 24, 6), place, overlap=overlap, depth=2, warn=lines.append)
+    got = _fed(offloaded, _on("cuda", _softmax_batches(6)))
+    described = offloaded.describe()
+    offloaded.close()
+    assert lines == [], "the GPU path fell back to the CPU"
+    for name in inline:
+        assert np.allclose(got[name], inline[name], rtol=1e-5, atol=1e-6), name
+    device = "cpu" if place == "cpu" else "cuda:0"
+    if place == "auto":  # the first layer timed on both devices, the faster kept
+        seconds = described["spectrum_seconds"]
+        assert set(seconds) == {"cpu", "cuda"} and seconds["cpu"] > 0 and seconds["cuda"] > 0
+        device = "cpu" if seconds["cpu"] <= seconds["cuda"] else "cuda:0"
+    assert described["spectrum_device"] == device
+    assert described["overlap"] == ((device == "cpu") if overlap is None else overlap)

@@ -58,7 +58,7 @@ def check_out(out: Path, overwrite: bool) -> Path:
 def load_tokenizer(model: str, gguf_file: str | None, lengths: Sequence[int]):
     """(tokenizer, positions) of `model`, after checking `lengths` against its positions where its files tell
     them before the tokenizer loads (a local config.json or GGUF header), else right after from its config."""
-    source = checkpoints.inspect(model, gguf_file)
+    source = checkpoints.inspect(model, gguf_file, weights=False)  # a config and a tokenizer are enough
     shape = source.shape()
     if shape.causal is False:
         raise SpectraError(f"{source.label} is not a decoder: the task protocol decodes answers (spectra tasks "

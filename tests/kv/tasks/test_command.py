@@ -28,6 +28,18 @@ def test_the_command_writes_a_task_file(chat_decoder: Path, tmp_path: Path, monk
     assert f"wrote {out} (4 records)" in stdout.replace("\n", "")
 
 
+def test_a_folder_with_a_config_and_a_tokenizer_but_no_weights_is_enough(chat_decoder: Path, tmp_path: Path) -> None:
+    """The command reads the tokenizer and config alone (the help says so): a model's shape without its weights — a
+    config written by hand for a model too large to store — makes the same task file."""
+    import shutil
+
+    shape = tmp_path / "shape-only"
+    shutil.copytree(chat_decoder, shape, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    files = [make_tasks(str(model), tasks="passkey", lengths=[512], samples=1, out=tmp_path / f"{i}.jsonl").path
+             for i, model in enumerate((chat_decoder, shape))]
+    assert files[0].read_text() == files[1].read_text()
+
+
 def test_a_haystack_shorter_than_the_contexts_is_said_to_repeat(chat_decoder: Path, tmp_path: Path, monkeypatch,
                                                                  capsys) -> None:
     """Three words fill a context only by repeating: the command says so (and still writes the file, as RULER

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Every GPU figure of spectra in one call, on a machine with one CUDA GPU that can reach nothing.
+#
+#   python benchmarks/gpu/prepare.py        # here, once: .gpu/ (MiniLM in float16, the 8B shape, a 32k record)
+#   bash benchmarks/gpu/run.sh [PART ...]   # there, from the repository root; results under $OUT (default gpu-out/)
+#
+# PART: tests agreement decoder e2e routes presses attention (default: all, in that order). Each part runs under
+# its own time limit and the whole under BUDGET seconds (default 420): a part that would start with under 15 s
+# left is skipped and said so, a part past its limit is stopped and said so, and the next part runs. Each part's
+# output goes to $OUT/<part>.log and its last lines to the terminal; the summary at the end says what each part
+# did. Wheels under .whl/ (a newer transformers) are installed into /tmp/site first when present.
+#
+#   tests      the tests marked `cuda` (pytest -m cuda): spectra routes, offload paths, analyze and the task protocol
+#              on the GPU against the CPU                                                          (with agreement)
+#   agreement  capture and spectra of MiniLM (real weights) on the GPU against the CPU: c@128 per layer
+#   decoder    the task protocol on a Llama-3.1-8B-shaped decoder (bf16, random weights), one 32k record, the
+#              4 presses x 4 ratios sweep and the full cache: peak GPU memory, seconds per example
+#   e2e        the paper's Figure 1 workload: RoBERTa-base-shaped encoder at n = 512, sequences/s end to end with
+#              --spectrum-device auto (and overlap as it chooses) and with the spectra inline on the GPU
+#   routes     every route to the singular values of a batch of 512x512 P, on the GPU and on the CPU cores
+#   presses    as decoder, every press at ratio 0.5
+#   attention  the Linformer attention table (benchmarks/attention.py) at 512 ... 65536 tokens
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+BUDGET=${BUDGET:-420}
+DEVICE=${DEVICE:-cuda}              # cpu: try the script where no GPU is (with SMALL=1: small sizes, a tiny decoder)
+if [[ ${SMALL:-0} == 1 ]]; then
+    MINILM=(--length 128 --samples 4); E2E=(--samples 8 --batch-size 2 --length 128)
+    DECODER=(--model "${TINY_DECODER:?a tiny decoder folder}" --data "${TINY_TASKS:?its task file}" --dtype float32)
+    ATTENTION=(--lengths 512,1024 --budgets 128 --tokens 2048); ROUTES=(--sizes 128)
+else
+    MINILM=(--length 512 --samples 16); E2E=(--samples 32 --batch-size 8); DECODER=()
+    ATTENTION=(--lengths 512,8192,65536 --budgets 128 --tokens 65536); ROUTES=(--sizes 512)
+fi
+mkdir -p "$OUT"
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        >"$OUT/setup.log" 2>&1 || { echo "installing .whl failed: $(tail -3 "$OUT/setup.log")"; exit 1; }
+    export PYTHONPATH=/tmp/site:$PWD
+    if ! python3 -c "import transformers" >>"$OUT/setup.log" 2>&1; then  # e.g. a package it checks is too old there
+        echo "the carried wheels do not import (see $OUT/setup.log): using the machine's own packages"
+        export PYTHONPATH=$PWD
+    fi
+else
+    export PYTHONPATH=$PWD
+fi
+PY=python3
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+    $PY -c "import torch, transformers, numpy, scipy, pandas; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), '| transformers', transformers.__version__, '| numpy', numpy.__version__, 'scipy', scipy.__version__, 'pandas', pandas.__version__); print('cpus', __import__('os').cpu_count())"
+} 2>&1 | tee "$OUT/environment.log"
+
+declare -A LIMIT=([tests]=150 [agreement]=150 [decoder]=110 [e2e]=75 [routes]=45 [presses]=90 [attention]=60)
+#: the test modules holding tests marked `cuda` (collecting the whole suite would import what this machine lacks)
+CUDA_TESTS=($(grep -l "mark.cuda" -r tests --include="test_*.py"))
+rm -f "$OUT/summary.log"
+say() { echo "$1" >>"$OUT/summary.log"; }
+
+run_part() {  # name command...: run under min(its limit, what the budget leaves), log to $OUT/name.log
+    local name=$1; shift
+    local left=$((BUDGET - ($(date +%s) - START)))
+    local limit=${LIMIT[$name]}
+    if ((left < 15)); then
+        say "$name: skipped (${left} s of the budget left)"; return
+    fi
+    ((limit > left)) && limit=$left
+    local began=$(date +%s)
+    timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local code=$?
+    local took=$(($(date +%s) - began))
+    case $code in
+        0) say "$name: ok in ${took} s";;
+        124|137) say "$name: STOPPED at its limit of ${limit} s";;
+        *) say "$name: FAILED (exit $code) after ${took} s";;
+    esac
+    echo "=== $name (exit $code, ${took} s): $OUT/$name.log"
+    tail -n 25 "$OUT/$name.log"
+}
+
+PARTS=("$@")
+((${#PARTS[@]})) || PARTS=(tests agreement decoder e2e routes presses attention)
+want() { local p; for p in "${PARTS[@]}"; do [[ $p == "$1" ]] && return 0; done; return 1; }
+
+if want tests && want agreement; then  # correctness only: side by side (their timings are not figures)
+    run_part agreement $PY benchmarks/gpu/agreement.py --device "$DEVICE" "${MINILM[@]}" &
+    AGREEMENT=$!
+    run_part tests $PY -m pytest -m cuda -q -p no:cacheprovider "${CUDA_TESTS[@]}"
+    wait $AGREEMENT
+else
+    want tests && run_part tests $PY -m pytest -m cuda -q -p no:cacheprovider "${CUDA_TESTS[@]}"
+    want agreement && run_part agreement $PY benchmarks/gpu/agreement.py --device "$DEVICE" "${MINILM[@]}"
+fi
+want decoder && run_part decoder $PY benchmarks/gpu/decoder.py --device "$DEVICE" --presses 4x4 "${DECODER[@]}"
+want e2e && run_part e2e bash -c "$PY benchmarks/analyze_e2e.py --device $DEVICE ${E2E[*]} && \
+    $PY benchmarks/analyze_e2e.py --device $DEVICE ${E2E[*]} --overlap off --spectrum-device same"
+want routes && run_part routes $PY benchmarks/spectrum_devices.py "${ROUTES[@]}" --sequences 1 --repeats 1
+want presses && run_part presses $PY benchmarks/gpu/decoder.py --device "$DEVICE" --presses all --ratios 0.5 \
+    "${DECODER[@]}"
+want attention && run_part attention $PY benchmarks/attention.py --device "$DEVICE" "${ATTENTION[@]}"
+
+echo
+echo "=== summary ($(($(date +%s) - START)) s of a budget of ${BUDGET} s)"
+cat "$OUT/summary.log"
+# every log in one archive (the device tool brings back at most 8 files)
+tar czf /tmp/gpu-logs.tgz -C "$OUT" . && rm -f "$OUT"/*.log && mv /tmp/gpu-logs.tgz "$OUT/logs.tgz"
