@@ -159,7 +159,9 @@ def _gram_or_svd(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     redo = torch.from_numpy(gram_loss(eigenvalues.cpu().numpy()) > EXACT_TOLERANCE).to(p.device)
     if redo.any():
         sigma[redo] = torch.linalg.svdvals(p[redo])
-    return sigma, redo
+    # descending, whatever the solver returned (on an H100, σ of a near one-hot 512×512 P came back out of order by
+    # rounding); a no-op on sorted values
+    return sigma.sort(dim=-1, descending=True).values, redo
 
 
 def torch_sigma(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

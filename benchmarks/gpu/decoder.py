@@ -33,8 +33,13 @@ SWEEP_PRESSES = "streaming,snapkv,knorm,tova"
 
 def draw_weights_on(device: str) -> None:
     """From here on, `AutoModelForCausalLM.from_pretrained(folder, …)` builds the folder's config with random
-    weights on `device` (what spectra.models.load then moves to `device` is already there)."""
+    weights on `device` (what spectra.models.load then moves to `device` is already there), and a model folder
+    needs no weights file to pass spectra's checks."""
+    from spectra import checkpoints
+
     from_config = transformers.AutoModelForCausalLM.from_config
+    inspect = checkpoints.inspect
+    checkpoints.inspect = lambda source, gguf_file=None, weights=True: inspect(source, gguf_file, weights=False)
 
     def random(where, *, attn_implementation=None, dtype=None, **options):
         config = transformers.AutoConfig.from_pretrained(where)

@@ -87,8 +87,9 @@ class Repetition:
         for start in range(self.prefix, ids.shape[-1], chunk):
             stop = min(start + chunk, ids.shape[-1])
             quoted = ids[start - min(OVERLAP, chunk):start]  # the previous chunk's last tokens
-            prompt = self.first if start == self.prefix else torch.cat([self.later, quoted])
-            found.append((start, stop, torch.cat([prompt.to(ids.device), self.suffix.to(ids.device), ids[start:stop]])))
+            prompt = self.first.to(ids.device) if start == self.prefix else torch.cat([self.later.to(ids.device),
+                                                                                        quoted])
+            found.append((start, stop, torch.cat([prompt, self.suffix.to(ids.device), ids[start:stop]])))
         return found
 
 

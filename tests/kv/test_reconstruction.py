@@ -60,6 +60,8 @@ def test_chunks_quote_the_end_of_the_previous_chunk() -> None:
     short = pieces.chunks(ids, 4)  # a chunk shorter than the quote quotes all of it
     assert short[1][2].tolist() == [70, *range(103, 107), 90, *range(107, 111)]
     assert pieces.chunks(ids[:3], 10) == [] and len(pieces.chunks(ids, 2048)) == 1
+    on_meta = pieces.chunks(ids.to("meta"), 10)  # the prompts' ids (read on the CPU) join the context's device
+    assert [repeat.device.type for _, _, repeat in on_meta] == ["meta"] * 3  # (an H100 run met a CPU/CUDA cat)
 
 
 def numpy_chunk_scores(q, own, cached, start, stop) -> np.ndarray:

@@ -202,3 +202,25 @@ def test_on_cuda_every_path_gives_the_cpus_numbers(place, overlap) -> None:
         device = "cpu" if seconds["cpu"] <= seconds["cuda"] else "cuda:0"
     assert described["spectrum_device"] == device
     assert described["overlap"] == ((device == "cpu") if overlap is None else overlap)
+
+
+def test_pinned_memory_is_asked_for_only_for_copies_from_a_gpu(monkeypatch) -> None:
+    """Pinned host memory exists only with CUDA: a CPU model's spectra, inline or overlapped, never ask for it (the
+    GPU path's pinned copies run in the `cuda` tests)."""
+    from spectra.probes import offload
+
+    asked: list[bool] = []
+    empty = torch.empty
+
+    def recording(*args, **kwargs):
+        asked.append(bool(kwargs.get("pin_memory")))
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(offload.torch, "empty", recording)
+    for overlap in (False, True):
+        probe = Offloaded(SpectrumProbe(2, 3, 24, 6), "cpu", overlap=overlap)
+        _fed(probe, _softmax_batches(2))
+        probe.close()
+    assert not any(asked)
+    x = torch.ones(3)
+    assert offload._to(x, torch.device("cpu"), wait=False) is x  # already there: no copy at all
