@@ -37,13 +37,15 @@ class ExpectedAttentionStats(ScorerPress):
 
     name, summary = "expected_attention_stats", "expected_attention with query statistics fitted once per model"
     peer = "ExpectedAttentionStatsPress"
-    guide = ("Expected Attention (kvpress's `ExpectedAttentionStatsPress`) with the query statistics in DIR: the "
-             "mean and covariance of each query head's pre-RoPE queries, gathered once over calibration text instead "
-             "of estimated from the context being compressed, rotated to the next 512 positions; each key is scored "
-             "by the attention a query so distributed is expected to pay it, weighted by its value's norm, and the "
-             "first 4 tokens are kept. kvpress loads the statistics from the hub for the models someone published "
-             "them for; `spectra artifacts expected_attention_stats MODEL --data FILE --out DIR` gathers them on "
-             "local text for any model and writes DIR in the format kvpress loads (its `stats_folder`).")
+    guide = ("Expected Attention (kvpress's `ExpectedAttentionStatsPress`) with the query statistics in the "
+             "directory it names: the mean and covariance of each query head's pre-RoPE queries, gathered once "
+             "over calibration text instead of estimated from the context being compressed, rotated to the next "
+             "512 positions; each key is scored by the attention a query so distributed is expected to pay it, "
+             "weighted by its value's norm, and the first 4 tokens are kept. kvpress loads the statistics from the"
+             " hub for the models someone published them for; `spectra artifacts expected_attention_stats MODEL "
+             "--data FILE --out DIR` gathers them on local text for any model and writes DIR in the format kvpress"
+             " loads (its `stats_folder`). The ratio is the share of the cached tokens removed: each key/value "
+             "head keeps max(1, int(L · (1 − r))).")
     #: no wrapper takes it: `adakv(<scorer>)` names its scorer alone, and this press needs its directory
     scorer = False
     argument, check = "artifact", "spectra.kv.artifacts:check_statistics"

@@ -39,13 +39,14 @@ class QFilter(ScorerPress):
 
     name, summary = "qfilter", "the keys projecting most on the queries' principal direction (Q-Filters)"
     peer = "QFilterPress"
-    guide = ("Q-Filters (kvpress's `QFilterPress`) with the filters in DIR: each cached key is scored by minus its "
-             "projection on one fixed direction per layer and key/value head, the top right singular vector of the "
-             "queries (oriented against their mean), so the keys the queries are expected to attend to are kept. "
-             "kvpress loads the filters from the hub for the models someone published them for; `spectra artifacts "
-             "qfilter MODEL --data FILE --out DIR` fits them on local text for any model and writes DIR in the "
-             "format kvpress's `QFilters.from_pretrained(DIR)` loads (config.json and model.safetensors), so both "
-             "tools score with the same filters.")
+    guide = ("Q-Filters (kvpress's `QFilterPress`) with the filters in the directory it names: each cached key is "
+             "scored by minus its projection on one fixed direction per layer and key/value head, the top right "
+             "singular vector of the queries (oriented against their mean), so the keys the queries are expected "
+             "to attend to are kept. kvpress loads the filters from the hub for the models someone published them "
+             "for; `spectra artifacts qfilter MODEL --data FILE --out DIR` fits them on local text for any model "
+             "and writes DIR in the format kvpress's `QFilters.from_pretrained(DIR)` loads (config.json and "
+             "model.safetensors), so both tools score with the same filters. The ratio is the share of the cached "
+             "tokens removed: each key/value head keeps max(1, int(L · (1 − r))).")
     #: no wrapper takes it: `adakv(<scorer>)` names its scorer alone, and this press needs its directory
     scorer = False
     argument, check = "artifact", "spectra.kv.artifacts:check_qfilter"
