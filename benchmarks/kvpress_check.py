@@ -89,7 +89,8 @@ def worker(job_path: str, result_path: str) -> None:
                                                  attn_implementation="sdpa").eval()
     context = job["context"]
 
-    from kvpress_tasks import KVPRESS_NAMES, WRAPPERS, serve_tokenizer  # this file's folder is on the path
+    from kvpress_tasks import KVPRESS_NAMES, WRAPPERS, artifact_press, serve_tokenizer  # this file's folder is on
+    # the path
 
     def make(press: str, ratio: float, seed: int):
         for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
@@ -119,6 +120,8 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.SimLayerKVPress()
         if press == "kvzip":
             serve_tokenizer(job["folder"])
+        if artifact_press(kvpress, press, ratio) is not None:  # qfilter(DIR), …: the artifact spectra wrote
+            return artifact_press(kvpress, press, ratio)
         if press in KVPRESS_NAMES:  # a press at its defaults but the ratio
             return getattr(kvpress, KVPRESS_NAMES[press])(compression_ratio=ratio)
         raise ValueError(press)

@@ -68,7 +68,26 @@ def make_press(kvpress, name: str, ratio: float, model):
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
     if name == "kvzip":  # it reloads the tokenizer from model.config.name_or_path: the folder holding the GGUF
         serve_tokenizer(model.config.name_or_path)
-    return getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
+    found = artifact_press(kvpress, name, ratio)
+    return found if found is not None else getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
+
+
+def artifact_press(kvpress, name: str, ratio: float):
+    """kvpress's press loading a learned artifact, given spectra's `qfilter(DIR)` or `expected_attention_stats(DIR)`
+    (the directory `spectra artifacts` wrote): QFilterPress with its filters read by kvpress's own
+    `QFilters.from_pretrained(DIR)` in place of the hub's (its `post_init_from_model` fetches them by the model's
+    name), ExpectedAttentionStatsPress with `stats_folder=DIR`; None for any other name."""
+    if name.startswith("qfilter(") and name.endswith(")"):
+        from kvpress.presses.qfilter_press import QFilters
+
+        press = kvpress.QFilterPress(compression_ratio=ratio)
+        filters = QFilters.from_pretrained(name[len("qfilter("):-1]).q_filters.detach()
+        press.post_init_from_model = lambda model: setattr(press, "q_filters", filters.to(model.dtype))
+        return press
+    if name.startswith("expected_attention_stats(") and name.endswith(")"):
+        return kvpress.ExpectedAttentionStatsPress(compression_ratio=ratio,
+                                                   stats_folder=name[len("expected_attention_stats("):-1])
+    return None
 
 
 def stepwise(pipe):

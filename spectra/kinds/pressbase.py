@@ -133,14 +133,19 @@ class PressOptions:
         return tuple(press for press in self.presses if press in PRESSES.having("calibrates"))
 
 
-def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | None, name: str) -> None:
+def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | None, name: str,
+                   heads: int | None = None, head_dim: int | None = None) -> None:
     """Refuse (one line) a `duo(DIR)` pattern or a `headbudget(DIR)` run that does not have the model's layers ×
-    key/value heads."""
-    from ..kv import headpattern
+    key/value heads, or a learned artifact (`qfilter(DIR)`, `expected_attention_stats(DIR)`) of another shape
+    (`head_dim`: known once the model has loaded)."""
+    from ..kv import artifacts, headpattern
     from ..anatomy import headweights
 
     for press in options.presses:
         parts = registry.applied(press)
+        if parts is not None and parts[0] in artifacts.FORMATS:
+            artifacts.fits(parts[0], parts[1], name, layers=layers, heads=heads, kv_heads=kv_heads,
+                           head_dim=head_dim)
         if parts is not None and parts[0] == "duo":
             headpattern.fits(headpattern.read(parts[1]), layers, kv_heads, name, parts[1])
         if parts is not None and parts[0] == "headbudget":
@@ -165,7 +170,7 @@ class PressStudy(Analysis):
         return {"Presses": press_lines()}
 
     def check(self, config: RunConfig, options: PressOptions, shape: checkpoints.Shape) -> None:
-        check_patterns(options, shape.layers, shape.kv_heads, shape.name)
+        check_patterns(options, shape.layers, shape.kv_heads, shape.name, shape.heads)
         if shape.causal is False:
             raise SpectraError(f"{shape.name} is an encoder: {self.decodes} (a causal language model, e.g. Llama, "
                                "Qwen2, SmolLM2)")
@@ -191,3 +196,5 @@ class PressStudy(Analysis):
             raise SpectraError(f"{loaded.name} has no language-model head: spectra {self.name} scores next-token "
                                "predictions")
         self.check_rope(options, models.rotary(loaded.model), loaded.name)
+        check_patterns(options, loaded.layers, loaded.kv_heads or loaded.heads, loaded.name, loaded.heads,
+                       loaded.head_dim)

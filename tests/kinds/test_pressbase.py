@@ -87,3 +87,35 @@ def test_an_encoder_is_refused_by_either_study_in_its_words(bert_dir) -> None:
         study = REGISTRY[name]
         with pytest.raises(SpectraError, match=f"is an encoder: {words}"):
             PressStudy.check(study, RunConfig(model=str(bert_dir)), study.options(presses="knorm"), shape)
+
+
+def test_an_artifact_of_another_shape_is_refused_before_the_model_loads_or_anything_is_written(
+        llama_dir, text_file, tmp_path, monkeypatch, capsys) -> None:
+    """qfilter(DIR) and expected_attention_stats(DIR) are held to the model's layers and heads before it loads, and
+    to its head dimension once it has (the tiny Llama: 2 layers, 4 heads over 2 key/value heads of 8 dimensions)."""
+    import torch
+
+    from spectra import models
+    from spectra.kv import artifacts
+
+    from ..tiny import run_cli
+
+    deep = artifacts.write(tmp_path / "deep", {"q_filters": torch.zeros(5, 2, 8)},
+                           {"num_layers": 5, "num_kv_heads": 2, "kv_head_dim": 8})
+    wide = artifacts.write(tmp_path / "wide", {"query_mean": torch.zeros(2, 9, 8), "query_cov": torch.zeros(2, 9, 8, 8)},
+                           {"num_layers": 2, "num_heads": 9, "head_dim": 8})
+    narrow = artifacts.write(tmp_path / "narrow", {"q_filters": torch.zeros(2, 2, 4)},
+                             {"num_layers": 2, "num_kv_heads": 2, "kv_head_dim": 4})
+    with monkeypatch.context() as patch:
+        patch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
+        for press, message in ((f"qfilter({deep})", "is 5 layers × 2 key/value heads × 8 head dimensions, but "
+                                                    r"\S+ has 2 layers × 2 key/value heads;"),
+                               (f"expected_attention_stats({wide})", "9 query heads .* has 2 layers × 4 query heads")):
+            code, out, err = run_cli(["cache", str(llama_dir), "--data", str(text_file), "--presses", press,
+                                      "--out", str(tmp_path / "run")], monkeypatch, capsys)
+            assert code == 2 and re.search(message, err) and err.count("\n") == 1, err
+    code, out, err = run_cli(["cache", str(llama_dir), "--data", str(text_file), "--presses", f"qfilter({narrow})",
+                              "--context", "40", "--continuation", "8", "--samples", "1", "--out",
+                              str(tmp_path / "run")], monkeypatch, capsys)
+    assert code == 2 and "× 4 head dimensions, but" in err and "× 8 head dimensions" in err, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()

@@ -114,6 +114,22 @@ def engine(loaded, ids, parts_per_variant: list[dict], layers: dict, first: torc
     return torch.cat([first.expand(len(parts_per_variant), 1, -1), rest], dim=1)
 
 
+def learned_artifacts(folder, layers: dict) -> list[str]:
+    """`qfilter(DIR)` and `expected_attention_stats(DIR)` with random artifacts of the model's shape."""
+    from spectra.kv import artifacts
+
+    prefill = layers[0][1]
+    count, heads, kv_heads, dim = len(layers), prefill.q.shape[0], prefill.kv_heads, prefill.head_dim
+    generator = torch.Generator().manual_seed(5)
+    filters = artifacts.write(folder / "qf", {"q_filters": torch.randn(count, kv_heads, dim, generator=generator)},
+                              {"num_layers": count, "num_kv_heads": kv_heads, "kv_head_dim": dim})
+    factor = torch.randn(count, heads, dim, dim, generator=generator) * 0.2
+    stats = artifacts.write(folder / "stats", {"query_mean": torch.randn(count, heads, dim, generator=generator),
+                                               "query_cov": factor @ factor.transpose(-1, -2)},
+                            {"num_layers": count, "num_heads": heads, "head_dim": dim})
+    return [f"qfilter({filters})", f"expected_attention_stats({stats})"]
+
+
 def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_llama, tmp_path) -> None:
     loaded, ids = gqa_llama
     layers, logits = prefilled(loaded, ids)
@@ -125,7 +141,8 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})",
                  "criticaladakv(knorm)"]
     wrapped = ["criticalkv(snapkv)", "chunkkv(knorm)", "entropy_gated_chunkkv(snapkv)", "chunk(keydiff)",
-               "block(streaming)", "key_rerotation(knorm)", "key_rerotation(snapkv)"]
+               "block(streaming)", "key_rerotation(knorm)", "key_rerotation(snapkv)",
+               *learned_artifacts(tmp_path, layers)]
     names = [*REGISTRY.bare(), *arguments, *wrapped]  # presses with an argument too
     built = run_presses(names, layers=loaded.layers)  # as a run builds them (pyramidkv reads the layer count)
     built["simlayerkv: all lazy"] = SimLayerKV(0.0, n_recent=40)  # kvpress's defaults compress nothing at L = 72

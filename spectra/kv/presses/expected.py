@@ -64,15 +64,29 @@ def expected_scores(prefill: Prefill, future: int = FUTURE, sinks: int = SINKS, 
     """(H_kv, L) the expected attention of the next `future` queries to each cached key after the first `sinks`,
     averaged over each key/value group and weighted by the value norm; the sinks scored max + 1 (see the module
     docstring)."""
-    length, dim = prefill.length, prefill.head_dim
-    if length <= sinks:
-        raise ValueError(f"expected_attention needs more than {sinks} context tokens, got {length}")
+    if prefill.length <= sinks:
+        raise ValueError(f"expected_attention needs more than {sinks} context tokens, got {prefill.length}")
     if prefill.query_pre is None or prefill.rope is None:
         raise ValueError("expected_attention reads the pre-RoPE queries and the model's RoPE, which this prefill did "
                          "not keep (a press reading them declares `queries` and `needs_rope`)")
-    positions = torch.arange(length, length + future, device=prefill.key.device)
-    cos, sin = prefill.rope(positions)
-    mean, covariance = future_query(prefill.query_pre, mean_rotation(cos, sin).to(prefill.key.dtype), sinks)
+    mean, covariance = future_query(prefill.query_pre, future_rotation(prefill, future), sinks)
+    return expected_attention(prefill, mean, covariance, sinks, epsilon)
+
+
+def future_rotation(prefill: Prefill, future: int = FUTURE) -> torch.Tensor:
+    """(d, d) RoPE's rotation averaged over the `future` positions after the context, L … L + future − 1, in the
+    cache's dtype (`mean_rotation`)."""
+    positions = torch.arange(prefill.length, prefill.length + future, device=prefill.key.device)
+    cos, sin = prefill.rope(positions)  # type: ignore[misc]
+    return mean_rotation(cos, sin).to(prefill.key.dtype)
+
+
+def expected_attention(prefill: Prefill, mean: torch.Tensor, covariance: torch.Tensor, sinks: int = SINKS,
+                       epsilon: float = EPSILON) -> torch.Tensor:
+    """(H_kv, L) the expected attention to each cached key after the first `sinks` of a future query of mean `mean`
+    (H, d) and covariance `covariance` (H, d, d), both rotated to the future positions: softmax over the keys of
+    k·μ/√d + kᵀΣk/(2d), averaged over each key/value group, weighted by the value norm; the sinks scored max + 1."""
+    dim = prefill.head_dim
     keys = prefill.key[:, sinks:].repeat_interleave(prefill.groups, dim=0)  # (H, L − sinks, d)
     logits = (mean[:, None, :] @ keys.transpose(1, 2))[:, 0] / math.sqrt(dim)
     logits = logits + torch.einsum("hnd,hde,hne->hn", keys, covariance, keys) / dim / 2

@@ -1,0 +1,156 @@
+"""Learned artifacts of presses, as directories in the format kvpress 0.5.5 loads — torch-free until a tensor is read.
+
+Some of kvpress's presses score with something fitted once per model and published on the hub: QFilterPress's
+filters, ExpectedAttentionStatsPress's query statistics. kvpress loads each with huggingface_hub's
+`PyTorchModelHubMixin.from_pretrained(folder)`: a directory holding `config.json` (the module's constructor
+arguments) and `model.safetensors` (its parameters by name). `spectra artifacts` writes such a directory for any model
+(`kv.calibration` fits it on local text), kvpress's own loaders read it from the local path, and the presses
+`qfilter(DIR)` and `expected_attention_stats(DIR)` read it here.
+
+A directory is checked when a press names it, before any model loads, in one line: missing files, a safetensors
+header that is not one, a tensor missing or of the wrong number of axes, a config.json whose sizes disagree with the
+tensors (`check_qfilter`, `check_statistics`, the registry's checks of the presses' arguments). `fits` then holds it
+to the model's shape (layers, heads, key/value heads, head dimension) where the model's files tell it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpectraError
+
+#: the files of an artifact directory, as `PyTorchModelHubMixin` names them
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Format:
+    """One artifact's layout: its tensors, each with its axes by name (layers, heads, kv_heads, head_dim), and the
+    config.json keys holding those sizes (the constructor arguments of kvpress's module)."""
+
+    what: str
+    tensors: dict[str, tuple[str, ...]]
+    sizes: dict[str, str]
+
+    def shape(self, folder: str | Path) -> dict[str, int]:
+        """Axis name → size of the artifact in `folder`, checked whole (SpectraError, one line, where it is not)."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise SpectraError(f"{self.what} {folder}: no such directory (`spectra artifacts` writes one, holding "
+                               f"{CONFIG_FILE} and {WEIGHTS_FILE})")
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            if not (folder / name).is_file():
+                raise SpectraError(f"{self.what} {folder}: {name} is missing (`spectra artifacts` writes both "
+                                   f"{CONFIG_FILE} and {WEIGHTS_FILE})")
+        config = read_config(folder / CONFIG_FILE, self.what)
+        header = safetensors_header(folder / WEIGHTS_FILE, self.what)
+        sizes: dict[str, int] = {}
+        for tensor, axes in self.tensors.items():
+            if tensor not in header:
+                raise SpectraError(f"{self.what} {folder / WEIGHTS_FILE}: holds no tensor '{tensor}' (holds "
+                                   f"{', '.join(sorted(header)) or 'none'})")
+            dims = header[tensor]
+            if len(dims) != len(axes):
+                raise SpectraError(f"{self.what} {folder / WEIGHTS_FILE}: '{tensor}' has {len(dims)} axes, not "
+                                   f"{len(axes)} ({' × '.join(axes)})")
+            for axis, size in zip(axes, dims):
+                if sizes.setdefault(axis, size) != size:
+                    raise SpectraError(f"{self.what} {folder / WEIGHTS_FILE}: the tensors disagree on {axis} "
+                                       f"({sizes[axis]} and {size})")
+        for key, axis in self.sizes.items():
+            if config.get(key) != sizes[axis]:
+                raise SpectraError(f"{self.what} {folder / CONFIG_FILE}: {key} is {config.get(key)!r}, but the "
+                                   f"tensors have {sizes[axis]}")
+        return sizes
+
+
+QFILTER = Format("Q-Filters", {"q_filters": ("layers", "kv_heads", "head_dim")},
+                 {"num_layers": "layers", "num_kv_heads": "kv_heads", "kv_head_dim": "head_dim"})
+STATISTICS = Format("query statistics", {"query_mean": ("layers", "heads", "head_dim"),
+                                         "query_cov": ("layers", "heads", "head_dim", "head_dim")},
+                    {"num_layers": "layers", "num_heads": "heads", "head_dim": "head_dim"})
+#: how messages name the axes
+AXES = {"layers": "layers", "heads": "query heads", "kv_heads": "key/value heads", "head_dim": "head dimensions"}
+#: `spectra artifacts`' kinds: the press reading it → its format
+FORMATS = {"qfilter": QFILTER, "expected_attention_stats": STATISTICS}
+
+
+def read_config(path: Path, what: str) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise SpectraError(f"{what} {path}: not JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise SpectraError(f"{what} {path}: not a JSON object")
+    return config
+
+
+def safetensors_header(path: Path, what: str) -> dict[str, list[int]]:
+    """Tensor name → shape, from a safetensors file's header (8 bytes of its length, then JSON), reading no data."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(8)
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < length <= 100_000_000:
+                raise ValueError("no safetensors header")
+            header = json.loads(file.read(length))
+        shapes = {name: [int(size) for size in entry["shape"]] for name, entry in header.items()
+                  if name != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, struct.error) as error:
+        raise SpectraError(f"{what} {path}: not a safetensors file ({error})") from None
+    return shapes
+
+
+def check_qfilter(argument: str) -> None:
+    """The registry's check of `qfilter(DIR)`: DIR holds whole Q-Filters."""
+    QFILTER.shape(argument)
+
+
+def check_statistics(argument: str) -> None:
+    """The registry's check of `expected_attention_stats(DIR)`: DIR holds whole query statistics."""
+    STATISTICS.shape(argument)
+
+
+def fits(kind: str, folder: str | Path, name: str, **model: int | None) -> None:
+    """Refuse (one line) the artifact in `folder` where its sizes differ from the model's (`model`: layers, heads,
+    kv_heads, head_dim; None: not known yet, not checked)."""
+    found = FORMATS[kind].shape(folder)
+    known = {axis: model[axis] for axis in found if model.get(axis) is not None}
+    if any(found[axis] != size for axis, size in known.items()):
+        def sizes(values: dict[str, Any]) -> str:
+            return " × ".join(f"{size} {AXES[axis]}" for axis, size in values.items())
+
+        raise SpectraError(f"{FORMATS[kind].what} {folder} is {sizes(found)}, but {name} has {sizes(known)}; fit "
+                           f"them for this model with `spectra artifacts {kind} MODEL --data FILE --out DIR`")
+
+
+def load(kind: str, folder: str | Path) -> dict[str, Any]:
+    """The artifact's tensors (float32 torch tensors by name), checked first."""
+    from safetensors.torch import load_file
+
+    FORMATS[kind].shape(folder)
+    return load_file(str(Path(folder) / WEIGHTS_FILE))
+
+
+def write(folder: str | Path, tensors: dict[str, Any], config: dict[str, Any]) -> Path:
+    """An artifact directory: `tensors` (name → torch tensor) as model.safetensors and `config` as config.json, as
+    `PyTorchModelHubMixin.save_pretrained` writes them (written under a temporary name, then moved into place)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(partial / WEIGHTS_FILE),
+              metadata={"format": "pt"})
+    (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    if folder.exists():
+        shutil.rmtree(folder)
+    partial.rename(folder)
+    return folder

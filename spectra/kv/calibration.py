@@ -1,0 +1,179 @@
+"""`spectra artifacts KIND MODEL --data FILE`: fit a press's learned artifact on local text, for any decoder, and
+write it where kvpress's loader reads it (`kv.artifacts`).
+
+The calibration text is cut into `samples` blocks of `length` tokens (the files' tokens in order, no special tokens
+added), each prefilled exactly (`kv.prefill.exact`, keeping every layer's queries before RoPE). What is fitted:
+
+- `qfilter` (Q-Filters, arXiv:2503.02812): per layer and key/value head, the queries after RoPE — the space of the
+  cached keys the filter is applied to — of the head's G query heads and every position, stacked (N, d); the filter is
+  their top right singular vector v₁ (the top eigenvector of the Gram matrix QᵀQ, accumulated in float64), oriented
+  so that the mean query projects on it negatively: kvpress's score −f·k then grows with the logit E[q]·k ≈ κ v₁·k
+  a key can expect.
+- `expected_attention_stats` (kvpress's recipe in expected_attention_with_stats.py): per layer and query head, the
+  queries before RoPE of every block but its first `SINKS` positions, their mean and their covariance divided by
+  N − 1 (accumulated in float64 as sums of q and q qᵀ).
+
+kvpress's recipe for the statistics cuts each of 100 booksum chapters to its first 1000 characters; spectra reads
+local files (no download) and counts in tokens. Everything the user can get wrong is refused in one line before the
+model loads: the kind, the files, the sizes, the output directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from .. import checkpoints, models, runtime
+from ..errors import SpectraError, spell
+from . import artifacts, prefill
+from .presses.expected import SINKS
+from .presses.rerotation import rotate_half
+
+
+def check_request(kind: str, data: Sequence[Path], out: Path, length: int, samples: int, overwrite: bool) -> None:
+    """Refuse (one line) what cannot be fitted or written, before anything loads."""
+    from ..rundir import check_writable
+
+    if kind not in artifacts.FORMATS:
+        raise SpectraError(f"unknown artifact '{kind}'; choose one of {', '.join(artifacts.FORMATS)}")
+    if not data:
+        raise SpectraError(f"{spell('--data', 'data')} names no file; give one or more text files, comma-separated")
+    for path in data:
+        if not path.is_file():
+            raise SpectraError(f"{spell('--data', 'data')} {path}: no such file (give text files, comma-separated)")
+    fewest = SINKS + 2 if kind == "expected_attention_stats" else 2
+    if isinstance(length, bool) or length < fewest:
+        raise SpectraError(f"{spell('--length', 'length')} must be ≥ {fewest} tokens, got {length}")
+    if isinstance(samples, bool) or samples < 1:
+        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
+    if out.exists() and not out.is_dir():
+        raise SpectraError(f"{spell('--out', 'out')} {out} is a file; give a directory")
+    if out.exists() and not overwrite:
+        raise SpectraError(f"{spell('--out', 'out')} {out} already exists; pass "
+                           f"{spell('--overwrite', 'overwrite=True')} to replace it or choose another")
+    check_writable(out, "--out")
+
+
+def text_blocks(tokenizer, data: Sequence[Path], length: int, samples: int) -> list[torch.Tensor]:
+    """Up to `samples` blocks of `length` tokens, cut in order from the files' tokens (each file on its own)."""
+    blocks: list[torch.Tensor] = []
+    for path in data:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as error:
+            raise SpectraError(f"{spell('--data', 'data')} {path}: cannot be read ({error.strerror})") from None
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        for start in range(0, len(ids) - length + 1, length):
+            if len(blocks) == samples:
+                return blocks
+            blocks.append(torch.tensor(ids[start:start + length]))
+    if not blocks:
+        raise SpectraError(f"{spell('--data', 'data')} holds no block of {length} tokens; give longer text or a "
+                           f"smaller {spell('--length', 'length')}")
+    return blocks
+
+
+class QFilterFit:
+    """Gram matrices and sums of the post-RoPE queries per (layer, key/value head), then the oriented filters."""
+
+    def __init__(self, layers: int, kv_heads: int, dim: int) -> None:
+        self.gram = torch.zeros(layers, kv_heads, dim, dim, dtype=torch.float64)
+        self.total = torch.zeros(layers, kv_heads, dim, dtype=torch.float64)
+
+    def update(self, layer: int, queries: torch.Tensor) -> None:
+        """Add one block's queries after RoPE (H, n, d) of `layer`, grouped by key/value head."""
+        kv_heads = self.gram.shape[1]
+        grouped = queries.double().reshape(kv_heads, -1, queries.shape[-1])  # (H_kv, G·n, d)
+        self.gram[layer] += grouped.transpose(1, 2) @ grouped
+        self.total[layer] += grouped.sum(dim=1)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """`q_filters` (layers, H_kv, d) float32: each top eigenvector of QᵀQ, its sign making the mean query's
+        projection negative."""
+        _, vectors = torch.linalg.eigh(self.gram)
+        top = vectors[..., -1]  # eigh sorts ascending: the last is the top right singular vector of Q
+        sign = torch.where((self.total * top).sum(dim=-1) > 0, -1.0, 1.0).to(top.dtype)
+        return {"q_filters": (top * sign[..., None]).float()}
+
+
+class StatisticsFit:
+    """Sums of the pre-RoPE queries and of their outer products per (layer, query head), then mean and covariance."""
+
+    def __init__(self, layers: int, heads: int, dim: int) -> None:
+        self.total = torch.zeros(layers, heads, dim, dtype=torch.float64)
+        self.outer = torch.zeros(layers, heads, dim, dim, dtype=torch.float64)
+        self.count = 0
+
+    def update(self, layer: int, queries: torch.Tensor) -> None:
+        """Add one block's queries before RoPE (H, n, d) of `layer`, its first SINKS positions left out."""
+        kept = queries[:, SINKS:].double()
+        self.total[layer] += kept.sum(dim=1)
+        self.outer[layer] += kept.transpose(1, 2) @ kept
+        if layer == 0:
+            self.count += kept.shape[1]
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """`query_mean` (layers, H, d) and `query_cov` (layers, H, d, d) float32 (covariance over N − 1)."""
+        count = self.count
+        mean = self.total / count
+        covariance = (self.outer - count * mean[..., :, None] * mean[..., None, :]) / max(count - 1, 1)
+        return {"query_mean": mean.float(), "query_cov": covariance.float()}
+
+
+def fit(kind: str, model: torch.nn.Module, layers: int, blocks: Sequence[torch.Tensor],
+        progress: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
+    """The artifact's tensors, fitted on `blocks` (each (n,) token ids) prefilled by `model`."""
+    found: QFilterFit | StatisticsFit | None = None
+    for index, ids in enumerate(blocks):
+        with torch.inference_mode():
+            parts = prefill.exact(model, layers, ids, 0, index, received=False, queries=True)
+        for part in parts:
+            pre = part.query_pre
+            if pre is None or part.rope is None:
+                raise SpectraError("this model's queries before RoPE cannot be read (a model with rotary positions "
+                                   "and separate query projections is needed)")
+            if found is None:
+                found = (QFilterFit(layers, part.kv_heads, part.head_dim) if kind == "qfilter"
+                         else StatisticsFit(layers, pre.shape[0], part.head_dim))
+            if kind == "qfilter":
+                cos, sin = part.rope(torch.arange(pre.shape[1], device=pre.device))
+                found.update(part.layer, pre * cos.to(pre.dtype) + rotate_half(pre) * sin.to(pre.dtype))
+            else:
+                found.update(part.layer, pre)
+        if progress is not None:
+            progress(index + 1)
+    assert found is not None
+    return found.result()
+
+
+def make_artifact(kind: str, model: str, *, data: Sequence[str | Path], out: str | Path, length: int = 1000,
+                  samples: int = 16, threads: int | None = None, gguf_file: str | None = None,
+                  overwrite: bool = False, progress: Callable[[int], None] | None = None) -> Path:
+    """Fit `kind`'s artifact for `model` on the text files `data` (`samples` blocks of `length` tokens) and write
+    it to the directory `out`, in kvpress's format (see the module docstring)."""
+    paths, out = [Path(path) for path in data], Path(out)
+    check_request(kind, paths, out, length, samples, overwrite)
+    source = checkpoints.inspect(model, gguf_file)
+    shape = source.shape()
+    if shape.causal is False:
+        raise SpectraError(f"{source.label} is an encoder: a press's artifact belongs to a decoder's cache")
+    if shape.positions is not None and length > shape.positions:
+        raise SpectraError(f"{spell('--length', 'length')} {length} is beyond the {shape.positions} positions of "
+                           f"{source.label}")
+    with runtime.threads(threads):
+        loaded = models.load(model, device="cpu", gguf_file=gguf_file)
+        if not models.rotary(loaded.model):
+            raise SpectraError(f"{loaded.name} has no rotary position embedding (RoPE): {kind} scores post-RoPE "
+                               "keys with statistics of rotated queries")
+        blocks = text_blocks(loaded.tokenizer, paths, length, samples)
+        tensors = fit(kind, loaded.model, loaded.layers, blocks, progress)
+    first = next(iter(tensors.values()))
+    if kind == "qfilter":
+        config = {"num_layers": first.shape[0], "num_kv_heads": first.shape[1], "kv_head_dim": first.shape[2]}
+    else:
+        config = {"num_layers": first.shape[0], "num_heads": first.shape[1], "head_dim": first.shape[2],
+                  "dataset_name": ",".join(str(path) for path in paths), "model_name": loaded.name,
+                  "num_samples": len(blocks), "sample_seq_len": length, "n_sink": SINKS}
+    return artifacts.write(out, tensors, config)

@@ -1,0 +1,65 @@
+"""Artifact directories (the layout kvpress's `PyTorchModelHubMixin.from_pretrained` loads): written and read back,
+their shapes read from the safetensors header without torch, and every damaged or ill-fitting directory refused in
+one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spectra.errors import SpectraError
+from spectra.kv import artifacts
+
+QFILTER_CONFIG = {"num_layers": 2, "num_kv_heads": 3, "kv_head_dim": 4}
+
+
+def test_a_written_directory_reads_back_whole(tmp_path) -> None:
+    filters = torch.randn(2, 3, 4)
+    folder = artifacts.write(tmp_path / "qf", {"q_filters": filters}, QFILTER_CONFIG)
+    assert sorted(path.name for path in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert not (tmp_path / "qf.partial").exists()
+    assert json.loads((folder / "config.json").read_text()) == QFILTER_CONFIG
+    assert artifacts.QFILTER.shape(folder) == {"layers": 2, "kv_heads": 3, "head_dim": 4}
+    torch.testing.assert_close(artifacts.load("qfilter", folder)["q_filters"], filters, rtol=0, atol=0)
+    again = artifacts.write(folder, {"q_filters": filters * 2}, QFILTER_CONFIG)  # replaced whole
+    torch.testing.assert_close(artifacts.load("qfilter", again)["q_filters"], filters * 2, rtol=0, atol=0)
+
+
+def test_damaged_directories_are_refused_in_one_line(tmp_path) -> None:
+    def refused(folder, message: str) -> None:
+        with pytest.raises(SpectraError, match=message) as error:
+            artifacts.check_qfilter(str(folder))
+        assert "\n" not in str(error.value)
+
+    refused(tmp_path / "none", "no such directory")
+    (tmp_path / "empty").mkdir()
+    refused(tmp_path / "empty", "config.json is missing")
+    folder = artifacts.write(tmp_path / "qf", {"q_filters": torch.zeros(2, 3, 4)}, QFILTER_CONFIG)
+    (folder / "config.json").write_text("{nope")
+    refused(folder, "not JSON")
+    (folder / "config.json").write_text(json.dumps({**QFILTER_CONFIG, "num_kv_heads": 5}))
+    refused(folder, "num_kv_heads is 5, but the tensors have 3")
+    (folder / "config.json").write_text(json.dumps(QFILTER_CONFIG))
+    (folder / "model.safetensors").write_bytes(b"\x00" * 4)
+    refused(folder, "not a safetensors file")
+    artifacts.write(folder, {"filters": torch.zeros(2, 3, 4)}, QFILTER_CONFIG)
+    refused(folder, "holds no tensor 'q_filters'")
+    artifacts.write(folder, {"q_filters": torch.zeros(2, 12)}, QFILTER_CONFIG)
+    refused(folder, "'q_filters' has 2 axes, not 3")
+    stats = artifacts.write(tmp_path / "st", {"query_mean": torch.zeros(2, 3, 4), "query_cov": torch.zeros(2, 3, 5, 5)},
+                            {"num_layers": 2, "num_heads": 3, "head_dim": 4})
+    with pytest.raises(SpectraError, match="disagree on head_dim"):
+        artifacts.check_statistics(str(stats))
+
+
+def test_an_artifact_of_another_model_is_refused_naming_both_shapes(tmp_path) -> None:
+    folder = artifacts.write(tmp_path / "qf", {"q_filters": torch.zeros(2, 3, 4)}, QFILTER_CONFIG)
+    artifacts.fits("qfilter", folder, "M", layers=2, kv_heads=3, head_dim=None, heads=9)
+    artifacts.fits("qfilter", folder, "M", layers=None, kv_heads=None)
+    with pytest.raises(SpectraError, match=r"Q-Filters .* is 2 layers × 3 key/value heads × 4 head dimensions, but "
+                                           r"M has 30 layers × 3 key/value heads; fit them for this model"):
+        artifacts.fits("qfilter", folder, "M", layers=30, kv_heads=3, heads=9)
+    with pytest.raises(SpectraError, match="but M has 2 layers × 3 key/value heads × 64 head dimensions"):
+        artifacts.fits("qfilter", folder, "M", layers=2, kv_heads=3, head_dim=64)
