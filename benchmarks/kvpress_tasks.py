@@ -70,13 +70,16 @@ def finch(kvpress, ratio: float):
     return press
 
 
-def make_press(kvpress, name: str, ratio: float, model):
+def make_press(kvpress, name: str, ratio: float, model, context: int | None = None, interval: int = 512):
     """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `adakv(<scorer>)`:
     AdaKVPress(scorer, alpha_safeguard=0.2); `duo(DIR)`: DuoAttentionPress(head_compression_ratio=ratio) with the
     pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`); `chunkkv(<scorer>)` and the other
     WRAPPERS: kvpress's wrapper around the inner press, built the same way; `kvzip`: KVzipPress, its tokenizer read
     from the model's GGUF file (`serve_tokenizer`); `composed(a,b,…)`: ComposedPress of each press at the ratio;
-    `finch`: FinchPress (`finch`; the worker makes its delimiter real for a query-aware prompt)."""
+    `finch`: FinchPress (`finch`; the worker makes its delimiter real for a query-aware prompt);
+    `prefill_decoding(<scorer>[,<decodable>])`: PrefillDecodingPress of the scorer at the ratio and a DecodingPress of
+    the decodable one (or the same) every `interval` steps at the target n_kept(`context`, ratio), `context` the
+    prompt's context tokens (spectra's --compression-interval, 512 by default)."""
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
             return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model))
@@ -85,6 +88,12 @@ def make_press(kvpress, name: str, ratio: float, model):
                                       for inner in split_arguments(name[len("composed("):-1])])
     if name == "finch":
         return finch(kvpress, ratio)
+    if name.startswith("prefill_decoding(") and name.endswith(")"):
+        inner = split_arguments(name[len("prefill_decoding("):-1])
+        decoding = kvpress.DecodingPress(base_press=make_press(kvpress, inner[-1], 0.0, model),
+                                         compression_interval=interval, target_size=max(1, int(context * (1 - ratio))))
+        return kvpress.PrefillDecodingPress(prefilling_press=make_press(kvpress, inner[0], ratio, model),
+                                            decoding_press=decoding)
     if name.startswith("adakv(") and name.endswith(")"):
         inner = getattr(kvpress, KVPRESS_NAMES[name[len("adakv("):-1]])(compression_ratio=ratio)
         return kvpress.AdaKVPress(inner, alpha_safeguard=ALPHA_SAFEGUARD)
@@ -188,7 +197,8 @@ def worker(job_path: str, result_path: str) -> None:
                     if (press, ratio, aware, record["example"]) in answered:
                         continue
                     context = record["context"] + record["question"] if aware else record["context"]
-                    made = None if press == "full" else make_press(kvpress, press, ratio, model)
+                    length = pipe.preprocess(context, [question], record["answer_prefix"], 10**10)["context_ids"]
+                    made = None if press == "full" else make_press(kvpress, press, ratio, model, length.shape[1])
                     if press == "finch" and aware:  # kvpress's FINCH prompt: context + delimiter + question
                         made.update_model_and_tokenizer(model, pipe.tokenizer)
                         context = record["context"] + made.delimiter_token + record["question"]
