@@ -214,8 +214,8 @@ class Registry(Mapping[str, T]):
 
     def listing_of(self, name: str) -> str:
         """How a name taking an argument is written: `adakv(<scorer>)`; a name taking several,
-        `composed(<press>,<press>,...)`, `prefill_decoding(<decodable>|<scorer>,<decodable>)` (its one-argument
-        form first)."""
+        `composed(<press>,<press>,...)`, `prefill_decoding(<decodable>) or prefill_decoding(<scorer>,<decodable>)`
+        (its one-argument form first)."""
         entry = self.entries()[name]
         several = [kind.strip() for kind in str(entry.facts.get("several", "")).split(",") if kind.strip()]
         forms = [f"<{entry.facts.get('wraps') or entry.facts.get('argument')}>"] if not several or entry.facts.get(
@@ -223,7 +223,7 @@ class Registry(Mapping[str, T]):
         if several:
             forms.append(",".join(f"<{kind.rstrip('…')}>,..." if kind.endswith("…") else f"<{kind}>"
                                   for kind in several))
-        return f"{name}({'|'.join(forms)})"
+        return " or ".join(f"{name}({form})" for form in forms)
 
     def facts(self, name: str) -> Mapping[str, Any]:
         return self.resolve(name).facts
@@ -297,7 +297,8 @@ class Registry(Mapping[str, T]):
                 inner = [self[part] for part in split_top(argument)]
                 self._objects[name] = self[base].bind(*inner)  # type: ignore[attr-defined]
             else:
-                self._objects[name] = self[base].bind(self[argument] if wraps else argument)  # type: ignore[attr-defined]
+                bound = self[argument] if wraps else argument
+                self._objects[name] = self[base].bind(bound)  # type: ignore[attr-defined]
         if name not in self._objects:
             entry = self.entries()[name]  # KeyError for an unknown name, as a dict
             importlib.import_module(entry.module)

@@ -56,7 +56,8 @@ def test_an_empty_item_in_a_list_is_one_line(text) -> None:
 
 
 def test_commas_inside_parentheses_belong_to_their_item() -> None:
-    """`--presses composed(snapkv,knorm),knorm` is two presses; unbalanced parentheses are one line naming the option."""
+    """`--presses composed(snapkv,knorm),knorm` is two presses; unbalanced parentheses are one line naming the
+    option."""
     assert items("composed(snapkv,knorm), knorm,adakv(snapkv)", "--presses") == [
         "composed(snapkv,knorm)", "knorm", "adakv(snapkv)"]
     assert split_top("a(b(c,d),e), f") == ["a(b(c,d),e)", "f"] and items("32,64", "--budget") == ["32", "64"]

@@ -230,7 +230,8 @@ def test_a_name_with_an_argument_is_checked_without_torch_and_inherits_its_score
                "print(registry.press_names(['composed(snapkv,think)', 'prefill_decoding(snapkv,knorm)'])); "
                "print(dict(registry.PRESSES.facts('composed(snapkv,think)'))['needs_rope'], "
                "sorted(registry.PRESSES.having('windowed'))); print('torch' in sys.modules)")
-    shown = subprocess.run([sys.executable, "-c", several], capture_output=True, text=True, check=True).stdout.split("\n")
+    shown = subprocess.run([sys.executable, "-c", several], capture_output=True, text=True,
+                           check=True).stdout.split("\n")
     assert shown[0] == "('composed(snapkv,think)', 'prefill_decoding(snapkv,knorm)')"
     assert shown[1] == ("True ['composed(snapkv,think)', 'finch', 'headbudget', 'loki', "
                         "'prefill_decoding(snapkv,knorm)', 'pyramidkv', 'snapkv']")

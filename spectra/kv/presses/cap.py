@@ -37,8 +37,8 @@ def query_anchor(prefill: Prefill, future: int = FUTURE, sinks: int = SINKS) -> 
     """(H, d) the mean of the context's pre-RoPE queries after the first `sinks`, each rotated by RoPE's mean rotation
     over the positions L … L + `future` − 1 (in the queries' dtype)."""
     if prefill.query_pre is None or prefill.rope is None:
-        raise ValueError("cap reads the pre-RoPE queries and the model's RoPE, which this prefill did not keep (a press "
-                         "reading them declares `queries` and `needs_rope`)")
+        raise ValueError("cap reads the pre-RoPE queries and the model's RoPE, which this prefill did not keep (a "
+                         "press reading them declares `queries` and `needs_rope`)")
     length = prefill.query_pre.shape[1]
     cos, sin = prefill.rope(torch.arange(length, length + future, device=prefill.key.device))
     rotation = mean_rotation(cos, sin).to(prefill.query_pre.dtype)

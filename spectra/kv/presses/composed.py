@@ -17,8 +17,8 @@ context, n_kept of n_kept of … (each max(1, int(rows · (1 − r)))). The memo
 kvpress refuses AdaKVPress and KVzipPress inside a ComposedPress, and warns that a press reading the forward pass's
 attention weights (ObservedAttention) fails after another; here the arguments are presses named alone (no wrapper)
 that do not compress while decoding, read no received attention, no reconstruction pass, and fit no calibration
-(`refuses`). A press whose heads keep different numbers of tokens (pyramidkv's layers keep different counts, but each
-head of a layer the same) or whose rows are no context tokens (lowrank, linformer) can only come last. kvpress's
+(`refuses`). A press whose heads keep different numbers of tokens, or whose rows are no context tokens (linformer),
+can only come last. kvpress's
 pipeline decodes the question after a ComposedPress at the original context length, even where a press inside it
 re-rotated its keys, and so does this press (no `Compressed.start`).
 """
@@ -77,7 +77,7 @@ class Composed(Press):
              "context's cache, the next one compresses the rows it kept (scoring them as the cache it finds, with "
              "the whole context's queries), and so on — e.g. `composed(snapkv,think)`, tokens then key channels. "
              "Each press compresses at the ratio, so two token presses at 0.5 keep about a quarter of the tokens; "
-             "the memory saved is 1 − Π(1 − saved). A press whose rows are no context tokens (lowrank) can only "
+             "the memory saved is 1 − Π(1 − saved). A press whose rows are no context tokens (linformer) can only "
              "come last.")
 
     def __init__(self, *inner: Press) -> None:

@@ -51,7 +51,8 @@ class PrefillDecodingPress(DecodingPress):
     guide = ("kvpress's PrefillDecodingPress with one decodable scorer ({decodables}) in both roles: the scorer "
              "evicts the context at the ratio after the prefill, and decoding(…) keeps the cache at that size while "
              "decoding; or, written prefill_decoding(<scorer>,<decodable>) (e.g. prefill_decoding(snapkv,knorm)), "
-             "any scorer ({scorers}) evicts after the prefill and the decodable one keeps the cache at that size.")
+             "a scorer ({scorers}; one that does not calibrate) evicts after the prefill and the decodable one keeps "
+             "the cache at that size.")
     several, refuses = "scorer,decodable", "calibrates"
 
     def __init__(self, inner: ScorerPress | None = None, interval: int | None = None,

@@ -54,13 +54,15 @@ def test_bad_input_is_refused() -> None:
     for name, message in (
             ("prefill_decoding(snapkv)", ("prefill_decoding wraps a decodable press, and 'snapkv' is not one; "
                                           "decodables: streaming, knorm, tova$")),
-            ("prefill_decoding", "takes an argument: prefill_decoding\\(<decodable>\\|<scorer>,<decodable>\\)$"),
+            ("prefill_decoding", "takes an argument: prefill_decoding\\(<decodable>\\) or "
+                                 "prefill_decoding\\(<scorer>,<decodable>\\)$"),
             ("prefill_decoding(knorm,snapkv)", "takes a decodable press as argument 2, none declaring calibrates, "
                                                "and 'snapkv' is not one; decodables: streaming, knorm, tova$"),
             ("prefill_decoding(loki,knorm)", "takes a scorer press as argument 1, none declaring calibrates, and "
                                              "'loki' is not one"),
             ("prefill_decoding(think,knorm)", "'think' is not one"),
-            ("prefill_decoding(snapkv,knorm,tova)", "is written prefill_decoding\\(<decodable>\\|<scorer>,"),
+            ("prefill_decoding(snapkv,knorm,tova)", ("is written prefill_decoding\\(<decodable>\\) or "
+                                                     "prefill_decoding\\(<scorer>,")),
             ("prefill_decoding(decoding(knorm))", "'decoding\\(knorm\\)' is not one")):
         with pytest.raises(SpectraError, match=message):
             press_names([name])

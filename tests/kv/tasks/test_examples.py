@@ -61,8 +61,8 @@ def test_what_does_not_fit_is_refused_once_loaded(chat_decoder, long_decoder, tm
                                            "positions"):
         source(chat_decoder, long).start()
     short = task_files.write(tmp_path / "short.jsonl", task_files.records(count=2, words=5))
-    with pytest.raises(SpectraError, match=r"short.jsonl line 1: its context has 20 tokens; snapkv, finch, pyramidkv, loki "
-                                           r"and headbudget\(<run>\) read the last 64 "):
+    with pytest.raises(SpectraError, match=r"short.jsonl line 1: its context has 20 tokens; snapkv, finch, pyramidkv, "
+                                           r"loki and headbudget\(<run>\) read the last 64 "):
         source(long_decoder, short, windowed=True).start()
     started = source(long_decoder, short)
     started.start()
