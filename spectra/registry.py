@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 
 from .declarations import Package
 from .errors import SpectraError
+from .arguments import ARGUMENT_FACTS, kinds_of, merge_fact, several_kinds, written
 from .inputs import split_top
 
 T = TypeVar("T")
@@ -56,19 +57,6 @@ def applied(name: str) -> tuple[str, str] | None:
     """('adakv', 'snapkv') for 'adakv(snapkv)'; None for a name without an argument."""
     match = _APPLIED.match(name.strip())
     return (match.group(1), match.group(2).strip()) if match else None
-
-
-def several_kinds(entry: Entry, count: int) -> tuple[str, ...] | None:
-    """The kinds of `count` arguments a name's `several` form takes ('scorer,decodable'; a last kind ending in '…'
-    repeats: 'press,press…' takes two or more presses), or None when that form takes another count."""
-    kinds = [kind.strip() for kind in str(entry.facts.get("several", "")).split(",") if kind.strip()]
-    if not kinds:
-        return None
-    if kinds[-1].endswith("…"):
-        last = kinds[-1].rstrip("…")
-        fixed = kinds[:-1]
-        return tuple(fixed + [last] * (count - len(fixed))) if count > len(fixed) else None
-    return tuple(kinds) if count == len(kinds) else None
 
 
 @dataclass(frozen=True)
@@ -150,7 +138,7 @@ class Registry(Mapping[str, T]):
         wraps = base.facts.get("wraps")
         arguments = self.arguments(name, base, argument)
         if base.facts.get("several") and (len(arguments) > 1 or not wraps):
-            kinds = several_kinds(base, len(arguments))
+            kinds = several_kinds(str(base.facts.get("several", "")), len(arguments))
             if kinds is None:
                 raise SpectraError(f"{self.what} '{name}': {base.name} is written {self.listing_of(base.name)}")
             merged: dict[str, Any] = {}
@@ -208,7 +196,7 @@ class Registry(Mapping[str, T]):
             raise SpectraError(f"{self.what} '{name}': {base.name} takes {wanted}, and '{argument}' is "
                                f"{'not one' if known else 'unknown'}; {plural(kind)}: {', '.join(fitting)}")
         asked = {entry.facts.get("wraps") for entry in entries.values()} | {
-            kind.rstrip("…") for entry in entries.values() for kind in str(entry.facts.get("several", "")).split(",")}
+            kind for entry in entries.values() for kind in kinds_of(str(entry.facts.get("several", "")))}
         return {key: value for key, value in entries[argument].facts.items()
                 if key not in asked and key not in self.identity}
 
@@ -216,14 +204,8 @@ class Registry(Mapping[str, T]):
         """How a name taking an argument is written: `adakv(<scorer>)`; a name taking several,
         `composed(<press>,<press>,...)`, `prefill_decoding(<decodable>) or prefill_decoding(<scorer>,<decodable>)`
         (its one-argument form first)."""
-        entry = self.entries()[name]
-        several = [kind.strip() for kind in str(entry.facts.get("several", "")).split(",") if kind.strip()]
-        forms = [f"<{entry.facts.get('wraps') or entry.facts.get('argument')}>"] if not several or entry.facts.get(
-            "wraps") else []
-        if several:
-            forms.append(",".join(f"<{kind.rstrip('…')}>,..." if kind.endswith("…") else f"<{kind}>"
-                                  for kind in several))
-        return " or ".join(f"{name}({form})" for form in forms)
+        facts = self.entries()[name].facts
+        return written(name, facts.get("wraps") or facts.get("argument") or "", str(facts.get("several", "")))
 
     def facts(self, name: str) -> Mapping[str, Any]:
         return self.resolve(name).facts
@@ -364,22 +346,6 @@ def agrees(value: Any, declared: Any, stated: bool, name: str) -> bool:
 def takes_argument(entry: Entry) -> bool:
     """Whether a declared name is used as `name(argument)` (or `name(a,b,…)`)."""
     return bool(entry.facts.get("wraps") or entry.facts.get("argument") or entry.facts.get("several"))
-
-
-#: the facts that say what a name's arguments are, which the name with its arguments no longer has
-ARGUMENT_FACTS = ("wraps", "argument", "check", "several", "refuses")
-
-
-def merge_fact(held: Any, value: Any) -> Any:
-    """One fact of several arguments together: a flag any of them sets, the largest number (a window, the fewest
-    context tokens), the first text."""
-    if held is None:
-        return value
-    if isinstance(value, bool) or isinstance(held, bool):
-        return bool(held) or bool(value)
-    if isinstance(value, (int, float)) and isinstance(held, (int, float)):
-        return max(held, value)
-    return held
 
 
 def plural(word: str) -> str:
