@@ -89,8 +89,8 @@ def worker(job_path: str, result_path: str) -> None:
                                                  attn_implementation="sdpa").eval()
     context = job["context"]
 
-    from kvpress_tasks import KVPRESS_NAMES, WRAPPERS, artifact_press, serve_tokenizer  # this file's folder is on
-    # the path
+    from kvpress_tasks import (KVPRESS_NAMES, WRAPPERS, artifact_press, finch, serve_tokenizer,  # this file's
+                               split_arguments)  # folder is on the path
 
     def make(press: str, ratio: float, seed: int):
         for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
@@ -100,10 +100,15 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.DecodingPress(base_press=make(press[len("decoding("):-1], 0.0, seed),
                                          compression_interval=job["interval"],
                                          target_size=max(1, int(context * (1 - ratio))))
-        if press.startswith("prefill_decoding("):  # the scorer at the ratio, then a DecodingPress at its size
-            inner = press[len("prefill_decoding("):-1]
-            return kvpress.PrefillDecodingPress(prefilling_press=make(inner, ratio, seed), decoding_press=make(
-                f"decoding({inner})", ratio, seed))
+        if press.startswith("prefill_decoding("):  # a scorer at the ratio, then a DecodingPress at its size (of
+            inner = split_arguments(press[len("prefill_decoding("):-1])  # the same scorer, or of the second one)
+            return kvpress.PrefillDecodingPress(prefilling_press=make(inner[0], ratio, seed), decoding_press=make(
+                f"decoding({inner[-1]})", ratio, seed))
+        if press.startswith("composed("):  # every press at the ratio, applied in turn
+            return kvpress.ComposedPress([make(inner, ratio, seed)
+                                          for inner in split_arguments(press[len("composed("):-1])])
+        if press == "finch":  # its window the last 64 context tokens (no question in the NLL protocol)
+            return finch(kvpress, ratio)
         if press.startswith("compression_ratio_decoding("):  # its target: the ratio's share of the tokens seen
             return kvpress.CompressionRatioDecodingPress(
                 base_press=make(press[len("compression_ratio_decoding("):-1], 0.0, seed),
@@ -154,8 +159,9 @@ def worker(job_path: str, result_path: str) -> None:
                         rest = torch.cat([model(input_ids=cont[None, j:j + 1], past_key_values=cache,
                                                 position_ids=torch.tensor([[context + j]])).logits[0]
                                           for j in range(len(cont) - 1)])
-                else:  # after KeyRerotationPress, the cache's length m, as kvpress's pipeline sets it for this press
-                    start = cache.get_seq_length() if press.startswith("key_rerotation(") else context
+                else:  # after KeyRerotationPress or FinchPress, the cache's length m, as kvpress's pipeline sets it
+                    moved = press.startswith("key_rerotation(") or press == "finch"
+                    start = cache.get_seq_length() if moved else context
                     positions = torch.arange(start, start + len(cont) - 1)[None]
                     rest = model(input_ids=cont[None, :-1], past_key_values=cache, position_ids=positions).logits[0]
             ended = time.perf_counter()
@@ -238,7 +244,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     folder = smollm2_folder()
-    presses, ratios = args.presses.split(","), [float(r) for r in args.ratios.split(",")]
+    from spectra.inputs import split_top
+
+    presses, ratios = split_top(args.presses), [float(r) for r in args.ratios.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="kvpress_check_"))
     corpus_path = Path(args.data) if args.data else scratch / "licenses.txt"
     if args.data is None:

@@ -33,7 +33,8 @@ TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
                  "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress",
-                 "kvzip": "KVzipPress", "observed": "ObservedAttentionPress", "lagkv": "LagKVPress"}
+                 "kvzip": "KVzipPress", "observed": "ObservedAttentionPress", "lagkv": "LagKVPress",
+                 "cap": "CapPress"}
 #: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
 WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
             "block": "BlockPress", "key_rerotation": "KeyRerotationPress"}
@@ -43,17 +44,56 @@ WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChu
 UNEVEN = ("pyramidkv", "simlayerkv")
 #: AdaKV's safeguard as spectra's adakv(<scorer>) applies it (kvpress's default)
 ALPHA_SAFEGUARD = 0.2
+#: FinchPress's window where no question follows a delimiter (the NLL protocol, a query-agnostic task): the last 64
+#: context tokens, as spectra's finch reads them
+FINCH_WINDOW = 64
 
 
-def make_press(kvpress, name: str, ratio: float, model):
+def split_arguments(text: str) -> list[str]:
+    """'a,b(c,d)' → ['a', 'b(c,d)']: a press list or a press's arguments cut at the commas outside parentheses (the
+    worker runs in kvpress's venv, without spectra's `inputs.split_top`)."""
+    parts, depth, start = [], 0, 0
+    for at, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            parts.append(text[start:at].strip())
+            start = at + 1
+    return parts + [text[start:].strip()]
+
+
+def finch(kvpress, ratio: float):
+    """kvpress's FinchPress at `ratio` with its window the last FINCH_WINDOW context tokens: no token is its delimiter
+    (id −1), so its embedding hook never moves the window set here; `update_model_and_tokenizer` makes the delimiter
+    real for a query-aware prompt (context + delimiter + question), whose hook then sets the window."""
+    press = kvpress.FinchPress(compression_ratio=ratio)
+    press.delimiter_token_id, press.window_size = -1, FINCH_WINDOW
+    return press
+
+
+def make_press(kvpress, name: str, ratio: float, model, context: int | None = None, interval: int = 512):
     """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `adakv(<scorer>)`:
     AdaKVPress(scorer, alpha_safeguard=0.2); `duo(DIR)`: DuoAttentionPress(head_compression_ratio=ratio) with the
     pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`); `chunkkv(<scorer>)` and the other
     WRAPPERS: kvpress's wrapper around the inner press, built the same way; `kvzip`: KVzipPress, its tokenizer read
-    from the model's GGUF file (`serve_tokenizer`)."""
+    from the model's GGUF file (`serve_tokenizer`); `composed(a,b,…)`: ComposedPress of each press at the ratio;
+    `finch`: FinchPress (`finch`; the worker makes its delimiter real for a query-aware prompt);
+    `prefill_decoding(<scorer>[,<decodable>])`: PrefillDecodingPress of the scorer at the ratio and a DecodingPress of
+    the decodable one (or the same) every `interval` steps at the target n_kept(`context`, ratio), `context` the
+    prompt's context tokens (spectra's --compression-interval, 512 by default)."""
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
             return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model))
+    if name.startswith("composed(") and name.endswith(")"):  # every press at the ratio, applied in turn
+        return kvpress.ComposedPress([make_press(kvpress, inner, ratio, model)
+                                      for inner in split_arguments(name[len("composed("):-1])])
+    if name == "finch":
+        return finch(kvpress, ratio)
+    if name.startswith("prefill_decoding(") and name.endswith(")"):
+        inner = split_arguments(name[len("prefill_decoding("):-1])
+        decoding = kvpress.DecodingPress(base_press=make_press(kvpress, inner[-1], 0.0, model),
+                                         compression_interval=interval, target_size=max(1, int(context * (1 - ratio))))
+        return kvpress.PrefillDecodingPress(prefilling_press=make_press(kvpress, inner[0], ratio, model),
+                                            decoding_press=decoding)
     if name.startswith("adakv(") and name.endswith(")"):
         inner = getattr(kvpress, KVPRESS_NAMES[name[len("adakv("):-1]])(compression_ratio=ratio)
         return kvpress.AdaKVPress(inner, alpha_safeguard=ALPHA_SAFEGUARD)
@@ -171,12 +211,16 @@ def worker(job_path: str, result_path: str) -> None:
     with open(done_path, "a") as log:
         for aware in job["query_aware"]:  # every query-agnostic cell first
             for record in job["records"]:
-                context = record["context"] + record["question"] if aware else record["context"]
                 question = "" if aware else record["question"]
                 for press, ratio in cells:
                     if (press, ratio, aware, record["example"]) in answered:
                         continue
-                    made = None if press == "full" else make_press(kvpress, press, ratio, model)
+                    context = record["context"] + record["question"] if aware else record["context"]
+                    length = pipe.preprocess(context, [question], record["answer_prefix"], 10**10)["context_ids"]
+                    made = None if press == "full" else make_press(kvpress, press, ratio, model, length.shape[1])
+                    if press == "finch" and aware:  # kvpress's FINCH prompt: context + delimiter + question
+                        made.update_model_and_tokenizer(model, pipe.tokenizer)
+                        context = record["context"] + made.delimiter_token + record["question"]
                     if press == "compactor":  # its sketches from the global generator, seeded as spectra's
                         torch.manual_seed(job["sketch_seeds"][str(record["example"])])
                     if press in UNEVEN:
@@ -324,7 +368,7 @@ def main_tasks(args) -> None:
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     csv = Path(args.csv or Path(args.tasks).with_suffix(".kvpress.csv"))
-    table, report = run_kvpress(records, args.python, args.presses.split(","),
+    table, report = run_kvpress(records, args.python, split_arguments(args.presses),
                                 [float(r) for r in args.ratios.split(",")], modes, args.threads,
                                 scratch=csv.with_suffix(".work"), full=not args.no_full)
     wall = time.perf_counter() - started

@@ -14,12 +14,34 @@ from typing import Any
 from .errors import SpectraError, spell
 
 
+def split_top(text: str) -> list[str]:
+    """'a,b(c,d), e' → ['a', 'b(c,d)', 'e']: `text` cut at the commas outside parentheses, each part stripped (an
+    argument list, or a comma-separated option whose values may be `name(a,b)`). Unbalanced parentheses raise
+    ValueError."""
+    parts, depth, start = [], 0, 0
+    for at, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if depth < 0:
+            raise ValueError(f"'{text}' closes a parenthesis it never opened")
+        if char == "," and depth == 0:
+            parts.append(text[start:at].strip())
+            start = at + 1
+    if depth:
+        raise ValueError(f"'{text}' leaves a parenthesis open")
+    return parts + [text[start:].strip()]
+
+
 def items(text: str, option: str) -> list[str]:
     """'a, b,c' → ['a', 'b', 'c']; '' → [] (an option given empty is no value); an empty item between commas
-    ('a,,b', 'a,') is one line naming the option: a typo there would silently drop a value."""
+    ('a,,b', 'a,') is one line naming the option: a typo there would silently drop a value. Commas inside
+    parentheses belong to their item (`--presses composed(snapkv,knorm),knorm`: two presses); unbalanced
+    parentheses are one line too."""
     if not text.strip():
         return []
-    parts = [part.strip() for part in text.split(",")]
+    try:
+        parts = split_top(text)
+    except ValueError as error:
+        raise SpectraError(f"{spell(option)} {error}: close each '(' of a name with ')'") from None
     if not all(parts):
         raise SpectraError(f"{spell(option)} '{text}' has an empty item: separate its values by single commas, with "
                            "nothing after the last")

@@ -21,8 +21,11 @@ A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)
 say what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
 `scorer` (`decodable`; whose facts the wrapped name inherits), or `argument: "pattern"` checked by the torch-free
 function `check: "module:function"`
-— so a bad argument is refused in one line before anything loads. `registry["adakv(snapkv)"]` is the registered
-object's `bind(argument)` (the wrapped object, or the argument's text), made once.
+— so a bad argument is refused in one line before anything loads. A name may take *several* names, `name(a,b,…)`
+cut at the commas outside parentheses: its fact `several` lists their kinds ('scorer,decodable'; 'press,press…',
+two or more names used alone, none having a fact of its `refuses`), and the name's facts merge theirs (a flag any
+sets, the largest number). `registry["adakv(snapkv)"]` is the registered object's `bind(argument)` (the wrapped
+object, or the argument's text; `bind(a, b, …)` for several), made once.
 
 So adding a method or a press is its file (its class, decorated `@register`) and its test, a task family its file
 and its test; nothing else lists them. Modelled on lm-evaluation-harness's `Registry[T]`, whose entries may be lazy
@@ -41,6 +44,8 @@ from typing import Any, TypeVar
 
 from .declarations import Package
 from .errors import SpectraError
+from .arguments import ARGUMENT_FACTS, kinds_of, merge_fact, several_kinds, written
+from .inputs import split_top
 
 T = TypeVar("T")
 
@@ -129,9 +134,19 @@ class Registry(Mapping[str, T]):
         if parts is None or parts[0] not in entries or not takes_argument(entries[parts[0]]):
             raise KeyError(name)
         base, argument = entries[parts[0]], parts[1]
-        own = {key: value for key, value in base.facts.items() if key not in ("wraps", "argument", "check")}
+        own = {key: value for key, value in base.facts.items() if key not in ARGUMENT_FACTS}
         wraps = base.facts.get("wraps")
-        if wraps:
+        arguments = self.arguments(name, base, argument)
+        if base.facts.get("several") and (len(arguments) > 1 or not wraps):
+            kinds = several_kinds(str(base.facts.get("several", "")), len(arguments))
+            if kinds is None:
+                raise SpectraError(f"{self.what} '{name}': {base.name} is written {self.listing_of(base.name)}")
+            merged: dict[str, Any] = {}
+            for position, (inner, kind) in enumerate(zip(arguments, kinds), 1):
+                for key, value in self.argument_facts(name, base, inner, kind, position).items():
+                    merged[key] = merge_fact(merged.get(key), value)
+            facts = {**merged, **own}
+        elif wraps:
             if argument not in entries or not entries[argument].facts.get(wraps):
                 fitting = [other for other, entry in entries.items() if entry.facts.get(wraps)]
                 known = argument in entries or (applied(argument) or ("",))[0] in entries
@@ -149,10 +164,48 @@ class Registry(Mapping[str, T]):
         found = self._applied[name] = Entry(name, base.module, facts)
         return found
 
+    def arguments(self, name: str, base: Entry, argument: str) -> list[str]:
+        """The arguments of `name` (`base`(`argument`)): one, or several cut at top-level commas for a name taking
+        several (`composed(snapkv,knorm)`); an empty one is refused in one line."""
+        try:
+            arguments = split_top(argument) if base.facts.get("several") else [argument]
+        except ValueError as error:
+            raise SpectraError(f"{self.what} '{name}': {error}") from None
+        if not all(arguments):
+            raise SpectraError(f"{self.what} '{name}' has an empty argument: {base.name} is written "
+                               f"{self.listing_of(base.name)}")
+        return arguments
+
+    def argument_facts(self, name: str, base: Entry, argument: str, kind: str, position: int) -> dict[str, Any]:
+        """The facts `argument` hands `name` as its argument number `position` of `kind` (a fact the argument must
+        have; 'press': any name used alone), refused in one line when it is none or has a fact `base` refuses."""
+        entries = self.entries()
+        refused = [fact.strip() for fact in str(base.facts.get("refuses", "")).split(",") if fact.strip()]
+
+        def fits(entry: Entry) -> bool:
+            if any(entry.facts.get(fact) for fact in refused):
+                return False
+            return not takes_argument(entry) if kind == "press" else bool(entry.facts.get(kind))
+
+        if argument not in entries or not fits(entries[argument]):
+            fitting = [other for other, entry in entries.items() if fits(entry)]
+            known = argument in entries or (applied(argument) or ("",))[0] in entries
+            wanted = (f"{plural(self.what)} named alone" if kind == "press" else
+                      f"a {kind} {self.what} as argument {position}") + (
+                f", none declaring {', '.join(refused)}" if refused else "")
+            raise SpectraError(f"{self.what} '{name}': {base.name} takes {wanted}, and '{argument}' is "
+                               f"{'not one' if known else 'unknown'}; {plural(kind)}: {', '.join(fitting)}")
+        asked = {entry.facts.get("wraps") for entry in entries.values()} | {
+            kind for entry in entries.values() for kind in kinds_of(str(entry.facts.get("several", "")))}
+        return {key: value for key, value in entries[argument].facts.items()
+                if key not in asked and key not in self.identity}
+
     def listing_of(self, name: str) -> str:
-        """How a name taking an argument is written: `adakv(<scorer>)`."""
-        entry = self.entries()[name]
-        return f"{name}(<{entry.facts.get('wraps') or entry.facts['argument']}>)"
+        """How a name taking an argument is written: `adakv(<scorer>)`; a name taking several,
+        `composed(<press>,<press>,...)`, `prefill_decoding(<decodable>) or prefill_decoding(<scorer>,<decodable>)`
+        (its one-argument form first)."""
+        facts = self.entries()[name].facts
+        return written(name, facts.get("wraps") or facts.get("argument") or "", str(facts.get("several", "")))
 
     def facts(self, name: str) -> Mapping[str, Any]:
         return self.resolve(name).facts
@@ -221,7 +274,13 @@ class Registry(Mapping[str, T]):
             self.resolve(name)  # KeyError or SpectraError for an unknown name or a bad argument
             base, argument = applied(name)  # type: ignore[misc]
             wraps = self.entries()[base].facts.get("wraps")
-            self._objects[name] = self[base].bind(self[argument] if wraps else argument)  # type: ignore[attr-defined]
+            facts = self.entries()[base].facts
+            if facts.get("several") and (len(split_top(argument)) > 1 or not wraps):
+                inner = [self[part] for part in split_top(argument)]
+                self._objects[name] = self[base].bind(*inner)  # type: ignore[attr-defined]
+            else:
+                bound = self[argument] if wraps else argument
+                self._objects[name] = self[base].bind(bound)  # type: ignore[attr-defined]
         if name not in self._objects:
             entry = self.entries()[name]  # KeyError for an unknown name, as a dict
             importlib.import_module(entry.module)
@@ -285,8 +344,8 @@ def agrees(value: Any, declared: Any, stated: bool, name: str) -> bool:
 
 
 def takes_argument(entry: Entry) -> bool:
-    """Whether a declared name is used as `name(argument)`."""
-    return bool(entry.facts.get("wraps") or entry.facts.get("argument"))
+    """Whether a declared name is used as `name(argument)` (or `name(a,b,…)`)."""
+    return bool(entry.facts.get("wraps") or entry.facts.get("argument") or entry.facts.get("several"))
 
 
 def plural(word: str) -> str:
@@ -300,8 +359,8 @@ METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", 
 #: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "scorer", "decodable", "rowscorer",
-    "decodes", "window", "interval", "wraps", "argument", "check", "axis", "ratio_means", "min_context", "summary",
-    "peer"), identity=("summary", "peer"))
+    "decodes", "window", "interval", "wraps", "argument", "check", "several", "refuses", "axis", "ratio_means",
+    "min_context", "summary", "peer"), identity=("summary", "peer"))
 #: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
 #: of tasks, each registering its tasks with their family and their seed number, the listing's order)
 TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")

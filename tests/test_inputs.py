@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spectra.errors import SpectraError, spell
-from spectra.inputs import budgets_or_default, numbers, path_text, several
+from spectra.inputs import budgets_or_default, items, numbers, path_text, several, split_top
 
 
 def test_one_value_or_several() -> None:
@@ -53,3 +53,16 @@ def test_an_empty_item_in_a_list_is_one_line(text) -> None:
     with pytest.raises(SpectraError, match="has an empty item: separate its values by single commas"):
         several(text, "--ratios", float)
     assert several("", "--bytes-kept", float) == () and several("a, b", "--presses") == ("a", "b")
+
+
+def test_commas_inside_parentheses_belong_to_their_item() -> None:
+    """`--presses composed(snapkv,knorm),knorm` is two presses; unbalanced parentheses are one line naming the
+    option."""
+    assert items("composed(snapkv,knorm), knorm,adakv(snapkv)", "--presses") == [
+        "composed(snapkv,knorm)", "knorm", "adakv(snapkv)"]
+    assert split_top("a(b(c,d),e), f") == ["a(b(c,d),e)", "f"] and items("32,64", "--budget") == ["32", "64"]
+    for text, message in (("composed(snapkv,knorm", "leaves a parenthesis open"),
+                          ("knorm),snapkv", "closes a parenthesis it never opened")):
+        with pytest.raises(SpectraError, match=message) as caught:
+            items(text, "--presses")
+        assert "\n" not in str(caught.value)

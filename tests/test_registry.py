@@ -222,9 +222,20 @@ def test_a_name_with_an_argument_is_checked_without_torch_and_inherits_its_score
             "print('torch' in sys.modules)")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert shown[0] == "('adakv(snapkv)', 'knorm', 'adakv(loki)')"
-    assert shown[1] == "['adakv(loki)', 'adakv(snapkv)', 'headbudget', 'loki', 'pyramidkv', 'snapkv'] ['adakv(loki)', 'loki', 'lowrank']"
+    assert shown[1] == ("['adakv(loki)', 'adakv(snapkv)', 'finch', 'headbudget', 'loki', 'pyramidkv', 'snapkv'] "
+                        "['adakv(loki)', 'loki', 'lowrank']")
     assert shown[2] == "False", "checking a press's argument imported torch"
     assert registry.applied("adakv( knorm )") == ("adakv", "knorm") and registry.applied("knorm") is None
+    several = ("import sys; from spectra import registry; "  # several arguments too, as facts merged without torch
+               "print(registry.press_names(['composed(snapkv,think)', 'prefill_decoding(snapkv,knorm)'])); "
+               "print(dict(registry.PRESSES.facts('composed(snapkv,think)'))['needs_rope'], "
+               "sorted(registry.PRESSES.having('windowed'))); print('torch' in sys.modules)")
+    shown = subprocess.run([sys.executable, "-c", several], capture_output=True, text=True,
+                           check=True).stdout.split("\n")
+    assert shown[0] == "('composed(snapkv,think)', 'prefill_decoding(snapkv,knorm)')"
+    assert shown[1] == ("True ['composed(snapkv,think)', 'finch', 'headbudget', 'loki', "
+                        "'prefill_decoding(snapkv,knorm)', 'pyramidkv', 'snapkv']")
+    assert shown[2] == "False", "checking several arguments imported torch"
     assert "adakv(knorm)" in registry.PRESSES and "adakv(think)" not in registry.PRESSES
     assert registry.PRESSES.bare()[-1] == "simlayerkv" and "adakv(<scorer>)" in registry.PRESSES.listing()
 

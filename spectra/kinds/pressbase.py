@@ -86,6 +86,8 @@ class PressOptions:
                                       f"{', '.join(sorted(PRESSES.having('decodable')))}, decoding(<decodable>) being "
                                       "kvpress's DecodingPress: the cache brought back to the ratio's size every "
                                       "--compression-interval decoding steps, nothing compressed after the prefill; "
+                                      "<press>: a press named alone, composed(<press>,<press>,...) being kvpress's "
+                                      "ComposedPress, each at the ratio in turn; "
                                       "<pattern>: a directory with DuoAttention's full_attention_heads.tsv and "
                                       "config.json, such as a `spectra heads` run; <run>: an analyze or heads run, "
                                       "<run>@rank to weigh heads by rank; <cache run>: a run with --bytes-kept; "

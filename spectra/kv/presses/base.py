@@ -60,7 +60,9 @@ class Prefill:
       the layer's output projection W^O (criticalkv's value norms; None where the model has none);
     - `query_pre` (H, L, d): queries before RoPE (`queries` presses only); `rope`: positions (n,) → (cos, sin) (n, d);
     - `reconstruction` (layers, H_kv, L): KVzip's context-reconstruction scores of *every* layer (one tensor shared by
-      the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None.
+      the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None;
+    - `question_tokens`: how many of the last context tokens are a task record's question (query-aware: the question
+      compressed with the context; FINCH's window), 0 where the context holds none.
     """
 
     layer: int
@@ -77,6 +79,7 @@ class Prefill:
     query_pre: torch.Tensor | None = None
     rope: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     reconstruction: torch.Tensor | None = None
+    question_tokens: int = 0
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -257,6 +260,9 @@ class Press:
     #: a press written `name(<argument>)`: the fact of the press it wraps (`adakv`: "scorer"), or what its text is
     #: (`duo`: "pattern") and the torch-free "module:function" checking it
     wraps, argument, check = "", "", ""
+    #: a press written `name(a,b,…)`: the kinds of its arguments ("scorer,decodable"; "press,press…": two or more
+    #: presses named alone), and the facts none of them may have (`registry.Registry.resolve`)
+    several, refuses = "", ""
     #: one line for tables and --help: what the press keeps, a literal (`guide`: a press taking an argument, its docs
     #: entry)
     summary, guide = "", ""

@@ -46,12 +46,15 @@ class PrefillObserver(Protocol):
 @dataclass(frozen=True)
 class Example:
     """One record ready to run: its context ids (L,) prefilled, question ids (n,) decoded after them, the needle's
-    context positions and the tokens it may occupy (L + n + max_new_tokens)."""
+    context positions and the tokens it may occupy (L + n + max_new_tokens); `question_tokens`, query-aware, the
+    record's question's own tokens (tokenized alone, as FINCH counts those after its delimiter), which end the
+    context (0: the question is not in the context)."""
 
     record: TaskRecord
     context_ids: torch.Tensor
     question_ids: torch.Tensor
     needle: np.ndarray
+    question_tokens: int = 0
 
     @property
     def context(self) -> int:
@@ -76,8 +79,9 @@ def prepare(tokenizer, record: TaskRecord, query_aware: bool) -> Example:
     question_ids = tokenizer.encode(prompt.question, add_special_tokens=False)
     start = len(prompt.context) - len(compressed)
     needle = needle_tokens(tokenizer, prompt.context, start, record.context, record.answers, context_ids)
+    asked = len(tokenizer.encode(record.question, add_special_tokens=False)) if query_aware else 0
     return Example(record, torch.tensor(context_ids, dtype=torch.long), torch.tensor(question_ids, dtype=torch.long),
-                   needle)
+                   needle, asked)
 
 
 @dataclass
@@ -170,6 +174,6 @@ class TaskSource(OfLoadedModel):
         example = self.examples[batch.index[0]]
         found = prefill.exact(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
                                 example.record.example, received=self.received, queries=self.queries,
-                                repetition=self.repetition)
+                                repetition=self.repetition, question_tokens=example.question_tokens)
         for layer in found:
             probe.prefilled(layer)

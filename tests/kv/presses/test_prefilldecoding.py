@@ -54,10 +54,48 @@ def test_bad_input_is_refused() -> None:
     for name, message in (
             ("prefill_decoding(snapkv)", ("prefill_decoding wraps a decodable press, and 'snapkv' is not one; "
                                           "decodables: streaming, knorm, tova$")),
-            ("prefill_decoding", "takes an argument: prefill_decoding\\(<decodable>\\)$"),
+            ("prefill_decoding", "takes an argument: prefill_decoding\\(<decodable>\\) or "
+                                 "prefill_decoding\\(<scorer>,<decodable>\\)$"),
+            ("prefill_decoding(knorm,snapkv)", "takes a decodable press as argument 2, none declaring calibrates, "
+                                               "and 'snapkv' is not one; decodables: streaming, knorm, tova$"),
+            ("prefill_decoding(loki,knorm)", "takes a scorer press as argument 1, none declaring calibrates, and "
+                                             "'loki' is not one"),
+            ("prefill_decoding(think,knorm)", "'think' is not one"),
+            ("prefill_decoding(snapkv,knorm,tova)", ("is written prefill_decoding\\(<decodable>\\) or "
+                                                     "prefill_decoding\\(<scorer>,")),
             ("prefill_decoding(decoding(knorm))", "'decoding\\(knorm\\)' is not one")):
         with pytest.raises(SpectraError, match=message):
             press_names([name])
     prefill, _ = make_prefill()
     with pytest.raises(ValueError, match="prefill_decoding needs a scorer press"):
         REGISTRY["prefill_decoding"].compress(prefill, 0.5)
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5])
+def test_two_presses_evict_with_the_first_and_decode_with_the_second(ratio) -> None:
+    """prefill_decoding(keydiff,knorm): keydiff's n_kept best rows after the prefill (numpy's cosine with the mean
+    unit key), in torch.topk's order; knorm while decoding, at the same target."""
+    prefill, arrays = make_prefill(length=120, seed=4)
+    keys = arrays["k"]
+    norms = np.linalg.norm(keys, axis=-1)
+    anchor = (keys / norms[..., None]).mean(axis=1)
+    scores = -np.einsum("hld,hd->hl", keys, anchor) / (norms * np.linalg.norm(anchor, axis=-1)[:, None])
+    keep = max(1, int(120 * (1 - ratio)))
+    press = run_presses(["prefill_decoding(keydiff,knorm)"], compression_interval=3)["prefill_decoding(keydiff,knorm)"]
+    compressed = press.compress(prefill, ratio)
+    np.testing.assert_array_equal(compressed.kept.numpy(), np.argsort(-scores, axis=-1, kind="stable")[:, :keep])
+    assert press.wrapped.name == "knorm" and press.evicting.name == "keydiff" and press.interval == 3
+    assert press.target(120, ratio) == keep and press.fresh().name == "prefill_decoding(keydiff,knorm)"
+    key = torch.from_numpy(keys)  # while decoding: knorm's rows (the smallest key norms), as decoding(knorm) keeps
+    rows = press.keep(0, prefill.q, key, key, prefill.scaling, 30)
+    np.testing.assert_array_equal(np.sort(rows.numpy(), -1), np.sort(np.argsort(norms, axis=-1)[:, :30], -1))
+
+
+def test_the_one_argument_form_is_unchanged_and_two_merge_their_facts() -> None:
+    prefill, _ = make_prefill()
+    one = REGISTRY["prefill_decoding(knorm)"].compress(prefill, 0.5)
+    two = REGISTRY["prefill_decoding(knorm,knorm)"].compress(prefill, 0.5)
+    assert torch.equal(one.kept, two.kept) and REGISTRY["prefill_decoding(knorm)"].prefilling is None
+    facts = dict(PRESSES.facts("prefill_decoding(snapkv,knorm)"))
+    assert facts["windowed"] and facts["window"] == 64 and facts["decodes"] and facts["peer"] == "PrefillDecodingPress"
+    assert REGISTRY["prefill_decoding(snapkv,knorm)"].windowed and "several" not in facts

@@ -36,6 +36,8 @@ def test_prompts_are_kvpress_ids_with_their_needle(chat_tokenizer, task_file) ->
         assert aware.context_ids.tolist() == context_ids and aware.question_ids.tolist() == question_ids
         assert aware.needle.tolist() == example.needle.tolist(), "the needle sits where it sat"
         assert aware.context > example.context and aware.question_ids.shape[-1] < example.question_ids.shape[-1]
+        asked = chat_tokenizer.encode(record.question, add_special_tokens=False)  # FINCH's window: the question alone
+        assert aware.question_tokens == len(asked) > 0 and example.question_tokens == 0
 
 
 def source(model, path, **options) -> TaskSource:
@@ -59,8 +61,8 @@ def test_what_does_not_fit_is_refused_once_loaded(chat_decoder, long_decoder, tm
                                            "positions"):
         source(chat_decoder, long).start()
     short = task_files.write(tmp_path / "short.jsonl", task_files.records(count=2, words=5))
-    with pytest.raises(SpectraError, match=r"short.jsonl line 1: its context has 20 tokens; snapkv, pyramidkv, loki and "
-                                           r"headbudget\(<run>\) read the last 64 "):
+    with pytest.raises(SpectraError, match=r"short.jsonl line 1: its context has 20 tokens; snapkv, finch, pyramidkv, "
+                                           r"loki and headbudget\(<run>\) read the last 64 "):
         source(long_decoder, short, windowed=True).start()
     started = source(long_decoder, short)
     started.start()
