@@ -2,8 +2,8 @@
 run object (`load`), the console tables (`show`) and the figures (`plot`) — the read side of `kinds/evaluate.py`,
 beside `report/cache.py`'s of the NLL study.
 
-A task run holds `examples` (task_examples.csv: per press, ratio and example the
-prediction and its score, the share of context rows kept, the share of the needle kept over layers and heads),
+A task run holds `examples` (task_examples.csv: per press, ratio, example and question — the question's 0-based index
+within its record, 0 for a record asking one — the prediction and its score, the share of context rows kept, the share of the needle kept over layers and heads),
 `scores` (task_scores.csv: per press, ratio and task the mean score, the full cache's on the same examples, the
 difference, with bootstrap intervals), `lengths` (task_lengths.csv: the same per task and length), `needle`
 (task_needle.csv: per press, ratio, layer and key/value head the needle kept and the full cache's attention on it) and
@@ -78,9 +78,11 @@ def needle_vs_score(run: TaskRun) -> pd.DataFrame:
     import pandas as pd
 
     examples = run.examples
-    full = examples[examples["press"] == "full"].set_index("example")["score"]
+    unit = ["example", "question"] if "question" in examples.columns else ["example"]  # runs before questions
+    full = examples[examples["press"] == "full"].set_index(unit)["score"]
     cells = examples[(examples["press"] != "full") & examples["needle_kept"].notna()]
-    cells = cells[cells["example"].map(full) == 1]
+    answered = full.reindex(pd.MultiIndex.from_frame(cells[unit]) if len(unit) > 1 else cells["example"])
+    cells = cells[answered.to_numpy() == 1]
     rows = []
     for press, group in [*cells.groupby("press", sort=False), ("all", cells)]:
         hit = group[group["score"] == 1]["needle_kept"].to_numpy()

@@ -45,16 +45,20 @@ def task_scores(examples: pd.DataFrame, seed: int, by: Sequence[str] = ("task",)
                 level: float = LEVEL) -> pd.DataFrame:
     """One row per (press, ratio, *by) of the per-example table `examples` (press, ratio, example, score and the
     `by` columns; the full cache as press 'full', ratio 0): `COLUMNS` (`bytes_share`: the mean share of the context
-    cache's bytes the cells kept, NaN when the examples do not say)."""
-    full = examples[examples["press"] == "full"].set_index("example")["score"]
+    cache's bytes the cells kept, NaN when the examples do not say). With a `question` column (several rows per
+    example: a many-question record's questions), each row is paired with the full cache's on the same question, and
+    an example's questions share its bootstrap weight (the records are what is resampled)."""
+    unit = ["example", "question"] if "question" in examples.columns else ["example"]
+    full = examples[examples["press"] == "full"].set_index(unit)["score"]
     weights = poisson_weights(sorted(examples["example"].unique()), seed, replicates)
     column = {example: i for i, example in enumerate(sorted(examples["example"].unique()))}
     rows = []
     for key, group in examples.groupby(["press", "ratio", *by], sort=False):
-        group = group.sort_values("example")
+        group = group.sort_values(unit)
         chosen = weights[:, [column[example] for example in group["example"]]]
         scores = group["score"].to_numpy(dtype=np.float64)
-        baseline = full.reindex(group["example"]).to_numpy(dtype=np.float64)
+        where = pd.MultiIndex.from_frame(group[unit]) if len(unit) > 1 else group["example"]
+        baseline = full.reindex(where).to_numpy(dtype=np.float64)
         delta = scores - baseline
         rows.append({**dict(zip(["press", "ratio", *by], key)), "examples": len(group), "score": scores.mean(),
                      **dict(zip(("low", "high"), interval(scores, chosen, level))), "full": baseline.mean(),
