@@ -8,6 +8,12 @@ that one prefill at every ratio (`probes.tasks.TaskProbe`, decoding by `spectra.
 'full' at ratio 0 in every run. `query_aware` compresses the context with the question appended (kvpress's evaluation
 convention: context + question compressed, question empty). `spectra cache` on a task file runs this study.
 
+A record asking several questions (`questions`, kvpress's `questions=[…]`) is compressed once without them and every
+question answered from the same compressed caches; under `query_aware` it is split into one compression per question
+(`selection.units`), each question in view, so the loop's examples are its questions. A press that compresses while
+decoding is refused on such a record before the model loads (its cache after one answer is not the context's; kvpress's
+pipeline refuses DecodingPress with several questions).
+
 Checked before the model loads, each in one line: every record (`tasks.records.read_records` names the line and field
 of a missing or malformed field, an unknown task, an empty context or an answer its context lacks), a record's length
 beyond the model's positions (when its files tell them), data that is not a task file. After loading, each example's
@@ -42,7 +48,8 @@ class EvaluateOptions(PressOptions):
     """The presses and ratios compared on a task file's records, and whether the question is compressed too."""
 
     query_aware: bool = option(False, "Compress the context with the question appended (kvpress's evaluation "
-                               "convention); by default the question is appended after compression.")
+                               "convention; a record asking several questions is compressed once per question, each "
+                               "in view); by default the question is appended after compression.")
     decode_memory: float = option(DECODE_GIB, DECODE_HELP, metavar="GIB", identity=False)
 
     def __post_init__(self) -> None:

@@ -6,7 +6,10 @@ every cell (`spectra.kv.cell`: the full cache, press 'full' at ratio 0, and ever
 ratio, and decodes them together: the cells' caches join a batch until the next would take it past `--decode-memory`
 (`kv.batching`: buffers, padding and the rows a transform holds), then that batch is answered greedily as one
 (`batching.greedy`: one forward pass per step for all its cells) and freed. A press that compresses while decoding
-answers alone (`generation.greedy` with its recompression). Per cell and example it
+answers alone (`generation.greedy` with its recompression). A record asking several questions is answered one
+question after another from the same compressed caches (a fresh batch of the group's caches per question: its
+question and answer gone before the next, as kvpress's pipeline removes them); its answers, needles and the full
+cache's attention on them are kept per (example, question): an *item*. Per cell and example it
 keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
 and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
 share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
