@@ -5,18 +5,20 @@
 
 For every record of F (a `spectra tasks` file, or RULER's / kvpress's format: spectra.kv.tasks.read_records), every
 press and ratio, and the full cache, kvpress's pipeline answers greedily, exactly as kvpress's evaluation calls it:
-`pipe(context, question=question, answer_prefix=answer_prefix, press=press, max_new_tokens=…)`, query-agnostic
-(the question is appended after compression), and query-aware (kvpress's evaluate.py convention: context + question
+`pipe(context, question=question, answer_prefix=answer_prefix, press=press, max_new_tokens=…)`, query-agnostic (the
+question is appended after compression), and query-aware (kvpress's evaluate.py convention: context + question
 compressed, question ""). A record asking several questions is one call `pipe(context, questions=[…], …)` (the
-context compressed once, each question answered from that cache), query-aware one call per question in view. A fresh press per call; kvpress prefills once per (press, ratio, example), so it is slow:
-every answered cell is logged at once (CSV.work/), and the same command resumes where it stopped. It runs in
-kvpress's own venv (`--worker JOB RESULT`, which imports only torch, transformers and kvpress); it also reports the
-token counts kvpress's `preprocess` gives every record, the independent check of the lengths `spectra tasks` fits.
+context compressed once, each question answered from that cache), query-aware one call per question in view. A fresh
+press per call; kvpress prefills once per (press, ratio, example), so it is slow: every answered cell is logged at
+once (CSV.work/), and the same command resumes where it stopped. It runs in kvpress's own venv (`--worker JOB
+RESULT`, which imports only torch, transformers and kvpress); it also reports the token counts kvpress's
+`preprocess` gives every record, the independent check of the lengths `spectra tasks` fits.
 
-Written: a CSV of (press, ratio, query_aware, example, question, task, length, depth, prediction, score) — prediction as
-kvpress's pipeline returns it, score RULER's (spectra.kv.tasks.scoring) — and printed: per (press, ratio, mode) the
-mean score beside the full cache's, per task. `agreement(kvpress, spectra)` is the comparison with the task protocol
-of `spectra cache` (its per-example CSV: press, ratio, example, prediction, …); `--spectra RUN_CSV` applies it.
+Written: a CSV of (press, ratio, query_aware, example, question, task, length, depth, prediction, score) —
+prediction as kvpress's pipeline returns it, score RULER's (spectra.kv.tasks.scoring) — and printed: per (press,
+ratio, mode) the mean score beside the full cache's, per task. `agreement(kvpress, spectra)` is the comparison with
+the task protocol of `spectra cache` (its per-example CSV: press, ratio, example, prediction, …); `--spectra
+RUN_CSV` applies it.
 """
 
 from __future__ import annotations

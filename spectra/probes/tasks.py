@@ -6,10 +6,12 @@ every cell (`spectra.kv.cell`: the full cache, press 'full' at ratio 0, and ever
 ratio, and decodes them together: the cells' caches join a batch until the next would take it past `--decode-memory`
 (`kv.batching`: buffers, padding and the rows a transform holds), then that batch is answered greedily as one
 (`batching.greedy`: one forward pass per step for all its cells) and freed. A press that compresses while decoding
-answers alone (`generation.greedy` with its recompression). A record asking several questions is answered one
-question after another from the same compressed caches (a fresh batch of the group's caches per question: its
-question and answer gone before the next, as kvpress's pipeline removes them); its answers, needles and the full
-cache's attention on them are kept per (example, question): an *item*. Per cell and example it
+answers alone (`generation.greedy` with its recompression). A record asking several questions is answered from the
+same compressed caches: each (question, cell) pair is a row of the group's batch (its cache copied once per
+question, so a group counts its buffers once per question against the budget), each row seeing its cell's context
+rows and its own question and answer only — as kvpress's pipeline answers question after question, each question's
+tokens removed before the next; its answers, needles and the full cache's attention on them are kept per (example,
+question): an *item*. Per cell and example it
 keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
 and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
 share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
@@ -135,7 +137,8 @@ class TaskProbe(Probe):
                 self.decode_alone(i, cells, at)
                 continue
             rows, own = batching.cell_rows(cell.parts), batching.held_bytes(cell.parts)
-            if pending and batching.group_bytes([*pending_rows, rows], at.room, row_bytes) + held + own > \
+            copies = len(at.questions)  # a row per (question, cell)
+            if pending and copies * batching.group_bytes([*pending_rows, rows], at.room, row_bytes) + held + own > \
                     self.decode_memory:
                 self.decode_group(pending, cells, at)
                 pending, pending_rows, held, groups = [], [], 0, groups + 1
@@ -153,18 +156,20 @@ class TaskProbe(Probe):
 
     def decode_group(self, group: Sequence[int], cells: list[Cell | None], at: Answering) -> None:
         """The answers of the cells `group` (indices into `cells`) to every question of the example, decoded as one
-        batch per question (`kv.batching`) from the same compressed caches — each question's tokens and answer gone
-        before the next, as kvpress's pipeline removes them; each cell's records taken and its cache freed."""
+        batch (`kv.batching`) whose rows are the (question, cell) pairs: each question answered from the cell's
+        compressed cache alone, its tokens and answer never seen by another question (kvpress's pipeline removes
+        them); each cell's records taken and its cache freed."""
         started = time.perf_counter()
-        full = [row for row, i in enumerate(group) if cells[i].compressor is None]
-        for asked in at.questions:
-            batch = batching.Batch.of([cells[i].parts for i in group], at.prefills, at.room)
-            answers = batching.greedy(self.source.loaded.model, self.source.layers, batch, asked.ids,
-                                      [cells[i].start for i in group], at.example.record.max_new_tokens, self.stop,
-                                      at.example.record.example, asked.needle, full[0] if full else None)
-            del batch
-            for i, decoded in zip(group, answers):
-                self.answered(i, cells, decoded, at, asked)
+        pairs = [(asked, i) for asked in at.questions for i in group]
+        batch = batching.Batch.of([cells[i].parts for _, i in pairs], at.prefills, at.room)
+        needles = {row: asked.needle for row, (asked, i) in enumerate(pairs) if cells[i].compressor is None}
+        answers = batching.greedy(self.source.loaded.model, self.source.layers, batch,
+                                  [asked.ids for asked, _ in pairs], [cells[i].start for _, i in pairs],
+                                  at.example.record.max_new_tokens, self.stop, at.example.record.example,
+                                  needles=needles)
+        del batch
+        for (asked, i), decoded in zip(pairs, answers):
+            self.answered(i, cells, decoded, at, asked)
         for i in group:  # the group's decoding time, shared by its cells
             self.seconds[i, 1] += (time.perf_counter() - started) / len(group)
             self.record(i, cells, at)

@@ -2,13 +2,14 @@
 run object (`load`), the console tables (`show`) and the figures (`plot`) — the read side of `kinds/evaluate.py`,
 beside `report/cache.py`'s of the NLL study.
 
-A task run holds `examples` (task_examples.csv: per press, ratio, example and question — the question's 0-based index
-within its record, 0 for a record asking one — the prediction and its score, the share of context rows kept, the share of the needle kept over layers and heads),
-`scores` (task_scores.csv: per press, ratio and task the mean score, the full cache's on the same examples, the
-difference, with bootstrap intervals), `lengths` (task_lengths.csv: the same per task and length), `needle`
-(task_needle.csv: per press, ratio, layer and key/value head the needle kept and the full cache's attention on it) and
-`evicted` (task_evicted.csv: per example a press failed — scored below the full cache — the layers where no head kept
-the needle); needle.npz holds the per-example arrays.
+A task run holds `examples` (task_examples.csv: per press, ratio, example and question — the question's 0-based
+index within its record, 0 for a record asking one — the prediction and its score, the share of context rows kept,
+the share of the needle kept over layers and heads), `scores` (task_scores.csv: per press, ratio and task the mean
+score, the full cache's on the same examples, the difference, with bootstrap intervals), `lengths`
+(task_lengths.csv: the same per task and length), `needle` (task_needle.csv: per press, ratio, layer and key/value
+head the needle kept and the full cache's attention on it) and `evicted` (task_evicted.csv: per example a press
+failed — scored below the full cache — the layers where no head kept the needle);
+needle.npz holds the per-example arrays.
 """
 
 from __future__ import annotations

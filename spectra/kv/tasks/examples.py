@@ -167,11 +167,13 @@ class TaskSource(OfLoadedModel):
 
     def smallest_decode_bytes(self) -> int:
         """The bytes the largest cell of the longest example takes while it decodes (`kv.batching`): its full
-        context cache and room for its question and answer — the smallest --decode-memory that works."""
+        context cache and room for its question and answer, once per question of the example (each question a row
+        of its own) — the smallest --decode-memory that works."""
         loaded = self.loaded
         dim = loaded.head_dim or 64
         row = batching.batch_row_bytes(self.kv_heads, dim, dim, torch.finfo(loaded.dtype).bits // 8)
-        return max((loaded.layers * example.tokens * row for example in self.examples), default=0)
+        return max((len(example.asked) * loaded.layers * example.tokens * row for example in self.examples),
+                   default=0)
 
     def describe(self) -> dict[str, Any]:
         loaded = self.loaded

@@ -1,4 +1,5 @@
-"""`spectra tasks`: task files of RULER's synthetic tasks and passkey, fitted to lengths in the model's own tokens.
+"""`spectra tasks`: task files of RULER's synthetic tasks, passkey and kv_retrieval, fitted to lengths in the model's
+own tokens.
 
 A length L is what RULER's prepare.py calls max_seq_length: the example's input tokens plus the tokens it may
 generate fit in L. The input is counted as the task protocol (and kvpress's pipeline) will see it: the context in
