@@ -206,7 +206,7 @@ def show_questions(run: TaskRun) -> None:
         shown = mine[["press", "ratio", "question", "examples", "score", "delta"]]
         print_frame(shown, f"{task}: per question (its index in the record), the mean score over the records asking "
                     "it and Δ vs the full cache (task_questions.csv has the intervals)",
-                    digits={"score": 2, "delta": 2})
+                    digits={"ratio": 2, "score": 2, "delta": 2})
 
 
 def presses_of(table) -> list[str]:
