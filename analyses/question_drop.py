@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import pandas as pd
+
 import spectra
 from spectra.errors import SpectraError
-from spectra.report.console import print_frame
-from spectra.report.evaluate import question_drop
+from spectra.report.console import out, print_frame
+from spectra.report.evaluate import question_drop, with_interval
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     except SpectraError as error:
         print(f"error: {error.for_cli()}", file=sys.stderr)
         return 2
-    print_frame(table, "per press, ratio and task: the score with the question in view (one compression per "
-                "question), from one compression for every question, and the drop [95% interval over records]",
-                digits={"in_view": 3, "once": 3, "drop": 3, "drop_low": 3, "drop_high": 3})
+    out.print("per press and ratio: the score with the question in view (one compression per question), from one "
+              "compression for every question, and the drop [95% interval over records]")
+    for task, mine in table.groupby("task", sort=False):
+        shown = pd.DataFrame({"press": mine["press"], "ratio": mine["ratio"], "in view": mine["in_view"],
+                              "once": mine["once"],
+                              "drop": [with_interval(*values, sign="+") for values in
+                                       zip(mine["drop"], mine["drop_low"], mine["drop_high"])]})
+        print_frame(shown, f"{task}, {int(mine['questions'].max())} questions",
+                    digits={"ratio": 2, "in view": 2, "once": 2})
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 0
