@@ -5,17 +5,20 @@
 
 For every record of F (a `spectra tasks` file, or RULER's / kvpress's format: spectra.kv.tasks.read_records), every
 press and ratio, and the full cache, kvpress's pipeline answers greedily, exactly as kvpress's evaluation calls it:
-`pipe(context, question=question, answer_prefix=answer_prefix, press=press, max_new_tokens=…)`, query-agnostic
-(the question is appended after compression), and query-aware (kvpress's evaluate.py convention: context + question
-compressed, question ""). A fresh press per call; kvpress prefills once per (press, ratio, example), so it is slow:
-every answered cell is logged at once (CSV.work/), and the same command resumes where it stopped. It runs in
-kvpress's own venv (`--worker JOB RESULT`, which imports only torch, transformers and kvpress); it also reports the
-token counts kvpress's `preprocess` gives every record, the independent check of the lengths `spectra tasks` fits.
+`pipe(context, question=question, answer_prefix=answer_prefix, press=press, max_new_tokens=…)`, query-agnostic (the
+question is appended after compression), and query-aware (kvpress's evaluate.py convention: context + question
+compressed, question ""). A record asking several questions is one call `pipe(context, questions=[…], …)` (the
+context compressed once, each question answered from that cache), query-aware one call per question in view. A fresh
+press per call; kvpress prefills once per (press, ratio, example), so it is slow: every answered cell is logged at
+once (CSV.work/), and the same command resumes where it stopped. It runs in kvpress's own venv (`--worker JOB
+RESULT`, which imports only torch, transformers and kvpress); it also reports the token counts kvpress's
+`preprocess` gives every record, the independent check of the lengths `spectra tasks` fits.
 
-Written: a CSV of (press, ratio, query_aware, example, task, length, depth, prediction, score) — prediction as
-kvpress's pipeline returns it, score RULER's (spectra.kv.tasks.scoring) — and printed: per (press, ratio, mode) the
-mean score beside the full cache's, per task. `agreement(kvpress, spectra)` is the comparison with the task protocol
-of `spectra cache` (its per-example CSV: press, ratio, example, prediction, …); `--spectra RUN_CSV` applies it.
+Written: a CSV of (press, ratio, query_aware, example, question, task, length, depth, prediction, score) —
+prediction as kvpress's pipeline returns it, score RULER's (spectra.kv.tasks.scoring) — and printed: per (press,
+ratio, mode) the mean score beside the full cache's, per task. `agreement(kvpress, spectra)` is the comparison with
+the task protocol of `spectra cache` (its per-example CSV: press, ratio, example, prediction, …); `--spectra
+RUN_CSV` applies it.
 """
 
 from __future__ import annotations
@@ -202,51 +205,59 @@ def worker(job_path: str, result_path: str) -> None:
                                                         for ratio in job["ratios"]]
     done_path = Path(result_path).with_suffix(".cells.jsonl")  # one line per answered cell: a rerun resumes
     done = [json.loads(line) for line in done_path.read_text().splitlines()] if done_path.exists() else []
-    answered = {(c["press"], c["ratio"], c["query_aware"], c["example"]) for c in done}
+    answered = {(c["press"], c["ratio"], c["query_aware"], c["example"], c.get("question", 0)) for c in done}
     tokens = []
     for record in job["records"]:
-        inputs = pipe.preprocess(record["context"], [record["question"]], record["answer_prefix"], 10**10)
+        inputs = pipe.preprocess(record["context"], record.get("questions") or [record["question"]],
+                                 record["answer_prefix"], 10**10)
         tokens.append({"example": record["example"], "context": int(inputs["context_ids"].shape[1]),
-                       "question": int(inputs["questions_ids"][0].shape[1])})
+                       "question": max(int(ids.shape[1]) for ids in inputs["questions_ids"])})
     with open(done_path, "a") as log:
         for aware in job["query_aware"]:  # every query-agnostic cell first
             for record in job["records"]:
-                question = "" if aware else record["question"]
                 for press, ratio in cells:
-                    if (press, ratio, aware, record["example"]) in answered:
-                        continue
-                    context = record["context"] + record["question"] if aware else record["context"]
-                    length = pipe.preprocess(context, [question], record["answer_prefix"], 10**10)["context_ids"]
-                    made = None if press == "full" else make_press(kvpress, press, ratio, model, length.shape[1])
-                    if press == "finch" and aware:  # kvpress's FINCH prompt: context + delimiter + question
-                        made.update_model_and_tokenizer(model, pipe.tokenizer)
-                        context = record["context"] + made.delimiter_token + record["question"]
-                    if press == "compactor":  # its sketches from the global generator, seeded as spectra's
-                        torch.manual_seed(job["sketch_seeds"][str(record["example"])])
-                    if press in UNEVEN:
-                        pipe.generate_answer = stepwise(pipe)
-                    else:
-                        pipe.__dict__.pop("generate_answer", None)
-                    started = time.perf_counter()
-                    with torch.inference_mode():
-                        answer = pipe(context, question=question, answer_prefix=record["answer_prefix"], press=made,
-                                      max_new_tokens=record["max_new_tokens"])["answer"]
-                    cell = {"press": press, "ratio": ratio, "query_aware": aware, "example": record["example"],
-                            "prediction": answer, "seconds": time.perf_counter() - started}
-                    if press.startswith("duo("):  # kvpress's own account of what DuoAttention saved
-                        cell["compression_ratio"] = made.compression_ratio
-                    log.write(json.dumps(cell) + "\n")
-                    log.flush()
-                    done.append(cell)
+                    for asked, context, questions in calls(record, aware):
+                        if all((press, ratio, aware, record["example"], j) in answered for j in asked):
+                            continue
+                        asking_of = questions if isinstance(questions, list) else [questions]
+                        length = pipe.preprocess(context, asking_of, record["answer_prefix"], 10**10)["context_ids"]
+                        made = None if press == "full" else make_press(kvpress, press, ratio, model, length.shape[1])
+                        if press == "finch" and aware:  # kvpress's FINCH prompt: context + delimiter + question
+                            made.update_model_and_tokenizer(model, pipe.tokenizer)
+                            in_view = context[len(record["context"]):]
+                            context = record["context"] + made.delimiter_token + in_view
+                        if press == "compactor":  # its sketches from the global generator, seeded as spectra's
+                            torch.manual_seed(job["sketch_seeds"][str(record["example"])])
+                        if press in UNEVEN:
+                            pipe.generate_answer = stepwise(pipe)
+                        else:
+                            pipe.__dict__.pop("generate_answer", None)
+                        started = time.perf_counter()
+                        asking = {"questions": questions} if isinstance(questions, list) else {"question": questions}
+                        with torch.inference_mode():
+                            found = pipe(context, **asking, answer_prefix=record["answer_prefix"], press=made,
+                                         max_new_tokens=record["max_new_tokens"])
+                        answers = found["answers"] if "answers" in found else [found["answer"]]
+                        seconds = (time.perf_counter() - started) / len(answers)
+                        for j, answer in zip(asked, answers):
+                            cell = {"press": press, "ratio": ratio, "query_aware": aware,
+                                    "example": record["example"], "question": j, "prediction": answer,
+                                    "seconds": seconds}
+                            if press.startswith("duo("):  # kvpress's own account of what DuoAttention saved
+                                cell["compression_ratio"] = made.compression_ratio
+                            log.write(json.dumps(cell) + "\n")
+                            done.append(cell)
+                        log.flush()
     seconds: dict[str, float] = {}
     for cell in done:
         key = f"{cell['press']}/{cell['ratio']}/{cell['query_aware']}"
         seconds[key] = seconds.get(key, 0.0) + cell["seconds"]
-    wanted = {(press, ratio, aware, record["example"]) for press, ratio in cells for aware in job["query_aware"]
-              for record in job["records"]}
-    latest = {(cell["press"], cell["ratio"], cell["query_aware"], cell["example"]): cell for cell in done}
-    predictions = [{key: cell[key] for key in ("press", "ratio", "query_aware", "example", "prediction",
-                                               "compression_ratio") if key in cell}
+    wanted = {(press, ratio, aware, record["example"], j) for press, ratio in cells for aware in job["query_aware"]
+              for record in job["records"] for j in record["indices"]}
+    latest = {(cell["press"], cell["ratio"], cell["query_aware"], cell["example"], cell.get("question", 0)): cell
+              for cell in done}
+    predictions = [{**{key: cell[key] for key in ("press", "ratio", "query_aware", "example", "prediction",
+                                                  "compression_ratio") if key in cell}, "question": name[-1]}
                    for name, cell in latest.items() if name in wanted]  # once per cell (a log resumed twice)
     from importlib.metadata import version
 
@@ -254,6 +265,20 @@ def worker(job_path: str, result_path: str) -> None:
         "predictions": predictions, "tokens": tokens, "seconds": seconds,
         "eos": model.generation_config.eos_token_id,
         "versions": {name: version(name) for name in ("kvpress", "torch", "transformers")}}))
+
+
+def calls(record: dict, aware: bool) -> list[tuple[list[int], str, str | list[str]]]:
+    """The pipeline calls answering one record: (its questions' indices, the context passed, the question — or the
+    list of questions). A single question: one call, as kvpress's evaluation makes it (query-aware: context +
+    question, question ""). Several questions: query-agnostic, one call with `questions=[…]` (the context compressed
+    once, every question answered from it); query-aware, one call per question with that question in view."""
+    questions = record.get("questions")
+    if not questions:
+        return [(record["indices"], record["context"] + record["question"] if aware else record["context"],
+                 "" if aware else record["question"])]
+    if not aware:
+        return [(record["indices"], record["context"], list(questions))]
+    return [([j], record["context"] + question, "") for j, question in zip(record["indices"], questions)]
 
 
 def kvpress_pipeline(job: dict):
@@ -293,8 +318,10 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     scratch.mkdir(parents=True, exist_ok=True)
     job = {"folder": folder or smollm2_folder(), "presses": list(presses), "ratios": [float(r) for r in ratios],
            "query_aware": [bool(a) for a in query_aware], "threads": threads, "full": full,
-           "records": [{"example": r.example, "context": r.context, "question": r.question,
-                        "answer_prefix": r.answer_prefix, "max_new_tokens": r.max_new_tokens} for r in records],
+           "records": [{"example": r.example, "context": r.context,
+                        **({"questions": list(r.questions)} if r.questions else {"question": r.question}),
+                        "indices": [asked.index for asked in r.asked], "answer_prefix": r.answer_prefix,
+                        "max_new_tokens": r.max_new_tokens} for r in records],
            # compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
            "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records}}
     previous = scratch / "job.json"
@@ -308,8 +335,9 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     rows = []
     for cell in report["predictions"]:
         record = by_example[cell["example"]]
+        answers = {asked.index: asked.answers for asked in record.asked}[cell["question"]]
         rows.append({**cell, "task": record.task, "length": record.length, "depth": record.depth,
-                     "score": score(record.task, cell["prediction"], record.answers)})
+                     "score": score(record.task, cell["prediction"], answers)})
     return pd.DataFrame(rows), report
 
 
@@ -320,8 +348,12 @@ def agreement(kvpress, spectra, query_aware: bool = False):
     import pandas as pd
 
     theirs = kvpress[kvpress["query_aware"] == query_aware]
-    merged = theirs.merge(spectra[["press", "ratio", "example", "prediction", "score"]],
-                          on=["press", "ratio", "example"], suffixes=("_kvpress", "_spectra"))
+    if "question" not in theirs:  # before records asked several questions
+        theirs = theirs.assign(question=0)
+    if "question" not in spectra:
+        spectra = spectra.assign(question=0)
+    merged = theirs.merge(spectra[["press", "ratio", "example", "question", "prediction", "score"]],
+                          on=["press", "ratio", "example", "question"], suffixes=("_kvpress", "_spectra"))
     merged["equal"] = merged["prediction_kvpress"].str.strip() == merged["prediction_spectra"].str.strip()
     table = merged.groupby(["press", "ratio"], sort=False).agg(
         cells=("equal", "size"), equal=("equal", "mean"), score_kvpress=("score_kvpress", "mean"),

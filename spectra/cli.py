@@ -172,7 +172,8 @@ def tasks_command(
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file (as a run directory is replaced)."),
 ) -> None:
-    """Long-context task files generated offline: RULER's synthetic tasks and passkey, fitted to the model's tokens."""
+    """Long-context task files generated offline: RULER's synthetic tasks, passkey and InfiniteBench's kv_retrieval,
+    fitted to the model's tokens."""
     from .report.console import out as stdout
     from .kv.tasks.command import make_tasks
 

@@ -30,6 +30,19 @@ def records(count: int = 4, words: int = 120, seed: int = 0, max_new_tokens: int
     return found
 
 
+def many_questions(rows: list[dict]) -> list[dict]:
+    """`records`' rows, each asking two questions of its context (kvpress's `questions=[…]`): the first about its
+    needle, the second about a second needle (the next value of VALUES) inserted at the start of its haystack."""
+    found = []
+    for i, row in enumerate(rows):
+        other = VALUES[(i + 1) % len(VALUES)]
+        door = f"the door is {other} rank"
+        asked = {key: value for key, value in row.items() if key not in ("question", "answers")}
+        found.append({**asked, "context": door + " " + row["context"],
+                      "questions": [row["question"], "what is the door? "], "answers": [row["answers"], [other]]})
+    return found
+
+
 def write(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

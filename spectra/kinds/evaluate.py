@@ -8,6 +8,12 @@ that one prefill at every ratio (`probes.tasks.TaskProbe`, decoding by `spectra.
 'full' at ratio 0 in every run. `query_aware` compresses the context with the question appended (kvpress's evaluation
 convention: context + question compressed, question empty). `spectra cache` on a task file runs this study.
 
+A record asking several questions (`questions`, kvpress's `questions=[…]`) is compressed once without them and every
+question answered from the same compressed caches; under `query_aware` it is split into one compression per question
+(`selection.units`), each question in view, so the loop's examples are its questions. A press that compresses while
+decoding is refused on such a record before the model loads (its cache after one answer is not the context's; kvpress's
+pipeline refuses DecodingPress with several questions).
+
 Checked before the model loads, each in one line: every record (`tasks.records.read_records` names the line and field
 of a missing or malformed field, an unknown task, an empty context or an answer its context lacks), a record's length
 beyond the model's positions (when its files tell them), data that is not a task file. After loading, each example's
@@ -42,7 +48,8 @@ class EvaluateOptions(PressOptions):
     """The presses and ratios compared on a task file's records, and whether the question is compressed too."""
 
     query_aware: bool = option(False, "Compress the context with the question appended (kvpress's evaluation "
-                               "convention); by default the question is appended after compression.")
+                               "convention; a record asking several questions is compressed once per question, each "
+                               "in view); by default the question is appended after compression.")
     decode_memory: float = option(DECODE_GIB, DECODE_HELP, metavar="GIB", identity=False)
 
     def __post_init__(self) -> None:
@@ -79,12 +86,26 @@ class Evaluate(PressStudy):
         longest = max((record.length for record in records if record.length is not None), default=config.length)
         return replace(config, length=max(2, longest), samples=len(records), batch_size=1)
 
+    def job(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, found):
+        """The base's job over what is prefilled: the records evaluated, or under --query-aware each question of a
+        many-question record on its own (`selection.units`)."""
+        job = super().job(config, options, reporter, found)
+        return replace(job, samples=len(selection.units(selection.evaluated(config), options.query_aware)))
+
     def check(self, config: RunConfig, options: EvaluateOptions, shape: checkpoints.Shape) -> None:
         """Every record of the file is read and checked (`records.read_records`), evaluated or not; a record longer
         than the model's positions is refused."""
         records = selection.records_of(config.data)
         super().check(config, options, shape)
         name = Path(config.data).name
+        many = next((record for record in records if len(record.questions) > 1), None)
+        decoding = options.decoding_presses
+        if many is not None and decoding:
+            raise SpectraError(f"{name} line {many.example + 1} asks {len(many.questions)} questions, and "
+                               f"{decoding[0]} compresses while it decodes: its cache after one answer is not the "
+                               "context's, so the next question would read another cache (kvpress's pipeline refuses "
+                               f"DecodingPress with several questions); drop {decoding[0]} from "
+                               f"{spell('--presses')} or give single-question records")
         for record in records:
             if shape.positions is not None and record.length is not None and record.length > shape.positions:
                 raise SpectraError(f"{name} line {record.example + 1}: its length {record.length} is beyond the "
@@ -103,7 +124,8 @@ class Evaluate(PressStudy):
         """A `TaskSource` over the evaluated records."""
         from ..kv.tasks.examples import TaskSource
 
-        records, missing = selection.evaluated(config), selection.left_out(config)
+        records = selection.units(selection.evaluated(config), options.query_aware)
+        missing = selection.left_out(config)
         return TaskSource(config, where, records, query_aware=options.query_aware,
                           received=bool(PRESSES.having(RECEIVED) & set(options.presses)),
                           windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing,
@@ -121,7 +143,7 @@ class Evaluate(PressStudy):
         """A `TaskProbe` over every press and ratio."""
         from ..probes.tasks import TaskProbe
 
-        return TaskProbe(source, options.presses, options.ratios, config.seed, config.samples,
+        return TaskProbe(source, options.presses, options.ratios, config.seed, len(source.records),
                          options.compression_interval, int(options.decode_memory * 2**30), reporter)
 
     def check_loaded(self, config: RunConfig, options: EvaluateOptions, source) -> None:

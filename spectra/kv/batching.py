@@ -28,7 +28,7 @@ each at its own steps; they decode on their own (`generation.greedy`), as before
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +122,14 @@ class Batch:
             return per_head
         return per_head & causal_mask(queries, seen.shape[-1], seen.device)
 
+    def hide(self, columns: Sequence[int]) -> None:
+        """Hide, in every layer, row b's next `columns[b]` columns from every query (a shorter question's left
+        padding, written there by the question's pass)."""
+        for layer in range(len(self.keys)):
+            for row, count in enumerate(columns):
+                if count:
+                    self.seen[layer][row, :, self.filled[layer]:self.filled[layer] + count] = False
+
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows `rows` (indices), in that order."""
         for layer in range(len(self.keys)):
@@ -139,55 +147,72 @@ def batch_attention(batch: Batch, layer: int, q: torch.Tensor, key: torch.Tensor
                                                             enable_gqa=q.shape[1] != key.shape[1])
 
 
-def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Tensor, start: int | Sequence[int],
-           max_new_tokens: int, stop: Collection[int], index: int, needle: torch.Tensor | None = None,
-           needle_row: int | None = None) -> list[Decoded]:
+def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Tensor | Sequence[torch.Tensor],
+           start: int | Sequence[int], max_new_tokens: int, stop: Collection[int], index: int,
+           needle: torch.Tensor | None = None, needle_row: int | None = None,
+           needles: Mapping[int, torch.Tensor] | None = None) -> list[Decoded]:
     """Each row's greedy answer to `question` (n,) from its cache, as `generation.greedy` answers from one (the
     question's pass at positions start … start + n − 1 — one `start`, or one per row — then one token a step, each
-    row stopping after a stop token
-    produced by a decoding step, up to `max_new_tokens`). `needle`, `needle_row`: the question's attention mass on
-    the needle's context positions, measured on that row (whose cache rows must be context positions)."""
-    if question.shape[-1] == 0:
-        raise ValueError("the question holds no token: it must at least carry the template's generation suffix")
+    row stopping after a stop token produced by a decoding step, up to `max_new_tokens`). `question` may instead be
+    one question per row (rows answering different questions of one context from the same compressed caches): a
+    shorter one is left-padded to the longest, its padding written at the columns before it and hidden like a cache's
+    padding, so each row's question and answer sit at its own positions. `needle`, `needle_row` (or `needles`, row →
+    needle): the question's attention mass on the needle's context positions, measured on that row (whose cache rows
+    must be context positions)."""
     size = batch.size
-    masses: dict[int, torch.Tensor] = {}
+    asked = [question] * size if isinstance(question, torch.Tensor) else list(question)
+    if len(asked) != size:
+        raise ValueError(f"{len(asked)} questions for a batch of {size} rows")
+    if any(ids.shape[-1] == 0 for ids in asked):
+        raise ValueError("the question holds no token: it must at least carry the template's generation suffix")
+    longest = max(ids.shape[-1] for ids in asked)
+    pads = [longest - ids.shape[-1] for ids in asked]
+    device = asked[0].device
+    ids = torch.stack([torch.cat([ids.new_full((pad,), int(ids[0])), ids]) for ids, pad in zip(asked, pads)])
+    batch.hide(pads)
+    measured = dict(needles or {})
+    if needle is not None and needle_row is not None:
+        measured[needle_row] = needle
+    masses: dict[tuple[int, int], torch.Tensor] = {}
     produced: list[list[int]] = [[] for _ in range(size)]
     live = list(range(size))  # the cell of each batch row still in the batch
-    starts = torch.as_tensor(start, device=question.device).reshape(-1).expand(size)  # each cell's first position
+    # each row's first column's position: its question's first token's, minus its padding
+    base = torch.as_tensor(start, device=device).reshape(-1).expand(size) - torch.tensor(pads, device=device)
 
     def substitute(captured: Captured) -> torch.Tensor:
         layer, q = captured.layer, captured.q
         key, value = batch.extend(layer, captured.key, captured.value)
-        if needle is not None and needle_row is not None and q.shape[-2] > 1 and layer not in masses:
-            row = live.index(needle_row)
-            columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
-            masses[layer] = needle_mass(q[row], key[row][:, columns], captured.scaling, needle)
+        if q.shape[-2] > 1:  # the question's pass
+            for cell, found in measured.items():
+                row = live.index(cell)
+                columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
+                masses[cell, layer] = needle_mass(q[row][:, pads[cell]:], key[row][:, columns], captured.scaling,
+                                                  found)
         return batch_attention(batch, layer, q, key, value, captured.scaling)
 
     def step(ids: torch.Tensor, offset: int) -> list[int]:
-        first = starts[torch.tensor(live, device=ids.device)][:, None] + offset
-        positions = first + torch.arange(ids.shape[-1], device=ids.device)
+        first = base[torch.tensor(live, device=ids.device)][:, None] + offset
+        positions = (first + torch.arange(ids.shape[-1], device=ids.device)).clamp(min=0)  # padding's: any
         logits = capture.forward(model, layers, None, substitute, [index] * ids.shape[0], input_ids=ids,
                                  position_ids=positions, use_cache=False, logits_to_keep=1).logits
         return logits[:, -1].argmax(dim=-1).tolist()
 
-    with threads(question.device):
-        for row, token in zip(live, step(question.expand(size, -1), 0)):
+    with threads(device):
+        for row, token in zip(live, step(ids, 0)):
             produced[row].append(token)
-        position = question.shape[-1]
+        position = longest
         answering = list(live)
         for offset in range(max_new_tokens - 1):
             if not answering:
                 break
             if len(answering) <= len(live) // 2:  # half the rows have stopped: drop them
-                batch.keep(torch.tensor([live.index(row) for row in answering], device=question.device))
+                batch.keep(torch.tensor([live.index(row) for row in answering], device=device))
                 live = list(answering)
-            last = question.new_tensor([[produced[row][-1]] for row in live])
+            last = ids.new_tensor([[produced[row][-1]] for row in live])
             for row, token in zip(live, step(last, position + offset)):
                 if row in answering:
                     produced[row].append(token)
                     if token in stop:
                         answering.remove(row)
-    found = torch.stack([masses[layer] for layer in range(layers)]) if needle is not None and needle_row is not None \
-        else None
-    return [Decoded(ids, found if row == needle_row else None) for row, ids in enumerate(produced)]
+    return [Decoded(ids, torch.stack([masses[row, layer] for layer in range(layers)]) if row in measured else None)
+            for row, ids in enumerate(produced)]

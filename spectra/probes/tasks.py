@@ -6,7 +6,12 @@ every cell (`spectra.kv.cell`: the full cache, press 'full' at ratio 0, and ever
 ratio, and decodes them together: the cells' caches join a batch until the next would take it past `--decode-memory`
 (`kv.batching`: buffers, padding and the rows a transform holds), then that batch is answered greedily as one
 (`batching.greedy`: one forward pass per step for all its cells) and freed. A press that compresses while decoding
-answers alone (`generation.greedy` with its recompression). Per cell and example it
+answers alone (`generation.greedy` with its recompression). A record asking several questions is answered from the
+same compressed caches: each (question, cell) pair is a row of the group's batch (its cache copied once per
+question, so a group counts its buffers once per question against the budget), each row seeing its cell's context
+rows and its own question and answer only — as kvpress's pipeline answers question after question, each question's
+tokens removed before the next; its answers, needles and the full cache's attention on them are kept per (example,
+question): an *item*. Per cell and example it
 keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
 and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
 share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
@@ -44,21 +49,31 @@ if TYPE_CHECKING:
 
 #: bytes the caches decoded together may take by default (`--decode-memory`'s 2 GiB)
 DECODE_MEMORY = 2 * 2**30
-#: the per-example table's columns
-EXAMPLE_COLUMNS = ("press", "ratio", "example", "task", "length", "depth", "prediction", "score", "kept",
+#: the per-example table's columns (one row per press, ratio, example and question)
+EXAMPLE_COLUMNS = ("press", "ratio", "example", "question", "task", "length", "depth", "prediction", "score", "kept",
                    "bytes", "bytes_share", "needle_kept")
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One question of an example: its row in the probe's per-question state (`item`), its ids and its needle's
+    context positions."""
+
+    item: int
+    ids: torch.Tensor
+    needle: torch.Tensor
 
 
 @dataclass(frozen=True)
 class Answering:
     """One example being answered: its position among the examples evaluated, the example, every layer's prefill,
-    the question's ids, the needle's context positions and the room a cache keeps for the question and answer."""
+    its questions (one, or a many-question record's, each answered from the same compressed cache) and the room a
+    cache keeps for the longest question and its answer."""
 
     position: int
     example: Example
     prefills: list[Prefill]
-    question: torch.Tensor
-    needle: torch.Tensor
+    questions: list[Asked]
     room: int
 
 
@@ -73,15 +88,19 @@ class TaskProbe(Probe):
         self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=source.layers)
         self.variants = self.cells.variants
         self.examples = source.examples[:samples]
-        layers, kv_heads, cells = source.layers, source.kv_heads, len(self.variants)
+        # one item per (example, question): a single-question example has one, a many-question record one a question
+        self.items = [(position, asked) for position, example in enumerate(self.examples)
+                      for asked, _, _ in example.asked]
+        self.first_item = np.cumsum([0] + [len(example.asked) for example in self.examples])
+        layers, kv_heads, cells, items = source.layers, source.kv_heads, len(self.variants), len(self.items)
         tokens = max(example.record.max_new_tokens for example in self.examples)
-        self.ids = np.zeros((cells, samples, tokens), dtype=np.int64)  # token id + 1; 0: no token
+        self.ids = np.zeros((cells, items, tokens), dtype=np.int64)  # token id + 1; 0: no token
         self.done = np.zeros(samples)
         self.kept = np.zeros((cells, samples))
         self.bytes = np.zeros((cells, samples, 2))  # the compressed context cache's bytes, the full one's
-        self.survival = np.zeros((cells, samples, layers, kv_heads))
+        self.survival = np.zeros((cells, items, layers, kv_heads))  # each question's needle
         self.head_kept = np.zeros((cells, samples, layers, kv_heads))  # share of context rows each head keeps
-        self.mass = np.zeros((samples, layers, kv_heads))
+        self.mass = np.zeros((items, layers, kv_heads))
         self.seconds = np.zeros((cells, 2))  # compressing, decoding
         self.prefills: dict[int, Prefill] = {}
         self.stop = generation.stop_tokens(source.loaded.model)
@@ -95,9 +114,11 @@ class TaskProbe(Probe):
         example = self.examples[position]
         prefills = [self.prefills[layer] for layer in range(self.source.layers)]
         self.prefills = {}
-        question = example.question_ids.to(self.source.device)
-        at = Answering(position, example, prefills, question, torch.as_tensor(example.needle, device=question.device),
-                       question.shape[-1] + example.record.max_new_tokens)
+        device = self.source.device
+        questions = [Asked(int(self.first_item[position]) + j, ids.to(device), torch.as_tensor(needle, device=device))
+                     for j, (_, ids, needle) in enumerate(example.asked)]
+        at = Answering(position, example, prefills, questions,
+                       max(asked.ids.shape[-1] for asked in questions) + example.record.max_new_tokens)
         cells: list[Cell | None] = list(self.cells.of(example.context, self.seed, example.record.example))
         first = prefills[0]
         row_bytes = batching.batch_row_bytes(first.kv_heads, first.head_dim, first.value.shape[-1],
@@ -116,7 +137,8 @@ class TaskProbe(Probe):
                 self.decode_alone(i, cells, at)
                 continue
             rows, own = batching.cell_rows(cell.parts), batching.held_bytes(cell.parts)
-            if pending and batching.group_bytes([*pending_rows, rows], at.room, row_bytes) + held + own > \
+            copies = len(at.questions)  # a row per (question, cell)
+            if pending and copies * batching.group_bytes([*pending_rows, rows], at.room, row_bytes) + held + own > \
                     self.decode_memory:
                 self.decode_group(pending, cells, at)
                 pending, pending_rows, held, groups = [], [], 0, groups + 1
@@ -133,42 +155,58 @@ class TaskProbe(Probe):
         self.done[position] = 1
 
     def decode_group(self, group: Sequence[int], cells: list[Cell | None], at: Answering) -> None:
-        """The answers of the cells `group` (indices into `cells`), decoded as one batch (`kv.batching`); each
-        cell's records taken and its cache freed."""
+        """The answers of the cells `group` (indices into `cells`) to every question of the example, decoded as one
+        batch (`kv.batching`) whose rows are the (question, cell) pairs: each question answered from the cell's
+        compressed cache alone, its tokens and answer never seen by another question (kvpress's pipeline removes
+        them); each cell's records taken and its cache freed."""
         started = time.perf_counter()
-        batch = batching.Batch.of([cells[i].parts for i in group], at.prefills, at.room)
-        full = [row for row, i in enumerate(group) if cells[i].compressor is None]
-        answers = batching.greedy(self.source.loaded.model, self.source.layers, batch, at.question,
-                                  [cells[i].start for i in group], at.example.record.max_new_tokens, self.stop,
-                                  at.example.record.example, at.needle, full[0] if full else None)
+        pairs = [(asked, i) for asked in at.questions for i in group]
+        batch = batching.Batch.of([cells[i].parts for _, i in pairs], at.prefills, at.room)
+        needles = {row: asked.needle for row, (asked, i) in enumerate(pairs) if cells[i].compressor is None}
+        answers = batching.greedy(self.source.loaded.model, self.source.layers, batch,
+                                  [asked.ids for asked, _ in pairs], [cells[i].start for _, i in pairs],
+                                  at.example.record.max_new_tokens, self.stop, at.example.record.example,
+                                  needles=needles)
         del batch
-        for i, decoded in zip(group, answers):  # the group's decoding time, shared by its cells
+        for (asked, i), decoded in zip(pairs, answers):
+            self.answered(i, cells, decoded, at, asked)
+        for i in group:  # the group's decoding time, shared by its cells
             self.seconds[i, 1] += (time.perf_counter() - started) / len(group)
-            self.record(i, cells, decoded, at)
+            self.record(i, cells, at)
 
     def decode_alone(self, i: int, cells: list[Cell | None], at: Answering) -> None:
-        """The answer of cell `i`, whose press compresses while decoding, from its cache alone."""
+        """The answer of cell `i`, whose press compresses while decoding, from its cache alone (a fresh one for
+        each question; the kind refuses such a press on a many-question record, as kvpress does)."""
         cell = cells[i]
         started = time.perf_counter()
-        decoded = generation.greedy(self.source.loaded.model, self.source.layers, cell.buffers(at.prefills, at.room),
-                                    at.question, cell.start, at.example.record.max_new_tokens, self.stop,
-                                    at.example.record.example, None, cell.recompression())
+        for asked in at.questions:
+            decoded = generation.greedy(self.source.loaded.model, self.source.layers,
+                                        cell.buffers(at.prefills, at.room), asked.ids, cell.start,
+                                        at.example.record.max_new_tokens, self.stop, at.example.record.example, None,
+                                        cell.recompression())
+            self.answered(i, cells, decoded, at, asked)
         self.seconds[i, 1] += time.perf_counter() - started
-        self.record(i, cells, decoded, at)
+        self.record(i, cells, at)
 
-    def record(self, i: int, cells: list[Cell | None], decoded: generation.Decoded, at: Answering) -> None:
-        """What cell `i` counted on the example and its answer, kept; the cell is then dropped (its cache freed)."""
+    def answered(self, i: int, cells: list[Cell | None], decoded: generation.Decoded, at: Answering,
+                 asked: Asked) -> None:
+        """Cell `i`'s answer to one question, kept, with the share of that question's needle it kept and (from the
+        full cache's decoding) the question's attention on it."""
+        self.ids[i, asked.item, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
+        needle = asked.needle.cpu().numpy()
+        self.survival[i, asked.item] = cells[i].survival(needle)
+        if decoded.needle_mass is not None:
+            per_head = decoded.needle_mass.double().cpu()  # (layers, H) → mean over each key/value group
+            mass = per_head.unflatten(1, (self.source.kv_heads, -1)).mean(-1).numpy()
+            self.mass[asked.item] = mass if needle.size else np.nan
+
+    def record(self, i: int, cells: list[Cell | None], at: Answering) -> None:
+        """What cell `i` counted on the example, kept; the cell is then dropped (its cache freed)."""
         cell, position, context = cells[i], at.position, at.example.context
-        self.ids[i, position, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
         counts = cell.counts()  # (layers, H_kv); a cell that decodes: its target everywhere
         self.head_kept[i, position] = counts / context
         self.kept[i, position] = counts.mean() / context
         self.bytes[i, position] = [cell.bytes(), cell.full_bytes()]
-        self.survival[i, position] = cell.survival(at.example.needle)
-        if decoded.needle_mass is not None:
-            per_head = decoded.needle_mass.double().cpu()  # (layers, H) → mean over each key/value group
-            mass = per_head.unflatten(1, (self.source.kv_heads, -1)).mean(-1).numpy()
-            self.mass[position] = mass if at.example.needle.size else np.nan
         cells[i] = None
 
     def state(self) -> State:
@@ -191,55 +229,74 @@ class TaskProbe(Probe):
         return {"examples": int(self.done.sum()), "press_seconds": seconds}
 
     def predictions(self) -> list[list[str]]:
-        """[cell][position] the decoded answer (special tokens dropped, as kvpress's pipeline returns it)."""
+        """[cell][item] the decoded answer (special tokens dropped, as kvpress's pipeline returns it)."""
         tokenizer = self.source.loaded.tokenizer
         return [[tokenizer.decode([int(token) - 1 for token in row if token], skip_special_tokens=True)
                  for row in cell] for cell in self.ids]
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        """task_examples.csv (per press, ratio and example), task_scores.csv (per press, ratio and task, beside the full
-        cache, with bootstrap intervals), task_lengths.csv (the same per task and length), task_needle.csv (per press,
-        ratio, layer and key/value head: the needle kept, over all examples and over the failed ones, the full
-        cache's attention on it, and `kept`, the share of context rows the head kept: the achieved compression per
-        head, which differs between heads for AdaKV and DuoAttention), task_evicted.csv (per failed example: the layers where no head kept the needle)."""
-        done = np.flatnonzero(self.done)
+        """task_examples.csv (per press, ratio, example and question), task_scores.csv (per press, ratio and task,
+        beside the full cache, with bootstrap intervals; a many-question record's score is the mean over its
+        questions), task_lengths.csv (the same per task and length), task_needle.csv (per press, ratio, layer and
+        key/value head: the needle kept, over all questions and over the failed ones, the full cache's attention on
+        it, and `kept`, the share of context rows the head kept: the achieved compression per head, which differs
+        between heads for AdaKV and DuoAttention), task_evicted.csv (per failed question: the layers where no head
+        kept its needle); and where a record asks several questions, task_questions.csv (per press, ratio, task and
+        question index, over the records that ask it)."""
+        done = self.done_items()
         predictions = self.predictions()
         rows = []
         for cell, (press, ratio) in enumerate(self.variants):
-            for position in done:
+            for item in done:
+                position, question = self.items[item]
                 example = self.examples[position]
                 record = example.record
-                rows.append({"press": press, "ratio": ratio, "example": record.example, "task": record.task,
-                             "length": example.length, "depth": np.nan if record.depth is None else record.depth,
-                             "prediction": predictions[cell][position],
-                             "score": score(record.task, predictions[cell][position], record.answers),
+                rows.append({"press": press, "ratio": ratio, "example": record.example, "question": question,
+                             "task": record.task, "length": example.length,
+                             "depth": np.nan if record.depth is None else record.depth,
+                             "prediction": predictions[cell][item],
+                             "score": score(record.task, predictions[cell][item], self.answers(item)),
                              "kept": self.kept[cell, position], "bytes": self.bytes[cell, position, 0],
                              "bytes_share": self.bytes[cell, position, 0] / max(self.bytes[cell, position, 1], 1),
-                             "needle_kept": _nanmean(self.survival[cell, position])})
+                             "needle_kept": _nanmean(self.survival[cell, item])})
         examples = pd.DataFrame(rows, columns=list(EXAMPLE_COLUMNS))
-        scores = examples.pivot_table(index="example", columns=["press", "ratio"], values="score", sort=False)
-        return {"task_examples.csv": examples,
-                "task_scores.csv": task_scores(examples, self.seed, ("task",)),
-                "task_lengths.csv": task_scores(examples, self.seed, ("task", "length")),
-                "task_needle.csv": self._needle_table(done, scores),
-                "task_evicted.csv": self._evicted_table(done, examples)}
+        records = per_record(examples)
+        tables = {"task_examples.csv": examples,
+                  "task_scores.csv": task_scores(records, self.seed, ("task",)),
+                  "task_lengths.csv": task_scores(records, self.seed, ("task", "length")),
+                  "task_needle.csv": self._needle_table(done, examples),
+                  "task_evicted.csv": self._evicted_table(done, examples)}
+        if any(question for _, question in self.items):  # a record asks several questions
+            tables["task_questions.csv"] = task_scores(examples, self.seed, ("task", "question"))
+        return tables
 
-    def _failed(self, cell: int, done: np.ndarray, scores: pd.DataFrame) -> np.ndarray:
-        """Positions among `done` where the cell scored below the full cache."""
+    def done_items(self) -> np.ndarray:
+        """The items (example, question) of the examples done, in order."""
+        return np.array([item for item, (position, _) in enumerate(self.items) if self.done[position]], dtype=np.int64)
+
+    def answers(self, item: int) -> tuple[str, ...]:
+        """The accepted answers of an item's question."""
+        position, question = self.items[item]
+        return next(asked.answers for asked in self.examples[position].record.asked if asked.index == question)
+
+    def _failed(self, cell: int, done: np.ndarray, examples: pd.DataFrame) -> np.ndarray:
+        """Items among `done` where the cell scored below the full cache on the same question."""
         press, ratio = self.variants[cell]
-        example_ids = [self.examples[position].record.example for position in done]
-        mine = scores[(press, ratio)].reindex(example_ids).to_numpy()
-        baseline = scores[("full", 0.0)].reindex(example_ids).to_numpy()
-        return done[mine < baseline]
+        scores = examples.set_index(["press", "ratio", "example", "question"])["score"]
+        keys = [(self.examples[self.items[item][0]].record.example, self.items[item][1]) for item in done]
+        mine = np.array([scores[(press, ratio, *key)] for key in keys])
+        baseline = np.array([scores[("full", 0.0, *key)] for key in keys])
+        return done[mine < baseline] if len(done) else done
 
-    def _needle_table(self, done: np.ndarray, scores: pd.DataFrame) -> pd.DataFrame:
+    def _needle_table(self, done: np.ndarray, examples: pd.DataFrame) -> pd.DataFrame:
         rows = []
         mass = _nanmean(self.mass[done], axis=0)
+        positions = np.flatnonzero(self.done)
         for cell, (press, ratio) in enumerate(self.variants):
-            failed = self._failed(cell, done, scores)
+            failed = self._failed(cell, done, examples)
             kept = _nanmean(self.survival[cell, done], axis=0)
             kept_failed = _nanmean(self.survival[cell, failed], axis=0)
-            head_kept = _nanmean(self.head_kept[cell, done], axis=0)
+            head_kept = _nanmean(self.head_kept[cell, positions], axis=0)
             for layer in range(self.source.layers):
                 for head in range(self.source.kv_heads):
                     rows.append({"press": press, "ratio": ratio, "layer": layer, "head": head,
@@ -250,31 +307,47 @@ class TaskProbe(Probe):
                                            "failed", "needle_mass", "kept"])
 
     def _evicted_table(self, done: np.ndarray, examples: pd.DataFrame) -> pd.DataFrame:
-        scores = examples.pivot_table(index="example", columns=["press", "ratio"], values="score", sort=False)
+        scores = examples.set_index(["press", "ratio", "example", "question"])["score"]
         rows = []
         for cell, (press, ratio) in enumerate(self.variants):
-            for position in self._failed(cell, done, scores):
+            for item in self._failed(cell, done, examples):
+                position, question = self.items[item]
                 record = self.examples[position].record
-                lost = needles.evicted_layers(self.survival[cell, position])
-                rows.append({"press": press, "ratio": ratio, "example": record.example, "task": record.task,
-                             "length": self.examples[position].length,
+                lost = needles.evicted_layers(self.survival[cell, item])
+                rows.append({"press": press, "ratio": ratio, "example": record.example, "question": question,
+                             "task": record.task, "length": self.examples[position].length,
                              "depth": np.nan if record.depth is None else record.depth,
-                             "score": scores.loc[record.example, (press, ratio)],
-                             "full": scores.loc[record.example, ("full", 0.0)], "evicted": len(lost),
+                             "score": scores[(press, ratio, record.example, question)],
+                             "full": scores[("full", 0.0, record.example, question)], "evicted": len(lost),
                              "evicted_layers": ",".join(map(str, lost)), "first_evicted": lost[0] if lost else -1})
-        return pd.DataFrame(rows, columns=["press", "ratio", "example", "task", "length", "depth", "score", "full",
-                                           "evicted", "evicted_layers", "first_evicted"])
+        return pd.DataFrame(rows, columns=["press", "ratio", "example", "question", "task", "length", "depth",
+                                           "score", "full", "evicted", "evicted_layers", "first_evicted"])
 
     def arrays(self) -> dict[str, dict[str, np.ndarray]]:
-        """needle.npz: survival (cells, examples, layers, key/value heads), mass (examples, layers, key/value heads),
-        the cells' presses and ratios and the examples' line indices; answers.npz: the answers' token ids (cells,
-        examples, max_new_tokens; −1 after an answer's end), with the same presses, ratios and examples."""
-        done = np.flatnonzero(self.done)
+        """needle.npz: survival (cells, questions asked, layers, key/value heads), mass (questions asked, layers,
+        key/value heads), the cells' presses and ratios and each question's example (line index) and question (its
+        index within the record); answers.npz: the answers' token ids (cells, questions asked, max_new_tokens; −1
+        after an answer's end), with the same presses, ratios, examples and questions."""
+        done = self.done_items()
         cells = {"press": np.array([press for press, _ in self.variants]),
                  "ratio": np.array([ratio for _, ratio in self.variants]),
-                 "example": np.array([self.examples[p].record.example for p in done], dtype=np.int64)}
+                 "example": np.array([self.examples[self.items[item][0]].record.example for item in done],
+                                     dtype=np.int64),
+                 "question": np.array([self.items[item][1] for item in done], dtype=np.int64)}
         return {"needle.npz": {"survival": self.survival[:, done], "mass": self.mass[done], **cells},
                 "answers.npz": {"ids": self.ids[:, done] - 1, **cells}}
+
+
+def per_record(examples: pd.DataFrame) -> pd.DataFrame:
+    """The per-example table with one row per (press, ratio, example): a many-question record's score and needle
+    kept averaged over its questions (a record asking one question keeps its row as it is)."""
+    keys = ["press", "ratio", "example"]
+    if not examples.duplicated(keys).any():
+        return examples
+    firsts = examples.drop_duplicates(keys).set_index(keys)
+    means = examples.groupby(keys, sort=False)[["score", "needle_kept"]].mean()
+    firsts[["score", "needle_kept"]] = means.reindex(firsts.index)
+    return firsts.reset_index().drop(columns=["question", "prediction"])
 
 
 def _nanmean(values: np.ndarray, axis: int | None = None) -> np.ndarray | float:

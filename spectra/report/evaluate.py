@@ -2,13 +2,14 @@
 run object (`load`), the console tables (`show`) and the figures (`plot`) — the read side of `kinds/evaluate.py`,
 beside `report/cache.py`'s of the NLL study.
 
-A task run holds `examples` (task_examples.csv: per press, ratio and example the
-prediction and its score, the share of context rows kept, the share of the needle kept over layers and heads),
-`scores` (task_scores.csv: per press, ratio and task the mean score, the full cache's on the same examples, the
-difference, with bootstrap intervals), `lengths` (task_lengths.csv: the same per task and length), `needle`
-(task_needle.csv: per press, ratio, layer and key/value head the needle kept and the full cache's attention on it) and
-`evicted` (task_evicted.csv: per example a press failed — scored below the full cache — the layers where no head kept
-the needle); needle.npz holds the per-example arrays.
+A task run holds `examples` (task_examples.csv: per press, ratio, example and question — the question's 0-based
+index within its record, 0 for a record asking one — the prediction and its score, the share of context rows kept,
+the share of the needle kept over layers and heads), `scores` (task_scores.csv: per press, ratio and task the mean
+score, the full cache's on the same examples, the difference, with bootstrap intervals), `lengths`
+(task_lengths.csv: the same per task and length), `needle` (task_needle.csv: per press, ratio, layer and key/value
+head the needle kept and the full cache's attention on it) and `evicted` (task_evicted.csv: per example a press
+failed — scored below the full cache — the layers where no head kept the needle);
+needle.npz holds the per-example arrays.
 """
 
 from __future__ import annotations
@@ -78,9 +79,11 @@ def needle_vs_score(run: TaskRun) -> pd.DataFrame:
     import pandas as pd
 
     examples = run.examples
-    full = examples[examples["press"] == "full"].set_index("example")["score"]
+    unit = ["example", "question"] if "question" in examples.columns else ["example"]  # runs before questions
+    full = examples[examples["press"] == "full"].set_index(unit)["score"]
     cells = examples[(examples["press"] != "full") & examples["needle_kept"].notna()]
-    cells = cells[cells["example"].map(full) == 1]
+    answered = full.reindex(pd.MultiIndex.from_frame(cells[unit]) if len(unit) > 1 else cells["example"])
+    cells = cells[answered.to_numpy() == 1]
     rows = []
     for press, group in [*cells.groupby("press", sort=False), ("all", cells)]:
         hit = group[group["score"] == 1]["needle_kept"].to_numpy()
@@ -153,6 +156,7 @@ def show(run: TaskRun) -> None:
         print_frame(task_table(mine, once), f"{task}, {plural(examples, 'example')}", digits={"bytes": 3})
     if once:
         out.print(once_note(once, scores, "task_scores.csv"))
+    show_questions(run)
     predicts = needle_vs_score(run)
     if (predicts["answered"] + predicts["missed"]).sum():
         print_frame(predicts, "does keeping the needle predict the answer? compressed cells of examples the full cache "
@@ -167,6 +171,42 @@ def show(run: TaskRun) -> None:
     left_out = meta.get("data", {}).get("tasks_left_out") if isinstance(meta.get("data"), dict) else None
     if left_out:
         out.print(f"--samples left out every record of {', '.join(left_out)}: without it the whole file runs")
+
+
+def question_drop(in_view: TaskRun, once: TaskRun) -> pd.DataFrame:
+    """The drop KVzip reports, measured (`kv.tasks.summary.question_drop`): per press, ratio and task, the score with
+    the question in view (`in_view`: a --query-aware run, one compression per question) beside the score from one
+    query-agnostic compression answering every question of a record (`once`), over the questions both runs asked. Two
+    runs of the same task file are required, the first query-aware and the second not (one line otherwise)."""
+    from ..errors import SpectraError
+    from ..kv.tasks.summary import question_drop as drop
+
+    if not in_view.meta.get("query_aware") or once.meta.get("query_aware"):
+        raise SpectraError(f"the question drop compares a --query-aware run ({in_view.label} is "
+                           f"{'' if in_view.meta.get('query_aware') else 'not '}one) with a query-agnostic run of the "
+                           f"same task file ({once.label} is {'' if once.meta.get('query_aware') else 'not '}one): "
+                           "give them in that order")
+    files = [run.meta.get("data", {}).get("sha256") for run in (in_view, once)]
+    if files[0] != files[1] or "question" not in once.examples:
+        raise SpectraError(f"{in_view.label} and {once.label} ran different task files (or a run before records "
+                           "asked several questions): the drop pairs the same questions of the same records")
+    return drop(in_view.examples, once.examples, int(once.meta.get("settings", {}).get("seed", 0)))
+
+
+def show_questions(run: TaskRun) -> None:
+    """Per task and question index, each press's score beside the full cache's (task_questions.csv), for a run whose
+    records ask several questions; nothing otherwise."""
+    from .console import print_frame
+    from ..runs import read_table
+
+    if not (run.path / "task_questions.csv").exists():
+        return
+    table = read_table(run.path, "task_questions.csv", dtype={"task": str})
+    for task, mine in table.groupby("task", sort=False):
+        shown = mine[["press", "ratio", "question", "examples", "score", "delta"]]
+        print_frame(shown, f"{task}: per question (its index in the record), the mean score over the records asking "
+                    "it and Δ vs the full cache (task_questions.csv has the intervals)",
+                    digits={"ratio": 2, "score": 2, "delta": 2})
 
 
 def presses_of(table) -> list[str]:

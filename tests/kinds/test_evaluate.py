@@ -57,8 +57,9 @@ def test_the_full_cache_answers_as_model_generate(finished, chat_decoder, task_f
 def test_the_tables_hold_every_cell(finished, task_file) -> None:
     records = read_records(task_file)
     examples = finished.examples
-    assert list(examples.columns[:8]) == ["press", "ratio", "example", "task", "length", "depth", "prediction",
-                                          "score"]
+    assert list(examples.columns[:9]) == ["press", "ratio", "example", "question", "task", "length", "depth",
+                                          "prediction", "score"]
+    assert (examples["question"] == 0).all() and not (finished.path / "task_questions.csv").exists()
     cells = [("full", 0.0)] + [(p, r) for p in ("streaming", "knorm", "snapkv", "observed", "think")
                                for r in (0.5, 0.75)]
     assert list(dict.fromkeys(zip(examples["press"], examples["ratio"]))) == cells
@@ -115,6 +116,40 @@ def test_query_aware_and_fewer_samples(chat_decoder, task_file, tmp_path) -> Non
     examples = sorted(run.examples["example"].unique())
     assert len(examples) == 2 and set(examples) <= {0, 1, 2, 3} and run.meta["query_aware"] is True
     assert "evaluating 2 of the 4 records of tasks.jsonl (--samples), spread over its tasks and lengths" in notices
+
+
+def test_many_questions_per_record(chat_decoder, tmp_path) -> None:
+    """Records asking two questions each: a row per (press, ratio, example, question); each question's answer the
+    one a record asking it alone of the same context gets; the per-record score the mean over its questions, and
+    task_questions.csv each question's mean. Under --query-aware each question is compressed in view on its own
+    (one compression per question, kvpress's evaluation convention), equal to the run of the records split."""
+    rows = task_files.records(count=3)
+    many_path = task_files.write(tmp_path / "many.jsonl", task_files.many_questions(rows))
+    split = [{**{key: value for key, value in row.items() if key not in ("questions", "answers")},
+              "question": question, "answers": answers}
+             for row in task_files.many_questions(rows) for question, answers in zip(row["questions"], row["answers"])]
+    split_path = task_files.write(tmp_path / "split.jsonl", split)
+    settings = dict(presses="knorm,snapkv", ratios="0.5", **QUIET)
+    for aware in (False, True):
+        many = spectra.evaluate(str(chat_decoder), str(many_path), out=tmp_path / f"many{aware}", query_aware=aware,
+                                **settings)
+        alone = spectra.evaluate(str(chat_decoder), str(split_path), out=tmp_path / f"split{aware}",
+                                 query_aware=aware, **settings)
+        examples, single = many.examples, alone.examples
+        assert len(examples) == 3 * 3 * 2 and list(zip(examples["example"], examples["question"]))[:6] == [
+            (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+        assert examples["prediction"].tolist() == single["prediction"].tolist()
+        assert examples["score"].tolist() == single["score"].tolist()
+        scores = many.scores.set_index(["press", "ratio"])
+        questions = pd.read_csv(many.path / "task_questions.csv").set_index(["press", "ratio", "question"])
+        for (press, ratio), group in examples.groupby(["press", "ratio"], sort=False):
+            per_record = group.groupby("example")["score"].mean()
+            assert scores.loc[(press, ratio), "score"] == pytest.approx(per_record.mean())
+            assert scores.loc[(press, ratio), "examples"] == 3
+            for question in (0, 1):
+                assert questions.loc[(press, ratio, question), "score"] == pytest.approx(
+                    group[group["question"] == question]["score"].mean())
+        assert many.meta["examples"] == (6 if aware else 3)
 
 
 def test_a_press_reading_the_queries_before_rope_gets_them(chat_decoder, task_file, tmp_path) -> None:
@@ -189,7 +224,8 @@ def test_a_budget_below_one_cell_says_the_smallest_that_works(chat_decoder, task
 
 @pytest.mark.parametrize("case", ["unknown-task", "missing-field", "empty", "positions", "fit-samples", "bytes-kept",
                                   "encoder", "no-answers-first", "no-question-first", "array", "answer-missing",
-                                  "empty-context", "decode-memory"])
+                                  "empty-context", "decode-memory", "question-and-questions", "questions-answers",
+                                  "empty-questions", "decoding-many-questions"])
 def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_decoder, bert_dir, tmp_path,
                                                                   monkeypatch, capsys) -> None:
     rows = task_files.records(count=2)
@@ -219,6 +255,20 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
         rows[1]["context"], message = "", "tasks.jsonl line 2: 'context' is empty"
     elif case == "decode-memory":
         extra, message = ["--decode-memory", "0"], "--decode-memory must be a positive number of GiB, got 0"
+    elif case == "question-and-questions":
+        rows[1] = {**task_files.many_questions(rows)[1], "question": "what?"}
+        message = "tasks.jsonl line 2 has both 'question' and 'questions'; a record asks one question"
+    elif case == "questions-answers":
+        rows[1] = {**task_files.many_questions(rows)[1], "answers": [["tarnel"]]}
+        message = "tasks.jsonl line 2: 'answers' must hold one entry per question"
+    elif case == "empty-questions":
+        rows[1] = {**task_files.many_questions(rows)[1], "questions": [], "answers": []}
+        message = "tasks.jsonl line 2: 'questions' must be a non-empty list of questions"
+    elif case == "decoding-many-questions":
+        rows[1] = task_files.many_questions(rows)[1]
+        extra = ["--presses", "knorm,decoding(knorm)"]
+        message = ("tasks.jsonl line 2 asks 2 questions, and decoding(knorm) compresses while it decodes: its cache "
+                   "after one answer is not the context's")
     else:
         model, message = str(bert_dir), "is an encoder"
     path = task_files.write(tmp_path / "tasks.jsonl", rows)

@@ -114,3 +114,34 @@ def test_the_memory_of_a_group() -> None:
     rows = [[10, 20], [6, 4]]  # two cells' rows in two layers
     assert batching.group_bytes(rows, 3, 100) == 2 * ((10 + 3) + (20 + 3)) * 100
     assert batching.batch_row_bytes(3, 64, 64, 4) == 3 * (128 * 4 + 1)
+
+
+def test_rows_answering_different_questions_answer_as_each_alone(gqa_llama) -> None:
+    """(question, cell) pairs as rows of one batch, as a record asking several questions is answered: questions of
+    6, 3 and 2 tokens (the shorter left-padded, the padding hidden), cells starting at L or at m
+    (key_rerotation) — each row's answer and the full cache's attention on each question's needle are those of
+    `generation.greedy` answering that question alone from the cell's cache (float64)."""
+    loaded, ids, prefills = gqa_llama
+    cells = compressed_cells(prefills, ["knorm", "key_rerotation(snapkv)"], (0.3, 0.7))
+    questions = [ids[CONTEXT:], ids[CONTEXT + 3:], ids[CONTEXT + 4:]]
+    needles = [torch.tensor([3, 40, 41]), torch.tensor([7, 8]), torch.tensor([90])]
+    pairs = [(j, cell) for j in range(3) for cell in cells]
+    want = [generation.greedy(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), questions[j],
+                              cell.start, NEW, set(), 0, needles[j] if cell.compressor is None else None)
+            for j, cell in pairs]
+    assert len({tuple(answer.ids) for answer in want}) > 6, "the questions must change answers for the test to tell"
+    stop = {want[1].ids[2], want[8].ids[1]}
+    want = [generation.greedy(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), questions[j],
+                              cell.start, NEW, stop, 0, needles[j] if cell.compressor is None else None)
+            for j, cell in pairs]
+    batch = batching.Batch.of([cell.parts for _, cell in pairs], prefills, QUESTION + NEW)
+    full = {row: needles[j] for row, (j, cell) in enumerate(pairs) if cell.compressor is None}
+    got = batching.greedy(loaded.model, loaded.layers, batch, [questions[j] for j, _ in pairs],
+                          [cell.start for _, cell in pairs], NEW, stop, 0, needles=full)
+    assert [decoded.ids for decoded in got] == [decoded.ids for decoded in want]
+    assert sorted(full) == [0, 7, 14]  # the full cache: the first of 7 cells, once per question
+    for row in range(len(pairs)):
+        if row in full:
+            torch.testing.assert_close(got[row].needle_mass, want[row].needle_mass, rtol=1e-12, atol=1e-12)
+        else:
+            assert got[row].needle_mass is None

@@ -141,3 +141,43 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
     answers = probe.arrays()["answers.npz"]
     assert answers["ids"].shape == probe.ids.shape and list(answers["press"]) == ["full", "decoding(knorm)"]
     np.testing.assert_array_equal(answers["ids"], probe.ids - 1)
+
+
+def probe_of(model, path, records, presses, ratios, double=False):
+    source = TaskSource(RunConfig(str(model), str(path)), "cpu", records, query_aware=False, received=False,
+                        windowed=False)
+    source.start()
+    if double:
+        source.loaded.model.double()
+    probe = TaskProbe(source, presses, ratios, 0, len(records))
+    for batch in source.batches(len(records)):
+        source.run(batch, probe)
+        probe.after_batch(batch)
+    return source, probe
+
+
+def test_many_questions_are_answered_from_one_compression_as_each_alone(tmp_path) -> None:
+    """A record asking two questions (float64 tiny Llama, so no greedy tie can flip): each question's answer, the
+    share of its own needle each cell kept and the full cache's attention on it equal those of a record asking that
+    question alone of the same context (its own example, decoded in its own batch); the rows count every question."""
+    from dataclasses import replace
+
+    model = task_files.save_chat_decoder(tmp_path / "tiny-chat")
+    rows = task_files.many_questions(task_files.records(count=2, max_new_tokens=6))
+    path = task_files.write(tmp_path / "many.jsonl", rows)
+    many = read_records(path)
+    alone = [replace(part, example=2 * i + part.first) for i, record in enumerate(many) for part in record.split()]
+    presses, ratios = ("knorm", "snapkv", "adakv(snapkv)", "key_rerotation(knorm)"), (0.5, 0.75)
+    source, probe = probe_of(model, path, many, presses, ratios, double=True)
+    _, single = probe_of(model, path, alone, presses, ratios, double=True)
+    assert probe.items == [(0, 0), (0, 1), (1, 0), (1, 1)] and single.items == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    assert [example.needles[1].size > 0 for example in source.examples] == [True, True]
+    assert not np.array_equal(source.examples[0].needles[0], source.examples[0].needles[1])
+    np.testing.assert_array_equal(probe.ids, single.ids)
+    assert len({tuple(row) for row in probe.ids.reshape(-1, probe.ids.shape[-1])}) > 3, "answers must differ to tell"
+    np.testing.assert_array_equal(probe.survival, single.survival)
+    np.testing.assert_allclose(probe.mass, single.mass, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(probe.kept, single.kept[:, ::2])
+    examples = probe.tables()["task_examples.csv"]
+    assert list(examples.columns[:4]) == ["press", "ratio", "example", "question"]
+    assert list(zip(examples["example"], examples["question"]))[:4] == [(0, 0), (0, 1), (1, 0), (1, 1)]

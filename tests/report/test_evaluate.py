@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from spectra.report.evaluate import TaskRun, load, needle_vs_score, show
+import pytest
+
+from spectra.errors import SpectraError
+from spectra.report.evaluate import TaskRun, load, needle_vs_score, question_drop, show
 from spectra.kv.tasks.summary import task_scores
 
 
@@ -145,3 +149,37 @@ def test_a_run_without_bytes_names_no_press_ratio_free(tmp_path, capsys) -> None
     printed = capsys.readouterr().out
     rows = [row[:2] for row in printed_tables(printed)[0]["rows"]]
     assert ["kivi4", "0.50"] in rows and ["kivi4", "0.75"] in rows and "any" not in printed
+
+
+def questions_run(aware: bool, scores: list[float], sha: str = "f") -> TaskRun:
+    """A run of two records asking two questions each: the full cache answers all, knorm scores `scores`."""
+    rows = [{"press": press, "ratio": ratio, "example": example, "question": question, "task": "kv_retrieval",
+             "score": 1.0 if press == "full" else scores[2 * example + question], "needle_kept": 1.0}
+            for press, ratio in (("full", 0.0), ("knorm", 0.5)) for example in range(2) for question in range(2)]
+    meta = {"query_aware": aware, "data": {"sha256": sha, "name": "kv.jsonl"}, "settings": {"seed": 0},
+            "model": {"name": "tiny"}}
+    return TaskRun(Path("/nowhere") / ("aware" if aware else "once"), meta, pd.DataFrame(rows),
+                   *[pd.DataFrame()] * 4)
+
+
+def test_the_question_drop_pairs_a_query_aware_run_with_a_query_agnostic_one() -> None:
+    in_view, once = questions_run(True, [1, 1, 1, 0]), questions_run(False, [1, 0, 0, 0])
+    table = question_drop(in_view, once).set_index("press")
+    assert table.loc["knorm", "in_view"] == 0.75 and table.loc["knorm", "once"] == 0.25
+    assert table.loc["knorm", "drop"] == 0.5 and table.loc["knorm", "questions"] == 4
+    assert table.loc["full", "drop"] == 0
+    with pytest.raises(SpectraError, match="compares a --query-aware run"):
+        question_drop(once, in_view)
+    with pytest.raises(SpectraError, match="ran different task files"):
+        question_drop(in_view, questions_run(False, [1, 0, 0, 0], sha="g"))
+    rows = needle_vs_score(once).set_index("press")  # (example, question) pairs: each question its full answer
+    assert (rows.loc["knorm", "answered"], rows.loc["knorm", "missed"]) == (1, 3)
+
+
+def test_a_run_of_many_questions_prints_each_question(tmp_path, capsys) -> None:
+    write_run(tmp_path)
+    rows = questions_run(False, [1, 0, 0, 0]).examples.assign(length=1024, depth=0.5, prediction="x", kept=1.0)
+    task_scores(rows, 0, ("task", "question"), replicates=20).to_csv(tmp_path / "task_questions.csv", index=False)
+    show(load(tmp_path, json.loads((tmp_path / "run.json").read_text())))
+    printed = capsys.readouterr().out
+    assert "kv_retrieval: per question" in printed

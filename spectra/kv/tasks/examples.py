@@ -48,21 +48,34 @@ class Example:
     """One record ready to run: its context ids (L,) prefilled, question ids (n,) decoded after them, the needle's
     context positions and the tokens it may occupy (L + n + max_new_tokens); `question_tokens`, query-aware, the
     record's question's own tokens (tokenized alone, as FINCH counts those after its delimiter), which end the
-    context (0: the question is not in the context)."""
+    context (0: the question is not in the context). A many-question record's questions are
+    `questions` (each one's ids, answered one at a time from the same compressed context) and `needles` (per
+    question, the context positions of its own answers: the needle it asks about); `question_ids` and `needle` are
+    then the first question's ids and the needle of every answer. A single-question record's are the one question's."""
 
     record: TaskRecord
     context_ids: torch.Tensor
     question_ids: torch.Tensor
     needle: np.ndarray
     question_tokens: int = 0
+    questions: tuple[torch.Tensor, ...] = ()
+    needles: tuple[np.ndarray, ...] = ()
 
     @property
     def context(self) -> int:
         return self.context_ids.shape[-1]
 
     @property
+    def asked(self) -> list[tuple[int, torch.Tensor, np.ndarray]]:
+        """(index within the record, question ids, needle) of every question, in order."""
+        questions = self.questions or (self.question_ids,)
+        needles = self.needles or (self.needle,)
+        return [(asked.index, ids, needle) for asked, ids, needle in zip(self.record.asked, questions, needles)]
+
+    @property
     def tokens(self) -> int:
-        return self.context + self.question_ids.shape[-1] + self.record.max_new_tokens
+        longest = max(ids.shape[-1] for _, ids, _ in self.asked)
+        return self.context + longest + self.record.max_new_tokens
 
     @property
     def length(self) -> int:
@@ -71,17 +84,25 @@ class Example:
 
 
 def prepare(tokenizer, record: TaskRecord, query_aware: bool) -> Example:
-    """The record's prompt ids, as kvpress's pipeline tokenizes them, and its needle."""
+    """The record's prompt ids, as kvpress's pipeline tokenizes them, and its needle; for a many-question record
+    (never query-aware: `selection.units` splits it first), every question's ids and needle."""
+    if query_aware and record.questions:
+        raise ValueError("a many-question record is split into one record per question before a query-aware run")
     compressed, question = (record.context + record.question, "") if query_aware else (record.context,
                                                                                         record.question)
     prompt = chat_prompt(tokenizer, compressed, question, record.answer_prefix)
     context_ids = tokenizer.encode(prompt.context, add_special_tokens=False)
-    question_ids = tokenizer.encode(prompt.question, add_special_tokens=False)
     start = len(prompt.context) - len(compressed)
     needle = needle_tokens(tokenizer, prompt.context, start, record.context, record.answers, context_ids)
-    asked = len(tokenizer.encode(record.question, add_special_tokens=False)) if query_aware else 0
-    return Example(record, torch.tensor(context_ids, dtype=torch.long), torch.tensor(question_ids, dtype=torch.long),
-                   needle, asked)
+    ids = [torch.tensor(tokenizer.encode(chat_prompt(tokenizer, compressed, asked.text if record.questions else
+                                                     question, record.answer_prefix).question,
+                                         add_special_tokens=False), dtype=torch.long) for asked in record.asked]
+    needles = [needle_tokens(tokenizer, prompt.context, start, record.context, asked.answers, context_ids)
+               if record.questions else needle for asked in record.asked]
+    in_view = len(tokenizer.encode(record.question, add_special_tokens=False)) if query_aware else 0
+    return Example(record, torch.tensor(context_ids, dtype=torch.long), ids[0], needle, question_tokens=in_view,
+                   questions=tuple(ids) if record.questions else (),
+                   needles=tuple(needles) if record.questions else ())
 
 
 @dataclass
@@ -127,7 +148,8 @@ class TaskSource(OfLoadedModel):
         for example in self.examples:
             line = f"{Path(config.data).name} line {example.record.example + 1}"
             if example.tokens > loaded.max_length:
-                raise SpectraError(f"{line}: its prompt ({example.context} context + {example.question_ids.shape[-1]} "
+                longest = example.tokens - example.context - example.record.max_new_tokens
+                raise SpectraError(f"{line}: its prompt ({example.context} context + {longest} "
                                    f"question tokens) and {example.record.max_new_tokens} new tokens exceed the "
                                    f"{loaded.max_length} positions of {loaded.name}")
             if self.windowed and example.context <= WINDOW:
@@ -150,11 +172,13 @@ class TaskSource(OfLoadedModel):
 
     def smallest_decode_bytes(self) -> int:
         """The bytes the largest cell of the longest example takes while it decodes (`kv.batching`): its full
-        context cache and room for its question and answer — the smallest --decode-memory that works."""
+        context cache and room for its question and answer, once per question of the example (each question a row
+        of its own) — the smallest --decode-memory that works."""
         loaded = self.loaded
         dim = loaded.head_dim or 64
         row = batching.batch_row_bytes(self.kv_heads, dim, dim, torch.finfo(loaded.dtype).bits // 8)
-        return max((loaded.layers * example.tokens * row for example in self.examples), default=0)
+        return max((len(example.asked) * loaded.layers * example.tokens * row for example in self.examples),
+                   default=0)
 
     def describe(self) -> dict[str, Any]:
         loaded = self.loaded

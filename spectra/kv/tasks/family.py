@@ -39,13 +39,25 @@ METRICS = ("string_match_all", "string_match_part")
 
 @dataclass(frozen=True)
 class Example:
-    """A built example: kvpress's three prompt parts, the reference answers, and the needle's depth (or None)."""
+    """A built example: kvpress's three prompt parts, the reference answers, and the needle's depth (or None). An
+    example asking several questions of its context (kvpress's `questions=[…]`) holds them in `questions` and each
+    one's answers in `question_answers`; its `question` is then empty and `answers` holds every question's."""
 
     context: str
     question: str
     answer_prefix: str
     answers: tuple[str, ...]
     depth: float | None
+    questions: tuple[str, ...] = ()
+    question_answers: tuple[tuple[str, ...], ...] = ()
+
+    @classmethod
+    def many(cls, context: str, questions: list[str], answer_prefix: str, answers: list[list[str]],
+             depth: float | None) -> Example:
+        """An example asking `questions` of one context, `answers[i]` the accepted answers of question i."""
+        flat = tuple(dict.fromkeys(answer for accepted in answers for answer in accepted))
+        return cls(context, "", answer_prefix, flat, depth, tuple(questions),
+                   tuple(tuple(accepted) for accepted in answers))
 
 
 @dataclass(frozen=True)

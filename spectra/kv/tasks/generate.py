@@ -1,4 +1,5 @@
-"""`spectra tasks`: task files of RULER's synthetic tasks and passkey, fitted to lengths in the model's own tokens.
+"""`spectra tasks`: task files of RULER's synthetic tasks, passkey and kv_retrieval, fitted to lengths in the model's
+own tokens.
 
 A length L is what RULER's prepare.py calls max_seq_length: the example's input tokens plus the tokens it may
 generate fit in L. The input is counted as the task protocol (and kvpress's pipeline) will see it: the context in
@@ -6,7 +7,8 @@ the model's chat template, then question + answer prefix (prompt.py). Like RULER
 (here per example, starting from the previous example's size) for the largest one that fits. Needle depths are
 spread evenly over the samples of a (task, length): 0, 1/(N−1), …, 1 (0.5 for one sample). Every draw is seeded by
 (seed, Domain.TASKS, task number, length, sample), so a task file does not depend on which other tasks or lengths
-were asked for. Every reference answer must appear in its context, else the example is refused.
+were asked for. Every reference answer must appear in its context, else the example is refused. A family asking
+several questions of one context (kvpress's `questions=[…]`) is fitted so that its longest question fits.
 
 Only the tokenizer and the model's config are read: the weights are never loaded.
 """
@@ -104,8 +106,9 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
                     example = build(sample_rng(seed, task, length, sample), size, depth)
                 except ValueError as error:  # cwe: more distinct words than the word lists hold
                     raise SpectraError(f"{task} at length {length}: {error}") from None
-                built[size] = (example, prompt_length(tokenizer, example.context, example.question,
-                                                      example.answer_prefix, new_tokens))
+                built[size] = (example, max(prompt_length(tokenizer, example.context, question,
+                                                          example.answer_prefix, new_tokens)
+                                            for question in (example.questions or (example.question,))))
             return built[size][1]
 
         if not start:
@@ -119,8 +122,12 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
                                f"{new_tokens} generated tokens")
         example, tokens = built[size]
         check_answers(example, task, length, sample)
-        record = TaskRecord(example.context, example.question, example.answer_prefix, example.answers, new_tokens,
-                            task, length, example.depth, 0)
+        if example.questions:
+            record = TaskRecord.many(example.context, example.questions, example.answer_prefix,
+                                     example.question_answers, new_tokens, task, length, example.depth, 0)
+        else:
+            record = TaskRecord(example.context, example.question, example.answer_prefix, example.answers,
+                                new_tokens, task, length, example.depth, 0)
         fitted.append(Fitted(record, size, tokens))
         start = size
     return fitted

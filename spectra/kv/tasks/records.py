@@ -4,7 +4,9 @@ Two file formats are read, both jsonl with one example per line:
 
 - kvpress's evaluation format (what `spectra tasks` writes): `context`, `question`, `answer_prefix`, `answers`,
   `max_new_tokens`, `task`, and optionally `length` and `depth` (kvpress's own Hugging Face datasets name the
-  answers `answer`, which is read too);
+  answers `answer`, which is read too). A record may ask several questions of its context instead of one, as
+  kvpress's pipeline takes `questions=[…]`: `questions` (a list of questions) in place of `question`, and `answers`
+  a list holding each question's accepted answers (a string or a list of strings, as a single question's);
 - RULER's prepared jsonl (scripts/data/prepare.py): `input` and `outputs`, optionally `answer_prefix` (RULER ≥ 2025
   writes the answer prefix apart; older files leave it at the end of `input`), `length`, `index`. The prompt is
   split into context, question and answer prefix exactly as kvpress's evaluation/benchmarks/ruler does: the context
@@ -18,7 +20,8 @@ Torch-free, so the task protocol and the generator can import it cheaply.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...errors import SpectraError
@@ -28,8 +31,20 @@ from .family import families, family_of
 KVPRESS_FIELDS = ("context", "question", "answer_prefix", "answers", "max_new_tokens", "task")
 #: the fields every RULER record carries
 RULER_FIELDS = ("input", "outputs")
-#: every field that marks a task record (kvpress's, its datasets' `answer`, RULER's)
-TASK_FIELDS = frozenset((*KVPRESS_FIELDS, "answer", *RULER_FIELDS))
+#: every field that marks a task record (kvpress's, its datasets' `answer`, a many-question record's
+#: `questions`, RULER's)
+TASK_FIELDS = frozenset((*KVPRESS_FIELDS, "answer", "questions", *RULER_FIELDS))
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question a record asks of its context: its 0-based `index` within the record, its text and its accepted
+    answers."""
+
+    index: int
+    text: str
+    answers: tuple[str, ...]
+
 
 @dataclass(frozen=True)
 class TaskRecord:
@@ -37,7 +52,13 @@ class TaskRecord:
     uncompressed, the reference `answers` scored against the prediction, the greedy decoding budget, the `task`
     name, the target `length` in tokens (template and generated tokens included, as RULER counts it), the needle's
     `depth` as a fraction of the context (0 = start, 1 = end; None for tasks without one needle), and `example`,
-    the record's 0-based line index in its file."""
+    the record's 0-based line index in its file.
+
+    A many-question record (kvpress's `questions=[…]`: the context compressed once, without any question, then
+    each question answered from that one compressed cache) holds its questions in `questions` and each one's
+    accepted answers in `question_answers`; its `question` is empty and its `answers` are every question's, in
+    order (what the needle of the whole record is). `first` is the index of the record's first question within
+    its line: a record split into one record per question (`split`) keeps each question's index."""
 
     context: str
     question: str
@@ -48,11 +69,41 @@ class TaskRecord:
     length: int | None
     depth: float | None
     example: int
+    questions: tuple[str, ...] = ()
+    question_answers: tuple[tuple[str, ...], ...] = ()
+    first: int = 0
+
+    @classmethod
+    def many(cls, context: str, questions: Sequence[str], answer_prefix: str,
+             answers: Sequence[Sequence[str]], max_new_tokens: int, task: str, length: int | None,
+             depth: float | None, example: int) -> TaskRecord:
+        """A record asking `questions` of one context, `answers[i]` the accepted answers of question i."""
+        flat = tuple(dict.fromkeys(answer for accepted in answers for answer in accepted))
+        return cls(context, "", answer_prefix, flat, max_new_tokens, task, length, depth, example, tuple(questions),
+                   tuple(tuple(accepted) for accepted in answers))
+
+    @property
+    def asked(self) -> tuple[Question, ...]:
+        """Every question of the record, in order, with its index within the record's line and its answers."""
+        if not self.questions:
+            return (Question(self.first, self.question, self.answers),)
+        return tuple(Question(self.first + i, text, answers)
+                     for i, (text, answers) in enumerate(zip(self.questions, self.question_answers)))
+
+    def split(self) -> list[TaskRecord]:
+        """One single-question record per question (each keeping its index, `first`): the record as the
+        query-aware protocol compresses it, one question in view per compression."""
+        if not self.questions:
+            return [self]
+        return [replace(self, question=asked.text, answers=asked.answers, questions=(), question_answers=(),
+                        first=asked.index) for asked in self.asked]
 
     def to_json(self) -> dict[str, object]:
         """The record as a line of kvpress's format (plus `length` and `depth`); `example` is the line's index."""
-        return {"context": self.context, "question": self.question, "answer_prefix": self.answer_prefix,
-                "answers": list(self.answers), "max_new_tokens": self.max_new_tokens, "task": self.task,
+        asked = ({"questions": list(self.questions), "answer_prefix": self.answer_prefix,
+                  "answers": [list(answers) for answers in self.question_answers]} if self.questions else
+                 {"question": self.question, "answer_prefix": self.answer_prefix, "answers": list(self.answers)})
+        return {"context": self.context, **asked, "max_new_tokens": self.max_new_tokens, "task": self.task,
                 "length": self.length, "depth": self.depth}
 
 
@@ -79,6 +130,25 @@ def _answers(value: object, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _questions(record: dict, where: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """A many-question record's questions and each one's answers, refused in one line where they do not pair up."""
+    if "question" in record:
+        raise SpectraError(f"{where} has both 'question' and 'questions'; a record asks one question ('question', "
+                           "'answers' its accepted answers) or several ('questions', 'answers' a list per question), "
+                           "as kvpress's pipeline takes question= or questions=: drop one")
+    questions, answers = record["questions"], record["answers"]
+    if not isinstance(questions, list) or not questions:
+        raise SpectraError(f"{where}: 'questions' must be a non-empty list of questions, got {questions!r}")
+    for i, question in enumerate(questions):
+        if not isinstance(question, str) or not question.strip():
+            raise SpectraError(f"{where}: question {i} of 'questions' must be a non-empty string, got {question!r}")
+    if not isinstance(answers, list) or len(answers) != len(questions):
+        count = len(answers) if isinstance(answers, list) else "no list"
+        raise SpectraError(f"{where}: 'answers' must hold one entry per question (the accepted answers of each: a "
+                           f"string or a list of strings); it has {count} for {len(questions)} questions")
+    return tuple(questions), tuple(_answers(accepted, f"{where}: question {i}") for i, accepted in enumerate(answers))
+
+
 def _optional(record: dict, name: str, kind: type, where: str) -> object:
     value = record.get(name)
     if value is None:
@@ -91,10 +161,11 @@ def _optional(record: dict, name: str, kind: type, where: str) -> object:
 def _kvpress_record(record: dict, example: int, where: str) -> TaskRecord:
     if "answers" not in record and "answer" in record:
         record = {**record, "answers": record["answer"]}
+    many = "questions" in record
     for name in KVPRESS_FIELDS:
-        if name not in record:
+        if name not in record and not (many and name == "question"):
             raise SpectraError(f"{where} has no field '{name}' (a task record needs {', '.join(KVPRESS_FIELDS)})")
-    for name in ("context", "question", "answer_prefix", "task"):
+    for name in ("context", "answer_prefix", "task") if many else ("context", "question", "answer_prefix", "task"):
         if not isinstance(record[name], str):
             raise SpectraError(f"{where}: '{name}' must be a string, got {type(record[name]).__name__}")
     if not record["task"]:
@@ -108,9 +179,14 @@ def _kvpress_record(record: dict, example: int, where: str) -> TaskRecord:
     if family_of(record["task"]) is None:
         raise SpectraError(f"{where}: unknown task '{record['task']}' (task families: {', '.join(families())}; a "
                            "task is named after its family, e.g. niah_single_1)")
+    length = _optional(record, "length", int, where)
+    if many:
+        questions, answers = _questions(record, where)
+        return checked(TaskRecord.many(record["context"], questions, record["answer_prefix"], answers,
+                                       max_new_tokens, record["task"], length, depth, example), where)
     return checked(TaskRecord(record["context"], record["question"], record["answer_prefix"],
-                              _answers(record["answers"], where), max_new_tokens, record["task"],
-                              _optional(record, "length", int, where), depth, example), where)
+                              _answers(record["answers"], where), max_new_tokens, record["task"], length, depth,
+                              example), where)
 
 
 def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> TaskRecord:
@@ -169,8 +245,9 @@ def _parse(line: str, where: str) -> dict:
 
 
 def is_kvpress(record: dict) -> bool:
-    """Whether a record carries kvpress's fields (context, question and answers — or answer)."""
-    return "context" in record and "question" in record and ("answers" in record or "answer" in record)
+    """Whether a record carries kvpress's fields (context, question — or questions — and answers — or answer)."""
+    return "context" in record and ("question" in record or "questions" in record) and (
+        "answers" in record or "answer" in record)
 
 
 def is_ruler(record: dict) -> bool:

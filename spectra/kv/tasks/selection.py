@@ -78,6 +78,15 @@ def evaluated(config: RunConfig) -> list[TaskRecord]:
     return sorted(chosen, key=lambda record: record.example)
 
 
+def units(records: list[TaskRecord], query_aware: bool) -> list[TaskRecord]:
+    """What a run prefills, one a batch: the records, or under the query-aware protocol every many-question record
+    split into one record per question (`TaskRecord.split`), since a compression with the question in view is one
+    compression per question; each keeps its line (`example`) and its question's index."""
+    if not query_aware:
+        return records
+    return [part for record in records for part in record.split()]
+
+
 def grouped(records: list[TaskRecord], field: str) -> dict[Any, list[TaskRecord]]:
     """Records by the value of `field`, in the order the values first appear."""
     groups: dict[Any, list[TaskRecord]] = {}

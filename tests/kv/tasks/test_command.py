@@ -72,7 +72,8 @@ def test_the_api_returns_what_it_wrote(chat_decoder: Path, tmp_path: Path) -> No
     (["--out", "{tmp}/t.txt"], "must end in .jsonl"),
     (["--tasks", "niah_single_2", "--haystack", "{tmp}/none.txt"], "cannot read the haystack"),
     (["--tasks", "passkey,niah_single_1", "--haystack", "{tmp}/none.txt"],
-     "--haystack is read only by niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery, and none of "
+     "--haystack is read only by niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery, "
+     "niah_multiquery_questions, and none of "
      "the tasks asked for (passkey, niah_single_1) is one of them"),
     (["--out", "{tmp}/afile/x.jsonl"], "afile/x.jsonl: {tmp}/afile is not a writable directory; choose another --out"),
     (["--out", "/proc/x.jsonl"], "cannot write /proc/x.jsonl: /proc is not a writable directory"),

@@ -29,14 +29,15 @@ LENGTHS = (2048, 3072)
 
 
 def count(tokenizer, record) -> int:
-    """The example's tokens: the rendered chat template cut after the context, the rest with the question and
-    answer prefix, each tokenized alone (kvpress's pipeline), plus the tokens to generate."""
+    """The example's tokens: the rendered chat template cut after the context, the rest with the (longest) question
+    and answer prefix, each tokenized alone (kvpress's pipeline), plus the tokens to generate."""
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": record.context}],
                                              add_generation_prompt=True, tokenize=False)
     cut = rendered.index(record.context) + len(record.context)
     first = tokenizer(rendered[:cut], add_special_tokens=False)["input_ids"]
-    second = tokenizer(record.question + rendered[cut:] + record.answer_prefix, add_special_tokens=False)["input_ids"]
-    return len(first) + len(second) + record.max_new_tokens
+    second = max(len(tokenizer(asked.text + rendered[cut:] + record.answer_prefix, add_special_tokens=False)[
+        "input_ids"]) for asked in record.asked)  # a many-question record: its longest question fits
+    return len(first) + second + record.max_new_tokens
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +130,8 @@ def test_a_haystack_no_task_reads_is_refused() -> None:
     with pytest.raises(SpectraError) as refused:
         check_haystack(("passkey", "vt"), True)
     assert refused.value.for_cli().startswith(
-        "--haystack is read only by niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery, and none of "
-        "the tasks asked for (passkey, vt) is one of them: drop --haystack")
+        "--haystack is read only by niah_single_2/3, niah_multikey_1, niah_multivalue, niah_multiquery, "
+        "niah_multiquery_questions, and none of the tasks asked for (passkey, vt) is one of them: drop --haystack")
 
 
 def test_a_repeated_haystack_is_noted() -> None:

@@ -161,3 +161,42 @@ def test_the_package_imports_without_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={"PYTHONPATH": str(Path(__file__).parents[2])})
     assert done.stdout.strip() == "False"
+
+
+def test_a_record_asking_several_questions(tmp_path: Path) -> None:
+    """kvpress's `questions=[…]`: `questions` with `answers` a list per question (each a string or a list, as one
+    question's), read into one record whose questions keep their index; written back as it was read; split into
+    one single-question record per question for the query-aware protocol."""
+    line = kvpress_line(question=None, questions=["q0?", "q1?"], answers=[["x"], "ctx"], context="ctx x")
+    path = write_jsonl(tmp_path / "t.jsonl", [line, kvpress_line()])
+    many, one = read_records(path)
+    assert many.questions == ("q0?", "q1?") and many.question_answers == (("x",), ("ctx",))
+    assert [(asked.index, asked.text, asked.answers) for asked in many.asked] == [(0, "q0?", ("x",)),
+                                                                                 (1, "q1?", ("ctx",))]
+    assert many.answers == ("x", "ctx") and many.question == ""
+    assert [(asked.index, asked.text, asked.answers) for asked in one.asked] == [(0, "q?", ("x",))]
+    assert many.to_json() == {**line, "answers": [["x"], ["ctx"]]}
+    assert read_records(write_jsonl(tmp_path / "again.jsonl", [many.to_json()]))[0] == many
+    parts = many.split()
+    assert [(part.question, part.answers, part.first, part.questions, part.example) for part in parts] == [
+        ("q0?", ("x",), 0, (), 0), ("q1?", ("ctx",), 1, (), 0)]
+    assert [part.asked[0].index for part in parts] == [0, 1] and one.split() == [one]
+
+
+@pytest.mark.parametrize("line, message", [
+    (kvpress_line(questions=["a?"], answers=[["x"]]), "line 1 has both 'question' and 'questions'"),
+    (kvpress_line(question=None, questions=["a?", "b?"], answers=[["x"]]),
+     "'answers' must hold one entry per question (the accepted answers of each: a string or a list of strings); it "
+     "has 1 for 2 questions"),
+    (kvpress_line(question=None, questions=["a?"], answers="x"), "it has no list for 1 questions"),
+    (kvpress_line(question=None, questions=[], answers=[]), "'questions' must be a non-empty list of questions"),
+    (kvpress_line(question=None, questions=["a?", " "], answers=[["x"], ["x"]]),
+     "question 1 of 'questions' must be a non-empty string"),
+    (kvpress_line(question=None, questions=["a?"], answers=[[]]), "line 1: question 0: the answers must be a string"),
+    (kvpress_line(question=None, questions=["a?", "b?"], answers=[["x"], ["y"]]), "the answer 'y' does not occur"),
+])
+def test_bad_questions_name_their_line_and_what_to_fix(tmp_path: Path, line, message: str) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [line])
+    with pytest.raises(SpectraError, match=re.escape(message)):
+        read_records(path)
+    assert is_task_file(path)

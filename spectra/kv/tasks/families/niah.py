@@ -7,6 +7,13 @@ at `depth`, the others at random depths; `size` counts noise or needle lines, or
 base template (task template + answer prefix, scripts/data/synthetic/constants.py), in its singular wording when one
 value is asked for ('Some' → 'A', 'are all' → 'is', 'are' → 'is'). The essay tasks read `--haystack` (RULER's Paul
 Graham essays, downloaded: here any local text file), and RULER's noise in its place without one.
+
+Two tasks ask their keys one per question of the same context (kvpress's `questions=[…]`: the context compressed
+once, without the questions): `niah_multiquery_questions` is RULER's niah_multiquery with its four keys asked
+apart, `niah_multi_questions` hides eight needles in the noise and asks four of them, one a question. Their context
+is RULER's up to the question; each question is RULER's singular one for one key ('What is the special magic number
+for KEY mentioned in the provided text?'), and the answer prefix, shared by every question as kvpress's pipeline
+shares it, names no key (QUESTIONS_PREFIX).
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ TEMPLATE_ONE = ("A special magic {value} is hidden within the following text. Ma
                 "for {query} mentioned in the provided text?")
 PREFIX_ONE = " The special magic {value} for {query} mentioned in the provided text is"
 NEEDLE = "One of the special magic {values} for {key} is: {value}."
+#: a many-question task's question (RULER's singular one, for one key) and its answer prefix, shared by every question
+QUESTION_ONE = "What is the special magic {value} for {query} mentioned in the provided text?"
+QUESTIONS_PREFIX = " The special magic {value} for the key asked is"
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,8 @@ class Niah:
     keys: int = 1
     values: int = 1
     queries: int = 1
+    #: each key asked is a question of its own (a many-question record), not one question naming them all
+    apart: bool = False
 
 
 VARIANTS = {
@@ -53,6 +65,8 @@ VARIANTS = {
     "niah_multikey_3": Niah(5, "needle", "uuids", "uuids"),
     "niah_multivalue": Niah(6, "essay", "words", "numbers", values=4),
     "niah_multiquery": Niah(7, "essay", "words", "numbers", keys=4, queries=4),
+    "niah_multiquery_questions": Niah(14, "essay", "words", "numbers", keys=4, queries=4, apart=True),
+    "niah_multi_questions": Niah(15, "noise", "words", "numbers", keys=8, queries=4, apart=True),
 }
 
 
@@ -99,6 +113,11 @@ class NiahFamily(Family):
             context = insert([NOISE] * size, needles, depths, "\n")
         queries = [keys[k] for k in asked]
         query = queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
+        if spec.apart:
+            text = (TEMPLATE + PREFIX).format(values=spec.value, context=context, query=query)
+            opening = self.split(text)[0]
+            return Example.many(opening, [QUESTION_ONE.format(value=spec.value[:-1], query=key) for key in queries],
+                                QUESTIONS_PREFIX.format(value=spec.value[:-1]), [values[k] for k in asked], depth)
         if spec.queries * spec.values == 1:
             text = (TEMPLATE_ONE + PREFIX_ONE).format(value=spec.value[:-1], context=context, query=query)
         else:

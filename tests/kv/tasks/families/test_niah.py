@@ -27,9 +27,17 @@ def test_niah_answers_are_the_values_of_the_keys_asked(task: str, haystack, buil
     values: dict[str, list[str]] = {}
     for kind, key, value in NEEDLE.findall(example.context):
         values.setdefault(key, []).append(value)
+    spec = VARIANTS[task]
+    if spec.apart:  # one key a question, each question's answers its key's values
+        keys = [queried(question)[0] for question in example.questions]
+        assert [sorted(answers) for answers in example.question_answers] == [sorted(values[key]) for key in keys]
+        assert example.question == "" and example.answer_prefix == " The special magic number for the key asked is"
+        assert all(question.startswith("What is the special magic number for ") for question in example.questions)
+        assert example.context.startswith("Some special magic") and len(keys) == len(set(keys)) == spec.queries
+        assert len(NEEDLE.findall(example.context)) == spec.keys and example.context.endswith("\n")
+        return
     keys = queried(example.question)
     assert sorted(example.answers) == sorted(value for key in keys for value in values[key])
-    spec = VARIANTS[task]
     assert len(keys) == spec.queries and all(len(values[key]) == spec.values for key in keys)
     one = spec.queries * spec.values == 1
     assert example.context.startswith("A special magic" if one else "Some special magic")
@@ -54,6 +62,7 @@ def test_the_asked_needle_sits_at_its_depth(depth: float, build) -> None:
 def test_the_essay_variants_read_the_haystack_and_generate_128_tokens() -> None:
     family = TASKS["niah_single_1"]
     assert {task for task in VARIANTS if family.reads_haystack(task)} == {
-        "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery"}
+        "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery",
+        "niah_multiquery_questions"}
     assert family.max_new_tokens == 128 and family.metric == "string_match_all" and family.extractive
-    assert [TASKS.facts(task)["number"] for task in VARIANTS] == list(range(8))  # the seeds of past task files
+    assert [TASKS.facts(task)["number"] for task in VARIANTS] == [*range(8), 14, 15]  # the seeds of past task files
