@@ -125,7 +125,7 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})",
                  "criticaladakv(knorm)"]
     wrapped = ["criticalkv(snapkv)", "chunkkv(knorm)", "entropy_gated_chunkkv(snapkv)", "chunk(keydiff)",
-               "block(streaming)", "key_rerotation(knorm)", "key_rerotation(snapkv)"]
+               "block(streaming)", "key_rerotation(knorm)", "key_rerotation(snapkv)", "merging(knorm)"]
     names = [*REGISTRY.bare(), *arguments, *wrapped]  # presses with an argument too
     built = run_presses(names, layers=loaded.layers)  # as a run builds them (pyramidkv reads the layer count)
     built["simlayerkv: all lazy"] = SimLayerKV(0.0, n_recent=40)  # kvpress's defaults compress nothing at L = 72
