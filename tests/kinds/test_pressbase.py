@@ -87,3 +87,23 @@ def test_an_encoder_is_refused_by_either_study_in_its_words(bert_dir) -> None:
         study = REGISTRY[name]
         with pytest.raises(SpectraError, match=f"is an encoder: {words}"):
             PressStudy.check(study, RunConfig(model=str(bert_dir)), study.options(presses="knorm"), shape)
+
+
+def test_a_budget_curve_of_another_shape_is_refused_by_either_study_before_the_model_loads(tmp_path) -> None:
+    """lukv(FILE): the curve's layers × key/value heads are checked against the model's shape (read off its header
+    or config, before it loads), as duo's pattern is."""
+    import numpy as np
+
+    from spectra.checkpoints import Shape
+    from spectra.config import RunConfig
+
+    path = tmp_path / "curve.npy"
+    np.save(path, np.zeros((99, 30, 2)))
+    for name in ("cache", "evaluate"):
+        study = REGISTRY[name]
+        options = study.options(presses=f"lukv({path})")
+        with pytest.raises(SpectraError, match=rf"^{path} is a budget curve for 30 layers × 2 key/value heads, but "
+                                               r"SmolLM2 has 30 × 3$"):
+            PressStudy.check(study, RunConfig(model="m.gguf"), options, Shape(30, 9, 8192, True, "SmolLM2",
+                                                                             kv_heads=3))
+        PressStudy.check(study, RunConfig(model="m.gguf"), options, Shape(30, 9, 8192, True, "SmolLM2", kv_heads=2))

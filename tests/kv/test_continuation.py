@@ -122,8 +122,10 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     plan = pd.DataFrame([{"budget": 0.5, "layer": layer, "kv_head": head, "press": press, "ratio": 0.5, "best": True}
                          for layer in range(loaded.layers) for head, press in enumerate(("knorm", "think"))])
     plan.to_csv(tmp_path / "cache_axes.csv", index=False)
+    curve = tmp_path / "curve.npy"  # LU-KV's budget: heads pruned 30 % and 70 % at the ratio 0.5
+    np.save(curve, np.broadcast_to(np.array([0.3, 0.7]), (99, loaded.layers, 2)))
     arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})",
-                 "criticaladakv(knorm)"]
+                 "criticaladakv(knorm)", f"lukv({curve})"]
     wrapped = ["criticalkv(snapkv)", "chunkkv(knorm)", "entropy_gated_chunkkv(snapkv)", "chunk(keydiff)",
                "block(streaming)", "key_rerotation(knorm)", "key_rerotation(snapkv)", "merging(knorm)"]
     names = [*REGISTRY.bare(), *arguments, *wrapped]  # presses with an argument too
