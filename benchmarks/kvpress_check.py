@@ -89,7 +89,7 @@ def worker(job_path: str, result_path: str) -> None:
                                                  attn_implementation="sdpa").eval()
     context = job["context"]
 
-    from kvpress_tasks import KVPRESS_NAMES, WRAPPERS, serve_tokenizer  # this file's folder is on the path
+    from kvpress_tasks import KVPRESS_NAMES, WRAPPERS, lukv_press, serve_tokenizer  # this file's folder is on the path
 
     def make(press: str, ratio: float, seed: int):
         for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
@@ -111,6 +111,8 @@ def worker(job_path: str, result_path: str) -> None:
             outer, inner = press[:-1].split("(", 1)
             wrapped = make(inner, ratio, seed)
             return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
+        if press.startswith("lukv("):  # LUKVPress, its budget curve read from the file spectra reads
+            return lukv_press(kvpress, press[len("lukv("):-1], ratio)
         if press == "random":
             return kvpress.RandomPress(compression_ratio=ratio, seed=seed)
         if press == "think":

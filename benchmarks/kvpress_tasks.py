@@ -63,12 +63,25 @@ def make_press(kvpress, name: str, ratio: float, model):
         return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
     if name == "simlayerkv":  # at its defaults: its ratio cannot be set (it sets its own)
         return kvpress.SimLayerKVPress()
+    if name.startswith("lukv(") and name.endswith(")"):  # its budget curve from the file, not kvpress's download
+        return lukv_press(kvpress, name[len("lukv("):-1], ratio)
     if name.startswith("duo(") and name.endswith(")"):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
     if name == "kvzip":  # it reloads the tokenizer from model.config.name_or_path: the folder holding the GGUF
         serve_tokenizer(model.config.name_or_path)
     return getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
+
+
+def lukv_press(kvpress, curve: str, ratio: float):
+    """kvpress 0.5.5's LUKVPress at its defaults (ExpectedAttentionPress(epsilon=2e-2), sink 4, window 1) at `ratio`,
+    its budget curve the .npy file `curve`: set before the press enters the model, so its `post_init_from_model`
+    downloads nothing (kvpress publishes a curve for Llama-3.1-8B only)."""
+    import numpy as np
+
+    press = kvpress.LUKVPress(kvpress.ExpectedAttentionPress(epsilon=2e-2), compression_ratio=ratio)
+    press._budget_curves = np.load(curve, allow_pickle=False)
+    return press
 
 
 def stepwise(pipe):
