@@ -58,7 +58,7 @@ PRESSES = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think"
 #: presses whose layers keep different numbers of tokens: a forward of several tokens over their cache fails in
 #: kvpress's venv (transformers builds one attention mask, sized by layer 0's cache, that sdpa cannot apply to the
 #: other layers), so the worker feeds their continuation one token per step (no mask: the same causal computation)
-UNEVEN = ("pyramidkv", "simlayerkv")
+UNEVEN = ("pyramidkv", "simlayerkv", "kvcompose")
 
 
 def smollm2_folder() -> str:

@@ -33,14 +33,15 @@ TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
                  "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress",
-                 "kvzip": "KVzipPress", "observed": "ObservedAttentionPress", "lagkv": "LagKVPress"}
+                 "kvzip": "KVzipPress", "observed": "ObservedAttentionPress", "lagkv": "LagKVPress",
+                 "kvcompose": "KVComposePress"}
 #: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
 WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
             "block": "BlockPress", "key_rerotation": "KeyRerotationPress", "merging": "MergingPress"}
 #: presses whose layers keep different numbers of tokens: kvpress's pipeline passes the question's tokens in one
 #: forward, over which transformers builds one attention mask sized by layer 0's cache, that sdpa cannot apply to the
 #: other layers (it fails); for these the worker feeds the question one token per step (`stepwise`)
-UNEVEN = ("pyramidkv", "simlayerkv")
+UNEVEN = ("pyramidkv", "simlayerkv", "kvcompose")
 #: AdaKV's safeguard as spectra's adakv(<scorer>) applies it (kvpress's default)
 ALPHA_SAFEGUARD = 0.2
 

@@ -60,7 +60,9 @@ class Prefill:
       the layer's output projection W^O (criticalkv's value norms; None where the model has none);
     - `query_pre` (H, L, d): queries before RoPE (`queries` presses only); `rope`: positions (n,) → (cos, sin) (n, d);
     - `reconstruction` (layers, H_kv, L): KVzip's context-reconstruction scores of *every* layer (one tensor shared by
-      the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None.
+      the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None;
+    - `composition` (layers, H_kv, L): KVCompose's replay scores of every layer, likewise, only when a run's press
+      `composes` (`kv/composition.py`), else None.
     """
 
     layer: int
@@ -77,6 +79,7 @@ class Prefill:
     query_pre: torch.Tensor | None = None
     rope: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     reconstruction: torch.Tensor | None = None
+    composition: torch.Tensor | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -237,9 +240,10 @@ class Press:
     needs_rope: ClassVar[bool] = False
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
-    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`), which a prefill
-    #: computes only when a run's press needs it; `min_context`: the fewest context tokens it compresses (compactor: 13)
-    received, queries, reconstructs, min_context = False, False, False, 0
+    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`; `composes`:
+    #: `.composition`), which a prefill computes only when a run's press needs it; `min_context`: the fewest context
+    #: tokens it compresses (compactor: 13)
+    received, queries, reconstructs, composes, min_context = False, False, False, False, 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
