@@ -80,6 +80,7 @@ class LUKV(Press):
              "for Llama-3.1-8B-Instruct). Each head keeps its own count, the layer's total rounded as kvpress rounds "
              "it; the ratio only picks the curve's row (round(100 · r) − 1), so the memory saved is the curve's.")
     argument, check = "curve", "spectra.kv.budgetcurve:check"
+    ratio_means = "the row of its budget curve, round(100 · r) − 1, which sets the share each head prunes"
     needs_rope, queries, min_context = True, True, 5  # Expected Attention's
 
     def __init__(self, curve: np.ndarray | None = None, where: str = "") -> None:
