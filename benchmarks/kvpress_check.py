@@ -58,7 +58,7 @@ PRESSES = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think"
 #: presses whose layers keep different numbers of tokens: a forward of several tokens over their cache fails in
 #: kvpress's venv (transformers builds one attention mask, sized by layer 0's cache, that sdpa cannot apply to the
 #: other layers), so the worker feeds their continuation one token per step (no mask: the same causal computation)
-UNEVEN = ("pyramidkv", "simlayerkv")
+UNEVEN = ("pyramidkv", "simlayerkv", "kvcompose")
 
 
 def smollm2_folder() -> str:
@@ -89,8 +89,8 @@ def worker(job_path: str, result_path: str) -> None:
                                                  attn_implementation="sdpa").eval()
     context = job["context"]
 
-    from kvpress_tasks import (KVPRESS_NAMES, WRAPPERS, artifact_press, finch, serve_tokenizer,  # this file's
-                               split_arguments)  # folder is on the path
+    from kvpress_tasks import (KVPRESS_NAMES, WRAPPERS, artifact_press, finch, lukv_press,  # this file's folder is
+                               serve_tokenizer, split_arguments)  # on the path
 
     def make(press: str, ratio: float, seed: int):
         for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
@@ -117,6 +117,8 @@ def worker(job_path: str, result_path: str) -> None:
             outer, inner = press[:-1].split("(", 1)
             wrapped = make(inner, ratio, seed)
             return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
+        if press.startswith("lukv("):  # LUKVPress, its budget curve read from the file spectra reads
+            return lukv_press(kvpress, press[len("lukv("):-1], ratio)
         if press == "random":
             return kvpress.RandomPress(compression_ratio=ratio, seed=seed)
         if press == "think":

@@ -37,14 +37,14 @@ KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "kno
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
                  "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress",
                  "kvzip": "KVzipPress", "observed": "ObservedAttentionPress", "lagkv": "LagKVPress",
-                 "cap": "CapPress"}
+                 "cap": "CapPress", "kvcompose": "KVComposePress"}
 #: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
 WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
-            "block": "BlockPress", "key_rerotation": "KeyRerotationPress"}
+            "block": "BlockPress", "key_rerotation": "KeyRerotationPress", "merging": "MergingPress"}
 #: presses whose layers keep different numbers of tokens: kvpress's pipeline passes the question's tokens in one
 #: forward, over which transformers builds one attention mask sized by layer 0's cache, that sdpa cannot apply to the
 #: other layers (it fails); for these the worker feeds the question one token per step (`stepwise`)
-UNEVEN = ("pyramidkv", "simlayerkv")
+UNEVEN = ("pyramidkv", "simlayerkv", "kvcompose")
 #: AdaKV's safeguard as spectra's adakv(<scorer>) applies it (kvpress's default)
 ALPHA_SAFEGUARD = 0.2
 #: FinchPress's window where no question follows a delimiter (the NLL protocol, a query-agnostic task): the last 64
@@ -106,6 +106,8 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
         return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
     if name == "simlayerkv":  # at its defaults: its ratio cannot be set (it sets its own)
         return kvpress.SimLayerKVPress()
+    if name.startswith("lukv(") and name.endswith(")"):  # its budget curve from the file, not kvpress's download
+        return lukv_press(kvpress, name[len("lukv("):-1], ratio)
     if name.startswith("duo(") and name.endswith(")"):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
@@ -131,6 +133,17 @@ def artifact_press(kvpress, name: str, ratio: float):
         return kvpress.ExpectedAttentionStatsPress(compression_ratio=ratio,
                                                    stats_folder=name[len("expected_attention_stats("):-1])
     return None
+
+
+def lukv_press(kvpress, curve: str, ratio: float):
+    """kvpress 0.5.5's LUKVPress at its defaults (ExpectedAttentionPress(epsilon=2e-2), sink 4, window 1) at `ratio`,
+    its budget curve the .npy file `curve`: set before the press enters the model, so its `post_init_from_model`
+    downloads nothing (kvpress publishes a curve for Llama-3.1-8B only)."""
+    import numpy as np
+
+    press = kvpress.LUKVPress(kvpress.ExpectedAttentionPress(epsilon=2e-2), compression_ratio=ratio)
+    press._budget_curves = np.load(curve, allow_pickle=False)
+    return press
 
 
 def stepwise(pipe):

@@ -137,10 +137,10 @@ class PressOptions:
 
 def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | None, name: str,
                    heads: int | None = None, head_dim: int | None = None) -> None:
-    """Refuse (one line) a `duo(DIR)` pattern or a `headbudget(DIR)` run that does not have the model's layers ×
-    key/value heads, or a learned artifact (`qfilter(DIR)`, `expected_attention_stats(DIR)`) of another shape
-    (`head_dim`: known once the model has loaded)."""
-    from ..kv import artifacts, headpattern
+    """Refuse (one line) a `duo(DIR)` pattern, a `headbudget(DIR)` run or a `lukv(FILE)` budget curve that does not
+    have the model's layers × key/value heads, or a learned artifact (`qfilter(DIR)`, `expected_attention_stats(DIR)`)
+    of another shape (`head_dim`: known once the model has loaded)."""
+    from ..kv import artifacts, budgetcurve, headpattern
     from ..anatomy import headweights
 
     for press in options.presses:
@@ -153,6 +153,8 @@ def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | No
         if parts is not None and parts[0] == "headbudget":
             weights = headweights.read(parts[1])
             headpattern.fits(headpattern.HeadPattern(weights, 0, 0), layers, kv_heads, name, parts[1])
+        if parts is not None and parts[0] == "lukv":
+            budgetcurve.fits(budgetcurve.read(parts[1]), layers, kv_heads, name, parts[1])
 
 
 def rotary(config: dict[str, Any]) -> bool:

@@ -119,8 +119,8 @@ MAP_FILE, PLAN_COLUMNS = "cache_axes.csv", ("budget", "layer", "kv_head", "press
 def read_plan(run: str) -> pd.DataFrame:
     """The mixed plan in a cache run directory `run` (or its cache_axes.csv itself): per budget, layer and key/value
     head the (press, ratio) of its best axis. A missing or damaged map, or one naming a press that reads the
-    prefill's received attention or reconstruction scores (which the engine computes only when a listed press
-    declares it), is one line (SpectraError)."""
+    prefill's received attention or reconstruction or replay scores (which the engine computes only when a listed
+    press declares it), is one line (SpectraError)."""
     from pathlib import Path
 
     import pandas as pd
@@ -144,10 +144,10 @@ def read_plan(run: str) -> pd.DataFrame:
     plan = table[table["best"].astype(bool)][list(PLAN_COLUMNS[:-1])].reset_index(drop=True)
     unknown = sorted(set(plan["press"]) - set(PRESSES.names()))
     reading = sorted(press for press in set(plan["press"]) - set(unknown)
-                     if PRESSES.facts(press).get("received") or PRESSES.facts(press).get("reconstructs"))
+                     if any(PRESSES.facts(press).get(fact) for fact in ("received", "reconstructs", "composes")))
     if unknown or reading:
-        what = "unknown presses" if unknown else ("presses reading the received attention or KVzip's reconstruction "
-                                                  "pass, which it does not prefill")
+        what = "unknown presses" if unknown else ("presses reading the received attention, KVCompose's replay or "
+                                                  "KVzip's reconstruction pass, which it does not prefill")
         raise SpectraError(f"the axis map {path} names {what}: {', '.join(unknown or reading)}")
     if plan.empty:
         raise SpectraError(f"the axis map {path} holds no best axis")

@@ -19,7 +19,8 @@ computes, layer by layer,
   instead of reading zeros.
 
 Only when a press `reconstructs` (kvzip), the forward pass is followed by KVzip's reconstruction pass over the
-prefilled cache (`kv.reconstruction`), whose scores of every layer go to each layer's `Prefill.reconstruction`.
+prefilled cache (`kv.reconstruction`), whose scores of every layer go to each layer's `Prefill.reconstruction`; only
+when a press `composes` (kvcompose), by KVCompose's replay pass (`kv.composition`, `Prefill.composition`).
 
 What is kept per layer is O(L·d) (keys, values, pre-RoPE keys) plus the window's H × w × L rows — about 1.1 GB for
 SmolLM2 at 8192 tokens — and, only for a press declaring `queries`, the H × L × d pre-RoPE queries. Keys are never
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import capture, models
-from . import reconstruction
+from . import composition, reconstruction
 from ..capture import Captured
 from .presses import Prefill
 from .presses.base import WINDOW
@@ -152,15 +153,16 @@ class _Collector:
 
 def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int, *, received: bool = True,
           fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES, queries: bool = False,
-          repetition: reconstruction.Repetition | None = None, question_tokens: int = 0) -> list[Prefill]:
+          repetition: reconstruction.Repetition | None = None, composes: bool = False,
+          question_tokens: int = 0) -> list[Prefill]:
     """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring);
     `received`: compute the attention each key received (else an empty (H, 0) tensor), by the fused kernel where
     there is one (`fused`), else in query chunks; `seed` and `index` (the run's seed and the example's global index)
     go to the presses that draw randomly; each layer's output projection W^O goes with its prefill (`Prefill.w_o`);
     `queries`: keep every layer's pre-RoPE queries (a press reads them); `repetition` (the tokenizer's prompts): run
     KVzip's reconstruction pass after the prefill and give every layer its scores (`Prefill.reconstruction`,
-    `kv.reconstruction`); `question_tokens`: how many of the last context tokens are a task record's question
-    (`Prefill.question_tokens`)."""
+    `kv.reconstruction`); `composes`: likewise KVCompose's replay pass (`Prefill.composition`, `kv.composition`);
+    `question_tokens`: how many of the last context tokens are a task record's question (`Prefill.question_tokens`)."""
     collector = _Collector(window, received, fused, chunk_bytes, seed, index, models.output_projections(model),
                            queries, models.rope(model), question_tokens)
     hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or queries else []
@@ -171,8 +173,11 @@ def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, ind
         for handle in hooks:
             handle.remove()
     found = [collector.prefills[layer] for layer in range(layers)]
-    if repetition is None:
-        return found
-    scores = reconstruction.scores(model, layers, [part.key for part in found], [part.value for part in found],
-                                   ids.reshape(-1), repetition, index)
-    return [replace(part, reconstruction=scores) for part in found]
+    if repetition is not None:
+        scores = reconstruction.scores(model, layers, [part.key for part in found], [part.value for part in found],
+                                       ids.reshape(-1), repetition, index)
+        found = [replace(part, reconstruction=scores) for part in found]
+    if composes:
+        composed = composition.scores(model, layers, ids.reshape(-1), index)
+        found = [replace(part, composition=composed) for part in found]
+    return found

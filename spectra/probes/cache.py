@@ -7,9 +7,10 @@ kept), measures each head with the layer's exact inputs (attention mass kept, ou
 `after_batch` scores the continuation against their caches, all the cells that compress once in one batched forward
 pass per chunk, each that compresses while decoding teacher-forced by its recompression, and accumulates next-token NLL,
 KL from the full cache's distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is
-skipped and counted. A press that `reconstructs` (kvzip) reads every layer's cache, so its cells wait: `update` keeps
-each layer's continuation rows for them (`continuation.Tail`), and `after_batch` first runs KVzip's reconstruction pass
-over the sequence's prefilled cache (`kv.reconstruction`), then compresses and measures them layer by layer.
+skipped and counted. A press that `reconstructs` (kvzip) or `composes` (kvcompose) reads every layer's cache, so its
+cells wait: `update` keeps each layer's continuation rows for them (`continuation.Tail`), and `after_batch` first runs
+KVzip's reconstruction pass over the sequence's prefilled cache (`kv.reconstruction`) or KVCompose's replay pass
+(`kv.composition`), then compresses and measures them layer by layer.
 
 With `fit_samples` N > 0 the first N sequences calibrate: their prefills go to the run's own fresh instance of each
 press that `calibrates` (never to the registry's shared one), nothing is scored, and the sequences after them are
@@ -28,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..kv import axes, continuation, generation, reconstruction
+from ..kv import axes, composition, continuation, generation, reconstruction
 from .. import models
 from ..capture import Captured
 from ..kv.cell import Cell, Cells
@@ -133,7 +134,8 @@ class CacheProbe(Probe):
 
     @staticmethod
     def _reconstructs(cell: Cell) -> bool:
-        return cell.compressor is not None and cell.compressor.reconstructs
+        """Whether a cell's press reads a pass over every layer after the prefill (KVzip's, KVCompose's)."""
+        return cell.compressor is not None and (cell.compressor.reconstructs or cell.compressor.composes)
 
     def _measure(self, layer: int, cells: list[Cell], rows: list[int], tail: continuation.Tail,
                  prefilled: Prefill) -> None:
@@ -154,8 +156,9 @@ class CacheProbe(Probe):
 
     def _reconstruct(self, ids: torch.Tensor, index: int, prefills: dict[int, Prefill], cells: list[Cell],
                      tails: dict[int, continuation.Tail]) -> None:
-        """KVzip's reconstruction pass over the sequence's prefilled context `ids` (L,), then every layer of the
-        cells whose press reconstructs, compressed with its scores and measured."""
+        """KVzip's reconstruction pass over the sequence's prefilled context `ids` (L,) and KVCompose's replay pass,
+        each where a cell's press reads it, then every layer of those cells, compressed with the scores and
+        measured."""
         rows = [i for i, cell in enumerate(cells) if self._reconstructs(cell)]
         if not rows:
             return
@@ -163,11 +166,15 @@ class CacheProbe(Probe):
         if self.repetition is None:
             self.repetition = reconstruction.Repetition.of(loaded.tokenizer)
         layers = [prefills[layer] for layer in range(self.layers)]
-        scores = reconstruction.scores(loaded.model, self.layers, [part.key for part in layers],
-                                       [part.value for part in layers], ids, self.repetition, index)
+        scores = composed = None
+        if any(cells[i].compressor.reconstructs for i in rows):
+            scores = reconstruction.scores(loaded.model, self.layers, [part.key for part in layers],
+                                           [part.value for part in layers], ids, self.repetition, index)
+        if any(cells[i].compressor.composes for i in rows):
+            composed = composition.scores(loaded.model, self.layers, ids, index)
         for layer, prefilled in enumerate(layers):
             self._measure(layer, [cells[i] for i in rows], rows, tails.pop(layer),
-                          replace(prefilled, reconstruction=scores))
+                          replace(prefilled, reconstruction=scores, composition=composed))
 
     def _calibrate(self, prefilled: Prefill) -> None:
         """One calibration sequence's layer, added to every calibrating press of the run."""

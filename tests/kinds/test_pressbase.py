@@ -119,3 +119,23 @@ def test_an_artifact_of_another_shape_is_refused_before_the_model_loads_or_anyth
                               str(tmp_path / "run")], monkeypatch, capsys)
     assert code == 2 and "× 4 head dimensions, but" in err and "× 8 head dimensions" in err, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()
+
+
+def test_a_budget_curve_of_another_shape_is_refused_by_either_study_before_the_model_loads(tmp_path) -> None:
+    """lukv(FILE): the curve's layers × key/value heads are checked against the model's shape (read off its header
+    or config, before it loads), as duo's pattern is."""
+    import numpy as np
+
+    from spectra.checkpoints import Shape
+    from spectra.config import RunConfig
+
+    path = tmp_path / "curve.npy"
+    np.save(path, np.zeros((99, 30, 2)))
+    for name in ("cache", "evaluate"):
+        study = REGISTRY[name]
+        options = study.options(presses=f"lukv({path})")
+        with pytest.raises(SpectraError, match=rf"^{path} is a budget curve for 30 layers × 2 key/value heads, but "
+                                               r"SmolLM2 has 30 × 3$"):
+            PressStudy.check(study, RunConfig(model="m.gguf"), options, Shape(30, 9, 8192, True, "SmolLM2",
+                                                                             kv_heads=3))
+        PressStudy.check(study, RunConfig(model="m.gguf"), options, Shape(30, 9, 8192, True, "SmolLM2", kv_heads=2))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spectra import capture, models
-from spectra.kv import cell, continuation, headpattern, reconstruction
+from spectra.kv import cell, composition, continuation, headpattern, reconstruction
 from spectra.kv.presses import REGISTRY, full, per_head, run_presses
 from spectra.kv.presses.simlayerkv import SimLayerKV
 
@@ -38,8 +38,8 @@ def gqa_llama(tmp_path_factory):
 def prefilled(loaded, ids) -> dict:
     """Each layer's prefill and captured record, read off one forward over the whole sequence (with the context's
     keys and queries before RoPE, the model's RoPE and each layer's W^O, which expected_attention, compactor and
-    criticalkv read), and KVzip's reconstruction scores of the context (the pass the engine runs for a press that
-    `reconstructs`)."""
+    criticalkv read), KVzip's reconstruction scores of the context (the pass the engine runs for a press that
+    `reconstructs`) and KVCompose's replay scores (for a press that `composes`)."""
     found, pre, w_o = {}, {}, models.output_projections(loaded.model)
 
     def observe(captured):
@@ -62,7 +62,9 @@ def prefilled(loaded, ids) -> dict:
     scores = reconstruction.scores(loaded.model, loaded.layers, [part.key for part in parts],
                                    [part.value for part in parts], ids[0, :CONTEXT],
                                    reconstruction.Repetition.of(loaded.tokenizer), 0)
-    found = {layer: (captured, replace(part, reconstruction=scores)) for layer, (captured, part) in found.items()}
+    composed = composition.scores(loaded.model, loaded.layers, ids[0, :CONTEXT], 0)  # KVCompose's replay pass
+    found = {layer: (captured, replace(part, reconstruction=scores, composition=composed))
+             for layer, (captured, part) in found.items()}
     return found, outputs.logits[0]
 
 
@@ -138,11 +140,13 @@ def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_ll
     plan = pd.DataFrame([{"budget": 0.5, "layer": layer, "kv_head": head, "press": press, "ratio": 0.5, "best": True}
                          for layer in range(loaded.layers) for head, press in enumerate(("knorm", "think"))])
     plan.to_csv(tmp_path / "cache_axes.csv", index=False)
+    curve = tmp_path / "curve.npy"  # LU-KV's budget: heads pruned 30 % and 70 % at the ratio 0.5
+    np.save(curve, np.broadcast_to(np.array([0.3, 0.7]), (99, loaded.layers, 2)))
     arguments = ["adakv(knorm)", "adakv(snapkv)", f"duo({pattern})", f"headbudget({run})", f"mixed({tmp_path})",
-                 "criticaladakv(knorm)"]
+                 "criticaladakv(knorm)", f"lukv({curve})"]
     wrapped = ["criticalkv(snapkv)", "chunkkv(knorm)", "entropy_gated_chunkkv(snapkv)", "chunk(keydiff)",
                "block(streaming)", "key_rerotation(knorm)", "key_rerotation(snapkv)", "composed(snapkv,knorm)",
-               "composed(knorm,think)", *learned_artifacts(tmp_path, layers)]
+               "composed(knorm,think)", "merging(knorm)", *learned_artifacts(tmp_path, layers)]
     names = [*REGISTRY.bare(), *arguments, *wrapped]  # presses with an argument too
     built = run_presses(names, layers=loaded.layers)  # as a run builds them (pyramidkv reads the layer count)
     built["simlayerkv: all lazy"] = SimLayerKV(0.0, n_recent=40)  # kvpress's defaults compress nothing at L = 72

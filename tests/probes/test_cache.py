@@ -149,3 +149,20 @@ def test_a_press_that_reconstructs_is_measured_after_the_pass_as_it_would_be_bef
         np.testing.assert_allclose(late, knorm, rtol=1e-5, atol=1e-6)
     kvzip = finished.table.set_index("press").loc["kvzip"]
     assert kvzip["kept_share"] == pytest.approx(0.5) and kvzip["nll"] != finished.table["nll"].iloc[0]
+
+
+def test_a_press_that_composes_gets_the_replay_pass_alone(llama_dir, text_file, tmp_path, monkeypatch) -> None:
+    """kvcompose declares `composes`: its cells wait for KVCompose's replay pass, which reaches every layer's prefill
+    (one tensor for all), while KVzip's reconstruction pass, which no press of the run reads, is not run."""
+    from spectra.kv import composition, reconstruction
+
+    passes = []
+    replay, rebuild = composition.scores, reconstruction.scores
+    monkeypatch.setattr(composition, "scores", lambda *args, **kwargs: passes.append("replay") or replay(*args,
+                                                                                                         **kwargs))
+    monkeypatch.setattr(reconstruction, "scores", lambda *args, **kwargs: passes.append("kvzip") or rebuild(*args,
+                                                                                                           **kwargs))
+    finished = run(llama_dir, text_file, tmp_path / "run", presses="knorm,kvcompose")
+    assert passes == ["replay", "replay"], "one replay pass per sequence, no reconstruction"
+    row = finished.table.set_index("press").loc["kvcompose"]
+    assert 0.4 < row["kept_share"] < 0.6 and row["nll"] != finished.table["nll"].iloc[0]

@@ -62,7 +62,9 @@ class Prefill:
     - `reconstruction` (layers, H_kv, L): KVzip's context-reconstruction scores of *every* layer (one tensor shared by
       the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None;
     - `question_tokens`: how many of the last context tokens are a task record's question (query-aware: the question
-      compressed with the context; FINCH's window), 0 where the context holds none.
+      compressed with the context; FINCH's window), 0 where the context holds none;
+    - `composition` (layers, H_kv, L): KVCompose's replay scores of every layer, likewise, only when a run's press
+      `composes` (`kv/composition.py`), else None.
     """
 
     layer: int
@@ -80,6 +82,7 @@ class Prefill:
     rope: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     reconstruction: torch.Tensor | None = None
     question_tokens: int = 0
+    composition: torch.Tensor | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -240,9 +243,10 @@ class Press:
     needs_rope: ClassVar[bool] = False
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
-    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`), which a prefill
-    #: computes only when a run's press needs it; `min_context`: the fewest context tokens it compresses (compactor: 13)
-    received, queries, reconstructs, min_context = False, False, False, 0
+    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`; `composes`:
+    #: `.composition`), which a prefill computes only when a run's press needs it; `min_context`: the fewest context
+    #: tokens it compresses (compactor: 13)
+    received, queries, reconstructs, composes, min_context = False, False, False, False, 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may

@@ -115,15 +115,16 @@ class TaskBatch:
 class TaskSource(OfLoadedModel):
     """Task records through a pretrained decoder (see the module docstring); `received`: whether the prefill computes
     the attention each key received (a press reads it); `queries`: whether it keeps the pre-RoPE queries (a press
-    reads them); `reconstructs`: whether it runs KVzip's reconstruction pass (a press reads its scores); `left_out`:
+    reads them); `reconstructs`: whether it runs KVzip's reconstruction pass (a press reads its scores); `composes`:
+    whether it runs KVCompose's replay pass (likewise); `left_out`:
     the file's tasks no evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
                  query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = (),
-                 queries: bool = False, reconstructs: bool = False) -> None:
+                 queries: bool = False, reconstructs: bool = False, composes: bool = False) -> None:
         self.config, self.where, self.records = config, device, list(records)
         self.query_aware, self.received, self.windowed, self.queries = query_aware, received, windowed, queries
-        self.reconstructs, self.repetition = reconstructs, None
+        self.reconstructs, self.composes, self.repetition = reconstructs, composes, None
         self.left_out = list(left_out)
         self.content = data.file_content(Path(config.data))
         self.examples: list[Example] = []
@@ -198,6 +199,7 @@ class TaskSource(OfLoadedModel):
         example = self.examples[batch.index[0]]
         found = prefill.exact(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
                                 example.record.example, received=self.received, queries=self.queries,
-                                repetition=self.repetition, question_tokens=example.question_tokens)
+                                repetition=self.repetition, composes=self.composes,
+                                question_tokens=example.question_tokens)
         for layer in found:
             probe.prefilled(layer)

@@ -100,3 +100,29 @@ def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decode
     for prefill in seen[1]:
         torch.testing.assert_close(prefill.reconstruction, expected)
     assert expected.shape == (asked.layers, asked.kv_heads, example.context)
+
+
+def test_the_replay_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_file) -> None:
+    """`composes`: every layer's prefill carries KVCompose's replay scores of the example's context (and no KVzip
+    reconstruction); without it, none."""
+    import torch
+
+    from spectra.kv import composition
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.prefills = []
+
+        def prefilled(self, prefill) -> None:
+            self.prefills.append(prefill)
+
+    asked = source(chat_decoder, task_file, composes=True)
+    asked.start()
+    recorder = Recorder()
+    asked.run(next(asked.batches(1)), recorder)
+    example = asked.examples[0]
+    expected = composition.scores(asked.loaded.model, asked.layers, example.context_ids, 0)
+    assert expected.shape == (asked.layers, asked.kv_heads, example.context) and asked.repetition is None
+    for prefill in recorder.prefills:
+        assert prefill.composition is recorder.prefills[0].composition and prefill.reconstruction is None
+        torch.testing.assert_close(prefill.composition, expected, rtol=0, atol=0)
