@@ -30,7 +30,7 @@ def gqa_llama(tmp_path_factory):
     loaded.model.double()
     ids = torch.randint(3, len(loaded.tokenizer), (CONTEXT + QUESTION,), generator=torch.Generator().manual_seed(5))
     return loaded, ids, prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0, queries=True,
-                                      repetition=reconstruction.Repetition.of(loaded.tokenizer))
+                                      repetition=reconstruction.Repetition.of(loaded.tokenizer), composes=True)
 
 
 def compressed_cells(prefills, presses, ratios):
