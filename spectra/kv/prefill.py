@@ -115,7 +115,6 @@ class _Collector:
     w_o: dict[int, torch.Tensor] = field(default_factory=dict)
     queries: bool = False
     rope: models.Rope | None = None
-    question_tokens: int = 0
     prefills: dict[int, Prefill] = field(default_factory=dict)
     pre_rope: dict[int, torch.Tensor] = field(default_factory=dict)
     query_pre: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -146,25 +145,23 @@ class _Collector:
         query_pre = None if queries is None else queries[0].unflatten(-1, (heads, -1)).transpose(0, 1)
         self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, received,
                                                 captured.scaling, self.seed, self.index,
-                                                w_o=self.w_o.get(captured.layer), query_pre=query_pre, rope=self.rope,
-                                                question_tokens=self.question_tokens)
+                                                w_o=self.w_o.get(captured.layer), query_pre=query_pre, rope=self.rope)
         return out[None] if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
 
 
 def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int, *, received: bool = True,
           fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES, queries: bool = False,
-          repetition: reconstruction.Repetition | None = None, composes: bool = False,
-          question_tokens: int = 0) -> list[Prefill]:
+          repetition: reconstruction.Repetition | None = None, composes: bool = False) -> list[Prefill]:
     """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring);
     `received`: compute the attention each key received (else an empty (H, 0) tensor), by the fused kernel where
     there is one (`fused`), else in query chunks; `seed` and `index` (the run's seed and the example's global index)
     go to the presses that draw randomly; each layer's output projection W^O goes with its prefill (`Prefill.w_o`);
     `queries`: keep every layer's pre-RoPE queries (a press reads them); `repetition` (the tokenizer's prompts): run
     KVzip's reconstruction pass after the prefill and give every layer its scores (`Prefill.reconstruction`,
-    `kv.reconstruction`); `composes`: likewise KVCompose's replay pass (`Prefill.composition`, `kv.composition`);
-    `question_tokens`: how many of the last context tokens are a task record's question (`Prefill.question_tokens`)."""
+    `kv.reconstruction`); `composes`: likewise KVCompose's replay pass (`Prefill.composition`, `kv.composition`).
+    Every layer's `question_tokens` is 0: a task example's own count is set by its source (`TaskSource.run`)."""
     collector = _Collector(window, received, fused, chunk_bytes, seed, index, models.output_projections(model),
-                           queries, models.rope(model), question_tokens)
+                           queries, models.rope(model))
     hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or queries else []
     try:
         capture.forward(model, layers, None, collector.substitute, [index], input_ids=ids.reshape(1, -1),

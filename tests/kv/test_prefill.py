@@ -109,15 +109,6 @@ def test_without_received_the_statistic_is_empty(gqa_llama) -> None:
         assert torch.equal(without.window, whole.window) and torch.equal(without.key, whole.key)
 
 
-def test_each_layer_carries_the_questions_token_count(gqa_llama) -> None:
-    """finch's window: how many of the last context tokens are a task record's question, 0 by default."""
-    loaded, ids = gqa_llama
-    assert {found.question_tokens for found in prefill.exact(loaded.model, loaded.layers, ids, 0, 0,
-                                                             received=False)} == {0}
-    assert {found.question_tokens for found in prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False,
-                                                             question_tokens=9)} == {9}
-
-
 def test_each_layer_carries_its_output_projection(gqa_llama) -> None:
     """criticalkv reads W^O: each layer's prefill holds its own attention's o_proj weight (D, H·d)."""
     loaded, ids = gqa_llama

@@ -13,7 +13,7 @@ decodes and scores.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -199,7 +199,7 @@ class TaskSource(OfLoadedModel):
         example = self.examples[batch.index[0]]
         found = prefill.exact(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
                                 example.record.example, received=self.received, queries=self.queries,
-                                repetition=self.repetition, composes=self.composes,
-                                question_tokens=example.question_tokens)
-        for layer in found:
-            probe.prefilled(layer)
+                                repetition=self.repetition, composes=self.composes)
+        for layer in found:  # query-aware: how many of the context's last tokens are the question (finch's window)
+            probe.prefilled(replace(layer, question_tokens=example.question_tokens) if example.question_tokens
+                            else layer)

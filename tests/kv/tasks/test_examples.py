@@ -126,3 +126,24 @@ def test_the_replay_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_
     for prefill in recorder.prefills:
         assert prefill.composition is recorder.prefills[0].composition and prefill.reconstruction is None
         torch.testing.assert_close(prefill.composition, expected, rtol=0, atol=0)
+
+
+def test_each_layer_carries_the_questions_token_count(chat_decoder, task_file) -> None:
+    """finch's window: query-aware, every layer's prefill says how many of the context's last tokens are the question
+    (the example's count); query-agnostic, none."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.prefills = []
+
+        def prefilled(self, prefill) -> None:
+            self.prefills.append(prefill)
+
+    counts = []
+    for aware in (False, True):
+        found = source(chat_decoder, task_file, query_aware=aware)
+        found.start()
+        recorder = Recorder()
+        found.run(next(found.batches(1)), recorder)
+        counts.append(({prefill.question_tokens for prefill in recorder.prefills}, found.examples[0].question_tokens))
+    assert counts[0] == ({0}, 0) and counts[1][0] == {counts[1][1]} and counts[1][1] > 0
