@@ -40,6 +40,16 @@ def test_prompts_are_kvpress_ids_with_their_needle(chat_tokenizer, task_file) ->
         assert aware.question_tokens == len(asked) > 0 and example.question_tokens == 0
 
 
+class Recorder:
+    """A probe that keeps every layer's prefill it is handed."""
+
+    def __init__(self) -> None:
+        self.prefills = []
+
+    def prefilled(self, prefill) -> None:
+        self.prefills.append(prefill)
+
+
 def source(model, path, **options) -> TaskSource:
     settings = dict(query_aware=False, received=False, windowed=False) | options
     return TaskSource(RunConfig(str(model), str(path)), "cpu", read_records(path), **settings)
@@ -76,13 +86,6 @@ def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decode
 
     from spectra.kv import reconstruction
 
-    class Recorder:
-        def __init__(self) -> None:
-            self.prefills = []
-
-        def prefilled(self, prefill) -> None:
-            self.prefills.append(prefill)
-
     plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, reconstructs=True)
     seen = []
     for found in (plain, asked):
@@ -109,13 +112,6 @@ def test_the_replay_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_
 
     from spectra.kv import composition
 
-    class Recorder:
-        def __init__(self) -> None:
-            self.prefills = []
-
-        def prefilled(self, prefill) -> None:
-            self.prefills.append(prefill)
-
     asked = source(chat_decoder, task_file, composes=True)
     asked.start()
     recorder = Recorder()
@@ -131,13 +127,6 @@ def test_the_replay_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_
 def test_each_layer_carries_the_questions_token_count(chat_decoder, task_file) -> None:
     """finch's window: query-aware, every layer's prefill says how many of the context's last tokens are the question
     (the example's count); query-agnostic, none."""
-
-    class Recorder:
-        def __init__(self) -> None:
-            self.prefills = []
-
-        def prefilled(self, prefill) -> None:
-            self.prefills.append(prefill)
 
     counts = []
     for aware in (False, True):
