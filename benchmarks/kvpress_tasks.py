@@ -45,22 +45,28 @@ UNEVEN = ("pyramidkv", "simlayerkv")
 ALPHA_SAFEGUARD = 0.2
 
 
-def make_press(kvpress, name: str, ratio: float, model):
-    """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `adakv(<scorer>)`:
+def make_press(kvpress, name: str, ratio: float, model, seed: int = 0):
+    """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `random`: RandomPress drawing
+    with `seed` (spectra's Random.seed_of for the example); `think`: ThinKPress removing that share of key channels;
+    `adakv(<scorer>)`:
     AdaKVPress(scorer, alpha_safeguard=0.2); `duo(DIR)`: DuoAttentionPress(head_compression_ratio=ratio) with the
     pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`); `chunkkv(<scorer>)` and the other
     WRAPPERS: kvpress's wrapper around the inner press, built the same way; `kvzip`: KVzipPress, its tokenizer read
     from the model's GGUF file (`serve_tokenizer`)."""
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
-            return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model))
+            return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model, seed))
     if name.startswith("adakv(") and name.endswith(")"):
         inner = getattr(kvpress, KVPRESS_NAMES[name[len("adakv("):-1]])(compression_ratio=ratio)
         return kvpress.AdaKVPress(inner, alpha_safeguard=ALPHA_SAFEGUARD)
     if name.startswith(("criticalkv(", "criticaladakv(")) and name.endswith(")"):  # at kvpress's defaults
         outer, inner = name[:-1].split("(", 1)
-        wrapped = make_press(kvpress, inner, ratio, model)
+        wrapped = make_press(kvpress, inner, ratio, model, seed)
         return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
+    if name == "random":
+        return kvpress.RandomPress(compression_ratio=ratio, seed=seed)
+    if name == "think":
+        return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
     if name == "simlayerkv":  # at its defaults: its ratio cannot be set (it sets its own)
         return kvpress.SimLayerKVPress()
     if name.startswith("duo(") and name.endswith(")"):
@@ -157,7 +163,10 @@ def worker(job_path: str, result_path: str) -> None:
                 for press, ratio in cells:
                     if (press, ratio, aware, record["example"]) in answered:
                         continue
-                    made = None if press == "full" else make_press(kvpress, press, ratio, model)
+                    made = None if press == "full" else make_press(kvpress, press, ratio, model,
+                                                                   job["random_seeds"][str(record["example"])])
+                    # ObservedAttentionPress reads the attention weights, which only eager attention returns
+                    model.set_attn_implementation("eager" if "observed" in press else "sdpa")
                     if press == "compactor":  # its sketches from the global generator, seeded as spectra's
                         torch.manual_seed(job["sketch_seeds"][str(record["example"])])
                     if press in UNEVEN:
@@ -224,6 +233,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     import pandas as pd
 
     from spectra.kv.presses.compactor import Compactor
+    from spectra.kv.presses.eviction import Random
     from spectra.kv.tasks.scoring import score
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
@@ -233,7 +243,9 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
            "records": [{"example": r.example, "context": r.context, "question": r.question,
                         "answer_prefix": r.answer_prefix, "max_new_tokens": r.max_new_tokens} for r in records],
            # compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
-           "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records}}
+           "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records},
+           # random's seed per example, as `spectra cache` (--seed 0) draws it
+           "random_seeds": {str(r.example): Random.seed_of(0, r.example) for r in records}}
     previous = scratch / "job.json"
     if previous.exists() and json.loads(previous.read_text())["records"] != job["records"]:
         (scratch / "kvpress.cells.jsonl").unlink(missing_ok=True)  # other records: nothing to resume
