@@ -73,8 +73,11 @@ def finch(kvpress, ratio: float):
     return press
 
 
-def make_press(kvpress, name: str, ratio: float, model, context: int | None = None, interval: int = 512):
-    """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `adakv(<scorer>)`:
+def make_press(kvpress, name: str, ratio: float, model, context: int | None = None, interval: int = 512,
+               seed: int = 0):
+    """kvpress's press for one of spectra's press names at `ratio`: a scorer's class; `random`: RandomPress drawing
+    with `seed` (spectra's Random.seed_of for the example); `think`: ThinKPress removing that share of key channels;
+    `adakv(<scorer>)`:
     AdaKVPress(scorer, alpha_safeguard=0.2); `duo(DIR)`: DuoAttentionPress(head_compression_ratio=ratio) with the
     pattern in DIR, read by kvpress's own `load_attention_pattern` (`serve_pattern`); `chunkkv(<scorer>)` and the other
     WRAPPERS: kvpress's wrapper around the inner press, built the same way; `kvzip`: KVzipPress, its tokenizer read
@@ -85,9 +88,10 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     prompt's context tokens (spectra's --compression-interval, 512 by default)."""
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
-            return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model))
+            return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model,
+                                                                       seed=seed))
     if name.startswith("composed(") and name.endswith(")"):  # every press at the ratio, applied in turn
-        return kvpress.ComposedPress([make_press(kvpress, inner, ratio, model)
+        return kvpress.ComposedPress([make_press(kvpress, inner, ratio, model, seed=seed)
                                       for inner in split_arguments(name[len("composed("):-1])])
     if name == "finch":
         return finch(kvpress, ratio)
@@ -102,8 +106,12 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
         return kvpress.AdaKVPress(inner, alpha_safeguard=ALPHA_SAFEGUARD)
     if name.startswith(("criticalkv(", "criticaladakv(")) and name.endswith(")"):  # at kvpress's defaults
         outer, inner = name[:-1].split("(", 1)
-        wrapped = make_press(kvpress, inner, ratio, model)
+        wrapped = make_press(kvpress, inner, ratio, model, seed=seed)
         return kvpress.CriticalKVPress(wrapped) if outer == "criticalkv" else kvpress.CriticalAdaKVPress(wrapped)
+    if name == "random":
+        return kvpress.RandomPress(compression_ratio=ratio, seed=seed)
+    if name == "think":
+        return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
     if name == "simlayerkv":  # at its defaults: its ratio cannot be set (it sets its own)
         return kvpress.SimLayerKVPress()
     if name.startswith("lukv(") and name.endswith(")"):  # its budget curve from the file, not kvpress's download
@@ -234,7 +242,11 @@ def worker(job_path: str, result_path: str) -> None:
                             continue
                         asking_of = questions if isinstance(questions, list) else [questions]
                         length = pipe.preprocess(context, asking_of, record["answer_prefix"], 10**10)["context_ids"]
-                        made = None if press == "full" else make_press(kvpress, press, ratio, model, length.shape[1])
+                        seed = job["random_seeds"][str(record["example"])]
+                        made = None if press == "full" else make_press(kvpress, press, ratio, model, length.shape[1],
+                                                                       seed=seed)
+                        # ObservedAttentionPress reads the attention weights, which only eager attention returns
+                        model.set_attn_implementation("eager" if "observed" in press else "sdpa")
                         if press == "finch" and aware:  # kvpress's FINCH prompt: context + delimiter + question
                             made.update_model_and_tokenizer(model, pipe.tokenizer)
                             in_view = context[len(record["context"]):]
@@ -325,6 +337,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     import pandas as pd
 
     from spectra.kv.presses.compactor import Compactor
+    from spectra.kv.presses.eviction import Random
     from spectra.kv.tasks.scoring import score
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
@@ -336,7 +349,9 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
                         "indices": [asked.index for asked in r.asked], "answer_prefix": r.answer_prefix,
                         "max_new_tokens": r.max_new_tokens} for r in records],
            # compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
-           "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records}}
+           "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records},
+           # random's seed per example, as `spectra cache` (--seed 0) draws it
+           "random_seeds": {str(r.example): Random.seed_of(0, r.example) for r in records}}
     previous = scratch / "job.json"
     if previous.exists() and json.loads(previous.read_text())["records"] != job["records"]:
         (scratch / "kvpress.cells.jsonl").unlink(missing_ok=True)  # other records: nothing to resume
