@@ -8,7 +8,8 @@
 # its own time limit and the whole under BUDGET seconds (default 480; the parts took ~360 s on an H100): a part
 # that would start with under 15 s left is skipped and said so, a part past its limit is stopped and said so, and
 # the next part runs. Each part's output goes to $OUT/<part>.log and its last lines to the terminal; the summary at
-# the end says what each part did. Wheels under .whl/ (a newer transformers) are installed into /tmp/site first when present.
+# the end says what each part did. Wheels under .whl/ (a newer transformers) are installed into /tmp/site first
+# when present.
 #
 #   tests      the tests marked `cuda` (pytest -m cuda): spectra routes, offload paths, analyze and the task protocol
 #              on the GPU against the CPU                                                          (with agreement)
