@@ -52,7 +52,11 @@ PY=python3
 {
     date -u
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
-    $PY -c "import torch, transformers, numpy, scipy, pandas; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), '| transformers', transformers.__version__, '| numpy', numpy.__version__, 'scipy', scipy.__version__, 'pandas', pandas.__version__); print('cpus', __import__('os').cpu_count())"
+    $PY -c "import os, torch, transformers, numpy, scipy, pandas
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(),
+      '| transformers', transformers.__version__, '| numpy', numpy.__version__, 'scipy', scipy.__version__,
+      'pandas', pandas.__version__)
+print('cpus', os.cpu_count())"
 } 2>&1 | tee "$OUT/environment.log"
 
 declare -A LIMIT=([tests]=150 [agreement]=150 [decoder]=110 [e2e]=120 [routes]=45 [presses]=120 [attention]=80)
