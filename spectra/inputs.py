@@ -61,7 +61,10 @@ def numbers(text: str, option: str, cast: type = int) -> list:
 
 def several(value: Any, option: str, cast: type | None = None) -> tuple:
     """What the Python API takes for an option that accepts several values: one value (64, "svd", 0.1) or several
-    (a list, a tuple, or a comma-separated string "32,64"), as a tuple; `cast` (int, float) reads a string's parts."""
+    (a list, a tuple, or a comma-separated string "32,64"), as a tuple; `cast` (int, float) reads a string's parts.
+    None is refused in one line: such an option has a default, which leaving it out gives."""
+    if value is None:
+        raise SpectraError(f"{spell(option)} takes one value or several, got None; leave it out for its default")
     if isinstance(value, str):
         if cast is not None:
             return tuple(numbers(value, option, cast))

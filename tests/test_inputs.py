@@ -18,6 +18,9 @@ def test_one_value_or_several() -> None:
     assert several(["svd", "jl"], "--methods") == ("svd", "jl")
     assert several(0.1, "--eps", float) == (0.1,) and several("0.1,0.3", "--eps", float) == (0.1, 0.3)
     assert several("32,64", "--budget", int) == (32, 64) and several(range(3), "--layers") == (0, 1, 2)
+    with pytest.raises(SpectraError, match="^presses takes one value or several, got None; leave it out for its "
+                                           "default$"):
+        several(None, "--presses")  # the API's spelling: spectra.cache(…, presses=None) once raised AttributeError
     with pytest.raises(SpectraError) as raised:
         several("a,b", spell("--budget"), int)
     assert str(raised.value).startswith("budget 'a,b' is not a comma-separated list of integers")
