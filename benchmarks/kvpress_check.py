@@ -125,7 +125,7 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.ThinKPress(key_channel_compression_ratio=ratio)
         if press == "simlayerkv":  # its ratio cannot be set (it sets its own)
             return kvpress.SimLayerKVPress()
-        if press == "kvzip":
+        if press in ("kvzip", "kvgrad"):  # KVzipPress and its child KVgradPress reload the tokenizer
             serve_tokenizer(job["folder"])
         if artifact_press(kvpress, press, ratio) is not None:  # qfilter(DIR), …: the artifact spectra wrote
             return artifact_press(kvpress, press, ratio)

@@ -37,7 +37,7 @@ KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "kno
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
                  "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress",
                  "kvzip": "KVzipPress", "observed": "ObservedAttentionPress", "lagkv": "LagKVPress",
-                 "cap": "CapPress", "kvcompose": "KVComposePress"}
+                 "cap": "CapPress", "kvcompose": "KVComposePress", "kvgrad": "KVgradPress"}
 #: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
 WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
             "block": "BlockPress", "key_rerotation": "KeyRerotationPress", "merging": "MergingPress"}
@@ -119,7 +119,7 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     if name.startswith("duo(") and name.endswith(")"):
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
-    if name == "kvzip":  # it reloads the tokenizer from model.config.name_or_path: the folder holding the GGUF
+    if name in ("kvzip", "kvgrad"):  # it reloads the tokenizer from model.config.name_or_path: the GGUF's folder
         serve_tokenizer(model.config.name_or_path)
     found = artifact_press(kvpress, name, ratio)
     return found if found is not None else getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)

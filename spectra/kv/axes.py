@@ -144,10 +144,12 @@ def read_plan(run: str) -> pd.DataFrame:
     plan = table[table["best"].astype(bool)][list(PLAN_COLUMNS[:-1])].reset_index(drop=True)
     unknown = sorted(set(plan["press"]) - set(PRESSES.names()))
     reading = sorted(press for press in set(plan["press"]) - set(unknown)
-                     if any(PRESSES.facts(press).get(fact) for fact in ("received", "reconstructs", "composes")))
+                     if any(PRESSES.facts(press).get(fact) for fact in ("received", "reconstructs", "composes",
+                                                                              "differentiates")))
     if unknown or reading:
-        what = "unknown presses" if unknown else ("presses reading the received attention, KVCompose's replay or "
-                                                  "KVzip's reconstruction pass, which it does not prefill")
+        what = "unknown presses" if unknown else ("presses reading the received attention, KVCompose's replay, "
+                                                  "KVgrad's attribution or KVzip's reconstruction pass, which it "
+                                                  "does not prefill")
         raise SpectraError(f"the axis map {path} names {what}: {', '.join(unknown or reading)}")
     if plan.empty:
         raise SpectraError(f"the axis map {path} holds no best axis")

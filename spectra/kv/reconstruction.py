@@ -95,9 +95,14 @@ class Repetition:
 
 def chunk_scores(q: torch.Tensor, own: torch.Tensor, cached: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """(H_kv, stop − start): each cached key start … stop − 1's largest weight from the n repeat queries
-    q (H, n, d) of its key/value head's group, the softmax over the first min(SINKS, start) cached keys, those keys
-    and the repeat's own keys `own` (H_kv, n, d) causally; `cached` (H_kv, L, d). In the queries' dtype, scaled
-    by 1/√d."""
+    q (H, n, d) of its key/value head's group (`chunk_weights`, the largest over the group and the queries)."""
+    return chunk_weights(q, own, cached, start, stop).amax(dim=(1, 2))
+
+
+def chunk_weights(q: torch.Tensor, own: torch.Tensor, cached: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """(H_kv, G, n, stop − start): the weights the n repeat queries q (H, n, d) give the cached keys start … stop − 1,
+    the softmax over the first min(SINKS, start) cached keys, those keys and the repeat's own keys `own`
+    (H_kv, n, d) causally; `cached` (H_kv, L, d). In the queries' dtype, scaled by 1/√d."""
     heads, n, dim = q.shape
     kv_heads = cached.shape[0]
     sink = min(SINKS, start)
@@ -107,7 +112,7 @@ def chunk_scores(q: torch.Tensor, own: torch.Tensor, cached: torch.Tensor, start
     hidden = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
     weights[..., -n:].masked_fill_(hidden, torch.finfo(weights.dtype).min)  # in place: a view of the own keys
     weights = torch.softmax(weights, dim=-1)
-    return weights[..., sink:sink + stop - start].amax(dim=(1, 2))
+    return weights[..., sink:sink + stop - start]
 
 
 def repeat_attention(q: torch.Tensor, cached_key: torch.Tensor, cached_value: torch.Tensor, key: torch.Tensor,

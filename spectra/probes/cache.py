@@ -7,10 +7,11 @@ kept), measures each head with the layer's exact inputs (attention mass kept, ou
 `after_batch` scores the continuation against their caches, all the cells that compress once in one batched forward
 pass per chunk, each that compresses while decoding teacher-forced by its recompression, and accumulates next-token NLL,
 KL from the full cache's distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is
-skipped and counted. A press that `reconstructs` (kvzip) or `composes` (kvcompose) reads every layer's cache, so its
-cells wait: `update` keeps each layer's continuation rows for them (`continuation.Tail`), and `after_batch` first runs
-KVzip's reconstruction pass over the sequence's prefilled cache (`kv.reconstruction`) or KVCompose's replay pass
-(`kv.composition`), then compresses and measures them layer by layer.
+skipped and counted. A press that `reconstructs` (kvzip), `composes` (kvcompose) or `differentiates` (kvgrad) reads
+every layer's cache, so its cells wait: `update` keeps each layer's continuation rows for them (`continuation.Tail`),
+and `after_batch` first runs KVzip's reconstruction pass over the sequence's prefilled cache (`kv.reconstruction`),
+KVCompose's replay pass (`kv.composition`) or KVgrad's attribution pass (`kv.gradient`), then compresses and measures
+them layer by layer.
 
 With `fit_samples` N > 0 the first N sequences calibrate: their prefills go to the run's own fresh instance of each
 press that `calibrates` (never to the registry's shared one), nothing is scored, and the sequences after them are
@@ -29,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..kv import axes, composition, continuation, generation, reconstruction
+from ..kv import axes, composition, continuation, generation, gradient, reconstruction
 from .. import models
 from ..capture import Captured
 from ..kv.cell import Cell, Cells
@@ -135,7 +136,8 @@ class CacheProbe(Probe):
     @staticmethod
     def _reconstructs(cell: Cell) -> bool:
         """Whether a cell's press reads a pass over every layer after the prefill (KVzip's, KVCompose's)."""
-        return cell.compressor is not None and (cell.compressor.reconstructs or cell.compressor.composes)
+        return cell.compressor is not None and (cell.compressor.reconstructs or cell.compressor.composes
+                                                or cell.compressor.differentiates)
 
     def _measure(self, layer: int, cells: list[Cell], rows: list[int], tail: continuation.Tail,
                  prefilled: Prefill) -> None:
@@ -166,15 +168,17 @@ class CacheProbe(Probe):
         if self.repetition is None:
             self.repetition = reconstruction.Repetition.of(loaded.tokenizer)
         layers = [prefills[layer] for layer in range(self.layers)]
-        scores = composed = None
+        scores = composed = attributed = None
+        keys, values = [part.key for part in layers], [part.value for part in layers]
         if any(cells[i].compressor.reconstructs for i in rows):
-            scores = reconstruction.scores(loaded.model, self.layers, [part.key for part in layers],
-                                           [part.value for part in layers], ids, self.repetition, index)
+            scores = reconstruction.scores(loaded.model, self.layers, keys, values, ids, self.repetition, index)
         if any(cells[i].compressor.composes for i in rows):
             composed = composition.scores(loaded.model, self.layers, ids, index)
+        if any(cells[i].compressor.differentiates for i in rows):
+            attributed = gradient.scores(loaded.model, self.layers, keys, values, ids, self.repetition, index)
         for layer, prefilled in enumerate(layers):
             self._measure(layer, [cells[i] for i in rows], rows, tails.pop(layer),
-                          replace(prefilled, reconstruction=scores, composition=composed))
+                          replace(prefilled, reconstruction=scores, composition=composed, gradient=attributed))
 
     def _calibrate(self, prefilled: Prefill) -> None:
         """One calibration sequence's layer, added to every calibrating press of the run."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spectra import capture, models
-from spectra.kv import cell, composition, continuation, headpattern, reconstruction
+from spectra.kv import cell, composition, continuation, gradient, headpattern, reconstruction
 from spectra.kv.presses import REGISTRY, full, per_head, run_presses
 from spectra.kv.presses.simlayerkv import SimLayerKV
 
@@ -39,7 +39,8 @@ def prefilled(loaded, ids) -> dict:
     """Each layer's prefill and captured record, read off one forward over the whole sequence (with the context's
     keys and queries before RoPE, the model's RoPE and each layer's W^O, which expected_attention, compactor and
     criticalkv read), KVzip's reconstruction scores of the context (the pass the engine runs for a press that
-    `reconstructs`) and KVCompose's replay scores (for a press that `composes`)."""
+    `reconstructs`), KVCompose's replay scores (for a press that `composes`) and KVgrad's attribution scores (for a
+    press that `differentiates`)."""
     found, pre, w_o = {}, {}, models.output_projections(loaded.model)
 
     def observe(captured):
@@ -59,11 +60,12 @@ def prefilled(loaded, ids) -> dict:
         for handle in hooks:
             handle.remove()
     parts = [found[layer][1] for layer in range(loaded.layers)]
-    scores = reconstruction.scores(loaded.model, loaded.layers, [part.key for part in parts],
-                                   [part.value for part in parts], ids[0, :CONTEXT],
-                                   reconstruction.Repetition.of(loaded.tokenizer), 0)
+    keys, values = [part.key for part in parts], [part.value for part in parts]
+    repetition = reconstruction.Repetition.of(loaded.tokenizer)
+    scores = reconstruction.scores(loaded.model, loaded.layers, keys, values, ids[0, :CONTEXT], repetition, 0)
     composed = composition.scores(loaded.model, loaded.layers, ids[0, :CONTEXT], 0)  # KVCompose's replay pass
-    found = {layer: (captured, replace(part, reconstruction=scores, composition=composed))
+    attributed = gradient.scores(loaded.model, loaded.layers, keys, values, ids[0, :CONTEXT], repetition, 0)
+    found = {layer: (captured, replace(part, reconstruction=scores, composition=composed, gradient=attributed))
              for layer, (captured, part) in found.items()}
     return found, outputs.logits[0]
 

@@ -64,7 +64,8 @@ class Prefill:
     - `question_tokens`: how many of the last context tokens are a task record's question (query-aware: the question
       compressed with the context; FINCH's window), 0 where the context holds none;
     - `composition` (layers, H_kv, L): KVCompose's replay scores of every layer, likewise, only when a run's press
-      `composes` (`kv/composition.py`), else None.
+      `composes` (`kv/composition.py`), else None; `gradient` (layers, H_kv, L): KVgrad's attribution scores,
+      likewise, only when a run's press `differentiates` (`kv/gradient.py`).
     """
 
     layer: int
@@ -83,6 +84,7 @@ class Prefill:
     reconstruction: torch.Tensor | None = None
     question_tokens: int = 0
     composition: torch.Tensor | None = None
+    gradient: torch.Tensor | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -244,9 +246,9 @@ class Press:
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
     #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`; `composes`:
-    #: `.composition`), which a prefill computes only when a run's press needs it; `min_context`: the fewest context
-    #: tokens it compresses (compactor: 13)
-    received, queries, reconstructs, composes, min_context = False, False, False, False, 0
+    #: `.composition`; `differentiates`: `.gradient`), which a prefill computes only when a run's press needs it;
+    #: `min_context`: the fewest context tokens it compresses (compactor: 13)
+    received, queries, reconstructs, composes, differentiates, min_context = False, False, False, False, False, 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may

@@ -70,12 +70,13 @@ class Composed(Press):
 
     name, summary = "composed", "presses applied in turn, each to the rows the one before kept"
     peer = "ComposedPress"
-    several, refuses = "press,press…", "decodes,received,reconstructs,calibrates"
+    several, refuses = "press,press…", "decodes,received,reconstructs,calibrates,differentiates"
     ratio_means = "each press's own ratio, applied in turn (k token presses keep about (1 − r)ᵏ of the tokens)"
     guide = ("kvpress's `ComposedPress` over two or more presses named alone, none of which compresses while "
-             "decoding, reads the received attention, reconstructs or calibrates: the first press compresses the "
-             "context's cache, the next one compresses the rows it kept (scoring them as the cache it finds, with "
-             "the whole context's queries), and so on — e.g. `composed(snapkv,think)`, tokens then key channels. "
+             "decoding, reads the received attention, reconstructs, calibrates or differentiates: the first press "
+             "compresses the context's cache, the next one compresses the rows it kept (scoring them as the cache it "
+             "finds, with the whole context's queries), and so on — e.g. `composed(snapkv,think)`, tokens then "
+             "key channels. "
              "Each press compresses at the ratio, so two token presses at 0.5 keep about a quarter of the tokens; "
              "the memory saved is 1 − Π(1 − saved). A press whose rows are no context tokens (linformer) can only "
              "come last.")

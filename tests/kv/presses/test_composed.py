@@ -113,9 +113,10 @@ def test_a_press_list_keeps_each_composed_press_whole() -> None:
     ("composed(snapkv)", "composed is written composed\\(<press>,<press>,\\.\\.\\.\\)$"),
     ("composed", "takes an argument: composed\\(<press>,<press>,\\.\\.\\.\\)$"),
     ("composed(snapkv,,knorm)", "has an empty argument"),
-    ("composed(snapkv,observed)", "none declaring decodes, received, reconstructs, calibrates, and 'observed' is "
-                                  "not one"),
+    ("composed(snapkv,observed)", "none declaring decodes, received, reconstructs, calibrates, differentiates, and "
+                                  "'observed' is not one"),
     ("composed(kvzip,knorm)", "'kvzip' is not one"),
+    ("composed(knorm,kvgrad)", "'kvgrad' is not one"),
     ("composed(knorm,loki)", "'loki' is not one"),
     ("composed(knorm,decoding(knorm))", "'decoding\\(knorm\\)' is not one"),
     ("composed(knorm,adakv(snapkv))", "'adakv\\(snapkv\\)' is not one"),

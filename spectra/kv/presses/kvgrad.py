@@ -1,0 +1,58 @@
+"""`kvgrad` (KVgrad, OpenReview cg1wTCJjjk): keep the cached pairs that most move the model's last hidden states
+while it repeats the context — KVzip's reconstruction attention weighted by what the pair writes and by how much the
+output depends on it (input × gradient attribution), query-agnostic, scored once per example for every ratio.
+
+A heuristic read inside one layer (attention, key norms) cannot tell whether a pair's contribution survives to the
+output; KVgrad estimates it. The model repeats its context after a prompt, as in KVzip, chunk by chunk; the
+objective Φ = Σ_p ‖h_p‖² over the repeat's last hidden states is differentiated with respect to every layer's
+attention output, and a cached pair scores the largest A · ‖v W^O‖ · ‖∂Φ/∂a‖ over its key/value head's query heads
+and the repeat tokens — the engine's attribution pass (`spectra.kv.gradient`, which this press asks for by
+declaring `differentiates`), whose scores of every layer reach each layer's `Prefill.gradient`. The attention sinks
+(the first 4 positions) score above everything.
+
+kvpress 0.5.5's KVgradPress is the peer, at its defaults (n_sink 4, chunk_size 512, `layerwise` off). Like its
+parent KVzipPress, its ratio is shared by all layers: the int(N · r) lowest of all N = layers · H_kv · L scores are
+evicted (ranked as `kvzip` ranks, `kvzip.pruned_counts` and `kvzip.kvzip_keep`), so heads and layers keep different
+numbers of tokens; `layerwise=True` evicts int(H_kv · L · r) per layer. kvpress hides the evicted pairs from
+attention with a fake key; here they are dropped (`presses.per_head`). kvpress does not use `n_kept`: its kept count
+is what the global ranking leaves. The pass costs one forward and one backward pass per 512-token chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Compressed, Prefill, Press, per_head, register
+from .kvzip import kvzip_keep, pruned_counts
+
+#: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
+ORDER = 45
+
+
+@register
+class KVgrad(Press):
+    """KVgrad: the pairs whose reconstruction attention, times what they write and the output's sensitivity to it,
+    is largest, ranked across layers (see the module docstring); `layerwise` evicts the same share of every
+    layer."""
+
+    name, summary = "kvgrad", "the pairs that most move the last hidden states while the model repeats the context"
+    peer = "KVgradPress"
+    differentiates = True
+
+    def __init__(self, layerwise: bool = False) -> None:
+        self.layerwise = layerwise
+        #: the last (scores, ratio) ranked and its per-layer counts: every layer of an example reads the same scores
+        self._ranked: tuple[torch.Tensor, float, torch.Tensor] | None = None
+
+    def fresh(self) -> Press:
+        return type(self)(self.layerwise)
+
+    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
+        scores = prefill.gradient
+        if scores is None:
+            raise ValueError("kvgrad reads the attribution pass's scores, which this prefill lacks: the engine runs "
+                             "it for a press declaring `differentiates` (spectra.kv.gradient)")
+        if self._ranked is None or self._ranked[0] is not scores or self._ranked[1] != ratio:
+            self._ranked = (scores, ratio, pruned_counts(scores, ratio, self.layerwise))
+        pruned = int(self._ranked[2][prefill.layer])
+        return per_head(prefill, kvzip_keep(scores[prefill.layer], pruned))
