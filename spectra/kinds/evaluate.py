@@ -131,7 +131,8 @@ class Evaluate(PressStudy):
                           windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing,
                           queries=bool(PRESSES.having("queries") & set(options.presses)),
                           reconstructs=bool(PRESSES.having("reconstructs") & set(options.presses)),
-                          composes=bool(PRESSES.having("composes") & set(options.presses)))
+                          composes=bool(PRESSES.having("composes") & set(options.presses)),
+                          differentiates=bool(PRESSES.having("differentiates") & set(options.presses)))
 
     def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
         return identity(options)

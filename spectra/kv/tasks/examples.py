@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ... import data, models
-from .. import batching, prefill, reconstruction
+from .. import batching, gradient, prefill, reconstruction
 from ...config import RunConfig
 from ...errors import SpectraError
 from ..presses import Prefill
@@ -116,15 +116,17 @@ class TaskSource(OfLoadedModel):
     """Task records through a pretrained decoder (see the module docstring); `received`: whether the prefill computes
     the attention each key received (a press reads it); `queries`: whether it keeps the pre-RoPE queries (a press
     reads them); `reconstructs`: whether it runs KVzip's reconstruction pass (a press reads its scores); `composes`:
-    whether it runs KVCompose's replay pass (likewise); `left_out`:
-    the file's tasks no evaluated record has."""
+    whether it runs KVCompose's replay pass (likewise); `differentiates`: whether it runs KVgrad's attribution pass
+    (likewise); `left_out`: the file's tasks no evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
                  query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = (),
-                 queries: bool = False, reconstructs: bool = False, composes: bool = False) -> None:
+                 queries: bool = False, reconstructs: bool = False, composes: bool = False,
+                 differentiates: bool = False) -> None:
         self.config, self.where, self.records = config, device, list(records)
         self.query_aware, self.received, self.windowed, self.queries = query_aware, received, windowed, queries
-        self.reconstructs, self.composes, self.repetition = reconstructs, composes, None
+        self.reconstructs, self.composes, self.differentiates = reconstructs, composes, differentiates
+        self.repetition: reconstruction.Repetition | None = None
         self.left_out = list(left_out)
         self.content = data.file_content(Path(config.data))
         self.examples: list[Example] = []
@@ -145,7 +147,8 @@ class TaskSource(OfLoadedModel):
         if not loaded.causal or loaded.head is None:
             raise SpectraError(f"{loaded.name} is not a causal language model: the task protocol decodes answers")
         self.examples = [prepare(loaded.tokenizer, record, self.query_aware) for record in self.records]
-        self.repetition = reconstruction.Repetition.of(loaded.tokenizer) if self.reconstructs else None
+        wanted = self.reconstructs or self.differentiates
+        self.repetition = reconstruction.Repetition.of(loaded.tokenizer) if wanted else None
         for example in self.examples:
             line = f"{Path(config.data).name} line {example.record.example + 1}"
             if example.tokens > loaded.max_length:
@@ -197,9 +200,15 @@ class TaskSource(OfLoadedModel):
     def run(self, batch: TaskBatch, probe: PrefillObserver) -> None:
         """The example's exact prefill; each layer's `Prefill` to the probe's `prefilled`."""
         example = self.examples[batch.index[0]]
-        found = prefill.exact(self.loaded.model, self.layers, example.context_ids.to(self.device), self.config.seed,
-                                example.record.example, received=self.received, queries=self.queries,
-                                repetition=self.repetition, composes=self.composes)
+        ids = example.context_ids.to(self.device)
+        found = prefill.exact(self.loaded.model, self.layers, ids, self.config.seed, example.record.example,
+                              received=self.received, queries=self.queries,
+                              repetition=self.repetition if self.reconstructs else None, composes=self.composes)
+        if self.differentiates:  # KVgrad's attribution pass over the prefilled cache, for every layer
+            scores = gradient.scores(self.loaded.model, self.layers, [part.key for part in found],
+                                     [part.value for part in found], ids.reshape(-1), self.repetition,
+                                     example.record.example)
+            found = [replace(part, gradient=scores) for part in found]
         for layer in found:  # query-aware: how many of the context's last tokens are the question (finch's window)
             probe.prefilled(replace(layer, question_tokens=example.question_tokens) if example.question_tokens
                             else layer)

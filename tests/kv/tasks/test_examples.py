@@ -124,6 +124,31 @@ def test_the_replay_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_
         torch.testing.assert_close(prefill.composition, expected, rtol=0, atol=0)
 
 
+def test_the_attribution_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_file) -> None:
+    """`differentiates`: every layer's prefill carries KVgrad's attribution scores of the example, computed over its
+    prefilled keys and values with the prompts cut from the chat template (and no KVzip reconstruction); without it,
+    none."""
+    import torch
+
+    from spectra.kv import gradient
+
+    plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, differentiates=True)
+    seen = []
+    for found in (plain, asked):
+        found.start()
+        recorder = Recorder()
+        found.run(next(found.batches(1)), recorder)
+        seen.append(recorder.prefills)
+    assert all(prefill.gradient is None for prefill in seen[0])
+    example = asked.examples[0]
+    expected = gradient.scores(asked.loaded.model, asked.layers, [part.key for part in seen[0]],
+                               [part.value for part in seen[0]], example.context_ids, asked.repetition, 0)
+    assert expected.shape == (asked.layers, asked.kv_heads, example.context) and asked.repetition.prefix > 0
+    for prefill in seen[1]:
+        assert prefill.gradient is seen[1][0].gradient and prefill.reconstruction is None
+        torch.testing.assert_close(prefill.gradient, expected, rtol=0, atol=0)
+
+
 def test_each_layer_carries_the_questions_token_count(chat_decoder, task_file) -> None:
     """finch's window: query-aware, every layer's prefill says how many of the context's last tokens are the question
     (the example's count); query-agnostic, none."""
