@@ -85,7 +85,9 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     `finch`: FinchPress (`finch`; the worker makes its delimiter real for a query-aware prompt);
     `prefill_decoding(<scorer>[,<decodable>])`: PrefillDecodingPress of the scorer at the ratio and a DecodingPress of
     the decodable one (or the same) every `interval` steps at the target n_kept(`context`, ratio), `context` the
-    prompt's context tokens (spectra's --compression-interval, 512 by default)."""
+    prompt's context tokens (spectra's --compression-interval, 512 by default); `cam(<decodable>)`: CAMPress of the
+    decodable scorer at that interval and target (its merge draws from torch's global generator: seed it with
+    `Cam.seed_of` before the example, as kvpress_decoding.py does)."""
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
             return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model,
@@ -95,6 +97,9 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
                                       for inner in split_arguments(name[len("composed("):-1])])
     if name == "finch":
         return finch(kvpress, ratio)
+    if name.startswith("cam(") and name.endswith(")"):  # CAMPress every `interval` steps at n_kept(`context`, ratio)
+        return kvpress.CAMPress(base_press=make_press(kvpress, name[len("cam("):-1], 0.0, model),
+                                compression_interval=interval, target_size=max(1, int(context * (1 - ratio))))
     if name.startswith("prefill_decoding(") and name.endswith(")"):
         inner = split_arguments(name[len("prefill_decoding("):-1])
         decoding = kvpress.DecodingPress(base_press=make_press(kvpress, inner[-1], 0.0, model),
