@@ -258,6 +258,8 @@ def worker(job_path: str, result_path: str) -> None:
                             context = record["context"] + made.delimiter_token + in_view
                         if press == "compactor":  # its sketches from the global generator, seeded as spectra's
                             torch.manual_seed(job["sketch_seeds"][str(record["example"])])
+                        if press.startswith("cam("):  # its merge draws from the global generator, as spectra's
+                            torch.manual_seed(job["cam_seeds"][str(record["example"])])
                         if press in UNEVEN:
                             pipe.generate_answer = stepwise(pipe)
                         else:
@@ -342,6 +344,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     import pandas as pd
 
     from spectra.kv.presses.compactor import Compactor
+    from spectra.kv.presses.cam import Cam
     from spectra.kv.presses.eviction import Random
     from spectra.kv.tasks.scoring import score
 
@@ -355,6 +358,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
                         "max_new_tokens": r.max_new_tokens} for r in records],
            # compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
            "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records},
+           "cam_seeds": {str(r.example): Cam.seed_of(0, r.example) for r in records},
            # random's seed per example, as `spectra cache` (--seed 0) draws it
            "random_seeds": {str(r.example): Random.seed_of(0, r.example) for r in records}}
     previous = scratch / "job.json"
