@@ -100,6 +100,10 @@ def worker(job_path: str, result_path: str) -> None:
             return kvpress.DecodingPress(base_press=make(press[len("decoding("):-1], 0.0, seed),
                                          compression_interval=job["interval"],
                                          target_size=max(1, int(context * (1 - ratio))))
+        if press.startswith("cam("):  # kvpress's CAMPress, a DecodingPress merging what it evicts
+            return kvpress.CAMPress(base_press=make(press[len("cam("):-1], 0.0, seed),
+                                    compression_interval=job["interval"],
+                                    target_size=max(1, int(context * (1 - ratio))))
         if press.startswith("prefill_decoding("):  # a scorer at the ratio, then a DecodingPress at its size (of
             inner = split_arguments(press[len("prefill_decoding("):-1])  # the same scorer, or of the second one)
             return kvpress.PrefillDecodingPress(prefilling_press=make(inner[0], ratio, seed), decoding_press=make(
@@ -137,10 +141,13 @@ def worker(job_path: str, result_path: str) -> None:
     for press, ratio in [("full", 0.0)] + [(p, r) for p in job["presses"] for r in job["ratios"]]:
         model.set_attn_implementation("eager" if press == "observed" else "sdpa")
         nll, prefill_seconds, continuation_seconds = [], 0.0, 0.0
-        for ids, seed, sketch_seed in zip(job["sequences"], job["random_seeds"], job["sketch_seeds"]):
+        for ids, seed, sketch_seed, cam_seed in zip(job["sequences"], job["random_seeds"], job["sketch_seeds"],
+                                                    job["cam_seeds"]):
             ids = torch.tensor(ids)
             if press == "compactor":  # its sketches, drawn from the global generator layer by layer, as spectra's
                 torch.manual_seed(sketch_seed)
+            if press.startswith("cam("):  # its merge draws, from the global generator layer by layer, as spectra's
+                torch.manual_seed(cam_seed)
             ctx, cont = ids[:context], ids[context:]
             cache = DynamicCache()
             started = time.perf_counter()
@@ -181,7 +188,7 @@ def worker(job_path: str, result_path: str) -> None:
 def decodes(press: str) -> bool:
     """Whether spectra's press name compresses while decoding (decoding(…), compression_ratio_decoding(…),
     prefill_decoding(…))."""
-    return press.startswith(("decoding(", "compression_ratio_decoding(", "prefill_decoding("))
+    return press.startswith(("decoding(", "compression_ratio_decoding(", "prefill_decoding(", "cam("))
 
 
 def _version(package: str) -> str:
@@ -241,6 +248,7 @@ def main() -> None:
 
     import spectra
     from spectra import data, models
+    from spectra.kv.presses.cam import Cam
     from spectra.kv.presses.compactor import Compactor
     from spectra.kv.presses.eviction import Random
 
@@ -280,6 +288,7 @@ def main() -> None:
     job = {"folder": folder, "context": args.context, "sequences": sequences, "presses": presses, "ratios": ratios,
            "random_seeds": [Random.seed_of(args.seed, index) for index in range(len(sequences))],
            "sketch_seeds": [Compactor.seed_of(args.seed, index) for index in range(len(sequences))],
+           "cam_seeds": [Cam.seed_of(args.seed, index) for index in range(len(sequences))],
            "threads": args.threads, "interval": args.compression_interval}
     (scratch / "job.json").write_text(json.dumps(job))
     subprocess.run([args.python, __file__, "--worker", str(scratch / "job.json"), str(scratch / "kvpress.json")],

@@ -39,7 +39,8 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SCORERS = ("knorm", "streaming", "tova")
 #: spectra's decoding presses → kvpress's class (spectra's ratio: DecodingPress's target size n_kept(L, ratio),
 #: CompressionRatioDecodingPress's target_compression_ratio)
-DECODERS = {"decoding": "DecodingPress", "compression_ratio_decoding": "CompressionRatioDecodingPress"}
+DECODERS = {"decoding": "DecodingPress", "compression_ratio_decoding": "CompressionRatioDecodingPress",
+            "cam": "CAMPress"}
 
 
 def decoding_name(press: str) -> str:
@@ -91,6 +92,8 @@ def worker(job_path: str, result_path: str) -> None:
                     if outer == "prefill_decoding":
                         made = kvpress.PrefillDecodingPress(prefilling_press=scorer(compression_ratio=ratio),
                                                             decoding_press=made)
+                if press.startswith("cam("):  # its merge draws from the global generator, seeded as spectra's
+                    torch.manual_seed(job["cam_seeds"][str(record["example"])])
                 decoded.clear()
                 started = time.perf_counter()
                 with torch.inference_mode():
@@ -169,8 +172,10 @@ def main_decoding(args) -> None:
                       out=scratch / "spectra", overwrite=True, progress=None, notify=lambda line: None)
     spectra_seconds = time.perf_counter() - started
     answers = dict(np.load(scratch / "spectra" / "answers.npz"))
+    from spectra.kv.presses.cam import Cam
+
     job = {"folder": folder, "presses": presses, "ratios": ratios, "interval": args.compression_interval,
-           "threads": args.threads,
+           "threads": args.threads, "cam_seeds": {str(r.example): Cam.seed_of(0, r.example) for r in records},
            "records": [{"example": r.example, "context": r.context, "question": r.question,
                         "answer_prefix": r.answer_prefix, "max_new_tokens": r.max_new_tokens} for r in records]}
     (scratch / "job.json").write_text(json.dumps(job))

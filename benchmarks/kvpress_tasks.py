@@ -85,7 +85,9 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     `finch`: FinchPress (`finch`; the worker makes its delimiter real for a query-aware prompt);
     `prefill_decoding(<scorer>[,<decodable>])`: PrefillDecodingPress of the scorer at the ratio and a DecodingPress of
     the decodable one (or the same) every `interval` steps at the target n_kept(`context`, ratio), `context` the
-    prompt's context tokens (spectra's --compression-interval, 512 by default)."""
+    prompt's context tokens (spectra's --compression-interval, 512 by default); `cam(<decodable>)`: CAMPress of the
+    decodable scorer at that interval and target (its merge draws from torch's global generator: seed it with
+    `Cam.seed_of` before the example, as kvpress_decoding.py does)."""
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
             return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model,
@@ -95,6 +97,9 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
                                       for inner in split_arguments(name[len("composed("):-1])])
     if name == "finch":
         return finch(kvpress, ratio)
+    if name.startswith("cam(") and name.endswith(")"):  # CAMPress every `interval` steps at n_kept(`context`, ratio)
+        return kvpress.CAMPress(base_press=make_press(kvpress, name[len("cam("):-1], 0.0, model),
+                                compression_interval=interval, target_size=max(1, int(context * (1 - ratio))))
     if name.startswith("prefill_decoding(") and name.endswith(")"):
         inner = split_arguments(name[len("prefill_decoding("):-1])
         decoding = kvpress.DecodingPress(base_press=make_press(kvpress, inner[-1], 0.0, model),
@@ -253,6 +258,8 @@ def worker(job_path: str, result_path: str) -> None:
                             context = record["context"] + made.delimiter_token + in_view
                         if press == "compactor":  # its sketches from the global generator, seeded as spectra's
                             torch.manual_seed(job["sketch_seeds"][str(record["example"])])
+                        if press.startswith("cam("):  # its merge draws from the global generator, as spectra's
+                            torch.manual_seed(job["cam_seeds"][str(record["example"])])
                         if press in UNEVEN:
                             pipe.generate_answer = stepwise(pipe)
                         else:
@@ -337,6 +344,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     import pandas as pd
 
     from spectra.kv.presses.compactor import Compactor
+    from spectra.kv.presses.cam import Cam
     from spectra.kv.presses.eviction import Random
     from spectra.kv.tasks.scoring import score
 
@@ -350,6 +358,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
                         "max_new_tokens": r.max_new_tokens} for r in records],
            # compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
            "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records},
+           "cam_seeds": {str(r.example): Cam.seed_of(0, r.example) for r in records},
            # random's seed per example, as `spectra cache` (--seed 0) draws it
            "random_seeds": {str(r.example): Random.seed_of(0, r.example) for r in records}}
     previous = scratch / "job.json"

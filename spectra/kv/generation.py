@@ -35,6 +35,7 @@ from .. import capture
 from ..capture import Captured
 from ..kernels import causal_mask, eager_softmax
 from .presses import Compressed, Prefill
+from .presses.cam import accumulate
 from .presses.decoding import DecodingPress
 
 
@@ -108,13 +109,15 @@ class Buffers:
         filled = self.lengths[layer]
         return self.keys[layer][:, :filled], self.values[layer][:, :filled]
 
-    def keep(self, layer: int, kept: torch.Tensor) -> None:
+    def keep(self, layer: int, kept: torch.Tensor, values: torch.Tensor | None = None) -> None:
         """Keep rows `kept` (H_kv, m) of the layer's filled rows, in that order, as its first m rows (a compression
-        while decoding rewrites the buffer: no new one)."""
+        while decoding rewrites the buffer: no new one); `values` (H_kv, m, d): their values when the press changed
+        them (cam's merges), else their own."""
         key, value = self.rows(layer)
         index = kept[..., None].expand(-1, -1, key.shape[-1])
         count = kept.shape[-1]
-        self.keys[layer][:, :count], self.values[layer][:, :count] = key.gather(1, index), value.gather(1, index)
+        self.keys[layer][:, :count] = key.gather(1, index)
+        self.values[layer][:, :count] = value.gather(1, index) if values is None else values
         seen = self.seen(layer)
         if seen is not None:
             self.valid[layer][:, :count] = seen.gather(1, kept)
@@ -127,7 +130,9 @@ class Recompression:
     compression; after a step's attention in a layer, `after` compresses that layer's cache to `size()` rows when
     the press says it is due. `target`, `ratio`: the cell's (the press sizes each compression from them and `seen`,
     the tokens seen so far — the pass's last logical position + 1, which the decoding loop sets before each pass).
-    `seed`, `index`: the run's seed and the example's global index (for the scorer)."""
+    `seed`, `index`: the run's seed and the example's global index (for the scorer). A press that `merges` (cam)
+    also has, per layer, the running sum of each step's attention over the cache (`attention`) and draws from one
+    generator per cache, seeded `press.seed_of(seed, index)`."""
 
     press: DecodingPress
     target: int
@@ -137,6 +142,8 @@ class Recompression:
     steps: dict[int, int] = field(default_factory=dict)
     compressions: int = 0
     seen: int = 0
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    generator: torch.Generator | None = None
 
     def size(self, seen: int | None = None) -> int:
         """The rows a compression keeps once `seen` tokens have been seen (default: the current pass's)."""
@@ -147,15 +154,35 @@ class Recompression:
         (a teacher-forced pass of n tokens is n steps; a generation step is one, the question's pass too)."""
         self.steps[layer] = self.steps.get(layer, 0) + steps
         step_tokens = 1 if steps > 1 else q.shape[-2]
+        merges = getattr(self.press, "merges", False)
+        if merges:
+            self.attention[layer] = accumulate(self.attention.get(layer), q, cache.rows(layer)[0], scaling, steps > 1)
         target = self.size()
         if not self.press.due(self.steps[layer], step_tokens, target):
             return
         key, value = cache.rows(layer)
-        kept = self.press.keep(layer, q, key, value, scaling, target, self.seed, self.index)
-        if kept is not None:
-            cache.keep(layer, kept)
-            self.compressions += layer == 0
+        if merges:
+            self.merge(layer, q, key, value, scaling, target, cache)
+        else:
+            kept = self.press.keep(layer, q, key, value, scaling, target, self.seed, self.index)
+            if kept is not None:
+                cache.keep(layer, kept)
+                self.compressions += layer == 0
         self.steps[layer] = 0
+
+    def merge(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, target: int,
+              cache: Buffers) -> None:
+        """A merging press's compression of the layer (`after`'s arguments): kept rows, merged values, the running
+        attention pruned with them."""
+        if self.generator is None:
+            self.generator = torch.Generator(device=q.device)
+            self.generator.manual_seed(self.press.seed_of(self.seed, self.index))  # type: ignore[attr-defined]
+        merged = self.press.merge_keep(layer, q, key, value, scaling, target,  # type: ignore[attr-defined]
+                                       self.attention[layer], self.steps[layer], self.generator, self.seed, self.index)
+        if merged is not None:
+            kept, values, self.attention[layer] = merged
+            cache.keep(layer, kept, values)
+            self.compressions += layer == 0
 
 
 @dataclass

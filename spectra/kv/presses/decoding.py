@@ -117,14 +117,18 @@ class DecodingPress(Wrapper):
         """The rows (H_kv, target) of one layer's cache key, value (H_kv, M, d) that stay, in torch.topk's order, or
         None when M ≤ target (nothing to drop); q (H, n, d): the post-RoPE queries of the step's tokens (the last is
         what TOVA reads)."""
-        rows = key.shape[-2]
-        if rows <= target:
+        if key.shape[-2] <= target:
             return None
+        return torch.topk(self.scores(layer, q, key, value, scaling, target, seed, index), target, dim=-1).indices
+
+    def scores(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, target: int,
+               seed: int = 0, index: int = 0) -> torch.Tensor:
+        """The scorer's scores (H_kv, M) of every row of one layer's cache at a compression to `target` rows, as
+        kvpress hands the cache over (see the module docstring); the arguments are `keep`'s."""
         last = q[:, -1:]
         attended = Prefill(layer, last, key, value, None, last_row(last, key, scaling), q.new_zeros(q.shape[0], 0),
                            scaling, seed, index)
-        scores = self.wrapped.score(attended, ratio_for(rows, target))
-        return torch.topk(scores, target, dim=-1).indices
+        return self.wrapped.score(attended, ratio_for(key.shape[-2], target))
 
 
 def last_row(q: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
