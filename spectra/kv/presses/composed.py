@@ -70,7 +70,7 @@ class Composed(Press):
 
     name, summary = "composed", "presses applied in turn, each to the rows the one before kept"
     peer = "ComposedPress"
-    several, refuses = "press,press…", "decodes,received,reconstructs,calibrates,differentiates"
+    several, refuses = "press,press…", "decodes,received,reconstructs,composes,calibrates,differentiates"
     ratio_means = "each press's own ratio, applied in turn (k token presses keep about (1 − r)ᵏ of the tokens)"
     guide = ("kvpress's `ComposedPress` over two or more presses named alone, none of which compresses while "
              "decoding, reads the received attention, reconstructs, calibrates or differentiates: the first press "

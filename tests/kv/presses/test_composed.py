@@ -113,8 +113,9 @@ def test_a_press_list_keeps_each_composed_press_whole() -> None:
     ("composed(snapkv)", "composed is written composed\\(<press>,<press>,\\.\\.\\.\\)$"),
     ("composed", "takes an argument: composed\\(<press>,<press>,\\.\\.\\.\\)$"),
     ("composed(snapkv,,knorm)", "has an empty argument"),
-    ("composed(snapkv,observed)", "none declaring decodes, received, reconstructs, calibrates, differentiates, and "
-                                  "'observed' is not one"),
+    ("composed(snapkv,observed)", "none declaring decodes, received, reconstructs, composes, calibrates, "
+                                  "differentiates, and 'observed' is not one"),
+    ("composed(kvcompose,knorm)", "'kvcompose' is not one"),  # its replay pass never ran for a composed cell
     ("composed(kvzip,knorm)", "'kvzip' is not one"),
     ("composed(knorm,kvgrad)", "'kvgrad' is not one"),
     ("composed(knorm,loki)", "'loki' is not one"),
