@@ -7,11 +7,13 @@ layout: padding hidden, room refused beyond its end."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from spectra import models
-from spectra.kv import batching, generation, prefill, reconstruction
+from spectra.kv import batching, generation, gradient, prefill, reconstruction
 from spectra.kv.cell import Cells
 from spectra.registry import PRESSES
 
@@ -29,8 +31,12 @@ def gqa_llama(tmp_path_factory):
     loaded = models.load(str(path), device="cpu", lm_head=True)
     loaded.model.double()
     ids = torch.randint(3, len(loaded.tokenizer), (CONTEXT + QUESTION,), generator=torch.Generator().manual_seed(5))
-    return loaded, ids, prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0, queries=True,
-                                      repetition=reconstruction.Repetition.of(loaded.tokenizer), composes=True)
+    repetition = reconstruction.Repetition.of(loaded.tokenizer)
+    found = prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0, queries=True, repetition=repetition,
+                          composes=True)
+    scores = gradient.scores(loaded.model, loaded.layers, [part.key for part in found],
+                             [part.value for part in found], ids[:CONTEXT], repetition, 0)  # kvgrad's pass
+    return loaded, ids, [replace(part, gradient=scores) for part in found]
 
 
 def compressed_cells(prefills, presses, ratios):
