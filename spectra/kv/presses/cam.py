@@ -51,7 +51,8 @@ class Cam(DecodingPress):
     peer = "CAMPress"
     guide = ("kvpress's CAMPress over a decodable scorer ({decodables}): decoding(…) that, at each compression, adds "
              "the values of the evicted rows of highest score (one per step since the last compression), scaled by "
-             "a Bernoulli draw on their running attention, to the 32 kept rows after each.")
+             "a Bernoulli draw on their running attention, to the 32 kept rows after each; its ratio is the "
+             "eviction ratio of its target, as decoding(…)'s.")
     merges, merge_budget = True, 32
 
     @staticmethod
