@@ -22,37 +22,26 @@ from __future__ import annotations
 
 import torch
 
-from .base import Compressed, Prefill, Press, per_head, register
-from .kvzip import kvzip_keep, pruned_counts
+from .base import Prefill, register
+from .kvzip import KVzip
 
 #: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 45
 
 
 @register
-class KVgrad(Press):
+class KVgrad(KVzip):
     """KVgrad: the pairs whose reconstruction attention, times what they write and the output's sensitivity to it,
-    is largest, ranked across layers (see the module docstring); `layerwise` evicts the same share of every
-    layer."""
+    is largest, ranked across layers as `kvzip` ranks its own scores (see the module docstring); `layerwise` evicts
+    the same share of every layer."""
 
     name, summary = "kvgrad", "the pairs that most move the last hidden states while the model repeats the context"
     peer = "KVgradPress"
-    differentiates = True
+    reconstructs, differentiates = False, True
 
-    def __init__(self, layerwise: bool = False) -> None:
-        self.layerwise = layerwise
-        #: the last (scores, ratio) ranked and its per-layer counts: every layer of an example reads the same scores
-        self._ranked: tuple[torch.Tensor, float, torch.Tensor] | None = None
-
-    def fresh(self) -> Press:
-        return type(self)(self.layerwise)
-
-    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
-        scores = prefill.gradient
-        if scores is None:
+    def scores(self, prefill: Prefill) -> torch.Tensor:
+        """Every layer's attribution scores of the example, the pass this press declares."""
+        if prefill.gradient is None:
             raise ValueError("kvgrad reads the attribution pass's scores, which this prefill lacks: the engine runs "
                              "it for a press declaring `differentiates` (spectra.kv.gradient)")
-        if self._ranked is None or self._ranked[0] is not scores or self._ranked[1] != ratio:
-            self._ranked = (scores, ratio, pruned_counts(scores, ratio, self.layerwise))
-        pruned = int(self._ranked[2][prefill.layer])
-        return per_head(prefill, kvzip_keep(scores[prefill.layer], pruned))
+        return prefill.gradient

@@ -62,11 +62,15 @@ class KVzip(Press):
     def fresh(self) -> Press:
         return type(self)(self.layerwise)
 
-    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
-        scores = prefill.reconstruction
-        if scores is None:
+    def scores(self, prefill: Prefill) -> torch.Tensor:
+        """Every layer's scores of the example (layers, H_kv, L), which this press ranks: the reconstruction pass's."""
+        if prefill.reconstruction is None:
             raise ValueError("kvzip reads the reconstruction pass's scores, which this prefill lacks: the engine runs "
                              "it for a press declaring `reconstructs` (spectra.kv.reconstruction)")
+        return prefill.reconstruction
+
+    def compress(self, prefill: Prefill, ratio: float) -> Compressed:
+        scores = self.scores(prefill)
         if self._ranked is None or self._ranked[0] is not scores or self._ranked[1] != ratio:
             self._ranked = (scores, ratio, pruned_counts(scores, ratio, self.layerwise))
         pruned = int(self._ranked[2][prefill.layer])
