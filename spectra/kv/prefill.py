@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import capture, models
-from . import composition, reconstruction
+from . import composition, gradient, reconstruction
 from ..capture import Captured
 from .presses import Prefill
 from .presses.base import WINDOW
@@ -170,11 +170,24 @@ def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, ind
         for handle in hooks:
             handle.remove()
     found = [collector.prefills[layer] for layer in range(layers)]
-    if repetition is not None:
-        scores = reconstruction.scores(model, layers, [part.key for part in found], [part.value for part in found],
-                                       ids.reshape(-1), repetition, index)
-        found = [replace(part, reconstruction=scores) for part in found]
+    return scored(model, layers, found, ids, index, repetition, reconstructs=repetition is not None,
+                  composes=composes)
+
+
+def scored(model: torch.nn.Module, layers: int, found: list[Prefill], ids: torch.Tensor, index: int,
+           repetition: reconstruction.Repetition | None = None, *, reconstructs: bool = False, composes: bool = False,
+           differentiates: bool = False) -> list[Prefill]:
+    """Every layer's prefill `found` of the context `ids` with the scores of the whole-model passes a run's presses
+    read, each pass run once for all layers: KVzip's reconstruction (`reconstructs`, `Prefill.reconstruction`),
+    KVCompose's replay (`composes`, `Prefill.composition`) and KVgrad's attribution (`differentiates`,
+    `Prefill.gradient`); `repetition`, the tokenizer's prompts, for the first and the last."""
+    ids = ids.reshape(-1)
+    keys, values = [part.key for part in found], [part.value for part in found]
+    passes: dict[str, torch.Tensor] = {}
+    if reconstructs:
+        passes["reconstruction"] = reconstruction.scores(model, layers, keys, values, ids, repetition, index)
     if composes:
-        composed = composition.scores(model, layers, ids.reshape(-1), index)
-        found = [replace(part, composition=composed) for part in found]
-    return found
+        passes["composition"] = composition.scores(model, layers, ids, index)
+    if differentiates:
+        passes["gradient"] = gradient.scores(model, layers, keys, values, ids, repetition, index)
+    return [replace(part, **passes) for part in found] if passes else found

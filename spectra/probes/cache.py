@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..kv import axes, composition, continuation, generation, gradient, reconstruction
+from ..kv import axes, continuation, generation, prefill, reconstruction
 from .. import models
 from ..capture import Captured
 from ..kv.cell import Cell, Cells
@@ -167,18 +166,13 @@ class CacheProbe(Probe):
         loaded = self.source.loaded
         if self.repetition is None:
             self.repetition = reconstruction.Repetition.of(loaded.tokenizer)
-        layers = [prefills[layer] for layer in range(self.layers)]
-        scores = composed = attributed = None
-        keys, values = [part.key for part in layers], [part.value for part in layers]
-        if any(cells[i].compressor.reconstructs for i in rows):
-            scores = reconstruction.scores(loaded.model, self.layers, keys, values, ids, self.repetition, index)
-        if any(cells[i].compressor.composes for i in rows):
-            composed = composition.scores(loaded.model, self.layers, ids, index)
-        if any(cells[i].compressor.differentiates for i in rows):
-            attributed = gradient.scores(loaded.model, self.layers, keys, values, ids, self.repetition, index)
+        reads = [cells[i].compressor for i in rows]
+        layers = prefill.scored(loaded.model, self.layers, [prefills[layer] for layer in range(self.layers)], ids,
+                                index, self.repetition, reconstructs=any(press.reconstructs for press in reads),
+                                composes=any(press.composes for press in reads),
+                                differentiates=any(press.differentiates for press in reads))
         for layer, prefilled in enumerate(layers):
-            self._measure(layer, [cells[i] for i in rows], rows, tails.pop(layer),
-                          replace(prefilled, reconstruction=scores, composition=composed, gradient=attributed))
+            self._measure(layer, [cells[i] for i in rows], rows, tails.pop(layer), prefilled)
 
     def _calibrate(self, prefilled: Prefill) -> None:
         """One calibration sequence's layer, added to every calibrating press of the run."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ... import data, models
-from .. import batching, gradient, prefill, reconstruction
+from .. import batching, prefill, reconstruction
 from ...config import RunConfig
 from ...errors import SpectraError
 from ..presses import Prefill
@@ -202,13 +202,10 @@ class TaskSource(OfLoadedModel):
         example = self.examples[batch.index[0]]
         ids = example.context_ids.to(self.device)
         found = prefill.exact(self.loaded.model, self.layers, ids, self.config.seed, example.record.example,
-                              received=self.received, queries=self.queries,
-                              repetition=self.repetition if self.reconstructs else None, composes=self.composes)
-        if self.differentiates:  # KVgrad's attribution pass over the prefilled cache, for every layer
-            scores = gradient.scores(self.loaded.model, self.layers, [part.key for part in found],
-                                     [part.value for part in found], ids.reshape(-1), self.repetition,
-                                     example.record.example)
-            found = [replace(part, gradient=scores) for part in found]
+                              received=self.received, queries=self.queries)
+        found = prefill.scored(self.loaded.model, self.layers, found, ids, example.record.example, self.repetition,
+                               reconstructs=self.reconstructs, composes=self.composes,
+                               differentiates=self.differentiates)
         for layer in found:  # query-aware: how many of the context's last tokens are the question (finch's window)
             probe.prefilled(replace(layer, question_tokens=example.question_tokens) if example.question_tokens
                             else layer)
