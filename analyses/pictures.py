@@ -5,13 +5,18 @@ at a resolution that keeps the repository light (100 dpi, no PDF; a picture over
     python analyses/pictures.py heatmap RUN --out figures/heatmap-smollm2.png          # c at n/4 beside sink mass
     python analyses/pictures.py cache RUN --out figures/cache-smollm2.png              # spectra cache --plot's view
     python analyses/pictures.py tasks RUN --out figures/tasks-smollm2.png              # a task run's score curves
+    python analyses/pictures.py leaderboard RUN [RUN …] --out figures/leaderboard.png  # task runs pooled, ranked
+    python analyses/pictures.py survival RUN [RUN …] --out figures/survival.png        # the top presses' needle
 
 `figure1` draws `spectra figure1`'s curves and heatmap; `heatmap` draws, per layer and head of an analyze run,
 c at index n/4 (how skewed P's spectrum is) beside the sink mass (the attention on the first token), so the two
 can be read cell by cell; `cache` draws `spectra cache --plot`'s NLL and kept-mass curves; `tasks` draws a task run's
 score against the ratio removed per task and press beside the full cache's line (`spectra cache --plot`'s
-task_scores view), on the tasks whose full cache answers (HOLDS of `readme_tasks`), naming those left out. The
-README prints the command under each picture.
+task_scores view), on the tasks whose full cache answers (`report.leaderboard.HOLDS`), naming those left out;
+`leaderboard` pools task runs of one task file (`report.leaderboard`) and draws every press's score per ratio and
+its mean, presses in rank order; `survival` draws, for the leaderboard's top three presses and SnapKV, the share of
+the needle each layer and key/value head kept at half the cache, beside the full cache's attention on it (where a
+ranking comes from). The README prints the command under each picture.
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ def draw_tasks(runs: list):
     cache itself fails (mean score below HOLDS) says nothing about a press and is left out, named under the title."""
     import dataclasses
 
-    from readme_tasks import HOLDS
+    from spectra.report.leaderboard import HOLDS
     from spectra.report.evaluate import TaskRun, draw_scores
 
     run = runs[0]
@@ -104,7 +109,66 @@ def draw_tasks(runs: list):
     return figure
 
 
-PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache, "tasks": draw_tasks}
+def task_runs_of(runs: list) -> list:
+    """The runs, each a task run (one line otherwise)."""
+    from spectra.report.evaluate import TaskRun
+
+    for run in runs:
+        if not isinstance(run, TaskRun):
+            raise spectra.SpectraError(f"{run.path} is not a task run of spectra evaluate (a task file made by "
+                                       "spectra tasks)")
+    return runs
+
+
+def draw_leaderboard(runs: list):
+    """The pooled runs' presses ranked: score per ratio and the mean over ratios on the tasks the full cache holds."""
+    from spectra.report import leaderboard
+
+    runs = task_runs_of(runs)
+    examples = leaderboard.pooled(runs)
+    seed = int(runs[0].meta.get("settings", {}).get("seed", 0))
+    tasks, dropped = leaderboard.held(examples)
+    order = leaderboard.ranking(examples, seed)
+    full = examples[(examples["press"] == "full") & examples["task"].isin(tasks)]
+    title = (f"{runs[0].meta['model']['name']}: mean score over {full['example'].nunique()} examples of "
+             f"{len(tasks)} task{'' if len(tasks) == 1 else 's'} the full cache answers ({', '.join(tasks)})")
+    if dropped:
+        title += "\nleft out, the full cache answering below " + f"{leaderboard.HOLDS:g}: " + ", ".join(
+            f"{task} ({score:.2f})" for task, score in dropped.items())
+    return leaderboard.draw(leaderboard.standings(examples, seed), order, title)
+
+
+#: how many of the leaderboard's best presses `survival` draws (SnapKV beside them), and at which ratio
+SURVIVING, SURVIVAL_RATIO = 3, 0.5
+
+
+def draw_survival(runs: list):
+    """The needle kept per layer and key/value head at SURVIVAL_RATIO by the leaderboard's SURVIVING best presses
+    and SnapKV (where the ranking comes from), beside the full cache's attention on the needle."""
+    import dataclasses
+
+    from spectra.report import leaderboard
+    from spectra.report.evaluate import draw_survival as survival
+
+    runs = task_runs_of(runs)
+    examples = leaderboard.pooled(runs)
+    order = leaderboard.ranking(examples, int(runs[0].meta.get("settings", {}).get("seed", 0)))
+    needle = leaderboard.pooled_needle(runs)
+    at_ratio = set(needle[(needle["ratio"] == SURVIVAL_RATIO) & needle["needle_kept"].notna()]["press"])
+    ranked = [press for press in order["press"] if press in at_ratio]
+    chosen = list(dict.fromkeys([*ranked[:SURVIVING], *(["snapkv"] if "snapkv" in at_ratio else [])]))
+    if not chosen:
+        raise spectra.SpectraError(f"no press of the runs kept a needle at ratio {SURVIVAL_RATIO:g}")
+    needle = needle[needle["press"].isin(["full", *chosen])]
+    needle = needle.assign(order=needle["press"].map({press: place for place, press in enumerate(["full", *chosen])}))
+    needle = needle.sort_values("order", kind="stable").drop(columns="order")
+    return survival(dataclasses.replace(runs[0], needle=needle), SURVIVAL_RATIO)
+
+
+PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache, "tasks": draw_tasks,
+            "leaderboard": draw_leaderboard, "survival": draw_survival}
+#: the pictures that pool several runs
+POOLING = ("figure1", "leaderboard", "survival")
 
 
 def save(figure, out: Path) -> int:
@@ -131,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.out.suffix.lower() != ".png":
             raise spectra.SpectraError(f"--out {args.out}: the front page's pictures are PNG files (name.png)")
-        if args.picture != "figure1" and len(args.runs) != 1:
+        if args.picture not in POOLING and len(args.runs) != 1:
             raise spectra.SpectraError(f"`{args.picture}` draws one run, got {len(args.runs)}")
         runs = [spectra.load_run(path) for path in args.runs]
         size = save(PICTURES[args.picture](runs), args.out)

@@ -15,10 +15,9 @@ import pandas as pd
 
 from readme_values import RenderError, Runs, listed, slashed, table, two
 from slots import Rendered
+from spectra.report import leaderboard
 from spectra.report.evaluate import TaskRun, needle_vs_score
-
-#: the full cache's mean score from which a task counts as one the model can do (its baseline holds)
-HOLDS = 0.8
+from spectra.report.leaderboard import HOLDS  # the full cache's mean score from which a task's baseline holds
 #: the ratio at which the presses are ranked
 HALF = 0.5
 #: ranks in words
@@ -53,8 +52,7 @@ def full_scores(run: TaskRun, by: tuple[str, ...] = ("task",)) -> pd.Series:
 
 def held(run: TaskRun) -> list[str]:
     """The tasks of a run whose full-cache baseline holds (mean score ≥ HOLDS), in the run's order."""
-    scores = full_scores(run)
-    return [task for task, score in scores.items() if score >= HOLDS]
+    return leaderboard.held(run.examples)[0]
 
 
 def press_scores(run: TaskRun, tasks: list[str]) -> pd.Series:

@@ -113,3 +113,42 @@ def test_a_picture_of_a_task_run_leaves_out_tasks_the_full_cache_fails() -> None
     failed = dataclasses.replace(run, scores=run.scores[run.scores["task"] == "vt"])
     with pytest.raises(spectra.SpectraError, match="answers no task"):
         pictures.draw_tasks([failed])
+
+
+def leaderboard_runs() -> list:
+    """Two task runs of one task file (knorm in one, streaming in the other) on 4 passkey and 4 vt examples, the
+    full cache answering every passkey and no vt; per layer (2) and key/value head (2) the needle kept."""
+    import pandas as pd
+
+    from spectra.report.evaluate import TaskRun
+
+    runs = []
+    for press, kept in (("knorm", 0.75), ("streaming", 0.25)):
+        rows = [{"press": name, "ratio": ratio, "example": example, "question": 0, "task": task,
+                 "prediction": "7" if name == "full" else "x",
+                 "score": float(task == "passkey" and (name == "full" or example % 4 < 4 * kept)), "bytes_share": 1 - ratio}
+                for example, task in enumerate(["passkey"] * 4 + ["vt"] * 4)
+                for name, ratio in (("full", 0.0), (press, 0.5), (press, 0.75))]
+        needle = pd.DataFrame([{"press": name, "ratio": ratio, "layer": layer, "head": head,
+                                "needle_kept": 1.0 if name == "full" else kept, "needle_mass": 0.1}
+                               for name, ratio in (("full", 0.0), (press, 0.5), (press, 0.75))
+                               for layer in range(2) for head in range(2)])
+        meta = {"model": {"name": "m"}, "data": {"name": "t.jsonl", "sha256": "s"}, "settings": {"seed": 0}}
+        runs.append(TaskRun(Path(press), meta, pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame(), needle,
+                            pd.DataFrame()))
+    return runs
+
+
+def test_the_leaderboard_ranks_the_pooled_runs_presses_on_the_tasks_the_full_cache_answers() -> None:
+    figure = pictures.draw_leaderboard(leaderboard_runs())
+    ax = figure.axes[0]
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["full", "1. knorm", "2. streaming"]
+    assert "4 examples of 1 task the full cache answers (passkey)" in ax.get_title()
+    assert "left out, the full cache answering below 0.8: vt (0.00)" in ax.get_title()
+    figure = pictures.draw_survival(leaderboard_runs())
+    assert [ax.get_gid() for ax in figure.axes if ax.get_gid()] == ["mass", "kept:knorm", "kept:streaming"]
+
+
+def test_the_leaderboard_draws_task_runs_only(analyzed, tmp_path, capsys) -> None:
+    assert pictures.main(["leaderboard", str(analyzed.path), "--out", str(tmp_path / "x.png")]) == 2
+    assert "is not a task run" in capsys.readouterr().err

@@ -1,0 +1,116 @@
+"""The renderers of the leaderboard: docs/leaderboard.md's tables and the front page's top of the ranking.
+
+The leaderboard is several `spectra evaluate` runs of one task file (a press list too long for one sitting),
+pooled by `spectra.report.leaderboard`: per press and ratio the mean score over the examples of the tasks whose full
+cache holds, with its 95% interval over examples, and the ranking by the mean over the ratios. The values here are
+that table written out — ranks, scores, intervals and their widths, the full cache beside them — so the prose around
+them quotes the runs, never a number typed by hand.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from readme_values import RenderError, Runs, interval, listed, table, two
+from slots import Rendered
+from spectra.errors import SpectraError
+from spectra.report import leaderboard
+from spectra.report.evaluate import TaskRun
+
+#: how many presses the front page lists from the top of the ranking
+TOP = 5
+#: the press every KV-cache paper compares against, whose place in the ranking is named
+REFERENCE = "snapkv"
+
+
+def pooled_runs(runs: Runs) -> tuple[list[TaskRun], pd.DataFrame, int]:
+    """(the block's task runs of `spectra evaluate`, their pooled per-example rows, the seed)."""
+    found = [run for run in runs.get("evaluate", []) if isinstance(run, TaskRun)]
+    if not found:
+        raise RenderError("the block must run `spectra evaluate` on a task file at least once")
+    try:
+        examples = leaderboard.pooled(found)
+    except SpectraError as error:
+        raise RenderError(str(error)) from None
+    return found, examples, int(found[0].meta.get("settings", {}).get("seed", 0))
+
+
+def with_interval(score: float, low: float, high: float) -> str:
+    """'0.87 [0.80–0.93]'."""
+    return f"{two(score)} [{interval(low, high)}]"
+
+
+def facts(found: list[TaskRun], examples: pd.DataFrame, order: pd.DataFrame) -> dict[str, str]:
+    """The values every leaderboard paragraph quotes: the model, the length, the examples, the held tasks and the full
+    cache's mean over them."""
+    tasks, dropped = leaderboard.held(examples)
+    full = order.set_index("press").loc["full"]
+    per_task = examples[(examples["press"] == "full") & examples["task"].isin(tasks)].groupby("task").size()
+    return {"model": found[0].meta["model"]["name"], "length": str(int(examples["length"].max())),
+            "examples": str(int(per_task.min())), "total": str(int(per_task.sum())), "tasks": str(len(tasks)),
+            "held": listed([f"`{task}`" for task in tasks]), "holds": f"{leaderboard.HOLDS:g}",
+            "dropped": listed([f"`{task}` ({two(score)})" for task, score in dropped.items()]) or "none",
+            "full": with_interval(full["score"], full["low"], full["high"]),
+            "presses": str(len(order) - 1), "runs": str(len(found))}
+
+
+def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = None) -> str:
+    """Rank, press, the score at each ratio and the mean over ratios, each with its interval; the full cache first."""
+    ratios = sorted(set(cells["ratio"]) - {0.0})
+    by_cell = cells.set_index(["press", "ratio"])
+    rows = []
+    for _, row in order.iloc[:None if top is None else top + 1].iterrows():
+        press = row["press"]
+        scores = []
+        for ratio in ratios:
+            key = (press, 0.0 if press == "full" else ratio)
+            scores.append(with_interval(*by_cell.loc[key, ["score", "low", "high"]]) if key in by_cell.index else "")
+        name = "full cache" if press == "full" else f"`{press}`"
+        rows.append(["" if press == "full" else str(row["rank"]), name, *scores,
+                     with_interval(row["score"], row["low"], row["high"])])
+    return table(["rank", "press", *(f"r = {ratio:g}" for ratio in ratios), "mean over r"], rows)
+
+
+def task_tables(examples: pd.DataFrame, order: pd.DataFrame, seed: int) -> str:
+    """Per held task, every press's score at each ratio with its interval (the press × ratio × task table), in the
+    ranking's order."""
+    from spectra.kv.tasks.summary import task_scores
+
+    tasks, _ = leaderboard.held(examples)
+    scores = task_scores(examples[examples["task"].isin(tasks)], seed, by=("task",))
+    parts = []
+    for task in tasks:
+        mine = scores[scores["task"] == task].drop(columns="task")
+        ranked = order[order["press"].isin(mine["press"])]
+        parts.append(f"**{task}** ({int(mine['examples'].iloc[0])} examples)\n\n" + ranking_table(mine, ranked))
+    return "\n\n".join(parts)
+
+
+def widths(cells: pd.DataFrame) -> str:
+    """The 95% intervals' widths over the compressed cells, as 'low–high (median m)'."""
+    width = (cells["high"] - cells["low"])[cells["press"] != "full"]
+    return f"{two(width.min())}–{two(width.max())} (median {two(width.median())})"
+
+
+def leaderboard_page(runs: Runs) -> Rendered:
+    """docs/leaderboard.md: the whole ranking with intervals, the per-task tables, the interval widths, and where
+    SnapKV stands."""
+    found, examples, seed = pooled_runs(runs)
+    cells, order = leaderboard.standings(examples, seed), leaderboard.ranking(examples, seed)
+    ranked = order[order["press"] != "full"].set_index("press")
+    values = {**facts(found, examples, order), "table": ranking_table(cells, order),
+              "by_task": task_tables(examples, order, seed), "widths": widths(cells),
+              "first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
+              "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}
+    full = float(order.set_index("press").loc["full", "score"])
+    claims = {"first-below-full": bool(ranked["score"].iloc[0] < full),
+              "reference-outside-top": bool(REFERENCE in ranked.index and ranked.loc[REFERENCE, "rank"] > TOP)}
+    return Rendered(values, claims)
+
+
+def front_leaderboard(runs: Runs) -> Rendered:
+    """The front page: the top TOP presses of the ranking with intervals, beside the full cache."""
+    found, examples, seed = pooled_runs(runs)
+    cells, order = leaderboard.standings(examples, seed), leaderboard.ranking(examples, seed)
+    values = {**facts(found, examples, order), "top": str(TOP), "table": ranking_table(cells, order, TOP)}
+    return Rendered(values, {})

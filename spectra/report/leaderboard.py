@@ -1,0 +1,163 @@
+"""The leaderboard: task runs of one task file pooled into one ranking of presses, each score with its interval.
+
+A leaderboard's press list is too long for one sitting (every press at four ratios on hundreds of examples), and
+presses arrive later (a fitted artifact, a new press): so it is several runs of `spectra evaluate` on the same task
+file, model and seed, each with its own presses, pooled here (`pooled`). Every run answers the same examples with
+the full cache first; the full cache's answers must agree run for run (same examples, same model, same decoding),
+which is checked, not assumed, and a (press, ratio) cell may come from one run only.
+
+The ranking is over the tasks the full cache holds (mean score ≥ `HOLDS`, as kvpress's leaderboard reads only
+tasks its model answers: a press cannot lose what the full cache never had). `standings` gives per press and ratio
+the mean score over every example of those tasks (each task contributes its examples, so equal counts weigh tasks
+equally), with the full cache beside it and the paired difference, 95% Poisson-bootstrap intervals over examples
+(`kv.tasks.summary.task_scores`: an example's weights fixed by its index, the same for every press). `ranking`
+orders presses by their mean over the ratios run — per example the average of its ratios' scores, bootstrapped the
+same way, so the ranking's intervals are as paired as the cells' — the area under a press's score-vs-ratio curve at
+kvpress's leaderboard ratios. `draw` is the picture: presses down in rank order, ratios across, the score in each
+cell; `pooled_needle` the runs' needle tables as one, for where a press keeps the needle per layer and head
+(`report.evaluate.draw_survival`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import SpectraError
+from .plots import style
+from .plots.style import pyplot
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .evaluate import TaskRun
+
+#: the full cache's mean score a task needs to count in the ranking
+HOLDS = 0.8
+
+
+def pooled(runs: Sequence[TaskRun]) -> pd.DataFrame:
+    """The per-example rows of `runs` as one table: the full cache's rows once, every run's press rows. The runs
+    must share the task file, model, seed and protocol, agree on every full-cache answer, and run disjoint
+    (press, ratio) cells (one line otherwise, naming the runs)."""
+    import pandas as pd
+
+    if not runs:
+        raise SpectraError("a leaderboard pools one or more task runs: give their run directories")
+    first = runs[0]
+
+    def fact(run: TaskRun) -> tuple:
+        data, settings = run.meta.get("data", {}), run.meta.get("settings", {})
+        return (data.get("sha256"), run.meta.get("model", {}).get("name"), settings.get("seed"),
+                bool(run.meta.get("query_aware", settings.get("extra", {}).get("query_aware", False))))
+
+    names = ("task file", "model", "seed", "protocol (--query-aware)")
+    unit = ["example", "question"] if "question" in first.examples.columns else ["example"]
+    full = first.examples[first.examples["press"] == "full"].set_index(unit).sort_index()
+    seen: dict[tuple[str, float], str] = {}
+    parts = [first.examples[first.examples["press"] == "full"]]
+    for run in runs:
+        for name, mine, theirs in zip(names, fact(run), fact(first)):
+            if mine != theirs:
+                raise SpectraError(f"{run.label} and {first.label} differ in their {name} ({mine} vs {theirs}): a "
+                                   "leaderboard pools runs of one task file, model, seed and protocol")
+        own = run.examples[run.examples["press"] == "full"].set_index(unit).sort_index()
+        if not own.index.equals(full.index) or not (own["prediction"].astype(str) == full["prediction"].astype(str)).all():
+            raise SpectraError(f"the full cache of {run.label} answered otherwise than {first.label}'s on the same "
+                               "examples: the runs did not decode alike (another spectra version or --dtype?)")
+        cells = run.examples[run.examples["press"] != "full"]
+        for press, ratio in cells[["press", "ratio"]].drop_duplicates().itertuples(index=False):
+            if (press, ratio) in seen:
+                raise SpectraError(f"{press} at ratio {ratio:g} is in {seen[(press, ratio)]} and {run.label}: give "
+                                   "each cell of the leaderboard one run")
+            seen[(press, ratio)] = run.label
+        parts.append(cells)
+    return pd.concat(parts, ignore_index=True)
+
+
+def pooled_needle(runs: Sequence[TaskRun]) -> pd.DataFrame:
+    """The runs' needle tables (task_needle.csv: per press, ratio, layer and key/value head) as one, the full cache's
+    rows once (the runs were checked alike by `pooled`)."""
+    import pandas as pd
+
+    first = runs[0].needle
+    return pd.concat([first[first["press"] == "full"],
+                      *(run.needle[run.needle["press"] != "full"] for run in runs)], ignore_index=True)
+
+
+def held(examples: pd.DataFrame, holds: float = HOLDS) -> tuple[list[str], dict[str, float]]:
+    """(the tasks whose full cache scores ≥ `holds`, {every other task: its full cache's mean score})."""
+    full = examples[examples["press"] == "full"].groupby("task", sort=False)["score"].mean()
+    return ([task for task, score in full.items() if score >= holds],
+            {task: float(score) for task, score in full.items() if score < holds})
+
+
+def standings(examples: pd.DataFrame, seed: int, holds: float = HOLDS) -> pd.DataFrame:
+    """Per (press, ratio) over the held tasks' examples: examples, score, low, high, full, delta, delta_low,
+    delta_high, bytes_share (`task_scores` without a task key); the full cache first."""
+    from ..kv.tasks.summary import task_scores
+
+    tasks, _ = held(examples, holds)
+    if not tasks:
+        raise SpectraError(f"the full cache answers no task (mean score ≥ {holds:g}): nothing to rank presses on")
+    return task_scores(examples[examples["task"].isin(tasks)], seed, by=())
+
+
+def ranking(examples: pd.DataFrame, seed: int, holds: float = HOLDS) -> pd.DataFrame:
+    """Per press (the full cache first), over the held tasks' examples, the mean over its ratios: `ratios` (how many
+    it ran), score, low, high, full, delta, delta_low, delta_high; `rank` 1 for the best press (ties share a
+    rank), sorted by it."""
+    import pandas as pd
+
+    from ..kv.tasks.summary import task_scores
+
+    tasks, _ = held(examples, holds)
+    if not tasks:
+        raise SpectraError(f"the full cache answers no task (mean score ≥ {holds:g}): nothing to rank presses on")
+    chosen = examples[examples["task"].isin(tasks)]
+    unit = ["example", "question"] if "question" in chosen.columns else ["example"]
+    counts = chosen.groupby("press")["ratio"].nunique()
+    averaged = chosen.groupby(["press", *unit], as_index=False, sort=False).agg(
+        score=("score", "mean"), bytes_share=("bytes_share", "mean"))
+    table = task_scores(averaged.assign(ratio=0.0), seed, by=()).drop(columns="ratio")
+    table.insert(1, "ratios", table["press"].map(counts).astype(int))
+    pressed = table[table["press"] != "full"].copy()
+    pressed["rank"] = pressed["score"].rank(ascending=False, method="min").astype(int)
+    pressed = pressed.sort_values(["rank", "press"], kind="stable")
+    full = table[table["press"] == "full"].assign(rank=0)
+    return pd.concat([full, pressed], ignore_index=True)
+
+
+def draw(table: pd.DataFrame, order: pd.DataFrame, title: str):
+    """Presses down in `order`'s rank order (the full cache on top), the ratios and their mean across: each cell's
+    score written in it, coloured on one scale from 0 to 1."""
+    plt = pyplot()
+    ratios = sorted(set(table["ratio"]) - {0.0})
+    presses = list(order["press"])
+    cells = table.set_index(["press", "ratio"])["score"]
+    mean = order.set_index("press")["score"]
+    values = np.full((len(presses), len(ratios) + 1), np.nan)
+    for row, press in enumerate(presses):
+        for column, ratio in enumerate(ratios):
+            values[row, column] = cells.get((press, 0.0 if press == "full" else ratio), np.nan)
+        values[row, -1] = mean[press]
+    figure, ax = plt.subplots(figsize=(1.0 * (len(ratios) + 1) + 3.2, 0.27 * len(presses) + 1.6),
+                              layout="constrained")
+    image = ax.pcolormesh(np.arange(len(ratios) + 2) - 0.5, np.arange(len(presses) + 1) - 0.5, values,
+                          cmap=style.HEATMAP_CMAP, vmin=0.0, vmax=1.0, shading="flat", gid="leaderboard")
+    for (row, column), value in np.ndenumerate(values):
+        if np.isfinite(value):
+            ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=7.5,
+                    color="white" if value < 0.55 else "black")
+    ax.axvline(len(ratios) - 0.5, color="white", linewidth=2.5)
+    ax.set_ylim(len(presses) - 0.5, -0.5)
+    ax.set_xticks(range(len(ratios) + 1), [f"{ratio:g}" for ratio in ratios] + ["mean"])
+    ax.set_yticks(range(len(presses)), [press if press == "full" else f"{rank}. {press}"
+                                        for press, rank in zip(presses, order["rank"])], fontsize=8)
+    ax.set_xlabel("Ratio removed (r)")
+    ax.tick_params(length=0)
+    figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02).set_label("Mean score")
+    ax.set_title(title, fontsize=9.5)
+    return figure

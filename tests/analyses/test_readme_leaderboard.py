@@ -1,0 +1,66 @@
+"""The leaderboard's renderers (analyses/readme_leaderboard.py) on two task runs whose per-example scores are set by
+hand: every quoted score is recounted from the examples, the ranking's order and SnapKV's place are the means', and
+runs that cannot be pooled are a RenderError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spectra.report.evaluate import TaskRun
+
+from . import conftest  # noqa: F401  (puts analyses/ on the path)
+
+import readme_leaderboard as board  # noqa: E402
+from readme_values import RenderError  # noqa: E402
+
+#: the share of each task's 10 examples a cell answers (passkey and niah held by the full cache, vt not)
+ANSWERED = {("full", 0.0): (1.0, 0.9, 0.3), ("kvzip", 0.5): (1.0, 0.9, 0.3), ("kvzip", 0.75): (0.8, 0.8, 0.1),
+            ("snapkv", 0.5): (0.2, 0.1, 0.0), ("snapkv", 0.75): (0.1, 0.0, 0.0)}
+TASKS, EXAMPLES = ("passkey", "niah_single_1", "vt"), 10
+
+
+def task_run(name: str, presses: tuple[str, ...], sha: str = "s") -> TaskRun:
+    rows = []
+    for (press, ratio), shares in ANSWERED.items():
+        if press != "full" and press not in presses:
+            continue
+        for place, (task, share) in enumerate(zip(TASKS, shares)):
+            for i in range(EXAMPLES):
+                rows.append({"press": press, "ratio": ratio, "example": place * EXAMPLES + i, "question": 0,
+                             "task": task, "length": 1024, "prediction": "a" if press == "full" else "b",
+                             "score": float(i < round(share * EXAMPLES)), "bytes_share": 1 - ratio})
+    meta = {"data": {"sha256": sha, "name": "t.jsonl"}, "settings": {"seed": 0}, "model": {"name": "SmolLM2"}}
+    return TaskRun(Path(name), meta, pd.DataFrame(rows), *[pd.DataFrame()] * 4)
+
+
+def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
+    rendered = board.leaderboard_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]})
+    values = rendered.values
+    assert values["held"] == "`passkey`, `niah_single_1`" and values["dropped"] == "`vt` (0.30)"
+    assert values["examples"] == "10" and values["total"] == "20" and values["presses"] == "2"
+    assert values["first"] == "`kvzip`" and values["reference_rank"] == "2"
+    kvzip_mean = np.mean([(1.0 + 0.9) / 2, (0.8 + 0.8) / 2])
+    assert values["first_score"] == f"{kvzip_mean:.2f}"
+    lines = values["table"].splitlines()
+    assert lines[0] == "| rank | press | r = 0.5 | r = 0.75 | mean over r |"
+    assert lines[2].startswith("|  | full cache | 0.95 [") and lines[3].startswith("| 1 | `kvzip` | 0.95 [")
+    assert lines[4].startswith("| 2 | `snapkv` | 0.15 [")
+    assert "**passkey** (10 examples)" in values["by_task"] and "**vt**" not in values["by_task"]
+    assert rendered.claims == {"first-below-full": True, "reference-outside-top": False}
+
+
+def test_the_front_page_lists_the_top_of_the_ranking() -> None:
+    rendered = board.front_leaderboard({"evaluate": [task_run("a", ("kvzip", "snapkv"))]})
+    assert rendered.values["top"] == str(board.TOP)
+    assert len(rendered.values["table"].splitlines()) == 2 + 1 + 2
+
+
+def test_runs_of_other_task_files_are_a_render_error() -> None:
+    with pytest.raises(RenderError, match="differ in their task file"):
+        board.leaderboard_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",), sha="x")]})
+    with pytest.raises(RenderError, match="at least once"):
+        board.leaderboard_page({})

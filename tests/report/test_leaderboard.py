@@ -1,0 +1,114 @@
+"""The leaderboard pools task runs of one task file and ranks presses over the tasks the full cache holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spectra.errors import SpectraError
+from spectra.report.evaluate import TaskRun
+from spectra.report.leaderboard import draw, held, pooled, ranking, standings
+
+RATIOS = (0.25, 0.5, 0.75)
+
+
+def run(name: str, scores: dict[str, list[list[float]]], sha: str = "s", full_answer: str = "42") -> TaskRun:
+    """A task run of 8 records (tasks `held` 0–3 and `lost` 4–7; the full cache answers `held` and half of `lost`);
+    `scores[press]` gives per ratio the 8 examples' scores."""
+    rows = [{"press": "full", "ratio": 0.0, "example": example, "question": 0,
+             "task": "held" if example < 4 else "lost", "prediction": full_answer if example < 6 else "no",
+             "score": 1.0 if example < 6 else 0.0, "bytes_share": 1.0} for example in range(8)]
+    rows += [{"press": press, "ratio": ratio, "example": example, "question": 0,
+              "task": "held" if example < 4 else "lost", "prediction": "x", "score": float(value),
+              "bytes_share": 1 - ratio}
+             for press, per_ratio in scores.items() for ratio, values in zip(RATIOS, per_ratio)
+             for example, value in enumerate(values)]
+    meta = {"data": {"sha256": sha, "name": "t.jsonl"}, "settings": {"seed": 0}, "model": {"name": "tiny"}}
+    return TaskRun(Path("/runs") / name, meta, pd.DataFrame(rows), *[pd.DataFrame()] * 4)
+
+
+GOOD = [[1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 1, 1, 1, 1]]
+BAD = [[1, 1, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]]
+
+
+def test_runs_pool_into_one_table_of_the_held_tasks_ranked_by_their_mean_over_ratios() -> None:
+    examples = pooled([run("a", {"good": GOOD}), run("b", {"bad": BAD})])
+    assert (examples["press"] == "full").sum() == 8  # the full cache's rows once
+    assert held(examples) == (["held"], {"lost": 0.5})
+    table = standings(examples, seed=0).set_index(["press", "ratio"])
+    # the held task's examples only (0–3): the plain mean of their scores, the full cache's beside it
+    for press, per_ratio in (("good", GOOD), ("bad", BAD)):
+        for ratio, values in zip(RATIOS, per_ratio):
+            assert table.loc[(press, ratio), "score"] == pytest.approx(np.mean(values[:4]))
+            assert table.loc[(press, ratio), "examples"] == 4
+            assert table.loc[(press, ratio), "full"] == 1.0
+            assert table.loc[(press, ratio), "low"] <= table.loc[(press, ratio), "score"] <= \
+                table.loc[(press, ratio), "high"]
+    order = ranking(examples, seed=0)
+    assert list(order["press"]) == ["full", "good", "bad"] and list(order["rank"]) == [0, 1, 2]
+    means = order.set_index("press")["score"]
+    # every ratio ran the same examples: the mean over ratios is the mean of the cells' means
+    assert means["good"] == pytest.approx(np.mean([np.mean(values[:4]) for values in GOOD]))
+    assert means["bad"] == pytest.approx(np.mean([np.mean(values[:4]) for values in BAD]))
+    assert order.set_index("press").loc["good", "ratios"] == 3
+    assert order.set_index("press").loc["good", "delta"] == pytest.approx(means["good"] - 1.0)
+
+
+def test_tied_presses_share_a_rank() -> None:
+    order = ranking(pooled([run("a", {"one": GOOD, "two": GOOD})]), seed=0)
+    assert list(order["rank"]) == [0, 1, 1]
+
+
+@pytest.mark.parametrize("second, message", [
+    (run("b", {"bad": BAD}, sha="other"), "differ in their task file"),
+    (run("b", {"bad": BAD}, full_answer="41"), "answered otherwise"),
+    (run("b", {"good": GOOD}), "good at ratio 0.25 is in"),
+])
+def test_runs_that_cannot_be_pooled_are_refused_in_one_line(second: TaskRun, message: str) -> None:
+    with pytest.raises(SpectraError, match=message):
+        pooled([run("a", {"good": GOOD}), second])
+
+
+def test_no_held_task_is_refused() -> None:
+    examples = pooled([run("a", {"good": GOOD})])
+    with pytest.raises(SpectraError, match="answers no task"):
+        ranking(examples, seed=0, holds=1.01)
+
+
+def test_the_picture_writes_each_cell_in_rank_order(tmp_path) -> None:
+    examples = pooled([run("a", {"good": GOOD}), run("b", {"bad": BAD})])
+    order = ranking(examples, seed=0)
+    figure = draw(standings(examples, seed=0), order, "tiny")
+    ax = figure.axes[0]
+    labels = [label.get_text() for label in ax.get_yticklabels()]
+    assert labels == ["full", "1. good", "2. bad"]
+    written = [text.get_text() for text in ax.texts]
+    assert len(written) == 3 * (len(RATIOS) + 1)
+    assert written[4:8] == [f"{np.mean(values[:4]):.2f}" for values in GOOD] + [f"{order['score'][1]:.2f}"]
+    figure.savefig(tmp_path / "board.png")
+
+
+def test_runs_of_a_few_presses_each_pool_into_what_one_run_of_them_all_gives(chat_decoder, tmp_path) -> None:
+    """Real runs on a tiny decoder: streaming and knorm in two runs, pooled, rank and score as one run of both."""
+    import spectra
+    import task_files
+
+    data = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=4))
+    quiet = dict(ratios="0.5,0.75", progress=None, notify=lambda line: None)
+    both = spectra.cache(str(chat_decoder), str(data), presses="streaming,knorm", out=tmp_path / "both", **quiet)
+    parts = [spectra.cache(str(chat_decoder), str(data), presses=press, out=tmp_path / press, **quiet)
+             for press in ("streaming", "knorm")]
+    columns = ["press", "ratio", "example", "question", "prediction", "score"]
+    one = pooled([both])[columns].sort_values(columns[:4]).reset_index(drop=True)
+    two = pooled(parts)[columns].sort_values(columns[:4]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(one, two)
+    seed = 0
+    holds = 0.0  # the tiny decoder answers what it answers: every task counts
+    pd.testing.assert_frame_equal(standings(pooled([both]), seed, holds).sort_values(["press", "ratio"])
+                                  .reset_index(drop=True),
+                                  standings(pooled(parts), seed, holds).sort_values(["press", "ratio"])
+                                  .reset_index(drop=True))
+    pd.testing.assert_frame_equal(ranking(pooled([both]), seed, holds), ranking(pooled(parts), seed, holds))
