@@ -55,6 +55,14 @@ def source(model, path, **options) -> TaskSource:
     return TaskSource(RunConfig(str(model), str(path)), "cpu", read_records(path), **settings)
 
 
+def first_prefills(found: TaskSource) -> list:
+    """Every layer's prefill of `found`'s first example, as its probe is handed them (the source started first)."""
+    found.start()
+    recorder = Recorder()
+    found.run(next(found.batches(1)), recorder)
+    return recorder.prefills
+
+
 def test_one_example_per_batch_skipped_and_sharded(chat_decoder, task_file) -> None:
     found = source(chat_decoder, task_file)
     assert [batch.index for batch in found.batches(3)] == [[0], [1], [2]]
@@ -87,12 +95,7 @@ def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decode
     from spectra.kv import reconstruction
 
     plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, reconstructs=True)
-    seen = []
-    for found in (plain, asked):
-        found.start()
-        recorder = Recorder()
-        found.run(next(found.batches(1)), recorder)
-        seen.append(recorder.prefills)
+    seen = [first_prefills(found) for found in (plain, asked)]
     assert plain.repetition is None and all(prefill.reconstruction is None for prefill in seen[0])
     pieces = asked.repetition
     opening = asked.loaded.tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
@@ -113,14 +116,12 @@ def test_the_replay_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_
     from spectra.kv import composition
 
     asked = source(chat_decoder, task_file, composes=True)
-    asked.start()
-    recorder = Recorder()
-    asked.run(next(asked.batches(1)), recorder)
+    prefills = first_prefills(asked)
     example = asked.examples[0]
     expected = composition.scores(asked.loaded.model, asked.layers, example.context_ids, 0)
     assert expected.shape == (asked.layers, asked.kv_heads, example.context) and asked.repetition is None
-    for prefill in recorder.prefills:
-        assert prefill.composition is recorder.prefills[0].composition and prefill.reconstruction is None
+    for prefill in prefills:
+        assert prefill.composition is prefills[0].composition and prefill.reconstruction is None
         torch.testing.assert_close(prefill.composition, expected, rtol=0, atol=0)
 
 
@@ -133,12 +134,7 @@ def test_the_attribution_pass_runs_only_for_a_press_that_reads_it(chat_decoder, 
     from spectra.kv import gradient
 
     plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, differentiates=True)
-    seen = []
-    for found in (plain, asked):
-        found.start()
-        recorder = Recorder()
-        found.run(next(found.batches(1)), recorder)
-        seen.append(recorder.prefills)
+    seen = [first_prefills(found) for found in (plain, asked)]
     assert all(prefill.gradient is None for prefill in seen[0])
     example = asked.examples[0]
     expected = gradient.scores(asked.loaded.model, asked.layers, [part.key for part in seen[0]],
@@ -156,8 +152,6 @@ def test_each_layer_carries_the_questions_token_count(chat_decoder, task_file) -
     counts = []
     for aware in (False, True):
         found = source(chat_decoder, task_file, query_aware=aware)
-        found.start()
-        recorder = Recorder()
-        found.run(next(found.batches(1)), recorder)
-        counts.append(({prefill.question_tokens for prefill in recorder.prefills}, found.examples[0].question_tokens))
+        prefills = first_prefills(found)
+        counts.append(({prefill.question_tokens for prefill in prefills}, found.examples[0].question_tokens))
     assert counts[0] == ({0}, 0) and counts[1][0] == {counts[1][1]} and counts[1][1] > 0
