@@ -87,6 +87,36 @@ def test_what_does_not_fit_is_refused_once_loaded(chat_decoder, long_decoder, tm
     assert started.n == max(example.tokens for example in started.examples) and started.prefill_bytes() > 0
 
 
+def test_a_question_longer_than_finchs_window_is_refused_before_the_weights_load(chat_decoder, tmp_path,
+                                                                                  monkeypatch) -> None:
+    """Issue 38: query-aware, a press reading the question's tokens as its window (finch) takes at most the WINDOW
+    queries the prefill keeps; a longer question (counted as finch counts it: tokenized alone) is refused in one line
+    naming the record and the limit, with the tokenizer only — the weights never load. Query-agnostic, or without
+    such a press, the record runs."""
+    from spectra import models
+    from spectra.kv.presses.base import WINDOW
+
+    rows = task_files.records(count=2)
+    rows[1]["question"] = "what is the key? " * 20
+    path = task_files.write(tmp_path / "long.jsonl", rows)
+    loaded = models.load
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the weights were loaded"))
+    found = source(chat_decoder, path, query_aware=True, questioned=["finch"])
+    with pytest.raises(SpectraError) as refused:
+        found.start()
+    tokens = found.examples[1].question_tokens
+    alone = models.load_tokenizer(str(chat_decoder)).encode(rows[1]["question"], add_special_tokens=False)
+    assert tokens == len(alone) > WINDOW >= found.examples[0].question_tokens
+    assert str(refused.value) == (f"long.jsonl line 2: its question has {tokens} tokens, but finch reads it as its "
+                                  f"window of at most {WINDOW} (the context queries the prefill keeps); shorten the "
+                                  "question or drop finch from presses")  # as Python spells it
+    monkeypatch.setattr(models, "load", loaded)
+    for settings in (dict(query_aware=True), dict(query_aware=False, questioned=["finch"])):
+        started = source(chat_decoder, path, **settings)
+        started.start()
+        assert started.loaded.tokenizer is not None and len(started.examples) == 2
+
+
 def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_file) -> None:
     """`reconstructs`: every layer's prefill carries KVzip's scores of the example, computed over its prefilled keys
     and values with the prompts cut from the model's chat template (whose opening is not reconstructed)."""
