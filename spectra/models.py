@@ -159,26 +159,27 @@ def load(
     lm_head: bool = False,
     gguf_file: str | None = None,
     trust_remote_code: bool = False,
+    tokenizer: transformers.PreTrainedTokenizerBase | None = None,
 ) -> Loaded:
     """Load `source` (hub id, directory, or GGUF file / directory and `gguf_file`) with the capture attention.
 
     `lm_head` asks for the language-model head: the masked-LM head of an encoder or the causal-LM head of a
-    decoder, loaded only when the checkpoint has one (see `Loaded.head`), never freshly initialised.
+    decoder, loaded only when the checkpoint has one (see `Loaded.head`), never freshly initialised. `tokenizer`:
+    the source's tokenizer when the caller read it first (`load_tokenizer`), so it is not read twice.
     """
     key = (source, str(device), str(dtype), lm_head, gguf_file, trust_remote_code)
     if _KEPT is not None and key in _KEPT:
         return _KEPT[key]
     loaded = _load(source, device=device, dtype=dtype, lm_head=lm_head, gguf_file=gguf_file,
-                   trust_remote_code=trust_remote_code)
+                   trust_remote_code=trust_remote_code, tokenizer=tokenizer)
     if _KEPT is not None:
         _KEPT[key] = loaded
     return loaded
 
 
-def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_head: bool, gguf_file: str | None,
-          trust_remote_code: bool) -> Loaded:
-    dtype = choose(DType, dtype, "--dtype")
-    torch_device = pick_device(device)
+def _files(source: str, gguf_file: str | None, trust_remote_code: bool) -> tuple[checkpoints.Source, str, dict]:
+    """(the source's files as found, where transformers reads them, the options it reads them with), the hub
+    prepared and transformers quieted."""
     found = checkpoints.inspect(source, gguf_file)
     if not found.local:
         hub.prepare()  # one quick connection attempt; unreachable → the local cache only, no retries
@@ -188,6 +189,27 @@ def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_hea
         _quiet_gguf()
     where = str(found.path) if found.gguf_file else source
     options = {"trust_remote_code": trust_remote_code, **({"gguf_file": found.gguf_file} if found.gguf_file else {})}
+    return found, where, options
+
+
+def load_tokenizer(source: str, *, gguf_file: str | None = None,
+                   trust_remote_code: bool = False) -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer of `source` alone, before its weights load: what a run reads with it (a task file's prompts) is
+    checked first, and `load(…, tokenizer=…)` takes it."""
+    _, where, options = _files(source, gguf_file, trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(where, **options)
+    except OSError:
+        raise _not_found(source) from None
+    except ValueError as error:
+        raise SpectraError(f"could not read the tokenizer of '{source}': {str(error).splitlines()[0]}") from None
+
+
+def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_head: bool, gguf_file: str | None,
+          trust_remote_code: bool, tokenizer: transformers.PreTrainedTokenizerBase | None) -> Loaded:
+    dtype = choose(DType, dtype, "--dtype")
+    torch_device = pick_device(device)
+    found, where, options = _files(source, gguf_file, trust_remote_code)
     try:
         config = AutoConfig.from_pretrained(where, **options)
     except OSError:
@@ -211,7 +233,8 @@ def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_hea
             f"so spectra cannot capture it (checked families: {', '.join(CHECKED_FAMILIES)})"
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **options)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(where, **options)
         model = model_class.from_pretrained(where, attn_implementation=capture.NAME, dtype=DTYPES[dtype], **options)
     except OSError:
         raise _not_found(source) from None

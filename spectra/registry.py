@@ -359,7 +359,7 @@ METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", 
 #: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
-    "scorer", "decodable", "rowscorer", "decodes", "window", "interval", "wraps", "argument", "check", "several",
+    "scorer", "decodable", "rowscorer", "decodes", "reads_question", "window", "interval", "wraps", "argument", "check", "several",
     "refuses", "axis", "ratio_means", "min_context", "summary", "peer"), identity=("summary", "peer"))
 #: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
 #: of tasks, each registering its tasks with their family and their seed number, the listing's order)
@@ -379,6 +379,23 @@ def method_listing() -> str:
     return ", ".join([*families, *(label for label in METHODS.names() if label not in families)])
 
 
+#: the facts of a press that runs a whole-model pass of its own after the prefill — KVzip's reconstruction
+#: (`reconstructs`), KVCompose's replay (`composes`), KVgrad's attribution (`differentiates`), each costing a few
+#: prefills more: `--presses` runs such a press only when it is named, or with `ALL`
+WHOLE_MODEL_PASSES = ("reconstructs", "composes", "differentiates")
+#: what `--presses` takes for every press named alone
+ALL = "all"
+
+
+def default_presses() -> tuple[str, ...]:
+    """The presses `--presses` runs when none is given: every press named alone but those that run a whole-model pass
+    of their own (a fact of `WHOLE_MODEL_PASSES`), so a default run costs one prefill per sequence."""
+    return tuple(name for name in PRESSES.bare()
+                 if not any(PRESSES.facts(name).get(fact) for fact in WHOLE_MODEL_PASSES))
+
+
 def press_names(names: Iterable[str]) -> tuple[str, ...]:
-    """Press names from user input, in the order given, once each."""
-    return chosen(names, PRESSES, example=",".join(PRESSES.bare()[:3]), flag="--presses")
+    """Press names from user input, in the order given, once each; `ALL` stands for every press named alone."""
+    expanded = [part for name in names for part in (PRESSES.bare() if name.strip() == ALL else (name,))]
+    return chosen(expanded, PRESSES, example=",".join(PRESSES.bare()[:3]), flag="--presses",
+                  listed=(PRESSES.listing(), f"{ALL} (every press named alone)"))

@@ -132,7 +132,9 @@ class Evaluate(PressStudy):
                           queries=bool(PRESSES.having("queries") & set(options.presses)),
                           reconstructs=bool(PRESSES.having("reconstructs") & set(options.presses)),
                           composes=bool(PRESSES.having("composes") & set(options.presses)),
-                          differentiates=bool(PRESSES.having("differentiates") & set(options.presses)))
+                          differentiates=bool(PRESSES.having("differentiates") & set(options.presses)),
+                          questioned=[press for press in options.presses
+                                      if options.query_aware and press in PRESSES.having("reads_question")])
 
     def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
         return identity(options)

@@ -29,6 +29,8 @@ DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
 #: how many decoding steps kvpress's DecodingPress waits between compressions by default, as decoding(…) declares it
 DEFAULT_INTERVAL = PRESSES.facts("decoding")["interval"]
+#: the presses named alone that run a whole-model pass of their own after the prefill, which the default leaves out
+EXTRA_PASSES = tuple(name for name in PRESSES.bare() if name not in registry.default_presses())
 #: GiB the caches of a task example's cells decoded together may take (`--decode-memory`)
 DECODE_GIB = 2.0
 DECODE_HELP = ("A task file only: GiB the compressed caches of an example's cells may take while they decode "
@@ -79,7 +81,8 @@ def press_lines() -> list[tuple[str, str]]:
 class PressOptions:
     """The presses compared, the ratios each compresses at, and how often a decoding press compresses."""
 
-    presses: tuple[str, ...] = option(PRESSES.bare(), f"Comma-separated presses: {PRESSES.listing()} (<scorer>: "
+    presses: tuple[str, ...] = option(registry.default_presses(), f"Comma-separated presses: {PRESSES.listing()} "
+                                      "(<scorer>: "
                                       f"one of {', '.join(sorted(PRESSES.having('scorer')))}; <rowscorer>: one of "
                                       f"{', '.join(sorted(PRESSES.having('rowscorer')))}, the scorers reading only "
                                       "the cached rows; <decodable>: one of "
@@ -91,7 +94,9 @@ class PressOptions:
                                       "<pattern>: a directory with DuoAttention's full_attention_heads.tsv and "
                                       "config.json, such as a `spectra heads` run; <run>: an analyze or heads run, "
                                       "<run>@rank to weigh heads by rank; <cache run>: a run with --bytes-kept; "
-                                      "docs/cache.md explains each).")
+                                      "docs/cache.md explains each). Default: every press named alone but those "
+                                      f"running a whole-model pass of their own ({', '.join(EXTRA_PASSES)}); "
+                                      f"{registry.ALL}: every press named alone.")
     ratios: tuple[float, ...] = option(DEFAULT_RATIOS, f"Comma-separated compression ratios in [0, 1), as each press "
                                        f"declares them: {ratio_meanings()}. The full cache (ratio 0) is always "
                                        "measured.")

@@ -225,11 +225,11 @@ def test_a_budget_below_one_cell_says_the_smallest_that_works(chat_decoder, task
 @pytest.mark.parametrize("case", ["unknown-task", "missing-field", "empty", "positions", "fit-samples", "bytes-kept",
                                   "encoder", "no-answers-first", "no-question-first", "array", "answer-missing",
                                   "empty-context", "decode-memory", "question-and-questions", "questions-answers",
-                                  "empty-questions", "decoding-many-questions"])
+                                  "empty-questions", "decoding-many-questions", "finch-question"])
 def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_decoder, bert_dir, tmp_path,
                                                                   monkeypatch, capsys) -> None:
     rows = task_files.records(count=2)
-    model, extra, message = str(chat_decoder), [], None
+    model, extra, message, message2 = str(chat_decoder), [], None, ""
     if case == "unknown-task":
         rows[1]["task"], message = "sudoku", "tasks.jsonl line 2: unknown task 'sudoku'"
     elif case == "missing-field":
@@ -269,6 +269,11 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
         extra = ["--presses", "knorm,decoding(knorm)"]
         message = ("tasks.jsonl line 2 asks 2 questions, and decoding(knorm) compresses while it decodes: its cache "
                    "after one answer is not the context's")
+    elif case == "finch-question":  # refused after the model loaded before (issue 38): its tokenizer is enough
+        rows[1]["question"] = "what is the key? " * 20
+        extra = ["--presses", "knorm,finch", "--query-aware"]
+        message = "tasks.jsonl line 2: its question has "
+        message2 = "tokens, but finch reads it as its window of at most 64 (the context queries the prefill keeps)"
     else:
         model, message = str(bert_dir), "is an encoder"
     path = task_files.write(tmp_path / "tasks.jsonl", rows)
@@ -277,7 +282,7 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
     code, _, stderr = tiny.run_cli(["cache", model, "--data", str(path), "--out", str(out), *extra], monkeypatch,
                                    capsys)
     assert code == 2 and message in stderr and stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
-    assert not out.exists() and not out.with_name("run.partial").exists()
+    assert message2 in stderr and not out.exists() and not out.with_name("run.partial").exists()
 
 
 def test_the_task_study_is_a_kind_of_its_own(chat_decoder, task_file, finished, tmp_path, monkeypatch,

@@ -10,6 +10,7 @@ import pytest
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
 from spectra.kinds.pressbase import DEFAULT_INTERVAL, PressOptions, PressStudy, press_lines, ratio_meanings, rotary
+from spectra import registry
 from spectra.registry import PRESSES, takes_argument
 
 
@@ -70,6 +71,31 @@ def test_the_shared_options_are_checked_once_for_both_studies() -> None:
         study = REGISTRY[name]
         assert isinstance(study, PressStudy) and issubclass(study.options, PressOptions)
         assert study.options(presses="knorm").presses == ("knorm",)
+
+
+def test_the_default_presses_leave_out_those_running_a_whole_model_pass_and_all_brings_them() -> None:
+    """Issue 38: by default --presses (and the API's `presses`) runs every press named alone but those whose facts say
+    they run a whole-model pass of their own after the prefill (KVzip's reconstruction, KVCompose's replay, KVgrad's
+    attribution: a few prefills more each) — a press declared later with such a fact too; `all` is every press named
+    alone, with other names beside it."""
+    alone = PRESSES.bare()
+    passes = [name for name in alone if any(PRESSES.facts(name).get(fact) for fact in
+                                            ("reconstructs", "composes", "differentiates"))]
+    assert set(passes) >= {"kvzip", "kvcompose", "kvgrad"}
+    for name in ("cache", "evaluate"):
+        options = REGISTRY[name].options
+        assert options().presses == tuple(press for press in alone if press not in passes)
+        assert options(presses="all").presses == alone
+        assert options(presses=["knorm", "all", "adakv(snapkv)"]).presses == (
+            "knorm", *(press for press in alone if press != "knorm"), "adakv(snapkv)")
+        text = " ".join(options.__dataclass_fields__["presses"].metadata["help"].split())
+        assert text.endswith("Default: every press named alone but those running a whole-model pass of their own "
+                             "(kvgrad, kvzip, kvcompose); all: every press named alone.")
+    with PRESSES.extended({"replayed": (object(), {"composes": True}), "plain": (object(), {"axis": "tokens"})}):
+        assert "replayed" not in registry.default_presses() and "plain" in registry.default_presses()
+    with pytest.raises(SpectraError, match=re.escape("unknown press 'every'; valid presses: streaming, knorm")
+                       + ".*, all \\(every press named alone\\)$"):
+        PressOptions(presses="every")
 
 
 def test_rotary_reads_the_config_fields_of_rope() -> None:

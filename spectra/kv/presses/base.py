@@ -261,6 +261,9 @@ class Press:
     #: the last context queries the press reads, its own setting (SnapKV's window_size); 0: none of its own (a
     #: `windowed` press without one reads the prefill's, `WINDOW`)
     window: ClassVar[int] = 0
+    #: reads a query-aware task record's question tokens as its window (`Prefill.question_tokens`: FINCH), so the
+    #: question may hold no more than the WINDOW queries the prefill keeps (the task study refuses a longer one first)
+    reads_question: ClassVar[bool] = False
     #: decoding steps between two compressions, for a press that `decodes` (kvpress's compression_interval)
     interval: int | None = None
     #: a press written `name(<argument>)`: the fact of the press it wraps (`adakv`: "scorer"), or what its text is

@@ -12,7 +12,9 @@ queries before RoPE), and its window attention computed again over the kept keys
 the cache it finds). Every press compresses at the cell's ratio (kvpress's presses each take their own
 `compression_ratio`; spectra's one ratio is given to each): a chain of k token presses keeps about (1 − r)ᵏ of the
 context, n_kept of n_kept of … (each max(1, int(rows · (1 − r)))). The memory saved is kvpress's account,
-1 − Π (1 − saved_i).
+1 − Π (1 − saved_i). The bytes stored are the rows the chain keeps, as the last press storing its rows otherwise
+than at full width (`Compressed.stored`: think's pruned key channels, kivi's codes) stores them, wherever it stands:
+composed(think,snapkv) stores SnapKV's rows at ThinK's width and channel mask, as composed(snapkv,think) does.
 
 kvpress refuses AdaKVPress and KVzipPress inside a ComposedPress, and warns that a press reading the forward pass's
 attention weights (ObservedAttention) fails after another; here the arguments are presses named alone (no wrapper)
@@ -37,14 +39,17 @@ ORDER = 95
 FLAGS, NUMBERS = ("needs_rope", "windowed", "queries"), ("window", "min_context")
 
 
+def gathered(cached: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The rows `rows` (H_kv, m) of `cached` (H_kv, L, d)."""
+    return cached.gather(1, rows[..., None].expand(-1, -1, cached.shape[-1]))
+
+
 def narrowed(prefill: Prefill, rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> Prefill:
     """`prefill` as the next press of a chain finds it: the cache holds the rows `rows` (H_kv, m) of `prefill`'s
     rows, with keys `key` and values `value` (H_kv, m, d); the queries are the same, the window attention is formed
     again over the kept keys (`Prefill.window`), the received attention and keys before RoPE are gathered."""
     def gather(cached: torch.Tensor | None) -> torch.Tensor | None:
-        if cached is None:
-            return None
-        return cached.gather(1, rows[..., None].expand(-1, -1, cached.shape[-1]))
+        return None if cached is None else gathered(cached, rows)
 
     received = prefill.received
     if received.shape[-1] == prefill.length:  # (H, L): per query head, the rows of its key/value head
@@ -78,8 +83,9 @@ class Composed(Press):
              "finds, with the whole context's queries), and so on — e.g. `composed(snapkv,think)`, tokens then "
              "key channels. "
              "Each press compresses at the ratio, so two token presses at 0.5 keep about a quarter of the tokens; "
-             "the memory saved is 1 − Π(1 − saved). A press whose rows are no context tokens (linformer) can only "
-             "come last.")
+             "the memory saved is 1 − Π(1 − saved), and the bytes are the rows the chain keeps stored as its last "
+             "press storing them narrower (think's key channels, kivi's codes) stores them, wherever it stands. A press "
+             "whose rows are no context tokens (linformer) can only come last.")
 
     def __init__(self, *inner: Press) -> None:
         self.inner = tuple(inner)
@@ -112,11 +118,13 @@ class Composed(Press):
             raise ValueError(f"{type(self).name} needs presses: name them as {type(self).name}(<press>,<press>,…)")
         current = prefill
         positions = torch.arange(prefill.length, device=prefill.key.device).expand(prefill.kv_heads, -1)
-        retained, explicit, part = 1.0, False, None
+        retained, explicit, part, storing = 1.0, False, None, None
         for number, press in enumerate(self.inner):
             part = stage(press, current, ratio)
             retained *= 1.0 - part.saved
             last = number == len(self.inner) - 1
+            if part.stored is not None and not last:
+                storing = press
             if part.valid is not None and not last:
                 raise ValueError(f"{press.name} keeps different numbers of tokens per head: in {self.name} it can "
                                  "only come last")
@@ -131,7 +139,12 @@ class Composed(Press):
             if not last:
                 current = narrowed(current, part.kept, key, value)
         assert part is not None
+        stored = part.stored
+        if stored is None and storing is not None:  # the rows kept, stored as the press that narrowed them stores
+            key, value = (key, value) if explicit else (gathered(prefill.key, positions),
+                                                        gathered(prefill.value, positions))
+            stored = storing.compress(narrowed(prefill, positions, key, value), ratio).stored
         if not explicit:
-            return Compressed(positions, 1.0 - retained, valid=part.valid, stored=part.stored)
-        return Compressed(positions, 1.0 - retained, key=key, value=value, valid=part.valid, stored=part.stored)
+            return Compressed(positions, 1.0 - retained, valid=part.valid, stored=stored)
+        return Compressed(positions, 1.0 - retained, key=key, value=value, valid=part.valid, stored=stored)
 

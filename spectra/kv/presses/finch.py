@@ -17,7 +17,8 @@ the delimiter and sets window_size to the tokens after it. Here the window is th
 the question's tokens tokenized alone, as kvpress's delimiter separates them). Where the context holds no question (the
 NLL study, a query-agnostic task) the window is the last WINDOW = 64 context tokens — kvpress's FinchPress with its
 delimiter 64 tokens before the end (window_size 64). Defaults as kvpress's: chunk_length None (the whole context at
-once), normalize_scores and rerotate_keys on. A question longer than the prefill's WINDOW queries is refused.
+once), normalize_scores and rerotate_keys on. A question longer than the prefill's WINDOW queries is refused
+(`reads_question`): by the task study as it reads the records with the tokenizer, before the model's weights load.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Finch(Press):
     name, summary = "finch", "the keys the question attends to, re-rotated to contiguous positions"
     peer = "FinchPress"
     window = 64  # without a question in the context: kvpress's FinchPress with window_size 64
-    windowed, needs_rope = True, True
+    windowed, needs_rope, reads_question = True, True, True
 
     def __init__(self, chunk: int | None = None) -> None:
         self.chunk = chunk

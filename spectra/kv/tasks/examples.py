@@ -1,13 +1,14 @@
 """The task protocol's source for the loop: task records read through a decoder, one example per batch.
 
 Examples have their own lengths, so each is a batch of its own (the loop checkpoints, resumes and shards by example).
-Opening reads the records (bad records are refused before any model loads); `start` loads the model and builds every
-example's prompt as kvpress's pipeline does (`prompt.chat_prompt`: the chat-templated context, the question with the
-template's suffix and the answer prefix; `query_aware`: the question joins the context and the question part is the
-suffix and the answer prefix only, kvpress's evaluation convention) with its needle (`needle.needle_tokens`), and
-refuses an example that does not fit the model's positions. `run` is the example's one exact prefill
-(`spectra.kv.prefill`), every layer's `presses.Prefill` handed to the probe (`spectra.probes.tasks`), which compresses,
-decodes and scores.
+Opening reads the records (bad records are refused before any model loads); `start` reads the model's tokenizer,
+builds every example's prompt as kvpress's pipeline does (`prompt.chat_prompt`: the chat-templated context, the
+question with the template's suffix and the answer prefix; `query_aware`: the question joins the context and the
+question part is the suffix and the answer prefix only, kvpress's evaluation convention) with its needle
+(`needle.needle_tokens`), refuses a question longer than a press reading it can take (finch's window) before the
+weights load, then loads them and refuses an example that does not fit the model's positions. `run` is the example's
+one exact prefill (`spectra.kv.prefill`), every layer's `presses.Prefill` handed to the probe
+(`spectra.probes.tasks`), which compresses, decodes and scores.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from ... import data, models
 from .. import batching, prefill, reconstruction
 from ...config import RunConfig
-from ...errors import SpectraError
+from ...errors import SpectraError, spell
 from ..presses import Prefill
 from ..presses.base import WINDOW
 from ..presses.window import windowed_presses
@@ -117,15 +118,17 @@ class TaskSource(OfLoadedModel):
     the attention each key received (a press reads it); `queries`: whether it keeps the pre-RoPE queries (a press
     reads them); `reconstructs`: whether it runs KVzip's reconstruction pass (a press reads its scores); `composes`:
     whether it runs KVCompose's replay pass (likewise); `differentiates`: whether it runs KVgrad's attribution pass
-    (likewise); `left_out`: the file's tasks no evaluated record has."""
+    (likewise); `questioned`: the presses that read a query-aware question's tokens as their window (finch); `left_out`:
+    the file's tasks no evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
                  query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = (),
                  queries: bool = False, reconstructs: bool = False, composes: bool = False,
-                 differentiates: bool = False) -> None:
+                 differentiates: bool = False, questioned: Sequence[str] = ()) -> None:
         self.config, self.where, self.records = config, device, list(records)
         self.query_aware, self.received, self.windowed, self.queries = query_aware, received, windowed, queries
         self.reconstructs, self.composes, self.differentiates = reconstructs, composes, differentiates
+        self.questioned = list(questioned)
         self.repetition: reconstruction.Repetition | None = None
         self.left_out = list(left_out)
         self.content = data.file_content(Path(config.data))
@@ -140,13 +143,19 @@ class TaskSource(OfLoadedModel):
                 "records": len(self.records), **left_out, **self.content}
 
     def start(self) -> None:
+        """Read every record's prompt with the model's tokenizer, refuse a question longer than a press reading it
+        can take (`check_questions`) before the weights load, then load them and refuse what does not fit."""
         config = self.config
+        tokenizer = models.load_tokenizer(config.model, gguf_file=config.gguf_file,
+                                          trust_remote_code=config.trust_remote_code)
+        self.examples = [prepare(tokenizer, record, self.query_aware) for record in self.records]
+        self.check_questions()
         self.loaded = models.load(config.model, device=self.where, dtype=config.dtype, lm_head=True,
-                                  gguf_file=config.gguf_file, trust_remote_code=config.trust_remote_code)
+                                  gguf_file=config.gguf_file, trust_remote_code=config.trust_remote_code,
+                                  tokenizer=tokenizer)
         loaded = self.loaded
         if not loaded.causal or loaded.head is None:
             raise SpectraError(f"{loaded.name} is not a causal language model: the task protocol decodes answers")
-        self.examples = [prepare(loaded.tokenizer, record, self.query_aware) for record in self.records]
         wanted = self.reconstructs or self.differentiates
         self.repetition = reconstruction.Repetition.of(loaded.tokenizer) if wanted else None
         for example in self.examples:
@@ -163,6 +172,21 @@ class TaskSource(OfLoadedModel):
                 raise SpectraError(f"{line}: its context has {example.context} tokens; {named} read the last {WINDOW} "
                                    "context queries and need more")
         self.n = max(example.tokens for example in self.examples)
+
+    def check_questions(self) -> None:
+        """Refuse (one line, naming the record and the limit) a query-aware question of more tokens than the WINDOW
+        queries the prefill keeps, where a chosen press reads the question's tokens as its window (finch), counted as
+        the press counts them (`Example.question_tokens`: the question tokenized alone)."""
+        if not self.questioned:
+            return
+        for example in self.examples:
+            if example.question_tokens > WINDOW:
+                named, one = " and ".join(self.questioned), len(self.questioned) == 1
+                raise SpectraError(f"{Path(self.config.data).name} line {example.record.example + 1}: its question "
+                                   f"has {example.question_tokens} tokens, but {named} "
+                                   f"{'reads it as its' if one else 'read it as their'} window of at most {WINDOW} "
+                                   "(the context queries the prefill keeps); shorten the question or drop "
+                                   f"{named} from {spell('--presses')}")
 
     def prefill_bytes(self) -> float:
         """What the longest example's prefill holds (every layer's keys, values, pre-RoPE keys and window rows — and

@@ -86,6 +86,24 @@ def test_a_channel_press_last_gives_its_keys_of_the_kept_rows() -> None:
     assert composed.saved == pytest.approx(1 - 0.5 * (1 - thought.saved))
 
 
+@pytest.mark.parametrize("ratio", [0.25, 0.5])
+def test_a_channel_press_first_stores_the_rows_kept_at_its_width(ratio) -> None:
+    """Issue 38: composed(think,snapkv) keeps n_kept(L, r) rows whose keys lost think's pruned channels, so its cache
+    stores per key/value head n_kept·(2d − p) numbers and think's channel mask — what composed(snapkv,think) stores
+    too — and saves 1 − Π(1 − saved); before, its bytes counted the rows at full width, as if think had pruned
+    nothing."""
+    prefill, _ = make_prefill(length=200, seed=4)
+    dim, itemsize, pruned = prefill.head_dim, prefill.key.element_size(), int(prefill.head_dim * ratio)
+    kept = max(1, int(200 * (1 - ratio)))
+    by_hand = kept * (2 * dim - pruned) * itemsize + -(-dim // 8)  # ThinK's rows and its bitmask of kept channels
+    for name in ("composed(think,snapkv)", "composed(snapkv,think)"):
+        compressed = REGISTRY[name].compress(prefill, ratio)
+        assert compressed.counts().tolist() == [kept] * prefill.kv_heads
+        assert compressed.memory(prefill).tolist() == [by_hand] * prefill.kv_heads, name
+        assert compressed.saved == pytest.approx(1 - (1 - pruned / dim / 2) * (kept / 200))
+        assert ((compressed.key == 0).all(dim=1).sum(-1) == pruned).all(), "think's channels stay pruned"
+
+
 def test_a_transform_comes_last_only() -> None:
     prefill, _ = make_prefill(length=120, seed=2)
     with pytest.raises(ValueError, match="linformer's rows are no context tokens: in composed\\(linformer,knorm\\)"):
@@ -119,6 +137,7 @@ def test_a_press_list_keeps_each_composed_press_whole() -> None:
     ("composed(kvzip,knorm)", "'kvzip' is not one"),
     ("composed(knorm,kvgrad)", "'kvgrad' is not one"),
     ("composed(knorm,loki)", "'loki' is not one"),
+    ("composed(lowrank,snapkv)", "'lowrank' is not one"),  # it calibrates: a fit on other rows than those it finds
     ("composed(knorm,decoding(knorm))", "'decoding\\(knorm\\)' is not one"),
     ("composed(knorm,adakv(snapkv))", "'adakv\\(snapkv\\)' is not one"),
     ("composed(knorm,nope)", "'nope' is unknown"),

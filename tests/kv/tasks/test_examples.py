@@ -55,6 +55,14 @@ def source(model, path, **options) -> TaskSource:
     return TaskSource(RunConfig(str(model), str(path)), "cpu", read_records(path), **settings)
 
 
+def first_prefills(found: TaskSource) -> list:
+    """Every layer's prefill of `found`'s first example, as its probe is handed them (the source started first)."""
+    found.start()
+    recorder = Recorder()
+    found.run(next(found.batches(1)), recorder)
+    return recorder.prefills
+
+
 def test_one_example_per_batch_skipped_and_sharded(chat_decoder, task_file) -> None:
     found = source(chat_decoder, task_file)
     assert [batch.index for batch in found.batches(3)] == [[0], [1], [2]]
@@ -79,6 +87,36 @@ def test_what_does_not_fit_is_refused_once_loaded(chat_decoder, long_decoder, tm
     assert started.n == max(example.tokens for example in started.examples) and started.prefill_bytes() > 0
 
 
+def test_a_question_longer_than_finchs_window_is_refused_before_the_weights_load(chat_decoder, tmp_path,
+                                                                                  monkeypatch) -> None:
+    """Issue 38: query-aware, a press reading the question's tokens as its window (finch) takes at most the WINDOW
+    queries the prefill keeps; a longer question (counted as finch counts it: tokenized alone) is refused in one line
+    naming the record and the limit, with the tokenizer only — the weights never load. Query-agnostic, or without
+    such a press, the record runs."""
+    from spectra import models
+    from spectra.kv.presses.base import WINDOW
+
+    rows = task_files.records(count=2)
+    rows[1]["question"] = "what is the key? " * 20
+    path = task_files.write(tmp_path / "long.jsonl", rows)
+    loaded = models.load
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the weights were loaded"))
+    found = source(chat_decoder, path, query_aware=True, questioned=["finch"])
+    with pytest.raises(SpectraError) as refused:
+        found.start()
+    tokens = found.examples[1].question_tokens
+    alone = models.load_tokenizer(str(chat_decoder)).encode(rows[1]["question"], add_special_tokens=False)
+    assert tokens == len(alone) > WINDOW >= found.examples[0].question_tokens
+    assert str(refused.value) == (f"long.jsonl line 2: its question has {tokens} tokens, but finch reads it as its "
+                                  f"window of at most {WINDOW} (the context queries the prefill keeps); shorten the "
+                                  "question or drop finch from presses")  # as Python spells it
+    monkeypatch.setattr(models, "load", loaded)
+    for settings in (dict(query_aware=True), dict(query_aware=False, questioned=["finch"])):
+        started = source(chat_decoder, path, **settings)
+        started.start()
+        assert started.loaded.tokenizer is not None and len(started.examples) == 2
+
+
 def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_file) -> None:
     """`reconstructs`: every layer's prefill carries KVzip's scores of the example, computed over its prefilled keys
     and values with the prompts cut from the model's chat template (whose opening is not reconstructed)."""
@@ -87,12 +125,7 @@ def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decode
     from spectra.kv import reconstruction
 
     plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, reconstructs=True)
-    seen = []
-    for found in (plain, asked):
-        found.start()
-        recorder = Recorder()
-        found.run(next(found.batches(1)), recorder)
-        seen.append(recorder.prefills)
+    seen = [first_prefills(found) for found in (plain, asked)]
     assert plain.repetition is None and all(prefill.reconstruction is None for prefill in seen[0])
     pieces = asked.repetition
     opening = asked.loaded.tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
@@ -113,14 +146,12 @@ def test_the_replay_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_
     from spectra.kv import composition
 
     asked = source(chat_decoder, task_file, composes=True)
-    asked.start()
-    recorder = Recorder()
-    asked.run(next(asked.batches(1)), recorder)
+    prefills = first_prefills(asked)
     example = asked.examples[0]
     expected = composition.scores(asked.loaded.model, asked.layers, example.context_ids, 0)
     assert expected.shape == (asked.layers, asked.kv_heads, example.context) and asked.repetition is None
-    for prefill in recorder.prefills:
-        assert prefill.composition is recorder.prefills[0].composition and prefill.reconstruction is None
+    for prefill in prefills:
+        assert prefill.composition is prefills[0].composition and prefill.reconstruction is None
         torch.testing.assert_close(prefill.composition, expected, rtol=0, atol=0)
 
 
@@ -133,12 +164,7 @@ def test_the_attribution_pass_runs_only_for_a_press_that_reads_it(chat_decoder, 
     from spectra.kv import gradient
 
     plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, differentiates=True)
-    seen = []
-    for found in (plain, asked):
-        found.start()
-        recorder = Recorder()
-        found.run(next(found.batches(1)), recorder)
-        seen.append(recorder.prefills)
+    seen = [first_prefills(found) for found in (plain, asked)]
     assert all(prefill.gradient is None for prefill in seen[0])
     example = asked.examples[0]
     expected = gradient.scores(asked.loaded.model, asked.layers, [part.key for part in seen[0]],
@@ -156,8 +182,6 @@ def test_each_layer_carries_the_questions_token_count(chat_decoder, task_file) -
     counts = []
     for aware in (False, True):
         found = source(chat_decoder, task_file, query_aware=aware)
-        found.start()
-        recorder = Recorder()
-        found.run(next(found.batches(1)), recorder)
-        counts.append(({prefill.question_tokens for prefill in recorder.prefills}, found.examples[0].question_tokens))
+        prefills = first_prefills(found)
+        counts.append(({prefill.question_tokens for prefill in prefills}, found.examples[0].question_tokens))
     assert counts[0] == ({0}, 0) and counts[1][0] == {counts[1][1]} and counts[1][1] > 0
