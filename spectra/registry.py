@@ -143,6 +143,9 @@ class Registry(Mapping[str, T]):
                 raise SpectraError(f"{self.what} '{name}': {base.name} is written {self.listing_of(base.name)}")
             merged: dict[str, Any] = {}
             for position, (inner, kind) in enumerate(zip(arguments, kinds), 1):
+                if position < len(arguments) and inner in entries and entries[inner].facts.get("mixes"):
+                    raise SpectraError(f"{self.what} '{name}': {inner}'s rows mix the context's tokens, which no "
+                                       f"{self.what} after it can read as tokens; put {inner} last")
                 for key, value in self.argument_facts(name, base, inner, kind, position).items():
                     merged[key] = merge_fact(merged.get(key), value)
             facts = {**merged, **own}
@@ -359,8 +362,8 @@ METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", 
 #: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
-    "scorer", "decodable", "rowscorer", "decodes", "reads_question", "window", "interval", "wraps", "argument", "check", "several",
-    "refuses", "axis", "ratio_means", "min_context", "summary", "peer"), identity=("summary", "peer"))
+    "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps", "argument",
+    "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer"), identity=("summary", "peer"))
 #: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
 #: of tasks, each registering its tasks with their family and their seed number, the listing's order)
 TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")

@@ -258,6 +258,8 @@ class Press:
     rowscorer: ClassVar[bool] = False
     #: compresses while the answer or continuation is decoded, not once after the prefill (`decoding(<decodable>)`)
     decodes: ClassVar[bool] = False
+    #: its rows mix the context's tokens (linformer's E·K, F·V): no press reads them as tokens, so it comes last
+    mixes: ClassVar[bool] = False
     #: the last context queries the press reads, its own setting (SnapKV's window_size); 0: none of its own (a
     #: `windowed` press without one reads the prefill's, `WINDOW`)
     window: ClassVar[int] = 0

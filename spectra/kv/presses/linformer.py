@@ -41,7 +41,7 @@ class LinformerCache(Press):
     """E·K, F·V with E, F the context's own top singular vectors (see the module docstring)."""
 
     name, summary = "linformer", "keys and values mixed down to their top singular directions: E·K, F·V"
-    peer = ""
+    peer, mixes = "", True
     ratio_means = ("the share of cached rows removed, the rows kept capped at the head dimension (so beyond "
                    "L ≈ d/(1 − r) every ratio keeps d rows)")
 

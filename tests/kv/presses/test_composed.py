@@ -107,7 +107,7 @@ def test_a_channel_press_first_stores_the_rows_kept_at_its_width(ratio) -> None:
 def test_a_transform_comes_last_only() -> None:
     prefill, _ = make_prefill(length=120, seed=2)
     with pytest.raises(ValueError, match="linformer's rows are no context tokens: in composed\\(linformer,knorm\\)"):
-        REGISTRY["composed(linformer,knorm)"].compress(prefill, 0.5)
+        Composed(REGISTRY["linformer"], REGISTRY["knorm"]).compress(prefill, 0.5)  # built past the registry
     last = REGISTRY["composed(knorm,linformer)"].compress(prefill, 0.5)
     assert last.kept is None and last.key is not None
 
@@ -141,6 +141,8 @@ def test_a_press_list_keeps_each_composed_press_whole() -> None:
     ("composed(knorm,decoding(knorm))", "'decoding\\(knorm\\)' is not one"),
     ("composed(knorm,adakv(snapkv))", "'adakv\\(snapkv\\)' is not one"),
     ("composed(knorm,nope)", "'nope' is unknown"),
+    ("composed(linformer,knorm)", "linformer's rows mix the context's tokens, .* put linformer last$"),
+    ("composed(knorm,linformer,streaming)", "put linformer last$"),
 ])
 def test_bad_forms_are_refused_in_one_line(name, message) -> None:
     with pytest.raises(SpectraError, match=message) as caught:
