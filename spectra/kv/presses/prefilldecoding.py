@@ -16,7 +16,13 @@ more than the target plus `interval` rows, where `decoding(S)` holds the whole c
 
 The rows the prefill keeps stay in the order torch.topk returns them, as kvpress gathers them (spectra's eviction
 presses list them in position order, which attention does not see): the decoding compressions read that order —
-StreamingLLM's protects the first rows of the cache, whichever tokens they hold.
+StreamingLLM's protects the first rows of the cache, whichever tokens they hold, and TOVA's scores row i by the mean
+over *all* query heads of their attention to row i and keeps or drops row i in every key/value head together, so
+after a prefill press that keeps different tokens per key/value head (SnapKV, Knorm, …) the order decides which
+tokens share a score. Two tokens of one head whose prefill scores differ by a rounding can come out in either
+order — spectra's SnapKV scores equal kvpress's bitwise at the first layer, past it only to rounding, as the hidden
+states do — and a later TOVA compression then drops a different token: a genuine tie, not a different rule
+(benchmarks/RESULTS.md §16, prefill_decoding(snapkv,tova)).
 
 `prefill_decoding(<scorer>,<decodable>)` is kvpress's pair of two presses, say SnapKV for the prefill and Knorm while
 decoding (`prefill_decoding(snapkv,knorm)`):

@@ -1,7 +1,8 @@
 """kvpress's PrefillDecodingPress with one scorer in both roles: after the prefill it keeps the scorer's n_kept(L, r)
 best context rows (knorm: numpy's smallest key norms; streaming: the sinks and the recent window) in torch.topk's
-order, and while decoding it is decoding(…) at that size; bad input is refused. (Whole answers against a dense
-forward that hides the evicted rows: tests/kv/test_generation.py.)"""
+order, and while decoding it is decoding(…) at that size; with a per-head prefill press, TOVA's decoding compressions
+read that order (numpy's kvpress TOVA); bad input is refused. (Whole answers against a dense forward that hides the
+evicted rows: tests/kv/test_generation.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from spectra.kv.presses.decoding import DecodingPress
 from spectra.kv.presses.prefilldecoding import PrefillDecodingPress
 from spectra.registry import PRESSES, press_names
 
-from .conftest import make_prefill
+from .conftest import DIM, HEADS, KV_HEADS, make_prefill
 
 
 @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.9])
@@ -99,3 +100,40 @@ def test_the_one_argument_form_is_unchanged_and_two_merge_their_facts() -> None:
     facts = dict(PRESSES.facts("prefill_decoding(snapkv,knorm)"))
     assert facts["windowed"] and facts["window"] == 64 and facts["decodes"] and facts["peer"] == "PrefillDecodingPress"
     assert REGISTRY["prefill_decoding(snapkv,knorm)"].windowed and "several" not in facts
+
+
+def tova_step(positions: np.ndarray, arrays: dict, q: np.ndarray, k: np.ndarray, target: int) -> np.ndarray:
+    """numpy's kvpress TOVA compression of a cache whose rows hold context `positions` (H_kv, m) then one new token
+    (its key k (H_kv, d), its query q (H, d)): the mean over all query heads of the query's softmax over row i, the new
+    row kept, the best `target` − 1 others — the same row indices in every key/value head. Returns the context
+    positions each key/value head keeps (H_kv, target − 1), sorted."""
+    keys = np.concatenate([np.take_along_axis(arrays["k"], positions[..., None], axis=1), k[:, None]], axis=1)
+    scores = np.einsum("hd,hjd->hj", q, np.repeat(keys, HEADS // KV_HEADS, axis=0)) * DIM ** -0.5
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    mean = (weights / weights.sum(-1, keepdims=True)).mean(0)[:-1]
+    rows = np.argsort(-mean, kind="stable")[:target - 1]
+    return np.sort(positions[:, rows], axis=-1)
+
+
+def test_tova_after_a_per_head_eviction_reads_the_prefills_row_order() -> None:
+    """prefill_decoding(snapkv,tova), as kvpress: SnapKV keeps different tokens per key/value head, in torch.topk's
+    order; TOVA's first decoding compression scores row i by the mean over all query heads and drops row i in every
+    head, so the rows' order decides which tokens it drops (listed in position order instead, others go): why a
+    near-tie in the prefill's scores that spectra and kvpress break differently changes what is dropped later."""
+    prefill, arrays = make_prefill(length=200, seed=2)
+    press = run_presses(["prefill_decoding(snapkv,tova)"], compression_interval=1)["prefill_decoding(snapkv,tova)"]
+    kept = press.compress(prefill, 0.5).kept
+    assert kept.shape == (KV_HEADS, 100) and set(kept[0].tolist()) != set(kept[1].tolist())
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((count, DIM)) for count in (HEADS, KV_HEADS, KV_HEADS))  # the new token's
+    dropped = []
+    for positions in (kept.numpy(), np.sort(kept.numpy(), axis=-1)):
+        index = torch.from_numpy(positions)[..., None].expand(-1, -1, DIM)
+        key = torch.cat([torch.from_numpy(arrays["k"]).gather(1, index), torch.from_numpy(k)[:, None]], dim=1)
+        value = torch.cat([torch.from_numpy(arrays["v"]).gather(1, index), torch.from_numpy(v)[:, None]], dim=1)
+        rows = press.keep(0, torch.from_numpy(q)[:, None], key, value, DIM ** -0.5, 60).numpy()
+        assert (rows[:, 0] == 100).all()  # the new token's row, kept first
+        spectra = np.sort(np.take_along_axis(positions, rows[:, 1:], axis=1), axis=-1)
+        np.testing.assert_array_equal(spectra, tova_step(positions, arrays, q, k, 60))
+        dropped.append([sorted(set(head) - set(after)) for head, after in zip(positions.tolist(), spectra.tolist())])
+    assert dropped[0] != dropped[1]
