@@ -382,19 +382,8 @@ def method_listing() -> str:
     return ", ".join([*families, *(label for label in METHODS.names() if label not in families)])
 
 
-#: the facts of a press that runs a whole-model pass of its own after the prefill — KVzip's reconstruction
-#: (`reconstructs`), KVCompose's replay (`composes`), KVgrad's attribution (`differentiates`), each costing a few
-#: prefills more: `--presses` runs such a press only when it is named, or with `ALL`
-WHOLE_MODEL_PASSES = ("reconstructs", "composes", "differentiates")
 #: what `--presses` takes for every press named alone
 ALL = "all"
-
-
-def default_presses() -> tuple[str, ...]:
-    """The presses `--presses` runs when none is given: every press named alone but those that run a whole-model pass
-    of their own (a fact of `WHOLE_MODEL_PASSES`), so a default run costs one prefill per sequence."""
-    return tuple(name for name in PRESSES.bare()
-                 if not any(PRESSES.facts(name).get(fact) for fact in WHOLE_MODEL_PASSES))
 
 
 def press_names(names: Iterable[str]) -> tuple[str, ...]:

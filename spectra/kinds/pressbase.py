@@ -29,8 +29,21 @@ DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
 #: how many decoding steps kvpress's DecodingPress waits between compressions by default, as decoding(…) declares it
 DEFAULT_INTERVAL = PRESSES.facts("decoding")["interval"]
+#: the facts of a press that runs a whole-model pass of its own after the prefill — KVzip's reconstruction
+#: (`reconstructs`), KVCompose's replay (`composes`), KVgrad's attribution (`differentiates`), each costing a few
+#: prefills more: `--presses` runs such a press only when it is named, or with `registry.ALL`
+WHOLE_MODEL_PASSES = ("reconstructs", "composes", "differentiates")
+
+
+def default_presses() -> tuple[str, ...]:
+    """The presses `--presses` runs when none is given: every press named alone but those that run a whole-model pass
+    of their own (a fact of `WHOLE_MODEL_PASSES`), so a default run costs one prefill per sequence."""
+    return tuple(name for name in PRESSES.bare()
+                 if not any(PRESSES.facts(name).get(fact) for fact in WHOLE_MODEL_PASSES))
+
+
 #: the presses named alone that run a whole-model pass of their own after the prefill, which the default leaves out
-EXTRA_PASSES = tuple(name for name in PRESSES.bare() if name not in registry.default_presses())
+EXTRA_PASSES = tuple(name for name in PRESSES.bare() if name not in default_presses())
 #: GiB the caches of a task example's cells decoded together may take (`--decode-memory`)
 DECODE_GIB = 2.0
 DECODE_HELP = ("A task file only: GiB the compressed caches of an example's cells may take while they decode "
@@ -81,7 +94,7 @@ def press_lines() -> list[tuple[str, str]]:
 class PressOptions:
     """The presses compared, the ratios each compresses at, and how often a decoding press compresses."""
 
-    presses: tuple[str, ...] = option(registry.default_presses(), f"Comma-separated presses: {PRESSES.listing()} "
+    presses: tuple[str, ...] = option(default_presses(), f"Comma-separated presses: {PRESSES.listing()} "
                                       "(<scorer>: "
                                       f"one of {', '.join(sorted(PRESSES.having('scorer')))}; <rowscorer>: one of "
                                       f"{', '.join(sorted(PRESSES.having('rowscorer')))}, the scorers reading only "

@@ -9,8 +9,8 @@ import pytest
 
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
-from spectra.kinds.pressbase import DEFAULT_INTERVAL, PressOptions, PressStudy, press_lines, ratio_meanings, rotary
-from spectra import registry
+from spectra.kinds.pressbase import (DEFAULT_INTERVAL, PressOptions, PressStudy, default_presses, press_lines,
+                                     ratio_meanings, rotary)
 from spectra.registry import PRESSES, takes_argument
 
 
@@ -92,7 +92,7 @@ def test_the_default_presses_leave_out_those_running_a_whole_model_pass_and_all_
         assert text.endswith("Default: every press named alone but those running a whole-model pass of their own "
                              "(kvgrad, kvzip, kvcompose); all: every press named alone.")
     with PRESSES.extended({"replayed": (object(), {"composes": True}), "plain": (object(), {"axis": "tokens"})}):
-        assert "replayed" not in registry.default_presses() and "plain" in registry.default_presses()
+        assert "replayed" not in default_presses() and "plain" in default_presses()
     with pytest.raises(SpectraError, match=re.escape("unknown press 'every'; valid presses: streaming, knorm")
                        + ".*, all \\(every press named alone\\)$"):
         PressOptions(presses="every")
