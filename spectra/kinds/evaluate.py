@@ -132,7 +132,8 @@ class Evaluate(PressStudy):
                           queries=bool(PRESSES.having("queries") & set(options.presses)),
                           reconstructs=bool(PRESSES.having("reconstructs") & set(options.presses)),
                           composes=bool(PRESSES.having("composes") & set(options.presses)),
-                          differentiates=bool(PRESSES.having("differentiates") & set(options.presses)))
+                          differentiates=bool(PRESSES.having("differentiates") & set(options.presses)),
+                          hidden=bool(PRESSES.having("hidden") & set(options.presses)))
 
     def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
         return identity(options)

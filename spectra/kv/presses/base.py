@@ -65,7 +65,8 @@ class Prefill:
       compressed with the context; FINCH's window), 0 where the context holds none;
     - `composition` (layers, H_kv, L): KVCompose's replay scores of every layer, likewise, only when a run's press
       `composes` (`kv/composition.py`), else None; `gradient` (layers, H_kv, L): KVgrad's attribution scores,
-      likewise, only when a run's press `differentiates` (`kv/gradient.py`).
+      likewise, only when a run's press `differentiates` (`kv/gradient.py`); `hidden` (L, D): the attention module's
+      input (after the layer's input norm: kvpress's `hidden_states`), only when a run's press reads `hidden` (kvzap).
     """
 
     layer: int
@@ -85,6 +86,7 @@ class Prefill:
     question_tokens: int = 0
     composition: torch.Tensor | None = None
     gradient: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -246,9 +248,10 @@ class Press:
     windowed: ClassVar[bool] = False
     calibrates: ClassVar[bool] = False
     #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`; `composes`:
-    #: `.composition`; `differentiates`: `.gradient`), which a prefill computes only when a run's press needs it;
-    #: `min_context`: the fewest context tokens it compresses (compactor: 13)
-    received, queries, reconstructs, composes, differentiates, min_context = False, False, False, False, False, 0
+    #: `.composition`; `differentiates`: `.gradient`; `hidden`: `.hidden`), which a prefill computes only when a run's
+    #: press needs it; `min_context`: the fewest context tokens it compresses (compactor: 13)
+    received, queries, reconstructs, composes, differentiates, hidden = False, False, False, False, False, False
+    min_context: ClassVar[int] = 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
