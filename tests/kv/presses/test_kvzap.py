@@ -118,3 +118,22 @@ def test_an_unbound_press_says_how_to_name_it() -> None:
     prefill, _ = with_hidden(0)
     with pytest.raises(ValueError, match=r"kvzap\(<directory>\)"):
         REGISTRY["kvzap"].score(prefill, 0.5)
+
+
+def test_a_surrogate_of_another_model_is_refused_before_it_loads(llama_dir, text_file, tmp_path, monkeypatch,
+                                                                 capsys) -> None:
+    """The tiny Llama is 2 layers × 32 hidden dimensions × 2 key/value heads: its config.json refuses a surrogate
+    of 12 hidden dimensions in one line, exit 2, before the model loads and before anything is written."""
+    import tiny
+    from spectra import models
+
+    folder, _ = write_surrogate(tmp_path / "zap", None, layers=2)
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    code, _, stderr = tiny.run_cli(["cache", str(llama_dir), "--data", str(text_file), "--presses",
+                                    f"kvzap({folder})", "--ratios", "0.5", "--out", str(tmp_path / "run")],
+                                   monkeypatch, capsys)
+    assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert (f"KVzap surrogate {folder} is 2 layers × 12 hidden dimensions × 2 key/value heads, but tiny-llama has "
+            "2 layers × 32 hidden dimensions × 2 key/value heads; fit them for this model with `spectra artifacts "
+            "kvzap") in stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()

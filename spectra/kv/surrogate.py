@@ -1,0 +1,156 @@
+"""KVzap's surrogate (arXiv:2601.07891) fitted for any decoder: per layer, a map from each token's hidden state to
+the log of KVzip's score of its cached pair, one output per key/value head.
+
+KVzap's recipe is KVzip's scores as the target, a tiny model per layer as the fit; nothing else is trained:
+
+- *data*: each calibration block of token ids is prefilled exactly (`kv.prefill.exact`, keeping every layer's
+  attention input, `Prefill.hidden` (L, D): the hidden states after the layer's input norm, what kvpress's KVzapPress
+  reads) and KVzip's reconstruction pass scores its cached pairs (`kv.reconstruction.scores`, what the `kvzip` press
+  ranks: per key/value head, the largest weight any repeat query of its group gives the pair). Rows are the positions
+  from max(the template's opening, SINKS) on: the sinks' scores are raised above every score and the opening's are 0,
+  neither a score the model gave;
+- *target*: log(max(s, FLOOR)), the paper's regression target (the scores span orders of magnitude);
+- *linear* (`ridge`): per layer, closed-form ridge least squares in float64 with an unpenalised intercept: X and y
+  centred, W = (XcᵀXc + λI)⁻¹ Xcᵀyc with λ = RIDGE · tr(XcᵀXc) / D (relative, so it does not depend on the hidden
+  states' scale), b = ȳ − W x̄;
+- *mlp* (`mlp`): per layer, Linear(D, WIDTH)–GELU–Linear(WIDTH, H_kv) on standardised inputs and targets, STEPS
+  full-batch Adam steps (learning rate RATE) from a seeded initialisation (deterministic on one machine), the
+  standardisation then folded into the two linears, so the artifact is kvpress's plain module.
+
+`quality` says how well a surrogate predicts held-out scores: per layer and key/value head, R² of the log-scores and
+the Spearman correlation of predicted and KVzip scores (eviction only needs the order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import prefill, reconstruction
+from .presses.kvzap import surrogate_scores
+
+#: relative ridge: λ = RIDGE · tr(XcᵀXc) / D
+RIDGE = 1e-3
+#: the smallest score whose log is taken (a weight that underflowed to 0 in float32)
+FLOOR = 1e-30
+#: the MLP's hidden units, full-batch Adam steps, learning rate
+WIDTH, STEPS, RATE = 64, 300, 1e-2
+#: `--surrogate`' choices: kvpress's model_type
+KINDS = ("linear", "mlp")
+
+
+def targets(scores: torch.Tensor) -> torch.Tensor:
+    """The regression target of KVzip scores: log(max(s, FLOOR)), in float64."""
+    return scores.double().clamp_min(FLOOR).log()
+
+
+def collect(model: torch.nn.Module, layers: int, blocks: Sequence[torch.Tensor], repetition: reconstruction.Repetition,
+            progress: Callable[[int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden (layers, N, D) float32, KVzip scores (layers, N, H_kv) float32) over the rows of every block (see the
+    module docstring), each block prefilled by `model` and scored by KVzip's reconstruction pass."""
+    states: list[torch.Tensor] = []
+    scores: list[torch.Tensor] = []
+    first = max(repetition.prefix, reconstruction.SINKS)
+    for index, ids in enumerate(blocks):
+        with torch.inference_mode():
+            parts = prefill.exact(model, layers, ids, 0, index, received=False, hidden=True)
+            found = prefill.scored(model, layers, parts, ids, index, repetition, reconstructs=True)
+        states.append(torch.stack([part.hidden[first:] for part in found]).float())
+        scores.append(found[0].reconstruction[:, :, first:].transpose(1, 2).float())
+        if progress is not None:
+            progress(index + 1)
+    return torch.cat(states, dim=1), torch.cat(scores, dim=1)
+
+
+def ridge(x: torch.Tensor, y: torch.Tensor, strength: float = RIDGE) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight (H, D), bias (H,)) float64 minimising ‖X Wᵀ + b − Y‖² + λ‖W‖² for x (N, D), y (N, H), with
+    λ = `strength` · tr(XcᵀXc) / D (see the module docstring)."""
+    x, y = x.double(), y.double()
+    mean_x, mean_y = x.mean(dim=0), y.mean(dim=0)
+    centred = x - mean_x
+    gram = centred.T @ centred
+    penalty = strength * torch.diagonal(gram).sum() / gram.shape[0]
+    weight = torch.linalg.solve(gram + penalty * torch.eye(gram.shape[0], dtype=gram.dtype), centred.T @ (y - mean_y))
+    return weight.T, mean_y - mean_x @ weight
+
+
+def mlp(x: torch.Tensor, y: torch.Tensor, width: int = WIDTH, steps: int = STEPS, seed: int = 0,
+        rate: float = RATE) -> dict[str, torch.Tensor]:
+    """A Linear(D, width)–GELU–Linear(width, H) fitted to x (N, D) → y (N, H) by `steps` full-batch Adam steps on the
+    mean squared error of standardised inputs and targets, initialised from `seed`; returned as kvpress's
+    `nn.Sequential` names it ("0.weight", "0.bias", "2.weight", "2.bias", float32) with the standardisation folded
+    in."""
+    x, y = x.float().clone(), y.float().clone()  # plain tensors, even from an inference-mode prefill
+    mean_x, scale_x = x.mean(dim=0), x.std(dim=0).clamp_min(1e-6)
+    mean_y, scale_y = y.mean(dim=0), y.std(dim=0).clamp_min(1e-6)
+    inputs, wanted = (x - mean_x) / scale_x, (y - mean_y) / scale_y
+    generator = torch.Generator().manual_seed(seed)
+    dim, heads = x.shape[1], y.shape[1]
+    w0 = (torch.randn(width, dim, generator=generator) / dim ** 0.5).requires_grad_()
+    b0 = torch.zeros(width, requires_grad=True)
+    w2 = (torch.randn(heads, width, generator=generator) / width ** 0.5).requires_grad_()
+    b2 = torch.zeros(heads, requires_grad=True)
+    optimizer = torch.optim.Adam([w0, b0, w2, b2], lr=rate)
+    with torch.inference_mode(False), torch.enable_grad():
+        for _ in range(steps):
+            optimizer.zero_grad()
+            hidden = torch.nn.functional.gelu(torch.nn.functional.linear(inputs, w0, b0))
+            loss = torch.nn.functional.mse_loss(torch.nn.functional.linear(hidden, w2, b2), wanted)
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():  # w0 ((x − μ)/σ) + b0 = (w0/σ) x + (b0 − w0 μ/σ); scale_y (w2 h + b2) + mean_y
+        first = w0 / scale_x
+        return {"0.weight": first, "0.bias": b0 - first @ mean_x, "2.weight": w2 * scale_y[:, None],
+                "2.bias": b2 * scale_y + mean_y}
+
+
+def fit(states: torch.Tensor, scores: torch.Tensor, kind: str, seed: int = 0,
+        progress: Callable[[int], None] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """The surrogate of every layer fitted to hidden `states` (layers, N, D) → log KVzip `scores` (layers, N, H_kv):
+    its tensors (float32, kvpress's names) and config.json (kvpress's KVzapConfig)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown surrogate '{kind}'; choose one of {', '.join(KINDS)}")
+    layers, _, dim = states.shape
+    heads = scores.shape[-1]
+    tensors: dict[str, torch.Tensor] = {}
+    for layer in range(layers):
+        y = targets(scores[layer])
+        if kind == "linear":
+            weight, bias = ridge(states[layer], y)
+            tensors |= {f"layers.{layer}.weight": weight.float(), f"layers.{layer}.bias": bias.float()}
+        else:
+            found = mlp(states[layer], y, seed=seed + layer)
+            tensors |= {f"layers.{layer}.{name}": tensor.contiguous() for name, tensor in found.items()}
+        if progress is not None:
+            progress(layer + 1)
+    config = {"architectures": ["KVzapModel"], "model_type": "kvzap", "input_dim": dim, "output_dim": heads,
+              "n_modules": layers, "hidden_dim": WIDTH if kind == "mlp" else None, "dtype": "float32"}
+    return tensors, config
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation of two vectors (ties ranked by their mean rank)."""
+    from scipy.stats import rankdata
+
+    ranked_a, ranked_b = rankdata(a), rankdata(b)
+    return float(np.corrcoef(ranked_a, ranked_b)[0, 1])
+
+
+def quality(weights: dict[str, torch.Tensor], states: torch.Tensor, scores: torch.Tensor) -> pd.DataFrame:
+    """Per (layer, kv_head): `r2`, 1 − Σ(ŷ − y)² / Σ(y − ȳ)² of the predicted log-scores ŷ against y = log KVzip
+    score, and `spearman`, the rank correlation of ŷ and the scores, on hidden `states` (layers, N, D) and KVzip
+    `scores` (layers, N, H_kv) the surrogate was not fitted on."""
+    rows = []
+    for layer in range(states.shape[0]):
+        with torch.no_grad():
+            predicted = surrogate_scores(weights, layer, states[layer].float()).double().numpy()
+        wanted = targets(scores[layer]).numpy()
+        for head in range(wanted.shape[1]):
+            error = ((predicted[:, head] - wanted[:, head]) ** 2).sum()
+            spread = ((wanted[:, head] - wanted[:, head].mean()) ** 2).sum()
+            rows.append({"layer": layer, "kv_head": head, "r2": 1 - error / spread,
+                         "spearman": spearman(predicted[:, head], scores[layer, :, head].double().numpy())})
+    return pd.DataFrame(rows)
