@@ -137,3 +137,23 @@ def test_a_surrogate_of_another_model_is_refused_before_it_loads(llama_dir, text
             "2 layers × 32 hidden dimensions × 2 key/value heads; fit them for this model with `spectra artifacts "
             "kvzap") in stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()
+
+
+def test_both_protocols_hand_the_press_the_hidden_states(llama_dir, text_file, tmp_path) -> None:
+    """`spectra cache` with kvzap(DIR) on a tiny Llama, over text (the NLL protocol: the cache probe's hook on the
+    attention input) and over a task file (the task protocol: the prefill asked for the hidden states): the press
+    reads them (it refuses a prefill without), keeps max(1, int(L/2)) per head and changes the outcome."""
+    import spectra
+    import task_files
+
+    folder, _ = write_surrogate(tmp_path / "zap", WIDTH, layers=2, dim=32)
+    settings = dict(presses=f"kvzap({folder})", ratios=0.5, samples=1, progress=None, notify=lambda line: None)
+    text = spectra.cache(str(llama_dir), str(text_file), context=80, continuation=8, out=tmp_path / "text",
+                         **settings)
+    rows = text.table.set_index("press")
+    assert rows.loc[f"kvzap({folder})", "kept"] == n_kept(80, 0.5)  # rows kept per head
+    assert rows.loc[f"kvzap({folder})", "nll"] != rows.loc["full", "nll"]
+    file = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=1))
+    chat = task_files.save_chat_decoder(tmp_path / "tiny-chat")
+    run = spectra.cache(str(chat), str(file), out=tmp_path / "tasks", **settings)
+    assert set(run.examples["press"]) == {"full", f"kvzap({folder})"}
