@@ -60,6 +60,8 @@ def test_the_mlp_is_deterministic_under_its_seed_and_fits_a_nonlinear_map() -> N
                                                                    "2.weight": (2, 16), "2.bias": (2,)}
     predicted = surrogate_scores({f"layers.0.{name}": t for name, t in first.items()}, 0, x.float()).double()
     r2 = 1 - ((predicted - y) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)  # the standardisation folded in
+    free = surrogate.mlp(x, y, width=16, seed=4, decay=0.0)  # the penalty shrinks the weights
+    assert first["0.weight"].norm() < free["0.weight"].norm() and first["2.weight"].norm() < free["2.weight"].norm()
     weight, bias = surrogate.ridge(x, y)  # a linear map cannot fit it
     linear = 1 - ((x @ weight.T + bias - y) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
     assert (r2 > 0.9).all() and (linear < 0.2).all(), (r2, linear)
