@@ -190,7 +190,7 @@ def tasks_command(
 @app.command("artifacts", cls=FlaglessCommand)
 def artifacts_command(
     kind: str = typer.Argument(..., help="What to fit: qfilter (Q-Filters: the queries' top singular direction per key/value head), expected_attention_stats (the queries' mean and covariance per head) or kvzap (KVzap's surrogate: per layer, the hidden states → log KVzip scores)."),
-    model: str = typer.Argument(..., help="A decoder with rotary positions: hub id, local directory, or .gguf file."),
+    model: str = typer.Argument(..., help="A decoder (with rotary positions for qfilter and expected_attention_stats): hub id, local directory, or .gguf file."),
     data: str = typer.Option(..., "--data", help="Local text files, comma-separated (e.g. /usr/share/common-licenses/GPL-3), cut into blocks of --length tokens."),
     out: Path = typer.Option(..., "--out", help="The directory to write: config.json and model.safetensors, the layout kvpress's loader reads (qfilter(DIR), expected_attention_stats(DIR), kvzap(DIR) in spectra cache)."),
     length: int = typer.Option(1000, "--length", help="Tokens per calibration block."),
