@@ -32,8 +32,9 @@ OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "ro
 class Shape:
     """What a model is, as far as its files tell before it loads: layers, attention heads, the longest sequence
     it embeds, whether it is a decoder, its key/value heads (fewer than `heads` under grouped-query attention) and its
-    hidden size (D, the width of its residual stream); None where they do not say (a hub id: nothing until it loads). Every source tells them alike — a config.json,
-    a GGUF header, a loaded model (`sources.OfLoadedModel.shape`) — so no analysis reads a model's files itself."""
+    hidden size (D, the width of its residual stream); None where they do not say (a hub id: nothing until it loads).
+    Every source tells them alike — a config.json, a GGUF header, a loaded model (`sources.OfLoadedModel.shape`) — so
+    no analysis reads a model's files itself."""
 
     layers: int | None = None
     heads: int | None = None

@@ -168,8 +168,8 @@ class TaskSource(OfLoadedModel):
 
     def prefill_bytes(self) -> float:
         """What the longest example's prefill holds (every layer's keys, values, pre-RoPE keys and window rows — and
-        pre-RoPE queries or attention inputs for a press reading them —, one chunk's scores and softmax) and its full cache for decoding:
-        the loop's memory check."""
+        pre-RoPE queries or attention inputs for a press reading them —, one chunk's scores and softmax) and its full
+        cache for decoding: the loop's memory check."""
         loaded, n = self.loaded, self.n
         dim = loaded.head_dim or 64
         itemsize = torch.finfo(loaded.dtype).bits // 8
