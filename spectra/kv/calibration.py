@@ -175,12 +175,13 @@ def make_artifact(kind: str, model: str, *, data: Sequence[str | Path], out: str
         if kind == "kvzap":
             from . import reconstruction, surrogate as surrogates
 
+            repetition = reconstruction.Repetition.of(loaded.tokenizer)
+            if length <= repetition.prefix + SINKS:
+                raise SpectraError(f"{spell('--length', 'length')} {length} leaves too few tokens after the "
+                                   f"{repetition.prefix} of {loaded.name}'s chat template opening, which KVzip does "
+                                   f"not score; give at least {repetition.prefix + SINKS + 1}")
             blocks = text_blocks(loaded.tokenizer, paths, length, samples)
-            states, scores = surrogates.collect(loaded.model, loaded.layers, blocks,
-                                                reconstruction.Repetition.of(loaded.tokenizer), progress)
-            if states.shape[1] == 0:
-                raise SpectraError(f"{spell('--length', 'length')} {length} leaves no token after the chat "
-                                   "template's opening to fit on; give longer blocks")
+            states, scores = surrogates.collect(loaded.model, loaded.layers, blocks, repetition, progress)
             tensors, config = surrogates.fit(states, scores, surrogate)
             return artifacts.write(out, tensors, config)
         if not models.rotary(loaded.model):

@@ -7,8 +7,10 @@ KVzap's recipe is KVzip's scores as the target, a tiny model per layer as the fi
   attention input, `Prefill.hidden` (L, D): the hidden states after the layer's input norm, what kvpress's KVzapPress
   reads) and KVzip's reconstruction pass scores its cached pairs (`kv.reconstruction.scores`, what the `kvzip` press
   ranks: per key/value head, the largest weight any repeat query of its group gives the pair). Rows are the positions
-  from max(the template's opening, SINKS) on: the sinks' scores are raised above every score and the opening's are 0,
-  neither a score the model gave;
+  KVzip scores: the first SINKS, whose score KVzip raises above every other (it never evicts them, and a surrogate
+  fitted without them learns nothing of the attention sink: on SmolLM2 it evicted position 0 from a third of the
+  heads of the first two layers), and those from the template's opening on; the opening's other positions, which
+  KVzip leaves at 0 unmeasured, are left out;
 - *target*: log(max(s, FLOOR)), the paper's regression target (the scores span orders of magnitude);
 - *linear* (`ridge`): per layer, closed-form ridge least squares in float64 with an unpenalised intercept: X and y
   centred, W = (XcᵀXc + λI)⁻¹ Xcᵀyc with λ = RIDGE · tr(XcᵀXc) / D (relative, so it does not depend on the hidden
@@ -50,19 +52,26 @@ def targets(scores: torch.Tensor) -> torch.Tensor:
     return scores.double().clamp_min(FLOOR).log()
 
 
+def scored_rows(length: int, prefix: int) -> torch.Tensor:
+    """The positions of L context tokens whose KVzip score is one: the sinks and those from the template's opening
+    (`prefix` tokens) on."""
+    positions = torch.arange(length)
+    return positions[(positions < reconstruction.SINKS) | (positions >= prefix)]
+
+
 def collect(model: torch.nn.Module, layers: int, blocks: Sequence[torch.Tensor], repetition: reconstruction.Repetition,
             progress: Callable[[int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden (layers, N, D) float32, KVzip scores (layers, N, H_kv) float32) over the rows of every block (see the
     module docstring), each block prefilled by `model` and scored by KVzip's reconstruction pass."""
     states: list[torch.Tensor] = []
     scores: list[torch.Tensor] = []
-    first = max(repetition.prefix, reconstruction.SINKS)
     for index, ids in enumerate(blocks):
         with torch.inference_mode():
             parts = prefill.exact(model, layers, ids, 0, index, received=False, hidden=True)
             found = prefill.scored(model, layers, parts, ids, index, repetition, reconstructs=True)
-        states.append(torch.stack([part.hidden[first:] for part in found]).float())
-        scores.append(found[0].reconstruction[:, :, first:].transpose(1, 2).float())
+        rows = scored_rows(ids.shape[-1], repetition.prefix)
+        states.append(torch.stack([part.hidden[rows] for part in found]).float())
+        scores.append(found[0].reconstruction[:, :, rows].transpose(1, 2).float())
         if progress is not None:
             progress(index + 1)
     return torch.cat(states, dim=1), torch.cat(scores, dim=1)

@@ -89,6 +89,11 @@ def test_an_unknown_surrogate_is_refused(text_file: Path, tmp_path: Path) -> Non
         make_artifact("kvzap", "/nonexistent/model", data=[text_file], out=tmp_path / "z", surrogate="cubic")
 
 
+def test_the_rows_are_the_sinks_and_the_reconstructed_positions() -> None:
+    assert surrogate.scored_rows(10, 6).tolist() == [0, 1, 2, 3, 6, 7, 8, 9]  # 4, 5: the opening, never measured
+    assert surrogate.scored_rows(6, 0).tolist() == list(range(6))
+
+
 def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -100,18 +105,18 @@ def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: 
     loaded = models.load(str(llama_dir), device="cpu")
     blocks = text_blocks(loaded.tokenizer, [text_file], length, samples)
     repetition = reconstruction.Repetition.of(loaded.tokenizer)
-    first = max(repetition.prefix, reconstruction.SINKS)
+    rows = surrogate.scored_rows(length, repetition.prefix)
     model = AutoModelForCausalLM.from_pretrained(llama_dir).eval()  # the hidden states read by transformers alone
     states, scores = [], []
     for index, ids in enumerate(blocks):
         with torch.no_grad():
             residual = model(ids[None], output_hidden_states=True).hidden_states
-            states.append(torch.stack([layer.input_layernorm(residual[i][0])[first:]
+            states.append(torch.stack([layer.input_layernorm(residual[i][0])[rows]
                                        for i, layer in enumerate(model.model.layers)]))
             found = prefill.exact(loaded.model, loaded.layers, ids, 0, index, received=False)
             keys, values = [part.key for part in found], [part.value for part in found]
             kvzip = reconstruction.scores(loaded.model, loaded.layers, keys, values, ids, repetition, index)
-        scores.append(kvzip[:, :, first:].transpose(1, 2))
+        scores.append(kvzip[:, :, rows].transpose(1, 2))
     states, scores = torch.cat(states, dim=1), torch.cat(scores, dim=1)
     config = json.loads((written / artifacts.CONFIG_FILE).read_text())
     assert config["model_type"] == "kvzap" and config["hidden_dim"] is None
@@ -134,4 +139,17 @@ def test_the_cli_refuses_an_unknown_surrogate_in_one_line(text_file, tmp_path, m
                                     str(tmp_path / "zap"), "--surrogate", "cubic"], monkeypatch, capsys)
     assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
     assert "--surrogate must be one of linear, mlp (kvzap's surrogate), got 'cubic'" in stderr
+    assert not (tmp_path / "zap").exists()
+
+
+def test_blocks_no_longer_than_the_chat_templates_opening_are_refused(text_file: Path, tmp_path: Path) -> None:
+    import task_files
+    from transformers import AutoTokenizer
+
+    chat = task_files.save_chat_decoder(tmp_path / "tiny-chat")
+    prefix = reconstruction.Repetition.of(AutoTokenizer.from_pretrained(chat)).prefix
+    assert prefix + reconstruction.SINKS >= 8  # beyond check_request's least length, so this check is the one
+    with pytest.raises(SpectraError, match=f"length {prefix + 4} leaves too few tokens after the {prefix} of "
+                                           f".*give at least {prefix + 5}"):
+        make_artifact("kvzap", str(chat), data=[text_file], out=tmp_path / "zap", length=prefix + 4, samples=1)
     assert not (tmp_path / "zap").exists()
