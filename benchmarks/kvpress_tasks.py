@@ -131,10 +131,13 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
 
 
 def artifact_press(kvpress, name: str, ratio: float):
-    """kvpress's press loading a learned artifact, given spectra's `qfilter(DIR)` or `expected_attention_stats(DIR)`
-    (the directory `spectra artifacts` wrote): QFilterPress with its filters read by kvpress's own
+    """kvpress's press loading a learned artifact, given spectra's `qfilter(DIR)`, `expected_attention_stats(DIR)` or
+    `kvzap(DIR)` (the directory `spectra artifacts` wrote): QFilterPress with its filters read by kvpress's own
     `QFilters.from_pretrained(DIR)` in place of the hub's (its `post_init_from_model` fetches them by the model's
-    name), ExpectedAttentionStatsPress with `stats_folder=DIR`; None for any other name."""
+    name), ExpectedAttentionStatsPress with `stats_folder=DIR`, KVzapPress (its model_type, linear or mlp, the
+    directory's) with its surrogate read by kvpress's own `KVzapModel.from_pretrained(DIR)` and `kvzap_model_name`
+    set, when the press meets the model, to the name its `post_init_from_model` computes, so that it downloads
+    nothing; None for any other name."""
     if name.startswith("qfilter(") and name.endswith(")"):
         from kvpress.presses.qfilter_press import QFilters
 
@@ -145,6 +148,21 @@ def artifact_press(kvpress, name: str, ratio: float):
     if name.startswith("expected_attention_stats(") and name.endswith(")"):
         return kvpress.ExpectedAttentionStatsPress(compression_ratio=ratio,
                                                    stats_folder=name[len("expected_attention_stats("):-1])
+    if name.startswith("kvzap(") and name.endswith(")"):
+        from kvpress.presses.kvzap_press import KVzapModel
+
+        surrogate = KVzapModel.from_pretrained(name[len("kvzap("):-1])
+        press = kvpress.KVzapPress(compression_ratio=ratio,
+                                   model_type="linear" if surrogate.config.hidden_dim is None else "mlp")
+        press.kvzap_model = surrogate
+        own = press.post_init_from_model
+
+        def post_init_from_model(model) -> None:  # the name kvpress computes: its own check then loads nothing
+            press.kvzap_model_name = f"nvidia/KVzap-{press.model_type}-{model.config.name_or_path.split('/')[-1]}"
+            own(model)
+
+        press.post_init_from_model = post_init_from_model
+        return press
     return None
 
 

@@ -31,9 +31,10 @@ OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "ro
 @dataclass(frozen=True)
 class Shape:
     """What a model is, as far as its files tell before it loads: layers, attention heads, the longest sequence
-    it embeds, whether it is a decoder and its key/value heads (fewer than `heads` under grouped-query attention);
-    None where they do not say (a hub id: nothing until it loads). Every source tells them alike — a config.json,
-    a GGUF header, a loaded model (`sources.OfLoadedModel.shape`) — so no analysis reads a model's files itself."""
+    it embeds, whether it is a decoder, its key/value heads (fewer than `heads` under grouped-query attention) and its
+    hidden size (D, the width of its residual stream); None where they do not say (a hub id: nothing until it loads).
+    Every source tells them alike — a config.json, a GGUF header, a loaded model (`sources.OfLoadedModel.shape`) — so
+    no analysis reads a model's files itself."""
 
     layers: int | None = None
     heads: int | None = None
@@ -41,6 +42,7 @@ class Shape:
     causal: bool | None = None
     name: str = "the model"
     kv_heads: int | None = None
+    hidden: int | None = None
 
 
 def config_shape(config: dict, name: str, tokenizer_max: int | None = None) -> Shape:
@@ -58,7 +60,8 @@ def config_shape(config: dict, name: str, tokenizer_max: int | None = None) -> S
     heads = first("num_attention_heads", "n_head")
     # as the loaded model reads it (models.py): without num_key_value_heads every head has its own keys and values
     kv_heads = first("num_key_value_heads") or heads
-    return Shape(first("num_hidden_layers", "n_layer"), heads, positions, causal, name, kv_heads)
+    return Shape(first("num_hidden_layers", "n_layer"), heads, positions, causal, name, kv_heads,
+                 first("hidden_size", "n_embd"))
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class Source:
 
     def shape(self) -> Shape:
         """The model's shape from its files alone (config.json and tokenizer_config.json, or the GGUF header's
-        block_count, attention.head_count, attention.head_count_kv and context_length)."""
+        block_count, attention.head_count, attention.head_count_kv, context_length and embedding_length)."""
         if self.path is None:
             return Shape(name=self.label)
         if self.gguf_file is not None:
@@ -89,7 +92,7 @@ class Source:
             count = lambda key: value if isinstance(value := gguf_field(file, f"{architecture}.{key}"), int) else None
             heads = count("attention.head_count")
             return Shape(count("block_count"), heads, count("context_length"), True, self.label,
-                         count("attention.head_count_kv") or heads)
+                         count("attention.head_count_kv") or heads, count("embedding_length"))
         tokenizer_max = None
         try:
             tokenizer_max = json.loads((self.path / "tokenizer_config.json").read_text()).get("model_max_length")

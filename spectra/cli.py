@@ -189,23 +189,25 @@ def tasks_command(
 
 @app.command("artifacts", cls=FlaglessCommand)
 def artifacts_command(
-    kind: str = typer.Argument(..., help="What to fit: qfilter (Q-Filters: the queries' top singular direction per key/value head) or expected_attention_stats (the queries' mean and covariance per head)."),
-    model: str = typer.Argument(..., help="A decoder with rotary positions: hub id, local directory, or .gguf file."),
+    kind: str = typer.Argument(..., help="What to fit: qfilter (Q-Filters: the queries' top singular direction per key/value head), expected_attention_stats (the queries' mean and covariance per head) or kvzap (KVzap's surrogate: per layer, the hidden states → log KVzip scores)."),
+    model: str = typer.Argument(..., help="A decoder (with rotary positions for qfilter and expected_attention_stats): hub id, local directory, or .gguf file."),
     data: str = typer.Option(..., "--data", help="Local text files, comma-separated (e.g. /usr/share/common-licenses/GPL-3), cut into blocks of --length tokens."),
-    out: Path = typer.Option(..., "--out", help="The directory to write: config.json and model.safetensors, the layout kvpress's loader reads (qfilter(DIR), expected_attention_stats(DIR) in spectra cache)."),
+    out: Path = typer.Option(..., "--out", help="The directory to write: config.json and model.safetensors, the layout kvpress's loader reads (qfilter(DIR), expected_attention_stats(DIR), kvzap(DIR) in spectra cache)."),
     length: int = typer.Option(1000, "--length", help="Tokens per calibration block."),
     samples: int = typer.Option(16, "--samples", help="Calibration blocks (the first ones the files hold)."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: torch's)."),
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out directory."),
+    surrogate: str = typer.Option("mlp", "--surrogate", help="kvzap only: linear (ridge least squares) or mlp (Linear–GELU–Linear, kvpress's default)."),
 ) -> None:
-    """A press's learned artifact fitted on local text, written where kvpress loads it: Q-Filters or query statistics."""
+    """A press's learned artifact fitted on local text, written where kvpress loads it: Q-Filters, query statistics or
+    KVzap's surrogate."""
     from .report.console import out as stdout
     from .kv.calibration import make_artifact
 
     written = make_artifact(kind, model, data=[part.strip() for part in data.split(",") if part.strip()], out=out,
                             length=length, samples=samples, threads=threads, gguf_file=gguf_file,
-                            overwrite=overwrite)
+                            overwrite=overwrite, surrogate=surrogate)
     stdout.print(f"wrote {written} ({kind}(DIR) in spectra cache --presses)", soft_wrap=True)
 
 

@@ -376,3 +376,25 @@ def watch_projections(model: torch.nn.Module, callback: ProjectionHook) -> list:
             handles.append(linear.register_forward_hook(
                 lambda _module, _inputs, output, layer=layer, which=which: callback(layer, which, output)))
     return handles
+
+
+#: called with (layer, the attention module's input (B, n, D)) before each attention layer runs
+InputHook = Callable[[int, torch.Tensor], None]
+
+
+def watch_inputs(model: torch.nn.Module, callback: InputHook) -> list:
+    """Forward pre-hooks on every attention module's W^K (modules with a layer_idx whose linears are found):
+    `callback` sees the attention's input, the hidden states after the layer's input norm (what kvpress's hooks read
+    as `hidden_states`, and what W^Q, W^K and W^V project). Returns the handles (remove them when done)."""
+    handles = []
+    for module in model.modules():
+        layer = getattr(module, "layer_idx", None)
+        if layer is None or not isinstance(layer, int):
+            continue
+        try:
+            w_k = attention_linears(module).w_k
+        except SpectraError:
+            continue
+        handles.append(w_k.register_forward_pre_hook(
+            lambda _module, inputs, layer=layer: callback(layer, inputs[0])))
+    return handles

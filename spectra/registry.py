@@ -362,8 +362,9 @@ METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", 
 #: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
-    "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps", "argument",
-    "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer"), identity=("summary", "peer"))
+    "hidden", "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps",
+    "argument", "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer"),
+    identity=("summary", "peer"))
 #: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
 #: of tasks, each registering its tasks with their family and their seed number, the listing's order)
 TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")

@@ -59,7 +59,7 @@ class OfLoadedModel:
         """The loaded model's shape, for the checks an analysis makes before loading when the files tell it."""
         loaded = self.loaded
         return checkpoints.Shape(loaded.layers, loaded.heads, loaded.max_length, loaded.causal, loaded.name,
-                                 self.kv_heads)
+                                 self.kv_heads, getattr(getattr(loaded.model, "config", None), "hidden_size", None))
 
 
 class ModelSource(OfLoadedModel):

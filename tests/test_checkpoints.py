@@ -104,3 +104,13 @@ def test_the_shape_knows_the_key_value_heads_of_every_source(llama_dir, gpt2_dir
     assert (shape.layers, shape.heads, shape.kv_heads, shape.positions, shape.causal) == (30, 9, 3, 8192, True)
     write_gguf(tmp_path / "plain.gguf", {key: value for key, value in grouped.items() if "_kv" not in key})
     assert checkpoints.Source("x", tmp_path, {}, "plain", "plain.gguf").shape().kv_heads == 9
+
+
+def test_the_shape_knows_the_hidden_size(llama_dir, gpt2_dir, tmp_path) -> None:
+    """kvzap(DIR)'s surrogate reads D hidden dimensions: a config.json's hidden_size (GPT-2's n_embd), a GGUF
+    header's embedding_length, nothing for a hub id before it loads."""
+    assert checkpoints.inspect(str(llama_dir)).shape().hidden == 32
+    assert checkpoints.inspect(str(gpt2_dir)).shape().hidden == 32
+    assert checkpoints.inspect("org/some-model").shape().hidden is None
+    write_gguf(tmp_path / "wide.gguf", {"general.architecture": "llama", "llama.embedding_length": 576})
+    assert checkpoints.Source("x", tmp_path, {}, "wide", "wide.gguf").shape().hidden == 576

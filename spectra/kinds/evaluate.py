@@ -133,6 +133,7 @@ class Evaluate(PressStudy):
                           reconstructs=bool(PRESSES.having("reconstructs") & set(options.presses)),
                           composes=bool(PRESSES.having("composes") & set(options.presses)),
                           differentiates=bool(PRESSES.having("differentiates") & set(options.presses)),
+                          hidden=bool(PRESSES.having("hidden") & set(options.presses)),
                           questioned=[press for press in options.presses
                                       if options.query_aware and press in PRESSES.having("reads_question")])
 

@@ -154,10 +154,10 @@ class PressOptions:
 
 
 def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | None, name: str,
-                   heads: int | None = None, head_dim: int | None = None) -> None:
+                   heads: int | None = None, head_dim: int | None = None, hidden: int | None = None) -> None:
     """Refuse (one line) a `duo(DIR)` pattern, a `headbudget(DIR)` run or a `lukv(FILE)` budget curve that does not
-    have the model's layers × key/value heads, or a learned artifact (`qfilter(DIR)`, `expected_attention_stats(DIR)`)
-    of another shape (`head_dim`: known once the model has loaded)."""
+    have the model's layers × key/value heads, or a learned artifact (`qfilter(DIR)`, `expected_attention_stats(DIR)`,
+    `kvzap(DIR)`) of another shape (`head_dim`: known once the model has loaded; `hidden`: its hidden size D)."""
     from ..kv import artifacts, budgetcurve, headpattern
     from ..anatomy import headweights
 
@@ -165,7 +165,7 @@ def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | No
         parts = registry.applied(press)
         if parts is not None and parts[0] in artifacts.FORMATS:
             artifacts.fits(parts[0], parts[1], name, layers=layers, heads=heads, kv_heads=kv_heads,
-                           head_dim=head_dim)
+                           head_dim=head_dim, hidden=hidden)
         if parts is not None and parts[0] == "duo":
             headpattern.fits(headpattern.read(parts[1]), layers, kv_heads, name, parts[1])
         if parts is not None and parts[0] == "headbudget":
@@ -192,7 +192,7 @@ class PressStudy(Analysis):
         return {"Presses": press_lines()}
 
     def check(self, config: RunConfig, options: PressOptions, shape: checkpoints.Shape) -> None:
-        check_patterns(options, shape.layers, shape.kv_heads, shape.name, shape.heads)
+        check_patterns(options, shape.layers, shape.kv_heads, shape.name, shape.heads, hidden=shape.hidden)
         if shape.causal is False:
             raise SpectraError(f"{shape.name} is an encoder: {self.decodes} (a causal language model, e.g. Llama, "
                                "Qwen2, SmolLM2)")
@@ -219,4 +219,4 @@ class PressStudy(Analysis):
                                "predictions")
         self.check_rope(options, models.rotary(loaded.model), loaded.name)
         check_patterns(options, loaded.layers, loaded.kv_heads or loaded.heads, loaded.name, loaded.heads,
-                       loaded.head_dim)
+                       loaded.head_dim, getattr(getattr(loaded.model, "config", None), "hidden_size", None))

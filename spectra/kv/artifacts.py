@@ -1,16 +1,18 @@
 """Learned artifacts of presses, as directories in the format kvpress 0.5.5 loads — torch-free until a tensor is read.
 
 Some of kvpress's presses score with something fitted once per model and published on the hub: QFilterPress's
-filters, ExpectedAttentionStatsPress's query statistics. kvpress loads each with huggingface_hub's
-`PyTorchModelHubMixin.from_pretrained(folder)`: a directory holding `config.json` (the module's constructor
-arguments) and `model.safetensors` (its parameters by name). `spectra artifacts` writes such a directory for any model
-(`kv.calibration` fits it on local text), kvpress's own loaders read it from the local path, and the presses
-`qfilter(DIR)` and `expected_attention_stats(DIR)` read it here.
+filters, ExpectedAttentionStatsPress's query statistics, KVzapPress's surrogate. kvpress loads each with
+`from_pretrained(folder)` (huggingface_hub's `PyTorchModelHubMixin`, transformers' `PreTrainedModel` for KVzap's): a
+directory holding `config.json` (the module's constructor arguments) and `model.safetensors` (its parameters by name).
+`spectra artifacts` writes such a directory for any model (`kv.calibration` fits it on local text), kvpress's own
+loaders read it from the local path, and the presses `qfilter(DIR)`, `expected_attention_stats(DIR)` and `kvzap(DIR)`
+read it here.
 
 A directory is checked when a press names it, before any model loads, in one line: missing files, a safetensors
 header that is not one, a tensor missing or of the wrong number of axes, a config.json whose sizes disagree with the
-tensors (`check_qfilter`, `check_statistics`, the registry's checks of the presses' arguments). `fits` then holds it
-to the model's shape (layers, heads, key/value heads, head dimension) where the model's files tell it.
+tensors (`check_qfilter`, `check_statistics`, `check_surrogate`, the registry's checks of the presses' arguments).
+`fits` then holds it to the model's shape (layers, heads, key/value heads, head dimension, hidden size) where the
+model's files tell it.
 """
 
 from __future__ import annotations
@@ -68,15 +70,60 @@ class Format:
         return sizes
 
 
+class SurrogateFormat:
+    """KVzap's surrogate, as kvpress's `KVzapModel.save_pretrained` writes it: config.json with model_type "kvzap",
+    input_dim (D), output_dim (H_kv), n_modules (layers) and hidden_dim (null: linear); per layer i, `layers.{i}.weight`
+    (H_kv, D) and `.bias`, or a two-layer MLP's `layers.{i}.0.weight` (hidden_dim, D), `.0.bias`, `layers.{i}.2.weight`
+    (H_kv, hidden_dim) and `.2.bias`."""
+
+    what = "KVzap surrogate"
+
+    def tensors(self, config: dict[str, Any]) -> dict[str, list[int]]:
+        """Tensor name → shape that a surrogate of `config`'s sizes holds."""
+        dim, heads, width = config["input_dim"], config["output_dim"], config["hidden_dim"]
+        parts = ({"weight": [heads, dim], "bias": [heads]} if width is None else
+                 {"0.weight": [width, dim], "0.bias": [width], "2.weight": [heads, width], "2.bias": [heads]})
+        return {f"layers.{i}.{part}": shape for i in range(config["n_modules"]) for part, shape in parts.items()}
+
+    def shape(self, folder: str | Path) -> dict[str, int]:
+        """{layers, hidden (D), kv_heads} of the surrogate in `folder`, checked whole (SpectraError, one line)."""
+        folder = Path(folder)
+        Format(self.what, {}, {}).shape(folder)  # the directory and its two files
+        config = read_config(folder / CONFIG_FILE, self.what)
+        if config.get("model_type") != "kvzap":
+            raise SpectraError(f"{self.what} {folder / CONFIG_FILE}: model_type is {config.get('model_type')!r}, not "
+                               "'kvzap'")
+        for key in ("input_dim", "output_dim", "n_modules", "hidden_dim"):
+            value = config.get(key)
+            if isinstance(value, bool) or not (isinstance(value, int) and value > 0 or
+                                               value is None and key == "hidden_dim"):
+                raise SpectraError(f"{self.what} {folder / CONFIG_FILE}: {key} is {value!r}, not a positive integer"
+                                   + (" or null (linear)" if key == "hidden_dim" else ""))
+        header = safetensors_header(folder / WEIGHTS_FILE, self.what)
+        for tensor, dims in self.tensors(config).items():
+            if tensor not in header:
+                raise SpectraError(f"{self.what} {folder / WEIGHTS_FILE}: holds no tensor '{tensor}', which its "
+                                   f"{CONFIG_FILE} (n_modules {config['n_modules']}, hidden_dim "
+                                   f"{config['hidden_dim']}) needs")
+            if header[tensor] != dims:
+                raise SpectraError(f"{self.what} {folder / WEIGHTS_FILE}: '{tensor}' is "
+                                   f"{' × '.join(map(str, header[tensor]))}, but its {CONFIG_FILE} makes it "
+                                   f"{' × '.join(map(str, dims))}")
+        return {"layers": config["n_modules"], "hidden": config["input_dim"], "kv_heads": config["output_dim"]}
+
+
 QFILTER = Format("Q-Filters", {"q_filters": ("layers", "kv_heads", "head_dim")},
                  {"num_layers": "layers", "num_kv_heads": "kv_heads", "kv_head_dim": "head_dim"})
 STATISTICS = Format("query statistics", {"query_mean": ("layers", "heads", "head_dim"),
                                          "query_cov": ("layers", "heads", "head_dim", "head_dim")},
                     {"num_layers": "layers", "num_heads": "heads", "head_dim": "head_dim"})
+SURROGATE = SurrogateFormat()
 #: how messages name the axes
-AXES = {"layers": "layers", "heads": "query heads", "kv_heads": "key/value heads", "head_dim": "head dimensions"}
+AXES = {"layers": "layers", "heads": "query heads", "kv_heads": "key/value heads", "head_dim": "head dimensions",
+        "hidden": "hidden dimensions"}
 #: `spectra artifacts`' kinds: the press reading it → its format
-FORMATS = {"qfilter": QFILTER, "expected_attention_stats": STATISTICS}
+FORMATS: dict[str, Format | SurrogateFormat] = {"qfilter": QFILTER, "expected_attention_stats": STATISTICS,
+                                                "kvzap": SURROGATE}
 
 
 def read_config(path: Path, what: str) -> dict[str, Any]:
@@ -115,9 +162,14 @@ def check_statistics(argument: str) -> None:
     STATISTICS.shape(argument)
 
 
+def check_surrogate(argument: str) -> None:
+    """The registry's check of `kvzap(DIR)`: DIR holds a whole KVzap surrogate."""
+    SURROGATE.shape(argument)
+
+
 def fits(kind: str, folder: str | Path, name: str, **model: int | None) -> None:
     """Refuse (one line) the artifact in `folder` where its sizes differ from the model's (`model`: layers, heads,
-    kv_heads, head_dim; None: not known yet, not checked)."""
+    kv_heads, head_dim, hidden; None: not known yet, not checked)."""
     found = FORMATS[kind].shape(folder)
     known = {axis: model[axis] for axis in found if model.get(axis) is not None}
     if any(found[axis] != size for axis, size in known.items()):

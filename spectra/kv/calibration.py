@@ -12,6 +12,8 @@ added), each prefilled exactly (`kv.prefill.exact`, keeping every layer's querie
 - `expected_attention_stats` (kvpress's recipe in expected_attention_with_stats.py): per layer and query head, the
   queries before RoPE of every block but its first `SINKS` positions, their mean and their covariance divided by
   N − 1 (accumulated in float64 as sums of q and q qᵀ).
+- `kvzap` (KVzap, arXiv:2601.07891): per layer, a linear map or a small MLP (`surrogate`: linear or mlp) from each
+  token's hidden state to the log of KVzip's score of its pair, fitted on each block's KVzip scores (`kv.surrogate`).
 
 kvpress's recipe for the statistics cuts each of 100 booksum chapters to its first 1000 characters; spectra reads
 local files (no download) and counts in tokens. Everything the user can get wrong is refused in one line before the
@@ -32,18 +34,23 @@ from .presses.expected import SINKS
 from .presses.rerotation import rotate_half
 
 
-def check_request(kind: str, data: Sequence[Path], out: Path, length: int, samples: int, overwrite: bool) -> None:
+def check_request(kind: str, data: Sequence[Path], out: Path, length: int, samples: int, overwrite: bool,
+                  surrogate: str = "mlp") -> None:
     """Refuse (one line) what cannot be fitted or written, before anything loads."""
     from ..rundir import check_writable
+    from .surrogate import KINDS
 
     if kind not in artifacts.FORMATS:
         raise SpectraError(f"unknown artifact '{kind}'; choose one of {', '.join(artifacts.FORMATS)}")
+    if surrogate not in KINDS:
+        raise SpectraError(f"{spell('--surrogate', 'surrogate')} must be one of {', '.join(KINDS)} (kvzap's "
+                           f"surrogate), got '{surrogate}'")
     if not data:
         raise SpectraError(f"{spell('--data', 'data')} names no file; give one or more text files, comma-separated")
     for path in data:
         if not path.is_file():
             raise SpectraError(f"{spell('--data', 'data')} {path}: no such file (give text files, comma-separated)")
-    fewest = SINKS + 2 if kind == "expected_attention_stats" else 2
+    fewest = {"expected_attention_stats": SINKS + 2, "kvzap": 2 * SINKS}.get(kind, 2)
     if isinstance(length, bool) or length < fewest:
         raise SpectraError(f"{spell('--length', 'length')} must be ≥ {fewest} tokens, got {length}")
     if isinstance(samples, bool) or samples < 1:
@@ -150,11 +157,12 @@ def fit(kind: str, model: torch.nn.Module, layers: int, blocks: Sequence[torch.T
 
 def make_artifact(kind: str, model: str, *, data: Sequence[str | Path], out: str | Path, length: int = 1000,
                   samples: int = 16, threads: int | None = None, gguf_file: str | None = None,
-                  overwrite: bool = False, progress: Callable[[int], None] | None = None) -> Path:
+                  overwrite: bool = False, progress: Callable[[int], None] | None = None,
+                  surrogate: str = "mlp") -> Path:
     """Fit `kind`'s artifact for `model` on the text files `data` (`samples` blocks of `length` tokens) and write
-    it to the directory `out`, in kvpress's format (see the module docstring)."""
+    it to the directory `out`, in kvpress's format (see the module docstring); `surrogate`: kvzap's, linear or mlp."""
     paths, out = [Path(path) for path in data], Path(out)
-    check_request(kind, paths, out, length, samples, overwrite)
+    check_request(kind, paths, out, length, samples, overwrite, surrogate)
     source = checkpoints.inspect(model, gguf_file)
     shape = source.shape()
     if shape.causal is False:
@@ -164,6 +172,18 @@ def make_artifact(kind: str, model: str, *, data: Sequence[str | Path], out: str
                            f"{source.label}")
     with runtime.threads(threads):
         loaded = models.load(model, device="cpu", gguf_file=gguf_file)
+        if kind == "kvzap":
+            from . import reconstruction, surrogate as surrogates
+
+            repetition = reconstruction.Repetition.of(loaded.tokenizer)
+            if length <= repetition.prefix + SINKS:
+                raise SpectraError(f"{spell('--length', 'length')} {length} leaves too few tokens after the "
+                                   f"{repetition.prefix} of {loaded.name}'s chat template opening, which KVzip does "
+                                   f"not score; give at least {repetition.prefix + SINKS + 1}")
+            blocks = text_blocks(loaded.tokenizer, paths, length, samples)
+            states, scores = surrogates.collect(loaded.model, loaded.layers, blocks, repetition, progress)
+            tensors, config = surrogates.fit(states, scores, surrogate)
+            return artifacts.write(out, tensors, config)
         if not models.rotary(loaded.model):
             raise SpectraError(f"{loaded.name} has no rotary position embedding (RoPE): {kind} scores post-RoPE "
                                "keys with statistics of rotated queries")

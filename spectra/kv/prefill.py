@@ -20,7 +20,8 @@ computes, layer by layer,
 
 Only when a press `reconstructs` (kvzip), the forward pass is followed by KVzip's reconstruction pass over the
 prefilled cache (`kv.reconstruction`), whose scores of every layer go to each layer's `Prefill.reconstruction`; only
-when a press `composes` (kvcompose), by KVCompose's replay pass (`kv.composition`, `Prefill.composition`).
+when a press `composes` (kvcompose), by KVCompose's replay pass (`kv.composition`, `Prefill.composition`). Only
+when a press reads `hidden` (kvzap), each layer's attention input (L × D, after its input norm) is kept.
 
 What is kept per layer is O(L·d) (keys, values, pre-RoPE keys) plus the window's H × w × L rows — about 1.1 GB for
 SmolLM2 at 8192 tokens — and, only for a press declaring `queries`, the H × L × d pre-RoPE queries. Keys are never
@@ -118,6 +119,10 @@ class _Collector:
     prefills: dict[int, Prefill] = field(default_factory=dict)
     pre_rope: dict[int, torch.Tensor] = field(default_factory=dict)
     query_pre: dict[int, torch.Tensor] = field(default_factory=dict)
+    states: dict[int, torch.Tensor] = field(default_factory=dict)  # attention inputs, only when a press reads them
+
+    def attention_input(self, layer: int, hidden: torch.Tensor) -> None:
+        self.states[layer] = hidden
 
     def projection(self, layer: int, which: str, output: torch.Tensor) -> None:
         if which == "k":
@@ -143,26 +148,31 @@ class _Collector:
         key_pre = None if pre is None else pre[0].unflatten(-1, (key.shape[0], -1)).transpose(0, 1)
         queries = self.query_pre.pop(captured.layer, None)  # (1, L, H·d) → (H, L, d)
         query_pre = None if queries is None else queries[0].unflatten(-1, (heads, -1)).transpose(0, 1)
+        hidden = self.states.pop(captured.layer, None)  # (1, L, D) → (L, D)
         self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, received,
                                                 captured.scaling, self.seed, self.index,
-                                                w_o=self.w_o.get(captured.layer), query_pre=query_pre, rope=self.rope)
+                                                w_o=self.w_o.get(captured.layer), query_pre=query_pre, rope=self.rope,
+                                                hidden=None if hidden is None else hidden[0])
         return out[None] if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
 
 
 def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int, *, received: bool = True,
           fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES, queries: bool = False,
-          repetition: reconstruction.Repetition | None = None, composes: bool = False) -> list[Prefill]:
+          repetition: reconstruction.Repetition | None = None, composes: bool = False,
+          hidden: bool = False) -> list[Prefill]:
     """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring);
     `received`: compute the attention each key received (else an empty (H, 0) tensor), by the fused kernel where
     there is one (`fused`), else in query chunks; `seed` and `index` (the run's seed and the example's global index)
     go to the presses that draw randomly; each layer's output projection W^O goes with its prefill (`Prefill.w_o`);
     `queries`: keep every layer's pre-RoPE queries (a press reads them); `repetition` (the tokenizer's prompts): run
     KVzip's reconstruction pass after the prefill and give every layer its scores (`Prefill.reconstruction`,
-    `kv.reconstruction`); `composes`: likewise KVCompose's replay pass (`Prefill.composition`, `kv.composition`).
+    `kv.reconstruction`); `composes`: likewise KVCompose's replay pass (`Prefill.composition`, `kv.composition`);
+    `hidden`: keep every layer's attention input (`Prefill.hidden`, what kvzap's surrogate reads).
     Every layer's `question_tokens` is 0: a task example's own count is set by its source (`TaskSource.run`)."""
     collector = _Collector(window, received, fused, chunk_bytes, seed, index, models.output_projections(model),
                            queries, models.rope(model))
     hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or queries else []
+    hooks += models.watch_inputs(model, collector.attention_input) if hidden else []
     try:
         capture.forward(model, layers, None, collector.substitute, [index], input_ids=ids.reshape(1, -1),
                         use_cache=False, logits_to_keep=1)

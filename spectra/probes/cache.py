@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,6 +89,9 @@ class CacheProbe(Probe):
         self.queries = any(press.queries for press in self.presses.values())
         self.rope = models.rope(loaded.model)
         self.hooks = models.watch_projections(loaded.model, self._projection) if models.rotary(loaded.model) else []
+        self.states: dict[int, torch.Tensor] = {}  # each layer's attention input, only for a press reading it
+        if any(press.hidden for press in self.presses.values()):
+            self.hooks += models.watch_inputs(loaded.model, self.states.__setitem__)
         self.w_o = models.output_projections(loaded.model)  # each layer's W^O, for the presses that read it
 
     def _projection(self, layer: int, which: str, output: torch.Tensor) -> None:
@@ -114,6 +118,9 @@ class CacheProbe(Probe):
             query_pre = None if query_pre is None else query_pre.transpose(0, 1)
             prefilled = continuation.from_captured(captured, row, context, key_pre, self.seed, index[row],
                                                    self.w_o.get(layer), query_pre, self.rope)
+            states = self.states.get(layer)  # (B, n, D) → (L, D)
+            if states is not None:
+                prefilled = replace(prefilled, hidden=states[row, :context])
             if index[row] < self.fit_samples:
                 self._calibrate(prefilled)
                 continue
@@ -131,6 +138,7 @@ class CacheProbe(Probe):
                                       index[row])
         self.pre_rope.pop(layer, None)
         self.query_pre.pop(layer, None)
+        self.states.pop(layer, None)
 
     @staticmethod
     def _reconstructs(cell: Cell) -> bool:

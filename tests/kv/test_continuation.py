@@ -39,9 +39,9 @@ def prefilled(loaded, ids) -> dict:
     """Each layer's prefill and captured record, read off one forward over the whole sequence (with the context's
     keys and queries before RoPE, the model's RoPE and each layer's W^O, which expected_attention, compactor and
     criticalkv read), KVzip's reconstruction scores of the context (the pass the engine runs for a press that
-    `reconstructs`), KVCompose's replay scores (for a press that `composes`) and KVgrad's attribution scores (for a
-    press that `differentiates`)."""
-    found, pre, w_o = {}, {}, models.output_projections(loaded.model)
+    `reconstructs`), KVCompose's replay scores (for a press that `composes`), KVgrad's attribution scores (for a
+    press that `differentiates`) and each layer's attention input (for a press reading `hidden`: kvzap)."""
+    found, pre, w_o, states = {}, {}, models.output_projections(loaded.model), {}
 
     def observe(captured):
         key_pre, query_pre = (pre.pop((captured.layer, which))[0, :CONTEXT].unflatten(-1, (heads, -1)).transpose(0, 1)
@@ -53,7 +53,7 @@ def prefilled(loaded, ids) -> dict:
     def projection(layer, which, output):
         pre[layer, which] = output
 
-    hooks = models.watch_projections(loaded.model, projection)
+    hooks = models.watch_projections(loaded.model, projection) + models.watch_inputs(loaded.model, states.__setitem__)
     try:
         outputs = capture.forward(loaded.model, loaded.layers, observe, None, [0], input_ids=ids)
     finally:
@@ -65,7 +65,8 @@ def prefilled(loaded, ids) -> dict:
     scores = reconstruction.scores(loaded.model, loaded.layers, keys, values, ids[0, :CONTEXT], repetition, 0)
     composed = composition.scores(loaded.model, loaded.layers, ids[0, :CONTEXT], 0)  # KVCompose's replay pass
     attributed = gradient.scores(loaded.model, loaded.layers, keys, values, ids[0, :CONTEXT], repetition, 0)
-    found = {layer: (captured, replace(part, reconstruction=scores, composition=composed, gradient=attributed))
+    found = {layer: (captured, replace(part, reconstruction=scores, composition=composed, gradient=attributed,
+                                       hidden=states[layer][0, :CONTEXT]))
              for layer, (captured, part) in found.items()}
     return found, outputs.logits[0]
 
@@ -119,7 +120,8 @@ def engine(loaded, ids, parts_per_variant: list[dict], layers: dict, first: torc
 
 
 def learned_artifacts(folder, layers: dict) -> list[str]:
-    """`qfilter(DIR)` and `expected_attention_stats(DIR)` with random artifacts of the model's shape."""
+    """`qfilter(DIR)`, `expected_attention_stats(DIR)` and `kvzap(DIR)` (linear and MLP) with random artifacts of the
+    model's shape."""
     from spectra.kv import artifacts
 
     prefill = layers[0][1]
@@ -131,7 +133,17 @@ def learned_artifacts(folder, layers: dict) -> list[str]:
     stats = artifacts.write(folder / "stats", {"query_mean": torch.randn(count, heads, dim, generator=generator),
                                                "query_cov": factor @ factor.transpose(-1, -2)},
                             {"num_layers": count, "num_heads": heads, "head_dim": dim})
-    return [f"qfilter({filters})", f"expected_attention_stats({stats})"]
+    width, surrogates = prefill.hidden.shape[-1], []
+    for hidden_dim in (None, 7):
+        parts = ({"": (kv_heads, width)} if hidden_dim is None else
+                 {"0.": (hidden_dim, width), "2.": (kv_heads, hidden_dim)})
+        tensors = {f"layers.{layer}.{part}{which}": torch.randn(shape if which == "weight" else shape[:1],
+                                                                  generator=generator)
+                   for layer in range(count) for part, shape in parts.items() for which in ("weight", "bias")}
+        surrogates.append(artifacts.write(folder / f"zap{hidden_dim}", tensors, {
+            "model_type": "kvzap", "input_dim": width, "output_dim": kv_heads, "n_modules": count,
+            "hidden_dim": hidden_dim}))
+    return [f"qfilter({filters})", f"expected_attention_stats({stats})", *(f"kvzap({zap})" for zap in surrogates)]
 
 
 def test_every_press_equals_the_dense_forward_that_hides_its_evicted_keys(gqa_llama, tmp_path) -> None:

@@ -116,6 +116,21 @@ def test_each_layer_carries_its_output_projection(gqa_llama) -> None:
         own = loaded.model.model.layers[layer].self_attn.o_proj.weight
         assert found.w_o is not None and torch.equal(found.w_o, own)
 
+def test_the_hidden_states_are_kept_only_when_asked_and_are_the_normed_layer_inputs(gqa_llama) -> None:
+    """kvzap reads each layer's attention input (kvpress's `hidden_states`): the residual stream entering the decoder
+    layer (transformers' output_hidden_states) through its input_layernorm; a prefill not asked keeps none."""
+    loaded, ids = gqa_llama
+    assert all(layer.hidden is None for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0,
+                                                               received=False))
+    with torch.inference_mode():
+        residual = loaded.model(input_ids=ids[None], output_hidden_states=True).hidden_states
+    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False,
+                                                hidden=True)):
+        normed = loaded.model.model.layers[layer].input_layernorm(residual[layer][0])
+        assert found.hidden.shape == (CONTEXT, 48)
+        assert torch.allclose(found.hidden, normed, rtol=1e-12, atol=1e-12), layer
+
+
 def test_the_chunk_fits_its_budget() -> None:
     assert prefill.chunk_queries(9, 8192) == 2**27 // (9 * 8192 * 4)
     assert prefill.chunk_queries(9, 8192, budget=1) == 1

@@ -65,7 +65,8 @@ class Prefill:
       compressed with the context; FINCH's window), 0 where the context holds none;
     - `composition` (layers, H_kv, L): KVCompose's replay scores of every layer, likewise, only when a run's press
       `composes` (`kv/composition.py`), else None; `gradient` (layers, H_kv, L): KVgrad's attribution scores,
-      likewise, only when a run's press `differentiates` (`kv/gradient.py`).
+      likewise, only when a run's press `differentiates` (`kv/gradient.py`); `hidden` (L, D): the attention module's
+      input (after the layer's input norm: kvpress's `hidden_states`), only when a run's press reads `hidden` (kvzap).
     """
 
     layer: int
@@ -85,6 +86,7 @@ class Prefill:
     question_tokens: int = 0
     composition: torch.Tensor | None = None
     gradient: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -242,13 +244,12 @@ class Press:
     name: ClassVar[str]
     #: name → keyword arguments, one registered instance each, for a class registered as several variants (kivi2/4/8)
     variants: ClassVar[dict[str, dict[str, object]]] = {}
-    needs_rope: ClassVar[bool] = False
-    windowed: ClassVar[bool] = False
-    calibrates: ClassVar[bool] = False
+    needs_rope, windowed, calibrates = False, False, False
     #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`; `composes`:
-    #: `.composition`; `differentiates`: `.gradient`), which a prefill computes only when a run's press needs it;
-    #: `min_context`: the fewest context tokens it compresses (compactor: 13)
-    received, queries, reconstructs, composes, differentiates, min_context = False, False, False, False, False, 0
+    #: `.composition`; `differentiates`: `.gradient`; `hidden`: `.hidden`), which a prefill computes only when a run's
+    #: press needs it; `min_context`: the fewest context tokens it compresses (compactor: 13)
+    received, queries, reconstructs, composes, differentiates, hidden = False, False, False, False, False, False
+    min_context: ClassVar[int] = 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
     #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
@@ -256,10 +257,9 @@ class Press:
     decodable: ClassVar[bool] = False
     #: a scorer reading only the cached rows and their order, so it scores any subset (`chunk(…)`, `block(…)`)
     rowscorer: ClassVar[bool] = False
-    #: compresses while the answer or continuation is decoded, not once after the prefill (`decoding(<decodable>)`)
-    decodes: ClassVar[bool] = False
-    #: its rows mix the context's tokens (linformer's E·K, F·V): no press reads them as tokens, so it comes last
-    mixes: ClassVar[bool] = False
+    #: compresses while the answer or continuation is decoded, not once after the prefill (`decoding(<decodable>)`);
+    #: `mixes`: its rows mix the context's tokens (linformer's E·K, F·V), which no press reads as tokens: it comes last
+    decodes, mixes = False, False
     #: the last context queries the press reads, its own setting (SnapKV's window_size); 0: none of its own (a
     #: `windowed` press without one reads the prefill's, `WINDOW`)
     window: ClassVar[int] = 0

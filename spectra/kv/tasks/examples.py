@@ -118,17 +118,18 @@ class TaskSource(OfLoadedModel):
     the attention each key received (a press reads it); `queries`: whether it keeps the pre-RoPE queries (a press
     reads them); `reconstructs`: whether it runs KVzip's reconstruction pass (a press reads its scores); `composes`:
     whether it runs KVCompose's replay pass (likewise); `differentiates`: whether it runs KVgrad's attribution pass
-    (likewise); `questioned`: the presses that read a query-aware question's tokens as their window (finch); `left_out`:
-    the file's tasks no evaluated record has."""
+    (likewise); `hidden`: whether it keeps each layer's attention input (a press reads it: kvzap); `questioned`: the
+    presses that read a query-aware question's tokens as their window (finch); `left_out`: the file's tasks no
+    evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
                  query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = (),
                  queries: bool = False, reconstructs: bool = False, composes: bool = False,
-                 differentiates: bool = False, questioned: Sequence[str] = ()) -> None:
+                 differentiates: bool = False, hidden: bool = False, questioned: Sequence[str] = ()) -> None:
         self.config, self.where, self.records = config, device, list(records)
         self.query_aware, self.received, self.windowed, self.queries = query_aware, received, windowed, queries
         self.reconstructs, self.composes, self.differentiates = reconstructs, composes, differentiates
-        self.questioned = list(questioned)
+        self.hidden, self.questioned = hidden, list(questioned)
         self.repetition: reconstruction.Repetition | None = None
         self.left_out = list(left_out)
         self.content = data.file_content(Path(config.data))
@@ -190,12 +191,14 @@ class TaskSource(OfLoadedModel):
 
     def prefill_bytes(self) -> float:
         """What the longest example's prefill holds (every layer's keys, values, pre-RoPE keys and window rows — and
-        pre-RoPE queries for a press reading them —, one chunk's scores and softmax) and its full cache for decoding:
-        the loop's memory check."""
+        pre-RoPE queries or attention inputs for a press reading them —, one chunk's scores and softmax) and its full
+        cache for decoding: the loop's memory check."""
         loaded, n = self.loaded, self.n
         dim = loaded.head_dim or 64
         itemsize = torch.finfo(loaded.dtype).bits // 8
-        per_layer = n * (5 * self.kv_heads * dim + self.heads * (WINDOW + dim * self.queries)) * itemsize
+        width = getattr(getattr(loaded.model, "config", None), "hidden_size", None) or self.heads * dim
+        hidden = width if self.hidden else 0  # each layer's attention input (L × D), for a press reading it
+        per_layer = n * (5 * self.kv_heads * dim + self.heads * (WINDOW + dim * self.queries) + hidden) * itemsize
         return float(loaded.layers * per_layer + 3 * prefill.CHUNK_BYTES)
 
     def smallest_decode_bytes(self) -> int:
@@ -226,7 +229,7 @@ class TaskSource(OfLoadedModel):
         example = self.examples[batch.index[0]]
         ids = example.context_ids.to(self.device)
         found = prefill.exact(self.loaded.model, self.layers, ids, self.config.seed, example.record.example,
-                              received=self.received, queries=self.queries)
+                              received=self.received, queries=self.queries, hidden=self.hidden)
         found = prefill.scored(self.loaded.model, self.layers, found, ids, example.record.example, self.repetition,
                                reconstructs=self.reconstructs, composes=self.composes,
                                differentiates=self.differentiates)
