@@ -39,10 +39,6 @@ from ..kv.tasks import selection
 from .base import Analysis, register
 from .pressbase import DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
 
-#: the fact of presses that read the attention each key received (the prefill computes it only for them)
-RECEIVED = "received"
-
-
 @dataclass(frozen=True)
 class EvaluateOptions(PressOptions):
     """The presses and ratios compared on a task file's records, and whether the question is compressed too."""
@@ -122,18 +118,13 @@ class Evaluate(PressStudy):
 
     def source(self, config: RunConfig, options: EvaluateOptions, where: Any):
         """A `TaskSource` over the evaluated records."""
+        from ..kv.prefill import Reads
         from ..kv.tasks.examples import TaskSource
 
         records = selection.units(selection.evaluated(config), options.query_aware)
         missing = selection.left_out(config)
-        return TaskSource(config, where, records, query_aware=options.query_aware,
-                          received=bool(PRESSES.having(RECEIVED) & set(options.presses)),
+        return TaskSource(config, where, records, query_aware=options.query_aware, reads=Reads.of(options.presses),
                           windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing,
-                          queries=bool(PRESSES.having("queries") & set(options.presses)),
-                          reconstructs=bool(PRESSES.having("reconstructs") & set(options.presses)),
-                          composes=bool(PRESSES.having("composes") & set(options.presses)),
-                          differentiates=bool(PRESSES.having("differentiates") & set(options.presses)),
-                          hidden=bool(PRESSES.having("hidden") & set(options.presses)),
                           questioned=[press for press in options.presses
                                       if options.query_aware and press in PRESSES.having("reads_question")])
 

@@ -135,7 +135,7 @@ def fit(kind: str, model: torch.nn.Module, layers: int, blocks: Sequence[torch.T
     found: QFilterFit | StatisticsFit | None = None
     for index, ids in enumerate(blocks):
         with torch.inference_mode():
-            parts = prefill.exact(model, layers, ids, 0, index, received=False, queries=True)
+            parts = prefill.exact(model, layers, ids, 0, index, prefill.Reads(queries=True))
         for part in parts:
             pre = part.query_pre
             if pre is None or part.rope is None:

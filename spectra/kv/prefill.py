@@ -10,7 +10,7 @@ computes, layer by layer,
   which never forms P: kvpress's pipeline prefills with the same call);
 - the window's rows: the last w = min(WINDOW, L) queries' scores over the L keys, masked causally, softmax in float32
   (or wider) — eager attention's operations in its order;
-- the attention each key received, Σ_i P_ij, only when a press reads it (`received=True`; kvpress's observed
+- the attention each key received, Σ_i P_ij, only when a press reads it (`Reads.received`; kvpress's observed
   attention). On a CPU, by two passes of the fused flash kernel (`fused_received`: the layer's attention with its
   log-normalisers, then a reversed attention whose log-normalisers are the column sums), about 1.6 times one
   attention; elsewhere, or as the reference, in *query chunks*, each chunk forming its c × (its last position + 1)
@@ -18,10 +18,12 @@ computes, layer by layer,
   Without it, `Prefill.received` is an empty (H, 0) tensor, so a press that reads it undeclared fails loudly
   instead of reading zeros.
 
-Only when a press `reconstructs` (kvzip), the forward pass is followed by KVzip's reconstruction pass over the
+What a run's presses read beyond the cache is one `Reads` (each field a press fact), and the prefill computes only
+that. Only when a press `reconstructs` (kvzip), the forward pass is followed by KVzip's reconstruction pass over the
 prefilled cache (`kv.reconstruction`), whose scores of every layer go to each layer's `Prefill.reconstruction`; only
-when a press `composes` (kvcompose), by KVCompose's replay pass (`kv.composition`, `Prefill.composition`). Only
-when a press reads `hidden` (kvzap), each layer's attention input (L × D, after its input norm) is kept.
+when a press `composes` (kvcompose), by KVCompose's replay pass (`kv.composition`, `Prefill.composition`); only when
+one `differentiates` (kvgrad), by KVgrad's attribution pass (`kv.gradient`, `Prefill.gradient`). Only when a press
+reads `hidden` (kvzap), each layer's attention input (L × D, after its input norm) is kept.
 
 What is kept per layer is O(L·d) (keys, values, pre-RoPE keys) plus the window's H × w × L rows — about 1.1 GB for
 SmolLM2 at 8192 tokens — and, only for a press declaring `queries`, the H × L × d pre-RoPE queries. Keys are never
@@ -33,7 +35,8 @@ context at a time).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -43,9 +46,40 @@ from ..capture import Captured
 from .presses import Prefill
 from .presses.base import WINDOW
 from ..kernels import softmax_dtype
+from ..registry import PRESSES
 
 #: bytes of one chunk's scores (H × c × L floats): the chunk's queries c are chosen to stay under it
 CHUNK_BYTES = 2**27
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What a run's presses read off a prefill beyond the cache, so that the prefill computes only that: `received`,
+    the attention each key received (`Prefill.received`); `queries`, every layer's pre-RoPE queries
+    (`Prefill.query_pre`); `hidden`, every layer's attention input (`Prefill.hidden`); and the whole-model passes'
+    scores, each run once for all layers: `reconstructs`, KVzip's reconstruction (`Prefill.reconstruction`);
+    `composes`, KVCompose's replay (`Prefill.composition`); `differentiates`, KVgrad's attribution
+    (`Prefill.gradient`). Each field is the press fact of the same name (`kv.presses.base.Press`), so a run's reads
+    are those of its presses (`Reads.of`); none by default."""
+
+    received: bool = False
+    queries: bool = False
+    hidden: bool = False
+    reconstructs: bool = False
+    composes: bool = False
+    differentiates: bool = False
+
+    @classmethod
+    def of(cls, presses: Iterable[str]) -> Reads:
+        """What the presses named `presses` (registry names, as `--presses` gives them) read: each fact true when
+        one of them declares it."""
+        named = set(presses)
+        return cls(**{fact.name: bool(PRESSES.having(fact.name) & named) for fact in fields(cls)})
+
+    @property
+    def repeats(self) -> bool:
+        """Whether a pass reads the tokenizer's repetition prompts (`reconstruction.Repetition`: KVzip's, KVgrad's)."""
+        return self.reconstructs or self.differentiates
 
 
 def chunk_queries(heads: int, length: int, itemsize: int = 4, budget: int = CHUNK_BYTES) -> int:
@@ -108,13 +142,12 @@ class _Collector:
     """What the prefill's forward pass gathers, layer by layer."""
 
     window: int
-    received: bool
+    reads: Reads
     fused: bool
     chunk_bytes: int
     seed: int
     index: int
     w_o: dict[int, torch.Tensor] = field(default_factory=dict)
-    queries: bool = False
     rope: models.Rope | None = None
     prefills: dict[int, Prefill] = field(default_factory=dict)
     pre_rope: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -127,7 +160,7 @@ class _Collector:
     def projection(self, layer: int, which: str, output: torch.Tensor) -> None:
         if which == "k":
             self.pre_rope[layer] = output
-        elif which == "q" and self.queries:
+        elif which == "q" and self.reads.queries:
             self.query_pre[layer] = output
 
     def substitute(self, captured: Captured) -> torch.Tensor:
@@ -136,10 +169,10 @@ class _Collector:
         heads, length, _ = q.shape
         window = min(self.window, length)
         q_window = q[:, length - window:].clone()
-        fused = fused_received(q, key, value, captured.scaling) if self.received and self.fused else None
+        fused = fused_received(q, key, value, captured.scaling) if self.reads.received and self.fused else None
         if fused is not None:
             out, received = fused
-        elif self.received:
+        elif self.reads.received:
             chunk = chunk_queries(heads, length, torch.finfo(softmax_dtype(q.dtype)).bits // 8, self.chunk_bytes)
             out, received = None, received_attention(q, key, captured.scaling, chunk)
         else:
@@ -156,23 +189,21 @@ class _Collector:
         return out[None] if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
 
 
-def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int, *, received: bool = True,
-          fused: bool = True, window: int = WINDOW, chunk_bytes: int = CHUNK_BYTES, queries: bool = False,
-          repetition: reconstruction.Repetition | None = None, composes: bool = False,
-          hidden: bool = False) -> list[Prefill]:
-    """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring);
-    `received`: compute the attention each key received (else an empty (H, 0) tensor), by the fused kernel where
-    there is one (`fused`), else in query chunks; `seed` and `index` (the run's seed and the example's global index)
-    go to the presses that draw randomly; each layer's output projection W^O goes with its prefill (`Prefill.w_o`);
-    `queries`: keep every layer's pre-RoPE queries (a press reads them); `repetition` (the tokenizer's prompts): run
-    KVzip's reconstruction pass after the prefill and give every layer its scores (`Prefill.reconstruction`,
-    `kv.reconstruction`); `composes`: likewise KVCompose's replay pass (`Prefill.composition`, `kv.composition`);
-    `hidden`: keep every layer's attention input (`Prefill.hidden`, what kvzap's surrogate reads).
-    Every layer's `question_tokens` is 0: a task example's own count is set by its source (`TaskSource.run`)."""
-    collector = _Collector(window, received, fused, chunk_bytes, seed, index, models.output_projections(model),
-                           queries, models.rope(model))
-    hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or queries else []
-    hooks += models.watch_inputs(model, collector.attention_input) if hidden else []
+def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int,
+          reads: Reads = Reads(received=True), *, fused: bool = True, window: int = WINDOW,
+          chunk_bytes: int = CHUNK_BYTES, repetition: reconstruction.Repetition | None = None) -> list[Prefill]:
+    """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring), with
+    what the run's presses read (`reads`; by default the attention each key received): the attention each key
+    received (else an empty (H, 0) tensor) by the fused kernel where there is one (`fused`), else in query chunks;
+    the pre-RoPE queries, the attention inputs and the whole-model passes' scores (`scored`; `repetition`, the
+    tokenizer's prompts, for the passes that read them). `seed` and `index` (the run's seed and the example's global
+    index) go to the presses that draw randomly; each layer's output projection W^O goes with its prefill
+    (`Prefill.w_o`). Every layer's `question_tokens` is 0: a task example's own count is set by its source
+    (`TaskSource.run`)."""
+    collector = _Collector(window, reads, fused, chunk_bytes, seed, index, models.output_projections(model),
+                           models.rope(model))
+    hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or reads.queries else []
+    hooks += models.watch_inputs(model, collector.attention_input) if reads.hidden else []
     try:
         capture.forward(model, layers, None, collector.substitute, [index], input_ids=ids.reshape(1, -1),
                         use_cache=False, logits_to_keep=1)
@@ -180,24 +211,24 @@ def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, ind
         for handle in hooks:
             handle.remove()
     found = [collector.prefills[layer] for layer in range(layers)]
-    return scored(model, layers, found, ids, index, repetition, reconstructs=repetition is not None,
-                  composes=composes)
+    return scored(model, layers, found, ids, index, reads, repetition)
 
 
-def scored(model: torch.nn.Module, layers: int, found: list[Prefill], ids: torch.Tensor, index: int,
-           repetition: reconstruction.Repetition | None = None, *, reconstructs: bool = False, composes: bool = False,
-           differentiates: bool = False) -> list[Prefill]:
-    """Every layer's prefill `found` of the context `ids` with the scores of the whole-model passes a run's presses
-    read, each pass run once for all layers: KVzip's reconstruction (`reconstructs`, `Prefill.reconstruction`),
+def scored(model: torch.nn.Module, layers: int, found: list[Prefill], ids: torch.Tensor, index: int, reads: Reads,
+           repetition: reconstruction.Repetition | None = None) -> list[Prefill]:
+    """Every layer's prefill `found` of the context `ids` with the scores of the whole-model passes `reads` names,
+    each pass run once for all layers: KVzip's reconstruction (`reconstructs`, `Prefill.reconstruction`),
     KVCompose's replay (`composes`, `Prefill.composition`) and KVgrad's attribution (`differentiates`,
     `Prefill.gradient`); `repetition`, the tokenizer's prompts, for the first and the last."""
+    if reads.repeats and repetition is None:
+        raise ValueError("KVzip's and KVgrad's passes read the tokenizer's repetition prompts: give `repetition`")
     ids = ids.reshape(-1)
     keys, values = [part.key for part in found], [part.value for part in found]
     passes: dict[str, torch.Tensor] = {}
-    if reconstructs:
+    if reads.reconstructs:
         passes["reconstruction"] = reconstruction.scores(model, layers, keys, values, ids, repetition, index)
-    if composes:
+    if reads.composes:
         passes["composition"] = composition.scores(model, layers, ids, index)
-    if differentiates:
+    if reads.differentiates:
         passes["gradient"] = gradient.scores(model, layers, keys, values, ids, repetition, index)
     return [replace(part, **passes) for part in found] if passes else found

@@ -67,8 +67,8 @@ def collect(model: torch.nn.Module, layers: int, blocks: Sequence[torch.Tensor],
     scores: list[torch.Tensor] = []
     for index, ids in enumerate(blocks):
         with torch.inference_mode():
-            parts = prefill.exact(model, layers, ids, 0, index, received=False, hidden=True)
-            found = prefill.scored(model, layers, parts, ids, index, repetition, reconstructs=True)
+            found = prefill.exact(model, layers, ids, 0, index, prefill.Reads(hidden=True, reconstructs=True),
+                                  repetition=repetition)
         rows = scored_rows(ids.shape[-1], repetition.prefix)
         states.append(torch.stack([part.hidden[rows] for part in found]).float())
         scores.append(found[0].reconstruction[:, :, rows].transpose(1, 2).float())

@@ -174,11 +174,12 @@ class CacheProbe(Probe):
         loaded = self.source.loaded
         if self.repetition is None:
             self.repetition = reconstruction.Repetition.of(loaded.tokenizer)
-        reads = [cells[i].compressor for i in rows]
+        pressing = [cells[i].compressor for i in rows]
+        reads = prefill.Reads(reconstructs=any(press.reconstructs for press in pressing),
+                              composes=any(press.composes for press in pressing),
+                              differentiates=any(press.differentiates for press in pressing))
         layers = prefill.scored(loaded.model, self.layers, [prefills[layer] for layer in range(self.layers)], ids,
-                                index, self.repetition, reconstructs=any(press.reconstructs for press in reads),
-                                composes=any(press.composes for press in reads),
-                                differentiates=any(press.differentiates for press in reads))
+                                index, reads, self.repetition)
         for layer, prefilled in enumerate(layers):
             self._measure(layer, [cells[i] for i in rows], rows, tails.pop(layer), prefilled)
 

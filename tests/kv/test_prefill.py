@@ -5,12 +5,16 @@ float rounding. Float64 tiny Llama with grouped-query attention, so the two rout
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 
 from spectra import capture, kernels, models
 from spectra.kv import continuation, prefill
+from spectra.kv.presses import REGISTRY
 from spectra.kv.presses.base import WINDOW
+from spectra.registry import PRESSES
 
 import tiny
 
@@ -51,7 +55,8 @@ def dense(loaded, ids) -> dict:
 def test_chunked_prefill_equals_the_dense_p(gqa_llama, fused, chunk_bytes) -> None:
     loaded, ids = gqa_llama
     reference = dense(loaded, ids)
-    got = prefill.exact(loaded.model, loaded.layers, ids, 3, 5, fused=fused, chunk_bytes=chunk_bytes, queries=True)
+    got = prefill.exact(loaded.model, loaded.layers, ids, 3, 5, prefill.Reads(received=True, queries=True),
+                        fused=fused, chunk_bytes=chunk_bytes)
     assert [p.layer for p in got] == list(range(loaded.layers))
     for layer, chunked in enumerate(got):
         want = reference[layer]
@@ -89,9 +94,9 @@ def test_the_queries_before_rope_turn_into_the_window_queries_by_the_models_rope
     """query_pre, kept only when asked (`queries`), rotated by `rope` at positions 0 … L − 1 (q·cos +
     rotate_half(q)·sin), gives the post-RoPE queries the prefill keeps for its window; so do the keys."""
     loaded, ids = gqa_llama
-    without = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False)
+    without = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
     assert all(layer.query_pre is None for layer in without)
-    for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False, queries=True):
+    for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads(queries=True)):
         assert layer.query_pre.shape == (6, CONTEXT, 8)
         cos, sin = layer.rope(torch.arange(CONTEXT))
         assert cos.shape == sin.shape == (CONTEXT, 8) and cos.dtype == torch.float64
@@ -101,18 +106,19 @@ def test_the_queries_before_rope_turn_into_the_window_queries_by_the_models_rope
 
 
 def test_without_received_the_statistic_is_empty(gqa_llama) -> None:
+    """Reading nothing leaves `received` empty; a caller naming no reads gets it (exact's default)."""
     loaded, ids = gqa_llama
-    got = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False)
+    got = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
     reference = prefill.exact(loaded.model, loaded.layers, ids, 0, 0)
     for without, whole in zip(got, reference):
-        assert without.received.shape == (6, 0)
+        assert without.received.shape == (6, 0) and whole.received.shape == (6, CONTEXT)
         assert torch.equal(without.window, whole.window) and torch.equal(without.key, whole.key)
 
 
 def test_each_layer_carries_its_output_projection(gqa_llama) -> None:
     """criticalkv reads W^O: each layer's prefill holds its own attention's o_proj weight (D, H·d)."""
     loaded, ids = gqa_llama
-    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False)):
+    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())):
         own = loaded.model.model.layers[layer].self_attn.o_proj.weight
         assert found.w_o is not None and torch.equal(found.w_o, own)
 
@@ -121,11 +127,11 @@ def test_the_hidden_states_are_kept_only_when_asked_and_are_the_normed_layer_inp
     layer (transformers' output_hidden_states) through its input_layernorm; a prefill not asked keeps none."""
     loaded, ids = gqa_llama
     assert all(layer.hidden is None for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0,
-                                                               received=False))
+                                                               prefill.Reads()))
     with torch.inference_mode():
         residual = loaded.model(input_ids=ids[None], output_hidden_states=True).hidden_states
-    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0, received=False,
-                                                hidden=True)):
+    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0,
+                                                prefill.Reads(hidden=True))):
         normed = loaded.model.model.layers[layer].input_layernorm(residual[layer][0])
         assert found.hidden.shape == (CONTEXT, 48)
         assert torch.allclose(found.hidden, normed, rtol=1e-12, atol=1e-12), layer
@@ -135,3 +141,28 @@ def test_the_chunk_fits_its_budget() -> None:
     assert prefill.chunk_queries(9, 8192) == 2**27 // (9 * 8192 * 4)
     assert prefill.chunk_queries(9, 8192, budget=1) == 1
     assert prefill.chunk_queries(1, 10, budget=2**30) == 10
+
+
+def test_the_reads_of_presses_are_their_facts() -> None:
+    """`Reads.of`: each field true exactly when a named press declares the fact of that name — checked against each
+    press's own class attributes, one press at a time and for a mix; no presses read nothing."""
+    facts = [fact.name for fact in fields(prefill.Reads)]
+    assert facts == ["received", "queries", "hidden", "reconstructs", "composes", "differentiates"]
+    for name in PRESSES.bare():
+        want = {fact: bool(getattr(REGISTRY[name], fact)) for fact in facts}
+        assert prefill.Reads.of([name]) == prefill.Reads(**want), name
+    assert prefill.Reads.of([]) == prefill.Reads()
+    assert prefill.Reads.of(["kvzap"]) == prefill.Reads(hidden=True)
+    mixed = prefill.Reads.of(["snapkv", "observed", "expected_attention", "kvzip", "kvcompose", "kvgrad"])
+    assert mixed == prefill.Reads(received=True, queries=True, reconstructs=True, composes=True, differentiates=True)
+    assert mixed.repeats and prefill.Reads(differentiates=True).repeats
+    assert not prefill.Reads(received=True, queries=True, hidden=True, composes=True).repeats
+
+
+def test_a_pass_reading_the_repetition_prompts_is_refused_without_them(gqa_llama) -> None:
+    """KVzip's and KVgrad's passes read the tokenizer's repetition prompts: asking for either without them is a
+    programming error named at once, not an AttributeError deep in the pass."""
+    loaded, ids = gqa_llama
+    for reads in (prefill.Reads(reconstructs=True), prefill.Reads(differentiates=True)):
+        with pytest.raises(ValueError, match="repetition"):
+            prefill.exact(loaded.model, loaded.layers, ids, 0, 0, reads)

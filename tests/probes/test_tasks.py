@@ -12,6 +12,7 @@ import torch
 
 from spectra import capture
 from spectra.kv import continuation
+from spectra.kv.prefill import Reads
 from spectra.config import RunConfig
 from spectra.kv.presses import REGISTRY, n_kept
 from spectra.probes.tasks import TaskProbe
@@ -28,7 +29,7 @@ def probed(tmp_path_factory):
     chat_decoder = task_files.save_chat_decoder(tmp_path_factory.mktemp("models") / "tiny-chat")
     path = task_files.write(tmp_path_factory.mktemp("tasks") / "tasks.jsonl", task_files.records(count=3))
     source = TaskSource(RunConfig(str(chat_decoder), str(path)), "cpu", read_records(path), query_aware=False,
-                        received=False, windowed=False)
+                        reads=Reads(), windowed=False)
     source.start()
     probe = TaskProbe(source, PRESSES, RATIOS, 0, 3)
     for batch in source.batches(3):
@@ -144,7 +145,7 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
 
 
 def probe_of(model, path, records, presses, ratios, double=False):
-    source = TaskSource(RunConfig(str(model), str(path)), "cpu", records, query_aware=False, received=False,
+    source = TaskSource(RunConfig(str(model), str(path)), "cpu", records, query_aware=False, reads=Reads(),
                         windowed=False)
     source.start()
     if double:

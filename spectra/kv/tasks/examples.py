@@ -114,22 +114,17 @@ class TaskBatch:
 
 
 class TaskSource(OfLoadedModel):
-    """Task records through a pretrained decoder (see the module docstring); `received`: whether the prefill computes
-    the attention each key received (a press reads it); `queries`: whether it keeps the pre-RoPE queries (a press
-    reads them); `reconstructs`: whether it runs KVzip's reconstruction pass (a press reads its scores); `composes`:
-    whether it runs KVCompose's replay pass (likewise); `differentiates`: whether it runs KVgrad's attribution pass
-    (likewise); `hidden`: whether it keeps each layer's attention input (a press reads it: kvzap); `questioned`: the
-    presses that read a query-aware question's tokens as their window (finch); `left_out`: the file's tasks no
-    evaluated record has."""
+    """Task records through a pretrained decoder (see the module docstring); `reads`: what the prefill computes
+    beyond the cache, because a chosen press reads it (`prefill.Reads`: the attention each key received, pre-RoPE
+    queries, attention inputs, the whole-model passes' scores); `questioned`: the presses that read a query-aware
+    question's tokens as their window (finch); `left_out`: the file's tasks no evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
-                 query_aware: bool, received: bool, windowed: bool, left_out: Sequence[str] = (),
-                 queries: bool = False, reconstructs: bool = False, composes: bool = False,
-                 differentiates: bool = False, hidden: bool = False, questioned: Sequence[str] = ()) -> None:
+                 query_aware: bool, reads: prefill.Reads, windowed: bool, left_out: Sequence[str] = (),
+                 questioned: Sequence[str] = ()) -> None:
         self.config, self.where, self.records = config, device, list(records)
-        self.query_aware, self.received, self.windowed, self.queries = query_aware, received, windowed, queries
-        self.reconstructs, self.composes, self.differentiates = reconstructs, composes, differentiates
-        self.hidden, self.questioned = hidden, list(questioned)
+        self.query_aware, self.reads, self.windowed = query_aware, reads, windowed
+        self.questioned = list(questioned)
         self.repetition: reconstruction.Repetition | None = None
         self.left_out = list(left_out)
         self.content = data.file_content(Path(config.data))
@@ -157,8 +152,7 @@ class TaskSource(OfLoadedModel):
         loaded = self.loaded
         if not loaded.causal or loaded.head is None:
             raise SpectraError(f"{loaded.name} is not a causal language model: the task protocol decodes answers")
-        wanted = self.reconstructs or self.differentiates
-        self.repetition = reconstruction.Repetition.of(loaded.tokenizer) if wanted else None
+        self.repetition = reconstruction.Repetition.of(loaded.tokenizer) if self.reads.repeats else None
         for example in self.examples:
             line = f"{Path(config.data).name} line {example.record.example + 1}"
             if example.tokens > loaded.max_length:
@@ -197,8 +191,8 @@ class TaskSource(OfLoadedModel):
         dim = loaded.head_dim or 64
         itemsize = torch.finfo(loaded.dtype).bits // 8
         width = getattr(getattr(loaded.model, "config", None), "hidden_size", None) or self.heads * dim
-        hidden = width if self.hidden else 0  # each layer's attention input (L × D), for a press reading it
-        per_layer = n * (5 * self.kv_heads * dim + self.heads * (WINDOW + dim * self.queries) + hidden) * itemsize
+        hidden = width if self.reads.hidden else 0  # each layer's attention input (L × D), for a press reading it
+        per_layer = n * (5 * self.kv_heads * dim + self.heads * (WINDOW + dim * self.reads.queries) + hidden) * itemsize
         return float(loaded.layers * per_layer + 3 * prefill.CHUNK_BYTES)
 
     def smallest_decode_bytes(self) -> int:
@@ -229,10 +223,7 @@ class TaskSource(OfLoadedModel):
         example = self.examples[batch.index[0]]
         ids = example.context_ids.to(self.device)
         found = prefill.exact(self.loaded.model, self.layers, ids, self.config.seed, example.record.example,
-                              received=self.received, queries=self.queries, hidden=self.hidden)
-        found = prefill.scored(self.loaded.model, self.layers, found, ids, example.record.example, self.repetition,
-                               reconstructs=self.reconstructs, composes=self.composes,
-                               differentiates=self.differentiates)
+                              self.reads, repetition=self.repetition)
         for layer in found:  # query-aware: how many of the context's last tokens are the question (finch's window)
             probe.prefilled(replace(layer, question_tokens=example.question_tokens) if example.question_tokens
                             else layer)

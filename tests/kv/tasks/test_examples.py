@@ -10,6 +10,7 @@ import pytest
 
 from spectra.config import RunConfig
 from spectra.errors import SpectraError
+from spectra.kv.prefill import Reads
 from spectra.kv.tasks.prompt import prompt_ids
 from spectra.kv.tasks.records import read_records
 from spectra.kv.tasks.examples import TaskSource, prepare
@@ -50,9 +51,10 @@ class Recorder:
         self.prefills.append(prefill)
 
 
-def source(model, path, **options) -> TaskSource:
-    settings = dict(query_aware=False, received=False, windowed=False) | options
-    return TaskSource(RunConfig(str(model), str(path)), "cpu", read_records(path), **settings)
+def source(model, path, query_aware=False, windowed=False, questioned=(), **reads) -> TaskSource:
+    """A source over the file at `path` whose prefill computes what `reads` names (`prefill.Reads`' fields)."""
+    return TaskSource(RunConfig(str(model), str(path)), "cpu", read_records(path), query_aware=query_aware,
+                      reads=Reads(**reads), windowed=windowed, questioned=questioned)
 
 
 def first_prefills(found: TaskSource) -> list:
