@@ -77,16 +77,12 @@ def worker(job_path: str, result_path: str) -> None:
     """kvpress on the job's token ids: NLL per (press, ratio, sequence) and seconds per stage."""
     import kvpress
     import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, DynamicCache
+    from transformers import DynamicCache
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    from kvpress_tasks import kvpress_model  # this file's folder is on the path (a script's own folder)
 
     job = json.loads(Path(job_path).read_text())
-    torch.set_num_threads(job["threads"])
-    model = AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
+    model = kvpress_model(job)
     context = job["context"]
 
     from kvpress_tasks import (KVPRESS_NAMES, WRAPPERS, artifact_press, finch, lukv_press,  # this file's folder is

@@ -29,7 +29,7 @@ from pathlib import Path
 
 # this file's folder is on the path (a script's own folder)
 from kvpress_check import GGUF, LICENCES, smollm2_folder
-from kvpress_tasks import KVPRESS_NAMES, split_arguments
+from kvpress_tasks import KVPRESS_NAMES, kvpress_model, split_arguments
 
 #: spectra's decodable scorers (kvpress scores them at a decoding step)
 DECODABLE = ("streaming", "knorm", "tova")
@@ -39,17 +39,12 @@ def worker(job_path: str, result_path: str) -> None:
     """kvpress's PrefillDecodingPress on the job's token blocks, every ScorerPress compression recorded."""
     import kvpress
     import torch
-    import transformers
     from kvpress.presses.scorer_press import ScorerPress
     from kvpress.utils import compute_n_kept
-    from transformers import AutoModelForCausalLM, DynamicCache
+    from transformers import DynamicCache
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
     job = json.loads(Path(job_path).read_text())
-    torch.set_num_threads(job["threads"])
-    model = AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
+    model = kvpress_model(job)
     context, ratio = job["context"], job["ratio"]
     names = split_arguments(job["press"][len("prefill_decoding("):-1])
     first, second = names[0], names[-1]

@@ -331,13 +331,12 @@ def calls(record: dict, aware: bool) -> list[tuple[list[int], str, str | list[st
     return [([j], record["context"] + question, "") for j, question in zip(record["indices"], questions)]
 
 
-def kvpress_pipeline(job: dict):
-    """(model, kvpress's `kv-press-text-generation` pipeline) on SmolLM2 in float32 with sdpa attention, quiet, torch
-    held to the job's threads (in kvpress's venv: imports torch, transformers and kvpress only)."""
-    import kvpress  # noqa: F401  (registers the pipeline)
+def kvpress_model(job: dict):
+    """SmolLM2 in float32 with sdpa attention, eval mode, transformers quiet, torch held to the job's threads: the
+    model every kvpress worker runs (in kvpress's venv: imports torch and transformers only)."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+    from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -345,8 +344,17 @@ def kvpress_pipeline(job: dict):
 
     gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable  # its own bar, outside the logging switches
     torch.set_num_threads(job["threads"])
-    model = AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
+    return AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
+                                                attn_implementation="sdpa").eval()
+
+
+def kvpress_pipeline(job: dict):
+    """(model, kvpress's `kv-press-text-generation` pipeline) on `kvpress_model` (in kvpress's venv: imports torch,
+    transformers and kvpress only)."""
+    import kvpress  # noqa: F401  (registers the pipeline)
+    from transformers import AutoTokenizer, pipeline
+
+    model = kvpress_model(job)
     tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=GGUF)
     return model, pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
 

@@ -312,18 +312,22 @@ def output_projections(model: torch.nn.Module) -> dict[int, torch.Tensor]:
     """Layer index → that attention layer's output projection W^O (D × H·d, the Linear's weight, not a copy), for
     the attention modules with a `layer_idx` whose output linear `attention_linears` finds: what a press weighing a
     token by what its heads write reads (criticalkv)."""
-    found = {}
+    return {layer: linears.w_o.weight.detach() for layer, linears in layer_attentions(model)
+            if linears.w_o is not None}
+
+
+def layer_attentions(model: torch.nn.Module) -> Iterator[tuple[int, Linears]]:
+    """(layer index, its linears) of every attention module with an integer `layer_idx` whose linears
+    `attention_linears` finds, in module order: what the hooks and W^O's lookup walk."""
     for module in model.modules():
         layer = getattr(module, "layer_idx", None)
         if not isinstance(layer, int):
             continue
         try:
-            w_o = attention_linears(module).w_o
+            found = attention_linears(module)
         except SpectraError:
             continue
-        if w_o is not None:
-            found[layer] = w_o.weight.detach()
-    return found
+        yield layer, found
 
 
 def rotary(model: torch.nn.Module) -> bool:
@@ -364,14 +368,7 @@ def watch_projections(model: torch.nn.Module, callback: ProjectionHook) -> list:
     `callback` sees each projection's output, before any rotary position encoding. Returns the handles (remove
     them when done)."""
     handles = []
-    for module in model.modules():
-        layer = getattr(module, "layer_idx", None)
-        if layer is None or not isinstance(layer, int):
-            continue
-        try:
-            found = attention_linears(module)
-        except SpectraError:
-            continue
+    for layer, found in layer_attentions(model):
         for which, linear in (("q", found.w_q), ("k", found.w_k), ("v", found.w_v)):
             handles.append(linear.register_forward_hook(
                 lambda _module, _inputs, output, layer=layer, which=which: callback(layer, which, output)))
@@ -386,15 +383,5 @@ def watch_inputs(model: torch.nn.Module, callback: InputHook) -> list:
     """Forward pre-hooks on every attention module's W^K (modules with a layer_idx whose linears are found):
     `callback` sees the attention's input, the hidden states after the layer's input norm (what kvpress's hooks read
     as `hidden_states`, and what W^Q, W^K and W^V project). Returns the handles (remove them when done)."""
-    handles = []
-    for module in model.modules():
-        layer = getattr(module, "layer_idx", None)
-        if layer is None or not isinstance(layer, int):
-            continue
-        try:
-            w_k = attention_linears(module).w_k
-        except SpectraError:
-            continue
-        handles.append(w_k.register_forward_pre_hook(
-            lambda _module, inputs, layer=layer: callback(layer, inputs[0])))
-    return handles
+    return [found.w_k.register_forward_pre_hook(lambda _module, inputs, layer=layer: callback(layer, inputs[0]))
+            for layer, found in layer_attentions(model)]
