@@ -126,7 +126,7 @@ def draw_leaderboard(runs: list):
 
     runs = task_runs_of(runs)
     examples = leaderboard.pooled(runs)
-    seed = int(runs[0].meta.get("settings", {}).get("seed", 0))
+    seed = leaderboard.seed_of(runs)
     tasks, dropped = leaderboard.held(examples)
     order = leaderboard.ranking(examples, seed)
     full = examples[(examples["press"] == "full") & examples["task"].isin(tasks)]
@@ -152,7 +152,7 @@ def draw_survival(runs: list):
 
     runs = task_runs_of(runs)
     examples = leaderboard.pooled(runs)
-    order = leaderboard.ranking(examples, int(runs[0].meta.get("settings", {}).get("seed", 0)))
+    order = leaderboard.ranking(examples, leaderboard.seed_of(runs))
     needle = leaderboard.pooled_needle(runs)
     at_ratio = set(needle[(needle["ratio"] == SURVIVAL_RATIO) & needle["needle_kept"].notna()]["press"])
     ranked = [press for press in order["press"] if press in at_ratio]

@@ -32,7 +32,7 @@ def pooled_runs(runs: Runs) -> tuple[list[TaskRun], pd.DataFrame, int]:
         examples = leaderboard.pooled(found)
     except SpectraError as error:
         raise RenderError(str(error)) from None
-    return found, examples, int(found[0].meta.get("settings", {}).get("seed", 0))
+    return found, examples, leaderboard.seed_of(found)
 
 
 def with_interval(score: float, low: float, high: float) -> str:

@@ -94,15 +94,25 @@ def held(examples: pd.DataFrame, holds: float = HOLDS) -> tuple[list[str], dict[
             {task: float(score) for task, score in full.items() if score < holds})
 
 
+def held_rows(examples: pd.DataFrame, holds: float = HOLDS) -> pd.DataFrame:
+    """The rows of the held tasks (`held`), which presses are ranked on; none held is one line."""
+    tasks, _ = held(examples, holds)
+    if not tasks:
+        raise SpectraError(f"the full cache answers no task (mean score ≥ {holds:g}): nothing to rank presses on")
+    return examples[examples["task"].isin(tasks)]
+
+
+def seed_of(runs: Sequence[TaskRun]) -> int:
+    """The pooled runs' seed (`pooled` checked they share it), which fixes the bootstrap's weights."""
+    return int(runs[0].meta.get("settings", {}).get("seed", 0))
+
+
 def standings(examples: pd.DataFrame, seed: int, holds: float = HOLDS) -> pd.DataFrame:
     """Per (press, ratio) over the held tasks' examples: examples, score, low, high, full, delta, delta_low,
     delta_high, bytes_share (`task_scores` without a task key); the full cache first."""
     from ..kv.tasks.summary import task_scores
 
-    tasks, _ = held(examples, holds)
-    if not tasks:
-        raise SpectraError(f"the full cache answers no task (mean score ≥ {holds:g}): nothing to rank presses on")
-    return task_scores(examples[examples["task"].isin(tasks)], seed, by=())
+    return task_scores(held_rows(examples, holds), seed, by=())
 
 
 def ranking(examples: pd.DataFrame, seed: int, holds: float = HOLDS) -> pd.DataFrame:
@@ -113,10 +123,7 @@ def ranking(examples: pd.DataFrame, seed: int, holds: float = HOLDS) -> pd.DataF
 
     from ..kv.tasks.summary import task_scores
 
-    tasks, _ = held(examples, holds)
-    if not tasks:
-        raise SpectraError(f"the full cache answers no task (mean score ≥ {holds:g}): nothing to rank presses on")
-    chosen = examples[examples["task"].isin(tasks)]
+    chosen = held_rows(examples, holds)
     unit = ["example", "question"] if "question" in chosen.columns else ["example"]
     counts = chosen.groupby("press")["ratio"].nunique()
     averaged = chosen.groupby(["press", *unit], as_index=False, sort=False).agg(
