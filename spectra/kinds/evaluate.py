@@ -37,7 +37,7 @@ from ..registry import PRESSES
 from ..reporter import Reporter
 from ..kv.tasks import selection
 from .base import Analysis, register
-from .pressbase import DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
+from .pressbase import BATCH_HELP, DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
 
 #: the fact of presses that read the attention each key received (the prefill computes it only for them)
 RECEIVED = "received"
@@ -69,22 +69,23 @@ class Evaluate(PressStudy):
     defaults = {"samples": None, "batch_size": 1}
     run_help = {"samples": "Records of the task file (default: all), spread evenly over its tasks and lengths "
                            "(seeded by --seed).",
+                "batch_size": BATCH_HELP,
                 "data": "A task file (.jsonl: kvpress's records, such as `spectra tasks` writes)."}
     decodes = "the task study decodes answers with a decoder"
     unit = "examples"
     outputs = {"task_examples.csv": ("press", "ratio", "example"), "task_scores.csv": ("press", "ratio", "task")}
 
     def configured(self, config: RunConfig, options: EvaluateOptions) -> RunConfig:
-        """The records evaluated (`selection.evaluated`), one example a batch, the length of the longest evaluated
-        record (what the loop and its memory check read before the prompts are built); data that is no task file is
-        refused first."""
+        """The records evaluated (`selection.evaluated`) and the length of the longest (what the loop and its memory
+        check read before the prompts are built); data that is no task file is refused first. The batch size is the
+        examples whose cells decode together (`TaskSource.batches`)."""
         if not selection.wants_tasks(config.data):
             raise SpectraError(f"{config.data} is not a task file (kvpress's records with context, question and "
                                "answers, as `spectra tasks` writes them): give one, or run `spectra cache` for the "
                                "NLL of text")
         records = selection.evaluated(config)
         longest = max((record.length for record in records if record.length is not None), default=config.length)
-        return replace(config, length=max(2, longest), samples=len(records), batch_size=1)
+        return replace(config, length=max(2, longest), samples=len(records))
 
     def job(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, found):
         """The base's job over what is prefilled: the records evaluated, or under --query-aware each question of a
@@ -140,7 +141,8 @@ class Evaluate(PressStudy):
         return identity(options)
 
     def memory(self, config: RunConfig, options: EvaluateOptions, source) -> float:
-        """Bytes an example takes: its prefill's and its full cache's (`TaskSource.prefill_bytes`)."""
+        """Bytes an example takes: its prefill's and its full cache's (`TaskSource.prefill_bytes`); a batch holds
+        --batch-size of them while their cells decode."""
         return source.prefill_bytes()
 
     def probe(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, source):

@@ -122,7 +122,7 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
         probe = TaskProbe(source, ("decoding(knorm)",), (0.5,), 0, 3, compression_interval=interval)
         for batch in source.batches(3):
             source.run(batch, probe)
-            prefills = [probe.prefills[layer] for layer in range(source.layers)]
+            prefills = probe.prefills[0]  # the batch's one example, every layer
             example = probe.examples[batch.index[0]]
             probe.after_batch(batch)
             if interval == 1000:
