@@ -4,7 +4,10 @@ kvpress 0.5.5's `KVPressTextGenerationPipeline` is the reference: the chat-templ
 question + the template's suffix + the answer prefix appended uncompressed at positions after the *original* context
 length, greedy decoding up to `max_new_tokens` stopping at EOS. kvpress prefills once per press and ratio; here each
 example's context is prefilled once, exactly and in bounded memory (`spectra.kv.prefill`), and every press compresses
-that one prefill at every ratio (`probes.tasks.TaskProbe`, decoding by `spectra.kv.generation`). The full cache is press
+that one prefill at every ratio (`probes.tasks.TaskProbe`). The cells of `--batch-size` examples decode together
+(`spectra.kv.batching`: one forward pass per greedy step for all their answers, in groups that fit `--decode-memory`,
+each example still prefilled alone); the batch size is no part of the run's identity (the answers do not depend on
+it), so a run may be resumed with another. The full cache is press
 'full' at ratio 0 in every run. `query_aware` compresses the context with the question appended (kvpress's evaluation
 convention: context + question compressed, question empty). `spectra cache` on a task file runs this study.
 

@@ -1,11 +1,14 @@
-"""Every cell of an example decoded together: the compressed caches of many (press, ratio) cells stacked into one
-batch, answered greedily by one batched forward pass per step.
+"""Cells decoded together: the compressed caches of many (press, ratio) cells — of one example or of several —
+stacked into one batch, answered greedily by one batched forward pass per step.
 
 A greedy answer reads all 135M weights of SmolLM2 for every token it produces; a batch of one is what made decoding,
 not the prefill, the cost of a task sweep (1–2 s per cell at 4k, ~120 cells per example for a leaderboard). Every
 cell of an example answers the same question (after the *original* context length, as kvpress passes its positions,
 or after the m kept tokens of a press that renumbered them, `Cell.start`: each row its own positions), so the cells
-differ only in the rows their caches hold: here they share each forward pass.
+differ only in the rows their caches hold: here they share each forward pass. Cells of several examples share it too
+(`spectra evaluate --batch-size`): each row then has its own example's prefill (`Batch.of`), question, start, global
+index and `max_new_tokens`, so the few rows still answering long after the others stopped — the cost of a sweep —
+share their steps across examples.
 
 Layout (`Batch`): per layer one key and one value buffer (B, H_kv, M + room, d). Row b's compressed context cache
 fills its first m_b columns (each key/value head its own count where a press keeps different numbers per head,
@@ -17,10 +20,10 @@ call with padding hidden, so each row's answer is its cell's, up to the float ro
 tie in the greedy argmax is the only way two answers can differ; `tests/kv/test_batching.py` holds them equal). Rows
 that have stopped ride along until half the batch has stopped, then the batch keeps only the rows still answering.
 
-Groups: the caches of an example's cells may not fit in memory together. The probe (`probes.tasks`) decodes them in
+Groups: the caches of a batch's cells may not fit in memory together. The probe (`probes.tasks`) decodes them in
 groups whose buffers (padding and room included, `group_bytes`) and the rows the cells hold of their own
-(`held_bytes`) stay within a memory budget; cells that keep the same number of rows (every eviction press at one
-ratio) pad nothing when they share a group.
+(`held_bytes`) stay within a memory budget (`kv.pending`); cells that keep the same number of rows (every eviction
+press at one ratio of one example) pad nothing when they share a group.
 
 Cells whose press compresses while decoding (`Cell.decodes`: decoding(<decodable>)) rewrite their caches mid-answer,
 each at its own steps; they decode on their own (`generation.greedy`), as before.

@@ -1,25 +1,28 @@
 """The task protocol's probe: each example's exact prefill compressed by every (press, ratio), the answer decoded
 greedily from each compressed cache, scored, and the needle's fate measured per layer and key/value head.
 
-`prefilled` receives the example's prefill layer by layer (`tasks.examples.TaskSource.run`); `after_batch` compresses
-every cell (`spectra.kv.cell`: the full cache, press 'full' at ratio 0, and every press at every ratio) in order of
-ratio, and decodes them together: the cells' caches join a batch until the next would take it past `--decode-memory`
-(`kv.batching`: buffers, padding and the rows a transform holds), then that batch is answered greedily as one
-(`batching.greedy`: one forward pass per step for all its cells) and freed. A press that compresses while decoding
-answers alone (`generation.greedy` with its recompression). A record asking several questions is answered from the
-same compressed caches: each (question, cell) pair is a row of the group's batch (its cache copied once per
-question, so a group counts its buffers once per question against the budget), each row seeing its cell's context
-rows and its own question and answer only — as kvpress's pipeline answers question after question, each question's
-tokens removed before the next; its answers, needles and the full cache's attention on them are kept per (example,
-question): an *item*. Per cell and example it
+`prefilled` receives the prefills of a batch's examples (`--batch-size` of them, one after the other) layer by layer
+(`tasks.examples.TaskSource.run`); `after_batch` compresses every cell of each (`spectra.kv.cell`: the full cache,
+press 'full' at ratio 0, and every press at every ratio), the widest first (`kv.pending.order`; on one example, by
+ratio), and decodes them together: the cells' caches join a batch until the next would take it past
+`--decode-memory` (`kv.pending.Groups`: buffers, padding and the rows a transform holds), then that batch is answered
+greedily as one (`batching.greedy`: one forward pass per step for all its cells, each row stopping at its own
+example's max_new_tokens) and freed. A press that compresses while decoding answers alone (`generation.greedy` with
+its recompression). A record asking several questions is answered from the same compressed caches: each (question,
+cell) pair is a row of the group's batch (its cache copied once per question, so a group counts its buffers once per
+question against the budget), each row seeing its cell's context rows and its own question and answer only — as
+kvpress's pipeline answers question after question, each question's tokens removed before the next; its answers,
+needles and the full cache's attention on them are kept per (example, question): an *item*. Per cell and example it
 keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
 and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
 share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
 the question's attention mass on the needle per layer and key/value head (the mean over the head's query heads).
-Everything is numeric state, checkpointed after any example (`--resume`
-goes on from the next example) and summed across processes; predictions are decoded and scored when the tables are
-written. Seconds spent compressing and decoding per cell go to run.json (`press_seconds`), not to the tables, so a
-resumed run's tables equal an uninterrupted run's bit for bit.
+Everything is numeric state, whole after any batch (an example is done once every cell answered; `--resume`, with
+any batch size, goes on from the first example not done) and summed across processes; predictions are decoded and
+scored when the tables are written. Seconds spent compressing and decoding per cell go to run.json
+(`press_seconds`: a group's decoding time shared by its cells, per example), not to the tables, so a resumed run's
+tables equal an uninterrupted run's bit for bit (with the same batch size; another changes them only by the float
+rounding of differently shaped sums).
 """
 
 from __future__ import annotations
