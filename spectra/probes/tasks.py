@@ -168,12 +168,13 @@ class TaskProbe(Probe):
 
     def cost(self, examples: int, groups: int, seconds: float) -> str:
         """The notice of what the first batch of `examples` examples took after its prefills."""
-        batches = "batch" if groups == 1 else "batches"
         if examples == 1:
+            batches = "batch" if groups == 1 else "batches"
             return (f"each example: {len(self.variants)} cells, compressed and answered in {groups} {batches} "
                     f"({seconds:.1f} s after its prefill on the first)")
-        return (f"each {examples} examples: {len(self.variants)} cells each, compressed and answered together in "
-                f"{groups} {batches} ({seconds:.1f} s after their prefills on the first)")
+        return (f"each batch of {examples} examples: {len(self.variants)} cells each, compressed and answered in "
+                f"{groups} {'group' if groups == 1 else 'groups'} ({seconds:.1f} s after their prefills on the "
+                "first)")
 
     def decode_group(self, group: Sequence[pending.Waiting], answering: Sequence[Answering]) -> None:
         """The answers of the cells `group` (of the examples `answering`) to every question of their examples,
@@ -195,8 +196,9 @@ class TaskProbe(Probe):
         del batch
         for (at, asked, i), decoded in zip(pairs, answers):
             self.answered(i, at, decoded, asked)
-        for waiting in group:  # the group's decoding time, shared by its cells
-            self.seconds[waiting.cell, 1] += (time.perf_counter() - started) / len(group)
+        share = (time.perf_counter() - started) / len(group)  # the group's decoding time, shared by its cells
+        for waiting in group:
+            self.seconds[waiting.cell, 1] += share
             self.record(waiting.cell, answering[waiting.owner])
 
     def decode_alone(self, i: int, at: Answering) -> None:
