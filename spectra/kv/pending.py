@@ -7,7 +7,8 @@ the needle babble to `max_new_tokens`) are the cost; several examples share that
 memory together, so they decode in groups: cells join a group in `order` (the widest first, so cells of like width
 share a group and pad little), each compressed just before it joins, until the next would take the group's buffers
 (`batching.group_bytes`: padding and room included, one row per question the cell answers) and the rows the cells
-hold of their own (`batching.held_bytes`) past the budget; that group decodes and is freed, the next begins.
+hold of their own (`batching.held_bytes`) past the budget; that group decodes and is freed, the next begins. A
+group runs as many steps as its longest answer: examples that may answer at length go together, after the others.
 
 On one example the order is the ratio's (every eviction press at one ratio keeps as many rows), as it always was.
 """
@@ -36,13 +37,18 @@ class Waiting:
     new_tokens: int
 
 
-def order(contexts: Sequence[int], ratios: Sequence[float]) -> list[tuple[int, int]]:
-    """(owner, cell) for every cell of examples of `contexts` tokens, cells at `ratios` (the full cache at 0): the
-    widest first by the rows an eviction press keeps, context × (1 − ratio) — a press whose ratio counts bits or
-    channels keeps every row, and only pads its group —, ties by ratio, example and cell (on one example: by ratio,
-    the full cache first)."""
+def order(contexts: Sequence[int], ratios: Sequence[float], new_tokens: Sequence[int] | None = None
+          ) -> list[tuple[int, int]]:
+    """(owner, cell) for every cell of examples of `contexts` tokens (answering in up to `new_tokens`, default
+    alike), cells at `ratios` (the full cache at 0): the examples of fewer new tokens first — a group's steps run to
+    its longest answer, so a row that may run long (niah's 128) is not spread over the groups of rows that stop soon
+    (passkey's 10) —, then the widest first by the rows an eviction press keeps, context × (1 − ratio) — a press
+    whose ratio counts bits or channels keeps every row, and only pads its group —, ties by ratio, example and cell
+    (on one example: by ratio, the full cache first)."""
+    tokens = list(new_tokens) if new_tokens is not None else [0] * len(contexts)
     pairs = [(owner, cell) for owner in range(len(contexts)) for cell in range(len(ratios))]
-    return sorted(pairs, key=lambda pair: (-contexts[pair[0]] * (1 - ratios[pair[1]]), ratios[pair[1]], *pair))
+    return sorted(pairs, key=lambda pair: (tokens[pair[0]], -contexts[pair[0]] * (1 - ratios[pair[1]]),
+                                           ratios[pair[1]], *pair))
 
 
 def room(group: Sequence[Waiting]) -> int:

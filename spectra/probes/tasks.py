@@ -132,7 +132,8 @@ class TaskProbe(Probe):
             first.kv_heads, first.head_dim, first.value.shape[-1], first.key.element_size()))
         decoded, began = 0, time.perf_counter()
         ratios = [ratio for _, ratio in self.variants]
-        for owner, i in pending.order([at.example.context for at in answering], ratios):
+        for owner, i in pending.order([at.example.context for at in answering], ratios,
+                                      [at.example.record.max_new_tokens for at in answering]):
             at = answering[owner]
             cell = at.cells[i]
             started = time.perf_counter()

@@ -19,6 +19,14 @@ def test_several_examples_go_widest_first() -> None:
     the 40-token example's full cache sits between the other's halves and quarters."""
     got = order([100, 40], [0.0, 0.5, 0.75])
     assert got == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (1, 2)]
+    assert order([100, 40], [0.0, 0.5, 0.75], [5, 5]) == got
+
+
+def test_examples_answering_in_fewer_tokens_go_first() -> None:
+    """A passkey example (10 new tokens) before a niah one (128), whatever their widths: the niah rows that run to
+    128 tokens share their groups with one another, not with rows that stop at 10."""
+    got = order([100, 40, 60], [0.0, 0.5], [128, 10, 10])
+    assert got == [(2, 0), (1, 0), (2, 1), (1, 1), (0, 0), (0, 1)]
 
 
 def test_a_group_is_cut_where_the_next_cell_would_pass_the_budget() -> None:
