@@ -3,8 +3,8 @@ greedily from each compressed cache, scored, and the needle's fate measured per 
 
 `prefilled` receives the prefills of a batch's examples (`--batch-size` of them, one after the other) layer by layer
 (`tasks.examples.TaskSource.run`); `after_batch` compresses every cell of each (`spectra.kv.cell`: the full cache,
-press 'full' at ratio 0, and every press at every ratio), the widest first (`kv.pending.order`; on one example, by
-ratio), and decodes them together: the cells' caches join a batch until the next would take it past
+press 'full' at ratio 0, and every press at every ratio), examples of fewer max_new_tokens first, then the widest
+(`kv.pending.order`; on one example, by ratio), and decodes them together: the cells' caches join a batch until the next would take it past
 `--decode-memory` (`kv.pending.Groups`: buffers, padding and the rows a transform holds), then that batch is answered
 greedily as one (`batching.greedy`: one forward pass per step for all its cells, each row stopping at its own
 example's max_new_tokens) and freed. A press that compresses while decoding answers alone (`generation.greedy` with
