@@ -139,7 +139,9 @@ class Cache(PressStudy):
     run_fields = tuple(name for name in Analysis.run_fields if name != "length")
     defaults = {"samples": None, "batch_size": 1}  # None: 16 sequences of a corpus, every record of a task file
     run_help = {"samples": f"Sequences of a text corpus (default {CORPUS_SAMPLES}); records of a task file (default: "
-                           "all), spread evenly over its tasks and lengths (seeded by --seed)."}
+                           "all), spread evenly over its tasks and lengths (seeded by --seed).",
+                "batch_size": "Sequences per forward pass of a text corpus; on a task file, the examples whose cells "
+                              "decode together (the results do not depend on it)."}
     #: a task file is handed to the task study, whose runs this command therefore prints too
     hands_to = ("evaluate",)
     work = 4

@@ -4,7 +4,10 @@ kvpress 0.5.5's `KVPressTextGenerationPipeline` is the reference: the chat-templ
 question + the template's suffix + the answer prefix appended uncompressed at positions after the *original* context
 length, greedy decoding up to `max_new_tokens` stopping at EOS. kvpress prefills once per press and ratio; here each
 example's context is prefilled once, exactly and in bounded memory (`spectra.kv.prefill`), and every press compresses
-that one prefill at every ratio (`probes.tasks.TaskProbe`, decoding by `spectra.kv.generation`). The full cache is press
+that one prefill at every ratio (`probes.tasks.TaskProbe`). The cells of `--batch-size` examples decode together
+(`spectra.kv.batching`: one forward pass per greedy step for all their answers, in groups that fit `--decode-memory`,
+each example still prefilled alone); the batch size is no part of the run's identity (the answers do not depend on
+it), so a run may be resumed with another. The full cache is press
 'full' at ratio 0 in every run. `query_aware` compresses the context with the question appended (kvpress's evaluation
 convention: context + question compressed, question empty). `spectra cache` on a task file runs this study.
 
@@ -37,7 +40,7 @@ from ..registry import PRESSES
 from ..reporter import Reporter
 from ..kv.tasks import selection
 from .base import Analysis, register
-from .pressbase import DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
+from .pressbase import BATCH_HELP, DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
 
 @dataclass(frozen=True)
 class EvaluateOptions(PressOptions):
@@ -65,22 +68,23 @@ class Evaluate(PressStudy):
     defaults = {"samples": None, "batch_size": 1}
     run_help = {"samples": "Records of the task file (default: all), spread evenly over its tasks and lengths "
                            "(seeded by --seed).",
+                "batch_size": BATCH_HELP,
                 "data": "A task file (.jsonl: kvpress's records, such as `spectra tasks` writes)."}
     decodes = "the task study decodes answers with a decoder"
     unit = "examples"
     outputs = {"task_examples.csv": ("press", "ratio", "example"), "task_scores.csv": ("press", "ratio", "task")}
 
     def configured(self, config: RunConfig, options: EvaluateOptions) -> RunConfig:
-        """The records evaluated (`selection.evaluated`), one example a batch, the length of the longest evaluated
-        record (what the loop and its memory check read before the prompts are built); data that is no task file is
-        refused first."""
+        """The records evaluated (`selection.evaluated`) and the length of the longest (what the loop and its memory
+        check read before the prompts are built); data that is no task file is refused first. The batch size is the
+        examples whose cells decode together (`TaskSource.batches`)."""
         if not selection.wants_tasks(config.data):
             raise SpectraError(f"{config.data} is not a task file (kvpress's records with context, question and "
                                "answers, as `spectra tasks` writes them): give one, or run `spectra cache` for the "
                                "NLL of text")
         records = selection.evaluated(config)
         longest = max((record.length for record in records if record.length is not None), default=config.length)
-        return replace(config, length=max(2, longest), samples=len(records), batch_size=1)
+        return replace(config, length=max(2, longest), samples=len(records))
 
     def job(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, found):
         """The base's job over what is prefilled: the records evaluated, or under --query-aware each question of a
@@ -132,7 +136,8 @@ class Evaluate(PressStudy):
         return identity(options)
 
     def memory(self, config: RunConfig, options: EvaluateOptions, source) -> float:
-        """Bytes an example takes: its prefill's and its full cache's (`TaskSource.prefill_bytes`)."""
+        """Bytes an example takes: its prefill's and its full cache's (`TaskSource.prefill_bytes`); a batch holds
+        --batch-size of them while their cells decode."""
         return source.prefill_bytes()
 
     def probe(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, source):

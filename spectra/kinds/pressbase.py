@@ -46,8 +46,11 @@ def default_presses() -> tuple[str, ...]:
 EXTRA_PASSES = tuple(name for name in PRESSES.bare() if name not in default_presses())
 #: GiB the caches of a task example's cells decoded together may take (`--decode-memory`)
 DECODE_GIB = 2.0
-DECODE_HELP = ("A task file only: GiB the compressed caches of an example's cells may take while they decode "
-               "together as one batch (more cells per batch: faster; the group is cut where it would exceed this).")
+DECODE_HELP = ("A task file only: GiB the compressed caches of a batch's cells (--batch-size examples') may take "
+               "while they decode together (more cells per batch: faster; the group is cut where it would exceed "
+               "this).")
+BATCH_HELP = ("Examples whose cells decode together, one forward pass per step for all their answers (each example "
+              "still prefilled alone; more: faster, holding that many prefills; the answers do not depend on it).")
 
 
 def check_decode_memory(gib: float) -> None:

@@ -1,11 +1,14 @@
-"""Every cell of an example decoded together: the compressed caches of many (press, ratio) cells stacked into one
-batch, answered greedily by one batched forward pass per step.
+"""Cells decoded together: the compressed caches of many (press, ratio) cells — of one example or of several —
+stacked into one batch, answered greedily by one batched forward pass per step.
 
 A greedy answer reads all 135M weights of SmolLM2 for every token it produces; a batch of one is what made decoding,
 not the prefill, the cost of a task sweep (1–2 s per cell at 4k, ~120 cells per example for a leaderboard). Every
 cell of an example answers the same question (after the *original* context length, as kvpress passes its positions,
 or after the m kept tokens of a press that renumbered them, `Cell.start`: each row its own positions), so the cells
-differ only in the rows their caches hold: here they share each forward pass.
+differ only in the rows their caches hold: here they share each forward pass. Cells of several examples share it too
+(`spectra evaluate --batch-size`): each row then has its own example's prefill (`Batch.of`), question, start, global
+index and `max_new_tokens`, so the few rows still answering long after the others stopped — the cost of a sweep —
+share their steps across examples.
 
 Layout (`Batch`): per layer one key and one value buffer (B, H_kv, M + room, d). Row b's compressed context cache
 fills its first m_b columns (each key/value head its own count where a press keeps different numbers per head,
@@ -17,10 +20,10 @@ call with padding hidden, so each row's answer is its cell's, up to the float ro
 tie in the greedy argmax is the only way two answers can differ; `tests/kv/test_batching.py` holds them equal). Rows
 that have stopped ride along until half the batch has stopped, then the batch keeps only the rows still answering.
 
-Groups: the caches of an example's cells may not fit in memory together. The probe (`probes.tasks`) decodes them in
+Groups: the caches of a batch's cells may not fit in memory together. The probe (`probes.tasks`) decodes them in
 groups whose buffers (padding and room included, `group_bytes`) and the rows the cells hold of their own
-(`held_bytes`) stay within a memory budget; cells that keep the same number of rows (every eviction press at one
-ratio) pad nothing when they share a group.
+(`held_bytes`) stay within a memory budget (`kv.pending`); cells that keep the same number of rows (every eviction
+press at one ratio of one example) pad nothing when they share a group.
 
 Cells whose press compresses while decoding (`Cell.decodes`: decoding(<decodable>)) rewrite their caches mid-answer,
 each at its own steps; they decode on their own (`generation.greedy`), as before.
@@ -75,12 +78,17 @@ class Batch:
     filled: list[int]
 
     @classmethod
-    def of(cls, cells: Sequence[Sequence[Compressed]], prefills: Sequence[Prefill], room: int) -> Batch:
-        """The batch of `cells` (each its compressed cache per layer) of one example's `prefills`, with `room`
-        columns per layer for the question and the answer."""
+    def of(cls, cells: Sequence[Sequence[Compressed]], prefills: Sequence[Prefill] | Sequence[Sequence[Prefill]],
+           room: int) -> Batch:
+        """The batch of `cells` (each its compressed cache per layer) with `room` columns per layer for the question
+        and the answer; `prefills` are every layer's prefill of the one example all cells compress, or one such list
+        per cell (cells of several examples: an eviction press gathers its rows from its own example's)."""
+        per_cell = [prefills] * len(cells) if isinstance(prefills[0], Prefill) else list(prefills)
+        if len(per_cell) != len(cells):
+            raise ValueError(f"{len(per_cell)} examples' prefills for a batch of {len(cells)} cells")
         keys, values, seen, filled = [], [], [], []
-        for layer, prefilled in enumerate(prefills):
-            rows = [parts[layer].rows(prefilled.key, prefilled.value) for parts in cells]
+        for layer, prefilled in enumerate(per_cell[0]):
+            rows = [parts[layer].rows(own[layer].key, own[layer].value) for parts, own in zip(cells, per_cell)]
             width = max(key.shape[-2] for key, _ in rows)
             heads, dim = prefilled.key.shape[0], prefilled.key.shape[-1]
             key_buffer = prefilled.key.new_zeros(len(cells), heads, width + room, dim)
@@ -148,8 +156,8 @@ def batch_attention(batch: Batch, layer: int, q: torch.Tensor, key: torch.Tensor
 
 
 def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Tensor | Sequence[torch.Tensor],
-           start: int | Sequence[int], max_new_tokens: int, stop: Collection[int], index: int,
-           needle: torch.Tensor | None = None, needle_row: int | None = None,
+           start: int | Sequence[int], max_new_tokens: int | Sequence[int], stop: Collection[int],
+           index: int | Sequence[int], needle: torch.Tensor | None = None, needle_row: int | None = None,
            needles: Mapping[int, torch.Tensor] | None = None) -> list[Decoded]:
     """Each row's greedy answer to `question` (n,) from its cache, as `generation.greedy` answers from one (the
     question's pass at positions start … start + n − 1 — one `start`, or one per row — then one token a step, each
@@ -158,8 +166,12 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
     shorter one is left-padded to the longest, its padding written at the columns before it and hidden like a cache's
     padding, so each row's question and answer sit at its own positions. `needle`, `needle_row` (or `needles`, row →
     needle): the question's attention mass on the needle's context positions, measured on that row (whose cache rows
-    must be context positions)."""
+    must be context positions). `max_new_tokens` and `index` (the example's global index, which captured records
+    carry) are one for every row or one per row: rows of several examples' cells share the batch, each stopping at
+    its own example's `max_new_tokens`."""
     size = batch.size
+    limits = _per_row(max_new_tokens, size, "max_new_tokens")
+    indices = _per_row(index, size, "indices")
     asked = [question] * size if isinstance(question, torch.Tensor) else list(question)
     if len(asked) != size:
         raise ValueError(f"{len(asked)} questions for a batch of {size} rows")
@@ -193,7 +205,7 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
     def step(ids: torch.Tensor, offset: int) -> list[int]:
         first = base[torch.tensor(live, device=ids.device)][:, None] + offset
         positions = (first + torch.arange(ids.shape[-1], device=ids.device)).clamp(min=0)  # padding's: any
-        logits = capture.forward(model, layers, None, substitute, [index] * ids.shape[0], input_ids=ids,
+        logits = capture.forward(model, layers, None, substitute, [indices[row] for row in live], input_ids=ids,
                                  position_ids=positions, use_cache=False, logits_to_keep=1).logits
         return logits[:, -1].argmax(dim=-1).tolist()
 
@@ -201,8 +213,8 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
         for row, token in zip(live, step(ids, 0)):
             produced[row].append(token)
         position = longest
-        answering = list(live)
-        for offset in range(max_new_tokens - 1):
+        answering = [row for row in live if limits[row] > 1]
+        for offset in range(max(limits) - 1):
             if not answering:
                 break
             if len(answering) <= len(live) // 2:  # half the rows have stopped: drop them
@@ -212,7 +224,15 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
             for row, token in zip(live, step(last, position + offset)):
                 if row in answering:
                     produced[row].append(token)
-                    if token in stop:
+                    if token in stop or len(produced[row]) == limits[row]:
                         answering.remove(row)
     return [Decoded(ids, torch.stack([masses[row, layer] for layer in range(layers)]) if row in measured else None)
             for row, ids in enumerate(produced)]
+
+
+def _per_row(value: int | Sequence[int], size: int, what: str) -> list[int]:
+    """One int for every row, or one per row, as a list of `size` ints."""
+    found = [int(item) for item in value] if isinstance(value, Sequence) else [int(value)] * size
+    if len(found) != size:
+        raise ValueError(f"{len(found)} {what} for a batch of {size} rows")
+    return found

@@ -1,25 +1,28 @@
 """The task protocol's probe: each example's exact prefill compressed by every (press, ratio), the answer decoded
 greedily from each compressed cache, scored, and the needle's fate measured per layer and key/value head.
 
-`prefilled` receives the example's prefill layer by layer (`tasks.examples.TaskSource.run`); `after_batch` compresses
-every cell (`spectra.kv.cell`: the full cache, press 'full' at ratio 0, and every press at every ratio) in order of
-ratio, and decodes them together: the cells' caches join a batch until the next would take it past `--decode-memory`
-(`kv.batching`: buffers, padding and the rows a transform holds), then that batch is answered greedily as one
-(`batching.greedy`: one forward pass per step for all its cells) and freed. A press that compresses while decoding
-answers alone (`generation.greedy` with its recompression). A record asking several questions is answered from the
-same compressed caches: each (question, cell) pair is a row of the group's batch (its cache copied once per
-question, so a group counts its buffers once per question against the budget), each row seeing its cell's context
-rows and its own question and answer only — as kvpress's pipeline answers question after question, each question's
-tokens removed before the next; its answers, needles and the full cache's attention on them are kept per (example,
-question): an *item*. Per cell and example it
+`prefilled` receives the prefills of a batch's examples (`--batch-size` of them, one after the other) layer by layer
+(`tasks.examples.TaskSource.run`); `after_batch` compresses every cell of each (`spectra.kv.cell`: the full cache,
+press 'full' at ratio 0, and every press at every ratio), examples of fewer max_new_tokens first, then the widest
+(`kv.pending.order`; on one example, by ratio), and decodes them together: the cells' caches join a batch until the next would take it past
+`--decode-memory` (`kv.pending.Groups`: buffers, padding and the rows a transform holds), then that batch is answered
+greedily as one (`batching.greedy`: one forward pass per step for all its cells, each row stopping at its own
+example's max_new_tokens) and freed. A press that compresses while decoding answers alone (`generation.greedy` with
+its recompression). A record asking several questions is answered from the same compressed caches: each (question,
+cell) pair is a row of the group's batch (its cache copied once per question, so a group counts its buffers once per
+question against the budget), each row seeing its cell's context rows and its own question and answer only — as
+kvpress's pipeline answers question after question, each question's tokens removed before the next; its answers,
+needles and the full cache's attention on them are kept per (example, question): an *item*. Per cell and example it
 keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
 and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
 share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
 the question's attention mass on the needle per layer and key/value head (the mean over the head's query heads).
-Everything is numeric state, checkpointed after any example (`--resume`
-goes on from the next example) and summed across processes; predictions are decoded and scored when the tables are
-written. Seconds spent compressing and decoding per cell go to run.json (`press_seconds`), not to the tables, so a
-resumed run's tables equal an uninterrupted run's bit for bit.
+Everything is numeric state, whole after any batch (an example is done once every cell answered; `--resume`, with
+any batch size, goes on from the first example not done) and summed across processes; predictions are decoded and
+scored when the tables are written. Seconds spent compressing and decoding per cell go to run.json
+(`press_seconds`: a group's decoding time shared by its cells, per example), not to the tables, so a resumed run's
+tables equal an uninterrupted run's bit for bit (with the same batch size; another changes them only by the float
+rounding of differently shaped sums).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..kv import batching, generation
+from ..kv import batching, generation, pending
 from ..kv.cell import Cell, Cells
 from ..kv.presses import Prefill
 from ..kv.presses.decoding import INTERVAL
@@ -67,14 +70,20 @@ class Asked:
 @dataclass(frozen=True)
 class Answering:
     """One example being answered: its position among the examples evaluated, the example, every layer's prefill,
-    its questions (one, or a many-question record's, each answered from the same compressed cache) and the room a
-    cache keeps for the longest question and its answer."""
+    its questions (one, or a many-question record's, each answered from the same compressed cache), the tokens of
+    the longest and its cells (each dropped, None, once recorded)."""
 
     position: int
     example: Example
     prefills: list[Prefill]
     questions: list[Asked]
-    room: int
+    longest: int
+    cells: list[Cell | None]
+
+    @property
+    def room(self) -> int:
+        """The columns a cache keeps for the longest question and its answer."""
+        return self.longest + self.example.record.max_new_tokens
 
 
 class TaskProbe(Probe):
@@ -102,112 +111,130 @@ class TaskProbe(Probe):
         self.head_kept = np.zeros((cells, samples, layers, kv_heads))  # share of context rows each head keeps
         self.mass = np.zeros((items, layers, kv_heads))
         self.seconds = np.zeros((cells, 2))  # compressing, decoding
-        self.prefills: dict[int, Prefill] = {}
+        self.prefills: list[list[Prefill]] = []  # per example of the batch, every layer's prefill so far
         self.stop = generation.stop_tokens(source.loaded.model)
 
     def prefilled(self, prefill: Prefill) -> None:
-        self.prefills[prefill.layer] = prefill
+        """A layer of the next example's prefill (layer 0 begins an example: the source prefills a batch's examples
+        one after the other, in order)."""
+        if prefill.layer == 0:
+            self.prefills.append([])
+        self.prefills[-1].append(prefill)
 
     def after_batch(self, batch: Any) -> None:
-        """Every cell of the batch's example (see the module docstring)."""
-        position = batch.index[0]
-        example = self.examples[position]
-        prefills = [self.prefills[layer] for layer in range(self.source.layers)]
-        self.prefills = {}
-        device = self.source.device
-        questions = [Asked(int(self.first_item[position]) + j, ids.to(device), torch.as_tensor(needle, device=device))
-                     for j, (_, ids, needle) in enumerate(example.asked)]
-        at = Answering(position, example, prefills, questions,
-                       max(asked.ids.shape[-1] for asked in questions) + example.record.max_new_tokens)
-        cells: list[Cell | None] = list(self.cells.of(example.context, self.seed, example.record.example))
-        first = prefills[0]
-        row_bytes = batching.batch_row_bytes(first.kv_heads, first.head_dim, first.value.shape[-1],
-                                             first.key.element_size())
-        pending: list[int] = []
-        pending_rows: list[list[int]] = []  # each pending cell's rows per layer
-        held, groups, began = 0, 0, time.perf_counter()
-        # by ratio (cells that keep as many rows share a group and pad nothing), the full cache first
-        for i in sorted(range(len(cells)), key=lambda cell: (self.variants[cell][1], cell)):
-            cell = cells[i]
+        """Every cell of the batch's examples (see the module docstring)."""
+        if len(self.prefills) != len(batch.index):
+            raise ValueError(f"{len(self.prefills)} examples prefilled for a batch of {len(batch.index)}")
+        answering = [self.answering(position, prefills) for position, prefills in zip(batch.index, self.prefills)]
+        self.prefills = []
+        first = answering[0].prefills[0]
+        groups = pending.Groups(self.decode_memory, batching.batch_row_bytes(
+            first.kv_heads, first.head_dim, first.value.shape[-1], first.key.element_size()))
+        decoded, began = 0, time.perf_counter()
+        ratios = [ratio for _, ratio in self.variants]
+        for owner, i in pending.order([at.example.context for at in answering], ratios,
+                                      [at.example.record.max_new_tokens for at in answering]):
+            at = answering[owner]
+            cell = at.cells[i]
             started = time.perf_counter()
-            for prefill in prefills:
+            for prefill in at.prefills:
                 cell.compress(prefill)
             self.seconds[i, 0] += time.perf_counter() - started
             if cell.decodes:  # its cache changes length mid-answer: it decodes on its own
-                self.decode_alone(i, cells, at)
+                self.decode_alone(i, at)
                 continue
-            rows, own = batching.cell_rows(cell.parts), batching.held_bytes(cell.parts)
-            copies = len(at.questions)  # a row per (question, cell)
-            if pending and copies * batching.group_bytes([*pending_rows, rows], at.room, row_bytes) + held + own > \
-                    self.decode_memory:
-                self.decode_group(pending, cells, at)
-                pending, pending_rows, held, groups = [], [], 0, groups + 1
-            pending.append(i)
-            pending_rows.append(rows)
-            held += own
-        if pending:
-            self.decode_group(pending, cells, at)
-            groups += 1
-        if self.reporter is not None and not self.done.any() and len(self.examples) > 1:  # an example's cost, once
-            self.reporter.notify(f"each example: {len(cells)} cells, compressed and answered in {groups} "
-                                 f"{'batch' if groups == 1 else 'batches'} ({time.perf_counter() - began:.1f} s "
-                                 "after its prefill on the first)")
-        self.done[position] = 1
+            full = groups.add(pending.Waiting(owner, i, batching.cell_rows(cell.parts),
+                                              batching.held_bytes(cell.parts), len(at.questions), at.longest,
+                                              at.example.record.max_new_tokens))
+            if full:
+                self.decode_group(full, answering)
+                decoded += 1
+        last = groups.rest()
+        if last:
+            self.decode_group(last, answering)
+            decoded += 1
+        if self.reporter is not None and not self.done.any() and len(self.examples) > 1:  # a batch's cost, once
+            self.reporter.notify(self.cost(len(answering), decoded, time.perf_counter() - began))
+        for at in answering:
+            self.done[at.position] = 1
 
-    def decode_group(self, group: Sequence[int], cells: list[Cell | None], at: Answering) -> None:
-        """The answers of the cells `group` (indices into `cells`) to every question of the example, decoded as one
-        batch (`kv.batching`) whose rows are the (question, cell) pairs: each question answered from the cell's
-        compressed cache alone, its tokens and answer never seen by another question (kvpress's pipeline removes
-        them); each cell's records taken and its cache freed."""
+    def answering(self, position: int, prefills: list[Prefill]) -> Answering:
+        """The example at `position`, prefilled (`prefills`, every layer's), ready to be compressed and answered."""
+        example = self.examples[position]
+        device = self.source.device
+        questions = [Asked(int(self.first_item[position]) + j, ids.to(device), torch.as_tensor(needle, device=device))
+                     for j, (_, ids, needle) in enumerate(example.asked)]
+        return Answering(position, example, prefills, questions, max(asked.ids.shape[-1] for asked in questions),
+                         list(self.cells.of(example.context, self.seed, example.record.example)))
+
+    def cost(self, examples: int, groups: int, seconds: float) -> str:
+        """The notice of what the first batch of `examples` examples took after its prefills."""
+        if examples == 1:
+            batches = "batch" if groups == 1 else "batches"
+            return (f"each example: {len(self.variants)} cells, compressed and answered in {groups} {batches} "
+                    f"({seconds:.1f} s after its prefill on the first)")
+        return (f"each batch of {examples} examples: {len(self.variants)} cells each, compressed and answered in "
+                f"{groups} {'group' if groups == 1 else 'groups'} ({seconds:.1f} s after their prefills on the "
+                "first)")
+
+    def decode_group(self, group: Sequence[pending.Waiting], answering: Sequence[Answering]) -> None:
+        """The answers of the cells `group` (of the examples `answering`) to every question of their examples,
+        decoded as one batch (`kv.batching`) whose rows are the (question, cell) pairs, each stopping at its own
+        example's max_new_tokens: each question answered from the cell's compressed cache alone, its tokens and
+        answer never seen by another question (kvpress's pipeline removes them); each cell's records taken and its
+        cache freed."""
         started = time.perf_counter()
-        pairs = [(asked, i) for asked in at.questions for i in group]
-        batch = batching.Batch.of([cells[i].parts for _, i in pairs], at.prefills, at.room)
-        needles = {row: asked.needle for row, (asked, i) in enumerate(pairs) if cells[i].compressor is None}
+        owners = dict.fromkeys(waiting.owner for waiting in group)  # example by example, each question by question
+        pairs = [(answering[owner], asked, waiting.cell) for owner in owners for asked in answering[owner].questions
+                 for waiting in group if waiting.owner == owner]
+        batch = batching.Batch.of([at.cells[i].parts for at, _, i in pairs], [at.prefills for at, _, _ in pairs],
+                                  pending.room(group))
+        needles = {row: asked.needle for row, (at, asked, i) in enumerate(pairs) if at.cells[i].compressor is None}
         answers = batching.greedy(self.source.loaded.model, self.source.layers, batch,
-                                  [asked.ids for asked, _ in pairs], [cells[i].start for _, i in pairs],
-                                  at.example.record.max_new_tokens, self.stop, at.example.record.example,
-                                  needles=needles)
+                                  [asked.ids for _, asked, _ in pairs], [at.cells[i].start for at, _, i in pairs],
+                                  [at.example.record.max_new_tokens for at, _, _ in pairs], self.stop,
+                                  [at.example.record.example for at, _, _ in pairs], needles=needles)
         del batch
-        for (asked, i), decoded in zip(pairs, answers):
-            self.answered(i, cells, decoded, at, asked)
-        for i in group:  # the group's decoding time, shared by its cells
-            self.seconds[i, 1] += (time.perf_counter() - started) / len(group)
-            self.record(i, cells, at)
+        for (at, asked, i), decoded in zip(pairs, answers):
+            self.answered(i, at, decoded, asked)
+        share = (time.perf_counter() - started) / len(group)  # the group's decoding time, shared by its cells
+        for waiting in group:
+            self.seconds[waiting.cell, 1] += share
+            self.record(waiting.cell, answering[waiting.owner])
 
-    def decode_alone(self, i: int, cells: list[Cell | None], at: Answering) -> None:
+    def decode_alone(self, i: int, at: Answering) -> None:
         """The answer of cell `i`, whose press compresses while decoding, from its cache alone (a fresh one for
         each question; the kind refuses such a press on a many-question record, as kvpress does)."""
-        cell = cells[i]
+        cell = at.cells[i]
         started = time.perf_counter()
         for asked in at.questions:
             decoded = generation.greedy(self.source.loaded.model, self.source.layers,
                                         cell.buffers(at.prefills, at.room), asked.ids, cell.start,
                                         at.example.record.max_new_tokens, self.stop, at.example.record.example, None,
                                         cell.recompression())
-            self.answered(i, cells, decoded, at, asked)
+            self.answered(i, at, decoded, asked)
         self.seconds[i, 1] += time.perf_counter() - started
-        self.record(i, cells, at)
+        self.record(i, at)
 
-    def answered(self, i: int, cells: list[Cell | None], decoded: generation.Decoded, at: Answering,
-                 asked: Asked) -> None:
+    def answered(self, i: int, at: Answering, decoded: generation.Decoded, asked: Asked) -> None:
         """Cell `i`'s answer to one question, kept, with the share of that question's needle it kept and (from the
         full cache's decoding) the question's attention on it."""
         self.ids[i, asked.item, :len(decoded.ids)] = np.asarray(decoded.ids) + 1
         needle = asked.needle.cpu().numpy()
-        self.survival[i, asked.item] = cells[i].survival(needle)
+        self.survival[i, asked.item] = at.cells[i].survival(needle)
         if decoded.needle_mass is not None:
             per_head = decoded.needle_mass.double().cpu()  # (layers, H) → mean over each key/value group
             mass = per_head.unflatten(1, (self.source.kv_heads, -1)).mean(-1).numpy()
             self.mass[asked.item] = mass if needle.size else np.nan
 
-    def record(self, i: int, cells: list[Cell | None], at: Answering) -> None:
+    def record(self, i: int, at: Answering) -> None:
         """What cell `i` counted on the example, kept; the cell is then dropped (its cache freed)."""
-        cell, position, context = cells[i], at.position, at.example.context
+        cell, position, context = at.cells[i], at.position, at.example.context
         counts = cell.counts()  # (layers, H_kv); a cell that decodes: its target everywhere
         self.head_kept[i, position] = counts / context
         self.kept[i, position] = counts.mean() / context
         self.bytes[i, position] = [cell.bytes(), cell.full_bytes()]
-        cells[i] = None
+        at.cells[i] = None
 
     def state(self) -> State:
         return tagged({"tasks.ids": self.ids, "tasks.done": self.done, "tasks.kept": self.kept,

@@ -85,8 +85,9 @@ def test_the_tables_hold_every_cell(finished, task_file) -> None:
     assert [row["press"] for row in finished.meta["press_seconds"]] == [press for press, _ in cells]
 
 
-def interrupted_and_resumed(model, task_file, tmp_path, settings: dict, after: int):
-    """A run stopped once `after` examples are done (its checkpoint left), then resumed to the end."""
+def interrupted_and_resumed(model, task_file, tmp_path, settings: dict, after: int, then: dict | None = None):
+    """A run stopped once `after` examples are done (its checkpoint left), then resumed to the end (with the
+    settings `then` changes)."""
     class Stop(Exception):
         pass
 
@@ -97,7 +98,7 @@ def interrupted_and_resumed(model, task_file, tmp_path, settings: dict, after: i
     with pytest.raises(Stop):
         spectra.cache(str(model), str(task_file), out=tmp_path / "cut", **{**settings, "progress": interrupt})
     assert (tmp_path / "cut.partial" / "checkpoint.npz").exists()
-    return spectra.cache(str(model), str(task_file), out=tmp_path / "cut", resume=True, **settings)
+    return spectra.cache(str(model), str(task_file), out=tmp_path / "cut", resume=True, **{**settings, **(then or {})})
 
 
 def test_a_run_resumed_per_example_equals_an_uninterrupted_one(finished, chat_decoder, task_file, tmp_path) -> None:
@@ -107,6 +108,30 @@ def test_a_run_resumed_per_example_equals_an_uninterrupted_one(finished, chat_de
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(finished, name), check_exact=True, obj=name)
     for key, value in finished.arrays().items():
         np.testing.assert_array_equal(resumed.arrays()[key], value)
+
+
+def test_examples_decoded_together_and_resumed_with_another_batch_size(finished, chat_decoder, task_file, tmp_path,
+                                                                      monkeypatch, capsys) -> None:
+    """--batch-size 3: the cells of three examples decode together (each prefilled alone), then the fourth's; the
+    answers are those of one example at a time, the float columns to float32 rounding of differently shaped sums. A
+    run stopped after its first batch and resumed with --batch-size 2 equals the uninterrupted run bit for bit (the
+    batch size is no part of the run's identity; the examples done are its checkpoint's); run.json records the
+    batch size it ran with."""
+    together = spectra.cache(str(chat_decoder), str(task_file), out=tmp_path / "three", batch_size=3, **SETTINGS)
+    assert together.meta["settings"]["batch_size"] == 3 and together.meta["examples"] == 4
+    for name in TABLES:
+        pd.testing.assert_frame_equal(getattr(together, name), getattr(finished, name), rtol=1e-6, obj=name)
+    assert (together.examples["prediction"] == finished.examples["prediction"]).all()
+    resumed = interrupted_and_resumed(chat_decoder, task_file, tmp_path, {**SETTINGS, "checkpoint_seconds": 0.0,
+                                                                          "batch_size": 3}, after=3,
+                                      then={"batch_size": 2})
+    assert resumed.meta["settings"]["batch_size"] == 2
+    for name in TABLES:
+        pd.testing.assert_frame_equal(getattr(resumed, name), getattr(together, name), check_exact=True, obj=name)
+    for key, value in together.arrays().items():
+        np.testing.assert_array_equal(resumed.arrays()[key], value)
+    code, stdout, _ = tiny.run_cli(["evaluate", "--help"], monkeypatch, capsys)
+    assert code == 0 and "Examples whose cells decode together" in " ".join(stdout.split())
 
 
 def test_query_aware_and_fewer_samples(chat_decoder, task_file, tmp_path) -> None:

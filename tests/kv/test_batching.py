@@ -151,3 +151,50 @@ def test_rows_answering_different_questions_answer_as_each_alone(gqa_llama) -> N
             torch.testing.assert_close(got[row].needle_mass, want[row].needle_mass, rtol=1e-12, atol=1e-12)
         else:
             assert got[row].needle_mass is None
+
+
+def test_cells_of_two_examples_answer_in_a_batch_as_alone(gqa_llama) -> None:
+    """Cells of two examples (contexts of 96 and 71 tokens, each its own prefill, question, start, needle, index
+    and max_new_tokens, 8 and 3) as rows of one batch, as `spectra evaluate --batch-size 2` decodes them: each row's
+    answer is the one `generation.greedy` gives its cell alone, stopping at its own example's max_new_tokens, and
+    the full caches' attention on their needles the same to float64 rounding."""
+    loaded, ids, prefills = gqa_llama
+    other = torch.randint(3, len(loaded.tokenizer), (71 + 4,), generator=torch.Generator().manual_seed(9))
+    found = prefill.exact(loaded.model, loaded.layers, other[:71], 0, 1)
+    examples = [(prefills, ids[CONTEXT:], NEW, 0, torch.tensor([3, 40, 41])),
+                (found, other[71:], 3, 1, torch.tensor([5, 60]))]
+    cells = []
+    for owner, (own, _, _, index, _) in enumerate(examples):
+        made = list(Cells(["knorm", "snapkv", "key_rerotation(knorm)"], (0.3, 0.7), layers=len(own)).of(
+            own[0].key.shape[-2], 0, index))
+        for cell in made:
+            for layer in own:
+                cell.compress(layer)
+        cells += [(owner, cell) for cell in made]
+    cells = cells[::2] + cells[1::2]  # the two examples' rows interleaved
+    room = QUESTION + NEW
+
+    def alone(owner, cell, stop):
+        own, question, new, index, needle = examples[owner]
+        return generation.greedy(loaded.model, loaded.layers, cell.buffers(own, room), question, cell.start, new,
+                                 stop, index, needle if cell.compressor is None else None)
+
+    free = [alone(owner, cell, set()) for owner, cell in cells]
+    stop = {free[2].ids[1], free[5].ids[2]}
+    want = [alone(owner, cell, stop) for owner, cell in cells]
+    assert len({tuple(answer.ids) for answer in want}) > 6, "the cells must answer otherwise for the test to tell"
+    assert {len(answer.ids) for owner, answer in zip([owner for owner, _ in cells], want) if owner == 1} <= {1, 2, 3}
+    batch = batching.Batch.of([cell.parts for _, cell in cells], [examples[owner][0] for owner, _ in cells], room)
+    full = {row: examples[owner][4] for row, (owner, cell) in enumerate(cells) if cell.compressor is None}
+    got = batching.greedy(loaded.model, loaded.layers, batch, [examples[owner][1] for owner, _ in cells],
+                          [cell.start for _, cell in cells], [examples[owner][2] for owner, _ in cells], stop,
+                          [examples[owner][3] for owner, _ in cells], needles=full)
+    assert [decoded.ids for decoded in got] == [decoded.ids for decoded in want]
+    assert max(len(decoded.ids) for decoded in want) == NEW and len(full) == 2
+    for row in full:
+        torch.testing.assert_close(got[row].needle_mass, want[row].needle_mass, rtol=1e-12, atol=1e-12)
+    batch = batching.Batch.of([cell.parts for _, cell in cells], [examples[owner][0] for owner, _ in cells], room)
+    with pytest.raises(ValueError, match="2 max_new_tokens for a batch of 14 rows"):
+        batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], CONTEXT, [1, 2], stop, 0)
+    with pytest.raises(ValueError, match="2 examples' prefills for a batch of 3 cells"):
+        batching.Batch.of([cell.parts for _, cell in cells[:3]], [prefills, found], room)

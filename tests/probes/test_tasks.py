@@ -7,6 +7,7 @@ needle."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -14,10 +15,12 @@ from spectra import capture
 from spectra.kv import continuation
 from spectra.kv.prefill import Reads
 from spectra.config import RunConfig
+from spectra.kv import batching
 from spectra.kv.presses import REGISTRY, n_kept
+from spectra.kv.presses.decoding import INTERVAL
 from spectra.probes.tasks import TaskProbe
 from spectra.kv.tasks.records import read_records
-from spectra.kv.tasks.examples import TaskSource
+from spectra.kv.tasks.examples import TaskBatch, TaskSource
 
 import task_files
 
@@ -28,10 +31,10 @@ PRESSES, RATIOS = ("streaming", "knorm"), (0.5, 0.75)
 def probed(tmp_path_factory):
     chat_decoder = task_files.save_chat_decoder(tmp_path_factory.mktemp("models") / "tiny-chat")
     path = task_files.write(tmp_path_factory.mktemp("tasks") / "tasks.jsonl", task_files.records(count=3))
-    source = TaskSource(RunConfig(str(chat_decoder), str(path)), "cpu", read_records(path), query_aware=False,
-                        reads=Reads(), windowed=False)
+    source = TaskSource(RunConfig(str(chat_decoder), str(path), batch_size=2), "cpu", read_records(path),
+                        query_aware=False, reads=Reads(), windowed=False)
     source.start()
-    probe = TaskProbe(source, PRESSES, RATIOS, 0, 3)
+    probe = TaskProbe(source, PRESSES, RATIOS, 0, 3)  # two examples' cells decoded together, then the third's
     for batch in source.batches(3):
         source.run(batch, probe)
         probe.after_batch(batch)
@@ -121,9 +124,9 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
     source, _ = probed
     for interval in (1000, 1):
         probe = TaskProbe(source, ("decoding(knorm)",), (0.5,), 0, 3, compression_interval=interval)
-        for batch in source.batches(3):
+        for batch in map(TaskBatch, ([0], [1], [2])):  # one example a batch
             source.run(batch, probe)
-            prefills = [probe.prefills[layer] for layer in range(source.layers)]
+            prefills = probe.prefills[0]  # the batch's one example, every layer
             example = probe.examples[batch.index[0]]
             probe.after_batch(batch)
             if interval == 1000:
@@ -144,13 +147,13 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
     np.testing.assert_array_equal(answers["ids"], probe.ids - 1)
 
 
-def probe_of(model, path, records, presses, ratios, double=False):
-    source = TaskSource(RunConfig(str(model), str(path)), "cpu", records, query_aware=False, reads=Reads(),
-                        windowed=False)
+def probe_of(model, path, records, presses, ratios, double=False, batch_size=1, interval=INTERVAL):
+    source = TaskSource(RunConfig(str(model), str(path), batch_size=batch_size), "cpu", records, query_aware=False,
+                        reads=Reads(), windowed=False)
     source.start()
     if double:
         source.loaded.model.double()
-    probe = TaskProbe(source, presses, ratios, 0, len(records))
+    probe = TaskProbe(source, presses, ratios, 0, len(records), compression_interval=interval)
     for batch in source.batches(len(records)):
         source.run(batch, probe)
         probe.after_batch(batch)
@@ -182,3 +185,63 @@ def test_many_questions_are_answered_from_one_compression_as_each_alone(tmp_path
     examples = probe.tables()["task_examples.csv"]
     assert list(examples.columns[:4]) == ["press", "ratio", "example", "question"]
     assert list(zip(examples["example"], examples["question"]))[:4] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+STATE = ("ids", "survival", "kept", "bytes", "head_kept")
+
+
+def batched(monkeypatch, model, path, records, presses, ratios, batch_size, interval=INTERVAL):
+    """`probe_of` in float64 at `batch_size`, and the rows of every batch it decoded."""
+    sizes = []
+    original = batching.Batch.of
+    monkeypatch.setattr(batching.Batch, "of", lambda *args: sizes.append(len(args[0])) or original(*args))
+    _, probe = probe_of(model, path, records, presses, ratios, double=True, batch_size=batch_size, interval=interval)
+    monkeypatch.setattr(batching.Batch, "of", original)
+    return probe, sizes
+
+
+def test_examples_decoded_together_answer_as_one_at_a_time(tmp_path, monkeypatch) -> None:
+    """--batch-size 3 against 1 (float64 tiny Llama, so no greedy tie can flip): five records — passkey ones
+    answering in up to 5 tokens, niah ones in up to 9, two asking two questions among ones asking one — decoded
+    three examples at a time (the last batch two) answer as one at a time: the same token ids (each row stopped at its
+    own example's max_new_tokens), needles kept, shares, bytes; the full cache's attention on each needle to float64
+    rounding; the tables alike."""
+    model = task_files.save_chat_decoder(tmp_path / "tiny-chat")
+    rows = (task_files.records(count=2, max_new_tokens=5)
+            + task_files.many_questions(task_files.records(count=2, seed=1, max_new_tokens=9, task="niah_single_1"))
+            + task_files.records(count=1, seed=2, max_new_tokens=9, task="niah_single_1"))
+    path = task_files.write(tmp_path / "mixed.jsonl", rows)
+    records = read_records(path)
+    presses, ratios = ("streaming", "knorm", "snapkv", "adakv(snapkv)", "key_rerotation(knorm)"), (0.5, 0.75)
+    one, one_sizes = batched(monkeypatch, model, path, records, presses, ratios, 1)
+    three, three_sizes = batched(monkeypatch, model, path, records, presses, ratios, 3)
+    cells = len(one.variants)
+    assert one_sizes == [cells, cells, 2 * cells, 2 * cells, cells]  # one batch an example, a row per question
+    assert three_sizes == [(1 + 1 + 2) * cells, (2 + 1) * cells], three_sizes  # three examples, then the last two
+    for name in STATE:
+        np.testing.assert_array_equal(getattr(three, name), getattr(one, name), err_msg=name)
+    np.testing.assert_allclose(three.mass, one.mass, rtol=1e-12, atol=1e-12)
+    lengths = (three.ids > 0).sum(-1)  # (cells, items): tokens each answer produced
+    passkey = [item for item, (position, _) in enumerate(three.items) if position < 2]
+    assert lengths[:, passkey].max() == 5 and lengths.max() == 9, "each row stops at its own max_new_tokens"
+    assert len({tuple(row) for row in three.ids.reshape(-1, three.ids.shape[-1])}) > 6, "answers must differ to tell"
+    for name, table in three.tables().items():
+        pd.testing.assert_frame_equal(table, one.tables()[name], check_exact=False, rtol=1e-12, obj=name)
+
+
+def test_a_decoding_press_decodes_alone_beside_examples_decoded_together(tmp_path, monkeypatch) -> None:
+    """decoding(knorm), paced every step, among presses decoding in a batch of three examples: its cells decode
+    alone (`generation.greedy` with recompression) and every answer equals the run one example at a time."""
+    model = task_files.save_chat_decoder(tmp_path / "tiny-chat")
+    rows = task_files.records(count=2, max_new_tokens=5) + task_files.records(count=2, seed=1, max_new_tokens=9,
+                                                                              task="niah_single_1")
+    path = task_files.write(tmp_path / "mixed.jsonl", rows)
+    records = read_records(path)
+    presses, ratios = ("knorm", "decoding(knorm)", "snapkv"), (0.5,)
+    one, _ = batched(monkeypatch, model, path, records, presses, ratios, 1, interval=1)
+    three, sizes = batched(monkeypatch, model, path, records, presses, ratios, 3, interval=1)
+    assert sizes == [3 * 3, 1 * 3], "the decoding press's cells are in no batch"
+    for name in STATE:
+        np.testing.assert_array_equal(getattr(three, name), getattr(one, name), err_msg=name)
+    decoding = three.variants.index(("decoding(knorm)", 0.5))
+    assert not np.array_equal(three.ids[decoding], three.ids[0]), "paced every step, it must answer otherwise"

@@ -1,6 +1,7 @@
-"""The task protocol's source for the loop: task records read through a decoder, one example per batch.
+"""The task protocol's source for the loop: task records read through a decoder, `--batch-size` examples per batch.
 
-Examples have their own lengths, so each is a batch of its own (the loop checkpoints, resumes and shards by example).
+Examples have their own lengths, so each is prefilled on its own; a batch's examples have their cells decoded
+together by the probe (the loop checkpoints and resumes by batch, counting examples, and shards by example).
 Opening reads the records (bad records are refused before any model loads); `start` reads the model's tokenizer,
 builds every example's prompt as kvpress's pipeline does (`prompt.chat_prompt`: the chat-templated context, the
 question with the template's suffix and the answer prefix; `query_aware`: the question joins the context and the
@@ -108,7 +109,7 @@ def prepare(tokenizer, record: TaskRecord, query_aware: bool) -> Example:
 
 @dataclass
 class TaskBatch:
-    """One example of the run: its position in the records evaluated."""
+    """Examples of the run decoded together: their positions in the records evaluated."""
 
     index: list[int]
 
@@ -211,19 +212,22 @@ class TaskSource(OfLoadedModel):
                 "dtype": self.config.dtype}
 
     def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[TaskBatch]:
-        """One example per batch from `skip` on (examples differ in length: the run's batch size does not apply);
-        example i goes to process i mod size."""
+        """Up to `--batch-size` examples per batch from `skip` on, in order (the probe decodes their cells together;
+        each is prefilled alone); example i goes to process i mod size."""
         rank, size = shard
-        for position in range(skip, min(sequences, len(self.records))):
-            if position % size == rank:
-                yield TaskBatch([position])
+        mine = [position for position in range(skip, min(sequences, len(self.records))) if position % size == rank]
+        step = self.config.batch_size
+        for first in range(0, len(mine), step):
+            yield TaskBatch(mine[first:first + step])
 
     def run(self, batch: TaskBatch, probe: PrefillObserver) -> None:
-        """The example's exact prefill; each layer's `Prefill` to the probe's `prefilled`."""
-        example = self.examples[batch.index[0]]
-        ids = example.context_ids.to(self.device)
-        found = prefill.exact(self.loaded.model, self.layers, ids, self.config.seed, example.record.example,
-                              self.reads, repetition=self.repetition)
-        for layer in found:  # query-aware: how many of the context's last tokens are the question (finch's window)
-            probe.prefilled(replace(layer, question_tokens=example.question_tokens) if example.question_tokens
-                            else layer)
+        """Each example's exact prefill, one after the other; each layer's `Prefill` to the probe's `prefilled`
+        (layer 0 begins the next example)."""
+        for position in batch.index:
+            example = self.examples[position]
+            ids = example.context_ids.to(self.device)
+            found = prefill.exact(self.loaded.model, self.layers, ids, self.config.seed, example.record.example,
+                                  self.reads, repetition=self.repetition)
+            for layer in found:  # query-aware: how many of the context's last tokens are the question (finch's window)
+                probe.prefilled(replace(layer, question_tokens=example.question_tokens) if example.question_tokens
+                                else layer)

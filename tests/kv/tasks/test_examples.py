@@ -1,19 +1,20 @@
 """spectra/kv/tasks/examples.py, the task source: each record's prompt ids as kvpress tokenizes them (and the
-query-aware variant), its needle, one example per batch (skipped and sharded by position), the refusals once the model
-has loaded, and what run.json records of the file."""
+query-aware variant), its needle, --batch-size examples per batch (skipped and sharded by position), each prefilled
+alone, the refusals once the model has loaded, and what run.json records of the file."""
 
 from __future__ import annotations
 
 import hashlib
 
 import pytest
+import torch
 
 from spectra.config import RunConfig
 from spectra.errors import SpectraError
 from spectra.kv.prefill import Reads
 from spectra.kv.tasks.prompt import prompt_ids
 from spectra.kv.tasks.records import read_records
-from spectra.kv.tasks.examples import TaskSource, prepare
+from spectra.kv.tasks.examples import TaskBatch, TaskSource, prepare
 
 import task_files
 
@@ -51,10 +52,10 @@ class Recorder:
         self.prefills.append(prefill)
 
 
-def source(model, path, query_aware=False, windowed=False, questioned=(), **reads) -> TaskSource:
+def source(model, path, query_aware=False, windowed=False, questioned=(), batch_size=1, **reads) -> TaskSource:
     """A source over the file at `path` whose prefill computes what `reads` names (`prefill.Reads`' fields)."""
-    return TaskSource(RunConfig(str(model), str(path)), "cpu", read_records(path), query_aware=query_aware,
-                      reads=Reads(**reads), windowed=windowed, questioned=questioned)
+    return TaskSource(RunConfig(str(model), str(path), batch_size=batch_size), "cpu", read_records(path),
+                      query_aware=query_aware, reads=Reads(**reads), windowed=windowed, questioned=questioned)
 
 
 def first_prefills(found: TaskSource) -> list:
@@ -65,12 +66,16 @@ def first_prefills(found: TaskSource) -> list:
     return recorder.prefills
 
 
-def test_one_example_per_batch_skipped_and_sharded(chat_decoder, task_file) -> None:
+def test_batches_of_examples_skipped_and_sharded(chat_decoder, task_file) -> None:
     found = source(chat_decoder, task_file)
     assert [batch.index for batch in found.batches(3)] == [[0], [1], [2]]
     assert [batch.index for batch in found.batches(3, skip=1)] == [[1], [2]]
     assert [batch.index for batch in found.batches(3, shard=(1, 2))] == [[1]]
     assert [batch.index for batch in found.batches(2)] == [[0], [1]]
+    two = source(chat_decoder, task_file, batch_size=2)  # --batch-size 2: two examples' cells decode together
+    assert [batch.index for batch in two.batches(3)] == [[0, 1], [2]]
+    assert [batch.index for batch in two.batches(3, skip=1)] == [[1, 2]]
+    assert [batch.index for batch in two.batches(3, shard=(0, 2))] == [[0, 2]]
     data = found.data()
     assert data["sha256"] == hashlib.sha256(task_file.read_bytes()).hexdigest() and data["records"] == 3
 
@@ -187,3 +192,22 @@ def test_each_layer_carries_the_questions_token_count(chat_decoder, task_file) -
         prefills = first_prefills(found)
         counts.append(({prefill.question_tokens for prefill in prefills}, found.examples[0].question_tokens))
     assert counts[0] == ({0}, 0) and counts[1][0] == {counts[1][1]} and counts[1][1] > 0
+
+
+def test_a_batchs_examples_are_prefilled_one_after_the_other(chat_decoder, task_file) -> None:
+    """A batch of two examples hands the probe the first's layers, then the second's, each its own exact prefill
+    (layer 0 begins an example: the probe groups them so)."""
+    found = source(chat_decoder, task_file, batch_size=2)
+    found.start()
+    recorder = Recorder()
+    found.run(next(found.batches(3)), recorder)
+    layers = found.layers
+    assert [prefill.layer for prefill in recorder.prefills] == list(range(layers)) * 2
+    contexts = [prefill.key.shape[-2] for prefill in recorder.prefills[::layers]]
+    assert contexts == [example.context for example in found.examples[:2]]
+    alone = source(chat_decoder, task_file)
+    alone.start()
+    second = Recorder()
+    alone.run(TaskBatch([1]), second)
+    for got, want in zip(recorder.prefills[layers:], second.prefills):
+        assert torch.equal(got.key, want.key) and torch.equal(got.value, want.value)
