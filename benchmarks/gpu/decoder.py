@@ -17,6 +17,7 @@ decoding), seconds per example, the peak GPU memory (torch.cuda.max_memory_alloc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
@@ -50,6 +51,19 @@ def draw_weights_on(device: str) -> None:
     transformers.AutoModelForCausalLM.from_pretrained = random
 
 
+@contextlib.contextmanager
+def profiled(wanted: bool, device: str):
+    """torch.profiler over the run when `wanted` (CPU and, on a GPU, CUDA activity), else nothing."""
+    if not wanted:
+        yield None
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        yield profiler
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=".gpu/llama8b")
@@ -59,14 +73,22 @@ def main() -> None:
     parser.add_argument("--decode-memory", type=float, default=24.0)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch-size", type=int, default=1, help="examples whose cells decode together")
+    parser.add_argument("--samples", type=int, default=None, help="records of the task file (default: all)")
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler's costliest operators")
     args = parser.parse_args()
     draw_weights_on(args.device)
     chosen = {"4x4": {"presses": SWEEP_PRESSES}, "all": {}}.get(args.presses, {"presses": args.presses})
     out = Path(tempfile.mkdtemp()) / "run"
     start = time.perf_counter()
-    run = spectra.cache(args.model, args.data, out=out, device=args.device, dtype=args.dtype, **chosen,
-                        ratios=args.ratios, decode_memory=args.decode_memory, progress=None, notify=print)
+    with profiled(args.profile, args.device) as profiler:
+        run = spectra.cache(args.model, args.data, out=out, device=args.device, dtype=args.dtype, **chosen,
+                            ratios=args.ratios, decode_memory=args.decode_memory, batch_size=args.batch_size,
+                            samples=args.samples, progress=None, notify=print)
     wall = time.perf_counter() - start
+    if profiler is not None:
+        for sort in ("self_cuda_time_total", "self_cpu_time_total"):
+            print(profiler.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
     meta = json.loads((out / "run.json").read_text())
     examples = run.examples
     peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
