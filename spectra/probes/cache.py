@@ -310,7 +310,7 @@ class CacheProbe(Probe):
             s = dict(zip(_FIELDS, self.sums[i]))
             count = max(s["sequences"], 1)
             nll = s["nll"] / max(s["tokens"], 1)
-            channels = press != "full" and self.presses[press].axis == "channels"
+            channels = press != "full" and "channels" in self.presses[press].axis.split("+")
             rows.append({"press": press, "ratio": ratio, "nll": nll, "ppl": math.exp(nll),
                          "kl": s["kl"] / max(s["tokens"], 1), "top1": s["top1"] / max(s["tokens"], 1),
                          "kept": s["kept"] / count, "kept_share": s["kept"] / count / self.context,
@@ -332,8 +332,10 @@ class CacheProbe(Probe):
         found = {"cache.csv": pd.DataFrame(rows), "cache_heads.csv": pd.DataFrame(heads),
                  "cache_sequences.csv": pd.DataFrame(sequences)}
         if self.bytes_kept:
-            # a decoding press is left out: its cache changes while decoding, so it has no per-head output error
-            axes_of = {name: press.axis for name, press in self.presses.items() if not press.decodes}
+            # a decoding press is left out: its cache changes while decoding, so it has no per-head output error;
+            # a composition across axes (tokens+channels) too: the map compares single axes
+            axes_of = {name: press.axis for name, press in self.presses.items()
+                       if not press.decodes and press.axis in axes.AXES}
             mapped = axes.best_axes(found["cache_heads.csv"], axes_of, self.source.kv_heads, self.bytes_kept)
             found["cache_axes.csv"] = mapped if self.diagnosis is None else axes.join_diagnosis(mapped, self.diagnosis)
         return found

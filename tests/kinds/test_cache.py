@@ -396,9 +396,12 @@ def test_the_axis_map_is_each_key_value_heads_least_loss_within_the_bytes(llama_
     heads = spectra.heads(str(llama_dir), str(text_file), length=32, samples=2, window=8, recent=8,
                           out=tmp_path / "heads", **QUIET)
     run = spectra.cache(str(llama_dir), str(text_file), context=CONTEXT, continuation=CONTINUATION,
-                        presses="snapkv,think,lowrank", ratios="0.25,0.5,0.75", samples=2, bytes_kept="0.6,0.9",
-                        heads_run=str(heads.path), out=tmp_path / "cache", **QUIET)
+                        presses="snapkv,think,lowrank,composed(snapkv,think)", ratios="0.25,0.5,0.75", samples=2,
+                        bytes_kept="0.6,0.9", heads_run=str(heads.path), out=tmp_path / "cache", **QUIET)
     axes, stats = run.axes, run.head_stats
+    chain = run.table[run.table["press"] == "composed(snapkv,think)"]  # tokens then key channels: both axes named
+    assert (chain["axis"] == "tokens+channels").all() and (chain["key_channel_ratio"] == chain["ratio"]).all()
+    assert set(axes["axis"]) <= {"tokens", "channels", "rank"}, "a chain across axes is no single axis of the map"
     assert set(axes["budget"]) == {0.6, 0.9} and len(axes[axes["best"]]) == 2 * 2 * 2  # budgets × layers × KV heads
     for row in axes.itertuples():  # the tiny Llama: 4 query heads over 2 key/value heads
         mine = stats[(stats["layer"] == row.layer) & (stats["head"] // 2 == row.kv_head)]

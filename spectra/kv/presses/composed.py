@@ -20,7 +20,9 @@ kvpress refuses AdaKVPress and KVzipPress inside a ComposedPress, and warns that
 attention weights (ObservedAttention) fails after another; here the arguments are presses named alone (no wrapper)
 that do not compress while decoding, read no received attention, no reconstruction pass, and fit no calibration
 (`refuses`). A press whose heads keep different numbers of tokens, or whose rows are no context tokens (linformer),
-can only come last. kvpress's
+can only come last. Its `axis` is its presses' axes in turn, each once: `tokens` for token presses alone,
+`tokens+channels` for composed(snapkv,think) — a chain across axes is no single axis, so the axis map of
+`--bytes-kept` (`kv.axes`) leaves it out. kvpress's
 pipeline decodes the question after a ComposedPress at the original context length, even where a press inside it
 re-rotated its keys, and so does this press (no `Compressed.start`).
 """
@@ -95,6 +97,8 @@ class Composed(Press):
                 setattr(self, flag, any(getattr(press, flag) for press in inner))
             for number in NUMBERS:
                 setattr(self, number, max(getattr(press, number) for press in inner))
+            # what the chain removes: its presses' axes in turn, once each ("tokens+channels" for snapkv then think)
+            self.axis = "+".join(dict.fromkeys(press.axis for press in inner))  # type: ignore[misc]
 
     def bind(self, *inner: Press) -> Composed:
         """These presses composed (the registry checked that they are two or more presses it may compose)."""

@@ -150,3 +150,12 @@ def test_bad_forms_are_refused_in_one_line(name, message) -> None:
     assert "\n" not in str(caught.value)
     with pytest.raises(TypeError, match="composes two or more presses"):
         REGISTRY["composed"].bind(REGISTRY["knorm"])
+
+
+@pytest.mark.parametrize(("name", "axis"), [("composed(snapkv,think)", "tokens+channels"),
+                                            ("composed(think,snapkv)", "channels+tokens"),
+                                            ("composed(snapkv,knorm)", "tokens"),
+                                            ("composed(knorm,kivi4)", "tokens+bits")])
+def test_the_axis_is_what_the_chain_removes(name, axis) -> None:
+    """Before, every composition said `tokens`, even composed(think,snapkv), whose first press prunes key channels."""
+    assert REGISTRY[name].axis == axis
