@@ -7,6 +7,7 @@ at a resolution that keeps the repository light (100 dpi, no PDF; a picture over
     python analyses/pictures.py tasks RUN --out figures/tasks-smollm2.png              # a task run's score curves
     python analyses/pictures.py leaderboard RUN [RUN …] --out figures/leaderboard.png  # task runs pooled, ranked
     python analyses/pictures.py survival RUN [RUN …] --out figures/survival.png        # the top presses' needle
+    python analyses/pictures.py questions RUN [RUN …] --out figures/questions.png      # many questions, ranked
 
 `figure1` draws `spectra figure1`'s curves and heatmap; `heatmap` draws, per layer and head of an analyze run,
 c at index n/4 (how skewed P's spectrum is) beside the sink mass (the attention on the first token), so the two
@@ -16,7 +17,8 @@ task_scores view), on the tasks whose full cache answers (`report.leaderboard.HO
 `leaderboard` pools task runs of one task file (`report.leaderboard`) and draws every press's score per ratio and
 its mean, presses in rank order; `survival` draws, for the leaderboard's top three presses and SnapKV, the share of
 the needle each layer and key/value head kept at half the cache, beside the full cache's attention on it (where a
-ranking comes from). The README prints the command under each picture.
+ranking comes from); `questions` pools task runs of a many-question task file and ranks presses on the questions the
+full cache answers (the share of its answers each keeps). The README prints the command under each picture.
 """
 
 from __future__ import annotations
@@ -138,6 +140,23 @@ def draw_leaderboard(runs: list):
     return leaderboard.draw(leaderboard.standings(examples, seed), order, title)
 
 
+def draw_questions(runs: list):
+    """The pooled runs of a many-question task file, presses ranked on the questions the full cache answers: the
+    share of its answers each press keeps per ratio, and the mean over ratios."""
+    from spectra.report import leaderboard
+
+    runs = task_runs_of(runs)
+    examples = leaderboard.pooled(runs)
+    seed = leaderboard.seed_of(runs)
+    order = leaderboard.ranking(examples, seed, over="answered")
+    full = examples[examples["press"] == "full"]
+    answered = int((full["score"] >= 1).sum())
+    title = (f"{runs[0].meta['model']['name']}: share kept of the {answered} answers the full cache gives to "
+             f"{len(full)} questions\n({full['example'].nunique()} records, each compressed once without its "
+             "questions, then asked them one by one)")
+    return leaderboard.draw(leaderboard.standings(examples, seed, over="answered"), order, title)
+
+
 #: how many of the leaderboard's best presses `survival` draws (SnapKV beside them), and at which ratio
 SURVIVING, SURVIVAL_RATIO = 3, 0.5
 
@@ -166,9 +185,9 @@ def draw_survival(runs: list):
 
 
 PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache, "tasks": draw_tasks,
-            "leaderboard": draw_leaderboard, "survival": draw_survival}
+            "leaderboard": draw_leaderboard, "questions": draw_questions, "survival": draw_survival}
 #: the pictures that pool several runs
-POOLING = ("figure1", "leaderboard", "survival")
+POOLING = ("figure1", "leaderboard", "questions", "survival")
 
 
 def save(figure, out: Path) -> int:

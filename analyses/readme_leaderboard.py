@@ -114,3 +114,28 @@ def front_leaderboard(runs: Runs) -> Rendered:
     cells, order = leaderboard.standings(examples, seed), leaderboard.ranking(examples, seed)
     values = {**facts(found, examples, order), "top": str(TOP), "table": ranking_table(cells, order, TOP)}
     return Rendered(values, {})
+
+
+def questions_page(runs: Runs) -> Rendered:
+    """docs/leaderboard.md's many-question table: the runs of a many-question task file pooled, presses ranked on the
+    questions the full cache answers (no task holds as a whole there), each cell the share of those answers kept."""
+    found, examples, seed = pooled_runs(runs)
+    try:
+        cells = leaderboard.standings(examples, seed, over="answered")
+        order = leaderboard.ranking(examples, seed, over="answered")
+    except SpectraError as error:
+        raise RenderError(str(error)) from None
+    from spectra.kv.tasks.summary import task_scores
+
+    full = examples[examples["press"] == "full"]
+    raw = task_scores(full, seed, by=()).iloc[0]  # the full cache's score over every question, answered or not
+    ranked = order[order["press"] != "full"].set_index("press")
+    values = {"model": found[0].meta["model"]["name"], "length": str(int(examples["length"].max())),
+              "records": str(full["example"].nunique()), "questions": str(len(full)),
+              "tasks": listed([f"`{task}`" for task in dict.fromkeys(full["task"])]),
+              "full": with_interval(raw["score"], raw["low"], raw["high"]),
+              "answered": str(int((full["score"] >= 1).sum())), "presses": str(len(ranked)),
+              "table": ranking_table(cells, order), "widths": widths(cells),
+              "first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
+              "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}
+    return Rendered(values, {"first-keeps-all": bool(ranked["score"].iloc[0] >= 1.0)})

@@ -13,7 +13,10 @@ equally), with the full cache beside it and the paired difference, 95% Poisson-b
 (`kv.tasks.summary.task_scores`: an example's weights fixed by its index, the same for every press). `ranking`
 orders presses by their mean over the ratios run — per example the average of its ratios' scores, bootstrapped the
 same way, so the ranking's intervals are as paired as the cells' — the area under a press's score-vs-ratio curve at
-kvpress's leaderboard ratios. `draw` is the picture: presses down in rank order, ratios across, the score in each
+kvpress's leaderboard ratios. Where no task holds as a whole (many questions per context: SmolLM2 answers about
+half of a record's questions at any length it fits), `over="answered"` judges presses on the questions the full
+cache answers instead (`answered_rows`): a press's score there is the share of the full cache's answers it keeps.
+`draw` is the picture: presses down in rank order, ratios across, the score in each
 cell; `pooled_needle` the runs' needle tables as one, for where a press keeps the needle per layer and head
 (`report.evaluate.draw_survival`).
 """
@@ -102,31 +105,56 @@ def held_rows(examples: pd.DataFrame, holds: float = HOLDS) -> pd.DataFrame:
     return examples[examples["task"].isin(tasks)]
 
 
+def answered_rows(examples: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the questions the full cache answers (score 1), each (example, question) with every press's row
+    of it: where no task holds as a whole (SmolLM2 answers about half the questions of a many-question record at
+    any length it fits), a press is judged on what the full cache had, and its score there is the share of those
+    answers it keeps. None answered is one line."""
+    unit = ["example", "question"] if "question" in examples.columns else ["example"]
+    full = examples[examples["press"] == "full"]
+    answered = full.loc[full["score"] >= 1, unit]
+    if answered.empty:
+        raise SpectraError("the full cache answers no question: nothing to judge presses on")
+    keys = examples.set_index(unit).index
+    return examples[keys.isin(answered.set_index(unit).index)]
+
+
+def chosen(examples: pd.DataFrame, holds: float, over: str) -> pd.DataFrame:
+    """The rows presses are judged on: `over` "held", the tasks the full cache holds (`held_rows`); "answered", the
+    questions it answers (`answered_rows`)."""
+    if over == "held":
+        return held_rows(examples, holds)
+    if over == "answered":
+        return answered_rows(examples)
+    raise ValueError(f"over is 'held' or 'answered', got {over!r}")
+
+
 def seed_of(runs: Sequence[TaskRun]) -> int:
     """The pooled runs' seed (`pooled` checked they share it), which fixes the bootstrap's weights."""
     return int(runs[0].meta.get("settings", {}).get("seed", 0))
 
 
-def standings(examples: pd.DataFrame, seed: int, holds: float = HOLDS) -> pd.DataFrame:
-    """Per (press, ratio) over the held tasks' examples: examples, score, low, high, full, delta, delta_low,
-    delta_high, bytes_share (`task_scores` without a task key); the full cache first."""
+def standings(examples: pd.DataFrame, seed: int, holds: float = HOLDS, over: str = "held") -> pd.DataFrame:
+    """Per (press, ratio) over the held tasks' examples (or, `over` "answered", the questions the full cache
+    answers: `chosen`): examples, score, low, high, full, delta, delta_low, delta_high, bytes_share (`task_scores`
+    without a task key); the full cache first."""
     from ..kv.tasks.summary import task_scores
 
-    return task_scores(held_rows(examples, holds), seed, by=())
+    return task_scores(chosen(examples, holds, over), seed, by=())
 
 
-def ranking(examples: pd.DataFrame, seed: int, holds: float = HOLDS) -> pd.DataFrame:
-    """Per press (the full cache first), over the held tasks' examples, the mean over its ratios: `ratios` (how many
-    it ran), score, low, high, full, delta, delta_low, delta_high; `rank` 1 for the best press (ties share a
-    rank), sorted by it."""
+def ranking(examples: pd.DataFrame, seed: int, holds: float = HOLDS, over: str = "held") -> pd.DataFrame:
+    """Per press (the full cache first), over the held tasks' examples (or the answered questions: `chosen`), the
+    mean over its ratios: `ratios` (how many it ran), score, low, high, full, delta, delta_low, delta_high; `rank` 1
+    for the best press (ties share a rank), sorted by it."""
     import pandas as pd
 
     from ..kv.tasks.summary import task_scores
 
-    chosen = held_rows(examples, holds)
-    unit = ["example", "question"] if "question" in chosen.columns else ["example"]
-    counts = chosen.groupby("press")["ratio"].nunique()
-    averaged = chosen.groupby(["press", *unit], as_index=False, sort=False).agg(
+    rows = chosen(examples, holds, over)
+    unit = ["example", "question"] if "question" in rows.columns else ["example"]
+    counts = rows.groupby("press")["ratio"].nunique()
+    averaged = rows.groupby(["press", *unit], as_index=False, sort=False).agg(
         score=("score", "mean"), bytes_share=("bytes_share", "mean"))
     table = task_scores(averaged.assign(ratio=0.0), seed, by=()).drop(columns="ratio")
     table.insert(1, "ratios", table["press"].map(counts).astype(int))

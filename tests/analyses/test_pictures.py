@@ -149,6 +149,17 @@ def test_the_leaderboard_ranks_the_pooled_runs_presses_on_the_tasks_the_full_cac
     assert [ax.get_gid() for ax in figure.axes if ax.get_gid()] == ["mass", "kept:knorm", "kept:streaming"]
 
 
+def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> None:
+    """The same runs read as many-question runs: judged on the 4 passkey questions the full cache answers (vt's are
+    left out question by question), knorm keeping 3 of 4 answers, streaming 1."""
+    figure = pictures.draw_questions(leaderboard_runs())
+    ax = figure.axes[0]
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["full", "1. knorm", "2. streaming"]
+    assert "share kept of the 4 answers the full cache gives to 8 questions" in ax.get_title()
+    written = [text.get_text() for text in ax.texts]
+    assert written[:3] == ["1.00", "1.00", "1.00"] and written[3:6] == ["0.75", "0.75", "0.75"]
+
+
 def test_the_leaderboard_draws_task_runs_only(analyzed, tmp_path, capsys) -> None:
     assert pictures.main(["leaderboard", str(analyzed.path), "--out", str(tmp_path / "x.png")]) == 2
     assert "is not a task run" in capsys.readouterr().err

@@ -64,3 +64,23 @@ def test_runs_of_other_task_files_are_a_render_error() -> None:
         board.leaderboard_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",), sha="x")]})
     with pytest.raises(RenderError, match="at least once"):
         board.leaderboard_page({})
+
+
+def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> None:
+    """The same runs as many-question runs: judged on the questions the full cache answers (10 + 9 + 3 of 30), a
+    cell's score is the share of those answers kept, recounted here by hand."""
+    rendered = board.questions_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]})
+    values = rendered.values
+    assert values["records"] == "30" and values["questions"] == "30" and values["answered"] == "22"
+    assert values["full"].startswith(f"{(10 + 9 + 3) / 30:.2f} [")
+    answered = {task: round(share * EXAMPLES) for task, share in zip(TASKS, ANSWERED[("full", 0.0)])}
+    for (press, ratio), shares in ANSWERED.items():
+        if press == "full":
+            continue
+        # the examples answered are the first ones of each task, for the full cache as for the press
+        kept = sum(min(round(share * EXAMPLES), answered[task]) for task, share in zip(TASKS, shares))
+        row = next(line for line in values["table"].splitlines() if f"`{press}`" in line)
+        column = {0.5: 2, 0.75: 3}[ratio]
+        assert row.split("|")[column + 1].strip().startswith(f"{kept / 22:.2f} ["), (press, ratio)
+    assert values["first"] == "`kvzip`" and values["reference_rank"] == "2"
+    assert rendered.claims == {"first-keeps-all": False}

@@ -10,7 +10,7 @@ import pytest
 
 from spectra.errors import SpectraError
 from spectra.report.evaluate import TaskRun
-from spectra.report.leaderboard import draw, held, pooled, ranking, standings
+from spectra.report.leaderboard import answered_rows, draw, held, pooled, ranking, standings
 
 RATIOS = (0.25, 0.5, 0.75)
 
@@ -70,6 +70,30 @@ def test_tied_presses_share_a_rank() -> None:
 def test_runs_that_cannot_be_pooled_are_refused_in_one_line(second: TaskRun, message: str) -> None:
     with pytest.raises(SpectraError, match=message):
         pooled([run("a", {"good": GOOD}), second])
+
+
+def test_over_the_answered_questions_a_press_scores_the_share_it_keeps() -> None:
+    """Where no task holds as a whole, presses are judged on the questions the full cache answers (examples 0–5
+    here, of both tasks): a press's score there is the share of those answers it keeps, the full cache's 1."""
+    examples = pooled([run("a", {"good": GOOD, "bad": BAD})])
+    assert sorted(answered_rows(examples)["example"].unique()) == [0, 1, 2, 3, 4, 5]
+    table = standings(examples, seed=0, over="answered").set_index(["press", "ratio"])
+    assert table.loc[("full", 0.0), "score"] == 1.0
+    for press, per_ratio in (("good", GOOD), ("bad", BAD)):
+        for ratio, values in zip(RATIOS, per_ratio):
+            assert table.loc[(press, ratio), "score"] == pytest.approx(np.mean(values[:6]))
+            assert table.loc[(press, ratio), "examples"] == 6
+    order = ranking(examples, seed=0, over="answered").set_index("press")
+    assert order.loc["good", "score"] == pytest.approx(np.mean([np.mean(values[:6]) for values in GOOD]))
+    assert order.loc["bad", "score"] == pytest.approx(np.mean([np.mean(values[:6]) for values in BAD]))
+    many = examples.assign(question=examples["example"] % 2, example=examples["example"] // 2)  # 4 records × 2
+    kept = answered_rows(many)
+    assert sorted(map(tuple, kept[kept["press"] == "full"][["example", "question"]].to_numpy())) == [
+        (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)], "a record's questions are judged one by one"
+    with pytest.raises(SpectraError, match="answers no question"):
+        answered_rows(examples.assign(score=0.0))
+    with pytest.raises(ValueError, match="'held' or 'answered'"):
+        standings(examples, seed=0, over="all")
 
 
 def test_no_held_task_is_refused() -> None:
