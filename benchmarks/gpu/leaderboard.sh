@@ -9,6 +9,8 @@
 # Each run is stopped by SIGTERM (it ends its batch and leaves a resumable checkpoint) when BUDGET seconds (default
 # 520) are spent; each run folder (or its .partial checkpoint) is packed to $OUT/<group>.tgz, the logs to
 # $OUT/logs.tgz (the device tool brings back at most 8 files). DEVICE=cpu SAMPLES=1 tries it where no GPU is.
+# RUNS names the runs to start (default: all six). All six side by side overfill an 80 GB H100 (the wrappers' run
+# ran out of memory) and share it badly: benchmarks/RESULTS.md, section "GPU, second lease".
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -55,7 +57,7 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_avai
 
 cd "$WORK"
 declare -A PID
-for group in scorers wrappers axes artifacts more questions; do
+for group in ${RUNS:-scorers wrappers axes artifacts more questions}; do
     command=(spectra evaluate "$GGUF" --data "${DATA[$group]}" --presses "${PRESSES[$group]}" --ratios "$RATIOS"
              --device "$DEVICE" --batch-size "$BATCH" --decode-memory "${MEMORY[$group]}" --threads "$THREADS"
              --out "runs/leaderboard-$group" "${SAMPLE[@]}")
