@@ -125,6 +125,7 @@ def task_runs_of(runs: list) -> list:
 def draw_leaderboard(runs: list):
     """The pooled runs' presses ranked: score per ratio and the mean over ratios on the tasks the full cache holds."""
     from spectra.report import leaderboard
+    from spectra.reporter import plural
 
     runs = task_runs_of(runs)
     examples = leaderboard.pooled(runs)
@@ -132,8 +133,8 @@ def draw_leaderboard(runs: list):
     tasks, dropped = leaderboard.held(examples)
     order = leaderboard.ranking(examples, seed)
     full = examples[(examples["press"] == "full") & examples["task"].isin(tasks)]
-    title = (f"{runs[0].meta['model']['name']}: mean score over {full['example'].nunique()} examples of "
-             f"{len(tasks)} task{'' if len(tasks) == 1 else 's'} the full cache answers ({', '.join(tasks)})")
+    title = (f"{runs[0].meta['model']['name']}: mean score over {plural(full['example'].nunique(), 'example')} "
+             f"of {plural(len(tasks), 'task')} the full cache answers ({', '.join(tasks)})")
     if dropped:
         title += "\nleft out, the full cache answering below " + f"{leaderboard.HOLDS:g}: " + ", ".join(
             f"{task} ({score:.2f})" for task, score in dropped.items())
@@ -144,6 +145,7 @@ def draw_questions(runs: list):
     """The pooled runs of a many-question task file, presses ranked on the questions the full cache answers: the
     share of its answers each press keeps per ratio, and the mean over ratios."""
     from spectra.report import leaderboard
+    from spectra.reporter import plural
 
     runs = task_runs_of(runs)
     examples = leaderboard.pooled(runs)
@@ -152,8 +154,8 @@ def draw_questions(runs: list):
     full = examples[examples["press"] == "full"]
     answered = int((full["score"] >= 1).sum())
     title = (f"{runs[0].meta['model']['name']}: share kept of the {answered} answers the full cache gives to "
-             f"{len(full)} questions\n({full['example'].nunique()} records, each compressed once without its "
-             "questions, then asked them one by one)")
+             f"{len(full)} questions\n({plural(full['example'].nunique(), 'record')}, each compressed once without "
+             "its questions, then asked them one by one)")
     return leaderboard.draw(leaderboard.standings(examples, seed, over="answered"), order, title)
 
 
