@@ -165,7 +165,7 @@ SURVIVING, SURVIVAL_RATIO = 3, 0.5
 
 def draw_survival(runs: list):
     """The needle kept per layer and key/value head at SURVIVAL_RATIO by the leaderboard's SURVIVING best presses
-    and SnapKV (where the ranking comes from), beside the full cache's attention on the needle."""
+    that evict tokens, and SnapKV (where the ranking comes from), beside the full cache's attention on the needle."""
     import dataclasses
 
     from spectra.report import leaderboard
@@ -175,7 +175,11 @@ def draw_survival(runs: list):
     examples = leaderboard.pooled(runs)
     order = leaderboard.ranking(examples, leaderboard.seed_of(runs))
     needle = leaderboard.pooled_needle(runs)
-    at_ratio = set(needle[(needle["ratio"] == SURVIVAL_RATIO) & needle["needle_kept"].notna()]["press"])
+    # presses that evicted tokens at the ratio: one that kept every token (kivi's bits, simlayerkv where it leaves
+    # every layer whole) keeps every needle, and says nothing of where a ranking comes from
+    at = examples[examples["ratio"] == SURVIVAL_RATIO]
+    evicting = set(at.loc[at["kept"] < 1, "press"])
+    at_ratio = set(needle[(needle["ratio"] == SURVIVAL_RATIO) & needle["needle_kept"].notna()]["press"]) & evicting
     ranked = [press for press in order["press"] if press in at_ratio]
     chosen = list(dict.fromkeys([*ranked[:SURVIVING], *(["snapkv"] if "snapkv" in at_ratio else [])]))
     if not chosen:

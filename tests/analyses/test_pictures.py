@@ -126,7 +126,8 @@ def leaderboard_runs() -> list:
     for press, kept in (("knorm", 0.75), ("streaming", 0.25)):
         rows = [{"press": name, "ratio": ratio, "example": example, "question": 0, "task": task,
                  "prediction": "7" if name == "full" else "x",
-                 "score": float(task == "passkey" and (name == "full" or example % 4 < 4 * kept)), "bytes_share": 1 - ratio}
+                 "score": float(task == "passkey" and (name == "full" or example % 4 < 4 * kept)), "bytes_share": 1 - ratio,
+                 "kept": 1 - ratio}
                 for example, task in enumerate(["passkey"] * 4 + ["vt"] * 4)
                 for name, ratio in (("full", 0.0), (press, 0.5), (press, 0.75))]
         needle = pd.DataFrame([{"press": name, "ratio": ratio, "layer": layer, "head": head,
@@ -147,6 +148,12 @@ def test_the_leaderboard_ranks_the_pooled_runs_presses_on_the_tasks_the_full_cac
     assert "left out, the full cache answering below 0.8: vt (0.00)" in ax.get_title()
     figure = pictures.draw_survival(leaderboard_runs())
     assert [ax.get_gid() for ax in figure.axes if ax.get_gid()] == ["mass", "kept:knorm", "kept:streaming"]
+    quantized = leaderboard_runs()  # knorm keeping every token (as kivi does): no eviction to show
+    first = quantized[0]
+    quantized[0] = dataclasses.replace(first, examples=first.examples.assign(
+        kept=first.examples["kept"].where(first.examples["press"] != "knorm", 1.0)))
+    figure = pictures.draw_survival(quantized)
+    assert [ax.get_gid() for ax in figure.axes if ax.get_gid()] == ["mass", "kept:streaming"]
 
 
 def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> None:
