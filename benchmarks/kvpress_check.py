@@ -79,7 +79,7 @@ def worker(job_path: str, result_path: str) -> None:
     import torch
     from transformers import DynamicCache
 
-    from kvpress_tasks import kvpress_model  # this file's folder is on the path (a script's own folder)
+    from kvpress_tasks import forget_masks, kvpress_model  # this file's folder is on the path (a script's own folder)
 
     job = json.loads(Path(job_path).read_text())
     model = kvpress_model(job)
@@ -136,6 +136,7 @@ def worker(job_path: str, result_path: str) -> None:
     results = []
     for press, ratio in [("full", 0.0)] + [(p, r) for p in job["presses"] for r in job["ratios"]]:
         model.set_attn_implementation("eager" if press == "observed" else "sdpa")
+        forget_masks(model)
         nll, prefill_seconds, continuation_seconds = [], 0.0, 0.0
         for ids, seed, sketch_seed, cam_seed in zip(job["sequences"], job["random_seeds"], job["sketch_seeds"],
                                                     job["cam_seeds"]):

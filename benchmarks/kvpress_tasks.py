@@ -270,6 +270,7 @@ def worker(job_path: str, result_path: str) -> None:
                                                                        seed=seed)
                         # ObservedAttentionPress reads the attention weights, which only eager attention returns
                         model.set_attn_implementation("eager" if "observed" in press else "sdpa")
+                        forget_masks(model)
                         if press == "finch" and aware:  # kvpress's FINCH prompt: context + delimiter + question
                             made.update_model_and_tokenizer(model, pipe.tokenizer)
                             in_view = context[len(record["context"]):]
@@ -346,6 +347,16 @@ def kvpress_model(job: dict):
     torch.set_num_threads(job["threads"])
     return AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
                                                 attn_implementation="sdpa").eval()
+
+
+def forget_masks(model) -> None:
+    """Clear the per-head masks kvpress's uneven presses (AdaKV, CriticalAdaKV, LUKV, …) leave on the attention
+    modules: kvpress clears them only on a pass whose queries and keys are as many, so a later press on the same
+    model whose own pass has more keys than queries (KVComposePress's replay over a doubled cache) would mask with
+    the earlier press's indices and fail out of bounds. Each cell starts from the model as loaded."""
+    for module in model.modules():
+        if getattr(module, "masked_key_indices", None) is not None:
+            module.masked_key_indices = None
 
 
 def kvpress_pipeline(job: dict):
