@@ -145,16 +145,27 @@ def test_a_variant_sets_a_fact_only_with_a_literal(package: Path) -> None:
         Package(package, "things").entries(FACTS)
 
 
-def test_the_real_packages_are_read_in_milliseconds() -> None:
-    """--help lists every method and press from the source: parsing the two packages stays well under its budget."""
-    import time
+def test_the_real_packages_are_read_without_importing_them() -> None:
+    """--help lists every method and press from the source, fast because nothing is imported: reading the two
+    packages imports neither torch nor any module of theirs (checked in a fresh interpreter; a timing bound here
+    failed on a loaded machine, and speed belongs to benchmarks, not tests)."""
+    import subprocess
+    import sys
 
-    root = Path(__file__).parent.parent / "spectra"
-    start = time.perf_counter()
-    methods = Package(root / "methods", "spectra.methods").entries(("family", "causal", "calibrates"))
-    presses = Package(root / "kv" / "presses", "spectra.kv.presses").entries(("scorer", "axis"))
-    assert time.perf_counter() - start < 0.5
-    assert len(methods) >= 27 and len(presses) >= 19
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from spectra.declarations import Package\n"
+        f"root = Path({str(Path(__file__).parent.parent / 'spectra')!r})\n"
+        "methods = Package(root / 'methods', 'spectra.methods').entries(('family', 'causal', 'calibrates'))\n"
+        "presses = Package(root / 'kv' / 'presses', 'spectra.kv.presses').entries(('scorer', 'axis'))\n"
+        "imported = [name for name in sys.modules if name == 'torch' or name.startswith(('spectra.methods.', "
+        "'spectra.kv.presses.'))]\n"
+        "print(len(methods), len(presses), imported)\n"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 2)
+    assert int(found[0]) >= 27 and int(found[1]) >= 19
+    assert found[2].strip() == "[]", f"reading the sources imported {found[2].strip()}"
 
 
 def test_a_fact_every_variant_sets_needs_no_literal_in_the_class(package: Path) -> None:
