@@ -152,7 +152,7 @@ def draw_questions(runs: list):
     seed = leaderboard.seed_of(runs)
     order = leaderboard.ranking(examples, seed, over="answered")
     full = examples[examples["press"] == "full"]
-    answered = int((full["score"] >= 1).sum())
+    answered = len(leaderboard.answered_rows(full))  # the full cache's answered questions
     title = (f"{runs[0].meta['model']['name']}: share kept of the {answered} answers the full cache gives to "
              f"{len(full)} questions\n({plural(full['example'].nunique(), 'record')}, each compressed once without "
              "its questions, then asked them one by one)")

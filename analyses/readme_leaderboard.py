@@ -134,7 +134,7 @@ def questions_page(runs: Runs) -> Rendered:
               "records": str(full["example"].nunique()), "questions": str(len(full)),
               "tasks": listed([f"`{task}`" for task in dict.fromkeys(full["task"])]),
               "full": with_interval(raw["score"], raw["low"], raw["high"]),
-              "answered": str(int((full["score"] >= 1).sum())), "presses": str(len(ranked)),
+              "answered": str(len(leaderboard.answered_rows(full))), "presses": str(len(ranked)),
               "table": ranking_table(cells, order), "widths": widths(cells),
               "first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
               "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}
