@@ -92,16 +92,22 @@ def widths(cells: pd.DataFrame) -> str:
     return f"{two(width.min())}–{two(width.max())} (median {two(width.median())})"
 
 
+def leaders(order: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """(the ranking without the full cache, indexed by press; the values naming its first press, that press's score
+    and SnapKV's rank — '—' where SnapKV is not ranked)."""
+    ranked = order[order["press"] != "full"].set_index("press")
+    return ranked, {"first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
+                    "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}
+
+
 def leaderboard_page(runs: Runs) -> Rendered:
     """docs/leaderboard.md: the whole ranking with intervals, the per-task tables, the interval widths, and where
     SnapKV stands."""
     found, examples, seed = pooled_runs(runs)
     cells, order = leaderboard.standings(examples, seed), leaderboard.ranking(examples, seed)
-    ranked = order[order["press"] != "full"].set_index("press")
-    values = {**facts(found, examples, order), "table": ranking_table(cells, order),
-              "by_task": task_tables(examples, order, seed), "widths": widths(cells),
-              "first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
-              "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}
+    ranked, named = leaders(order)
+    values = {**facts(found, examples, order), **named, "table": ranking_table(cells, order),
+              "by_task": task_tables(examples, order, seed), "widths": widths(cells)}
     full = float(order.set_index("press").loc["full", "score"])
     claims = {"first-below-full": bool(ranked["score"].iloc[0] < full),
               "reference-outside-top": bool(REFERENCE in ranked.index and ranked.loc[REFERENCE, "rank"] > TOP)}
@@ -129,13 +135,11 @@ def questions_page(runs: Runs) -> Rendered:
 
     full = examples[examples["press"] == "full"]
     raw = task_scores(full, seed, by=()).iloc[0]  # the full cache's score over every question, answered or not
-    ranked = order[order["press"] != "full"].set_index("press")
-    values = {"model": found[0].meta["model"]["name"], "length": str(int(examples["length"].max())),
+    ranked, named = leaders(order)
+    values = {**named, "model": found[0].meta["model"]["name"], "length": str(int(examples["length"].max())),
               "records": str(full["example"].nunique()), "questions": str(len(full)),
               "tasks": listed([f"`{task}`" for task in dict.fromkeys(full["task"])]),
               "full": with_interval(raw["score"], raw["low"], raw["high"]),
               "answered": str(len(leaderboard.answered_rows(full))), "presses": str(len(ranked)),
-              "table": ranking_table(cells, order), "widths": widths(cells),
-              "first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
-              "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}
+              "table": ranking_table(cells, order), "widths": widths(cells)}
     return Rendered(values, {"first-keeps-all": bool(ranked["score"].iloc[0] >= 1.0)})

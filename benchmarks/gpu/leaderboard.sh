@@ -88,10 +88,12 @@ while :; do
     sleep 5
 done
 [[ -n ${SMI:-} ]] && kill "$SMI" 2>/dev/null
+declare -A CODE  # waited for here: the loop below runs in a pipeline's subshell, whose children they are not
+for group in "${!PID[@]}"; do wait "${PID[$group]}"; CODE[$group]=$?; done
 for group in "${!PID[@]}"; do
-    wait "${PID[$group]}"; code=$?
-    echo "$group: exit $code after $(($(date +%s) - START)) s"
+    echo "$group: exit ${CODE[$group]} after $(($(date +%s) - START)) s"
     tail -n 4 "logs/$group.log"
-    tar czf "$OUT/$group.tgz" -C runs $(cd runs && ls -d "leaderboard-$group" "leaderboard-$group.partial" 2>/dev/null)
+    folders=$(cd runs && ls -d "leaderboard-$group" "leaderboard-$group.partial" 2>/dev/null)
+    if [[ -n $folders ]]; then tar czf "$OUT/$group.tgz" -C runs $folders; else echo "$group: nothing to pack"; fi
 done 2>&1 | tee logs/summary.log
 tar czf "$OUT/logs.tgz" logs
