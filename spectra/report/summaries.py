@@ -331,9 +331,11 @@ def scaling_fixed(run: FinishedRun) -> pd.DataFrame:
 
 def interval_digits(low: float, high: float, most: int = 4) -> tuple[str, str]:
     """The ends of an interval with two decimals, or as many more (up to `most`) as it takes for them to differ:
-    a narrow interval is never printed as 0.98–0.98, which reads as no uncertainty at all."""
+    a narrow interval is never printed as 0.98–0.98, which reads as no uncertainty at all. Ends that are equal
+    (every example scored alike, so the bootstrap has nothing to vary) keep two decimals: 0.00–0.00, not
+    0.0000–0.0000."""
     digits = 2
-    while digits < most and f"{low:.{digits}f}" == f"{high:.{digits}f}":
+    while digits < most and low != high and f"{low:.{digits}f}" == f"{high:.{digits}f}":
         digits += 1
     return f"{low:.{digits}f}", f"{high:.{digits}f}"
 

@@ -16,6 +16,7 @@ from spectra.report.summaries import (
     compare_wide,
     head_mean,
     headline,
+    interval_digits,
     layer_trend,
     metric_grid,
     per_layer,
@@ -166,3 +167,12 @@ def test_an_empty_fits_better_says_why(scaling_run) -> None:
     assert fits_better(pd.Series({"better": "log", "rmse_power": 0.2, "rmse_log": 0.1, "lengths": 3})) == "log"
     assert fits_better(pd.Series({"better": "", "rmse_power": 0.0, "rmse_log": 0.0, "lengths": 2})) == "tie"
     assert fits_better(pd.Series({"better": "", "rmse_power": np.nan, "rmse_log": np.nan, "lengths": 3})) == "n/a"
+
+
+def test_interval_ends_take_the_digits_that_tell_them_apart_and_no_more() -> None:
+    """A narrow interval gains decimals until its ends differ; ends that are equal (a degenerate bootstrap: every
+    example scored alike) stay at two, since no number of decimals would tell them apart."""
+    assert interval_digits(0.5, 0.75) == ("0.50", "0.75")
+    assert interval_digits(0.981, 0.984) == ("0.981", "0.984")
+    assert interval_digits(0.98101, 0.98102, most=4) == ("0.9810", "0.9810")
+    assert interval_digits(0.0, 0.0) == ("0.00", "0.00") and interval_digits(1.0, 1.0) == ("1.00", "1.00")
