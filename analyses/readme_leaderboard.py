@@ -72,8 +72,9 @@ def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = No
 
 
 def task_tables(examples: pd.DataFrame, order: pd.DataFrame, seed: int) -> str:
-    """Per held task, every press's score at each ratio with its interval (the press × ratio × task table), in the
-    ranking's order."""
+    """Per held task, every press's score at each ratio and its mean over the ratios on that task, each with its
+    interval (the press × ratio × task table), in the pooled ranking's order and with its ranks, so the tables read
+    side by side."""
     from spectra.kv.tasks.summary import task_scores
 
     tasks, _ = leaderboard.held(examples)
@@ -81,7 +82,8 @@ def task_tables(examples: pd.DataFrame, order: pd.DataFrame, seed: int) -> str:
     parts = []
     for task in tasks:
         mine = scores[scores["task"] == task].drop(columns="task")
-        ranked = order[order["press"].isin(mine["press"])]
+        means = leaderboard.ranking(examples[examples["task"] == task], seed)[["press", "score", "low", "high"]]
+        ranked = order[["press", "rank"]].merge(means, on="press")  # the pooled ranks, this task's means
         parts.append(f"**{task}** ({int(mine['examples'].iloc[0])} examples)\n\n" + ranking_table(mine, ranked))
     return "\n\n".join(parts)
 

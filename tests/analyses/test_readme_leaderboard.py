@@ -50,6 +50,11 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     assert lines[2].startswith("|  | full cache | 0.95 [") and lines[3].startswith("| 1 | `kvzip` | 0.95 [")
     assert lines[4].startswith("| 2 | `snapkv` | 0.15 [")
     assert "**passkey** (10 examples)" in values["by_task"] and "**vt**" not in values["by_task"]
+    passkey = values["by_task"].split("**niah_single_1**")[0].splitlines()
+    kvzip = next(line for line in passkey if "`kvzip`" in line).split("|")
+    assert kvzip[1].strip() == "1" and kvzip[-2].strip().startswith(f"{(1.0 + 0.8) / 2:.2f} [")  # passkey's own mean
+    full = next(line for line in passkey if "full cache" in line).split("|")
+    assert full[-2].strip().startswith("1.00 [")
     assert rendered.claims == {"first-below-full": True, "reference-outside-top": False}
 
 
