@@ -353,6 +353,10 @@ def layer_head_mesh(ax, values: np.ndarray, title: str, gid: str, vmax: float | 
     return image
 
 
+#: the characters of a press's name a survival panel's title holds on one line, and the inches one takes at its size
+PANEL_CHARACTERS, INCHES_PER_CHARACTER = 18, 0.085
+
+
 def draw_survival(run: TaskRun, ratio: float):
     """The needle kept per layer and key/value head by each press at `ratio` (one scale, 0 to 1), and the full
     cache's attention mass of the question on it (its own scale)."""
@@ -363,7 +367,10 @@ def draw_survival(run: TaskRun, ratio: float):
     presses = [press for press in presses_of(needle)
                if needle[(needle["press"] == press) & (needle["ratio"] == ratio)]["needle_kept"].notna().any()]
     panels = len(presses) + 1
-    figure, axes = plt.subplots(1, panels, figsize=(1.5 * panels * max(1.0, heads / 4) + 2.0, 5.4), squeeze=False,
+    labels = {press: style.press_label(press, PANEL_CHARACTERS) for press in presses}
+    longest = max([len(line) for label in labels.values() for line in label.splitlines()], default=0)
+    panel = max(1.5 * max(1.0, heads / 4), INCHES_PER_CHARACTER * longest)  # a panel as wide as its title
+    figure, axes = plt.subplots(1, panels, figsize=(panel * panels + 2.0, 5.4), squeeze=False,
                                 layout="constrained", sharey=True)
 
     def grid(frame, column):
@@ -376,7 +383,7 @@ def draw_survival(run: TaskRun, ratio: float):
     kept = None
     for ax, press in zip(axes[0, 1:], presses):
         chosen = needle[(needle["press"] == press) & (needle["ratio"] == ratio)]
-        kept = layer_head_mesh(ax, grid(chosen, "needle_kept"), f"{press}:\nkept", f"kept:{press}")
+        kept = layer_head_mesh(ax, grid(chosen, "needle_kept"), f"{labels[press]}:\nkept", f"kept:{press}")
     if kept is not None:
         plt.colorbar(kept, ax=axes[0, 1:], fraction=0.04, pad=0.02).set_label("Share of the needle kept")
     figure.suptitle(f"{run.label}: the needle per layer and key/value head at ratio {ratio:g}")

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 #: the full cache's mean score a task needs to count in the ranking
 HOLDS = 0.8
+#: the characters of the picture's title (at its font size) one inch of the figure's width holds
+TITLE_CHARACTERS_PER_INCH = 13
 
 
 def pooled(runs: Sequence[TaskRun]) -> pd.DataFrame:
@@ -194,5 +196,6 @@ def draw(table: pd.DataFrame, order: pd.DataFrame, title: str):
     ax.set_xlabel("Ratio removed (r)")
     ax.tick_params(length=0)
     figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02).set_label("Mean score")
-    ax.set_title(title, fontsize=9.5)
+    width = figure.get_size_inches()[0]
+    figure.suptitle(style.wrapped(title, int(width * TITLE_CHARACTERS_PER_INCH)), fontsize=9.5)
     return figure

@@ -8,6 +8,8 @@ and a headless machine never needs a display.
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -96,6 +98,23 @@ def ticks(count: int, most: int = 16) -> np.ndarray:
     """0-based tick positions, thinned so at most about `most` labels show."""
     step = max(1, math.ceil(count / most))
     return np.arange(0, count, step)
+
+
+def wrapped(text: str, width: int) -> str:
+    """`text` with every line longer than `width` characters broken at spaces (words kept whole), so a long title
+    stays over its figure instead of running off its edges."""
+    return "\n".join(textwrap.fill(line, width, break_long_words=False) or line for line in text.splitlines())
+
+
+def press_label(press: str, width: int) -> str:
+    """A press's name for a panel title: the folders of a path argument dropped (`kvzap(artifacts/kvzap-mlp)` →
+    `kvzap(kvzap-mlp)`) and, where still longer than `width` characters, its argument on a line of its own
+    (`criticaladakv` / `(expected_attention)`): the full names stand in the tables beside the picture."""
+    short = re.sub(r"([(,])[^(),]*/", r"\1", press)
+    if len(short) <= width or "(" not in short:
+        return short
+    name, argument = short.split("(", 1)
+    return f"{name}\n({argument}"
 
 
 def index_ticks(n: int) -> list[float]:

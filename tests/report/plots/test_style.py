@@ -149,3 +149,20 @@ def test_subtitle(runs) -> None:
     assert style.subtitle(calibrated, 128) == f"{run.label}, n = 128, 32 held-out sequences (64 calibrated)"
     calibrated.meta = {**run.meta, "samples": 16, "sequences": 80, "evaluation": [64, 96]}
     assert style.subtitle(calibrated, 128).endswith(", 16 held-out sequences (64 calibrated)")
+
+
+def test_a_long_title_is_broken_at_spaces_and_its_own_line_breaks_kept() -> None:
+    title = "SmolLM2: mean score over 250 examples of 5 tasks the full cache answers (niah_single_1, passkey)\nleft out"
+    lines = style.wrapped(title, 40).splitlines()
+    assert all(len(line) <= 40 for line in lines) and lines[-1] == "left out"
+    assert " ".join(lines[:-1]) == title.splitlines()[0]  # every word kept, in order
+    assert style.wrapped("short", 40) == "short" and style.wrapped("a_single_word_longer_than_it", 5) == \
+        "a_single_word_longer_than_it"
+
+
+def test_a_press_label_drops_folders_and_puts_a_long_argument_on_its_own_line() -> None:
+    assert style.press_label("kvzap(artifacts/kvzap-mlp)", 18) == "kvzap(kvzap-mlp)"
+    assert style.press_label("criticaladakv(expected_attention)", 18) == "criticaladakv\n(expected_attention)"
+    assert style.press_label("mixed(/tmp/w/runs/axes-smol)", 30) == "mixed(axes-smol)"
+    assert style.press_label("snapkv", 3) == "snapkv" and style.press_label("composed(snapkv,think)", 40) == \
+        "composed(snapkv,think)"
