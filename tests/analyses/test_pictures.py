@@ -163,7 +163,8 @@ def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> No
     figure = pictures.draw_questions(leaderboard_runs())
     ax = figure.axes[0]
     assert [label.get_text() for label in ax.get_yticklabels()] == ["full", "1. knorm", "2. streaming"]
-    assert "share kept of the 4 answers the full cache gives to 8 questions" in " ".join(figure.get_suptitle().split())
+    title = " ".join(figure.get_suptitle().split())
+    assert "share kept of the 4 answers the full cache gives to 8 questions" in title
     written = [text.get_text() for text in ax.texts]
     assert written[:3] == ["1.00", "1.00", "1.00"] and written[3:6] == ["0.75", "0.75", "0.75"]
 
