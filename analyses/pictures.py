@@ -159,35 +159,27 @@ def draw_questions(runs: list):
     return leaderboard.draw(leaderboard.standings(examples, seed, over="answered"), order, title)
 
 
-#: how many of the leaderboard's best presses `survival` draws (SnapKV beside them), and at which ratio
-SURVIVING, SURVIVAL_RATIO = 3, 0.5
-
-
 def draw_survival(runs: list):
-    """The needle kept per layer and key/value head at SURVIVAL_RATIO by the leaderboard's SURVIVING best presses
-    that evict tokens, and SnapKV (where the ranking comes from), beside the full cache's attention on the needle."""
+    """The needle kept per layer and key/value head at `survival.SURVIVAL_RATIO` by the leaderboard's best presses
+    that evict tokens, and SnapKV (`survival.survivors`: where the ranking comes from), beside the full cache's
+    attention on the needle."""
     import dataclasses
 
-    from spectra.report import leaderboard
-    from spectra.report.evaluate import draw_survival as survival
+    from spectra.report import leaderboard, survival
+    from spectra.report.evaluate import draw_survival as survival_picture
 
     runs = task_runs_of(runs)
     examples = leaderboard.pooled(runs)
     order = leaderboard.ranking(examples, leaderboard.seed_of(runs))
     needle = leaderboard.pooled_needle(runs)
-    # presses that evicted tokens at the ratio: one that kept every token (kivi's bits, simlayerkv where it leaves
-    # every layer whole) keeps every needle, and says nothing of where a ranking comes from
-    at = examples[examples["ratio"] == SURVIVAL_RATIO]
-    evicting = set(at.loc[at["kept"] < 1, "press"])
-    at_ratio = set(needle[(needle["ratio"] == SURVIVAL_RATIO) & needle["needle_kept"].notna()]["press"]) & evicting
-    ranked = [press for press in order["press"] if press in at_ratio]
-    chosen = list(dict.fromkeys([*ranked[:SURVIVING], *(["snapkv"] if "snapkv" in at_ratio else [])]))
+    chosen = survival.survivors(examples, order, needle)
     if not chosen:
-        raise spectra.SpectraError(f"no press of the runs kept a needle at ratio {SURVIVAL_RATIO:g}")
+        raise spectra.SpectraError(f"no press of the runs evicted tokens at ratio {survival.SURVIVAL_RATIO:g} and "
+                                   "recorded where the needle went")
     needle = needle[needle["press"].isin(["full", *chosen])]
     needle = needle.assign(order=needle["press"].map({press: place for place, press in enumerate(["full", *chosen])}))
     needle = needle.sort_values("order", kind="stable").drop(columns="order")
-    return survival(dataclasses.replace(runs[0], needle=needle), SURVIVAL_RATIO)
+    return survival_picture(dataclasses.replace(runs[0], needle=needle), survival.SURVIVAL_RATIO)
 
 
 PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache, "tasks": draw_tasks,

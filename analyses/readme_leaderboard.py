@@ -14,13 +14,15 @@ import pandas as pd
 from readme_values import RenderError, Runs, interval, listed, table, two
 from slots import Rendered
 from spectra.errors import SpectraError
-from spectra.report import leaderboard
+from spectra.report import leaderboard, survival
 from spectra.report.evaluate import TaskRun
 
 #: how many presses the front page lists from the top of the ranking
 TOP = 5
 #: the press every KV-cache paper compares against, whose place in the ranking is named
-REFERENCE = "snapkv"
+REFERENCE = survival.REFERENCE
+#: a failure "comes from" an early layer when the layer that lost the needle first most often is at most this one
+EARLY = 2
 
 
 def pooled_runs(runs: Runs) -> tuple[list[TaskRun], pd.DataFrame, int]:
@@ -94,6 +96,37 @@ def widths(cells: pd.DataFrame) -> str:
     return f"{two(width.min())}–{two(width.max())} (median {two(width.median())})"
 
 
+def share(value: float) -> str:
+    """A share with two decimals, '—' where there was nothing to average (no answer, no failure)."""
+    return "—" if pd.isna(value) else two(value)
+
+
+def survival_facts(found: list[TaskRun], examples: pd.DataFrame, order: pd.DataFrame) -> Rendered:
+    """Where the ranking comes from (`spectra.report.survival`): per press read (the best that evict tokens, and
+    SnapKV), at kvpress's middle ratio, the full cache's answers it kept, its failures with a layer that lost the whole
+    needle from every key/value head, the layer that lost it first most often, and the needle it kept where it
+    answered and where it failed. Claims: most failures of every press read had such a layer; that layer is an
+    early one (≤ EARLY) for every press read."""
+    needle = leaderboard.pooled_needle(found)
+    chosen = survival.survivors(examples, order, needle)
+    if not chosen:
+        raise RenderError(f"no press evicted tokens at ratio {survival.SURVIVAL_RATIO:g}: nothing to say where the "
+                          "ranking comes from")
+    read = survival.survival(examples, survival.pooled_evicted(found), chosen)
+    ranks = order.set_index("press")["rank"]
+    rows = [[str(int(ranks[row.press])), f"`{row.press}`", f"{row.kept} of {row.answered}",
+             f"{row.whole_layer} of {row.failed}", "—" if row.first_layer < 0 else str(row.first_layer),
+             f"{share(row.needle_answered)} / {share(row.needle_failed)}"]
+            for row in read.itertuples()]
+    failing = read[read["failed"] > 0]
+    values = {"survival_ratio": f"{survival.SURVIVAL_RATIO:g}", "survival_presses": str(len(chosen)),
+              "survival_table": table(["rank", "press", "answers kept", "failures with a layer that lost the needle",
+                                       "that layer, most often", "needle kept: answered / failed"], rows)}
+    claims = {"failures-lose-a-layer": bool(len(failing) and (failing["whole_layer"] * 2 > failing["failed"]).all()),
+              "early-layers": bool(len(failing) and failing["first_layer"].between(0, EARLY).all())}
+    return Rendered(values, claims)
+
+
 def leaders(order: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     """(the ranking without the full cache, indexed by press; the values naming its first press, that press's score
     and SnapKV's rank — '—' where SnapKV is not ranked)."""
@@ -113,7 +146,8 @@ def leaderboard_page(runs: Runs) -> Rendered:
     full = float(order.set_index("press").loc["full", "score"])
     claims = {"first-below-full": bool(ranked["score"].iloc[0] < full),
               "reference-outside-top": bool(REFERENCE in ranked.index and ranked.loc[REFERENCE, "rank"] > TOP)}
-    return Rendered(values, claims)
+    where = survival_facts(found, examples, order)
+    return Rendered({**values, **where.values}, {**claims, **where.claims})
 
 
 def front_leaderboard(runs: Runs) -> Rendered:

@@ -23,18 +23,33 @@ ANSWERED = {("full", 0.0): (1.0, 0.9, 0.3), ("kvzip", 0.5): (1.0, 0.9, 0.3), ("k
 TASKS, EXAMPLES = ("passkey", "niah_single_1", "vt"), 10
 
 
+#: the layer where each press's failures lost the whole needle from every key/value head (task_evicted.csv)
+LOST_IN = {"kvzip": 0, "snapkv": 1}
+
+
 def task_run(name: str, presses: tuple[str, ...], sha: str = "s") -> TaskRun:
-    rows = []
+    """A run of the full cache and `presses`; a press keeps the needle (share 1) where it answers and loses it
+    (share 0, in layer LOST_IN[press]) where it fails."""
+    rows, lost, needle = [], [], []
+    full = {}
     for (press, ratio), shares in ANSWERED.items():
         if press != "full" and press not in presses:
             continue
+        needle.append({"press": press, "ratio": ratio, "layer": 0, "head": 0, "needle_kept": 1.0})
         for place, (task, share) in enumerate(zip(TASKS, shares)):
             for i in range(EXAMPLES):
-                rows.append({"press": press, "ratio": ratio, "example": place * EXAMPLES + i, "question": 0,
+                example, score = place * EXAMPLES + i, float(i < round(share * EXAMPLES))
+                rows.append({"press": press, "ratio": ratio, "example": example, "question": 0,
                              "task": task, "length": 1024, "prediction": "a" if press == "full" else "b",
-                             "score": float(i < round(share * EXAMPLES)), "bytes_share": 1 - ratio})
+                             "score": score, "bytes_share": 1 - ratio, "kept": 1 - ratio, "needle_kept": score})
+                full.setdefault(example, score)
+                if press != "full" and score < full[example]:
+                    lost.append({"press": press, "ratio": ratio, "example": example, "question": 0, "task": task,
+                                 "score": score, "full": full[example], "evicted": 1,
+                                 "evicted_layers": str(LOST_IN[press]), "first_evicted": LOST_IN[press]})
     meta = {"data": {"sha256": sha, "name": "t.jsonl"}, "settings": {"seed": 0}, "model": {"name": "SmolLM2"}}
-    return TaskRun(Path(name), meta, pd.DataFrame(rows), *[pd.DataFrame()] * 4)
+    return TaskRun(Path(name), meta, pd.DataFrame(rows), pd.DataFrame(), pd.DataFrame(), pd.DataFrame(needle),
+                   pd.DataFrame(lost))
 
 
 def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
@@ -55,7 +70,14 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     assert kvzip[1].strip() == "1" and kvzip[-2].strip().startswith(f"{(1.0 + 0.8) / 2:.2f} [")  # passkey's own mean
     full = next(line for line in passkey if "full cache" in line).split("|")
     assert full[-2].strip().startswith("1.00 [")
-    assert rendered.claims == {"first-below-full": True, "reference-outside-top": False}
+    # where the ranking comes from, at r = 0.5, over the 10 + 9 examples the full cache answers: kvzip keeps every
+    # answer; snapkv keeps 2 + 1 and loses the needle in layer 1 in each of its 16 failures
+    survival = values["survival_table"].splitlines()
+    assert survival[2] == "| 1 | `kvzip` | 19 of 19 | 0 of 0 | — | 1.00 / — |"
+    assert survival[3] == "| 2 | `snapkv` | 3 of 19 | 16 of 16 | 1 | 1.00 / 0.00 |"
+    assert values["survival_ratio"] == "0.5" and values["survival_presses"] == "2"
+    assert rendered.claims == {"first-below-full": True, "reference-outside-top": False,
+                               "failures-lose-a-layer": True, "early-layers": True}
 
 
 def test_the_front_page_lists_the_top_of_the_ranking() -> None:
@@ -89,3 +111,9 @@ def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> No
         assert row.split("|")[column + 1].strip().startswith(f"{kept / 22:.2f} ["), (press, ratio)
     assert values["first"] == "`kvzip`" and values["reference_rank"] == "2"
     assert rendered.claims == {"first-keeps-all": False}
+
+def test_failures_that_lose_the_needle_late_fail_the_early_layers_claim(monkeypatch) -> None:
+    monkeypatch.setitem(LOST_IN, "snapkv", board.EARLY + 1)
+    rendered = board.leaderboard_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]})
+    assert rendered.claims["early-layers"] is False and rendered.claims["failures-lose-a-layer"] is True
+    assert f"| 16 of 16 | {board.EARLY + 1} |" in rendered.values["survival_table"]
