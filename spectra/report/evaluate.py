@@ -353,10 +353,6 @@ def layer_head_mesh(ax, values: np.ndarray, title: str, gid: str, vmax: float | 
     return image
 
 
-#: the characters of a press's name a survival panel's title holds on one line, and the inches one takes at its size
-PANEL_CHARACTERS, INCHES_PER_CHARACTER = 18, 0.085
-
-
 def draw_survival(run: TaskRun, ratio: float):
     """The needle kept per layer and key/value head by each press at `ratio` (one scale, 0 to 1), and the full
     cache's attention mass of the question on it (its own scale)."""
@@ -367,9 +363,8 @@ def draw_survival(run: TaskRun, ratio: float):
     presses = [press for press in presses_of(needle)
                if needle[(needle["press"] == press) & (needle["ratio"] == ratio)]["needle_kept"].notna().any()]
     panels = len(presses) + 1
-    labels = {press: style.press_label(press, PANEL_CHARACTERS) for press in presses}
-    longest = max([len(line) for label in labels.values() for line in label.splitlines()], default=0)
-    panel = max(1.5 * max(1.0, heads / 4), INCHES_PER_CHARACTER * longest)  # a panel as wide as its title
+    labels = {press: style.press_label(press) for press in presses}
+    panel = max(1.5 * max(1.0, heads / 4), style.label_inches(list(labels.values())))  # as wide as its title
     figure, axes = plt.subplots(1, panels, figsize=(panel * panels + 2.0, 5.4), squeeze=False,
                                 layout="constrained", sharey=True)
 

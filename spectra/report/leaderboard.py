@@ -197,5 +197,5 @@ def draw(table: pd.DataFrame, order: pd.DataFrame, title: str):
     ax.tick_params(length=0)
     figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02).set_label("Mean score")
     width = figure.get_size_inches()[0]
-    figure.suptitle(style.wrapped(title, int(width * TITLE_CHARACTERS_PER_INCH)), fontsize=9.5)
+    figure.suptitle(style.title_lines(title, int(width * TITLE_CHARACTERS_PER_INCH)), fontsize=9.5)
     return figure

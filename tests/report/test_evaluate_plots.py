@@ -69,6 +69,8 @@ def test_survival_per_layer_and_head(tmp_path) -> None:
     knorm = needle[(needle["press"] == "knorm") & (needle["ratio"] == 0.75)].sort_values(["layer", "head"])
     np.testing.assert_allclose(np.asarray(grids["kept:knorm"].get_array()).ravel(), knorm["needle_kept"].to_numpy())
     assert grids["kept:knorm"].get_clim() == (0.0, 1.0), "every press on one scale"
+    titles = {ax.get_gid(): ax.get_title() for ax in figure.axes if ax.get_gid()}
+    assert titles["kept:knorm"] == "knorm:\nkept"
 
 
 def test_plot_writes_every_view(tmp_path, monkeypatch) -> None:

@@ -100,13 +100,17 @@ def ticks(count: int, most: int = 16) -> np.ndarray:
     return np.arange(0, count, step)
 
 
-def wrapped(text: str, width: int) -> str:
+def title_lines(text: str, width: int) -> str:
     """`text` with every line longer than `width` characters broken at spaces (words kept whole), so a long title
     stays over its figure instead of running off its edges."""
     return "\n".join(textwrap.fill(line, width, break_long_words=False) or line for line in text.splitlines())
 
 
-def press_label(press: str, width: int) -> str:
+#: the characters of a press's name a panel's title holds on one line, and the inches one character takes there
+PANEL_CHARACTERS, INCHES_PER_CHARACTER = 18, 0.085
+
+
+def press_label(press: str, width: int = PANEL_CHARACTERS) -> str:
     """A press's name for a panel title: the folders of a path argument dropped (`kvzap(artifacts/kvzap-mlp)` →
     `kvzap(kvzap-mlp)`) and, where still longer than `width` characters, its argument on a line of its own
     (`criticaladakv` / `(expected_attention)`): the full names stand in the tables beside the picture."""
@@ -115,6 +119,11 @@ def press_label(press: str, width: int) -> str:
         return short
     name, argument = short.split("(", 1)
     return f"{name}\n({argument}"
+
+
+def label_inches(labels: Sequence[str]) -> float:
+    """The width in inches that the longest line of `labels` takes in a panel's title."""
+    return INCHES_PER_CHARACTER * max([len(line) for label in labels for line in label.splitlines()], default=0)
 
 
 def index_ticks(n: int) -> list[float]:

@@ -153,10 +153,10 @@ def test_subtitle(runs) -> None:
 
 def test_a_long_title_is_broken_at_spaces_and_its_own_line_breaks_kept() -> None:
     title = "SmolLM2: mean score over 250 examples of 5 tasks the full cache answers (niah_single_1, passkey)\nleft"
-    lines = style.wrapped(title, 40).splitlines()
+    lines = style.title_lines(title, 40).splitlines()
     assert all(len(line) <= 40 for line in lines) and lines[-1] == "left"
     assert " ".join(lines[:-1]) == title.splitlines()[0]  # every word kept, in order
-    assert style.wrapped("short", 40) == "short" and style.wrapped("a_single_word_longer_than_it", 5) == \
+    assert style.title_lines("short", 40) == "short" and style.title_lines("a_single_word_longer_than_it", 5) == \
         "a_single_word_longer_than_it"
 
 
@@ -166,3 +166,9 @@ def test_a_press_label_drops_folders_and_puts_a_long_argument_on_its_own_line() 
     assert style.press_label("mixed(/tmp/w/runs/axes-smol)", 30) == "mixed(axes-smol)"
     assert style.press_label("snapkv", 3) == "snapkv" and style.press_label("composed(snapkv,think)", 40) == \
         "composed(snapkv,think)"
+
+
+def test_a_label_is_as_wide_as_its_longest_line() -> None:
+    assert style.label_inches(["criticaladakv\n(expected_attention)", "knorm"]) == pytest.approx(
+        style.INCHES_PER_CHARACTER * len("(expected_attention)"))
+    assert style.label_inches([]) == 0.0
