@@ -160,7 +160,9 @@ def front_leaderboard(runs: Runs) -> Rendered:
 
 def questions_page(runs: Runs) -> Rendered:
     """docs/leaderboard.md's many-question table: the runs of a many-question task file pooled, presses ranked on the
-    questions the full cache answers (no task holds as a whole there), each cell the share of those answers kept."""
+    questions the full cache answers (no task holds as a whole there), each cell the share of those answers kept.
+    Claims: the full cache scores below HOLDS over every question (why the answered ones are the scope); the first
+    press loses some of them."""
     found, examples, seed = pooled_runs(runs)
     try:
         cells = leaderboard.standings(examples, seed, over="answered")
@@ -177,5 +179,6 @@ def questions_page(runs: Runs) -> Rendered:
               "tasks": listed([f"`{task}`" for task in dict.fromkeys(full["task"])]),
               "full": with_interval(raw["score"], raw["low"], raw["high"]),
               "answered": str(len(leaderboard.answered_rows(full))), "presses": str(len(ranked)),
-              "table": ranking_table(cells, order), "widths": widths(cells)}
-    return Rendered(values, {"first-keeps-all": bool(ranked["score"].iloc[0] >= 1.0)})
+              "table": ranking_table(cells, order), "widths": widths(cells), "holds": f"{leaderboard.HOLDS:g}"}
+    return Rendered(values, {"full-below-holds": bool(raw["score"] < leaderboard.HOLDS),
+                             "first-loses-some": bool(ranked["score"].iloc[0] < 1.0)})
