@@ -142,7 +142,7 @@ def leaderboard_page(runs: Runs) -> Rendered:
     cells, order = leaderboard.standings(examples, seed), leaderboard.ranking(examples, seed)
     ranked, named = leaders(order)
     values = {**facts(found, examples, order), **named, "table": ranking_table(cells, order),
-              "by_task": task_tables(examples, order, seed), "widths": widths(cells)}
+              "by_task": task_tables(examples, order, seed), "widths": widths(cells), "top": str(TOP)}
     full = float(order.set_index("press").loc["full", "score"])
     claims = {"first-below-full": bool(ranked["score"].iloc[0] < full),
               "reference-outside-top": bool(REFERENCE in ranked.index and ranked.loc[REFERENCE, "rank"] > TOP)}

@@ -57,7 +57,7 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     values = rendered.values
     assert values["held"] == "`passkey`, `niah_single_1`" and values["dropped"] == "`vt` (0.30)"
     assert values["examples"] == "10" and values["total"] == "20" and values["presses"] == "2"
-    assert values["first"] == "`kvzip`" and values["reference_rank"] == "2"
+    assert values["first"] == "`kvzip`" and values["reference_rank"] == "2" and values["top"] == str(board.TOP)
     kvzip_mean = np.mean([(1.0 + 0.9) / 2, (0.8 + 0.8) / 2])
     assert values["first_score"] == f"{kvzip_mean:.2f}"
     lines = values["table"].splitlines()
