@@ -60,14 +60,12 @@ def survival(examples: pd.DataFrame, evicted: pd.DataFrame, presses: Sequence[st
     NaN where there is none)."""
     import pandas as pd
 
-    rows = leaderboard.held_rows(examples, holds)
+    rows = leaderboard.answered_rows(leaderboard.held_rows(examples, holds))
     full = rows[rows["press"] == "full"].set_index(["example", "question"])["score"]
-    answered = full[full >= 1].index
     lost = evicted.set_index(["press", "ratio", "example", "question"])
     table = []
     for press in presses:
         mine = rows[(rows["press"] == press) & (rows["ratio"] == ratio)].set_index(["example", "question"])
-        mine = mine.loc[mine.index.intersection(answered)]
         failed = mine[mine["score"] < full.loc[mine.index]]
         whole = [lost.loc[(press, ratio, *key)] for key in failed.index if (press, ratio, *key) in lost.index]
         firsts = pd.Series([int(row["first_evicted"]) for row in whole if row["evicted"] > 0], dtype=int)
