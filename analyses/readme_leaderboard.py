@@ -53,7 +53,27 @@ def facts(found: list[TaskRun], examples: pd.DataFrame, order: pd.DataFrame) -> 
             "held": listed([f"`{task}`" for task in tasks]), "holds": f"{leaderboard.HOLDS:g}",
             "dropped": listed([f"`{task}` ({two(score)})" for task, score in dropped.items()]) or "none",
             "full": with_interval(full["score"], full["low"], full["high"]),
-            "presses": str(len(order) - 1), "runs": str(len(found))}
+            "presses": str(int(order["rank"].notna().sum()) - 1), "runs": str(len(found)),
+            "unranked": unranked(examples, order)}
+
+
+def rank_text(rank) -> str:
+    """A rank as written in the tables: '—' for a press that did not compress as far as r asks (not ranked)."""
+    return "—" if pd.isna(rank) else str(int(rank))
+
+
+def unranked(examples: pd.DataFrame, order: pd.DataFrame) -> str:
+    """The presses listed without a rank, each with the share of the cache's bytes it stored at the lowest and the
+    highest ratio ('none' where every press compressed as far as r asks)."""
+    out = order.loc[order["rank"].isna(), "press"]
+    stored = examples[examples["press"].isin(out)].groupby(["press", "ratio"])["bytes_share"].mean()
+    parts = []
+    for press in out:
+        shares = stored[press]
+        first, last = two(shares.iloc[0]), two(shares.iloc[-1])
+        parts.append(f"`{press}` ({first} of the bytes at r = {shares.index[0]:g}" +
+                     ("" if first == last else f", {last} at r = {shares.index[-1]:g}") + ")")
+    return listed(parts) or "none"
 
 
 def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = None) -> str:
@@ -68,7 +88,7 @@ def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = No
             key = (press, 0.0 if press == "full" else ratio)
             scores.append(with_interval(*by_cell.loc[key, ["score", "low", "high"]]) if key in by_cell.index else "")
         name = "full cache" if press == "full" else f"`{press}`"
-        rows.append(["" if press == "full" else str(row["rank"]), name, *scores,
+        rows.append(["" if press == "full" else rank_text(row["rank"]), name, *scores,
                      with_interval(row["score"], row["low"], row["high"])])
     return table(["rank", "press", *(f"r = {ratio:g}" for ratio in ratios), "mean over r"], rows)
 
@@ -114,7 +134,7 @@ def survival_facts(found: list[TaskRun], examples: pd.DataFrame, order: pd.DataF
                           "ranking comes from")
     read = survival.survival(examples, survival.pooled_evicted(found), chosen)
     ranks = order.set_index("press")["rank"]
-    rows = [[str(int(ranks[row.press])), f"`{row.press}`", f"{row.kept} of {row.answered}",
+    rows = [[rank_text(ranks[row.press]), f"`{row.press}`", f"{row.kept} of {row.answered}",
              f"{row.whole_layer} of {row.failed}", "—" if row.first_layer < 0 else str(row.first_layer),
              f"{share(row.needle_answered)} / {share(row.needle_failed)}"]
             for row in read.itertuples()]
@@ -128,9 +148,9 @@ def survival_facts(found: list[TaskRun], examples: pd.DataFrame, order: pd.DataF
 
 
 def leaders(order: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
-    """(the ranking without the full cache, indexed by press; the values naming its first press, that press's score
+    """(the ranking without the full cache and the unranked presses, indexed by press; the values naming its first press, that press's score
     and SnapKV's rank — '—' where SnapKV is not ranked)."""
-    ranked = order[order["press"] != "full"].set_index("press")
+    ranked = order[(order["press"] != "full") & order["rank"].notna()].set_index("press")
     return ranked, {"first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
                     "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}
 
@@ -179,6 +199,7 @@ def questions_page(runs: Runs) -> Rendered:
               "tasks": listed([f"`{task}`" for task in dict.fromkeys(full["task"])]),
               "full": with_interval(raw["score"], raw["low"], raw["high"]),
               "answered": str(len(leaderboard.answered_rows(full))), "presses": str(len(ranked)),
+              "unranked": unranked(examples, order),
               "table": ranking_table(cells, order), "widths": widths(cells), "holds": f"{leaderboard.HOLDS:g}"}
     return Rendered(values, {"full-below-holds": bool(raw["score"] < leaderboard.HOLDS),
                              "first-loses-some": bool(ranked["score"].iloc[0] < 1.0)})

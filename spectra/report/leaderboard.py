@@ -13,7 +13,12 @@ equally), with the full cache beside it and the paired difference, 95% Poisson-b
 (`kv.tasks.summary.task_scores`: an example's weights fixed by its index, the same for every press). `ranking`
 orders presses by their mean over the ratios run — per example the average of its ratios' scores, bootstrapped the
 same way, so the ranking's intervals are as paired as the cells' — the area under a press's score-vs-ratio curve at
-kvpress's leaderboard ratios. Where no task holds as a whole (many questions per context: SmolLM2 answers about
+kvpress's leaderboard ratios. A press is ranked only where it compressed as far as each ratio asks: its cells'
+mean stored share of the context cache's bytes at most 1 − r (`reached`, within `REACH_TOLERANCE`). A press whose
+ratio means something else, or nothing (simlayerkv keeps every layer whole at kvpress's defaults on a context of
+up to 1029 tokens; think's r is the share of key channels, half the bytes; kivi's bits are in its name), is still
+listed, after the ranked ones and without a rank: ranking it beside presses that saved what r says would compare
+caches of different sizes. Where no task holds as a whole (many questions per context: SmolLM2 answers about
 half of a record's questions at any length it fits), `over="answered"` judges presses on the questions the full
 cache answers instead (`answered_rows`): a press's score there is the share of the full cache's answers it keeps.
 `draw` is the picture: presses down in rank order, ratios across, the score in each
@@ -39,6 +44,9 @@ if TYPE_CHECKING:
 
 #: the full cache's mean score a task needs to count in the ranking
 HOLDS = 0.8
+#: how far above 1 − r a cell's mean stored share of the cache's bytes may lie and still count as compressed to r
+#: (a kept count is a whole number of tokens; quantized rows store their scales too)
+REACH_TOLERANCE = 0.01
 #: the characters of the picture's title (at its font size) one inch of the figure's width holds
 TITLE_CHARACTERS_PER_INCH = 13
 
@@ -145,15 +153,26 @@ def standings(examples: pd.DataFrame, seed: int, holds: float = HOLDS, over: str
     return task_scores(chosen(examples, holds, over), seed, by=())
 
 
+def reached(examples: pd.DataFrame) -> pd.Series:
+    """Per press (the full cache left out): whether at every ratio it ran its cells' mean stored share of the
+    context cache's bytes is at most 1 − r (+ `REACH_TOLERANCE`): whether it compressed as far as the ratios ask."""
+    pressed = examples[examples["press"] != "full"]
+    stored = pressed.groupby(["press", "ratio"])["bytes_share"].mean().reset_index()
+    stored["reached"] = stored["bytes_share"] <= 1.0 - stored["ratio"] + REACH_TOLERANCE
+    return stored.groupby("press")["reached"].all()
+
+
 def ranking(examples: pd.DataFrame, seed: int, holds: float = HOLDS, over: str = "held") -> pd.DataFrame:
     """Per press (the full cache first), over the held tasks' examples (or the answered questions: `chosen`), the
-    mean over its ratios: `ratios` (how many it ran), score, low, high, full, delta, delta_low, delta_high; `rank` 1
-    for the best press (ties share a rank), sorted by it."""
+    mean over its ratios: `ratios` (how many it ran), score, low, high, full, delta, delta_low, delta_high,
+    `reached` (`reached`); `rank` 1 for the best press that reached its ratios (ties share a rank), sorted by it;
+    the presses that did not follow, by score, with no rank (<NA>)."""
     import pandas as pd
 
     from ..kv.tasks.summary import task_scores
 
     rows = chosen(examples, holds, over)
+    done = reached(examples)
     unit = ["example", "question"] if "question" in rows.columns else ["example"]
     counts = rows.groupby("press")["ratio"].nunique()
     averaged = rows.groupby(["press", *unit], as_index=False, sort=False).agg(
@@ -161,15 +180,20 @@ def ranking(examples: pd.DataFrame, seed: int, holds: float = HOLDS, over: str =
     table = task_scores(averaged.assign(ratio=0.0), seed, by=()).drop(columns="ratio")
     table.insert(1, "ratios", table["press"].map(counts).astype(int))
     pressed = table[table["press"] != "full"].copy()
-    pressed["rank"] = pressed["score"].rank(ascending=False, method="min").astype(int)
-    pressed = pressed.sort_values(["rank", "press"], kind="stable")
-    full = table[table["press"] == "full"].assign(rank=0)
-    return pd.concat([full, pressed], ignore_index=True)
+    pressed["reached"] = pressed["press"].map(done).fillna(False).astype(bool)
+    pressed["rank"] = pressed["score"].where(pressed["reached"]).rank(ascending=False, method="min").astype("Int64")
+    pressed = pressed.assign(after=~pressed["reached"], behind=-pressed["score"]).sort_values(
+        ["after", "rank", "behind", "press"], kind="stable").drop(columns=["after", "behind"])
+    full = table[table["press"] == "full"].assign(reached=True, rank=0)
+    return pd.concat([full, pressed], ignore_index=True).astype({"rank": "Int64"})
 
 
 def draw(table: pd.DataFrame, order: pd.DataFrame, title: str):
-    """Presses down in `order`'s rank order (the full cache on top), the ratios and their mean across: each cell's
-    score written in it, coloured on one scale from 0 to 1."""
+    """Presses down in `order`'s rank order (the full cache on top; below a line, the presses that did not compress
+    as far as r asks, unranked), the ratios and their mean across: each cell's score written in it, coloured on one
+    scale from 0 to 1."""
+    import pandas as pd
+
     plt = pyplot()
     ratios = sorted(set(table["ratio"]) - {0.0})
     presses = list(order["press"])
@@ -191,8 +215,12 @@ def draw(table: pd.DataFrame, order: pd.DataFrame, title: str):
     ax.axvline(len(ratios) - 0.5, color="white", linewidth=2.5)
     ax.set_ylim(len(presses) - 0.5, -0.5)
     ax.set_xticks(range(len(ratios) + 1), [f"{ratio:g}" for ratio in ratios] + ["mean"])
-    ax.set_yticks(range(len(presses)), [press if press == "full" else f"{rank}. {press}"
-                                        for press, rank in zip(presses, order["rank"])], fontsize=8)
+    ax.set_yticks(range(len(presses)), [press if press == "full" else f"{rank}. {press}" if not pd.isna(rank)
+                                        else f"({press}: not at r)" for press, rank in zip(presses, order["rank"])],
+                  fontsize=8)
+    unranked = int(order["rank"].isna().sum())
+    if unranked:  # the presses that did not compress as far as r asks, below a line
+        ax.axhline(len(presses) - unranked - 0.5, color="white", linewidth=2.5)
     ax.set_xlabel("Ratio removed (r)")
     ax.tick_params(length=0)
     figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02).set_label("Mean score")

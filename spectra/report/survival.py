@@ -34,11 +34,13 @@ def survivors(examples: pd.DataFrame, order: pd.DataFrame, needle: pd.DataFrame,
     """The `top` best-ranked presses (`order`: `leaderboard.ranking`) that evicted tokens at `ratio` and recorded
     where the needle went there, then `reference` when it did too. A press that kept every token (kivi's bits,
     simlayerkv where it leaves every layer whole) keeps every needle and says nothing of where a ranking comes
-    from."""
+    from; an unranked press (one that did not compress as far as r asks) is not among the best."""
+    import pandas as pd
+
     at = examples[examples["ratio"] == ratio]
     evicting = set(at.loc[at["kept"] < 1, "press"])
     recorded = set(needle[(needle["ratio"] == ratio) & needle["needle_kept"].notna()]["press"]) & evicting
-    ranked = [press for press in order["press"] if press in recorded]
+    ranked = [press for press, rank in zip(order["press"], order["rank"]) if press in recorded and not pd.isna(rank)]
     return list(dict.fromkeys([*ranked[:top], *([reference] if reference in recorded else [])]))
 
 

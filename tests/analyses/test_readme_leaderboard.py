@@ -117,3 +117,15 @@ def test_failures_that_lose_the_needle_late_fail_the_early_layers_claim(monkeypa
     rendered = board.leaderboard_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]})
     assert rendered.claims["early-layers"] is False and rendered.claims["failures-lose-a-layer"] is True
     assert f"| 16 of 16 | {board.EARLY + 1} |" in rendered.values["survival_table"]
+
+
+def test_a_press_that_stored_the_whole_cache_is_listed_without_a_rank_and_named() -> None:
+    run = task_run("a", ("kvzip", "snapkv"))
+    lazy = run.examples[run.examples["press"] == "kvzip"].assign(press="simlayerkv", bytes_share=1.0, kept=1.0)
+    run = TaskRun(run.path, run.meta, pd.concat([run.examples, lazy], ignore_index=True), run.scores, run.lengths,
+                  run.needle, run.evicted)
+    values = board.leaderboard_page({"evaluate": [run]}).values
+    assert values["presses"] == "2" and values["first"] == "`kvzip`"
+    assert values["unranked"] == "`simlayerkv` (1.00 of the bytes at r = 0.5)"
+    assert "| — | `simlayerkv` |" in values["table"]
+    assert board.leaderboard_page({"evaluate": [task_run("b", ("kvzip",))]}).values["unranked"] == "none"

@@ -136,3 +136,22 @@ def test_runs_of_a_few_presses_each_pool_into_what_one_run_of_them_all_gives(cha
                                   standings(pooled(parts), seed, holds).sort_values(["press", "ratio"])
                                   .reset_index(drop=True))
     pd.testing.assert_frame_equal(ranking(pooled([both]), seed, holds), ranking(pooled(parts), seed, holds))
+
+
+def test_a_press_that_did_not_compress_as_far_as_r_asks_is_listed_after_the_ranked_without_a_rank() -> None:
+    # "lazy" answers best but stores the whole cache at every ratio (simlayerkv at kvpress's defaults on a short
+    # context); "half" stores 1 − r/2 (think's key channels); "tight" stores less than 1 − r (kivi2's bits)
+    examples = pooled([run("a", {"good": GOOD, "bad": BAD, "lazy": [[1] * 8] * 3, "half": GOOD, "tight": BAD})])
+    stored = {"lazy": lambda ratio: 1.0, "half": lambda ratio: 1 - ratio / 2, "tight": lambda ratio: 0.1}
+    for press, share in stored.items():
+        rows = examples["press"] == press
+        examples.loc[rows, "bytes_share"] = examples.loc[rows, "ratio"].map(share)
+    order = ranking(examples, seed=0)
+    assert list(order["press"]) == ["full", "good", "bad", "tight", "lazy", "half"]
+    assert order["rank"].tolist()[:4] == [0, 1, 2, 2] and order["rank"].iloc[4:].isna().all()
+    assert order.set_index("press")["reached"].to_dict() == {"full": True, "good": True, "bad": True, "tight": True,
+                                                             "lazy": False, "half": False}
+    # within the tolerance of a whole number of tokens: 1 − r + 0.005 still counts as compressed to r
+    examples.loc[examples["press"] == "half", "bytes_share"] = 1 - examples.loc[examples["press"] == "half",
+                                                                                "ratio"] + 0.005
+    assert ranking(examples, seed=0).set_index("press").loc["half", "rank"] == 1
