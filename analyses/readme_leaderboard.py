@@ -64,15 +64,17 @@ def rank_text(rank) -> str:
 
 def unranked(examples: pd.DataFrame, order: pd.DataFrame) -> str:
     """The presses listed without a rank, each with the share of the cache's bytes it stored at the lowest and the
-    highest ratio ('none' where every press compressed as far as r asks)."""
+    highest ratio, or at every ratio where that share is one ('none' where every press compressed as far as r
+    asks)."""
     out = order.loc[order["rank"].isna(), "press"]
     stored = examples[examples["press"].isin(out)].groupby(["press", "ratio"])["bytes_share"].mean()
     parts = []
     for press in out:
         shares = stored[press]
-        first, last = two(shares.iloc[0]), two(shares.iloc[-1])
-        parts.append(f"`{press}` ({first} of the bytes at r = {shares.index[0]:g}" +
-                     ("" if first == last else f", {last} at r = {shares.index[-1]:g}") + ")")
+        written = [two(share) for share in shares]
+        parts.append(f"`{press}` ({written[0]} of the bytes at every ratio)" if len(set(written)) == 1 else
+                     f"`{press}` ({written[0]} of the bytes at r = {shares.index[0]:g}, {written[-1]} at r = "
+                     f"{shares.index[-1]:g})")
     return listed(parts) or "none"
 
 
