@@ -15,6 +15,7 @@ import time
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
+from spectra.inputs import split_top
 from spectra.kinds import REGISTRY
 
 #: commands whose MODEL and --data are looked up, every registered analysis; the others (plot, plan-k, compare,
@@ -65,11 +66,12 @@ def comparable(value: Any) -> tuple | None:
     """An option's value as a tuple of plain scalars, however it is spelt — `"16,32"` and `[16, 32]`, `"svd"` and
     `["svd"]`, an enum and its value are the same, and so are a press's run directory typed relative and recorded
     resolved (`mixed(runs/x)` and `mixed(/tmp/w/runs/x)`: compared by the directory's name) —, or None when it
-    cannot be compared (a mapping)."""
+    cannot be compared (a mapping). A comma inside parentheses is a wrapper's own (`composed(snapkv,think)` is one
+    press), as `spectra.inputs.split_top` reads it."""
     if isinstance(value, dict):
         return None
     items = value if isinstance(value, (list, tuple)) else \
-        [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else [value]
+        [part for part in split_top(value) if part] if isinstance(value, str) else [value]
     plain = []
     for item in items:
         item = getattr(item, "value", item)  # an enum's value

@@ -230,6 +230,10 @@ def test_a_run_made_before_a_default_changed_is_stale(roberta_dir, text_file, tm
     ("tova,mixed(runs/axes-smol)", ["tova", "mixed(/tmp/bits/axes-smol)"], True),
     ("mixed(runs/axes-smol)", ["mixed(/tmp/bits/axes-smol-b20)"], False), ("adakv(snapkv)", ["adakv(knorm)"], False),
     ("", [], True),
+    # a wrapper's own comma: one press, as the run records it
+    ("composed(snapkv,think),finch", ["composed(snapkv,think)", "finch"], True),
+    ("prefill_decoding(snapkv,tova)", ["prefill_decoding(snapkv,tova)"], True),
+    ("composed(snapkv,think)", ["composed(snapkv", "think)"], False),
 ])
 def test_options_compare_however_they_are_spelt(typed, recorded, same) -> None:
     assert (runs.comparable(typed) == runs.comparable(recorded)) == same
