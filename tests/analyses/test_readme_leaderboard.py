@@ -40,7 +40,8 @@ def task_run(name: str, presses: tuple[str, ...], sha: str = "s") -> TaskRun:
             for i in range(EXAMPLES):
                 example, score = place * EXAMPLES + i, float(i < round(share * EXAMPLES))
                 rows.append({"press": press, "ratio": ratio, "example": example, "question": 0,
-                             "task": task, "length": 1024, "prediction": "a" if press == "full" else "b",
+                             "task": task, "length": 1024, "depth": 1 - i / EXAMPLES,
+                             "prediction": "a" if press == "full" else "b",
                              "score": score, "bytes_share": 1 - ratio, "kept": 1 - ratio, "needle_kept": score})
                 full.setdefault(example, score)
                 if press != "full" and score < full[example]:
@@ -76,8 +77,11 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     assert survival[2] == "| 1 | `kvzip` | 19 of 19 | 0 of 0 | — | 1.00 / — |"
     assert survival[3] == "| 2 | `snapkv` | 3 of 19 | 16 of 16 | 1 | 1.00 / 0.00 |"
     assert values["survival_ratio"] == "0.5" and values["survival_presses"] == "2"
+    # snapkv's 3 kept answers are its tasks' first examples, whose needles lie at depth 1.0, 0.9 and 1.0; kvzip
+    # keeps the whole needle where it answers (no "part")
+    assert values["reference_depth"] == "0.90" and values["reference_kept"] == "3"
     assert rendered.claims == {"first-below-full": True, "reference-outside-top": False,
-                               "failures-lose-a-layer": True, "early-layers": True}
+                               "leaders-keep-part": False, "reference-answers-late": True}
 
 
 def test_the_front_page_lists_the_top_of_the_ranking() -> None:
@@ -112,11 +116,17 @@ def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> No
     assert values["first"] == "`kvzip`" and values["reference_rank"] == "2"
     assert rendered.claims == {"full-below-holds": True, "first-loses-some": True}  # 22 of 30; kvzip 17 of 22 at 0.75
 
-def test_failures_that_lose_the_needle_late_fail_the_early_layers_claim(monkeypatch) -> None:
-    monkeypatch.setitem(LOST_IN, "snapkv", board.EARLY + 1)
-    rendered = board.leaderboard_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]})
-    assert rendered.claims["early-layers"] is False and rendered.claims["failures-lose-a-layer"] is True
-    assert f"| 16 of 16 | {board.EARLY + 1} |" in rendered.values["survival_table"]
+def test_snapkv_answering_a_shallow_needle_fails_the_late_claim_and_a_partial_needle_holds_the_part_claim() -> None:
+    run = task_run("a", ("kvzip", "snapkv"))
+    examples = run.examples.copy()
+    snapkv = examples["press"] == "snapkv"
+    examples.loc[snapkv, "depth"] = 1 - examples.loc[snapkv, "depth"]  # its kept answers now lie at depth 0 and 0.1
+    kvzip = (examples["press"] == "kvzip") & (examples["score"] >= 1)
+    examples.loc[kvzip, "needle_kept"] = 0.6  # kvzip answers from part of the needle
+    run = TaskRun(run.path, run.meta, examples, run.scores, run.lengths, run.needle, run.evicted)
+    rendered = board.leaderboard_page({"evaluate": [run]})
+    assert rendered.values["reference_depth"] == "0.00"
+    assert rendered.claims["reference-answers-late"] is False and rendered.claims["leaders-keep-part"] is True
 
 
 def test_a_press_that_stored_the_whole_cache_is_listed_without_a_rank_and_named() -> None:
