@@ -374,7 +374,7 @@ def draw_survival(run: TaskRun, ratio: float):
     full = needle[needle["press"] == "full"]
     mass = layer_head_mesh(axes[0, 0], grid(full, "needle_mass"), "full cache:\nattention on it", "mass", None)
     axes[0, 0].set_ylabel("Layer")
-    plt.colorbar(mass, ax=axes[0, 0], location="left", fraction=0.12, pad=0.25).set_label("Attention mass")
+    plt.colorbar(mass, ax=axes[0, 0], location="left", fraction=0.12, pad=0.08, aspect=45).set_label("Attention mass")
     kept = None
     for ax, press in zip(axes[0, 1:], presses):
         chosen = needle[(needle["press"] == press) & (needle["ratio"] == ratio)]
