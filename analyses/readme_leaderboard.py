@@ -69,7 +69,7 @@ def unranked(examples: pd.DataFrame, order: pd.DataFrame) -> str:
     highest ratio, or at every ratio where that share is one ('none' where every press compressed as far as r
     asks)."""
     out = order.loc[order["rank"].isna(), "press"]
-    stored = examples[examples["press"].isin(out)].groupby(["press", "ratio"])["bytes_share"].mean()
+    stored = leaderboard.stored_shares(examples[examples["press"].isin(out)])
     parts = []
     for press in out:
         shares = stored[press]
@@ -158,8 +158,8 @@ def survival_facts(found: list[TaskRun], examples: pd.DataFrame, order: pd.DataF
 
 
 def leaders(order: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
-    """(the ranking without the full cache and the unranked presses, indexed by press; the values naming its first press, that press's score
-    and SnapKV's rank — '—' where SnapKV is not ranked)."""
+    """(the ranking without the full cache and the unranked presses, indexed by press; the values naming its first
+    press, that press's score and SnapKV's rank — '—' where SnapKV is not ranked)."""
     ranked = order[(order["press"] != "full") & order["rank"].notna()].set_index("press")
     return ranked, {"first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
                     "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}

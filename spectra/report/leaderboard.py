@@ -153,11 +153,17 @@ def standings(examples: pd.DataFrame, seed: int, holds: float = HOLDS, over: str
     return task_scores(chosen(examples, holds, over), seed, by=())
 
 
+def stored_shares(examples: pd.DataFrame) -> pd.Series:
+    """Per (press, ratio), the full cache left out: its cells' mean stored share of the context cache's bytes."""
+    pressed = examples[examples["press"] != "full"]
+    return pressed.groupby(["press", "ratio"])["bytes_share"].mean()
+
+
 def reached(examples: pd.DataFrame) -> pd.Series:
     """Per press (the full cache left out): whether at every ratio it ran its cells' mean stored share of the
-    context cache's bytes is at most 1 − r (+ `REACH_TOLERANCE`): whether it compressed as far as the ratios ask."""
-    pressed = examples[examples["press"] != "full"]
-    stored = pressed.groupby(["press", "ratio"])["bytes_share"].mean().reset_index()
+    context cache's bytes (`stored_shares`) is at most 1 − r (+ `REACH_TOLERANCE`): whether it compressed as far as
+    the ratios ask."""
+    stored = stored_shares(examples).reset_index()
     stored["reached"] = stored["bytes_share"] <= 1.0 - stored["ratio"] + REACH_TOLERANCE
     return stored.groupby("press")["reached"].all()
 
