@@ -4,9 +4,11 @@
 
 An analysis is a `Job`: its kind, its run configuration and the settings that identify it, how to open its
 source and which probe to build for it. `execute` does the rest, the same way for every analysis: checks the
-target before touching the disk and locks it before the model loads, resumes from a checkpoint, shards sequences across torch.distributed
-processes and combines their states, checkpoints every `config.checkpoint_seconds`, reports progress through
-the run's `Reporter`, and writes the probe's tables and arrays with run.json.
+target before touching the disk and locks it before the model loads, resumes from a checkpoint, shards sequences
+across torch.distributed processes and combines their states, checkpoints every `config.checkpoint_seconds` (one
+process; processes write none along the way, but resume a single process's checkpoint: the first takes its state,
+every one skips its sequences), reports progress through the run's `Reporter`, and writes the probe's tables and
+arrays with run.json.
 """
 
 from __future__ import annotations
@@ -194,6 +196,17 @@ def _out_of_memory(error: BaseException) -> bool:
         isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
 
 
+def _across(reached: int, saved: list[int], target: RunDir) -> str:
+    """What an interrupt of a run spread over processes leaves: they write no checkpoint along the way (their shares
+    combine only at the end), so it continues from the single-process checkpoint it resumed, if any."""
+    if not saved:
+        return (f"interrupted after about {plural(reached, 'sequence')}; processes write no checkpoint along the way: "
+                "nothing was saved; run the command again")
+    return (f"interrupted after about {plural(reached, 'sequence')}; processes write no checkpoint along the way: "
+            f"continue from the one after {plural(saved[0], 'sequence')} with {RESUME} and the same "
+            f"{spell('--out')} ({target.out})")
+
+
 def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, reporter: Reporter,
             wall: Callable[[], float]) -> int:
     """Run this process's batches from `done` on through the probe and combine the processes' states;
@@ -222,7 +235,9 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, r
                     probe.after_batch(batch)
                 seen += len(batch.index)
                 if interrupted():
-                    if distributed.size() == 1 and not checkpoint() and not saved:
+                    if distributed.size() > 1:  # processes write no checkpoint along the way
+                        raise Interrupted(_across(done + seen * distributed.size(), saved, target))
+                    if not checkpoint() and not saved:
                         raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}, during the calibration: "
                                           "nothing was saved; run the command again")
                     raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}; continue with {RESUME} and the "
@@ -298,9 +313,9 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
 
     device = config.device
     if distributed.requested():
-        if config.resume:
-            raise SpectraError(f"{spell('--resume', 'resume')} is not supported across processes; resume with a "
-                               "single process")
+        if previous is not None and job.calibration:
+            raise SpectraError(f"cannot resume {target.partial} across processes: its calibrated presses were fitted "
+                               "in one process, which the others would lack; resume it with a single process")
         from .models import pick_device
 
         device = distributed.start(pick_device(device))
@@ -322,9 +337,10 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
     record: dict[str, Any] = {"kind": job.kind, "settings": job.settings, **source.describe(),
                               **job.meta(source), "versions": versions()}
     done, elapsed = 0, 0.0
-    if previous is not None:
+    if previous is not None:  # across processes: the first holds the checkpoint's state, every one skips its sequences
         state, done = target.load_checkpoint()
-        probe.load_state(state)
+        if distributed.is_main():
+            probe.load_state(state)
         elapsed = float(previous.get("wall_seconds", 0.0))
         notify(f"resuming {target.partial} after {plural(done, 'sequence')}")
     target.begin(record)

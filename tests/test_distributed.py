@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
+import task_files
 from frames import assert_frames_close
 from references import eager_ranks, poisson_replicates
 
@@ -88,3 +90,31 @@ def test_two_processes_keep_the_bootstrap_of_one(roberta_dir, text_file, tmp_pat
     assert np.array_equal(*replicates)
     want = poisson_replicates(eager_ranks(roberta_dir, text_file, 24, 8), 30)  # independent: eager + scipy
     assert np.allclose(replicates[0], want, rtol=1e-12, atol=0)
+
+
+def test_a_checkpoint_of_one_process_resumes_across_two(chat_decoder, tmp_path) -> None:
+    """A task run stopped in one process after 2 of its 5 records, resumed by two (gloo): the first takes the
+    checkpoint's state, both skip its records and take the rest alternately. The tables equal one process's
+    uninterrupted run: the answers exactly, the float columns to float32 rounding (each process runs one thread)."""
+    task = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=5))
+    settings = dict(presses="knorm,snapkv,streaming", ratios="0.5", device="cpu", notify=lambda line: None)
+    whole = spectra.evaluate(str(chat_decoder), str(task), out=tmp_path / "whole", progress=None, **settings)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(done: int, total: int) -> None:
+        if done >= 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.evaluate(str(chat_decoder), str(task), out=tmp_path / "cut", progress=interrupt,
+                         checkpoint_seconds=0.0, **settings)
+    done = torchrun(["evaluate", str(chat_decoder), "--data", str(task), "--presses", settings["presses"],
+                     "--ratios", settings["ratios"], "--out", str(tmp_path / "cut"), "--resume"], tmp_path)
+    assert "resuming" in done.stdout + done.stderr and done.stdout.count("results in ") == 1
+    two = spectra.load_run(tmp_path / "cut")
+    assert two.meta["processes"] == 2 and two.meta["examples"] == 5 and not (tmp_path / "cut.partial").exists()
+    assert (two.examples["prediction"] == whole.examples["prediction"]).all()
+    for name in ("examples", "scores", "lengths", "needle", "evicted"):
+        pd.testing.assert_frame_equal(getattr(two, name), getattr(whole, name), rtol=1e-6, obj=name)
