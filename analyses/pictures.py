@@ -156,7 +156,8 @@ def draw_questions(runs: list):
     title = (f"{runs[0].meta['model']['name']}: share kept of the {answered} answers the full cache gives to "
              f"{len(full)} questions\n({plural(full['example'].nunique(), 'record')}, each compressed once without "
              "its questions, then asked them one by one)")
-    return leaderboard.draw(leaderboard.standings(examples, seed, over="answered"), order, title)
+    return leaderboard.draw(leaderboard.standings(examples, seed, over="answered"), order, title,
+                            label="Share of the full cache's answers kept")
 
 
 def draw_survival(runs: list):

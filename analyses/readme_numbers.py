@@ -26,7 +26,7 @@ from readme_approx import (minilm_fastformer, minilm_fitted, minilm_k_needed, mi
                            smollm2_fastformer, smollm2_scaling, speed_line, theorems_synthetic)
 from readme_axes import axes_summary, smollm2_axes
 from readme_decoders import heads_model, smollm2_cache, smollm2_cache_spectral, smollm2_decoder, smollm2_keys
-from readme_leaderboard import front_leaderboard, leaderboard_page
+from readme_leaderboard import front_leaderboard, leaderboard_page, questions_page
 from readme_tasks import front_tasks, smollm2_tasks, tasks_vs_nll
 from readme_values import RenderError, Runs, only, sink_layers, two
 from slots import Rendered
@@ -98,6 +98,7 @@ RENDERERS: dict[str, Renderer] = {
     "smollm2-axes": Renderer(("heads", "cache"), smollm2_axes),
     "front-leaderboard": Renderer(("evaluate",), front_leaderboard),
     "leaderboard": Renderer(("evaluate",), leaderboard_page),
+    "leaderboard-questions": Renderer(("evaluate",), questions_page),
 }
 
 

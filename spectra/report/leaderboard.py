@@ -194,10 +194,10 @@ def ranking(examples: pd.DataFrame, seed: int, holds: float = HOLDS, over: str =
     return pd.concat([full, pressed], ignore_index=True).astype({"rank": "Int64"})
 
 
-def draw(table: pd.DataFrame, order: pd.DataFrame, title: str):
+def draw(table: pd.DataFrame, order: pd.DataFrame, title: str, label: str = "Mean score"):
     """Presses down in `order`'s rank order (the full cache on top; below a line, the presses that did not compress
     as far as r asks, unranked), the ratios and their mean across: each cell's score written in it, coloured on one
-    scale from 0 to 1."""
+    scale from 0 to 1 whose bar says what a cell is (`label`)."""
     import pandas as pd
 
     plt = pyplot()
@@ -229,7 +229,7 @@ def draw(table: pd.DataFrame, order: pd.DataFrame, title: str):
         ax.axhline(len(presses) - unranked - 0.5, color="white", linewidth=2.5)
     ax.set_xlabel("Ratio removed (r)")
     ax.tick_params(length=0)
-    figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02).set_label("Mean score")
+    figure.colorbar(image, ax=ax, fraction=0.05, pad=0.02).set_label(label)
     width = figure.get_size_inches()[0]
     figure.suptitle(style.title_lines(title, int(width * TITLE_CHARACTERS_PER_INCH)), fontsize=9.5)
     return figure
