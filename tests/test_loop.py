@@ -221,3 +221,26 @@ def test_the_probe_input_a_source_feeds_is_counted_to_the_probes_stage() -> None
         staged.update("layer")
         staged.prefilled("prefill")
     assert kept.seen == ["layer", "prefill"] and "probes" in recorded.seconds()
+
+
+def test_a_calibrated_checkpoint_is_not_resumed_across_processes(roberta_dir, text_file, tmp_path,
+                                                                  monkeypatch) -> None:
+    """Across processes only the first would hold a checkpoint's fitted parameters: resuming a run with calibrated
+    methods there is refused in one line, before any process group is joined; in one process it resumes."""
+    settings = dict(budget=[4], methods=["linformer-pca(kv)"], samples=4, fit_samples=8, length=24, batch_size=4,
+                    checkpoint_seconds=0.0, notify=lambda line: None)
+
+    def interrupt(done, total):
+        if done >= 12:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.approx(str(roberta_dir), str(text_file), out=tmp_path / "fit", progress=interrupt, **settings)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SpectraError, match=r"cannot resume .*fit\.partial across processes: its calibrated .*resume "
+                                           r"it with a single process"):
+        spectra.approx(str(roberta_dir), str(text_file), out=tmp_path / "fit", progress=None, resume=True, **settings)
+    monkeypatch.delenv("WORLD_SIZE")
+    resumed = spectra.approx(str(roberta_dir), str(text_file), out=tmp_path / "fit", progress=None, resume=True,
+                             **settings)
+    assert resumed.meta["samples"] == 4
