@@ -199,12 +199,9 @@ def _out_of_memory(error: BaseException) -> bool:
 def _across(reached: int, saved: list[int], target: RunDir) -> str:
     """What an interrupt of a run spread over processes leaves: they write no checkpoint along the way (their shares
     combine only at the end), so it continues from the single-process checkpoint it resumed, if any."""
-    if not saved:
-        return (f"interrupted after about {plural(reached, 'sequence')}; processes write no checkpoint along the way: "
-                "nothing was saved; run the command again")
-    return (f"interrupted after about {plural(reached, 'sequence')}; processes write no checkpoint along the way: "
-            f"continue from the one after {plural(saved[0], 'sequence')} with {RESUME} and the same "
-            f"{spell('--out')} ({target.out})")
+    then = (f"continue from the one after {plural(saved[0], 'sequence')} with {RESUME} and the same "
+            f"{spell('--out')} ({target.out})" if saved else "nothing was saved; run the command again")
+    return f"interrupted after about {plural(reached, 'sequence')}; processes write no checkpoint along the way: {then}"
 
 
 def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, reporter: Reporter,
@@ -314,8 +311,9 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
     device = config.device
     if distributed.requested():
         if previous is not None and job.calibration:
-            raise SpectraError(f"cannot resume {target.partial} across processes: its calibrated presses were fitted "
-                               "in one process, which the others would lack; resume it with a single process")
+            raise SpectraError(f"cannot resume {target.partial} across processes: its calibrated methods or presses "
+                               "were fitted in one process, which the others would lack; resume it with a single "
+                               "process")
         from .models import pick_device
 
         device = distributed.start(pick_device(device))
