@@ -7,6 +7,7 @@ linears (`attention_linears`).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -270,7 +271,8 @@ _HEAD_NAMES = ("num_attention_heads", "num_heads", "n_heads")
 
 @dataclass
 class Linears:
-    """A pretrained attention module's W^Q, W^K, W^V, W^O (None when not found), head count and score scale."""
+    """A pretrained attention module's W^Q, W^K, W^V, W^O (None when not found), head count and score scale, and
+    its per-head query and key norms where it has them (QK-norm: Gemma 3, Qwen 3), applied before RoPE."""
 
     w_q: torch.nn.Linear
     w_k: torch.nn.Linear
@@ -278,6 +280,8 @@ class Linears:
     w_o: torch.nn.Linear | None
     heads: int | None
     scaling: float | None
+    q_norm: torch.nn.Module | None = None
+    k_norm: torch.nn.Module | None = None
 
 
 def _find(module: torch.nn.Module, dotted: str) -> torch.nn.Module | None:
@@ -305,7 +309,8 @@ def attention_linears(attention: torch.nn.Module) -> Linears:
     w_o = next((m for name in _OUT_NAMES for m in (_find(attention, name),) if isinstance(m, torch.nn.Linear)), None)
     heads = next((int(getattr(inner, n)) for n in _HEAD_NAMES if hasattr(inner, n)), None)
     heads = heads or getattr(getattr(inner, "config", None), "num_attention_heads", None)
-    return Linears(*linears, w_o, heads, getattr(inner, "scaling", None))
+    return Linears(*linears, w_o, heads, getattr(inner, "scaling", None), getattr(inner, "q_norm", None),
+                   getattr(inner, "k_norm", None))
 
 
 def output_projections(model: torch.nn.Module) -> dict[int, torch.Tensor]:
@@ -351,9 +356,12 @@ def rope(model: torch.nn.Module) -> Rope | None:
         return None
     dtype = next(model.parameters()).dtype
 
+    # a model rotating local and global layers apart (Gemma 3) takes the layer kind: a press compresses global ones
+    kind = {"layer_type": "full_attention"} if "layer_type" in inspect.signature(found.forward).parameters else {}
+
     def cos_sin(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         dummy = torch.zeros((), dtype=dtype, device=positions.device)
-        cos, sin = found(dummy, positions.reshape(1, -1))
+        cos, sin = found(dummy, positions.reshape(1, -1), **kind)
         return cos[0], sin[0]
 
     return cos_sin
@@ -365,13 +373,16 @@ ProjectionHook = Callable[[int, str, torch.Tensor], None]
 
 def watch_projections(model: torch.nn.Module, callback: ProjectionHook) -> list:
     """Forward hooks on every attention module's W^Q, W^K, W^V (modules with a layer_idx whose linears are found):
-    `callback` sees each projection's output, before any rotary position encoding. Returns the handles (remove
-    them when done)."""
+    `callback` sees each projection's output, before any rotary position encoding — after the query and key norms
+    where the model has them (QK-norm), since RoPE rotates the normed heads. Returns the handles (remove them when
+    done)."""
     handles = []
     for layer, found in layer_attentions(model):
-        for which, linear in (("q", found.w_q), ("k", found.w_k), ("v", found.w_v)):
-            handles.append(linear.register_forward_hook(
-                lambda _module, _inputs, output, layer=layer, which=which: callback(layer, which, output)))
+        for which, linear, norm in (("q", found.w_q, found.q_norm), ("k", found.w_k, found.k_norm),
+                                    ("v", found.w_v, None)):
+            handles.append(linear.register_forward_hook(  # a QK-norm normalises each head's d entries, as here
+                lambda _module, _inputs, output, layer=layer, which=which, norm=norm: callback(layer, which, (
+                    output if norm is None else norm(output.unflatten(-1, (-1, norm.weight.shape[-1]))).flatten(-2)))))
     return handles
 
 

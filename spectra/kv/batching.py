@@ -32,11 +32,11 @@ each at its own steps; they decode on their own (`generation.greedy`), as before
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .. import capture
+from .. import capture, sliding
 from ..capture import Captured
 from ..kernels import causal_mask
 from .generation import Decoded, needle_mass, threads
@@ -76,6 +76,11 @@ class Batch:
     values: list[torch.Tensor]
     seen: list[torch.Tensor]
     filled: list[int]
+    #: per layer, its sliding window (None: global) and, for a local layer, each column's position (B, capacity)
+    windows: list[int | None] = field(default_factory=list)
+    positions: list[torch.Tensor | None] = field(default_factory=list)
+    #: the positions (B, n) of the tokens of the pass under way (`greedy` sets them before each forward pass)
+    at: torch.Tensor | None = None
 
     @classmethod
     def of(cls, cells: Sequence[Sequence[Compressed]], prefills: Sequence[Prefill] | Sequence[Sequence[Prefill]],
@@ -86,7 +91,7 @@ class Batch:
         per_cell = [prefills] * len(cells) if isinstance(prefills[0], Prefill) else list(prefills)
         if len(per_cell) != len(cells):
             raise ValueError(f"{len(per_cell)} examples' prefills for a batch of {len(cells)} cells")
-        keys, values, seen, filled = [], [], [], []
+        keys, values, seen, filled, windows, positions = [], [], [], [], [], []
         for layer, prefilled in enumerate(per_cell[0]):
             rows = [parts[layer].rows(own[layer].key, own[layer].value) for parts, own in zip(cells, per_cell)]
             width = max(key.shape[-2] for key, _ in rows)
@@ -104,7 +109,10 @@ class Batch:
             values.append(value_buffer)
             seen.append(mask)
             filled.append(width)
-        return cls(keys, values, seen, filled)
+            windows.append(prefilled.sliding_window)
+            positions.append(None if prefilled.sliding_window is None else
+                             _positions([parts[layer] for parts in cells], width + room, mask.device))
+        return cls(keys, values, seen, filled, windows, positions)
 
     @property
     def size(self) -> int:
@@ -118,6 +126,8 @@ class Batch:
             raise ValueError(f"layer {layer}'s batch holds {self.keys[layer].shape[-2]} columns; {start + count} asked")
         self.keys[layer][:, :, start:start + count] = key
         self.values[layer][:, :, start:start + count] = value
+        if self.local(layer):
+            self.positions[layer][:, start:start + count] = self.at
         self.filled[layer] = start + count
         return self.keys[layer][:, :, :start + count], self.values[layer][:, :, :start + count]
 
@@ -126,9 +136,16 @@ class Batch:
         columns — its cell's rows, and the new tokens causally."""
         seen = self.seen[layer][:, :, :self.filled[layer]]
         per_head = seen.repeat_interleave(heads // seen.shape[1], dim=1)[:, :, None, :]
+        if self.local(layer):  # a sliding-window layer: each query sees its window of positions
+            banded = sliding.band(self.at, self.positions[layer][:, :self.filled[layer]], self.windows[layer])
+            return per_head & banded[:, None]
         if queries == 1:
             return per_head
         return per_head & causal_mask(queries, seen.shape[-1], seen.device)
+
+    def local(self, layer: int) -> bool:
+        """Whether `layer` attends through a sliding window (its columns carry positions)."""
+        return bool(self.windows) and self.windows[layer] is not None
 
     def hide(self, columns: Sequence[int]) -> None:
         """Hide, in every layer, row b's next `columns[b]` columns from every query (a shorter question's left
@@ -144,6 +161,10 @@ class Batch:
             self.keys[layer] = self.keys[layer].index_select(0, rows)
             self.values[layer] = self.values[layer].index_select(0, rows)
             self.seen[layer] = self.seen[layer].index_select(0, rows)
+            if self.local(layer):
+                self.positions[layer] = self.positions[layer].index_select(0, rows)
+        if self.at is not None:
+            self.at = self.at.index_select(0, rows)
 
 
 def batch_attention(batch: Batch, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -198,13 +219,19 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
             for cell, found in measured.items():
                 row = live.index(cell)
                 columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
+                shown = None
+                if batch.local(layer):  # its rows are its window's positions: the needle's among them, banded
+                    held = batch.positions[layer][row, columns]
+                    found = torch.isin(held, found).nonzero().squeeze(-1)
+                    shown = sliding.band(batch.at[row, pads[cell]:], held, batch.windows[layer])
                 masses[cell, layer] = needle_mass(q[row][:, pads[cell]:], key[row][:, columns], captured.scaling,
-                                                  found)
+                                                  found, shown)
         return batch_attention(batch, layer, q, key, value, captured.scaling)
 
     def step(ids: torch.Tensor, offset: int) -> list[int]:
         first = base[torch.tensor(live, device=ids.device)][:, None] + offset
         positions = (first + torch.arange(ids.shape[-1], device=ids.device)).clamp(min=0)  # padding's: any
+        batch.at = positions
         logits = capture.forward(model, layers, None, substitute, [indices[row] for row in live], input_ids=ids,
                                  position_ids=positions, use_cache=False, logits_to_keep=1).logits
         return logits[:, -1].argmax(dim=-1).tolist()
@@ -228,6 +255,17 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
                         answering.remove(row)
     return [Decoded(ids, torch.stack([masses[row, layer] for layer in range(layers)]) if row in measured else None)
             for row, ids in enumerate(produced)]
+
+
+def _positions(parts: Sequence[Compressed], capacity: int, device: torch.device) -> torch.Tensor:
+    """(B, capacity) long: each cell's context rows' positions (its first head's kept positions: a local layer keeps
+    the same window in every head), the columns after them to be written as tokens come."""
+    found = torch.zeros(len(parts), capacity, dtype=torch.long, device=device)
+    for row, part in enumerate(parts):
+        if part.kept is None:
+            raise ValueError("a sliding-window layer's cache must hold context positions")
+        found[row, :part.kept.shape[-1]] = part.kept[0]
+    return found
 
 
 def _per_row(value: int | Sequence[int], size: int, what: str) -> list[int]:

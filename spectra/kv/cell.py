@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from .. import sliding
+from ..errors import SpectraError
 from . import generation
 from .presses import Compressed, Prefill, Press, full, run_presses
 from .presses.base import full_memory, row_bytes
@@ -50,9 +52,18 @@ def start(parts: Sequence[Compressed], context: int) -> int:
     prefill: the press's `Compressed.start` where it renumbered the kept tokens (one for every layer), else `context`."""
     starts = {part.start for part in parts}
     if len(starts) > 1:
-        raise ValueError(f"the layers of one cache start the continuation at different positions: {starts}")
+        raise SpectraError("the press renumbers the kept tokens of the global layers (key_rerotation), which a model's "
+                           "sliding-window layers cannot follow: leave it out on this model")
     found = starts.pop() if starts else None
     return context if found is None else found
+
+
+def local(prefill: Prefill) -> Compressed:
+    """A sliding-window layer's cache as the model keeps it, whatever the press: its last W − 1 context tokens
+    (`sliding.kept`); the press saves nothing there (`saved` 0), the model's window does."""
+    count = sliding.kept(prefill.length, prefill.sliding_window)
+    kept = torch.arange(prefill.length - count, prefill.length, device=prefill.key.device)
+    return Compressed(kept.expand(prefill.kv_heads, -1), 0.0)
 
 
 class Cell:
@@ -85,15 +96,20 @@ class Cell:
         """The next layer's compressed cache (the full cache's for `FULL`), recorded with its counts and bytes."""
         if prefill.layer != len(self.parts):
             raise ValueError(f"layer {prefill.layer} reached the cell after {len(self.parts)} layers: feed them in order")
-        part = full(prefill) if self.compressor is None else self.compressor.compress(prefill, self.ratio)
+        windowed = prefill.sliding_window is not None
+        if windowed:
+            part = local(prefill)
+        else:
+            part = full(prefill) if self.compressor is None else self.compressor.compress(prefill, self.ratio)
         self.parts.append(part)
-        if self.target is None:
+        if self.target is None or windowed:
             self._counts.append(part.counts().double().cpu().numpy())
             self._memory.append(part.memory(prefill))
         else:  # the rows it brings the cache back to while decoding, at full precision
             self._counts.append(np.full(prefill.kv_heads, float(self.target)))
             self._memory.append(torch.full((prefill.kv_heads,), self.target * row_bytes(prefill), dtype=torch.int64))
-        self._whole.append(full_memory(prefill) * prefill.kv_heads)
+        # what the layer really stores uncompressed: a local layer its window
+        self._whole.append(int(part.memory(prefill).sum()) if windowed else full_memory(prefill) * prefill.kv_heads)
         return part
 
     def counts(self, layer: int | None = None) -> np.ndarray:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import capture
+from .. import capture, sliding
 from ..capture import Captured
 from ..kernels import causal_mask, eager_softmax
 from .presses import Compressed, Prefill
@@ -68,11 +68,16 @@ class Buffers:
     values: list[torch.Tensor]
     lengths: list[int]
     valid: list[torch.Tensor | None] = field(default_factory=list)
+    #: per layer, its sliding window (None: global) and, for a local layer, each row's position (capacity,)
+    windows: list[int | None] = field(default_factory=list)
+    positions: list[torch.Tensor | None] = field(default_factory=list)
+    #: the positions (n,) of the tokens of the pass under way (the decoding loop sets them before each pass)
+    at: torch.Tensor | None = None
 
     @classmethod
     def of(cls, parts: Sequence[Compressed], prefills: Sequence[Prefill], room: int) -> Buffers:
         """The caches `parts` (one per layer) leave of the `prefills`, with `room` rows to spare per layer."""
-        keys, values, lengths, valid = [], [], [], []
+        keys, values, lengths, valid, windows, positions = [], [], [], [], [], []
         for part, prefilled in zip(parts, prefills):
             key, value = part.rows(prefilled.key, prefilled.value)
             kept = key.shape[-2]
@@ -87,7 +92,26 @@ class Buffers:
                 mask = torch.ones(key.shape[0], kept + room, dtype=torch.bool, device=key.device)
                 mask[:, :kept] = part.valid
             valid.append(mask)
-        return cls(keys, values, lengths, valid)
+            windows.append(prefilled.sliding_window)
+            where = None
+            if prefilled.sliding_window is not None:
+                if part.kept is None:
+                    raise ValueError("a sliding-window layer's cache must hold context positions")
+                where = torch.zeros(kept + room, dtype=torch.long, device=key.device)
+                where[:kept] = part.kept[0]
+            positions.append(where)
+        return cls(keys, values, lengths, valid, windows, positions)
+
+    def local(self, layer: int) -> bool:
+        """Whether `layer` attends through a sliding window (its rows carry positions)."""
+        return bool(self.windows) and self.windows[layer] is not None
+
+    def shown(self, layer: int) -> torch.Tensor | None:
+        """(n, filled rows) bool: what the pass's n queries see of a local layer's rows (its window of positions),
+        None for a global layer (every earlier row, the new ones causally)."""
+        if not self.local(layer):
+            return None
+        return sliding.band(self.at, self.positions[layer][:self.lengths[layer]], self.windows[layer])
 
     def seen(self, layer: int) -> torch.Tensor | None:
         """(H_kv, filled rows) bool: the rows of the layer each key/value head attends to (None: all of them)."""
@@ -101,6 +125,8 @@ class Buffers:
             raise ValueError(f"layer {layer}'s cache holds {self.keys[layer].shape[-2]} rows; {start + count} asked")
         self.keys[layer][:, start:start + count] = key
         self.values[layer][:, start:start + count] = value
+        if self.local(layer):
+            self.positions[layer][start:start + count] = self.at
         self.lengths[layer] = start + count
         return self.keys[layer][:, :start + count], self.values[layer][:, :start + count]
 
@@ -144,6 +170,7 @@ class Recompression:
     seen: int = 0
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     generator: torch.Generator | None = None
+    first: int | None = None  # the first layer the press compresses (where compressions are counted)
 
     def size(self, seen: int | None = None) -> int:
         """The rows a compression keeps once `seen` tokens have been seen (default: the current pass's)."""
@@ -152,6 +179,9 @@ class Recompression:
     def after(self, layer: int, cache: Buffers, q: torch.Tensor, scaling: float, steps: int = 1) -> None:
         """Layer `layer` has attended with queries q (H, n, d) (its new rows written): `steps` decoding steps more
         (a teacher-forced pass of n tokens is n steps; a generation step is one, the question's pass too)."""
+        if cache.local(layer):  # a sliding-window layer keeps its window, not the press's size
+            return
+        self.first = layer if self.first is None else self.first
         self.steps[layer] = self.steps.get(layer, 0) + steps
         step_tokens = 1 if steps > 1 else q.shape[-2]
         merges = getattr(self.press, "merges", False)
@@ -167,7 +197,7 @@ class Recompression:
             kept = self.press.keep(layer, q, key, value, scaling, target, self.seed, self.index)
             if kept is not None:
                 cache.keep(layer, kept)
-                self.compressions += layer == 0
+                self.compressions += layer == self.first
         self.steps[layer] = 0
 
     def merge(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, target: int,
@@ -182,7 +212,7 @@ class Recompression:
         if merged is not None:
             kept, values, self.attention[layer] = merged
             cache.keep(layer, kept, values)
-            self.compressions += layer == 0
+            self.compressions += layer == self.first
 
 
 @dataclass
@@ -194,12 +224,12 @@ class Decoded:
 
 
 def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
-                     seen: torch.Tensor | None = None) -> torch.Tensor:
+                     seen: torch.Tensor | None = None, shown: torch.Tensor | None = None) -> torch.Tensor:
     """n new queries q (H, n, d) over M rows key, value (H_kv, M, d) whose last n are the queries' own tokens: every
     earlier row is seen (or, with `seen` (H_kv, M) bool, the rows each key/value head keeps), the new tokens
-    causally. Returns (H, n, d)."""
+    causally (or, with `shown` (n, M) bool, what each query sees: a sliding window's rows). Returns (H, n, d)."""
     n, rows = q.shape[-2], key.shape[-2]
-    mask = None if n == 1 else causal_mask(n, rows, q.device)
+    mask = shown if shown is not None else None if n == 1 else causal_mask(n, rows, q.device)
     if seen is not None:
         per_head = seen.repeat_interleave(q.shape[0] // key.shape[0], dim=0)[:, None, :]  # (H, 1, M)
         mask = per_head if mask is None else per_head & mask
@@ -207,13 +237,15 @@ def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sc
                                                             scale=scaling, enable_gqa=q.shape[0] != key.shape[0])[0]
 
 
-def needle_mass(q: torch.Tensor, key: torch.Tensor, scaling: float, needle: torch.Tensor) -> torch.Tensor:
+def needle_mass(q: torch.Tensor, key: torch.Tensor, scaling: float, needle: torch.Tensor,
+                shown: torch.Tensor | None = None) -> torch.Tensor:
     """The mean over the n queries q (H, n, d) of their attention on rows `needle` of key (H_kv, M, d) (the last n
-    rows are their own, seen causally): (H,)."""
+    rows are their own, seen causally; or `shown` (n, M) bool, what each query sees: a sliding window's): (H,)."""
     heads, n, dim = q.shape
     kv_heads, rows = key.shape[0], key.shape[-2]
     scores = torch.matmul(q.reshape(kv_heads, -1, dim), key.transpose(-1, -2)).view(heads, n, rows) * scaling
-    weights = eager_softmax(scores, causal_mask(n, rows, q.device), torch.promote_types(scores.dtype, torch.float32))
+    mask = causal_mask(n, rows, q.device) if shown is None else shown
+    weights = eager_softmax(scores, mask, torch.promote_types(scores.dtype, torch.float32))
     return weights[..., needle].sum(dim=-1).mean(dim=-1)
 
 
@@ -234,14 +266,18 @@ def greedy(model: torch.nn.Module, layers: int, cache: Buffers, question: torch.
         key, value = cache.extend(layer, captured.key[0], captured.value[0])
         q = captured.q[0]
         if needle is not None and q.shape[-2] > 1 and layer not in masses:
-            masses[layer] = needle_mass(q, key, captured.scaling, needle)
-        out = decode_attention(q, key, value, captured.scaling, cache.seen(layer))[None]
+            found, shown = needle, cache.shown(layer)
+            if shown is not None:  # a local layer's rows are its window's positions: the needle's among them
+                found = torch.isin(cache.positions[layer][:key.shape[-2]], needle).nonzero().squeeze(-1)
+            masses[layer] = needle_mass(q, key, captured.scaling, found, shown)
+        out = decode_attention(q, key, value, captured.scaling, cache.seen(layer), cache.shown(layer))[None]
         if recompression is not None:
             recompression.after(layer, cache, q, captured.scaling)
         return out
 
     def step(ids: torch.Tensor, first: int) -> int:
         positions = torch.arange(first, first + ids.shape[-1], device=ids.device)[None]
+        cache.at = positions[0]
         if recompression is not None:
             recompression.seen = first + ids.shape[-1]
         logits = capture.forward(model, layers, None, substitute, [index], input_ids=ids[None], position_ids=positions,
@@ -277,7 +313,7 @@ def teacher_forced(model: torch.nn.Module, layers: int, cache: Buffers, tokens: 
     def substitute(captured: Captured) -> torch.Tensor:
         layer, q = captured.layer, captured.q[0]
         key, value = cache.extend(layer, captured.key[0], captured.value[0])
-        out = decode_attention(q, key, value, captured.scaling, cache.seen(layer))[None]
+        out = decode_attention(q, key, value, captured.scaling, cache.seen(layer), cache.shown(layer))[None]
         recompression.after(layer, cache, q, captured.scaling, steps=q.shape[-2])
         return out
 
@@ -287,6 +323,7 @@ def teacher_forced(model: torch.nn.Module, layers: int, cache: Buffers, tokens: 
         before = cache.lengths[0]
         attended += range(before + 1, before + count + 1)
         positions = torch.arange(start + done, start + done + count, device=tokens.device)[None]
+        cache.at = positions[0]
         recompression.seen = start + done + count
         logits.append(capture.forward(model, layers, None, substitute, [index],
                                       input_ids=tokens[None, done:done + count], position_ids=positions,

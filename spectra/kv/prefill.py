@@ -29,8 +29,8 @@ What is kept per layer is O(L·d) (keys, values, pre-RoPE keys) plus the window'
 SmolLM2 at 8192 tokens — and, only for a press declaring `queries`, the H × L × d pre-RoPE queries. Keys are never
 repeated over the query heads of a key/value head: a chunk's queries are grouped per key/value head (H_kv, G·c, d).
 Statistics equal those of the dense P up to float rounding (matrix products of another shape sum in another order;
-`tests/test_prefill.py` bounds it). Causal decoders with full attention only (no sliding window, no padding: one
-context at a time).
+`tests/test_prefill.py` bounds it). Causal decoders, one context at a time (no padding); a sliding-window layer
+(`spectra.sliding`: Gemma 3's local layers) attends its window only, and no press reads it (`cell.local`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from .. import capture, models
+from .. import capture, models, sliding
 from . import composition, gradient, reconstruction
 from ..capture import Captured
+from ..errors import SpectraError
 from .presses import Prefill
 from .presses.base import WINDOW
 from ..kernels import softmax_dtype
@@ -131,10 +132,18 @@ def fused_received(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scal
     return out[0], reverse[0].flip(-1).exp().to(q.dtype)
 
 
-def attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Causal attention output (…, H, L, d) of q over key, value (…, H_kv, L, d) by the fused SDPA kernel."""
-    return torch.nn.functional.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling,
-                                                            enable_gqa=q.shape[-3] != key.shape[-3])
+def attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
+              window: int | None = None) -> torch.Tensor:
+    """Causal attention output (…, H, L, d) of q over key, value (…, H_kv, L, d) by the fused SDPA kernel; with a
+    sliding `window` W, each query sees only its last W keys (`sliding.band`), as a local layer does."""
+    gqa = q.shape[-3] != key.shape[-3]
+    if window is None or window >= q.shape[-2]:
+        return torch.nn.functional.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling,
+                                                                enable_gqa=gqa)
+    positions = torch.arange(q.shape[-2], device=q.device)
+    mask = sliding.band(positions, positions, window)
+    return torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling,
+                                                            enable_gqa=gqa)
 
 
 @dataclass
@@ -149,6 +158,7 @@ class _Collector:
     index: int
     w_o: dict[int, torch.Tensor] = field(default_factory=dict)
     rope: models.Rope | None = None
+    windows: list[int | None] = field(default_factory=list)  # each layer's sliding window (`sliding.windows`)
     prefills: dict[int, Prefill] = field(default_factory=dict)
     pre_rope: dict[int, torch.Tensor] = field(default_factory=dict)
     query_pre: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -169,9 +179,11 @@ class _Collector:
         heads, length, _ = q.shape
         window = min(self.window, length)
         q_window = q[:, length - window:].clone()
-        fused = fused_received(q, key, value, captured.scaling) if self.reads.received and self.fused else None
-        if fused is not None:
-            out, received = fused
+        local = self.windows[captured.layer] if self.windows else None
+        if local is not None and local < length:  # a sliding-window layer: no press reads it (`Cell.compress`)
+            out, received = attention(q, key, value, captured.scaling, local)[None], q.new_zeros(heads, 0)
+        elif self.reads.received and self.fused and (fused := fused_received(q, key, value, captured.scaling)):
+            out, received = fused[0][None], fused[1]
         elif self.reads.received:
             chunk = chunk_queries(heads, length, torch.finfo(softmax_dtype(q.dtype)).bits // 8, self.chunk_bytes)
             out, received = None, received_attention(q, key, captured.scaling, chunk)
@@ -185,8 +197,9 @@ class _Collector:
         self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, received,
                                                 captured.scaling, self.seed, self.index,
                                                 w_o=self.w_o.get(captured.layer), query_pre=query_pre, rope=self.rope,
-                                                hidden=None if hidden is None else hidden[0])
-        return out[None] if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
+                                                hidden=None if hidden is None else hidden[0],
+                                                sliding_window=self.windows[captured.layer] if self.windows else None)
+        return out if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
 
 
 def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int,
@@ -201,7 +214,7 @@ def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, ind
     (`Prefill.w_o`). Every layer's `question_tokens` is 0: a task example's own count is set by its source
     (`TaskSource.run`)."""
     collector = _Collector(window, reads, fused, chunk_bytes, seed, index, models.output_projections(model),
-                           models.rope(model))
+                           models.rope(model), sliding.of_model(model))
     hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or reads.queries else []
     hooks += models.watch_inputs(model, collector.attention_input) if reads.hidden else []
     try:
@@ -220,6 +233,9 @@ def scored(model: torch.nn.Module, layers: int, found: list[Prefill], ids: torch
     each pass run once for all layers: KVzip's reconstruction (`reconstructs`, `Prefill.reconstruction`),
     KVCompose's replay (`composes`, `Prefill.composition`) and KVgrad's attribution (`differentiates`,
     `Prefill.gradient`); `repetition`, the tokenizer's prompts, for the first and the last."""
+    if (reads.reconstructs or reads.composes or reads.differentiates) and any(part.sliding_window for part in found):
+        raise SpectraError("KVzip's, KVCompose's and KVgrad's passes do not follow sliding-window layers yet: leave "
+                           "kvzip, kvcompose and kvgrad out on this model")
     if reads.repeats and repetition is None:
         raise ValueError("KVzip's and KVgrad's passes read the tokenizer's repetition prompts: give `repetition`")
     ids = ids.reshape(-1)

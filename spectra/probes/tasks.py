@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..kv import batching, generation, pending
+from ..kv import batching, generation, pending, selfcheck
 from ..kv.cell import Cell, Cells
 from ..kv.presses import Prefill
 from ..kv.presses.decoding import INTERVAL
@@ -113,6 +113,7 @@ class TaskProbe(Probe):
         self.seconds = np.zeros((cells, 2))  # compressing, decoding
         self.prefills: list[list[Prefill]] = []  # per example of the batch, every layer's prefill so far
         self.stop = generation.stop_tokens(source.loaded.model)
+        self.checked = False  # whether this process compared the full cache with model.generate yet
 
     def prefilled(self, prefill: Prefill) -> None:
         """A layer of the next example's prefill (layer 0 begins an example: the source prefills a batch's examples
@@ -127,6 +128,12 @@ class TaskProbe(Probe):
             raise ValueError(f"{len(self.prefills)} examples prefilled for a batch of {len(batch.index)}")
         answering = [self.answering(position, prefills) for position, prefills in zip(batch.index, self.prefills)]
         self.prefills = []
+        if not self.checked:  # before any press runs: the full cache answers as model.generate (`kv.selfcheck`)
+            example = answering[0].example
+            selfcheck.first_example(self.source.loaded.model, self.source.layers, answering[0].prefills,
+                                    example.context_ids.to(self.source.device), answering[0].questions[0].ids,
+                                    example.record.max_new_tokens, self.stop, example.record.example)
+            self.checked = True
         first = answering[0].prefills[0]
         groups = pending.Groups(self.decode_memory, batching.batch_row_bytes(
             first.kv_heads, first.head_dim, first.value.shape[-1], first.key.element_size()))

@@ -13,6 +13,7 @@ import torch
 
 from spectra.kv import cell as cells_module
 from spectra.kv.cell import FULL, Cell, Cells
+from spectra.errors import SpectraError
 from spectra.kv.presses import REGISTRY, Prefill, n_kept
 
 LAYERS, HEADS, KV_HEADS, LENGTH, DIM, WINDOW = 2, 4, 2, 40, 8, 6
@@ -137,5 +138,5 @@ def test_a_cell_starts_decoding_where_its_press_renumbered_the_context() -> None
     cell = filled(Cell("key_rerotation(knorm)", 0.75, REGISTRY["key_rerotation(knorm)"], LENGTH, 7, 3), rotary)
     assert cell.start == n_kept(LENGTH, 0.75) == 10 and cell.kept_share().max() == 0.25
     parts = [cell.parts[0], replace(cell.parts[1], start=None)]
-    with pytest.raises(ValueError, match="different positions"):
+    with pytest.raises(SpectraError, match="sliding-window layers cannot follow"):  # a local layer's, unrenumbered
         cells_module.start(parts, LENGTH)

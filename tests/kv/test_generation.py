@@ -311,3 +311,23 @@ def reference_forced(loaded, context, tokens, scorer, interval, target):
     out, _ = reference_decoding(loaded, torch.cat([context, tokens[:1]]), scorer, interval, target, len(tokens),
                                 forced=list(tokens[1:].tolist()) + [0], question=1)
     return out
+
+
+def test_a_cache_decoded_alone_on_sliding_window_layers_answers_as_generate() -> None:
+    """`greedy` over `Buffers` (the path of presses that compress while decoding) on a tiny Gemma 3: the full cache's
+    local layers hold their window and each new token sees its own, so the answer is `model.generate`'s."""
+    from spectra.kv import selfcheck
+    from spectra.kv.cell import FULL, Cell
+
+    model = tiny.gemma3(window=8, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(3)
+    context, question = torch.randint(3, 128, (40,), generator=generator), torch.randint(3, 128, (5,),
+                                                                                          generator=generator)
+    prefills = prefill.exact(model, 3, context, 0, 0, prefill.Reads())
+    cell = Cell(FULL, 0.0, None, 40, 0, 0)
+    for part in prefills:
+        cell.compress(part)
+    assert [part.kept.shape[-1] for part in cell.parts] == [7, 7, 40]
+    assert cell.full_bytes() == cell.bytes() == (7 + 7 + 40) * (16 + 16) * 8  # what each layer really stores
+    decoded = generation.greedy(model, 3, cell.buffers(prefills, 5 + 12), question, 40, 12, set(), 0)
+    assert decoded.ids == selfcheck.generated(model, torch.cat([context, question]), 12)[0]

@@ -166,3 +166,19 @@ def test_a_pass_reading_the_repetition_prompts_is_refused_without_them(gqa_llama
     for reads in (prefill.Reads(reconstructs=True), prefill.Reads(differentiates=True)):
         with pytest.raises(ValueError, match="repetition"):
             prefill.exact(loaded.model, loaded.layers, ids, 0, 0, reads)
+
+
+def test_a_qk_norm_model_s_keys_before_rope_rotate_into_its_cache() -> None:
+    """Gemma 3 norms each head's queries and keys before RoPE: the keys before RoPE are the normed ones, so the
+    model's own rotation (`models.rope`, a global layer's) turns them into the cached keys; every layer's prefill
+    says its sliding window."""
+    from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
+
+    model = tiny.gemma3(window=8, dtype=torch.float64)
+    ids = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(0))
+    found = prefill.exact(model, 3, ids, 0, 0, prefill.Reads())
+    assert [part.sliding_window for part in found] == [8, 8, None]
+    cos, sin = models.rope(model)(torch.arange(24))
+    rotated, _ = apply_rotary_pos_emb(found[2].key_pre, found[2].key_pre, cos, sin, unsqueeze_dim=0)
+    torch.testing.assert_close(rotated, found[2].key, rtol=1e-12, atol=1e-12)
+

@@ -14,13 +14,12 @@ Two kinds of press fit the same interface:
   F·V); `kept` is None when the rows are not context tokens, and `saved` says what memory the press saves.
 
 A new press is one module under `spectra/kv/presses/` and its test: a `Press` subclass decorated `@register`, whose
-class body states its name and facts as literals (`name = "snapkv"`, `windowed = True`, its one-line `summary` and
-its kvpress `peer`, …; read from the source by `spectra.registry`, so `--help` lists them without torch). A press
-drawing randomly seeds itself from `Prefill.seed` and `Prefill.index`, never from global state. A press fitted on calibration sequences (`calibrates`: Loki, low-rank K/V)
-is made fresh for the run (`fresh`), handed the prefills of `--fit-samples` sequences (`calibrate`), keeps its
-statistics in the run's checkpoint (`statistics`, `load_statistics`) and evaluates the later ones with its fit frozen
-(with none, it fits on each context itself: an oracle). A `windowed` press (snapkv, loki) needs more than WINDOW
-context tokens.
+class body states its name and facts as literals (`name = "snapkv"`, `windowed = True`, its `summary`, its kvpress
+`peer`, …; read from the source by `spectra.registry`, so `--help` lists them without torch). A press drawing randomly
+seeds itself from `Prefill.seed` and `Prefill.index`. A press fitted on calibration sequences (`calibrates`) is made
+fresh for the run (`fresh`), fitted on `--fit-samples` sequences' prefills (`calibrate`), keeps its statistics in the
+checkpoint (`statistics`, `load_statistics`) and evaluates the later ones with its fit frozen (with none, it fits on
+each context: an oracle). A `windowed` press (snapkv, loki) needs more than WINDOW context tokens.
 """
 
 from __future__ import annotations
@@ -61,12 +60,12 @@ class Prefill:
     - `query_pre` (H, L, d): queries before RoPE (`queries` presses only); `rope`: positions (n,) → (cos, sin) (n, d);
     - `reconstruction` (layers, H_kv, L): KVzip's context-reconstruction scores of *every* layer (one tensor shared by
       the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None;
-    - `question_tokens`: how many of the last context tokens are a task record's question (query-aware: the question
-      compressed with the context; FINCH's window), 0 where the context holds none;
+    - `question_tokens`: how many of the last context tokens are a query-aware record's question (FINCH's window);
     - `composition` (layers, H_kv, L): KVCompose's replay scores of every layer, likewise, only when a run's press
       `composes` (`kv/composition.py`), else None; `gradient` (layers, H_kv, L): KVgrad's attribution scores,
       likewise, only when a run's press `differentiates` (`kv/gradient.py`); `hidden` (L, D): the attention module's
-      input (after the layer's input norm: kvpress's `hidden_states`), only when a run's press reads `hidden` (kvzap).
+      input (after its input norm: kvpress's `hidden_states`), only for a press reading `hidden` (kvzap); a local
+      layer's `sliding_window` W (`spectra.sliding`): it keeps its window, whatever the press.
     """
 
     layer: int
@@ -87,6 +86,7 @@ class Prefill:
     composition: torch.Tensor | None = None
     gradient: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    sliding_window: int | None = None
 
     @cached_property
     def window(self) -> torch.Tensor:
