@@ -266,3 +266,26 @@ def test_minilm_captures_like_eager() -> None:
     assert len(want.attentions) == 6 and not bool(batch["attention_mask"].all()), "one sequence is padded"
     for layer, p in enumerate(want.attentions):
         assert torch.equal(recorder.seen[layer].p, p), layer
+
+
+def test_a_sliding_window_decoder_captures_like_eager() -> None:
+    """Gemma 3's local layers: the captured P is eager attention's, bit for bit, its band mask included (each query
+    sees only its last W keys), and the global layer's is causal over every key."""
+    import copy
+
+    import tiny
+
+    spectra_model = tiny.gemma3(window=6)
+    config = copy.deepcopy(spectra_model.config)
+    config._attn_implementation = "eager"
+    from transformers import Gemma3ForCausalLM
+
+    eager_model = Gemma3ForCausalLM(config).eval()
+    eager_model.load_state_dict(spectra_model.state_dict())
+    ids = torch.randint(3, 128, (2, 20), generator=torch.Generator().manual_seed(2))
+    recorder, got, want = captured_and_eager(spectra_model, eager_model, input_ids=ids)
+    assert torch.equal(got.logits, want.logits)
+    for layer, p in enumerate(want.attentions):
+        assert torch.equal(recorder.seen[layer].p, p)
+    far = torch.ones(20, 20, dtype=torch.bool).tril(-6)  # keys W or more positions back
+    assert (want.attentions[0][..., far] == 0).all() and (want.attentions[2][..., far] > 0).all()

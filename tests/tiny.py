@@ -188,7 +188,7 @@ def licence_text(size: int = 20000) -> str:
     return text[:size]
 
 
-def gemma3(window: int = 8, layers: int = 3, vocab: int = 128, seed: int = 0, dtype=None):
+def gemma3(window: int = 8, layers: int = 3, vocab: int = 128, seed: int = 0, dtype=None):  # noqa: PLR0913
     """A tiny Gemma 3 text model in memory, loaded as spectra loads a model (its attention through spectra's
     function): sliding-window layers (window `window`) before one global layer, one key/value head for four query
     heads, QK-norm, untied embeddings (a tied random one repeats its last token: greedy decodings could not part)."""
@@ -206,3 +206,20 @@ def gemma3(window: int = 8, layers: int = 3, vocab: int = 128, seed: int = 0, dt
                               pad_token_id=0, attn_implementation=capture.NAME)
     model = Gemma3ForCausalLM(config).eval()
     return model if dtype is None else model.to(dtype)
+
+
+def save_gemma3(path: Path, window: int = 8, chat: bool = True) -> Path:
+    """`gemma3`'s tiny model saved with the tiny Llama tokenizer (and the task files' chat template): a directory
+    that spectra loads as it loads any decoder."""
+    import task_files
+
+    tokenizer = _decoder_tokenizer("llama")
+    if chat:
+        tokenizer.chat_template = task_files.CHAT
+    model = gemma3(window=window, vocab=len(tokenizer))
+    model.config.bos_token_id, model.config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

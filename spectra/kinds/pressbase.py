@@ -215,7 +215,7 @@ class PressStudy(Analysis):
             self.check_rope(options, rotary(found.config), found.shape().name)
 
     def check_loaded(self, config: RunConfig, options: PressOptions, source) -> None:
-        from .. import models
+        from .. import models, sliding
 
         loaded = source.loaded
         if loaded.head is None:
@@ -224,3 +224,16 @@ class PressStudy(Analysis):
         self.check_rope(options, models.rotary(loaded.model), loaded.name)
         check_patterns(options, loaded.layers, loaded.kv_heads or loaded.heads, loaded.name, loaded.heads,
                        loaded.head_dim, getattr(getattr(loaded.model, "config", None), "hidden_size", None))
+        self.check_windows(options, sliding.of_model(loaded.model), loaded.name)
+
+    def check_windows(self, options: PressOptions, windows: list[int | None], name: str) -> None:
+        """A model with sliding-window layers (`spectra.sliding`): the task study keeps each local layer's window and
+        compresses the global ones; what does not follow local layers yet is refused here, before any example."""
+        if not any(windows):
+            return
+        passes = [press for press in options.presses
+                  if any(press in PRESSES.having(fact) for fact in WHOLE_MODEL_PASSES)]
+        if self.name == "cache" or passes:
+            what = f"the presses {', '.join(passes)}" if passes else "spectra cache's study of text"
+            raise SpectraError(f"{name} has sliding-window layers, which {what} does not follow yet: "
+                               + ("leave them out" if passes else "run the task study, spectra evaluate, on it"))

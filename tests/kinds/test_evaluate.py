@@ -367,3 +367,35 @@ def test_on_cuda_every_press_answers_as_on_the_cpu(chat_decoder, task_file, tmp_
     c = half.examples.set_index(cells).sort_index()
     assert c.index.equals(a.index)
     assert (c.loc["full", "bytes"] * 2 == a.loc["full", "bytes"]).all()
+
+
+def test_a_sliding_window_model_runs_guarded_and_answers_as_generate(tmp_path, monkeypatch, capsys) -> None:
+    """A tiny Gemma 3 (local layers of window 8 before a global one) through the whole task study: the guard passes,
+    the full cache answers every record as `model.generate`, each local layer keeps its window whatever the press
+    (bytes counted so), and what does not follow local layers yet is one line, exit 2, before any example."""
+    model_dir = tiny.save_gemma3(tmp_path / "gemma")
+    path = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=3, words=40))
+    run = spectra.evaluate(str(model_dir), str(path), presses="knorm,streaming", ratios="0.5",
+                           out=tmp_path / "run", **QUIET)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    full = run.examples[run.examples["press"] == "full"].set_index("example")
+    for record in read_records(path):
+        context_ids, question_ids = prompt_ids(tokenizer, record.context, record.question, record.answer_prefix)
+        ids = torch.tensor([context_ids + question_ids])
+        with torch.no_grad():
+            generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                       max_new_tokens=record.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                                       pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:]
+        assert full.loc[record.example, "prediction"] == tokenizer.decode(generated, skip_special_tokens=True)
+    knorm = run.examples[run.examples["press"] == "knorm"].set_index("example")
+    for record in read_records(path):  # two local layers keep 7 rows; the global one half of L
+        length = full.loc[record.example, "bytes"] / 128 - 7 - 7  # one key/value head: 16 + 16 float32
+        assert knorm.loc[record.example, "bytes"] == 128 * (7 + 7 + max(1, int(length * 0.5)))
+    text = ["--data", str(tiny.write_text(tmp_path / "t.txt")), "--context", "96", "--continuation", "16", "--ratios", "0.25"]
+    capsys.readouterr()
+    for argv, said in ((["cache", str(model_dir), *text], "spectra evaluate"),
+                       (["evaluate", str(model_dir), "--data", str(path), "--presses", "kvzip"], "leave them out")):
+        code, _, stderr = tiny.run_cli(argv + ["--out", str(tmp_path / "refused")], monkeypatch, capsys)
+        assert code == 2 and "sliding-window layers" in stderr and said in stderr, stderr
+        assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()

@@ -216,8 +216,9 @@ def test_examples_decoded_together_answer_as_one_at_a_time(tmp_path, monkeypatch
     one, one_sizes = batched(monkeypatch, model, path, records, presses, ratios, 1)
     three, three_sizes = batched(monkeypatch, model, path, records, presses, ratios, 3)
     cells = len(one.variants)
-    assert one_sizes == [cells, cells, 2 * cells, 2 * cells, cells]  # one batch an example, a row per question
-    assert three_sizes == [(1 + 1 + 2) * cells, (2 + 1) * cells], three_sizes  # three examples, then the last two
+    # the first batch of 1: the guard's full cache alone (`kv.selfcheck`); then one batch an example, a row per question
+    assert one_sizes == [1, cells, cells, 2 * cells, 2 * cells, cells]
+    assert three_sizes == [1, (1 + 1 + 2) * cells, (2 + 1) * cells], three_sizes  # three examples, then the last two
     for name in STATE:
         np.testing.assert_array_equal(getattr(three, name), getattr(one, name), err_msg=name)
     np.testing.assert_allclose(three.mass, one.mass, rtol=1e-12, atol=1e-12)
@@ -240,7 +241,7 @@ def test_a_decoding_press_decodes_alone_beside_examples_decoded_together(tmp_pat
     presses, ratios = ("knorm", "decoding(knorm)", "snapkv"), (0.5,)
     one, _ = batched(monkeypatch, model, path, records, presses, ratios, 1, interval=1)
     three, sizes = batched(monkeypatch, model, path, records, presses, ratios, 3, interval=1)
-    assert sizes == [3 * 3, 1 * 3], "the decoding press's cells are in no batch"
+    assert sizes == [1, 3 * 3, 1 * 3], "the decoding press's cells are in no batch (the first: the guard's)"
     for name in STATE:
         np.testing.assert_array_equal(getattr(three, name), getattr(one, name), err_msg=name)
     decoding = three.variants.index(("decoding(knorm)", 0.5))
