@@ -167,7 +167,7 @@ def tasks_command(
     length: str = typer.Option(..., "--length", help="Comma-separated lengths in the model's tokens (chat template and generated tokens included, as RULER counts them), e.g. 1024,2048,4096."),
     samples: int = typer.Option(10, "--samples", help="Examples per task and length; needle depths spread evenly over them."),
     out: Path = typer.Option(..., "--out", help="The task file to write (.jsonl, kvpress's fields plus length, depth and haystack)."),
-    haystack: list[str] | None = typer.Option(None, "--haystack", help=f"What the tasks RULER hides in its essays ({listing(haystack_tasks())}) read: local text files or folders of them, comma-separated (or the option repeated), or noise (RULER's noise sentence repeated); default: the licence texts Debian ships, /usr/share/common-licenses. The other tasks read RULER's noise or distractor needles, as RULER's do."),
+    haystack: list[str] | None = typer.Option(None, "--haystack", metavar="<str>", help=f"What the tasks RULER hides in its essays ({listing(haystack_tasks())}) read: local text files or folders of them, comma-separated (or the option repeated), or noise (RULER's noise sentence repeated); default: the licence texts Debian ships, /usr/share/common-licenses. The other tasks read RULER's noise or distractor needles, as RULER's do."),
     seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file (as a run directory is replaced)."),

@@ -95,6 +95,13 @@ def test_the_essay_tasks_read_prose_by_default(chat_decoder: Path, tmp_path: Pat
     assert " ".join(tiny.licence_text(20000).split()[:12]) in prose[1].context  # the needle at the end: prose first
     said = " ".join(stdout.split())
     assert f"niah_single_2 hid their needles in {folder} (" in said and f"sha256 {digest[:12]}…)" in said
+    code, stdout, stderr = tiny.run_cli(["tasks", str(chat_decoder), "--tasks", "niah_single_2", "--length", "1024",
+                                         "--samples", "1", "--out", str(out), "--overwrite", "--haystack", "noise"],
+                                        monkeypatch, capsys)
+    record, = read_records(out)
+    assert code == 0 and NOISE in record.context and record.haystack == "noise", stderr
+    assert "niah_single_2 hid their needles in RULER's noise sentence repeated (--haystack noise)" in " ".join(
+        stdout.split())
 
 
 def test_several_haystack_files_comma_separated_or_repeated(chat_decoder: Path, tmp_path: Path, monkeypatch,
