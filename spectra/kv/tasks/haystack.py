@@ -78,10 +78,10 @@ class Haystack:
         return cls.from_files([path])
 
     @classmethod
-    def from_files(cls, paths: Sequence[str | Path], name: str | None = None) -> Haystack:
+    def from_files(cls, paths: Sequence[str | Path]) -> Haystack:
         """The haystack of local text files, in the order given, a folder standing for its plain files in sorted
-        order (`files_of`); a file whose bytes another one already gave is read once. `name` defaults to the paths
-        as given, comma-separated. One line of error for a missing, empty, binary or non-UTF-8 file."""
+        order (`files_of`); a file whose bytes another one already gave is read once. Its name is the paths as
+        given, comma-separated. One line of error for a missing, empty, binary or non-UTF-8 file."""
         digest, seen, words = hashlib.sha256(), set(), []
         for path in (found for given in paths for found in files_of(Path(given))):
             data = read_bytes(path)
@@ -90,7 +90,7 @@ class Haystack:
                 seen.add(own)
                 words += text_words(data, path)
                 digest.update(data)
-        return cls(tuple(words), name or ",".join(str(path) for path in paths), digest.hexdigest())
+        return cls(tuple(words), ",".join(str(path) for path in paths), digest.hexdigest())
 
     @classmethod
     def licences(cls) -> Haystack | None:
