@@ -166,8 +166,8 @@ def tasks_command(
     tasks: str = typer.Option("all", "--tasks", help=f"Comma-separated: {listing(generated())} (or all)."),
     length: str = typer.Option(..., "--length", help="Comma-separated lengths in the model's tokens (chat template and generated tokens included, as RULER counts them), e.g. 1024,2048,4096."),
     samples: int = typer.Option(10, "--samples", help="Examples per task and length; needle depths spread evenly over them."),
-    out: Path = typer.Option(..., "--out", help="The task file to write (.jsonl, kvpress's fields plus length and depth)."),
-    haystack: Path | None = typer.Option(None, "--haystack", help=f"A local text file in place of RULER's essays, for the tasks RULER hides in them ({listing(haystack_tasks())}); default: RULER's noise haystack."),
+    out: Path = typer.Option(..., "--out", help="The task file to write (.jsonl, kvpress's fields plus length, depth and haystack)."),
+    haystack: list[str] | None = typer.Option(None, "--haystack", metavar="<str>", help=f"What the tasks RULER hides in its essays ({listing(haystack_tasks())}) read: local text files or folders of them, comma-separated (or the option repeated), or noise (RULER's noise sentence repeated); default: the licence texts Debian ships, /usr/share/common-licenses. The other tasks read RULER's noise or distractor needles, as RULER's do."),
     seed: int = typer.Option(0, "--seed", help="Seed of every draw."),
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file (as a run directory is replaced)."),
@@ -175,15 +175,18 @@ def tasks_command(
     """Long-context task files generated offline: RULER's synthetic tasks, passkey and InfiniteBench's kv_retrieval,
     fitted to the model's tokens."""
     from .report.console import out as stdout
-    from .kv.tasks.command import make_tasks
+    from .kv.tasks.command import haystack_line, make_tasks
 
     def progress(task: str, size: int, fitted: list) -> None:
         stdout.print(fitted_line(task, size, [item.tokens for item in fitted]), soft_wrap=True)
 
-    written = make_tasks(model, tasks=tasks, lengths=length, samples=samples, out=out, haystack=haystack, seed=seed,
-                         gguf_file=gguf_file, overwrite=overwrite, progress=progress)
+    written = make_tasks(model, tasks=tasks, lengths=length, samples=samples, out=out, haystack=haystack or None,
+                         seed=seed, gguf_file=gguf_file, overwrite=overwrite, progress=progress)
     for note in written.notes:
         print(f"warning: {note}", file=sys.stderr)
+    line = haystack_line(written)
+    if line is not None:
+        stdout.print(line, soft_wrap=True)
     stdout.print(f"wrote {written.path} ({plural(len(written.fitted), 'record')})", soft_wrap=True)
 
 

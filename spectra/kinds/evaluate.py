@@ -23,7 +23,8 @@ beyond the model's positions (when its files tell them), data that is not a task
 prompt is checked against the positions (`TaskSource.start`). The records evaluated: `tasks.selection`.
 
 Tables: task_examples.csv, task_scores.csv, task_lengths.csv, task_needle.csv, task_evicted.csv (`probes.tasks`);
-the run loads as `report.evaluate.TaskRun`.
+run.json also names what the records' needles hide in (`haystacks`: name, sha256 and tasks, `selection.haystacks`),
+which the run's first notice says; the run loads as `report.evaluate.TaskRun`.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ class Evaluate(PressStudy):
                                       if options.query_aware and press in PRESSES.having("reads_question")])
 
     def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
-        return identity(options)
+        """Also what the records' needles hide in: each haystack's name, sha256 and tasks (`selection.haystacks`)."""
+        return {**identity(options), "haystacks": selection.haystacks(source.records)}
 
     def memory(self, config: RunConfig, options: EvaluateOptions, source) -> float:
         """Bytes an example takes: its prefill's and its full cache's (`TaskSource.prefill_bytes`); a batch holds
@@ -141,8 +143,13 @@ class Evaluate(PressStudy):
         return source.prefill_bytes()
 
     def probe(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, source):
-        """A `TaskProbe` over every press and ratio."""
+        """A `TaskProbe` over every press and ratio, once every check has passed: the run's first notice says what
+        the records' needles hide in (`selection.haystack_notice`)."""
         from ..probes.tasks import TaskProbe
+
+        said = selection.haystack_notice(selection.haystacks(source.records))
+        if said is not None:
+            reporter.notify(said)
 
         return TaskProbe(source, options.presses, options.ratios, config.seed, len(source.records),
                          options.compression_interval, int(options.decode_memory * 2**30), reporter)

@@ -5,6 +5,7 @@ and bad input is one line with exit 2 before the model loads."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -17,6 +18,7 @@ import spectra
 from spectra import models
 from spectra.errors import SpectraError
 from spectra.kv import batching
+from spectra.kv.tasks.haystack import NOISE
 from spectra.kv.tasks.prompt import prompt_ids
 from spectra.kv.tasks.records import read_records
 from spectra.kv.tasks.scoring import score
@@ -83,6 +85,7 @@ def test_the_tables_hold_every_cell(finished, task_file) -> None:
     assert needle["needle_mass"].between(0, 1).all() and (needle["needle_mass"] > 0).all()
     assert finished.meta["kind"] == "evaluate" and "protocol" not in finished.meta and finished.meta["examples"] == 4
     assert [row["press"] for row in finished.meta["press_seconds"]] == [press for press, _ in cells]
+    assert finished.meta["haystacks"] == [{"name": None, "sha256": None, "tasks": ["passkey"]}]  # an older file
 
 
 def interrupted_and_resumed(model, task_file, tmp_path, settings: dict, after: int, then: dict | None = None):
@@ -188,6 +191,8 @@ def test_a_press_reading_the_queries_before_rope_gets_them(chat_decoder, task_fi
 
 
 TASKS = ("passkey", "niah_single_1", "vt", "cwe")
+#: the sha256 of RULER's noise sentence
+NOISE_SHA = hashlib.sha256(NOISE.encode()).hexdigest()
 
 
 def test_a_task_file_runs_whole_and_samples_name_the_tasks_they_leave_out(chat_decoder, tmp_path, monkeypatch,
@@ -196,6 +201,8 @@ def test_a_task_file_runs_whole_and_samples_name_the_tasks_they_leave_out(chat_d
     task_scores.csv. It runs whole; --samples 4 takes one record of each task; --samples 2 names the two it leaves
     out, before the run and in the printed run."""
     rows = [row for seed, task in enumerate(TASKS) for row in task_files.records(count=5, seed=seed, task=task)]
+    for row in rows:  # what `spectra tasks` writes: the noise of passkey, niah_single_1 and vt; nothing for cwe
+        row["haystack"], row["haystack_sha256"] = ("noise", NOISE_SHA) if row["task"] != "cwe" else (None, None)
     path = task_files.write(tmp_path / "tasks.jsonl", rows)
     whole = spectra.cache(str(chat_decoder), str(path), out=tmp_path / "whole", presses="knorm", ratios="0.5", **QUIET)
     assert sorted(whole.examples["example"].unique()) == list(range(20)) and set(whole.scores["task"]) == set(TASKS)
@@ -205,8 +212,12 @@ def test_a_task_file_runs_whole_and_samples_name_the_tasks_they_leave_out(chat_d
     argv = ["cache", str(chat_decoder), "--data", str(path), "--presses", "knorm", "--ratios", "0.5", "--samples", "2",
             "--out", str(tmp_path / "two")]
     code, stdout, stderr = tiny.run_cli(argv, monkeypatch, capsys)
-    left = json.loads((tmp_path / "two" / "run.json").read_text())["data"]["tasks_left_out"]
+    meta = json.loads((tmp_path / "two" / "run.json").read_text())
+    left = meta["data"]["tasks_left_out"]
     assert code == 0 and len(left) == 2 and set(left) < set(TASKS), stderr
+    ran = [task for task in TASKS if task not in left and task != "cwe"]  # the haystacks of the records evaluated
+    assert meta["haystacks"] == ([{"name": "noise", "sha256": NOISE_SHA, "tasks": ran}] if ran else [])
+    assert (f"haystacks: {', '.join(ran)} read noise (sha256 {NOISE_SHA[:12]}…)" in stderr) == bool(ran)
     assert f"spread over its tasks and lengths; tasks left out: {', '.join(left)}" in stderr
     assert f"--samples left out every record of {', '.join(left)}: without it the whole file runs" in " ".join(
         stdout.split())

@@ -1,9 +1,11 @@
 """`spectra tasks MODEL …`: check the request, read the model's tokenizer and positions (never its weights),
 generate the task file and say what was written.
 
-Every bad input is one line before anything heavy happens: task names, lengths, samples, the haystack file and
-the output path first; then the model's files (a directory, a GGUF file or a hub id), its decoder-ness and its
-positions, read from its config or GGUF header, so a length beyond them stops before the tokenizer loads.
+Every bad input is one line before anything heavy happens: task names, lengths, samples, the haystack (its files
+read and checked: missing, empty, binary, not UTF-8; the default's absence) and the output path first; then the
+model's files (a directory, a GGUF file or a hub id), its decoder-ness and its positions, read from its config or
+GGUF header, so a length beyond them stops before the tokenizer loads. A haystack text the contexts would repeat
+more than `generate.MOST_REPEATS` times is refused once the examples are fitted, before the file is written.
 """
 
 from __future__ import annotations
@@ -14,19 +16,36 @@ from pathlib import Path
 
 from ... import checkpoints
 from ...errors import SpectraError, spell
-from .generate import Fitted, check_haystack, generate, haystack_note, parse_lengths, parse_tasks, write_records
+from ...registry import TASKS
+from .generate import (Fitted, check_repeats, choose_haystack, generate, haystack_note, parse_lengths, parse_tasks,
+                       write_records)
 from .haystack import Haystack
 
 
 @dataclass(frozen=True)
 class Written:
-    """What `make_tasks` wrote: the file, its records (with sizes and token counts), the model's positions and what
-    the user should know of them (`notes`: a haystack file repeated to fill the contexts)."""
+    """What `make_tasks` wrote: the file, its records (with sizes and token counts), the model's positions, the
+    essay tasks' `haystack` and what the user should know of them (`notes`: a haystack text repeated to fill the
+    contexts)."""
 
     path: Path
     fitted: list[Fitted]
     positions: int | None
+    haystack: Haystack
     notes: tuple[str, ...] = ()
+
+
+def haystack_line(written: Written) -> str | None:
+    """What the command says of the essay tasks' haystack: "niah_single_2 hid their needles in
+    /usr/share/common-licenses (37381 words, sha256 e702fc128a22…)"; None when no task written reads one."""
+    reading = list(dict.fromkeys(item.record.task for item in written.fitted
+                                 if TASKS.facts(item.record.task)["haystack"]))
+    if not reading:
+        return None
+    stack = written.haystack
+    what = ("RULER's noise sentence repeated (--haystack noise)" if stack.words is None else
+            f"{stack.name} ({len(stack.words)} words, sha256 {stack.sha256[:12]}…)")
+    return f"{', '.join(reading)} hid their needles in {what}"
 
 
 def check_positions(lengths: Sequence[int], positions: int | None, name: str) -> None:
@@ -92,21 +111,24 @@ def load_tokenizer(model: str, gguf_file: str | None, lengths: Sequence[int]):
 
 
 def make_tasks(model: str, *, tasks: str | Sequence[str] = "all", lengths: str | Sequence[int],
-               samples: int = 10, out: str | Path, haystack: str | Path | None = None, seed: int = 0,
+               samples: int = 10, out: str | Path, haystack: str | Path | Sequence[str | Path] | None = None,
+               seed: int = 0,
                gguf_file: str | None = None, overwrite: bool = False,
                progress: Callable[[str, int, list[Fitted]], None] | None = None) -> Written:
     """Generate `samples` records per task and length for `model`'s tokenizer and write them to `out` (jsonl); an
-    existing `out` is replaced only with `overwrite`, as a run directory is."""
+    existing `out` is replaced only with `overwrite`, as a run directory is. The essay tasks read `haystack`: text
+    files or folders (comma-separated in a string), "noise", or by default the licence texts Debian ships
+    (`generate.choose_haystack`)."""
     names, sizes = parse_tasks(tasks), parse_lengths(lengths)
-    check_haystack(names, haystack is not None)
     if samples < 1:
         raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
     if seed < 0:
         raise SpectraError(f"{spell('--seed', 'seed')} must be ≥ 0, got {seed}")
+    stack = choose_haystack(haystack, names)
     out = check_out(Path(out), overwrite)
-    stack = Haystack.noise() if haystack is None else Haystack.from_file(haystack)
     tokenizer, positions = load_tokenizer(model, gguf_file, sizes)
     fitted = generate(tokenizer, names, sizes, samples, seed, stack, progress)
+    check_repeats(fitted, stack)
     note = haystack_note(fitted, stack)
-    return Written(write_records(out, [item.record for item in fitted]), fitted, positions, () if note is None else
-                   (note,))
+    return Written(write_records(out, [item.record for item in fitted]), fitted, positions, stack,
+                   () if note is None else (note,))

@@ -12,7 +12,9 @@ A family (niah, vt, cwe, fwe, passkey, qa) is a `Family` subclass declaring
 - `metric`: RULER's score of a prediction, `string_match_all` or `string_match_part` (`scoring.py`);
 - `extractive`: whether every reference answer is a string of the context (a record whose answer is not is
   refused when the file is read);
-- `reads_haystack(task)`: whether the task hides its needles in a `--haystack` file;
+- `haystack_type(task)`: what the task hides its needles in, RULER's type_haystack (synthetic.yaml): `essay` (a
+  `--haystack` text: RULER's Paul Graham essays), `noise` (RULER's noise sentence repeated), `needle` (distractor
+  needles), or None (a context of no haystack: word lists, JSON); `reads_haystack(task)`: whether it is `essay`;
 - `builder(task, target)`: the generator of the task's examples at a target length, `(rng, size, depth) → Example`
   (a family without one is read from files, never generated), and `minimum(task)`, the smallest size it builds;
 
@@ -35,6 +37,8 @@ from .haystack import Haystack
 
 #: RULER's metrics (scripts/eval/synthetic/constants.py), by name
 METRICS = ("string_match_all", "string_match_part")
+#: RULER's haystack types (synthetic.yaml's type_haystack): essays (here a --haystack text), noise, needles
+HAYSTACK_TYPES = ("essay", "noise", "needle")
 
 
 @dataclass(frozen=True)
@@ -86,9 +90,13 @@ class Family:
     answer: ClassVar[re.Pattern[str] | None] = None
     extractive: ClassVar[bool] = True
 
+    def haystack_type(self, task: str) -> str | None:
+        """RULER's type_haystack of `task`: one of `HAYSTACK_TYPES`, or None where its context is no haystack."""
+        return None
+
     def reads_haystack(self, task: str) -> bool:
-        """Whether `task` hides its needles in a --haystack file (RULER's essays)."""
-        return False
+        """Whether `task` hides its needles in a --haystack text (RULER's essays)."""
+        return self.haystack_type(task) == "essay"
 
     def minimum(self, task: str) -> int:
         """The smallest haystack size `task` is built with."""
@@ -129,6 +137,10 @@ def register(family: Family) -> Family:
     another task has), with the facts listings and checks read: its family, number, haystack and generation."""
     if family.metric not in METRICS:
         raise ValueError(f"task family '{family.name}': metric '{family.metric}' is not one of {', '.join(METRICS)}")
+    for task in family.tasks:
+        if family.haystack_type(task) not in (*HAYSTACK_TYPES, None):
+            raise ValueError(f"task '{task}': haystack type '{family.haystack_type(task)}' is not one of "
+                             f"{', '.join(HAYSTACK_TYPES)} (or None)")
     for task, number in family.tasks.items():
         if task != family.name and not task.startswith(family.name + "_"):
             raise ValueError(f"task '{task}' of the family '{family.name}' must be named '{family.name}_…'")

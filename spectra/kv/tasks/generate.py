@@ -10,6 +10,11 @@ spread evenly over the samples of a (task, length): 0, 1/(N−1), …, 1 (0.5 fo
 were asked for. Every reference answer must appear in its context, else the example is refused. A family asking
 several questions of one context (kvpress's `questions=[…]`) is fitted so that its longest question fits.
 
+The tasks RULER hides in its essays read prose (`choose_haystack`: the licence texts Debian ships unless `--haystack`
+names files, or `noise`); the others read what RULER gives them (noise lines, distractor needles). Each record names
+its haystack and the sha256 of its text (`haystack_of`). A text the contexts exhaust repeats, as RULER repeats its
+essays (a note says how often), up to `MOST_REPEATS` times: more is a paragraph repeated, as the noise is, and refused.
+
 Only the tokenizer and the model's config are read: the weights are never loaded.
 """
 
@@ -27,12 +32,15 @@ from ...errors import SpectraError, spell
 from ...inputs import items
 from ...registry import TASKS
 from .family import Example, Family, Target, example_rng, generated, haystack_tasks, largest_fitting, listing
-from .haystack import Haystack
+from . import haystack as stacks
+from .haystack import NOISE_NAME, Haystack
 from .prompt import prompt_length
 from .records import TaskRecord
 
 #: haystack units added to the smallest size to estimate the tokens one unit costs
 PROBE = 64
+#: the most times a haystack text may repeat to fill the contexts (more: a paragraph repeated, as RULER's noise is)
+MOST_REPEATS = 10
 
 
 @dataclass(frozen=True)
@@ -88,10 +96,22 @@ def check_answers(example: Example, task: str, length: int, sample: int) -> None
                                "context; the example is refused")
 
 
+def haystack_of(task: str, haystack: Haystack) -> dict[str, str | None]:
+    """What `task`'s needles hide in, given the essay stand-in `haystack` (the records' `haystack` and
+    `haystack_sha256`): the stand-in for an essay task, RULER's noise for a noise task, "needle" (distractors drawn
+    with the example: no text to hash) for a needle task, nothing for a task with no haystack."""
+    kind = TASKS[task].haystack_type(task)
+    used = {"essay": haystack, "noise": Haystack.noise()}.get(kind or "")
+    if used is not None:
+        return {"haystack": used.name, "haystack_sha256": used.sha256}
+    return {"haystack": kind, "haystack_sha256": None}
+
+
 def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystack: Haystack,
              start: int = 0) -> list[Fitted]:
     """`samples` examples of `task`, each with the largest haystack that fits `length`."""
     family: Family = TASKS[task]
+    named = haystack_of(task, haystack)
     build = family.builder(task, Target(length, haystack, seed,
                                         lambda text: len(tokenizer.encode(text, add_special_tokens=False))))
     new_tokens = family.max_new_tokens
@@ -124,10 +144,10 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
         check_answers(example, task, length, sample)
         if example.questions:
             record = TaskRecord.many(example.context, example.questions, example.answer_prefix,
-                                     example.question_answers, new_tokens, task, length, example.depth, 0)
+                                     example.question_answers, new_tokens, task, length, example.depth, 0, **named)
         else:
             record = TaskRecord(example.context, example.question, example.answer_prefix, example.answers,
-                                new_tokens, task, length, example.depth, 0)
+                                new_tokens, task, length, example.depth, 0, **named)
         fitted.append(Fitted(record, size, tokens))
         start = size
     return fitted
@@ -137,10 +157,11 @@ def generate(tokenizer, tasks: Sequence[str], lengths: Sequence[int], samples: i
              haystack: Haystack | None = None,
              progress: Callable[[str, int, list[Fitted]], None] | None = None) -> list[Fitted]:
     """Every (task, length, sample) in that order; `example` is the record's index in the list (its line in the
-    file). `progress(task, length, fitted)` is called after each (task, length)."""
+    file). `progress(task, length, fitted)` is called after each (task, length). The essay tasks read `haystack`
+    (by default `choose_haystack`'s: the licence texts)."""
     if samples < 1:
         raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
-    haystack = haystack or Haystack.noise()
+    haystack = haystack or choose_haystack(None, tasks)
     found: list[Fitted] = []
     for task in tasks:
         for length in lengths:
@@ -152,6 +173,45 @@ def generate(tokenizer, tasks: Sequence[str], lengths: Sequence[int], samples: i
             for i, item in enumerate(found)]
 
 
+def haystack_paths(given: str | Path | Sequence[str | Path]) -> list[str | Path]:
+    """The paths of --haystack: a string comma-separated ("a.txt,b.txt"; the option repeated gives several), a Path
+    as it is; refused when none is named."""
+    parts = [given] if isinstance(given, (str, Path)) else list(given)
+    paths = [path for part in parts
+             for path in (items(part, spell("--haystack", "haystack")) if isinstance(part, str) else [part])]
+    if not paths:
+        raise SpectraError(f"{spell('--haystack', 'haystack')} names no file: give text files (comma-separated), a "
+                           "folder of them, or noise")
+    return paths
+
+
+def choose_haystack(given: str | Path | Sequence[str | Path] | None, tasks: Sequence[str]) -> Haystack:
+    """The essay stand-in `tasks` read: the files or folders `given` (`haystack_paths`), RULER's noise if `given` is
+    "noise", else by default the licence texts Debian ships (`Haystack.licences`) — refused in one line on a
+    machine without them rather than silently noise, since the default would then measure another task. RULER's
+    noise when no task reads one (and a `given` that none reads is refused: `check_haystack`)."""
+    paths = None if given is None else haystack_paths(given)
+    check_haystack(tasks, paths is not None)
+    reading = [task for task in tasks if TASKS.facts(task)["haystack"]]
+    if not reading:
+        return Haystack.noise()
+    flag, noise = spell("--haystack", "haystack"), spell("--haystack noise", 'haystack="noise"')
+    if paths is None:
+        found = Haystack.licences()
+        if found is None:
+            raise SpectraError(f"{listing(tuple(reading))} hide their needles in prose: by default the licence texts "
+                               f"Debian systems ship ({stacks.LICENCES}), which this machine lacks; pass "
+                               f"{spell('--haystack FILE', 'haystack=FILE')} (any local text, several "
+                               f"comma-separated) or {noise} (RULER's noise sentence repeated)")
+        return found
+    if NOISE_NAME in map(str, paths):
+        if len(paths) > 1:
+            raise SpectraError(f"{flag} noise is RULER's noise haystack and takes no files beside it: give either "
+                               "noise or text files")
+        return Haystack.noise()
+    return Haystack.from_files(paths)
+
+
 def check_haystack(tasks: Sequence[str], given: bool) -> None:
     """A --haystack file that none of `tasks` reads would change nothing: refuse it, naming the tasks that read one."""
     if given and not any(TASKS.facts(task)["haystack"] for task in tasks):
@@ -161,23 +221,38 @@ def check_haystack(tasks: Sequence[str], given: bool) -> None:
                            f"ask for a task that reads it")
 
 
-def haystack_note(fitted: Sequence[Fitted], haystack: Haystack) -> str | None:
-    """What to say when the examples took more words than the haystack file holds, so its text repeats in them (as
-    RULER repeats its essays); None when nothing repeats."""
+def repeating(fitted: Sequence[Fitted], haystack: Haystack) -> tuple[str, int]:
+    """(the tasks whose contexts repeat the haystack text, comma-separated; the most times one does: 1 for none)."""
     if haystack.words is None:
+        return "", 1
+    found = [item for item in fitted if TASKS.facts(item.record.task)["haystack"] and haystack.repeats(item.size) > 1]
+    return (", ".join(dict.fromkeys(item.record.task for item in found)),
+            max((haystack.repeats(item.size) for item in found), default=1))
+
+
+def check_repeats(fitted: Sequence[Fitted], haystack: Haystack) -> None:
+    """Refuse a haystack text the contexts would repeat more than `MOST_REPEATS` times (before anything is written)."""
+    tasks, most = repeating(fitted, haystack)
+    if most > MOST_REPEATS:
+        flag = spell("--haystack", "haystack")
+        raise SpectraError(f"the haystack {haystack.name} holds {len(haystack.words or ())} words: the contexts of "
+                           f"{tasks} would repeat it {most} times, a paragraph repeated as RULER's noise is (at most "
+                           f"{MOST_REPEATS} repeats are taken); give a longer text or several files ({flag} "
+                           f"a.txt,b.txt), or {flag} noise")
+
+
+def haystack_note(fitted: Sequence[Fitted], haystack: Haystack) -> str | None:
+    """What to say when the examples took more words than the haystack text holds, so it repeats in them (as
+    RULER repeats its essays); None when nothing repeats."""
+    tasks, most = repeating(fitted, haystack)
+    if most == 1:
         return None
-    repeating = [item for item in fitted if TASKS.facts(item.record.task)["haystack"]
-                 and haystack.repeats(item.size) > 1]
-    if not repeating:
-        return None
-    tasks = ", ".join(dict.fromkeys(item.record.task for item in repeating))
-    most = max(haystack.repeats(item.size) for item in repeating)
     return (f"the haystack {haystack.name} holds {len(haystack.words)} words: the contexts of {tasks} repeat it up to "
             f"{most} times (a text longer than the contexts repeats nothing)")
 
 
 def write_records(path: str | Path, records: Sequence[TaskRecord]) -> Path:
-    """Write records as jsonl (kvpress's fields plus length and depth), through a temporary file."""
+    """Write records as jsonl (kvpress's fields plus length, depth and haystack), through a temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")

@@ -3,10 +3,13 @@
 Two file formats are read, both jsonl with one example per line:
 
 - kvpress's evaluation format (what `spectra tasks` writes): `context`, `question`, `answer_prefix`, `answers`,
-  `max_new_tokens`, `task`, and optionally `length` and `depth` (kvpress's own Hugging Face datasets name the
-  answers `answer`, which is read too). A record may ask several questions of its context instead of one, as
-  kvpress's pipeline takes `questions=[…]`: `questions` (a list of questions) in place of `question`, and `answers`
-  a list holding each question's accepted answers (a string or a list of strings, as a single question's);
+  `max_new_tokens`, `task`, and optionally spectra's `length`, `depth`, `haystack` and `haystack_sha256` (what the
+  needles hide in: the haystack's name and the sha256 of its text; null for a task with no haystack, and absent —
+  unknown — in files written before spectra recorded it: their essay tasks read RULER's noise unless `--haystack`
+  named a file) (kvpress's own Hugging Face datasets name the answers `answer`, which is read too). A record may
+  ask several questions of its context instead of one, as kvpress's pipeline takes `questions=[…]`: `questions` (a
+  list of questions) in place of `question`, and `answers` a list holding each question's accepted answers (a
+  string or a list of strings, as a single question's);
 - RULER's prepared jsonl (scripts/data/prepare.py): `input` and `outputs`, optionally `answer_prefix` (RULER ≥ 2025
   writes the answer prefix apart; older files leave it at the end of `input`), `length`, `index`. The prompt is
   split into context, question and answer prefix exactly as kvpress's evaluation/benchmarks/ruler does: the context
@@ -58,7 +61,11 @@ class TaskRecord:
     each question answered from that one compressed cache) holds its questions in `questions` and each one's
     accepted answers in `question_answers`; its `question` is empty and its `answers` are every question's, in
     order (what the needle of the whole record is). `first` is the index of the record's first question within
-    its line: a record split into one record per question (`split`) keeps each question's index."""
+    its line: a record split into one record per question (`split`) keeps each question's index.
+
+    `haystack` names what the needles hide in (`haystack.Haystack.name`: "noise", "needle", the files of an essay
+    stand-in) and `haystack_sha256` the sha256 of its text; None where the record does not say (a file written
+    before spectra recorded it, RULER's or kvpress's own) or the task has no haystack."""
 
     context: str
     question: str
@@ -72,15 +79,18 @@ class TaskRecord:
     questions: tuple[str, ...] = ()
     question_answers: tuple[tuple[str, ...], ...] = ()
     first: int = 0
+    haystack: str | None = None
+    haystack_sha256: str | None = None
 
     @classmethod
     def many(cls, context: str, questions: Sequence[str], answer_prefix: str,
              answers: Sequence[Sequence[str]], max_new_tokens: int, task: str, length: int | None,
-             depth: float | None, example: int) -> TaskRecord:
+             depth: float | None, example: int, haystack: str | None = None,
+             haystack_sha256: str | None = None) -> TaskRecord:
         """A record asking `questions` of one context, `answers[i]` the accepted answers of question i."""
         flat = tuple(dict.fromkeys(answer for accepted in answers for answer in accepted))
         return cls(context, "", answer_prefix, flat, max_new_tokens, task, length, depth, example, tuple(questions),
-                   tuple(tuple(accepted) for accepted in answers))
+                   tuple(tuple(accepted) for accepted in answers), haystack=haystack, haystack_sha256=haystack_sha256)
 
     @property
     def asked(self) -> tuple[Question, ...]:
@@ -99,12 +109,14 @@ class TaskRecord:
                         first=asked.index) for asked in self.asked]
 
     def to_json(self) -> dict[str, object]:
-        """The record as a line of kvpress's format (plus `length` and `depth`); `example` is the line's index."""
+        """The record as a line of kvpress's format (plus `length`, `depth`, `haystack` and `haystack_sha256`);
+        `example` is the line's index."""
         asked = ({"questions": list(self.questions), "answer_prefix": self.answer_prefix,
                   "answers": [list(answers) for answers in self.question_answers]} if self.questions else
                  {"question": self.question, "answer_prefix": self.answer_prefix, "answers": list(self.answers)})
         return {"context": self.context, **asked, "max_new_tokens": self.max_new_tokens, "task": self.task,
-                "length": self.length, "depth": self.depth}
+                "length": self.length, "depth": self.depth, "haystack": self.haystack,
+                "haystack_sha256": self.haystack_sha256}
 
 
 def split_ruler_prompt(text: str, task: str) -> tuple[str, str, str]:
@@ -158,6 +170,15 @@ def _optional(record: dict, name: str, kind: type, where: str) -> object:
     return kind(value)
 
 
+def _haystack(record: dict, where: str) -> dict[str, str | None]:
+    """The record's `haystack` and `haystack_sha256` (None when absent or null), refused unless strings."""
+    found = {name: record.get(name) for name in ("haystack", "haystack_sha256")}
+    for name, value in found.items():
+        if value is not None and (not isinstance(value, str) or not value):
+            raise SpectraError(f"{where}: '{name}' must be a non-empty string or null, got {value!r}")
+    return found
+
+
 def _kvpress_record(record: dict, example: int, where: str) -> TaskRecord:
     if "answers" not in record and "answer" in record:
         record = {**record, "answers": record["answer"]}
@@ -180,13 +201,14 @@ def _kvpress_record(record: dict, example: int, where: str) -> TaskRecord:
         raise SpectraError(f"{where}: unknown task '{record['task']}' (task families: {', '.join(families())}; a "
                            "task is named after its family, e.g. niah_single_1)")
     length = _optional(record, "length", int, where)
+    haystack = _haystack(record, where)
     if many:
         questions, answers = _questions(record, where)
         return checked(TaskRecord.many(record["context"], questions, record["answer_prefix"], answers,
-                                       max_new_tokens, record["task"], length, depth, example), where)
+                                       max_new_tokens, record["task"], length, depth, example, **haystack), where)
     return checked(TaskRecord(record["context"], record["question"], record["answer_prefix"],
                               _answers(record["answers"], where), max_new_tokens, record["task"], length, depth,
-                              example), where)
+                              example, **haystack), where)
 
 
 def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> TaskRecord:

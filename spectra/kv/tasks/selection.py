@@ -3,8 +3,9 @@
 A task file (kvpress's evaluation records, `records.py`) is read once per version of the file and runs whole; `--samples
 N` evaluates N of its records spread evenly over its tasks and each task's lengths, drawn with the run's seed
 (`evaluated`), and the tasks it leaves out whole are named (`left_out`: the notice, run.json's `data.tasks_left_out`
-and the printed run). `wants_tasks` tells a task file from a text corpus, so `spectra cache` can hand a task file to
-the task study.
+and the printed run). What the evaluated records' needles hide in is named too (`haystacks`: run.json's `haystacks`
+and the run's opening notice). `wants_tasks` tells a task file from a text corpus, so `spectra cache` can hand a task
+file to the task study.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import RunConfig
+from .family import family_of
 from .records import TaskRecord, is_task_file, read_records
 
 
@@ -99,3 +101,32 @@ def left_out(config: RunConfig) -> list[str]:
     """The file's tasks of which --samples evaluates no record, in the file's order."""
     kept = {record.task for record in evaluated(config)}
     return [task for task in dict.fromkeys(record.task for record in records_of(config.data)) if task not in kept]
+
+
+def haystacks(records: list[TaskRecord]) -> list[dict[str, Any]]:
+    """What the records' needles hide in (run.json's `haystacks`): per haystack, in the order first met, its `name`
+    and `sha256` (the records' `haystack` and `haystack_sha256`) and the `tasks` whose records read it, in order; the
+    records that do not say (a file written before spectra recorded it, RULER's or kvpress's own) under name None.
+    Tasks whose family declares no haystack (cwe, fwe, kv_retrieval, qa) are left out."""
+    found: dict[tuple[str | None, str | None], list[str]] = {}
+    for record in records:
+        family = family_of(record.task)
+        if family is not None and family.haystack_type(record.task) is not None:
+            tasks = found.setdefault((record.haystack, record.haystack_sha256), [])
+            tasks += [] if record.task in tasks else [record.task]
+    return [{"name": name, "sha256": sha256, "tasks": tasks} for (name, sha256), tasks in found.items()]
+
+
+def haystack_notice(found: list[dict[str, Any]]) -> str | None:
+    """`haystacks` in a line: "niah_single_2 read /usr/share/common-licenses (sha256 e702fc128a22…); passkey read
+    noise (…)"; None when no record has a haystack."""
+    parts = []
+    for entry in found:
+        tasks = ", ".join(entry["tasks"])
+        if entry["name"] is None:
+            parts.append(f"{tasks}: not recorded (a task file written before spectra named its haystack: its essay "
+                         "tasks read RULER's noise unless spectra tasks was given --haystack)")
+        else:
+            digest = f" (sha256 {entry['sha256'][:12]}…)" if entry["sha256"] else ""
+            parts.append(f"{tasks} read {entry['name']}{digest}")
+    return "haystacks: " + "; ".join(parts) if parts else None

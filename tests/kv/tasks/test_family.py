@@ -52,6 +52,20 @@ def test_the_generated_tasks_keep_their_numbers() -> None:
                                     "niah_multiquery")
 
 
+def test_each_task_declares_the_haystack_ruler_gives_it() -> None:
+    """RULER's synthetic.yaml `type_haystack` per task (noise for niah_single_1 and vt, essay for the essay tasks,
+    needle for niah_multikey_2/3, none for cwe and fwe); passkey hides its key in the same noise, kv_retrieval in a
+    JSON object, spectra's own niah_multi_questions in noise. The essay tasks are those that read --haystack."""
+    ruler = {"niah_single_1": "noise", "niah_single_2": "essay", "niah_single_3": "essay", "niah_multikey_1": "essay",
+             "niah_multikey_2": "needle", "niah_multikey_3": "needle", "niah_multivalue": "essay",
+             "niah_multiquery": "essay", "vt": "noise", "cwe": None, "fwe": None, "qa_1": None, "qa_2": None,
+             "passkey": "noise", "niah_multiquery_questions": "essay", "niah_multi_questions": "noise",
+             "kv_retrieval": None}
+    assert set(ruler) == set(TASKS.entries())
+    assert {task: TASKS[task].haystack_type(task) for task in ruler} == ruler
+    assert haystack_tasks() == tuple(task for task in generated() if ruler[task] == "essay")
+
+
 def test_task_names_find_their_family() -> None:
     assert family_of("niah_single_2") is TASKS["niah_single_1"]
     assert family_of("niah_custom") is TASKS["niah_single_1"]  # a hand-written record's own niah task

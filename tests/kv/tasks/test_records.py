@@ -44,6 +44,24 @@ def test_kvpress_records_round_trip(tmp_path: Path) -> None:
     assert is_task_file(path)
 
 
+def test_the_haystack_a_record_read_is_a_field(tmp_path: Path) -> None:
+    """Each record names what its needles hide in and the sha256 of that text (written and read back); a record of a
+    file written before spectra recorded it, or of kvpress's or RULER's own files, reads as unknown (None), since
+    its essay tasks may have read RULER's noise or a --haystack file; null is written where there is none."""
+    digest = "e702fc128a22ec5f42b88d701ba068de1515b336f5af4e0d6e144a3795587db2"
+    record = TaskRecord("c a b", "q", "p", ("a",), 30, "niah_single_2", 2048, 0.5, 0,
+                        haystack="/usr/share/common-licenses", haystack_sha256=digest)
+    line = record.to_json()
+    assert (line["haystack"], line["haystack_sha256"]) == ("/usr/share/common-licenses", digest)
+    many = TaskRecord.many("c a b", ["q?", "r?"], "p", [["a"], ["b"]], 8, "niah_multiquery_questions", 512, 0.0, 1,
+                           haystack="noise", haystack_sha256=digest)
+    path = write_jsonl(tmp_path / "t.jsonl", [line, many.to_json(), kvpress_line(context="x")])
+    first, second, old = read_records(path)
+    assert first == record and second == many and (second.haystack, second.haystack_sha256) == ("noise", digest)
+    assert (old.haystack, old.haystack_sha256) == (None, None)
+    assert "haystack" in TaskRecord("c", "q", "p", ("c",), 8, "cwe", 64, None, 0).to_json()
+
+
 def test_kvpress_datasets_spell_the_answers_answer(tmp_path: Path) -> None:
     line = kvpress_line()
     line["answer"] = line.pop("answers")
@@ -88,6 +106,8 @@ def test_ruler_files_old_and_new(tmp_path: Path) -> None:
     (kvpress_line(answers=["y", "x"]), "line 2: the answer 'y' does not occur in its 'context' (a passkey task's"),
     (kvpress_line(answers=["X"]), "line 2: the answer 'X' does not occur in its 'context'"),
     (kvpress_line(context=" \n"), "line 2: 'context' is empty; a task record needs the text the press compresses"),
+    (kvpress_line(haystack=3), "line 2: 'haystack' must be a non-empty string or null, got 3"),
+    (kvpress_line(haystack_sha256=""), "line 2: 'haystack_sha256' must be a non-empty string or null, got ''"),
 ])
 def test_a_bad_record_names_its_line_and_field(tmp_path: Path, line, message: str) -> None:
     path = write_jsonl(tmp_path / "t.jsonl", [kvpress_line(), line])
@@ -175,7 +195,7 @@ def test_a_record_asking_several_questions(tmp_path: Path) -> None:
                                                                                  (1, "q1?", ("ctx",))]
     assert many.answers == ("x", "ctx") and many.question == ""
     assert [(asked.index, asked.text, asked.answers) for asked in one.asked] == [(0, "q?", ("x",))]
-    assert many.to_json() == {**line, "answers": [["x"], ["ctx"]]}
+    assert many.to_json() == {**line, "answers": [["x"], ["ctx"]], "haystack": None, "haystack_sha256": None}
     assert read_records(write_jsonl(tmp_path / "again.jsonl", [many.to_json()]))[0] == many
     parts = many.split()
     assert [(part.question, part.answers, part.first, part.questions, part.example) for part in parts] == [

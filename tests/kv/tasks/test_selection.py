@@ -29,3 +29,25 @@ def test_samples_spread_evenly_over_tasks_then_lengths(tmp_path) -> None:
     assert selection.left_out(RunConfig(data=str(path), samples=1, seed=3)) in (["niah_a"], ["vt"])
     assert selection.spread(7, [5, 1, 5], random.Random(0)) == [3, 1, 3]
     assert sorted(selection.spread(2, [3, 3, 3], random.Random(0))) == [0, 1, 1]
+
+
+def test_the_haystacks_of_the_records_evaluated(tmp_path) -> None:
+    """run.json's `haystacks`: per haystack its name, sha256 and the tasks reading it, in the file's order; records
+    that do not say (an older file) under None; tasks with no haystack (cwe) left out."""
+    rows = task_files.records(count=6, task="passkey")
+    for row, task, named in zip(rows, ("niah_single_2", "niah_single_2", "passkey", "niah_single_3", "cwe", "vt"),
+                                (("prose.txt", "ab12"), ("prose.txt", "ab12"), ("noise", "cd34"), ("prose.txt", "ab12"),
+                                 (None, None), None)):
+        row["task"] = task
+        if named is not None:
+            row["haystack"], row["haystack_sha256"] = named
+    path = task_files.write(tmp_path / "t.jsonl", rows)
+    found = selection.haystacks(read_records(path))
+    assert found == [{"name": "prose.txt", "sha256": "ab12", "tasks": ["niah_single_2", "niah_single_3"]},
+                     {"name": "noise", "sha256": "cd34", "tasks": ["passkey"]},
+                     {"name": None, "sha256": None, "tasks": ["vt"]}]
+    assert selection.haystack_notice(found) == (
+        "haystacks: niah_single_2, niah_single_3 read prose.txt (sha256 ab12…); passkey read noise (sha256 cd34…); vt: "
+        "not recorded (a task file written before spectra named its haystack: its essay tasks read RULER's noise "
+        "unless spectra tasks was given --haystack)")
+    assert selection.haystack_notice([]) is None

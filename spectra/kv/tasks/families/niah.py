@@ -6,7 +6,8 @@ distractor needles), multivalue (4 values of one key), multiquery (4 keys asked)
 at `depth`, the others at random depths; `size` counts noise or needle lines, or essay words. The prompt is RULER's
 base template (task template + answer prefix, scripts/data/synthetic/constants.py), in its singular wording when one
 value is asked for ('Some' → 'A', 'are all' → 'is', 'are' → 'is'). The essay tasks read `--haystack` (RULER's Paul
-Graham essays, downloaded: here any local text file), and RULER's noise in its place without one.
+Graham essays, downloaded: here local prose, the licence texts Debian ships by default), or RULER's noise when asked
+(`--haystack noise`).
 
 Two tasks ask their keys one per question of the same context (kvpress's `questions=[…]`: the context compressed
 once, without the questions): `niah_multiquery_questions` is RULER's niah_multiquery with its four keys asked
@@ -87,8 +88,8 @@ class NiahFamily(Family):
     question = re.compile(r"What (?:is|are all) the special magic")
     answer = re.compile(r"The special magic")
 
-    def reads_haystack(self, task: str) -> bool:
-        return VARIANTS[task].haystack == "essay"
+    def haystack_type(self, task: str) -> str:
+        return VARIANTS[task].haystack
 
     def builder(self, task: str, target: Target) -> Build:
         return lambda rng, size, depth: self.build(task, rng, size, depth, target.haystack)
@@ -109,7 +110,7 @@ class NiahFamily(Family):
             lines = [NEEDLE.format(values=spec.value, key=draw(rng, spec.key), value=draw(rng, spec.value))
                      for _ in range(size)]
             context = insert(lines, needles, depths, "\n")
-        else:  # noise, and RULER's essay tasks when no --haystack file is given
+        else:  # noise, and RULER's essay tasks under --haystack noise
             context = insert([NOISE] * size, needles, depths, "\n")
         queries = [keys[k] for k in asked]
         query = queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]

@@ -20,6 +20,9 @@ class PasskeyFamily(Family):
     tasks = {"passkey": 11}
     max_new_tokens = 10  # the landmark test's
 
+    def haystack_type(self, task: str) -> str:
+        return "noise"
+
     def builder(self, task: str, target: Target) -> Build:
         return self.build
 

@@ -62,6 +62,9 @@ class VtFamily(Family):
 
         return largest_fitting(measure, ICL_TOKENS, 20, HOPS + 1) or HOPS + 1
 
+    def haystack_type(self, task: str) -> str:
+        return "noise"
+
     def builder(self, task: str, target: Target) -> Build:
         icl_size = self.icl_size(target)
         return lambda rng, size, depth: self.build(rng, size, icl_size)
