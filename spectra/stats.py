@@ -246,6 +246,20 @@ def wilson(p: np.ndarray, count: np.ndarray, z: float = 1.959963984540054) -> tu
     return low, high
 
 
+def clopper_pearson(successes: np.ndarray, count: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Clopper and Pearson's exact binomial interval for `successes` of `count` independent trials: the Beta
+    quantiles Beta((1 − level)/2; s, n − s + 1) and Beta((1 + level)/2; s + 1, n − s), 0 at s = 0 and 1 at s = n.
+    Where every trial agrees it still has width (1 − ((1 − level)/2)^(1/n) at s = 0), where a bootstrap has none."""
+    from scipy.stats import beta
+
+    successes, count = np.asarray(successes, dtype=float), np.asarray(count, dtype=float)
+    tail = (1 - level) / 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low = np.where(successes <= 0, 0.0, beta.ppf(tail, np.maximum(successes, 1e-300), count - successes + 1))
+        high = np.where(successes >= count, 1.0, beta.ppf(1 - tail, successes + 1, np.maximum(count - successes, 1e-300)))
+    return low, high
+
+
 class ClusterStats:
     """Success rates over clusters of correlated samples, with a confidence interval that respects them.
 

@@ -72,6 +72,56 @@ def test_runs_that_cannot_be_pooled_are_refused_in_one_line(second: TaskRun, mes
         pooled([run("a", {"good": GOOD}), second])
 
 
+def without(task_run: TaskRun, examples: range) -> TaskRun:
+    """`task_run` with the rows of `examples` left out (a run of fewer samples)."""
+    kept = task_run.examples[~task_run.examples["example"].isin(examples)]
+    return TaskRun(task_run.path, task_run.meta, kept.reset_index(drop=True), *[pd.DataFrame()] * 4)
+
+
+def test_runs_of_other_examples_are_named_as_such_and_not_as_a_decoding_difference() -> None:
+    """Issue 55: runs that cover different examples, answering alike on the ones they share, were said to decode
+    otherwise ("another spectra version or --dtype?") and were both named 'tiny · t.jsonl'."""
+    first, second = run("a", {"good": GOOD}), without(run("b", {"bad": BAD}), range(4, 8))
+    with pytest.raises(SpectraError) as caught:
+        pooled([first, second])
+    message = str(caught.value)
+    assert message.startswith("/runs/b lacks examples 4–7 that /runs/a has: ") and "decode" not in message
+    with pytest.raises(SpectraError, match="^/runs/a has examples 4–7 that /runs/b lacks: "):
+        pooled([second, first])
+    with pytest.raises(SpectraError, match="^/runs/b has examples 8–9 that /runs/a lacks and lacks examples 1, 3 "):
+        more = run("b", {"bad": BAD})
+        extra = more.examples[more.examples["example"] < 2].assign(example=lambda rows: rows["example"] + 8)
+        more = TaskRun(more.path, more.meta, pd.concat([more.examples, extra]), *[pd.DataFrame()] * 4)
+        pooled([first, without(more, (1, 3))])
+    # the full cache answering otherwise on a shared example is still a decoding difference, counted over the
+    # shared examples only and naming both runs' directories
+    other = without(run("b", {"bad": BAD}, full_answer="41"), range(4, 8))
+    with pytest.raises(SpectraError, match=r"^the full cache of /runs/b answered otherwise than /runs/a's on 4 of "
+                                           r"the 4 examples they share \(example 0, question 0: '41' vs '42'\)"):
+        pooled([first, other])
+
+
+def test_a_press_that_ran_other_ratios_or_fewer_examples_is_refused_naming_its_run() -> None:
+    """Issue 55: a press measured at r = 0.5 only was ranked on its mean beside presses measured at 0.25, 0.5 and
+    0.75 (its other cells blank), exit 0. Pooling refuses it: its mean over r would average other ratios."""
+    half = run("b", {"bad": BAD})
+    half = TaskRun(half.path, half.meta, half.examples[half.examples["ratio"].isin([0.0, 0.5])], *[pd.DataFrame()] * 4)
+    with pytest.raises(SpectraError, match=r"^/runs/b ran bad at ratios 0.5 and /runs/a ran ratios 0.25, 0.5, 0.75: "):
+        pooled([run("a", {"good": GOOD}), half])
+    # one press split over two runs, each run a ratio, pools as one press at every ratio
+    split = [run("a", {"good": GOOD, "bad": BAD}), run("b", {"other": GOOD})]
+    one = split[1].examples
+    parts = [TaskRun(Path(f"/runs/{ratio}"), split[1].meta, one[one["ratio"].isin([0.0, ratio])],
+                     *[pd.DataFrame()] * 4) for ratio in RATIOS]
+    assert len(pooled([split[0], *parts])) == len(pooled(split))
+    short = run("b", {"bad": BAD})
+    rows = short.examples
+    short = TaskRun(short.path, short.meta, rows[~((rows["press"] == "bad") & (rows["ratio"] == 0.75)
+                                                  & (rows["example"] == 5))], *[pd.DataFrame()] * 4)
+    with pytest.raises(SpectraError, match="^bad at ratio 0.75 in /runs/b lacks examples 5 that its full cache"):
+        pooled([run("a", {"good": GOOD}), short])
+
+
 def test_over_the_answered_questions_a_press_scores_the_share_it_keeps() -> None:
     """Where no task holds as a whole, presses are judged on the questions the full cache answers (examples 0–5
     here, of both tasks): a press's score there is the share of those answers it keeps, the full cache's 1."""
@@ -92,8 +142,8 @@ def test_over_the_answered_questions_a_press_scores_the_share_it_keeps() -> None
         (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)], "a record's questions are judged one by one"
     with pytest.raises(SpectraError, match="answers no question"):
         answered_rows(examples.assign(score=0.0))
-    with pytest.raises(ValueError, match="'held' or 'answered'"):
-        standings(examples, seed=0, over="all")
+    with pytest.raises(ValueError, match="'held', 'answered', 'all'"):
+        standings(examples, seed=0, over="some")
 
 
 def test_no_held_task_is_refused() -> None:
