@@ -205,3 +205,65 @@ def test_a_press_that_did_not_compress_as_far_as_r_asks_is_listed_after_the_rank
     examples.loc[examples["press"] == "half", "bytes_share"] = 1 - examples.loc[examples["press"] == "half",
                                                                                 "ratio"] + 0.005
     assert ranking(examples, seed=0).set_index("press").loc["half", "rank"] == 1
+
+
+def board(presses: dict[str, list[float]], tasks: int = 2, per_task: int = 30) -> pd.DataFrame:
+    """Pooled rows of `tasks` tasks of `per_task` examples, the full cache answering every one, each press answering
+    the first share of each task's examples `presses[press]` gives, at every ratio alike."""
+    rows = []
+    for press, shares in {"full": [1.0], **presses}.items():
+        for ratio in ([0.0] if press == "full" else RATIOS):
+            for task in range(tasks):
+                for i in range(per_task):
+                    share = shares[task % len(shares)]
+                    rows.append({"press": press, "ratio": ratio, "example": task * per_task + i, "question": 0,
+                                 "task": f"t{task}", "prediction": "a", "score": float(i < round(share * per_task)),
+                                 "bytes_share": 1.0 if press == "full" else 1 - ratio})
+    return pd.DataFrame(rows)
+
+
+def test_the_ranking_gives_each_press_a_rank_interval_and_a_tier_a_test_separates() -> None:
+    """Issue 51: ranks came from point estimates only. Two presses with the same scores share their rank, rank
+    interval and tier; presses 0.3 apart on 60 examples are told apart; 'close' (one example behind 'top' in each
+    task) is not, so it shares the top tier."""
+    examples = board({"top": [0.9], "twin": [0.9], "close": [0.9 - 1 / 30], "low": [0.5], "none": [0.0]})
+    order = ranking(examples, seed=0).set_index("press")
+    assert order.loc["full", "tier"] == 0
+    assert order.loc[["top", "twin", "close", "low", "none"], "rank"].tolist() == [1, 1, 3, 4, 5]
+    assert order.loc[["top", "twin", "close", "low", "none"], "tier"].tolist() == [1, 1, 1, 2, 3]
+    assert (order.loc["top", "rank_low"], order.loc["top", "rank_high"]) == (order.loc["twin", "rank_low"],
+                                                                           order.loc["twin", "rank_high"])
+    assert order.loc["top", "rank_low"] == 1 and order.loc["close", "rank_high"] == 3
+    assert (order.loc["low", "rank_low"], order.loc["low", "rank_high"]) == (4, 4)
+    for press in ("top", "close", "low", "none"):
+        assert order.loc[press, "rank_low"] <= order.loc[press, "rank"] <= order.loc[press, "rank_high"]
+    # a press that did not compress as far as r asks has no rank, rank interval nor tier
+    lazy = board({"top": [0.9], "lazy": [1.0]}).assign(bytes_share=1.0)
+    assert ranking(lazy, seed=0).set_index("press").loc["lazy", ["rank", "rank_low", "rank_high", "tier"]].isna().all()
+    again = ranking(examples, seed=0)
+    pd.testing.assert_frame_equal(again, ranking(examples, seed=0))  # bitwise, from the run's seed
+    assert not ranking(examples, seed=1)[["low", "high"]].equals(again[["low", "high"]])
+
+
+def test_a_cell_whose_examples_all_agree_gets_clopper_pearsons_bounds() -> None:
+    """Issue 51: a cell where every example scored 0 (or 1) read 0.00 [0.00–0.00], as certain as a census."""
+    from scipy.stats import binomtest
+
+    table = standings(board({"none": [0.0], "all": [1.0], "some": [0.5]}), seed=0).set_index(["press", "ratio"])
+    never, always = (binomtest(count, 60).proportion_ci(0.95, method="exact") for count in (0, 60))
+    assert (table.loc[("none", 0.5), "low"], table.loc[("none", 0.5), "high"]) == pytest.approx((0.0, never.high))
+    assert (table.loc[("all", 0.5), "low"], table.loc[("all", 0.5), "high"]) == pytest.approx((always.low, 1.0))
+    assert (table.loc[("full", 0.0), "low"], table.loc[("full", 0.0), "high"]) == pytest.approx((always.low, 1.0))
+    # `all` answers as the full cache on every example: its difference is bounded as 0 discordant pairs of 60
+    assert (table.loc[("all", 0.5), "delta_low"], table.loc[("all", 0.5), "delta_high"]) == pytest.approx(
+        (-never.high, never.high))
+    assert table.loc[("some", 0.5), "high"] - table.loc[("some", 0.5), "low"] > 0.2
+
+
+def test_the_filters_are_every_example_the_held_tasks_and_the_answered_ones() -> None:
+    examples = pooled([run("a", {"good": GOOD})])
+    assert standings(examples, seed=0, over="all").set_index("press").loc["full", "examples"] == 8
+    assert standings(examples, seed=0, over="all").set_index(["press", "ratio"]).loc[("good", 0.25), "score"] == \
+        pytest.approx(np.mean(GOOD[0]))  # all 8 examples, both tasks
+    assert standings(examples, seed=0, over="held").set_index(["press", "ratio"]).loc[("good", 0.25), "score"] == \
+        pytest.approx(np.mean(GOOD[0][:4]))
