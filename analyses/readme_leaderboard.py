@@ -2,11 +2,13 @@
 
 The leaderboard is several `spectra evaluate` runs of one task file (a press list too long for one sitting),
 pooled by `spectra.report.leaderboard`: per press and ratio the mean score over the examples of the tasks whose full
-cache holds, with its 95% interval over examples, and the ranking by the mean over the ratios. The values here are
-that table written out — ranks, scores, intervals and their widths, the full cache beside them — so the prose around
-them quotes the runs, never a number typed by hand.
+cache holds, with its 95% interval over examples, and the ranking by the mean over the ratios, each rank with its
+95% interval and its tier (`spectra.report.ranks`). Each board is written under both filters, named: the
+single-question board over every example of the held tasks and over only the examples the full cache answers, the
+many-question board over the questions the full cache answers and over every question. The values here are those
+tables written out — ranks, tiers, scores, intervals and their widths, the full cache beside them — so the prose
+around them quotes the runs, never a number typed by hand.
 """
-
 from __future__ import annotations
 
 import pandas as pd

@@ -3,7 +3,8 @@
 `Moments` keeps count, sum and sum of squares (mean and standard deviation); `ErrorStats` keeps exact
 threshold counts and a log-spaced histogram (quantiles). Both hold plain arrays, so a run can checkpoint
 them, resume them, and combine the states of several processes: a `State` maps each array's name to
-the array and how it combines (`Reduce`: summed, or reduced by min or max).
+the array and how it combines (`Reduce`: summed, or reduced by min or max). `wilson` and `clopper_pearson`
+bound a proportion (`ClusterStats` and the leaderboard's cells where every example agrees).
 """
 
 from __future__ import annotations

@@ -2,30 +2,34 @@
 
 A leaderboard's press list is too long for one sitting (every press at four ratios on hundreds of examples), and
 presses arrive later (a fitted artifact, a new press): so it is several runs of `spectra evaluate` on the same task
-file, model and seed, each with its own presses, pooled here (`pooled`). Every run answers the same examples with
-the full cache first; the full cache's answers must agree run for run (same examples, same model, same decoding),
-which is checked, not assumed, and a (press, ratio) cell may come from one run only.
+file, model and seed, each with its own presses, pooled here (`pooled`). The full cache's answers must agree run
+for run on the examples the runs share (same model, same decoding); then every run must hold the same examples and
+every press the same ratios, and a (press, ratio) cell may come from one run only. Each is checked, not assumed,
+and refused in one line naming the run directories and what differs (the examples one has and the other lacks,
+the ratios): ranking on only what the runs share would silently change every other press's numbers, and a press's
+mean over r compares presses only over the same ratios.
 
 The ranking is over the tasks the full cache holds (mean score ≥ `HOLDS`, as kvpress's leaderboard reads only
 tasks its model answers: a press cannot lose what the full cache never had). `standings` gives per press and ratio
 the mean score over every example of those tasks (each task contributes its examples, so equal counts weigh tasks
-equally), with the full cache beside it and the paired difference, 95% Poisson-bootstrap intervals over examples
-(`kv.tasks.summary.task_scores`: an example's weights fixed by its index, the same for every press). `ranking`
-orders presses by their mean over the ratios run — per example the average of its ratios' scores, bootstrapped the
-same way, so the ranking's intervals are as paired as the cells' — the area under a press's score-vs-ratio curve at
-kvpress's leaderboard ratios. A press is ranked only where it compressed as far as each ratio asks: its cells'
-mean stored share of the context cache's bytes at most 1 − r (`reached`, within `REACH_TOLERANCE`). A press whose
-ratio means something else, or nothing (simlayerkv keeps every layer whole at kvpress's defaults on a context of
-up to 1029 tokens; think's r is the share of key channels, half the bytes; kivi's bits are in its name), is still
-listed, after the ranked ones and without a rank: ranking it beside presses that saved what r says would compare
-caches of different sizes. Where no task holds as a whole (many questions per context: SmolLM2 answers about
-half of a record's questions at any length it fits), `over="answered"` judges presses on the questions the full
-cache answers instead (`answered_rows`): a press's score there is the share of the full cache's answers it keeps.
-`draw` is the picture: presses down in rank order, ratios across, the score in each
-cell; `pooled_needle` the runs' needle tables as one, for where a press keeps the needle per layer and head
+equally), with the full cache beside it and the paired difference, 95% intervals of a Poisson bootstrap that
+resamples examples within each task with the same weights for every press (`ranks`: an example's weights fixed by
+its index and the run's seed; Clopper–Pearson's bounds where every example of a cell scores 0, or every one 1).
+`ranking` orders presses by their mean over the ratios run — per example the average of its ratios' scores,
+bootstrapped the same way, so the ranking's intervals are as paired as the cells' — the area under a press's
+score-vs-ratio curve at kvpress's leaderboard ratios; beside each rank its 95% interval over the replicates and its
+tier (`ranks.tiers`: Holm-corrected paired tests). A press is ranked only where it compressed as far as each ratio
+asks: its cells' mean stored share of the context cache's bytes at most 1 − r (`reached`, within
+`REACH_TOLERANCE`). A press whose ratio means something else, or nothing (simlayerkv keeps every layer whole at
+kvpress's defaults on a context of up to 1029 tokens; think's r is the share of key channels, half the bytes;
+kivi's bits are in its name), is still listed, after the ranked ones and without a rank: ranking it beside presses
+that saved what r says would compare caches of different sizes. `FILTERS` are the rows presses are judged on:
+every example of the held tasks; only the examples the full cache answers (`answered_rows`: where no task holds
+as a whole, as with many questions per context, a press's score there is the share of the full cache's answers it
+keeps); every example. `draw` is the picture: presses down in rank order, ratios across, the score in each cell;
+`pooled_needle` the runs' needle tables as one, for where a press keeps the needle per layer and head
 (`report.evaluate.draw_survival`).
 """
-
 from __future__ import annotations
 
 from collections.abc import Sequence
