@@ -166,3 +166,24 @@ def test_a_press_that_stored_the_whole_cache_is_listed_without_a_rank_and_named(
     assert values["unranked"] == "`simlayerkv` (1.00 of the bytes at every ratio)"
     assert "| — | — | `simlayerkv` |" in values["table"] and values["table"].splitlines()[-1].endswith(" | — |")
     assert board.leaderboard_page({"evaluate": [task_run("b", ("kvzip",))]}).values["unranked"] == "none"
+
+
+def test_the_templates_slots_and_claims_are_the_renderers() -> None:
+    """docs/leaderboard.md and the README cannot be re-rendered without the board's runs: every slot and claim of
+    their leaderboard paragraphs (tiers, rank intervals, both filters) must be one the renderers give, so the next
+    render fills them all."""
+    import re
+
+    import slots
+
+    root = Path(__file__).resolve().parents[2]
+    runs = {"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]}
+    for template, name, renderer in (("templates/docs/leaderboard.md", "leaderboard", board.leaderboard_page),
+                                     ("templates/docs/leaderboard.md", "leaderboard-questions", board.questions_page),
+                                     ("templates/README.md", "front-leaderboard", board.front_leaderboard)):
+        text = (root / template).read_text()
+        body = re.search(rf"^<!-- numbers: {name} -->\n(.*?)^<!-- /numbers -->", text, re.M | re.S)[1]
+        filled, _ = slots.fill(body, renderer(runs), name)
+        assert "not yet rendered" not in filled and "| tier |" in filled, name
+        assert name != "leaderboard" or {"pairs", "tiers", "top_tier", "answered_table"} <= set(slots.slots(body))
+        assert name != "leaderboard-questions" or {"tiers", "all_table"} <= set(slots.slots(body))
