@@ -124,15 +124,16 @@ def filter_table(order: pd.DataFrame) -> str:
 
 def tier_facts(order: pd.DataFrame, prefix: str = "") -> dict[str, str]:
     """The values the tiers' sentences quote: the pairs tested, how many tiers, the first tier's presses, SnapKV's
-    tier, and the rank intervals' widths (high − low, in ranks: median and widest)."""
+    tier, and how many ranks the rank intervals cover (high − low + 1: median and widest)."""
     ranked = order[(order["press"] != "full") & order["rank"].notna()]
-    widths = (ranked["rank_high"] - ranked["rank_low"]).astype(float)
+    widths = (ranked["rank_high"] - ranked["rank_low"] + 1).astype(float)
     tier = ranked.set_index("press")["tier"]
     return {f"{prefix}pairs": str(len(ranked) * (len(ranked) - 1) // 2),
             f"{prefix}tiers": str(int(ranked["tier"].max())) if len(ranked) else "0",
             f"{prefix}top_tier": listed([f"`{press}`" for press in tier[tier == 1].index]),
             f"{prefix}reference_tier": str(int(tier[REFERENCE])) if REFERENCE in tier.index else "—",
-            f"{prefix}rank_widths": f"{widths.median():g} (widest {widths.max():g})" if len(ranked) else "—"}
+            f"{prefix}rank_widths": f"a median of {widths.median():g} and at most {widths.max():g}" if len(ranked)
+            else "—"}
 
 
 def task_tables(examples: pd.DataFrame, order: pd.DataFrame, seed: int) -> str:

@@ -70,7 +70,7 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     # one pair, told apart (0.85 against 0.15 on the same 20 examples): two tiers, ranks that never swap
     assert (values["pairs"], values["tiers"], values["top_tier"], values["reference_tier"]) == ("1", "2", "`kvzip`",
                                                                                                 "2")
-    assert values["rank_widths"] == "0 (widest 0)"
+    assert values["rank_widths"] == "a median of 1 and at most 1"
     assert "**passkey** (10 examples)" in values["by_task"] and "**vt**" not in values["by_task"]
     passkey = values["by_task"].split("**niah_single_1**")[0].splitlines()
     kvzip = next(line for line in passkey if "`kvzip`" in line).split("|")
