@@ -256,8 +256,9 @@ def clopper_pearson(successes: np.ndarray, count: np.ndarray, level: float = 0.9
     successes, count = np.asarray(successes, dtype=float), np.asarray(count, dtype=float)
     tail = (1 - level) / 2
     with np.errstate(invalid="ignore", divide="ignore"):
-        low = np.where(successes <= 0, 0.0, beta.ppf(tail, np.maximum(successes, 1e-300), count - successes + 1))
-        high = np.where(successes >= count, 1.0, beta.ppf(1 - tail, successes + 1, np.maximum(count - successes, 1e-300)))
+        failures = count - successes
+        low = np.where(successes <= 0, 0.0, beta.ppf(tail, np.maximum(successes, 1e-300), failures + 1))
+        high = np.where(failures <= 0, 1.0, beta.ppf(1 - tail, successes + 1, np.maximum(failures, 1e-300)))
     return low, high
 
 

@@ -30,6 +30,7 @@ keeps); every example. `draw` is the picture: presses down in rank order, ratios
 `pooled_needle` the runs' needle tables as one, for where a press keeps the needle per layer and head
 (`report.evaluate.draw_survival`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -70,6 +71,7 @@ def spans(values: Sequence[int], most: int = 6) -> str:
 
 
 def ratios_text(ratios: Sequence[float]) -> str:
+    """'0.25, 0.5, 0.75'."""
     return ", ".join(f"{ratio:g}" for ratio in sorted(ratios))
 
 
@@ -135,17 +137,16 @@ def pooled(runs: Sequence[TaskRun]) -> pd.DataFrame:
             seen[(press, ratio)] = str(run.path)
         parts.append(cells)
     examples = pd.concat(parts, ignore_index=True)
-    ran: dict[str, frozenset] = {}
-    for run in runs:
-        cells = examples[(examples["press"] != "full") & examples["press"].isin(run.examples["press"])]
-        per_press = cells.groupby("press", sort=False)["ratio"].agg(frozenset)
-        for press, ratios in per_press.items():
-            known = next(iter(ran.items()), None)
-            if known is not None and ratios != known[1]:
-                raise SpectraError(f"{run.path} ran {press} at ratios {ratios_text(ratios)} and {known[0]} ran ratios "
-                                   f"{ratios_text(known[1])}: a press's mean over r compares presses only over the "
-                                   "same ratios: run every press at the same --ratios")
-            ran.setdefault(str(run.path), ratios)
+    board: tuple[str, str, frozenset] | None = None  # the first press's run, name and ratios
+    pressed = examples[examples["press"] != "full"]
+    for press, ratios in pressed.groupby("press", sort=False)["ratio"].agg(frozenset).items():
+        where = seen[(press, min(ratios))]
+        if board is None:
+            board = (where, press, ratios)
+        elif ratios != board[2]:
+            raise SpectraError(f"{where} ran {press} at ratios {ratios_text(ratios)} and {board[0]} ran {board[1]} at "
+                               f"ratios {ratios_text(board[2])}: a press's mean over r compares presses only over the "
+                               "same ratios: run every press at the same --ratios")
     return examples
 
 

@@ -182,7 +182,7 @@ def test_pooling_runs_of_other_examples_or_ratios_says_what_differs_naming_the_d
     fewer = dataclasses.replace(streaming, examples=streaming.examples[streaming.examples["example"] < 6])
     one_ratio = dataclasses.replace(streaming, examples=streaming.examples[streaming.examples["ratio"] != 0.75])
     for second, message in ((fewer, "runs/b lacks examples 6–7 that runs/a has: "),
-                            (one_ratio, "runs/b ran streaming at ratios 0.5 and runs/a ran ratios 0.5, 0.75: ")):
+                            (one_ratio, "runs/b ran streaming at ratios 0.5 and runs/a ran knorm at ratios 0.5, 0.75")):
         found = {"runs/a": knorm, "runs/b": second}
         monkeypatch.setattr(spectra, "load_run", lambda path: dataclasses.replace(found[str(path)], path=path))
         out = tmp_path / "board.png"

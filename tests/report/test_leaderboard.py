@@ -106,7 +106,8 @@ def test_a_press_that_ran_other_ratios_or_fewer_examples_is_refused_naming_its_r
     0.75 (its other cells blank), exit 0. Pooling refuses it: its mean over r would average other ratios."""
     half = run("b", {"bad": BAD})
     half = TaskRun(half.path, half.meta, half.examples[half.examples["ratio"].isin([0.0, 0.5])], *[pd.DataFrame()] * 4)
-    with pytest.raises(SpectraError, match=r"^/runs/b ran bad at ratios 0.5 and /runs/a ran ratios 0.25, 0.5, 0.75: "):
+    with pytest.raises(SpectraError,
+                       match=r"^/runs/b ran bad at ratios 0.5 and /runs/a ran good at ratios 0.25, 0.5, 0.75: "):
         pooled([run("a", {"good": GOOD}), half])
     # one press split over two runs, each run a ratio, pools as one press at every ratio
     split = [run("a", {"good": GOOD, "bad": BAD}), run("b", {"other": GOOD})]
