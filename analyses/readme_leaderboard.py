@@ -2,11 +2,13 @@
 
 The leaderboard is several `spectra evaluate` runs of one task file (a press list too long for one sitting),
 pooled by `spectra.report.leaderboard`: per press and ratio the mean score over the examples of the tasks whose full
-cache holds, with its 95% interval over examples, and the ranking by the mean over the ratios. The values here are
-that table written out — ranks, scores, intervals and their widths, the full cache beside them — so the prose around
-them quotes the runs, never a number typed by hand.
+cache holds, with its 95% interval over examples, and the ranking by the mean over the ratios, each rank with its
+95% interval and its tier (`spectra.report.ranks`). Each board is written under both filters, named: the
+single-question board over every example of the held tasks and over only the examples the full cache answers, the
+many-question board over the questions the full cache answers and over every question. The values here are those
+tables written out — ranks, tiers, scores, intervals and their widths, the full cache beside them — so the prose
+around them quotes the runs, never a number typed by hand.
 """
-
 from __future__ import annotations
 
 import pandas as pd
@@ -80,10 +82,19 @@ def unranked(examples: pd.DataFrame, order: pd.DataFrame) -> str:
     return listed(parts) or "none"
 
 
+def rank_interval(low, high) -> str:
+    """A rank's 95% interval, '3–9' (or '3' where it never moved); '—' for a press without a rank."""
+    if pd.isna(low):
+        return "—"
+    return str(int(low)) if low == high else f"{int(low)}–{int(high)}"
+
+
 def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = None) -> str:
-    """Rank, press, the score at each ratio and the mean over ratios, each with its interval; the full cache first."""
+    """Rank, tier, press, the score at each ratio and the mean over ratios, each with its interval, and the rank's
+    95% interval (tier and rank interval where `order` has them); the full cache first."""
     ratios = sorted(set(cells["ratio"]) - {0.0})
     by_cell = cells.set_index(["press", "ratio"])
+    tiered = "tier" in order.columns
     rows = []
     for _, row in order.iloc[:None if top is None else top + 1].iterrows():
         press = row["press"]
@@ -92,22 +103,47 @@ def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = No
             key = (press, 0.0 if press == "full" else ratio)
             scores.append(with_interval(*by_cell.loc[key, ["score", "low", "high"]]) if key in by_cell.index else "")
         name = "full cache" if press == "full" else f"`{press}`"
-        rows.append(["" if press == "full" else rank_text(row["rank"]), name, *scores,
-                     with_interval(row["score"], row["low"], row["high"])])
-    return table(["rank", "press", *(f"r = {ratio:g}" for ratio in ratios), "mean over r"], rows)
+        full = press == "full"
+        tier = ["" if full else rank_text(row["tier"])] if tiered else []
+        moved = ["" if full else rank_interval(row["rank_low"], row["rank_high"])] if tiered else []
+        rows.append(["" if full else rank_text(row["rank"]), *tier, name, *scores,
+                     with_interval(row["score"], row["low"], row["high"]), *moved])
+    return table(["rank", *(["tier"] * tiered), "press", *(f"r = {ratio:g}" for ratio in ratios), "mean over r",
+                  *(["rank (95%)"] * tiered)], rows)
+
+
+def filter_table(order: pd.DataFrame) -> str:
+    """The ranking under a board's other filter, short: rank, tier, press, the mean over r with its interval and the
+    rank's 95% interval; the full cache first."""
+    rows = [["" if row.press == "full" else rank_text(row.rank), "" if row.press == "full" else rank_text(row.tier),
+             "full cache" if row.press == "full" else f"`{row.press}`", with_interval(row.score, row.low, row.high),
+             "" if row.press == "full" else rank_interval(row.rank_low, row.rank_high)]
+            for row in order.itertuples()]
+    return table(["rank", "tier", "press", "mean over r", "rank (95%)"], rows)
+
+
+def tier_facts(order: pd.DataFrame, prefix: str = "") -> dict[str, str]:
+    """The values the tiers' sentences quote: the pairs tested, how many tiers, the first tier's presses, SnapKV's
+    tier, and how many ranks the rank intervals cover (high − low + 1: median and widest)."""
+    ranked = order[(order["press"] != "full") & order["rank"].notna()]
+    widths = (ranked["rank_high"] - ranked["rank_low"] + 1).astype(float)
+    tier = ranked.set_index("press")["tier"]
+    return {f"{prefix}pairs": str(len(ranked) * (len(ranked) - 1) // 2),
+            f"{prefix}tiers": str(int(ranked["tier"].max())) if len(ranked) else "0",
+            f"{prefix}top_tier": listed([f"`{press}`" for press in tier[tier == 1].index]),
+            f"{prefix}reference_tier": str(int(tier[REFERENCE])) if REFERENCE in tier.index else "—",
+            f"{prefix}rank_widths": f"a median of {widths.median():g} and at most {widths.max():g}" if len(ranked)
+            else "—"}
 
 
 def task_tables(examples: pd.DataFrame, order: pd.DataFrame, seed: int) -> str:
     """Per held task, every press's score at each ratio and its mean over the ratios on that task, each with its
     interval (the press × ratio × task table), in the pooled ranking's order and with its ranks, so the tables read
     side by side."""
-    from spectra.kv.tasks.summary import task_scores
-
     tasks, _ = leaderboard.held(examples)
-    scores = task_scores(examples[examples["task"].isin(tasks)], seed, by=("task",))
     parts = []
     for task in tasks:
-        mine = scores[scores["task"] == task].drop(columns="task")
+        mine = leaderboard.standings(examples[examples["task"] == task], seed)
         means = leaderboard.ranking(examples[examples["task"] == task], seed)[["press", "score", "low", "high"]]
         ranked = order[["press", "rank"]].merge(means, on="press")  # the pooled ranks, this task's means
         parts.append(f"**{task}** ({int(mine['examples'].iloc[0])} examples)\n\n" + ranking_table(mine, ranked))
@@ -166,16 +202,23 @@ def leaders(order: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
 
 
 def leaderboard_page(runs: Runs) -> Rendered:
-    """docs/leaderboard.md: the whole ranking with intervals, the per-task tables, the interval widths, and where
-    SnapKV stands."""
+    """docs/leaderboard.md: the whole ranking with intervals, tiers and rank intervals over every example of the held
+    tasks, the same ranking over only the examples the full cache answers, the per-task tables, the interval widths,
+    and where SnapKV stands."""
     found, examples, seed = pooled_runs(runs)
     cells, order = leaderboard.standings(examples, seed), leaderboard.ranking(examples, seed)
+    answered = leaderboard.ranking(examples, seed, over="answered")
     ranked, named = leaders(order)
     values = {**facts(found, examples, order), **named, "table": ranking_table(cells, order),
-              "by_task": task_tables(examples, order, seed), "widths": widths(cells), "top": str(TOP)}
+              "by_task": task_tables(examples, order, seed), "widths": widths(cells), "top": str(TOP),
+              **tier_facts(order), "answered": str(len(leaderboard.answered_rows(
+                  examples[examples["press"] == "full"]))),
+              "answered_table": filter_table(answered), "answered_first": leaders(answered)[1]["first"]}
     full = float(order.set_index("press").loc["full", "score"])
+    tier = ranked["tier"]
     claims = {"first-below-full": bool(ranked["score"].iloc[0] < full),
-              "reference-outside-top": bool(REFERENCE in ranked.index and ranked.loc[REFERENCE, "rank"] > TOP)}
+              "reference-outside-top": bool(REFERENCE in ranked.index and ranked.loc[REFERENCE, "rank"] > TOP),
+              "reference-below-top-tier": bool(REFERENCE in ranked.index and tier[REFERENCE] > 1)}
     where = survival_facts(found, examples, order)
     return Rendered({**values, **where.values}, {**claims, **where.claims})
 
@@ -190,13 +233,14 @@ def front_leaderboard(runs: Runs) -> Rendered:
 
 def questions_page(runs: Runs) -> Rendered:
     """docs/leaderboard.md's many-question table: the runs of a many-question task file pooled, presses ranked on the
-    questions the full cache answers (no task holds as a whole there), each cell the share of those answers kept.
-    Claims: the full cache scores below HOLDS over every question (why the answered ones are the scope); the first
-    press loses some of them."""
+    questions the full cache answers (no task holds as a whole there), each cell the share of those answers kept,
+    with tiers and rank intervals; and the ranking over every question. Claims: the full cache scores below HOLDS
+    over every question (why the answered ones are the scope); the first press loses some of them."""
     found, examples, seed = pooled_runs(runs)
     try:
         cells = leaderboard.standings(examples, seed, over="answered")
         order = leaderboard.ranking(examples, seed, over="answered")
+        every = leaderboard.ranking(examples, seed, over="all")
     except SpectraError as error:
         raise RenderError(str(error)) from None
     from spectra.kv.tasks.summary import task_scores
@@ -209,7 +253,8 @@ def questions_page(runs: Runs) -> Rendered:
               "tasks": listed([f"`{task}`" for task in dict.fromkeys(full["task"])]),
               "full": with_interval(raw["score"], raw["low"], raw["high"]),
               "answered": str(len(leaderboard.answered_rows(full))), "presses": str(len(ranked)),
-              "unranked": unranked(examples, order),
-              "table": ranking_table(cells, order), "widths": widths(cells), "holds": f"{leaderboard.HOLDS:g}"}
+              "unranked": unranked(examples, order), **tier_facts(order),
+              "table": ranking_table(cells, order), "widths": widths(cells), "holds": f"{leaderboard.HOLDS:g}",
+              "all_table": filter_table(every), "all_first": leaders(every)[1]["first"]}
     return Rendered(values, {"full-below-holds": bool(raw["score"] < leaderboard.HOLDS),
                              "first-loses-some": bool(ranked["score"].iloc[0] < 1.0)})

@@ -3,7 +3,8 @@
 `Moments` keeps count, sum and sum of squares (mean and standard deviation); `ErrorStats` keeps exact
 threshold counts and a log-spaced histogram (quantiles). Both hold plain arrays, so a run can checkpoint
 them, resume them, and combine the states of several processes: a `State` maps each array's name to
-the array and how it combines (`Reduce`: summed, or reduced by min or max).
+the array and how it combines (`Reduce`: summed, or reduced by min or max). `wilson` and `clopper_pearson`
+bound a proportion (`ClusterStats` and the leaderboard's cells where every example agrees).
 """
 
 from __future__ import annotations
@@ -243,6 +244,21 @@ def wilson(p: np.ndarray, count: np.ndarray, z: float = 1.959963984540054) -> tu
     half = z * np.sqrt(p * (1 - p) / count + z * z / (4 * count * count)) / (1 + z * z / count)
     low = np.where(p <= 0, 0.0, np.clip(np.minimum(centre - half, p), 0, 1))
     high = np.where(p >= 1, 1.0, np.clip(np.maximum(centre + half, p), 0, 1))
+    return low, high
+
+
+def clopper_pearson(successes: np.ndarray, count: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Clopper and Pearson's exact binomial interval for `successes` of `count` independent trials: the Beta
+    quantiles Beta((1 − level)/2; s, n − s + 1) and Beta((1 + level)/2; s + 1, n − s), 0 at s = 0 and 1 at s = n.
+    Where every trial agrees it still has width (1 − ((1 − level)/2)^(1/n) at s = 0), where a bootstrap has none."""
+    from scipy.stats import beta
+
+    successes, count = np.asarray(successes, dtype=float), np.asarray(count, dtype=float)
+    tail = (1 - level) / 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        failures = count - successes
+        low = np.where(successes <= 0, 0.0, beta.ppf(tail, np.maximum(successes, 1e-300), failures + 1))
+        high = np.where(failures <= 0, 1.0, beta.ppf(1 - tail, successes + 1, np.maximum(failures, 1e-300)))
     return low, high
 
 

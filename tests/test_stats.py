@@ -111,3 +111,18 @@ def test_wilson_interval_contains_its_estimate_for_every_count() -> None:
         for k in {0, 1, count // 2, count - 1, count}:
             reference = binomtest(int(k), count).proportion_ci(confidence_level=0.95, method="wilson")
             assert (low[k], high[k]) == pytest.approx((reference.low, reference.high), abs=1e-12)
+
+
+def test_clopper_pearson_is_scipys_exact_binomial_interval() -> None:
+    from scipy.stats import binomtest
+
+    from spectra.stats import clopper_pearson
+
+    for successes, count in ((0, 1), (0, 50), (1, 50), (17, 50), (49, 50), (50, 50), (110, 110), (3, 227)):
+        low, high = clopper_pearson(successes, count)
+        exact = binomtest(successes, count).proportion_ci(0.95, method="exact")
+        assert (float(low), float(high)) == pytest.approx((exact.low, exact.high), rel=1e-9, abs=1e-15)
+    low, high = clopper_pearson(np.array([0, 250]), np.array([250, 250]))
+    assert low.tolist()[0] == 0.0 and high.tolist()[1] == 1.0
+    assert high[0] == pytest.approx(1 - 0.025 ** (1 / 250)) and low[1] == pytest.approx(0.025 ** (1 / 250))
+    assert clopper_pearson(0, 250, level=0.9)[1] == pytest.approx(1 - 0.05 ** (1 / 250))

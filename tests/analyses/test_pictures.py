@@ -172,3 +172,21 @@ def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> No
 def test_the_leaderboard_draws_task_runs_only(analyzed, tmp_path, capsys) -> None:
     assert pictures.main(["leaderboard", str(analyzed.path), "--out", str(tmp_path / "x.png")]) == 2
     assert "is not a task run" in capsys.readouterr().err
+
+
+def test_pooling_runs_of_other_examples_or_ratios_says_what_differs_naming_the_directories(tmp_path, capsys,
+                                                                                           monkeypatch) -> None:
+    """Issue 55: `pictures.py leaderboard A B` on runs of different examples blamed the decoding ("another spectra
+    version or --dtype?") and named both runs 'm · t.jsonl'; runs of different ratios pooled silently, exit 0."""
+    knorm, streaming = leaderboard_runs()
+    fewer = dataclasses.replace(streaming, examples=streaming.examples[streaming.examples["example"] < 6])
+    one_ratio = dataclasses.replace(streaming, examples=streaming.examples[streaming.examples["ratio"] != 0.75])
+    for second, message in ((fewer, "runs/b lacks examples 6–7 that runs/a has: "),
+                            (one_ratio, "runs/b ran streaming at ratios 0.5 and runs/a ran knorm at ratios 0.5, 0.75")):
+        found = {"runs/a": knorm, "runs/b": second}
+        monkeypatch.setattr(spectra, "load_run", lambda path: dataclasses.replace(found[str(path)], path=path))
+        out = tmp_path / "board.png"
+        assert pictures.main(["leaderboard", "runs/a", "runs/b", "--out", str(out)]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: {message}") and error.count("\n") == 1 and "decode" not in error
+        assert not out.exists()

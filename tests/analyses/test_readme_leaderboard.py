@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import binomtest
 
 from spectra.report.evaluate import TaskRun
 
@@ -62,15 +63,33 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     kvzip_mean = np.mean([(1.0 + 0.9) / 2, (0.8 + 0.8) / 2])
     assert values["first_score"] == f"{kvzip_mean:.2f}"
     lines = values["table"].splitlines()
-    assert lines[0] == "| rank | press | r = 0.5 | r = 0.75 | mean over r |"
-    assert lines[2].startswith("|  | full cache | 0.95 [") and lines[3].startswith("| 1 | `kvzip` | 0.95 [")
-    assert lines[4].startswith("| 2 | `snapkv` | 0.15 [")
+    assert lines[0] == "| rank | tier | press | r = 0.5 | r = 0.75 | mean over r | rank (95%) |"
+    assert lines[2].startswith("|  |  | full cache | 0.95 [") and lines[2].endswith("|  |")
+    assert lines[3].startswith("| 1 | 1 | `kvzip` | 0.95 [") and lines[3].endswith(" | 1 |")
+    assert lines[4].startswith("| 2 | 2 | `snapkv` | 0.15 [") and lines[4].endswith(" | 2 |")
+    # one pair, told apart (0.85 against 0.15 on the same 20 examples): two tiers, ranks that never swap
+    assert (values["pairs"], values["tiers"], values["top_tier"], values["reference_tier"]) == ("1", "2", "`kvzip`",
+                                                                                                "2")
+    assert values["rank_widths"] == "a median of 1 and at most 1"
     assert "**passkey** (10 examples)" in values["by_task"] and "**vt**" not in values["by_task"]
     passkey = values["by_task"].split("**niah_single_1**")[0].splitlines()
     kvzip = next(line for line in passkey if "`kvzip`" in line).split("|")
     assert kvzip[1].strip() == "1" and kvzip[-2].strip().startswith(f"{(1.0 + 0.8) / 2:.2f} [")  # passkey's own mean
     full = next(line for line in passkey if "full cache" in line).split("|")
-    assert full[-2].strip().startswith("1.00 [")
+    exact = binomtest(EXAMPLES, EXAMPLES).proportion_ci(0.95, method="exact")  # every passkey example answered
+    assert full[-2].strip() == f"1.00 [{exact.low:.2f}–1.00]", "an exact binomial bound, not 1.00 [1.00–1.00]"
+    niah = values["by_task"].split("**niah_single_1**")[1].split("**")[0]
+    none = binomtest(0, EXAMPLES).proportion_ci(0.95, method="exact")  # snapkv keeps no niah answer at 0.75
+    assert next(line for line in niah.splitlines() if "`snapkv`" in line).split("|")[4].strip() == \
+        f"0.00 [0.00–{none.high:.2f}]"
+    # the other filter, named: only the 10 + 9 + 3 examples the full cache answers (vt's too), kvzip keeping 22 and
+    # 17 of them, snapkv 3 and 1
+    assert values["answered"] == "22" and values["answered_first"] == "`kvzip`"
+    answered = values["answered_table"].splitlines()
+    assert answered[0] == "| rank | tier | press | mean over r | rank (95%) |"
+    assert answered[2].startswith("|  |  | full cache | 1.00 [")
+    assert answered[3].startswith(f"| 1 | 1 | `kvzip` | {(22 + 17) / 44:.2f} [") and answered[3].endswith(" | 1 |")
+    assert answered[4].startswith(f"| 2 | 2 | `snapkv` | {(3 + 1) / 44:.2f} [") and answered[4].endswith(" | 2 |")
     # where the ranking comes from, at r = 0.5, over the 10 + 9 examples the full cache answers: kvzip keeps every
     # answer; snapkv keeps 2 + 1 and loses the needle in layer 1 in each of its 16 failures
     survival = values["survival_table"].splitlines()
@@ -81,13 +100,15 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     # keeps the whole needle where it answers (no "part")
     assert values["reference_depth"] == "0.90" and values["reference_kept"] == "3"
     assert rendered.claims == {"first-below-full": True, "reference-outside-top": False,
-                               "leaders-keep-part": False, "reference-answers-late": True}
+                               "reference-below-top-tier": True, "leaders-keep-part": False,
+                               "reference-answers-late": True}
 
 
 def test_the_front_page_lists_the_top_of_the_ranking() -> None:
     rendered = board.front_leaderboard({"evaluate": [task_run("a", ("kvzip", "snapkv"))]})
     assert rendered.values["top"] == str(board.TOP)
     assert len(rendered.values["table"].splitlines()) == 2 + 1 + 2
+    assert rendered.values["table"].splitlines()[0].startswith("| rank | tier | press |")
 
 
 def test_runs_of_other_task_files_are_a_render_error() -> None:
@@ -111,10 +132,16 @@ def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> No
         # the examples answered are the first ones of each task, for the full cache as for the press
         kept = sum(min(round(share * EXAMPLES), answered[task]) for task, share in zip(TASKS, shares))
         row = next(line for line in values["table"].splitlines() if f"`{press}`" in line)
-        column = {0.5: 2, 0.75: 3}[ratio]
+        column = {0.5: 3, 0.75: 4}[ratio]  # after rank, tier and press
         assert row.split("|")[column + 1].strip().startswith(f"{kept / 22:.2f} ["), (press, ratio)
     assert values["first"] == "`kvzip`" and values["reference_rank"] == "2"
     assert rendered.claims == {"full-below-holds": True, "first-loses-some": True}  # 22 of 30; kvzip 17 of 22 at 0.75
+    # the other filter, named: every question, answered by the full cache or not (kvzip 22 and 17 of 30, snapkv 3, 1)
+    every = values["all_table"].splitlines()
+    assert every[2].startswith(f"|  |  | full cache | {22 / 30:.2f} [") and values["all_first"] == "`kvzip`"
+    assert every[3].startswith(f"| 1 | 1 | `kvzip` | {(22 + 17) / 60:.2f} [")
+    assert every[4].startswith(f"| 2 | 2 | `snapkv` | {(3 + 1) / 60:.2f} [")
+    assert (values["tiers"], values["top_tier"]) == ("2", "`kvzip`")
 
 def test_snapkv_answering_a_shallow_needle_fails_the_late_claim_and_a_partial_needle_holds_the_part_claim() -> None:
     run = task_run("a", ("kvzip", "snapkv"))
@@ -137,5 +164,26 @@ def test_a_press_that_stored_the_whole_cache_is_listed_without_a_rank_and_named(
     values = board.leaderboard_page({"evaluate": [run]}).values
     assert values["presses"] == "2" and values["first"] == "`kvzip`"
     assert values["unranked"] == "`simlayerkv` (1.00 of the bytes at every ratio)"
-    assert "| — | `simlayerkv` |" in values["table"]
+    assert "| — | — | `simlayerkv` |" in values["table"] and values["table"].splitlines()[-1].endswith(" | — |")
     assert board.leaderboard_page({"evaluate": [task_run("b", ("kvzip",))]}).values["unranked"] == "none"
+
+
+def test_the_templates_slots_and_claims_are_the_renderers() -> None:
+    """docs/leaderboard.md and the README cannot be re-rendered without the board's runs: every slot and claim of
+    their leaderboard paragraphs (tiers, rank intervals, both filters) must be one the renderers give, so the next
+    render fills them all."""
+    import re
+
+    import slots
+
+    root = Path(__file__).resolve().parents[2]
+    runs = {"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]}
+    for template, name, renderer in (("templates/docs/leaderboard.md", "leaderboard", board.leaderboard_page),
+                                     ("templates/docs/leaderboard.md", "leaderboard-questions", board.questions_page),
+                                     ("templates/README.md", "front-leaderboard", board.front_leaderboard)):
+        text = (root / template).read_text()
+        body = re.search(rf"^<!-- numbers: {name} -->\n(.*?)^<!-- /numbers -->", text, re.M | re.S)[1]
+        filled, _ = slots.fill(body, renderer(runs), name)
+        assert "not yet rendered" not in filled and "| tier |" in filled, name
+        assert name != "leaderboard" or {"pairs", "tiers", "top_tier", "answered_table"} <= set(slots.slots(body))
+        assert name != "leaderboard-questions" or {"tiers", "all_table"} <= set(slots.slots(body))

@@ -72,6 +72,57 @@ def test_runs_that_cannot_be_pooled_are_refused_in_one_line(second: TaskRun, mes
         pooled([run("a", {"good": GOOD}), second])
 
 
+def without(task_run: TaskRun, examples: range) -> TaskRun:
+    """`task_run` with the rows of `examples` left out (a run of fewer samples)."""
+    kept = task_run.examples[~task_run.examples["example"].isin(examples)]
+    return TaskRun(task_run.path, task_run.meta, kept.reset_index(drop=True), *[pd.DataFrame()] * 4)
+
+
+def test_runs_of_other_examples_are_named_as_such_and_not_as_a_decoding_difference() -> None:
+    """Issue 55: runs that cover different examples, answering alike on the ones they share, were said to decode
+    otherwise ("another spectra version or --dtype?") and were both named 'tiny · t.jsonl'."""
+    first, second = run("a", {"good": GOOD}), without(run("b", {"bad": BAD}), range(4, 8))
+    with pytest.raises(SpectraError) as caught:
+        pooled([first, second])
+    message = str(caught.value)
+    assert message.startswith("/runs/b lacks examples 4–7 that /runs/a has: ") and "decode" not in message
+    with pytest.raises(SpectraError, match="^/runs/a has examples 4–7 that /runs/b lacks: "):
+        pooled([second, first])
+    with pytest.raises(SpectraError, match="^/runs/b has examples 8–9 that /runs/a lacks and lacks examples 1, 3 "):
+        more = run("b", {"bad": BAD})
+        extra = more.examples[more.examples["example"] < 2].assign(example=lambda rows: rows["example"] + 8)
+        more = TaskRun(more.path, more.meta, pd.concat([more.examples, extra]), *[pd.DataFrame()] * 4)
+        pooled([first, without(more, (1, 3))])
+    # the full cache answering otherwise on a shared example is still a decoding difference, counted over the
+    # shared examples only and naming both runs' directories
+    other = without(run("b", {"bad": BAD}, full_answer="41"), range(4, 8))
+    with pytest.raises(SpectraError, match=r"^the full cache of /runs/b answered otherwise than /runs/a's on 4 of "
+                                           r"the 4 examples they share \(example 0, question 0: '41' vs '42'\)"):
+        pooled([first, other])
+
+
+def test_a_press_that_ran_other_ratios_or_fewer_examples_is_refused_naming_its_run() -> None:
+    """Issue 55: a press measured at r = 0.5 only was ranked on its mean beside presses measured at 0.25, 0.5 and
+    0.75 (its other cells blank), exit 0. Pooling refuses it: its mean over r would average other ratios."""
+    half = run("b", {"bad": BAD})
+    half = TaskRun(half.path, half.meta, half.examples[half.examples["ratio"].isin([0.0, 0.5])], *[pd.DataFrame()] * 4)
+    with pytest.raises(SpectraError,
+                       match=r"^/runs/b ran bad at ratios 0.5 and /runs/a ran good at ratios 0.25, 0.5, 0.75: "):
+        pooled([run("a", {"good": GOOD}), half])
+    # one press split over two runs, each run a ratio, pools as one press at every ratio
+    split = [run("a", {"good": GOOD, "bad": BAD}), run("b", {"other": GOOD})]
+    one = split[1].examples
+    parts = [TaskRun(Path(f"/runs/{ratio}"), split[1].meta, one[one["ratio"].isin([0.0, ratio])],
+                     *[pd.DataFrame()] * 4) for ratio in RATIOS]
+    assert len(pooled([split[0], *parts])) == len(pooled(split))
+    short = run("b", {"bad": BAD})
+    rows = short.examples
+    short = TaskRun(short.path, short.meta, rows[~((rows["press"] == "bad") & (rows["ratio"] == 0.75)
+                                                  & (rows["example"] == 5))], *[pd.DataFrame()] * 4)
+    with pytest.raises(SpectraError, match="^bad at ratio 0.75 in /runs/b lacks examples 5 that its full cache"):
+        pooled([run("a", {"good": GOOD}), short])
+
+
 def test_over_the_answered_questions_a_press_scores_the_share_it_keeps() -> None:
     """Where no task holds as a whole, presses are judged on the questions the full cache answers (examples 0–5
     here, of both tasks): a press's score there is the share of those answers it keeps, the full cache's 1."""
@@ -92,8 +143,8 @@ def test_over_the_answered_questions_a_press_scores_the_share_it_keeps() -> None
         (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)], "a record's questions are judged one by one"
     with pytest.raises(SpectraError, match="answers no question"):
         answered_rows(examples.assign(score=0.0))
-    with pytest.raises(ValueError, match="'held' or 'answered'"):
-        standings(examples, seed=0, over="all")
+    with pytest.raises(ValueError, match="'held', 'answered', 'all'"):
+        standings(examples, seed=0, over="some")
 
 
 def test_no_held_task_is_refused() -> None:
@@ -155,3 +206,65 @@ def test_a_press_that_did_not_compress_as_far_as_r_asks_is_listed_after_the_rank
     examples.loc[examples["press"] == "half", "bytes_share"] = 1 - examples.loc[examples["press"] == "half",
                                                                                 "ratio"] + 0.005
     assert ranking(examples, seed=0).set_index("press").loc["half", "rank"] == 1
+
+
+def board(presses: dict[str, list[float]], tasks: int = 2, per_task: int = 30) -> pd.DataFrame:
+    """Pooled rows of `tasks` tasks of `per_task` examples, the full cache answering every one, each press answering
+    the first share of each task's examples `presses[press]` gives, at every ratio alike."""
+    rows = []
+    for press, shares in {"full": [1.0], **presses}.items():
+        for ratio in ([0.0] if press == "full" else RATIOS):
+            for task in range(tasks):
+                for i in range(per_task):
+                    share = shares[task % len(shares)]
+                    rows.append({"press": press, "ratio": ratio, "example": task * per_task + i, "question": 0,
+                                 "task": f"t{task}", "prediction": "a", "score": float(i < round(share * per_task)),
+                                 "bytes_share": 1.0 if press == "full" else 1 - ratio})
+    return pd.DataFrame(rows)
+
+
+def test_the_ranking_gives_each_press_a_rank_interval_and_a_tier_a_test_separates() -> None:
+    """Issue 51: ranks came from point estimates only. Two presses with the same scores share their rank, rank
+    interval and tier; presses 0.3 apart on 60 examples are told apart; 'close' (one example behind 'top' in each
+    task) is not, so it shares the top tier."""
+    examples = board({"top": [0.9], "twin": [0.9], "close": [0.9 - 1 / 30], "low": [0.5], "none": [0.0]})
+    order = ranking(examples, seed=0).set_index("press")
+    assert order.loc["full", "tier"] == 0
+    assert order.loc[["top", "twin", "close", "low", "none"], "rank"].tolist() == [1, 1, 3, 4, 5]
+    assert order.loc[["top", "twin", "close", "low", "none"], "tier"].tolist() == [1, 1, 1, 2, 3]
+    assert (order.loc["top", "rank_low"], order.loc["top", "rank_high"]) == (order.loc["twin", "rank_low"],
+                                                                           order.loc["twin", "rank_high"])
+    assert order.loc["top", "rank_low"] == 1 and order.loc["close", "rank_high"] == 3
+    assert (order.loc["low", "rank_low"], order.loc["low", "rank_high"]) == (4, 4)
+    for press in ("top", "close", "low", "none"):
+        assert order.loc[press, "rank_low"] <= order.loc[press, "rank"] <= order.loc[press, "rank_high"]
+    # a press that did not compress as far as r asks has no rank, rank interval nor tier
+    lazy = board({"top": [0.9], "lazy": [1.0]}).assign(bytes_share=1.0)
+    assert ranking(lazy, seed=0).set_index("press").loc["lazy", ["rank", "rank_low", "rank_high", "tier"]].isna().all()
+    again = ranking(examples, seed=0)
+    pd.testing.assert_frame_equal(again, ranking(examples, seed=0))  # bitwise, from the run's seed
+    assert not ranking(examples, seed=1)[["low", "high"]].equals(again[["low", "high"]])
+
+
+def test_a_cell_whose_examples_all_agree_gets_clopper_pearsons_bounds() -> None:
+    """Issue 51: a cell where every example scored 0 (or 1) read 0.00 [0.00–0.00], as certain as a census."""
+    from scipy.stats import binomtest
+
+    table = standings(board({"none": [0.0], "all": [1.0], "some": [0.5]}), seed=0).set_index(["press", "ratio"])
+    never, always = (binomtest(count, 60).proportion_ci(0.95, method="exact") for count in (0, 60))
+    assert (table.loc[("none", 0.5), "low"], table.loc[("none", 0.5), "high"]) == pytest.approx((0.0, never.high))
+    assert (table.loc[("all", 0.5), "low"], table.loc[("all", 0.5), "high"]) == pytest.approx((always.low, 1.0))
+    assert (table.loc[("full", 0.0), "low"], table.loc[("full", 0.0), "high"]) == pytest.approx((always.low, 1.0))
+    # `all` answers as the full cache on every example: its difference is bounded as 0 discordant pairs of 60
+    assert (table.loc[("all", 0.5), "delta_low"], table.loc[("all", 0.5), "delta_high"]) == pytest.approx(
+        (-never.high, never.high))
+    assert table.loc[("some", 0.5), "high"] - table.loc[("some", 0.5), "low"] > 0.2
+
+
+def test_the_filters_are_every_example_the_held_tasks_and_the_answered_ones() -> None:
+    examples = pooled([run("a", {"good": GOOD})])
+    assert standings(examples, seed=0, over="all").set_index("press").loc["full", "examples"] == 8
+    assert standings(examples, seed=0, over="all").set_index(["press", "ratio"]).loc[("good", 0.25), "score"] == \
+        pytest.approx(np.mean(GOOD[0]))  # all 8 examples, both tasks
+    assert standings(examples, seed=0, over="held").set_index(["press", "ratio"]).loc[("good", 0.25), "score"] == \
+        pytest.approx(np.mean(GOOD[0][:4]))
