@@ -31,7 +31,7 @@ import glob
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +65,7 @@ def candidates() -> list[str]:
     for entry in dict.fromkeys(sys.path):
         if not entry or not os.path.isdir(os.path.join(entry, "nvidia")):
             continue
-        for pattern in ("nvidia/cu*/lib/libcusolver.so*", "nvidia/cusolver/lib/libcusolver.so*"):
+        for pattern in ("nvidia/cu[0-9]*/lib/libcusolver.so*", "nvidia/cusolver/lib/libcusolver.so*"):
             found += sorted(glob.glob(os.path.join(entry, pattern)), reverse=True)
     return [*dict.fromkeys(found), *SONAMES]
 
@@ -91,7 +91,7 @@ def _version(lib: ctypes.CDLL) -> str:
     value = ctypes.c_int(0)
     try:
         if lib.cusolverGetVersion(ctypes.byref(value)) == 0:
-            return f"{value.value // 10000}.{value.value // 100 % 100}.{value.value % 100}"
+            return f"{value.value // 1000}.{value.value % 1000 // 100}.{value.value % 100}"  # CUSOLVER_VERSION
     except AttributeError:
         pass
     return "unknown"
@@ -180,6 +180,21 @@ class Library:
             handles[device.index] = handle, params
         return handles[device.index]
 
+    def call(self, handle: ctypes.c_void_p, params: ctypes.c_void_p, kind: int, n: int, batch: int, a: int, w: int,
+             info: int, stream: int, allocate: Callable[[int], int]) -> None:
+        """The raw calls on device pointers: set the stream, size the workspace, allocate it (`allocate(bytes)` →
+        a device pointer) and enqueue the eigensolve of `batch` n × n matrices at a into w, info."""
+        self._call("cusolverDnSetStream", handle, ctypes.c_void_p(stream))
+        device_bytes, host_bytes = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        shape = (NOVECTOR, LOWER, n, kind, ctypes.c_void_p(a), n, kind, ctypes.c_void_p(w), kind)
+        self._call(f"{SYMBOL}_bufferSize", handle, params, *shape, ctypes.byref(device_bytes),
+                   ctypes.byref(host_bytes), batch)
+        on_device = ctypes.c_void_p(allocate(device_bytes.value))
+        on_host = ctypes.create_string_buffer(max(host_bytes.value, 1))
+        self._call(SYMBOL, handle, params, *shape, on_device, device_bytes.value, ctypes.cast(on_host, ctypes.c_void_p),
+                   host_bytes.value, ctypes.c_void_p(info), batch)
+        self._local.host = on_host  # the host workspace outlives the (asynchronous) call until the next one
+
     def eigenvalues(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Ascending eigenvalues (b, n) of the symmetric matrices a (b, n, n), float32 or float64 on a CUDA
         device, and the info array (b,) int32 (0: converged), enqueued on torch's current stream; no host
@@ -197,17 +212,14 @@ class Library:
         if batch == 0:
             return w, info
         handle, params = self._handle(a.device)
-        kind = DATA_TYPE[a.dtype]
-        self._call("cusolverDnSetStream", handle, ctypes.c_void_p(torch.cuda.current_stream(a.device).cuda_stream))
-        device_bytes, host_bytes = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        shape = (NOVECTOR, LOWER, n, kind, ctypes.c_void_p(a.data_ptr()), n, kind, ctypes.c_void_p(w.data_ptr()), kind)
-        self._call(f"{SYMBOL}_bufferSize", handle, params, *shape, ctypes.byref(device_bytes),
-                   ctypes.byref(host_bytes), batch)
-        on_device = torch.empty(max(device_bytes.value, 1), dtype=torch.uint8, device=a.device)
-        on_host = ctypes.create_string_buffer(max(host_bytes.value, 1))
-        self._call(SYMBOL, handle, params, *shape, ctypes.c_void_p(on_device.data_ptr()), device_bytes.value,
-                   ctypes.cast(on_host, ctypes.c_void_p), host_bytes.value, ctypes.c_void_p(info.data_ptr()), batch)
-        self._local.host = on_host  # the host workspace outlives the (asynchronous) call until the next one
+        workspace: list[torch.Tensor] = []
+
+        def allocate(size: int) -> int:  # stream-ordered: freed after the call is enqueued, reused only after it
+            workspace.append(torch.empty(max(size, 1), dtype=torch.uint8, device=a.device))
+            return workspace[-1].data_ptr()
+
+        self.call(handle, params, DATA_TYPE[a.dtype], n, batch, a.data_ptr(), w.data_ptr(), info.data_ptr(),
+                  torch.cuda.current_stream(a.device).cuda_stream, allocate)
         return w, info
 
 
