@@ -107,7 +107,9 @@ def load(paths: Sequence[str] | None = None) -> Library:
         except OSError:
             tried.append(path)
             continue
-        if not hasattr(lib, SYMBOL):
+        try:
+            getattr(lib, SYMBOL)  # dlsym: absent from cuSOLVER before CUDA 12.6 update 2
+        except AttributeError:
             old.append(f"{path} (cuSOLVER {_version(lib)})")
             continue
         _signatures(lib)
