@@ -113,9 +113,10 @@ def gram_sigma(p: torch.Tensor, tolerance: float, solve: Solver) -> tuple[torch.
     """Descending σ (b, min(r, m)), float64, of matrices p (b, r, m) within `tolerance` of c by the bound, and how
     each was solved (b,) int8: 0 in float32, 1 in float64, 2 by the float64 SVD. Zero rows and columns (padding)
     add exact zeros: σ past the matrix's min(nonzero rows, nonzero columns) are set to 0."""
+    nonzero = p != 0  # one byte a entry
+    ranks = torch.minimum(nonzero.any(-1).sum(-1), nonzero.any(-2).sum(-1))
+    del nonzero
     p = p.to(torch.float64)
-    nonzero = p.abs()
-    ranks = torch.minimum((nonzero.sum(-1) > 0).sum(-1), (nonzero.sum(-2) > 0).sum(-1))
     gram = p @ p.mT if p.shape[-2] <= p.shape[-1] else p.mT @ p
     threshold = tolerance / 2
     level = torch.ones(p.shape[0], dtype=torch.int8, device=p.device)
