@@ -164,7 +164,8 @@ def route(place: Place, source: torch.device, width: int, missing: Callable[[], 
     """Where and how the spectra of a model on `source` with P of `width` run: "cpu" (the exact CPU route), "same"
     (torch's solvers on the model's device), "batched" (this route on the model's GPU) or "timed" (auto: time
     "same" and "cpu" on the first layer). `missing()` is why the batched route cannot run (None: it can;
-    `cusolver.available`), asked only where the answer matters. --spectrum-device cuda without what it needs is one SpectraError line."""
+    `cusolver.available`), asked only where the answer matters. --spectrum-device cuda without what it needs is
+    one SpectraError line."""
     place = Place(place)
     if place == Place.CUDA:
         if source.type != "cuda":

@@ -74,8 +74,8 @@ class Offloaded(Probe):
     GPU), overlapped when `overlap`, the batched route within `tolerance` of c.
 
     overlap=None overlaps exactly when the spectra leave the model's device or take the batched route (a
-    CPU-only machine gains nothing from running two stages that both use every core at once). The worker holds at most
-    `depth` pending layers, so memory stays bounded when the spectra are the slower stage. `warn` prints
+    CPU-only machine gains nothing from running two stages that both use every core at once). The worker holds
+    at most `depth` pending layers, so memory stays bounded when the spectra are the slower stage. `warn` prints
     the one line said when the off-device path fails and the spectra fall back to the CPU.
     """
 
