@@ -1,7 +1,7 @@
 """End to end: `spectra analyze` on a randomly initialised RoBERTa-base-sized model at n = 512.
 
     python benchmarks/analyze_e2e.py [--samples 8,16,32] [--length 512] [--batch-size 4]
-                                     [--device cpu|cuda] [--overlap auto|on|off] [--spectrum-device auto|cpu|same]
+                                     [--device cpu|cuda] [--overlap auto|on|off] [--spectrum-device auto|cpu|same|cuda]
 
 Each sample count runs in a fresh process (so peak resident memory is that run's own), which also
 times, on the run's own first batch, the bare forward pass (the model as users run it, SDPA attention,
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--overlap", default="auto", choices=["auto", "on", "off"])
-    parser.add_argument("--spectrum-device", default="auto", choices=["auto", "cpu", "same"])
+    parser.add_argument("--spectrum-device", default="auto", choices=["auto", "cpu", "same", "cuda"])
     args = parser.parse_args()
     tests = str(Path(__file__).resolve().parent.parent / "tests")
     print(f"device {args.device}, overlap {args.overlap}, spectrum device {args.spectrum_device}")

@@ -44,11 +44,13 @@ class Mode(Choice):
 
 
 class Place(Choice):
-    """Where the singular values are computed: auto (timed on the first layer), the CPU, or the model's device."""
+    """Where the singular values are computed: auto (the batched GPU route where it can run, else timed on the
+    first layer), the CPU, the model's device with torch's solvers, or the batched cuSOLVER route on its GPU."""
 
     AUTO = "auto"
     CPU = "cpu"
     SAME = "same"
+    CUDA = "cuda"
 
 
 class Device(Choice):

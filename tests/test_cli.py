@@ -69,7 +69,11 @@ def bad_inputs(roberta_dir: Path, text_file: Path, deberta_dir: Path, tmp: Path)
         "bad mode": ([model, *corpus, "--mode", "chunk"], "Invalid value for '--mode': 'chunk' is not one of 'pack'"),
         "bad dtype": ([model, *corpus, "--dtype", "float8"], "Invalid value for '--dtype': 'float8' is not one of"),
         "bad spectrum device": ([model, *corpus, "--spectrum-device", "tpu"],
-                                "Invalid value for '--spectrum-device': 'tpu' is not one of 'auto', 'cpu', 'same'"),
+                                "Invalid value for '--spectrum-device': 'tpu' is not one of 'auto', 'cpu', 'same', 'cuda'"),
+        "batched route on the cpu": ([model, *corpus, "--length", "16", "--device", "cpu", "--spectrum-device", "cuda"],
+                                     "--spectrum-device cuda runs on the model's CUDA device; use --device cuda"),
+        "bad spectrum tolerance": ([model, *corpus, "--length", "16", "--spectrum-tolerance", "0"],
+                                   "--spectrum-tolerance must be a number in [1e-6, 1)"),
         "no cuda": ([model, *corpus, "--length", "16", "--device", "cuda"], "no CUDA device"),
         "existing out": ([model, *corpus, "--length", "16", "--out", str(tmp / "exists")], "already exists; pass --overwrite"),
         "malformed csv": ([model, "--data", str(tmp / "quoted.csv"), "--length", "16"],
@@ -84,7 +88,7 @@ def bad_inputs(roberta_dir: Path, text_file: Path, deberta_dir: Path, tmp: Path)
 
 CASES = ["unknown model", "not a model dir", "uncapturable", "missing file", "unknown dataset", "missing column",
          "empty corpus", "too short to pack", "length too long", "length too small", "no samples", "at outside",
-         "bad mode", "bad dtype", "bad spectrum device", "no cuda", "existing out", "malformed csv", "not a number",
+         "bad mode", "bad dtype", "bad spectrum device", "batched route on the cpu", "bad spectrum tolerance", "no cuda", "existing out", "malformed csv", "not a number",
          "empty csv", "header-only csv", "empty json"]
 
 

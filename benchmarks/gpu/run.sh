@@ -4,7 +4,7 @@
 #   python benchmarks/gpu/prepare.py        # here, once: .gpu/ (MiniLM in float16, the 8B shape, a 32k record)
 #   bash benchmarks/gpu/run.sh [PART ...]   # there, from the repository root; results under $OUT (default gpu-out/)
 #
-# PART: tests agreement decoder e2e routes presses attention (default: all, in that order). Each part runs under
+# PART: tests agreement decoder e2e routes presses attention eigen figure1 accuracy (default: all, in that order). Each part runs under
 # its own time limit and the whole under BUDGET seconds (default 480; the parts took ~360 s on an H100): a part
 # that would start with under 15 s left is skipped and said so, a part past its limit is stopped and said so, and
 # the next part runs. Each part's output goes to $OUT/<part>.log and its last lines to the terminal; the summary at
@@ -21,6 +21,13 @@
 #   routes     every route to the singular values of a batch of 512x512 P, on the GPU and on the CPU cores
 #   presses    as decoder, every press at ratio 0.5
 #   attention  the Linformer attention table (benchmarks/attention.py) at 512 ... 65536 tokens
+#   eigen      the eigensolvers alone (benchmarks/gpu/figure1.py solvers): matrices/s at n = 128, 256, 512 for torch's
+#              eigvalsh (a loop above 32 x 32) and cuSOLVER's batched XsyevBatched (float64, float32), the batched
+#              route from P at the tolerances 1e-6, 1e-5, 1e-4 and the precisions it used
+#   figure1    the Figure 1 workload end to end with the batched route (figure1.py workload): RoBERTa-base shape,
+#              random weights, FIGURE1_SAMPLES (default 10000) x 512 tokens, float16 forward; the rate as it goes
+#   accuracy   c@k per layer and head and the mean curves of the batched route at each tolerance against the float64
+#              CPU route on the same P (figure1.py accuracy; MiniLM's real weights from .gpu/ when prepared)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -30,9 +37,12 @@ if [[ ${SMALL:-0} == 1 ]]; then
     MINILM=(--length 128 --samples 4); E2E=(--samples 8 --batch-size 2 --length 128)
     DECODER=(--model "${TINY_DECODER:?a tiny decoder folder}" --data "${TINY_TASKS:?its task file}" --dtype float32)
     ATTENTION=(--lengths 512,1024 --budgets 128 --tokens 2048); ROUTES=(--sizes 128)
+    EIGEN=(--sizes 32,64 --matrices 16 --loop 4); FIGURE1=(--samples 4 --length 64 --batch-size 2 --dtype float32)
+    ACCURACY=(--samples 2 --length 64)
 else
     MINILM=(--length 512 --samples 16); E2E=(--samples 32 --batch-size 8); DECODER=()
     ATTENTION=(--lengths 512,65536 --budgets 128 --tokens 65536); ROUTES=(--sizes 512)
+    EIGEN=(); FIGURE1=(--samples "${FIGURE1_SAMPLES:-10000}"); ACCURACY=()
 fi
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -59,7 +69,8 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch
 print('cpus', os.cpu_count())"
 } 2>&1 | tee "$OUT/environment.log"
 
-declare -A LIMIT=([tests]=150 [agreement]=150 [decoder]=110 [e2e]=120 [routes]=45 [presses]=120 [attention]=80)
+declare -A LIMIT=([tests]=150 [agreement]=150 [decoder]=110 [e2e]=120 [routes]=45 [presses]=120 [attention]=80
+                  [eigen]=120 [figure1]=180 [accuracy]=100)
 #: the test modules holding tests marked `cuda` (collecting the whole suite would import what this machine lacks)
 CUDA_TESTS=($(grep -l "mark.cuda" -r tests --include="test_*.py"))
 rm -f "$OUT/summary.log"
@@ -87,7 +98,7 @@ run_part() {  # name command...: run under min(its limit, what the budget leaves
 }
 
 PARTS=("$@")
-((${#PARTS[@]})) || PARTS=(tests agreement decoder e2e routes presses attention)
+((${#PARTS[@]})) || PARTS=(tests agreement decoder e2e routes presses attention eigen figure1 accuracy)
 echo "parts: ${PARTS[*]}"
 want() { local p; for p in "${PARTS[@]}"; do [[ $p == "$1" ]] && return 0; done; return 1; }
 
@@ -107,6 +118,9 @@ want routes && run_part routes $PY benchmarks/spectrum_devices.py "${ROUTES[@]}"
 want presses && run_part presses $PY benchmarks/gpu/decoder.py --device "$DEVICE" --presses all --ratios 0.5 \
     "${DECODER[@]}"
 want attention && run_part attention $PY benchmarks/attention.py --device "$DEVICE" "${ATTENTION[@]}"
+want eigen && run_part eigen $PY benchmarks/gpu/figure1.py solvers --device "$DEVICE" "${EIGEN[@]}"
+want figure1 && run_part figure1 $PY benchmarks/gpu/figure1.py workload --device "$DEVICE" "${FIGURE1[@]}"
+want accuracy && run_part accuracy $PY benchmarks/gpu/figure1.py accuracy --device "$DEVICE" "${ACCURACY[@]}"
 
 echo
 echo "=== summary ($(($(date +%s) - START)) s of a budget of ${BUDGET} s)"

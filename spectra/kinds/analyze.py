@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import checkpoints
-from ..config import Place, RunConfig, choose, indices
+from ..config import Device, Place, RunConfig, choose, indices
 from ..errors import SpectraError, spell
 from ..options import identity, option
 from ..reporter import Reporter
@@ -25,10 +25,16 @@ class AnalyzeOptions:
 
     at: int | None = option(None, "1-based singular-value index for c@index and the heatmap (default n/4: 128 for "
                             "n = 512).")
-    spectrum_device: Place = option(Place.AUTO, "Where the singular values are computed: auto (GPU models: time the "
-                                    "first layer on the GPU and on the CPU, keep the faster; CPU/MPS models: cpu), "
-                                    "cpu, or same (the model's device). Speed only: the numbers change by rounding "
-                                    "at most.", identity=False)
+    spectrum_device: Place = option(Place.AUTO, "Where the singular values are computed: auto (GPU models: the "
+                                    "batched cuSOLVER route where it can run and n > 32, else time the first layer "
+                                    "on the GPU and on the CPU and keep the faster; CPU/MPS models: cpu), cpu, same "
+                                    "(torch's solvers on the model's device), or cuda (the batched cuSOLVER route on "
+                                    "the model's GPU). Speed only: within --spectrum-tolerance of the CPU's numbers.",
+                                    identity=False)
+    spectrum_tolerance: float = option(1e-6, "The largest error in c (c@index and every point of the curve) the "
+                                       "batched GPU route may make, by its per-matrix bound: 1e-6 (exact, the other "
+                                       "routes' bound), 1e-5 (float64), or ≥ 1e-4 to solve in float32 first (the "
+                                       "matrices whose bound needs it are solved again in float64).", identity=False)
     overlap: bool | None = option(None, "Compute the spectra on a background thread while the forward pass goes on "
                                   "(default: when they run off the model's device).", negative="--no-overlap",
                                   identity=False)
@@ -43,6 +49,10 @@ class AnalyzeOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spectrum_device", choose(Place, self.spectrum_device, "--spectrum-device"))
+        tolerance = self.spectrum_tolerance
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 1e-6 <= tolerance < 1:
+            raise SpectraError(f"{spell('--spectrum-tolerance')} must be a number in [1e-6, 1) (the error in c the "
+                               f"spectra may make; the exact routes' bound is 1e-6), got {tolerance!r}")
         object.__setattr__(self, "layers", indices(self.layers, "layer"))
         object.__setattr__(self, "heads", indices(self.heads, "head"))
         if self.bootstrap < 0:
@@ -67,6 +77,14 @@ class Analyze(Analysis):
     def check(self, config: RunConfig, options: AnalyzeOptions, shape: checkpoints.Shape) -> None:
         super().check(config, options, shape)
         check_selection(options.layers, options.heads, shape)
+        if options.spectrum_device == Place.CUDA:  # the batched route's device and library, before the model loads
+            if config.device in (Device.CPU, Device.MPS):
+                cuda = spell("--spectrum-device cuda", 'spectrum_device="cuda"')
+                raise SpectraError(f"{cuda} runs on the model's CUDA device; use {spell('--device cuda')} or another "
+                                   f"{spell('--spectrum-device')}")
+            from .. import cusolver
+
+            cusolver.require()
 
     def derived(self, options: AnalyzeOptions) -> tuple[str, ...]:
         return ("at",) if options.at is None else ()  # n/4 unless given
@@ -95,7 +113,8 @@ class Analyze(Analysis):
         spectrum = SpectrumProbe(source.layers, source.heads, config.length, options.at,
                                  select_layers=options.layers, select_heads=options.heads,
                                  bootstrap=options.bootstrap, seed=config.seed)
-        probes = {"spectrum": Offloaded(spectrum, options.spectrum_device, options.overlap, warn=reporter.warn)}
+        probes = {"spectrum": Offloaded(spectrum, options.spectrum_device, options.overlap, warn=reporter.warn,
+                                        tolerance=options.spectrum_tolerance)}
         if self.wants_qkv(options, source):
             probes["qkv"] = QKVProbe(loaded.model, loaded.layers, loaded.heads, source.kv_heads, loaded.head_dim)
         return Probes(**probes)

@@ -8,8 +8,11 @@ One worker and FIFO order make the sums, and so the results, bitwise equal to ru
 (inline, worker, GPU, the CPU fallback) hands the probe the record's global sequence indices, which seed the
 bootstrap weights; a record without them is a bug and raises (`Captured.sequence_index`).
 
-`device="auto"` times the singular values of the first layer's P on the model's device and on the CPU
-and keeps the faster; on CPU and MPS models the spectra always run on the CPU.
+`device="auto"` takes the batched cuSOLVER route (`spectra.batched`) on the model's GPU where it can run (CUDA,
+a libcusolver with `cusolverDnXsyevBatched`, P larger than torch's batched 32 × 32), and overlaps it with the
+forward on a worker thread and a stream of its own; elsewhere it times the singular values of the first layer's P
+on the model's device and on the CPU and keeps the faster; on CPU and MPS models the spectra always run on the
+CPU. `device="cuda"` asks for the batched route and is one SpectraError line where it cannot run.
 
 The off-device path (pinned copies, events, the worker, GPU spectra) cannot be exercised without a GPU,
 so any failure in it falls back, once and with one warning line, to computing the spectra inline on the
@@ -25,13 +28,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from .. import cusolver
+from ..batched import EXACT, batched_sigma, precision, route
 from ..capture import Captured
 from ..config import Place, choose
+from ..errors import SpectraError
 from ..spectrum import masked, singular_values
 from ..stats import State
 from ..timings import stage
@@ -63,17 +70,21 @@ def _seconds(p: torch.Tensor) -> float:
 
 
 class Offloaded(Probe):
-    """A SpectrumProbe run on `device` ("auto", "cpu" or "same" as the model), overlapped when `overlap`.
+    """A SpectrumProbe run on `device` ("auto", "cpu", "same" as the model or "cuda": the batched route on its
+    GPU), overlapped when `overlap`, the batched route within `tolerance` of c.
 
-    overlap=None overlaps exactly when the spectra leave the model's device (a CPU-only machine gains
-    nothing from running two stages that both use every core at once). The worker holds at most
-    `depth` pending layers, so memory stays bounded when the spectra are the slower stage. `warn` prints
+    overlap=None overlaps exactly when the spectra leave the model's device or take the batched route (a
+    CPU-only machine gains nothing from running two stages that both use every core at once). The worker holds
+    at most `depth` pending layers, so memory stays bounded when the spectra are the slower stage. `warn` prints
     the one line said when the off-device path fails and the spectra fall back to the CPU.
     """
 
     def __init__(self, probe: SpectrumProbe, device: Place | str = Place.AUTO, overlap: bool | None = None,
-                 depth: int | None = None, warn: Callable[[str], None] | None = None) -> None:
+                 depth: int | None = None, warn: Callable[[str], None] | None = None,
+                 tolerance: float = EXACT) -> None:
         self.probe, self.place, self.overlap = probe, choose(Place, device, "--spectrum-device"), overlap
+        self.tolerance, self.route = tolerance, ""
+        self._stream: Any = None  # the batched route's own CUDA stream, when it overlaps
         self.warn = warn or (lambda line: print(line, file=sys.stderr))
         self.device: torch.device | None = None  # decided at the first update
         self.seconds: dict[str, float] = {}
@@ -86,17 +97,23 @@ class Offloaded(Probe):
 
     def _decide(self, p: torch.Tensor, valid: torch.Tensor) -> None:
         source = p.device
-        if source.type in ("cpu", "mps") or self.place == Place.CPU:
-            self.device = torch.device("cpu")  # MPS has no float64 and no batched LAPACK
-        elif self.place == Place.SAME:
+        self.route = route(self.place, source, p.shape[-1], lambda: cusolver.available(source))
+        if self.route == "cpu":
+            self.device = torch.device("cpu")
+        elif self.route == "same":
             self.device = source
+        elif self.route == "batched":
+            self.device = source
+            self.probe.solve = partial(batched_sigma, tolerance=self.tolerance)
         else:
             sample = masked(p, valid)
             self.seconds = {source.type: _seconds(sample),
                             "cpu": _seconds(sample.cpu())}
             self.device = min((source, torch.device("cpu")), key=lambda d: self.seconds[d.type])
         if self.overlap is None:
-            self.overlap = self.device != source
+            self.overlap = self.device != source or self.route == "batched"
+        if self.overlap and self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(self.device)
         if self.overlap:
             self._worker = threading.Thread(target=self._work, name="spectra-spectrum", daemon=True)
             self._worker.start()
@@ -121,6 +138,8 @@ class Offloaded(Probe):
         if self.device is None:
             try:
                 self._decide(p, valid)
+            except SpectraError:  # --spectrum-device cuda where it cannot run: the user's to fix
+                raise
             except Exception as error:  # noqa: BLE001 - timing or starting the worker failed: use the CPU
                 self.device = torch.device("cpu")
                 self._fall_back(error)
@@ -134,7 +153,7 @@ class Offloaded(Probe):
                 self.probe.add(layer, moved_p, moved_valid, index)
                 return
             ready = None
-            if p.device.type == "cuda" and self.device.type == "cpu":  # the worker waits for the copy, not the GPU
+            if p.device.type == "cuda":  # the worker waits for the copy (or P itself), not for the GPU's later work
                 ready = torch.cuda.Event()
                 ready.record(torch.cuda.current_stream(p.device))
         except Exception as error:  # noqa: BLE001 - the off-device path failed: this layer and the rest on the CPU
@@ -157,15 +176,28 @@ class Offloaded(Probe):
                         self._redo.append((layer, source_p, source_valid, index))
                         continue
                     try:
-                        if ready is not None:
-                            ready.synchronize()
-                        self.probe.add(layer, p, valid, index)
+                        self._add(layer, p, valid, index, ready)
                     except BaseException as error:  # handed to the main thread, which redoes the layer on the CPU
                         self._error = self._error or error
                         self.fallback = self.fallback or "worker"
                         self._redo.append((layer, source_p, source_valid, index))
                 finally:
                     self._pending.task_done()
+
+    def _add(self, layer: int, p: torch.Tensor, valid: torch.Tensor, index: list[int], ready: Any) -> None:
+        """The worker's update: on the CPU once the copy has landed; on the GPU on its own stream, which waits
+        for P without the host waiting (P's memory is kept from reuse until the stream's work on it is done)."""
+        if self._stream is None:
+            if ready is not None:
+                ready.synchronize()
+            self.probe.add(layer, p, valid, index)
+            return
+        with torch.cuda.stream(self._stream):
+            if ready is not None:
+                self._stream.wait_event(ready)
+            p.record_stream(self._stream)
+            valid.record_stream(self._stream)
+            self.probe.add(layer, p, valid, index)
 
     def _catch_up(self) -> None:
         """After a failure in the worker: wait for it, say so once, and redo its layers inline, in order."""
@@ -202,7 +234,10 @@ class Offloaded(Probe):
 
     def describe(self) -> dict[str, Any]:
         """Where the spectra ran, whether they overlapped the forward, the timings that chose it, any fallback."""
-        return {"spectrum_device": "cpu" if self.fallback else str(self.device), "overlap": bool(self.overlap),
+        batched = self.route == "batched" and not self.fallback
+        route = {"spectrum_route": f"batched cuSOLVER, {str(precision(self.tolerance)).split('.')[-1]} first",
+                 "spectrum_tolerance": self.tolerance} if batched else {}
+        return {"spectrum_device": "cpu" if self.fallback else str(self.device), "overlap": bool(self.overlap), **route,
                 **({"spectrum_seconds": self.seconds} if self.seconds else {}),
                 **({"spectrum_fallback": self.fallback} if self.fallback else {})}
 

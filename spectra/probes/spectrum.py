@@ -17,7 +17,7 @@ written to `bootstrap.npz`, from which `spectra scaling` gets the confidence int
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -54,6 +54,8 @@ class SpectrumProbe(Probe):
         self.select_layers = set(range(layers) if select_layers is None else select_layers)
         self.select_heads = sorted(range(heads) if select_heads is None else select_heads)
         self.bootstrap, self.seed = bootstrap, seed
+        #: the singular values' route (p (..., w, w) → σ (..., w), float64); `Offloaded` may set the batched GPU one
+        self.solve: Callable[[torch.Tensor], torch.Tensor] = singular_values
         self.cum = Moments.zeros((layers, heads, n))
         self.sigma = Moments.zeros((layers, heads, n))
         self.metrics = Moments.zeros((layers, heads, len(METRICS)))
@@ -84,7 +86,7 @@ class SpectrumProbe(Probe):
             p, heads = p[:, chosen], len(chosen)
         p = p if bool(valid.all()) else masked(p, valid)  # nothing padded (pack mode): no copy
         with stage("spectra"):
-            sigma = singular_values(p)
+            sigma = self.solve(p)
         lengths = valid.sum(-1)[:, None].expand(batch, heads).to(sigma.device)  # sigma may be on the CPU (mps)
         grid, metrics = summarize(sigma, lengths, self.at, self.n)
         rows = row_metrics(p, valid, sink_start(self.n)).to(metrics.device)

@@ -181,7 +181,7 @@ def _on(device: str, batches):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("place, overlap", [("cpu", True), ("cpu", False), ("same", True), ("same", False),
-                                            ("auto", None)])
+                                            ("auto", None), ("cuda", None), ("cuda", False)])
 def test_on_cuda_every_path_gives_the_cpus_numbers(place, overlap) -> None:
     """P computed on the GPU, its spectra on the CPU through pinned copies and the worker's events, or on the GPU
     itself, inline or overlapped: the numbers are the CPU's to within the rounding of P (float32 softmax on either
@@ -201,7 +201,8 @@ def test_on_cuda_every_path_gives_the_cpus_numbers(place, overlap) -> None:
         assert set(seconds) == {"cpu", "cuda"} and seconds["cpu"] > 0 and seconds["cuda"] > 0
         device = "cpu" if seconds["cpu"] <= seconds["cuda"] else "cuda:0"
     assert described["spectrum_device"] == device
-    assert described["overlap"] == ((device == "cpu") if overlap is None else overlap)
+    assert described["overlap"] == ((device == "cpu" or place == "cuda") if overlap is None else overlap)
+    assert ("spectrum_route" in described) == (place == "cuda")
 
 
 def test_pinned_memory_is_asked_for_only_for_copies_from_a_gpu(monkeypatch) -> None:
@@ -224,3 +225,75 @@ def test_pinned_memory_is_asked_for_only_for_copies_from_a_gpu(monkeypatch) -> N
     assert not any(asked)
     x = torch.ones(3)
     assert offload._to(x, torch.device("cpu"), wait=False) is x  # already there: no copy at all
+
+
+def test_the_batched_route_asked_for_without_a_gpu_is_an_error_not_a_fallback() -> None:
+    lines: list[str] = []
+    offloaded = Offloaded(SpectrumProbe(2, 3, 24, 6), "cuda", warn=lines.append)
+    with pytest.raises(SpectraError, match="the model is on cpu"):
+        _fed(offloaded, _softmax_batches(1))
+    assert lines == []
+
+
+@pytest.mark.parametrize("overlap", [None, False])
+def test_the_batched_route_is_wired_to_the_probe(monkeypatch, overlap) -> None:
+    """Where `route` says batched: the probe's solver becomes the batched route at the declared tolerance (off a
+    GPU it is the exact CPU route, so the numbers are the inline ones bitwise), overlapped by default, and run.json
+    says which route and tolerance."""
+    from spectra.batched import batched_sigma
+    from spectra.probes import offload
+
+    monkeypatch.setattr(offload, "route", lambda place, source, width, missing: "batched")
+    inline = _fed(SpectrumProbe(2, 3, 24, 6), _softmax_batches(3))
+    offloaded = Offloaded(SpectrumProbe(2, 3, 24, 6), "auto", overlap=overlap, tolerance=1e-4)
+    got = _fed(offloaded, _softmax_batches(3))
+    described = offloaded.describe()
+    offloaded.close()
+    assert offloaded.probe.solve.func is batched_sigma and offloaded.probe.solve.keywords == {"tolerance": 1e-4}
+    for name in inline:
+        assert np.array_equal(inline[name], got[name]), name
+    assert described == {"spectrum_device": "cpu", "overlap": overlap is None,
+                         "spectrum_route": "batched cuSOLVER, float32 first", "spectrum_tolerance": 1e-4}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("place", ["cpu", "cuda"])
+def test_on_cuda_handing_p_to_the_spectra_never_waits_for_the_gpu(place, monkeypatch) -> None:
+    """The hot loop's handover (`Offloaded.update` on the main thread, overlapped): no host-device synchronisation
+    (torch.cuda.set_sync_debug_mode reports every one); the worker thread's waits are its own. Prints how many the
+    main thread made over the whole pass (capture included), for the GPU notes."""
+    import threading
+    import warnings
+
+    from spectra.probes import offload
+
+    batches = list(_on("cuda", _softmax_batches(4, n=64)))
+    offloaded = Offloaded(SpectrumProbe(2, 3, 64, 16), place, overlap=True, depth=8)
+    offloaded.update(batches[0])  # the first layer decides the route (auto's timing may wait): not the hot loop
+    inside, syncs = threading.local(), []
+    update = offload.Offloaded.update
+
+    def watched(self, captured) -> None:
+        inside.on = True
+        try:
+            update(self, captured)
+        finally:
+            inside.on = False
+
+    def record(message, *args, **kwargs) -> None:
+        if threading.current_thread() is threading.main_thread():
+            syncs.append((getattr(inside, "on", False), str(message)))
+
+    monkeypatch.setattr(offload.Offloaded, "update", watched)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        monkeypatch.setattr(warnings, "showwarning", record)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for captured in batches[1:]:
+                offloaded.update(captured)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    offloaded.close()
+    print(f"{place}: {len(syncs)} synchronising calls on the main thread, {sum(on for on, _ in syncs)} in update")
+    assert not [message for on, message in syncs if on], "the handover waited for the GPU"
