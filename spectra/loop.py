@@ -243,6 +243,8 @@ def _stream(job: Job, source: Source, probe: Probe, target: RunDir, held: shards
                     last_save = time.perf_counter()
                 # with several processes: this one's share, scaled
                 reporter.advance(min(done + seen * size, job.sequences), job.sequences)
+        if writer is not None and writer.pending:  # before waiting for the others: a crash of one loses nothing here
+            checkpoint()
         live = probe.state()
         combined = distributed.reduce_state(live, source.device)
         if writer is not None and held and distributed.is_main():  # the checkpoints' states join the processes'

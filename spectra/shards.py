@@ -58,15 +58,22 @@ class Writer:
         self.path = folder(partial) / f"{rank}-of-{size}-{uuid.uuid4().hex[:12]}.npz"
         self.meta = {**meta, "rank": rank, "processes": size}
         self.indices: list[int] = []
+        self.saved = 0
 
     def add(self, indices: Iterable[int]) -> None:
         self.indices.extend(int(index) for index in indices)
+
+    @property
+    def pending(self) -> bool:
+        """Whether it holds sequences its file does not yet."""
+        return len(self.indices) > self.saved
 
     def save(self, state: Mapping[str, np.ndarray]) -> None:
         """The state and the indices it holds, in one file written through a temporary file and a rename."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_arrays(self.path, {**state, INDICES: np.array(sorted(self.indices), dtype=np.int64),
                                  META: np.array(json.dumps(self.meta))})
+        self.saved = len(self.indices)
 
 
 def _damaged(path: Path, what: str, partial: Path) -> SpectraError:

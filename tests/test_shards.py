@@ -33,6 +33,9 @@ def written(partial, rank: int, indices: list[int], scale: float = 1.0, meta: di
 def test_a_shard_holds_its_state_its_sequences_and_its_run(tmp_path) -> None:
     partial = tmp_path / "run.partial"
     writer = written(partial, 1, [5, 1, 3])
+    assert not writer.pending
+    writer.add([7])
+    assert writer.pending
     assert writer.path.parent == partial / "shards" and writer.path.name.startswith("1-of-2-")
     assert shards.Writer(partial, META, 1, 2).path != writer.path  # a process of another start: a file of its own
     [shard] = shards.read(partial, "evaluate", same)
