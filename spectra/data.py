@@ -9,14 +9,14 @@ Tokenization is lazy: only as many documents are read as the requested sequences
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import hub
+from . import distributed, hub
 from .errors import SpectraError
 
 #: name → (hub path, configuration, default split, text column)
@@ -279,19 +279,22 @@ def sequences(tokenizer, corpus: Corpus, n: int, mode: str) -> Iterator[list[int
 
 
 def batches(tokenizer, corpus: Corpus, n: int, mode: str, count: int, batch_size: int, skip: int = 0,
-            shard: tuple[int, int] = (0, 1), fit_samples: int = 0) -> Iterator[Batch]:
+            shard: tuple[int, int] = (0, 1), fit_samples: int = 0, held: Container[int] = ()) -> Iterator[Batch]:
     """Batches of up to `batch_size` of the first `count` sequences (calibration included), leaving out the first `skip`
-    (resuming) and, with shard = (rank, size), keeping only indices ≡ rank mod size (one process's share).
+    and those `held` (resuming: what checkpoints hold) and, with shard = (rank, size), keeping one process's share
+    (`distributed.share`: with nothing held, indices ≡ rank mod size).
     No batch holds sequences on both sides of `fit_samples` (the end of a calibration set)."""
-    rank, size = shard
     pad = next((token for token in (tokenizer.pad_token_id, tokenizer.eos_token_id) if token is not None), 0)
     left = getattr(tokenizer, "padding_side", "right") == "left"
     pending: list[tuple[int, list[int]]] = []
+    mine = distributed.share(range(skip, count), held, shard)
+    wanted = next(mine, None)
     for index, ids in enumerate(sequences(tokenizer, corpus, n, mode)):
-        if index >= count:
+        if wanted is None:
             break
-        if index < skip or index % size != rank:
+        if index != wanted:
             continue
+        wanted = next(mine, None)
         if pending and pending[-1][0] < fit_samples <= index:
             yield _collate(pending, pad, left)
             pending = []

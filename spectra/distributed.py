@@ -1,14 +1,15 @@
 """Runs spread over processes with torch.distributed (`torchrun --nproc-per-node N -m spectra …`).
 
-Each process takes every N-th sequence, accumulates its own streaming statistics, and the states are
-combined exactly at the end: counts, sums and histograms are summed (in float64, exact for counts
-below 2⁵³), minima and maxima reduced; process 0 alone writes the run directory. gloo serves CPU
+Each process takes every N-th sequence (on a resume, of those no checkpoint holds: `share`), accumulates its own
+streaming statistics, and the states are combined exactly at the end: counts, sums and histograms are summed (in
+float64, exact for counts below 2⁵³), minima and maxima reduced; process 0 alone writes the run directory. gloo serves CPU
 processes, nccl GPU ones (one GPU per process, chosen by LOCAL_RANK).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Container, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -45,6 +46,19 @@ def size() -> int:
 
 def is_main() -> bool:
     return rank() == 0
+
+
+def share(candidates: Iterable[int], held: Container[int] = (), shard: tuple[int, int] = (0, 1)) -> Iterator[int]:
+    """The candidate sequences one process takes, shard = (rank, size): those no checkpoint holds (`held`), the i-th
+    of them to process i mod size; with nothing held, sequence i goes to process i mod size."""
+    rank, size = shard
+    left = 0
+    for index in candidates:
+        if index in held:
+            continue
+        if left % size == rank:
+            yield index
+        left += 1
 
 
 def reduce_state(state: State, device: torch.device) -> dict[str, np.ndarray]:

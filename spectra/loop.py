@@ -4,11 +4,11 @@
 
 An analysis is a `Job`: its kind, its run configuration and the settings that identify it, how to open its
 source and which probe to build for it. `execute` does the rest, the same way for every analysis: checks the
-target before touching the disk and locks it before the model loads, resumes from a checkpoint, shards sequences
+target before touching the disk and locks it before the model loads, resumes from a checkpoint, shares sequences
 across torch.distributed processes and combines their states, checkpoints every `config.checkpoint_seconds` (one
-process; processes write none along the way, but resume a single process's checkpoint: the first takes its state,
-every one skips its sequences), reports progress through the run's `Reporter`, and writes the probe's tables and
-arrays with run.json.
+process: its checkpoint.npz; several, or one resuming theirs: each its own shard, `spectra.shards`; a resume skips
+every sequence a checkpoint holds and combines their states at the end), reports progress through the run's
+`Reporter`, and writes the probe's tables and arrays with run.json.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from . import distributed, runtime, timings
+from . import distributed, runtime, shards, timings
 from .config import RunConfig
 from .errors import Interrupted, SpectraError, spell
 from .probes import Probe
@@ -55,9 +55,10 @@ class Source(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
-    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[Any]:
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1),
+                held: Container[int] = ()) -> Iterator[Any]:
         """Batches of the first `sequences` (each source batches as its run configuration says), from `skip` on,
-        keeping the shard's share."""
+        leaving out those `held` (by checkpoints), keeping the shard's share (`distributed.share`)."""
 
     def run(self, batch: Any, probe: Probe) -> None:
         """The batch's pass, each layer handed to the probe's input for that pass (`Probe.update` for a forward
@@ -196,65 +197,69 @@ def _out_of_memory(error: BaseException) -> bool:
         isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
 
 
-def _across(reached: int, saved: list[int], target: RunDir) -> str:
-    """What an interrupt of a run spread over processes leaves: they write no checkpoint along the way (their shares
-    combine only at the end), so it continues from the single-process checkpoint it resumed, if any."""
-    then = (f"continue from the one after {plural(saved[0], 'sequence')} with {RESUME} and the same "
-            f"{spell('--out')} ({target.out})" if saved else "nothing was saved; run the command again")
-    return f"interrupted after about {plural(reached, 'sequence')}; processes write no checkpoint along the way: {then}"
-
-
-def _stream(job: Job, source: Source, probe: Probe, target: RunDir, done: int, reporter: Reporter,
-            wall: Callable[[], float]) -> int:
-    """Run this process's batches from `done` on through the probe and combine the processes' states;
-    returns the sequences this process saw. Checkpoints on time (never across processes: their shares are
-    combined only at the end) and on an interrupt."""
-    seen, last_save = 0, time.perf_counter()
-    every = float("inf") if distributed.size() > 1 else job.config.checkpoint_seconds
-    saved = [done] if done else []  # sequences in the newest checkpoint on disk
+def _stream(job: Job, source: Source, probe: Probe, target: RunDir, held: shards.Held,
+            writer: shards.Writer | None, reporter: Reporter, wall: Callable[[], float]) -> int:
+    """Run this process's batches, leaving out those checkpoints hold, through the probe and combine the processes'
+    states (and the `held` ones, with shards); returns the sequences this process saw. Checkpoints on time and on
+    an interrupt: into checkpoint.npz, or with a `writer` into this process's shard (no collective)."""
+    seen, last_save, size, done = 0, time.perf_counter(), distributed.size(), len(held)
+    saved = [done] if done else []  # sequences checkpointed, as far as this process knows
+    about = "about " if size > 1 else ""
 
     def checkpoint() -> bool:
         if not probe.ready():  # e.g. in the middle of a calibration: the next batch will do
             return False
         with timings.stage("write"):
-            target.save_checkpoint(plain(probe.state()), done + seen, wall_seconds=wall())
-        saved[:] = [done + seen]
+            if writer is None:
+                target.save_checkpoint(plain(probe.state()), done + seen, wall_seconds=wall())
+            else:
+                target.save_progress(distributed.is_main(), wall_seconds=wall())
+                writer.save(plain(probe.state()))
+        saved[:] = [done + seen * size]
         return True
 
     reporter.advance(done, job.sequences)
     try:
         with _deferred_interrupts(reporter.notify) as interrupted:
-            for batch in timings.timed("tokenize", source.batches(job.sequences, skip=done,
-                                                                   shard=(distributed.rank(), distributed.size()))):
+            for batch in timings.timed("tokenize", source.batches(job.sequences, skip=held.prefix, held=held,
+                                                                   shard=(distributed.rank(), size))):
                 with timings.stage("forward"):
                     source.run(batch, Staged(probe))
                 with timings.stage("probes"):
                     probe.after_batch(batch)
                 seen += len(batch.index)
+                if writer is not None:
+                    writer.add(batch.index)
                 if interrupted():
-                    if distributed.size() > 1:  # processes write no checkpoint along the way
-                        raise Interrupted(_across(done + seen * distributed.size(), saved, target))
                     if not checkpoint() and not saved:
                         raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}, during the calibration: "
                                           "nothing was saved; run the command again")
-                    raise Interrupted(f"interrupted after {plural(done + seen, 'sequence')}; continue with {RESUME} and the "
-                                      f"same {spell('--out')} ({target.out})")
-                if time.perf_counter() - last_save >= every and probe.ready():
+                    shared = (f" (each process's sequences are checkpointed in {target.partial}; resume with one "
+                              "process or several)" if writer is not None else "")
+                    raise Interrupted(f"interrupted after {about}{plural(done + seen * size, 'sequence')}; continue with "
+                                      f"{RESUME} and the same {spell('--out')} ({target.out}){shared}")
+                if time.perf_counter() - last_save >= job.config.checkpoint_seconds and probe.ready():
                     checkpoint()
                     last_save = time.perf_counter()
                 # with several processes: this one's share, scaled
-                reporter.advance(min(done + seen * distributed.size(), job.sequences), job.sequences)
-        probe.load_state(distributed.reduce_state(probe.state(), source.device))
+                reporter.advance(min(done + seen * size, job.sequences), job.sequences)
+        if writer is not None and writer.pending:  # before waiting for the others: a crash of one loses nothing here
+            checkpoint()
+        live = probe.state()
+        combined = distributed.reduce_state(live, source.device)
+        if writer is not None and held and distributed.is_main():  # the checkpoints' states join the processes'
+            combined = shards.combine(live, combined, held.states(target.partial), target.partial)
+        probe.load_state(combined)
     except KeyboardInterrupt:
         if not saved:  # nothing on disk to continue from
             raise Interrupted(f"interrupted twice: stopped at once after {plural(done + seen, 'sequence')}, before the first "
                               "checkpoint: nothing was saved; run the command again") from None
-        raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after "
+        raise Interrupted(f"interrupted twice: stopped at once; continue from the checkpoint after {about}"
                           f"{plural(saved[0], 'sequence')} with {RESUME} and the same {spell('--out')} ({target.out})") from None
     except (RuntimeError, MemoryError) as error:
         if not (isinstance(error, MemoryError) or _out_of_memory(error)):
             raise
-        kept = (f"the checkpoint after {plural(saved[0], 'sequence')} is kept: continue with {RESUME} and"
+        kept = (f"the checkpoint after {about}{plural(saved[0], 'sequence')} is kept: continue with {RESUME} and"
                 if saved else "nothing was written: try again with")
         raise SpectraError(f"ran out of memory after {plural(done + seen, 'sequence')}; {kept} a smaller "
                            f"{spell('--batch-size')}") from None
@@ -302,11 +307,14 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
         notify(f"{target.out} is already complete; loading it")
         return target.out
     previous = target.checkpoint_meta()
+    found: tuple[shards.Shard, ...] = ()
     if previous is not None:
         changed = _differences(previous["settings"], job.settings, job.derived)
         if changed:
             raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}; "
                                f"pass {OVERWRITE} to start over, or choose another {spell('--out')}")
+        found = shards.read(target.partial, job.kind, lambda recorded: _differences(recorded, job.settings, job.derived))
+    sharded = distributed.requested() or bool(found)  # each process checkpoints into its own shard
 
     device = config.device
     if distributed.requested():
@@ -323,10 +331,10 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
         notify(f"nothing to resume in {target.out}; starting a new run")
     with timings.stage("load"):
         source = job.open_source(device)
-    if previous is not None:
-        changed = _data_changes(previous, source)
+    for recorded, what in ((previous, ""), *((shard.meta, f" ({shard.path.name})") for shard in found)):
+        changed = [] if recorded is None else _data_changes(recorded, source)
         if changed:
-            raise SpectraError(f"cannot resume {target.partial}: the data changed since it started "
+            raise SpectraError(f"cannot resume {target.partial}{what}: the data changed since it started "
                                f"({differ(changed)}); pass {OVERWRITE} to start over")
     with timings.stage("load"):
         source.start()
@@ -335,20 +343,28 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
     record: dict[str, Any] = {"kind": job.kind, "settings": job.settings, **source.describe(),
                               **job.meta(source), "versions": versions()}
     done, elapsed = 0, 0.0
-    if previous is not None:  # across processes: the first holds the checkpoint's state, every one skips its sequences
+    if previous is not None:  # with shards, the held states join the processes' at the end; every one skips them
         state, done = target.load_checkpoint()
-        if distributed.is_main():
+        if not sharded:
             probe.load_state(state)
         elapsed = float(previous.get("wall_seconds", 0.0))
-        notify(f"resuming {target.partial} after {plural(done, 'sequence')}")
+    held = shards.Held(done, found)
+    if previous is not None:
+        notify(f"resuming {target.partial} after {plural(len(held), 'sequence')}")
     target.begin(record)
+    writer = None
+    if sharded:  # the first clears a directory it replaces, and every process has read the shards, before any writes
+        target.clear(distributed.is_main())
+        distributed.barrier()
+        writer = shards.Writer(target.partial, {key: record.get(key) for key in ("kind", "settings", "data")},
+                               distributed.rank(), distributed.size())
     started = time.perf_counter()
     try:
-        seen = _stream(job, source, probe, target, done, reporter, lambda: elapsed + time.perf_counter() - started)
+        seen = _stream(job, source, probe, target, held, writer, reporter, lambda: elapsed + time.perf_counter() - started)
     finally:
         with timings.stage("wait"):
             probe.close()
-    processed = done + distributed.total(seen, source.device)
+    processed = len(held) + distributed.total(seen, source.device)
     if processed < job.sequences:
         reporter.advance(processed, processed)
         notify(f"the corpus yields {plural(processed, 'sequence')} of the {job.sequences} "

@@ -1,6 +1,7 @@
 """Writing a run directory: checked before anything touches the disk, locked while a run writes it, atomic.
 
-A run is built in `<out>.partial/` (checkpoints land there too) and renamed to `<out>` only when complete,
+A run is built in `<out>.partial/` (checkpoints land there too: one process's `checkpoint.npz`, the shards of
+several processes under `shards/`, see `spectra.shards`) and renamed to `<out>` only when complete,
 so an interrupted or failed run never looks finished and an existing run is replaced only after its
 successor is whole. From its set-up to its last file, before its model loads, a run holds an exclusive lock
 (`.<out>.lock` beside the directory, naming its process) and checks its target again under it, so a second run
@@ -35,6 +36,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 CHECKPOINT = "checkpoint.npz"
+#: the folder of a partial run where each process of a run checkpoints its own sequences (`spectra.shards`)
+SHARDS = "shards"
 #: the two options that decide what happens to an existing run directory, as each front end spells them
 OVERWRITE, RESUME = spell("--overwrite", "overwrite=True"), spell("--resume", "resume=True")
 
@@ -211,13 +214,21 @@ class RunDir:
     def finished_meta(self) -> dict[str, Any]:
         return self._read_meta(self.out)
 
+    @property
+    def checkpointed(self) -> bool:
+        """Whether the partial directory holds a checkpoint: a single process's, or a shard of several."""
+        return (self.partial / CHECKPOINT).exists() or any((self.partial / SHARDS).glob("*.npz"))
+
     def checkpoint_meta(self) -> dict[str, Any] | None:
         """The run.json of the interrupted run being resumed, or None to start fresh; a damaged checkpoint or
-        run.json is refused here, before the model loads (the archive's checksums are verified, not kept)."""
+        run.json is refused here, before the model loads (the archive's checksums are verified, not kept; shards
+        are checked as `spectra.shards` reads them)."""
         checkpoint = self.partial / CHECKPOINT
-        if not self.resume or not checkpoint.exists():
+        if not self.resume or not self.checkpointed:
             return None
         meta = self._read_meta(self.partial)
+        if not checkpoint.exists():
+            return meta
         try:
             with zipfile.ZipFile(checkpoint) as archive:
                 whole = archive.testzip() is None and "done.npy" in archive.namelist()
@@ -287,12 +298,20 @@ class RunDir:
     def begin(self, meta: dict[str, Any]) -> None:
         """Record the run's settings; the partial directory appears with the first checkpoint."""
         self.meta = meta
-        self._created = False
+        self._created = self._cleared = False
+
+    def clear(self, first: bool) -> None:
+        """Before the processes of a run write their shards: the `first` process removes a partial directory this
+        run replaces (one it does not resume) now, before the others start (a barrier), rather than at its first
+        checkpoint, when another process's shard may be in it; no process removes it later."""
+        if first and self.partial.exists() and not (self.resume and self.checkpointed):
+            shutil.rmtree(self.partial)
+        self._cleared = True
 
     def _ensure(self) -> None:
         if self._created:
             return
-        resuming = self.resume and (self.partial / CHECKPOINT).exists()
+        resuming = self._cleared or (self.resume and self.checkpointed)
         if self.partial.exists() and not resuming:
             shutil.rmtree(self.partial)
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -305,7 +324,18 @@ class RunDir:
         write_arrays(self.partial / CHECKPOINT, {**arrays, "done": np.array(done)})
         write_meta(self.partial, {**self.meta, "status": "running", **meta})
 
+    def save_progress(self, first: bool, **meta: Any) -> None:
+        """Record the settings to resume with beside the processes' shards: the `first` process each time (its
+        `meta`: the wall time so far), another only while none is there, so no shard is ever without them."""
+        self._ensure()
+        if first or not (self.partial / "run.json").exists():
+            write_meta(self.partial, {**self.meta, "status": "running", **meta})
+
     def load_checkpoint(self) -> tuple[dict[str, np.ndarray], int]:
+        """A single process's checkpoint: the probes' state and how many sequences (the first ones) it holds; none
+        (an empty state, 0) where only the shards of several processes are."""
+        if not (self.partial / CHECKPOINT).exists():
+            return {}, 0
         with np.load(self.partial / CHECKPOINT, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
         return arrays, int(arrays.pop("done"))
@@ -321,6 +351,7 @@ class RunDir:
             write_arrays(self.partial / name, group)
         write_meta(self.partial, {**meta, **(late() if late else {})})
         (self.partial / CHECKPOINT).unlink(missing_ok=True)
+        shutil.rmtree(self.partial / SHARDS, ignore_errors=True)
         old = None
         if self.out.exists():
             old = self.out.with_name(self.out.name + ".old")

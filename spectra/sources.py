@@ -12,14 +12,14 @@ global indices of its batch's sequences (`Captured.index`), on which all per-seq
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from . import capture, checkpoints, data, models
+from . import capture, checkpoints, data, distributed, models
 from .capture import Captured, Observe, Substitute
 from .config import RunConfig
 from .errors import InternalError, SpectraError
@@ -110,10 +110,11 @@ class ModelSource(OfLoadedModel):
             "dtype": self.config.dtype,
         }
 
-    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[data.Batch]:
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1),
+                held: Container[int] = ()) -> Iterator[data.Batch]:
         return data.batches(self.loaded.tokenizer, self.corpus, self.n, self.config.mode, sequences,
                             self.config.batch_size,
-                            skip=skip, shard=shard, fit_samples=self.fit_samples)
+                            skip=skip, shard=shard, fit_samples=self.fit_samples, held=held)
 
     def run(self, batch: data.Batch, probe: Observer) -> None:
         """The batch's forward pass, every layer handed to the probe's `update` (its records know the sequences'
@@ -156,14 +157,17 @@ def gaussian_qkv(
 
 @dataclass
 class SyntheticBatch:
-    """Samples start … start + size − 1 of a synthetic run."""
+    """Samples of a synthetic run, by their indices (consecutive unless a checkpoint holds some between)."""
 
-    start: int
-    size: int
+    index: list[int]
 
     @property
-    def index(self) -> list[int]:
-        return list(range(self.start, self.start + self.size))
+    def start(self) -> int:
+        return self.index[0]
+
+    @property
+    def size(self) -> int:
+        return len(self.index)
 
 
 class SyntheticSource:
@@ -187,13 +191,13 @@ class SyntheticSource:
         return {"model": {"name": f"gaussian(d={self.d})", "layers": 1, "heads": self.heads},
                 "data": self.data(), "n": self.n, "device": str(self.device)}
 
-    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[SyntheticBatch]:
-        """Batches of the run's batch size from `skip` on; with several processes, batch b goes to process b mod
-        size."""
-        rank, size, batch_size = *shard, self.config.batch_size
-        for number, start in enumerate(range(skip, sequences, batch_size)):
-            if number % size == rank:
-                yield SyntheticBatch(start, min(batch_size, sequences - start))
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1),
+                held: Container[int] = ()) -> Iterator[SyntheticBatch]:
+        """Batches of the run's batch size from `skip` on, of the samples no checkpoint holds (`held`); with several
+        processes, batch b goes to process b mod size."""
+        left, batch_size = list(distributed.share(range(skip, sequences), held)), self.config.batch_size
+        batched = [left[start:start + batch_size] for start in range(0, len(left), batch_size)]
+        yield from (SyntheticBatch(index) for index in distributed.share(batched, (), shard))
 
     def run(self, batch: SyntheticBatch, probe: Observer) -> None:
         config = self.config

@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from spectra import data
@@ -61,6 +62,10 @@ def test_pack_makes_exact_blocks_of_the_separated_stream(roberta_dir, text_file)
     assert bool(batches[0].attention_mask.all())
     resumed = list(data.batches(tokenizer, corpus, n, "pack", count=10, batch_size=4, skip=4))
     assert all((a.input_ids == b.input_ids).all() for a, b in zip(resumed, batches[1:]))
+    held = list(data.batches(tokenizer, corpus, n, "pack", count=10, batch_size=4, held={0, 2, 3}, shard=(1, 2)))
+    assert [b.index for b in held] == [[4, 6, 8]]  # of 1, 4, 5, 6, 7, 8, 9 left: the second, fourth, …
+    assert (held[0].input_ids == torch.stack([batches[1].input_ids[0], batches[1].input_ids[2],
+                                              batches[2].input_ids[0]])).all()
 
 
 def test_truncate_makes_one_padded_sequence_per_document(bert_dir, text_file) -> None:

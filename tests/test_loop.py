@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import spectra
+from frames import assert_frames_close
+from spectra import distributed, shards
 from spectra.errors import Interrupted, SpectraError
 
 QUIET = dict(progress=None, notify=lambda line: None)
@@ -82,6 +84,101 @@ def test_synthetic_theorems_resume_to_the_same_tables(tmp_path) -> None:
     for name, table in whole.tables.items():
         assert resumed.tables[name].equals(table), name
     assert resumed.meta["samples"] == 9
+
+
+def as_process(monkeypatch, rank: int) -> None:
+    """This process as process `rank` of two (spectra.distributed answering so, with no process group): what
+    it runs and checkpoints is that process's share, so shards are written without torchrun."""
+    monkeypatch.setattr(distributed, "requested", lambda: True)
+    monkeypatch.setattr(distributed, "start", lambda device: device)
+    monkeypatch.setattr(distributed, "rank", lambda: rank)
+    monkeypatch.setattr(distributed, "size", lambda: 2)
+    monkeypatch.setattr(distributed, "barrier", lambda: None)
+
+
+def test_shards_of_processes_stopped_at_different_points_resume_in_one(tmp_path, monkeypatch) -> None:
+    """A single process's checkpoint (samples 0-1), then process 0 of two stopped after its first shard (2, 3),
+    then process 1 of two of another start stopped after its first (6, 7): one process resumes, skips all six and
+    runs 4, 5 and 8, and combines the checkpoint, both shards and its own state into the uninterrupted tables."""
+    settings = dict(synthetic=True, budget=[4, 8], eps=[0.3], d=4, heads=2, length=16, samples=9, batch_size=2,
+                    checkpoint_seconds=0.0)
+    whole = spectra.theorems(None, out=tmp_path / "whole", progress=None, **settings)
+    cut, partial = tmp_path / "cut", tmp_path / "cut.partial"
+
+    def interrupt(done, total):
+        if done >= 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        spectra.theorems(None, out=cut, progress=interrupt, **settings)
+    assert (partial / "checkpoint.npz").exists() and not (partial / "shards").exists()  # one process: as before
+    save = shards.Writer.save
+
+    def stop_after_save(self, state):
+        save(self, state)
+        raise Stop
+
+    monkeypatch.setattr(shards.Writer, "save", stop_after_save)
+    for rank, indices in ((0, [2, 3]), (1, [6, 7])):
+        with monkeypatch.context() as process:
+            as_process(process, rank)
+            with pytest.raises(Stop):
+                spectra.theorems(None, out=cut, resume=True, progress=None, **settings)
+        [written] = [path for path in (partial / "shards").glob(f"{rank}-of-2-*.npz")]
+        with np.load(written) as shard:
+            assert shard["shard.indices"].tolist() == indices
+    monkeypatch.undo()
+    seen = []
+    resumed = spectra.theorems(None, out=cut, resume=True, progress=lambda done, total: seen.append(done), **settings)
+    assert seen[0] == 6 and seen[-1] == 9 and resumed.meta["samples"] == 9 and resumed.meta["processes"] == 1
+    assert not partial.exists() and sorted(p.name for p in cut.iterdir()) == sorted(p.name for p in whole.path.iterdir())
+    for name, table in whole.tables.items():
+        assert_frames_close(resumed.tables[name], table, rtol=1e-12, atol=1e-12, name=name)
+
+
+def test_a_process_done_with_its_share_checkpoints_it_before_waiting_for_the_others(tmp_path, monkeypatch) -> None:
+    """Process 0 of two finishes its share long before its next checkpoint is due; the other crashes while it waits
+    to combine their states (here: the combination raises). Its whole share is in its shard all the same."""
+    def crashed(state, device):
+        raise Stop
+
+    as_process(monkeypatch, 0)
+    monkeypatch.setattr(distributed, "reduce_state", crashed)
+    with pytest.raises(Stop):
+        spectra.theorems(None, out=tmp_path / "run", synthetic=True, budget=[4], eps=[0.3], d=4, heads=2, length=16,
+                         samples=9, batch_size=2, checkpoint_seconds=3600.0, progress=None)
+    [written] = (tmp_path / "run.partial" / "shards").glob("0-of-2-*.npz")
+    with np.load(written) as shard:
+        assert shard["shard.indices"].tolist() == [0, 1, 4, 5, 8]  # batches 0, 2 and 4 of [0, 1], [2, 3], …
+    assert (tmp_path / "run.partial" / "run.json").exists()
+
+
+def test_a_shard_of_another_configuration_is_refused_before_the_run(tmp_path, monkeypatch) -> None:
+    """A shard whose settings differ from the run resumed (copied from another run's directory) is refused in one
+    line naming it and the setting, before anything runs."""
+    settings = dict(synthetic=True, budget=[4], eps=[0.3], d=4, heads=2, length=16, samples=6, batch_size=2,
+                    checkpoint_seconds=0.0)
+    save = shards.Writer.save
+
+    def stop_after_save(self, state):
+        save(self, state)
+        raise Stop
+
+    monkeypatch.setattr(shards.Writer, "save", stop_after_save)
+    for out, length in (("run", 16), ("other", 12)):
+        with monkeypatch.context() as process:
+            as_process(process, 0)
+            with pytest.raises(Stop):
+                spectra.theorems(None, out=tmp_path / out, progress=None, **{**settings, "length": length})
+    [foreign] = (tmp_path / "other.partial" / "shards").glob("*.npz")
+    foreign.rename(tmp_path / "run.partial" / "shards" / foreign.name)
+    monkeypatch.undo()
+    with pytest.raises(SpectraError) as refused:
+        spectra.theorems(None, out=tmp_path / "run", resume=True, progress=None, **settings)
+    message = refused.value.for_cli()
+    assert "\n" not in message and message.startswith(
+        f"{tmp_path / 'run.partial' / 'shards' / foreign.name} was written by a run with different n: it is "
+        f"not a shard of {tmp_path / 'run.partial'}; remove it, or pass --overwrite to start over")
 
 
 @pytest.mark.parametrize("checkpoint_seconds", [3600.0, 0.0])

@@ -43,6 +43,9 @@ def test_batches_are_whole_from_skip() -> None:
     assert [(b.start, b.size) for b in synthetic.batches(10, skip=4)] == [(4, 4), (8, 2)]  # resumed after one batch
     assert list(synthetic.batches(10, skip=12)) == []
     assert next(iter(synthetic.batches(10, skip=4))).index == [4, 5, 6, 7]
+    # samples a checkpoint shard holds are left out; the rest batched as they come, across processes by batch
+    assert [b.index for b in synthetic.batches(10, skip=2, held={3, 4, 8})] == [[2, 5, 6, 7], [9]]
+    assert [b.index for b in synthetic.batches(10, skip=2, held={3, 4, 8}, shard=(1, 2))] == [[9]]
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5])

@@ -14,7 +14,7 @@ one exact prefill (`spectra.kv.prefill`), every layer's `presses.Prefill` handed
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from ... import data, models
+from ... import data, distributed, models
 from .. import batching, prefill, reconstruction
 from ...config import RunConfig
 from ...errors import SpectraError, spell
@@ -211,11 +211,12 @@ class TaskSource(OfLoadedModel):
         return {"model": loaded.describe(), "data": self.data(), "n": self.n, "device": str(loaded.device),
                 "dtype": self.config.dtype}
 
-    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1)) -> Iterator[TaskBatch]:
-        """Up to `--batch-size` examples per batch from `skip` on, in order (the probe decodes their cells together;
-        each is prefilled alone); example i goes to process i mod size."""
-        rank, size = shard
-        mine = [position for position in range(skip, min(sequences, len(self.records))) if position % size == rank]
+    def batches(self, sequences: int, skip: int = 0, shard: tuple[int, int] = (0, 1),
+                held: Container[int] = ()) -> Iterator[TaskBatch]:
+        """Up to `--batch-size` examples per batch from `skip` on, in order, leaving out those checkpoints hold
+        (`held`) (the probe decodes their cells together; each is prefilled alone); example i goes to process i mod
+        size (of those left: `distributed.share`)."""
+        mine = list(distributed.share(range(skip, min(sequences, len(self.records))), held, shard))
         step = self.config.batch_size
         for first in range(0, len(mine), step):
             yield TaskBatch(mine[first:first + step])

@@ -76,6 +76,8 @@ def test_batches_of_examples_skipped_and_sharded(chat_decoder, task_file) -> Non
     assert [batch.index for batch in two.batches(3)] == [[0, 1], [2]]
     assert [batch.index for batch in two.batches(3, skip=1)] == [[1, 2]]
     assert [batch.index for batch in two.batches(3, shard=(0, 2))] == [[0, 2]]
+    assert [batch.index for batch in found.batches(3, held={1})] == [[0], [2]]  # a checkpoint shard holds 1
+    assert [batch.index for batch in found.batches(3, held={0}, shard=(1, 2))] == [[2]]  # the second of those left
     data = found.data()
     assert data["sha256"] == hashlib.sha256(task_file.read_bytes()).hexdigest() and data["records"] == 3
 
