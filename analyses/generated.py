@@ -36,8 +36,32 @@ def presses_with_argument() -> str:
     return "\n".join(bullet(name, REGISTRY[name.split("(")[0]].guide.format(**lists)) for name in written) + "\n"
 
 
+def kvpress_registry() -> str:
+    """A table of kvpress's evaluation registry (`spectra.kv.configurations`): each name as `--presses` writes it,
+    kvpress's instance, spectra's expression and the settings it changes beside the class defaults (or what to write
+    instead); then what each leaderboard preset expands to and what it leaves out."""
+    from spectra.kv import configurations
+    from spectra.registry import PRESSES
+
+    rows = ["| name | kvpress's instance | spectra's press | settings (class default) |", "| --- | --- | --- | --- |"]
+    for entry in configurations.REGISTRY.values():
+        if not entry.expression:
+            rows.append(f"| `{entry.written}` | `{entry.kvpress}` | — | {entry.instead} |")
+            continue
+        changed = "; ".join(f"{press} {key}={value} ({PRESSES.entries()[press].facts['fields'][key]})"
+                            for press, values in entry.settings.items() for key, value in values.items())
+        rows.append(f"| `{entry.written}` | `{entry.kvpress}` | `{entry.expression}` | {changed or 'defaults'} |")
+    presets = [bullet(name, ", ".join(f"`{press}`" for press in presses))
+               for name, presses in configurations.PRESETS.items()]
+    left = ", ".join(f"`{name}`" for name in configurations.left_out())
+    return "\n".join([*rows, "", *presets, "", textwrap.fill(
+        f"The presets leave out the leaderboard's {left}: spectra runs them otherwise or not at all (the table says "
+        "how).", WIDTH, break_long_words=False, break_on_hyphens=False)]) + "\n"
+
+
 #: generator name → the function writing its block
-GENERATORS: dict[str, Callable[[], str]] = {"presses-with-argument": presses_with_argument}
+GENERATORS: dict[str, Callable[[], str]] = {"presses-with-argument": presses_with_argument,
+                                            "kvpress-registry": kvpress_registry}
 
 
 def refreshed(text: str) -> str:

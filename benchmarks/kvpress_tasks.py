@@ -19,6 +19,11 @@ prediction as kvpress's pipeline returns it, score RULER's (spectra.kv.tasks.sco
 ratio, mode) the mean score beside the full cache's, per task. `agreement(kvpress, spectra)` is the comparison with
 the task protocol of `spectra cache` (its per-example CSV: press, ratio, example, prediction, …); `--spectra
 RUN_CSV` applies it.
+
+A press written `kvpress:<name>` (spectra.kv.configurations: kvpress's evaluation registry, `kvpress:chunkkv`) is on
+kvpress's side the very instance its registry builds (`registry_press`, from the registry's text: ChunkKVPress(press=
+SnapKVPress(), chunk_length=20)), its ratio set as kvpress's evaluate.py sets it; on spectra's, the configuration
+spectra builds for that name (`spectra evaluate --presses kvpress:chunkkv`), so the comparison checks the mapping too.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ ALPHA_SAFEGUARD = 0.2
 #: FinchPress's window where no question follows a delimiter (the NLL protocol, a query-agnostic task): the last 64
 #: context tokens, as spectra's finch reads them
 FINCH_WINDOW = 64
+#: `kvpress:<name>` (spectra.kv.configurations) → the instance kvpress's evaluation registry builds, as it writes it
+#: (`AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))`): the worker builds kvpress's own configuration from it
+INSTANCES: dict[str, str] = {}
 
 
 def split_arguments(text: str) -> list[str]:
@@ -87,7 +95,12 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     the decodable one (or the same) every `interval` steps at the target n_kept(`context`, ratio), `context` the
     prompt's context tokens (spectra's --compression-interval, 512 by default); `cam(<decodable>)`: CAMPress of the
     decodable scorer at that interval and target (its merge draws from torch's global generator: seed it with
-    `Cam.seed_of` before the example, as kvpress_decoding.py does)."""
+    `Cam.seed_of` before the example, as kvpress_decoding.py does); `kvpress:<name>`: the instance kvpress's
+    evaluation registry names (`INSTANCES`, `registry_press`)."""
+    if name in INSTANCES:
+        if "KVzipPress" in INSTANCES[name]:
+            serve_tokenizer(model.config.name_or_path)
+        return registry_press(kvpress, INSTANCES[name], ratio, seed)
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
             return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model,
@@ -128,6 +141,32 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
         serve_tokenizer(model.config.name_or_path)
     found = artifact_press(kvpress, name, ratio)
     return found if found is not None else getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
+
+
+def registry_press(kvpress, written: str, ratio: float, seed: int):
+    """kvpress's press from its evaluation registry's text (`ChunkKVPress(press=SnapKVPress(), chunk_length=20)`),
+    built from kvpress's classes (the text read as Python syntax: calls, keywords, lists and constants only), its ratio
+    set as kvpress's evaluate.py sets it: ThinK's key-channel ratio, each press of a ComposedPress's, else the press's
+    own (a wrapper hands it to its scorer); RandomPress draws with `seed`, as spectra's random for the example."""
+    import ast
+
+    def built(node):
+        if isinstance(node, ast.Call):
+            return getattr(kvpress, node.func.id)(*map(built, node.args),
+                                                  **{item.arg: built(item.value) for item in node.keywords})
+        if isinstance(node, ast.List):
+            return [built(item) for item in node.elts]
+        return ast.literal_eval(node)
+
+    press = built(ast.parse(written, mode="eval").body)
+    for part in press.presses if isinstance(press, kvpress.ComposedPress) else [press]:
+        if isinstance(part, kvpress.ThinKPress):
+            part.key_channel_compression_ratio = ratio
+        else:
+            part.compression_ratio = ratio
+        if isinstance(part, kvpress.RandomPress):
+            part.seed = seed
+    return press
 
 
 def artifact_press(kvpress, name: str, ratio: float):
@@ -244,6 +283,7 @@ def worker(job_path: str, result_path: str) -> None:
     import torch
 
     job = json.loads(Path(job_path).read_text())
+    INSTANCES.update(job.get("instances", {}))
     model, pipe = kvpress_pipeline(job)
     cells = [("full", 0.0)] * job.get("full", True) + [(press, ratio) for press in job["presses"]
                                                         for ratio in job["ratios"]]
@@ -271,15 +311,15 @@ def worker(job_path: str, result_path: str) -> None:
                         # ObservedAttentionPress reads the attention weights, which only eager attention returns
                         model.set_attn_implementation("eager" if "observed" in press else "sdpa")
                         forget_masks(model)
-                        if press == "finch" and aware:  # kvpress's FINCH prompt: context + delimiter + question
+                        if press in ("finch", "kvpress:finch") and aware:  # kvpress's FINCH prompt: context + delimiter + question
                             made.update_model_and_tokenizer(model, pipe.tokenizer)
                             in_view = context[len(record["context"]):]
                             context = record["context"] + made.delimiter_token + in_view
-                        if press == "compactor":  # its sketches from the global generator, seeded as spectra's
+                        if press.endswith("compactor"):  # its sketches from the global generator, as spectra's
                             torch.manual_seed(job["sketch_seeds"][str(record["example"])])
                         if press.startswith("cam("):  # its merge draws from the global generator, as spectra's
                             torch.manual_seed(job["cam_seeds"][str(record["example"])])
-                        if press in UNEVEN:
+                        if press.removeprefix("kvpress:") in UNEVEN:
                             pipe.generate_answer = stepwise(pipe)
                         else:
                             pipe.__dict__.pop("generate_answer", None)
@@ -380,6 +420,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     counts per example, seconds per cell, versions)."""
     import pandas as pd
 
+    from spectra.kv import configurations
     from spectra.kv.presses.compactor import Compactor
     from spectra.kv.presses.cam import Cam
     from spectra.kv.presses.eviction import Random
@@ -397,7 +438,10 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
            "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records},
            "cam_seeds": {str(r.example): Cam.seed_of(0, r.example) for r in records},
            # random's seed per example, as `spectra cache` (--seed 0) draws it
-           "random_seeds": {str(r.example): Random.seed_of(0, r.example) for r in records}}
+           "random_seeds": {str(r.example): Random.seed_of(0, r.example) for r in records},
+           # kvpress:<name>: the instance kvpress's evaluation registry builds for it
+           "instances": {press: configurations.REGISTRY[press.removeprefix(configurations.PREFIX)].kvpress
+                         for press in presses if press.startswith(configurations.PREFIX)}}
     previous = scratch / "job.json"
     if previous.exists() and json.loads(previous.read_text())["records"] != job["records"]:
         (scratch / "kvpress.cells.jsonl").unlink(missing_ok=True)  # other records: nothing to resume

@@ -1,4 +1,4 @@
-"""How a registry name written with several arguments reads them: `name(a,b,…)` and the kinds its fact `several`
+"""How a registry name written with arguments reads them: `name(argument)` (`applied`), `name(a,b,…)` and the kinds its fact `several`
 declares ("scorer,decodable": a scorer, then a decodable press; "press,press…": two or more presses, a last kind ending
 in '…' repeating), how such a name is written in listings, and how the facts of its arguments merge into its own.
 
@@ -7,7 +7,17 @@ Torch-free and registry-free (`registry.Registry.resolve` applies it to its entr
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+#: `name(argument)`: a declared name applied to an argument (the argument may itself hold parentheses)
+_APPLIED = re.compile(r"^([A-Za-z][\w-]*)\((.+)\)$", re.DOTALL)
+
+
+def applied(name: str) -> tuple[str, str] | None:
+    """('adakv', 'snapkv') for 'adakv(snapkv)'; None for a name without an argument."""
+    match = _APPLIED.match(name.strip())
+    return (match.group(1), match.group(2).strip()) if match else None
 
 #: the facts that say what a name's arguments are, which the name with its arguments no longer has
 ARGUMENT_FACTS = ("wraps", "argument", "check", "several", "refuses")

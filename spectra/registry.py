@@ -2,30 +2,30 @@
 
 A `Registry[T]` maps names to objects. Its entries come three ways:
 
-- *declared* (methods, presses): a press or a method is its class. The class registered by its module
-  (`@register`) states in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2},
-  …}` for instances of one class with different parameters) and its facts (class attributes named as the registry's
-  `facts`: `windowed = True`, its one-line `summary` and kvpress `peer` that `--help` lists, inherited from its
-  bases); its module's `ORDER = 10` says where its names come in listings. The registry reads them from the
-  package's syntax trees (`spectra.declarations`), never importing the modules, so the names and facts are known in
-  milliseconds without torch: `--help` lists them and an unknown
-  `--methods` or `--presses` is refused before anything loads. The object behind a name is imported on first use
-  (its module's `@register` calls `add` as it loads), and `add` refuses an object whose facts differ from what its
-  class was read to declare (a fact set in `__init__`, say, which no reading of the source can see).
+- *declared* (methods, presses): a press or a method is its class. The class registered by its module (`@register`)
+  states in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2}, …}` for
+  instances of one class with different parameters) and its facts (class attributes named as the registry's `facts`:
+  `windowed = True`, its one-line `summary` and kvpress `peer` that `--help` lists, inherited from its bases); its
+  module's `ORDER = 10` says where its names come in listings. The registry reads them from the package's syntax
+  trees (`spectra.declarations`), never importing the modules, so the names and facts are known in milliseconds
+  without torch: `--help` lists them and an unknown `--methods` or `--presses` is refused before anything loads.
+  The object behind a name is imported on first use (its module's `@register` calls `add` as it loads), and `add`
+  refuses an object whose facts differ from what its class was read to declare (a fact set in `__init__`, say).
 - *added* (analyses): the objects themselves, registered by importing their (torch-free) modules.
 - *imported* (task families): a package of torch-free modules, each registering its objects as it loads with the
   facts the objects themselves state: the first listing imports them all, and `order` names the fact the listing is
   sorted by (the import order depends on which module a caller imported first).
 
-A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts
-say what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
+A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts say
+what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
 `scorer` (`decodable`; whose facts the wrapped name inherits), or `argument: "pattern"` checked by the torch-free
-function `check: "module:function"`
-— so a bad argument is refused in one line before anything loads. A name may take *several* names, `name(a,b,…)`
-cut at the commas outside parentheses: its fact `several` lists their kinds ('scorer,decodable'; 'press,press…',
-two or more names used alone, none having a fact of its `refuses`), and the name's facts merge theirs (a flag any
-sets, the largest number). `registry["adakv(snapkv)"]` is the registered object's `bind(argument)` (the wrapped
-object, or the argument's text; `bind(a, b, …)` for several), made once.
+function `check: "module:function"` — so a bad argument is refused in one line before anything loads. A name may take
+*several* names, `name(a,b,…)` cut at the commas outside parentheses: its fact `several` lists their kinds
+('scorer,decodable'; 'press,press…', two or more names used alone, none having a fact of its `refuses`), and the
+name's facts merge theirs (a flag any sets, the largest number). `registry["adakv(snapkv)"]` is the registered
+object's `bind(argument)` (the wrapped object, or the argument's text; `bind(a, b, …)` for several), made once.
+A *configured* name (`configurations`: kvpress's registry names, `kvpress:expected_attention`) is an expression with
+settings of its presses' declared `fields`: the expression's facts, its own identity, its object built once.
 
 So adding a method or a press is its file (its class, decorated `@register`) and its test, a task family its file
 and its test; nothing else lists them. Modelled on lm-evaluation-harness's `Registry[T]`, whose entries may be lazy
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,20 +43,10 @@ from typing import Any, TypeVar
 
 from .declarations import Package
 from .errors import SpectraError
-from .arguments import ARGUMENT_FACTS, kinds_of, merge_fact, several_kinds, written
+from .arguments import ARGUMENT_FACTS, applied, kinds_of, merge_fact, several_kinds, written
 from .inputs import split_top
 
 T = TypeVar("T")
-
-#: `name(argument)`: a declared name applied to an argument (the argument may itself hold parentheses)
-_APPLIED = re.compile(r"^([A-Za-z][\w-]*)\((.+)\)$", re.DOTALL)
-
-
-def applied(name: str) -> tuple[str, str] | None:
-    """('adakv', 'snapkv') for 'adakv(snapkv)'; None for a name without an argument."""
-    match = _APPLIED.match(name.strip())
-    return (match.group(1), match.group(2).strip()) if match else None
-
 
 @dataclass(frozen=True)
 class Entry:
@@ -72,9 +61,12 @@ class Registry(Mapping[str, T]):
     """Name → object (see the module docstring). Iterating, `len`, `in`, `names`, `facts` and `having` read the
     declarations only; indexing imports the object's module when it has not loaded yet."""
 
-    def __init__(self, what: str, package: str | None = None, *, imported: bool = False,
-                 order: str | None = None, facts: tuple[str, ...] = (), identity: tuple[str, ...] = ()) -> None:
+    def __init__(self, what: str, package: str | None = None, *, imported: bool = False, order: str | None = None,
+                 facts: tuple[str, ...] = (), identity: tuple[str, ...] = (), configurations: str = "") -> None:
         self.what, self.package, self.imported, self.order = what, package, imported, order
+        #: a torch-free module naming configured instances (`configured(name)`: expression, settings, identity facts
+        #: or None; `build(registry, name)`): kvpress's registry names, `kv/configurations.py`
+        self.configurations = configurations
         #: the class attributes a declared entry's class states as its facts
         self.fact_names = facts
         #: the facts that say what a name is (its summary, its peer): `name(argument)` never takes them from the name
@@ -130,6 +122,12 @@ class Registry(Mapping[str, T]):
             return entries[name]
         if name in self._applied:
             return self._applied[name]
+        found = self.configuration(name)
+        if found is not None:  # a configured name: its expression's facts, its own identity
+            inner = self.resolve(found[0])
+            own = {key: value for key, value in inner.facts.items() if key not in self.identity}
+            self._applied[name] = Entry(name, inner.module, {**own, **found[2]})
+            return self._applied[name]
         parts = applied(name)
         if parts is None or parts[0] not in entries or not takes_argument(entries[parts[0]]):
             raise KeyError(name)
@@ -166,6 +164,11 @@ class Registry(Mapping[str, T]):
             facts = own
         found = self._applied[name] = Entry(name, base.module, facts)
         return found
+
+    def configuration(self, name: str) -> tuple[str, Mapping[str, Any], Mapping[str, Any]] | None:
+        """(expression, settings, identity facts) of a configured name; None for any other (SpectraError: a
+        configured name refused)."""
+        return importlib.import_module(self.configurations).configured(name, self) if self.configurations else None
 
     def arguments(self, name: str, base: Entry, argument: str) -> list[str]:
         """The arguments of `name` (`base`(`argument`)): one, or several cut at top-level commas for a name taking
@@ -232,7 +235,8 @@ class Registry(Mapping[str, T]):
         if name in self.entries():
             return True
         try:
-            return isinstance(name, str) and applied(name) is not None and bool(self.resolve(name))
+            return isinstance(name, str) and (applied(name) is not None or self.configuration(name) is not None) \
+                and bool(self.resolve(name))
         except (KeyError, SpectraError):
             return False
 
@@ -273,6 +277,9 @@ class Registry(Mapping[str, T]):
                 self._objects.pop(name, None)
 
     def __getitem__(self, name: str) -> T:
+        if name not in self._objects and self.configuration(name) is not None:
+            self.resolve(name)
+            self._objects[name] = importlib.import_module(self.configurations).build(self, name)
         if name not in self._objects and name not in self.entries() and applied(name) is not None:
             self.resolve(name)  # KeyError or SpectraError for an unknown name or a bad argument
             base, argument = applied(name)  # type: ignore[misc]
@@ -319,6 +326,7 @@ def chosen(names: Iterable[str], registry: Registry[Any], *, group: str | None =
     picked: list[str] = []
     for name in names:
         name = name.strip()
+        registry.configuration(name)  # a configured name refused: its own line
         if applied(name) is not None and name not in registry.entries():
             base = registry.entries().get(applied(name)[0])  # type: ignore[index]
             if base is not None and not takes_argument(base):
@@ -363,8 +371,8 @@ METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", 
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
     "hidden", "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps",
-    "argument", "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer"),
-    identity=("summary", "peer"))
+    "argument", "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer", "fields"),
+    identity=("summary", "peer", "fields"), configurations="spectra.kv.configurations")
 #: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
 #: of tasks, each registering its tasks with their family and their seed number, the listing's order)
 TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")
@@ -388,7 +396,10 @@ ALL = "all"
 
 
 def press_names(names: Iterable[str]) -> tuple[str, ...]:
-    """Press names from user input, in the order given, once each; `ALL` stands for every press named alone."""
-    expanded = [part for name in names for part in (PRESSES.bare() if name.strip() == ALL else (name,))]
+    """Press names from user input, in the order given, once each; `ALL` stands for every press named alone, a preset
+    of `kv.configurations` for its list (kvpress's leaderboard); a name of kvpress's registry is `kvpress:<name>`."""
+    from .kv import configurations
+
+    expanded = configurations.expanded(names, {ALL: PRESSES.bare()}, PRESSES)
     return chosen(expanded, PRESSES, example=",".join(PRESSES.bare()[:3]), flag="--presses",
-                  listed=(PRESSES.listing(), f"{ALL} (every press named alone)"))
+                  listed=(PRESSES.listing(), f"{ALL} (every press named alone)", *configurations.LISTED))

@@ -111,7 +111,12 @@ class PressOptions:
                                       "<pattern>: a directory with DuoAttention's full_attention_heads.tsv and "
                                       "config.json, such as a `spectra heads` run; <run>: an analyze or heads run, "
                                       "<run>@rank to weigh heads by rank; <cache run>: a run with --bytes-kept; "
-                                      "docs/cache.md explains each). Default: every press named alone but those "
+                                      "docs/cache.md explains each; kvpress:<name>: a configuration of kvpress's "
+                                      "evaluation registry, kvpress:expected_attention being AdaKV around Expected "
+                                      "Attention with epsilon 0.01; kvpress-leaderboard, or each of its loops' "
+                                      "kvpress-leaderboard-question-free and kvpress-leaderboard-query-aware (to run "
+                                      "with --query-aware): kvpress's leaderboard list). Default: every press named "
+                                      "alone but those "
                                       f"running a whole-model pass of their own ({', '.join(EXTRA_PASSES)}); "
                                       f"{registry.ALL}: every press named alone.")
     ratios: tuple[float, ...] = option(DEFAULT_RATIOS, f"Comma-separated compression ratios in [0, 1), as each press "

@@ -94,7 +94,8 @@ def test_the_default_presses_leave_out_those_running_a_whole_model_pass_and_all_
     with PRESSES.extended({"replayed": (object(), {"composes": True}), "plain": (object(), {"axis": "tokens"})}):
         assert "replayed" not in default_presses() and "plain" in default_presses()
     with pytest.raises(SpectraError, match=re.escape("unknown press 'every'; valid presses: streaming, knorm")
-                       + ".*, all \\(every press named alone\\)$"):
+                       + ".*, all \\(every press named alone\\), kvpress-leaderboard, .*, "
+                       "kvpress:<name> \\(kvpress's registry names\\)$"):
         PressOptions(presses="every")
 
 

@@ -34,6 +34,7 @@ import torch
 
 from ...kernels import window_rows
 from ...registry import PRESSES, Registry
+from .fields import configured, settings
 
 #: the queries the prefill keeps for the presses: the last WINDOW context positions, the widest `window` a press
 #: declares (SnapKV's 64, kvpress's window_size, in eviction.py), which every press declared `windowed` reads
@@ -252,16 +253,14 @@ class Press:
     min_context: ClassVar[int] = 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
-    #: a scorer whose score reads only the cached keys or the last token's query, which `decoding(<decodable>)` may
-    #: apply at every decoding step (streaming, knorm, tova)
+    #: a scorer reading only the cached keys or the last query: `decoding(<decodable>)` applies it at each step
     decodable: ClassVar[bool] = False
     #: a scorer reading only the cached rows and their order, so it scores any subset (`chunk(…)`, `block(…)`)
     rowscorer: ClassVar[bool] = False
     #: compresses while the answer or continuation is decoded, not once after the prefill (`decoding(<decodable>)`);
     #: `mixes`: its rows mix the context's tokens (linformer's E·K, F·V), which no press reads as tokens: it comes last
     decodes, mixes = False, False
-    #: the last context queries the press reads, its own setting (SnapKV's window_size); 0: none of its own (a
-    #: `windowed` press without one reads the prefill's, `WINDOW`)
+    #: the last context queries it reads (SnapKV's window_size); 0: a `windowed` press reads the prefill's, WINDOW
     window: ClassVar[int] = 0
     #: reads a query-aware task record's question tokens as its window (`Prefill.question_tokens`: FINCH), so the
     #: question may hold no more than the WINDOW queries the prefill keeps (the task study refuses a longer one first)
@@ -274,8 +273,7 @@ class Press:
     #: a press written `name(a,b,…)`: the kinds of its arguments ("scorer,decodable"; "press,press…": two or more
     #: presses named alone), and the facts none of them may have (`registry.Registry.resolve`)
     several, refuses = "", ""
-    #: one line for tables and --help: what the press keeps, a literal (`guide`: a press taking an argument, its docs
-    #: entry)
+    #: one line for tables and --help: what the press keeps, a literal (`guide`: a wrapper's docs entry)
     summary, guide = "", ""
     #: the kvpress 0.5.5 class the press equals at its defaults (`SnapKVPress`; a wrapper: its own, `AdaKVPress`),
     #: or "" for spectra's own (loki, lowrank): every press class states it in its own body, as `--help` shows it
@@ -284,6 +282,8 @@ class Press:
     axis: ClassVar[str] = "tokens"
     #: what its ratio is, where it is not the share of its axis removed (duo: of heads; kivi: ignored)
     ratio_means: ClassVar[str] = ""
+    #: its settings (its peer's keyword arguments) with their defaults, the attributes `fields.configured` sets
+    fields: ClassVar[dict[str, object]] = {}
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         """The cache the continuation attends to, `ratio` ∈ (0, 1) of it removed (ratio 0 never reaches a press)."""
@@ -297,7 +297,7 @@ class Press:
 
     def fresh(self) -> Press:
         """A new instance with nothing fitted, for one run (the registry's instances are shared by every run)."""
-        return type(self)()
+        return configured(type(self)(), **settings(self))
 
     def for_run(self, **settings: object) -> Press:
         """This press as one run uses it: a fresh instance for one that `calibrates` (its fit is the run's), else
@@ -351,7 +351,7 @@ class Wrapper(Press):
         return type(self)(inner)
 
     def fresh(self) -> Press:
-        return type(self)(None if self.inner is None else self.inner.fresh())  # type: ignore[arg-type]
+        return configured(type(self)(None if self.inner is None else self.inner.fresh()), **settings(self))
 
     def calibrate(self, prefill: Prefill) -> None:
         self.inner.calibrate(prefill)  # type: ignore[union-attr]

@@ -58,7 +58,10 @@ class Block(Wrapper):
              "whole context. The ratio is the scorer's: each key/value head keeps its int(L · (1 − r)). Scorers that read queries (snapkv, tova, "
              "…) are refused: kvpress recomputes each block's last queries, which the prefill does not keep.")
     wraps, peer = "rowscorer", "BlockPress"
+    #: kvpress's keyword argument it takes (BLOCK, as a literal for the registry)
+    fields = {"block_size": 128}
+    block_size = BLOCK
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
-        kept = block_keep(self, prefill, ratio)
+        kept = block_keep(self, prefill, ratio, self.block_size)
         return Compressed(kept, 1.0 - kept.shape[-1] / prefill.length)

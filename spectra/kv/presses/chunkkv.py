@@ -126,12 +126,15 @@ class ChunkKV(Wrapper):
              f"{CHUNK} tokens is left to the scorer. (kvpress refuses observed, which reads attention weights.)")
     wraps, peer = "scorer", "ChunkKVPress"
     ratio_means = "the share of its 20-token chunks removed"
+    #: kvpress's keyword argument it takes (CHUNK, as a literal for the registry)
+    fields = {"chunk_length": 20}
+    chunk_length = CHUNK
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         scores = self.scores(prefill, ratio)
-        if prefill.length < CHUNK:  # no whole chunk: the scorer's own eviction
+        if prefill.length < self.chunk_length:  # no whole chunk: the scorer's own eviction
             return evict(prefill, scores, n_kept(prefill.length, ratio))
-        return shared(prefill, chunk_keep(scores, ratio))
+        return shared(prefill, chunk_keep(scores, ratio, self.chunk_length))
 
 
 @register

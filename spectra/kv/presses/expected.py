@@ -7,7 +7,8 @@ by their count). A future query at position p is that query rotated by RoPE's R(
 positions L … L + FUTURE − 1, R̄ = mean_p R(p), the future query has mean R̄μ and covariance R̄ΣR̄ᵀ. For a Gaussian
 query, E[exp(q·k/√d)] = exp(k·R̄μ/√d + kᵀR̄ΣR̄ᵀk/(2d)), so each (post-RoPE, cached) key's expected attention is the
 softmax over the keys after the sinks of z_j = k_j·R̄μ/√d + k_jᵀR̄ΣR̄ᵀk_j/(2d). It is averaged over the query heads of
-each key/value head and weighted by the value's norm, (a_j + ε)·‖v_j‖ (what key j would add to the output); the first
+each key/value head and weighted by the value's norm, (a_j + ε)·‖v_j‖ (what key j would add to the output; kvpress's
+`use_vnorm=False` drops the weight and ε, as kvpress's evaluation registry's CriticalKV configurations do); the first
 SINKS tokens are always kept (scored the tensor's max + 1), and the top n_kept scores kept per key/value head.
 
 kvpress 0.5.5's ExpectedAttentionPress is the peer, at its defaults: n_future_positions 512, n_sink 4,
@@ -59,18 +60,18 @@ def future_query(query_pre: torch.Tensor, rotation: torch.Tensor, sinks: int = S
     return mean[:, 0] @ rotation.T, rotation @ (covariance @ rotation.T)
 
 
-def expected_scores(prefill: Prefill, future: int = FUTURE, sinks: int = SINKS, epsilon: float = EPSILON
-                    ) -> torch.Tensor:
+def expected_scores(prefill: Prefill, future: int = FUTURE, sinks: int = SINKS, epsilon: float = EPSILON,
+                    use_vnorm: bool = True) -> torch.Tensor:
     """(H_kv, L) the expected attention of the next `future` queries to each cached key after the first `sinks`,
-    averaged over each key/value group and weighted by the value norm; the sinks scored max + 1 (see the module
-    docstring)."""
+    averaged over each key/value group and (`use_vnorm`) weighted by the value norm; the sinks scored max + 1 (see the
+    module docstring)."""
     if prefill.length <= sinks:
         raise ValueError(f"expected_attention needs more than {sinks} context tokens, got {prefill.length}")
     if prefill.query_pre is None or prefill.rope is None:
         raise ValueError("expected_attention reads the pre-RoPE queries and the model's RoPE, which this prefill did "
                          "not keep (a press reading them declares `queries` and `needs_rope`)")
     mean, covariance = future_query(prefill.query_pre, future_rotation(prefill, future), sinks)
-    return expected_attention(prefill, mean, covariance, sinks, epsilon)
+    return expected_attention(prefill, mean, covariance, sinks, epsilon, use_vnorm)
 
 
 def future_rotation(prefill: Prefill, future: int = FUTURE) -> torch.Tensor:
@@ -82,16 +83,17 @@ def future_rotation(prefill: Prefill, future: int = FUTURE) -> torch.Tensor:
 
 
 def expected_attention(prefill: Prefill, mean: torch.Tensor, covariance: torch.Tensor, sinks: int = SINKS,
-                       epsilon: float = EPSILON) -> torch.Tensor:
+                       epsilon: float = EPSILON, use_vnorm: bool = True) -> torch.Tensor:
     """(H_kv, L) the expected attention to each cached key after the first `sinks` of a future query of mean `mean`
     (H, d) and covariance `covariance` (H, d, d), both rotated to the future positions: softmax over the keys of
-    k·μ/√d + kᵀΣk/(2d), averaged over each key/value group, weighted by the value norm; the sinks scored max + 1."""
+    k·μ/√d + kᵀΣk/(2d), averaged over each key/value group, weighted by the value norm, (a + ε)·‖v‖ — or, without
+    `use_vnorm`, the attention a alone (kvpress adds ε only with the norm); the sinks scored max + 1."""
     dim = prefill.head_dim
     keys = prefill.key[:, sinks:].repeat_interleave(prefill.groups, dim=0)  # (H, L − sinks, d)
     logits = (mean[:, None, :] @ keys.transpose(1, 2))[:, 0] / math.sqrt(dim)
     logits = logits + torch.einsum("hnd,hde,hne->hn", keys, covariance, keys) / dim / 2
     attention = prefill.group_mean(torch.softmax(logits, dim=-1))  # (H_kv, L − sinks)
-    scores = (attention + epsilon) * prefill.value[:, sinks:].norm(dim=-1)
+    scores = (attention + epsilon) * prefill.value[:, sinks:].norm(dim=-1) if use_vnorm else attention
     return functional.pad(scores, (sinks, 0), value=scores.max().item() + 1)
 
 
@@ -106,6 +108,9 @@ class ExpectedAttention(ScorerPress):
     needs_rope = True
     queries = True
     min_context = 5  # more than its sinks
+    #: kvpress's keyword arguments it takes (EPSILON and the value-norm weighting, as literals for the registry)
+    fields = {"epsilon": 0.0, "use_vnorm": True}
+    epsilon, use_vnorm = EPSILON, True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
-        return expected_scores(prefill)
+        return expected_scores(prefill, epsilon=self.epsilon, use_vnorm=self.use_vnorm)

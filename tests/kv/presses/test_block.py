@@ -63,3 +63,15 @@ def test_the_survivors_come_first_in_the_order_topk_left_them() -> None:
     prefill, _ = make_prefill(length=40)
     kept = block_keep(REGISTRY["block"].bind(later), prefill, 0.5, block=10)  # keeps 20: rows 0…29, then 30…39
     assert kept[0].tolist() == [*range(10, 20), *range(30, 40)] and (kept[0] == kept[1]).all()
+
+
+@pytest.mark.parametrize("block", [16, 128, 300])
+def test_block_size_is_a_setting(block) -> None:
+    """BlockPress(block_size=…): block configured with another block size keeps the numpy formula's survivors."""
+    from spectra.kv.presses.fields import configured
+
+    prefill = rows_prefill(700, seed=2)
+    press = configured(REGISTRY["block(keydiff)"], block_size=block)
+    np.testing.assert_array_equal(press.compress(prefill, 0.5).kept.numpy(),
+                                  numpy_block(prefill.key.numpy(), 0.5, numpy_keydiff, block))
+    assert REGISTRY["block(keydiff)"].block_size == 128

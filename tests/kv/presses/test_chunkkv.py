@@ -131,3 +131,15 @@ def test_bad_input_and_facts(name) -> None:
     assert REGISTRY[f"{name}(snapkv)"].windowed and PRESSES.resolve(f"{name}(snapkv)").facts["windowed"]
     assert REGISTRY[f"{name}(loki)"].calibrates
     assert REGISTRY[name].peer == ("ChunkKVPress" if name == "chunkkv" else "EntropyGatedChunkKVPress")
+
+
+@pytest.mark.parametrize("chunk", [7, 20, 33])
+def test_chunk_length_is_a_setting(chunk) -> None:
+    """ChunkKVPress(chunk_length=…): chunkkv configured with another chunk keeps the numpy formula's chunks of it."""
+    from spectra.kv.presses.fields import configured
+
+    prefill, _ = make_prefill(length=107)
+    press = configured(REGISTRY["chunkkv(knorm)"], chunk_length=chunk)
+    expected = numpy_chunkkv(REGISTRY["knorm"].score(prefill, 0.5).numpy(), 0.5, chunk)
+    np.testing.assert_array_equal(press.compress(prefill, 0.5).kept[0].numpy(), expected)
+    assert REGISTRY["chunkkv(knorm)"].chunk_length == 20 and press.fresh().chunk_length == chunk

@@ -44,7 +44,7 @@ def rotation(position: int, dim: int = DIM) -> np.ndarray:
 
 
 def numpy_expected(q_pre: np.ndarray, keys: np.ndarray, values: np.ndarray, future: int = FUTURE,
-                   sinks: int = SINKS) -> np.ndarray:
+                   sinks: int = SINKS, epsilon: float = 0.0, use_vnorm: bool = True) -> np.ndarray:
     """(H_kv, L) per key/value head: the mean over its query heads of softmax_j(k_j·R̄μ/√d + k_jᵀR̄ΣR̄ᵀk_j/(2d)) over
     the keys after the sinks, times ‖v_j‖; the sinks scored the maximum + 1. μ, Σ: mean and covariance (divided by
     the count) of each head's pre-RoPE queries after the sinks; R̄ the mean rotation over the next `future`
@@ -62,7 +62,8 @@ def numpy_expected(q_pre: np.ndarray, keys: np.ndarray, values: np.ndarray, futu
         z = k @ mu / math.sqrt(dim) + np.einsum("jd,de,je->j", k, sigma, k) / (2 * dim)
         weights = np.exp(z - z.max())
         scores[h // groups] += weights / weights.sum() / groups
-    scores *= np.linalg.norm(values[:, sinks:], axis=-1)
+    if use_vnorm:  # kvpress adds ε only where it weighs by the value norm
+        scores = (scores + epsilon) * np.linalg.norm(values[:, sinks:], axis=-1)
     return np.concatenate([np.full((keys.shape[0], sinks), scores.max() + 1), scores], axis=-1)
 
 
@@ -134,3 +135,22 @@ def test_a_prefill_without_what_it_reads_is_refused() -> None:
     bare, _ = make_prefill()
     with pytest.raises(ValueError, match="pre-RoPE queries"):
         REGISTRY["expected_attention"].compress(bare, 0.5)
+
+
+@pytest.mark.parametrize("epsilon, use_vnorm", [(0.01, True), (0.02, True), (0.0, False), (0.01, False)])
+def test_the_settings_are_kvpress_keyword_arguments(epsilon, use_vnorm) -> None:
+    """ExpectedAttentionPress(epsilon=…, use_vnorm=…) as kvpress's evaluation registry configures it: the press
+    configured with those fields keeps what the numpy formula ranks first; the registered press is unchanged."""
+    from spectra.kv.presses.fields import configured
+
+    prefill, arrays = with_queries(length=90, seed=8)
+    press = configured(REGISTRY["expected_attention"], epsilon=epsilon, use_vnorm=use_vnorm)
+    reference = numpy_expected(arrays["q_pre"], arrays["k"], arrays["v"], epsilon=epsilon, use_vnorm=use_vnorm)
+    np.testing.assert_allclose(press.score(prefill, 0.5).numpy(), reference, rtol=1e-10, atol=1e-14)
+    default = numpy_expected(arrays["q_pre"], arrays["k"], arrays["v"])
+    assert not np.allclose(reference, default, rtol=1e-6), "each setting changes the scores"
+    keep = n_kept(90, 0.5)
+    expected = np.sort(np.argsort(-reference, axis=-1, kind="stable")[:, :keep], axis=-1)
+    np.testing.assert_array_equal(press.compress(prefill, 0.5).kept.numpy(), expected)
+    assert (REGISTRY["expected_attention"].epsilon, REGISTRY["expected_attention"].use_vnorm) == (0.0, True)
+    np.testing.assert_allclose(REGISTRY["expected_attention"].score(prefill, 0.5).numpy(), default, rtol=1e-10)

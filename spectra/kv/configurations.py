@@ -1,0 +1,269 @@
+"""kvpress 0.5.5's evaluation registry and leaderboard script as spectra configurations: each registry name is one of
+spectra's press expressions with some presses' settings set (`Press.fields`), never a class of its own.
+
+kvpress's `evaluation/evaluate_registry.py` names press instances (`"expected_attention": AdaKVPress(
+ExpectedAttentionPress(epsilon=1e-2))`, `"chunkkv": ChunkKVPress(press=SnapKVPress(), chunk_length=20)`), and
+`evaluation/leaderboard.sh` runs a list of them: a loop with the question appended after compression, and a loop with
+the question compressed with the context (`--query_aware`, spectra's `--query-aware`). Here each name maps to the
+expression spectra writes (`adakv(expected_attention)`) and the settings of the presses in it (`{"expected_attention":
+{"epsilon": 0.01}}`); on the command line it is written `kvpress:<name>` (`kvpress:expected_attention`), since
+several of kvpress's names are spectra's names for other configurations (spectra's `expected_attention` is the class
+at its defaults). The registry (`registry.PRESSES`) resolves such a name through `configured`, checks the settings
+against the fields the classes declare, and builds the press once: all before the model loads, without torch.
+
+A registry entry spectra runs otherwise or not at all names what to write instead, or why not (`instead`): the
+presses kvpress downloads learned artifacts for (its QFilter, DuoAttention and KVzap surrogates, LU-KV's curve:
+spectra fits them on local text, `spectra artifacts`, and names them `qfilter(DIR)`, `duo(DIR)`, `kvzap(DIR)`,
+`lukv(FILE)`), and those spectra lacks (DMSPress's score thresholds, FastKVzip, RestoreKV, KVzip+, …).
+
+The table is kvpress's `main` at 8bb29b9 (2026-08-06), the newest commit of its repository stored here: no tag
+v0.5.5 is stored, and the installed kvpress 0.5.5's press files are that commit's plus KVgradPress and
+EntropyGatedChunkKVPress. Since kvpress 0.4.1 (January 2026) `expected_attention` names AdaKV around Expected
+Attention with ε = 1e-2, which earlier registries named `adakv_expected_attention_e2` (`FORMER`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SpectraError
+
+#: how a kvpress registry name is written among `--presses`
+PREFIX = "kvpress:"
+#: kvpress's tags for the registry this table reads
+SOURCE = "kvpress main 8bb29b9 (0.5.5's evaluation registry and leaderboard.sh)"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One entry of kvpress's evaluation registry: `name`, the instance kvpress builds (`kvpress`, as its registry
+    writes it), spectra's press `expression` and the `settings` of presses in it (press name → field → value); or,
+    where spectra runs it otherwise or not at all, `instead`: one line saying what to write, or why not."""
+
+    name: str
+    kvpress: str
+    expression: str = ""
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    instead: str = ""
+
+    @property
+    def written(self) -> str:
+        """How `--presses` names it."""
+        return PREFIX + self.name
+
+
+def _artifact(what: str, written: str) -> str:
+    return (f"kvpress downloads {what} from the hub for a few 8B models; spectra fits it on local text (`spectra "
+            f"artifacts`) and names it {written}")
+
+
+EA_E2 = {"expected_attention": {"epsilon": 0.01}}
+NO_VNORM = {"expected_attention": {"use_vnorm": False}}
+DMS = ("DMSPress (evict the pairs scoring below a threshold outside a 128-token window; the leaderboard runs "
+       "thresholds -3 to -6 on Qwen3-8B, -6 to -9 on Llama-3.1-8B) around KVzapPress(model_type='{}'): spectra has "
+       "kvzap(DIR) at a ratio, no threshold press")
+DECODABLE = "spectra's {}(<decodable>) takes streaming, knorm and tova"
+
+#: kvpress's evaluation registry, in its order
+REGISTRY: dict[str, Configuration] = {entry.name: entry for entry in (
+    Configuration("adakv_snapkv", "AdaKVPress(SnapKVPress())", "adakv(snapkv)"),
+    Configuration("block_keydiff", "BlockPress(press=KeyDiffPress(), block_size=128)", "block(keydiff)",
+                  {"block": {"block_size": 128}}),
+    Configuration("chunkkv", "ChunkKVPress(press=SnapKVPress(), chunk_length=20)", "chunkkv(snapkv)",
+                  {"chunkkv": {"chunk_length": 20}}),
+    Configuration("critical_adakv_expected_attention", "CriticalAdaKVPress(ExpectedAttentionPress(use_vnorm=False))",
+                  "criticaladakv(expected_attention)", NO_VNORM),
+    Configuration("critical_adakv_snapkv", "CriticalAdaKVPress(SnapKVPress())", "criticaladakv(snapkv)"),
+    Configuration("critical_expected_attention", "CriticalKVPress(ExpectedAttentionPress(use_vnorm=False))",
+                  "criticalkv(expected_attention)", NO_VNORM),
+    Configuration("critical_snapkv", "CriticalKVPress(SnapKVPress())", "criticalkv(snapkv)"),
+    Configuration("cur", "CURPress()", "cur"),
+    Configuration("duo_attention", "DuoAttentionPress()",
+                  instead=_artifact("DuoAttention's head pattern", "duo(DIR) (a `spectra heads` run)")),
+    Configuration("duo_attention_on_the_fly", "DuoAttentionPress(on_the_fly_scoring=True)",
+                  instead="spectra's duo(DIR) reads a head pattern; it has no on-the-fly scoring of the heads"),
+    Configuration("expected_attention", "AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))",
+                  "adakv(expected_attention)", EA_E2),
+    Configuration("fastkvzip", "FastKVzipPress()", instead="spectra has no FastKVzipPress (its gates are downloaded)"),
+    Configuration("finch", "FinchPress()", "finch"),
+    Configuration("keydiff", "KeyDiffPress()", "keydiff"),
+    Configuration("kvcompose", "KVComposePress()", "kvcompose"),
+    Configuration("kvcompose_unstructured", "KVComposePress(structured=False)",
+                  instead="spectra's kvcompose is the structured variant only"),
+    Configuration("kvzip", "KVzipPress()", "kvzip"),
+    Configuration("kvzip_plus", "KVzipPress(kvzip_plus_normalization=True)",
+                  instead="spectra's kvzip has no KVzip+ normalization"),
+    Configuration("kvzap_linear", "DMSPress(press=KVzapPress(model_type='linear'))", instead=DMS.format("linear")),
+    Configuration("kvzap_mlp", "DMSPress(press=KVzapPress(model_type='mlp'))", instead=DMS.format("mlp")),
+    Configuration("kvzap_mlp_head", "KVzapPress(model_type='mlp')",
+                  instead=_artifact("the KVzap surrogate", "kvzap(DIR) (`--surrogate mlp`)")),
+    Configuration("kvzap_mlp_layer", "AdaKVPress(KVzapPress(model_type='mlp'))",
+                  instead="spectra's adakv(<scorer>) wraps presses named alone, and kvzap(DIR) takes a directory"),
+    Configuration("lagkv", "LagKVPress()", "lagkv"),
+    Configuration("lukv", "LUKVPress(ExpectedAttentionPress(epsilon=2e-2), sink=4, window=1)",
+                  instead=_artifact("LU-KV's budget curve", "lukv(FILE) (its scores Expected Attention's at ε 2e-2)")),
+    Configuration("knorm", "KnormPress()", "knorm"),
+    Configuration("observed_attention", "ObservedAttentionPress()", "observed"),
+    Configuration("pyramidkv", "PyramidKVPress()", "pyramidkv"),
+    Configuration("qfilter", "QFilterPress()", instead=_artifact("the Q-Filters", "qfilter(DIR)")),
+    Configuration("random", "RandomPress()", "random"),
+    Configuration("RestoreKV", "RestoreKVPress()", instead="spectra has no RestoreKVPress (its restorer is learned)"),
+    Configuration("RestoreKV_plus", "RestoreKVPress(kvzip_plus_normalization=True)",
+                  instead="spectra has no RestoreKVPress (its restorer is learned)"),
+    Configuration("snap_think", "ComposedPress([SnapKVPress(), ThinKPress()])", "composed(snapkv,think)"),
+    Configuration("snapkv", "SnapKVPress()", "snapkv"),
+    Configuration("streaming_llm", "StreamingLLMPress()", "streaming"),
+    Configuration("think", "ThinKPress()", "think"),
+    Configuration("tova", "TOVAPress()", "tova"),
+    Configuration("compactor", "CompactorPress()", "compactor"),
+    Configuration("adakv_compactor", "AdaKVPress(CompactorPress())", "adakv(compactor)"),
+    Configuration("no_press", "None", instead="the full cache: every spectra run measures it, as the cell full at 0"),
+    Configuration("cam_streaming_llm", "CAMPress(base_press=StreamingLLMPress())", "cam(streaming)"),
+    Configuration("cam_knorm", "CAMPress(base_press=KnormPress())", "cam(knorm)"),
+    Configuration("cam_adakv_snapkv", "CAMPress(base_press=AdaKVPress(SnapKVPress()))", instead=DECODABLE.format("cam")),
+    Configuration("cam_tova", "CAMPress(base_press=TOVAPress())", "cam(tova)"),
+    Configuration("decoding_knorm", "DecodingPress(base_press=KnormPress())", "decoding(knorm)"),
+    Configuration("decoding_streaming_llm", "DecodingPress(base_press=StreamingLLMPress())", "decoding(streaming)"),
+    Configuration("decoding_tova", "DecodingPress(base_press=TOVAPress())", "decoding(tova)"),
+    Configuration("decoding_qfilter", "DecodingPress(base_press=QFilterPress())", instead=DECODABLE.format("decoding")),
+    Configuration("decoding_adakv_expected_attention_e2",
+                  "DecodingPress(base_press=AdaKVPress(ExpectedAttentionPress(epsilon=1e-2)))",
+                  instead=DECODABLE.format("decoding")),
+    Configuration("decoding_adakv_snapkv", "DecodingPress(base_press=AdaKVPress(SnapKVPress()))",
+                  instead=DECODABLE.format("decoding")),
+    Configuration("decoding_keydiff", "DecodingPress(base_press=KeyDiffPress())", instead=DECODABLE.format("decoding")),
+    Configuration("merging_knorm", "MergingPress(KnormPress())", "merging(knorm)"),
+    Configuration("merging_snapkv", "MergingPress(SnapKVPress())", "merging(snapkv)"),
+    Configuration("merging_expected_attention", "MergingPress(ExpectedAttentionPress(epsilon=1e-2))",
+                  "merging(expected_attention)", EA_E2),
+    Configuration("merging_kvzap_mlp", "MergingPress(KVzapPress(model_type='mlp'))",
+                  instead="spectra's merging(<scorer>) wraps presses named alone, and kvzap(DIR) takes a directory"),
+)}
+
+#: names earlier kvpress registries used for a configuration 0.5.5 names otherwise
+FORMER = {"adakv_expected_attention_e2": "expected_attention"}
+
+#: leaderboard.sh's first loop (the question appended after compression; kvzap and duo, run by threshold and by
+#: head ratio, after the others), and its second (`--query_aware`: the question compressed with the context)
+QUESTION_FREE = ("random", "knorm", "snapkv", "expected_attention", "streaming_llm", "tova", "observed_attention",
+                 "qfilter", "pyramidkv", "lagkv", "keydiff", "adakv_compactor", "cur", "kvzip", "kvzap_linear",
+                 "kvzap_mlp", "duo_attention", "duo_attention_on_the_fly")
+QUERY_AWARE = ("snapkv", "adakv_snapkv", "finch", "chunkkv")
+
+
+def runnable(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names among `names` spectra runs as `kvpress:<name>`, written so."""
+    return tuple(REGISTRY[name].written for name in names if REGISTRY[name].expression)
+
+
+#: what `--presses` takes for the leaderboard's lists: both loops' presses, and each loop's (the entries spectra runs;
+#: `left_out` names the others)
+PRESETS: dict[str, tuple[str, ...]] = {
+    "kvpress-leaderboard": tuple(dict.fromkeys(runnable(QUESTION_FREE) + runnable(QUERY_AWARE))),
+    "kvpress-leaderboard-question-free": runnable(QUESTION_FREE),
+    "kvpress-leaderboard-query-aware": runnable(QUERY_AWARE),
+}
+
+
+def left_out() -> tuple[str, ...]:
+    """The leaderboard's entries no preset runs (spectra runs them otherwise or not at all: `Configuration.instead`)."""
+    return tuple(name for name in dict.fromkeys(QUESTION_FREE + QUERY_AWARE) if not REGISTRY[name].expression)
+
+
+#: what --presses' refusal of an unknown name lists beside the presses
+LISTED = (*PRESETS, f"{PREFIX}<name> (kvpress's registry names)")
+
+
+def expanded(names: Iterable[str], presets: Mapping[str, tuple[str, ...]], presses: Any) -> list[str]:
+    """`names` with each preset (`presets`, then `PRESETS`) replaced by its list; a name of kvpress's registry written
+    without the prefix and not among `presses` is refused in one line saying how to write it (`hint`)."""
+    found = [part for name in names for part in {**presets, **PRESETS}.get(name.strip(), (name,))]
+    for name in found:
+        if name.strip() not in presses and hint(name.strip()):
+            raise SpectraError(hint(name.strip()))
+    return found
+
+
+def hint(name: str) -> str:
+    """For a name of kvpress's registry written without the prefix, one line saying how to write it; "" else."""
+    if name in FORMER:
+        return f"'{name}' was a name of kvpress's evaluation registry before 0.4.1: write {PREFIX}{FORMER[name]}"
+    return f"'{name}' is a name of kvpress's evaluation registry: write {PREFIX}{name}" if name in REGISTRY else ""
+
+
+def configured(name: str, presses: Any) -> tuple[str, Mapping[str, Mapping[str, Any]], dict[str, str]] | None:
+    """(expression, settings, identity facts: its summary and peer) of `kvpress:<name>` among the registry `presses`;
+    None for a name without the prefix. One line (SpectraError) for a name kvpress's registry lacks, an entry spectra
+    runs otherwise, or settings its presses do not declare (`check`)."""
+    if not name.startswith(PREFIX):
+        return None
+    key = name[len(PREFIX):]
+    if key in FORMER:
+        raise SpectraError(f"press '{name}': kvpress 0.5.5's registry names this configuration "
+                           f"{PREFIX}{FORMER[key]} (its registry before 0.4.1 named it {key})")
+    if key not in REGISTRY:
+        raise SpectraError(f"unknown press '{name}': kvpress 0.5.5's evaluation registry has "
+                           f"{', '.join(REGISTRY)}")
+    entry = REGISTRY[key]
+    if not entry.expression:
+        raise SpectraError(f"press '{name}' ({entry.kvpress}): {entry.instead}")
+    check(entry, presses)
+    return entry.expression, entry.settings, {"summary": described(entry), "peer": entry.kvpress}
+
+
+def presses_in(expression: str) -> list[str]:
+    """The press names an expression is written with, outermost first (`adakv(expected_attention)` → adakv,
+    expected_attention)."""
+    from ..arguments import applied
+    from ..inputs import split_top
+
+    parts = applied(expression)
+    if parts is None:
+        return [expression]
+    return [parts[0], *(name for inner in split_top(parts[1]) for name in presses_in(inner))]
+
+
+def check(entry: Configuration, presses: Any) -> None:
+    """Refuse (one line) a setting of a press the expression does not hold, that the press does not declare among
+    its `fields` (in the registry `presses`), or of another type than the declared default."""
+    names = presses_in(entry.expression)
+    for press, values in entry.settings.items():
+        declared = presses.entries()[press].facts.get("fields", {}) if press in names else None
+        if declared is None:
+            raise SpectraError(f"{PREFIX}{entry.name}: its settings name {press}, which {entry.expression} does not "
+                               "hold")
+        for key, value in values.items():
+            if key not in declared or type(value) is not type(declared[key]):
+                raise SpectraError(f"{PREFIX}{entry.name}: {press} declares no setting {key}={value!r}; its "
+                                   f"settings: {declared or 'none'}")
+
+
+def build(registry: Any, name: str) -> Any:
+    """The press `kvpress:<name>` names, built from `registry`'s objects: each press of its expression configured
+    with its settings (`presses.fields.configured`), inner ones first, then wrapped or composed as the expression
+    says; the registered instances themselves are never changed."""
+    from ..arguments import applied
+    from ..inputs import split_top
+    from .presses.fields import configured as set_fields
+
+    expression, settings, _ = configured(name, registry)  # type: ignore[misc]
+
+    def made(text: str) -> Any:
+        parts = applied(text)
+        facts = registry.entries()[parts[0]].facts if parts else {}
+        if parts is None or not (facts.get("wraps") or facts.get("several")):
+            press = registry[text]
+        else:
+            press = registry[parts[0]].bind(*(made(inner) for inner in split_top(parts[1])))
+        return set_fields(press, **settings.get(parts[0] if parts else text, {}))
+
+    return made(expression)
+
+
+def described(entry: Configuration) -> str:
+    """One line: the expression and its settings (`adakv(expected_attention), expected_attention epsilon=0.01`)."""
+    settings = "; ".join(f"{press} " + ", ".join(f"{key}={value}" for key, value in values.items())
+                         for press, values in entry.settings.items())
+    return f"kvpress's {entry.name}: {entry.expression}" + (f" with {settings}" if settings else "")
