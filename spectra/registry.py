@@ -12,9 +12,8 @@ A `Registry[T]` maps names to objects. Its entries come three ways:
   The object behind a name is imported on first use (its module's `@register` calls `add` as it loads), and `add`
   refuses an object whose facts differ from what its class was read to declare (a fact set in `__init__`, say).
 - *added* (analyses): the objects themselves, registered by importing their (torch-free) modules.
-- *imported* (task families): a package of torch-free modules, each registering its objects as it loads with the
-  facts the objects themselves state: the first listing imports them all, and `order` names the fact the listing is
-  sorted by (the import order depends on which module a caller imported first).
+- *imported* (task families): torch-free modules registering their objects as they load, with the facts the objects
+  state; the first listing imports them all, sorted by the fact `order` names.
 
 A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts say
 what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
@@ -27,9 +26,8 @@ object's `bind(argument)` (the wrapped object, or the argument's text; `bind(a, 
 A *configured* name (`configurations`: kvpress's registry names, `kvpress:expected_attention`) is an expression with
 settings of its presses' declared `fields`: the expression's facts, its own identity, its object built once.
 
-So adding a method or a press is its file (its class, decorated `@register`) and its test, a task family its file
-and its test; nothing else lists them. Modelled on lm-evaluation-harness's `Registry[T]`, whose entries may be lazy
-"module:object" placeholders until first use.
+So adding a method, a press or a task family is its file and its test; nothing else lists them. Modelled on
+lm-evaluation-harness's `Registry[T]` (lazy "module:object" placeholders until first use).
 """
 
 from __future__ import annotations
