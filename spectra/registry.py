@@ -306,8 +306,6 @@ class Registry(Mapping[str, T]):
         """Every object, in listing order (imports every module)."""
         return {name: self[name] for name in self}
 
-    # ---------------------------------------------------------------- user names
-
     def groups(self, fact: str) -> dict[str, tuple[str, ...]]:
         """Names gathered by the value of `fact` (a method's family → its labels), in listing order."""
         found: dict[str, list[str]] = {}
@@ -389,13 +387,12 @@ def method_listing() -> str:
     return ", ".join([*families, *(label for label in METHODS.names() if label not in families)])
 
 
-#: what `--presses` takes for every press named alone
-ALL = "all"
+ALL = "all"  # what `--presses` takes for every press named alone
 
 
 def press_names(names: Iterable[str]) -> tuple[str, ...]:
-    """Press names from user input, in the order given, once each; `ALL` stands for every press named alone, a preset
-    of `kv.configurations` for its list (kvpress's leaderboard); a name of kvpress's registry is `kvpress:<name>`."""
+    """Press names from user input, in the order given, once each; `ALL`: every press named alone; a preset of
+    `kv.configurations`: its list (kvpress's leaderboard); `kvpress:<name>`: a name of kvpress's registry."""
     from .kv import configurations
 
     expanded = configurations.expanded(names, {ALL: PRESSES.bare()}, PRESSES)
