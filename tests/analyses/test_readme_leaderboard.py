@@ -170,8 +170,9 @@ def test_a_press_that_stored_the_whole_cache_is_listed_without_a_rank_and_named(
 
 def test_the_templates_slots_and_claims_are_the_renderers() -> None:
     """docs/leaderboard.md and the README cannot be re-rendered without the board's runs: every slot and claim of
-    their leaderboard paragraphs (tiers, rank intervals, both filters) must be one the renderers give, so the next
-    render fills them all."""
+    their leaderboard paragraphs must be one the renderers give, so the next render fills them all, its tables with
+    their tiers and rank intervals. (The page's prose on tiers and both filters, commit ef5c76e's template, returns
+    with the board's reruns: rendered now, its new slots would read "not yet rendered".)"""
     import re
 
     import slots
@@ -185,5 +186,3 @@ def test_the_templates_slots_and_claims_are_the_renderers() -> None:
         body = re.search(rf"^<!-- numbers: {name} -->\n(.*?)^<!-- /numbers -->", text, re.M | re.S)[1]
         filled, _ = slots.fill(body, renderer(runs), name)
         assert "not yet rendered" not in filled and "| tier |" in filled, name
-        assert name != "leaderboard" or {"pairs", "tiers", "top_tier", "answered_table"} <= set(slots.slots(body))
-        assert name != "leaderboard-questions" or {"tiers", "all_table"} <= set(slots.slots(body))
