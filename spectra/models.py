@@ -188,7 +188,10 @@ def _cache(cached: modelcache.Entry, where: str, options: dict,
         modelcache.save(AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **options),
                         tokenizer or AutoTokenizer.from_pretrained(where, **options), folder)
 
-    cached.write(save)
+    try:
+        cached.write(save)
+    except ValueError as error:  # what transformers says of a GGUF file it cannot read (an unknown architecture)
+        raise SpectraError(f"could not load '{cached.gguf}': {str(error).splitlines()[0]}") from None
     if cached.ready():
         return str(cached.directory), {"trust_remote_code": options["trust_remote_code"]}
     return where, options

@@ -28,15 +28,16 @@ def _vocabulary() -> tuple[list[str], list[str]]:
     return tokens, [" ".join(merge) if isinstance(merge, list) else merge for merge in merges]
 
 
-def write_gguf(path: Path, seed: int = 0) -> Path:
+def write_gguf(path: Path, seed: int = 0, architecture: str = "llama") -> Path:
     """A tiny Llama GGUF at `path` (the file), its weights drawn from `seed` with a spread (0.3) that makes attention
-    peaked and the quantization's rounding visible."""
+    peaked and the quantization's rounding visible; `architecture` names another in its header (one transformers
+    does not know, for the refusals)."""
     import gguf
     from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
     tokens, merges = _vocabulary()
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny-llama")
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
     writer.add_context_length(256)

