@@ -30,9 +30,8 @@ def run(analysis: Analysis, values: dict[str, Any], progress: Progress | None = 
     config = RunConfig(**{**analysis.defaults, **config_values})
     options = analysis.options(**option_values)
     reporter = Reporter(progress, notify)
-    with modelcache.using(config.model_cache, reporter.notify):
-        if config.model is not None:
-            modelcache.prepare(config.model, config.gguf_file)  # a GGUF file whole, its cache writable: before any work
+    with modelcache.using(config.model_cache, reporter):
+        modelcache.prepare(config)  # a GGUF file whole and its cache writable, before any work
         return load_run(analysis.run(config, options, reporter))
 
 

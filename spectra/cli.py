@@ -20,7 +20,7 @@ from . import runtime
 from .cli_options import MODEL_CACHE, USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands, notify_stderr
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
-from .reporter import plural
+from .reporter import Reporter, plural
 from .kv.tasks.family import generated, haystack_tasks, listing
 
 app = typer.Typer(
@@ -207,7 +207,7 @@ def artifacts_command(
     from .report.console import out as stdout
     from .kv.calibration import make_artifact
 
-    with modelcache.using(model_cache, notify_stderr):
+    with modelcache.using(model_cache, Reporter(notify=notify_stderr)):
         written = make_artifact(kind, model, data=[part.strip() for part in data.split(",") if part.strip()],
                                 out=out, length=length, samples=samples, threads=threads, gguf_file=gguf_file,
                                 overwrite=overwrite, surrogate=surrogate)

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from . import gguffile
+from .config import RunConfig
 from .errors import SpectraError, spell
+from .reporter import QUIET, Reporter
 
 #: the environment variable naming the cache's root directory
 ENV = "SPECTRA_CACHE"
@@ -49,25 +51,21 @@ def root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "spectra"
 
 
-def _silent(line: str) -> None:
-    pass
-
-
 @dataclass(frozen=True)
 class Policy:
-    """Whether GGUF models go through the cache, and where its one-line notices go (the run's reporter)."""
+    """Whether GGUF models go through the cache, and the reporter its one-line notices go to (the run's)."""
 
     enabled: bool = True
-    notify: Callable[[str], None] = _silent
+    reporter: Reporter = QUIET
 
 
 _POLICY: ContextVar[Policy] = ContextVar("spectra_model_cache", default=Policy())
 
 
 @contextlib.contextmanager
-def using(enabled: bool, notify: Callable[[str], None] = _silent) -> Iterator[None]:
-    """Within the block, models load through the cache or not (--no-model-cache), its notices going to `notify`."""
-    token = _POLICY.set(Policy(enabled, notify))
+def using(enabled: bool, reporter: Reporter = QUIET) -> Iterator[None]:
+    """Within the block, models load through the cache or not (--no-model-cache), its notices said by `reporter`."""
+    token = _POLICY.set(Policy(enabled, reporter))
     try:
         yield
     finally:
@@ -94,7 +92,7 @@ class Entry:
 
     gguf: Path
     sha256: str
-    notify: Callable[[str], None] = _silent
+    reporter: Reporter = QUIET
 
     @property
     def directory(self) -> Path:
@@ -126,7 +124,7 @@ class Entry:
         damage = self.damage()
         if damage is None:
             return True
-        self.notify(f"model cache: the entry of {self.gguf.name} at {self.directory} is damaged ({damage}); "
+        self.reporter.notify(f"model cache: the entry of {self.gguf.name} at {self.directory} is damaged ({damage}); "
                     "rebuilding it")
         try:
             shutil.rmtree(self.directory)
@@ -182,13 +180,13 @@ class Entry:
                     raise
                 return
         except (OSError, NotCacheable) as error:
-            self.notify(f"warning: could not write the model cache entry of {self.gguf.name} "
+            self.reporter.warn(f"could not write the model cache entry of {self.gguf.name} "
                         f"({getattr(error, 'strerror', None) or error}); this run loads it from the GGUF file")
             return
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         size = sum(entry["bytes"] for entry in files.values())
-        self.notify(f"model cache: wrote {self.gguf.name} dequantized to {self.directory} ({size_text(size)}); "
+        self.reporter.notify(f"model cache: wrote {self.gguf.name} dequantized to {self.directory} ({size_text(size)}); "
                     "later starts load it from there")
 
 
@@ -227,16 +225,18 @@ def entry(gguf: str | os.PathLike) -> Entry | None:
         return None
     path = Path(gguf)
     gguffile.check(path)
-    return Entry(path, gguffile.sha256(path), policy.notify)
+    return Entry(path, gguffile.sha256(path), policy.reporter)
 
 
-def prepare(model: str, gguf_file: str | None = None) -> None:
+def prepare(config: RunConfig) -> None:
     """Before a run reads anything: a GGUF model's file is whole, and its cache entry is there or can be written.
     Other sources pass, and so do sources the run refuses in its own words."""
     from .checkpoints import inspect
 
+    if config.model is None:
+        return
     try:
-        found = inspect(model, gguf_file)
+        found = inspect(config.model, config.gguf_file)
     except SpectraError:
         return
     if found.gguf_file is None:

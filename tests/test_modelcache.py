@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from spectra import modelcache, models
+from spectra.config import RunConfig
 from spectra.errors import SpectraError
 
 TEXT = "the attention matrix of a pretrained transformer is low rank"
@@ -23,7 +24,9 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 def load(path: Path, enabled: bool = True, lines: list | None = None, **kwargs) -> models.Loaded:
-    with modelcache.using(enabled, (lines if lines is not None else []).append):
+    from spectra.reporter import Reporter
+
+    with modelcache.using(enabled, Reporter(notify=(lines if lines is not None else []).append)):
         return models.load(str(path), device="cpu", **kwargs)
 
 
@@ -184,7 +187,7 @@ def test_an_unwritable_cache_is_refused_before_the_load(tiny_gguf, monkeypatch) 
                                            r"SPECTRA_CACHE to a writable directory, or pass model_cache=False"):
         load(tiny_gguf)
     with pytest.raises(SpectraError, match="not writable"):
-        modelcache.prepare(str(tiny_gguf))
+        modelcache.prepare(RunConfig(model=str(tiny_gguf)))
 
 
 def test_an_architecture_transformers_does_not_read_is_one_line(tmp_path, cache) -> None:
