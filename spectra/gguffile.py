@@ -115,7 +115,8 @@ def check(path: str | os.PathLike) -> None:
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
         except (ValueError, KeyError):
             raise SpectraError(f"GGUF file {path} holds tensor {name} of unknown type {kind}: corrupt, or written "
-                               "by a newer llama.cpp than the installed gguf package reads (pip install -U gguf)") from None
+                               "by a newer llama.cpp than the installed gguf package reads "
+                               "(pip install -U gguf)") from None
         elements = 1
         for dim in shape:
             elements *= dim

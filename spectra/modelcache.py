@@ -158,8 +158,9 @@ class Entry:
         self.require_writable()
         parent = self.directory.parent
         for stale in parent.glob(".build-*"):
-            if time.time() - stale.stat().st_mtime > STALE_SECONDS:
-                shutil.rmtree(stale, ignore_errors=True)
+            with contextlib.suppress(OSError):  # another process may be removing it too
+                if time.time() - stale.stat().st_mtime > STALE_SECONDS:
+                    shutil.rmtree(stale, ignore_errors=True)
         folder = Path(tempfile.mkdtemp(dir=parent, prefix=".build-"))
         try:
             save(folder)
@@ -181,13 +182,13 @@ class Entry:
                 return
         except (OSError, NotCacheable) as error:
             self.reporter.warn(f"could not write the model cache entry of {self.gguf.name} "
-                        f"({getattr(error, 'strerror', None) or error}); this run loads it from the GGUF file")
+                               f"({getattr(error, 'strerror', None) or error}); this run loads it from the GGUF file")
             return
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         size = sum(entry["bytes"] for entry in files.values())
-        self.reporter.notify(f"model cache: wrote {self.gguf.name} dequantized to {self.directory} ({size_text(size)}); "
-                    "later starts load it from there")
+        self.reporter.notify(f"model cache: wrote {self.gguf.name} dequantized to {self.directory} "
+                             f"({size_text(size)}); later starts load it from there")
 
 
 class NotCacheable(Exception):
