@@ -2,9 +2,9 @@
 float32 weights in safetensors) so that every later start reads that instead of dequantizing again.
 
 transformers turns a GGUF file into a model by parsing its whole metadata twice and dequantizing every tensor:
-30 s for SmolLM2-135M, minutes for Gemma 3 270M's Q4_K_M, at every start. Here the first start saves the
-result under the user's cache directory and later ones load it in seconds, bitwise the same weights (float32:
-what the dequantization gives; another --dtype is cast from it at load, as it is from the GGUF file).
+30 s for SmolLM2-135M on an idle machine, minutes for Gemma 3 270M's Q4_K_M, at every start. Here the first start
+saves the result under the user's cache directory and later ones load it in seconds, bitwise the same weights
+(float32: what the dequantization gives; another --dtype is cast from it at load, as it is from the GGUF file).
 
 - Where: $SPECTRA_CACHE, else $XDG_CACHE_HOME/spectra, else ~/.cache/spectra; the entries under `models/`.
 - Key: the GGUF file's sha256 and the transformers and gguf versions that dequantized it
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import gguffile
+from . import checkpoints, gguffile
 from .config import RunConfig
 from .errors import SpectraError, spell
 from .reporter import QUIET, Reporter
@@ -232,12 +232,10 @@ def entry(gguf: str | os.PathLike) -> Entry | None:
 def prepare(config: RunConfig) -> None:
     """Before a run reads anything: a GGUF model's file is whole, and its cache entry is there or can be written.
     Other sources pass, and so do sources the run refuses in its own words."""
-    from .checkpoints import inspect
-
     if config.model is None:
         return
     try:
-        found = inspect(config.model, config.gguf_file)
+        found = checkpoints.inspect(config.model, config.gguf_file)
     except SpectraError:
         return
     if found.gguf_file is None:
