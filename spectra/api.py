@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from . import modelcache
 from .config import RunConfig
 from .kinds import REGISTRY, Analysis, load_run
 from .options import declared, split
@@ -28,7 +29,10 @@ def run(analysis: Analysis, values: dict[str, Any], progress: Progress | None = 
     config_values, option_values = split(values, RunConfig, analysis.options)
     config = RunConfig(**{**analysis.defaults, **config_values})
     options = analysis.options(**option_values)
-    return load_run(analysis.run(config, options, Reporter(progress, notify)))
+    reporter = Reporter(progress, notify)
+    with modelcache.using(config.model_cache, reporter):
+        modelcache.prepare(config)  # a GGUF file whole and its cache writable, before any work
+        return load_run(analysis.run(config, options, reporter))
 
 
 def parameters(analysis: Analysis) -> list[inspect.Parameter]:

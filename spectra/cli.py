@@ -17,10 +17,10 @@ import click
 import typer
 
 from . import runtime
-from .cli_options import USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands
+from .cli_options import MODEL_CACHE, USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands, notify_stderr
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
-from .reporter import plural
+from .reporter import Reporter, plural
 from .kv.tasks.family import generated, haystack_tasks, listing
 
 app = typer.Typer(
@@ -202,15 +202,18 @@ def artifacts_command(
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out directory."),
     surrogate: str = typer.Option("mlp", "--surrogate", help="kvzap only: linear (ridge least squares) or mlp (Linear–GELU–Linear, kvpress's default)."),
+    model_cache: bool = typer.Option(MODEL_CACHE.default, *MODEL_CACHE.flags, help=MODEL_CACHE.help),
 ) -> None:
     """A press's learned artifact fitted on local text, written where kvpress loads it: Q-Filters, query statistics or
     KVzap's surrogate."""
+    from . import modelcache
     from .report.console import out as stdout
     from .kv.calibration import make_artifact
 
-    written = make_artifact(kind, model, data=[part.strip() for part in data.split(",") if part.strip()], out=out,
-                            length=length, samples=samples, threads=threads, gguf_file=gguf_file,
-                            overwrite=overwrite, surrogate=surrogate)
+    with modelcache.using(model_cache, Reporter(notify=notify_stderr)):
+        written = make_artifact(kind, model, data=[part.strip() for part in data.split(",") if part.strip()],
+                                out=out, length=length, samples=samples, threads=threads, gguf_file=gguf_file,
+                                overwrite=overwrite, surrogate=surrogate)
     stdout.print(f"wrote {written} ({kind}(DIR) in spectra cache --presses)", soft_wrap=True)
 
 

@@ -29,6 +29,8 @@ try:  # typer ≥ 0.26 vendors its own copy of click
 except ImportError:  # pragma: no cover - older typer raises click's own
     _TyperUsageError = click.UsageError
 USAGE_ERRORS = (click.UsageError, _TyperUsageError)
+#: the run option every command that loads a model takes; `spectra artifacts`, which builds no RunConfig, reads it here
+MODEL_CACHE = next(option for option in declared(RunConfig) if option.name == "model_cache")
 
 class Flagless:
     """Commands whose flags show no value type in --help: a flag takes no value, so typer's "<bool>" beside it

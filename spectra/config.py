@@ -206,6 +206,9 @@ class RunConfig:
     dtype: DType = option(DType.FLOAT32, "Forward-pass dtype; spectra and errors are always float32 or better.")
     gguf_file: str | None = option(None, "A GGUF file inside the MODEL directory (or give the .gguf file as MODEL); "
                                    "needs the gguf package.")
+    model_cache: bool = option(True, "Keep a GGUF model dequantized in the model cache ($SPECTRA_CACHE, else "
+                               "~/.cache/spectra) and load it from there: only the first start dequantizes.",
+                               negative="--no-model-cache", identity=False)
     out: str | None = option(None, "Run directory (default: under runs/, named after model, data and n).",
                              identity=False)
     overwrite: bool = option(False, "Replace an existing run directory (only once the new run is complete).",

@@ -22,7 +22,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from . import capture, checkpoints, hub
+from . import capture, checkpoints, gguffile, hub, modelcache
 from .config import Device, DType, choose
 from .errors import SpectraError
 
@@ -105,26 +105,6 @@ def is_decoder(config: transformers.PretrainedConfig, gguf: bool = False) -> boo
         name.endswith(("ForCausalLM", "LMHeadModel")) for name in config.architectures or ())
 
 
-def _quiet_gguf() -> None:
-    """transformers draws its own tqdm bar while dequantizing a GGUF file, outside its logging switches."""
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # pragma: no cover
-        return
-    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
-
-
-def _quantization(path: str) -> str | None:
-    """The GGUF file's quantization type (general.file_type, e.g. MOSTLY_Q4_1), read from its header."""
-    import gguf
-
-    value = checkpoints.gguf_field(path, "general.file_type")
-    try:
-        return gguf.LlamaFileType(int(value)).name if value is not None else None
-    except ValueError:
-        return None
-
-
 def max_length(config: transformers.PretrainedConfig, tokenizer: transformers.PreTrainedTokenizerBase) -> int:
     """The longest sequence the model can embed (RoBERTa-style models lose padding_idx + 1 positions)."""
     positions = getattr(config, "max_position_embeddings", None) or 10**9
@@ -178,26 +158,51 @@ def load(
     return loaded
 
 
-def _files(source: str, gguf_file: str | None, trust_remote_code: bool) -> tuple[checkpoints.Source, str, dict]:
-    """(the source's files as found, where transformers reads them, the options it reads them with), the hub
-    prepared and transformers quieted."""
+def _files(source: str, gguf_file: str | None,
+           trust_remote_code: bool) -> tuple[checkpoints.Source, str, dict, modelcache.Entry | None]:
+    """(the source's files as found, where transformers reads them, the options it reads them with, the GGUF file's
+    model cache entry or None), the hub prepared and transformers quieted. A GGUF file is checked whole first; where
+    its cache entry is whole, everything is read from the entry."""
     found = checkpoints.inspect(source, gguf_file)
     if not found.local:
         hub.prepare()  # one quick connection attempt; unreachable → the local cache only, no retries
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    cached = None
     if found.gguf_file:
-        _quiet_gguf()
+        gguffile.check(found.where)
+        gguffile.quiet()
+        cached = modelcache.entry(found.where)
+        if cached is not None and cached.ready():
+            return found, str(cached.directory), {"trust_remote_code": trust_remote_code}, cached
     where = str(found.path) if found.gguf_file else source
     options = {"trust_remote_code": trust_remote_code, **({"gguf_file": found.gguf_file} if found.gguf_file else {})}
-    return found, where, options
+    return found, where, options, cached
+
+
+def _cache(cached: modelcache.Entry, where: str, options: dict,
+           tokenizer: transformers.PreTrainedTokenizerBase | None) -> tuple[str, dict]:
+    """Build the GGUF file's cache entry — its causal LM dequantized in float32 (what the GGUF holds, lm head
+    included, whatever the run asked for), config and tokenizer — and return where to load from: the entry, or the
+    GGUF file again when the entry could not be written."""
+    def save(folder) -> None:
+        modelcache.save(AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **options),
+                        tokenizer or AutoTokenizer.from_pretrained(where, **options), folder)
+
+    try:
+        cached.write(save)
+    except ValueError as error:  # what transformers says of a GGUF file it cannot read (an unknown architecture)
+        raise SpectraError(f"could not load '{cached.gguf}': {str(error).splitlines()[0]}") from None
+    if cached.ready():
+        return str(cached.directory), {"trust_remote_code": options["trust_remote_code"]}
+    return where, options
 
 
 def load_tokenizer(source: str, *, gguf_file: str | None = None,
                    trust_remote_code: bool = False) -> transformers.PreTrainedTokenizerBase:
     """The tokenizer of `source` alone, before its weights load: what a run reads with it (a task file's prompts) is
     checked first, and `load(…, tokenizer=…)` takes it."""
-    _, where, options = _files(source, gguf_file, trust_remote_code)
+    _, where, options, _ = _files(source, gguf_file, trust_remote_code)
     try:
         return AutoTokenizer.from_pretrained(where, **options)
     except OSError:
@@ -210,7 +215,9 @@ def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_hea
           trust_remote_code: bool, tokenizer: transformers.PreTrainedTokenizerBase | None) -> Loaded:
     dtype = choose(DType, dtype, "--dtype")
     torch_device = pick_device(device)
-    found, where, options = _files(source, gguf_file, trust_remote_code)
+    found, where, options, cached = _files(source, gguf_file, trust_remote_code)
+    if cached is not None and "gguf_file" in options:
+        where, options = _cache(cached, where, options, tokenizer)
     try:
         config = AutoConfig.from_pretrained(where, **options)
     except OSError:
@@ -242,7 +249,7 @@ def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_hea
     except ValueError as error:
         raise SpectraError(f"could not load '{source}' with the capture attention: {str(error).splitlines()[0]}") from None
     model.to(torch_device).eval()
-    gguf = {"file": found.gguf_file, "quantization": _quantization(found.where)} if found.gguf_file else None
+    gguf = {"file": found.gguf_file, "quantization": gguffile.quantization(found.where)} if found.gguf_file else None
     return Loaded(
         model=model,
         tokenizer=tokenizer,
@@ -257,7 +264,7 @@ def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_hea
         head=head,
         causal=causal,
         kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-        architecture=(config.architectures or [type(model).__name__])[0],
+        architecture=type(model).__name__ if gguf else (config.architectures or [type(model).__name__])[0],
         gguf=gguf,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
     )

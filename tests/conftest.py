@@ -27,6 +27,23 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory) -> Path:
+    """The model cache of the whole session, in a temporary folder: a test never writes the user's ~/.cache."""
+    folder = tmp_path_factory.mktemp("spectra-cache")
+    os.environ["SPECTRA_CACHE"] = str(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A tiny Llama GGUF file (Q4_1 and Q8_0 tensors, byte-level BPE), written by the gguf package."""
+    pytest.importorskip("gguf")
+    import gguf_files
+
+    return gguf_files.write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.Q4_1.gguf")
+
+
 @pytest.fixture(scope="session")
 def roberta_dir(tmp_path_factory) -> Path:
     return tiny.save_model(tmp_path_factory.mktemp("models") / "tiny-roberta", "roberta")
