@@ -29,7 +29,7 @@ from pathlib import Path
 
 import spectra
 from spectra.report import summaries
-from spectra.report.plots.style import draw_heatmap, pyplot, subtitle
+from spectra.report.plots.style import draw_heatmap, pyplot, subtitle, title_lines
 
 #: the front page's resolution and the largest picture it takes
 DPI, MOST_BYTES = 100, 200_000
@@ -90,7 +90,7 @@ def draw_cache(runs: list):
 
 def draw_tasks(runs: list):
     """A task run's score per press against the ratio removed, per task with the full cache's line; a task the full
-    cache itself fails (mean score below HOLDS) says nothing about a press and is left out, named under the title."""
+    cache itself fails (mean score below HOLDS) says nothing about a press and is left out, named in the title."""
     import dataclasses
 
     from spectra.report.leaderboard import HOLDS
@@ -105,9 +105,10 @@ def draw_tasks(runs: list):
         raise spectra.SpectraError(f"{run.path}: the full cache answers no task (mean score ≥ {HOLDS:g})")
     figure = draw_scores(dataclasses.replace(run, scores=run.scores[run.scores["task"].isin(held)]))
     dropped = [f"{task} ({score:.2f})" for task, score in full.items() if task not in held]
-    if dropped:
-        figure.text(0.5, -0.01, f"left out, the full cache answering below {HOLDS:g}: {', '.join(dropped)}",
-                    ha="center", va="top", fontsize=9, gid="dropped")
+    if dropped:  # under the title (below the panels stands the key)
+        figure.suptitle(f"{figure.get_suptitle()}\n" + title_lines(
+            f"left out, the full cache answering below {HOLDS:g}: {', '.join(dropped)}",
+            int(figure.get_figwidth() / 0.09)))
     return figure
 
 

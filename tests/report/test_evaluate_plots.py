@@ -83,9 +83,9 @@ def test_plot_writes_every_view(tmp_path, monkeypatch) -> None:
 def test_presses_with_the_same_scores_stay_visible_and_a_ratio_free_press_is_one_point(tmp_path) -> None:
     """Issue 41, item 11: adakv(snapkv) hid exactly behind snapkv-like lines and kivi4 behind decoding(knorm) (five
     legend entries, two visible lines). Now presses whose points are all the same are drawn side by side, `DODGE`
-    apart (the full cache's start shared), and the panel's legend names them; every cell sits at the share of the
+    apart (the full cache's start shared), and the figure's key names them; every cell sits at the share of the
     bytes it stores (item 10), kivi4, the same at every ratio, at one point."""
-    from spectra.report.evaluate import DODGE
+    from spectra.report.plots.scores import DODGE
 
     rows = []
     for example in range(6):
@@ -97,16 +97,18 @@ def test_presses_with_the_same_scores_stay_visible_and_a_ratio_free_press_is_one
     examples = pd.DataFrame(rows)
     run = TaskRun(tmp_path, {"model": {"name": "tiny"}, "data": {"name": "t.jsonl"}}, examples,
                   task_scores(examples, 0, replicates=50), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
-    (ax,) = draw_scores(run).axes
+    figure = draw_scores(run)
+    (ax,) = figure.axes
+    (key,) = figure.legends
     snapkv, adakv = by_gid(ax.lines, "score:passkey:snapkv"), by_gid(ax.lines, "score:passkey:adakv(snapkv)")
     np.testing.assert_allclose(snapkv.get_xdata(), [1.0, 0.5 - DODGE / 2, 0.25 - DODGE / 2])
     np.testing.assert_allclose(adakv.get_xdata(), [1.0, 0.5 + DODGE / 2, 0.25 + DODGE / 2])
     np.testing.assert_array_equal(snapkv.get_ydata(), adakv.get_ydata())
-    assert ax.get_legend().get_title().get_text() == "side by side, the same scores: snapkv = adakv(snapkv)"
+    assert key.get_title().get_text() == "side by side, the same scores:\npasskey: snapkv = adakv(snapkv)"
     kivi = by_gid(ax.lines, "score:passkey:kivi4")
     assert list(kivi.get_xdata()) == [0.45] and list(kivi.get_ydata()) == [1.0]
     assert kivi.get_linestyle() == "None"
-    assert "kivi4 (any ratio)" in [text.get_text() for text in ax.get_legend().get_texts()]
+    assert "kivi4 (any ratio)" in [text.get_text() for text in key.get_texts()]
     assert ax.get_xlabel() == "Share of the full cache's bytes stored" and ax.xaxis_inverted()
 
 
