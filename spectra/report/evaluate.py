@@ -284,9 +284,14 @@ def layer_head_mesh(ax, values: np.ndarray, title: str, gid: str, vmax: float | 
     return image
 
 
+#: the panels a row of the survival picture holds (the full cache's and 7 presses'); more presses take more rows
+SURVIVAL_ROW = 8
+
+
 def draw_survival(run: TaskRun, ratio: float):
     """The needle kept per layer and key/value head by each press at `ratio` (one scale, 0 to 1), and the full
-    cache's attention mass of the question on it (its own scale)."""
+    cache's attention mass of the question on it: another quantity, on its own scale and colour map
+    (`style.ATTENTION_CMAP`), each colour bar naming its quantity and range; rows of `SURVIVAL_ROW` panels."""
     plt = pyplot()
     needle = run.needle
     heads = int(needle["head"].max()) + 1
@@ -294,24 +299,33 @@ def draw_survival(run: TaskRun, ratio: float):
     presses = [press for press in presses_of(needle)
                if needle[(needle["press"] == press) & (needle["ratio"] == ratio)]["needle_kept"].notna().any()]
     panels = len(presses) + 1
+    columns = min(panels, SURVIVAL_ROW)
+    rows = -(-panels // columns)
     labels = {press: style.press_label(press) for press in presses}
     panel = max(1.5 * max(1.0, heads / 4), style.label_inches(list(labels.values())))  # as wide as its title
-    figure, axes = plt.subplots(1, panels, figsize=(panel * panels + 2.0, 5.4), squeeze=False,
+    figure, axes = plt.subplots(rows, columns, figsize=(panel * columns + 2.4, 5.4 * rows), squeeze=False,
                                 layout="constrained", sharey=True)
+    flat = list(axes.flat)
 
     def grid(frame, column):
         return frame.sort_values(["layer", "head"])[column].to_numpy().reshape(layers, heads)
 
-    full = needle[needle["press"] == "full"]
-    mass = layer_head_mesh(axes[0, 0], grid(full, "needle_mass"), "full cache:\nattention on it", "mass", None)
-    axes[0, 0].set_ylabel("Layer")
-    plt.colorbar(mass, ax=axes[0, 0], location="left", fraction=0.12, pad=0.08, aspect=45).set_label("Attention mass")
+    full = grid(needle[needle["press"] == "full"], "needle_mass")
+    mass = layer_head_mesh(flat[0], full, "full cache:\nattention on it", "mass", None)
+    mass.set_cmap(style.ATTENTION_CMAP)
+    plt.colorbar(mass, ax=flat[0], location="left", fraction=0.12, pad=0.08, aspect=45).set_label(
+        f"Full cache's attention mass on the needle (0 to {np.nanmax(full):.2g})")
     kept = None
-    for ax, press in zip(axes[0, 1:], presses):
+    for ax, press in zip(flat[1:], presses):
         chosen = needle[(needle["press"] == press) & (needle["ratio"] == ratio)]
         kept = layer_head_mesh(ax, grid(chosen, "needle_kept"), f"{labels[press]}:\nkept", f"kept:{press}")
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    for ax in flat[::columns]:
+        ax.set_ylabel("Layer")
     if kept is not None:
-        plt.colorbar(kept, ax=axes[0, 1:], fraction=0.04, pad=0.02).set_label("Share of the needle kept")
+        plt.colorbar(kept, ax=flat[1:panels], fraction=0.04 / rows, pad=0.02, aspect=20 * (2 * rows - 1)).set_label(
+            f"Share of the needle kept at r = {ratio:g} (0 to 1)")
     figure.suptitle(f"{run.label}: the needle per layer and key/value head at ratio {ratio:g}")
     return figure
 

@@ -141,3 +141,44 @@ def test_a_press_the_same_at_every_ratio_is_one_needle_panel(tmp_path) -> None:
              if (c.get_gid() or "").startswith("needle:")}
     assert shown["needle:kivi4:0.5"] == "kivi4, any ratio" and "needle:kivi4:0.75" not in shown
     assert shown["needle:knorm:0.75"] == "knorm, ratio 0.75"
+
+
+def test_the_survival_picture_s_two_quantities_have_two_colour_maps_and_named_bars(tmp_path) -> None:
+    """Issue 55, item 7: the full cache's attention mass (0 to ~0.03) and the share of the needle kept (0 to 1) were
+    drawn in one colour map, so a cell's colour read the same in both; each has its own map now, and its bar names
+    its quantity, its range and (the kept share's) the ratio."""
+    from spectra.report.plots import style
+
+    run = task_run(tmp_path)
+    figure = draw_survival(run, 0.5)
+    meshes = {ax.get_gid(): ax.collections[0] for ax in figure.axes if ax.get_gid()}
+    assert meshes["mass"].get_cmap().name == style.ATTENTION_CMAP != style.HEATMAP_CMAP
+    assert {meshes[gid].get_cmap().name for gid in ("kept:knorm", "kept:snapkv")} == {style.HEATMAP_CMAP}
+    bars = [ax.get_ylabel() for ax in figure.axes if not ax.get_gid() and ax.get_ylabel() != "Layer"]
+    top = run.needle[run.needle["press"] == "full"]["needle_mass"].max()
+    assert bars == [f"Full cache's attention mass on the needle (0 to {top:.2g})",
+                    "Share of the needle kept at r = 0.5 (0 to 1)"]
+
+
+def test_the_survival_picture_of_every_default_press_wraps_into_rows(tmp_path) -> None:
+    """The default list's 23 presses drew 24 panels in one row, 37 inches wide; rows of `SURVIVAL_ROW` now, without
+    a matplotlib warning."""
+    import warnings
+
+    from spectra.kinds.pressbase import default_presses
+    from spectra.report.evaluate import SURVIVAL_ROW
+
+    run = task_run(tmp_path)
+    knorm = run.needle[run.needle["press"] == "knorm"]
+    needle = pd.concat([run.needle[run.needle["press"] == "full"],
+                        *[knorm.assign(press=press) for press in default_presses()]], ignore_index=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figure = draw_survival(TaskRun(tmp_path, run.meta, run.examples, run.scores, run.lengths, needle,
+                                       pd.DataFrame()), 0.5)
+        figure.canvas.draw()
+    panels = [ax for ax in figure.axes if ax.get_gid()]
+    assert len(panels) == len(default_presses()) + 1
+    rows = {round(ax.get_position().y0, 3) for ax in panels}
+    assert len(rows) == -(-len(panels) // SURVIVAL_ROW)
+    assert figure.get_figwidth() < 20
