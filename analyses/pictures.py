@@ -16,20 +16,23 @@ score against the ratio removed per task and press beside the full cache's line 
 task_scores view), on the tasks whose full cache answers (`report.leaderboard.HOLDS`), naming those left out;
 `leaderboard` pools task runs of one task file (`report.leaderboard`) and draws every press's score per ratio and
 its mean, presses in rank order; `survival` draws, for the leaderboard's top three presses and SnapKV, the share of
-the needle each layer and key/value head kept at half the cache, beside the full cache's attention on it (where a
-ranking comes from); `questions` pools task runs of a many-question task file and ranks presses on the questions the
-full cache answers (the share of its answers each keeps). The README prints the command under each picture.
+the needle each layer and key/value head kept at r = 0.5 (half the cache; `--ratio` draws another of the runs'
+ratios; the ratio stands in its title and colour bar), beside the full cache's attention on it (where a ranking comes
+from); `questions` pools task runs of a many-question task file and ranks presses on the questions the full cache
+answers (the share of its answers each keeps). The README prints the command under each picture.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import spectra
 from spectra.report import summaries
-from spectra.report.plots.style import draw_heatmap, pyplot, subtitle
+from spectra.report.survival import SURVIVAL_RATIO
+from spectra.report.plots.style import draw_heatmap, pyplot, subtitle, title_lines
 
 #: the front page's resolution and the largest picture it takes
 DPI, MOST_BYTES = 100, 200_000
@@ -90,7 +93,7 @@ def draw_cache(runs: list):
 
 def draw_tasks(runs: list):
     """A task run's score per press against the ratio removed, per task with the full cache's line; a task the full
-    cache itself fails (mean score below HOLDS) says nothing about a press and is left out, named under the title."""
+    cache itself fails (mean score below HOLDS) says nothing about a press and is left out, named in the title."""
     import dataclasses
 
     from spectra.report.leaderboard import HOLDS
@@ -105,9 +108,10 @@ def draw_tasks(runs: list):
         raise spectra.SpectraError(f"{run.path}: the full cache answers no task (mean score ≥ {HOLDS:g})")
     figure = draw_scores(dataclasses.replace(run, scores=run.scores[run.scores["task"].isin(held)]))
     dropped = [f"{task} ({score:.2f})" for task, score in full.items() if task not in held]
-    if dropped:
-        figure.text(0.5, -0.01, f"left out, the full cache answering below {HOLDS:g}: {', '.join(dropped)}",
-                    ha="center", va="top", fontsize=9, gid="dropped")
+    if dropped:  # under the title (below the panels stands the key)
+        figure.suptitle(f"{figure.get_suptitle()}\n" + title_lines(
+            f"left out, the full cache answering below {HOLDS:g}: {', '.join(dropped)}",
+            int(figure.get_figwidth() / 0.09)))
     return figure
 
 
@@ -160,10 +164,10 @@ def draw_questions(runs: list):
                             label="Share of the full cache's answers kept")
 
 
-def draw_survival(runs: list):
-    """The needle kept per layer and key/value head at `survival.SURVIVAL_RATIO` by the leaderboard's best presses
-    that evict tokens, and SnapKV (`survival.survivors`: where the ranking comes from), beside the full cache's
-    attention on the needle."""
+def draw_survival(runs: list, ratio: float | None = None):
+    """The needle kept per layer and key/value head at `ratio` (default `survival.SURVIVAL_RATIO`, 0.5) by the
+    leaderboard's best presses that evict tokens, and SnapKV (`survival.survivors`: where the ranking comes from),
+    beside the full cache's attention on the needle."""
     import dataclasses
 
     from spectra.report import leaderboard, survival
@@ -173,14 +177,20 @@ def draw_survival(runs: list):
     examples = leaderboard.pooled(runs)
     order = leaderboard.ranking(examples, leaderboard.seed_of(runs))
     needle = leaderboard.pooled_needle(runs)
-    chosen = survival.survivors(examples, order, needle)
+    ratio = survival.SURVIVAL_RATIO if ratio is None else ratio
+    measured = sorted(set(examples["ratio"]) - {0.0})
+    if not any(abs(ratio - other) < 1e-9 for other in measured):
+        raise spectra.SpectraError(f"--ratio {ratio:g}: the runs measured the ratios "
+                                   f"{', '.join(f'{other:g}' for other in measured)}; give one of them")
+    ratio = next(other for other in measured if abs(ratio - other) < 1e-9)
+    chosen = survival.survivors(examples, order, needle, ratio)
     if not chosen:
-        raise spectra.SpectraError(f"no press of the runs evicted tokens at ratio {survival.SURVIVAL_RATIO:g} and "
-                                   "recorded where the needle went")
+        raise spectra.SpectraError(f"no press of the runs evicted tokens at ratio {ratio:g} and recorded where the "
+                                   "needle went")
     needle = needle[needle["press"].isin(["full", *chosen])]
     needle = needle.assign(order=needle["press"].map({press: place for place, press in enumerate(["full", *chosen])}))
     needle = needle.sort_values("order", kind="stable").drop(columns="order")
-    return survival_picture(dataclasses.replace(runs[0], needle=needle), survival.SURVIVAL_RATIO)
+    return survival_picture(dataclasses.replace(runs[0], needle=needle), ratio)
 
 
 PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache, "tasks": draw_tasks,
@@ -189,18 +199,47 @@ PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw
 POOLING = ("figure1", "leaderboard", "questions", "survival")
 
 
+def check_out(out: Path) -> None:
+    """Refuse an --out the picture cannot be written to, before any run loads: not a PNG name, a directory, or
+    under a file or a folder this user cannot write (`save` still turns a refused write into one line)."""
+    if out.suffix.lower() != ".png":
+        raise spectra.SpectraError(f"--out {out}: the front page's pictures are PNG files (name.png)")
+    if out.is_dir():
+        raise spectra.SpectraError(f"--out {out} is a directory; give the PNG's file name (name.png)")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise spectra.SpectraError(f"--out {out}: {folder} is a file, not a folder; give a path under a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise spectra.SpectraError(f"--out {out}: {folder} is not writable; give a path under a folder you can write")
+
+
 def save(figure, out: Path) -> int:
-    """Write `figure` as a PNG at DPI; its size in bytes (a picture over MOST_BYTES is removed and refused)."""
+    """Write `figure` as a PNG at DPI, whole or not at all (a file beside it, renamed over `out` once written; on a
+    failed write nothing stays, not even the folders made for it); its size in bytes (a picture over MOST_BYTES is
+    refused, and not written)."""
     plt = pyplot()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    made = [folder for folder in [out.parent, *out.parent.parents] if not folder.exists()]
+    partial = out.with_name(f".{out.name}.partial")
     try:
-        figure.savefig(out, dpi=DPI, bbox_inches="tight")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(partial, dpi=DPI, bbox_inches="tight", format="png")
+        size = partial.stat().st_size
+        if size > MOST_BYTES:
+            raise spectra.SpectraError(f"{out} would be {size // 1000} KB, over the front page's "
+                                       f"{MOST_BYTES // 1000} KB")
+        os.replace(partial, out)
+    except OSError as error:
+        raise spectra.SpectraError(f"--out {out}: cannot write it ({error.strerror or error}); give a path under a "
+                                   "folder you can write") from None
     finally:
         plt.close(figure)
-    size = out.stat().st_size
-    if size > MOST_BYTES:
-        out.unlink()
-        raise spectra.SpectraError(f"{out} would be {size // 1000} KB, over the front page's {MOST_BYTES // 1000} KB")
+        if partial.parent.is_dir():
+            partial.unlink(missing_ok=True)
+        for folder in made:  # the folders made for a picture that was not written, deepest first
+            if not out.exists() and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
     return size
 
 
@@ -209,14 +248,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("picture", choices=sorted(PICTURES))
     parser.add_argument("runs", nargs="+", type=Path, help="finished run directories")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    parser.add_argument("--ratio", type=float, default=None,
+                        help="survival only: the ratio whose needle is drawn (default: "
+                             f"{SURVIVAL_RATIO:g}, half the cache)")
     args = parser.parse_args(argv)
     try:
-        if args.out.suffix.lower() != ".png":
-            raise spectra.SpectraError(f"--out {args.out}: the front page's pictures are PNG files (name.png)")
+        check_out(args.out)
         if args.picture not in POOLING and len(args.runs) != 1:
             raise spectra.SpectraError(f"`{args.picture}` draws one run, got {len(args.runs)}")
+        if args.ratio is not None and args.picture != "survival":
+            raise spectra.SpectraError(f"--ratio belongs to the survival picture, not to `{args.picture}`")
+        if args.ratio is not None and not 0 < args.ratio < 1:
+            raise spectra.SpectraError(f"--ratio {args.ratio:g}: a ratio of the cache removed, between 0 and 1")
         runs = [spectra.load_run(path) for path in args.runs]
-        size = save(PICTURES[args.picture](runs), args.out)
+        extra = {"ratio": args.ratio} if args.picture == "survival" else {}
+        size = save(PICTURES[args.picture](runs, **extra), args.out)
     except spectra.SpectraError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

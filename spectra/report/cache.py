@@ -128,22 +128,26 @@ def show(run: CacheRun) -> None:
                                                                  "median_bytes_share": 3})
 
 
-#: (colour, marker) per registered press, each pair unique and each colour ΔE ≥ 15 (CIELAB) from every other
-#: and from the full cache's grey: the default run draws 11 presses, one more than tab10 has colours (streaming and
-#: linformer were the same blue circles). Fixed per press, so figures of different runs read the same way.
+#: (colour, marker) per press named alone, each marker its own and each colour ΔE ≥ 25 (CIELAB) from every other
+#: and from the full cache's grey, so that the default list's 23 presses (`spectra evaluate --help`) are told apart
+#: in one panel (snapkv's green and compactor's were ΔE 20, random's purple and kivi2's 17, and finch, cap, kvgrad
+#: and kvcompose took spares that others shared), the markers telling apart what colour alone hardly can at that
+#: many. Fixed per press, so figures of different runs read the same way.
 PRESS_STYLES: dict[str, tuple[str, str]] = {
     "streaming": ("tab:blue", "o"), "knorm": ("tab:orange", "v"), "snapkv": ("tab:green", "s"),
     "tova": ("tab:red", "D"), "random": ("tab:purple", "x"), "observed": ("tab:brown", "^"),
     "think": ("tab:pink", "P"), "leverage": ("tab:olive", "*"), "loki": ("tab:cyan", "<"),
     "lowrank": ("#e6ab02", ">"), "linformer": ("black", "h"),
-    "kivi2": ("#6a3d9a", "H"), "kivi4": ("#b15928", "1"), "kivi8": ("#80cdc1", "2"),
-    "keydiff": ("#1a237e", "p"), "lagkv": ("#00796b", "d"), "cur": ("#c2185b", "8"), "compactor": ("#7cb342", "X"),
+    "kivi2": ("#782d5a", "H"), "kivi4": ("#b15928", "1"), "kivi8": ("#c3a5d2", "2"),
+    "keydiff": ("#1a237e", "p"), "lagkv": ("#00796b", "d"), "cur": ("#c2185b", "8"), "compactor": ("#960f87", "X"),
     "expected_attention": ("#3e82fc", "3"), "pyramidkv": ("#01c08d", "4"), "simlayerkv": ("#c4a661", "+"),
-    "kvzip": ("#fe7b7c", "$Z$"),
+    "finch": ("#4b4b69", "$F$"), "cap": ("#d2a596", "$C$"), "kvzip": ("#fe7b7c", "$Z$"),
+    "kvgrad": ("#3c4b00", "$G$"), "kvcompose": ("#a5d278", "$K$"),
 }
-#: styles for a press `PRESS_STYLES` does not list yet (taken in turn), none of them a listed press's
-SPARE_STYLES: tuple[tuple[str, str], ...] = (("#3c4d03", "$a$"), ("#6c3461", "$b$"), ("#7f5f00", "$c$"),
-                                             ("#8fb67b", "$e$"))
+#: styles for a press `PRESS_STYLES` does not list (a name with an argument, such as adakv(snapkv)), taken in turn,
+#: each colour ΔE ≥ 29 from every listed one
+SPARE_STYLES: tuple[tuple[str, str], ...] = (("#e178ff", "$a$"), ("#96c3a5", "$b$"), ("#870f1e", "$c$"),
+                                             ("#784bd2", "$e$"))
 FULL_STYLE = dict(color="0.5", linestyle=":", linewidth=1.0)
 
 

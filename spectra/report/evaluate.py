@@ -21,18 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runs import FinishedRun, read_table
-from .cache import (
-    FULL_STYLE,
-    by_bytes,
-    once_note,
-    one_row_each,
-    panel_legend,
-    press_style,
-    same_at_every_ratio,
-    wrapped,
-    x_axis,
-)
+from .cache import by_bytes, once_note, one_row_each, same_at_every_ratio
 from .plots import style
+from .plots.scores import draw_task_scores
 from .plots.style import plot_folder, pyplot
 
 if TYPE_CHECKING:
@@ -214,74 +205,14 @@ def presses_of(table) -> list[str]:
     return [press for press in dict.fromkeys(table["press"]) if press != "full"]
 
 
-#: how far apart (in x, a share of the axis' unit span) the lines of presses with the same points are drawn
-DODGE = 0.012
-
-
-def coinciding(points: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[list[str]]:
-    """The groups (two presses or more, in the run's order) whose drawn points (x, y) are all the same: one line
-    would hide the others (adakv(snapkv) behind snapkv, kivi4 behind decoding(knorm))."""
-    groups: list[list[str]] = []
-    for press, (x, y) in points.items():
-        for group in groups:
-            other_x, other_y = points[group[0]]
-            if len(x) == len(other_x) and np.allclose(x, other_x, rtol=0, atol=1e-9) and np.array_equal(y, other_y):
-                group.append(press)
-                break
-        else:
-            groups.append([press])
-    return [group for group in groups if len(group) > 1]
-
-
 def draw_scores(run: TaskRun):
     """Score per task against the share of the context cache's bytes stored (the ratio for runs before bytes were
-    counted), a line per press from the full cache, 95% intervals; a press the same at every ratio as one point;
-    presses whose points are all the same drawn side by side (`DODGE`), the panel's legend naming them."""
-    plt = pyplot()
+    counted), a line per press from the full cache, 95% intervals (`plots.scores`: one key below the panels, a press
+    the same at every ratio one point, presses with the same points side by side)."""
     scores = run.scores
-    tasks = list(dict.fromkeys(scores["task"]))
-    columns = min(3, len(tasks))
-    rows = -(-len(tasks) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.6 * rows + 0.8), squeeze=False,
-                                layout="constrained")
-    presses = presses_of(scores)
-    bytes_axis = by_bytes(scores)
-    x_column, x_full = ("bytes_share", 1.0) if bytes_axis else ("ratio", 0.0)
-    once = ratio_free(scores)
-    for ax, task in zip(axes.flat, tasks):
-        mine = scores[scores["task"] == task]
-        full = mine[mine["press"] == "full"].iloc[0]
-        lines = {press: mine[mine["press"] == press].sort_values("ratio").iloc[:1 if press in once else None]
-                 for press in presses}
-        same = coinciding({press: (line[x_column].to_numpy(float), line["score"].to_numpy(float))
-                           for press, line in lines.items()})
-        shift = {press: DODGE * (place - (len(group) - 1) / 2) for group in same for place, press in enumerate(group)}
-        for index, press in enumerate(presses):
-            line, alone = lines[press], press in once
-            color, marker = press_style(press, index)
-            start = [] if alone else [x_full]
-            ratios = np.r_[start, line[x_column].to_numpy(float) + shift.get(press, 0.0)]
-            values = np.r_[[full["score"]] * len(start), line["score"]]
-            low = np.r_[[full["low"]] * len(start), line["low"]]
-            high = np.r_[[full["high"]] * len(start), line["high"]]
-            drawn = ax.errorbar(ratios, values, yerr=[values - low, high - values], color=color, marker=marker,
-                                markersize=6 if alone else 4, linewidth=1.2, capsize=2, zorder=3,
-                                linestyle="none" if alone else "--" if wrapped(press) else "-",
-                                label=f"{press} (any ratio)" if alone else press)
-            drawn.lines[0].set_gid(f"score:{task}:{press}")
-        ax.axhline(full["score"], label=f"full cache ({full['score']:.2f})", gid=f"full:{task}", zorder=1,
-                   **FULL_STYLE)
-        ax.set_title(f"{task} ({int(full['examples'])} examples)")
-        x_axis(ax, bytes_axis)
-        ax.set_ylabel("Mean score")
-        ax.set_ylim(-0.05, 1.05)
-        panel_legend(ax, "side by side, the same scores: " + "; ".join(" = ".join(group) for group in same)
-                     if same else None)
-    for ax in list(axes.flat)[len(tasks):]:
-        ax.set_visible(False)
-    against = "the share of the cache's bytes stored" if bytes_axis else "the ratio removed"
-    figure.suptitle(f"{run.label}: score per task against {against} (95% bootstrap intervals)")
-    return figure
+    against = "the share of the cache's bytes stored" if by_bytes(scores) else "the ratio removed"
+    return draw_task_scores(scores, presses_of(scores), ratio_free(scores),
+                            f"{run.label}: score per task against {against} (95% bootstrap intervals)")
 
 
 def depth_length_grid(examples) -> tuple[list[float], list[int], dict[tuple[str, float], np.ndarray]]:
@@ -353,9 +284,14 @@ def layer_head_mesh(ax, values: np.ndarray, title: str, gid: str, vmax: float | 
     return image
 
 
+#: the panels a row of the survival picture holds (the full cache's and 7 presses'); more presses take more rows
+SURVIVAL_ROW = 8
+
+
 def draw_survival(run: TaskRun, ratio: float):
     """The needle kept per layer and key/value head by each press at `ratio` (one scale, 0 to 1), and the full
-    cache's attention mass of the question on it (its own scale)."""
+    cache's attention mass of the question on it: another quantity, on its own scale and colour map
+    (`style.ATTENTION_CMAP`), each colour bar naming its quantity and range; rows of `SURVIVAL_ROW` panels."""
     plt = pyplot()
     needle = run.needle
     heads = int(needle["head"].max()) + 1
@@ -363,24 +299,33 @@ def draw_survival(run: TaskRun, ratio: float):
     presses = [press for press in presses_of(needle)
                if needle[(needle["press"] == press) & (needle["ratio"] == ratio)]["needle_kept"].notna().any()]
     panels = len(presses) + 1
+    columns = min(panels, SURVIVAL_ROW)
+    rows = -(-panels // columns)
     labels = {press: style.press_label(press) for press in presses}
     panel = max(1.5 * max(1.0, heads / 4), style.label_inches(list(labels.values())))  # as wide as its title
-    figure, axes = plt.subplots(1, panels, figsize=(panel * panels + 2.0, 5.4), squeeze=False,
+    figure, axes = plt.subplots(rows, columns, figsize=(panel * columns + 2.4, 5.4 * rows), squeeze=False,
                                 layout="constrained", sharey=True)
+    flat = list(axes.flat)
 
     def grid(frame, column):
         return frame.sort_values(["layer", "head"])[column].to_numpy().reshape(layers, heads)
 
-    full = needle[needle["press"] == "full"]
-    mass = layer_head_mesh(axes[0, 0], grid(full, "needle_mass"), "full cache:\nattention on it", "mass", None)
-    axes[0, 0].set_ylabel("Layer")
-    plt.colorbar(mass, ax=axes[0, 0], location="left", fraction=0.12, pad=0.08, aspect=45).set_label("Attention mass")
+    full = grid(needle[needle["press"] == "full"], "needle_mass")
+    mass = layer_head_mesh(flat[0], full, "full cache:\nattention on it", "mass", None)
+    mass.set_cmap(style.ATTENTION_CMAP)
+    plt.colorbar(mass, ax=flat[0], location="left", fraction=0.12, pad=0.08, aspect=45).set_label(
+        f"Full cache's attention mass on the needle (0 to {np.nanmax(full):.2g})")
     kept = None
-    for ax, press in zip(axes[0, 1:], presses):
+    for ax, press in zip(flat[1:], presses):
         chosen = needle[(needle["press"] == press) & (needle["ratio"] == ratio)]
         kept = layer_head_mesh(ax, grid(chosen, "needle_kept"), f"{labels[press]}:\nkept", f"kept:{press}")
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    for ax in flat[::columns]:
+        ax.set_ylabel("Layer")
     if kept is not None:
-        plt.colorbar(kept, ax=axes[0, 1:], fraction=0.04, pad=0.02).set_label("Share of the needle kept")
+        plt.colorbar(kept, ax=flat[1:panels], fraction=0.04 / rows, pad=0.02, aspect=20 * (2 * rows - 1)).set_label(
+            f"Share of the needle kept at r = {ratio:g} (0 to 1)")
     figure.suptitle(f"{run.label}: the needle per layer and key/value head at ratio {ratio:g}")
     return figure
 

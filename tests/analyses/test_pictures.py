@@ -108,8 +108,8 @@ def test_a_picture_of_a_task_run_leaves_out_tasks_the_full_cache_fails() -> None
     figure = pictures.draw_tasks([run])
     drawn = {line.get_gid() for ax in figure.axes for line in ax.lines if line.get_gid()}
     assert drawn == {"score:passkey:knorm", "full:passkey"}
-    assert [text.get_text() for text in figure.texts if text.get_gid() == "dropped"] == [
-        "left out, the full cache answering below 0.8: vt (0.00)"]
+    title = " ".join(figure.get_suptitle().split())  # the key stands below the panels: the note is in the title
+    assert title.endswith("(95% bootstrap intervals) left out, the full cache answering below 0.8: vt (0.00)")
     failed = dataclasses.replace(run, scores=run.scores[run.scores["task"] == "vt"])
     with pytest.raises(spectra.SpectraError, match="answers no task"):
         pictures.draw_tasks([failed])
@@ -190,3 +190,60 @@ def test_pooling_runs_of_other_examples_or_ratios_says_what_differs_naming_the_d
         error = capsys.readouterr().err
         assert error.startswith(f"error: {message}") and error.count("\n") == 1 and "decode" not in error
         assert not out.exists()
+
+
+def test_an_out_that_cannot_be_written_is_one_line_and_nothing_written(analyzed, tmp_path, capsys,
+                                                                       monkeypatch) -> None:
+    """Issue 55, item 7: `--out /proc/x.png` was a traceback (FileNotFoundError from savefig). A folder that refuses
+    the file, a file where a folder should be and a write that fails half-way are one line, exit 2, and leave
+    nothing behind — neither a partial PNG nor the folders made for it."""
+    import matplotlib.figure
+
+    def refused(arguments: list[str], message: str) -> None:
+        assert pictures.main(arguments) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+    if Path("/proc").is_dir():  # a folder nobody can create files in, not even root
+        refused(["heatmap", str(analyzed.path), "--out", "/proc/x.png"], "--out /proc/x.png: cannot write it")
+        assert not Path("/proc/x.png").exists()
+    (tmp_path / "file").write_text("")
+    refused(["heatmap", str(analyzed.path), "--out", str(tmp_path / "file" / "sub" / "x.png")],
+            f"{tmp_path / 'file'} is a file, not a folder")
+    (tmp_path / "folder.png").mkdir()
+    refused(["heatmap", str(analyzed.path), "--out", str(tmp_path / "folder.png")], "is a directory")
+
+    def full_disk(figure, path, **options) -> None:  # writes half a PNG, then the disk is full
+        Path(path).write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
+    refused(["heatmap", str(analyzed.path), "--out", str(tmp_path / "new" / "deeper" / "x.png")],
+            "cannot write it (No space left on device)")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file", "folder.png"], "nothing left behind"
+
+
+def test_the_survival_picture_says_its_ratio_and_draws_another_on_request(tmp_path, capsys, monkeypatch) -> None:
+    """Issue 55, item 7: the survival picture was drawn at r = 0.5 only, the command not saying so. r = 0.5 stays the
+    default, `--ratio` draws another of the runs' ratios, the ratio is in the title and the kept share's colour bar,
+    and a ratio the runs did not measure (or --ratio given to another picture) is one line."""
+    figure = pictures.draw_survival(leaderboard_runs())
+    assert figure.get_suptitle().endswith("at ratio 0.5")
+    labels = [ax.get_ylabel() for ax in figure.axes]
+    assert "Share of the needle kept at r = 0.5 (0 to 1)" in labels
+    figure = pictures.draw_survival(leaderboard_runs(), 0.75)
+    assert figure.get_suptitle().endswith("at ratio 0.75")
+    assert "Share of the needle kept at r = 0.75 (0 to 1)" in [ax.get_ylabel() for ax in figure.axes]
+    runs = {Path(run.path).name: run for run in leaderboard_runs()}
+    monkeypatch.setattr(pictures.spectra, "load_run", lambda path: runs[Path(path).name])
+    out = tmp_path / "survival.png"
+    assert pictures.main(["survival", "knorm", "streaming", "--out", str(out), "--ratio", "0.75"]) == 0
+    assert out.exists() and not [path for path in tmp_path.iterdir() if path.name.endswith(".partial")]
+    for arguments, message in ((["survival", "knorm", "--ratio", "0.6"], "--ratio 0.6: the runs measured the "
+                                "ratios 0.5, 0.75; give one of them"),
+                               (["leaderboard", "knorm", "--ratio", "0.5"], "--ratio belongs to the survival picture"),
+                               (["survival", "knorm", "--ratio", "1.5"], "between 0 and 1")):
+        assert pictures.main([*arguments, "--out", str(tmp_path / "other.png")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "other.png").exists()

@@ -83,9 +83,9 @@ def test_plot_writes_every_view(tmp_path, monkeypatch) -> None:
 def test_presses_with_the_same_scores_stay_visible_and_a_ratio_free_press_is_one_point(tmp_path) -> None:
     """Issue 41, item 11: adakv(snapkv) hid exactly behind snapkv-like lines and kivi4 behind decoding(knorm) (five
     legend entries, two visible lines). Now presses whose points are all the same are drawn side by side, `DODGE`
-    apart (the full cache's start shared), and the panel's legend names them; every cell sits at the share of the
+    apart (the full cache's start shared), and the figure's key names them; every cell sits at the share of the
     bytes it stores (item 10), kivi4, the same at every ratio, at one point."""
-    from spectra.report.evaluate import DODGE
+    from spectra.report.plots.scores import DODGE
 
     rows = []
     for example in range(6):
@@ -97,16 +97,18 @@ def test_presses_with_the_same_scores_stay_visible_and_a_ratio_free_press_is_one
     examples = pd.DataFrame(rows)
     run = TaskRun(tmp_path, {"model": {"name": "tiny"}, "data": {"name": "t.jsonl"}}, examples,
                   task_scores(examples, 0, replicates=50), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
-    (ax,) = draw_scores(run).axes
+    figure = draw_scores(run)
+    (ax,) = figure.axes
+    (key,) = figure.legends
     snapkv, adakv = by_gid(ax.lines, "score:passkey:snapkv"), by_gid(ax.lines, "score:passkey:adakv(snapkv)")
     np.testing.assert_allclose(snapkv.get_xdata(), [1.0, 0.5 - DODGE / 2, 0.25 - DODGE / 2])
     np.testing.assert_allclose(adakv.get_xdata(), [1.0, 0.5 + DODGE / 2, 0.25 + DODGE / 2])
     np.testing.assert_array_equal(snapkv.get_ydata(), adakv.get_ydata())
-    assert ax.get_legend().get_title().get_text() == "side by side, the same scores: snapkv = adakv(snapkv)"
+    assert key.get_title().get_text() == "side by side, the same scores:\npasskey: snapkv = adakv(snapkv)"
     kivi = by_gid(ax.lines, "score:passkey:kivi4")
     assert list(kivi.get_xdata()) == [0.45] and list(kivi.get_ydata()) == [1.0]
     assert kivi.get_linestyle() == "None"
-    assert "kivi4 (any ratio)" in [text.get_text() for text in ax.get_legend().get_texts()]
+    assert "kivi4 (any ratio)" in [text.get_text() for text in key.get_texts()]
     assert ax.get_xlabel() == "Share of the full cache's bytes stored" and ax.xaxis_inverted()
 
 
@@ -139,3 +141,44 @@ def test_a_press_the_same_at_every_ratio_is_one_needle_panel(tmp_path) -> None:
              if (c.get_gid() or "").startswith("needle:")}
     assert shown["needle:kivi4:0.5"] == "kivi4, any ratio" and "needle:kivi4:0.75" not in shown
     assert shown["needle:knorm:0.75"] == "knorm, ratio 0.75"
+
+
+def test_the_survival_picture_s_two_quantities_have_two_colour_maps_and_named_bars(tmp_path) -> None:
+    """Issue 55, item 7: the full cache's attention mass (0 to ~0.03) and the share of the needle kept (0 to 1) were
+    drawn in one colour map, so a cell's colour read the same in both; each has its own map now, and its bar names
+    its quantity, its range and (the kept share's) the ratio."""
+    from spectra.report.plots import style
+
+    run = task_run(tmp_path)
+    figure = draw_survival(run, 0.5)
+    meshes = {ax.get_gid(): ax.collections[0] for ax in figure.axes if ax.get_gid()}
+    assert meshes["mass"].get_cmap().name == style.ATTENTION_CMAP != style.HEATMAP_CMAP
+    assert {meshes[gid].get_cmap().name for gid in ("kept:knorm", "kept:snapkv")} == {style.HEATMAP_CMAP}
+    bars = [ax.get_ylabel() for ax in figure.axes if not ax.get_gid() and ax.get_ylabel() != "Layer"]
+    top = run.needle[run.needle["press"] == "full"]["needle_mass"].max()
+    assert bars == [f"Full cache's attention mass on the needle (0 to {top:.2g})",
+                    "Share of the needle kept at r = 0.5 (0 to 1)"]
+
+
+def test_the_survival_picture_of_every_default_press_wraps_into_rows(tmp_path) -> None:
+    """The default list's 23 presses drew 24 panels in one row, 37 inches wide; rows of `SURVIVAL_ROW` now, without
+    a matplotlib warning."""
+    import warnings
+
+    from spectra.kinds.pressbase import default_presses
+    from spectra.report.evaluate import SURVIVAL_ROW
+
+    run = task_run(tmp_path)
+    knorm = run.needle[run.needle["press"] == "knorm"]
+    needle = pd.concat([run.needle[run.needle["press"] == "full"],
+                        *[knorm.assign(press=press) for press in default_presses()]], ignore_index=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figure = draw_survival(TaskRun(tmp_path, run.meta, run.examples, run.scores, run.lengths, needle,
+                                       pd.DataFrame()), 0.5)
+        figure.canvas.draw()
+    panels = [ax for ax in figure.axes if ax.get_gid()]
+    assert len(panels) == len(default_presses()) + 1
+    rows = {round(ax.get_position().y0, 3) for ax in panels}
+    assert len(rows) == -(-len(panels) // SURVIVAL_ROW)
+    assert figure.get_figwidth() < 20

@@ -1,5 +1,6 @@
 """What the figures share: `style` (colours, markers, titles, heatmaps, axes, saving PNG and PDF through
-`style.save`) and the paper's Figure 1 (`figure1`), drawn from several analyze runs. Each analysis draws its own
+`style.save`), the paper's Figure 1 (`figure1`), drawn from several analyze runs, and the task study's score figure
+(`scores`), read with every press of the default list. Each analysis draws its own
 figures in its read side (`spectra/report/<kind>.py`); they read only run objects, never models.
 
 Every `draw_*` function returns a matplotlib Figure whose artists hold exactly the run's stored values, found by

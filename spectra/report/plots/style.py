@@ -20,6 +20,9 @@ from ...runs import FinishedRun
 
 DPI = 200
 HEATMAP_CMAP = "viridis"  # sequential, perceptually uniform, readable in grey
+#: the colour map of attention mass beside a heatmap of shares (the needle survival picture): another quantity on
+#: another scale, so another colour map (sequential, readable in grey too)
+ATTENTION_CMAP = "Oranges"
 FORMATS = ("png", "pdf")
 
 
