@@ -19,8 +19,10 @@ pipeline refuses DecodingPress with several questions).
 
 Checked before the model loads, each in one line: every record (`tasks.records.read_records` names the line and field
 of a missing or malformed field, an unknown task, an empty context or an answer its context lacks), a record's length
-beyond the model's positions (when its files tell them), data that is not a task file. After loading, each example's
-prompt is checked against the positions (`TaskSource.start`). The records evaluated: `tasks.selection`.
+beyond the model's positions (when its files tell them), no --data, or data that is not a task file (a missing file,
+a directory, a file not UTF-8 or whose first line is not JSON each said as such: `records.unreadable`). After
+loading, each example's prompt is checked against the positions (`TaskSource.start`). The records evaluated:
+`tasks.selection`.
 
 Tables: task_examples.csv, task_scores.csv, task_lengths.csv, task_needle.csv, task_evicted.csv (`probes.tasks`);
 the run loads as `report.evaluate.TaskRun`.
@@ -39,6 +41,7 @@ from ..options import identity, option
 from ..registry import PRESSES
 from ..reporter import Reporter
 from ..kv.tasks import selection
+from ..kv.tasks.records import TASK_FILE, unreadable
 from .base import Analysis, register
 from .pressbase import BATCH_HELP, DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
 
@@ -65,11 +68,11 @@ class Evaluate(PressStudy):
                "answers decoded as kvpress's pipeline does and scored as RULER does, beside the full cache.")
     options = EvaluateOptions
     run_fields = tuple(name for name in Analysis.run_fields if name not in ("length", "mode"))
-    defaults = {"samples": None, "batch_size": 1}
+    defaults = {"samples": None, "batch_size": 1, "data": None}  # data: a task file, which has no default
     run_help = {"samples": "Records of the task file (default: all), spread evenly over its tasks and lengths "
                            "(seeded by --seed).",
                 "batch_size": BATCH_HELP,
-                "data": "A task file (.jsonl: kvpress's records, such as `spectra tasks` writes)."}
+                "data": "A task file, required (.jsonl: kvpress's records, such as `spectra tasks` writes)."}
     decodes = "the task study decodes answers with a decoder"
     unit = "examples"
     outputs = {"task_examples.csv": ("press", "ratio", "example"), "task_scores.csv": ("press", "ratio", "task")}
@@ -78,7 +81,10 @@ class Evaluate(PressStudy):
         """The records evaluated (`selection.evaluated`) and the length of the longest (what the loop and its memory
         check read before the prompts are built); data that is no task file is refused first. The batch size is the
         examples whose cells decode together (`TaskSource.batches`)."""
+        if config.data is None:
+            raise SpectraError(f"spectra evaluate reads {TASK_FILE}: give it as {spell('--data FILE', 'data=FILE')}")
         if not selection.wants_tasks(config.data):
+            unreadable(config.data)  # missing, a directory, not UTF-8, its first line not JSON: said as such
             raise SpectraError(f"{config.data} is not a task file (kvpress's records with context, question and "
                                "answers, as `spectra tasks` writes them): give one, or run `spectra cache` for the "
                                "NLL of text")
