@@ -39,7 +39,7 @@ from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..options import identity, option
 from ..registry import PRESSES
-from ..reporter import Reporter
+from ..reporter import Reporter, plural
 from ..kv.tasks import selection
 from ..kv.tasks.records import TASK_FILE, unreadable
 from .base import Analysis, register
@@ -117,9 +117,13 @@ class Evaluate(PressStudy):
                 raise SpectraError(f"{name} line {record.example + 1}: its length {record.length} is beyond the "
                                    f"{shape.positions} positions of {shape.name}")
 
-    def announce(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter) -> None:
-        """Say when --samples leaves records of the file out, and which tasks it leaves out whole."""
+    def announce(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, given: RunConfig) -> None:
+        """Say when --samples leaves records of the file out, and which tasks it leaves out whole; or when it asks for
+        more records than the file holds (all of them run, as analyze uses all the sequences a corpus yields)."""
         total = len(selection.records_of(config.data))
+        if given.samples is not None and given.samples > total:
+            reporter.notify(f"{Path(config.data).name} holds {plural(total, 'record')} of the {given.samples} asked "
+                            "for (--samples); all of them are evaluated")
         if config.samples < total:
             missing = selection.left_out(config)
             reporter.notify(f"evaluating {config.samples} of the {total} records of {Path(config.data).name} "

@@ -143,6 +143,23 @@ def test_query_aware_and_fewer_samples(chat_decoder, task_file, tmp_path) -> Non
     assert "evaluating 2 of the 4 records of tasks.jsonl (--samples), spread over its tasks and lengths" in notices
 
 
+def test_samples_beyond_the_file_run_it_whole_and_say_so(chat_decoder, task_file, tmp_path, monkeypatch,
+                                                         capsys) -> None:
+    """Issue 55, item 7: --samples beyond the file's records ran them all without a word. One notice line says so (as
+    analyze says a corpus yields fewer sequences than asked for), and the whole file runs; as many as it holds, or
+    none given, say nothing."""
+    notices: list[str] = []
+    run = spectra.evaluate(str(chat_decoder), str(task_file), out=tmp_path / "ten", presses="knorm", ratios="0.5",
+                           samples=10, progress=None, notify=notices.append)
+    assert sorted(run.examples["example"].unique()) == [0, 1, 2, 3]
+    assert [line for line in notices if "--samples" in line] == [
+        "tasks.jsonl holds 4 records of the 10 asked for (--samples); all of them are evaluated"]
+    argv = ["cache", str(chat_decoder), "--data", str(task_file), "--presses", "knorm", "--ratios", "0.5", "--samples",
+            "4", "--out", str(tmp_path / "four")]
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 0 and "asked for" not in stderr, stderr
+
+
 def test_many_questions_per_record(chat_decoder, tmp_path) -> None:
     """Records asking two questions each: a row per (press, ratio, example, question); each question's answer the
     one a record asking it alone of the same context gets; the per-record score the mean over its questions, and
@@ -174,7 +191,20 @@ def test_many_questions_per_record(chat_decoder, tmp_path) -> None:
             for question in (0, 1):
                 assert questions.loc[(press, ratio, question), "score"] == pytest.approx(
                     group[group["question"] == question]["score"].mean())
-        assert many.meta["examples"] == (6 if aware else 3)
+        # issue 55, item 7: the header said "6 examples" above tables of 3 under --query-aware (its compressions)
+        assert many.meta["examples"] == 3 and many.meta["samples"] == (6 if aware else 3)
+        shown = printed(many)
+        assert shown.startswith(f"{many.label}: 3 examples, ") and shown.count("passkey, 3 examples") == 1, shown
+
+
+def printed(run) -> str:
+    """What `spectra evaluate RUN` prints of `run`, its lines joined (the console wraps at its width)."""
+    from spectra.report import evaluate as side
+    from spectra.report.console import out
+
+    with out.capture() as captured:
+        side.show(run)
+    return " ".join(captured.get().split())
 
 
 def test_a_press_reading_the_queries_before_rope_gets_them(chat_decoder, task_file, tmp_path) -> None:
