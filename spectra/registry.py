@@ -49,6 +49,9 @@ from .inputs import split_top
 
 T = TypeVar("T")
 
+#: `name()`: a name written with parentheses and nothing in them
+_EMPTY = re.compile(r"^([A-Za-z][\w-]*)\(\s*\)$")
+
 #: `name(argument)`: a declared name applied to an argument (the argument may itself hold parentheses)
 _APPLIED = re.compile(r"^([A-Za-z][\w-]*)\((.+)\)$", re.DOTALL)
 
@@ -73,8 +76,12 @@ class Registry(Mapping[str, T]):
     declarations only; indexing imports the object's module when it has not loaded yet."""
 
     def __init__(self, what: str, package: str | None = None, *, imported: bool = False,
-                 order: str | None = None, facts: tuple[str, ...] = (), identity: tuple[str, ...] = ()) -> None:
+                 order: str | None = None, facts: tuple[str, ...] = (), identity: tuple[str, ...] = (),
+                 said: Mapping[str, str] | None = None) -> None:
         self.what, self.package, self.imported, self.order = what, package, imported, order
+        #: a fact → what a name having it does, in a user's words ("compresses while decoding"): how a refusal of
+        #: such a name as an argument (`refuses`) says why, never by the fact's name
+        self.said = dict(said or {})
         #: the class attributes a declared entry's class states as its facts
         self.fact_names = facts
         #: the facts that say what a name is (its summary, its peer): `name(argument)` never takes them from the name
@@ -195,13 +202,47 @@ class Registry(Mapping[str, T]):
             known = argument in entries or (applied(argument) or ("",))[0] in entries
             wanted = (f"{plural(self.what)} named alone" if kind == "press" else
                       f"a {kind} {self.what} as argument {position}") + (
-                f", none declaring {', '.join(refused)}" if refused else "")
+                f", none that {self.either(refused)}" if refused else "")
             raise SpectraError(f"{self.what} '{name}': {base.name} takes {wanted}, and '{argument}' is "
-                               f"{'not one' if known else 'unknown'}; {plural(kind)}: {', '.join(fitting)}")
+                               f"{self.why_not(argument, refused, kind) if known else 'unknown'}; {plural(kind)}: "
+                               f"{', '.join(fitting)}")
         asked = {entry.facts.get("wraps") for entry in entries.values()} | {
             kind for entry in entries.values() for kind in kinds_of(str(entry.facts.get("several", "")))}
         return {key: value for key, value in entries[argument].facts.items()
                 if key not in asked and key not in self.identity}
+
+    def either(self, facts: Iterable[str]) -> str:
+        """What names having any of `facts` do, in a user's words: "compresses while decoding, … or takes gradients"."""
+        words = [self.said.get(fact, f"is {fact}") for fact in facts]
+        return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+    def why_not(self, argument: str, refused: list[str], kind: str) -> str:
+        """Why the known name `argument` is no argument of `kind`: what it does of `refused`, that it is written with
+        an argument where a name alone is wanted, or "not one"."""
+        try:
+            facts = self.resolve(argument).facts
+        except (KeyError, SpectraError):
+            return "not one"
+        found = [fact for fact in refused if facts.get(fact)]
+        if found:
+            return f"not one: it {' and '.join(self.said.get(fact, f'is {fact}') for fact in found)}"
+        return "not one: it is written with an argument" if kind == "press" and argument not in self.entries() \
+            else "not one"
+
+    def needs(self, name: str) -> str:
+        """What the name taking an argument `name` needs, in one clause with an example where its argument is a name
+        of the registry: "adakv needs a scorer press as its argument, e.g. adakv(streaming)"."""
+        facts = self.entries()[name].facts
+        kind = facts.get("wraps") or (kinds_of(str(facts.get("several", ""))) or [""])[0]
+        fitting = [other for other, entry in self.entries().items()
+                   if kind and (entry.facts.get(kind) or kind == self.what and not takes_argument(entry))]
+        if not fitting:
+            return f"{name} needs an argument: {self.listing_of(name)}"
+        if facts.get("wraps"):
+            return (f"{name} needs a {kind} {self.what} as its argument, e.g. {name}({fitting[0]}); {plural(kind)}: "
+                    f"{', '.join(fitting)}")
+        example = ",".join(fitting[:len(kinds_of(str(facts.get("several", ""))))])
+        return f"{name} needs {plural(self.what)} as its arguments, e.g. {name}({example}): {self.listing_of(name)}"
 
     def listing_of(self, name: str) -> str:
         """How a name taking an argument is written: `adakv(<scorer>)`; a name taking several,
@@ -319,8 +360,11 @@ def chosen(names: Iterable[str], registry: Registry[Any], *, group: str | None =
     picked: list[str] = []
     for name in names:
         name = name.strip()
-        if applied(name) is not None and name not in registry.entries():
-            base = registry.entries().get(applied(name)[0])  # type: ignore[index]
+        empty = _EMPTY.match(name)
+        if empty and empty[1] in registry.entries() and takes_argument(registry.entries()[empty[1]]):
+            raise SpectraError(f"{registry.what} '{name}' has no argument: {registry.needs(empty[1])}")
+        if (applied(name) is not None or empty) and name not in registry.entries():
+            base = registry.entries().get(empty[1] if empty else applied(name)[0])  # type: ignore[index]
             if base is not None and not takes_argument(base):
                 taking = [registry.listing_of(other) for other, entry in registry.entries().items()
                           if takes_argument(entry)]
@@ -358,9 +402,15 @@ def plural(word: str) -> str:
 #: the approximation methods of `spectra approx` (spectra/methods/, one file per family), and what each method class
 #: states of itself that is known before anything loads (`methods.base.Method`)
 METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", "causal", "calibrates"))
+#: what a press having the fact does, as a refusal says it (`composed(...)` refuses such presses as its arguments)
+PRESS_FACTS_SAID = {
+    "decodes": "compresses while decoding", "received": "reads the attention each key received",
+    "reconstructs": "runs KVzip's reconstruction pass over the whole context",
+    "composes": "replays the context through the model (KVCompose)", "calibrates": "is fitted on calibration text",
+    "differentiates": "takes gradients through the model (KVgrad)"}
 #: the KV-cache presses of `spectra cache` (spectra/kv/presses/, one file per family of press), and what each press
 #: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
-PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
+PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", said=PRESS_FACTS_SAID, facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
     "hidden", "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps",
     "argument", "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer"),

@@ -31,9 +31,11 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 @dataclass(frozen=True)
 class Format:
-    """One artifact's layout: its tensors, each with its axes by name (layers, heads, kv_heads, head_dim), and the
-    config.json keys holding those sizes (the constructor arguments of kvpress's module)."""
+    """One artifact's layout: the press reading it (`kind`, as `spectra artifacts` names it), its tensors, each with
+    its axes by name (layers, heads, kv_heads, head_dim), and the config.json keys holding those sizes (the
+    constructor arguments of kvpress's module)."""
 
+    kind: str
     what: str
     tensors: dict[str, tuple[str, ...]]
     sizes: dict[str, str]
@@ -41,9 +43,14 @@ class Format:
     def shape(self, folder: str | Path) -> dict[str, int]:
         """Axis name → size of the artifact in `folder`, checked whole (SpectraError, one line, where it is not)."""
         folder = Path(folder)
+        if folder.is_file():
+            inside = (folder.parent / CONFIG_FILE).is_file() and (folder.parent / WEIGHTS_FILE).is_file()
+            raise SpectraError(f"{self.what} {folder} is a file: {self.kind}(DIR) reads the directory `spectra "
+                               f"artifacts {self.kind}` writes, holding {CONFIG_FILE} and {WEIGHTS_FILE}; give "
+                               + (f"its folder, {self.kind}({folder.parent})" if inside else "that directory"))
         if not folder.is_dir():
-            raise SpectraError(f"{self.what} {folder}: no such directory (`spectra artifacts` writes one, holding "
-                               f"{CONFIG_FILE} and {WEIGHTS_FILE})")
+            raise SpectraError(f"{self.what} {folder}: no such directory (`spectra artifacts {self.kind}` writes one, "
+                               f"holding {CONFIG_FILE} and {WEIGHTS_FILE})")
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (folder / name).is_file():
                 raise SpectraError(f"{self.what} {folder}: {name} is missing (`spectra artifacts` writes both "
@@ -76,7 +83,7 @@ class SurrogateFormat:
     (H_kv, D) and `.bias`, or a two-layer MLP's `layers.{i}.0.weight` (hidden_dim, D), `.0.bias`, `layers.{i}.2.weight`
     (H_kv, hidden_dim) and `.2.bias`."""
 
-    what = "KVzap surrogate"
+    kind, what = "kvzap", "KVzap surrogate"
 
     def tensors(self, config: dict[str, Any]) -> dict[str, list[int]]:
         """Tensor name → shape that a surrogate of `config`'s sizes holds."""
@@ -88,7 +95,7 @@ class SurrogateFormat:
     def shape(self, folder: str | Path) -> dict[str, int]:
         """{layers, hidden (D), kv_heads} of the surrogate in `folder`, checked whole (SpectraError, one line)."""
         folder = Path(folder)
-        Format(self.what, {}, {}).shape(folder)  # the directory and its two files
+        Format(self.kind, self.what, {}, {}).shape(folder)  # the directory and its two files
         config = read_config(folder / CONFIG_FILE, self.what)
         if config.get("model_type") != "kvzap":
             raise SpectraError(f"{self.what} {folder / CONFIG_FILE}: model_type is {config.get('model_type')!r}, not "
@@ -112,10 +119,11 @@ class SurrogateFormat:
         return {"layers": config["n_modules"], "hidden": config["input_dim"], "kv_heads": config["output_dim"]}
 
 
-QFILTER = Format("Q-Filters", {"q_filters": ("layers", "kv_heads", "head_dim")},
+QFILTER = Format("qfilter", "Q-Filters", {"q_filters": ("layers", "kv_heads", "head_dim")},
                  {"num_layers": "layers", "num_kv_heads": "kv_heads", "kv_head_dim": "head_dim"})
-STATISTICS = Format("query statistics", {"query_mean": ("layers", "heads", "head_dim"),
-                                         "query_cov": ("layers", "heads", "head_dim", "head_dim")},
+STATISTICS = Format("expected_attention_stats", "query statistics",
+                    {"query_mean": ("layers", "heads", "head_dim"),
+                     "query_cov": ("layers", "heads", "head_dim", "head_dim")},
                     {"num_layers": "layers", "num_heads": "heads", "head_dim": "head_dim"})
 SURROGATE = SurrogateFormat()
 #: how messages name the axes

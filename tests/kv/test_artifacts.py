@@ -107,3 +107,32 @@ def test_a_weights_file_cut_short_or_padded_is_refused_before_safetensors_reads_
     weights.write_bytes(whole[:8] + shifted + whole[header:])
     with pytest.raises(SpectraError, match="does not follow its shape"):
         check(str(folder))
+
+
+def test_a_file_named_for_a_directory_is_said_to_be_one(tmp_path) -> None:
+    """Issue 55, item 7: kvzap(FILE) said "no such directory" of a file that exists. A file is said to be a file: the
+    press reads the directory `spectra artifacts KIND` writes, and a file inside such a directory names its folder."""
+    from spectra import registry
+
+    folder = artifacts.write(tmp_path / "kz", {**{f"layers.{i}.weight": torch.zeros(3, 8) for i in range(2)},
+                                               **{f"layers.{i}.bias": torch.zeros(3) for i in range(2)}},
+                             {"model_type": "kvzap", "input_dim": 8, "output_dim": 3, "n_modules": 2,
+                              "hidden_dim": None})
+    loose = tmp_path / "notes.txt"
+    loose.write_text("not an artifact")
+    for press, message in (
+            (f"kvzap({loose})", f"KVzap surrogate {loose} is a file: kvzap(DIR) reads the directory `spectra "
+                                "artifacts kvzap` writes, holding config.json and model.safetensors; give that "
+                                "directory"),
+            (f"kvzap({folder / 'model.safetensors'})", f"is a file: kvzap(DIR) reads the directory `spectra artifacts "
+                                                       f"kvzap` writes, holding config.json and model.safetensors; "
+                                                       f"give its folder, kvzap({folder})"),
+            (f"qfilter({loose})", f"Q-Filters {loose} is a file: qfilter(DIR) reads the directory `spectra artifacts "
+                                  "qfilter` writes"),
+            (f"expected_attention_stats({loose})", "expected_attention_stats(DIR) reads the directory `spectra "
+                                                   "artifacts expected_attention_stats` writes"),
+            (f"kvzap({tmp_path / 'none'})", "no such directory (`spectra artifacts kvzap` writes one")):
+        with pytest.raises(SpectraError) as refused:
+            registry.press_names([press])
+        assert message in str(refused.value) and "\n" not in str(refused.value), refused.value
+    assert registry.press_names([f"kvzap({folder})"]) == (f"kvzap({folder})",)
