@@ -2,30 +2,29 @@
 
 A `Registry[T]` maps names to objects. Its entries come three ways:
 
-- *declared* (methods, presses): a press or a method is its class. The class registered by its module
-  (`@register`) states in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2},
-  …}` for instances of one class with different parameters) and its facts (class attributes named as the registry's
-  `facts`: `windowed = True`, its one-line `summary` and kvpress `peer` that `--help` lists, inherited from its
-  bases); its module's `ORDER = 10` says where its names come in listings. The registry reads them from the
-  package's syntax trees (`spectra.declarations`), never importing the modules, so the names and facts are known in
-  milliseconds without torch: `--help` lists them and an unknown
-  `--methods` or `--presses` is refused before anything loads. The object behind a name is imported on first use
-  (its module's `@register` calls `add` as it loads), and `add` refuses an object whose facts differ from what its
-  class was read to declare (a fact set in `__init__`, say, which no reading of the source can see).
+- *declared* (methods, presses): a press or a method is its class. The class registered by its module (`@register`)
+  states in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2}, …}` for
+  instances of one class with different parameters) and its facts (class attributes named as the registry's `facts`:
+  `windowed = True`, its one-line `summary` and kvpress `peer` that `--help` lists, inherited from its bases); its
+  module's `ORDER = 10` says where its names come in listings. The registry reads them from the package's syntax
+  trees (`spectra.declarations`), never importing the modules, so the names and facts are known in milliseconds
+  without torch: `--help` lists them and an unknown `--methods` or `--presses` is refused before anything loads.
+  The object behind a name is imported on first use (its module's `@register` calls `add` as it loads), and `add`
+  refuses an object whose facts differ from what its class was read to declare (a fact set in `__init__`, say).
 - *added* (analyses): the objects themselves, registered by importing their (torch-free) modules.
 - *imported* (task families): a package of torch-free modules, each registering its objects as it loads with the
   facts the objects themselves state: the first listing imports them all, and `order` names the fact the listing is
   sorted by (the import order depends on which module a caller imported first).
 
-A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts
-say what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
+A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts say
+what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
 `scorer` (`decodable`; whose facts the wrapped name inherits), or `argument: "pattern"` checked by the torch-free
-function `check: "module:function"`
-— so a bad argument is refused in one line before anything loads. A name may take *several* names, `name(a,b,…)`
-cut at the commas outside parentheses: its fact `several` lists their kinds ('scorer,decodable'; 'press,press…',
-two or more names used alone, none having a fact of its `refuses`), and the name's facts merge theirs (a flag any
-sets, the largest number). `registry["adakv(snapkv)"]` is the registered object's `bind(argument)` (the wrapped
-object, or the argument's text; `bind(a, b, …)` for several), made once.
+function `check: "module:function"` — so a bad argument is refused in one line before anything loads. A name may take
+*several* names, `name(a,b,…)` cut at the commas outside parentheses: its fact `several` lists their kinds
+('scorer,decodable'; 'press,press…', two or more names used alone, none having a fact of its `refuses`, which a
+refusal says in words, `said`), and the name's facts merge theirs (a flag any sets, the largest number).
+`registry["adakv(snapkv)"]` is the registered object's `bind(argument)` (the wrapped object, or the argument's text;
+`bind(a, b, …)` for several), made once.
 
 So adding a method or a press is its file (its class, decorated `@register`) and its test, a task family its file
 and its test; nothing else lists them. Modelled on lm-evaluation-harness's `Registry[T]`, whose entries may be lazy
@@ -36,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,22 +42,11 @@ from typing import Any, TypeVar
 
 from .declarations import Package
 from .errors import SpectraError
-from .arguments import ARGUMENT_FACTS, kinds_of, merge_fact, several_kinds, written
+from .arguments import (ARGUMENT_FACTS, PRESS_SAID, applied, called_empty, either, kinds_of, merge_fact, needed,
+                        not_one, plural, several_kinds, written)
 from .inputs import split_top
 
 T = TypeVar("T")
-
-#: `name()`: a name written with parentheses and nothing in them
-_EMPTY = re.compile(r"^([A-Za-z][\w-]*)\(\s*\)$")
-
-#: `name(argument)`: a declared name applied to an argument (the argument may itself hold parentheses)
-_APPLIED = re.compile(r"^([A-Za-z][\w-]*)\((.+)\)$", re.DOTALL)
-
-
-def applied(name: str) -> tuple[str, str] | None:
-    """('adakv', 'snapkv') for 'adakv(snapkv)'; None for a name without an argument."""
-    match = _APPLIED.match(name.strip())
-    return (match.group(1), match.group(2).strip()) if match else None
 
 
 @dataclass(frozen=True)
@@ -79,8 +66,7 @@ class Registry(Mapping[str, T]):
                  order: str | None = None, facts: tuple[str, ...] = (), identity: tuple[str, ...] = (),
                  said: Mapping[str, str] | None = None) -> None:
         self.what, self.package, self.imported, self.order = what, package, imported, order
-        #: a fact → what a name having it does, in a user's words ("compresses while decoding"): how a refusal of
-        #: such a name as an argument (`refuses`) says why, never by the fact's name
+        #: fact → what a name having it does, in a user's words: how refusing such an argument says why
         self.said = dict(said or {})
         #: the class attributes a declared entry's class states as its facts
         self.fact_names = facts
@@ -202,47 +188,23 @@ class Registry(Mapping[str, T]):
             known = argument in entries or (applied(argument) or ("",))[0] in entries
             wanted = (f"{plural(self.what)} named alone" if kind == "press" else
                       f"a {kind} {self.what} as argument {position}") + (
-                f", none that {self.either(refused)}" if refused else "")
-            raise SpectraError(f"{self.what} '{name}': {base.name} takes {wanted}, and '{argument}' is "
-                               f"{self.why_not(argument, refused, kind) if known else 'unknown'}; {plural(kind)}: "
-                               f"{', '.join(fitting)}")
+                f", none that {either(self.said, refused)}" if refused else "")
+            has = [fact for fact in refused if argument in self and self.resolve(argument).facts.get(fact)]
+            why = not_one(self.said, has, kind == "press" and argument not in entries) if known else "unknown"
+            raise SpectraError(f"{self.what} '{name}': {base.name} takes {wanted}, and '{argument}' is {why}; "
+                               f"{plural(kind)}: {', '.join(fitting)}")
         asked = {entry.facts.get("wraps") for entry in entries.values()} | {
             kind for entry in entries.values() for kind in kinds_of(str(entry.facts.get("several", "")))}
         return {key: value for key, value in entries[argument].facts.items()
                 if key not in asked and key not in self.identity}
 
-    def either(self, facts: Iterable[str]) -> str:
-        """What names having any of `facts` do, in a user's words: "compresses while decoding, … or takes gradients"."""
-        words = [self.said.get(fact, f"is {fact}") for fact in facts]
-        return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
-
-    def why_not(self, argument: str, refused: list[str], kind: str) -> str:
-        """Why the known name `argument` is no argument of `kind`: what it does of `refused`, that it is written with
-        an argument where a name alone is wanted, or "not one"."""
-        try:
-            facts = self.resolve(argument).facts
-        except (KeyError, SpectraError):
-            return "not one"
-        found = [fact for fact in refused if facts.get(fact)]
-        if found:
-            return f"not one: it {' and '.join(self.said.get(fact, f'is {fact}') for fact in found)}"
-        return "not one: it is written with an argument" if kind == "press" and argument not in self.entries() \
-            else "not one"
-
     def needs(self, name: str) -> str:
-        """What the name taking an argument `name` needs, in one clause with an example where its argument is a name
-        of the registry: "adakv needs a scorer press as its argument, e.g. adakv(streaming)"."""
+        """What `name`, which takes an argument, needs, with an example (`arguments.needed`)."""
         facts = self.entries()[name].facts
-        kind = facts.get("wraps") or (kinds_of(str(facts.get("several", ""))) or [""])[0]
-        fitting = [other for other, entry in self.entries().items()
-                   if kind and (entry.facts.get(kind) or kind == self.what and not takes_argument(entry))]
-        if not fitting:
-            return f"{name} needs an argument: {self.listing_of(name)}"
-        if facts.get("wraps"):
-            return (f"{name} needs a {kind} {self.what} as its argument, e.g. {name}({fitting[0]}); {plural(kind)}: "
-                    f"{', '.join(fitting)}")
-        example = ",".join(fitting[:len(kinds_of(str(facts.get("several", ""))))])
-        return f"{name} needs {plural(self.what)} as its arguments, e.g. {name}({example}): {self.listing_of(name)}"
+        kinds = kinds_of(str(facts.get("several", "")))
+        kind = facts.get("wraps") or (kinds or [""])[0]
+        fitting = list(self.bare()) if kind == self.what else [n for n, e in self.entries().items() if e.facts.get(kind)]
+        return needed(name, self.what, kind, fitting, 1 if facts.get("wraps") else len(kinds), self.listing_of(name))
 
     def listing_of(self, name: str) -> str:
         """How a name taking an argument is written: `adakv(<scorer>)`; a name taking several,
@@ -360,11 +322,11 @@ def chosen(names: Iterable[str], registry: Registry[Any], *, group: str | None =
     picked: list[str] = []
     for name in names:
         name = name.strip()
-        empty = _EMPTY.match(name)
-        if empty and empty[1] in registry.entries() and takes_argument(registry.entries()[empty[1]]):
-            raise SpectraError(f"{registry.what} '{name}' has no argument: {registry.needs(empty[1])}")
+        empty = called_empty(name)
+        if empty in registry.entries() and takes_argument(registry.entries()[empty]):
+            raise SpectraError(f"{registry.what} '{name}' has no argument: {registry.needs(empty)}")
         if (applied(name) is not None or empty) and name not in registry.entries():
-            base = registry.entries().get(empty[1] if empty else applied(name)[0])  # type: ignore[index]
+            base = registry.entries().get(empty or applied(name)[0])  # type: ignore[index]
             if base is not None and not takes_argument(base):
                 taking = [registry.listing_of(other) for other, entry in registry.entries().items()
                           if takes_argument(entry)]
@@ -395,22 +357,12 @@ def takes_argument(entry: Entry) -> bool:
     return bool(entry.facts.get("wraps") or entry.facts.get("argument") or entry.facts.get("several"))
 
 
-def plural(word: str) -> str:
-    return word + ("es" if word.endswith("s") else "s")
-
-
 #: the approximation methods of `spectra approx` (spectra/methods/, one file per family), and what each method class
 #: states of itself that is known before anything loads (`methods.base.Method`)
 METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", "causal", "calibrates"))
-#: what a press having the fact does, as a refusal says it (`composed(...)` refuses such presses as its arguments)
-PRESS_FACTS_SAID = {
-    "decodes": "compresses while decoding", "received": "reads the attention each key received",
-    "reconstructs": "runs KVzip's reconstruction pass over the whole context",
-    "composes": "replays the context through the model (KVCompose)", "calibrates": "is fitted on calibration text",
-    "differentiates": "takes gradients through the model (KVgrad)"}
 #: the KV-cache presses of `spectra cache` (spectra/kv/presses/, one file per family of press), and what each press
 #: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
-PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", said=PRESS_FACTS_SAID, facts=(
+PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", said=PRESS_SAID, facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
     "hidden", "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps",
     "argument", "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer"),

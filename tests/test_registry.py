@@ -280,7 +280,7 @@ def test_a_refused_argument_is_said_by_what_it_does_not_by_a_fact_name() -> None
     """Issue 55, item 7: composed's refusal listed its `refuses` facts by name ("none declaring decodes, received,
     reconstructs, composes, calibrates, differentiates"). Each fact has words (`said`), and the refusal says what the
     presses it refuses do and what the one given does."""
-    said = registry.PRESS_FACTS_SAID
+    said = registry.PRESSES.said
     refused = registry.PRESSES.entries()["composed"].facts["refuses"].split(",")
     assert refused == ["decodes", "received", "reconstructs", "composes", "calibrates", "differentiates"]
     assert set(refused) <= set(said)
@@ -298,5 +298,3 @@ def test_a_refused_argument_is_said_by_what_it_does_not_by_a_fact_name() -> None
     with pytest.raises(SpectraError, match="takes a decodable press as argument 2, none that is fitted on calibration "
                                            "text, and 'snapkv' is not one; decodables: streaming, knorm, tova$"):
         registry.press_names(["prefill_decoding(knorm,snapkv)"])
-    words = Registry("thing", said={"loud": "makes noise"})
-    assert words.either(["loud", "odd"]) == "makes noise or is odd"  # a fact without words: named as it is
