@@ -1,6 +1,8 @@
-"""How a registry name written with arguments reads them: `name(argument)` (`applied`), `name(a,b,…)` and the kinds its fact `several`
-declares ("scorer,decodable": a scorer, then a decodable press; "press,press…": two or more presses, a last kind ending
-in '…' repeating), how such a name is written in listings, and how the facts of its arguments merge into its own.
+"""How a registry name written with arguments reads them: `name(argument)` (`applied`), `name(a,b,…)` and the kinds
+its fact `several` declares ("scorer,decodable": a scorer, then a decodable press; "press,press…": two or more
+presses, a last kind ending in '…' repeating), how such a name is written in listings, how the facts of its arguments
+merge into its own, and how a refusal of its arguments says what they need in a user's words (`either`, `not_one`,
+`needed`), never by a fact's name.
 
 Torch-free and registry-free (`registry.Registry.resolve` applies it to its entries).
 """
@@ -10,14 +12,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-#: `name(argument)`: a declared name applied to an argument (the argument may itself hold parentheses)
-_APPLIED = re.compile(r"^([A-Za-z][\w-]*)\((.+)\)$", re.DOTALL)
+#: `name(argument)`: a declared name applied to an argument (the argument may itself hold parentheses); `name()`
+_APPLIED, _EMPTY = re.compile(r"^([A-Za-z][\w-]*)\((.+)\)$", re.DOTALL), re.compile(r"^([A-Za-z][\w-]*)\(\s*\)$")
 
 
 def applied(name: str) -> tuple[str, str] | None:
     """('adakv', 'snapkv') for 'adakv(snapkv)'; None for a name without an argument."""
     match = _APPLIED.match(name.strip())
     return (match.group(1), match.group(2).strip()) if match else None
+
+
+def called_empty(name: str) -> str | None:
+    """'adakv' for 'adakv()' (parentheses with nothing in them); None for any other name."""
+    match = _EMPTY.match(name.strip())
+    return match.group(1) if match else None
 
 #: the facts that say what a name's arguments are, which the name with its arguments no longer has
 ARGUMENT_FACTS = ("wraps", "argument", "check", "several", "refuses")
@@ -60,3 +68,43 @@ def merge_fact(held: Any, value: Any) -> Any:
     if isinstance(value, (int, float)) and isinstance(held, (int, float)):
         return max(held, value)
     return held
+
+
+#: what a press having the fact does, as a refusal says it (`composed(...)` refuses such presses as its arguments)
+PRESS_SAID = {
+    "decodes": "compresses while decoding", "received": "reads the attention each key received",
+    "reconstructs": "runs KVzip's reconstruction pass over the whole context",
+    "composes": "replays the context through the model (KVCompose)", "calibrates": "is fitted on calibration text",
+    "differentiates": "takes gradients through the model (KVgrad)"}
+
+
+def either(said: dict[str, str], facts: list[str]) -> str:
+    """What names having any of `facts` do (`said`: fact → words; a fact without words is named as it is):
+    "compresses while decoding, … or takes gradients"."""
+    words = [said.get(fact, f"is {fact}") for fact in facts]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def not_one(said: dict[str, str], found: list[str], with_argument: bool) -> str:
+    """Why a known name is not the argument wanted: what it does of the refused facts it has (`found`), that it is
+    written with an argument where a name alone is wanted, or plainly not one."""
+    if found:
+        return f"not one: it {' and '.join(said.get(fact, f'is {fact}') for fact in found)}"
+    return "not one: it is written with an argument" if with_argument else "not one"
+
+
+def plural(word: str) -> str:
+    """'press' → 'presses', 'scorer' → 'scorers'."""
+    return word + ("es" if word.endswith("s") else "s")
+
+
+def needed(name: str, what: str, kind: str, fitting: list[str], count: int, listing: str) -> str:
+    """What `name`, written with nothing in its parentheses, needs: `count` arguments of `kind` (one `what`: a name
+    wrapping another; several: `what`s), with an example from `fitting` (the names that fit) — "adakv needs a scorer
+    press as its argument, e.g. adakv(streaming); scorers: …"; `listing`: how it is written."""
+    if not fitting:
+        return f"{name} needs an argument: {listing}"
+    if count == 1:
+        return (f"{name} needs a {kind} {what} as its argument, e.g. {name}({fitting[0]}); {plural(kind)}: "
+                f"{', '.join(fitting)}")
+    return f"{name} needs {plural(what)} as its arguments, e.g. {name}({','.join(fitting[:count])}): {listing}"

@@ -197,7 +197,7 @@ def artifacts_command(
     data: str = typer.Option(..., "--data", help="Local text files, comma-separated (e.g. /usr/share/common-licenses/GPL-3), cut into blocks of --length tokens."),
     out: Path = typer.Option(..., "--out", help="The directory to write: config.json and model.safetensors, the layout kvpress's loader reads (qfilter(DIR), expected_attention_stats(DIR), kvzap(DIR) in spectra cache)."),
     length: int = typer.Option(1000, "--length", help="Tokens per calibration block."),
-    samples: int = typer.Option(16, "--samples", help="Calibration blocks (the first ones the files hold)."),
+    samples: int = typer.Option(16, "--samples", help="Calibration blocks (the first ones the files hold; fewer where they hold fewer, said in a notice)."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: torch's)."),
     gguf_file: str | None = typer.Option(None, "--gguf-file", help="A GGUF file inside the MODEL directory (or give the .gguf file as MODEL)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out directory."),
@@ -211,9 +211,8 @@ def artifacts_command(
     from .kv.calibration import make_artifact
 
     with modelcache.using(model_cache, Reporter(notify=notify_stderr)):
-        written = make_artifact(kind, model, data=[part.strip() for part in data.split(",") if part.strip()],
-                                out=out, length=length, samples=samples, threads=threads, gguf_file=gguf_file,
-                                overwrite=overwrite, surrogate=surrogate)
+        written = make_artifact(kind, model, data=data, out=out, length=length, samples=samples, threads=threads,
+                                gguf_file=gguf_file, overwrite=overwrite, surrogate=surrogate, notify=notify_stderr)
     stdout.print(f"wrote {written} ({kind}(DIR) in spectra cache --presses)", soft_wrap=True)
 
 

@@ -2,29 +2,23 @@
 
 A `Registry[T]` maps names to objects. Its entries come three ways:
 
-- *declared* (methods, presses): a press or a method is its class. The class registered by its module (`@register`)
-  states in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2}, …}` for
-  instances of one class with different parameters) and its facts (class attributes named as the registry's `facts`:
-  `windowed = True`, its one-line `summary` and kvpress `peer` that `--help` lists, inherited from its bases); its
-  module's `ORDER = 10` says where its names come in listings. The registry reads them from the package's syntax
-  trees (`spectra.declarations`), never importing the modules, so the names and facts are known in milliseconds
-  without torch: `--help` lists them and an unknown `--methods` or `--presses` is refused before anything loads.
-  The object behind a name is imported on first use (its module's `@register` calls `add` as it loads), and `add`
-  refuses an object whose facts differ from what its class was read to declare (a fact set in `__init__`, say).
+- *declared* (methods, presses): a press or a method is its class, registered by its module (`@register`), stating
+  in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2}, …}`) and its facts
+  (class attributes named as the registry's `facts`, inherited from its bases); its module's `ORDER` places it in
+  listings. They are read from the package's syntax trees (`spectra.declarations`), never importing the modules, so
+  `--help` lists them and an unknown name is refused in milliseconds, without torch. The object is imported on first
+  use, and `add` refuses one whose facts differ from what its class was read to declare.
 - *added* (analyses): the objects themselves, registered by importing their (torch-free) modules.
 - *imported* (task families): torch-free modules registering their objects as they load, with the facts the objects
   state; the first listing imports them all, sorted by the fact `order` names.
 
-A declared name may take an *argument*, written `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts say
-what the argument is — `wraps: "scorer"` (`wraps: "decodable"`), another name of the registry having the fact
-`scorer` (`decodable`; whose facts the wrapped name inherits), or `argument: "pattern"` checked by the torch-free
-function `check: "module:function"` — so a bad argument is refused in one line before anything loads. A name may take
-*several* names, `name(a,b,…)` cut at the commas outside parentheses: its fact `several` lists their kinds
-('scorer,decodable'; 'press,press…', two or more names used alone, none having a fact of its `refuses`), and the
-name's facts merge theirs (a flag any sets, the largest number). `registry["adakv(snapkv)"]` is the registered
-object's `bind(argument)` (the wrapped object, or the argument's text; `bind(a, b, …)` for several), made once.
-A *configured* name (`configurations`: kvpress's registry names, `kvpress:expected_attention`) is an expression with
-settings of its presses' declared `fields`: the expression's facts, its own identity, its object built once.
+A declared name may take an *argument*, `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts say what —
+`wraps: "scorer"`, another name having that fact (whose facts the name inherits), or `argument: "pattern"` checked by
+the torch-free `check: "module:function"` — so a bad one is refused in one line before anything loads; or *several*,
+`name(a,b,…)`: its fact `several` lists their kinds ('scorer,decodable'; 'press,press…', names used alone, none
+having a fact of its `refuses`, which a refusal says in words, `said`), its facts merging theirs. `registry[name]` is
+the registered object's `bind(argument)` (or `bind(a, b, …)`), made once. A *configured* name (`configurations`:
+kvpress's registry names, `kvpress:expected_attention`) is an expression with settings of its presses' `fields`.
 
 So adding a method, a press or a task family is its file and its test; nothing else lists them. Modelled on
 lm-evaluation-harness's `Registry[T]` (lazy "module:object" placeholders until first use).
@@ -41,10 +35,12 @@ from typing import Any, TypeVar
 
 from .declarations import Package
 from .errors import SpectraError
-from .arguments import ARGUMENT_FACTS, applied, kinds_of, merge_fact, several_kinds, written
+from .arguments import (ARGUMENT_FACTS, PRESS_SAID, applied, called_empty, either, kinds_of, merge_fact, needed,
+                        not_one, plural, several_kinds, written)
 from .inputs import split_top
 
 T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -60,11 +56,14 @@ class Registry(Mapping[str, T]):
     declarations only; indexing imports the object's module when it has not loaded yet."""
 
     def __init__(self, what: str, package: str | None = None, *, imported: bool = False, order: str | None = None,
-                 facts: tuple[str, ...] = (), identity: tuple[str, ...] = (), configurations: str = "") -> None:
+                 facts: tuple[str, ...] = (), identity: tuple[str, ...] = (), configurations: str = "",
+                 said: Mapping[str, str] | None = None) -> None:
         self.what, self.package, self.imported, self.order = what, package, imported, order
         #: a torch-free module naming configured instances (`configured(name)`: expression, settings, identity facts
         #: or None; `build(registry, name)`): kvpress's registry names, `kv/configurations.py`
         self.configurations = configurations
+        #: fact → what a name having it does, in a user's words: how refusing such an argument says why
+        self.said = dict(said or {})
         #: the class attributes a declared entry's class states as its facts
         self.fact_names = facts
         #: the facts that say what a name is (its summary, its peer): `name(argument)` never takes them from the name
@@ -75,11 +74,9 @@ class Registry(Mapping[str, T]):
         self._declared: dict[str, Entry] | None = None
         self._applied: dict[str, Entry] = {}  # names with an argument met so far (`resolve`)
 
-    # ---------------------------------------------------------------- the declared side (no import)
 
     def entries(self) -> dict[str, Entry]:
-        """Every entry, in listing order: declared ones by their module's ORDER, file and the order written; added
-        ones after."""
+        """Every entry in listing order: declared ones by their module's ORDER, file and order written; then added."""
         if self._declared is None:
             self._declared = {}
             folder = None if self.package is None else Path(__file__).parent.joinpath(*self.package.split(".")[1:])
@@ -112,9 +109,8 @@ class Registry(Mapping[str, T]):
     def resolve(self, name: str) -> Entry:
         """The entry of a declared name, or of `name(argument)` — its facts the name's (without `wraps`, `argument`
         and `check`) over those of the name it wraps (without the facts any `wraps` asks for: adakv(snapkv) is
-        windowed but no scorer, decoding(knorm) neither a scorer nor decodable, so neither wraps the other; nor its
-        `identity`: adakv(snapkv)'s summary and peer are adakv's). A bad
-        argument raises SpectraError (one line); an unknown name KeyError."""
+        windowed but no scorer, decoding(knorm) neither a scorer nor decodable; nor its `identity`: adakv(snapkv)'s
+        summary and peer are adakv's). A bad argument raises SpectraError (one line); an unknown name KeyError."""
         entries = self.entries()
         if name in entries:
             return entries[name]
@@ -196,18 +192,27 @@ class Registry(Mapping[str, T]):
             known = argument in entries or (applied(argument) or ("",))[0] in entries
             wanted = (f"{plural(self.what)} named alone" if kind == "press" else
                       f"a {kind} {self.what} as argument {position}") + (
-                f", none declaring {', '.join(refused)}" if refused else "")
-            raise SpectraError(f"{self.what} '{name}': {base.name} takes {wanted}, and '{argument}' is "
-                               f"{'not one' if known else 'unknown'}; {plural(kind)}: {', '.join(fitting)}")
+                f", none that {either(self.said, refused)}" if refused else "")
+            has = [fact for fact in refused if argument in self and self.resolve(argument).facts.get(fact)]
+            why = not_one(self.said, has, kind == "press" and argument not in entries) if known else "unknown"
+            raise SpectraError(f"{self.what} '{name}': {base.name} takes {wanted}, and '{argument}' is {why}; "
+                               f"{plural(kind)}: {', '.join(fitting)}")
         asked = {entry.facts.get("wraps") for entry in entries.values()} | {
             kind for entry in entries.values() for kind in kinds_of(str(entry.facts.get("several", "")))}
         return {key: value for key, value in entries[argument].facts.items()
                 if key not in asked and key not in self.identity}
 
+    def needs(self, name: str) -> str:
+        """What `name`, which takes an argument, needs, with an example (`arguments.needed`)."""
+        facts, entries = self.entries()[name].facts, self.entries()
+        kinds = kinds_of(str(facts.get("several", "")))
+        kind = facts.get("wraps") or (kinds or [""])[0]
+        fitting = list(self.bare()) if kind == self.what else [n for n, e in entries.items() if e.facts.get(kind)]
+        return needed(name, self.what, kind, fitting, 1 if facts.get("wraps") else len(kinds), self.listing_of(name))
+
     def listing_of(self, name: str) -> str:
-        """How a name taking an argument is written: `adakv(<scorer>)`; a name taking several,
-        `composed(<press>,<press>,...)`, `prefill_decoding(<decodable>) or prefill_decoding(<scorer>,<decodable>)`
-        (its one-argument form first)."""
+        """How a name taking an argument is written: `adakv(<scorer>)`, `composed(<press>,<press>,...)`,
+        `prefill_decoding(<decodable>) or prefill_decoding(<scorer>,<decodable>)` (its one-argument form first)."""
         facts = self.entries()[name].facts
         return written(name, facts.get("wraps") or facts.get("argument") or "", str(facts.get("several", "")))
 
@@ -219,8 +224,8 @@ class Registry(Mapping[str, T]):
         return frozenset(name for name, entry in {**self.entries(), **self._applied}.items() if entry.facts.get(fact))
 
     def most(self, fact: str) -> int:
-        """The largest value a declared name gives the numeric `fact` (0 where none gives it): e.g. the widest window
-        a press reads, which the prefill keeps and the cache kind checks the context against."""
+        """The largest value a declared name gives the numeric `fact` (0 where none gives it): the widest window a
+        press reads, say."""
         return max((int(entry.facts.get(fact, 0)) for entry in self.entries().values()), default=0)
 
     def __iter__(self) -> Iterator[str]:
@@ -237,8 +242,6 @@ class Registry(Mapping[str, T]):
                 and bool(self.resolve(name))
         except (KeyError, SpectraError):
             return False
-
-    # ---------------------------------------------------------------- the objects
 
     def add(self, name: str, obj: T, **facts: Any) -> T:
         """Register `obj` under `name` (once). A declared name must be added with the facts its class declares."""
@@ -323,8 +326,11 @@ def chosen(names: Iterable[str], registry: Registry[Any], *, group: str | None =
     for name in names:
         name = name.strip()
         registry.configuration(name)  # a configured name refused: its own line
-        if applied(name) is not None and name not in registry.entries():
-            base = registry.entries().get(applied(name)[0])  # type: ignore[index]
+        empty = called_empty(name)
+        if empty in registry.entries() and takes_argument(registry.entries()[empty]):
+            raise SpectraError(f"{registry.what} '{name}' has no argument: {registry.needs(empty)}")
+        if (applied(name) is not None or empty) and name not in registry.entries():
+            base = registry.entries().get(empty or applied(name)[0])  # type: ignore[index]
             if base is not None and not takes_argument(base):
                 taking = [registry.listing_of(other) for other, entry in registry.entries().items()
                           if takes_argument(entry)]
@@ -345,8 +351,8 @@ def chosen(names: Iterable[str], registry: Registry[Any], *, group: str | None =
 
 
 def agrees(value: Any, declared: Any, stated: bool, name: str) -> bool:
-    """Whether an object's fact agrees with its declaration: equal to the fact stated, or, unstated, one that does
-    not hold (False, 0, None, "") or a group that is the name itself (a method's family)."""
+    """Whether an object's fact agrees with its declaration: equal to the fact stated, or, unstated, not holding
+    (False, 0, None, "") or a group that is the name itself."""
     return value == declared if stated else (not value or value == name)
 
 
@@ -355,22 +361,16 @@ def takes_argument(entry: Entry) -> bool:
     return bool(entry.facts.get("wraps") or entry.facts.get("argument") or entry.facts.get("several"))
 
 
-def plural(word: str) -> str:
-    return word + ("es" if word.endswith("s") else "s")
-
-
-#: the approximation methods of `spectra approx` (spectra/methods/, one file per family), and what each method class
-#: states of itself that is known before anything loads (`methods.base.Method`)
+#: the approximation methods of `spectra approx` (spectra/methods/, one file a family) and their facts (`Method`)
 METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", "causal", "calibrates"))
-#: the KV-cache presses of `spectra cache` (spectra/kv/presses/, one file per family of press), and what each press
-#: class states of itself that the commands read before anything loads (`kv.presses.base.Press` says what each means)
-PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", facts=(
+#: the KV-cache presses (spectra/kv/presses/, one file a family) and their facts (`kv.presses.base.Press` says each)
+PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", said=PRESS_SAID, facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
     "hidden", "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps",
     "argument", "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer", "fields"),
     identity=("summary", "peer", "fields"), configurations="spectra.kv.configurations")
-#: the long-context tasks of `spectra tasks` and of task files, by name (spectra/tasks/families/, one file per family
-#: of tasks, each registering its tasks with their family and their seed number, the listing's order)
+#: the long-context tasks of `spectra tasks` and task files (spectra/kv/tasks/families/, one file a family, each task
+#: registered with its family and seed number, the listing's order)
 TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")
 
 

@@ -3,7 +3,7 @@ name is written in listings, and how its arguments' facts merge."""
 
 from __future__ import annotations
 
-from spectra.arguments import kinds_of, merge_fact, several_kinds, written
+from spectra.arguments import called_empty, either, kinds_of, merge_fact, needed, not_one, several_kinds, written
 
 
 def test_the_kinds_of_each_count_of_arguments() -> None:
@@ -28,3 +28,20 @@ def test_facts_merge_as_flags_any_numbers_largest_text_first() -> None:
         for key, value in facts.items():
             merged[key] = merge_fact(merged.get(key), value)
     assert merged == {"windowed": True, "window": 64, "axis": "tokens", "needs_rope": True}
+
+
+def test_a_refusal_of_arguments_is_said_in_words() -> None:
+    """Issue 55, item 7: what refused arguments do, in words (a fact without words is named as it is); what a name
+    written with empty parentheses needs, with an example."""
+    said = {"loud": "makes noise", "slow": "takes long"}
+    assert either(said, ["loud"]) == "makes noise" and either(said, ["loud", "slow", "odd"]) == (
+        "makes noise, takes long or is odd")
+    assert not_one(said, ["loud", "slow"], False) == "not one: it makes noise and takes long"
+    assert not_one(said, [], True) == "not one: it is written with an argument" and not_one(said, [], False) == "not one"
+    assert called_empty("adakv()") == "adakv" and called_empty(" adakv( ) ") == "adakv"
+    assert called_empty("adakv(snapkv)") is None and called_empty("adakv") is None
+    assert needed("adakv", "press", "scorer", ["knorm", "snapkv"], 1, "adakv(<scorer>)") == (
+        "adakv needs a scorer press as its argument, e.g. adakv(knorm); scorers: knorm, snapkv")
+    assert needed("composed", "press", "press", ["a", "b", "c"], 2, "composed(<press>,<press>,...)") == (
+        "composed needs presses as its arguments, e.g. composed(a,b): composed(<press>,<press>,...)")
+    assert needed("duo", "press", "", [], 1, "duo(<pattern>)") == "duo needs an argument: duo(<pattern>)"

@@ -232,3 +232,31 @@ def test_every_press_with_an_argument_is_explained_in_the_cache_page() -> None:
     assert "`spectra heads` writes into its run directory" in bullets["duo(<pattern>)"]
     assert "`spectra analyze` or `spectra heads` run" in bullets["headbudget(<run>)"]
     assert "`spectra cache --bytes-kept` run" in bullets["mixed(<cache run>)"]
+
+
+def test_the_commands_section_says_what_each_command_writes() -> None:
+    """Issue 55, item 7: the README said every command writes a run directory that `spectra.load_run` reads and has a
+    function in Python (not `tasks`, `artifacts`, nor the commands that read runs). The analyses it names as writing
+    runs are the registered ones, every command of the command line is named in one of its groups, and every
+    `spectra.NAME` it gives exists."""
+    import tomllib
+
+    import spectra
+    from spectra.kinds import REGISTRY
+
+    text = " ".join(README.read_text().split())
+    said = re.search(r"The analyses \(([^)]*)\) write a run directory that `spectra.load_run` reads back; `tasks` "
+                     r"writes a task file, `artifacts` an artifact directory, and ([^.]*) read runs\.", text)
+    assert said, "the commands section no longer says which commands write a run"
+    analyses = re.findall(r"`([\w-]+)`", said[1])
+    readers = re.findall(r"`([\w-]+)`", said[2])
+    assert sorted(analyses) == sorted(REGISTRY)
+    group = typer.main.get_command(cli.app)
+    assert sorted(group.list_commands(None)) == sorted([*analyses, "tasks", "artifacts", *readers])
+    functions = re.search(r"have the same function in Python \(([^)]*)\)", text)
+    assert functions and all(callable(getattr(spectra, name)) for name in re.findall(r"`spectra\.(\w+)`", functions[1]))
+    assert all(callable(getattr(spectra, name)) for name in [*analyses, "tasks", "artifacts"])
+    install = next(line for line in fenced_lines(README.read_text()) if "pip install -e \".[gguf]\"" in line)
+    packages, comment = install.split("#")
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gguf"]
+    assert "adds the last two" in comment and packages.split()[-2:] == [re.split(r"[<>=]", name)[0] for name in extra]

@@ -4,6 +4,7 @@ files register once imported, refuses a registration its declaration contradicts
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -246,6 +247,17 @@ def test_a_name_with_an_argument_is_checked_without_torch_and_inherits_its_score
     ("adakv", "press 'adakv' takes an argument: adakv(<scorer>)"),
     ("duo(/no/such/dir)", "DuoAttention pattern /no/such/dir: no such directory"),
     ("h2o(knorm)", "unknown press 'h2o(knorm)'"),
+    # issue 55, item 7: 'adakv()' was an unknown press; it needs a scorer, said with an example
+    ("adakv()", "press 'adakv()' has no argument: adakv needs a scorer press as its argument, e.g. "
+                "adakv(streaming); scorers: streaming, knorm, snapkv,"),
+    ("adakv( )", "press 'adakv( )' has no argument: adakv needs a scorer press as its argument"),
+    ("decoding()", "decoding needs a decodable press as its argument, e.g. decoding(streaming); decodables: "
+                   "streaming, knorm, tova"),
+    ("composed()", "composed needs presses as its arguments, e.g. composed(streaming,knorm): "
+                   "composed(<press>,<press>,...)"),
+    ("duo()", "press 'duo()' has no argument: duo needs an argument: duo(<pattern>)"),
+    ("knorm()", "press 'knorm' takes no argument (in 'knorm()'); presses taking one: adakv(<scorer>)"),
+    ("h2o()", "unknown press 'h2o()'"),
 ])
 def test_a_bad_argument_is_one_line(name, message) -> None:
     with pytest.raises(SpectraError) as error:
@@ -262,3 +274,27 @@ def test_the_widest_declared_window_is_read_once_for_the_prefill_and_the_cache_k
     widest = max(int(registry.PRESSES.facts(name).get("window", 0)) for name in registry.PRESSES)
     assert registry.PRESSES.most("window") == widest == base.WINDOW == cache.WINDOW == 64
     assert registry.PRESSES.most("no-such-fact") == 0
+
+
+def test_a_refused_argument_is_said_by_what_it_does_not_by_a_fact_name() -> None:
+    """Issue 55, item 7: composed's refusal listed its `refuses` facts by name ("none declaring decodes, received,
+    reconstructs, composes, calibrates, differentiates"). Each fact has words (`said`), and the refusal says what the
+    presses it refuses do and what the one given does."""
+    said = registry.PRESSES.said
+    refused = registry.PRESSES.entries()["composed"].facts["refuses"].split(",")
+    assert refused == ["decodes", "received", "reconstructs", "composes", "calibrates", "differentiates"]
+    assert set(refused) <= set(said)
+    for argument, fact in (("decoding(knorm)", "decodes"), ("observed", "received"), ("kvzip", "reconstructs"),
+                           ("kvcompose", "composes"), ("lowrank", "calibrates"), ("kvgrad", "differentiates")):
+        with pytest.raises(SpectraError) as error:
+            registry.press_names([f"composed(snapkv,{argument})"])
+        message = str(error.value)
+        assert f"composed takes presses named alone, none that {said['decodes']}, {said['received']}," in message
+        assert f"and '{argument}' is not one: it {said[fact]}; presses: streaming," in message, message
+        flags = [name for name in ("declaring", *refused) if name != "received"]  # "received" is English too
+        assert not set(flags) & set(re.findall(r"[a-z_]+", message)) and ", ".join(refused) not in message, message
+    with pytest.raises(SpectraError, match="'adakv\\(snapkv\\)' is not one: it is written with an argument; presses:"):
+        registry.press_names(["composed(knorm,adakv(snapkv))"])
+    with pytest.raises(SpectraError, match="takes a decodable press as argument 2, none that is fitted on calibration "
+                                           "text, and 'snapkv' is not one; decodables: streaming, knorm, tova$"):
+        registry.press_names(["prefill_decoding(knorm,snapkv)"])

@@ -121,8 +121,9 @@ class Analysis:
     def check_files(self, config: RunConfig, options: Any, found: checkpoints.Source) -> None:
         """Refuse what the model's configuration file rules out, before it loads."""
 
-    def announce(self, config: RunConfig, options: Any, reporter: Reporter) -> None:
-        """What the user should know before the run starts, once the inputs are known to be good (warnings)."""
+    def announce(self, config: RunConfig, options: Any, reporter: Reporter, given: RunConfig) -> None:
+        """What the user should know before the run starts, once the inputs are known to be good (warnings);
+        `given`: the run configuration as the user gave it, before `configured` (e.g. the --samples asked for)."""
 
     def check_loaded(self, config: RunConfig, options: Any, source) -> None:
         """Refuse what only the loaded model shows (after `check` has run again on its shape)."""
@@ -169,13 +170,14 @@ class Analysis:
     def run(self, config: RunConfig, options: Any, reporter: Reporter) -> Path:
         """Check what can be checked without loading anything, run, and return the run directory."""
         derived = self.derived(options)
+        given = config
         options = self.resolve(config, options)
         config = self.configured(config, options)
         found = self.inspect(config, options)
         if found is not None:
             self.check(config, options, found.shape())
             self.check_files(config, options, found)
-        self.announce(config, options, reporter)
+        self.announce(config, options, reporter, given)
         from ..loop import execute  # torch: only once the inputs are known to be good
 
         job = self.job(config, options, reporter, found)

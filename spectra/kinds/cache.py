@@ -205,7 +205,7 @@ class Cache(PressStudy):
     def configured(self, config: RunConfig, options: CacheOptions) -> RunConfig:
         return replace(config, length=options.length, samples=config.samples or CORPUS_SAMPLES)
 
-    def announce(self, config: RunConfig, options: CacheOptions, reporter: Reporter) -> None:
+    def announce(self, config: RunConfig, options: CacheOptions, reporter: Reporter, given: RunConfig) -> None:
         warn_window_filled(options, reporter)
 
     def calibration(self, options: CacheOptions) -> int:

@@ -19,8 +19,10 @@ pipeline refuses DecodingPress with several questions).
 
 Checked before the model loads, each in one line: every record (`tasks.records.read_records` names the line and field
 of a missing or malformed field, an unknown task, an empty context or an answer its context lacks), a record's length
-beyond the model's positions (when its files tell them), data that is not a task file. After loading, each example's
-prompt is checked against the positions (`TaskSource.start`). The records evaluated: `tasks.selection`.
+beyond the model's positions (when its files tell them), no --data, or data that is not a task file (a missing file,
+a directory, a file not UTF-8 or whose first line is not JSON each said as such: `records.unreadable`). After
+loading, each example's prompt is checked against the positions (`TaskSource.start`). The records evaluated:
+`tasks.selection`.
 
 Tables: task_examples.csv, task_scores.csv, task_lengths.csv, task_needle.csv, task_evicted.csv (`probes.tasks`);
 run.json also names what the records' needles hide in (`haystacks`: name, sha256 and tasks, `selection.haystacks`),
@@ -38,8 +40,9 @@ from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..options import identity, option
 from ..registry import PRESSES
-from ..reporter import Reporter
+from ..reporter import Reporter, plural
 from ..kv.tasks import selection
+from ..kv.tasks.records import TASK_FILE, unreadable
 from .base import Analysis, register
 from .pressbase import BATCH_HELP, DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
 
@@ -66,11 +69,11 @@ class Evaluate(PressStudy):
                "answers decoded as kvpress's pipeline does and scored as RULER does, beside the full cache.")
     options = EvaluateOptions
     run_fields = tuple(name for name in Analysis.run_fields if name not in ("length", "mode"))
-    defaults = {"samples": None, "batch_size": 1}
+    defaults = {"samples": None, "batch_size": 1, "data": None}  # data: a task file, which has no default
     run_help = {"samples": "Records of the task file (default: all), spread evenly over its tasks and lengths "
                            "(seeded by --seed).",
                 "batch_size": BATCH_HELP,
-                "data": "A task file (.jsonl: kvpress's records, such as `spectra tasks` writes)."}
+                "data": "A task file, required (.jsonl: kvpress's records, such as `spectra tasks` writes)."}
     decodes = "the task study decodes answers with a decoder"
     unit = "examples"
     outputs = {"task_examples.csv": ("press", "ratio", "example"), "task_scores.csv": ("press", "ratio", "task")}
@@ -79,7 +82,10 @@ class Evaluate(PressStudy):
         """The records evaluated (`selection.evaluated`) and the length of the longest (what the loop and its memory
         check read before the prompts are built); data that is no task file is refused first. The batch size is the
         examples whose cells decode together (`TaskSource.batches`)."""
+        if config.data is None:
+            raise SpectraError(f"spectra evaluate reads {TASK_FILE}: give it as {spell('--data FILE', 'data=FILE')}")
         if not selection.wants_tasks(config.data):
+            unreadable(config.data)  # missing, a directory, not UTF-8, its first line not JSON: said as such
             raise SpectraError(f"{config.data} is not a task file (kvpress's records with context, question and "
                                "answers, as `spectra tasks` writes them): give one, or run `spectra cache` for the "
                                "NLL of text")
@@ -112,9 +118,13 @@ class Evaluate(PressStudy):
                 raise SpectraError(f"{name} line {record.example + 1}: its length {record.length} is beyond the "
                                    f"{shape.positions} positions of {shape.name}")
 
-    def announce(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter) -> None:
-        """Say when --samples leaves records of the file out, and which tasks it leaves out whole."""
+    def announce(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, given: RunConfig) -> None:
+        """Say when --samples leaves records of the file out, and which tasks it leaves out whole; or when it asks for
+        more records than the file holds (all of them run, as analyze uses all the sequences a corpus yields)."""
         total = len(selection.records_of(config.data))
+        if given.samples is not None and given.samples > total:
+            reporter.notify(f"{Path(config.data).name} holds {plural(total, 'record')} of the {given.samples} asked "
+                            "for (--samples); all of them are evaluated")
         if config.samples < total:
             missing = selection.left_out(config)
             reporter.notify(f"evaluating {config.samples} of the {total} records of {Path(config.data).name} "

@@ -9,10 +9,10 @@ loaders read it from the local path, and the presses `qfilter(DIR)`, `expected_a
 read it here.
 
 A directory is checked when a press names it, before any model loads, in one line: missing files, a safetensors
-header that is not one, a tensor missing or of the wrong number of axes, a config.json whose sizes disagree with the
-tensors (`check_qfilter`, `check_statistics`, `check_surrogate`, the registry's checks of the presses' arguments).
-`fits` then holds it to the model's shape (layers, heads, key/value heads, head dimension, hidden size) where the
-model's files tell it.
+header that is not one, a file whose length is not what its header says (a copy cut short), a tensor missing or of
+the wrong number of axes, a config.json whose sizes disagree with the tensors (`check_qfilter`, `check_statistics`,
+`check_surrogate`, the registry's checks of the presses' arguments). `fits` then holds it to the model's shape
+(layers, heads, key/value heads, head dimension, hidden size) where the model's files tell it.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 @dataclass(frozen=True)
 class Format:
-    """One artifact's layout: its tensors, each with its axes by name (layers, heads, kv_heads, head_dim), and the
-    config.json keys holding those sizes (the constructor arguments of kvpress's module)."""
+    """One artifact's layout: the press reading it (`kind`, as `spectra artifacts` names it), its tensors, each with
+    its axes by name (layers, heads, kv_heads, head_dim), and the config.json keys holding those sizes (the
+    constructor arguments of kvpress's module)."""
 
+    kind: str
     what: str
     tensors: dict[str, tuple[str, ...]]
     sizes: dict[str, str]
@@ -41,9 +43,14 @@ class Format:
     def shape(self, folder: str | Path) -> dict[str, int]:
         """Axis name → size of the artifact in `folder`, checked whole (SpectraError, one line, where it is not)."""
         folder = Path(folder)
+        if folder.is_file():
+            inside = (folder.parent / CONFIG_FILE).is_file() and (folder.parent / WEIGHTS_FILE).is_file()
+            raise SpectraError(f"{self.what} {folder} is a file: {self.kind}(DIR) reads the directory `spectra "
+                               f"artifacts {self.kind}` writes, holding {CONFIG_FILE} and {WEIGHTS_FILE}; give "
+                               + (f"its folder, {self.kind}({folder.parent})" if inside else "that directory"))
         if not folder.is_dir():
-            raise SpectraError(f"{self.what} {folder}: no such directory (`spectra artifacts` writes one, holding "
-                               f"{CONFIG_FILE} and {WEIGHTS_FILE})")
+            raise SpectraError(f"{self.what} {folder}: no such directory (`spectra artifacts {self.kind}` writes one, "
+                               f"holding {CONFIG_FILE} and {WEIGHTS_FILE})")
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (folder / name).is_file():
                 raise SpectraError(f"{self.what} {folder}: {name} is missing (`spectra artifacts` writes both "
@@ -76,7 +83,7 @@ class SurrogateFormat:
     (H_kv, D) and `.bias`, or a two-layer MLP's `layers.{i}.0.weight` (hidden_dim, D), `.0.bias`, `layers.{i}.2.weight`
     (H_kv, hidden_dim) and `.2.bias`."""
 
-    what = "KVzap surrogate"
+    kind, what = "kvzap", "KVzap surrogate"
 
     def tensors(self, config: dict[str, Any]) -> dict[str, list[int]]:
         """Tensor name → shape that a surrogate of `config`'s sizes holds."""
@@ -88,7 +95,7 @@ class SurrogateFormat:
     def shape(self, folder: str | Path) -> dict[str, int]:
         """{layers, hidden (D), kv_heads} of the surrogate in `folder`, checked whole (SpectraError, one line)."""
         folder = Path(folder)
-        Format(self.what, {}, {}).shape(folder)  # the directory and its two files
+        Format(self.kind, self.what, {}, {}).shape(folder)  # the directory and its two files
         config = read_config(folder / CONFIG_FILE, self.what)
         if config.get("model_type") != "kvzap":
             raise SpectraError(f"{self.what} {folder / CONFIG_FILE}: model_type is {config.get('model_type')!r}, not "
@@ -112,10 +119,11 @@ class SurrogateFormat:
         return {"layers": config["n_modules"], "hidden": config["input_dim"], "kv_heads": config["output_dim"]}
 
 
-QFILTER = Format("Q-Filters", {"q_filters": ("layers", "kv_heads", "head_dim")},
+QFILTER = Format("qfilter", "Q-Filters", {"q_filters": ("layers", "kv_heads", "head_dim")},
                  {"num_layers": "layers", "num_kv_heads": "kv_heads", "kv_head_dim": "head_dim"})
-STATISTICS = Format("query statistics", {"query_mean": ("layers", "heads", "head_dim"),
-                                         "query_cov": ("layers", "heads", "head_dim", "head_dim")},
+STATISTICS = Format("expected_attention_stats", "query statistics",
+                    {"query_mean": ("layers", "heads", "head_dim"),
+                     "query_cov": ("layers", "heads", "head_dim", "head_dim")},
                     {"num_layers": "layers", "num_heads": "heads", "head_dim": "head_dim"})
 SURROGATE = SurrogateFormat()
 #: how messages name the axes
@@ -136,20 +144,60 @@ def read_config(path: Path, what: str) -> dict[str, Any]:
     return config
 
 
+#: bytes per element of safetensors' dtypes
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+#: how a damaged weights file is mended
+AGAIN = "write it again with `spectra artifacts` or copy it whole"
+
+
 def safetensors_header(path: Path, what: str) -> dict[str, list[int]]:
-    """Tensor name → shape, from a safetensors file's header (8 bytes of its length, then JSON), reading no data."""
+    """Tensor name → shape, from a safetensors file's header (8 bytes of its length, then JSON), reading no data;
+    the file's length is held to what the header places after it (`check_extent`), as safetensors' loader holds it,
+    so a file cut short is refused here, in one line, and not by the loader once the model has loaded."""
     try:
         with path.open("rb") as file:
             head = file.read(8)
             length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
             if not 0 < length <= 100_000_000:
                 raise ValueError("no safetensors header")
-            header = json.loads(file.read(length))
-        shapes = {name: [int(size) for size in entry["shape"]] for name, entry in header.items()
-                  if name != "__metadata__"}
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, struct.error) as error:
+            text = file.read(length)
+            if len(text) < length:
+                raise SpectraError(f"{what} {path} is cut short: its header takes {length} bytes, but the file holds "
+                                   f"{len(text)} after the header's length; {AGAIN}")
+            header = json.loads(text)
+        entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
+        shapes = {name: [int(size) for size in entry["shape"]] for name, entry in entries.items()}
+        spans = {name: (int(entry["data_offsets"][0]), int(entry["data_offsets"][1]), entry["dtype"])
+                 for name, entry in entries.items()}
+        size = path.stat().st_size - 8 - length
+    except (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError, struct.error) as error:
         raise SpectraError(f"{what} {path}: not a safetensors file ({error})") from None
+    check_extent(path, what, shapes, spans, size)
     return shapes
+
+
+def check_extent(path: Path, what: str, shapes: dict[str, list[int]], spans: dict[str, tuple[int, int, str]],
+                 size: int) -> None:
+    """Refuse (one line) a safetensors file whose data after the header is not exactly its tensors': each tensor's
+    `data_offsets` span its elements' bytes, the spans follow one another from 0, and the last ends where the file
+    does (`size`: the bytes after the header). A copy cut short is the usual cause."""
+    end = 0
+    for name, (begin, stop, dtype) in sorted(spans.items(), key=lambda item: item[1][:2]):
+        elements = 1
+        for axis in shapes[name]:
+            elements *= axis
+        if begin != end or (dtype in DTYPE_BYTES and stop - begin != elements * DTYPE_BYTES[dtype]):
+            raise SpectraError(f"{what} {path}: not a safetensors file (tensor '{name}' lies at bytes {begin}–{stop} "
+                               f"after the header, which does not follow its shape and the tensors before it)")
+        end = stop
+    if size < end:
+        raise SpectraError(f"{what} {path} is cut short: its tensors take {end} bytes after the header, but the file "
+                           f"holds {max(size, 0)}; {AGAIN}")
+    if size > end:
+        raise SpectraError(f"{what} {path}: holds {size} bytes after the header, but its tensors take {end} (not a "
+                           f"whole safetensors file); {AGAIN}")
 
 
 def check_qfilter(argument: str) -> None:

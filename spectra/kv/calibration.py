@@ -17,11 +17,14 @@ added), each prefilled exactly (`kv.prefill.exact`, keeping every layer's querie
 
 kvpress's recipe for the statistics cuts each of 100 booksum chapters to its first 1000 characters; spectra reads
 local files (no download) and counts in tokens. Everything the user can get wrong is refused in one line before the
-model loads: the kind, the files, the sizes, the output directory.
+model loads: the kind, the files (missing, not UTF-8), the sizes, the output directory, then with the tokenizer alone
+text too short for one block; text that gives fewer blocks than asked for is fitted on, said in one notice line (as
+analyze says a corpus that yields fewer sequences).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,6 +32,8 @@ import torch
 
 from .. import checkpoints, models, runtime
 from ..errors import SpectraError, spell
+from ..inputs import items
+from ..reporter import plural
 from . import artifacts, prefill
 from .presses.expected import SINKS
 from .presses.rerotation import rotate_half
@@ -50,6 +55,7 @@ def check_request(kind: str, data: Sequence[Path], out: Path, length: int, sampl
     for path in data:
         if not path.is_file():
             raise SpectraError(f"{spell('--data', 'data')} {path}: no such file (give text files, comma-separated)")
+        read_text(path)
     fewest = {"expected_attention_stats": SINKS + 2, "kvzap": 2 * SINKS}.get(kind, 2)
     if isinstance(length, bool) or length < fewest:
         raise SpectraError(f"{spell('--length', 'length')} must be ≥ {fewest} tokens, got {length}")
@@ -63,22 +69,42 @@ def check_request(kind: str, data: Sequence[Path], out: Path, length: int, sampl
     check_writable(out, "--out")
 
 
-def text_blocks(tokenizer, data: Sequence[Path], length: int, samples: int) -> list[torch.Tensor]:
-    """Up to `samples` blocks of `length` tokens, cut in order from the files' tokens (each file on its own)."""
+def read_text(path: Path) -> str:
+    """A calibration file's text, refused in one line where it cannot be read or is not UTF-8 (as analyze and the
+    task files refuse it: text read with replacement characters would be fitted on silently)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise SpectraError(f"{spell('--data', 'data')} {path}: cannot be read ({error.strerror})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise SpectraError(f"{spell('--data', 'data')} {path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line "
+                           f"{line}); convert it (e.g. iconv -t UTF-8) or give another file") from None
+
+
+def text_blocks(tokenizer, data: Sequence[Path], length: int, samples: int,
+                notify: Callable[[str], None] = print) -> list[torch.Tensor]:
+    """Up to `samples` blocks of `length` tokens, cut in order from the files' tokens (each file on its own). Fewer
+    than asked for are fitted on, said in one notice line (as analyze says a corpus that yields fewer sequences); none
+    is refused."""
     blocks: list[torch.Tensor] = []
+    tokens = 0
     for path in data:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError as error:
-            raise SpectraError(f"{spell('--data', 'data')} {path}: cannot be read ({error.strerror})") from None
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = tokenizer.encode(read_text(path), add_special_tokens=False)
+        tokens += len(ids)
         for start in range(0, len(ids) - length + 1, length):
             if len(blocks) == samples:
                 return blocks
             blocks.append(torch.tensor(ids[start:start + length]))
     if not blocks:
-        raise SpectraError(f"{spell('--data', 'data')} holds no block of {length} tokens; give longer text or a "
-                           f"smaller {spell('--length', 'length')}")
+        raise SpectraError(f"{spell('--data', 'data')} holds no block of {length} tokens (it holds {tokens}); give "
+                           f"longer text or a smaller {spell('--length', 'length')}")
+    if len(blocks) < samples:
+        notify(f"the text yields {plural(len(blocks), 'block')} of {length} tokens of the {samples} asked for "
+               f"({tokens} tokens in all); the artifact is fitted on {'it' if len(blocks) == 1 else 'them'} (more "
+               "text or a smaller --length gives more blocks, a smaller --samples asks for fewer)")
     return blocks
 
 
@@ -155,13 +181,18 @@ def fit(kind: str, model: torch.nn.Module, layers: int, blocks: Sequence[torch.T
     return found.result()
 
 
-def make_artifact(kind: str, model: str, *, data: Sequence[str | Path], out: str | Path, length: int = 1000,
-                  samples: int = 16, threads: int | None = None, gguf_file: str | None = None,
-                  overwrite: bool = False, progress: Callable[[int], None] | None = None,
-                  surrogate: str = "mlp") -> Path:
+def make_artifact(kind: str, model: str, *, data: str | os.PathLike | Sequence[str | os.PathLike],
+                  out: str | os.PathLike, length: int = 1000, samples: int = 16, threads: int | None = None,
+                  gguf_file: str | None = None, overwrite: bool = False,
+                  progress: Callable[[int], None] | None = None, surrogate: str = "mlp",
+                  notify: Callable[[str], None] = print) -> Path:
     """Fit `kind`'s artifact for `model` on the text files `data` (`samples` blocks of `length` tokens) and write
-    it to the directory `out`, in kvpress's format (see the module docstring); `surrogate`: kvzap's, linear or mlp."""
-    paths, out = [Path(path) for path in data], Path(out)
+    it to the directory `out`, in kvpress's format (see the module docstring); `surrogate`: kvzap's, linear or mlp.
+    `data`: a path, several, or a comma-separated string of them (as `--data`); `progress(blocks done)` after each
+    block; `notify`: where the one-line notice of fewer blocks than asked for goes. Returns the directory written.
+    The command `spectra artifacts` is this function (`spectra.artifacts`)."""
+    listed = items(data, "--data") if isinstance(data, str) else [data] if isinstance(data, os.PathLike) else data
+    paths, out = [Path(path) for path in listed], Path(out)
     check_request(kind, paths, out, length, samples, overwrite, surrogate)
     source = checkpoints.inspect(model, gguf_file)
     shape = source.shape()
@@ -170,24 +201,27 @@ def make_artifact(kind: str, model: str, *, data: Sequence[str | Path], out: str
     if shape.positions is not None and length > shape.positions:
         raise SpectraError(f"{spell('--length', 'length')} {length} is beyond the {shape.positions} positions of "
                            f"{source.label}")
-    with runtime.threads(threads):
-        loaded = models.load(model, device="cpu", gguf_file=gguf_file)
-        if kind == "kvzap":
-            from . import reconstruction, surrogate as surrogates
+    tokenizer = models.load_tokenizer(model, gguf_file=gguf_file)  # the blocks are cut before the weights load
+    if kind == "kvzap":
+        from . import reconstruction
 
-            repetition = reconstruction.Repetition.of(loaded.tokenizer)
-            if length <= repetition.prefix + SINKS:
-                raise SpectraError(f"{spell('--length', 'length')} {length} leaves too few tokens after the "
-                                   f"{repetition.prefix} of {loaded.name}'s chat template opening, which KVzip does "
-                                   f"not score; give at least {repetition.prefix + SINKS + 1}")
-            blocks = text_blocks(loaded.tokenizer, paths, length, samples)
+        repetition = reconstruction.Repetition.of(tokenizer)
+        if length <= repetition.prefix + SINKS:
+            raise SpectraError(f"{spell('--length', 'length')} {length} leaves too few tokens after the "
+                               f"{repetition.prefix} of {source.label}'s chat template opening, which KVzip does "
+                               f"not score; give at least {repetition.prefix + SINKS + 1}")
+    blocks = text_blocks(tokenizer, paths, length, samples, notify)
+    with runtime.threads(threads):
+        loaded = models.load(model, device="cpu", gguf_file=gguf_file, tokenizer=tokenizer)
+        if kind == "kvzap":
+            from . import surrogate as surrogates
+
             states, scores = surrogates.collect(loaded.model, loaded.layers, blocks, repetition, progress)
             tensors, config = surrogates.fit(states, scores, surrogate)
             return artifacts.write(out, tensors, config)
         if not models.rotary(loaded.model):
             raise SpectraError(f"{loaded.name} has no rotary position embedding (RoPE): {kind} scores post-RoPE "
                                "keys with statistics of rotated queries")
-        blocks = text_blocks(loaded.tokenizer, paths, length, samples)
         tensors = fit(kind, loaded.model, loaded.layers, blocks, progress)
     first = next(iter(tensors.values()))
     if kind == "qfilter":

@@ -257,10 +257,14 @@ class TaskProbe(Probe):
         self.head_kept = np.array(arrays["tasks.head_kept"])
 
     def describe(self) -> dict[str, Any]:
+        """run.json's `examples`: the records evaluated, as the tables count them (a many-question record compressed
+        once per question under --query-aware is one example, whatever its compressions); `press_seconds` per
+        compression."""
         done = max(int(self.done.sum()), 1)
         seconds = [{"press": press, "ratio": ratio, "compress": self.seconds[i, 0] / done,
                     "decode": self.seconds[i, 1] / done} for i, (press, ratio) in enumerate(self.variants)]
-        return {"examples": int(self.done.sum()), "press_seconds": seconds}
+        records = {self.examples[position].record.example for position in np.flatnonzero(self.done)}
+        return {"examples": len(records), "press_seconds": seconds}
 
     def predictions(self) -> list[list[str]]:
         """[cell][item] the decoded answer (special tokens dropped, as kvpress's pipeline returns it)."""

@@ -146,6 +146,23 @@ def test_query_aware_and_fewer_samples(chat_decoder, task_file, tmp_path) -> Non
     assert "evaluating 2 of the 4 records of tasks.jsonl (--samples), spread over its tasks and lengths" in notices
 
 
+def test_samples_beyond_the_file_run_it_whole_and_say_so(chat_decoder, task_file, tmp_path, monkeypatch,
+                                                         capsys) -> None:
+    """Issue 55, item 7: --samples beyond the file's records ran them all without a word. One notice line says so (as
+    analyze says a corpus yields fewer sequences than asked for), and the whole file runs; as many as it holds, or
+    none given, say nothing."""
+    notices: list[str] = []
+    run = spectra.evaluate(str(chat_decoder), str(task_file), out=tmp_path / "ten", presses="knorm", ratios="0.5",
+                           samples=10, progress=None, notify=notices.append)
+    assert sorted(run.examples["example"].unique()) == [0, 1, 2, 3]
+    assert [line for line in notices if "--samples" in line] == [
+        "tasks.jsonl holds 4 records of the 10 asked for (--samples); all of them are evaluated"]
+    argv = ["cache", str(chat_decoder), "--data", str(task_file), "--presses", "knorm", "--ratios", "0.5", "--samples",
+            "4", "--out", str(tmp_path / "four")]
+    code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+    assert code == 0 and "asked for" not in stderr, stderr
+
+
 def test_many_questions_per_record(chat_decoder, tmp_path) -> None:
     """Records asking two questions each: a row per (press, ratio, example, question); each question's answer the
     one a record asking it alone of the same context gets; the per-record score the mean over its questions, and
@@ -177,7 +194,20 @@ def test_many_questions_per_record(chat_decoder, tmp_path) -> None:
             for question in (0, 1):
                 assert questions.loc[(press, ratio, question), "score"] == pytest.approx(
                     group[group["question"] == question]["score"].mean())
-        assert many.meta["examples"] == (6 if aware else 3)
+        # issue 55, item 7: the header said "6 examples" above tables of 3 under --query-aware (its compressions)
+        assert many.meta["examples"] == 3 and many.meta["samples"] == (6 if aware else 3)
+        shown = printed(many)
+        assert shown.startswith(f"{many.label}: 3 examples, ") and shown.count("passkey, 3 examples") == 1, shown
+
+
+def printed(run) -> str:
+    """What `spectra evaluate RUN` prints of `run`, its lines joined (the console wraps at its width)."""
+    from spectra.report import evaluate as side
+    from spectra.report.console import out
+
+    with out.capture() as captured:
+        side.show(run)
+    return " ".join(captured.get().split())
 
 
 def test_a_press_reading_the_queries_before_rope_gets_them(chat_decoder, task_file, tmp_path) -> None:
@@ -340,6 +370,42 @@ def test_the_task_study_is_a_kind_of_its_own(chat_decoder, task_file, finished, 
     assert code == 2 and "--context" in stderr and stderr.count("\n") == 1, stderr
     code, stdout, _ = tiny.run_cli(["evaluate", str(direct.path)], monkeypatch, capsys)
     assert code == 0 and "passkey" in stdout
+
+
+def test_each_unreadable_task_file_is_said_as_what_it_is(chat_decoder, task_file, tmp_path, monkeypatch,
+                                                         capsys) -> None:
+    """Issue 55, item 2: a missing --data file, a non-UTF-8 file and invalid JSON on line 1 all said "is not a task
+    file … run `spectra cache` for the NLL of text", and no --data read imdb and refused it. Each is its own line, exit
+    2, before the model loads; --help shows no default for --data; text stays "not a task file"."""
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    (tmp_path / "latin1.jsonl").write_bytes(json.dumps(task_files.records(count=1)[0]).encode()[:30] + b"caf\xe9\n")
+    (tmp_path / "broken.jsonl").write_text('{"context": "x", oops\n')
+    lines = [json.dumps(row) for row in task_files.records(count=2)]
+    (tmp_path / "second.jsonl").write_text(lines[0] + "\n{oops\n")
+    (tmp_path / "text.jsonl").write_text('{"text": "plain prose"}\n')
+    for data, message in (
+            (None, "error: spectra evaluate reads a task file (.jsonl, one record of kvpress's fields a line, as "
+                   "`spectra tasks` writes them): give it as --data FILE"),
+            (tmp_path / "missing.jsonl", f"error: --data {tmp_path / 'missing.jsonl'}: no such file; give a task file"),
+            (tmp_path, f"error: --data {tmp_path} is a directory; give a task file"),
+            (tmp_path / "latin1.jsonl", f"error: {tmp_path / 'latin1.jsonl'} is not UTF-8 text (byte 0xe9 on line 1); "
+                                        "a task file is UTF-8 jsonl"),
+            (tmp_path / "broken.jsonl", f"error: {tmp_path / 'broken.jsonl'} line 1 is not JSON: Expecting property "
+                                        "name enclosed in double quotes (column 18); a task file holds one JSON record"),
+            (tmp_path / "second.jsonl", f"error: {tmp_path / 'second.jsonl'} line 2 is not JSON: Expecting property "
+                                        "name enclosed in double quotes (column 2)"),
+            (tmp_path / "text.jsonl", f"error: {tmp_path / 'text.jsonl'} is not a task file (kvpress's records")):
+        argv = ["evaluate", str(chat_decoder), *([] if data is None else ["--data", str(data)]),
+                "--out", str(tmp_path / "run")]
+        code, _, stderr = tiny.run_cli(argv, monkeypatch, capsys)
+        assert code == 2 and stderr.startswith(message) and stderr.count("\n") == 1, stderr
+        assert ("spectra cache" in stderr) == (data == tmp_path / "text.jsonl"), stderr
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SpectraError, match="give it as data=FILE"):
+        spectra.evaluate(str(chat_decoder), **QUIET)
+    code, stdout, _ = tiny.run_cli(["evaluate", "--help"], monkeypatch, capsys)
+    help_text = " ".join(stdout.split())
+    assert code == 0 and "imdb" not in help_text and "A task file, required" in help_text, help_text
 
 
 def test_a_task_run_written_by_cache_before_the_kind_existed_loads(finished, tmp_path) -> None:

@@ -133,11 +133,16 @@ def test_an_artifact_of_another_shape_is_refused_before_the_model_loads_or_anyth
                            {"num_layers": 2, "num_heads": 9, "head_dim": 8})
     narrow = artifacts.write(tmp_path / "narrow", {"q_filters": torch.zeros(2, 2, 4)},
                              {"num_layers": 2, "num_kv_heads": 2, "kv_head_dim": 4})
+    cut = artifacts.write(tmp_path / "cut", {"q_filters": torch.zeros(2, 2, 8)},
+                          {"num_layers": 2, "num_kv_heads": 2, "kv_head_dim": 8})
+    whole = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(whole[:len(whole) // 2])  # issue 55: a traceback once the model loaded
     with monkeypatch.context() as patch:
         patch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
         for press, message in ((f"qfilter({deep})", "is 5 layers × 2 key/value heads × 8 head dimensions, but "
                                                     r"\S+ has 2 layers × 2 key/value heads;"),
-                               (f"expected_attention_stats({wide})", "9 query heads .* has 2 layers × 4 query heads")):
+                               (f"expected_attention_stats({wide})", "9 query heads .* has 2 layers × 4 query heads"),
+                               (f"qfilter({cut})", r"model.safetensors is cut short: its tensors take 128 bytes")):
             code, out, err = run_cli(["cache", str(llama_dir), "--data", str(text_file), "--presses", press,
                                       "--out", str(tmp_path / "run")], monkeypatch, capsys)
             assert code == 2 and re.search(message, err) and err.count("\n") == 1, err

@@ -112,15 +112,76 @@ def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: 
 
 def test_bad_requests_are_refused_before_the_model_loads(text_file: Path, tmp_path: Path) -> None:
     nowhere = "/nonexistent/model"  # never reached: each request fails first
+    latin = tmp_path / "latin1.txt"  # issue 55, item 5: read with replacement characters and fitted on before
+    latin.write_bytes("first line\ncafé au lait\n".encode("latin-1"))
     cases = [("qfilters", [text_file], tmp_path / "a", 16, 2, "unknown artifact 'qfilters'"),
              ("qfilter", [tmp_path / "missing.txt"], tmp_path / "a", 16, 2, "no such file"),
              ("qfilter", [], tmp_path / "a", 16, 2, "names no file"),
              ("expected_attention_stats", [text_file], tmp_path / "a", SINKS + 1, 2, f"≥ {SINKS + 2} tokens"),
              ("qfilter", [text_file], tmp_path / "a", 16, 0, "must be ≥ 1"),
-             ("qfilter", [text_file], text_file, 16, 2, "is a file")]
+             ("qfilter", [text_file], text_file, 16, 2, "is a file"),
+             ("qfilter", [latin], tmp_path / "a", 16, 2, r"latin1.txt is not UTF-8 text \(byte 0xe9 on line 2\); "
+                                                        "convert it")]
     for kind, data, out, length, samples, message in cases:
         with pytest.raises(SpectraError, match=message):
             make_artifact(kind, nowhere, data=data, out=out, length=length, samples=samples)
     (tmp_path / "taken").mkdir()
     with pytest.raises(SpectraError, match="already exists"):
         make_artifact("qfilter", nowhere, data=[text_file], out=tmp_path / "taken")
+
+
+def test_text_of_fewer_blocks_than_asked_is_fitted_on_and_said(llama_dir: Path, text_file: Path, tmp_path: Path,
+                                                               monkeypatch, capsys) -> None:
+    """Issue 55, item 5: --samples 16 on text of one block wrote an artifact fitted on one, without a word. As analyze
+    says of a corpus that yields fewer sequences, one notice line says how many blocks the text gives of those asked
+    for and how to get more, and the fit goes on (num_samples records them); text too short for one block is refused
+    with the tokenizer alone, before the weights load."""
+    from transformers import AutoTokenizer
+
+    from spectra import models
+
+    from ..tiny import run_cli
+
+    short = tmp_path / "short.txt"  # the tiny Llama embeds 128 positions
+    short.write_text(" ".join(text_file.read_text().split()[:40]))
+    tokens = len(AutoTokenizer.from_pretrained(llama_dir).encode(short.read_text(), add_special_tokens=False))
+    length = tokens // 3  # three blocks, whatever the tokenizer makes of the text
+    assert 8 < length and tokens < 127, tokens
+    text_file = short
+    notices: list[str] = []
+    written = make_artifact("expected_attention_stats", str(llama_dir), data=[text_file], out=tmp_path / "st",
+                            length=length, samples=16, notify=notices.append)
+    assert json.loads((written / artifacts.CONFIG_FILE).read_text())["num_samples"] == 3
+    assert notices == [f"the text yields 3 blocks of {length} tokens of the 16 asked for ({tokens} tokens in all); the "
+                       "artifact is fitted on them (more text or a smaller --length gives more blocks, a smaller "
+                       "--samples asks for fewer)"]
+    argv = ["artifacts", "qfilter", str(llama_dir), "--data", str(text_file), "--length", str(length), "--samples",
+            "3", "--out", str(tmp_path / "qf")]
+    code, _, stderr = run_cli(argv, monkeypatch, capsys)
+    assert code == 0 and stderr == "", stderr  # as many as asked for: nothing to say
+    argv[argv.index("3")] = "4"
+    code, _, stderr = run_cli([*argv, "--overwrite"], monkeypatch, capsys)
+    assert code == 0 and stderr.startswith(f"the text yields 3 blocks of {length} tokens of the 4 asked for"), stderr
+    assert stderr.count("\n") == 1
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    code, _, stderr = run_cli(["artifacts", "qfilter", str(llama_dir), "--data", str(text_file), "--length",
+                               str(tokens + 1), "--out", str(tmp_path / "none")], monkeypatch, capsys)
+    assert code == 2 and stderr == (f"error: --data holds no block of {tokens + 1} tokens (it holds {tokens}); give "
+                                    "longer text or a smaller --length\n"), stderr
+    assert not (tmp_path / "none").exists()
+
+
+def test_the_command_has_its_python_function(llama_dir: Path, text_file: Path, tmp_path: Path) -> None:
+    """Issue 54/55: `spectra artifacts` was the one command without a Python function. `spectra.artifacts` is the
+    command's own function; --data's comma-separated string, one path or a list of them are alike."""
+    import spectra
+
+    assert spectra.artifacts is make_artifact and "artifacts" in dir(spectra)
+    runs = {"string": str(text_file), "path": text_file, "list": [str(text_file)]}
+    found = {name: spectra.artifacts("qfilter", str(llama_dir), data=data, out=tmp_path / name, length=24, samples=2)
+             for name, data in runs.items()}
+    assert all(path == tmp_path / name for name, path in found.items())
+    filters = [artifacts.load("qfilter", path)["q_filters"] for path in found.values()]
+    assert all(torch.equal(filters[0], other) for other in filters[1:])
+    with pytest.raises(SpectraError, match="has an empty item"):
+        spectra.artifacts("qfilter", str(llama_dir), data=f"{text_file},,{text_file}", out=tmp_path / "x")

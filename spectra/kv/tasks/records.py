@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ...errors import SpectraError
+from ...errors import SpectraError, spell
 from .family import families, family_of
 
 #: the fields of kvpress's evaluation format; `answers` may be spelled `answer` (kvpress's datasets)
@@ -248,19 +248,48 @@ def checked(record: TaskRecord, where: str) -> TaskRecord:
     return record
 
 
-def _lines(path: Path) -> list[tuple[int, str]]:
+#: what a task file is, as the messages that refuse one say it
+TASK_FILE = "a task file (.jsonl, one record of kvpress's fields a line, as `spectra tasks` writes them)"
+
+
+def _text(path: Path) -> str:
+    """The file's text, or one line saying why it cannot be read: missing, a directory, unreadable, not UTF-8."""
+    if not path.exists():
+        raise SpectraError(f"{spell('--data', 'data')} {path}: no such file; give {TASK_FILE}")
+    if path.is_dir():
+        raise SpectraError(f"{spell('--data', 'data')} {path} is a directory; give {TASK_FILE}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SpectraError(f"cannot read the task file {path}: {error}") from None
-    return [(number, line) for number, line in enumerate(text.splitlines()) if line.strip()]
+        raw = path.read_bytes()
+    except OSError as error:
+        raise SpectraError(f"cannot read the task file {path}: {error.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise SpectraError(f"{path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}); a task file is "
+                           "UTF-8 jsonl: convert it (e.g. iconv -t UTF-8) or give another") from None
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    return [(number, line) for number, line in enumerate(_text(path).splitlines()) if line.strip()]
+
+
+def unreadable(path: str | Path) -> None:
+    """Refuse (one line, saying why) a file that `is_task_file` turned down before its records could be looked at:
+    missing, a directory, not UTF-8, or a .jsonl whose first record is not JSON. A readable file of other records
+    (text, not tasks) passes: the caller says what it is."""
+    path = Path(path)
+    lines = _lines(path)
+    if path.suffix == ".jsonl" and lines and not lines[0][1].lstrip().startswith("["):  # an array: is_task_file's
+        _parse(lines[0][1], f"{path} line {lines[0][0] + 1}")
 
 
 def _parse(line: str, where: str) -> dict:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        raise SpectraError(f"{where} is not JSON: {error.msg} (column {error.colno})") from None
+        raise SpectraError(f"{where} is not JSON: {error.msg} (column {error.colno}); a task file holds one JSON "
+                           "record a line") from None
     if not isinstance(record, dict):
         raise SpectraError(f"{where} is not a JSON object")
     return record

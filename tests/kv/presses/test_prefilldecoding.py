@@ -57,9 +57,11 @@ def test_bad_input_is_refused() -> None:
                                           "decodables: streaming, knorm, tova$")),
             ("prefill_decoding", "takes an argument: prefill_decoding\\(<decodable>\\) or "
                                  "prefill_decoding\\(<scorer>,<decodable>\\)$"),
-            ("prefill_decoding(knorm,snapkv)", "takes a decodable press as argument 2, none declaring calibrates, "
+            ("prefill_decoding(knorm,snapkv)", "takes a decodable press as argument 2, none that is fitted on "
+                                               "calibration text, "
                                                "and 'snapkv' is not one; decodables: streaming, knorm, tova$"),
-            ("prefill_decoding(loki,knorm)", "takes a scorer press as argument 1, none declaring calibrates, and "
+            ("prefill_decoding(loki,knorm)", "takes a scorer press as argument 1, none that is fitted on "
+                                             "calibration text, and "
                                              "'loki' is not one"),
             ("prefill_decoding(think,knorm)", "'think' is not one"),
             ("prefill_decoding(snapkv,knorm,tova)", ("is written prefill_decoding\\(<decodable>\\) or "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spectra.errors import SpectraError
-from spectra.kv.tasks.records import TaskRecord, is_task_file, read_records, split_ruler_prompt
+from spectra.kv.tasks.records import TaskRecord, is_task_file, read_records, split_ruler_prompt, unreadable
 
 #: a RULER niah prompt as prepare.py builds it with the base template (one needle: "Some" → "A", "are" → "is")
 NIAH = ("A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you "
@@ -169,8 +169,34 @@ def test_empty_and_foreign_files(tmp_path: Path) -> None:
     assert not is_task_file(write_jsonl(tmp_path / "t.txt", [kvpress_line()]))
     assert not is_task_file(write_jsonl(tmp_path / "bad.jsonl", ["{oops"]))
     assert not is_task_file(tmp_path / "missing.jsonl")
-    with pytest.raises(SpectraError, match="cannot read the task file"):
+    with pytest.raises(SpectraError, match="missing.jsonl: no such file; give a task file"):
         read_records(tmp_path / "missing.jsonl")
+
+
+def test_a_file_turned_down_unread_is_refused_saying_why(tmp_path: Path) -> None:
+    """Issue 55, item 2: what `is_task_file` turns down before looking at a record — no such file, a directory, bytes
+    that are not UTF-8 (the line they are on), a first line that is not JSON — each refused by `unreadable` as what it
+    is; a readable file of other records passes, for the caller to say it is text."""
+    cases = {"missing.jsonl": None, "": None, "latin.jsonl": b"\n" + json.dumps(kvpress_line()).encode()[:40] + b"\xe9\n",
+             "broken.jsonl": b"\n\n{oops\n" + json.dumps(kvpress_line()).encode() + b"\n"}
+    for name, content in cases.items():
+        if content is not None:
+            (tmp_path / name).write_bytes(content)
+    for name, message in (("missing.jsonl", "data missing.jsonl: no such file; give a task file (.jsonl,"),
+                          ("", f"data {tmp_path} is a directory; give a task file"),
+                          ("latin.jsonl", "latin.jsonl is not UTF-8 text (byte 0xe9 on line 2); a task file is UTF-8"),
+                          ("broken.jsonl", "broken.jsonl line 3 is not JSON: Expecting property name enclosed in "
+                                           "double quotes (column 2); a task file holds one JSON record a line")):
+        path = tmp_path / name
+        assert not is_task_file(path)
+        with pytest.raises(SpectraError) as refused:
+            unreadable(path if name else tmp_path)
+        assert message in str(refused.value).replace(str(tmp_path) + "/", ""), refused.value
+        with pytest.raises(SpectraError) as read:  # reading the records says the same
+            read_records(path if name else tmp_path)
+        assert str(read.value) == str(refused.value)
+    unreadable(write_jsonl(tmp_path / "text.jsonl", [{"text": "hello"}]))
+    unreadable(write_jsonl(tmp_path / "t.txt", ["plain prose"]))
 
 
 def test_the_package_imports_without_torch() -> None:
