@@ -1,7 +1,6 @@
 """Load a model and tokenizer from a hub id or a local directory, switched to the capture attention.
 
-The one module that knows how models are built: their config fields and the names of their attention
-linears (`attention_linears`).
+The one module that knows how models are built: their config fields and their attention linears' names.
 """
 
 from __future__ import annotations
@@ -353,17 +352,14 @@ Rope = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def rope(model: torch.nn.Module) -> Rope | None:
-    """The model's own rotary embedding as a function of positions (its `rotary_emb` module, as transformers' decoders
-    hold it: cos and sin with its scaling, in the model's dtype), or None for a model without one. Presses that
-    rotate statistics to positions beyond the context (expected attention's future queries) read it."""
+    """The model's own rotary embedding as a function of positions (its `rotary_emb`: cos and sin with its scaling, in
+    the model's dtype; a global layer's where local ones differ, Gemma 3), or None for a model without one."""
     if not rotary(model):
         return None
     found = next((module for name, module in model.named_modules() if name.rsplit(".", 1)[-1] == "rotary_emb"), None)
     if found is None:
         return None
     dtype = next(model.parameters()).dtype
-
-    # a model rotating local and global layers apart (Gemma 3) takes the layer kind: a press compresses global ones
     kind = {"layer_type": "full_attention"} if "layer_type" in inspect.signature(found.forward).parameters else {}
 
     def cos_sin(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -380,9 +376,8 @@ ProjectionHook = Callable[[int, str, torch.Tensor], None]
 
 def watch_projections(model: torch.nn.Module, callback: ProjectionHook) -> list:
     """Forward hooks on every attention module's W^Q, W^K, W^V (modules with a layer_idx whose linears are found):
-    `callback` sees each projection's output, before any rotary position encoding — after the query and key norms
-    where the model has them (QK-norm), since RoPE rotates the normed heads. Returns the handles (remove them when
-    done)."""
+    `callback` sees each projection's output before RoPE — after the query and key norms where the model has them
+    (QK-norm: RoPE rotates the normed heads). Returns the handles (remove them when done)."""
     handles = []
     for layer, found in layer_attentions(model):
         for which, linear, norm in (("q", found.w_q, found.q_norm), ("k", found.w_k, found.k_norm),
@@ -393,13 +388,13 @@ def watch_projections(model: torch.nn.Module, callback: ProjectionHook) -> list:
     return handles
 
 
-#: called with (layer, the attention module's input (B, n, D)) before each attention layer runs
+#: called with (layer, the attention module's input (B, n, D)) before each attention layer
 InputHook = Callable[[int, torch.Tensor], None]
 
 
 def watch_inputs(model: torch.nn.Module, callback: InputHook) -> list:
     """Forward pre-hooks on every attention module's W^K (modules with a layer_idx whose linears are found):
-    `callback` sees the attention's input, the hidden states after the layer's input norm (what kvpress's hooks read
-    as `hidden_states`, and what W^Q, W^K and W^V project). Returns the handles (remove them when done)."""
+    `callback` sees the attention's input after the layer's input norm (kvpress's `hidden_states`). Returns the
+    handles (remove them when done)."""
     return [found.w_k.register_forward_pre_hook(lambda _module, inputs, layer=layer: callback(layer, inputs[0]))
             for layer, found in layer_attentions(model)]
