@@ -93,3 +93,13 @@ def budgets_or_default(given: Any, default: tuple[int, ...], n: int) -> tuple[in
 def path_text(value: str | os.PathLike | None) -> str | None:
     """A path given as str or `os.PathLike` (pathlib.Path) as a string; None stays None."""
     return None if value is None else os.fspath(value)
+
+
+def utf8(raw: bytes, said: str, fix: str) -> str:
+    """`raw` as UTF-8 text, or one line: `said` (the file as the message names it) is not UTF-8 text, the first bad
+    byte and its line, then `fix` — so a text is never read with replacement characters."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise SpectraError(f"{said} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}); {fix}") from None

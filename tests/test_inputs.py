@@ -69,3 +69,12 @@ def test_commas_inside_parentheses_belong_to_their_item() -> None:
         with pytest.raises(SpectraError, match=message) as caught:
             items(text, "--presses")
         assert "\n" not in str(caught.value)
+
+
+def test_utf8_names_the_first_bad_byte_and_its_line() -> None:
+    from spectra.errors import SpectraError
+    from spectra.inputs import utf8
+
+    assert utf8("é\n".encode(), "f", "fix it") == "é\n"
+    with pytest.raises(SpectraError, match=r"^f is not UTF-8 text \(byte 0xff on line 2\); fix it$"):
+        utf8(b"ok\n\xff", "f", "fix it")

@@ -32,7 +32,7 @@ import torch
 
 from .. import checkpoints, models, runtime
 from ..errors import SpectraError, spell
-from ..inputs import items
+from ..inputs import items, utf8
 from ..reporter import plural
 from . import artifacts, prefill
 from .presses.expected import SINKS
@@ -76,12 +76,7 @@ def read_text(path: Path) -> str:
         raw = path.read_bytes()
     except OSError as error:
         raise SpectraError(f"{spell('--data', 'data')} {path}: cannot be read ({error.strerror})") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        raise SpectraError(f"{spell('--data', 'data')} {path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line "
-                           f"{line}); convert it (e.g. iconv -t UTF-8) or give another file") from None
+    return utf8(raw, f"{spell('--data', 'data')} {path}", "convert it (e.g. iconv -t UTF-8) or give another file")
 
 
 def text_blocks(tokenizer, data: Sequence[Path], length: int, samples: int,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...errors import SpectraError, spell
+from ...inputs import utf8
 from .family import families, family_of
 
 #: the fields of kvpress's evaluation format; `answers` may be spelled `answer` (kvpress's datasets)
@@ -262,12 +263,7 @@ def _text(path: Path) -> str:
         raw = path.read_bytes()
     except OSError as error:
         raise SpectraError(f"cannot read the task file {path}: {error.strerror}") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        raise SpectraError(f"{path} is not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}); a task file is "
-                           "UTF-8 jsonl: convert it (e.g. iconv -t UTF-8) or give another") from None
+    return utf8(raw, str(path), "a task file is UTF-8 jsonl: convert it (e.g. iconv -t UTF-8) or give another")
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:
