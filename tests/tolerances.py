@@ -21,7 +21,9 @@ largest move of cell i over the perturbed runs; the rules:
   Floors, what the computation guarantees anyway: rtol ≥ 1e-6 (float32 forward passes, ~1e-7 per
   operation), c within 2e-6 (each machine within 1e-6 of a float64 SVD of its P), and rtol 1e-12 for a
   column the perturbations never move (a count or a formula of the settings: another libm may still round
-  its last bit).
+  its last bit); for such a column the check also allows rtol of the column's largest magnitude (an atol of
+  rtol·max|x|): a value zero in theory, an exponent fitted on a constant (~1e-16), rounds at its column's scale
+  (it moved 4e-17 between the baseline's machine and another).
 - **cells** for the discrete columns — success rates (`pr*`: Pr(err ≤ ε) and its interval), histogram
   quantiles (`median`, `p95`: bin edges of a 100-per-decade histogram, or the clipped min/max) and the rank
   counts' moments (`rank90_*`, `rank99_*`) — which move only where a sample sits within rounding of a
@@ -272,6 +274,16 @@ def derive(files: Mapping[str, bytes], perturbed: Sequence[Mapping[str, bytes]],
     return spec
 
 
+def _scaled(want: np.ndarray, tol: Mapping[str, Any]) -> float:
+    """The atol of a continuous tolerance `tol` on a column `want` (all its groups): for one the perturbations never
+    moved (rtol 1e-12, a formula of the settings), at least rtol of the column's largest finite magnitude — a value
+    zero in theory (an exponent fitted on a constant, ~1e-16) rounds at its column's scale, not its own."""
+    finite = np.abs(want[np.isfinite(want)])
+    if tol.get("moved", 1.0) != 0.0 or not finite.size:
+        return tol["atol"]
+    return max(tol["atol"], tol["rtol"] * float(finite.max()))
+
+
 def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float | np.ndarray) -> np.ndarray:
     """Which cells of `got` are within atol + rtol·|want| of `want` (NaN matches NaN, ±inf itself)."""
     with np.errstate(invalid="ignore"):
@@ -321,12 +333,12 @@ def _check_column(name: str, column: str, got: np.ndarray, want: np.ndarray, rul
         ok = np.zeros(want.shape, dtype=bool)
         for label, tol in rule["groups"].items():
             rows = groups == label
-            ok[rows] = _close(got[rows], want[rows], tol["rtol"], tol["atol"])
+            ok[rows] = _close(got[rows], want[rows], tol["rtol"], _scaled(want, tol))
         unknown = ~np.isin(groups, list(rule["groups"]))
         ok[unknown] = False
     else:
         got, want = got.astype(float), want.astype(float)
-        ok = _close(got, want, rule["rtol"], rule["atol"])
+        ok = _close(got, want, rule["rtol"], _scaled(want, rule))
     ok |= ~compared.reshape(-1, *[1] * (want.ndim - 1))
     bad = np.flatnonzero(~ok.reshape(-1))
     if not len(bad):
