@@ -244,7 +244,7 @@ def main() -> None:
     import torch
 
     import spectra
-    from spectra import data, models
+    from spectra import checkpoints, data, models
     from spectra.kv.presses.cam import Cam
     from spectra.kv.presses.compactor import Compactor
     from spectra.kv.presses.eviction import Random
@@ -269,7 +269,7 @@ def main() -> None:
         together = spectra.cache(folder, str(corpus_path), presses=presses, ratios=ratios, out=scratch / "all",
                                  **settings)
         wall_all = time.perf_counter() - started
-        loaded = models.load(folder, device="auto", lm_head=True, gguf_file=GGUF)
+        loaded = models.load(checkpoints.inspect(folder, GGUF), device="auto", lm_head=True)
         corpus = data.open_corpus(str(corpus_path), seed=args.seed)
         blocks = data.sequences(loaded.tokenizer, corpus, args.context + args.continuation, "pack")
         sequences = [ids for _, ids in zip(range(args.samples), blocks)]

@@ -96,7 +96,7 @@ def main() -> None:
     import numpy as np
     import pandas as pd
 
-    from spectra import data, models
+    from spectra import checkpoints, data, models
     from spectra.kv import headpattern
     from spectra.kv.presses.duo import streaming_heads
     from spectra.kv.presses.schedules import export, head_ratios, head_weights, kept_tokens, layer_weights, spectral
@@ -122,7 +122,7 @@ def main() -> None:
         refused = "written"
     except ValueError as error:
         refused = str(error)
-    loaded = models.load(folder, device="cpu", lm_head=False, gguf_file=GGUF)
+    loaded = models.load(checkpoints.inspect(folder, GGUF), device="cpu", lm_head=False)
     text = "".join(Path("/usr/share/common-licenses", name).read_text() for name in ("GPL-3", "Apache-2.0"))
     ids = next(iter(data.sequences(loaded.tokenizer, _corpus(text, scratch), LENGTH, "pack")))
     published = None

@@ -223,7 +223,7 @@ def main() -> None:
 
     import torch
 
-    from spectra import data, models
+    from spectra import checkpoints, data, models
 
     torch.set_num_threads(args.threads)
     scratch = Path(tempfile.mkdtemp(prefix="kvpress_kept_"))
@@ -231,7 +231,7 @@ def main() -> None:
     corpus.write_text("".join(Path("/usr/share/common-licenses", name).read_text() for name in LICENCES))
     folder = smollm2_folder()
     with models.reusing():  # the model loaded once, for the token blocks and spectra's run
-        loaded = models.load(folder, device="auto", lm_head=True, gguf_file=GGUF)
+        loaded = models.load(checkpoints.inspect(folder, GGUF), device="auto", lm_head=True)
         blocks = data.sequences(loaded.tokenizer, data.open_corpus(str(corpus), seed=args.seed),
                                 args.context + args.continuation, "pack")
         sequences = [[int(token) for token in ids] for _, ids in zip(range(args.samples), blocks)]

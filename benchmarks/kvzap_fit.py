@@ -18,7 +18,7 @@ from pathlib import Path
 
 from spectra import models, runtime
 from spectra.kv import artifacts, reconstruction, surrogate
-from spectra.kv.calibration import text_blocks
+from spectra.kv.calibration import ArtifactRequest, text_blocks
 
 
 def main() -> None:
@@ -38,7 +38,9 @@ def main() -> None:
         data = {}
         for what, files, samples in (("fit", args.fit, args.samples), ("held-out", args.held_out,
                                                                        args.held_out_samples)):
-            blocks = text_blocks(loaded.tokenizer, [Path(f) for f in files.split(",")], args.length, samples)
+            request = ArtifactRequest("kvzap", args.model, tuple(Path(f) for f in files.split(",")), args.out,
+                                      args.length, samples, args.threads, None, True, "mlp")
+            blocks = text_blocks(loaded.tokenizer, request)
             started = time.perf_counter()
             data[what] = surrogate.collect(loaded.model, loaded.layers, blocks, repetition)
             print(f"{what}: {len(blocks)} blocks of {args.length} tokens, {data[what][0].shape[1]} rows, "

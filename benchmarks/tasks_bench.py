@@ -174,7 +174,7 @@ def child(args: list[str]) -> dict:
 
 
 def make_tasks(work: Path, length: int, samples: int) -> Path:
-    from spectra.kv.tasks.command import make_tasks as generate
+    from spectra.api import tasks as generate
 
     out = work / f"passkey{length}.jsonl"
     if not out.exists():

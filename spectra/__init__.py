@@ -20,10 +20,8 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree th
 
 #: public name → module that defines it (`module:attribute` where the name differs), besides what the registered
 #: analyses export (each analysis is a function of `spectra.api`, and its finished run's class, `run_type`, comes
-#: from its read side `spectra.report.<name>`); `tasks` and `artifacts` are the `spectra tasks` and
-#: `spectra artifacts` commands' functions
-_EXPORTS = {"SpectraError": "errors", "load_run": "kinds", "tasks": "kv.tasks.command:make_tasks",
-            "artifacts": "kv.calibration:make_artifact"}
+#: from its read side `spectra.report.<name>`); `tasks` and `artifacts` are the functions of the commands of those names
+_EXPORTS = {"SpectraError": "errors", "load_run": "kinds", "tasks": "api", "artifacts": "api"}
 
 
 def _exports() -> dict[str, str]:

@@ -5,19 +5,28 @@ configuration's options and the analysis's own as keywords, exactly the names th
 dashes, plus `progress` (a callback (done, total)) and `notify` (where one-line notices go; default print). It
 returns the finished run, loaded. The keyword signature, defaults and docstring are read from the declarations
 (`spectra.options`), so an option added to an analysis appears here with nothing else to change.
+
+The two commands that are not analyses have their functions here too, written out: `tasks` (`spectra tasks`) and
+`artifacts` (`spectra artifacts`); each hands its keywords to its command as one request.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import modelcache
 from .config import RunConfig
 from .kinds import REGISTRY, Analysis, load_run
 from .options import declared, split
 from .reporter import Progress, Reporter
+
+if TYPE_CHECKING:
+    from .kv.tasks.command import Written
+    from .kv.tasks.generate import Fitted
 
 #: the keywords every function takes beside the options: how the run talks
 TALK = ("progress", "notify")
@@ -84,6 +93,40 @@ def facade(analysis: Analysis) -> Callable[..., Any]:
     function.__doc__ = docstring(analysis)
     function.__signature__ = signature  # type: ignore[attr-defined]
     return function
+
+
+def tasks(model: str, *, tasks: str | Sequence[str] = "all", lengths: str | Sequence[int], samples: int = 10,
+          out: str | Path, haystack: str | Path | Sequence[str | Path] | None = None, seed: int = 0,
+          gguf_file: str | None = None, overwrite: bool = False,
+          progress: Callable[[str, int, list[Fitted]], None] | None = None) -> Written:
+    """Generate `samples` records per task and length for `model`'s tokenizer and write them to `out` (jsonl), as
+    `spectra tasks` does: `tasks` and `lengths` comma-separated or sequences, the essay tasks reading `haystack`
+    (text files or folders, "noise", or by default the licence texts Debian ships); an existing `out` is replaced
+    only with `overwrite`. `progress(task, length, fitted)` after each task and length."""
+    from .kv.tasks.command import TaskRequest, make_tasks
+
+    return make_tasks(TaskRequest(model, tasks, lengths, samples, out, haystack, seed, gguf_file, overwrite), progress)
+
+
+def artifacts(kind: str, model: str, *, data: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike,
+              length: int = 1000, samples: int = 16, threads: int | None = None, gguf_file: str | None = None,
+              overwrite: bool = False, surrogate: str = "mlp", model_cache: bool = True,
+              progress: Callable[[int], None] | None = None, notify: Callable[[str], None] = print) -> Path:
+    """Fit `kind`'s artifact (qfilter, expected_attention_stats, kvzap) for `model` on the text files `data`
+    (`samples` blocks of `length` tokens) and write it to the directory `out` in kvpress's format, as
+    `spectra artifacts` does; `surrogate`: kvzap's, linear or mlp. `data`: a path, several, or a comma-separated
+    string of them (as `--data`); `model_cache`: a GGUF model through the model cache. `progress(blocks)` after each
+    block; `notify`: where one-line notices go (fewer blocks than asked for, the model cache's). Returns the
+    directory written."""
+    from .inputs import items
+    from .kv.calibration import ArtifactRequest, make_artifact
+
+    listed = items(data, "--data") if isinstance(data, str) else [data] if isinstance(data, os.PathLike) else data
+    request = ArtifactRequest(kind, model, tuple(Path(path) for path in listed), Path(out), length, samples, threads,
+                              gguf_file, overwrite, surrogate)
+    reporter = Reporter(notify=notify)
+    with modelcache.using(model_cache, reporter):
+        return make_artifact(request, progress, reporter)
 
 
 def __getattr__(name: str) -> Callable[..., Any]:

@@ -20,7 +20,7 @@ from . import runtime
 from .cli_options import MODEL_CACHE, USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands, notify_stderr
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
-from .reporter import Reporter, plural
+from .reporter import plural
 from .kv.tasks.family import generated, haystack_tasks, listing
 
 app = typer.Typer(
@@ -175,7 +175,8 @@ def tasks_command(
     """Long-context task files generated offline: RULER's synthetic tasks, passkey and InfiniteBench's kv_retrieval,
     fitted to the model's tokens."""
     from .report.console import out as stdout
-    from .kv.tasks.command import haystack_line, make_tasks
+    from .api import tasks as make_tasks
+    from .kv.tasks.command import haystack_line
 
     def progress(task: str, size: int, fitted: list) -> None:
         stdout.print(fitted_line(task, size, [item.tokens for item in fitted]), soft_wrap=True)
@@ -206,13 +207,12 @@ def artifacts_command(
 ) -> None:
     """A press's learned artifact fitted on local text, written where kvpress loads it: Q-Filters, query statistics or
     KVzap's surrogate."""
-    from . import modelcache
     from .report.console import out as stdout
-    from .kv.calibration import make_artifact
+    from .api import artifacts as make_artifact
 
-    with modelcache.using(model_cache, Reporter(notify=notify_stderr)):
-        written = make_artifact(kind, model, data=data, out=out, length=length, samples=samples, threads=threads,
-                                gguf_file=gguf_file, overwrite=overwrite, surrogate=surrogate, notify=notify_stderr)
+    written = make_artifact(kind, model, data=data, out=out, length=length, samples=samples, threads=threads,
+                            gguf_file=gguf_file, overwrite=overwrite, surrogate=surrogate, model_cache=model_cache,
+                            notify=notify_stderr)
     stdout.print(f"wrote {written} ({kind}(DIR) in spectra cache --presses)", soft_wrap=True)
 
 

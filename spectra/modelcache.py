@@ -212,7 +212,7 @@ def save(model: Any, tokenizer: Any, folder: Path) -> None:
             tensors[name] = tensor.detach().contiguous()
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     config = copy.deepcopy(model.config)
-    config.__dict__.pop("quantization_config", None)  # dequantized: the weights are plain floats now
+    vars(config).pop("quantization_config", None)  # the GGUF's quantization: the entry holds float32 weights
     config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -132,37 +132,35 @@ def reusing() -> Iterator[None]:
 
 
 def load(
-    source: str,
+    source: str | checkpoints.Source,
     *,
     device: str | torch.device = "auto",
     dtype: DType | str = DType.FLOAT32,
     lm_head: bool = False,
-    gguf_file: str | None = None,
     trust_remote_code: bool = False,
     tokenizer: transformers.PreTrainedTokenizerBase | None = None,
 ) -> Loaded:
-    """Load `source` (hub id, directory, or GGUF file / directory and `gguf_file`) with the capture attention.
+    """Load `source` (hub id, directory, GGUF file, or what `checkpoints.inspect` found) with the capture attention.
 
     `lm_head` asks for the language-model head: the masked-LM head of an encoder or the causal-LM head of a
     decoder, loaded only when the checkpoint has one (see `Loaded.head`), never freshly initialised. `tokenizer`:
     the source's tokenizer when the caller read it first (`load_tokenizer`), so it is not read twice.
     """
-    key = (source, str(device), str(dtype), lm_head, gguf_file, trust_remote_code)
+    found = source if isinstance(source, checkpoints.Source) else checkpoints.inspect(source)
+    key = (found.where, str(device), str(dtype), lm_head, trust_remote_code)
     if _KEPT is not None and key in _KEPT:
         return _KEPT[key]
-    loaded = _load(source, device=device, dtype=dtype, lm_head=lm_head, gguf_file=gguf_file,
+    loaded = _load(found, device=device, dtype=dtype, lm_head=lm_head,
                    trust_remote_code=trust_remote_code, tokenizer=tokenizer)
     if _KEPT is not None:
         _KEPT[key] = loaded
     return loaded
 
 
-def _files(source: str, gguf_file: str | None,
-           trust_remote_code: bool) -> tuple[checkpoints.Source, str, dict, modelcache.Entry | None]:
-    """(the source's files as found, where transformers reads them, the options it reads them with, the GGUF file's
-    model cache entry or None), the hub prepared and transformers quieted. A GGUF file is checked whole first; where
-    its cache entry is whole, everything is read from the entry."""
-    found = checkpoints.inspect(source, gguf_file)
+def _files(found: checkpoints.Source, trust_remote_code: bool) -> tuple[str, dict, modelcache.Entry | None]:
+    """(where transformers reads the source's files, the options it reads them with, the GGUF file's model cache
+    entry or None), the hub prepared and transformers quieted. A GGUF file is checked whole first; where its cache
+    entry is whole, everything is read from the entry."""
     if not found.local:
         hub.prepare()  # one quick connection attempt; unreachable → the local cache only, no retries
     transformers.logging.set_verbosity_error()
@@ -173,10 +171,10 @@ def _files(source: str, gguf_file: str | None,
         gguffile.quiet()
         cached = modelcache.entry(found.where)
         if cached is not None and cached.ready():
-            return found, str(cached.directory), {"trust_remote_code": trust_remote_code}, cached
-    where = str(found.path) if found.gguf_file else source
+            return str(cached.directory), {"trust_remote_code": trust_remote_code}, cached
+    where = str(found.path) if found.gguf_file else found.given
     options = {"trust_remote_code": trust_remote_code, **({"gguf_file": found.gguf_file} if found.gguf_file else {})}
-    return found, where, options, cached
+    return where, options, cached
 
 
 def _cache(cached: modelcache.Entry, where: str, options: dict,
@@ -197,11 +195,12 @@ def _cache(cached: modelcache.Entry, where: str, options: dict,
     return where, options
 
 
-def load_tokenizer(source: str, *, gguf_file: str | None = None,
+def load_tokenizer(source: str | checkpoints.Source, *,
                    trust_remote_code: bool = False) -> transformers.PreTrainedTokenizerBase:
     """The tokenizer of `source` alone, before its weights load: what a run reads with it (a task file's prompts) is
     checked first, and `load(…, tokenizer=…)` takes it."""
-    _, where, options, _ = _files(source, gguf_file, trust_remote_code)
+    found = source if isinstance(source, checkpoints.Source) else checkpoints.inspect(source)
+    source, (where, options, _) = found.given, _files(found, trust_remote_code)
     try:
         return AutoTokenizer.from_pretrained(where, **options)
     except OSError:
@@ -210,11 +209,12 @@ def load_tokenizer(source: str, *, gguf_file: str | None = None,
         raise SpectraError(f"could not read the tokenizer of '{source}': {str(error).splitlines()[0]}") from None
 
 
-def _load(source: str, *, device: str | torch.device, dtype: DType | str, lm_head: bool, gguf_file: str | None,
+def _load(found: checkpoints.Source, *, device: str | torch.device, dtype: DType | str, lm_head: bool,
           trust_remote_code: bool, tokenizer: transformers.PreTrainedTokenizerBase | None) -> Loaded:
+    source = found.given
     dtype = choose(DType, dtype, "--dtype")
     torch_device = pick_device(device)
-    found, where, options, cached = _files(source, gguf_file, trust_remote_code)
+    where, options, cached = _files(found, trust_remote_code)
     if cached is not None and "gguf_file" in options:
         where, options = _cache(cached, where, options, tokenizer)
     try:

@@ -82,8 +82,8 @@ class ModelSource(OfLoadedModel):
 
     def start(self) -> None:
         config = self.config
-        self.loaded = models.load(config.model, device=self.where, dtype=config.dtype, lm_head=self.lm_head,
-                                  gguf_file=config.gguf_file, trust_remote_code=config.trust_remote_code)
+        self.loaded = models.load(checkpoints.inspect(config.model, config.gguf_file), device=self.where,
+                                  dtype=config.dtype, lm_head=self.lm_head, trust_remote_code=config.trust_remote_code)
         share = data.unknown_share(self.loaded.tokenizer, self.corpus.documents)
         if share > data.MAX_UNKNOWN_SHARE:
             raise SpectraError(

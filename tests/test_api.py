@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import types
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+import typer
 from transformers import AutoModel, AutoTokenizer
 
 import spectra
@@ -228,8 +230,16 @@ def test_every_analysis_exports_its_run_class() -> None:
 
 def test_every_command_has_its_function() -> None:
     """Issue 37, item 4: `spectra.tasks` is the `spectra tasks` command's function (it raised AttributeError while
-    a package of that name stood under spectra/), beside one function per registered analysis."""
-    from spectra.kv.tasks.command import make_tasks
+    a package of that name stood under spectra/), beside one function per registered analysis; issue 54, item 4:
+    `spectra.artifacts` is the `spectra artifacts` command's, with the command's options as keywords."""
+    from spectra import api, cli
 
-    assert spectra.tasks is make_tasks and "tasks" in dir(spectra)
+    assert spectra.tasks is api.tasks and "tasks" in dir(spectra)
+    assert spectra.artifacts is api.artifacts and "artifacts" in dir(spectra)
+    for name in ("tasks", "artifacts"):  # every option of the command is a keyword of the function, and no more
+        command = typer.main.get_command(cli.app).commands[name]
+        renamed = {"length": "lengths"} if name == "tasks" else {}  # spectra tasks --length takes several
+        options = {renamed.get(parameter.name, parameter.name) for parameter in command.params}
+        keywords = set(inspect.signature(getattr(spectra, name)).parameters)
+        assert "progress" in keywords and options == keywords - set(api.TALK), name  # beside how the run talks
     assert spectra.evaluate.__name__ == "evaluate" and spectra.cache.__name__ == "cache"

@@ -80,6 +80,7 @@ def test_the_cached_model_is_the_gguf_model_bitwise(tiny_gguf, cache, monkeypatc
     assert lines == [f"model cache: wrote {tiny_gguf.name} dequantized to {entry.directory} "
                      f"({modelcache.size_text(size)}); later starts load it from there"]
     assert_same(first, fresh)
+    assert "quantization_config" not in json.loads((entry.directory / "config.json").read_text())  # float32 weights
     no_dequantization(monkeypatch)
     with pytest.raises(AssertionError, match="the GGUF file was read again"):  # the guard bites
         load(tiny_gguf, enabled=False)

@@ -92,3 +92,15 @@ def test_tests_mirror_the_package() -> None:
             continue
         mirror = TESTS / path.relative_to(PACKAGE).parent / f"test_{path.name}"
         assert mirror.exists(), f"{path.relative_to(PACKAGE.parent)} has no test file {mirror.relative_to(TESTS.parent)}"
+
+
+def test_the_model_file_and_the_sample_count_are_declared_once() -> None:
+    """Issue 54, item 4: below the front ends (cli.py, api.py) a function takes the object that carries `gguf_file`
+    (a `checkpoints.Source`, a `RunConfig`, a command's request) rather than declaring it again; `checkpoints.inspect`
+    alone turns a model and its GGUF file into a Source, and the task generator alone takes a count of `samples`."""
+    facades = {"spectra", "spectra.cli", "spectra.api"}
+    for option, home in (("gguf_file", {"spectra.checkpoints"}), ("samples", {"spectra.kv.tasks.generate"})):
+        declaring = {name for name, tree in modules().items() if name not in facades
+                     for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and option in [arg.arg for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]}
+        assert declaring == home, f"{option} is a parameter in {sorted(declaring)}"

@@ -161,8 +161,8 @@ class Evaluate(PressStudy):
         if said is not None:
             reporter.notify(said)
 
-        return TaskProbe(source, options.presses, options.ratios, config.seed, len(source.records),
-                         options.compression_interval, int(options.decode_memory * 2**30), reporter)
+        return TaskProbe(source, options.presses, options.ratios, config.seed, options.compression_interval,
+                         int(options.decode_memory * 2**30), reporter)
 
     def check_loaded(self, config: RunConfig, options: EvaluateOptions, source) -> None:
         """Also: --decode-memory must hold the largest cell of the longest example (its full cache), before any

@@ -24,27 +24,45 @@ analyze says a corpus that yields fewer sequences).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import checkpoints, models, runtime
 from ..errors import SpectraError, spell
-from ..inputs import items, utf8
-from ..reporter import plural
+from ..inputs import utf8
+from ..reporter import Reporter, plural
 from . import artifacts, prefill
 from .presses.expected import SINKS
 from .presses.rerotation import rotate_half
 
 
-def check_request(kind: str, data: Sequence[Path], out: Path, length: int, samples: int, overwrite: bool,
-                  surrogate: str = "mlp") -> None:
+@dataclass(frozen=True)
+class ArtifactRequest:
+    """What `spectra artifacts` fits (`spectra.artifacts`'s keywords): the artifact `kind` of `model` (its
+    `gguf_file` inside a directory) on `samples` blocks of `length` tokens of the text files `data`, written to the
+    directory `out`; `surrogate`: kvzap's, linear or mlp."""
+
+    kind: str
+    model: str
+    data: tuple[Path, ...]
+    out: Path
+    length: int
+    samples: int
+    threads: int | None
+    gguf_file: str | None
+    overwrite: bool
+    surrogate: str
+
+
+def check_request(request: ArtifactRequest) -> None:
     """Refuse (one line) what cannot be fitted or written, before anything loads."""
     from ..rundir import check_writable
     from .surrogate import KINDS
 
+    kind, data, out, length, surrogate = request.kind, request.data, request.out, request.length, request.surrogate
     if kind not in artifacts.FORMATS:
         raise SpectraError(f"unknown artifact '{kind}'; choose one of {', '.join(artifacts.FORMATS)}")
     if surrogate not in KINDS:
@@ -59,11 +77,11 @@ def check_request(kind: str, data: Sequence[Path], out: Path, length: int, sampl
     fewest = {"expected_attention_stats": SINKS + 2, "kvzap": 2 * SINKS}.get(kind, 2)
     if isinstance(length, bool) or length < fewest:
         raise SpectraError(f"{spell('--length', 'length')} must be ≥ {fewest} tokens, got {length}")
-    if isinstance(samples, bool) or samples < 1:
-        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
+    if isinstance(request.samples, bool) or request.samples < 1:
+        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {request.samples}")
     if out.exists() and not out.is_dir():
         raise SpectraError(f"{spell('--out', 'out')} {out} is a file; give a directory")
-    if out.exists() and not overwrite:
+    if out.exists() and not request.overwrite:
         raise SpectraError(f"{spell('--out', 'out')} {out} already exists; pass "
                            f"{spell('--overwrite', 'overwrite=True')} to replace it or choose another")
     check_writable(out, "--out")
@@ -79,14 +97,13 @@ def read_text(path: Path) -> str:
     return utf8(raw, f"{spell('--data', 'data')} {path}", "convert it (e.g. iconv -t UTF-8) or give another file")
 
 
-def text_blocks(tokenizer, data: Sequence[Path], length: int, samples: int,
-                notify: Callable[[str], None] = print) -> list[torch.Tensor]:
+def text_blocks(tokenizer, request: ArtifactRequest, reporter: Reporter = Reporter()) -> list[torch.Tensor]:
     """Up to `samples` blocks of `length` tokens, cut in order from the files' tokens (each file on its own). Fewer
     than asked for are fitted on, said in one notice line (as analyze says a corpus that yields fewer sequences); none
     is refused."""
     blocks: list[torch.Tensor] = []
-    tokens = 0
-    for path in data:
+    length, samples, tokens = request.length, request.samples, 0
+    for path in request.data:
         ids = tokenizer.encode(read_text(path), add_special_tokens=False)
         tokens += len(ids)
         for start in range(0, len(ids) - length + 1, length):
@@ -97,7 +114,7 @@ def text_blocks(tokenizer, data: Sequence[Path], length: int, samples: int,
         raise SpectraError(f"{spell('--data', 'data')} holds no block of {length} tokens (it holds {tokens}); give "
                            f"longer text or a smaller {spell('--length', 'length')}")
     if len(blocks) < samples:
-        notify(f"the text yields {plural(len(blocks), 'block')} of {length} tokens of the {samples} asked for "
+        reporter.notify(f"the text yields {plural(len(blocks), 'block')} of {length} tokens of the {samples} asked for "
                f"({tokens} tokens in all); the artifact is fitted on {'it' if len(blocks) == 1 else 'them'} (more "
                "text or a smaller --length gives more blocks, a smaller --samples asks for fewer)")
     return blocks
@@ -176,27 +193,21 @@ def fit(kind: str, model: torch.nn.Module, layers: int, blocks: Sequence[torch.T
     return found.result()
 
 
-def make_artifact(kind: str, model: str, *, data: str | os.PathLike | Sequence[str | os.PathLike],
-                  out: str | os.PathLike, length: int = 1000, samples: int = 16, threads: int | None = None,
-                  gguf_file: str | None = None, overwrite: bool = False,
-                  progress: Callable[[int], None] | None = None, surrogate: str = "mlp",
-                  notify: Callable[[str], None] = print) -> Path:
-    """Fit `kind`'s artifact for `model` on the text files `data` (`samples` blocks of `length` tokens) and write
-    it to the directory `out`, in kvpress's format (see the module docstring); `surrogate`: kvzap's, linear or mlp.
-    `data`: a path, several, or a comma-separated string of them (as `--data`); `progress(blocks done)` after each
-    block; `notify`: where the one-line notice of fewer blocks than asked for goes. Returns the directory written.
-    The command `spectra artifacts` is this function (`spectra.artifacts`)."""
-    listed = items(data, "--data") if isinstance(data, str) else [data] if isinstance(data, os.PathLike) else data
-    paths, out = [Path(path) for path in listed], Path(out)
-    check_request(kind, paths, out, length, samples, overwrite, surrogate)
-    source = checkpoints.inspect(model, gguf_file)
+def make_artifact(request: ArtifactRequest, progress: Callable[[int], None] | None = None,
+                  reporter: Reporter = Reporter()) -> Path:
+    """Fit the artifact `request` asks for and write it to its directory, in kvpress's format (see the module
+    docstring); `progress(blocks done)` after each block; `reporter`: where the one-line notice of fewer blocks
+    than asked for goes. Returns the directory written."""
+    check_request(request)
+    kind, paths, out, length = request.kind, request.data, request.out, request.length
+    source = checkpoints.inspect(request.model, request.gguf_file)
     shape = source.shape()
     if shape.causal is False:
         raise SpectraError(f"{source.label} is an encoder: a press's artifact belongs to a decoder's cache")
     if shape.positions is not None and length > shape.positions:
         raise SpectraError(f"{spell('--length', 'length')} {length} is beyond the {shape.positions} positions of "
                            f"{source.label}")
-    tokenizer = models.load_tokenizer(model, gguf_file=gguf_file)  # the blocks are cut before the weights load
+    tokenizer = models.load_tokenizer(source)  # the blocks are cut before the weights load
     if kind == "kvzap":
         from . import reconstruction
 
@@ -205,14 +216,14 @@ def make_artifact(kind: str, model: str, *, data: str | os.PathLike | Sequence[s
             raise SpectraError(f"{spell('--length', 'length')} {length} leaves too few tokens after the "
                                f"{repetition.prefix} of {source.label}'s chat template opening, which KVzip does "
                                f"not score; give at least {repetition.prefix + SINKS + 1}")
-    blocks = text_blocks(tokenizer, paths, length, samples, notify)
-    with runtime.threads(threads):
-        loaded = models.load(model, device="cpu", gguf_file=gguf_file, tokenizer=tokenizer)
+    blocks = text_blocks(tokenizer, request, reporter)
+    with runtime.threads(request.threads):
+        loaded = models.load(source, device="cpu", tokenizer=tokenizer)
         if kind == "kvzap":
             from . import surrogate as surrogates
 
             states, scores = surrogates.collect(loaded.model, loaded.layers, blocks, repetition, progress)
-            tensors, config = surrogates.fit(states, scores, surrogate)
+            tensors, config = surrogates.fit(states, scores, request.surrogate)
             return artifacts.write(out, tensors, config)
         if not models.rotary(loaded.model):
             raise SpectraError(f"{loaded.name} has no rotary position embedding (RoPE): {kind} scores post-RoPE "

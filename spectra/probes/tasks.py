@@ -87,28 +87,29 @@ class Answering:
 
 
 class TaskProbe(Probe):
-    """Every (press, ratio) of `presses` × `ratios` beside the full cache on the first `samples` examples of
-    `source`; `seed` is the run's (bootstrap intervals draw from it)."""
+    """Every (press, ratio) of `presses` × `ratios` beside the full cache on every example of `source` (the records
+    the run evaluates); `seed` is the run's (bootstrap intervals draw from it)."""
 
     def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
-                 samples: int, compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
+                 compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
                  reporter: Reporter | None = None) -> None:
         self.source, self.seed, self.decode_memory, self.reporter = source, seed, decode_memory, reporter
         self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=source.layers)
         self.variants = self.cells.variants
-        self.examples = source.examples[:samples]
+        self.examples = list(source.examples)
         # one item per (example, question): a single-question example has one, a many-question record one a question
         self.items = [(position, asked) for position, example in enumerate(self.examples)
                       for asked, _, _ in example.asked]
         self.first_item = np.cumsum([0] + [len(example.asked) for example in self.examples])
         layers, kv_heads, cells, items = source.layers, source.kv_heads, len(self.variants), len(self.items)
+        examples = len(self.examples)
         tokens = max(example.record.max_new_tokens for example in self.examples)
         self.ids = np.zeros((cells, items, tokens), dtype=np.int64)  # token id + 1; 0: no token
-        self.done = np.zeros(samples)
-        self.kept = np.zeros((cells, samples))
-        self.bytes = np.zeros((cells, samples, 2))  # the compressed context cache's bytes, the full one's
+        self.done = np.zeros(examples)
+        self.kept = np.zeros((cells, examples))
+        self.bytes = np.zeros((cells, examples, 2))  # the compressed context cache's bytes, the full one's
         self.survival = np.zeros((cells, items, layers, kv_heads))  # each question's needle
-        self.head_kept = np.zeros((cells, samples, layers, kv_heads))  # share of context rows each head keeps
+        self.head_kept = np.zeros((cells, examples, layers, kv_heads))  # share of context rows each head keeps
         self.mass = np.zeros((items, layers, kv_heads))
         self.seconds = np.zeros((cells, 2))  # compressing, decoding
         self.prefills: list[list[Prefill]] = []  # per example of the batch, every layer's prefill so far

@@ -15,7 +15,8 @@ import torch
 
 from spectra.errors import SpectraError
 from spectra.kv import artifacts
-from spectra.kv.calibration import QFilterFit, StatisticsFit, make_artifact
+from spectra import api
+from spectra.kv.calibration import QFilterFit, StatisticsFit
 from spectra.kv.presses.expected import SINKS
 
 
@@ -88,7 +89,7 @@ def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: 
     blocks = [tokens[i * length:(i + 1) * length] for i in range(samples)]
     pre, post = model_queries(llama_dir, blocks)
     layers, heads, _, dim = pre[0].shape
-    written = make_artifact("qfilter", str(llama_dir), data=[text_file], out=tmp_path / "qf", length=length,
+    written = api.artifacts("qfilter", str(llama_dir), data=[text_file], out=tmp_path / "qf", length=length,
                             samples=samples)
     config = json.loads((written / artifacts.CONFIG_FILE).read_text())
     assert config == {"num_layers": layers, "num_kv_heads": 2, "kv_head_dim": dim}
@@ -99,7 +100,7 @@ def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: 
             stacked = np.concatenate([block[layer, head * groups:(head + 1) * groups].reshape(-1, dim)
                                       for block in post])
             np.testing.assert_allclose(filters[layer, head], numpy_filter(stacked), atol=1e-4)
-    stats = make_artifact("expected_attention_stats", str(llama_dir), data=[text_file], out=tmp_path / "st",
+    stats = api.artifacts("expected_attention_stats", str(llama_dir), data=[text_file], out=tmp_path / "st",
                           length=length, samples=samples)
     found = artifacts.load("expected_attention_stats", stats)
     assert json.loads((stats / artifacts.CONFIG_FILE).read_text())["n_sink"] == SINKS
@@ -124,10 +125,10 @@ def test_bad_requests_are_refused_before_the_model_loads(text_file: Path, tmp_pa
                                                         "convert it")]
     for kind, data, out, length, samples, message in cases:
         with pytest.raises(SpectraError, match=message):
-            make_artifact(kind, nowhere, data=data, out=out, length=length, samples=samples)
+            api.artifacts(kind, nowhere, data=data, out=out, length=length, samples=samples)
     (tmp_path / "taken").mkdir()
     with pytest.raises(SpectraError, match="already exists"):
-        make_artifact("qfilter", nowhere, data=[text_file], out=tmp_path / "taken")
+        api.artifacts("qfilter", nowhere, data=[text_file], out=tmp_path / "taken")
 
 
 def test_text_of_fewer_blocks_than_asked_is_fitted_on_and_said(llama_dir: Path, text_file: Path, tmp_path: Path,
@@ -149,7 +150,7 @@ def test_text_of_fewer_blocks_than_asked_is_fitted_on_and_said(llama_dir: Path, 
     assert 8 < length and tokens < 127, tokens
     text_file = short
     notices: list[str] = []
-    written = make_artifact("expected_attention_stats", str(llama_dir), data=[text_file], out=tmp_path / "st",
+    written = api.artifacts("expected_attention_stats", str(llama_dir), data=[text_file], out=tmp_path / "st",
                             length=length, samples=16, notify=notices.append)
     assert json.loads((written / artifacts.CONFIG_FILE).read_text())["num_samples"] == 3
     assert notices == [f"the text yields 3 blocks of {length} tokens of the 16 asked for ({tokens} tokens in all); the "
@@ -176,7 +177,7 @@ def test_the_command_has_its_python_function(llama_dir: Path, text_file: Path, t
     command's own function; --data's comma-separated string, one path or a list of them are alike."""
     import spectra
 
-    assert spectra.artifacts is make_artifact and "artifacts" in dir(spectra)
+    assert spectra.artifacts is api.artifacts and "artifacts" in dir(spectra)
     runs = {"string": str(text_file), "path": text_file, "list": [str(text_file)]}
     found = {name: spectra.artifacts("qfilter", str(llama_dir), data=data, out=tmp_path / name, length=24, samples=2)
              for name, data in runs.items()}

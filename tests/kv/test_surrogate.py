@@ -16,7 +16,8 @@ from scipy.stats import spearmanr
 
 from spectra.errors import SpectraError
 from spectra.kv import artifacts, prefill, reconstruction, surrogate
-from spectra.kv.calibration import make_artifact, text_blocks
+from spectra import api
+from spectra.kv.calibration import ArtifactRequest, text_blocks
 from spectra.kv.presses.kvzap import surrogate_scores
 
 
@@ -86,7 +87,7 @@ def test_quality_is_r2_of_log_scores_and_spearman_of_scores() -> None:
 
 def test_an_unknown_surrogate_is_refused(text_file: Path, tmp_path: Path) -> None:
     with pytest.raises(SpectraError, match="surrogate must be one of linear, mlp .* got 'cubic'"):
-        make_artifact("kvzap", "/nonexistent/model", data=[text_file], out=tmp_path / "z", surrogate="cubic")
+        api.artifacts("kvzap", "/nonexistent/model", data=[text_file], out=tmp_path / "z", surrogate="cubic")
 
 
 def test_the_rows_are_the_sinks_and_the_reconstructed_positions() -> None:
@@ -100,10 +101,12 @@ def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: 
     from spectra import models
 
     length, samples = 24, 2
-    written = make_artifact("kvzap", str(llama_dir), data=[text_file], out=tmp_path / "zap", length=length,
+    written = api.artifacts("kvzap", str(llama_dir), data=[text_file], out=tmp_path / "zap", length=length,
                             samples=samples, surrogate="linear")
     loaded = models.load(str(llama_dir), device="cpu")
-    blocks = text_blocks(loaded.tokenizer, [text_file], length, samples)
+    request = ArtifactRequest("kvzap", str(llama_dir), (text_file,), tmp_path / "zap", length, samples, None, None,
+                              False, "linear")
+    blocks = text_blocks(loaded.tokenizer, request)
     repetition = reconstruction.Repetition.of(loaded.tokenizer)
     rows = surrogate.scored_rows(length, repetition.prefix)
     model = AutoModelForCausalLM.from_pretrained(llama_dir).eval()  # the hidden states read by transformers alone
@@ -126,7 +129,7 @@ def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: 
         weight, bias = surrogate.ridge(states[layer], surrogate.targets(scores[layer]))
         torch.testing.assert_close(tensors[f"layers.{layer}.weight"], weight.float(), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(tensors[f"layers.{layer}.bias"], bias.float(), rtol=1e-4, atol=1e-4)
-    mlp = make_artifact("kvzap", str(llama_dir), data=[text_file], out=tmp_path / "mlp", length=length,
+    mlp = api.artifacts("kvzap", str(llama_dir), data=[text_file], out=tmp_path / "mlp", length=length,
                         samples=samples)
     assert artifacts.SURROGATE.shape(mlp) == {"layers": 2, "hidden": 32, "kv_heads": 2}
     assert json.loads((mlp / artifacts.CONFIG_FILE).read_text())["hidden_dim"] == surrogate.WIDTH
@@ -151,5 +154,5 @@ def test_blocks_no_longer_than_the_chat_templates_opening_are_refused(text_file:
     assert prefix + reconstruction.SINKS >= 8  # beyond check_request's least length, so this check is the one
     with pytest.raises(SpectraError, match=f"length {prefix + 4} leaves too few tokens after the {prefix} of "
                                            f".*give at least {prefix + 5}"):
-        make_artifact("kvzap", str(chat), data=[text_file], out=tmp_path / "zap", length=prefix + 4, samples=1)
+        api.artifacts("kvzap", str(chat), data=[text_file], out=tmp_path / "zap", length=prefix + 4, samples=1)
     assert not (tmp_path / "zap").exists()

@@ -34,7 +34,7 @@ def probed(tmp_path_factory):
     source = TaskSource(RunConfig(str(chat_decoder), str(path), batch_size=2), "cpu", read_records(path),
                         query_aware=False, reads=Reads(), windowed=False)
     source.start()
-    probe = TaskProbe(source, PRESSES, RATIOS, 0, 3)  # two examples' cells decoded together, then the third's
+    probe = TaskProbe(source, PRESSES, RATIOS, 0)  # two examples' cells decoded together, then the third's
     for batch in source.batches(3):
         source.run(batch, probe)
         probe.after_batch(batch)
@@ -123,7 +123,7 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
 
     source, _ = probed
     for interval in (1000, 1):
-        probe = TaskProbe(source, ("decoding(knorm)",), (0.5,), 0, 3, compression_interval=interval)
+        probe = TaskProbe(source, ("decoding(knorm)",), (0.5,), 0, compression_interval=interval)
         for batch in map(TaskBatch, ([0], [1], [2])):  # one example a batch
             source.run(batch, probe)
             prefills = probe.prefills[0]  # the batch's one example, every layer
@@ -153,7 +153,7 @@ def probe_of(model, path, records, presses, ratios, double=False, batch_size=1, 
     source.start()
     if double:
         source.loaded.model.double()
-    probe = TaskProbe(source, presses, ratios, 0, len(records), compression_interval=interval)
+    probe = TaskProbe(source, presses, ratios, 0, compression_interval=interval)
     for batch in source.batches(len(records)):
         source.run(batch, probe)
         probe.after_batch(batch)

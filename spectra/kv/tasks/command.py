@@ -23,6 +23,23 @@ from .haystack import Haystack
 
 
 @dataclass(frozen=True)
+class TaskRequest:
+    """What `spectra tasks` is asked for (`spectra.tasks`'s keywords), as given: `samples` records per task of `tasks`
+    and length of `lengths` for `model`'s tokenizer (its `gguf_file` inside a directory), the essay tasks reading
+    `haystack`, written to `out` (replaced only with `overwrite`); `make_tasks` checks each in one line."""
+
+    model: str
+    tasks: str | Sequence[str]
+    lengths: str | Sequence[int]
+    samples: int
+    out: str | Path
+    haystack: str | Path | Sequence[str | Path] | None
+    seed: int
+    gguf_file: str | None
+    overwrite: bool
+
+
+@dataclass(frozen=True)
 class Written:
     """What `make_tasks` wrote: the file, its records (with sizes and token counts), the model's positions, the
     essay tasks' `haystack` and what the user should know of them (`notes`: a haystack text repeated to fill the
@@ -74,10 +91,11 @@ def check_out(out: Path, overwrite: bool) -> Path:
     return out
 
 
-def load_tokenizer(model: str, gguf_file: str | None, lengths: Sequence[int]):
-    """(tokenizer, positions) of `model`, after checking `lengths` against its positions where its files tell
-    them before the tokenizer loads (a local config.json or GGUF header), else right after from its config."""
-    source = checkpoints.inspect(model, gguf_file, weights=False)  # a config and a tokenizer are enough
+def load_tokenizer(request: TaskRequest, lengths: Sequence[int]):
+    """(tokenizer, positions) of the request's model, after checking `lengths` against its positions where its files
+    tell them before the tokenizer loads (a local config.json or GGUF header), else right after from its config."""
+    model = request.model  # a config and a tokenizer are enough:
+    source = checkpoints.inspect(model, request.gguf_file, weights=False)
     shape = source.shape()
     if shape.causal is False:
         raise SpectraError(f"{source.label} is not a decoder: the task protocol decodes answers (spectra tasks "
@@ -110,24 +128,20 @@ def load_tokenizer(model: str, gguf_file: str | None, lengths: Sequence[int]):
     return tokenizer, positions
 
 
-def make_tasks(model: str, *, tasks: str | Sequence[str] = "all", lengths: str | Sequence[int],
-               samples: int = 10, out: str | Path, haystack: str | Path | Sequence[str | Path] | None = None,
-               seed: int = 0,
-               gguf_file: str | None = None, overwrite: bool = False,
-               progress: Callable[[str, int, list[Fitted]], None] | None = None) -> Written:
-    """Generate `samples` records per task and length for `model`'s tokenizer and write them to `out` (jsonl); an
-    existing `out` is replaced only with `overwrite`, as a run directory is. The essay tasks read `haystack`: text
-    files or folders (comma-separated in a string), "noise", or by default the licence texts Debian ships
+def make_tasks(request: TaskRequest, progress: Callable[[str, int, list[Fitted]], None] | None = None) -> Written:
+    """Generate the request's records for its model's tokenizer and write them to its `out` (jsonl); an existing
+    `out` is replaced only with `overwrite`, as a run directory is. The essay tasks read `haystack`: text files or
+    folders (comma-separated in a string), "noise", or by default the licence texts Debian ships
     (`generate.choose_haystack`)."""
-    names, sizes = parse_tasks(tasks), parse_lengths(lengths)
-    if samples < 1:
-        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {samples}")
-    if seed < 0:
-        raise SpectraError(f"{spell('--seed', 'seed')} must be ≥ 0, got {seed}")
-    stack = choose_haystack(haystack, names)
-    out = check_out(Path(out), overwrite)
-    tokenizer, positions = load_tokenizer(model, gguf_file, sizes)
-    fitted = generate(tokenizer, names, sizes, samples, seed, stack, progress)
+    names, sizes = parse_tasks(request.tasks), parse_lengths(request.lengths)
+    if request.samples < 1:
+        raise SpectraError(f"{spell('--samples', 'samples')} must be ≥ 1, got {request.samples}")
+    if request.seed < 0:
+        raise SpectraError(f"{spell('--seed', 'seed')} must be ≥ 0, got {request.seed}")
+    stack = choose_haystack(request.haystack, names)
+    out = check_out(Path(request.out), request.overwrite)
+    tokenizer, positions = load_tokenizer(request, sizes)
+    fitted = generate(tokenizer, names, sizes, request.samples, request.seed, stack, progress)
     check_repeats(fitted, stack)
     note = haystack_note(fitted, stack)
     return Written(write_records(out, [item.record for item in fitted]), fitted, positions, stack,

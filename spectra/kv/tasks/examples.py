@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from ... import data, distributed, models
+from ... import checkpoints, data, distributed, models
 from .. import batching, prefill, reconstruction
 from ...config import RunConfig
 from ...errors import SpectraError, spell
@@ -143,13 +143,12 @@ class TaskSource(OfLoadedModel):
         """Read every record's prompt with the model's tokenizer, refuse a question longer than a press reading it
         can take (`check_questions`) before the weights load, then load them and refuse what does not fit."""
         config = self.config
-        tokenizer = models.load_tokenizer(config.model, gguf_file=config.gguf_file,
-                                          trust_remote_code=config.trust_remote_code)
+        found = checkpoints.inspect(config.model, config.gguf_file)
+        tokenizer = models.load_tokenizer(found, trust_remote_code=config.trust_remote_code)
         self.examples = [prepare(tokenizer, record, self.query_aware) for record in self.records]
         self.check_questions()
-        self.loaded = models.load(config.model, device=self.where, dtype=config.dtype, lm_head=True,
-                                  gguf_file=config.gguf_file, trust_remote_code=config.trust_remote_code,
-                                  tokenizer=tokenizer)
+        self.loaded = models.load(found, device=self.where, dtype=config.dtype, lm_head=True,
+                                  trust_remote_code=config.trust_remote_code, tokenizer=tokenizer)
         loaded = self.loaded
         if not loaded.causal or loaded.head is None:
             raise SpectraError(f"{loaded.name} is not a causal language model: the task protocol decodes answers")

@@ -11,7 +11,7 @@ import pytest
 import tiny
 
 from spectra.kv.tasks import haystack as haystack_module
-from spectra.kv.tasks.command import make_tasks
+from spectra import api
 from spectra.kv.tasks.generate import MOST_REPEATS
 from spectra.kv.tasks.haystack import NOISE
 from spectra.kv.tasks.records import read_records
@@ -40,7 +40,7 @@ def test_a_folder_with_a_config_and_a_tokenizer_but_no_weights_is_enough(chat_de
 
     shape = tmp_path / "shape-only"
     shutil.copytree(chat_decoder, shape, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
-    files = [make_tasks(str(model), tasks="passkey", lengths=[512], samples=1, out=tmp_path / f"{i}.jsonl").path
+    files = [api.tasks(str(model), tasks="passkey", lengths=[512], samples=1, out=tmp_path / f"{i}.jsonl").path
              for i, model in enumerate((chat_decoder, shape))]
     assert files[0].read_text() == files[1].read_text()
 
@@ -145,7 +145,7 @@ def test_without_the_licence_texts_the_default_is_refused(long_decoder: Path, tm
 
 
 def test_the_api_returns_what_it_wrote(chat_decoder: Path, tmp_path: Path) -> None:
-    written = make_tasks(str(chat_decoder), tasks=["vt"], lengths=[2048], samples=1, out=tmp_path / "t.jsonl")
+    written = api.tasks(str(chat_decoder), tasks=["vt"], lengths=[2048], samples=1, out=tmp_path / "t.jsonl")
     assert written.positions == 4096 and [f.record for f in written.fitted] == read_records(written.path)
 
 
@@ -216,7 +216,7 @@ def test_an_existing_file_is_replaced_only_with_overwrite(chat_decoder: Path, tm
     code, _, stderr = tiny.run_cli(argv + ["--overwrite"], monkeypatch, capsys)
     assert code == 0 and len(read_records(out)) == 1, stderr
     with pytest.raises(Exception, match="already exists; pass overwrite=True"):
-        make_tasks(str(chat_decoder), tasks="vt", lengths=[2048], samples=1, out=out)
+        api.tasks(str(chat_decoder), tasks="vt", lengths=[2048], samples=1, out=out)
 
 
 @pytest.mark.parametrize("option, value", [("--tasks", "passkey,,"), ("--length", "1024,")])
