@@ -1,0 +1,66 @@
+"""What a leaderboard's haystack does to it: the same presses on the same needles in RULER's noise and in prose.
+
+    spectra tasks $GGUF --tasks niah_single_2,niah_single_3,niah_multikey_1 --length 1024 --samples 50 --out prose.jsonl
+    spectra tasks $GGUF --tasks niah_single_2,niah_single_3,niah_multikey_1 --length 1024 --samples 50 \\
+        --haystack noise --out noise.jsonl
+    spectra evaluate $GGUF --data prose.jsonl --presses snapkv,keydiff --ratios 0.5,0.875 --out runs/prose
+    spectra evaluate $GGUF --data noise.jsonl --presses snapkv,keydiff --ratios 0.5,0.875 --out runs/noise
+    python analyses/haystacks.py --noise runs/noise --prose runs/prose [--csv haystacks.csv]
+
+The two task files hide the same needles (keys, values, depths) and differ only in the haystack; the prose arm may
+hold more records (a leaderboard's file whose first tasks are the noise file's), and each arm may be several runs
+of its file (pooled as the leaderboard pools them). Printed: per press and ratio the score on noise and on prose
+with 95% intervals, the paired difference prose − noise [95% interval over the needles, task-stratified], the share
+of needles whose score changed; then each press's mean over the ratios and rank on each haystack, and Kendall's τ
+between the two rankings with its interval (`spectra.report.haystacks`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pandas as pd
+
+import spectra
+from spectra.errors import SpectraError
+from spectra.report import leaderboard
+from spectra.report.console import out, print_frame
+from spectra.report.evaluate import with_interval
+from spectra.report.haystacks import compared, paired, ranked
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--noise", nargs="+", required=True, help="Task runs of the file whose essays read noise.")
+    parser.add_argument("--prose", nargs="+", required=True, help="Task runs of the file whose essays read prose.")
+    parser.add_argument("--csv", default=None, help="Also write the per-cell table here.")
+    args = parser.parse_args(argv)
+    try:
+        noise, prose = ([spectra.load_run(path) for path in paths] for paths in (args.noise, args.prose))
+        rows = paired(noise, prose)
+        seed = leaderboard.seed_of(noise)
+        table, (order, tau) = compared(rows, seed), ranked(rows, seed)
+    except SpectraError as error:
+        print(f"error: {error.for_cli()}", file=sys.stderr)
+        return 2
+    shown = pd.DataFrame({
+        "press": table["press"], "ratio": table["ratio"],
+        "noise": [with_interval(*v) for v in zip(table["noise"], table["noise_low"], table["noise_high"])],
+        "prose": [with_interval(*v) for v in zip(table["prose"], table["prose_low"], table["prose_high"])],
+        "prose − noise": [with_interval(*v, sign="+") for v in zip(table["delta"], table["delta_low"],
+                                                                    table["delta_high"])],
+        "changed": table["changed"]})
+    print_frame(shown, f"the same {int(table['examples'].iloc[0])} needles in noise and in prose: the score per "
+                "press and ratio [95% interval], and the paired difference", digits={"ratio": 3, "changed": 2})
+    print_frame(order, "each press's mean over the ratios and its rank on each haystack",
+                digits={"noise_score": 2, "prose_score": 2})
+    out.print(f"Kendall's τ between the two rankings ({tau['presses']} presses): {tau['tau']:.2f} "
+              f"[{tau['low']:.2f}–{tau['high']:.2f}] (95% interval over the same bootstrap replicates)")
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
