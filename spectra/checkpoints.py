@@ -13,12 +13,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import gguffile
 from .errors import SpectraError, spell
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
            "tf_model.h5", "flax_model.msgpack")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
                    "tokenizer.model")
+#: the endings of a local checkpoint's weight files (sharded ones included), whose sha256 run.json records
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack")
 #: folder names that say nothing about the model: a run is then named after the config instead
 GENERIC = {"model", "models", "checkpoint", "checkpoints", "final", "latest", "best", "hf", "output", "outputs",
            "snapshot", "snapshots", "weights", "main", "pretrained", "."}
@@ -246,3 +249,16 @@ def gguf_field(path: str | Path, wanted: str) -> object | None:
     except (OSError, struct.error, KeyError):
         return None
     return None
+
+
+def weights(where: str) -> dict[str, str] | None:
+    """The sha256 of the model's weights as run.json records them, file name → hex: a GGUF file's own (the model cache
+    hashed it already: `gguffile.sha256` remembers it), a local directory's weight files (WEIGHT_SUFFIXES); None for a
+    hub id, whose files the run never sees (its `revision` names them)."""
+    path = Path(where)
+    if path.is_file():
+        return {path.name: gguffile.sha256(path)}
+    if not path.is_dir():
+        return None
+    return {file.name: gguffile.sha256(file) for file in sorted(path.iterdir())
+            if file.is_file() and file.name.endswith(WEIGHT_SUFFIXES)}
