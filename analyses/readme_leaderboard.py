@@ -126,11 +126,11 @@ def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = No
 
 
 def kvpress_facts(found: list[TaskRun], order: pd.DataFrame, questions: str) -> tuple[dict[str, str], Rendered]:
-    """(the column `= kvpress (cells)` per press of `order`, in the runs' loop and kind of records; the values and
-    claim naming the presses equal to kvpress: `equal_to_kvpress` — those whose every compared answer is kvpress's,
-    at every ratio compared (`equality.equal_everywhere`), the only ones the prose may call equal —, `kvpress_peers`
-    how many presses kvpress has, `kvpress_compared` how many were compared, and the claim `every-peer-equal`: every
-    press kvpress has was compared and is equal.)"""
+    """The column `= kvpress (cells)` per press of `order` in the runs' loop and kind of records (`equality.column`),
+    and the values and claim on it: `equal_to_kvpress`, the presses whose every compared answer is kvpress's at every
+    ratio compared (`equality.equal_everywhere`: the only ones the prose may call equal); `kvpress_peers`, how many
+    presses kvpress has; `kvpress_compared`, how many of them were compared; the claim `every-peer-equal`, that every
+    press kvpress has was compared and is equal."""
     try:
         compared = equality.read(EQUALITY)
     except SpectraError as error:

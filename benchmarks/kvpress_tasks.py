@@ -480,6 +480,14 @@ def agreement(kvpress, spectra, query_aware: bool = False):
     return pd.concat([table, total], ignore_index=True)
 
 
+def spectra_answers(path):
+    """A spectra run's per-example table (task_examples.csv), its answers read as text: " 5020327." stays that
+    string (read as a number, it would print 5020327.0 and never equal kvpress's answer)."""
+    import pandas as pd
+
+    return pd.read_csv(path, keep_default_na=False, dtype={"prediction": str, "task": str})
+
+
 def record_equality(path, kvpress, spectra, query_aware: bool, records, data, version: str):
     """Merge the comparison of kvpress's answers with a spectra run's per-example table into the committed equality
     table at `path` (`spectra.report.equality`: per press, loop, kind of records, ratio and task file, the answers
@@ -545,7 +553,7 @@ def main_tasks(args) -> None:
         print(summary(table).round(3).to_string())
     print(f"predictions written to {csv}")
     for path in args.spectra or []:
-        ours = pd.read_csv(path, keep_default_na=False)
+        ours = spectra_answers(path)
         meta = Path(path).parent / "run.json"  # a spectra run records its mode in run.json
         aware = bool(json.loads(meta.read_text()).get("query_aware", False)) if meta.exists() else False
         print(f"agreement with {path} (query_aware={aware}):")

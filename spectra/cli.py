@@ -156,14 +156,13 @@ def compare(
 @app.command(cls=FlaglessCommand)
 def publish(
     runs: list[Path] = typer.Argument(..., help="Finished run directories of spectra evaluate."),
-    out: Path = typer.Option(..., "--out", help="Folder receiving each run's published form as OUT/<run name>/ (results/leaderboard): its run.json and its tables gzipped, small enough to commit."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a published folder of the same name."),
+    out: Path = typer.Option(..., "--out", help="Folder receiving each run's published form as OUT/<run name>/ (results/leaderboard), replacing one of that name: its run.json and its tables gzipped, small enough to commit."),
 ) -> None:
     """A task run's tables in a small folder to commit, each file's sha256 in its run.json; it reads back as the run."""
     from .report.console import out as stdout
     from .report.published import publish as write_published
 
-    for path in write_published(runs, out, overwrite):
+    for path in write_published(runs, out):
         size = sum(file.stat().st_size for file in path.iterdir())
         stdout.print(f"wrote {path} ({size / 1e3:.0f} kB)", soft_wrap=True)
 

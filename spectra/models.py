@@ -65,11 +65,11 @@ class Loaded:
         return self.head == MASKED_LM
 
     def describe(self) -> dict:
-        """The model as run.json records it, with the sha256 of its weight files (`checkpoints.weights`)."""
+        """The model as run.json records it, with the sha256 of its weight files (`checkpoints.weights_sha256`)."""
         return {"name": self.name, "source": self.source, "revision": self.revision, "layers": self.layers,
                 "heads": self.heads, "kv_heads": self.kv_heads or self.heads, "architecture": self.architecture,
                 "causal": self.causal, **({"gguf": self.gguf} if self.gguf else {}),
-                "weights": checkpoints.weights(self.source)}
+                "weights": checkpoints.weights_sha256(self.source)}
 
 
 def pick_device(device: Device | str | torch.device) -> torch.device:

@@ -128,9 +128,9 @@ def test_the_weights_sha256_is_a_gguf_files_or_a_folders_weight_files(tiny_gguf,
     monkeypatch.setattr(gguffile, "digest", lambda path: hashed.append(path) or digest(path))
     monkeypatch.setattr(gguffile, "_HASHES", {})
     modelcache.entry(tiny_gguf)
-    assert checkpoints.weights(str(tiny_gguf)) == {tiny_gguf.name: hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()}
+    assert checkpoints.weights_sha256(str(tiny_gguf)) == {tiny_gguf.name: hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()}
     assert hashed == [tiny_gguf], "the model cache's hash is reused, not computed again"
-    found = checkpoints.weights(str(roberta_dir))
+    found = checkpoints.weights_sha256(str(roberta_dir))
     assert found == {name: hashlib.sha256((roberta_dir / name).read_bytes()).hexdigest()
                      for name in ("model.safetensors",)}
-    assert checkpoints.weights("FacebookAI/roberta-base") is None
+    assert checkpoints.weights_sha256("FacebookAI/roberta-base") is None

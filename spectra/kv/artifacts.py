@@ -27,7 +27,7 @@ from ..errors import SpectraError
 
 #: the files of an artifact directory, as `PyTorchModelHubMixin` names them
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
-#: what `spectra artifacts` writes beside them: the model, text and versions it was fitted with
+#: what `spectra artifacts` writes beside them (`rundir.write_meta`): the model, text and versions it was fitted with
 META_FILE = "run.json"
 
 
@@ -255,7 +255,9 @@ def write(folder: str | Path, tensors: dict[str, Any], config: dict[str, Any],
               metadata={"format": "pt"})
     (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     if meta is not None:
-        (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        from ..rundir import write_meta
+
+        write_meta(partial, meta)
     if folder.exists():
         shutil.rmtree(folder)
     partial.rename(folder)

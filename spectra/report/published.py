@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpectraError, spell
+from ..errors import SpectraError
 from ..rundir import check_writable, write_meta
 
 #: run.json's key holding the published files
@@ -38,7 +38,6 @@ EXAMPLE_COLUMNS = ("press", "ratio", "example", "question", "task", "length", "d
 SUFFIX = ".gz"
 #: the hex digits of a sha256 a message shows
 SHOWN = 12
-OVERWRITE = spell("--overwrite", "overwrite=True")
 
 
 def sha256(data: bytes) -> str:
@@ -59,6 +58,8 @@ def readable(path: Path) -> dict[str, Any]:
         raise SpectraError(f"{path} is not a finished spectra run: its run.json is missing or unreadable") from None
     if PUBLISHED in meta:
         raise SpectraError(f"{path} is a published run already: publish from its run directory")
+    if meta.get("status") == "running":
+        raise SpectraError(f"{path} is a run still running or interrupted: finish it (--resume), then publish it")
     if meta.get("kind") != "evaluate":
         raise SpectraError(f"{path} holds a run of 'spectra {meta.get('kind')}': only task runs (spectra evaluate) "
                            "are published")
@@ -75,18 +76,17 @@ def readable(path: Path) -> dict[str, Any]:
     return meta
 
 
-def publish(runs: Sequence[str | Path], out: str | Path, overwrite: bool = False) -> list[Path]:
-    """Write each finished task run of `runs` as `out/<its name>/` (see the module docstring); every run and target is
-    checked before anything is written (one line each), and each folder is written whole or not at all. Returns the
-    folders written."""
+def publish(runs: Sequence[str | Path], out: str | Path) -> list[Path]:
+    """Write each finished task run of `runs` as `out/<its name>/` (see the module docstring), replacing a folder of
+    that name (publishing again is how a changed or damaged one is mended; the folders are under version control);
+    every run is checked before anything is written (one line each), and each folder is written whole or not at all.
+    Returns the folders written."""
     out = Path(out)
     check_writable(out, "--out", inside=True)
     checked = []
     for run in map(Path, runs):
         meta = readable(run)
         target = out / run.resolve().name
-        if target.exists() and not overwrite:
-            raise SpectraError(f"{target} exists: pass {OVERWRITE} to publish {run} over it")
         if any(target == other for _, _, other in checked):
             raise SpectraError(f"two runs are named {run.resolve().name}: each is published under its name in {out}")
         checked.append((run, meta, target))
@@ -133,4 +133,4 @@ def verified(path: Path, meta: dict[str, Any]) -> str:
 
 def republish(path: Path) -> str:
     """The command that publishes the run behind the published folder `path` again."""
-    return f"spectra publish RUN --out {path.parent} --overwrite, RUN its run directory"
+    return f"spectra publish RUN --out {path.parent}, RUN its run directory"

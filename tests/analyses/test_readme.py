@@ -364,7 +364,7 @@ def test_published_runs_are_read_from_the_repository_and_never_run(chat_decoder,
     assert readme.main([*arguments, "--check"], in_process(calls), repository) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"error: {table} has sha256 ") and "publish the run again" in err[-1]
-    publish([run.path], repository / "results" / "board", overwrite=True)
+    publish([run.path], repository / "results" / "board")
     path.write_text(before.replace("--ratios 0.5", "--ratios 0.75"))
     assert readme.main(arguments, in_process(calls), repository) == 2
     assert "recorded ratios=[0.5] other than" in capsys.readouterr().err

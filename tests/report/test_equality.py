@@ -93,7 +93,9 @@ def test_the_benchmark_writes_the_table_from_a_comparison(tmp_path) -> None:
 
     data = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=2))
     records = read_records(data)
-    rows = kvpress_tasks.record_equality(tmp_path / "eq.csv", KVPRESS, SPECTRA, False, records, data, "0.5.5")
+    SPECTRA.to_csv(tmp_path / "task_examples.csv", index=False)
+    ours = kvpress_tasks.spectra_answers(tmp_path / "task_examples.csv")  # " 41." stays text, not the number 41.0
+    rows = kvpress_tasks.record_equality(tmp_path / "eq.csv", KVPRESS, ours, False, records, data, "0.5.5")
     assert rows["questions"].tolist() == [equality.ONE] * 3
     assert equality.read(tmp_path / "eq.csv")[["press", "compared", "equal"]].values.tolist() == [
         ["full", 2, 2], ["knorm", 2, 2], ["knorm", 2, 1]]

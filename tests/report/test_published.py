@@ -73,8 +73,6 @@ def test_publishing_refuses_what_it_cannot_publish_before_writing_anything(two_r
     with pytest.raises(SpectraError, match="is a published run already"):
         published.publish([two_runs[0].path, folders[0]], out)
     assert not out.exists()
-    with pytest.raises(SpectraError, match="exists: pass overwrite=True"):
-        published.publish([two_runs[0].path], folders[0].parent)
     broken = tmp_path / "broken"
     shutil.copytree(two_runs[0].path, broken)
     (broken / "task_needle.csv").unlink()
@@ -114,6 +112,11 @@ def test_the_command_publishes_and_says_where(two_runs, tmp_path, monkeypatch, c
     code, out, err = tiny.run_cli(["publish", str(two_runs[1].path), "--out", str(tmp_path / "r")], monkeypatch,
                                   capsys)
     assert code == 0 and f"wrote {tmp_path / 'r' / 'board-b'}" in out
+    first = (tmp_path / "r" / "board-b" / "task_examples.csv.gz").read_bytes()
+    (tmp_path / "r" / "board-b" / "task_examples.csv.gz").write_bytes(b"damaged")
     code, out, err = tiny.run_cli(["publish", str(two_runs[1].path), "--out", str(tmp_path / "r")], monkeypatch,
                                   capsys)
-    assert code == 2 and "exists: pass --overwrite" in err and err.count("\n") == 1
+    assert code == 0 and (tmp_path / "r" / "board-b" / "task_examples.csv.gz").read_bytes() == first, "mended"
+    code, out, err = tiny.run_cli(["publish", str(tmp_path / "r" / "board-b"), "--out", str(tmp_path / "s")],
+                                  monkeypatch, capsys)
+    assert code == 2 and "is a published run already" in err and err.count("\n") == 1
