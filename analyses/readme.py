@@ -31,6 +31,12 @@ ran and where each wrote, so a second pass runs only what changed (a changed com
 commands after it in its block, which may read its output). A finished run whose recorded settings are no longer
 what its command means (a default changed since, e.g. the presses `spectra cache` runs) is stale: it reruns, and
 --check refuses it.
+
+Published runs are read, never rerun: a code block that shows `spectra publish RUN… --out results/NAME` has its runs
+read from their committed folders, results/NAME/<run> in the repository (`spectra.report.published`: each file's
+sha256 checked first, a mismatch one line and exit 2, nothing written), so `--check` re-renders those paragraphs from
+the repository alone; a run not published yet runs (or is reused) in the work directory as before, and this script
+never publishes (committing is done by hand, with the command the page shows).
 """
 
 from __future__ import annotations
@@ -181,7 +187,7 @@ def setup_lines(blocks: list[list[str]]) -> dict[str, str]:
     return found
 
 
-def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -> int:
+def main(argv: list[str] | None = None, execute: Execute = subprocess_execute, repository: Path = ROOT) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", metavar="NAME", help="the marked paragraph NAME only")
     parser.add_argument("--check", action="store_true",
@@ -222,12 +228,10 @@ def main(argv: list[str] | None = None, execute: Execute = subprocess_execute) -
         if args.only is not None and args.only not in {paragraph.name for paragraph in marked}:
             raise ReadmeError(f"--only {args.only}: no marked paragraph of that name (there are "
                               f"{', '.join(paragraph.name for paragraph in marked)})")
-        if not args.check:
+        if not args.check:  # --check reads the runs there, if any (published runs are read from the repository)
             args.work.mkdir(parents=True, exist_ok=True)
-        elif not args.work.is_dir():
-            raise ReadmeError(f"--check reads the runs in {args.work}, which does not exist: run without --check first")
         work = Work(args.work.resolve(), setup_lines([block for _, blocks in read.values() for block in blocks]),
-                    execute)
+                    execute, repository)
         chosen = [paragraph for paragraph in marked if args.only in (None, paragraph.name)]
         runs = [work.commands(paragraph.commands, args.check, args.rerun) for paragraph in chosen]  # every run first, then the prose
         rendered = {(paragraph.path, paragraph.name): readme_numbers.render(paragraph.name, ran, work.root)

@@ -7,16 +7,22 @@ cache holds, with its 95% interval over examples, and the ranking by the mean ov
 single-question board over every example of the held tasks and over only the examples the full cache answers, the
 many-question board over the questions the full cache answers and over every question. The values here are those
 tables written out — ranks, tiers, scores, intervals and their widths, the full cache beside them — so the prose
-around them quotes the runs, never a number typed by hand.
+around them quotes the runs, never a number typed by hand. The main tables carry the column `= kvpress (cells)`: per
+press the answers equal to kvpress 0.5.5's of those compared, read from the committed comparisons
+(results/kvpress-equality.csv, `spectra.report.equality`), and the presses a page may call equal to kvpress are those
+whose every compared answer is (`equal_to_kvpress`). The runs are read as published (`spectra publish`: results/…,
+each file's sha256 checked) or from their run directories alike.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import pandas as pd
 
 from readme_values import RenderError, Runs, interval, listed, table, two
 from slots import Rendered
 from spectra.errors import SpectraError
-from spectra.report import leaderboard, survival
+from spectra.report import equality, leaderboard, survival
 from spectra.report.evaluate import TaskRun
 
 #: how many presses the front page lists from the top of the ranking
@@ -27,6 +33,10 @@ REFERENCE = survival.REFERENCE
 LATE = 0.9
 #: a press keeps "part" of the needle where it answers when its mean share of the needle's tokens is below this
 PART = 0.9
+#: the committed comparisons with kvpress 0.5.5 the tables' column `= kvpress (cells)` reads (`report.equality`)
+EQUALITY = Path(__file__).resolve().parent.parent / equality.TABLE
+#: that column's heading
+KVPRESS = "= kvpress (cells)"
 
 
 def pooled_runs(runs: Runs) -> tuple[list[TaskRun], pd.DataFrame, int]:
@@ -89,9 +99,11 @@ def rank_interval(low, high) -> str:
     return str(int(low)) if low == high else f"{int(low)}–{int(high)}"
 
 
-def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = None) -> str:
+def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = None,
+                  kvpress: dict[str, str] | None = None) -> str:
     """Rank, tier, press, the score at each ratio and the mean over ratios, each with its interval, and the rank's
-    95% interval (tier and rank interval where `order` has them); the full cache first."""
+    95% interval (tier and rank interval where `order` has them), and with `kvpress` (`equality.column`) the answers
+    equal to kvpress 0.5.5's of those compared; the full cache first."""
     ratios = sorted(set(cells["ratio"]) - {0.0})
     by_cell = cells.set_index(["press", "ratio"])
     tiered = "tier" in order.columns
@@ -107,9 +119,31 @@ def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = No
         tier = ["" if full else rank_text(row["tier"])] if tiered else []
         moved = ["" if full else rank_interval(row["rank_low"], row["rank_high"])] if tiered else []
         rows.append(["" if full else rank_text(row["rank"]), *tier, name, *scores,
-                     with_interval(row["score"], row["low"], row["high"]), *moved])
+                     with_interval(row["score"], row["low"], row["high"]), *moved,
+                     *([kvpress[press]] if kvpress is not None else [])])
     return table(["rank", *(["tier"] * tiered), "press", *(f"r = {ratio:g}" for ratio in ratios), "mean over r",
-                  *(["rank (95%)"] * tiered)], rows)
+                  *(["rank (95%)"] * tiered), *([KVPRESS] if kvpress is not None else [])], rows)
+
+
+def kvpress_facts(found: list[TaskRun], order: pd.DataFrame, questions: str) -> tuple[dict[str, str], Rendered]:
+    """The column `= kvpress (cells)` per press of `order` in the runs' loop and kind of records (`equality.column`),
+    and the values and claim on it: `equal_to_kvpress`, the presses whose every compared answer is kvpress's at every
+    ratio compared (`equality.equal_everywhere`: the only ones the prose may call equal); `kvpress_peers`, how many
+    presses kvpress has; `kvpress_compared`, how many of them were compared; the claim `every-peer-equal`, that every
+    press kvpress has was compared and is equal."""
+    try:
+        compared = equality.read(EQUALITY)
+    except SpectraError as error:
+        raise RenderError(str(error)) from None
+    aware = bool(found[0].meta.get("query_aware", False))
+    presses = list(order["press"])
+    column = equality.column(compared, presses, aware, questions)
+    equal = equality.equal_everywhere(compared, presses, aware, questions)
+    peers = [press for press in presses if press != "full" and column[press] != equality.ABSENT]
+    done = [press for press in peers if column[press] != equality.UNCOMPARED]
+    values = {"equal_to_kvpress": listed([f"`{press}`" for press in equal]) or "none",
+              "kvpress_peers": str(len(peers)), "kvpress_compared": str(len(done))}
+    return column, Rendered(values, {"every-peer-equal": bool(peers) and len(equal) == len(peers)})
 
 
 def filter_table(order: pd.DataFrame) -> str:
@@ -209,7 +243,8 @@ def leaderboard_page(runs: Runs) -> Rendered:
     cells, order = leaderboard.standings(examples, seed), leaderboard.ranking(examples, seed)
     answered = leaderboard.ranking(examples, seed, over="answered")
     ranked, named = leaders(order)
-    values = {**facts(found, examples, order), **named, "table": ranking_table(cells, order),
+    column, kvpress = kvpress_facts(found, order, equality.ONE)
+    values = {**facts(found, examples, order), **named, "table": ranking_table(cells, order, kvpress=column),
               "by_task": task_tables(examples, order, seed), "widths": widths(cells), "top": str(TOP),
               **tier_facts(order), "answered": str(len(leaderboard.answered_rows(
                   examples[examples["press"] == "full"]))),
@@ -220,15 +255,16 @@ def leaderboard_page(runs: Runs) -> Rendered:
               "reference-outside-top": bool(REFERENCE in ranked.index and ranked.loc[REFERENCE, "rank"] > TOP),
               "reference-below-top-tier": bool(REFERENCE in ranked.index and tier[REFERENCE] > 1)}
     where = survival_facts(found, examples, order)
-    return Rendered({**values, **where.values}, {**claims, **where.claims})
+    return Rendered({**values, **where.values, **kvpress.values}, {**claims, **where.claims, **kvpress.claims})
 
 
 def front_leaderboard(runs: Runs) -> Rendered:
     """The front page: the top TOP presses of the ranking with intervals, beside the full cache."""
     found, examples, seed = pooled_runs(runs)
     cells, order = leaderboard.standings(examples, seed), leaderboard.ranking(examples, seed)
-    values = {**facts(found, examples, order), "top": str(TOP), "table": ranking_table(cells, order, TOP)}
-    return Rendered(values, {})
+    column, kvpress = kvpress_facts(found, order, equality.ONE)
+    values = {**facts(found, examples, order), "top": str(TOP), "table": ranking_table(cells, order, TOP, column)}
+    return Rendered({**values, **kvpress.values}, kvpress.claims)
 
 
 def questions_page(runs: Runs) -> Rendered:
@@ -248,13 +284,15 @@ def questions_page(runs: Runs) -> Rendered:
     full = examples[examples["press"] == "full"]
     raw = task_scores(full, seed, by=()).iloc[0]  # the full cache's score over every question, answered or not
     ranked, named = leaders(order)
+    column, kvpress = kvpress_facts(found, order, equality.SEVERAL)
     values = {**named, "model": found[0].meta["model"]["name"], "length": str(int(examples["length"].max())),
               "records": str(full["example"].nunique()), "questions": str(len(full)),
               "tasks": listed([f"`{task}`" for task in dict.fromkeys(full["task"])]),
               "full": with_interval(raw["score"], raw["low"], raw["high"]),
               "answered": str(len(leaderboard.answered_rows(full))), "presses": str(len(ranked)),
               "unranked": unranked(examples, order), **tier_facts(order),
-              "table": ranking_table(cells, order), "widths": widths(cells), "holds": f"{leaderboard.HOLDS:g}",
-              "all_table": filter_table(every), "all_first": leaders(every)[1]["first"]}
+              "table": ranking_table(cells, order, kvpress=column), "widths": widths(cells),
+              "holds": f"{leaderboard.HOLDS:g}", "all_table": filter_table(every),
+              "all_first": leaders(every)[1]["first"], **kvpress.values}
     return Rendered(values, {"full-below-holds": bool(raw["score"] < leaderboard.HOLDS),
-                             "first-loses-some": bool(ranked["score"].iloc[0] < 1.0)})
+                             "first-loses-some": bool(ranked["score"].iloc[0] < 1.0), **kvpress.claims})

@@ -30,6 +30,7 @@ from readme_leaderboard import front_leaderboard, leaderboard_page, questions_pa
 from readme_tasks import front_tasks, smollm2_tasks, tasks_vs_nll
 from readme_values import RenderError, Runs, only, sink_layers, two
 from slots import Rendered
+from spectra.errors import SpectraError
 from spectra.report.summaries import c_at, headline, metric_grid
 
 
@@ -110,7 +111,10 @@ def loaded(arguments: list[str], out: Path | None, work: Path):
         return json.loads((work / arguments[arguments.index("--out") + 1]).read_text())
     if out is None:
         raise RenderError(f"`spectra {' '.join(arguments)}` wrote no run directory")
-    return spectra.load_run(out)
+    try:
+        return spectra.load_run(out)
+    except SpectraError as error:  # a damaged run or published folder: one line
+        raise RenderError(str(error)) from None
 
 
 def render(name: str, ran: list[tuple[list[str], Path | None]], work: Path) -> Rendered:

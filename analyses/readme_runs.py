@@ -1,7 +1,8 @@
 """Running the documents' commands for analyses/readme.py: a work directory where every `spectra` line of a code
 block runs as a reader would run it (the documents' set-up lines evaluated by bash, `$MODEL` replaced by its
-value), a manifest of what ran there so finished runs are reused, and the test that a finished run still belongs to
-its command (`stale`: its recorded settings are what the command means today, defaults included)."""
+value), a manifest of what ran there so finished runs are reused, the runs a block publishes read from their
+committed published folders instead (`published`, `spectra publish`: no rerun), and the test that a finished run
+still belongs to its command (`stale`: its recorded settings are what the command means today, defaults included)."""
 
 from __future__ import annotations
 
@@ -126,12 +127,41 @@ def subprocess_execute(arguments: list[str], cwd: Path) -> int:
     return subprocess.run([sys.executable, "-m", "spectra", *arguments], cwd=cwd).returncode
 
 
+#: the repository, whose published folders (`spectra publish … --out results/…`) a code block's runs are read from
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def option_value(arguments: list[str], name: str) -> str | None:
+    """The value typed after `name` (`--out X` or `--out=X`) in a command's arguments, else None."""
+    for at, token in enumerate(arguments):
+        if token == name and at + 1 < len(arguments):
+            return arguments[at + 1]
+        if token.startswith(name + "="):
+            return token[len(name) + 1:]
+    return None
+
+
+def published(lines: tuple[str, ...], repository: Path) -> dict[str, Path]:
+    """The runs a code block publishes (its `spectra publish RUN… --out DIR` lines): each RUN as typed → its
+    published folder, DIR/<RUN's name> under `repository`."""
+    found = {}
+    for line in lines:
+        arguments = spectra_arguments(line)
+        if arguments and arguments[0] == "publish":
+            given = parameters(arguments)
+            for run in given["runs"]:
+                found[str(run)] = repository / given["out"] / PurePath(str(run)).name
+    return found
+
+
 class Work:
     """The work directory: the set-up lines' variables and files, and a manifest of the commands run there and
-    the run directory each wrote, so that finished runs are reused."""
+    the run directory each wrote, so that finished runs are reused; and the repository whose published folders a
+    code block's runs are read from instead, when it publishes them (`spectra publish`)."""
 
-    def __init__(self, root: Path, setup: dict[str, str], execute: Execute = subprocess_execute) -> None:
-        self.root, self.setup, self.execute = root, setup, execute
+    def __init__(self, root: Path, setup: dict[str, str], execute: Execute = subprocess_execute,
+                 repository: Path = REPOSITORY) -> None:
+        self.root, self.setup, self.execute, self.repository = root, setup, execute, repository
         self.variables: dict[str, str] = {}
         self.manifest_path = root / "manifest.json"
         self.manifest: dict[str, dict] = json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else {}
@@ -186,9 +216,31 @@ class Work:
 
     def commands(self, lines: tuple[str, ...], check: bool, rerun: bool = False) -> list[tuple[list[str], Path | None]]:
         """Run (or, with `check` or when finished before and not `rerun`, reuse) the spectra commands among a code
-        block's lines: each one's arguments and the run directory it wrote (None when it writes none, e.g. plan-k)."""
+        block's lines: each one's arguments and the run directory it wrote (None when it writes none, e.g. plan-k).
+        A run the block publishes (`spectra publish`) is read from its published folder in the repository where
+        there is one, as the command typed it (a stale one refused), and never run; a block whose every published
+        run is there runs nothing else either (its task file and artifacts were the runs' inputs, whose sha256 the
+        runs record). `spectra publish` itself never runs here: publishing is committing, done by hand."""
+        publishes = published(lines, self.repository)
+        there = {typed: folder for typed, folder in publishes.items() if (folder / "run.json").is_file()}
+        whole = bool(publishes) and len(there) == len(publishes)
         ran = []
         for line in lines:
+            typed = spectra_arguments(line)
+            if typed is None or typed[0] == "publish":
+                continue
+            if option_value(typed, "--out") in there:
+                folder = there[option_value(typed, "--out")]
+                if changed := stale(typed, folder):
+                    raise ReadmeError(f"the published run {folder} recorded {', '.join(changed)} other than `spectra "
+                                      f"{shlex.join(typed)}` now means: rerun it and publish it again")
+                ran.append((typed, folder))
+                continue
+            if whole:
+                continue
+            if check and not self.root.is_dir():
+                raise ReadmeError(f"no finished run of `spectra {shlex.join(typed)}` in {self.root}, which does not "
+                                  "exist: run without --check first")
             arguments = self.resolve(line)
             if arguments is None:
                 continue

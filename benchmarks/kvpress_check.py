@@ -2,6 +2,8 @@
 
     python benchmarks/kvpress_check.py [KVPRESS_PYTHON] [--context 256] [--continuation 32] [--samples 4]
                                        [--presses streaming,knorm,...] [--ratios 0.25,0.5] [--seed 0] [--data FILE]
+    python benchmarks/kvpress_check.py KVPRESS_PYTHON --tasks F.jsonl --spectra RUN/task_examples.csv \
+                                       --equality results/kvpress-equality.csv
 
 With `--decoding F.jsonl`, the decoding mode (benchmarks/kvpress_decoding.py): kvpress's DecodingPress against
 spectra's decoding(<scorer>) token by token on the answers to task records (--compression-interval, --max-new-tokens).
@@ -221,6 +223,9 @@ def main() -> None:
     parser.add_argument("--csv", default=None, help="Task mode: where kvpress's predictions go (default F.kvpress.csv).")
     parser.add_argument("--spectra", nargs="*", default=None,
                         help="Task mode: per-example CSVs of spectra cache runs on the same file, to compare with.")
+    parser.add_argument("--equality", default=None, help="Task mode: merge the answers compared and equal per press, "
+                        "loop and ratio into this committed table (results/kvpress-equality.csv), which the "
+                        "leaderboard's column = kvpress (cells) reads.")
     parser.add_argument("--decoding", default=None, help="Decoding mode: a task file whose answers are compared token "
                         "by token with a DecodingPress (benchmarks/kvpress_decoding.py).")
     parser.add_argument("--compression-interval", type=int, default=16, help="Steps between two compressions of "

@@ -18,7 +18,8 @@ Written: a CSV of (press, ratio, query_aware, example, question, task, length, d
 prediction as kvpress's pipeline returns it, score RULER's (spectra.kv.tasks.scoring) — and printed: per (press,
 ratio, mode) the mean score beside the full cache's, per task. `agreement(kvpress, spectra)` is the comparison with
 the task protocol of `spectra cache` (its per-example CSV: press, ratio, example, prediction, …); `--spectra
-RUN_CSV` applies it.
+RUN_CSV` applies it, and `--equality results/kvpress-equality.csv` merges its counts into the committed table the
+leaderboard's column `= kvpress (cells)` reads (`record_equality`, `spectra.report.equality`).
 
 A press written `kvpress:<name>` (spectra.kv.configurations: kvpress's evaluation registry, `kvpress:chunkkv`) is on
 kvpress's side the very instance its registry builds (`registry_press`, from the registry's text: ChunkKVPress(press=
@@ -462,17 +463,13 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
 def agreement(kvpress, spectra, query_aware: bool = False):
     """Per (press, ratio): the share of examples whose greedy prediction from `spectra cache` (its per-example table:
     press, ratio, example, prediction, score) equals kvpress's for the same mode, and both mean scores; a final row
-    "all" over every compressed cell. Predictions are compared after strip() (kvpress's scoring strips them too)."""
+    "all" over every compressed cell. Predictions are compared after strip() (kvpress's scoring strips them too:
+    `spectra.report.equality.cells`)."""
     import pandas as pd
 
-    theirs = kvpress[kvpress["query_aware"] == query_aware]
-    if "question" not in theirs:  # before records asked several questions
-        theirs = theirs.assign(question=0)
-    if "question" not in spectra:
-        spectra = spectra.assign(question=0)
-    merged = theirs.merge(spectra[["press", "ratio", "example", "question", "prediction", "score"]],
-                          on=["press", "ratio", "example", "question"], suffixes=("_kvpress", "_spectra"))
-    merged["equal"] = merged["prediction_kvpress"].str.strip() == merged["prediction_spectra"].str.strip()
+    from spectra.report.equality import cells
+
+    merged = cells(kvpress, spectra, query_aware)
     table = merged.groupby(["press", "ratio"], sort=False).agg(
         cells=("equal", "size"), equal=("equal", "mean"), score_kvpress=("score_kvpress", "mean"),
         score_spectra=("score_spectra", "mean")).reset_index()
@@ -481,6 +478,26 @@ def agreement(kvpress, spectra, query_aware: bool = False):
                            "equal": compressed["equal"].mean(), "score_kvpress": compressed["score_kvpress"].mean(),
                            "score_spectra": compressed["score_spectra"].mean()}])
     return pd.concat([table, total], ignore_index=True)
+
+
+def spectra_answers(path):
+    """A spectra run's per-example table (task_examples.csv), its answers read as text: " 5020327." stays that
+    string (read as a number, it would print 5020327.0 and never equal kvpress's answer)."""
+    import pandas as pd
+
+    return pd.read_csv(path, keep_default_na=False, dtype={"prediction": str, "task": str})
+
+
+def record_equality(path, kvpress, spectra, query_aware: bool, records, data, version: str):
+    """Merge the comparison of kvpress's answers with a spectra run's per-example table into the committed equality
+    table at `path` (`spectra.report.equality`: per press, loop, kind of records, ratio and task file, the answers
+    compared and those equal); returns the rows written."""
+    from spectra.report import equality
+
+    questions = equality.SEVERAL if any(record.questions for record in records) else equality.ONE
+    rows = equality.counted(equality.cells(kvpress, spectra, query_aware), query_aware, questions, data, version)
+    equality.record(path, rows)
+    return rows
 
 
 def smollm2_folder() -> str:
@@ -536,11 +553,16 @@ def main_tasks(args) -> None:
         print(summary(table).round(3).to_string())
     print(f"predictions written to {csv}")
     for path in args.spectra or []:
-        ours = pd.read_csv(path, keep_default_na=False)
+        ours = spectra_answers(path)
         meta = Path(path).parent / "run.json"  # a spectra run records its mode in run.json
         aware = bool(json.loads(meta.read_text()).get("query_aware", False)) if meta.exists() else False
         print(f"agreement with {path} (query_aware={aware}):")
         print(agreement(table, ours, aware).round(3).to_string(index=False))
+        if args.equality:
+            rows = record_equality(args.equality, table, ours, aware, records, args.tasks,
+                                   report["versions"]["kvpress"])
+            print(f"{int(rows['equal'].sum())} of {int(rows['compared'].sum())} answers equal, recorded in "
+                  f"{args.equality}")
         if "compression_ratio" in table and "kept" in ours:  # DuoAttention: kvpress's account of what it saved
             saved = table[table["query_aware"] == aware].dropna(subset=["compression_ratio"]).merge(
                 ours[["press", "ratio", "example", "kept"]], on=["press", "ratio", "example"])

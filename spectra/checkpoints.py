@@ -13,12 +13,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import gguffile
+from .gguffile import gguf_field
 from .errors import SpectraError, spell
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
            "tf_model.h5", "flax_model.msgpack")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
                    "tokenizer.model")
+#: the endings of a local checkpoint's weight files (sharded ones included), whose sha256 run.json records
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack")
 #: folder names that say nothing about the model: a run is then named after the config instead
 GENERIC = {"model", "models", "checkpoint", "checkpoints", "final", "latest", "best", "hf", "output", "outputs",
            "snapshot", "snapshots", "weights", "main", "pretrained", "."}
@@ -200,49 +204,14 @@ def inspect(source: str | os.PathLike, gguf_file: str | os.PathLike | None = Non
     return Source(source, path, config, label(source, config))
 
 
-#: GGUF metadata value types (gguf's GGUFValueType) → struct format, for the scalar ones
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-def gguf_field(path: str | Path, wanted: str) -> object | None:
-    """One scalar or string value of a GGUF file's metadata (e.g. general.file_type), read from its header alone.
-
-    Reads the key/value records in order and skips the others without decoding them, so it stays fast on
-    files whose metadata holds a whole tokenizer vocabulary. None when the key is absent or the file is not GGUF.
-    """
-    import struct
-
-    def read(handle, fmt: str):
-        size = struct.calcsize("<" + fmt)
-        return struct.unpack("<" + fmt, handle.read(size))[0]
-
-    def skip(handle, kind: int) -> None:
-        if kind == _GGUF_STRING:
-            handle.seek(read(handle, "Q"), 1)
-        elif kind == _GGUF_ARRAY:
-            inner, count = read(handle, "I"), read(handle, "Q")
-            if inner in _GGUF_SCALARS:
-                handle.seek(count * struct.calcsize("<" + _GGUF_SCALARS[inner]), 1)
-            else:
-                for _ in range(count):
-                    skip(handle, inner)
-        else:
-            handle.seek(struct.calcsize("<" + _GGUF_SCALARS[kind]), 1)
-
-    try:
-        with open(path, "rb") as handle:
-            if handle.read(4) != b"GGUF" or read(handle, "I") < 2:
-                return None
-            read(handle, "Q")  # tensor count
-            for _ in range(read(handle, "Q")):
-                key = handle.read(read(handle, "Q")).decode("utf-8", "replace")
-                kind = read(handle, "I")
-                if key == wanted and kind in _GGUF_SCALARS:
-                    return read(handle, _GGUF_SCALARS[kind])
-                if key == wanted and kind == _GGUF_STRING:
-                    return handle.read(read(handle, "Q")).decode("utf-8", "replace")
-                skip(handle, kind)
-    except (OSError, struct.error, KeyError):
+def weights_sha256(where: str) -> dict[str, str] | None:
+    """The sha256 of the model's weights as run.json records them, file name → hex: a GGUF file's own (the model cache
+    hashed it already: `gguffile.sha256` remembers it), a local directory's weight files (WEIGHT_SUFFIXES); None for a
+    hub id, whose files the run never sees (its `revision` names them)."""
+    path = Path(where)
+    if path.is_file():
+        return {path.name: gguffile.sha256(path)}
+    if not path.is_dir():
         return None
-    return None
+    return {file.name: gguffile.sha256(file) for file in sorted(path.iterdir())
+            if file.is_file() and file.name.endswith(WEIGHT_SUFFIXES)}

@@ -1,5 +1,5 @@
 """The `spectra` command: one command per registered analysis (built from its declarations by
-`cli_options.add_commands`), the commands that read finished runs (plot, figure1, plan-k, compare), and
+`cli_options.add_commands`), the commands that read finished runs (plot, figure1, plan-k, compare, publish), and
 `tasks`, which writes task files for `spectra cache`.
 
 Starts fast: the modules the commands are built from import neither torch, transformers nor pandas at the top,
@@ -151,6 +151,20 @@ def compare(
     print_compare(loaded, table, at)
     if csv is not None:
         stdout.print(f"table written to {csv}")
+
+
+@app.command(cls=FlaglessCommand)
+def publish(
+    runs: list[Path] = typer.Argument(..., help="Finished run directories of spectra evaluate."),
+    out: Path = typer.Option(..., "--out", help="Folder receiving each run's published form as OUT/<run name>/ (results/leaderboard), replacing one of that name: its run.json and its tables gzipped, small enough to commit."),
+) -> None:
+    """A task run's tables in a small folder to commit, each file's sha256 in its run.json; it reads back as the run."""
+    from .report.console import out as stdout
+    from .report.published import publish as write_published
+
+    for path in write_published(runs, out):
+        size = sum(file.stat().st_size for file in path.iterdir())
+        stdout.print(f"wrote {path} ({size / 1e3:.0f} kB)", soft_wrap=True)
 
 
 def fitted_line(task: str, size: int, tokens: list[int]) -> str:

@@ -171,11 +171,50 @@ def digest(path: Path) -> str:
     return found.hexdigest()
 
 
+def gguf_field(path: str | Path, wanted: str) -> object | None:
+    """One scalar or string value of a GGUF file's metadata (e.g. general.file_type), read from its header alone.
+
+    Reads the key/value records in order and skips the others without decoding them, so it stays fast on
+    files whose metadata holds a whole tokenizer vocabulary. None when the key is absent or the file is not GGUF.
+    """
+    def read(handle, fmt: str):
+        size = struct.calcsize("<" + fmt)
+        return struct.unpack("<" + fmt, handle.read(size))[0]
+
+    def skip(handle, kind: int) -> None:
+        if kind == _STRING:
+            handle.seek(read(handle, "Q"), 1)
+        elif kind == _ARRAY:
+            inner, count = read(handle, "I"), read(handle, "Q")
+            if inner in _SCALARS:
+                handle.seek(count * struct.calcsize("<" + _SCALARS[inner]), 1)
+            else:
+                for _ in range(count):
+                    skip(handle, inner)
+        else:
+            handle.seek(struct.calcsize("<" + _SCALARS[kind]), 1)
+
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) != b"GGUF" or read(handle, "I") < 2:
+                return None
+            read(handle, "Q")  # tensor count
+            for _ in range(read(handle, "Q")):
+                key = handle.read(read(handle, "Q")).decode("utf-8", "replace")
+                kind = read(handle, "I")
+                if key == wanted and kind in _SCALARS:
+                    return read(handle, _SCALARS[kind])
+                if key == wanted and kind == _STRING:
+                    return handle.read(read(handle, "Q")).decode("utf-8", "replace")
+                skip(handle, kind)
+    except (OSError, struct.error, KeyError):
+        return None
+    return None
+
+
 def quantization(path: str | os.PathLike) -> str | None:
     """The file's quantization type (general.file_type, e.g. MOSTLY_Q4_1), read from its header."""
     import gguf
-
-    from .checkpoints import gguf_field
 
     value = gguf_field(path, "general.file_type")
     try:

@@ -65,10 +65,11 @@ class Loaded:
         return self.head == MASKED_LM
 
     def describe(self) -> dict:
-        """The model as run.json records it."""
+        """The model as run.json records it, with the sha256 of its weight files (`checkpoints.weights_sha256`)."""
         return {"name": self.name, "source": self.source, "revision": self.revision, "layers": self.layers,
                 "heads": self.heads, "kv_heads": self.kv_heads or self.heads, "architecture": self.architecture,
-                "causal": self.causal, **({"gguf": self.gguf} if self.gguf else {})}
+                "causal": self.causal, **({"gguf": self.gguf} if self.gguf else {}),
+                "weights": checkpoints.weights_sha256(self.source)}
 
 
 def pick_device(device: Device | str | torch.device) -> torch.device:
@@ -144,8 +145,7 @@ def load(
 
     `lm_head` asks for the language-model head: the masked-LM head of an encoder or the causal-LM head of a
     decoder, loaded only when the checkpoint has one (see `Loaded.head`), never freshly initialised. `tokenizer`:
-    the source's tokenizer when the caller read it first (`load_tokenizer`), so it is not read twice.
-    """
+    the source's tokenizer when the caller read it first (`load_tokenizer`), so it is not read twice."""
     found = source if isinstance(source, checkpoints.Source) else checkpoints.inspect(source)
     key = (found.where, str(device), str(dtype), lm_head, trust_remote_code)
     if _KEPT is not None and key in _KEPT:

@@ -53,8 +53,10 @@ import tolerances
 
 GOLDEN = Path(__file__).parent / "golden"
 QUIET: dict[str, Any] = dict(progress=None, notify=lambda line: None)
-#: run.json keys that vary between machines and runs without changing a result
-VOLATILE = {"wall_seconds", "versions", "source", "device", "spectrum_seconds", "timings", "press_seconds"}
+#: run.json keys that vary between machines and runs without changing a result (`weights` and `artifacts`: the sha256
+#: of files the perturbed runs rewrite)
+VOLATILE = {"wall_seconds", "versions", "source", "device", "spectrum_seconds", "timings", "press_seconds", "weights",
+            "artifacts"}
 #: perturbed runs behind the tolerances, and their relative size: one float32 rounding (2⁻²³)
 PERTURBATIONS = 16
 AMPLITUDE = 2.0**-23

@@ -114,3 +114,23 @@ def test_the_shape_knows_the_hidden_size(llama_dir, gpt2_dir, tmp_path) -> None:
     assert checkpoints.inspect("org/some-model").shape().hidden is None
     write_gguf(tmp_path / "wide.gguf", {"general.architecture": "llama", "llama.embedding_length": 576})
     assert checkpoints.Source("x", tmp_path, {}, "wide", "wide.gguf").shape().hidden == 576
+
+
+def test_the_weights_sha256_is_a_gguf_files_or_a_folders_weight_files(tiny_gguf, roberta_dir, monkeypatch) -> None:
+    """run.json's `model.weights`: a GGUF file hashed once per process (the model cache hashed it first), a local
+    folder's weight files and nothing else, none for a hub id."""
+    import hashlib
+
+    from spectra import gguffile, modelcache
+
+    hashed = []
+    digest = gguffile.digest
+    monkeypatch.setattr(gguffile, "digest", lambda path: hashed.append(path) or digest(path))
+    monkeypatch.setattr(gguffile, "_HASHES", {})
+    modelcache.entry(tiny_gguf)
+    assert checkpoints.weights_sha256(str(tiny_gguf)) == {tiny_gguf.name: hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()}
+    assert hashed == [tiny_gguf], "the model cache's hash is reused, not computed again"
+    found = checkpoints.weights_sha256(str(roberta_dir))
+    assert found == {name: hashlib.sha256((roberta_dir / name).read_bytes()).hexdigest()
+                     for name in ("model.safetensors",)}
+    assert checkpoints.weights_sha256("FacebookAI/roberta-base") is None

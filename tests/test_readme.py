@@ -130,7 +130,8 @@ def test_installs_are_ones_that_work() -> None:
 
 def written_files(path: Path) -> list[str]:
     """The files a document's shell commands write into the current directory: redirect targets (`> file`) and the
-    values of --out/--csv, relative paths only, leaving out figures/ (where committed pictures are meant to go)."""
+    values of --out/--csv, relative paths only, leaving out figures/ and results/ (where committed pictures and
+    published runs are meant to go: `spectra publish`)."""
     found = []
     for line in fenced_lines(path.read_text()):
         try:
@@ -138,7 +139,7 @@ def written_files(path: Path) -> list[str]:
         except ValueError:
             continue
         for flag, value in zip(tokens, tokens[1:]):
-            if flag in (">", ">>", "--out", "--csv") and not value.startswith(("/", "~", "figures/")):
+            if flag in (">", ">>", "--out", "--csv") and not value.startswith(("/", "~", "figures/", "results/")):
                 found.append(value)
     return found
 

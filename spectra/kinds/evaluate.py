@@ -26,7 +26,8 @@ loading, each example's prompt is checked against the positions (`TaskSource.sta
 
 Tables: task_examples.csv, task_scores.csv, task_lengths.csv, task_needle.csv, task_evicted.csv (`probes.tasks`);
 run.json also names what the records' needles hide in (`haystacks`: name, sha256 and tasks, `selection.haystacks`),
-which the run's first notice says; the run loads as `report.evaluate.TaskRun`.
+which the run's first notice says, and the sha256 of the artifact presses' files (`artifacts`, `kv.provenance`); the
+run loads as `report.evaluate.TaskRun`, and `spectra publish` writes its published form (`report.published`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 from .. import checkpoints
 from ..config import RunConfig
 from ..errors import SpectraError, spell
-from ..options import identity, option
+from ..options import option
 from ..registry import PRESSES
 from ..reporter import Reporter, plural
 from ..kv.tasks import selection
@@ -145,7 +146,7 @@ class Evaluate(PressStudy):
 
     def meta(self, config: RunConfig, options: EvaluateOptions, source) -> dict[str, Any]:
         """Also what the records' needles hide in: each haystack's name, sha256 and tasks (`selection.haystacks`)."""
-        return {**identity(options), "haystacks": selection.haystacks(source.records)}
+        return {**super().meta(config, options, source), "haystacks": selection.haystacks(source.records)}
 
     def memory(self, config: RunConfig, options: EvaluateOptions, source) -> float:
         """Bytes an example takes: its prefill's and its full cache's (`TaskSource.prefill_bytes`); a batch holds

@@ -200,6 +200,13 @@ class PressStudy(Analysis):
     def listings(self) -> dict[str, list[tuple[str, str]]]:
         return {"Presses": press_lines()}
 
+    def meta(self, config: RunConfig, options: PressOptions, source) -> dict[str, Any]:
+        """Also the sha256 of what the artifact presses read and of the data they were fitted on
+        (`kv.provenance.artifacts`)."""
+        from ..kv.provenance import artifacts
+
+        return {**super().meta(config, options, source), "artifacts": artifacts(options.presses)}
+
     def check(self, config: RunConfig, options: PressOptions, shape: checkpoints.Shape) -> None:
         check_patterns(options, shape.layers, shape.kv_heads, shape.name, shape.heads, hidden=shape.hidden)
         if shape.causal is False:

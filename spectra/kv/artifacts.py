@@ -27,6 +27,8 @@ from ..errors import SpectraError
 
 #: the files of an artifact directory, as `PyTorchModelHubMixin` names them
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+#: what `spectra artifacts` writes beside them (`rundir.write_meta`): the model, text and versions it was fitted with
+META_FILE = "run.json"
 
 
 @dataclass(frozen=True)
@@ -236,9 +238,11 @@ def load(kind: str, folder: str | Path) -> dict[str, Any]:
     return load_file(str(Path(folder) / WEIGHTS_FILE))
 
 
-def write(folder: str | Path, tensors: dict[str, Any], config: dict[str, Any]) -> Path:
+def write(folder: str | Path, tensors: dict[str, Any], config: dict[str, Any],
+          meta: dict[str, Any] | None = None) -> Path:
     """An artifact directory: `tensors` (name → torch tensor) as model.safetensors and `config` as config.json, as
-    `PyTorchModelHubMixin.save_pretrained` writes them (written under a temporary name, then moved into place)."""
+    `PyTorchModelHubMixin.save_pretrained` writes them, and `meta` (what it was fitted on) as run.json beside them,
+    which kvpress's loaders leave alone (written under a temporary name, then moved into place)."""
     import shutil
 
     from safetensors.torch import save_file
@@ -250,6 +254,10 @@ def write(folder: str | Path, tensors: dict[str, Any], config: dict[str, Any]) -
     save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(partial / WEIGHTS_FILE),
               metadata={"format": "pt"})
     (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    if meta is not None:
+        from ..rundir import write_meta
+
+        write_meta(partial, meta)
     if folder.exists():
         shutil.rmtree(folder)
     partial.rename(folder)

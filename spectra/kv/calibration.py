@@ -19,7 +19,8 @@ kvpress's recipe for the statistics cuts each of 100 booksum chapters to its fir
 local files (no download) and counts in tokens. Everything the user can get wrong is refused in one line before the
 model loads: the kind, the files (missing, not UTF-8), the sizes, the output directory, then with the tokenizer alone
 text too short for one block; text that gives fewer blocks than asked for is fitted on, said in one notice line (as
-analyze says a corpus that yields fewer sequences).
+analyze says a corpus that yields fewer sequences). Beside the artifact, run.json records what it was fitted on (the
+model's and every text file's sha256: `fitted`), which a run of its press records in turn (`kv.provenance`).
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def make_artifact(request: ArtifactRequest, progress: Callable[[int], None] | No
 
             states, scores = surrogates.collect(loaded.model, loaded.layers, blocks, repetition, progress)
             tensors, config = surrogates.fit(states, scores, request.surrogate)
-            return artifacts.write(out, tensors, config)
+            return artifacts.write(out, tensors, config, fitted(request, loaded, len(blocks)))
         if not models.rotary(loaded.model):
             raise SpectraError(f"{loaded.name} has no rotary position embedding (RoPE): {kind} scores post-RoPE "
                                "keys with statistics of rotated queries")
@@ -236,4 +237,18 @@ def make_artifact(request: ArtifactRequest, progress: Callable[[int], None] | No
         config = {"num_layers": first.shape[0], "num_heads": first.shape[1], "head_dim": first.shape[2],
                   "dataset_name": ",".join(str(path) for path in paths), "model_name": loaded.name,
                   "num_samples": len(blocks), "sample_seq_len": length, "n_sink": SINKS}
-    return artifacts.write(out, tensors, config)
+    return artifacts.write(out, tensors, config, fitted(request, loaded, len(blocks)))
+
+
+def fitted(request: ArtifactRequest, loaded: models.Loaded, blocks: int) -> dict:
+    """The artifact's run.json: what it was fitted on — the model (its weights' sha256), each text file's name, bytes
+    and sha256 (`data`, which a run reading the artifact records: `kv.provenance`), the blocks and their length — and
+    the versions, so a press's numbers name the bytes behind them."""
+    from .. import gguffile
+    from ..rundir import versions
+
+    files = [{"name": path.name, "bytes": path.stat().st_size, "sha256": gguffile.sha256(path)}
+             for path in request.data]
+    return {"artifact": request.kind, "model": loaded.describe(), "data": {"files": files, "length": request.length,
+            "blocks": blocks}, **({"surrogate": request.surrogate} if request.kind == "kvzap" else {}),
+            "versions": versions()}

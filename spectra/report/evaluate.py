@@ -9,7 +9,8 @@ score, the full cache's on the same examples, the difference, with bootstrap int
 (task_lengths.csv: the same per task and length), `needle` (task_needle.csv: per press, ratio, layer and key/value
 head the needle kept and the full cache's attention on it) and `evicted` (task_evicted.csv: per example a press
 failed — scored below the full cache — the layers where no head kept the needle);
-needle.npz holds the per-example arrays.
+needle.npz holds the per-example arrays. A published folder (`spectra publish`, `report.published`) reads back as
+the run, its tables gzipped.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runs import FinishedRun, read_table
+from .published import PUBLISHED, SUFFIX, verified
 from .cache import by_bytes, once_note, one_row_each, same_at_every_ratio
 from .plots import style
 from .plots.scores import draw_task_scores
@@ -52,13 +54,16 @@ class TaskRun(FinishedRun):
 
 
 def load(path: Path, meta: dict[str, Any]) -> TaskRun:
-    """A finished task run's tables (predictions kept as text: an answer such as "007" stays a string)."""
+    """A finished task run's tables (predictions kept as text: an answer such as "007" stays a string), from its run
+    directory or its published folder (`report.published`: each file's sha256 checked first)."""
+    gz = verified(path, meta)
     text = {"prediction": str, "evicted_layers": str, "task": str}
-    return TaskRun(path, meta, read_table(path, "task_examples.csv", dtype=text, keep_default_na=False,
+    return TaskRun(path, meta, read_table(path, "task_examples.csv" + gz, dtype=text, keep_default_na=False,
                                           na_values={"depth": [""], "needle_kept": [""]}),
-                   read_table(path, "task_scores.csv", dtype=text), read_table(path, "task_lengths.csv", dtype=text),
-                   read_table(path, "task_needle.csv"),
-                   read_table(path, "task_evicted.csv", dtype=text, keep_default_na=False, na_values={"depth": [""]}))
+                   read_table(path, "task_scores.csv" + gz, dtype=text),
+                   read_table(path, "task_lengths.csv" + gz, dtype=text), read_table(path, "task_needle.csv" + gz),
+                   read_table(path, "task_evicted.csv" + gz, dtype=text, keep_default_na=False,
+                              na_values={"depth": [""]}))
 
 
 def needle_vs_score(run: TaskRun) -> pd.DataFrame:
@@ -190,9 +195,10 @@ def show_questions(run: TaskRun) -> None:
     from .console import print_frame
     from ..runs import read_table
 
-    if not (run.path / "task_questions.csv").exists():
+    name = "task_questions.csv" + (SUFFIX if PUBLISHED in run.meta else "")  # checked when the run loaded
+    if not (run.path / name).exists():
         return
-    table = read_table(run.path, "task_questions.csv", dtype={"task": str})
+    table = read_table(run.path, name, dtype={"task": str})
     for task, mine in table.groupby("task", sort=False):
         shown = mine[["press", "ratio", "question", "examples", "score", "delta"]]
         print_frame(shown, f"{task}: per question (its index in the record), the mean score over the records asking "

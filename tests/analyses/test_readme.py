@@ -328,3 +328,44 @@ def test_render_writes_documents_and_check_catches_a_document_edited_by_hand(tmp
     assert readme.main(["--documents", str(template), "--render", "--check"]) == 2
     assert readme.main(["--documents", str(tmp_path / "none.md"), "--render"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_published_runs_are_read_from_the_repository_and_never_run(chat_decoder, tmp_path, capsys,
+                                                                   monkeypatch) -> None:
+    """A code block that publishes its runs (`spectra publish … --out results/board`) is rendered from the committed
+    folders: --check needs no work directory and runs nothing (the task file's line neither); a published file whose
+    sha256 differs, or a published run its command no longer means, is one line and exit code 2, nothing written."""
+    import task_files
+    from spectra.report.published import publish
+
+    data = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=2))
+    run = spectra.evaluate(str(chat_decoder), str(data), presses="knorm", ratios="0.5", out=tmp_path / "board-a",
+                           progress=None, notify=quiet)
+    repository = tmp_path / "repository"
+    folder = publish([run.path], repository / "results" / "board")[0]
+    path = tmp_path / "README.md"
+    path.write_text(f"```\nMODEL={chat_decoder}\n```\n\n```\nspectra tasks $MODEL --tasks passkey --length 160 "
+                    "--samples 2 --out tasks.jsonl\nspectra evaluate $MODEL --data tasks.jsonl --presses knorm "
+                    "--ratios 0.5 --out runs/board-a\nspectra publish runs/board-a --out results/board\n```\n\n"
+                    "<!-- numbers: board -->\n<!--{rows}-->0<!--/--> rows.\n<!-- /numbers -->\n")
+    counted = numbers.Renderer(("evaluate",), lambda runs: slots.Rendered(
+        {"rows": str(sum(len(found.examples) for found in runs["evaluate"]))}, {}))
+    monkeypatch.setitem(numbers.RENDERERS, "board", counted)
+    arguments, calls = ["--documents", str(path), "--work", str(tmp_path / "no-work")], []
+    assert readme.main([*arguments, "--check"], in_process(calls), repository) == 1, "the value differs"
+    assert readme.main(arguments, in_process(calls), repository) == 0
+    assert "<!--{rows}-->4<!--/--> rows." in path.read_text() and len(run.examples) == 4
+    assert readme.main([*arguments, "--check"], in_process(calls), repository) == 0
+    assert calls == [] and not (tmp_path / "no-work" / "runs").exists(), "nothing ran"
+    before = path.read_text()
+    table = folder / "task_scores.csv.gz"
+    table.write_bytes(table.read_bytes()[:-4])
+    capsys.readouterr()
+    assert readme.main([*arguments, "--check"], in_process(calls), repository) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: {table} has sha256 ") and "publish the run again" in err[-1]
+    publish([run.path], repository / "results" / "board")
+    path.write_text(before.replace("--ratios 0.5", "--ratios 0.75"))
+    assert readme.main(arguments, in_process(calls), repository) == 2
+    assert "recorded ratios=[0.5] other than" in capsys.readouterr().err
+    assert calls == [] and path.read_text() == before.replace("--ratios 0.5", "--ratios 0.75")

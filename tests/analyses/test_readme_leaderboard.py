@@ -26,6 +26,26 @@ TASKS, EXAMPLES = ("passkey", "niah_single_1", "vt"), 10
 
 #: the layer where each press's failures lost the whole needle from every key/value head (task_evicted.csv)
 LOST_IN = {"kvzip": 0, "snapkv": 1}
+#: comparisons with kvpress (`spectra.report.equality`): the full cache and kvzip equal in every answer compared,
+#: snapkv in 3 of 4, question-free; kvzip differs once query-aware, and on many-question records only kvzip was compared
+COMPARED = [("full", "question-free", "one", 0.0, 2, 2), ("kvzip", "question-free", "one", 0.5, 2, 2),
+            ("kvzip", "question-free", "one", 0.75, 2, 2), ("snapkv", "question-free", "one", 0.5, 2, 2),
+            ("snapkv", "question-free", "one", 0.75, 2, 1), ("kvzip", "query-aware", "one", 0.5, 2, 1),
+            ("kvzip", "question-free", "several", 0.5, 3, 3)]
+
+
+@pytest.fixture(autouse=True)
+def compared(tmp_path, monkeypatch) -> Path:
+    """The committed comparisons the column reads, here COMPARED (the repository's own table is left alone)."""
+    from spectra.report import equality
+
+    path = tmp_path / "kvpress-equality.csv"
+    pd.DataFrame([{"press": press, "loop": loop, "questions": questions, "ratio": ratio, "data": "t.jsonl",
+                   "data_sha256": "s", "compared": count, "equal": equal, "kvpress": "0.5.5"}
+                  for press, loop, questions, ratio, count, equal in COMPARED],
+                 columns=list(equality.COLUMNS)).to_csv(path, index=False)
+    monkeypatch.setattr(board, "EQUALITY", path)
+    return path
 
 
 def task_run(name: str, presses: tuple[str, ...], sha: str = "s") -> TaskRun:
@@ -63,10 +83,12 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     kvzip_mean = np.mean([(1.0 + 0.9) / 2, (0.8 + 0.8) / 2])
     assert values["first_score"] == f"{kvzip_mean:.2f}"
     lines = values["table"].splitlines()
-    assert lines[0] == "| rank | tier | press | r = 0.5 | r = 0.75 | mean over r | rank (95%) |"
-    assert lines[2].startswith("|  |  | full cache | 0.95 [") and lines[2].endswith("|  |")
-    assert lines[3].startswith("| 1 | 1 | `kvzip` | 0.95 [") and lines[3].endswith(" | 1 |")
-    assert lines[4].startswith("| 2 | 2 | `snapkv` | 0.15 [") and lines[4].endswith(" | 2 |")
+    assert lines[0] == "| rank | tier | press | r = 0.5 | r = 0.75 | mean over r | rank (95%) | = kvpress (cells) |"
+    assert lines[2].startswith("|  |  | full cache | 0.95 [") and lines[2].endswith("|  | 2/2 |")
+    assert lines[3].startswith("| 1 | 1 | `kvzip` | 0.95 [") and lines[3].endswith(" | 1 | 4/4 |")
+    assert lines[4].startswith("| 2 | 2 | `snapkv` | 0.15 [") and lines[4].endswith(" | 2 | 3/4 |")
+    # only kvzip is equal to kvpress in every answer compared, of the two presses kvpress has
+    assert (values["equal_to_kvpress"], values["kvpress_peers"], values["kvpress_compared"]) == ("`kvzip`", "2", "2")
     # one pair, told apart (0.85 against 0.15 on the same 20 examples): two tiers, ranks that never swap
     assert (values["pairs"], values["tiers"], values["top_tier"], values["reference_tier"]) == ("1", "2", "`kvzip`",
                                                                                                 "2")
@@ -101,7 +123,7 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
     assert values["reference_depth"] == "0.90" and values["reference_kept"] == "3"
     assert rendered.claims == {"first-below-full": True, "reference-outside-top": False,
                                "reference-below-top-tier": True, "leaders-keep-part": False,
-                               "reference-answers-late": True}
+                               "reference-answers-late": True, "every-peer-equal": False}
 
 
 def test_the_front_page_lists_the_top_of_the_ranking() -> None:
@@ -135,7 +157,11 @@ def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> No
         column = {0.5: 3, 0.75: 4}[ratio]  # after rank, tier and press
         assert row.split("|")[column + 1].strip().startswith(f"{kept / 22:.2f} ["), (press, ratio)
     assert values["first"] == "`kvzip`" and values["reference_rank"] == "2"
-    assert rendered.claims == {"full-below-holds": True, "first-loses-some": True}  # 22 of 30; kvzip 17 of 22 at 0.75
+    assert rendered.claims == {"full-below-holds": True, "first-loses-some": True,  # 22 of 30; kvzip 17 of 22 at 0.75
+                               "every-peer-equal": False}  # snapkv not compared on many-question records
+    lines = values["table"].splitlines()
+    assert lines[3].endswith(" | 3/3 |") and lines[4].endswith(" | not compared |") and lines[2].endswith(
+        " | not compared |")
     # the other filter, named: every question, answered by the full cache or not (kvzip 22 and 17 of 30, snapkv 3, 1)
     every = values["all_table"].splitlines()
     assert every[2].startswith(f"|  |  | full cache | {22 / 30:.2f} [") and values["all_first"] == "`kvzip`"
@@ -164,7 +190,8 @@ def test_a_press_that_stored_the_whole_cache_is_listed_without_a_rank_and_named(
     values = board.leaderboard_page({"evaluate": [run]}).values
     assert values["presses"] == "2" and values["first"] == "`kvzip`"
     assert values["unranked"] == "`simlayerkv` (1.00 of the bytes at every ratio)"
-    assert "| — | — | `simlayerkv` |" in values["table"] and values["table"].splitlines()[-1].endswith(" | — |")
+    assert "| — | — | `simlayerkv` |" in values["table"] and values["table"].splitlines()[-1].endswith(
+        " | — | not compared |")
     assert board.leaderboard_page({"evaluate": [task_run("b", ("kvzip",))]}).values["unranked"] == "none"
 
 
@@ -186,3 +213,26 @@ def test_the_templates_slots_and_claims_are_the_renderers() -> None:
         body = re.search(rf"^<!-- numbers: {name} -->\n(.*?)^<!-- /numbers -->", text, re.M | re.S)[1]
         filled, _ = slots.fill(body, renderer(runs), name)
         assert "not yet rendered" not in filled and "| tier |" in filled, name
+
+
+def test_the_column_says_what_kvpress_lacks_and_the_claim_holds_only_where_every_answer_is_equal(compared) -> None:
+    """A press kvpress lacks reads "—" and is not counted among those the prose may call equal; with snapkv's
+    unequal answer gone, every press kvpress has is equal in every answer compared, and the claim holds; query-aware
+    runs read that loop's comparisons."""
+    run = task_run("a", ("kvzip", "snapkv"))
+    own = run.examples[run.examples["press"] == "kvzip"].assign(press="lowrank")  # spectra's own: no kvpress peer
+    run = TaskRun(run.path, run.meta, pd.concat([run.examples, own], ignore_index=True), run.scores, run.lengths,
+                  run.needle, run.evicted)
+    rendered = board.leaderboard_page({"evaluate": [run]})
+    assert next(line for line in rendered.values["table"].splitlines() if "`lowrank`" in line).endswith(" | — |")
+    assert rendered.values["kvpress_peers"] == "2" and rendered.claims["every-peer-equal"] is False
+    table = pd.read_csv(compared)
+    table.loc[(table["press"] == "snapkv") & (table["ratio"] == 0.75), "equal"] = 2
+    table.to_csv(compared, index=False)
+    rendered = board.leaderboard_page({"evaluate": [run]})
+    assert rendered.values["equal_to_kvpress"] == "`kvzip`, `snapkv`" and rendered.claims["every-peer-equal"]
+    aware = TaskRun(run.path, {**run.meta, "query_aware": True}, run.examples, run.scores, run.lengths, run.needle,
+                    run.evicted)
+    values = board.leaderboard_page({"evaluate": [aware]}).values
+    assert next(line for line in values["table"].splitlines() if "`kvzip`" in line).endswith(" | 1/2 |")
+    assert values["equal_to_kvpress"] == "none" and values["kvpress_compared"] == "1"

@@ -56,6 +56,18 @@ def test_the_full_cache_answers_as_model_generate(finished, chat_decoder, task_f
         assert full.loc[record.example, "prediction"] == tokenizer.decode(generated, skip_special_tokens=True)
 
 
+def test_run_json_names_the_bytes_behind_the_numbers(finished, chat_decoder, task_file) -> None:
+    """The task file's, the model's weights' and the artifact presses' sha256 (none here), the haystacks and the
+    versions: what a published run's numbers are auditable against."""
+    import hashlib
+
+    meta = finished.meta
+    assert meta["data"]["sha256"] == hashlib.sha256(task_file.read_bytes()).hexdigest()
+    assert meta["model"]["weights"] == {"model.safetensors": hashlib.sha256(
+        (chat_decoder / "model.safetensors").read_bytes()).hexdigest()}
+    assert meta["artifacts"] == [] and meta["haystacks"] and {"torch", "transformers"} <= set(meta["versions"])
+
+
 def test_the_tables_hold_every_cell(finished, task_file) -> None:
     records = read_records(task_file)
     examples = finished.examples

@@ -6,6 +6,7 @@ the requests refused before any model loads."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -93,6 +94,13 @@ def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: 
                             samples=samples)
     config = json.loads((written / artifacts.CONFIG_FILE).read_text())
     assert config == {"num_layers": layers, "num_kv_heads": 2, "kv_head_dim": dim}
+    fitted = json.loads((written / artifacts.META_FILE).read_text())  # what it was fitted on, by sha256
+    assert fitted["data"] == {"files": [{"name": text_file.name, "bytes": text_file.stat().st_size,
+                                         "sha256": hashlib.sha256(text_file.read_bytes()).hexdigest()}],
+                              "length": length, "blocks": samples}
+    assert fitted["model"]["weights"] == {"model.safetensors": hashlib.sha256(
+        (llama_dir / "model.safetensors").read_bytes()).hexdigest()}
+    assert fitted["artifact"] == "qfilter" and "torch" in fitted["versions"]
     filters = artifacts.load("qfilter", written)["q_filters"].double().numpy()
     groups = heads // 2
     for layer in range(layers):
