@@ -128,6 +128,7 @@ def test_the_kvzap_entries_take_their_surrogate_and_threshold(tmp_path) -> None:
     assert REGISTRY["kvzap_mlp"].written == "kvpress:kvzap_mlp(<artifact>,<threshold>)"
     assert configurations.THRESHOLDS["Qwen/Qwen3-8B"] == (-3, -4, -5, -6)
     assert configurations.THRESHOLDS["meta-llama/Llama-3.1-8B-Instruct"] == (-6, -7, -8, -9)
+    assert configurations.THRESHOLDS["HuggingFaceTB/SmolLM2-135M-Instruct"] == (0, -2, -4, -6)  # RESULTS §27
     for written, message in (
             (f"kvpress:kvzap_mlp({linear},-6)", f"model_type 'mlp', and the one in {linear} is 'linear'"),
             (f"kvpress:kvzap_linear({mlp},-6)", f"model_type 'linear', and the one in {mlp} is 'mlp'"),
