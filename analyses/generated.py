@@ -50,13 +50,15 @@ def kvpress_registry() -> str:
             continue
         changed = "; ".join(f"{press} {key}={value} ({PRESSES.entries()[press].facts['fields'][key]})"
                             for press, values in entry.settings.items() for key, value in values.items())
-        rows.append(f"| `{entry.written}` | `{entry.kvpress}` | `{entry.expression}` | {changed or 'defaults'} |")
+        expression = entry.expression_of([f"<{part}>" for part in entry.parameters])
+        rows.append(f"| `{entry.written}` | `{entry.kvpress}` | `{expression}` | {changed or 'defaults'} |")
     presets = [bullet(name, ", ".join(f"`{press}`" for press in presses))
                for name, presses in configurations.PRESETS.items()]
     left = ", ".join(f"`{name}`" for name in configurations.left_out())
     return "\n".join([*rows, "", *presets, "", textwrap.fill(
-        f"The presets leave out the leaderboard's {left}: spectra runs them otherwise or not at all (the table says "
-        "how).", WIDTH, break_long_words=False, break_on_hyphens=False)]) + "\n"
+        f"The presets leave out the leaderboard's {left}: they take an artifact spectra fits (and a threshold), or "
+        "spectra runs them otherwise or not at all (the table says how).", WIDTH, break_long_words=False,
+        break_on_hyphens=False)]) + "\n"
 
 
 #: generator name → the function writing its block

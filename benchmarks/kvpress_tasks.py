@@ -59,6 +59,9 @@ FINCH_WINDOW = 64
 #: `kvpress:<name>` (spectra.kv.configurations) → the instance kvpress's evaluation registry builds, as it writes it
 #: (`AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))`): the worker builds kvpress's own configuration from it
 INSTANCES: dict[str, str] = {}
+#: `kvpress:<name>(…)` → what is written in its parentheses, by spectra's parameter names (`kvpress:kvzap_mlp(DIR,-6)`:
+#: {"artifact": DIR, "threshold": "-6"}): the surrogate kvpress would download, read from DIR, and DMSPress's threshold
+GIVEN: dict[str, dict[str, str]] = {}
 
 
 def split_arguments(text: str) -> list[str]:
@@ -92,6 +95,7 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     WRAPPERS: kvpress's wrapper around the inner press, built the same way; `kvzip`: KVzipPress, its tokenizer read
     from the model's GGUF file (`serve_tokenizer`); `composed(a,b,…)`: ComposedPress of each press at the ratio;
     `finch`: FinchPress (`finch`; the worker makes its delimiter real for a query-aware prompt);
+    `dms(<scorer>,<threshold>)`: DMSPress(press=scorer, threshold) (its window kvpress's default, 128);
     `prefill_decoding(<scorer>[,<decodable>])`: PrefillDecodingPress of the scorer at the ratio and a DecodingPress of
     the decodable one (or the same) every `interval` steps at the target n_kept(`context`, ratio), `context` the
     prompt's context tokens (spectra's --compression-interval, 512 by default); `cam(<decodable>)`: CAMPress of the
@@ -101,7 +105,10 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     if name in INSTANCES:
         if "KVzipPress" in INSTANCES[name]:
             serve_tokenizer(model.config.name_or_path)
-        return registry_press(kvpress, INSTANCES[name], ratio, seed)
+        return registry_press(kvpress, INSTANCES[name], ratio, seed, GIVEN.get(name, {}))
+    if name.startswith("dms(") and name.endswith(")"):  # DMSPress around the scorer, at a threshold, not a ratio
+        inner, threshold = split_arguments(name[len("dms("):-1])
+        return kvpress.DMSPress(press=make_press(kvpress, inner, ratio, model, seed=seed), threshold=float(threshold))
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
             return getattr(kvpress, peer)(press=make_press(kvpress, name[len(wrapper) + 1:-1], ratio, model,
@@ -144,11 +151,13 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     return found if found is not None else getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
 
 
-def registry_press(kvpress, written: str, ratio: float, seed: int):
+def registry_press(kvpress, written: str, ratio: float, seed: int, given: dict[str, str] | None = None):
     """kvpress's press from its evaluation registry's text (`ChunkKVPress(press=SnapKVPress(), chunk_length=20)`),
     built from kvpress's classes (the text read as Python syntax: calls, keywords, lists and constants only), its ratio
-    set as kvpress's evaluate.py sets it: ThinK's key-channel ratio, each press of a ComposedPress's, else the press's
-    own (a wrapper hands it to its scorer); RandomPress draws with `seed`, as spectra's random for the example."""
+    set as kvpress's evaluate.py sets it: ThinK's key-channel ratio, each press of a ComposedPress's, DMSPress's
+    threshold (`given["threshold"]`; its compression_ratio cannot be set), else the press's own (a wrapper hands it to
+    its scorer); RandomPress draws with `seed`, as spectra's random for the example; a KVzapPress inside scores with
+    the surrogate in `given["artifact"]` (`use_surrogate`), which kvpress would download."""
     import ast
 
     def built(node):
@@ -159,12 +168,17 @@ def registry_press(kvpress, written: str, ratio: float, seed: int):
             return [built(item) for item in node.elts]
         return ast.literal_eval(node)
 
-    press = built(ast.parse(written, mode="eval").body)
+    press, given = built(ast.parse(written, mode="eval").body), given or {}
     for part in press.presses if isinstance(press, kvpress.ComposedPress) else [press]:
         if isinstance(part, kvpress.ThinKPress):
             part.key_channel_compression_ratio = ratio
+        elif isinstance(part, kvpress.DMSPress):
+            part.threshold = float(given["threshold"])
         else:
             part.compression_ratio = ratio
+        inner = getattr(part, "press", None)
+        if isinstance(part, kvpress.KVzapPress) or isinstance(inner, kvpress.KVzapPress):
+            use_surrogate(part if isinstance(part, kvpress.KVzapPress) else inner, given["artifact"])
         if isinstance(part, kvpress.RandomPress):
             part.seed = seed
     return press
@@ -191,19 +205,30 @@ def artifact_press(kvpress, name: str, ratio: float):
     if name.startswith("kvzap(") and name.endswith(")"):
         from kvpress.presses.kvzap_press import KVzapModel
 
-        surrogate = KVzapModel.from_pretrained(name[len("kvzap("):-1])
-        press = kvpress.KVzapPress(compression_ratio=ratio,
-                                   model_type="linear" if surrogate.config.hidden_dim is None else "mlp")
-        press.kvzap_model = surrogate
-        own = press.post_init_from_model
-
-        def post_init_from_model(model) -> None:  # the name kvpress computes: its own check then loads nothing
-            press.kvzap_model_name = f"nvidia/KVzap-{press.model_type}-{model.config.name_or_path.split('/')[-1]}"
-            own(model)
-
-        press.post_init_from_model = post_init_from_model
-        return press
+        folder = name[len("kvzap("):-1]
+        hidden = KVzapModel.from_pretrained(folder).config.hidden_dim
+        return use_surrogate(kvpress.KVzapPress(compression_ratio=ratio,
+                                                model_type="linear" if hidden is None else "mlp"), folder)
     return None
+
+
+def use_surrogate(press, folder: str):
+    """kvpress's KVzapPress `press` scoring with the surrogate in `folder`, read by kvpress's own
+    `KVzapModel.from_pretrained`, `kvzap_model_name` set when the press meets the model to the name its
+    `post_init_from_model` computes, so that it downloads nothing; the surrogate must be of the press's model_type."""
+    from kvpress.presses.kvzap_press import KVzapModel
+
+    surrogate = KVzapModel.from_pretrained(folder)
+    assert (surrogate.config.hidden_dim is None) == (press.model_type == "linear"), (folder, press.model_type)
+    press.kvzap_model = surrogate
+    own = press.post_init_from_model
+
+    def post_init_from_model(model) -> None:  # the name kvpress computes: its own check then loads nothing
+        press.kvzap_model_name = f"nvidia/KVzap-{press.model_type}-{model.config.name_or_path.split('/')[-1]}"
+        own(model)
+
+    press.post_init_from_model = post_init_from_model
+    return press
 
 
 def lukv_press(kvpress, curve: str, ratio: float):
@@ -285,6 +310,7 @@ def worker(job_path: str, result_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     INSTANCES.update(job.get("instances", {}))
+    GIVEN.update(job.get("given", {}))
     model, pipe = kvpress_pipeline(job)
     cells = [("full", 0.0)] * job.get("full", True) + [(press, ratio) for press in job["presses"]
                                                         for ratio in job["ratios"]]
@@ -335,8 +361,8 @@ def worker(job_path: str, result_path: str) -> None:
                             cell = {"press": press, "ratio": ratio, "query_aware": aware,
                                     "example": record["example"], "question": j, "prediction": answer,
                                     "seconds": seconds}
-                            if press.startswith("duo("):  # kvpress's own account of what DuoAttention saved
-                                cell["compression_ratio"] = made.compression_ratio
+                            if isinstance(made, (kvpress.DuoAttentionPress, kvpress.DMSPress)):  # kvpress's own
+                                cell["compression_ratio"] = made.compression_ratio  # account of what it saved
                             log.write(json.dumps(cell) + "\n")
                             done.append(cell)
                         log.flush()
@@ -441,8 +467,9 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
            # random's seed per example, as `spectra cache` (--seed 0) draws it
            "random_seeds": {str(r.example): Random.seed_of(0, r.example) for r in records},
            # kvpress:<name>: the instance kvpress's evaluation registry builds for it
-           "instances": {press: configurations.REGISTRY[press.removeprefix(configurations.PREFIX)].kvpress
-                         for press in presses if press.startswith(configurations.PREFIX)}}
+           "instances": {press: configured_entry(press).kvpress for press in presses
+                         if press.startswith(configurations.PREFIX)},
+           "given": {press: configured_given(press) for press in presses if press.startswith(configurations.PREFIX)}}
     previous = scratch / "job.json"
     if previous.exists() and json.loads(previous.read_text())["records"] != job["records"]:
         (scratch / "kvpress.cells.jsonl").unlink(missing_ok=True)  # other records: nothing to resume
@@ -458,6 +485,22 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
         rows.append({**cell, "task": record.task, "length": record.length, "depth": record.depth,
                      "score": score(record.task, cell["prediction"], answers)})
     return pd.DataFrame(rows), report
+
+
+def configured_entry(press: str):
+    """The entry of kvpress's evaluation registry `kvpress:<name>` or `kvpress:<name>(…)` names."""
+    from spectra.kv import configurations
+
+    return configurations.REGISTRY[press.removeprefix(configurations.PREFIX).split("(")[0]]
+
+
+def configured_given(press: str) -> dict[str, str]:
+    """What `kvpress:<name>(a,b)` gives in its parentheses, by the entry's parameter names."""
+    from spectra.arguments import applied
+    from spectra.inputs import split_top
+
+    parts = applied(press.split(":", 1)[1])
+    return dict(zip(configured_entry(press).parameters, split_top(parts[1]))) if parts else {}
 
 
 def agreement(kvpress, spectra, query_aware: bool = False):
@@ -563,11 +606,12 @@ def main_tasks(args) -> None:
                                    report["versions"]["kvpress"])
             print(f"{int(rows['equal'].sum())} of {int(rows['compared'].sum())} answers equal, recorded in "
                   f"{args.equality}")
-        if "compression_ratio" in table and "kept" in ours:  # DuoAttention: kvpress's account of what it saved
+        if "compression_ratio" in table and "kept" in ours:  # DuoAttention, DMS: kvpress's account of what it saved
             saved = table[table["query_aware"] == aware].dropna(subset=["compression_ratio"]).merge(
                 ours[["press", "ratio", "example", "kept"]], on=["press", "ratio", "example"])
             gap = (saved["compression_ratio"] - (1 - saved["kept"])).abs().max()
-            print(f"DuoAttention's compression: kvpress's compression_ratio {saved['compression_ratio'].min():.4f}–"
+            print(f"DuoAttention's or DMS's compression: kvpress's compression_ratio "
+                  f"{saved['compression_ratio'].min():.4f}–"
                   f"{saved['compression_ratio'].max():.4f}, spectra's 1 − kept equal within {gap:.1e} "
                   f"({len(saved)} cells)")
 

@@ -9,8 +9,12 @@ Torch-free and registry-free (`registry.Registry.resolve` applies it to its entr
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
+
+from .errors import SpectraError
+from .inputs import split_top
 
 #: `name(argument)`: a declared name applied to an argument (the argument may itself hold parentheses); `name()`
 _APPLIED, _EMPTY = re.compile(r"^([A-Za-z][\w-]*)\((.+)\)$", re.DOTALL), re.compile(r"^([A-Za-z][\w-]*)\(\s*\)$")
@@ -27,8 +31,9 @@ def called_empty(name: str) -> str | None:
     match = _EMPTY.match(name.strip())
     return match.group(1) if match else None
 
-#: the facts that say what a name's arguments are, which the name with its arguments no longer has
-ARGUMENT_FACTS = ("wraps", "argument", "check", "several", "refuses")
+#: the facts that say what a name's arguments are, which the name with its arguments no longer has (`number`: a name
+#: wrapping another takes a number after it, `dms(<scorer>,<threshold>)`, and names what it is)
+ARGUMENT_FACTS = ("wraps", "argument", "check", "several", "refuses", "number")
 
 
 def kinds_of(several: str) -> list[str]:
@@ -48,11 +53,12 @@ def several_kinds(several: str, count: int) -> tuple[str, ...] | None:
     return tuple(kinds) if count == len(kinds) else None
 
 
-def written(name: str, single: str, several: str) -> str:
-    """How `name` is written in listings: `adakv(<scorer>)` (its one argument `single`), `composed(<press>,<press>,...)`
-    (`several`), or both forms: `prefill_decoding(<decodable>) or prefill_decoding(<scorer>,<decodable>)`."""
+def written(name: str, single: str, several: str, number: str = "") -> str:
+    """How `name` is written in listings: `adakv(<scorer>)` (its one argument `single`), `dms(<scorer>,<threshold>)`
+    (a `number` after it), `composed(<press>,<press>,...)` (`several`), or both forms: `prefill_decoding(<decodable>)
+    or prefill_decoding(<scorer>,<decodable>)`."""
     kinds = [kind.strip() for kind in several.split(",") if kind.strip()]
-    forms = [f"<{single}>"] if single or not kinds else []
+    forms = [f"<{single}>" + (f",<{number}>" if number else "")] if single or not kinds else []
     if kinds:
         forms.append(",".join(f"<{kind.rstrip('…')}>,..." if kind.endswith("…") else f"<{kind}>" for kind in kinds))
     return " or ".join(f"{name}({form})" for form in forms)
@@ -93,17 +99,63 @@ def not_one(said: dict[str, str], found: list[str], with_argument: bool) -> str:
     return "not one: it is written with an argument" if with_argument else "not one"
 
 
+def number_of(name: str, argument: str, number: str) -> tuple[str, float]:
+    """('kvzap(DIR)', -6.0) for the argument 'kvzap(DIR),-6' of a name taking a press and then a `number` (its words:
+    'threshold'); one line (SpectraError) where there is no number after the press, or it is not a finite number."""
+    try:
+        parts = split_top(argument)
+    except ValueError as error:
+        raise SpectraError(f"press '{name}': {error}") from None
+    base = name.split("(")[0]
+    if len(parts) != 2 or not all(parts):
+        raise SpectraError(f"press '{name}': {base} takes the press it wraps and then one {number}, e.g. "
+                           f"{base}({parts[0] or 'knorm'},-6)")
+    try:
+        value = float(parts[1])
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise SpectraError(f"press '{name}': its {number} '{parts[1]}' is not a finite number")
+    return parts[0], value
+
+
+def takes_argument(entry: Any) -> bool:
+    """Whether a declared name (a registry `Entry`) is used as `name(argument)` (or `name(a,b,…)`)."""
+    return bool(entry.facts.get("wraps") or entry.facts.get("argument") or entry.facts.get("several"))
+
+
+def wrapped_entry(registry: Any, name: str, base: Any, argument: str) -> Any:
+    """The entry of the name `name` (`base` wrapping `argument`, followed by its `number` where `base` takes one)
+    wraps, from `registry`: a name used alone or with its own argument (`kvzap(DIR)`) having the fact `base` wraps;
+    refused in one line otherwise (unknown, not one, or a name written with an argument given without)."""
+    entries, wraps = registry.entries(), str(base.facts["wraps"])
+    if base.facts.get("number"):  # dms(<scorer>,<threshold>): the press, then a number
+        argument = number_of(name, argument, str(base.facts["number"]))[0]
+    inner = applied(argument)
+    found = entries.get(argument) or (registry.resolve(argument) if inner and inner[0] in entries else None)
+    if found is None or not found.facts.get(wraps) or (argument in entries and takes_argument(found)):
+        fitting = [registry.listing_of(other) if takes_argument(entry) else other
+                   for other, entry in entries.items() if entry.facts.get(wraps)]
+        why = ("unknown" if found is None else "not one" if not found.facts.get(wraps) else
+               f"written {registry.listing_of(argument)}")
+        raise SpectraError(f"{registry.what} '{name}': {base.name} wraps a {wraps} {registry.what}, and '{argument}' "
+                           f"is {why}; {plural(wraps)}: {', '.join(fitting)}")
+    return found
+
+
 def plural(word: str) -> str:
     """'press' → 'presses', 'scorer' → 'scorers'."""
     return word + ("es" if word.endswith("s") else "s")
 
 
-def needed(name: str, what: str, kind: str, fitting: list[str], count: int, listing: str) -> str:
+def needed(name: str, what: str, kind: str, fitting: list[str], count: int, listing: str, number: str = "") -> str:
     """What `name`, written with nothing in its parentheses, needs: `count` arguments of `kind` (one `what`: a name
     wrapping another; several: `what`s), with an example from `fitting` (the names that fit) — "adakv needs a scorer
     press as its argument, e.g. adakv(streaming); scorers: …"; `listing`: how it is written."""
     if not fitting:
         return f"{name} needs an argument: {listing}"
+    if number:
+        return f"{name} needs a {kind} {what} and its {number}: {listing}, e.g. {name}({fitting[0]},<{number}>)"
     if count == 1:
         return (f"{name} needs a {kind} {what} as its argument, e.g. {name}({fitting[0]}); {plural(kind)}: "
                 f"{', '.join(fitting)}")

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from .declarations import Package
 from .errors import SpectraError
 from .arguments import (ARGUMENT_FACTS, PRESS_SAID, applied, called_empty, either, kinds_of, merge_fact, needed,
-                        not_one, plural, several_kinds, written)
+                        not_one, number_of, plural, several_kinds, takes_argument, wrapped_entry, written)
 from .inputs import split_top
 
 T = TypeVar("T")
@@ -142,14 +142,9 @@ class Registry(Mapping[str, T]):
                     merged[key] = merge_fact(merged.get(key), value)
             facts = {**merged, **own}
         elif wraps:
-            if argument not in entries or not entries[argument].facts.get(wraps):
-                fitting = [other for other, entry in entries.items() if entry.facts.get(wraps)]
-                known = argument in entries or (applied(argument) or ("",))[0] in entries
-                raise SpectraError(f"{self.what} '{name}': {base.name} wraps a {wraps} {self.what}, and '{argument}' "
-                                   f"is {'not one' if known else 'unknown'}; {plural(wraps)}: "
-                                   f"{', '.join(fitting)}")
+            wrapped = wrapped_entry(self, name, base, argument)
             asked = {entry.facts.get("wraps") for entry in entries.values()}  # a wrapped name is no kind a name wraps
-            inner = {key: value for key, value in entries[argument].facts.items()
+            inner = {key: value for key, value in wrapped.facts.items()
                      if key not in asked and key not in self.identity}
             facts = {**inner, **own}
         else:
@@ -208,13 +203,15 @@ class Registry(Mapping[str, T]):
         kinds = kinds_of(str(facts.get("several", "")))
         kind = facts.get("wraps") or (kinds or [""])[0]
         fitting = list(self.bare()) if kind == self.what else [n for n, e in entries.items() if e.facts.get(kind)]
-        return needed(name, self.what, kind, fitting, 1 if facts.get("wraps") else len(kinds), self.listing_of(name))
+        return needed(name, self.what, kind, fitting, 1 if facts.get("wraps") else len(kinds), self.listing_of(name),
+                      str(facts.get("number") or ""))
 
     def listing_of(self, name: str) -> str:
         """How a name taking an argument is written: `adakv(<scorer>)`, `composed(<press>,<press>,...)`,
         `prefill_decoding(<decodable>) or prefill_decoding(<scorer>,<decodable>)` (its one-argument form first)."""
         facts = self.entries()[name].facts
-        return written(name, facts.get("wraps") or facts.get("argument") or "", str(facts.get("several", "")))
+        return written(name, facts.get("wraps") or facts.get("argument") or "", str(facts.get("several", "")),
+                       str(facts.get("number") or ""))
 
     def facts(self, name: str) -> Mapping[str, Any]:
         return self.resolve(name).facts
@@ -289,9 +286,9 @@ class Registry(Mapping[str, T]):
             if facts.get("several") and (len(split_top(argument)) > 1 or not wraps):
                 inner = [self[part] for part in split_top(argument)]
                 self._objects[name] = self[base].bind(*inner)  # type: ignore[attr-defined]
-            else:
-                bound = self[argument] if wraps else argument
-                self._objects[name] = self[base].bind(bound)  # type: ignore[attr-defined]
+            else:  # the press it wraps (then its number: dms(<scorer>,<threshold>)), or the argument's text
+                inner, *number = number_of(name, argument, facts["number"]) if facts.get("number") else (argument,)
+                self._objects[name] = self[base].bind(self[inner] if wraps else inner, *number)  # type: ignore
         if name not in self._objects:
             entry = self.entries()[name]  # KeyError for an unknown name, as a dict
             importlib.import_module(entry.module)
@@ -356,18 +353,14 @@ def agrees(value: Any, declared: Any, stated: bool, name: str) -> bool:
     return value == declared if stated else (not value or value == name)
 
 
-def takes_argument(entry: Entry) -> bool:
-    """Whether a declared name is used as `name(argument)` (or `name(a,b,…)`)."""
-    return bool(entry.facts.get("wraps") or entry.facts.get("argument") or entry.facts.get("several"))
-
-
 #: the approximation methods of `spectra approx` (spectra/methods/, one file a family) and their facts (`Method`)
 METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", "causal", "calibrates"))
 #: the KV-cache presses (spectra/kv/presses/, one file a family) and their facts (`kv.presses.base.Press` says each)
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", said=PRESS_SAID, facts=(
     "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
     "hidden", "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps",
-    "argument", "check", "several", "refuses", "axis", "ratio_means", "min_context", "summary", "peer", "fields"),
+    "argument", "check", "several", "refuses", "number", "axis", "ratio_means", "min_context", "summary", "peer",
+    "fields"),
     identity=("summary", "peer", "fields"), configurations="spectra.kv.configurations")
 #: the long-context tasks of `spectra tasks` and task files (spectra/kv/tasks/families/, one file a family, each task
 #: registered with its family and seed number, the listing's order)

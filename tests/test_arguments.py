@@ -3,7 +3,11 @@ name is written in listings, and how its arguments' facts merge."""
 
 from __future__ import annotations
 
-from spectra.arguments import called_empty, either, kinds_of, merge_fact, needed, not_one, several_kinds, written
+import pytest
+
+from spectra.arguments import (called_empty, either, kinds_of, merge_fact, needed, not_one, number_of, several_kinds,
+                               written)
+from spectra.errors import SpectraError
 
 
 def test_the_kinds_of_each_count_of_arguments() -> None:
@@ -19,6 +23,20 @@ def test_how_a_name_is_written() -> None:
     assert written("composed", "", "press,press…") == "composed(<press>,<press>,...)"
     assert written("prefill_decoding", "decodable", "scorer,decodable") == (
         "prefill_decoding(<decodable>) or prefill_decoding(<scorer>,<decodable>)")
+    assert written("dms", "scorer", "", "threshold") == "dms(<scorer>,<threshold>)"
+
+
+def test_a_number_after_the_press() -> None:
+    """dms(<scorer>,<threshold>): the press (itself written with parentheses and commas), then one finite number."""
+    assert number_of("dms(kvzap(a,b),-6)", "kvzap(a,b),-6", "threshold") == ("kvzap(a,b)", -6.0)
+    assert number_of("dms(knorm, 1e-2 )", "knorm, 1e-2 ", "threshold") == ("knorm", 0.01)
+    for argument, message in (("knorm", "dms takes the press it wraps and then one threshold, e.g. dms(knorm,-6)"),
+                              ("knorm,-6,2", "then one threshold"), (",-6", "e.g. dms(knorm,-6)"),
+                              ("knorm,x", "its threshold 'x' is not a finite number"),
+                              ("knorm,-inf", "its threshold '-inf' is not a finite number"),
+                              ("knorm(,-6", "leaves a parenthesis open")):
+        with pytest.raises(SpectraError, match=message.replace("(", "\\(").replace(")", "\\)")):
+            number_of(f"dms({argument})", argument, "threshold")
 
 
 def test_facts_merge_as_flags_any_numbers_largest_text_first() -> None:

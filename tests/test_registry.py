@@ -298,3 +298,28 @@ def test_a_refused_argument_is_said_by_what_it_does_not_by_a_fact_name() -> None
     with pytest.raises(SpectraError, match="takes a decodable press as argument 2, none that is fitted on calibration "
                                            "text, and 'snapkv' is not one; decodables: streaming, knorm, tova$"):
         registry.press_names(["prefill_decoding(knorm,snapkv)"])
+
+
+def test_a_wrapper_wraps_a_scorer_written_with_its_argument(tmp_path: Path) -> None:
+    """A scorer taking an argument (kvzap(DIR)) is wrapped written with it (adakv(kvzap(DIR)), its facts inherited:
+    it reads the hidden states); written alone it is refused saying how to write it."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "zap"
+    folder.mkdir()
+    save_file({f"layers.{i}.{part}": np.zeros(shape, np.float32) for i in range(2)
+               for part, shape in (("weight", (2, 4)), ("bias", (2,)))}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "kvzap", "input_dim": 4, "output_dim": 2,
+                                                    "n_modules": 2, "hidden_dim": None}))
+    name = f"adakv(kvzap({folder}))"
+    assert registry.press_names([name]) == (name,) and registry.PRESSES.facts(name)["hidden"]
+    assert registry.PRESSES.facts(name)["peer"] == "AdaKVPress" and not registry.PRESSES.facts(name).get("scorer")
+    from spectra.kv import presses
+
+    assert presses.REGISTRY[name].inner.where == str(folder) and presses.REGISTRY[name].hidden
+    with pytest.raises(SpectraError, match="adakv wraps a scorer press, and 'kvzap' is written kvzap\\(<artifact>\\); "
+                                           "scorers: streaming, .*, kvzap\\(<artifact>\\)"):
+        registry.press_names(["adakv(kvzap)"])

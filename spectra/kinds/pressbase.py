@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from .. import checkpoints, registry
 from ..config import RunConfig
 from ..errors import SpectraError, spell
-from ..inputs import several
+from ..inputs import several, split_top
 from ..kv.axes import ratio_meaning
 from ..options import option
 from ..registry import PRESSES
@@ -170,18 +170,25 @@ def check_patterns(options: PressOptions, layers: int | None, kv_heads: int | No
     from ..kv import artifacts, budgetcurve, headpattern
     from ..anatomy import headweights
 
-    for press in options.presses:
-        parts = registry.applied(press)
-        if parts is not None and parts[0] in artifacts.FORMATS:
+    for parts in (part for press in options.presses for part in applied_within(press)):
+        if parts[0] in artifacts.FORMATS:
             artifacts.fits(parts[0], parts[1], name, layers=layers, heads=heads, kv_heads=kv_heads,
                            head_dim=head_dim, hidden=hidden)
-        if parts is not None and parts[0] == "duo":
+        if parts[0] == "duo":
             headpattern.fits(headpattern.read(parts[1]), layers, kv_heads, name, parts[1])
-        if parts is not None and parts[0] == "headbudget":
+        if parts[0] == "headbudget":
             weights = headweights.read(parts[1])
             headpattern.fits(headpattern.HeadPattern(weights, 0, 0), layers, kv_heads, name, parts[1])
-        if parts is not None and parts[0] == "lukv":
+        if parts[0] == "lukv":
             budgetcurve.fits(budgetcurve.read(parts[1]), layers, kv_heads, name, parts[1])
+
+
+def applied_within(press: str) -> list[tuple[str, str]]:
+    """(name, argument) of `press` and of every press written inside it with an argument, outermost first: a
+    configured name's expression (`kvpress:kvzap_mlp(DIR,-6)` → dms(kvzap(DIR),-6)), then `dms` and `kvzap(DIR)`."""
+    found = PRESSES.configuration(press)
+    parts = registry.applied(found[0] if found else press)
+    return [] if parts is None else [parts, *(inner for part in split_top(parts[1]) for inner in applied_within(part))]
 
 
 def rotary(config: dict[str, Any]) -> bool:

@@ -217,6 +217,12 @@ def check_surrogate(argument: str) -> None:
     SURROGATE.shape(argument)
 
 
+def surrogate_type(argument: str) -> str:
+    """'linear' or 'mlp': the KVzap surrogate in `argument`, checked whole (kvpress's KVzapPress `model_type`)."""
+    SURROGATE.shape(argument)
+    return "linear" if read_config(Path(argument) / CONFIG_FILE, SURROGATE.what)["hidden_dim"] is None else "mlp"
+
+
 def fits(kind: str, folder: str | Path, name: str, **model: int | None) -> None:
     """Refuse (one line) the artifact in `folder` where its sizes differ from the model's (`model`: layers, heads,
     kv_heads, head_dim, hidden; None: not known yet, not checked)."""

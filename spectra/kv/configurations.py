@@ -11,10 +11,14 @@ several of kvpress's names are spectra's names for other configurations (spectra
 at its defaults). The registry (`registry.PRESSES`) resolves such a name through `configured`, checks the settings
 against the fields the classes declare, and builds the press once: all before the model loads, without torch.
 
-A registry entry spectra runs otherwise or not at all names what to write instead, or why not (`instead`): the
-presses kvpress downloads learned artifacts for (its QFilter, DuoAttention and KVzap surrogates, LU-KV's curve:
-spectra fits them on local text, `spectra artifacts`, and names them `qfilter(DIR)`, `duo(DIR)`, `kvzap(DIR)`,
-`lukv(FILE)`), and those spectra lacks (DMSPress's score thresholds, FastKVzip, RestoreKV, KVzip+, …).
+An entry whose instance loads a learned artifact kvpress downloads takes it as an argument where spectra fits one:
+the KVzap entries, written `kvpress:kvzap_mlp(DIR,-6)` — the surrogate directory `spectra artifacts kvzap` writes
+(`--surrogate linear|mlp`, the one the entry's `model_type` names, checked) and, for DMSPress, the threshold kvpress's
+leaderboard sets (`THRESHOLDS`; `parameters`, substituted into the expression `dms(kvzap({artifact}),{threshold})`).
+A registry entry spectra runs otherwise or not at all names what to write instead, or why not (`instead`): the other
+presses kvpress downloads learned artifacts for (its QFilter and DuoAttention patterns, LU-KV's curve: spectra fits
+them on local text, `spectra artifacts`, and names them `qfilter(DIR)`, `duo(DIR)`, `lukv(FILE)`), and those spectra
+lacks (FastKVzip, RestoreKV, KVzip+, …).
 
 The table is kvpress's `main` at 8bb29b9 (2026-08-06), the newest commit of its repository stored here: no tag
 v0.5.5 is stored, and the installed kvpress 0.5.5's press files are that commit's plus KVgradPress and
@@ -28,7 +32,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..arguments import applied, number_of
 from ..errors import SpectraError
+from ..inputs import split_top
 
 #: how a kvpress registry name is written among `--presses`
 PREFIX = "kvpress:"
@@ -47,11 +53,21 @@ class Configuration:
     expression: str = ""
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     instead: str = ""
+    #: what is written in parentheses after the name, in order (`kvpress:kvzap_mlp(DIR,-6)`: artifact, threshold),
+    #: each substituted for `{parameter}` in the expression
+    parameters: tuple[str, ...] = ()
+    #: the KVzap surrogate its KVzapPress loads (`model_type`: linear or mlp), which the artifact given must be
+    surrogate: str = ""
 
     @property
     def written(self) -> str:
-        """How `--presses` names it."""
-        return PREFIX + self.name
+        """How `--presses` names it (`kvpress:kvzap_mlp(<artifact>,<threshold>)` where it takes parameters)."""
+        given = ",".join(f"<{part}>" for part in self.parameters)
+        return PREFIX + self.name + (f"({given})" if given else "")
+
+    def expression_of(self, given: list[str]) -> str:
+        """The expression with the `given` parameters (one per `parameters`) in their places."""
+        return self.expression.format(**dict(zip(self.parameters, given)))
 
 
 def _artifact(what: str, written: str) -> str:
@@ -61,9 +77,21 @@ def _artifact(what: str, written: str) -> str:
 
 EA_E2 = {"expected_attention": {"epsilon": 0.01}}
 NO_VNORM = {"expected_attention": {"use_vnorm": False}}
-DMS = ("DMSPress (evict the pairs scoring below a threshold outside a 128-token window; the leaderboard runs "
-       "thresholds -3 to -6 on Qwen3-8B, -6 to -9 on Llama-3.1-8B) around KVzapPress(model_type='{}'): spectra has "
-       "kvzap(DIR) at a ratio, no threshold press")
+#: DMSPress's thresholds on KVzap's scores in kvpress's leaderboard.sh ("-3, -4, -5, -6 for Qwen3-8B and -6, -7, -8,
+#: -9 for Llama-3.1-8B-Instruct"), and spectra's for SmolLM2-135M-Instruct, for which none is published (nor a
+#: surrogate): with spectra's linear surrogate fitted on the licence texts, the thresholds whose cells' mean stored share
+#: on two ~1k records was nearest 1 − r for the board's ratios r = 0.25, 0.5, 0.75, 0.875 (0.81, 0.43, 0.24, 0.15:
+#: benchmarks/RESULTS.md §28; at 1k tokens the 128-token window alone keeps 0.125, so no threshold reaches 0.875)
+THRESHOLDS: dict[str, tuple[float, ...]] = {"Qwen/Qwen3-8B": (-3.0, -4.0, -5.0, -6.0),
+                                            "meta-llama/Llama-3.1-8B-Instruct": (-6.0, -7.0, -8.0, -9.0),
+                                            "HuggingFaceTB/SmolLM2-135M-Instruct": (0.0, -2.0, -4.0, -6.0)}
+#: what a configuration's parameters are, as a refusal says how to give them
+PARAMETERS = {"artifact": "<artifact>: the KVzap surrogate directory `spectra artifacts kvzap MODEL --data FILE --out "
+                          "DIR` fits, where kvpress downloads NVIDIA's",
+              "threshold": "<threshold>: DMSPress's score threshold; kvpress's leaderboard runs -3 to -6 on Qwen3-8B "
+                           "and -6 to -9 on Llama-3.1-8B"}
+ZAP = ("artifact",)
+DMS_ZAP = dict(expression="dms(kvzap({artifact}),{threshold})", parameters=("artifact", "threshold"))
 DECODABLE = "spectra's {}(<decodable>) takes streaming, knorm and tova"
 
 #: kvpress's evaluation registry, in its order
@@ -95,12 +123,12 @@ REGISTRY: dict[str, Configuration] = {entry.name: entry for entry in (
     Configuration("kvzip", "KVzipPress()", "kvzip"),
     Configuration("kvzip_plus", "KVzipPress(kvzip_plus_normalization=True)",
                   instead="spectra's kvzip has no KVzip+ normalization"),
-    Configuration("kvzap_linear", "DMSPress(press=KVzapPress(model_type='linear'))", instead=DMS.format("linear")),
-    Configuration("kvzap_mlp", "DMSPress(press=KVzapPress(model_type='mlp'))", instead=DMS.format("mlp")),
-    Configuration("kvzap_mlp_head", "KVzapPress(model_type='mlp')",
-                  instead=_artifact("the KVzap surrogate", "kvzap(DIR) (`--surrogate mlp`)")),
-    Configuration("kvzap_mlp_layer", "AdaKVPress(KVzapPress(model_type='mlp'))",
-                  instead="spectra's adakv(<scorer>) wraps presses named alone, and kvzap(DIR) takes a directory"),
+    Configuration("kvzap_linear", "DMSPress(press=KVzapPress(model_type='linear'))", surrogate="linear", **DMS_ZAP),
+    Configuration("kvzap_mlp", "DMSPress(press=KVzapPress(model_type='mlp'))", surrogate="mlp", **DMS_ZAP),
+    Configuration("kvzap_mlp_head", "KVzapPress(model_type='mlp')", "kvzap({artifact})", parameters=ZAP,
+                  surrogate="mlp"),
+    Configuration("kvzap_mlp_layer", "AdaKVPress(KVzapPress(model_type='mlp'))", "adakv(kvzap({artifact}))",
+                  parameters=ZAP, surrogate="mlp"),
     Configuration("lagkv", "LagKVPress()", "lagkv"),
     Configuration("lukv", "LUKVPress(ExpectedAttentionPress(epsilon=2e-2), sink=4, window=1)",
                   instead=_artifact("LU-KV's budget curve", "lukv(FILE) (its scores Expected Attention's at ε 2e-2)")),
@@ -138,8 +166,8 @@ REGISTRY: dict[str, Configuration] = {entry.name: entry for entry in (
     Configuration("merging_snapkv", "MergingPress(SnapKVPress())", "merging(snapkv)"),
     Configuration("merging_expected_attention", "MergingPress(ExpectedAttentionPress(epsilon=1e-2))",
                   "merging(expected_attention)", EA_E2),
-    Configuration("merging_kvzap_mlp", "MergingPress(KVzapPress(model_type='mlp'))",
-                  instead="spectra's merging(<scorer>) wraps presses named alone, and kvzap(DIR) takes a directory"),
+    Configuration("merging_kvzap_mlp", "MergingPress(KVzapPress(model_type='mlp'))", "merging(kvzap({artifact}))",
+                  parameters=ZAP, surrogate="mlp"),
 )}
 
 #: names earlier kvpress registries used for a configuration 0.5.5 names otherwise
@@ -154,8 +182,10 @@ QUERY_AWARE = ("snapkv", "adakv_snapkv", "finch", "chunkkv")
 
 
 def runnable(names: tuple[str, ...]) -> tuple[str, ...]:
-    """The names among `names` spectra runs as `kvpress:<name>`, written so."""
-    return tuple(REGISTRY[name].written for name in names if REGISTRY[name].expression)
+    """The names among `names` spectra runs as `kvpress:<name>` as they are (no artifact or threshold to give), written
+    so."""
+    return tuple(REGISTRY[name].written for name in names
+                 if REGISTRY[name].expression and not REGISTRY[name].parameters)
 
 
 #: what `--presses` takes for the leaderboard's lists: both loops' presses, and each loop's (the entries spectra runs;
@@ -168,8 +198,10 @@ PRESETS: dict[str, tuple[str, ...]] = {
 
 
 def left_out() -> tuple[str, ...]:
-    """The leaderboard's entries no preset runs (spectra runs them otherwise or not at all: `Configuration.instead`)."""
-    return tuple(name for name in dict.fromkeys(QUESTION_FREE + QUERY_AWARE) if not REGISTRY[name].expression)
+    """The leaderboard's entries no preset runs: those needing an artifact and a threshold (`kvpress:kvzap_mlp(DIR,
+    -6)`), and those spectra runs otherwise or not at all (`Configuration.instead`)."""
+    return tuple(name for name in dict.fromkeys(QUESTION_FREE + QUERY_AWARE)
+                 if not REGISTRY[name].expression or REGISTRY[name].parameters)
 
 
 #: what --presses' refusal of an unknown name lists beside the presses
@@ -199,7 +231,10 @@ def configured(name: str, presses: Any) -> tuple[str, Mapping[str, Mapping[str, 
     runs otherwise, or settings its presses do not declare (`check`)."""
     if not name.startswith(PREFIX):
         return None
-    key = name[len(PREFIX):]
+    key, given = name[len(PREFIX):], []
+    if applied(key) is not None:  # kvpress:kvzap_mlp(DIR,-6)
+        key, argument = applied(key)  # type: ignore[misc]
+        given = split_top(argument) if key in REGISTRY and REGISTRY[key].parameters else [argument]
     if key in FORMER:
         raise SpectraError(f"press '{name}': kvpress 0.5.5's registry names this configuration "
                            f"{PREFIX}{FORMER[key]} (its registry before 0.4.1 named it {key})")
@@ -209,16 +244,28 @@ def configured(name: str, presses: Any) -> tuple[str, Mapping[str, Mapping[str, 
     entry = REGISTRY[key]
     if not entry.expression:
         raise SpectraError(f"press '{name}' ({entry.kvpress}): {entry.instead}")
+    if len(given) != len(entry.parameters) or not all(given):
+        wanted = f"write {entry.written}" if entry.parameters else f"write {entry.written}, without parentheses"
+        raise SpectraError(f"press '{name}' ({entry.kvpress}): {wanted}" + (
+            f" ({'; '.join(PARAMETERS[part] for part in entry.parameters)})" if entry.parameters else ""))
     check(entry, presses)
-    return entry.expression, entry.settings, {"summary": described(entry), "peer": entry.kvpress}
+    if entry.surrogate:
+        from .artifacts import surrogate_type
+
+        found = surrogate_type(given[0])
+        if found != entry.surrogate:
+            raise SpectraError(f"press '{name}': {entry.kvpress} scores with a surrogate of model_type "
+                               f"'{entry.surrogate}', and the one in {given[0]} is '{found}' (`spectra artifacts kvzap "
+                               f"MODEL --surrogate {entry.surrogate}` fits one)")
+    expression = entry.expression_of(given)
+    if entry.parameters:  # what was given, checked as the expression takes it (a threshold that is no number)
+        presses.resolve(expression)
+    return expression, entry.settings, {"summary": described(entry, given), "peer": entry.kvpress}
 
 
 def presses_in(expression: str) -> list[str]:
     """The press names an expression is written with, outermost first (`adakv(expected_attention)` → adakv,
     expected_attention)."""
-    from ..arguments import applied
-    from ..inputs import split_top
-
     parts = applied(expression)
     if parts is None:
         return [expression]
@@ -244,8 +291,6 @@ def build(registry: Any, name: str) -> Any:
     """The press `kvpress:<name>` names, built from `registry`'s objects: each press of its expression configured
     with its settings (`presses.fields.configured`), inner ones first, then wrapped or composed as the expression
     says; the registered instances themselves are never changed."""
-    from ..arguments import applied
-    from ..inputs import split_top
     from .presses.fields import configured as set_fields
 
     expression, settings, _ = configured(name, registry)  # type: ignore[misc]
@@ -255,6 +300,9 @@ def build(registry: Any, name: str) -> Any:
         facts = registry.entries()[parts[0]].facts if parts else {}
         if parts is None or not (facts.get("wraps") or facts.get("several")):
             press = registry[text]
+        elif facts.get("number"):  # a press, then a number: dms(<scorer>,<threshold>)
+            inner, number = number_of(text, parts[1], str(facts["number"]))
+            press = registry[parts[0]].bind(made(inner), number)
         else:
             press = registry[parts[0]].bind(*(made(inner) for inner in split_top(parts[1])))
         return set_fields(press, **settings.get(parts[0] if parts else text, {}))
@@ -262,8 +310,9 @@ def build(registry: Any, name: str) -> Any:
     return made(expression)
 
 
-def described(entry: Configuration) -> str:
-    """One line: the expression and its settings (`adakv(expected_attention), expected_attention epsilon=0.01`)."""
+def described(entry: Configuration, given: list[str] | None = None) -> str:
+    """One line: the expression and its settings (`adakv(expected_attention), expected_attention epsilon=0.01`), with
+    the `given` parameters in their places."""
     settings = "; ".join(f"{press} " + ", ".join(f"{key}={value}" for key, value in values.items())
                          for press, values in entry.settings.items())
-    return f"kvpress's {entry.name}: {entry.expression}" + (f" with {settings}" if settings else "")
+    return f"kvpress's {entry.name}: {entry.expression_of(given or [])}" + (f" with {settings}" if settings else "")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from spectra import registry
 from spectra.errors import SpectraError
@@ -18,7 +19,11 @@ from spectra.registry import PRESSES
 
 def test_every_entry_resolves_or_says_what_to_write_instead() -> None:
     for name, entry in REGISTRY.items():
-        if entry.expression:
+        if entry.parameters:  # kvpress:kvzap_mlp(<artifact>,<threshold>): written without them, one line saying so
+            with pytest.raises(SpectraError) as refused:
+                PRESSES.facts(PREFIX + name)
+            assert str(refused.value).startswith(f"press '{PREFIX}{name}' ({entry.kvpress}): write {entry.written} (")
+        elif entry.expression:
             facts = PRESSES.facts(entry.written)
             assert facts["peer"] == entry.kvpress and facts["summary"].startswith(f"kvpress's {name}: ")
             assert entry.written in PRESSES
@@ -93,3 +98,46 @@ def test_the_command_refuses_an_unknown_preset_before_the_model_loads(tmp_path) 
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "kvpress-leaderbord" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr and len((done.stderr + done.stdout).strip().splitlines()) == 1
+
+
+def test_the_kvzap_entries_take_their_surrogate_and_threshold(tmp_path) -> None:
+    """kvpress's leaderboard runs DMSPress(KVzapPress(model_type=…)) by threshold (leaderboard.sh); spectra writes it
+    kvpress:kvzap_linear(DIR,-6): the surrogate kvpress downloads is the one `spectra artifacts kvzap` fitted, of the
+    model_type the entry names (checked), the press dms(kvzap(DIR),-6)."""
+    from spectra.kv.presses import REGISTRY as PRESS_OBJECTS
+
+    from .presses.test_kvzap import with_hidden, write_surrogate
+
+    linear, _ = write_surrogate(tmp_path / "linear", None)
+    mlp, _ = write_surrogate(tmp_path / "mlp", 5)
+    name = f"kvpress:kvzap_linear({linear},-6)"
+    facts = PRESSES.facts(name)
+    assert facts["hidden"] and facts["peer"] == "DMSPress(press=KVzapPress(model_type='linear'))"
+    assert facts["summary"] == f"kvpress's kvzap_linear: dms(kvzap({linear}),-6)" and name in PRESSES
+    press = PRESSES[name]
+    assert type(press).__name__ == "DMS" and press.threshold == -6.0 and press.inner.where == linear
+    prefill, _ = with_hidden(1, length=200)
+    same = PRESS_OBJECTS[f"dms(kvzap({linear}),-6)"]
+    assert torch.equal(press.compress(prefill, 0.5).kept, same.compress(prefill, 0.5).kept)
+    assert type(PRESSES[f"kvpress:kvzap_mlp({mlp},-4.5)"]).__name__ == "DMS"
+    assert type(PRESSES[f"kvpress:kvzap_mlp_head({mlp})"]).__name__ == "KVzap"
+    layer = PRESSES[f"kvpress:kvzap_mlp_layer({mlp})"]
+    assert type(layer).__name__ == "AdaKV" and type(layer.inner).__name__ == "KVzap"
+    assert PRESSES.facts(f"kvpress:kvzap_mlp_layer({mlp})")["hidden"]
+    assert type(PRESSES[f"kvpress:merging_kvzap_mlp({mlp})"].inner).__name__ == "KVzap"
+    assert REGISTRY["kvzap_mlp"].written == "kvpress:kvzap_mlp(<artifact>,<threshold>)"
+    assert configurations.THRESHOLDS["Qwen/Qwen3-8B"] == (-3, -4, -5, -6)
+    assert configurations.THRESHOLDS["meta-llama/Llama-3.1-8B-Instruct"] == (-6, -7, -8, -9)
+    assert configurations.THRESHOLDS["HuggingFaceTB/SmolLM2-135M-Instruct"] == (0, -2, -4, -6)  # RESULTS §28
+    for written, message in (
+            (f"kvpress:kvzap_mlp({linear},-6)", f"model_type 'mlp', and the one in {linear} is 'linear'"),
+            (f"kvpress:kvzap_linear({mlp},-6)", f"model_type 'linear', and the one in {mlp} is 'mlp'"),
+            ("kvpress:kvzap_mlp", "write kvpress:kvzap_mlp(<artifact>,<threshold>) (<artifact>: the KVzap surrogate "
+                                  "directory `spectra artifacts kvzap MODEL"),
+            (f"kvpress:kvzap_mlp({mlp})", "write kvpress:kvzap_mlp(<artifact>,<threshold>)"),
+            (f"kvpress:kvzap_mlp({mlp},abc)", f"press 'dms(kvzap({mlp}),abc)': its threshold 'abc' is not a finite"),
+            ("kvpress:kvzap_mlp(/no/such/dir,-6)", "KVzap surrogate /no/such/dir: no such directory"),
+            ("kvpress:knorm(x)", "press 'kvpress:knorm(x)' (KnormPress()): write kvpress:knorm, without parentheses")):
+        with pytest.raises(SpectraError) as refused:
+            registry.press_names([written])
+        assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)

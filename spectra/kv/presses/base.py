@@ -267,9 +267,9 @@ class Press:
     reads_question: ClassVar[bool] = False
     #: decoding steps between two compressions, for a press that `decodes` (kvpress's compression_interval)
     interval: int | None = None
-    #: a press written `name(<argument>)`: the fact of the press it wraps (`adakv`: "scorer"), or what its text is
-    #: (`duo`: "pattern") and the torch-free "module:function" checking it
-    wraps, argument, check = "", "", ""
+    #: a press written `name(<argument>)`: the fact of the press it wraps (`adakv`: "scorer"; `number`: the number
+    #: after it, `dms(<scorer>,<threshold>)`), or its text's (`duo`: "pattern") and the "module:function" checking it
+    wraps, number, argument, check = "", "", "", ""
     #: a press written `name(a,b,…)`: the kinds of its arguments ("scorer,decodable"; "press,press…": two or more
     #: presses named alone), and the facts none of them may have (`registry.Registry.resolve`)
     several, refuses = "", ""
@@ -341,8 +341,8 @@ class Wrapper(Press):
         self.inner = inner
         if inner is not None:
             self.name = f"{type(self).name}({inner.name})"  # type: ignore[misc]
-            for flag in ("needs_rope", "windowed", "window", "calibrates", "received", "queries", "min_context"):
-                setattr(self, flag, getattr(inner, flag))
+            for f in ("needs_rope", "windowed", "window", "calibrates", "received", "queries", "hidden", "min_context"):
+                setattr(self, f, getattr(inner, f))
 
     def bind(self, inner: Press) -> Wrapper:
         """This press wrapping `inner` (a `ScorerPress`, as the registry's `wraps: "scorer"` checked)."""

@@ -56,9 +56,8 @@ class KVzap(ScorerPress):
              "or a small MLP per layer) and writes DIR in the format kvpress's `KVzapModel.from_pretrained(DIR)` "
              "loads, so both tools score with the same surrogate. The ratio is the share of the cached tokens "
              "removed: each key/value head keeps max(1, int(L · (1 − r))).")
-    #: no wrapper takes it: `adakv(<scorer>)` names its scorer alone, and this press needs its directory
-    scorer = False
-    hidden = True
+    #: a scorer a wrapper takes written with its directory: `dms(kvzap(DIR),-6)`, `adakv(kvzap(DIR))`
+    scorer, hidden = True, True
     argument, check = "artifact", "spectra.kv.artifacts:check_surrogate"
 
     def __init__(self, weights: dict[str, torch.Tensor] | None = None, where: str = "") -> None:

@@ -120,17 +120,19 @@ def test_an_unbound_press_says_how_to_name_it() -> None:
         REGISTRY["kvzap"].score(prefill, 0.5)
 
 
+@pytest.mark.parametrize("written", ["kvzap({})", "dms(kvzap({}),-6)", "kvpress:kvzap_linear({},-6)"])
 def test_a_surrogate_of_another_model_is_refused_before_it_loads(llama_dir, text_file, tmp_path, monkeypatch,
-                                                                 capsys) -> None:
+                                                                 capsys, written) -> None:
     """The tiny Llama is 2 layers × 32 hidden dimensions × 2 key/value heads: its config.json refuses a surrogate
-    of 12 hidden dimensions in one line, exit 2, before the model loads and before anything is written."""
+    of 12 hidden dimensions in one line, exit 2, before the model loads and before anything is written — named alone,
+    inside a press wrapping it, or in a configuration of kvpress's registry."""
     import tiny
     from spectra import models
 
     folder, _ = write_surrogate(tmp_path / "zap", None, layers=2)
     monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model loaded"))
     code, _, stderr = tiny.run_cli(["cache", str(llama_dir), "--data", str(text_file), "--presses",
-                                    f"kvzap({folder})", "--ratios", "0.5", "--out", str(tmp_path / "run")],
+                                    written.format(folder), "--ratios", "0.5", "--out", str(tmp_path / "run")],
                                    monkeypatch, capsys)
     assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
     assert (f"KVzap surrogate {folder} is 2 layers × 12 hidden dimensions × 2 key/value heads, but tiny-llama has "
