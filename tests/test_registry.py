@@ -43,8 +43,8 @@ def test_the_declarations_are_what_the_files_register() -> None:
     assert registry.METHODS.groups("family")["linformer"] == tuple(f"linformer({s.value})" for s in Sharing)
     loaded = registry.PRESSES.load()
     assert tuple(loaded) == registry.PRESSES.names() == tuple(presses.REGISTRY)
-    known = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think", "leverage", "loki", "lowrank",
-             "linformer", "kivi2", "kivi4", "kivi8", "adakv", "duo", "headbudget", "mixed", "decoding")
+    known = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think", "pca_leverage", "leverage", "loki",
+             "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "adakv", "duo", "headbudget", "mixed", "decoding")
     assert [name for name in loaded if name in known] == list(known), "by each file's ORDER, then as written"
     for name, press in loaded.items():  # what the registry read from the source is what the object states
         assert {key: value for key, value in presses.base.facts(press).items() if value} == \
