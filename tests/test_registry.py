@@ -72,7 +72,7 @@ def test_every_press_states_its_summary_and_its_kvpress_peer_in_its_own_class() 
     assert [name for name, entry in entries.items() if not entry.facts.get("summary")] == []
     peers = {name: entry.facts.get("peer", "") for name, entry in entries.items()}
     assert {name for name, peer in peers.items() if not peer} == {
-        "loki", "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "headbudget", "mixed"}
+        "pca_leverage", "loki", "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "headbudget", "mixed"}
     assert peers["pyramidkv"] == "PyramidKVPress" and peers["decoding"] == "DecodingPress"
 
 
