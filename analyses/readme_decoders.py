@@ -190,7 +190,7 @@ def smollm2_cache_spectral(runs: Runs) -> Rendered:
                      "continuation": str(run.meta["continuation"]), "full_nll": f"{full['nll']:.3f}",
                      "loki_cost": slashed([nll[("loki", r)] - nll[("snapkv", r)] for r in ratios], lambda x: f"{x:+.3f}"),
                      "ratios": slashed(ratios, lambda r: f"{r:g}"),
-                     "leverage_worse": str(sum(nll[("leverage", r)] > nll[("snapkv", r)] for r in ratios)),
+                     "pca_leverage_worse": str(sum(nll[("pca_leverage", r)] > nll[("snapkv", r)] for r in ratios)),
                      "ratio_count": str(len(ratios)), "linformer": span(linformer, lambda x: f"{x:.1f}"),
                      "linformer_saves": span(frame[frame["press"] == "linformer"]["saved"], two)},
                     {"fitted-on-context": not run.meta.get("calibration", {}).get("used", 0),

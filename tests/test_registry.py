@@ -43,8 +43,8 @@ def test_the_declarations_are_what_the_files_register() -> None:
     assert registry.METHODS.groups("family")["linformer"] == tuple(f"linformer({s.value})" for s in Sharing)
     loaded = registry.PRESSES.load()
     assert tuple(loaded) == registry.PRESSES.names() == tuple(presses.REGISTRY)
-    known = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think", "leverage", "loki", "lowrank",
-             "linformer", "kivi2", "kivi4", "kivi8", "adakv", "duo", "headbudget", "mixed", "decoding")
+    known = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think", "pca_leverage", "leverage", "loki",
+             "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "adakv", "duo", "headbudget", "mixed", "decoding")
     assert [name for name in loaded if name in known] == list(known), "by each file's ORDER, then as written"
     for name, press in loaded.items():  # what the registry read from the source is what the object states
         assert {key: value for key, value in presses.base.facts(press).items() if value} == \
@@ -72,7 +72,7 @@ def test_every_press_states_its_summary_and_its_kvpress_peer_in_its_own_class() 
     assert [name for name, entry in entries.items() if not entry.facts.get("summary")] == []
     peers = {name: entry.facts.get("peer", "") for name, entry in entries.items()}
     assert {name for name, peer in peers.items() if not peer} == {
-        "loki", "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "headbudget", "mixed"}
+        "pca_leverage", "loki", "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "headbudget", "mixed"}
     assert peers["pyramidkv"] == "PyramidKVPress" and peers["decoding"] == "DecodingPress"
 
 

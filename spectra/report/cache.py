@@ -136,7 +136,7 @@ def show(run: CacheRun) -> None:
 PRESS_STYLES: dict[str, tuple[str, str]] = {
     "streaming": ("tab:blue", "o"), "knorm": ("tab:orange", "v"), "snapkv": ("tab:green", "s"),
     "tova": ("tab:red", "D"), "random": ("tab:purple", "x"), "observed": ("tab:brown", "^"),
-    "think": ("tab:pink", "P"), "leverage": ("tab:olive", "*"), "loki": ("tab:cyan", "<"),
+    "think": ("tab:pink", "P"), "pca_leverage": ("tab:olive", "*"), "loki": ("tab:cyan", "<"),
     "lowrank": ("#e6ab02", ">"), "linformer": ("black", "h"),
     "kivi2": ("#782d5a", "H"), "kivi4": ("#b15928", "1"), "kivi8": ("#c3a5d2", "2"),
     "keydiff": ("#1a237e", "p"), "lagkv": ("#00796b", "d"), "cur": ("#c2185b", "8"), "compactor": ("#960f87", "X"),

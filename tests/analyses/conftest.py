@@ -57,5 +57,5 @@ def decoder_runs(llama_dir, text_file, tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def cache_run(llama_dir, text_file, tmp_path_factory):
     return spectra.cache(str(llama_dir), str(text_file), context=70, continuation=6, samples=2,
-                         presses="streaming,knorm,snapkv,tova,random,observed,think,leverage,loki,lowrank,linformer",
+                         presses="streaming,knorm,snapkv,tova,random,observed,think,pca_leverage,loki,lowrank,linformer",
                          ratios="0.25,0.5", out=tmp_path_factory.mktemp("cache") / "c", progress=None, notify=quiet)

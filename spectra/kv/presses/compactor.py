@@ -4,9 +4,10 @@ a non-causal, chunked attention score.
 
 Both scores skip the first SINKS_START and the last SINKS_END tokens (always kept); on the S = L − 12 tokens between:
 
-- *leverage* (kvpress's LeverageScorePress): per key/value head, the pre-RoPE keys centred over the S tokens,
-  sketched on the right, X = (K − 1μᵀ)Φ with Φ ~ N(0, 1/SKETCH) of shape d × SKETCH (float32), and ℓ_j =
-  x_jᵀ(XᵀX + λI)⁻¹x_j with λ = 0.01 (a Cholesky factorisation, λ raised where it fails), clamped at 0;
+- *leverage* (kvpress's LeverageScorePress, spectra's `leverage` on those tokens): per key/value head, the pre-RoPE
+  keys centred over the S tokens, sketched on the right, X = (K − 1μᵀ)Φ with Φ ~ N(0, 1/48) of shape d × 48
+  (float32), and ℓ_j = x_jᵀ(XᵀX + λI)⁻¹x_j with λ = 0.01 (a Cholesky factorisation, λ raised where it fails),
+  clamped at 0;
 - *non-causal attention* (kvpress's NonCausalAttnPress): the S post-RoPE queries and keys cut into chunks of CHUNK
   tokens; within a chunk every query attends to every key (no causal mask, no score scale: softmax(q·k) in float32),
   and a key's score is the attention its chunk's queries pay it, averaged over the key/value group, times ‖v_j‖,
@@ -19,28 +20,27 @@ r·leverage + attention, the blend r being the compression ratio (kvpress's defa
 scored the maximum (ties with the best token are broken by topk). The top n_kept are kept per key/value head.
 
 kvpress 0.5.5's CompactorPress is the peer at its defaults (sink_size_start 8, sink_size_end 4, chunk_size 256,
-sketch_dimension 48, blending None). It draws Φ from torch's global generator at every layer; here Φ comes from a
-CPU generator seeded by (run seed, sequence index) and advanced layer by layer — layer ℓ's Φ is the (ℓ + 1)-th
-draw — which is what kvpress draws when torch.manual_seed(`Compactor.seed_of(seed, index)`) precedes the prefill.
+sketch_dimension 48, blending None). It draws Φ from torch's global generator at every layer, through its
+LeverageScorePress; here Φ is `leverage`'s layer sketch, drawn from a CPU generator seeded by (run seed, sequence
+index) and advanced layer by layer — layer ℓ's Φ is the (ℓ + 1)-th draw — which is what kvpress draws when
+torch.manual_seed(`Leverage.seed_of(seed, index)`) precedes the prefill.
 It reads the pre-RoPE queries (`queries`) and keys and the model's RoPE (`needs_rope`).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.nn import functional
 
-from ...seeds import Domain, derive_seed
 from .base import Prefill, ScorerPress, register
+from .leverage import layer_sketch, sketched_leverage, z_scored
 
 #: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 33
 
-#: kvpress's defaults: the first and the last tokens always kept, the non-causal attention's chunk, the sketch's
-#: width, and the ridge its Cholesky factorisation starts from
-SINKS_START, SINKS_END, CHUNK, SKETCH, RIDGE = 8, 4, 256, 48, 1e-2
+#: kvpress's defaults: the first and the last tokens always kept, and the non-causal attention's chunk (the sketch's
+#: width and ridge are leverage's)
+SINKS_START, SINKS_END, CHUNK = 8, 4, 256
 
 
 def chunked_attention(q: torch.Tensor, key: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
@@ -59,39 +59,6 @@ def chunked_attention(q: torch.Tensor, key: torch.Tensor, chunk: int = CHUNK) ->
         last.masked_fill_(absent[:, None], 0)
         last.masked_fill_(absent[None, :], -1e-9)
     return torch.softmax(dots.to(torch.float32), dim=-1).sum(dim=-2).flatten(1)[:, :length]
-
-
-def sketched_leverage(key_pre: torch.Tensor, sketch: torch.Tensor, ridge: float = RIDGE) -> torch.Tensor:
-    """(H_kv, S) ridge leverage x_jᵀ(XᵀX + λI)⁻¹x_j of the centred keys `key_pre` (H_kv, S, d) sketched by `sketch`
-    (H_kv, d, k), X in float32; λ = `ridge`, raised tenfold while the Cholesky factorisation fails (kvpress's
-    chol_with_jitter: five tries)."""
-    x = ((key_pre - key_pre.mean(dim=-2, keepdim=True)) @ sketch).to(torch.float32)
-    gram = x.transpose(-1, -2) @ x
-    gram = (gram + gram.transpose(-1, -2)) / 2
-    identity = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-    for _ in range(5):
-        factor, info = torch.linalg.cholesky_ex(gram + ridge * identity)
-        if bool((info == 0).all()):
-            break
-        ridge = max(1e-8, 10.0 * ridge)
-    else:
-        raise ValueError("compactor's leverage: the sketched keys' Gram matrix is not positive definite")
-    solved = torch.cholesky_solve(x.transpose(-1, -2), factor)  # (H_kv, k, S)
-    return (x * solved.transpose(-1, -2)).sum(dim=-1).clamp_min(0)
-
-
-def z_scored(scores: torch.Tensor) -> torch.Tensor:
-    """Scores centred and scaled over the whole tensor (every head): (s − mean) / max(std, 1e-6), std unbiased."""
-    return (scores - scores.mean()) / scores.std().clamp_min(1e-6)
-
-
-def sketches(seed: int, layer: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Layer `layer`'s Gaussian sketch N(0, 1/k) of `shape` (…, d, k): the (layer + 1)-th draw of that shape from a CPU
-    generator seeded `seed` (what torch's global generator, so seeded, gives the layer-by-layer draws of a prefill)."""
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(layer + 1):
-        draw = torch.randn(shape, generator=generator, dtype=dtype)
-    return draw * (1 / math.sqrt(shape[-1]))
 
 
 def compactor_scores(prefill: Prefill, blend: float, sketch: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
@@ -127,12 +94,5 @@ class Compactor(ScorerPress):
     queries = True
     min_context = 13  # more than its sinks
 
-    @staticmethod
-    def seed_of(seed: int, index: int) -> int:
-        """The seed of sequence `index`'s sketches in a run seeded `seed` (torch.manual_seed's for kvpress)."""
-        return derive_seed(seed, Domain.COMPACTOR_SKETCH, index)
-
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
-        shape = (1, prefill.kv_heads, prefill.head_dim, SKETCH)
-        sketch = sketches(self.seed_of(prefill.seed, prefill.index), prefill.layer, shape, prefill.key.dtype)[0]
-        return compactor_scores(prefill, ratio, sketch)
+        return compactor_scores(prefill, ratio, layer_sketch(prefill))

@@ -15,7 +15,7 @@ from spectra.registry import PRESSES
 
 from .conftest import make_prefill
 
-ROWSCORERS = ["streaming", "knorm", "keydiff", "random", "lagkv", "leverage"]
+ROWSCORERS = ["streaming", "knorm", "keydiff", "random", "lagkv", "pca_leverage"]
 
 
 def rows_prefill(length: int, seed: int = 0) -> Prefill:

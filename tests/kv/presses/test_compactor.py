@@ -1,7 +1,7 @@
 """`compactor` against numpy: kvpress 0.5.5's CompactorPress score at its defaults — the sketched ridge leverage of the
 centred pre-RoPE keys, the non-causal chunked attention (its padded last chunk included), each z-scored, blended by
 the ratio, the sinks kept — on random tensors; its sketches equal what torch's global generator draws layer by layer
-once seeded; the rows it keeps; the prefills it refuses."""
+once seeded (leverage's: test_leverage.py); the rows it keeps; the prefills it refuses."""
 
 from __future__ import annotations
 
@@ -10,20 +10,12 @@ import pytest
 import torch
 
 from spectra.kv.presses import REGISTRY, n_kept
-from spectra.kv.presses.compactor import (CHUNK, SINKS_END, SINKS_START, SKETCH, Compactor, chunked_attention,
-                                          compactor_scores, sketched_leverage, sketches)
+from spectra.kv.presses.compactor import CHUNK, SINKS_END, SINKS_START, chunked_attention, compactor_scores
+from spectra.kv.presses.leverage import SKETCH, Leverage, sketched_leverage, sketches
 
 from .conftest import DIM, KV_HEADS
 from .test_expected import rope, with_queries
-
-
-def numpy_leverage(keys: np.ndarray, sketch: np.ndarray, ridge: float = 1e-2) -> np.ndarray:
-    """diag(X (XᵀX + λI)⁻¹ Xᵀ) per head, X the centred keys times the sketch."""
-    out = []
-    for k, phi in zip(keys, sketch):
-        x = (k - k.mean(axis=0)) @ phi
-        out.append(np.einsum("jk,kl,jl->j", x, np.linalg.inv(x.T @ x + ridge * np.eye(x.shape[1])), x))
-    return np.clip(np.array(out), 0, None)
+from .test_leverage import numpy_leverage, z
 
 
 def numpy_chunked(q: np.ndarray, k: np.ndarray, chunk: int) -> np.ndarray:
@@ -40,10 +32,6 @@ def numpy_chunked(q: np.ndarray, k: np.ndarray, chunk: int) -> np.ndarray:
         weights = np.exp(logits - logits.max(-1, keepdims=True))
         out[:, start:start + real] = (weights / weights.sum(-1, keepdims=True)).sum(1)[:, :real]
     return out
-
-
-def z(scores: np.ndarray) -> np.ndarray:
-    return (scores - scores.mean()) / max(scores.std(ddof=1), 1e-6)
 
 
 def numpy_compactor(arrays: dict, blend: float, sketch: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
@@ -71,17 +59,6 @@ def with_keys_before_rope(length: int = 100, seed: int = 0):
     k_pre = np.random.default_rng(seed + 200).standard_normal((KV_HEADS, length, DIM)) * [1.0] * DIM
     k_pre[..., 0] *= 5  # a direction the keys spread along
     return dataclasses.replace(prefill, key_pre=torch.from_numpy(k_pre)), {**arrays, "k_pre": k_pre}
-
-
-def test_the_sketches_are_what_the_seeded_global_generator_draws_layer_by_layer() -> None:
-    shape = (1, KV_HEADS, DIM, SKETCH)
-    with torch.random.fork_rng():
-        torch.manual_seed(1234)  # what kvpress's LeverageScorePress draws at layers 0, 1, 2 of a prefill
-        drawn = [torch.randn(shape) * (1 / np.sqrt(SKETCH)) for _ in range(3)]
-    for layer in range(3):
-        assert torch.equal(sketches(1234, layer, shape, torch.float32), drawn[layer])
-    assert not torch.equal(drawn[0], drawn[1])
-    assert Compactor.seed_of(0, 3) != Compactor.seed_of(0, 4) != Compactor.seed_of(1, 4)
 
 
 def test_the_leverage_is_the_sketched_ridge_leverage_of_the_centred_keys() -> None:
@@ -118,7 +95,7 @@ def test_the_press_keeps_the_sinks_and_the_best_blended_tokens_per_head() -> Non
     prefill, arrays = with_keys_before_rope(90, seed=5)
     press = REGISTRY["compactor"]
     assert press.needs_rope and press.queries and press.scorer
-    seed = Compactor.seed_of(prefill.seed, prefill.index)
+    seed = Leverage.seed_of(prefill.seed, prefill.index)  # leverage's sketches
     sketch = sketches(seed, prefill.layer, (1, KV_HEADS, DIM, SKETCH), torch.float64)[0].numpy()
     for ratio in (0.25, 0.5, 0.8):
         reference = numpy_compactor(arrays, ratio, sketch)
