@@ -67,11 +67,10 @@ def collect(model: torch.nn.Module, layers: int, blocks: Sequence[torch.Tensor],
     scores: list[torch.Tensor] = []
     for index, ids in enumerate(blocks):
         with torch.inference_mode():
-            found = prefill.exact(model, layers, ids, 0, index, prefill.Reads(hidden=True, reconstructs=True),
-                                  repetition=repetition)
+            found = prefill.exact(model, layers, ids, 0, index, ("hidden", "reconstruction"), repetition=repetition)
         rows = scored_rows(ids.shape[-1], repetition.prefix)
-        states.append(torch.stack([part.hidden[rows] for part in found]).float())
-        scores.append(found[0].reconstruction[:, :, rows].transpose(1, 2).float())
+        states.append(torch.stack([part.read("hidden")[rows] for part in found]).float())
+        scores.append(found[0].read("reconstruction")[:, :, rows].transpose(1, 2).float())
         if progress is not None:
             progress(index + 1)
     return torch.cat(states, dim=1), torch.cat(scores, dim=1)
