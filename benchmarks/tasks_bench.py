@@ -112,7 +112,7 @@ def floor_child(task_files: str, threads: int) -> None:
                 bare(input_ids=ids[None], use_cache=False, logits_to_keep=1)
             times["bare"].append(time.perf_counter() - started)
             started = time.perf_counter()
-            prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
+            prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())
             times["spectra"].append(time.perf_counter() - started)
         found.append({"tokens": int(ids.shape[-1]), **{key: min(value) for key, value in times.items()},
                       "load": os.getloadavg()[0]})

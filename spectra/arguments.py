@@ -73,15 +73,20 @@ def merge_fact(held: Any, value: Any) -> Any:
         return bool(held) or bool(value)
     if isinstance(value, (int, float)) and isinstance(held, (int, float)):
         return max(held, value)
+    if isinstance(value, tuple) and isinstance(held, tuple):  # the passes any of them reads
+        return tuple(dict.fromkeys(held + value))
     return held
 
 
-#: what a press having the fact does, as a refusal says it (`composed(...)` refuses such presses as its arguments)
-PRESS_SAID = {
-    "decodes": "compresses while decoding", "received": "reads the attention each key received",
-    "reconstructs": "runs KVzip's reconstruction pass over the whole context",
-    "composes": "replays the context through the model (KVCompose)", "calibrates": "is fitted on calibration text",
-    "differentiates": "takes gradients through the model (KVgrad)"}
+def agrees(value: Any, declared: Any, stated: bool, name: str) -> bool:
+    """Whether an object's fact agrees with its declaration: equal to the fact stated, or, unstated, not holding
+    (False, 0, None, "") or a group that is the name itself."""
+    return value == declared if stated else (not value or value == name)
+
+
+#: what a press having the fact does, as a refusal says it (`composed(...)` refuses such presses as its arguments);
+#: the prefill passes a press reads say their own (`kv.passes.SAID`)
+PRESS_SAID = {"decodes": "compresses while decoding", "calibrates": "is fitted on calibration text"}
 
 
 def either(said: dict[str, str], facts: list[str]) -> str:

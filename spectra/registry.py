@@ -4,26 +4,22 @@ A `Registry[T]` maps names to objects. Its entries come three ways:
 
 - *declared* (methods, presses): a press or a method is its class, registered by its module (`@register`), stating
   in its body, as literals, its name (`name = "snapkv"`, or `variants = {"kivi2": {"bits": 2}, …}`) and its facts
-  (class attributes named as the registry's `facts`, inherited from its bases); its module's `ORDER` places it in
-  listings. They are read from the package's syntax trees (`spectra.declarations`), never importing the modules, so
-  `--help` lists them and an unknown name is refused in milliseconds, without torch. The object is imported on first
-  use, and `add` refuses one whose facts differ from what its class was read to declare.
+  (class attributes named as the registry's `facts`, inherited from its bases; with those they imply, `derive`); its
+  module's `ORDER` places it in listings. Read from the package's syntax trees (`spectra.declarations`), never
+  importing the modules, so `--help` lists them and an unknown name is refused in milliseconds, without torch. The
+  object is imported on first use; `add` refuses one whose facts differ from what its class was read to declare.
 - *added* (analyses): the objects themselves, registered by importing their (torch-free) modules.
 - *imported* (task families): torch-free modules registering their objects as they load, with the facts the objects
   state; the first listing imports them all, sorted by the fact `order` names.
 
-A declared name may take an *argument*, `name(argument)` (`adakv(snapkv)`, `duo(runs/heads)`): its facts say what —
-`wraps: "scorer"`, another name having that fact (whose facts the name inherits), or `argument: "pattern"` checked by
-the torch-free `check: "module:function"` — so a bad one is refused in one line before anything loads; or *several*,
-`name(a,b,…)`: its fact `several` lists their kinds ('scorer,decodable'; 'press,press…', names used alone, none
-having a fact of its `refuses`, which a refusal says in words, `said`), its facts merging theirs. `registry[name]` is
-the registered object's `bind(argument)` (or `bind(a, b, …)`), made once. A *configured* name (`configurations`:
-kvpress's registry names, `kvpress:expected_attention`) is an expression with settings of its presses' `fields`.
-
-So adding a method, a press or a task family is its file and its test; nothing else lists them. Modelled on
+A declared name may take an *argument*, `name(argument)`: its facts say what — `wraps: "scorer"`, another name having
+that fact (whose facts it inherits), or `argument: "pattern"` checked by the torch-free `check: "module:function"` —;
+or *several*, `name(a,b,…)`: `several` lists their kinds ('press,press…': names used alone, none having a fact of its
+`refuses`, said in words by `said`), its facts merging theirs. `registry[name]` is the registered object's
+`bind(argument)` (or `bind(a, b, …)`), made once. A *configured* name (`configurations`: kvpress's registry names,
+`kvpress:expected_attention`) is an expression with settings of its presses' `fields`. Modelled on
 lm-evaluation-harness's `Registry[T]` (lazy "module:object" placeholders until first use).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +31,8 @@ from typing import Any, TypeVar
 
 from .declarations import Package
 from .errors import SpectraError
-from .arguments import (ARGUMENT_FACTS, PRESS_SAID, applied, called_empty, either, kinds_of, merge_fact, needed,
-                        not_one, number_of, plural, several_kinds, takes_argument, wrapped_entry, written)
+from .arguments import (ARGUMENT_FACTS, PRESS_SAID, agrees, applied, called_empty, either, kinds_of, merge_fact,
+                        needed, not_one, number_of, plural, several_kinds, takes_argument, wrapped_entry, written)
 from .inputs import split_top
 
 T = TypeVar("T")
@@ -57,13 +53,13 @@ class Registry(Mapping[str, T]):
 
     def __init__(self, what: str, package: str | None = None, *, imported: bool = False, order: str | None = None,
                  facts: tuple[str, ...] = (), identity: tuple[str, ...] = (), configurations: str = "",
-                 said: Mapping[str, str] | None = None) -> None:
+                 said: Mapping[str, str] | None = None, derive: str = "") -> None:
         self.what, self.package, self.imported, self.order = what, package, imported, order
-        #: a torch-free module naming configured instances (`configured(name)`: expression, settings, identity facts
-        #: or None; `build(registry, name)`): kvpress's registry names, `kv/configurations.py`
-        self.configurations = configurations
-        #: fact → what a name having it does, in a user's words: how refusing such an argument says why
-        self.said = dict(said or {})
+        #: torch-free modules: `configurations` names configured instances (`configured(name)`: expression, settings,
+        #: identity facts or None; `build(registry, name)`: kv/configurations.py); `derive`'s `held(facts)` are the
+        #: facts an entry holds because of those it declares, its `SAID` their words (kv/passes.py: passes read)
+        self.configurations, self.derive = configurations, derive
+        self._said = dict(said or {})  # fact → what a name having it does, in a user's words (`said`)
         #: the class attributes a declared entry's class states as its facts
         self.fact_names = facts
         #: the facts that say what a name is (its summary, its peer): `name(argument)` never takes them from the name
@@ -73,7 +69,6 @@ class Registry(Mapping[str, T]):
         self._added: dict[str, Entry] = {}
         self._declared: dict[str, Entry] | None = None
         self._applied: dict[str, Entry] = {}  # names with an argument met so far (`resolve`)
-
 
     def entries(self) -> dict[str, Entry]:
         """Every entry in listing order: declared ones by their module's ORDER, file and order written; then added."""
@@ -88,7 +83,7 @@ class Registry(Mapping[str, T]):
                 for name, module, facts in Package(folder, self.package).entries(self.fact_names):
                     if name in self._declared:
                         raise ValueError(f"{self.what} '{name}' is declared twice")
-                    self._declared[name] = Entry(name, module, facts)
+                    self._declared[name] = Entry(name, module, self.held(facts))
         added = self._added
         if self.order is not None:
             added = dict(sorted(added.items(), key=lambda item: item[1].facts.get(self.order, float("inf"))))
@@ -120,7 +115,7 @@ class Registry(Mapping[str, T]):
         if found is not None:  # a configured name: its expression's facts, its own identity
             inner = self.resolve(found[0])
             own = {key: value for key, value in inner.facts.items() if key not in self.identity}
-            self._applied[name] = Entry(name, inner.module, {**own, **found[2]})
+            self._applied[name] = Entry(name, inner.module, self.held({**own, **found[2]}))
             return self._applied[name]
         parts = applied(name)
         if parts is None or parts[0] not in entries or not takes_argument(entries[parts[0]]):
@@ -151,8 +146,16 @@ class Registry(Mapping[str, T]):
             module, function = base.facts["check"].split(":")
             getattr(importlib.import_module(module), function)(argument)  # raises SpectraError on a bad argument
             facts = own
-        found = self._applied[name] = Entry(name, base.module, facts)
+        found = self._applied[name] = Entry(name, base.module, self.held(facts))
         return found
+
+    @property
+    def said(self) -> dict[str, str]:
+        return {**self._said, **(importlib.import_module(self.derive).SAID if self.derive else {})}
+
+    def held(self, facts: Mapping[str, Any]) -> dict[str, Any]:
+        """`facts` and those they imply (`derive`)."""
+        return {**facts, **(importlib.import_module(self.derive).held(facts) if self.derive else {})}
 
     def configuration(self, name: str) -> tuple[str, Mapping[str, Any], Mapping[str, Any]] | None:
         """(expression, settings, identity facts) of a configured name; None for any other (SpectraError: a
@@ -254,7 +257,7 @@ class Registry(Mapping[str, T]):
             if differing:
                 raise ValueError(f"{self.what} '{name}' declares {dict(declared.facts)} but is {differing}")
         else:
-            self._added[name] = Entry(name, type(obj).__module__, facts)
+            self._added[name] = Entry(name, type(obj).__module__, self.held(facts))
         self._objects[name] = obj
         return obj
 
@@ -265,7 +268,7 @@ class Registry(Mapping[str, T]):
         for name, (obj, facts) in objects.items():
             if name in self:
                 raise ValueError(f"{self.what} '{name}' is registered already")
-            self._added[name] = Entry(name, type(obj).__module__, dict(facts))
+            self._added[name] = Entry(name, type(obj).__module__, self.held(facts))
             self._objects[name] = obj
         try:
             yield
@@ -347,21 +350,14 @@ def chosen(names: Iterable[str], registry: Registry[Any], *, group: str | None =
     return tuple(picked)
 
 
-def agrees(value: Any, declared: Any, stated: bool, name: str) -> bool:
-    """Whether an object's fact agrees with its declaration: equal to the fact stated, or, unstated, not holding
-    (False, 0, None, "") or a group that is the name itself."""
-    return value == declared if stated else (not value or value == name)
-
-
 #: the approximation methods of `spectra approx` (spectra/methods/, one file a family) and their facts (`Method`)
 METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", "causal", "calibrates"))
 #: the KV-cache presses (spectra/kv/presses/, one file a family) and their facts (`kv.presses.base.Press` says each)
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", said=PRESS_SAID, facts=(
-    "needs_rope", "windowed", "calibrates", "received", "queries", "reconstructs", "composes", "differentiates",
-    "hidden", "scorer", "decodable", "rowscorer", "decodes", "reads_question", "mixes", "window", "interval", "wraps",
-    "argument", "check", "several", "refuses", "number", "axis", "ratio_means", "min_context", "summary", "peer",
-    "fields"),
-    identity=("summary", "peer", "fields"), configurations="spectra.kv.configurations")
+    "needs_rope", "windowed", "calibrates", "reads", "scorer", "decodable", "rowscorer", "decodes", "reads_question",
+    "mixes", "window", "interval", "wraps", "argument", "check", "several", "refuses", "number", "axis", "ratio_means",
+    "min_context", "summary", "peer", "fields"), identity=("summary", "peer", "fields"),
+    configurations="spectra.kv.configurations", derive="spectra.kv.passes")
 #: the long-context tasks of `spectra tasks` and task files (spectra/kv/tasks/families/, one file a family, each task
 #: registered with its family and seed number, the listing's order)
 TASKS: Registry[Any] = Registry("task", "spectra.kv.tasks.families", imported=True, order="number")

@@ -6,7 +6,9 @@ analyze and approx runs per length included); on a tiny Llama built from a confi
 a chat template), heads, cache with the NLL protocol — every registered press bare, the axis map (`--bytes-kept`)
 joined with the heads case's diagnosis, and every press taking an argument fed by the earlier cases' runs
 (adakv(·), decoding(·) while the continuation is fed, duo and headbudget from the heads case, mixed from the axis
-map) — and the task study on a tiny task file in both modes (query-agnostic and `--query-aware`).
+map) — and the task study on a tiny task file in both modes (query-agnostic and `--query-aware`), and on its
+records asked two questions each (the many-question protocol) by the presses reading what a plain prefill does not
+compute: the whole-model passes (kvzip, kvgrad, kvcompose), the received attention and the pre-RoPE queries.
 `outputs(run_dir)` reads back what a run wrote: every file of the run directory and of its sub-runs byte for byte,
 except that run.json loses what legitimately varies (timings, versions, sources, the device) and the temporary root
 in every text file (run.json, and press labels such as duo(<root>/runs/heads)) reads `<root>`.
@@ -66,12 +68,14 @@ Outputs = dict[str, dict[str, bytes]]
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the cases read: the tiny encoder, the tiny decoder (with a chat template), the corpus and the task file."""
+    """What the cases read: the tiny encoder, the tiny decoder (with a chat template), the corpus and the task files
+(`many`: the same records, each asking a second question)."""
 
     model: str
     corpus: str
     decoder: str
     tasks: str
+    many: str = ""
 
 
 #: the cache cases' sequences: a context past KIVI's 128-token residual (so kivi quantizes) and SnapKV's 64-token
@@ -79,6 +83,9 @@ class Inputs:
 CACHE: dict[str, Any] = dict(context=160, continuation=8, samples=2, **QUIET)
 #: the task cases' presses: a scorer of each kind of score, channels, rank, bits, a wrapper, one acting while decoding
 TASK_PRESSES = "streaming,knorm,snapkv,observed,think,lowrank,kivi4,adakv(snapkv),decoding(knorm)"
+#: the many-question case's presses: each reads something of the prefill beyond the cache (the whole-model passes'
+#: scores, the received attention, the pre-RoPE queries)
+PASS_PRESSES = "kvzip,kvgrad,kvcompose,observed,expected_attention"
 
 
 def cases(given: Inputs) -> dict[str, Callable[[Path], object]]:
@@ -137,6 +144,8 @@ def cases(given: Inputs) -> dict[str, Callable[[Path], object]]:
                                            compression_interval=2, out=out, **QUIET),
         "tasks-query-aware": lambda out: spectra.cache(decoder, given.tasks, presses=TASK_PRESSES, ratios=[0.5, 0.75],
                                                        compression_interval=2, query_aware=True, out=out, **QUIET),
+        "tasks-passes": lambda out: spectra.cache(decoder, given.many, presses=PASS_PRESSES, ratios=[0.5, 0.75],
+                                                  out=out, **QUIET),
     }
 
 
@@ -183,7 +192,8 @@ def inputs(root: Path) -> Inputs:
     (root / "data").mkdir(parents=True, exist_ok=True)
     corpus = tiny.write_text(root / "data" / "corpus.txt", count=200)
     tasks = task_files.write(root / "data" / "tasks.jsonl", task_records())
-    return Inputs(str(model), str(corpus), str(decoder), str(tasks))
+    many = task_files.write(root / "data" / "many.jsonl", task_files.many_questions(task_records()))
+    return Inputs(str(model), str(corpus), str(decoder), str(tasks), str(many))
 
 
 #: the task file's answers: words the tiny decoder's greedy answers hold often enough that scores are neither all

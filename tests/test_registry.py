@@ -14,6 +14,7 @@ import pytest
 from spectra import registry
 from spectra.config import Sharing
 from spectra.errors import SpectraError
+from spectra.kv.passes import held
 from spectra.registry import Registry
 
 
@@ -46,9 +47,11 @@ def test_the_declarations_are_what_the_files_register() -> None:
     known = ("streaming", "knorm", "snapkv", "tova", "random", "observed", "think", "pca_leverage", "leverage", "loki",
              "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "adakv", "duo", "headbudget", "mixed", "decoding")
     assert [name for name in loaded if name in known] == list(known), "by each file's ORDER, then as written"
-    for name, press in loaded.items():  # what the registry read from the source is what the object states
-        assert {key: value for key, value in presses.base.facts(press).items() if value} == \
-            dict(registry.PRESSES.facts(name)), name
+    for name, press in loaded.items():  # what the registry read from the source is what the object states, and
+        facts = registry.PRESSES.facts(name)  # what that implies: the passes it reads (`kv.passes.held`)
+        declared = {key: value for key, value in facts.items() if key in registry.PRESSES.fact_names}
+        assert {key: value for key, value in presses.base.facts(press).items() if value} == declared, name
+        assert dict(facts) == {**declared, **held(declared)}, name
     assert registry.PRESSES.facts("kivi4") == {"axis": "bits", "ratio_means": "ignored (the bits are in the name)",
                                                "summary": loaded["kivi4"].summary}
     assert "4 bits" in loaded["kivi4"].summary and "2 bits" in registry.PRESSES.facts("kivi2")["summary"]
@@ -279,13 +282,14 @@ def test_the_widest_declared_window_is_read_once_for_the_prefill_and_the_cache_k
 def test_a_refused_argument_is_said_by_what_it_does_not_by_a_fact_name() -> None:
     """Issue 55, item 7: composed's refusal listed its `refuses` facts by name ("none declaring decodes, received,
     reconstructs, composes, calibrates, differentiates"). Each fact has words (`said`), and the refusal says what the
-    presses it refuses do and what the one given does."""
+    presses it refuses do and what the one given does; the passes a press reads say their own words (`kv.passes`),
+    and every press reading a whole-model pass is refused by the one fact they imply, `whole_model`."""
     said = registry.PRESSES.said
     refused = registry.PRESSES.entries()["composed"].facts["refuses"].split(",")
-    assert refused == ["decodes", "received", "reconstructs", "composes", "calibrates", "differentiates"]
+    assert refused == ["decodes", "received", "whole_model", "calibrates"]
     assert set(refused) <= set(said)
-    for argument, fact in (("decoding(knorm)", "decodes"), ("observed", "received"), ("kvzip", "reconstructs"),
-                           ("kvcompose", "composes"), ("lowrank", "calibrates"), ("kvgrad", "differentiates")):
+    for argument, fact in (("decoding(knorm)", "decodes"), ("observed", "received"), ("kvzip", "whole_model"),
+                           ("kvcompose", "whole_model"), ("lowrank", "calibrates"), ("kvgrad", "whole_model")):
         with pytest.raises(SpectraError) as error:
             registry.press_names([f"composed(snapkv,{argument})"])
         message = str(error.value)
@@ -319,7 +323,7 @@ def test_a_wrapper_wraps_a_scorer_written_with_its_argument(tmp_path: Path) -> N
     assert registry.PRESSES.facts(name)["peer"] == "AdaKVPress" and not registry.PRESSES.facts(name).get("scorer")
     from spectra.kv import presses
 
-    assert presses.REGISTRY[name].inner.where == str(folder) and presses.REGISTRY[name].hidden
+    assert presses.REGISTRY[name].inner.where == str(folder) and presses.REGISTRY[name].reads == ("hidden",)
     with pytest.raises(SpectraError, match="adakv wraps a scorer press, and 'kvzap' is written kvzap\\(<artifact>\\); "
                                            "scorers: streaming, .*, kvzap\\(<artifact>\\)"):
         registry.press_names(["adakv(kvzap)"])

@@ -134,12 +134,12 @@ class Evaluate(PressStudy):
 
     def source(self, config: RunConfig, options: EvaluateOptions, where: Any):
         """A `TaskSource` over the evaluated records."""
-        from ..kv.prefill import Reads
+        from ..kv import passes
         from ..kv.tasks.examples import TaskSource
 
         records = selection.units(selection.evaluated(config), options.query_aware)
         missing = selection.left_out(config)
-        return TaskSource(config, where, records, query_aware=options.query_aware, reads=Reads.of(options.presses),
+        return TaskSource(config, where, records, query_aware=options.query_aware, reads=passes.read_by(options.presses),
                           windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing,
                           questioned=[press for press in options.presses
                                       if options.query_aware and press in PRESSES.having("reads_question")])

@@ -19,6 +19,7 @@ from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..inputs import several, split_top
 from ..kv.axes import ratio_meaning
+from ..kv.passes import WHOLE_MODEL
 from ..options import option
 from ..registry import PRESSES
 from .base import Analysis
@@ -29,17 +30,11 @@ DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
 #: how many decoding steps kvpress's DecodingPress waits between compressions by default, as decoding(…) declares it
 DEFAULT_INTERVAL = PRESSES.facts("decoding")["interval"]
-#: the facts of a press that runs a whole-model pass of its own after the prefill — KVzip's reconstruction
-#: (`reconstructs`), KVCompose's replay (`composes`), KVgrad's attribution (`differentiates`), each costing a few
-#: prefills more: `--presses` runs such a press only when it is named, or with `registry.ALL`
-WHOLE_MODEL_PASSES = ("reconstructs", "composes", "differentiates")
-
-
 def default_presses() -> tuple[str, ...]:
-    """The presses `--presses` runs when none is given: every press named alone but those that run a whole-model pass
-    of their own (a fact of `WHOLE_MODEL_PASSES`), so a default run costs one prefill per sequence."""
-    return tuple(name for name in PRESSES.bare()
-                 if not any(PRESSES.facts(name).get(fact) for fact in WHOLE_MODEL_PASSES))
+    """The presses `--presses` runs when none is given: every press named alone but those reading a whole-model pass
+    (`kv.passes`: KVzip's reconstruction, KVCompose's replay, KVgrad's gradients, each costing a few prefills more;
+    run when named, or with `registry.ALL`), so a default run costs one prefill per sequence."""
+    return tuple(name for name in PRESSES.bare() if name not in PRESSES.having(WHOLE_MODEL))
 
 
 #: the presses named alone that run a whole-model pass of their own after the prefill, which the default leaves out
@@ -250,8 +245,7 @@ class PressStudy(Analysis):
         compresses the global ones; what does not follow local layers yet is refused here, before any example."""
         if not any(windows):
             return
-        passes = [press for press in options.presses
-                  if any(press in PRESSES.having(fact) for fact in WHOLE_MODEL_PASSES)]
+        passes = [press for press in options.presses if press in PRESSES.having(WHOLE_MODEL)]
         if self.name == "cache" or passes:
             what = f"the presses {', '.join(passes)}" if passes else "spectra cache's study of text"
             raise SpectraError(f"{name} has sliding-window layers, which {what} does not follow yet: "

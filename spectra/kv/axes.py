@@ -118,9 +118,8 @@ MAP_FILE, PLAN_COLUMNS = "cache_axes.csv", ("budget", "layer", "kv_head", "press
 
 def read_plan(run: str) -> pd.DataFrame:
     """The mixed plan in a cache run directory `run` (or its cache_axes.csv itself): per budget, layer and key/value
-    head the (press, ratio) of its best axis. A missing or damaged map, or one naming a press that reads the
-    prefill's received attention or reconstruction or replay scores (which the engine computes only when a listed
-    press declares it), is one line (SpectraError)."""
+    head the (press, ratio) of its best axis. A missing or damaged map, or one naming a press that reads a prefill
+    pass (`kv.passes`, which the engine computes only when a listed press declares it), is one line (SpectraError)."""
     from pathlib import Path
 
     import pandas as pd
@@ -143,13 +142,10 @@ def read_plan(run: str) -> pd.DataFrame:
         raise SpectraError(f"{path} is no axis map of spectra cache --bytes-kept: no column {', '.join(missing)}")
     plan = table[table["best"].astype(bool)][list(PLAN_COLUMNS[:-1])].reset_index(drop=True)
     unknown = sorted(set(plan["press"]) - set(PRESSES.names()))
-    reading = sorted(press for press in set(plan["press"]) - set(unknown)
-                     if any(PRESSES.facts(press).get(fact) for fact in ("received", "reconstructs", "composes",
-                                                                              "differentiates")))
+    reading = sorted(press for press in set(plan["press"]) - set(unknown) if PRESSES.facts(press).get("reads"))
     if unknown or reading:
-        what = "unknown presses" if unknown else ("presses reading the received attention, KVCompose's replay, "
-                                                  "KVgrad's attribution or KVzip's reconstruction pass, which it "
-                                                  "does not prefill")
+        what = "unknown presses" if unknown else "presses reading a prefill pass (spectra/kv/passes.py), which it " \
+                                                 "does not prefill"
         raise SpectraError(f"the axis map {path} names {what}: {', '.join(unknown or reading)}")
     if plan.empty:
         raise SpectraError(f"the axis map {path} holds no best axis")

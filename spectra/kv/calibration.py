@@ -174,9 +174,9 @@ def fit(kind: str, model: torch.nn.Module, layers: int, blocks: Sequence[torch.T
     found: QFilterFit | StatisticsFit | None = None
     for index, ids in enumerate(blocks):
         with torch.inference_mode():
-            parts = prefill.exact(model, layers, ids, 0, index, prefill.Reads(queries=True))
+            parts = prefill.exact(model, layers, ids, 0, index, ("query_pre",))
         for part in parts:
-            pre = part.query_pre
+            pre = part.passes.get("query_pre")
             if pre is None or part.rope is None:
                 raise SpectraError("this model's queries before RoPE cannot be read (a model with rotary positions "
                                    "and separate query projections is needed)")

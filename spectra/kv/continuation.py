@@ -13,12 +13,13 @@ Token 0 of the continuation is predicted from the context's last position, whose
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .. import capture
+from . import passes
 from ..capture import Captured
 from ..kernels import causal_mask, eager_softmax, scores
 from ..models import Rope
@@ -31,18 +32,20 @@ Stacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def from_captured(captured: Captured, row: int, context: int, key_pre: torch.Tensor | None, seed: int,
-                  index: int, w_o: torch.Tensor | None = None, query_pre: torch.Tensor | None = None,
-                  rope: Rope | None = None) -> Prefill:
+                  index: int, w_o: torch.Tensor | None = None, rope: Rope | None = None, *,
+                  reads: Sequence[str] = ("received",), hooked: Mapping[str, torch.Tensor] | None = None) -> Prefill:
     """Sequence `row`'s exact prefill of `context` tokens, read off a captured layer of a longer causal forward
-    pass (rows < context of a causal P see only the context). `key_pre` (H_kv, L, d), `query_pre` (H, L, d): its
-    keys and queries before RoPE; `w_o`: the layer's output projection W^O (D, H·d); `rope`: the model's rotation
-    (`models.rope`)."""
+    pass (rows < context of a causal P see only the context). `key_pre` (H_kv, L, d): its keys before RoPE; `w_o`:
+    the layer's output projection W^O (D, H·d); `rope`: the model's rotation (`models.rope`); `reads`: the layer
+    passes computed (`kv.passes`: the received attention from P itself), from `hooked`, this row's hooked outputs
+    of the context a pass needs ("q": the query projection (L, H·d); "input": the attention input (L, D))."""
     window = min(WINDOW, context)
     p = captured.p[row]
-    return Prefill(captured.layer, captured.q[row, :, context - window:context], captured.key[row, :, :context],
-                   captured.value[row, :, :context], key_pre, p[:, context - window:context, :context],
-                   p[:, :context, :context].sum(dim=-2), captured.scaling, seed, index, w_o=w_o, query_pre=query_pre,
-                   rope=rope)
+    seen = passes.Seen(captured.q[row, :, :context], captured.key[row, :, :context], captured.value[row, :, :context],
+                       captured.scaling, hooked or {}, p=p[:, :context, :context])
+    return Prefill(captured.layer, captured.q[row, :, context - window:context], seen.key, seen.value, key_pre,
+                   p[:, context - window:context, :context], captured.scaling, seed, index, w_o=w_o, rope=rope,
+                   passes=passes.computed(reads, seen))
 
 
 def stack(parts: Sequence[Compressed], key: torch.Tensor, value: torch.Tensor) -> Stacked:

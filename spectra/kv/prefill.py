@@ -10,23 +10,19 @@ computes, layer by layer,
   which never forms P: kvpress's pipeline prefills with the same call);
 - the window's rows: the last w = min(WINDOW, L) queries' scores over the L keys, masked causally, softmax in float32
   (or wider) — eager attention's operations in its order;
-- the attention each key received, Σ_i P_ij, only when a press reads it (`Reads.received`; kvpress's observed
-  attention). On a CPU, by two passes of the fused flash kernel (`fused_received`: the layer's attention with its
+- the attention each key received, Σ_i P_ij, only when a press reads it (the prefill pass `received`, `received`
+  here; kvpress's observed attention). On a CPU, by two passes of the fused flash kernel (`fused_received`: the layer's attention with its
   log-normalisers, then a reversed attention whose log-normalisers are the column sums), about 1.6 times one
   attention; elsewhere, or as the reference, in *query chunks*, each chunk forming its c × (its last position + 1)
   causal scores and softmax and adding its column sums, so a layer holds c·L scores at a time (`CHUNK_BYTES`).
-  Without it, `Prefill.received` is an empty (H, 0) tensor, so a press that reads it undeclared fails loudly
-  instead of reading zeros.
 
-What a run's presses read beyond the cache is one `Reads` (each field a press fact), and the prefill computes only
-that. Only when a press `reconstructs` (kvzip), the forward pass is followed by KVzip's reconstruction pass over the
-prefilled cache (`kv.reconstruction`), whose scores of every layer go to each layer's `Prefill.reconstruction`; only
-when a press `composes` (kvcompose), by KVCompose's replay pass (`kv.composition`, `Prefill.composition`); only when
-one `differentiates` (kvgrad), by KVgrad's attribution pass (`kv.gradient`, `Prefill.gradient`). Only when a press
-reads `hidden` (kvzap), each layer's attention input (L × D, after its input norm) is kept.
+What a run's presses read beyond the cache are prefill passes (`kv.passes`: `reads`, their names), and the prefill
+computes only those: the layer passes inside the forward pass (`passes.computed`), the whole-model passes — KVzip's
+reconstruction, KVCompose's replay, KVgrad's attribution — after it, each once for every layer (`scored`). A press
+reading a pass no press of the run declared fails in one line (`Prefill.read`) instead of reading nothing.
 
 What is kept per layer is O(L·d) (keys, values, pre-RoPE keys) plus the window's H × w × L rows — about 1.1 GB for
-SmolLM2 at 8192 tokens — and, only for a press declaring `queries`, the H × L × d pre-RoPE queries. Keys are never
+SmolLM2 at 8192 tokens — and, only for a press reading `query_pre`, the H × L × d pre-RoPE queries. Keys are never
 repeated over the query heads of a key/value head: a chunk's queries are grouped per key/value head (H_kv, G·c, d).
 Statistics equal those of the dense P up to float rounding (matrix products of another shape sum in another order;
 `tests/test_prefill.py` bounds it). Causal decoders, one context at a time (no padding); a sliding-window layer
@@ -36,51 +32,20 @@ Statistics equal those of the dense P up to float rounding (matrix products of a
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .. import capture, models, sliding
-from . import composition, gradient, reconstruction
+from . import passes, reconstruction
 from ..capture import Captured
 from ..errors import SpectraError
 from .presses import Prefill
 from .presses.base import WINDOW
 from ..kernels import softmax_dtype
-from ..registry import PRESSES
 
 #: bytes of one chunk's scores (H × c × L floats): the chunk's queries c are chosen to stay under it
 CHUNK_BYTES = 2**27
-
-
-@dataclass(frozen=True)
-class Reads:
-    """What a run's presses read off a prefill beyond the cache, so that the prefill computes only that: `received`,
-    the attention each key received (`Prefill.received`); `queries`, every layer's pre-RoPE queries
-    (`Prefill.query_pre`); `hidden`, every layer's attention input (`Prefill.hidden`); and the whole-model passes'
-    scores, each run once for all layers: `reconstructs`, KVzip's reconstruction (`Prefill.reconstruction`);
-    `composes`, KVCompose's replay (`Prefill.composition`); `differentiates`, KVgrad's attribution
-    (`Prefill.gradient`). Each field is the press fact of the same name (`kv.presses.base.Press`), so a run's reads
-    are those of its presses (`Reads.of`); none by default."""
-
-    received: bool = False
-    queries: bool = False
-    hidden: bool = False
-    reconstructs: bool = False
-    composes: bool = False
-    differentiates: bool = False
-
-    @classmethod
-    def of(cls, presses: Iterable[str]) -> Reads:
-        """What the presses named `presses` (registry names, as `--presses` gives them) read: each fact true when
-        one of them declares it."""
-        named = set(presses)
-        return cls(**{fact.name: bool(PRESSES.having(fact.name) & named) for fact in fields(cls)})
-
-    @property
-    def repeats(self) -> bool:
-        """Whether a pass reads the tokenizer's repetition prompts (`reconstruction.Repetition`: KVzip's, KVgrad's)."""
-        return self.reconstructs or self.differentiates
 
 
 def chunk_queries(heads: int, length: int, itemsize: int = 4, budget: int = CHUNK_BYTES) -> int:
@@ -132,6 +97,20 @@ def fused_received(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scal
     return out[0], reverse[0].flip(-1).exp().to(q.dtype)
 
 
+def received(seen: passes.Seen) -> torch.Tensor:
+    """The prefill pass `received` (H, L) of one layer: the column sums of its dense P where the forward pass formed
+    it (the NLL protocol), else by the fused kernel where there is one (its attention output handed on as
+    `seen.output`), else in query chunks."""
+    if seen.p is not None:
+        return seen.p.sum(dim=-2)
+    q = seen.q
+    if seen.fused and (fused := fused_received(q, seen.key, seen.value, seen.scaling)):
+        seen.output = fused[0][None]
+        return fused[1]
+    chunk = chunk_queries(q.shape[0], q.shape[1], torch.finfo(softmax_dtype(q.dtype)).bits // 8, seen.chunk_bytes)
+    return received_attention(q, seen.key, seen.scaling, chunk)
+
+
 def attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
               window: int | None = None) -> torch.Tensor:
     """Causal attention output (…, H, L, d) of q over key, value (…, H_kv, L, d) by the fused SDPA kernel; with a
@@ -151,7 +130,7 @@ class _Collector:
     """What the prefill's forward pass gathers, layer by layer."""
 
     window: int
-    reads: Reads
+    reads: tuple[str, ...]
     fused: bool
     chunk_bytes: int
     seed: int
@@ -161,62 +140,55 @@ class _Collector:
     windows: list[int | None] = field(default_factory=list)  # each layer's sliding window (`sliding.windows`)
     prefills: dict[int, Prefill] = field(default_factory=dict)
     pre_rope: dict[int, torch.Tensor] = field(default_factory=dict)
-    query_pre: dict[int, torch.Tensor] = field(default_factory=dict)
-    states: dict[int, torch.Tensor] = field(default_factory=dict)  # attention inputs, only when a press reads them
+    hooked: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # what a read pass needs ("q", "input")
 
     def attention_input(self, layer: int, hidden: torch.Tensor) -> None:
-        self.states[layer] = hidden
+        self.hooked.setdefault(layer, {})["input"] = hidden[0]
 
     def projection(self, layer: int, which: str, output: torch.Tensor) -> None:
         if which == "k":
             self.pre_rope[layer] = output
-        elif which == "q" and self.reads.queries:
-            self.query_pre[layer] = output
+        elif which == "q" and passes.needed(self.reads, "q"):
+            self.hooked.setdefault(layer, {})["q"] = output[0]
 
     def substitute(self, captured: Captured) -> torch.Tensor:
         """One layer: its output, and its `Prefill` kept."""
         q, key, value = captured.q[0], captured.key[0], captured.value[0]
-        heads, length, _ = q.shape
+        length = q.shape[1]
         window = min(self.window, length)
         q_window = q[:, length - window:].clone()
         local = self.windows[captured.layer] if self.windows else None
-        if local is not None and local < length:  # a sliding-window layer: no press reads it (`Cell.compress`)
-            out, received = attention(q, key, value, captured.scaling, local)[None], q.new_zeros(heads, 0)
-        elif self.reads.received and self.fused and (fused := fused_received(q, key, value, captured.scaling)):
-            out, received = fused[0][None], fused[1]
-        elif self.reads.received:
-            chunk = chunk_queries(heads, length, torch.finfo(softmax_dtype(q.dtype)).bits // 8, self.chunk_bytes)
-            out, received = None, received_attention(q, key, captured.scaling, chunk)
-        else:
-            out, received = None, q.new_zeros(heads, 0)
+        banded = local is not None and local < length  # a sliding-window layer: no press reads it (`Cell.compress`)
+        seen = passes.Seen(q, key, value, captured.scaling, self.hooked.pop(captured.layer, {}), fused=self.fused,
+                           chunk_bytes=self.chunk_bytes)
+        computed = passes.computed(self.reads, seen, local=banded)
         pre = self.pre_rope.pop(captured.layer, None)  # (1, L, H_kv·d) → (H_kv, L, d)
         key_pre = None if pre is None else pre[0].unflatten(-1, (key.shape[0], -1)).transpose(0, 1)
-        queries = self.query_pre.pop(captured.layer, None)  # (1, L, H·d) → (H, L, d)
-        query_pre = None if queries is None else queries[0].unflatten(-1, (heads, -1)).transpose(0, 1)
-        hidden = self.states.pop(captured.layer, None)  # (1, L, D) → (L, D)
-        self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, received,
-                                                captured.scaling, self.seed, self.index,
-                                                w_o=self.w_o.get(captured.layer), query_pre=query_pre, rope=self.rope,
-                                                hidden=None if hidden is None else hidden[0],
-                                                sliding_window=self.windows[captured.layer] if self.windows else None)
-        return out if out is not None else attention(captured.q, captured.key, captured.value, captured.scaling)
+        self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, captured.scaling,
+                                                self.seed, self.index, w_o=self.w_o.get(captured.layer),
+                                                rope=self.rope, sliding_window=local, passes=computed)
+        if banded:
+            return attention(q, key, value, captured.scaling, local)[None]
+        return seen.output if seen.output is not None else attention(captured.q, captured.key, captured.value,
+                                                                     captured.scaling)
 
 
 def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, index: int,
-          reads: Reads = Reads(received=True), *, fused: bool = True, window: int = WINDOW,
+          reads: Iterable[str] = ("received",), *, fused: bool = True, window: int = WINDOW,
           chunk_bytes: int = CHUNK_BYTES, repetition: reconstruction.Repetition | None = None) -> list[Prefill]:
     """Every layer's exact prefill of the context `ids` (L,) at positions 0 … L − 1 (see the module docstring), with
-    what the run's presses read (`reads`; by default the attention each key received): the attention each key
-    received (else an empty (H, 0) tensor) by the fused kernel where there is one (`fused`), else in query chunks;
-    the pre-RoPE queries, the attention inputs and the whole-model passes' scores (`scored`; `repetition`, the
-    tokenizer's prompts, for the passes that read them). `seed` and `index` (the run's seed and the example's global
-    index) go to the presses that draw randomly; each layer's output projection W^O goes with its prefill
+    the prefill passes the run's presses read (`reads`, `kv.passes` names; by default the attention each key
+    received, by the fused kernel where there is one, `fused`, else in query chunks) — the whole-model passes'
+    scores by `scored` (`repetition`, the tokenizer's prompts, for the passes that need them). `seed` and `index`
+    (the run's seed and the example's global index) go to the presses that draw randomly; each layer's output projection W^O goes with its prefill
     (`Prefill.w_o`). Every layer's `question_tokens` is 0: a task example's own count is set by its source
     (`TaskSource.run`)."""
+    reads = tuple(reads)
     collector = _Collector(window, reads, fused, chunk_bytes, seed, index, models.output_projections(model),
                            models.rope(model), sliding.of_model(model))
-    hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or reads.queries else []
-    hooks += models.watch_inputs(model, collector.attention_input) if reads.hidden else []
+    hooks = models.watch_projections(model, collector.projection) if models.rotary(model) or passes.needed(
+        reads, "q") else []
+    hooks += models.watch_inputs(model, collector.attention_input) if passes.needed(reads, "input") else []
     try:
         capture.forward(model, layers, None, collector.substitute, [index], input_ids=ids.reshape(1, -1),
                         use_cache=False, logits_to_keep=1)
@@ -227,24 +199,19 @@ def exact(model: torch.nn.Module, layers: int, ids: torch.Tensor, seed: int, ind
     return scored(model, layers, found, ids, index, reads, repetition)
 
 
-def scored(model: torch.nn.Module, layers: int, found: list[Prefill], ids: torch.Tensor, index: int, reads: Reads,
-           repetition: reconstruction.Repetition | None = None) -> list[Prefill]:
-    """Every layer's prefill `found` of the context `ids` with the scores of the whole-model passes `reads` names,
-    each pass run once for all layers: KVzip's reconstruction (`reconstructs`, `Prefill.reconstruction`),
-    KVCompose's replay (`composes`, `Prefill.composition`) and KVgrad's attribution (`differentiates`,
-    `Prefill.gradient`); `repetition`, the tokenizer's prompts, for the first and the last."""
-    if (reads.reconstructs or reads.composes or reads.differentiates) and any(part.sliding_window for part in found):
-        raise SpectraError("KVzip's, KVCompose's and KVgrad's passes do not follow sliding-window layers yet: leave "
-                           "kvzip, kvcompose and kvgrad out on this model")
-    if reads.repeats and repetition is None:
-        raise ValueError("KVzip's and KVgrad's passes read the tokenizer's repetition prompts: give `repetition`")
-    ids = ids.reshape(-1)
-    keys, values = [part.key for part in found], [part.value for part in found]
-    passes: dict[str, torch.Tensor] = {}
-    if reads.reconstructs:
-        passes["reconstruction"] = reconstruction.scores(model, layers, keys, values, ids, repetition, index)
-    if reads.composes:
-        passes["composition"] = composition.scores(model, layers, ids, index)
-    if reads.differentiates:
-        passes["gradient"] = gradient.scores(model, layers, keys, values, ids, repetition, index)
-    return [replace(part, **passes) for part in found] if passes else found
+def scored(model: torch.nn.Module, layers: int, found: list[Prefill], ids: torch.Tensor, index: int,
+           reads: Iterable[str], repetition: reconstruction.Repetition | None = None) -> list[Prefill]:
+    """Every layer's prefill `found` of the context `ids` with the scores of the whole-model passes of `reads` (each
+    run once for every layer, `passes.scored`) among its passes; `repetition`, the tokenizer's prompts, for those
+    needing them."""
+    whole = passes.whole_model_passes(reads)
+    if not whole:
+        return found
+    names = ", ".join(entry.what for entry in whole)
+    if any(part.sliding_window for part in found):
+        raise SpectraError(f"the whole-model passes ({names}) do not follow sliding-window layers yet: leave the "
+                           "presses reading them out on this model")
+    if repetition is None and passes.needed(reads, "repetition"):
+        raise ValueError(f"the passes ({names}) read the tokenizer's repetition prompts: give `repetition`")
+    computed = passes.scored(reads, passes.WholeModel(model, layers, found, ids.reshape(-1), index, repetition))
+    return [replace(part, passes={**part.passes, **computed}) for part in found]

@@ -4,7 +4,7 @@ the log of KVzip's score of its cached pair, one output per key/value head.
 KVzap's recipe is KVzip's scores as the target, a tiny model per layer as the fit; nothing else is trained:
 
 - *data*: each calibration block of token ids is prefilled exactly (`kv.prefill.exact`, keeping every layer's
-  attention input, `Prefill.hidden` (L, D): the hidden states after the layer's input norm, what kvpress's KVzapPress
+  attention input, `Prefill.read("hidden")` (L, D): the hidden states after the layer's input norm, what kvpress's KVzapPress
   reads) and KVzip's reconstruction pass scores its cached pairs (`kv.reconstruction.scores`, what the `kvzip` press
   ranks: per key/value head, the largest weight any repeat query of its group gives the pair). Rows are the positions
   KVzip scores: the first SINKS, whose score KVzip raises above every other (it never evicts them, and a surrogate
@@ -67,11 +67,10 @@ def collect(model: torch.nn.Module, layers: int, blocks: Sequence[torch.Tensor],
     scores: list[torch.Tensor] = []
     for index, ids in enumerate(blocks):
         with torch.inference_mode():
-            found = prefill.exact(model, layers, ids, 0, index, prefill.Reads(hidden=True, reconstructs=True),
-                                  repetition=repetition)
+            found = prefill.exact(model, layers, ids, 0, index, ("hidden", "reconstruction"), repetition=repetition)
         rows = scored_rows(ids.shape[-1], repetition.prefix)
-        states.append(torch.stack([part.hidden[rows] for part in found]).float())
-        scores.append(found[0].reconstruction[:, :, rows].transpose(1, 2).float())
+        states.append(torch.stack([part.read("hidden")[rows] for part in found]).float())
+        scores.append(found[0].read("reconstruction")[:, :, rows].transpose(1, 2).float())
         if progress is not None:
             progress(index + 1)
     return torch.cat(states, dim=1), torch.cat(scores, dim=1)

@@ -7,11 +7,10 @@ kept), measures each head with the layer's exact inputs (attention mass kept, ou
 `after_batch` scores the continuation against their caches, all the cells that compress once in one batched forward
 pass per chunk, each that compresses while decoding teacher-forced by its recompression, and accumulates next-token NLL,
 KL from the full cache's distribution and top-1 agreement. A sequence shorter than L + C tokens (truncate mode) is
-skipped and counted. A press that `reconstructs` (kvzip), `composes` (kvcompose) or `differentiates` (kvgrad) reads
-every layer's cache, so its cells wait: `update` keeps each layer's continuation rows for them (`continuation.Tail`),
-and `after_batch` first runs KVzip's reconstruction pass over the sequence's prefilled cache (`kv.reconstruction`),
-KVCompose's replay pass (`kv.composition`) or KVgrad's attribution pass (`kv.gradient`), then compresses and measures
-them layer by layer.
+skipped and counted. The prefill passes the run's presses read (`kv.passes`) are computed as the layers go by; a
+press reading a whole-model pass (kvzip, kvcompose, kvgrad) reads every layer's cache, so its cells wait: `update`
+keeps each layer's continuation rows for them (`continuation.Tail`), and `after_batch` first runs the passes they read
+over the sequence's prefilled cache (`prefill.scored`), then compresses and measures them layer by layer.
 
 With `fit_samples` N > 0 the first N sequences calibrate: their prefills go to the run's own fresh instance of each
 press that `calibrates` (never to the registry's shared one), nothing is scored, and the sequences after them are
@@ -23,14 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..kv import axes, continuation, generation, prefill, reconstruction
+from ..kv import axes, continuation, generation, passes, prefill, reconstruction
 from .. import models
 from ..capture import Captured
 from ..kv.cell import Cell, Cells
@@ -85,20 +83,22 @@ class CacheProbe(Probe):
         self.pending: dict[int, tuple[dict[int, Prefill], list[Cell], dict[int, continuation.Tail]]] = {}
         self.repetition: reconstruction.Repetition | None = None  # the reconstruction prompts, made on first use
         self.pre_rope: dict[int, torch.Tensor] = {}
-        self.query_pre: dict[int, torch.Tensor] = {}  # only for a press reading them (`queries`)
-        self.queries = any(press.queries for press in self.presses.values())
+        self.reads = passes.read_by(presses)  # the prefill passes its presses read
+        self.hooked: dict[int, dict[str, torch.Tensor]] = {}  # each layer's hooked outputs they need ("q", "input")
         self.rope = models.rope(loaded.model)
         self.hooks = models.watch_projections(loaded.model, self._projection) if models.rotary(loaded.model) else []
-        self.states: dict[int, torch.Tensor] = {}  # each layer's attention input, only for a press reading it
-        if any(press.hidden for press in self.presses.values()):
-            self.hooks += models.watch_inputs(loaded.model, self.states.__setitem__)
+        if passes.needed(self.reads, "input"):
+            self.hooks += models.watch_inputs(loaded.model, lambda layer, found: self._hooked(layer, "input", found))
         self.w_o = models.output_projections(loaded.model)  # each layer's W^O, for the presses that read it
 
     def _projection(self, layer: int, which: str, output: torch.Tensor) -> None:
         if which == "k":
             self.pre_rope[layer] = output
-        elif which == "q" and self.queries:
-            self.query_pre[layer] = output
+        elif which == "q" and passes.needed(self.reads, "q"):
+            self._hooked(layer, "q", output)
+
+    def _hooked(self, layer: int, name: str, output: torch.Tensor) -> None:
+        self.hooked.setdefault(layer, {})[name] = output
 
     def _usable(self, captured: Captured, row: int) -> bool:
         return captured.q.shape[-2] == self.context + self.continuation and bool(captured.valid[row].all())
@@ -113,14 +113,9 @@ class CacheProbe(Probe):
             pre = self.pre_rope.get(layer)  # (B, n, H_kv·d) → (H_kv, L, d)
             key_pre = None if pre is None else pre[row, :context].unflatten(-1, (captured.key.shape[1], -1))
             key_pre = None if key_pre is None else key_pre.transpose(0, 1)
-            queries = self.query_pre.get(layer)  # (B, n, H·d) → (H, L, d)
-            query_pre = None if queries is None else queries[row, :context].unflatten(-1, (captured.q.shape[1], -1))
-            query_pre = None if query_pre is None else query_pre.transpose(0, 1)
+            hooked = {name: found[row, :context] for name, found in self.hooked.get(layer, {}).items()}
             prefilled = continuation.from_captured(captured, row, context, key_pre, self.seed, index[row],
-                                                   self.w_o.get(layer), query_pre, self.rope)
-            states = self.states.get(layer)  # (B, n, D) → (L, D)
-            if states is not None:
-                prefilled = replace(prefilled, hidden=states[row, :context])
+                                                   self.w_o.get(layer), self.rope, reads=self.reads, hooked=hooked)
             if index[row] < self.fit_samples:
                 self._calibrate(prefilled)
                 continue
@@ -134,17 +129,14 @@ class CacheProbe(Probe):
                 tails[layer] = tail.kept()
             # the prefill's tensors are views of the whole layer's: keep copies of what the continuation needs
             prefills[layer] = Prefill(layer, prefilled.q[:, :0], prefilled.key.clone(), prefilled.value.clone(), None,
-                                      prefilled.window[:, :0], prefilled.received[:, :0], prefilled.scaling, self.seed,
-                                      index[row])
+                                      prefilled.window[:, :0], prefilled.scaling, self.seed, index[row])
         self.pre_rope.pop(layer, None)
-        self.query_pre.pop(layer, None)
-        self.states.pop(layer, None)
+        self.hooked.pop(layer, None)
 
     @staticmethod
     def _reconstructs(cell: Cell) -> bool:
-        """Whether a cell's press reads a pass over every layer after the prefill (KVzip's, KVCompose's)."""
-        return cell.compressor is not None and (cell.compressor.reconstructs or cell.compressor.composes
-                                                or cell.compressor.differentiates)
+        """Whether a cell's press reads a whole-model pass (`kv.passes`), run over every layer after the prefill."""
+        return cell.compressor is not None and bool(passes.whole_model_passes(cell.compressor.reads))
 
     def _measure(self, layer: int, cells: list[Cell], rows: list[int], tail: continuation.Tail,
                  prefilled: Prefill) -> None:
@@ -165,19 +157,15 @@ class CacheProbe(Probe):
 
     def _reconstruct(self, ids: torch.Tensor, index: int, prefills: dict[int, Prefill], cells: list[Cell],
                      tails: dict[int, continuation.Tail]) -> None:
-        """KVzip's reconstruction pass over the sequence's prefilled context `ids` (L,) and KVCompose's replay pass,
-        each where a cell's press reads it, then every layer of those cells, compressed with the scores and
-        measured."""
+        """The whole-model passes the cells' presses read over the sequence's prefilled context `ids` (L,), then every
+        layer of those cells, compressed with the scores and measured."""
         rows = [i for i, cell in enumerate(cells) if self._reconstructs(cell)]
         if not rows:
             return
         loaded = self.source.loaded
         if self.repetition is None:
             self.repetition = reconstruction.Repetition.of(loaded.tokenizer)
-        pressing = [cells[i].compressor for i in rows]
-        reads = prefill.Reads(reconstructs=any(press.reconstructs for press in pressing),
-                              composes=any(press.composes for press in pressing),
-                              differentiates=any(press.differentiates for press in pressing))
+        reads = [name for i in rows for name in cells[i].compressor.reads]
         layers = prefill.scored(loaded.model, self.layers, [prefills[layer] for layer in range(self.layers)], ids,
                                 index, reads, self.repetition)
         for layer, prefilled in enumerate(layers):

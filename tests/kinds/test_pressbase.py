@@ -9,6 +9,7 @@ import pytest
 
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
+from spectra.kv.passes import PASSES
 from spectra.kinds.pressbase import (DEFAULT_INTERVAL, PressOptions, PressStudy, default_presses, press_lines,
                                      ratio_meanings, rotary)
 from spectra.registry import PRESSES, takes_argument
@@ -48,7 +49,7 @@ def test_the_press_listing_has_every_press_once_with_its_summary_and_peer() -> N
                                         "(kvpress: AdaKVPress)")
     assert shown["loki"].endswith("(spectra's own)") and shown["kivi2"].startswith("every token at 2 bits")
     own = [name for name, line in rows if line.endswith("(spectra's own)")]
-    assert own == ["loki", "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "headbudget(<run>)",
+    assert own == ["pca_leverage", "loki", "lowrank", "linformer", "kivi2", "kivi4", "kivi8", "headbudget(<run>)",
                    "mixed(<cache run>)"]
     assert all(re.search(r"\S \(kvpress: [A-Za-z]+Press\)$", line) for name, line in rows if name not in own)
     for name in ("cache", "evaluate"):
@@ -79,8 +80,7 @@ def test_the_default_presses_leave_out_those_running_a_whole_model_pass_and_all_
     attribution: a few prefills more each) — a press declared later with such a fact too; `all` is every press named
     alone, with other names beside it."""
     alone = PRESSES.bare()
-    passes = [name for name in alone if any(PRESSES.facts(name).get(fact) for fact in
-                                            ("reconstructs", "composes", "differentiates"))]
+    passes = [name for name in alone if any(PASSES[read].whole_model for read in PRESSES.facts(name).get("reads", ()))]
     assert set(passes) >= {"kvzip", "kvcompose", "kvgrad"}
     for name in ("cache", "evaluate"):
         options = REGISTRY[name].options
@@ -91,7 +91,7 @@ def test_the_default_presses_leave_out_those_running_a_whole_model_pass_and_all_
         text = " ".join(options.__dataclass_fields__["presses"].metadata["help"].split())
         assert text.endswith("Default: every press named alone but those running a whole-model pass of their own "
                              "(kvgrad, kvzip, kvcompose); all: every press named alone.")
-    with PRESSES.extended({"replayed": (object(), {"composes": True}), "plain": (object(), {"axis": "tokens"})}):
+    with PRESSES.extended({"replayed": (object(), {"reads": ("composition",)}), "plain": (object(), {"axis": "tokens"})}):
         assert "replayed" not in default_presses() and "plain" in default_presses()
     with pytest.raises(SpectraError, match=re.escape("unknown press 'every'; valid presses: streaming, knorm")
                        + ".*, all \\(every press named alone\\), kvpress-leaderboard, .*, "

@@ -32,11 +32,11 @@ def gqa_llama(tmp_path_factory):
     loaded.model.double()
     ids = torch.randint(3, len(loaded.tokenizer), (CONTEXT + QUESTION,), generator=torch.Generator().manual_seed(5))
     repetition = reconstruction.Repetition.of(loaded.tokenizer)
-    reads = prefill.Reads(received=True, queries=True, reconstructs=True, composes=True)
+    reads = ("received", "query_pre", "reconstruction", "composition")
     found = prefill.exact(loaded.model, loaded.layers, ids[:CONTEXT], 0, 0, reads, repetition=repetition)
     scores = gradient.scores(loaded.model, loaded.layers, [part.key for part in found],
                              [part.value for part in found], ids[:CONTEXT], repetition, 0)  # kvgrad's pass
-    return loaded, ids, [replace(part, gradient=scores) for part in found]
+    return loaded, ids, [replace(part, passes={**part.passes, "gradient": scores}) for part in found]
 
 
 def compressed_cells(prefills, presses, ratios):

@@ -32,8 +32,8 @@ def prefills(seed: int = 0) -> list[Prefill]:
         window = rng.uniform(size=(HEADS, WINDOW, LENGTH))
         as_torch = lambda array: torch.tensor(array, dtype=torch.float32)  # noqa: E731
         found.append(Prefill(layer, as_torch(rng.standard_normal((HEADS, WINDOW, DIM))), as_torch(key),
-                             as_torch(value), None, as_torch(window / window.sum(-1, keepdims=True)),
-                             as_torch(rng.uniform(size=(HEADS, LENGTH))), DIM ** -0.5, 7, 3))
+                             as_torch(value), None, as_torch(window / window.sum(-1, keepdims=True)), DIM ** -0.5, 7,
+                             3, passes={"received": as_torch(rng.uniform(size=(HEADS, LENGTH)))}))
     return found
 
 

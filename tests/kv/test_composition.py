@@ -66,9 +66,10 @@ def test_one_layers_scores_against_numpy() -> None:
 def test_the_prefill_hands_every_layer_the_same_scores_only_when_asked(gqa_llama) -> None:
     loaded, _ = gqa_llama
     ids = torch.randint(3, len(loaded.tokenizer), (30,), generator=torch.Generator().manual_seed(2))
-    plain = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
-    assert all(part.composition is None and part.reconstruction is None for part in plain)
-    asked = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads(composes=True))
-    assert all(part.composition is asked[0].composition and part.reconstruction is None for part in asked)
+    plain = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())
+    assert all(not part.passes for part in plain)
+    asked = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ("composition",))
+    assert all(part.read("composition") is asked[0].read("composition") and list(part.passes) == ["composition"]
+               for part in asked)
     expected = composition.scores(loaded.model, loaded.layers, ids, 0)
-    torch.testing.assert_close(asked[0].composition, expected, rtol=0, atol=0)
+    torch.testing.assert_close(asked[0].read("composition"), expected, rtol=0, atol=0)

@@ -38,17 +38,17 @@ def gqa_llama(tmp_path_factory):
 def prefilled(loaded, ids) -> dict:
     """Each layer's prefill and captured record, read off one forward over the whole sequence (with the context's
     keys and queries before RoPE, the model's RoPE and each layer's W^O, which expected_attention, compactor and
-    criticalkv read), KVzip's reconstruction scores of the context (the pass the engine runs for a press that
-    `reconstructs`), KVCompose's replay scores (for a press that `composes`), KVgrad's attribution scores (for a
-    press that `differentiates`) and each layer's attention input (for a press reading `hidden`: kvzap)."""
+    criticalkv read), and every prefill pass (`kv.passes`): the received attention, the queries before RoPE, KVzip's
+    reconstruction scores of the context, KVCompose's replay scores, KVgrad's attribution scores and each layer's
+    attention input (kvzap's)."""
     found, pre, w_o, states = {}, {}, models.output_projections(loaded.model), {}
 
     def observe(captured):
-        key_pre, query_pre = (pre.pop((captured.layer, which))[0, :CONTEXT].unflatten(-1, (heads, -1)).transpose(0, 1)
-                              for which, heads in (("k", captured.key.shape[1]), ("q", captured.q.shape[1])))
-        found[captured.layer] = (captured, continuation.from_captured(captured, 0, CONTEXT, key_pre, 0, 0,
-                                                                      w_o[captured.layer], query_pre,
-                                                                      models.rope(loaded.model)))
+        key_pre = pre.pop((captured.layer, "k"))[0, :CONTEXT].unflatten(-1, (captured.key.shape[1], -1))
+        hooked = {"q": pre.pop((captured.layer, "q"))[0, :CONTEXT]}
+        found[captured.layer] = (captured, continuation.from_captured(
+            captured, 0, CONTEXT, key_pre.transpose(0, 1), 0, 0, w_o[captured.layer], models.rope(loaded.model),
+            reads=("received", "query_pre"), hooked=hooked))
 
     def projection(layer, which, output):
         pre[layer, which] = output
@@ -65,8 +65,8 @@ def prefilled(loaded, ids) -> dict:
     scores = reconstruction.scores(loaded.model, loaded.layers, keys, values, ids[0, :CONTEXT], repetition, 0)
     composed = composition.scores(loaded.model, loaded.layers, ids[0, :CONTEXT], 0)  # KVCompose's replay pass
     attributed = gradient.scores(loaded.model, loaded.layers, keys, values, ids[0, :CONTEXT], repetition, 0)
-    found = {layer: (captured, replace(part, reconstruction=scores, composition=composed, gradient=attributed,
-                                       hidden=states[layer][0, :CONTEXT]))
+    found = {layer: (captured, replace(part, passes={**part.passes, "reconstruction": scores, "composition": composed,
+                                                     "gradient": attributed, "hidden": states[layer][0, :CONTEXT]}))
              for layer, (captured, part) in found.items()}
     return found, outputs.logits[0]
 
@@ -133,7 +133,7 @@ def learned_artifacts(folder, layers: dict) -> list[str]:
     stats = artifacts.write(folder / "stats", {"query_mean": torch.randn(count, heads, dim, generator=generator),
                                                "query_cov": factor @ factor.transpose(-1, -2)},
                             {"num_layers": count, "num_heads": heads, "head_dim": dim})
-    width, surrogates = prefill.hidden.shape[-1], []
+    width, surrogates = prefill.read("hidden").shape[-1], []
     for hidden_dim in (None, 7):
         parts = ({"": (kv_heads, width)} if hidden_dim is None else
                  {"0.": (hidden_dim, width), "2.": (kv_heads, hidden_dim)})

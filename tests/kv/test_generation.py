@@ -323,7 +323,7 @@ def test_a_cache_decoded_alone_on_sliding_window_layers_answers_as_generate() ->
     generator = torch.Generator().manual_seed(3)
     context, question = torch.randint(3, 128, (40,), generator=generator), torch.randint(3, 128, (5,),
                                                                                           generator=generator)
-    prefills = prefill.exact(model, 3, context, 0, 0, prefill.Reads())
+    prefills = prefill.exact(model, 3, context, 0, 0, ())
     cell = Cell(FULL, 0.0, None, 40, 0, 0)
     for part in prefills:
         cell.compress(part)

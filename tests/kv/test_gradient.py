@@ -128,7 +128,7 @@ def test_the_pass_equals_differentiated_forwards_over_the_context_and_each_repea
     loaded = gqa_llama
     ids = torch.randint(3, len(loaded.tokenizer), (40,), generator=torch.Generator().manual_seed(1))
     pieces = Repetition(6, torch.tensor([5, 6]), torch.tensor([7, 8, 9]), torch.tensor([10, 11]))
-    prefills = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
+    prefills = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())
     trainable = [parameter.requires_grad for parameter in loaded.model.parameters()]
     got = gradient.scores(loaded.model, loaded.layers, [part.key for part in prefills],
                           [part.value for part in prefills], ids, pieces, 0, chunk=16)
@@ -146,7 +146,7 @@ def test_the_pass_runs_after_a_prefill_made_in_inference_mode(gqa_llama) -> None
     loaded = gqa_llama
     ids = torch.randint(3, len(loaded.tokenizer), (20,), generator=torch.Generator().manual_seed(2))
     pieces = Repetition.of(loaded.tokenizer)
-    prefills = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
+    prefills = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())
     with torch.inference_mode():
         inside = gradient.scores(loaded.model, loaded.layers, [part.key for part in prefills],
                                  [part.value for part in prefills], ids, pieces, 0)

@@ -5,16 +5,12 @@ float rounding. Float64 tiny Llama with grouped-query attention, so the two rout
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pytest
 import torch
 
 from spectra import capture, kernels, models
-from spectra.kv import continuation, prefill
-from spectra.kv.presses import REGISTRY
+from spectra.kv import continuation, passes, prefill
 from spectra.kv.presses.base import WINDOW
-from spectra.registry import PRESSES
 
 import tiny
 
@@ -38,10 +34,11 @@ def dense(loaded, ids) -> dict:
         pre[layer, which] = output
 
     def observe(captured):
-        key_pre, query_pre = (pre[captured.layer, which][0].unflatten(-1, (heads, -1)).transpose(0, 1)
-                              for which, heads in (("k", captured.key.shape[1]), ("q", captured.q.shape[1])))
-        found[captured.layer] = continuation.from_captured(captured, 0, CONTEXT, key_pre, 3, 5, query_pre=query_pre,
-                                                           rope=models.rope(loaded.model))
+        key_pre = pre[captured.layer, "k"][0].unflatten(-1, (captured.key.shape[1], -1)).transpose(0, 1)
+        found[captured.layer] = continuation.from_captured(captured, 0, CONTEXT, key_pre, 3, 5,
+                                                           rope=models.rope(loaded.model),
+                                                           reads=("received", "query_pre"),
+                                                           hooked={"q": pre[captured.layer, "q"][0]})
 
     hooks = models.watch_projections(loaded.model, projection)
     capture.forward(loaded.model, loaded.layers, observe, None, [5], input_ids=ids[None])
@@ -55,13 +52,14 @@ def dense(loaded, ids) -> dict:
 def test_chunked_prefill_equals_the_dense_p(gqa_llama, fused, chunk_bytes) -> None:
     loaded, ids = gqa_llama
     reference = dense(loaded, ids)
-    got = prefill.exact(loaded.model, loaded.layers, ids, 3, 5, prefill.Reads(received=True, queries=True),
+    got = prefill.exact(loaded.model, loaded.layers, ids, 3, 5, ("received", "query_pre"),
                         fused=fused, chunk_bytes=chunk_bytes)
     assert [p.layer for p in got] == list(range(loaded.layers))
     for layer, chunked in enumerate(got):
         want = reference[layer]
         for name in ("q", "key", "value", "key_pre", "query_pre", "window", "received"):
-            a, b = getattr(chunked, name), getattr(want, name)
+            a, b = ((chunked.read(name), want.read(name)) if name in passes.PASSES
+                    else (getattr(chunked, name), getattr(want, name)))
             assert a.shape == b.shape, name
             assert torch.allclose(a, b, rtol=1e-12, atol=1e-12), (layer, name)
         assert chunked.window.shape[1] == min(WINDOW, CONTEXT)
@@ -91,34 +89,37 @@ def test_each_statistic_equals_eager_on_its_own() -> None:
 
 
 def test_the_queries_before_rope_turn_into_the_window_queries_by_the_models_rope(gqa_llama) -> None:
-    """query_pre, kept only when asked (`queries`), rotated by `rope` at positions 0 … L − 1 (q·cos +
+    """query_pre, kept only when a press reads it, rotated by `rope` at positions 0 … L − 1 (q·cos +
     rotate_half(q)·sin), gives the post-RoPE queries the prefill keeps for its window; so do the keys."""
     loaded, ids = gqa_llama
-    without = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
-    assert all(layer.query_pre is None for layer in without)
-    for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads(queries=True)):
-        assert layer.query_pre.shape == (6, CONTEXT, 8)
+    without = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())
+    assert all(not layer.passes for layer in without)
+    for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ("query_pre",)):
+        assert layer.read("query_pre").shape == (6, CONTEXT, 8)
         cos, sin = layer.rope(torch.arange(CONTEXT))
         assert cos.shape == sin.shape == (CONTEXT, 8) and cos.dtype == torch.float64
-        for pre, post in ((layer.query_pre, layer.q), (layer.key_pre, layer.key)):
+        for pre, post in ((layer.read("query_pre"), layer.q), (layer.key_pre, layer.key)):
             turned = pre * cos + torch.cat([-pre[..., 4:], pre[..., :4]], dim=-1) * sin
             assert torch.allclose(turned[:, -post.shape[1]:], post, rtol=1e-12, atol=1e-12)
 
 
-def test_without_received_the_statistic_is_empty(gqa_llama) -> None:
-    """Reading nothing leaves `received` empty; a caller naming no reads gets it (exact's default)."""
+def test_without_received_the_statistic_is_absent_and_reading_it_fails_in_one_line(gqa_llama) -> None:
+    """Reading nothing leaves `received` out, and a press reading it anyway is told which pass it lacks; a caller
+    naming no reads gets it (exact's default)."""
     loaded, ids = gqa_llama
-    got = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
+    got = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())
     reference = prefill.exact(loaded.model, loaded.layers, ids, 0, 0)
     for without, whole in zip(got, reference):
-        assert without.received.shape == (6, 0) and whole.received.shape == (6, CONTEXT)
+        assert not without.passes and whole.read("received").shape == (6, CONTEXT)
         assert torch.equal(without.window, whole.window) and torch.equal(without.key, whole.key)
+        with pytest.raises(ValueError, match=r'lacks .received. .*reads = \("received",\)'):
+            without.read("received")
 
 
 def test_each_layer_carries_its_output_projection(gqa_llama) -> None:
     """criticalkv reads W^O: each layer's prefill holds its own attention's o_proj weight (D, H·d)."""
     loaded, ids = gqa_llama
-    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())):
+    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())):
         own = loaded.model.model.layers[layer].self_attn.o_proj.weight
         assert found.w_o is not None and torch.equal(found.w_o, own)
 
@@ -126,15 +127,13 @@ def test_the_hidden_states_are_kept_only_when_asked_and_are_the_normed_layer_inp
     """kvzap reads each layer's attention input (kvpress's `hidden_states`): the residual stream entering the decoder
     layer (transformers' output_hidden_states) through its input_layernorm; a prefill not asked keeps none."""
     loaded, ids = gqa_llama
-    assert all(layer.hidden is None for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0,
-                                                               prefill.Reads()))
+    assert all(not layer.passes for layer in prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ()))
     with torch.inference_mode():
         residual = loaded.model(input_ids=ids[None], output_hidden_states=True).hidden_states
-    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0,
-                                                prefill.Reads(hidden=True))):
+    for layer, found in enumerate(prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ("hidden",))):
         normed = loaded.model.model.layers[layer].input_layernorm(residual[layer][0])
-        assert found.hidden.shape == (CONTEXT, 48)
-        assert torch.allclose(found.hidden, normed, rtol=1e-12, atol=1e-12), layer
+        assert found.read("hidden").shape == (CONTEXT, 48)
+        assert torch.allclose(found.read("hidden"), normed, rtol=1e-12, atol=1e-12), layer
 
 
 def test_the_chunk_fits_its_budget() -> None:
@@ -143,27 +142,11 @@ def test_the_chunk_fits_its_budget() -> None:
     assert prefill.chunk_queries(1, 10, budget=2**30) == 10
 
 
-def test_the_reads_of_presses_are_their_facts() -> None:
-    """`Reads.of`: each field true exactly when a named press declares the fact of that name — checked against each
-    press's own class attributes, one press at a time and for a mix; no presses read nothing."""
-    facts = [fact.name for fact in fields(prefill.Reads)]
-    assert facts == ["received", "queries", "hidden", "reconstructs", "composes", "differentiates"]
-    for name in PRESSES.bare():
-        want = {fact: bool(getattr(REGISTRY[name], fact)) for fact in facts}
-        assert prefill.Reads.of([name]) == prefill.Reads(**want), name
-    assert prefill.Reads.of([]) == prefill.Reads()
-    assert prefill.Reads.of(["kvzap"]) == prefill.Reads(hidden=True)
-    mixed = prefill.Reads.of(["snapkv", "observed", "expected_attention", "kvzip", "kvcompose", "kvgrad"])
-    assert mixed == prefill.Reads(received=True, queries=True, reconstructs=True, composes=True, differentiates=True)
-    assert mixed.repeats and prefill.Reads(differentiates=True).repeats
-    assert not prefill.Reads(received=True, queries=True, hidden=True, composes=True).repeats
-
-
 def test_a_pass_reading_the_repetition_prompts_is_refused_without_them(gqa_llama) -> None:
     """KVzip's and KVgrad's passes read the tokenizer's repetition prompts: asking for either without them is a
     programming error named at once, not an AttributeError deep in the pass."""
     loaded, ids = gqa_llama
-    for reads in (prefill.Reads(reconstructs=True), prefill.Reads(differentiates=True)):
+    for reads in (("reconstruction",), ("gradient",)):
         with pytest.raises(ValueError, match="repetition"):
             prefill.exact(loaded.model, loaded.layers, ids, 0, 0, reads)
 
@@ -176,7 +159,7 @@ def test_a_qk_norm_model_s_keys_before_rope_rotate_into_its_cache() -> None:
 
     model = tiny.gemma3(window=8, dtype=torch.float64)
     ids = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(0))
-    found = prefill.exact(model, 3, ids, 0, 0, prefill.Reads())
+    found = prefill.exact(model, 3, ids, 0, 0, ())
     assert [part.sliding_window for part in found] == [8, 8, None]
     cos, sin = models.rope(model)(torch.arange(24))
     rotated, _ = apply_rotary_pos_emb(found[2].key_pre, found[2].key_pre, cos, sin, unsqueeze_dim=0)

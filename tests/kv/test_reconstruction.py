@@ -110,7 +110,7 @@ def test_the_pass_equals_forwards_over_the_context_and_each_repeat(gqa_llama) ->
     loaded = gqa_llama
     ids = torch.randint(3, len(loaded.tokenizer), (40,), generator=torch.Generator().manual_seed(1))
     pieces = Repetition(6, torch.tensor([5, 6]), torch.tensor([7, 8, 9]), torch.tensor([10, 11]))
-    prefills = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
+    prefills = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())
     got = reconstruction.scores(loaded.model, loaded.layers, [part.key for part in prefills],
                                 [part.value for part in prefills], ids, pieces, 0, chunk=16)
     assert got.shape == (loaded.layers, 2, 40) and got.dtype == torch.float64
@@ -123,11 +123,11 @@ def test_the_prefill_hands_every_layer_the_same_scores_only_when_asked(gqa_llama
     loaded = gqa_llama
     ids = torch.randint(3, len(loaded.tokenizer), (30,), generator=torch.Generator().manual_seed(2))
     pieces = Repetition.of(loaded.tokenizer)
-    plain = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads())
-    assert all(part.reconstruction is None for part in plain)
-    asked = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, prefill.Reads(reconstructs=True),
+    plain = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ())
+    assert all(not part.passes for part in plain)
+    asked = prefill.exact(loaded.model, loaded.layers, ids, 0, 0, ("reconstruction",),
                           repetition=pieces)
     expected = reconstruction.scores(loaded.model, loaded.layers, [part.key for part in plain],
                                      [part.value for part in plain], ids, pieces, 0)
-    assert all(part.reconstruction is asked[0].reconstruction for part in asked)
-    torch.testing.assert_close(asked[0].reconstruction, expected, rtol=0, atol=0)
+    assert all(part.read("reconstruction") is asked[0].read("reconstruction") for part in asked)
+    torch.testing.assert_close(asked[0].read("reconstruction"), expected, rtol=0, atol=0)

@@ -23,7 +23,7 @@ def _ids(seed: int, context: int, question: int) -> tuple[torch.Tensor, torch.Te
 def test_the_full_cache_of_a_sliding_window_model_answers_as_generate(seed: int) -> None:
     model = tiny.gemma3(window=8, dtype=torch.float64)
     context, question = _ids(seed, 40, 5)
-    prefills = prefill.exact(model, 3, context, 0, 0, prefill.Reads())
+    prefills = prefill.exact(model, 3, context, 0, 0, ())
     selfcheck.first_example(model, 3, prefills, context, question, 12, set(), 0)  # raises if they part
 
 
@@ -31,7 +31,7 @@ def test_a_prefill_that_ignores_the_window_is_caught_in_one_line(monkeypatch) ->
     model = tiny.gemma3(window=8, dtype=torch.float64)
     context, question = _ids(0, 40, 5)
     monkeypatch.setattr(prefill.sliding, "of_model", lambda model: [])  # every layer attended globally
-    prefills = prefill.exact(model, 3, context, 0, 0, prefill.Reads())
+    prefills = prefill.exact(model, 3, context, 0, 0, ())
     with pytest.raises(SpectraError, match=r"Gemma3ForCausalLM") as error:
         selfcheck.first_example(model, 3, prefills, context, question, 12, set(), 0)
     assert "\n" not in str(error.value)
@@ -48,7 +48,7 @@ def test_decoding_without_the_window_would_be_caught(monkeypatch) -> None:
     """The local layers' cache holds exactly the first question token's window; later tokens must see less of it."""
     model = tiny.gemma3(window=8, dtype=torch.float64)
     context, question = _ids(0, 40, 5)
-    prefills = prefill.exact(model, 3, context, 0, 0, prefill.Reads())
+    prefills = prefill.exact(model, 3, context, 0, 0, ())
     monkeypatch.setattr(selfcheck.batching.Batch, "local", lambda self, layer: False)
     with pytest.raises(SpectraError, match="part at token"):
         selfcheck.first_example(model, 3, prefills, context, question, 12, set(), 0)

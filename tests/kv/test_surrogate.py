@@ -116,7 +116,7 @@ def test_end_to_end_on_a_tiny_llama(llama_dir: Path, text_file: Path, tmp_path: 
             residual = model(ids[None], output_hidden_states=True).hidden_states
             states.append(torch.stack([layer.input_layernorm(residual[i][0])[rows]
                                        for i, layer in enumerate(model.model.layers)]))
-            found = prefill.exact(loaded.model, loaded.layers, ids, 0, index, prefill.Reads())
+            found = prefill.exact(loaded.model, loaded.layers, ids, 0, index, ())
             keys, values = [part.key for part in found], [part.value for part in found]
             kvzip = reconstruction.scores(loaded.model, loaded.layers, keys, values, ids, repetition, index)
         scores.append(kvzip[:, :, rows].transpose(1, 2))

@@ -52,7 +52,7 @@ def test_presses_see_the_keys_before_rope_and_the_prefill_rows(llama_dir, text_f
             return super().compress(prefill, ratio)
 
     monkeypatch.setitem(presses.REGISTRY, "knorm", Recording())
-    run(llama_dir, text_file, tmp_path / "run", samples=1)
+    run(llama_dir, text_file, tmp_path / "run", samples=1, presses="knorm,observed")  # observed reads `received`
     assert [prefill.layer for prefill in seen] == [0, 1] and all(prefill.index == 0 for prefill in seen)
     model = spectra.models.load(str(llama_dir), device="cpu").model
     for prefill in seen:
@@ -61,11 +61,11 @@ def test_presses_see_the_keys_before_rope_and_the_prefill_rows(llama_dir, text_f
         _, rotated = apply_rotary_pos_emb(prefill.key_pre[None], prefill.key_pre[None], cos, sin)
         torch.testing.assert_close(rotated[0], prefill.key, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(prefill.window.sum(-1).numpy(), 1, atol=1e-5)
-        np.testing.assert_allclose(prefill.received.sum(-1).numpy(), 70, rtol=1e-5)
+        np.testing.assert_allclose(prefill.read("received").sum(-1).numpy(), 70, rtol=1e-5)
 
 
 def test_a_press_reading_queries_sees_them_before_rope(llama_dir, text_file, tmp_path, monkeypatch) -> None:
-    """A press declaring `queries` (expected_attention) gets every context query before RoPE and the model's RoPE:
+    """A press reading `query_pre` (expected_attention) gets every context query before RoPE and the model's RoPE:
     rotated, they are the post-RoPE queries of its window; a run without one keeps none."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -88,15 +88,16 @@ def test_a_press_reading_queries_sees_them_before_rope(llama_dir, text_file, tmp
     monkeypatch.setitem(presses.REGISTRY, "expected_attention", Recording())
     monkeypatch.setitem(presses.REGISTRY, "knorm", Plain())
     run(llama_dir, text_file, tmp_path / "run", samples=1, presses="knorm,expected_attention")
-    assert len(seen) == 4 and all(prefill.query_pre is not None for prefill in seen)
+    assert len(seen) == 4 and all("query_pre" in prefill.passes for prefill in seen)
     for prefill in seen:
-        assert prefill.query_pre.shape == (4, 70, 8)
+        query_pre = prefill.read("query_pre")
+        assert query_pre.shape == (4, 70, 8)
         cos, sin = prefill.rope(torch.arange(70))
-        rotated, _ = apply_rotary_pos_emb(prefill.query_pre[None], prefill.query_pre[None], cos[None], sin[None])
+        rotated, _ = apply_rotary_pos_emb(query_pre[None], query_pre[None], cos[None], sin[None])
         torch.testing.assert_close(rotated[0, :, -64:], prefill.q, atol=1e-5, rtol=1e-5)
     seen.clear()
     run(llama_dir, text_file, tmp_path / "plain", samples=1, presses="knorm")
-    assert len(seen) == 2 and all(prefill.query_pre is None for prefill in seen)
+    assert len(seen) == 2 and all(not prefill.passes for prefill in seen)
 
 
 def test_a_decoding_press_is_the_full_cache_until_it_compresses(llama_dir, text_file, tmp_path) -> None:
@@ -122,7 +123,7 @@ def test_a_decoding_press_is_the_full_cache_until_it_compresses(llama_dir, text_
 
 def test_a_press_that_reconstructs_is_measured_after_the_pass_as_it_would_be_before(llama_dir, text_file, tmp_path,
                                                                                      monkeypatch) -> None:
-    """A press declaring `reconstructs` compresses every layer after the forward pass (the reconstruction pass needs
+    """A press reading `reconstruction` compresses every layer after the forward pass (the reconstruction pass needs
     all of them): knorm declared so, under tova's name, gives knorm's numbers (its own rows of every table), and
     sees the pass's scores."""
     from spectra.kv import presses
@@ -131,7 +132,7 @@ def test_a_press_that_reconstructs_is_measured_after_the_pass_as_it_would_be_bef
     seen = []
 
     class Late(Knorm):
-        reconstructs = True
+        reads = ("reconstruction",)
 
         def compress(self, prefill, ratio):
             seen.append(prefill)
@@ -139,9 +140,10 @@ def test_a_press_that_reconstructs_is_measured_after_the_pass_as_it_would_be_bef
 
     monkeypatch.setitem(presses.REGISTRY, "tova", Late())
     finished = run(llama_dir, text_file, tmp_path / "run", presses="knorm,tova,kvzip")
-    assert len(seen) == 2 * 2 and all(prefill.reconstruction is not None for prefill in seen)
+    assert len(seen) == 2 * 2 and all("reconstruction" in prefill.passes for prefill in seen)
     assert [prefill.layer for prefill in seen] == [0, 1, 0, 1]
-    assert seen[0].reconstruction.shape == (2, 2, 70) and seen[0].reconstruction is seen[1].reconstruction
+    assert seen[0].read("reconstruction").shape == (2, 2, 70)
+    assert seen[0].read("reconstruction") is seen[1].read("reconstruction")
     for table, keys in ((finished.table, []), (finished.head_stats, ["layer", "head"])):
         numbers = [column for column in table.columns if table[column].dtype.kind == "f" and column != "ratio"]
         knorm = table[table["press"] == "knorm"].sort_values(keys or ["ratio"])[numbers].to_numpy()
@@ -152,7 +154,7 @@ def test_a_press_that_reconstructs_is_measured_after_the_pass_as_it_would_be_bef
 
 
 def test_a_press_that_composes_gets_the_replay_pass_alone(llama_dir, text_file, tmp_path, monkeypatch) -> None:
-    """kvcompose declares `composes`: its cells wait for KVCompose's replay pass, which reaches every layer's prefill
+    """kvcompose reads `composition`: its cells wait for KVCompose's replay pass, which reaches every layer's prefill
     (one tensor for all), while KVzip's reconstruction pass, which no press of the run reads, is not run."""
     from spectra.kv import composition, reconstruction
 

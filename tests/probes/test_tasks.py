@@ -13,7 +13,6 @@ import torch
 
 from spectra import capture
 from spectra.kv import continuation
-from spectra.kv.prefill import Reads
 from spectra.config import RunConfig
 from spectra.kv import batching
 from spectra.kv.presses import REGISTRY, n_kept
@@ -32,7 +31,7 @@ def probed(tmp_path_factory):
     chat_decoder = task_files.save_chat_decoder(tmp_path_factory.mktemp("models") / "tiny-chat")
     path = task_files.write(tmp_path_factory.mktemp("tasks") / "tasks.jsonl", task_files.records(count=3))
     source = TaskSource(RunConfig(str(chat_decoder), str(path), batch_size=2), "cpu", read_records(path),
-                        query_aware=False, reads=Reads(), windowed=False)
+                        query_aware=False, reads=(), windowed=False)
     source.start()
     probe = TaskProbe(source, PRESSES, RATIOS, 0)  # two examples' cells decoded together, then the third's
     for batch in source.batches(3):
@@ -149,7 +148,7 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
 
 def probe_of(model, path, records, presses, ratios, double=False, batch_size=1, interval=INTERVAL):
     source = TaskSource(RunConfig(str(model), str(path), batch_size=batch_size), "cpu", records, query_aware=False,
-                        reads=Reads(), windowed=False)
+                        reads=(), windowed=False)
     source.start()
     if double:
         source.loaded.model.double()

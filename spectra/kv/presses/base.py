@@ -24,8 +24,8 @@ each context: an oracle). A `windowed` press (snapkv, loki) needs more than WIND
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar, TypeVar
 
@@ -34,6 +34,7 @@ import torch
 
 from ...kernels import window_rows
 from ...registry import PRESSES, Registry
+from ..passes import lacking
 from .fields import configured, settings
 
 #: the queries the prefill keeps for the presses: the last WINDOW context positions, the widest `window` a press
@@ -54,19 +55,16 @@ class Prefill:
     - `window` (H, w, L): the causal attention of those w queries over the L context keys (P's last rows, summing to 1):
       `window_rows` where the prefill had them (a dense P), else computed from q and the keys when a press first
       reads them (SnapKV, TOVA), so a prefill for other presses skips them;
-    - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
     - `scaling`: the score scale s of softmax(q kᵀ · s);
     - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly; `w_o` (D, H·d):
       the layer's output projection W^O (criticalkv's value norms; None where the model has none);
-    - `query_pre` (H, L, d): queries before RoPE (`queries` presses only); `rope`: positions (n,) → (cos, sin) (n, d);
-    - `reconstruction` (layers, H_kv, L): KVzip's context-reconstruction scores of *every* layer (one tensor shared by
-      the layers' records: its press ranks them together), only when a run's press `reconstructs`, else None;
-    - `question_tokens`: how many of the last context tokens are a query-aware record's question (FINCH's window);
-    - `composition` (layers, H_kv, L): KVCompose's replay scores of every layer, likewise, only when a run's press
-      `composes` (`kv/composition.py`), else None; `gradient` (layers, H_kv, L): KVgrad's attribution scores,
-      likewise, only when a run's press `differentiates` (`kv/gradient.py`); `hidden` (L, D): the attention module's
-      input (after its input norm: kvpress's `hidden_states`), only for a press reading `hidden` (kvzap); a local
-      layer's `sliding_window` W (`spectra.sliding`): it keeps its window, whatever the press.
+    - `rope`: positions (n,) → (cos, sin) (n, d); `question_tokens`: how many of the last context tokens are a
+      query-aware record's question (FINCH's window); a local layer's `sliding_window` W (`spectra.sliding`): it
+      keeps its window, whatever the press;
+    - `passes`: what the prefill passes a run's presses read computed (`kv.passes`, `read`): `received` (H, L), Σ_i
+      P_ij over the L context queries; `query_pre` (H, L, d), the queries before RoPE; `hidden` (L, D), the attention
+      input; the whole-model passes' scores of *every* layer (layers, H_kv, L), one tensor shared by the layers'
+      records: `reconstruction` (KVzip's), `composition` (KVCompose's), `gradient` (KVgrad's).
     """
 
     layer: int
@@ -75,19 +73,20 @@ class Prefill:
     value: torch.Tensor
     key_pre: torch.Tensor | None
     window_rows: torch.Tensor | None
-    received: torch.Tensor
     scaling: float
     seed: int
     index: int
     w_o: torch.Tensor | None = None
-    query_pre: torch.Tensor | None = None
     rope: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
-    reconstruction: torch.Tensor | None = None
     question_tokens: int = 0
-    composition: torch.Tensor | None = None
-    gradient: torch.Tensor | None = None
-    hidden: torch.Tensor | None = None
     sliding_window: int | None = None
+    passes: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    def read(self, name: str) -> torch.Tensor:
+        """What the prefill pass `name` computed (`kv.passes.PASSES`); a press reads only those it declares."""
+        if name not in self.passes:
+            raise ValueError(lacking(name))
+        return self.passes[name]
 
     @cached_property
     def window(self) -> torch.Tensor:
@@ -246,10 +245,9 @@ class Press:
     #: name → keyword arguments, one registered instance each, for a class registered as several variants (kivi2/4/8)
     variants: ClassVar[dict[str, dict[str, object]]] = {}
     needs_rope, windowed, calibrates = False, False, False
-    #: reads `Prefill.received` (`queries`: `Prefill.query_pre`; `reconstructs`: `.reconstruction`; `composes`:
-    #: `.composition`; `differentiates`: `.gradient`; `hidden`: `.hidden`), which a prefill computes only when a run's
-    #: press needs it; `min_context`: the fewest context tokens it compresses (compactor: 13)
-    received, queries, reconstructs, composes, differentiates, hidden = False, False, False, False, False, False
+    #: the prefill passes it reads (`kv.passes.PASSES`: "received", "query_pre", "reconstruction", …), which a prefill
+    #: computes only when a run's press reads them; `min_context`: the fewest context tokens it compresses (compactor)
+    reads: ClassVar[tuple[str, ...]] = ()
     min_context: ClassVar[int] = 0
     #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
     scorer: ClassVar[bool] = False
@@ -341,8 +339,8 @@ class Wrapper(Press):
         self.inner = inner
         if inner is not None:
             self.name = f"{type(self).name}({inner.name})"  # type: ignore[misc]
-            for f in ("needs_rope", "windowed", "window", "calibrates", "received", "queries", "hidden", "min_context"):
-                setattr(self, f, getattr(inner, f))
+            for flag in ("needs_rope", "windowed", "window", "calibrates", "reads", "min_context"):
+                setattr(self, flag, getattr(inner, flag))
 
     def bind(self, inner: Press) -> Wrapper:
         """This press wrapping `inner` (a `ScorerPress`, as the registry's `wraps: "scorer"` checked)."""

@@ -36,13 +36,14 @@ TAU, FUTURE, SINKS, EPSILON = 5.0, 512, 4, 1e-6
 def query_anchor(prefill: Prefill, future: int = FUTURE, sinks: int = SINKS) -> torch.Tensor:
     """(H, d) the mean of the context's pre-RoPE queries after the first `sinks`, each rotated by RoPE's mean rotation
     over the positions L … L + `future` − 1 (in the queries' dtype)."""
-    if prefill.query_pre is None or prefill.rope is None:
-        raise ValueError("cap reads the pre-RoPE queries and the model's RoPE, which this prefill did not keep (a "
-                         "press reading them declares `queries` and `needs_rope`)")
-    length = prefill.query_pre.shape[1]
+    query_pre = prefill.read("query_pre")
+    if prefill.rope is None:
+        raise ValueError("cap reads the model's RoPE, which this prefill lacks (a press reading it declares "
+                         "`needs_rope`)")
+    length = query_pre.shape[1]
     cos, sin = prefill.rope(torch.arange(length, length + future, device=prefill.key.device))
-    rotation = mean_rotation(cos, sin).to(prefill.query_pre.dtype)
-    return torch.matmul(prefill.query_pre[:, sinks:], rotation.T).mean(dim=1)
+    rotation = mean_rotation(cos, sin).to(query_pre.dtype)
+    return torch.matmul(query_pre[:, sinks:], rotation.T).mean(dim=1)
 
 
 def cap_scores(prefill: Prefill, tau: float = TAU, future: int = FUTURE, sinks: int = SINKS,
@@ -75,7 +76,7 @@ class Cap(ScorerPress):
     name, summary = "cap", "the values of most capacity, weighted by key–query alignment"
     peer = "CapPress"
     needs_rope = True
-    queries = True
+    reads = ("query_pre",)
     min_context = 5  # more than its sinks
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:

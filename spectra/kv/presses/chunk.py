@@ -31,7 +31,7 @@ CHUNK = 1024
 def restricted(prefill: Prefill, rows: torch.Tensor | slice) -> Prefill:
     """The prefill of the cached rows `rows` (H_kv, m) alone, in that order per key/value head (or a slice of the
     context, the same at every head): what a row scorer reads (keys, values, pre-RoPE keys, the seed). It carries no
-    queries (q and window have no rows) and no received attention (NaN): a scorer reading them is no row scorer."""
+    queries (q and window have no rows) and no prefill pass (`kv.passes`): a scorer reading them is no row scorer."""
     def gathered(cached: torch.Tensor | None) -> torch.Tensor | None:
         if cached is None:
             return None
@@ -42,9 +42,8 @@ def restricted(prefill: Prefill, rows: torch.Tensor | slice) -> Prefill:
     key = gathered(prefill.key)
     heads, count = prefill.q.shape[0], key.shape[1]  # type: ignore[union-attr]
     return Prefill(prefill.layer, prefill.q[:, :0], key, gathered(prefill.value),  # type: ignore[arg-type]
-                   gathered(prefill.key_pre), prefill.window.new_zeros(heads, 0, count),
-                   prefill.received.new_full((heads, count), float("nan")), prefill.scaling, prefill.seed,
-                   prefill.index)
+                   gathered(prefill.key_pre), prefill.window.new_zeros(heads, 0, count), prefill.scaling,
+                   prefill.seed, prefill.index)
 
 
 def chunked_keep(scorer: Wrapper, prefill: Prefill, ratio: float, chunk: int = CHUNK) -> torch.Tensor:

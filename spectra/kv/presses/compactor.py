@@ -24,7 +24,7 @@ sketch_dimension 48, blending None). It draws Φ from torch's global generator a
 LeverageScorePress; here Φ is `leverage`'s layer sketch, drawn from a CPU generator seeded by (run seed, sequence
 index) and advanced layer by layer — layer ℓ's Φ is the (ℓ + 1)-th draw — which is what kvpress draws when
 torch.manual_seed(`Leverage.seed_of(seed, index)`) precedes the prefill.
-It reads the pre-RoPE queries (`queries`) and keys and the model's RoPE (`needs_rope`).
+It reads the pre-RoPE queries (`reads = ("query_pre",)`) and keys and the model's RoPE (`needs_rope`).
 """
 
 from __future__ import annotations
@@ -67,12 +67,13 @@ def compactor_scores(prefill: Prefill, blend: float, sketch: torch.Tensor, chunk
     length = prefill.length
     if length <= SINKS_START + SINKS_END:
         raise ValueError(f"compactor needs more than {SINKS_START + SINKS_END} context tokens, got {length}")
-    if prefill.query_pre is None or prefill.rope is None or prefill.key_pre is None:
-        raise ValueError("compactor reads the pre-RoPE queries and keys and the model's RoPE, which this prefill did "
-                         "not keep (a press reading them declares `queries` and `needs_rope`)")
+    query_pre = prefill.read("query_pre")
+    if prefill.rope is None or prefill.key_pre is None:
+        raise ValueError("compactor reads the pre-RoPE keys and the model's RoPE, which this prefill did not keep (a "
+                         "press reading them declares `needs_rope`)")
     inner = slice(SINKS_START, length - SINKS_END)
     cos, sin = prefill.rope(torch.arange(length, device=prefill.key.device))
-    q = prefill.query_pre[:, inner]
+    q = query_pre[:, inner]
     half = q.shape[-1] // 2
     q = q * cos[inner] + torch.cat([-q[..., half:], q[..., :half]], dim=-1) * sin[inner]
     keys = prefill.key[:, inner].repeat_interleave(prefill.groups, dim=0)
@@ -91,7 +92,7 @@ class Compactor(ScorerPress):
     name, summary = "compactor", "key outliers (leverage) and keys the chunked context attends to, blended"
     peer = "CompactorPress"
     needs_rope = True
-    queries = True
+    reads = ("query_pre",)
     min_context = 13  # more than its sinks
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:

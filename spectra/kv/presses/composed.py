@@ -18,8 +18,8 @@ composed(think,snapkv) stores SnapKV's rows at ThinK's width and channel mask, a
 
 kvpress refuses AdaKVPress and KVzipPress inside a ComposedPress, and warns that a press reading the forward pass's
 attention weights (ObservedAttention) fails after another; here the arguments are presses named alone (no wrapper)
-that do not compress while decoding, read no received attention, no reconstruction pass, and fit no calibration
-(`refuses`). A press whose heads keep different numbers of tokens, or whose rows are no context tokens (linformer),
+that do not compress while decoding, read no received attention, run no whole-model pass (`kv.passes`) and fit no
+calibration (`refuses`). A press whose heads keep different numbers of tokens, or whose rows are no context tokens (linformer),
 can only come last. Its `axis` is its presses' axes in turn, each once: `tokens` for token presses alone,
 `tokens+channels` for composed(snapkv,think) — a chain across axes is no single axis, so the axis map of
 `--bytes-kept` (`kv.axes`) leaves it out. kvpress's
@@ -32,13 +32,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..passes import PASSES
 from .base import Compressed, Prefill, Press, ScorerPress, n_kept, register
 
 #: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 95
 
 #: the flags a composed press takes from the presses it applies (any of them setting it), and the numbers (the largest)
-FLAGS, NUMBERS = ("needs_rope", "windowed", "queries"), ("window", "min_context")
+FLAGS, NUMBERS = ("needs_rope", "windowed"), ("window", "min_context")
 
 
 def gathered(cached: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -49,15 +50,12 @@ def gathered(cached: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 def narrowed(prefill: Prefill, rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> Prefill:
     """`prefill` as the next press of a chain finds it: the cache holds the rows `rows` (H_kv, m) of `prefill`'s
     rows, with keys `key` and values `value` (H_kv, m, d); the queries are the same, the window attention is formed
-    again over the kept keys (`Prefill.window`), the received attention and keys before RoPE are gathered."""
-    def gather(cached: torch.Tensor | None) -> torch.Tensor | None:
-        return None if cached is None else gathered(cached, rows)
-
-    received = prefill.received
-    if received.shape[-1] == prefill.length:  # (H, L): per query head, the rows of its key/value head
-        received = received.gather(1, rows.repeat_interleave(prefill.groups, dim=0))
-    return Prefill(prefill.layer, prefill.q, key, value, gather(prefill.key_pre), None, received, prefill.scaling,
-                   prefill.seed, prefill.index, w_o=prefill.w_o, query_pre=prefill.query_pre, rope=prefill.rope)
+    again over the kept keys (`Prefill.window`), the keys before RoPE are gathered, and the passes a chain hands on
+    (`kv.passes.Pass.chained`: the whole context's pre-RoPE queries) are the same."""
+    key_pre = None if prefill.key_pre is None else gathered(prefill.key_pre, rows)
+    chained = {name: found for name, found in prefill.passes.items() if PASSES[name].chained}
+    return Prefill(prefill.layer, prefill.q, key, value, key_pre, None, prefill.scaling, prefill.seed, prefill.index,
+                   w_o=prefill.w_o, rope=prefill.rope, passes=chained)
 
 
 def stage(press: Press, prefill: Prefill, ratio: float) -> Compressed:
@@ -77,10 +75,11 @@ class Composed(Press):
 
     name, summary = "composed", "presses applied in turn, each to the rows the one before kept"
     peer = "ComposedPress"
-    several, refuses = "press,press…", "decodes,received,reconstructs,composes,calibrates,differentiates"
+    several, refuses = "press,press…", "decodes,received,whole_model,calibrates"
     ratio_means = "each press's own ratio, applied in turn (k token presses keep about (1 − r)ᵏ of the tokens)"
     guide = ("kvpress's `ComposedPress` over two or more presses named alone, none of which compresses while "
-             "decoding, reads the received attention, reconstructs, calibrates or differentiates: the first press "
+             "decoding, reads the received attention, runs a whole-model pass (kvzip, kvcompose, kvgrad) or "
+             "calibrates: the first press "
              "compresses the context's cache, the next one compresses the rows it kept (scoring them as the cache it "
              "finds, with the whole context's queries), and so on — e.g. `composed(snapkv,think)`, tokens then "
              "key channels. "
@@ -95,6 +94,7 @@ class Composed(Press):
             self.name = f"{type(self).name}({','.join(press.name for press in inner)})"  # type: ignore[misc]
             for flag in FLAGS:
                 setattr(self, flag, any(getattr(press, flag) for press in inner))
+            self.reads = tuple(dict.fromkeys(name for press in inner for name in press.reads))  # type: ignore[misc]
             for number in NUMBERS:
                 setattr(self, number, max(getattr(press, number) for press in inner))
             # what the chain removes: its presses' axes in turn, once each ("tokens+channels" for snapkv then think)

@@ -126,8 +126,7 @@ class DecodingPress(Wrapper):
         """The scorer's scores (H_kv, M) of every row of one layer's cache at a compression to `target` rows, as
         kvpress hands the cache over (see the module docstring); the arguments are `keep`'s."""
         last = q[:, -1:]
-        attended = Prefill(layer, last, key, value, None, last_row(last, key, scaling), q.new_zeros(q.shape[0], 0),
-                           scaling, seed, index)
+        attended = Prefill(layer, last, key, value, None, last_row(last, key, scaling), scaling, seed, index)
         return self.wrapped.score(attended, ratio_for(key.shape[-2], target))
 
 

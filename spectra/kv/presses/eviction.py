@@ -127,9 +127,9 @@ class Observed(ScorerPress):
 
     name, summary = "observed", "the keys the prefill attended to most"
     peer = "ObservedAttentionPress"
-    received = True
+    reads = ("received",)
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
-        length = prefill.length
-        seen_by = torch.arange(length, 0, -1, device=prefill.received.device, dtype=prefill.received.dtype)
-        return prefill.group_mean(prefill.received / seen_by)
+        received = prefill.read("received")
+        seen_by = torch.arange(prefill.length, 0, -1, device=received.device, dtype=received.dtype)
+        return prefill.group_mean(received / seen_by)

@@ -67,10 +67,11 @@ def expected_scores(prefill: Prefill, future: int = FUTURE, sinks: int = SINKS, 
     module docstring)."""
     if prefill.length <= sinks:
         raise ValueError(f"expected_attention needs more than {sinks} context tokens, got {prefill.length}")
-    if prefill.query_pre is None or prefill.rope is None:
-        raise ValueError("expected_attention reads the pre-RoPE queries and the model's RoPE, which this prefill did "
-                         "not keep (a press reading them declares `queries` and `needs_rope`)")
-    mean, covariance = future_query(prefill.query_pre, future_rotation(prefill, future), sinks)
+    query_pre = prefill.read("query_pre")
+    if prefill.rope is None:
+        raise ValueError("expected_attention reads the model's RoPE, which this prefill lacks (a press reading it "
+                         "declares `needs_rope`)")
+    mean, covariance = future_query(query_pre, future_rotation(prefill, future), sinks)
     return expected_attention(prefill, mean, covariance, sinks, epsilon, use_vnorm)
 
 
@@ -106,7 +107,7 @@ class ExpectedAttention(ScorerPress):
     name, summary = "expected_attention", "the keys future queries are expected to attend to"
     peer = "ExpectedAttentionPress"
     needs_rope = True
-    queries = True
+    reads = ("query_pre",)
     min_context = 5  # more than its sinks
     #: kvpress's keyword arguments it takes (EPSILON and the value-norm weighting, as literals for the registry)
     fields = {"epsilon": 0.0, "use_vnorm": True}

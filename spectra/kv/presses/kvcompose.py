@@ -2,7 +2,7 @@
 budget shared across layers so that layers whose scores stay high keep more — and every key/value head of a layer
 the same count, so the cache stays one rectangular tensor per layer (the paper's "structured" composite tokens).
 
-The scores are the replay pass's (`spectra.kv.composition`, which this press asks for by declaring `composes`):
+The scores are the replay pass's (`spectra.kv.composition`, which this press asks for by declaring `reads = ("composition",)`):
 per layer ℓ and key/value head h, s_ℓh(j) = the mean over h's query heads of the largest weight any replayed context
 token gives cached token j. Each is raised by its layer's mean over the heads, s_ℓh ← s_ℓh + mean_h' s_ℓh'. A
 layer's composite curve is the mean over its heads of their scores sorted in descending order, c_ℓ(i); layer 0's is
@@ -60,7 +60,7 @@ class KVCompose(Press):
 
     name, summary = "kvcompose", "the pairs a second reading attends to, budgets shared across layers"
     peer = "KVComposePress"
-    composes = True
+    reads = ("composition",)
 
     def __init__(self) -> None:
         #: the last (scores, ratio) allocated, its enhanced scores and counts: every layer of an example reads them
@@ -70,10 +70,7 @@ class KVCompose(Press):
         return type(self)()
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
-        scores = prefill.composition
-        if scores is None:
-            raise ValueError("kvcompose reads the replay pass's scores, which this prefill lacks: the engine runs it "
-                             "for a press declaring `composes` (spectra.kv.composition)")
+        scores = prefill.read("composition")
         if self._allocated is None or self._allocated[0] is not scores or self._allocated[1] != ratio:
             raised = enhanced(scores)
             self._allocated = (scores, ratio, raised, layer_counts(raised, ratio))

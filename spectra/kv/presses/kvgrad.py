@@ -7,7 +7,7 @@ output; KVgrad estimates it. The model repeats its context after a prompt, as in
 objective Φ = Σ_p ‖h_p‖² over the repeat's last hidden states is differentiated with respect to every layer's
 attention output, and a cached pair scores the largest A · ‖v W^O‖ · ‖∂Φ/∂a‖ over its key/value head's query heads
 and the repeat tokens — the engine's attribution pass (`spectra.kv.gradient`, which this press asks for by
-declaring `differentiates`), whose scores of every layer reach each layer's `Prefill.gradient`. The attention sinks
+declaring `reads = ("gradient",)`), whose scores of every layer reach each layer's `Prefill.gradient`. The attention sinks
 (the first 4 positions) score above everything.
 
 kvpress 0.5.5's KVgradPress is the peer, at its defaults (n_sink 4, chunk_size 512, `layerwise` off). Like its
@@ -20,9 +20,7 @@ is what the global ranking leaves. The pass costs one forward and one backward p
 
 from __future__ import annotations
 
-import torch
-
-from .base import Prefill, register
+from .base import register
 from .kvzip import KVzip
 
 #: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
@@ -37,11 +35,4 @@ class KVgrad(KVzip):
 
     name, summary = "kvgrad", "the pairs that most move the last hidden states while the model repeats the context"
     peer = "KVgradPress"
-    reconstructs, differentiates = False, True
-
-    def scores(self, prefill: Prefill) -> torch.Tensor:
-        """Every layer's attribution scores of the example, the pass this press declares."""
-        if prefill.gradient is None:
-            raise ValueError("kvgrad reads the attribution pass's scores, which this prefill lacks: the engine runs "
-                             "it for a press declaring `differentiates` (spectra.kv.gradient)")
-        return prefill.gradient
+    reads = ("gradient",)

@@ -57,7 +57,8 @@ class KVzap(ScorerPress):
              "loads, so both tools score with the same surrogate. The ratio is the share of the cached tokens "
              "removed: each key/value head keeps max(1, int(L · (1 − r))).")
     #: a scorer a wrapper takes written with its directory: `dms(kvzap(DIR),-6)`, `adakv(kvzap(DIR))`
-    scorer, hidden = True, True
+    scorer = True
+    reads = ("hidden",)
     argument, check = "artifact", "spectra.kv.artifacts:check_surrogate"
 
     def __init__(self, weights: dict[str, torch.Tensor] | None = None, where: str = "") -> None:
@@ -76,12 +77,10 @@ class KVzap(ScorerPress):
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
         if self.weights is None:
             raise ValueError("kvzap needs its surrogate: name it as kvzap(<directory>)")
-        if prefill.hidden is None:
-            raise ValueError("kvzap reads the layer's hidden states, which the prefill keeps only for a press "
-                             "declaring `hidden`")
+        hidden = prefill.read("hidden")
         layers, dim, kv_heads = self.shape["layers"], self.shape["hidden"], self.shape["kv_heads"]
-        if layers <= prefill.layer or dim != prefill.hidden.shape[-1] or kv_heads != prefill.kv_heads:
+        if layers <= prefill.layer or dim != hidden.shape[-1] or kv_heads != prefill.kv_heads:
             raise SpectraError(f"the KVzap surrogate in {self.where} is {layers} layers × {dim} hidden dimensions × "
-                               f"{kv_heads} key/value heads; layer {prefill.layer} has {prefill.hidden.shape[-1]} "
+                               f"{kv_heads} key/value heads; layer {prefill.layer} has {hidden.shape[-1]} "
                                f"hidden dimensions and {prefill.kv_heads} key/value heads")
-        return surrogate_scores(self.weights, prefill.layer, prefill.hidden).transpose(0, 1)
+        return surrogate_scores(self.weights, prefill.layer, hidden).transpose(0, 1)

@@ -4,7 +4,7 @@ context — query-agnostic compression, scored once per example and shared by ev
 The score is not read off the prefill: after it, the model is asked to repeat the context (a prompt, then the context
 itself, attending to the prefilled cache), and each cached pair is scored by the largest attention any repeated token
 of its key/value head's group gives it — the engine's reconstruction pass (`spectra.kv.reconstruction`, which this
-press asks for by declaring `reconstructs`), whose scores of every layer reach each layer's `Prefill.reconstruction`.
+press asks for by declaring `reads = ("reconstruction",)`), whose scores of every layer reach each layer's `Prefill.reconstruction`.
 The attention sinks (the first 4 positions) score above everything.
 
 kvpress 0.5.5's KVzipPress is the peer, at its defaults (n_sink 4, chunk_size 2048, KVzip+ normalisation off,
@@ -52,7 +52,8 @@ class KVzip(Press):
 
     name, summary = "kvzip", "the pairs the model attends to most while it repeats the context"
     peer = "KVzipPress"
-    reconstructs = True
+    #: the scores it ranks across layers: one whole-model pass's (`kv.passes`), KVzip's reconstruction
+    reads = ("reconstruction",)
 
     def __init__(self, layerwise: bool = False) -> None:
         self.layerwise = layerwise
@@ -62,15 +63,8 @@ class KVzip(Press):
     def fresh(self) -> Press:
         return type(self)(self.layerwise)
 
-    def scores(self, prefill: Prefill) -> torch.Tensor:
-        """Every layer's scores of the example (layers, H_kv, L), which this press ranks: the reconstruction pass's."""
-        if prefill.reconstruction is None:
-            raise ValueError("kvzip reads the reconstruction pass's scores, which this prefill lacks: the engine runs "
-                             "it for a press declaring `reconstructs` (spectra.kv.reconstruction)")
-        return prefill.reconstruction
-
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
-        scores = self.scores(prefill)
+        scores = prefill.read(self.reads[0])  # every layer's scores of the example (layers, H_kv, L)
         if self._ranked is None or self._ranked[0] is not scores or self._ranked[1] != ratio:
             self._ranked = (scores, ratio, pruned_counts(scores, ratio, self.layerwise))
         pruned = int(self._ranked[2][prefill.layer])

@@ -81,7 +81,7 @@ class LUKV(Press):
              "it; the ratio only picks the curve's row (round(100 · r) − 1), so the memory saved is the curve's.")
     argument, check = "curve", "spectra.kv.budgetcurve:check"
     ratio_means = "the row of its budget curve, round(100 · r) − 1, which sets the share each head prunes"
-    needs_rope, queries, min_context = True, True, 5  # Expected Attention's
+    needs_rope, reads, min_context = True, ("query_pre",), 5  # Expected Attention's
 
     def __init__(self, curve: np.ndarray | None = None, where: str = "") -> None:
         self.curve, self.where = curve, where

@@ -68,8 +68,9 @@ class PrefillDecodingPress(DecodingPress):
         self.prefilling = prefilling
         if prefilling is not None and inner is not None:
             self.name = f"{type(self).name}({prefilling.name},{inner.name})"  # type: ignore[misc]
-            for flag in ("needs_rope", "windowed", "received", "queries", "calibrates"):
+            for flag in ("needs_rope", "windowed", "calibrates"):
                 setattr(self, flag, getattr(prefilling, flag) or getattr(inner, flag))
+            self.reads = tuple(dict.fromkeys(prefilling.reads + inner.reads))  # type: ignore[misc]
             self.window = max(prefilling.window, inner.window)
             self.min_context = max(prefilling.min_context, inner.min_context)
 

@@ -14,6 +14,7 @@ one exact prefill (`spectra.kv.prefill`), every layer's `presses.Prefill` handed
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from ... import checkpoints, data, distributed, models
-from .. import batching, prefill, reconstruction
+from .. import batching, passes, prefill, reconstruction
 from ...config import RunConfig
 from ...errors import SpectraError, spell
 from ..presses import Prefill
@@ -116,15 +117,15 @@ class TaskBatch:
 
 class TaskSource(OfLoadedModel):
     """Task records through a pretrained decoder (see the module docstring); `reads`: what the prefill computes
-    beyond the cache, because a chosen press reads it (`prefill.Reads`: the attention each key received, pre-RoPE
-    queries, attention inputs, the whole-model passes' scores); `questioned`: the presses that read a query-aware
+    beyond the cache, because a chosen press reads it (the names of `kv.passes`: the attention each key received,
+    pre-RoPE queries, attention inputs, the whole-model passes' scores); `questioned`: the presses that read a query-aware
     question's tokens as their window (finch); `left_out`: the file's tasks no evaluated record has."""
 
     def __init__(self, config: RunConfig, device: str | torch.device, records: Sequence[TaskRecord], *,
-                 query_aware: bool, reads: prefill.Reads, windowed: bool, left_out: Sequence[str] = (),
+                 query_aware: bool, reads: Sequence[str], windowed: bool, left_out: Sequence[str] = (),
                  questioned: Sequence[str] = ()) -> None:
         self.config, self.where, self.records = config, device, list(records)
-        self.query_aware, self.reads, self.windowed = query_aware, reads, windowed
+        self.query_aware, self.reads, self.windowed = query_aware, tuple(reads), windowed
         self.questioned = list(questioned)
         self.repetition: reconstruction.Repetition | None = None
         self.left_out = list(left_out)
@@ -152,7 +153,8 @@ class TaskSource(OfLoadedModel):
         loaded = self.loaded
         if not loaded.causal or loaded.head is None:
             raise SpectraError(f"{loaded.name} is not a causal language model: the task protocol decodes answers")
-        self.repetition = reconstruction.Repetition.of(loaded.tokenizer) if self.reads.repeats else None
+        self.repetition = (reconstruction.Repetition.of(loaded.tokenizer) if passes.needed(self.reads, "repetition")
+                           else None)
         for example in self.examples:
             line = f"{Path(config.data).name} line {example.record.example + 1}"
             if example.tokens > loaded.max_length:
@@ -191,8 +193,10 @@ class TaskSource(OfLoadedModel):
         dim = loaded.head_dim or 64
         itemsize = torch.finfo(loaded.dtype).bits // 8
         width = getattr(getattr(loaded.model, "config", None), "hidden_size", None) or self.heads * dim
-        hidden = width if self.reads.hidden else 0  # each layer's attention input (L × D), for a press reading it
-        per_layer = n * (5 * self.kv_heads * dim + self.heads * (WINDOW + dim * self.reads.queries) + hidden) * itemsize
+        sizes = {"heads": self.heads, "head_dim": dim, "hidden": width}  # what a layer pass holds per token
+        held = sum(math.prod(sizes[size] for size in entry.per_token) for entry in passes.layer_passes(self.reads)
+                   if entry.per_token)
+        per_layer = n * (5 * self.kv_heads * dim + self.heads * WINDOW + held) * itemsize
         return float(loaded.layers * per_layer + 3 * prefill.CHUNK_BYTES)
 
     def smallest_decode_bytes(self) -> int:

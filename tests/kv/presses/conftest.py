@@ -34,8 +34,8 @@ def make_prefill(length: int = 100, seed: int = 0, index: int = 3, run_seed: int
     p = causal_p(q, k, scaling)
     window = min(WINDOW, length)
     as_torch = lambda array: torch.from_numpy(np.ascontiguousarray(array))  # noqa: E731
-    prefill = Prefill(0, as_torch(q[:, -window:]), as_torch(k), as_torch(v), None, as_torch(p[:, -window:]),
-                      as_torch(p.sum(1)), scaling, run_seed, index)
+    prefill = Prefill(0, as_torch(q[:, -window:]), as_torch(k), as_torch(v), None, as_torch(p[:, -window:]), scaling,
+                      run_seed, index, passes={"received": as_torch(p.sum(1))})
     return prefill, {"q": q, "k": k, "v": v, "p": p}
 
 

@@ -45,7 +45,8 @@ def with_queries(length: int = 100, seed: int = 0) -> tuple:
     rng = np.random.default_rng(seed + 50)
     q_pre = rng.standard_normal((HEADS, length, DIM)) + rng.standard_normal((HEADS, 1, DIM))
     arrays["q_pre"] = q_pre
-    return dataclasses.replace(prefill, query_pre=torch.from_numpy(q_pre), rope=rope), arrays
+    found = dataclasses.replace(prefill, passes={**prefill.passes, "query_pre": torch.from_numpy(q_pre)}, rope=rope)
+    return found, arrays
 
 
 @pytest.mark.parametrize("length, seed", [(100, 0), (37, 3)])
@@ -90,9 +91,9 @@ def test_the_press_keeps_the_sinks_and_the_top_scores(ratio) -> None:
 
 def test_its_declaration_and_bad_prefills() -> None:
     facts = dict(PRESSES.facts("cap"))
-    assert facts["queries"] and facts["needs_rope"] and facts["min_context"] == 5 and facts["peer"] == "CapPress"
+    assert facts["reads"] == ("query_pre",) and facts["needs_rope"] and facts["min_context"] == 5 and facts["peer"] == "CapPress"
     prefill, _ = make_prefill(length=50)
-    with pytest.raises(ValueError, match="cap reads the pre-RoPE queries and the model's RoPE"):
+    with pytest.raises(ValueError, match="lacks 'query_pre'"):
         cap_scores(prefill)
     short, _ = with_queries(4)
     with pytest.raises(ValueError, match="cap needs more than 4 context tokens, got 4"):

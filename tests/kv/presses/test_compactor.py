@@ -94,7 +94,7 @@ def test_scores_equal_the_blend_of_the_z_scored_leverage_and_attention(length, c
 def test_the_press_keeps_the_sinks_and_the_best_blended_tokens_per_head() -> None:
     prefill, arrays = with_keys_before_rope(90, seed=5)
     press = REGISTRY["compactor"]
-    assert press.needs_rope and press.queries and press.scorer
+    assert press.needs_rope and press.reads == ("query_pre",) and press.scorer
     seed = Leverage.seed_of(prefill.seed, prefill.index)  # leverage's sketches
     sketch = sketches(seed, prefill.layer, (1, KV_HEADS, DIM, SKETCH), torch.float64)[0].numpy()
     for ratio in (0.25, 0.5, 0.8):
@@ -113,5 +113,5 @@ def test_a_prefill_without_what_it_reads_is_refused() -> None:
     assert least == SINKS_START + SINKS_END + 1
     assert REGISTRY["compactor"].compress(with_keys_before_rope(least)[0], 0.5).kept.shape == (KV_HEADS, 6)
     bare, _ = with_queries()
-    with pytest.raises(ValueError, match="pre-RoPE queries and keys"):
+    with pytest.raises(ValueError, match="compactor reads the pre-RoPE keys"):
         REGISTRY["compactor"].compress(bare, 0.5)

@@ -132,10 +132,9 @@ def test_a_press_list_keeps_each_composed_press_whole() -> None:
     ("composed", "takes an argument: composed\\(<press>,<press>,\\.\\.\\.\\)$"),
     ("composed(snapkv,,knorm)", "has an empty argument"),
     ("composed(snapkv,observed)", "none that compresses while decoding, reads the attention each key received, "
-                                  "runs KVzip's reconstruction pass over the whole context, replays the context "
-                                  "through the model \\(KVCompose\\), is fitted on calibration text or takes gradients "
-                                  "through the model \\(KVgrad\\), and 'observed' is not one: it reads the attention "
-                                  "each key received"),
+                                  "runs a whole-model pass of its own \\(KVzip's reconstruction pass, KVCompose's "
+                                  "replay pass, KVgrad's gradient pass\\) or is fitted on calibration text, and "
+                                  "'observed' is not one: it reads the attention each key received; presses:"),
     ("composed(kvcompose,knorm)", "'kvcompose' is not one"),  # its replay pass never ran for a composed cell
     ("composed(kvzip,knorm)", "'kvzip' is not one"),
     ("composed(knorm,kvgrad)", "'kvgrad' is not one"),

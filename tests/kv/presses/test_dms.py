@@ -116,7 +116,7 @@ def test_kvzaps_surrogate_inside_it(tmp_path, width) -> None:
     folder, tensors = write_surrogate(tmp_path / "zap", width)
     name = f"dms(kvzap({folder}),-0.5)"
     press = REGISTRY[name]
-    assert PRESSES.facts(name)["hidden"] and name in PRESSES.having("hidden") and press.hidden
+    assert PRESSES.facts(name)["hidden"] and name in PRESSES.having("hidden") and press.reads == ("hidden",)
     for layer in range(3):
         prefill, hidden = with_hidden(layer, length=200, seed=layer)
         masked = kvpress_masked(numpy_scores(tensors, layer, hidden), -0.5)

@@ -29,7 +29,7 @@ def test_duo_keeps_sink_and_recent_on_the_lowest_heads(pattern, ratio) -> None:
     for layer in range(3):
         prefill, _ = make_prefill(length=100)
         prefill = type(prefill)(layer, *[getattr(prefill, f) for f in ("q", "key", "value", "key_pre", "window",
-                                                                        "received", "scaling", "seed", "index")])
+                                                                        "scaling", "seed", "index")])
         part = press.compress(prefill, ratio)
         want = np.ones((2, 100), dtype=bool)
         want[streaming[layer], 4:84] = False
@@ -48,4 +48,4 @@ def test_a_pattern_of_another_shape_is_refused(pattern) -> None:
     folder, _ = pattern
     with pytest.raises(ValueError, match="3 × 2"):
         REGISTRY[f"duo({folder})"].compress(make_prefill()[0].__class__(5, *[getattr(make_prefill()[0], f) for f in (
-            "q", "key", "value", "key_pre", "window", "received", "scaling", "seed", "index")]), 0.5)
+            "q", "key", "value", "key_pre", "window", "scaling", "seed", "index")]), 0.5)

@@ -71,7 +71,8 @@ def with_queries(length: int = 100, seed: int = 0):
     """A random prefill (conftest's) with random pre-RoPE queries of every position and the float64 rope."""
     prefill, arrays = make_prefill(length=length, seed=seed)
     q_pre = np.random.default_rng(seed + 100).standard_normal((HEADS, length, DIM)) * 0.7 + 0.3
-    return dataclasses.replace(prefill, query_pre=torch.from_numpy(q_pre), rope=rope), {**arrays, "q_pre": q_pre}
+    return (dataclasses.replace(prefill, passes={**prefill.passes, "query_pre": torch.from_numpy(q_pre)}, rope=rope),
+            {**arrays, "q_pre": q_pre})
 
 
 def test_the_mean_rotation_is_the_mean_of_ropes_rotation_matrices() -> None:
@@ -91,7 +92,7 @@ def test_scores_equal_the_expected_attention_of_future_queries() -> None:
     assert got.dtype == torch.float64 and got.shape == (KV_HEADS, 100)
     np.testing.assert_allclose(got.numpy(), numpy_expected(arrays["q_pre"], arrays["k"], arrays["v"]),
                                rtol=1e-10, atol=1e-14)
-    single = dataclasses.replace(prefill, query_pre=prefill.query_pre.float(), key=prefill.key.float(),
+    single = dataclasses.replace(prefill, passes={"query_pre": prefill.read("query_pre").float()}, key=prefill.key.float(),
                                  value=prefill.value.float(), rope=lambda p: tuple(t.float() for t in rope(p)))
     assert expected_scores(single).dtype == torch.float32, "scored in the cache's dtype, as kvpress scores it"
     np.testing.assert_allclose(expected_scores(single).numpy(), got.numpy(), rtol=1e-4, atol=0)
@@ -106,7 +107,7 @@ def test_each_term_counts() -> None:
     np.testing.assert_allclose(expected_scores(prefill, future=1).numpy(), flat, rtol=1e-10)
     assert not np.allclose(flat, full, rtol=1e-3)
     centred = arrays["q_pre"] - arrays["q_pre"][:, SINKS:].mean(axis=1, keepdims=True)  # μ = 0: covariance only
-    only_covariance = dataclasses.replace(prefill, query_pre=torch.from_numpy(centred))
+    only_covariance = dataclasses.replace(prefill, passes={"query_pre": torch.from_numpy(centred)})
     np.testing.assert_allclose(expected_scores(only_covariance).numpy(),
                                numpy_expected(centred, arrays["k"], arrays["v"]), rtol=1e-10)
     assert not np.allclose(expected_scores(only_covariance)[:, SINKS:].numpy(), 0)
@@ -115,7 +116,7 @@ def test_each_term_counts() -> None:
 def test_the_press_keeps_the_sinks_and_the_best_expected_keys_per_head() -> None:
     prefill, arrays = with_queries(length=90, seed=6)
     press = REGISTRY["expected_attention"]
-    assert press.needs_rope and press.queries and press.scorer
+    assert press.needs_rope and press.reads == ("query_pre",) and press.scorer
     reference = numpy_expected(arrays["q_pre"], arrays["k"], arrays["v"])
     for ratio in (0.25, 0.5, 0.9):
         keep = n_kept(90, ratio)
@@ -133,7 +134,7 @@ def test_a_prefill_without_what_it_reads_is_refused() -> None:
     least = REGISTRY["expected_attention"].min_context  # `spectra cache --context` is checked against it
     assert least == SINKS + 1 and expected_scores(with_queries(length=least)[0]).shape == (KV_HEADS, least)
     bare, _ = make_prefill()
-    with pytest.raises(ValueError, match="pre-RoPE queries"):
+    with pytest.raises(ValueError, match="lacks 'query_pre' \\(the context's queries before RoPE"):
         REGISTRY["expected_attention"].compress(bare, 0.5)
 
 

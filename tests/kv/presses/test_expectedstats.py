@@ -58,7 +58,7 @@ def write_statistics(folder, mean: np.ndarray, covariance: np.ndarray):
 def test_scores_are_the_expected_attention_of_the_stored_query_distribution(tmp_path) -> None:
     mean, covariance = statistics()
     press = REGISTRY["expected_attention_stats"].bind(str(write_statistics(tmp_path / "st", mean, covariance)))
-    assert press.peer == "ExpectedAttentionStatsPress" and press.needs_rope and not press.queries
+    assert press.peer == "ExpectedAttentionStatsPress" and press.needs_rope and not press.reads
     stored = mean.astype(np.float32).astype(np.float64), covariance.astype(np.float32).astype(np.float64)
     for layer in range(LAYERS):
         prefill, arrays = make_prefill(length=70, seed=layer + 5)
@@ -80,7 +80,7 @@ def test_the_context_queries_play_no_part(tmp_path) -> None:
     press = REGISTRY["expected_attention_stats"].bind(str(write_statistics(tmp_path / "st", mean, covariance)))
     prefill, _ = make_prefill(length=40)
     prefill = dataclasses.replace(prefill, rope=rope)
-    other = dataclasses.replace(prefill, q=torch.randn_like(prefill.q), query_pre=torch.randn(HEADS, 40, DIM))
+    other = dataclasses.replace(prefill, q=torch.randn_like(prefill.q), passes={"query_pre": torch.randn(HEADS, 40, DIM)})
     torch.testing.assert_close(press.score(prefill, 0.5), press.score(other, 0.5), rtol=0, atol=0)
 
 

@@ -100,7 +100,7 @@ def test_the_ratio_changes_nothing_and_a_short_context_stays_whole() -> None:
 def test_float32_keys_quantize_in_float32() -> None:
     prefill, arrays = make_prefill(length=200)
     single = Prefill(0, prefill.q.float(), prefill.key.float(), prefill.value.float(), None, prefill.window.float(),
-                     prefill.received.float(), prefill.scaling, 0, 0)
+                     prefill.scaling, 0, 0)
     got = Kivi(4, group=8, residual=64).compress(single, 0.5)
     keys, values = numpy_kivi(arrays["k"].astype(np.float32), arrays["v"].astype(np.float32), 4, 8, 64)
     assert got.key.dtype == torch.float32

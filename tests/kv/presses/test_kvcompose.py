@@ -48,7 +48,7 @@ def test_each_layer_keeps_its_share_of_the_best_composite_values(ratio) -> None:
     composed = torch.from_numpy(raw)
     prefill, _ = make_prefill(length=LENGTH)
     press = REGISTRY["kvcompose"].fresh()
-    parts = [press.compress(dataclasses.replace(prefill, layer=layer, composition=composed), ratio)
+    parts = [press.compress(dataclasses.replace(prefill, layer=layer, passes={"composition": composed}), ratio)
              for layer in range(LAYERS)]
     for layer, part in enumerate(parts):
         np.testing.assert_array_equal(part.counts().numpy(), [counts[layer]] * KV_HEADS)
@@ -72,8 +72,8 @@ def test_layer_zero_takes_the_largest_curve() -> None:
 
 def test_bad_input_and_facts() -> None:
     prefill, _ = make_prefill(length=LENGTH)
-    with pytest.raises(ValueError, match="kvcompose reads the replay pass's scores"):
+    with pytest.raises(ValueError, match="lacks 'composition' \\(KVCompose's replay"):
         REGISTRY["kvcompose"].compress(prefill, 0.5)
     press = REGISTRY["kvcompose"]
-    assert press.composes and not press.reconstructs and press.peer == "KVComposePress"
+    assert press.reads == ("composition",) and press.peer == "KVComposePress"
     assert press.fresh() is not press

@@ -48,7 +48,7 @@ def test_the_lowest_scores_are_evicted(ratio: float, layerwise: bool) -> None:
     prefill, _ = make_prefill(length=LENGTH)
     press = KVgrad(layerwise=layerwise)
     for layer in range(LAYERS):
-        part = press.compress(dataclasses.replace(prefill, layer=layer, gradient=torch.from_numpy(scores)), ratio)
+        part = press.compress(dataclasses.replace(prefill, layer=layer, passes={"gradient": torch.from_numpy(scores)}), ratio)
         np.testing.assert_array_equal(part.kept_mask(LENGTH).numpy(), ~evicted[layer])
         assert part.saved == pytest.approx(evicted[layer].mean())
         assert part.kept_mask(LENGTH)[:, :4].all(), "the attention sinks stay"
@@ -60,7 +60,7 @@ def test_the_lowest_scores_are_evicted(ratio: float, layerwise: bool) -> None:
 def test_kept_rows_are_the_cached_rows_of_the_kept_positions() -> None:
     scores = random_scores(5)
     prefill, arrays = make_prefill(length=LENGTH)
-    part = KVgrad().compress(dataclasses.replace(prefill, gradient=torch.from_numpy(scores)), 0.5)
+    part = KVgrad().compress(dataclasses.replace(prefill, passes={"gradient": torch.from_numpy(scores)}), 0.5)
     key, value = part.rows(prefill.key, prefill.value)
     for head in range(KV_HEADS):
         kept = np.flatnonzero(~numpy_evicted(scores, 0.5)[0, head])
@@ -72,21 +72,21 @@ def test_kept_rows_are_the_cached_rows_of_the_kept_positions() -> None:
 def test_it_reads_the_attribution_scores_not_the_reconstruction() -> None:
     scores, other = random_scores(1), random_scores(2)
     prefill, _ = make_prefill(length=LENGTH)
-    part = KVgrad().compress(dataclasses.replace(prefill, gradient=torch.from_numpy(scores),
-                                                 reconstruction=torch.from_numpy(other)), 0.5)
+    part = KVgrad().compress(dataclasses.replace(prefill, passes={"gradient": torch.from_numpy(scores),
+                                                                  "reconstruction": torch.from_numpy(other)}), 0.5)
     np.testing.assert_array_equal(part.kept_mask(LENGTH).numpy(), ~numpy_evicted(scores, 0.5)[0])
 
 
 def test_it_declares_the_pass_and_its_kvpress_peer() -> None:
     facts = PRESSES.facts("kvgrad")
-    assert facts["differentiates"] and "kvgrad" in PRESSES.having("differentiates")
-    assert not facts.get("reconstructs") and not facts.get("scorer"), "its own pass, a global ranking"
+    assert facts["reads"] == ("gradient",) and "kvgrad" in PRESSES.having("gradient") & PRESSES.having("whole_model")
+    assert not facts.get("reconstruction") and not facts.get("scorer"), "its own pass, a global ranking"
     assert KVgrad.peer == "KVgradPress"
 
 
 def test_a_prefill_without_the_attribution_scores_is_refused() -> None:
     prefill, _ = make_prefill(length=LENGTH)
-    with pytest.raises(ValueError, match="attribution pass"):
+    with pytest.raises(ValueError, match="lacks 'gradient' \\(KVgrad's gradient pass"):
         REGISTRY["kvgrad"].compress(prefill, 0.5)
 
 

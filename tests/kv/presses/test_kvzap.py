@@ -52,7 +52,7 @@ def numpy_scores(tensors: dict[str, np.ndarray], layer: int, hidden: np.ndarray)
 def with_hidden(layer: int, length: int = 80, dim: int = HIDDEN, seed: int = 0):
     prefill, _ = make_prefill(length=length, seed=seed)
     hidden = np.random.default_rng(100 + seed).standard_normal((length, dim))
-    return replace(prefill, layer=layer, hidden=torch.from_numpy(hidden)), hidden
+    return replace(prefill, layer=layer, passes={"hidden": torch.from_numpy(hidden)}), hidden
 
 
 @pytest.mark.parametrize("width", [None, WIDTH])
@@ -74,10 +74,10 @@ def test_scores_are_the_layers_surrogate_of_the_hidden_states(tmp_path, width) -
 
 def test_it_declares_reading_the_hidden_states(tmp_path) -> None:
     folder, _ = write_surrogate(tmp_path / "zap", None)
-    assert PRESSES.facts(f"kvzap({folder})")["hidden"] and not PRESSES.facts("snapkv").get("hidden")
+    assert PRESSES.facts(f"kvzap({folder})")["reads"] == ("hidden",) and not PRESSES.facts("snapkv").get("hidden")
     assert f"kvzap({folder})" in PRESSES.having("hidden")
     prefill, _ = make_prefill()
-    with pytest.raises(ValueError, match="hidden states"):
+    with pytest.raises(ValueError, match="lacks 'hidden' \\(each layer's attention input"):
         REGISTRY["kvzap"].bind(folder).score(prefill, 0.5)
 
 

@@ -45,7 +45,7 @@ def test_the_lowest_scores_of_all_layers_are_evicted_each_from_its_layer(ratio: 
     assert len(set(counts.tolist())) > 1, "layers lose different counts"
     prefill, _ = make_prefill(length=LENGTH)
     for layer in range(LAYERS):
-        part = KVzip().compress(dataclasses.replace(prefill, layer=layer, reconstruction=torch.from_numpy(scores)),
+        part = KVzip().compress(dataclasses.replace(prefill, layer=layer, passes={"reconstruction": torch.from_numpy(scores)}),
                                 ratio)
         np.testing.assert_array_equal(part.kept_mask(LENGTH).numpy(), ~evicted[layer])
         np.testing.assert_array_equal(part.counts().numpy(), (~evicted[layer]).sum(-1))
@@ -59,7 +59,7 @@ def test_layerwise_evicts_the_same_share_of_every_layer() -> None:
     np.testing.assert_array_equal(counts.numpy(), [int(KV_HEADS * LENGTH * 0.3)] * LAYERS)
     prefill, _ = make_prefill(length=LENGTH)
     part = KVzip(layerwise=True).compress(dataclasses.replace(prefill, layer=2,
-                                                              reconstruction=torch.from_numpy(scores)), 0.3)
+                                                              passes={"reconstruction": torch.from_numpy(scores)}), 0.3)
     layer = scores[2].reshape(-1)
     expected = np.ones(layer.size, dtype=bool)
     expected[np.argsort(layer, kind="stable")[:30]] = False
@@ -75,12 +75,12 @@ def test_a_layer_evicts_its_lowest_over_all_its_heads() -> None:
 
 def test_a_prefill_without_the_reconstruction_scores_is_refused() -> None:
     prefill, _ = make_prefill(length=LENGTH)
-    with pytest.raises(ValueError, match="reconstruction pass"):
+    with pytest.raises(ValueError, match="lacks 'reconstruction' \\(KVzip's reconstruction pass"):
         REGISTRY["kvzip"].compress(prefill, 0.5)
 
 
 def test_it_declares_the_pass_and_its_kvpress_peer() -> None:
-    assert PRESSES.facts("kvzip")["reconstructs"] and "kvzip" in PRESSES.having("reconstructs")
+    assert PRESSES.facts("kvzip")["reads"] == ("reconstruction",) and "kvzip" in PRESSES.having("whole_model")
     assert not PRESSES.facts("kvzip").get("scorer"), "a global ranking, no per-layer scorer to wrap"
     assert KVzip.peer == "KVzipPress"
 
@@ -93,5 +93,5 @@ def test_one_instance_ranks_each_example_and_ratio_anew() -> None:
     for seed, ratio in ((1, 0.3), (1, 0.6), (2, 0.6), (1, 0.3)):
         scores = torch.from_numpy(random_scores(seed))
         for layer in range(LAYERS):
-            got = press.compress(dataclasses.replace(prefill, layer=layer, reconstruction=scores), ratio)
+            got = press.compress(dataclasses.replace(prefill, layer=layer, passes={"reconstruction": scores}), ratio)
             np.testing.assert_array_equal(got.kept_mask(LENGTH).numpy(), ~numpy_evicted(scores.numpy(), ratio)[layer])

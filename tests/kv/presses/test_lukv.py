@@ -91,6 +91,6 @@ def test_the_unbound_press_and_the_facts(curve_file) -> None:
     with pytest.raises(ValueError, match="needs a budget curve"):
         REGISTRY["lukv"].compress(with_queries()[0], 0.5)
     facts = PRESSES.resolve(f"lukv({curve_file})").facts
-    assert facts["queries"] and facts["needs_rope"] and REGISTRY["lukv"].peer == "LUKVPress"
+    assert facts["reads"] == ("query_pre",) and facts["needs_rope"] and REGISTRY["lukv"].peer == "LUKVPress"
     with pytest.raises(SpectraError, match=r"^LU-KV budget curve nosuch.npy: no such file"):
         PRESSES.resolve("lukv(nosuch.npy)")

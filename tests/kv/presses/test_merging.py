@@ -99,5 +99,5 @@ def test_bad_input_and_facts() -> None:
         PRESSES.resolve("merging(think)")
     with pytest.raises(ValueError, match="needs a scorer press"):
         REGISTRY["merging"].compress(make_prefill()[0], 0.5)
-    assert REGISTRY["merging(snapkv)"].windowed and REGISTRY["merging(observed)"].received
+    assert REGISTRY["merging(snapkv)"].windowed and REGISTRY["merging(observed)"].reads == ("received",)
     assert REGISTRY["merging"].peer == "MergingPress" and REGISTRY["merging(loki)"].calibrates

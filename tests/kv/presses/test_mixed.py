@@ -65,11 +65,14 @@ def test_the_map_and_the_ratio_are_checked_in_one_line(tmp_path) -> None:
     with pytest.raises(SpectraError, match="no axis map .* no column layer, kv_head, press, ratio, best"):
         registry.PRESSES.resolve(f"mixed({tmp_path / 'bad'})")
     observed = write_map(tmp_path / "observed", {0.5: [("observed", 0.5), ("knorm", 0.5)]})
-    with pytest.raises(SpectraError, match="received attention.*: observed"):
+    with pytest.raises(SpectraError, match="presses reading a prefill pass .*: observed"):
         registry.PRESSES.resolve(f"mixed({observed})")
     kvzip = write_map(tmp_path / "kvzip", {0.5: [("knorm", 0.5), ("kvzip", 0.5)]})
-    with pytest.raises(SpectraError, match="reconstruction pass, which it does not prefill: kvzip"):
+    with pytest.raises(SpectraError, match="prefill pass .*, which it does not prefill: kvzip"):
         registry.PRESSES.resolve(f"mixed({kvzip})")
+    queries = write_map(tmp_path / "queries", {0.5: [("knorm", 0.5), ("expected_attention", 0.5)]})
+    with pytest.raises(SpectraError, match="prefill pass .*: expected_attention"):  # its queries were never kept
+        registry.PRESSES.resolve(f"mixed({queries})")
     run = write_map(tmp_path / "run", {0.6: [("knorm", 0.5), ("kivi4", 0.5)]})
     press = REGISTRY[f"mixed({run})"]
     prefill, _ = make_prefill(length=300)

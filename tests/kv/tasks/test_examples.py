@@ -11,7 +11,6 @@ import torch
 
 from spectra.config import RunConfig
 from spectra.errors import SpectraError
-from spectra.kv.prefill import Reads
 from spectra.kv.tasks.prompt import prompt_ids
 from spectra.kv.tasks.records import read_records
 from spectra.kv.tasks.examples import TaskBatch, TaskSource, prepare
@@ -52,10 +51,10 @@ class Recorder:
         self.prefills.append(prefill)
 
 
-def source(model, path, query_aware=False, windowed=False, questioned=(), batch_size=1, **reads) -> TaskSource:
-    """A source over the file at `path` whose prefill computes what `reads` names (`prefill.Reads`' fields)."""
+def source(model, path, query_aware=False, windowed=False, questioned=(), batch_size=1, reads=()) -> TaskSource:
+    """A source over the file at `path` whose prefill computes the passes `reads` names (`kv.passes`)."""
     return TaskSource(RunConfig(str(model), str(path), batch_size=batch_size), "cpu", read_records(path),
-                      query_aware=query_aware, reads=Reads(**reads), windowed=windowed, questioned=questioned)
+                      query_aware=query_aware, reads=reads, windowed=windowed, questioned=questioned)
 
 
 def first_prefills(found: TaskSource) -> list:
@@ -127,15 +126,15 @@ def test_a_question_longer_than_finchs_window_is_refused_before_the_weights_load
 
 
 def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_file) -> None:
-    """`reconstructs`: every layer's prefill carries KVzip's scores of the example, computed over its prefilled keys
+    """`reconstruction`: every layer's prefill carries KVzip's scores of the example, computed over its prefilled keys
     and values with the prompts cut from the model's chat template (whose opening is not reconstructed)."""
     import torch
 
     from spectra.kv import reconstruction
 
-    plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, reconstructs=True)
+    plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, reads=("reconstruction",))
     seen = [first_prefills(found) for found in (plain, asked)]
-    assert plain.repetition is None and all(prefill.reconstruction is None for prefill in seen[0])
+    assert plain.repetition is None and all("reconstruction" not in prefill.passes for prefill in seen[0])
     pieces = asked.repetition
     opening = asked.loaded.tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
     assert 0 < pieces.prefix == len(asked.loaded.tokenizer.encode(opening.split("x")[0], add_special_tokens=False))
@@ -143,45 +142,45 @@ def test_the_reconstruction_pass_runs_only_for_a_press_that_reads_it(chat_decode
     expected = reconstruction.scores(asked.loaded.model, asked.layers, [part.key for part in seen[0]],
                                      [part.value for part in seen[0]], example.context_ids, pieces, 0)
     for prefill in seen[1]:
-        torch.testing.assert_close(prefill.reconstruction, expected)
+        torch.testing.assert_close(prefill.read("reconstruction"), expected)
     assert expected.shape == (asked.layers, asked.kv_heads, example.context)
 
 
 def test_the_replay_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_file) -> None:
-    """`composes`: every layer's prefill carries KVCompose's replay scores of the example's context (and no KVzip
+    """`composition`: every layer's prefill carries KVCompose's replay scores of the example's context (and no KVzip
     reconstruction); without it, none."""
     import torch
 
     from spectra.kv import composition
 
-    asked = source(chat_decoder, task_file, composes=True)
+    asked = source(chat_decoder, task_file, reads=("composition",))
     prefills = first_prefills(asked)
     example = asked.examples[0]
     expected = composition.scores(asked.loaded.model, asked.layers, example.context_ids, 0)
     assert expected.shape == (asked.layers, asked.kv_heads, example.context) and asked.repetition is None
     for prefill in prefills:
-        assert prefill.composition is prefills[0].composition and prefill.reconstruction is None
-        torch.testing.assert_close(prefill.composition, expected, rtol=0, atol=0)
+        assert prefill.read("composition") is prefills[0].read("composition") and list(prefill.passes) == ["composition"]
+        torch.testing.assert_close(prefill.read("composition"), expected, rtol=0, atol=0)
 
 
 def test_the_attribution_pass_runs_only_for_a_press_that_reads_it(chat_decoder, task_file) -> None:
-    """`differentiates`: every layer's prefill carries KVgrad's attribution scores of the example, computed over its
+    """`gradient`: every layer's prefill carries KVgrad's attribution scores of the example, computed over its
     prefilled keys and values with the prompts cut from the chat template (and no KVzip reconstruction); without it,
     none."""
     import torch
 
     from spectra.kv import gradient
 
-    plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, differentiates=True)
+    plain, asked = source(chat_decoder, task_file), source(chat_decoder, task_file, reads=("gradient",))
     seen = [first_prefills(found) for found in (plain, asked)]
-    assert all(prefill.gradient is None for prefill in seen[0])
+    assert all("gradient" not in prefill.passes for prefill in seen[0])
     example = asked.examples[0]
     expected = gradient.scores(asked.loaded.model, asked.layers, [part.key for part in seen[0]],
                                [part.value for part in seen[0]], example.context_ids, asked.repetition, 0)
     assert expected.shape == (asked.layers, asked.kv_heads, example.context) and asked.repetition.prefix > 0
     for prefill in seen[1]:
-        assert prefill.gradient is seen[1][0].gradient and prefill.reconstruction is None
-        torch.testing.assert_close(prefill.gradient, expected, rtol=0, atol=0)
+        assert prefill.read("gradient") is seen[1][0].read("gradient") and list(prefill.passes) == ["gradient"]
+        torch.testing.assert_close(prefill.read("gradient"), expected, rtol=0, atol=0)
 
 
 def test_each_layer_carries_the_questions_token_count(chat_decoder, task_file) -> None:
