@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error.for_cli()}", file=sys.stderr)
         return 2
     questions = len(bridge.records)
-    out.print(f"Spearman's ρ between each head's spectrum measure and the share of the needle a press kept there, over "
-              f"{questions} questions [95% interval over the questions; blank: every compressed head kept as much of "
-              "it]; the measures: " +
+    out.print("Spearman's ρ between each head's spectrum measure and the share of the needle a press kept there, "
+              f"over {questions} questions [95% interval over the questions; blank: every compressed head kept as "
+              "much of it]; the measures: " +
               "; ".join(f"{name}, {MEASURES[name][2]}" for name in dict.fromkeys(found["measure"])))
     for (press, ratio), mine in found.groupby(["press", "ratio"], sort=False):
         shown = pd.DataFrame({"measure": mine["measure"],
@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         print_frame(shown, f"{style.press_label(frame['press'].iloc[0], 60)} against each reference on "
                     f"{int(frame['examples'].iloc[0])} examples: the scores (its / theirs), the paired difference "
                     "[95% interval], "
-                    "and the shares of the cache's bytes stored ('=': the same bytes on every example)", digits={"r": 3})
+                    "and the shares of the cache's bytes stored ('=': the same bytes on every example)",
+                    digits={"r": 3})
         unequal = frame[~frame["same_bytes"]]
         if len(unequal):
             out.print("not at equal bytes: " + ", ".join(f"{reference} at r = {ratio:g}" for reference, ratio in
