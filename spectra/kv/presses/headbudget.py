@@ -56,7 +56,8 @@ class HeadBudget(Press):
              "exp(entropy) by default, the rank of P for 90% of its nuclear norm with `headbudget(<run>@rank)` — and "
              "SnapKV's scores choose which tokens. The ratio is an eviction ratio: the total over every layer and head "
              "is the uniform press's at the same ratio (the same bytes), shared out by measured need, a head capped "
-             "at the whole context. Like `snapkv` it needs a `--context` above 64.")
+             "at the whole context; on a model with sliding-window layers (Gemma 3) the global layers share the uniform "
+             "press's total in them, a local layer keeping its window. Like `snapkv` it needs a `--context` above 64.")
     windowed = True
     argument, check = "run", "spectra.anatomy.headweights:check"
 
