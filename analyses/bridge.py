@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         table(bridge).to_csv(args.csv, index=False)
     if args.out:
         paths = style.save(draw(found, f"{analysis.meta['model']['name']}: does a head's spectrum predict the needle "
-                                f"a press keeps there? ({questions} questions)"), args.out)
+                                f"a press keeps there? {questions} questions"), args.out)
         out.print("drawn: " + ", ".join(map(str, paths)))
     return 0
 

@@ -296,5 +296,5 @@ def draw(found: pd.DataFrame, title: str):
     bar = figure.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
     bar.set_label("Spearman's ρ with the head's needle survival")
     ax.set_title(style.title_lines(title + "\nframed: the 95% interval over the questions excludes 0; 'no spread': "
-                                   "every replicate gave the same ρ", 100))
+                                   "every replicate gave the same ρ", 130))
     return figure
