@@ -167,7 +167,7 @@ def join(analysis: FinishedRun, runs: Sequence[TaskRun], over: str = "answered",
                 cells.append((str(press), float(ratio)))
                 blocks.append(survival[index])
     if needle is None or not needle.any() or not cells:
-        raise SpectraError(f"no question {leaderboard.FILTERS[over]} hides a needle that a press evicted from: "
+        raise SpectraError(f"no question hides a needle that a press evicted from among {leaderboard.FILTERS[over]}: "
                            "nothing to bridge")
     kept = leaderboard.pooled_needle(runs).set_index(["press", "ratio", "layer", "head"])["kept"].sort_index()
     layers, heads = blocks[0].shape[1:]
