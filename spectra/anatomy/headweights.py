@@ -35,6 +35,21 @@ def split(argument: str) -> tuple[Path, str]:
     return Path(folder), measure or DEFAULT
 
 
+def by_head(table: pd.DataFrame, column: str, heads: int, kv_heads: int) -> np.ndarray | None:
+    """(layers, heads) float64: metrics.csv's `column` per layer and query head; None where the table does not hold
+    every one of the model's `heads` per layer (a run over some heads only) or `kv_heads` does not divide them."""
+    per_query = table.pivot_table(index="layer", columns="head", values=column).sort_index(axis=0).sort_index(axis=1)
+    if not heads or not kv_heads or per_query.shape[1] != heads or heads % kv_heads:
+        return None
+    return per_query.to_numpy(dtype=np.float64)
+
+
+def group_means(per_query: np.ndarray, kv_heads: int) -> np.ndarray:
+    """(layers, kv_heads): the mean of (layers, heads) values over each key/value head's query heads (consecutive
+    query heads share a key/value head, as transformers' `repeat_kv` lays them out)."""
+    return per_query.reshape(len(per_query), kv_heads, -1).mean(-1)
+
+
 def read(argument: str) -> np.ndarray:
     """(layers, key/value heads) positive weights from the run named by `argument` (see the module docstring)."""
     folder, measure = split(argument)
@@ -51,11 +66,11 @@ def read(argument: str) -> np.ndarray:
         raise SpectraError(f"headbudget({argument}): {metrics} has no {column} per layer and head")
     model = json.loads(meta.read_text()).get("model", {})
     heads, kv_heads = int(model.get("heads") or 0), int(model.get("kv_heads") or model.get("heads") or 0)
-    per_query = table.pivot_table(index="layer", columns="head", values=column).sort_index(axis=0).sort_index(axis=1)
-    if not heads or per_query.shape[1] != heads or heads % kv_heads:
+    per_query = by_head(table, column, heads, kv_heads)
+    if per_query is None:
         raise SpectraError(f"headbudget({argument}): {metrics} does not hold every one of the model's {heads} heads "
                            "per layer (a run over some heads only)")
-    weights = to_weight(per_query.to_numpy(dtype=np.float64)).reshape(len(per_query), kv_heads, -1).mean(-1)
+    weights = group_means(to_weight(per_query), kv_heads)
     if not np.all(np.isfinite(weights)) or weights.min() <= 0:
         raise SpectraError(f"headbudget({argument}): the {measure} weights are not all finite and positive")
     return weights

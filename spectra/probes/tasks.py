@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import sliding
 from ..kv import batching, generation, pending, selfcheck
 from ..kv.cell import Cell, Cells
 from ..kv.presses import Prefill
@@ -94,7 +95,8 @@ class TaskProbe(Probe):
                  compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
                  reporter: Reporter | None = None) -> None:
         self.source, self.seed, self.decode_memory, self.reporter = source, seed, decode_memory, reporter
-        self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=source.layers)
+        self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=source.layers,
+                           windows=sliding.of_model(source.loaded.model))
         self.variants = self.cells.variants
         self.examples = list(source.examples)
         # one item per (example, question): a single-question example has one, a many-question record one a question
@@ -300,8 +302,7 @@ class TaskProbe(Probe):
                              "needle_kept": _nanmean(self.survival[cell, item])})
         examples = pd.DataFrame(rows, columns=list(EXAMPLE_COLUMNS))
         records = per_record(examples)
-        tables = {"task_examples.csv": examples,
-                  "task_scores.csv": task_scores(records, self.seed, ("task",)),
+        tables = {"task_examples.csv": examples, "task_scores.csv": task_scores(records, self.seed, ("task",)),
                   "task_lengths.csv": task_scores(records, self.seed, ("task", "length")),
                   "task_needle.csv": self._needle_table(done, examples),
                   "task_evicted.csv": self._evicted_table(done, examples)}

@@ -8,10 +8,15 @@ share w_ℓh / Σw of them, capped at the whole context with the surplus handed 
 (`schedules.water_fill`), in whole tokens by largest remainders (`schedules.whole_tokens`), at least one each. Which
 tokens a head keeps is SnapKV's choice (the attention of the last 64 context queries, the window always kept): the
 budget says how many, the scorer which. `headbudget(DIR)` weighs by entropy, `headbudget(DIR@rank)` by rank.
+
+On a model with sliding-window layers (Gemma 3) a local layer keeps its window whatever the press (`kv.cell.local`),
+so the run hands the press the layers' windows (`for_run(windows=…)`) and the budget N_global · H_kv · n_kept(L, r)
+is shared by the global layers' heads alone: the uniform press's bytes, as on a model without windows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -26,11 +31,18 @@ from .schedules import water_fill, whole_tokens
 ORDER = 80
 
 
-def head_budgets(weights: np.ndarray, length: int, ratio: float) -> np.ndarray:
-    """(layers, H_kv) whole tokens kept per head ∝ `weights`, adding up to layers · H_kv · n_kept(length, ratio)."""
-    total = weights.size * n_kept(length, ratio)
-    shares = water_fill(weights.ravel(), total / length)
-    return np.asarray(whole_tokens(shares, length, total)).reshape(weights.shape)
+def head_budgets(weights: np.ndarray, length: int, ratio: float, local: Sequence[bool] | None = None) -> np.ndarray:
+    """(layers, H_kv) whole tokens kept per head ∝ `weights`, adding up to layers · H_kv · n_kept(length, ratio) —
+    over the global layers only where `local` marks a model's sliding-window layers (they keep their window
+    whatever the press: 0 here, and the global layers share what the uniform press keeps in them)."""
+    compressed = np.ones(len(weights), dtype=bool) if local is None else ~np.asarray(local, dtype=bool)
+    found = np.zeros(weights.shape, dtype=np.int64)
+    chosen = weights[compressed]
+    if chosen.size:
+        total = chosen.size * n_kept(length, ratio)
+        shares = water_fill(chosen.ravel(), total / length)
+        found[compressed] = np.asarray(whole_tokens(shares, length, total)).reshape(chosen.shape)
+    return found
 
 
 @register
@@ -44,12 +56,14 @@ class HeadBudget(Press):
              "exp(entropy) by default, the rank of P for 90% of its nuclear norm with `headbudget(<run>@rank)` — and "
              "SnapKV's scores choose which tokens. The ratio is an eviction ratio: the total over every layer and head "
              "is the uniform press's at the same ratio (the same bytes), shared out by measured need, a head capped "
-             "at the whole context. Like `snapkv` it needs a `--context` above 64.")
+             "at the whole context; on a model with sliding-window layers (Gemma 3) the global layers share the uniform "
+             "press's total in them, a local layer keeping its window. Like `snapkv` it needs a `--context` above 64.")
     windowed = True
     argument, check = "run", "spectra.anatomy.headweights:check"
 
-    def __init__(self, weights: np.ndarray | None = None, where: str = "") -> None:
-        self.weights, self.where = weights, where
+    def __init__(self, weights: np.ndarray | None = None, where: str = "",
+                 local: tuple[bool, ...] | None = None) -> None:
+        self.weights, self.where, self.local = weights, where, local
         if weights is not None:
             self.name = f"headbudget({where})"  # type: ignore[misc]
         self._budgets = lru_cache(maxsize=16)(self._compute)
@@ -57,8 +71,17 @@ class HeadBudget(Press):
     def bind(self, argument: str) -> HeadBudget:
         return HeadBudget(headweights.read(argument), argument)
 
+    def for_run(self, windows: Sequence[int | None] | None = None, **settings: object) -> HeadBudget:
+        """This press for a run of a model whose layers have these sliding `windows` (the run's setting; None or no
+        window: every layer global): a local layer keeps its window whatever the press, so the budget is shared by
+        the global layers alone, the total the uniform press keeps in them."""
+        if self.weights is None or not windows or not any(window is not None for window in windows):
+            return self
+        return HeadBudget(self.weights, self.where, tuple(window is not None for window in windows))
+
     def _compute(self, length: int, ratio: float) -> np.ndarray:
-        return head_budgets(self.weights, length, ratio)
+        local = self.local if self.local is not None and len(self.local) == len(self.weights) else None
+        return head_budgets(self.weights, length, ratio, local)
 
     def budgets(self, length: int, ratio: float) -> np.ndarray:
         """(layers, H_kv) tokens each head keeps at this length and ratio."""
