@@ -58,11 +58,11 @@ def paired(noise: Sequence[TaskRun], prose: Sequence[TaskRun]) -> pd.DataFrame:
     prose arm's read noise too, or no press is in both."""
     arms = {"noise": leaderboard.pooled(list(noise)), "prose": leaderboard.pooled(list(prose))}
     first = {"noise": noise[0], "prose": prose[0]}
-    for key in ("model", "seed", "query_aware"):
-        facts = [_fact(first[arm], key) for arm in ARMS]
-        if facts[0] != facts[1]:
-            raise SpectraError(f"{first['noise'].path} and {first['prose'].path} differ in their {key} ({facts[0]} vs "
-                               f"{facts[1]}): compare haystacks on one model, seed and protocol")
+    # the task files differ by their haystack; everything else a board's runs share, the arms share
+    for name, mine, theirs in list(zip(leaderboard.FACTS, *(leaderboard.facts(first[arm]) for arm in ARMS)))[1:]:
+        if mine != theirs:
+            raise SpectraError(f"{first['noise'].path} and {first['prose'].path} differ in their {name} ({mine} vs "
+                               f"{theirs}): compare haystacks on one model, seed and protocol")
     needles = arms["noise"][arms["noise"]["press"] == "full"].set_index("example")[["task", "depth"]]
     theirs = arms["prose"][arms["prose"]["press"] == "full"].set_index("example")[["task", "depth"]]
     missing = needles.index.difference(theirs.index)
@@ -96,15 +96,6 @@ def paired(noise: Sequence[TaskRun], prose: Sequence[TaskRun]) -> pd.DataFrame:
                                                      index=rows.index).isin(shared)
         parts.append(rows[keep].assign(haystack=arm))
     return pd.concat(parts, ignore_index=True)
-
-
-def _fact(run: TaskRun, key: str) -> object:
-    settings = run.meta.get("settings", {})
-    if key == "model":
-        return run.meta.get("model", {}).get("name")
-    if key == "seed":
-        return settings.get("seed")
-    return bool(run.meta.get("query_aware", settings.get("extra", {}).get("query_aware", False)))
 
 
 def compared(rows: pd.DataFrame, seed: int, level: float = LEVEL) -> pd.DataFrame:

@@ -75,6 +75,17 @@ def ratios_text(ratios: Sequence[float]) -> str:
     return ", ".join(f"{ratio:g}" for ratio in sorted(ratios))
 
 
+#: what the runs of one board share, in `facts`' order
+FACTS = ("task file", "model", "seed", "protocol (--query-aware)")
+
+
+def facts(run: TaskRun) -> tuple:
+    """A task run's `FACTS`: its task file's sha256, model name, seed and whether the question was compressed."""
+    data, settings = run.meta.get("data", {}), run.meta.get("settings", {})
+    return (data.get("sha256"), run.meta.get("model", {}).get("name"), settings.get("seed"),
+            bool(run.meta.get("query_aware", settings.get("extra", {}).get("query_aware", False))))
+
+
 def pooled(runs: Sequence[TaskRun]) -> pd.DataFrame:
     """The per-example rows of `runs` as one table: the full cache's rows once, every run's press rows. The runs
     must share the task file, model, seed and protocol; their full caches answer alike on the examples they share
@@ -85,13 +96,6 @@ def pooled(runs: Sequence[TaskRun]) -> pd.DataFrame:
     if not runs:
         raise SpectraError("a leaderboard pools one or more task runs: give their run directories")
     first = runs[0]
-
-    def fact(run: TaskRun) -> tuple:
-        data, settings = run.meta.get("data", {}), run.meta.get("settings", {})
-        return (data.get("sha256"), run.meta.get("model", {}).get("name"), settings.get("seed"),
-                bool(run.meta.get("query_aware", settings.get("extra", {}).get("query_aware", False))))
-
-    names = ("task file", "model", "seed", "protocol (--query-aware)")
     unit = ["example", "question"] if "question" in first.examples.columns else ["example"]
 
     def answers(run: TaskRun) -> pd.Series:
@@ -101,7 +105,7 @@ def pooled(runs: Sequence[TaskRun]) -> pd.DataFrame:
     seen: dict[tuple[str, float], str] = {}
     parts = [first.examples[first.examples["press"] == "full"]]
     for run in runs:
-        for name, mine, theirs in zip(names, fact(run), fact(first)):
+        for name, mine, theirs in zip(FACTS, facts(run), facts(first)):
             if mine != theirs:
                 raise SpectraError(f"{run.path} and {first.path} differ in their {name} ({mine} vs {theirs}): a "
                                    "leaderboard pools runs of one task file, model, seed and protocol")

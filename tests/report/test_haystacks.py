@@ -90,6 +90,10 @@ def test_the_arms_must_hide_the_same_needles_in_noise_and_prose() -> None:
         paired([noise], [run("prose", "prose.txt", {"snapkv": [v[:8] for v in WINDOW_PROSE]}, examples=8)])
     with pytest.raises(SpectraError, match="no press"):
         paired([noise], [run("prose", "prose.txt", {"keydiff": KEYS})])
+    reseeded = run("prose", "prose.txt", {"snapkv": WINDOW_PROSE})
+    reseeded.meta["settings"]["seed"] = 1
+    with pytest.raises(SpectraError, match="differ in their seed"):
+        paired([noise], [reseeded])
 
 
 def test_the_prose_arm_may_hold_more_examples_than_the_noise_arm() -> None:
