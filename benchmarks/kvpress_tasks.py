@@ -58,6 +58,8 @@ FINCH_WINDOW = 64
 #: `kvpress:<name>` (spectra.kv.configurations) → the instance kvpress's evaluation registry builds, as it writes it
 #: (`AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))`): the worker builds kvpress's own configuration from it
 INSTANCES: dict[str, str] = {}
+#: the worker's GGUF file name (the job's `gguf`), which the presses reloading the tokenizer read
+MODEL_FILE = [GGUF]
 
 
 def split_arguments(text: str) -> list[str]:
@@ -99,7 +101,7 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     evaluation registry names (`INSTANCES`, `registry_press`)."""
     if name in INSTANCES:
         if "KVzipPress" in INSTANCES[name]:
-            serve_tokenizer(model.config.name_or_path)
+            serve_tokenizer(model.config.name_or_path, MODEL_FILE[0])
         return registry_press(kvpress, INSTANCES[name], ratio, seed)
     for wrapper, peer in WRAPPERS.items():
         if name.startswith(f"{wrapper}(") and name.endswith(")"):
@@ -138,7 +140,7 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
     if name in ("kvzip", "kvgrad"):  # it reloads the tokenizer from model.config.name_or_path: the GGUF's folder
-        serve_tokenizer(model.config.name_or_path)
+        serve_tokenizer(model.config.name_or_path, MODEL_FILE[0])
     found = artifact_press(kvpress, name, ratio)
     return found if found is not None else getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
 
@@ -234,16 +236,17 @@ def stepwise(pipe):
     return generate_answer
 
 
-def serve_tokenizer(folder: str) -> None:
+def serve_tokenizer(folder: str, gguf: str = GGUF) -> None:
     """Make kvpress 0.5.5's KVzipPress, which reloads the tokenizer with `AutoTokenizer.from_pretrained(
-    model.config.name_or_path)` (the folder, whose only file is the GGUF), read it from the GGUF file in `folder`."""
+    model.config.name_or_path)` (the folder, whose only file is the GGUF), read it from the GGUF file `gguf` in
+    `folder`."""
     from kvpress.presses import kvzip_press
     from transformers import AutoTokenizer
 
     class FromGguf:
         @staticmethod
         def from_pretrained(name: str, *args, **kwargs):
-            return AutoTokenizer.from_pretrained(folder, *args, gguf_file=GGUF, **kwargs)
+            return AutoTokenizer.from_pretrained(folder, *args, gguf_file=gguf, **kwargs)
 
     kvzip_press.AutoTokenizer = FromGguf
 
@@ -284,6 +287,7 @@ def worker(job_path: str, result_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     INSTANCES.update(job.get("instances", {}))
+    MODEL_FILE[0] = job.get("gguf", GGUF)
     model, pipe = kvpress_pipeline(job)
     cells = [("full", 0.0)] * job.get("full", True) + [(press, ratio) for press in job["presses"]
                                                         for ratio in job["ratios"]]
@@ -373,8 +377,10 @@ def calls(record: dict, aware: bool) -> list[tuple[list[int], str, str | list[st
 
 
 def kvpress_model(job: dict):
-    """SmolLM2 in float32 with sdpa attention, eval mode, transformers quiet, torch held to the job's threads: the
-    model every kvpress worker runs (in kvpress's venv: imports torch and transformers only)."""
+    """The job's model (its GGUF file `gguf` in `folder`, SmolLM2's by default) in float32 with sdpa attention, eval
+    mode, transformers quiet, torch held to the job's threads: the model every kvpress worker runs (in kvpress's venv:
+    imports torch and transformers only). Gemma 3's GGUF loads as `Gemma3ForCausalLM`, on which kvpress 0.5.5 hooks
+    every layer, its sliding-window ones too (spectra's `--local-layers kvpress`)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -385,7 +391,7 @@ def kvpress_model(job: dict):
 
     gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable  # its own bar, outside the logging switches
     torch.set_num_threads(job["threads"])
-    return AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
+    return AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=job.get("gguf", GGUF), dtype=torch.float32,
                                                 attn_implementation="sdpa").eval()
 
 
@@ -406,7 +412,7 @@ def kvpress_pipeline(job: dict):
     from transformers import AutoTokenizer, pipeline
 
     model = kvpress_model(job)
-    tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=GGUF)
+    tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=job.get("gguf", GGUF))
     return model, pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
 
 
@@ -414,10 +420,12 @@ def kvpress_pipeline(job: dict):
 
 
 def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), query_aware=(False, True),
-                threads: int = 2, folder: str | None = None, scratch: Path | None = None, full: bool = True):
+                threads: int = 2, folder: str | None = None, scratch: Path | None = None, full: bool = True,
+                gguf: str = GGUF):
     """kvpress's predictions on `records` (TaskRecords) as a DataFrame (press, ratio, query_aware, example, task,
     length, depth, prediction, score), the full cache as press "full" at ratio 0; and the worker's report (token
-    counts per example, seconds per cell, versions)."""
+    counts per example, seconds per cell, versions). The model: the GGUF file `gguf` in `folder` (SmolLM2's by
+    default)."""
     import pandas as pd
 
     from spectra.kv import configurations
@@ -428,7 +436,7 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
     scratch.mkdir(parents=True, exist_ok=True)
-    job = {"folder": folder or smollm2_folder(), "presses": list(presses), "ratios": [float(r) for r in ratios],
+    job = {"folder": folder or smollm2_folder(), "gguf": gguf, "presses": list(presses), "ratios": [float(r) for r in ratios],
            "query_aware": [bool(a) for a in query_aware], "threads": threads, "full": full,
            "records": [{"example": r.example, "context": r.context,
                         **({"questions": list(r.questions)} if r.questions else {"question": r.question}),
@@ -518,13 +526,16 @@ def main_tasks(args) -> None:
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     csv = Path(args.csv or Path(args.tasks).with_suffix(".kvpress.csv"))
+    gguf = Path(args.gguf) if args.gguf else None
     table, report = run_kvpress(records, args.python, split_arguments(args.presses),
                                 [float(r) for r in args.ratios.split(",")], modes, args.threads,
-                                scratch=csv.with_suffix(".work"), full=not args.no_full)
+                                folder=None if gguf is None else str(gguf.parent), scratch=csv.with_suffix(".work"),
+                                full=not args.no_full, gguf=GGUF if gguf is None else gguf.name)
     wall = time.perf_counter() - started
     table.to_csv(csv, index=False)
     counts = [row["context"] + row["question"] for row in report["tokens"]]
-    print(f"SmolLM2-135M-Instruct (Q4_1 GGUF → float32), {len(records)} examples of {args.tasks}, kvpress "
+    model = "SmolLM2-135M-Instruct (Q4_1 GGUF" if gguf is None else f"{gguf.name} (GGUF"
+    print(f"{model} → float32), {len(records)} examples of {args.tasks}, kvpress "
           f"{report['versions']['kvpress']} (transformers {report['versions']['transformers']}), {args.threads} "
           f"threads, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {wall:.0f} s in all")
     print(f"prompt tokens by kvpress's preprocess: {min(counts)}–{max(counts)}; over their length: "

@@ -30,7 +30,8 @@ SmolLM2 at 8192 tokens — and, only for a press declaring `queries`, the H × L
 repeated over the query heads of a key/value head: a chunk's queries are grouped per key/value head (H_kv, G·c, d).
 Statistics equal those of the dense P up to float rounding (matrix products of another shape sum in another order;
 `tests/test_prefill.py` bounds it). Causal decoders, one context at a time (no padding); a sliding-window layer
-(`spectra.sliding`: Gemma 3's local layers) attends its window only, and no press reads it (`cell.local`).
+(`spectra.sliding`: Gemma 3's local layers) attends its window only, the attention its keys received too (in query
+chunks); what a press does to it is `--local-layers`' (`kv.locallayers`).
 """
 
 from __future__ import annotations
@@ -88,9 +89,11 @@ def chunk_queries(heads: int, length: int, itemsize: int = 4, budget: int = CHUN
     return max(1, min(length, budget // max(1, heads * length * itemsize)))
 
 
-def received_attention(q: torch.Tensor, key: torch.Tensor, scaling: float, chunk: int) -> torch.Tensor:
+def received_attention(q: torch.Tensor, key: torch.Tensor, scaling: float, chunk: int,
+                       window: int | None = None) -> torch.Tensor:
     """Σ_i P_ij (H, L): the causal attention each key received from the L queries q (H, L, d) over key (H_kv, L, d),
-    in chunks of `chunk` queries (each forms only its c × (last position + 1) block)."""
+    in chunks of `chunk` queries (each forms only its c × (last position + 1) block); with a sliding `window`, each
+    query attends its last W keys only (`sliding.band`), as a local layer does."""
     heads, length, dim = q.shape
     kv_heads = key.shape[0]
     received = torch.zeros(heads, length, dtype=q.dtype, device=q.device)
@@ -99,8 +102,12 @@ def received_attention(q: torch.Tensor, key: torch.Tensor, scaling: float, chunk
         size = stop - start
         grouped = q[:, start:stop].reshape(kv_heads, -1, dim)  # (H_kv, G·c, d)
         scores = (torch.matmul(grouped, key[:, :stop].transpose(-1, -2)) * scaling).view(heads, size, stop)
-        hidden = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
-        scores[..., start:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
+        if window is None:
+            hidden = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
+            scores[..., start:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
+        else:
+            positions = torch.arange(stop, device=q.device)
+            scores.masked_fill_(~sliding.band(positions[start:], positions, window), torch.finfo(scores.dtype).min)
         p = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(q.dtype)
         received[:, :stop] += p.sum(dim=-2)
     return received
@@ -180,8 +187,11 @@ class _Collector:
         window = min(self.window, length)
         q_window = q[:, length - window:].clone()
         local = self.windows[captured.layer] if self.windows else None
-        if local is not None and local < length:  # a sliding-window layer: no press reads it (`Cell.compress`)
-            out, received = attention(q, key, value, captured.scaling, local)[None], q.new_zeros(heads, 0)
+        if local is not None and local < length:  # a sliding-window layer (what a press does to it: `kv.locallayers`)
+            out = attention(q, key, value, captured.scaling, local)[None]
+            chunk = chunk_queries(heads, length, torch.finfo(softmax_dtype(q.dtype)).bits // 8, self.chunk_bytes)
+            received = (received_attention(q, key, captured.scaling, chunk, local) if self.reads.received
+                        else q.new_zeros(heads, 0))
         elif self.reads.received and self.fused and (fused := fused_received(q, key, value, captured.scaling)):
             out, received = fused[0][None], fused[1]
         elif self.reads.received:

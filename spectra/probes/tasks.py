@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..config import LocalLayers
 from ..kv import batching, generation, pending, selfcheck
 from ..kv.cell import Cell, Cells
 from ..kv.presses import Prefill
@@ -88,13 +89,13 @@ class Answering:
 
 class TaskProbe(Probe):
     """Every (press, ratio) of `presses` × `ratios` beside the full cache on every example of `source` (the records
-    the run evaluates); `seed` is the run's (bootstrap intervals draw from it)."""
+    the run evaluates), doing `local_layers` to a local layer; `seed` is the run's (bootstrap intervals draw from it)."""
 
     def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
                  compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
-                 reporter: Reporter | None = None) -> None:
+                 reporter: Reporter | None = None, local_layers: LocalLayers = LocalLayers.KEEP) -> None:
         self.source, self.seed, self.decode_memory, self.reporter = source, seed, decode_memory, reporter
-        self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=source.layers)
+        self.cells = Cells(presses, ratios, local_layers, compression_interval=compression_interval, layers=source.layers)
         self.variants = self.cells.variants
         self.examples = list(source.examples)
         # one item per (example, question): a single-question example has one, a many-question record one a question

@@ -476,3 +476,45 @@ def test_a_sliding_window_model_runs_guarded_and_answers_as_generate(tmp_path, m
         code, _, stderr = tiny.run_cli(argv + ["--out", str(tmp_path / "refused")], monkeypatch, capsys)
         assert code == 2 and "sliding-window layers" in stderr and said in stderr, stderr
         assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()
+
+
+def test_local_layers_option_is_recorded_and_refused_where_it_cannot_apply(chat_decoder, task_file, tmp_path,
+                                                                             monkeypatch, capsys) -> None:
+    """Issue 52, item 2: `--local-layers kvpress` on a tiny Gemma 3 compresses every layer from the whole context
+    (bytes: each layer its n_kept(L, r) rows of the L it stores, kvpress's cache), is recorded in run.json and said
+    by the printout; refused in one line, exit 2, nothing written: on a model without local layers before it loads,
+    with a press whose effect on a local layer is not reproduced at once, and with a press reading more last queries
+    than a local layer holds once the model has loaded, before any example."""
+    model_dir = tiny.save_gemma3(tmp_path / "gemma")
+    path = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=2, words=40))
+    run = spectra.evaluate(str(model_dir), str(path), presses="knorm", ratios="0.5", local_layers="kvpress",
+                           out=tmp_path / "run", **QUIET)
+    assert run.meta["local_layers"] == "kvpress" == json.loads((run.path / "run.json").read_text())["local_layers"]
+    examples = run.examples.set_index(["press", "example"])
+    for example in examples.loc["full"].index:
+        length = int(examples.loc[("full", example), "bytes"]) // (3 * 128)  # 3 layers, 1 head of 16 + 16 float32
+        assert examples.loc[("knorm", example), "bytes"] == 3 * 128 * max(1, int(length * 0.5))
+    code, stdout, _ = tiny.run_cli(["evaluate", str(run.path)], monkeypatch, capsys)
+    assert code == 0 and "local layers: kvpress" in " ".join(stdout.split())
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    for model, presses, said in (
+            (chat_decoder, "knorm", "--local-layers compress compresses sliding-window layers, but tiny-chat has "
+                                    "none"),
+            (model_dir, "decoding(knorm)", "decoding(knorm) compresses while it decodes"),
+            (model_dir, "expected_attention", "expected_attention reads rotary positions"),
+            (model_dir, "linformer", "linformer keeps rows that are no context tokens")):
+        code, _, stderr = tiny.run_cli(["evaluate", str(model), "--data", str(path), "--presses", presses,
+                                        "--local-layers", "compress", "--out", str(tmp_path / "refused")],
+                                       monkeypatch, capsys)
+        assert code == 2 and said in stderr and stderr.count("\n") == 1, stderr
+    code, _, stderr = tiny.run_cli(["evaluate", str(model_dir), "--data", str(path), "--presses", "adakv(knorm)",
+                                    "--local-layers", "kvpress"], monkeypatch, capsys)
+    assert code == 2 and "adakv(knorm) is no scorer" in stderr and stderr.count("\n") == 1, stderr
+    with pytest.raises(SpectraError, match="unknown local_layers 'all'; use one of keep, compress, kvpress"):
+        spectra.evaluate(str(model_dir), str(path), local_layers="all", **QUIET)
+    monkeypatch.undo()
+    code, _, stderr = tiny.run_cli(["evaluate", str(model_dir), "--data", str(path), "--presses", "snapkv",
+                                    "--local-layers", "compress", "--out", str(tmp_path / "refused")],
+                                   monkeypatch, capsys)
+    assert code == 2 and "snapkv reads the last 64 context queries" in stderr and stderr.count("\n") == 1, stderr
+    assert not (tmp_path / "refused").exists()

@@ -182,3 +182,23 @@ def test_a_qk_norm_model_s_keys_before_rope_rotate_into_its_cache() -> None:
     rotated, _ = apply_rotary_pos_emb(found[2].key_pre, found[2].key_pre, cos, sin, unsqueeze_dim=0)
     torch.testing.assert_close(rotated, found[2].key, rtol=1e-12, atol=1e-12)
 
+
+
+def test_a_local_layer_received_attention_within_its_window() -> None:
+    """What a press reads of a local layer under --local-layers compress|kvpress: the attention each key received,
+    Σ_i P_ij over the queries whose window holds key j (the band's column sums), against eager attention's weights
+    from transformers' own model."""
+    model = tiny.gemma3(window=8, dtype=torch.float64)
+    eager = tiny.gemma3(window=8, dtype=torch.float64, attention="eager")
+    ids = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(0))
+    found = prefill.exact(model, 3, ids, 0, 0, prefill.Reads(received=True))
+    with torch.no_grad():
+        weights = eager(input_ids=ids[None], output_attentions=True).attentions
+    for layer, part in enumerate(found):
+        # eager takes its softmax in float32 whatever the dtype: its rounding bounds the agreement
+        torch.testing.assert_close(part.received, weights[layer][0].sum(dim=-2), rtol=1e-6, atol=1e-6)
+    seen = []  # every layer's post-RoPE queries: without the window, the first layer's sums would differ
+    capture.forward(model, 3, lambda captured: seen.append(captured.q[0]), None, [0], input_ids=ids[None],
+                    use_cache=False)
+    causal = prefill.received_attention(seen[0], found[0].key, found[0].scaling, 24)
+    assert not torch.allclose(found[0].received, causal)

@@ -54,8 +54,8 @@ class Prefill:
     - `window` (H, w, L): the causal attention of those w queries over the L context keys (P's last rows, summing to 1):
       `window_rows` where the prefill had them (a dense P), else computed from q and the keys when a press first
       reads them (SnapKV, TOVA), so a prefill for other presses skips them;
-    - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill;
-    - `scaling`: the score scale s of softmax(q kᵀ · s);
+    - `received` (H, L): Σ_i P_ij over all L context queries, the attention each key received during the prefill (a
+      local layer's within its window); `scaling`: the score scale s of softmax(q kᵀ · s);
     - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly; `w_o` (D, H·d):
       the layer's output projection W^O (criticalkv's value norms; None where the model has none);
     - `query_pre` (H, L, d): queries before RoPE (`queries` presses only); `rope`: positions (n,) → (cos, sin) (n, d);
@@ -66,8 +66,7 @@ class Prefill:
       `composes` (`kv/composition.py`), else None; `gradient` (layers, H_kv, L): KVgrad's attribution scores,
       likewise, only when a run's press `differentiates` (`kv/gradient.py`); `hidden` (L, D): the attention module's
       input (after its input norm: kvpress's `hidden_states`), only for a press reading `hidden` (kvzap); a local
-      layer's `sliding_window` W (`spectra.sliding`): it keeps its window, whatever the press.
-    """
+      layer's `sliding_window` W (`spectra.sliding`; what a press does to it: `kv.locallayers`)."""
 
     layer: int
     q: torch.Tensor
@@ -137,6 +136,7 @@ class Compressed:
 
     `start`: the position of the continuation's first token where the press moved the kept keys to new positions
     (key_rerotation: m, its keys rotated to 0 … m − 1, as kvpress decodes after it); None: L, the original one.
+    `window_positions` (H_kv, m): where a sliding-window layer's window reads its rows, if not at `kept` (`locallayers`).
     """
 
     kept: torch.Tensor | None
@@ -146,6 +146,7 @@ class Compressed:
     valid: torch.Tensor | None = None
     stored: torch.Tensor | None = None
     start: int | None = None
+    window_positions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.kept is None and (self.key is None or self.value is None):
@@ -178,9 +179,8 @@ class Compressed:
 
     def memory(self, prefill: Prefill) -> torch.Tensor:
         """(H_kv,) int64: the bytes of each key/value head's compressed context cache — `stored` when the press
-        counted it, else its rows × (key + value dimensions) × the bytes of the cache's dtype (what an eviction press
-        or a mixed-down cache keeps, each head its own count; the kept positions are not stored: the keys carry their
-        rotation)."""
+        counted it, else its rows × (key + value dimensions) × the cache dtype's bytes (each head its own count; the
+        kept positions are not stored: the keys carry their rotation)."""
         if self.stored is not None:
             return self.stored.to(torch.int64)
         return self.counts().to(torch.int64).cpu() * row_bytes(prefill)
