@@ -407,12 +407,17 @@ def forget_masks(model) -> None:
 
 def kvpress_pipeline(job: dict):
     """(model, kvpress's `kv-press-text-generation` pipeline) on `kvpress_model` (in kvpress's venv: imports torch,
-    transformers and kvpress only)."""
+    transformers and kvpress only), its tokenizer the GGUF's — or the job's `tokenizer` folder: transformers 5.2, the
+    version kvpress pins, converts Gemma 3's GGUF tokenizer wrongly (1,767–1,943 tokens for a context transformers
+    5.24 reads as ~1,000, RESULTS.md §27), so the task mode can hand it the one the project's transformers saves."""
     import kvpress  # noqa: F401  (registers the pipeline)
     from transformers import AutoTokenizer, pipeline
 
     model = kvpress_model(job)
-    tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=job.get("gguf", GGUF))
+    if job.get("tokenizer"):  # a tokenizer folder saved from the same GGUF by the project's transformers
+        tokenizer = AutoTokenizer.from_pretrained(job["tokenizer"])
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=job.get("gguf", GGUF))
     return model, pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
 
 
@@ -421,11 +426,11 @@ def kvpress_pipeline(job: dict):
 
 def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), query_aware=(False, True),
                 threads: int = 2, folder: str | None = None, scratch: Path | None = None, full: bool = True,
-                gguf: str = GGUF):
+                gguf: str = GGUF, tokenizer: str | None = None):
     """kvpress's predictions on `records` (TaskRecords) as a DataFrame (press, ratio, query_aware, example, task,
     length, depth, prediction, score), the full cache as press "full" at ratio 0; and the worker's report (token
     counts per example, seconds per cell, versions). The model: the GGUF file `gguf` in `folder` (SmolLM2's by
-    default)."""
+    default), its tokenizer the GGUF's or the folder `tokenizer`."""
     import pandas as pd
 
     from spectra.kv import configurations
@@ -436,7 +441,8 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
     scratch.mkdir(parents=True, exist_ok=True)
-    job = {"folder": folder or smollm2_folder(), "gguf": gguf, "presses": list(presses), "ratios": [float(r) for r in ratios],
+    job = {"folder": folder or smollm2_folder(), "gguf": gguf, "tokenizer": tokenizer, "presses": list(presses),
+           "ratios": [float(r) for r in ratios],
            "query_aware": [bool(a) for a in query_aware], "threads": threads, "full": full,
            "records": [{"example": r.example, "context": r.context,
                         **({"questions": list(r.questions)} if r.questions else {"question": r.question}),
@@ -530,7 +536,8 @@ def main_tasks(args) -> None:
     table, report = run_kvpress(records, args.python, split_arguments(args.presses),
                                 [float(r) for r in args.ratios.split(",")], modes, args.threads,
                                 folder=None if gguf is None else str(gguf.parent), scratch=csv.with_suffix(".work"),
-                                full=not args.no_full, gguf=GGUF if gguf is None else gguf.name)
+                                full=not args.no_full, gguf=GGUF if gguf is None else gguf.name,
+                                tokenizer=args.tokenizer)
     wall = time.perf_counter() - started
     table.to_csv(csv, index=False)
     counts = [row["context"] + row["question"] for row in report["tokens"]]
