@@ -2,6 +2,11 @@
 
     python benchmarks/kvpress_check.py [KVPRESS_PYTHON] --tasks F.jsonl [--presses streaming,snapkv,knorm,tova]
         [--ratios 0.5,0.75] [--query-aware both|no|yes] [--limit N] [--csv OUT.csv] [--spectra RUN_CSV …]
+        [--gguf MODEL.gguf [--tokenizer DIR]]
+
+The model is SmolLM2-135M-Instruct's GGUF unless `--gguf` names another (Gemma 3 270M's: RESULTS.md §27), whose
+tokenizer kvpress's pipeline reads from the file, or from `--tokenizer DIR` (the project's transformers saving the
+same GGUF's tokenizer: the 5.2 that kvpress pins converts Gemma 3's wrongly).
 
 For every record of F (a `spectra tasks` file, or RULER's / kvpress's format: spectra.kv.tasks.read_records), every
 press and ratio, and the full cache, kvpress's pipeline answers greedily, exactly as kvpress's evaluation calls it:
