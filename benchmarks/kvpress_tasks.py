@@ -2,6 +2,11 @@
 
     python benchmarks/kvpress_check.py [KVPRESS_PYTHON] --tasks F.jsonl [--presses streaming,snapkv,knorm,tova]
         [--ratios 0.5,0.75] [--query-aware both|no|yes] [--limit N] [--csv OUT.csv] [--spectra RUN_CSV …]
+        [--gguf MODEL.gguf [--tokenizer DIR]]
+
+The model is SmolLM2-135M-Instruct's GGUF unless `--gguf` names another (Gemma 3 270M's: RESULTS.md §31), whose
+tokenizer kvpress's pipeline reads from the file, or from `--tokenizer DIR` (the project's transformers saving the
+same GGUF's tokenizer: the 5.2 that kvpress pins converts Gemma 3's wrongly).
 
 For every record of F (a `spectra tasks` file, or RULER's / kvpress's format: spectra.kv.tasks.read_records), every
 press and ratio, and the full cache, kvpress's pipeline answers greedily, exactly as kvpress's evaluation calls it:
@@ -63,6 +68,8 @@ INSTANCES: dict[str, str] = {}
 #: `kvpress:<name>(…)` → what is written in its parentheses, by spectra's parameter names (`kvpress:kvzap_mlp(DIR,-6)`:
 #: {"artifact": DIR, "threshold": "-6"}): the surrogate kvpress would download, read from DIR, and DMSPress's threshold
 GIVEN: dict[str, dict[str, str]] = {}
+#: the worker's GGUF file name (the job's `gguf`), which the presses reloading the tokenizer read
+MODEL_FILE = [GGUF]
 
 
 def split_arguments(text: str) -> list[str]:
@@ -114,7 +121,7 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
     evaluation registry names (`INSTANCES`, `registry_press`)."""
     if name in INSTANCES:
         if "KVzipPress" in INSTANCES[name]:
-            serve_tokenizer(model.config.name_or_path)
+            serve_tokenizer(model.config.name_or_path, MODEL_FILE[0])
         return registry_press(kvpress, INSTANCES[name], ratio, seed, GIVEN.get(name, {}))
     if name.startswith("dms(") and name.endswith(")"):  # DMSPress around the scorer, at a threshold, not a ratio
         inner, threshold = split_arguments(name[len("dms("):-1])
@@ -156,7 +163,7 @@ def make_press(kvpress, name: str, ratio: float, model, context: int | None = No
         serve_pattern(model, name[len("duo("):-1])
         return kvpress.DuoAttentionPress(head_compression_ratio=ratio)
     if name in ("kvzip", "kvgrad"):  # it reloads the tokenizer from model.config.name_or_path: the GGUF's folder
-        serve_tokenizer(model.config.name_or_path)
+        serve_tokenizer(model.config.name_or_path, MODEL_FILE[0])
     found = artifact_press(kvpress, name, ratio)
     return found if found is not None else getattr(kvpress, KVPRESS_NAMES[name])(compression_ratio=ratio)
 
@@ -270,16 +277,17 @@ def stepwise(pipe):
     return generate_answer
 
 
-def serve_tokenizer(folder: str) -> None:
+def serve_tokenizer(folder: str, gguf: str = GGUF) -> None:
     """Make kvpress 0.5.5's KVzipPress, which reloads the tokenizer with `AutoTokenizer.from_pretrained(
-    model.config.name_or_path)` (the folder, whose only file is the GGUF), read it from the GGUF file in `folder`."""
+    model.config.name_or_path)` (the folder, whose only file is the GGUF), read it from the GGUF file `gguf` in
+    `folder`."""
     from kvpress.presses import kvzip_press
     from transformers import AutoTokenizer
 
     class FromGguf:
         @staticmethod
         def from_pretrained(name: str, *args, **kwargs):
-            return AutoTokenizer.from_pretrained(folder, *args, gguf_file=GGUF, **kwargs)
+            return AutoTokenizer.from_pretrained(folder, *args, gguf_file=gguf, **kwargs)
 
     kvzip_press.AutoTokenizer = FromGguf
 
@@ -321,6 +329,7 @@ def worker(job_path: str, result_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     INSTANCES.update(job.get("instances", {}))
     GIVEN.update(job.get("given", {}))
+    MODEL_FILE[0] = job.get("gguf", GGUF)
     model, pipe = kvpress_pipeline(job)
     cells = [("full", 0.0)] * job.get("full", True) + [(press, ratio) for press in job["presses"]
                                                         for ratio in job["ratios"]]
@@ -411,8 +420,10 @@ def calls(record: dict, aware: bool) -> list[tuple[list[int], str, str | list[st
 
 
 def kvpress_model(job: dict):
-    """SmolLM2 in float32 with sdpa attention, eval mode, transformers quiet, torch held to the job's threads: the
-    model every kvpress worker runs (in kvpress's venv: imports torch and transformers only)."""
+    """The job's model (its GGUF file `gguf` in `folder`, SmolLM2's by default) in float32 with sdpa attention, eval
+    mode, transformers quiet, torch held to the job's threads: the model every kvpress worker runs (in kvpress's venv:
+    imports torch and transformers only). Gemma 3's GGUF loads as `Gemma3ForCausalLM`, on which kvpress 0.5.5 hooks
+    every layer, its sliding-window ones too (spectra's `--local-layers kvpress`)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -423,7 +434,7 @@ def kvpress_model(job: dict):
 
     gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable  # its own bar, outside the logging switches
     torch.set_num_threads(job["threads"])
-    return AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=GGUF, dtype=torch.float32,
+    return AutoModelForCausalLM.from_pretrained(job["folder"], gguf_file=job.get("gguf", GGUF), dtype=torch.float32,
                                                 attn_implementation="sdpa").eval()
 
 
@@ -439,12 +450,17 @@ def forget_masks(model) -> None:
 
 def kvpress_pipeline(job: dict):
     """(model, kvpress's `kv-press-text-generation` pipeline) on `kvpress_model` (in kvpress's venv: imports torch,
-    transformers and kvpress only)."""
+    transformers and kvpress only), its tokenizer the GGUF's — or the job's `tokenizer` folder: transformers 5.2, the
+    version kvpress pins, converts Gemma 3's GGUF tokenizer wrongly (1,767–1,943 tokens for a context transformers
+    5.24 reads as ~1,000, RESULTS.md §31), so the task mode can hand it the one the project's transformers saves."""
     import kvpress  # noqa: F401  (registers the pipeline)
     from transformers import AutoTokenizer, pipeline
 
     model = kvpress_model(job)
-    tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=GGUF)
+    if job.get("tokenizer"):  # a tokenizer folder saved from the same GGUF by the project's transformers
+        tokenizer = AutoTokenizer.from_pretrained(job["tokenizer"])
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(job["folder"], gguf_file=job.get("gguf", GGUF))
     return model, pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
 
 
@@ -452,10 +468,12 @@ def kvpress_pipeline(job: dict):
 
 
 def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), query_aware=(False, True),
-                threads: int = 2, folder: str | None = None, scratch: Path | None = None, full: bool = True):
+                threads: int = 2, folder: str | None = None, scratch: Path | None = None, full: bool = True,
+                gguf: str = GGUF, tokenizer: str | None = None):
     """kvpress's predictions on `records` (TaskRecords) as a DataFrame (press, ratio, query_aware, example, task,
     length, depth, prediction, score), the full cache as press "full" at ratio 0; and the worker's report (token
-    counts per example, seconds per cell, versions)."""
+    counts per example, seconds per cell, versions). The model: the GGUF file `gguf` in `folder` (SmolLM2's by
+    default), its tokenizer the GGUF's or the folder `tokenizer`."""
     import pandas as pd
 
     from spectra.kv import configurations
@@ -466,7 +484,8 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="kvpress_tasks_"))
     scratch.mkdir(parents=True, exist_ok=True)
-    job = {"folder": folder or smollm2_folder(), "presses": list(presses), "ratios": [float(r) for r in ratios],
+    job = {"folder": folder or smollm2_folder(), "gguf": gguf, "tokenizer": tokenizer, "presses": list(presses),
+           "ratios": [float(r) for r in ratios],
            "query_aware": [bool(a) for a in query_aware], "threads": threads, "full": full,
            "records": [{"example": r.example, "context": r.context,
                         **({"questions": list(r.questions)} if r.questions else {"question": r.question}),
@@ -589,13 +608,17 @@ def main_tasks(args) -> None:
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     csv = Path(args.csv or Path(args.tasks).with_suffix(".kvpress.csv"))
+    gguf = Path(args.gguf) if args.gguf else None
     table, report = run_kvpress(records, args.python, split_arguments(args.presses),
                                 [float(r) for r in args.ratios.split(",")], modes, args.threads,
-                                scratch=csv.with_suffix(".work"), full=not args.no_full)
+                                folder=None if gguf is None else str(gguf.parent), scratch=csv.with_suffix(".work"),
+                                full=not args.no_full, gguf=GGUF if gguf is None else gguf.name,
+                                tokenizer=args.tokenizer)
     wall = time.perf_counter() - started
     table.to_csv(csv, index=False)
     counts = [row["context"] + row["question"] for row in report["tokens"]]
-    print(f"SmolLM2-135M-Instruct (Q4_1 GGUF → float32), {len(records)} examples of {args.tasks}, kvpress "
+    model = "SmolLM2-135M-Instruct (Q4_1 GGUF" if gguf is None else f"{gguf.name} (GGUF"
+    print(f"{model} → float32), {len(records)} examples of {args.tasks}, kvpress "
           f"{report['versions']['kvpress']} (transformers {report['versions']['transformers']}), {args.threads} "
           f"threads, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {wall:.0f} s in all")
     print(f"prompt tokens by kvpress's preprocess: {min(counts)}–{max(counts)}; over their length: "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import gguffile
 from .gguffile import gguf_field
+from . import sliding
 from .errors import SpectraError, spell
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
@@ -47,6 +48,8 @@ class Shape:
     name: str = "the model"
     kv_heads: int | None = None
     hidden: int | None = None
+    #: whether some layers attend through a sliding window (`spectra.sliding`; Gemma 3's local layers)
+    windowed: bool | None = None
 
 
 def config_shape(config: dict, name: str, tokenizer_max: int | None = None) -> Shape:
@@ -65,7 +68,7 @@ def config_shape(config: dict, name: str, tokenizer_max: int | None = None) -> S
     # as the loaded model reads it (models.py): without num_key_value_heads every head has its own keys and values
     kv_heads = first("num_key_value_heads") or heads
     return Shape(first("num_hidden_layers", "n_layer"), heads, positions, causal, name, kv_heads,
-                 first("hidden_size", "n_embd"))
+                 first("hidden_size", "n_embd"), sliding.windowed(config))
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,11 @@ class Source:
                 return Shape(causal=True, name=self.label)
             count = lambda key: value if isinstance(value := gguf_field(file, f"{architecture}.{key}"), int) else None
             heads = count("attention.head_count")
+            # transformers builds the config from the header: a window there means local layers; Gemma's configs
+            # default to one, so a Gemma header without it does not tell
+            windowed = bool(count("attention.sliding_window")) or (None if architecture.startswith("gemma") else False)
             return Shape(count("block_count"), heads, count("context_length"), True, self.label,
-                         count("attention.head_count_kv") or heads, count("embedding_length"))
+                         count("attention.head_count_kv") or heads, count("embedding_length"), windowed)
         tokenizer_max = None
         try:
             tokenizer_max = json.loads((self.path / "tokenizer_config.json").read_text()).get("model_max_length")

@@ -89,6 +89,18 @@ class Sharing(Choice):
     LAYERWISE = "layerwise"
 
 
+class LocalLayers(Choice):
+    """What a press does to a model's sliding-window (local) layers, Gemma 3's five of six (`spectra.sliding`): keep
+    (each keeps its window, W − 1 tokens, as the model does; the press compresses the global layers), compress (the
+    press compresses what each local layer holds, its window, at the same ratio), or kvpress (what kvpress 0.5.5's
+    pipeline does on Gemma3ForCausalLM: every layer compressed from the whole context, the window then counting cache
+    rows, not positions; `kv.cell` says it in full)."""
+
+    KEEP = "keep"
+    COMPRESS = "compress"
+    KVPRESS = "kvpress"
+
+
 C = TypeVar("C", bound=Choice)
 
 

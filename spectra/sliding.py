@@ -7,27 +7,38 @@ a `sliding_window` for every layer and no `layer_types`. A local layer's cache n
 transformers' sliding-window cache keeps the last W − 1 tokens after the prefill (`kept`), which is exactly what the
 next query may see. Everything in spectra that attends outside transformers' own forward (the task protocol's exact
 prefill, its batched decoding) reads the windows from here, so a model with local layers is never attended globally.
+What a press does to a local layer is the task study's `--local-layers` (`config.LocalLayers`, `kv.cell`). Imports no
+torch (the tensors come from the caller), so the checks before a model loads read a config.json's windows too.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import SpectraError
+
+if TYPE_CHECKING:
+    import torch
 
 #: the layer kinds of `config.layer_types` spectra attends as transformers does: global, or a sliding window
 GLOBAL, LOCAL = "full_attention", "sliding_attention"
 
 
+def setting(config, name: str, default=None):
+    """A config's field `name`: a transformers config's attribute, or a config.json's key read as a dict."""
+    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+
+
 def windows(config) -> list[int | None]:
-    """Each layer's sliding window W (None: the layer attends globally), from a transformers config. One line of
-    error for a layer kind spectra does not attend as transformers does (chunked, linear, …)."""
-    text = getattr(config, "text_config", None) or config
-    layers = int(text.num_hidden_layers)
-    window = getattr(text, "sliding_window", None)
-    kinds = getattr(text, "layer_types", None)
+    """Each layer's sliding window W (None: the layer attends globally), from a transformers config (or its
+    config.json read as a dict). One line of error for a layer kind spectra does not attend as transformers does
+    (chunked, linear, …)."""
+    text = setting(config, "text_config") or config
+    layers = int(setting(text, "num_hidden_layers"))
+    window = setting(text, "sliding_window")
+    kinds = setting(text, "layer_types")
     if kinds is None:
-        uses = getattr(text, "use_sliding_window", True)
+        uses = setting(text, "use_sliding_window", True)
         return [int(window) if window and uses else None] * layers
     unknown = sorted({kind for kind in kinds if kind not in (GLOBAL, LOCAL)})
     if unknown:
@@ -37,6 +48,15 @@ def windows(config) -> list[int | None]:
     if LOCAL in kinds and not window:
         raise SpectraError("the model declares sliding-window layers but no sliding_window size in its config")
     return [int(window) if kind == LOCAL else None for kind in kinds]
+
+
+def windowed(config) -> bool | None:
+    """Whether some layers of a config (or config.json) attend through a sliding window; None where it cannot tell (no
+    layer count, or a layer kind spectra refuses, which `windows` says once the model loads)."""
+    try:
+        return any(window is not None for window in windows(config))
+    except (SpectraError, TypeError, ValueError):
+        return None
 
 
 def of_model(model: torch.nn.Module) -> list[int | None]:

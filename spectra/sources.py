@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from . import capture, checkpoints, data, distributed, models
+from . import capture, checkpoints, data, distributed, models, sliding
 from .capture import Captured, Observe, Substitute
 from .config import RunConfig
 from .errors import InternalError, SpectraError
@@ -58,8 +58,10 @@ class OfLoadedModel:
     def shape(self) -> checkpoints.Shape:
         """The loaded model's shape, for the checks an analysis makes before loading when the files tell it."""
         loaded = self.loaded
+        config = getattr(loaded.model, "config", None)
         return checkpoints.Shape(loaded.layers, loaded.heads, loaded.max_length, loaded.causal, loaded.name,
-                                 self.kv_heads, getattr(getattr(loaded.model, "config", None), "hidden_size", None))
+                                 self.kv_heads, getattr(config, "hidden_size", None),
+                                 None if config is None else sliding.windowed(config))
 
 
 class ModelSource(OfLoadedModel):

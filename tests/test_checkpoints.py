@@ -134,3 +134,24 @@ def test_the_weights_sha256_is_a_gguf_files_or_a_folders_weight_files(tiny_gguf,
     assert found == {name: hashlib.sha256((roberta_dir / name).read_bytes()).hexdigest()
                      for name in ("model.safetensors",)}
     assert checkpoints.weights_sha256("FacebookAI/roberta-base") is None
+
+
+def test_the_shape_knows_whether_some_layers_attend_through_a_sliding_window(llama_dir, tmp_path) -> None:
+    """`--local-layers` is refused before the model loads on a model without sliding-window layers: a config.json's
+    layer_types (or a window for every layer, Mistral's), a GGUF header's attention.sliding_window (Gemma's configs
+    default to a window: a Gemma header without one does not tell), nothing for a hub id."""
+    assert checkpoints.inspect(str(llama_dir)).shape().windowed is False
+    gemma = {"num_hidden_layers": 2, "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"]}
+    assert checkpoints.config_shape(gemma, "gemma").windowed is True
+    assert checkpoints.config_shape({"num_hidden_layers": 2, "sliding_window": 4096}, "mistral").windowed is True
+    assert checkpoints.config_shape({"num_hidden_layers": 2, "sliding_window": 4096, "use_sliding_window": False},
+                                    "qwen2").windowed is False
+    assert checkpoints.config_shape({"num_hidden_layers": 2, "layer_types": ["chunked_attention"] * 2},
+                                    "llama4").windowed is None
+    assert checkpoints.inspect("org/some-model").shape().windowed is None
+    for name, header, windowed in (("llama", {"general.architecture": "llama"}, False),
+                                   ("gemma3", {"general.architecture": "gemma3",
+                                               "gemma3.attention.sliding_window": 512}, True),
+                                   ("gemma2", {"general.architecture": "gemma2"}, None)):
+        write_gguf(tmp_path / f"{name}.gguf", header)
+        assert checkpoints.Source("x", tmp_path, {}, name, f"{name}.gguf").shape().windowed is windowed, name

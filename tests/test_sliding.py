@@ -37,3 +37,13 @@ def test_the_band_against_a_loop() -> None:
 
 def test_a_local_layer_keeps_its_last_window_minus_one_tokens() -> None:
     assert sliding.kept(1000, 512) == 511 and sliding.kept(100, 512) == 100
+
+
+def test_a_config_json_read_as_a_dict_gives_the_same_windows() -> None:
+    """The checks before a model loads read config.json: the same windows as its config object, and `windowed`
+    (None where the layer kinds are refused once it loads)."""
+    config = Gemma3TextConfig(num_hidden_layers=12, sliding_window=512)
+    assert sliding.windows(config.to_dict()) == sliding.windows(config)
+    assert sliding.windowed(config.to_dict()) is True and sliding.windowed(LlamaConfig().to_dict()) is False
+    assert sliding.windows({"text_config": {"num_hidden_layers": 2, "sliding_window": 4}}) == [4, 4]
+    assert sliding.windowed({"num_hidden_layers": 1, "layer_types": ["chunked_attention"]}) is None

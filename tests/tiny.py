@@ -188,10 +188,12 @@ def licence_text(size: int = 20000) -> str:
     return text[:size]
 
 
-def gemma3(window: int = 8, layers: int = 3, vocab: int = 128, seed: int = 0, dtype=None):  # noqa: PLR0913
+def gemma3(window: int = 8, layers: int = 3, vocab: int = 128, seed: int = 0, dtype=None,  # noqa: PLR0913
+           kv_heads: int = 1, attention: str | None = None):
     """A tiny Gemma 3 text model in memory, loaded as spectra loads a model (its attention through spectra's
-    function): sliding-window layers (window `window`) before one global layer, one key/value head for four query
-    heads, QK-norm, untied embeddings (a tied random one repeats its last token: greedy decodings could not part)."""
+    function, or `attention`, e.g. "eager"): sliding-window layers (window `window`) before one global layer,
+    `kv_heads` key/value heads for four query heads, QK-norm, untied embeddings (a tied random one repeats its last
+    token: greedy decodings could not part)."""
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -200,10 +202,10 @@ def gemma3(window: int = 8, layers: int = 3, vocab: int = 128, seed: int = 0, dt
     torch.manual_seed(seed)
     kinds = ["sliding_attention"] * (layers - 1) + ["full_attention"]
     config = Gemma3TextConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-                              num_key_value_heads=1, head_dim=16, intermediate_size=64, max_position_embeddings=512,
+                              num_key_value_heads=kv_heads, head_dim=16, intermediate_size=64, max_position_embeddings=512,
                               sliding_window=window, layer_types=kinds, query_pre_attn_scalar=16,
                               initializer_range=0.5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                              pad_token_id=0, attn_implementation=capture.NAME)
+                              pad_token_id=0, attn_implementation=attention or capture.NAME)
     model = Gemma3ForCausalLM(config).eval()
     return model if dtype is None else model.to(dtype)
 

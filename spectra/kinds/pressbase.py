@@ -19,7 +19,7 @@ from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..inputs import several, split_top
 from ..kv.axes import ratio_meaning
-from ..kv.passes import WHOLE_MODEL
+from ..kv.passes import WHOLE_MODEL, unwindowed
 from ..options import option
 from ..registry import PRESSES
 from .base import Analysis
@@ -245,7 +245,8 @@ class PressStudy(Analysis):
         compresses the global ones; what does not follow local layers yet is refused here, before any example."""
         if not any(windows):
             return
-        passes = [press for press in options.presses if press in PRESSES.having(WHOLE_MODEL)]
+        passes = [press for press in options.presses if press in PRESSES.having(WHOLE_MODEL)
+                  and unwindowed(PRESSES.facts(press).get("reads", ()))]
         if self.name == "cache" or passes:
             what = f"the presses {', '.join(passes)}" if passes else "spectra cache's study of text"
             raise SpectraError(f"{name} has sliding-window layers, which {what} does not follow yet: "

@@ -76,7 +76,8 @@ class Batch:
     values: list[torch.Tensor]
     seen: list[torch.Tensor]
     filled: list[int]
-    #: per layer, its sliding window (None: global) and, for a local layer, each column's position (B, capacity)
+    #: per layer, its sliding window (None: global) and, for a local layer, each column's position per key/value head
+    #: (B, H_kv, capacity): where its window reads the row (`Compressed.window_positions`, else `kept`)
     windows: list[int | None] = field(default_factory=list)
     positions: list[torch.Tensor | None] = field(default_factory=list)
     #: the positions (B, n) of the tokens of the pass under way (`greedy` sets them before each forward pass)
@@ -127,7 +128,7 @@ class Batch:
         self.keys[layer][:, :, start:start + count] = key
         self.values[layer][:, :, start:start + count] = value
         if self.local(layer):
-            self.positions[layer][:, start:start + count] = self.at
+            self.positions[layer][:, :, start:start + count] = self.at[:, None]
         self.filled[layer] = start + count
         return self.keys[layer][:, :, :start + count], self.values[layer][:, :, :start + count]
 
@@ -136,9 +137,10 @@ class Batch:
         columns — its cell's rows, and the new tokens causally."""
         seen = self.seen[layer][:, :, :self.filled[layer]]
         per_head = seen.repeat_interleave(heads // seen.shape[1], dim=1)[:, :, None, :]
-        if self.local(layer):  # a sliding-window layer: each query sees its window of positions
-            banded = sliding.band(self.at, self.positions[layer][:, :self.filled[layer]], self.windows[layer])
-            return per_head & banded[:, None]
+        if self.local(layer):  # a sliding-window layer: each query sees its window of positions, per key/value head
+            banded = sliding.band(self.at[:, None], self.positions[layer][:, :, :self.filled[layer]],
+                                  self.windows[layer])
+            return per_head & banded.repeat_interleave(heads // seen.shape[1], dim=1)
         if queries == 1:
             return per_head
         return per_head & causal_mask(queries, seen.shape[-1], seen.device)
@@ -221,7 +223,7 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
                 columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
                 shown = None
                 if batch.local(layer):  # its rows are its window's positions: the needle's among them, banded
-                    held = batch.positions[layer][row, columns]
+                    held = batch.positions[layer][row, 0, columns]  # the full cache's: the same in every head
                     found = torch.isin(held, found).nonzero().squeeze(-1)
                     shown = sliding.band(batch.at[row, pads[cell]:], held, batch.windows[layer])
                 masses[cell, layer] = needle_mass(q[row][:, pads[cell]:], key[row][:, columns], captured.scaling,
@@ -258,13 +260,14 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
 
 
 def _positions(parts: Sequence[Compressed], capacity: int, device: torch.device) -> torch.Tensor:
-    """(B, capacity) long: each cell's context rows' positions (its first head's kept positions: a local layer keeps
-    the same window in every head), the columns after them to be written as tokens come."""
-    found = torch.zeros(len(parts), capacity, dtype=torch.long, device=device)
-    for row, part in enumerate(parts):
-        if part.kept is None:
-            raise ValueError("a sliding-window layer's cache must hold context positions")
-        found[row, :part.kept.shape[-1]] = part.kept[0]
+    """(B, H_kv, capacity) long: where each cell's local layer's window reads its context rows, per key/value head
+    (`Compressed.window_positions`, else its kept positions), the columns after them to be written as tokens come."""
+    rows = [part.kept if part.window_positions is None else part.window_positions for part in parts]
+    if any(at is None for at in rows):
+        raise ValueError("a sliding-window layer's cache must hold context positions")
+    found = torch.zeros(len(parts), rows[0].shape[0], capacity, dtype=torch.long, device=device)
+    for row, at in enumerate(rows):
+        found[row, :, :at.shape[-1]] = at
     return found
 
 

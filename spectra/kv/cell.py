@@ -22,7 +22,7 @@ A press that acts while decoding says so itself (`Press.target` is not None: `de
 after the prefill it leaves the cache whole (or, `prefill_decoding`, evicted to its target), and its rows are no
 longer context positions once decoding compresses; its kept share and bytes are then its target's (the eviction
 press at that ratio stores as much) and its needle survival is undefined (NaN). Nothing here asks what type a press
-is.
+is. A sliding-window layer's cache, and the bytes it stores uncompressed, are `--local-layers`' (`kv.locallayers`).
 
 The cell sits beside the engine (`prefill`, `kvcache`, `decoding`), not in `presses/`: it joins a press to the
 decoding engine (its `Recompression` and `Buffers`), which itself imports the presses; the two probes (`probes.cache`,
@@ -36,9 +36,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from .. import sliding
+from ..config import LocalLayers
 from ..errors import SpectraError
-from . import generation
+from . import generation, locallayers
 from .presses import Compressed, Prefill, Press, full, run_presses
 from .presses.base import full_memory, row_bytes
 from .tasks import needle as needles
@@ -58,23 +58,16 @@ def start(parts: Sequence[Compressed], context: int) -> int:
     return context if found is None else found
 
 
-def local(prefill: Prefill) -> Compressed:
-    """A sliding-window layer's cache as the model keeps it, whatever the press: its last W − 1 context tokens
-    (`sliding.kept`); the press saves nothing there (`saved` 0), the model's window does."""
-    count = sliding.kept(prefill.length, prefill.sliding_window)
-    kept = torch.arange(prefill.length - count, prefill.length, device=prefill.key.device)
-    return Compressed(kept.expand(prefill.kv_heads, -1), 0.0)
-
-
 class Cell:
     """`press` (its name; `FULL` for the full cache, `compressor` None) at `ratio` on one example of `context` tokens,
-    the run's `seed` and the example's global `index` (what a scorer drawing at random or decoding reads). Fed the
-    example's prefill one layer at a time, in order (`compress`)."""
+    the run's `seed` and the example's global `index` (what a scorer drawing at random or decoding reads);
+    `local_layers`: what the press does to a sliding-window layer (`kv.locallayers`). Fed the example's prefill one
+    layer at a time, in order (`compress`)."""
 
     def __init__(self, press: str, ratio: float, compressor: Press | None, context: int, seed: int,
-                 index: int) -> None:
+                 index: int, local_layers: LocalLayers = LocalLayers.KEEP) -> None:
         self.press, self.ratio, self.compressor = press, ratio, compressor
-        self.context, self.seed, self.index = context, seed, index
+        self.context, self.seed, self.index, self.local_layers = context, seed, index, local_layers
         #: the rows each layer's cache is kept at while decoding, or None (see the module docstring)
         self.target = None if compressor is None else compressor.target(context, ratio)
         self.parts: list[Compressed] = []
@@ -98,7 +91,7 @@ class Cell:
             raise ValueError(f"layer {prefill.layer} reached the cell after {len(self.parts)} layers: feed them in order")
         windowed = prefill.sliding_window is not None
         if windowed:
-            part = local(prefill)
+            part = locallayers.compressed(prefill, self.compressor, self.ratio, self.local_layers)
         else:
             part = full(prefill) if self.compressor is None else self.compressor.compress(prefill, self.ratio)
         self.parts.append(part)
@@ -108,8 +101,9 @@ class Cell:
         else:  # the rows it brings the cache back to while decoding, at full precision
             self._counts.append(np.full(prefill.kv_heads, float(self.target)))
             self._memory.append(torch.full((prefill.kv_heads,), self.target * row_bytes(prefill), dtype=torch.int64))
-        # what the layer really stores uncompressed: a local layer its window
-        self._whole.append(int(part.memory(prefill).sum()) if windowed else full_memory(prefill) * prefill.kv_heads)
+        # what the layer really stores uncompressed: a local layer its window (kvpress's cache: the whole context)
+        self._whole.append(locallayers.whole(prefill, self.local_layers) if windowed
+                           else full_memory(prefill) * prefill.kv_heads)
         return part
 
     def counts(self, layer: int | None = None) -> np.ndarray:
@@ -160,9 +154,12 @@ class Cell:
 class Cells:
     """The (press, ratio) grid of a run: the full cache first, then each of `presses` at each of `ratios`, with the
     run's own presses built once (`presses.run_presses`, given the run's `settings`: `compression_interval`, and
-    `layers`, the model's layer count, which a press budgeting per layer reads — pyramidkv)."""
+    `layers`, the model's layer count, which a press budgeting per layer reads — pyramidkv), each cell doing
+    `local_layers` to a sliding-window layer."""
 
-    def __init__(self, presses: Sequence[str], ratios: Sequence[float], **settings: object) -> None:
+    def __init__(self, presses: Sequence[str], ratios: Sequence[float],
+                 local_layers: LocalLayers = LocalLayers.KEEP, **settings: object) -> None:
+        self.local_layers = local_layers
         self.presses: dict[str, Press] = run_presses(presses, **settings)
         self.variants: list[tuple[str, float]] = [(FULL, 0.0)] + [(press, ratio) for press in presses
                                                                   for ratio in ratios]
@@ -177,4 +174,5 @@ class Cells:
         """One fresh cell per variant, in order, for an example of `context` tokens (global index `index`): made as
         they are asked for, so a caller that drops each cell before the next holds one compressed cache at a time."""
         for press, ratio in self.variants:
-            yield Cell(press, ratio, None if press == FULL else self.presses[press], context, seed, index)
+            yield Cell(press, ratio, None if press == FULL else self.presses[press], context, seed, index,
+                       self.local_layers)

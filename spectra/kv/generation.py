@@ -68,7 +68,8 @@ class Buffers:
     values: list[torch.Tensor]
     lengths: list[int]
     valid: list[torch.Tensor | None] = field(default_factory=list)
-    #: per layer, its sliding window (None: global) and, for a local layer, each row's position (capacity,)
+    #: per layer, its sliding window (None: global) and, for a local layer, each row's position per key/value head
+    #: (H_kv, capacity): where its window reads the row (`Compressed.window_positions`, else `kept`)
     windows: list[int | None] = field(default_factory=list)
     positions: list[torch.Tensor | None] = field(default_factory=list)
     #: the positions (n,) of the tokens of the pass under way (the decoding loop sets them before each pass)
@@ -95,10 +96,11 @@ class Buffers:
             windows.append(prefilled.sliding_window)
             where = None
             if prefilled.sliding_window is not None:
-                if part.kept is None:
+                at = part.kept if part.window_positions is None else part.window_positions
+                if at is None:
                     raise ValueError("a sliding-window layer's cache must hold context positions")
-                where = torch.zeros(kept + room, dtype=torch.long, device=key.device)
-                where[:kept] = part.kept[0]
+                where = torch.zeros(key.shape[0], kept + room, dtype=torch.long, device=key.device)
+                where[:, :kept] = at
             positions.append(where)
         return cls(keys, values, lengths, valid, windows, positions)
 
@@ -107,11 +109,11 @@ class Buffers:
         return bool(self.windows) and self.windows[layer] is not None
 
     def shown(self, layer: int) -> torch.Tensor | None:
-        """(n, filled rows) bool: what the pass's n queries see of a local layer's rows (its window of positions),
-        None for a global layer (every earlier row, the new ones causally)."""
+        """(H_kv, n, filled rows) bool: what the pass's n queries see of a local layer's rows (its window of
+        positions, per key/value head), None for a global layer (every earlier row, the new ones causally)."""
         if not self.local(layer):
             return None
-        return sliding.band(self.at, self.positions[layer][:self.lengths[layer]], self.windows[layer])
+        return sliding.band(self.at, self.positions[layer][:, :self.lengths[layer]], self.windows[layer])
 
     def seen(self, layer: int) -> torch.Tensor | None:
         """(H_kv, filled rows) bool: the rows of the layer each key/value head attends to (None: all of them)."""
@@ -126,7 +128,7 @@ class Buffers:
         self.keys[layer][:, start:start + count] = key
         self.values[layer][:, start:start + count] = value
         if self.local(layer):
-            self.positions[layer][start:start + count] = self.at
+            self.positions[layer][:, start:start + count] = self.at
         self.lengths[layer] = start + count
         return self.keys[layer][:, :start + count], self.values[layer][:, :start + count]
 
@@ -227,11 +229,13 @@ def decode_attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sc
                      seen: torch.Tensor | None = None, shown: torch.Tensor | None = None) -> torch.Tensor:
     """n new queries q (H, n, d) over M rows key, value (H_kv, M, d) whose last n are the queries' own tokens: every
     earlier row is seen (or, with `seen` (H_kv, M) bool, the rows each key/value head keeps), the new tokens
-    causally (or, with `shown` (n, M) bool, what each query sees: a sliding window's rows). Returns (H, n, d)."""
+    causally (or, with `shown` (H_kv, n, M) bool, what each query sees: a sliding window's rows). Returns (H, n, d)."""
     n, rows = q.shape[-2], key.shape[-2]
-    mask = shown if shown is not None else None if n == 1 else causal_mask(n, rows, q.device)
+    groups = q.shape[0] // key.shape[0]
+    mask = (shown.repeat_interleave(groups, dim=0) if shown is not None else None if n == 1
+            else causal_mask(n, rows, q.device))
     if seen is not None:
-        per_head = seen.repeat_interleave(q.shape[0] // key.shape[0], dim=0)[:, None, :]  # (H, 1, M)
+        per_head = seen.repeat_interleave(groups, dim=0)[:, None, :]  # (H, 1, M)
         mask = per_head if mask is None else per_head & mask
     return torch.nn.functional.scaled_dot_product_attention(q[None], key[None], value[None], attn_mask=mask,
                                                             scale=scaling, enable_gqa=q.shape[0] != key.shape[0])[0]
@@ -267,8 +271,9 @@ def greedy(model: torch.nn.Module, layers: int, cache: Buffers, question: torch.
         q = captured.q[0]
         if needle is not None and q.shape[-2] > 1 and layer not in masses:
             found, shown = needle, cache.shown(layer)
-            if shown is not None:  # a local layer's rows are its window's positions: the needle's among them
-                found = torch.isin(cache.positions[layer][:key.shape[-2]], needle).nonzero().squeeze(-1)
+            if shown is not None:  # a local layer's rows are its window's positions: the needle's among them (the
+                found = torch.isin(cache.positions[layer][0, :key.shape[-2]], needle).nonzero().squeeze(-1)
+                shown = shown[0]  # full cache's, the same in every head)
             masses[layer] = needle_mass(q, key, captured.scaling, found, shown)
         out = decode_attention(q, key, value, captured.scaling, cache.seen(layer), cache.shown(layer))[None]
         if recompression is not None:

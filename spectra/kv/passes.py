@@ -34,11 +34,14 @@ class Pass:
     """One thing a prefill can compute for the presses: `name`, what a press's `reads` names and `Prefill.read`
     returns; `what` it is, in words; `compute`, its function ("module:function"): of a layer pass, `f(seen: Seen)`
     (None: nothing for this layer); of a whole-model pass, `f(*needs)`, the `WholeModel` attributes `needs` names;
-    `needs`, of a layer pass what it reads beyond the layer's q, k, v — "attention" (the layer's whole causal
-    attention: not on a sliding-window layer), "q" (the query projection's output), "input" (the attention input) —;
+    `needs`, of a layer pass what it reads beyond the layer's q, k, v — "attention" (the layer's causal attention,
+    within its window on a sliding-window layer), "q" (the query projection's output), "input" (the attention input) —;
     `per_token`, the dimensions a layer's result holds per context token (`heads`, `head_dim`, `hidden`; () where
     it is small beside the window's rows), for the memory estimate; `chained`, whether a chain of presses hands it on
-    to its next press unchanged (`composed`: the whole context's, as kvpress's hooks read the forward pass)."""
+    to its next press unchanged (`composed`: the whole context's, as kvpress's hooks read the forward pass); `tokens`,
+    the dimension of a layer's result indexed by context token (a local layer's part of it: `kv.locallayers.held`);
+    `windows`, whether a whole-model pass follows a model's sliding-window layers (their attention within the window:
+    a press reading one that does not is refused on such a model)."""
 
     name: str
     what: str
@@ -47,6 +50,8 @@ class Pass:
     needs: tuple[str, ...] = ()
     per_token: tuple[str, ...] = ()
     chained: bool = False
+    tokens: int = -1
+    windows: bool = False
 
     def function(self) -> Callable[..., Any]:
         module, name = self.compute.split(":")
@@ -57,11 +62,11 @@ class Pass:
 PASSES: dict[str, Pass] = {found.name: found for found in (
     Pass("received", "the attention each key received", "spectra.kv.prefill:received", needs=("attention",)),
     Pass("query_pre", "the context's queries before RoPE", "spectra.kv.passes:query_pre", needs=("q",),
-         per_token=("heads", "head_dim"), chained=True),
+         per_token=("heads", "head_dim"), chained=True, tokens=-2),
     Pass("hidden", "each layer's attention input", "spectra.kv.passes:hidden", needs=("input",),
-         per_token=("hidden",)),
+         per_token=("hidden",), tokens=-2),
     Pass("reconstruction", "KVzip's reconstruction pass", "spectra.kv.reconstruction:scores", whole_model=True,
-         needs=("model", "layers", "keys", "values", "ids", "repetition", "index")),
+         needs=("model", "layers", "keys", "values", "ids", "repetition", "index"), windows=True),
     Pass("composition", "KVCompose's replay pass", "spectra.kv.composition:scores", whole_model=True,
          needs=("model", "layers", "ids", "index")),
     Pass("gradient", "KVgrad's gradient pass", "spectra.kv.gradient:scores", whole_model=True,
@@ -77,7 +82,8 @@ class Seen:
     (H_kv, L, d), `scaling`; `hooked`, the layer's hooked outputs a pass needs ("q": the query projection (L, H·d),
     "input": the attention input (L, D)); `p` (H, L, L), the dense attention where the forward pass formed it (the NLL
     protocol); `fused`, `chunk_bytes`: how the received attention is computed without it. `output`: the layer's
-    attention output (1, H, L, d) where a pass computed it on the way (the fused kernel), which the engine uses."""
+    attention output (1, H, L, d) where a pass computed it on the way (the fused kernel), which the engine uses.
+    `window`: a sliding-window layer's W, each query attending its last W keys (`spectra.sliding`), else None."""
 
     q: torch.Tensor
     key: torch.Tensor
@@ -88,6 +94,7 @@ class Seen:
     fused: bool = True
     chunk_bytes: int = 2**27
     output: torch.Tensor | None = None
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -131,17 +138,21 @@ def whole_model_passes(reads: Iterable[str]) -> list[Pass]:
     return [entry for entry in PASSES.values() if entry.name in named and entry.whole_model]
 
 
+def unwindowed(reads: Iterable[str]) -> list[str]:
+    """The whole-model passes among `reads` that do not follow sliding-window layers."""
+    return [entry.name for entry in whole_model_passes(reads) if not entry.windows]
+
+
 def needed(reads: Iterable[str], need: str) -> bool:
     """Whether a pass of `reads` needs `need` ("q", "input", "attention", "repetition", …)."""
     return any(need in PASSES[name].needs for name in reads)
 
 
-def computed(reads: Iterable[str], seen: Seen, local: bool = False) -> dict[str, torch.Tensor]:
-    """The layer passes of `reads` on one layer (`seen`); on a sliding-window layer (`local`) none needing its whole
-    attention."""
+def computed(reads: Iterable[str], seen: Seen) -> dict[str, torch.Tensor]:
+    """The layer passes of `reads` on one layer (`seen`; a sliding-window layer's attention within its window)."""
     found = {}
     for entry in layer_passes(reads):
-        if not (local and "attention" in entry.needs) and (value := entry.function()(seen)) is not None:
+        if (value := entry.function()(seen)) is not None:
             found[entry.name] = value
     return found
 

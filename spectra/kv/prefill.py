@@ -26,7 +26,8 @@ SmolLM2 at 8192 tokens — and, only for a press reading `query_pre`, the H × L
 repeated over the query heads of a key/value head: a chunk's queries are grouped per key/value head (H_kv, G·c, d).
 Statistics equal those of the dense P up to float rounding (matrix products of another shape sum in another order;
 `tests/test_prefill.py` bounds it). Causal decoders, one context at a time (no padding); a sliding-window layer
-(`spectra.sliding`: Gemma 3's local layers) attends its window only, and no press reads it (`cell.local`).
+(`spectra.sliding`: Gemma 3's local layers) attends its window only, the attention its keys received too (in query
+chunks); what a press does to it is `--local-layers`' (`kv.locallayers`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ def chunk_queries(heads: int, length: int, itemsize: int = 4, budget: int = CHUN
     return max(1, min(length, budget // max(1, heads * length * itemsize)))
 
 
-def received_attention(q: torch.Tensor, key: torch.Tensor, scaling: float, chunk: int) -> torch.Tensor:
+def received_attention(q: torch.Tensor, key: torch.Tensor, scaling: float, chunk: int,
+                       window: int | None = None) -> torch.Tensor:
     """Σ_i P_ij (H, L): the causal attention each key received from the L queries q (H, L, d) over key (H_kv, L, d),
-    in chunks of `chunk` queries (each forms only its c × (last position + 1) block)."""
+    in chunks of `chunk` queries (each forms only its c × (last position + 1) block); with a sliding `window`, each
+    query attends its last W keys only (`sliding.band`), as a local layer does."""
     heads, length, dim = q.shape
     kv_heads = key.shape[0]
     received = torch.zeros(heads, length, dtype=q.dtype, device=q.device)
@@ -64,8 +67,12 @@ def received_attention(q: torch.Tensor, key: torch.Tensor, scaling: float, chunk
         size = stop - start
         grouped = q[:, start:stop].reshape(kv_heads, -1, dim)  # (H_kv, G·c, d)
         scores = (torch.matmul(grouped, key[:, :stop].transpose(-1, -2)) * scaling).view(heads, size, stop)
-        hidden = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
-        scores[..., start:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
+        if window is None:
+            hidden = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
+            scores[..., start:].masked_fill_(hidden, torch.finfo(scores.dtype).min)
+        else:
+            positions = torch.arange(stop, device=q.device)
+            scores.masked_fill_(~sliding.band(positions[start:], positions, window), torch.finfo(scores.dtype).min)
         p = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(q.dtype)
         received[:, :stop] += p.sum(dim=-2)
     return received
@@ -100,15 +107,15 @@ def fused_received(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scal
 def received(seen: passes.Seen) -> torch.Tensor:
     """The prefill pass `received` (H, L) of one layer: the column sums of its dense P where the forward pass formed
     it (the NLL protocol), else by the fused kernel where there is one (its attention output handed on as
-    `seen.output`), else in query chunks."""
+    `seen.output`), else in query chunks; a sliding-window layer's within its window."""
     if seen.p is not None:
         return seen.p.sum(dim=-2)
     q = seen.q
-    if seen.fused and (fused := fused_received(q, seen.key, seen.value, seen.scaling)):
+    if seen.window is None and seen.fused and (fused := fused_received(q, seen.key, seen.value, seen.scaling)):
         seen.output = fused[0][None]
         return fused[1]
     chunk = chunk_queries(q.shape[0], q.shape[1], torch.finfo(softmax_dtype(q.dtype)).bits // 8, seen.chunk_bytes)
-    return received_attention(q, seen.key, seen.scaling, chunk)
+    return received_attention(q, seen.key, seen.scaling, chunk, seen.window)
 
 
 def attention(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
@@ -158,10 +165,10 @@ class _Collector:
         window = min(self.window, length)
         q_window = q[:, length - window:].clone()
         local = self.windows[captured.layer] if self.windows else None
-        banded = local is not None and local < length  # a sliding-window layer: no press reads it (`Cell.compress`)
+        banded = local is not None and local < length  # a sliding-window layer (what a press does to it: `locallayers`)
         seen = passes.Seen(q, key, value, captured.scaling, self.hooked.pop(captured.layer, {}), fused=self.fused,
-                           chunk_bytes=self.chunk_bytes)
-        computed = passes.computed(self.reads, seen, local=banded)
+                           chunk_bytes=self.chunk_bytes, window=local if banded else None)
+        computed = passes.computed(self.reads, seen)
         pre = self.pre_rope.pop(captured.layer, None)  # (1, L, H_kv·d) → (H_kv, L, d)
         key_pre = None if pre is None else pre[0].unflatten(-1, (key.shape[0], -1)).transpose(0, 1)
         self.prefills[captured.layer] = Prefill(captured.layer, q_window, key, value, key_pre, None, captured.scaling,
@@ -208,8 +215,9 @@ def scored(model: torch.nn.Module, layers: int, found: list[Prefill], ids: torch
     if not whole:
         return found
     names = ", ".join(entry.what for entry in whole)
-    if any(part.sliding_window for part in found):
-        raise SpectraError(f"the whole-model passes ({names}) do not follow sliding-window layers yet: leave the "
+    if any(part.sliding_window for part in found) and (unfollowed := passes.unwindowed(reads)):
+        what = ", ".join(passes.PASSES[name].what for name in unfollowed)
+        raise SpectraError(f"the whole-model passes ({what}) do not follow sliding-window layers yet: leave the "
                            "presses reading them out on this model")
     if repetition is None and passes.needed(reads, "repetition"):
         raise ValueError(f"the passes ({names}) read the tokenizer's repetition prompts: give `repetition`")

@@ -21,8 +21,10 @@ letter, with its defaults:
 
 The pass's own forward attends exactly, by SDPA over the whole cache and the repeat (`repeat_attention`, never an
 n × (L + n) matrix: at L = 8192 and the 2048-token chunk, the scores of a layer's subset, H × n × (4 + 2048 + n)
-floats, about 0.3 GB for SmolLM2, are what the pass holds). Its result, (layers, H_kv, L), goes to every layer's
-`Prefill.reconstruction`; the `kvzip` press ranks it across layers. kvpress's KVzip+ normalisation (by ‖h‖ and
+floats, about 0.3 GB for SmolLM2, are what the pass holds); a sliding-window layer (Gemma 3's local layers,
+`spectra.sliding`) attends within its window, as the model does, so the later layers' queries are the model's. Its
+result, (layers, H_kv, L), goes to every layer's `Prefill.read("reconstruction")`; the `kvzip` press ranks it across
+layers (the global ones on a model with local layers, which keep their windows). kvpress's KVzip+ normalisation (by ‖h‖ and
 ‖W_O v‖) is not computed here.
 """
 
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import capture
+from .. import capture, sliding
 from ..capture import Captured
 
 #: kvpress's n_sink: the first cached positions each layer's score subset includes and no ratio evicts
@@ -116,13 +118,18 @@ def chunk_weights(q: torch.Tensor, own: torch.Tensor, cached: torch.Tensor, star
 
 
 def repeat_attention(q: torch.Tensor, cached_key: torch.Tensor, cached_value: torch.Tensor, key: torch.Tensor,
-                     value: torch.Tensor, scaling: float) -> torch.Tensor:
+                     value: torch.Tensor, scaling: float, window: int | None = None) -> torch.Tensor:
     """The repeat's attention output (1, H, n, d): its queries q over the whole prefilled cache `cached_key`,
     `cached_value` (H_kv, L, d) and causally over its own keys and values (1, H_kv, n, d), by the fused SDPA kernel
-    with a boolean mask (as kvpress's pass attends, with its cache; no n × (L + n) scores held)."""
+    with a boolean mask (as kvpress's pass attends, with its cache; no n × (L + n) scores held); on a sliding-window
+    layer (`window` W) the query at L + i sees the keys at positions after L + i − W only (`sliding.band`)."""
     n, length = q.shape[-2], cached_key.shape[-2]
-    allowed = torch.ones(n, length + n, dtype=torch.bool, device=q.device)
-    allowed[:, length:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    if window is None:
+        allowed = torch.ones(n, length + n, dtype=torch.bool, device=q.device)
+        allowed[:, length:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    else:
+        positions = torch.arange(length + n, device=q.device)
+        allowed = sliding.band(positions[length:], positions, window)
     return torch.nn.functional.scaled_dot_product_attention(
         q, torch.cat([cached_key[None], key], dim=-2), torch.cat([cached_value[None], value], dim=-2),
         attn_mask=allowed, scale=scaling, enable_gqa=q.shape[-3] != key.shape[-3])
@@ -135,12 +142,13 @@ def scores(model: torch.nn.Module, layers: int, keys: Sequence[torch.Tensor], va
     index (the captured records carry it)."""
     length = ids.shape[-1]
     found = keys[0].new_zeros(layers, keys[0].shape[0], length)
+    windows = sliding.of_model(model) or [None] * layers
     for start, stop, repeat in repetition.chunks(ids, chunk):
         def substitute(captured: Captured, start: int = start, stop: int = stop) -> torch.Tensor:
             layer = captured.layer
             found[layer, :, start:stop] = chunk_scores(captured.q[0], captured.key[0], keys[layer], start, stop)
             return repeat_attention(captured.q, keys[layer], values[layer], captured.key, captured.value,
-                                    captured.scaling)
+                                    captured.scaling, windows[layer])
 
         positions = torch.arange(length, length + repeat.shape[-1], device=ids.device)[None]
         capture.forward(model, layers, None, substitute, [index], input_ids=repeat[None], position_ids=positions,

@@ -2,27 +2,26 @@
 greedily from each compressed cache, scored, and the needle's fate measured per layer and key/value head.
 
 `prefilled` receives the prefills of a batch's examples (`--batch-size` of them, one after the other) layer by layer
-(`tasks.examples.TaskSource.run`); `after_batch` compresses every cell of each (`spectra.kv.cell`: the full cache,
-press 'full' at ratio 0, and every press at every ratio), examples of fewer max_new_tokens first, then the widest
-(`kv.pending.order`; on one example, by ratio), and decodes them together: the cells' caches join a batch until the next would take it past
-`--decode-memory` (`kv.pending.Groups`: buffers, padding and the rows a transform holds), then that batch is answered
-greedily as one (`batching.greedy`: one forward pass per step for all its cells, each row stopping at its own
-example's max_new_tokens) and freed. A press that compresses while decoding answers alone (`generation.greedy` with
-its recompression). A record asking several questions is answered from the same compressed caches: each (question,
+(`tasks.examples.TaskSource.run`); `after_batch` compresses every cell of each (`spectra.kv.cell`: the full cache, press
+'full' at ratio 0, and every press at every ratio), examples of fewer max_new_tokens first, then the widest
+(`kv.pending.order`; on one example, by ratio), and decodes them together: the cells' caches join a batch until the next
+would take it past `--decode-memory` (`kv.pending.Groups`: buffers, padding and the rows a transform holds), then that
+batch is answered greedily as one (`batching.greedy`: one forward pass per step for all its cells, each row stopping at
+its own example's max_new_tokens) and freed. A press that compresses while decoding answers alone (`generation.greedy`
+with its recompression). A record asking several questions is answered from the same compressed caches: each (question,
 cell) pair is a row of the group's batch (its cache copied once per question, so a group counts its buffers once per
 question against the budget), each row seeing its cell's context rows and its own question and answer only — as
-kvpress's pipeline answers question after question, each question's tokens removed before the next; its answers,
-needles and the full cache's attention on them are kept per (example, question): an *item*. Per cell and example it
-keeps the answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head,
-and their mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the
-share of the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding,
-the question's attention mass on the needle per layer and key/value head (the mean over the head's query heads).
-Everything is numeric state, whole after any batch (an example is done once every cell answered; `--resume`, with
-any batch size, goes on from the first example not done) and summed across processes; predictions are decoded and
-scored when the tables are written. Seconds spent compressing and decoding per cell go to run.json
-(`press_seconds`: a group's decoding time shared by its cells, per example), not to the tables, so a resumed run's
-tables equal an uninterrupted run's bit for bit (with the same batch size; another changes them only by the float
-rounding of differently shaped sums).
+kvpress's pipeline answers question after question, each question's tokens removed before the next; its answers, needles
+and the full cache's attention on them are kept per (example, question): an *item*. Per cell and example it keeps the
+answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head, and their
+mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the share of
+the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding, the question's
+attention mass on the needle per layer and key/value head (the mean over the head's query heads). Everything is numeric
+state, whole after any batch (an example is done once every cell answered; `--resume`, with any batch size, goes on from
+the first example not done) and summed across processes; predictions are decoded and scored when the tables are written.
+Seconds spent compressing and decoding per cell go to run.json (`press_seconds`: a group's decoding time shared by its
+cells, per example), not to the tables, so a resumed run's tables equal an uninterrupted run's bit for bit (with the
+same batch size; another changes them only by the float rounding of differently shaped sums).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import pandas as pd
 import torch
 
 from .. import sliding
+from ..config import LocalLayers
 from ..kv import batching, generation, pending, selfcheck
 from ..kv.cell import Cell, Cells
 from ..kv.presses import Prefill
@@ -89,14 +89,14 @@ class Answering:
 
 class TaskProbe(Probe):
     """Every (press, ratio) of `presses` × `ratios` beside the full cache on every example of `source` (the records
-    the run evaluates); `seed` is the run's (bootstrap intervals draw from it)."""
+    the run evaluates), doing `local_layers` to a local layer (`kv.locallayers`); `seed`: the run's (its bootstrap)."""
 
     def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
                  compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
-                 reporter: Reporter | None = None) -> None:
+                 reporter: Reporter | None = None, local_layers: LocalLayers = LocalLayers.KEEP) -> None:
         self.source, self.seed, self.decode_memory, self.reporter = source, seed, decode_memory, reporter
-        self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=source.layers,
-                           windows=sliding.of_model(source.loaded.model))
+        self.cells = Cells(presses, ratios, local_layers, compression_interval=compression_interval,
+                           layers=source.layers, windows=sliding.of_model(source.loaded.model))
         self.variants = self.cells.variants
         self.examples = list(source.examples)
         # one item per (example, question): a single-question example has one, a many-question record one a question

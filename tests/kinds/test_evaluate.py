@@ -16,6 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import spectra
 from spectra import models
+from spectra.config import LocalLayers
+from spectra.kinds import evaluate
 from spectra.errors import SpectraError
 from spectra.kv import batching
 from spectra.kv.tasks.haystack import NOISE
@@ -461,10 +463,11 @@ def test_on_cuda_every_press_answers_as_on_the_cpu(chat_decoder, task_file, tmp_
 def test_a_sliding_window_model_runs_guarded_and_answers_as_generate(tmp_path, monkeypatch, capsys) -> None:
     """A tiny Gemma 3 (local layers of window 8 before a global one) through the whole task study: the guard passes,
     the full cache answers every record as `model.generate`, each local layer keeps its window whatever the press
-    (bytes counted so), and what does not follow local layers yet is one line, exit 2, before any example."""
+    (bytes counted so) — kvzip's ranking the global layers' pairs alone, int(N_global · r) of them evicted — and what
+    does not follow local layers yet is one line, exit 2, before any example."""
     model_dir = tiny.save_gemma3(tmp_path / "gemma")
     path = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=3, words=40))
-    run = spectra.evaluate(str(model_dir), str(path), presses="knorm,streaming", ratios="0.5",
+    run = spectra.evaluate(str(model_dir), str(path), presses="knorm,streaming,kvzip", ratios="0.5",
                            out=tmp_path / "run", **QUIET)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
@@ -477,14 +480,61 @@ def test_a_sliding_window_model_runs_guarded_and_answers_as_generate(tmp_path, m
                                        max_new_tokens=record.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                                        pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:]
         assert full.loc[record.example, "prediction"] == tokenizer.decode(generated, skip_special_tokens=True)
-    knorm = run.examples[run.examples["press"] == "knorm"].set_index("example")
+    knorm, kvzip = (run.examples[run.examples["press"] == press].set_index("example") for press in ("knorm", "kvzip"))
     for record in read_records(path):  # two local layers keep 7 rows; the global one half of L
         length = full.loc[record.example, "bytes"] / 128 - 7 - 7  # one key/value head: 16 + 16 float32
         assert knorm.loc[record.example, "bytes"] == 128 * (7 + 7 + max(1, int(length * 0.5)))
+        assert kvzip.loc[record.example, "bytes"] == 128 * (7 + 7 + length - int(length * 0.5))
     text = ["--data", str(tiny.write_text(tmp_path / "t.txt")), "--context", "96", "--continuation", "16", "--ratios", "0.25"]
     capsys.readouterr()
     for argv, said in ((["cache", str(model_dir), *text], "spectra evaluate"),
-                       (["evaluate", str(model_dir), "--data", str(path), "--presses", "kvzip"], "leave them out")):
+                       (["evaluate", str(model_dir), "--data", str(path), "--presses", "kvcompose"], "leave them out")):
         code, _, stderr = tiny.run_cli(argv + ["--out", str(tmp_path / "refused")], monkeypatch, capsys)
         assert code == 2 and "sliding-window layers" in stderr and said in stderr, stderr
         assert len(stderr.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()
+
+
+def test_local_layers_option_is_recorded_and_refused_where_it_cannot_apply(chat_decoder, task_file, tmp_path,
+                                                                             monkeypatch, capsys) -> None:
+    """Issue 52, item 2: `--local-layers kvpress` on a tiny Gemma 3 compresses every layer from the whole context
+    (bytes: each layer its n_kept(L, r) rows of the L it stores, kvpress's cache), is recorded in run.json and said
+    by the printout; refused in one line, exit 2, nothing written: on a model without local layers before it loads,
+    with a press whose effect on a local layer is not reproduced at once, and with a press reading more last queries
+    than a local layer holds once the model has loaded, before any example."""
+    model_dir = tiny.save_gemma3(tmp_path / "gemma")
+    path = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=2, words=40))
+    run = spectra.evaluate(str(model_dir), str(path), presses="knorm", ratios="0.5", local_layers="kvpress",
+                           out=tmp_path / "run", **QUIET)
+    assert run.meta["local_layers"] == "kvpress" == json.loads((run.path / "run.json").read_text())["local_layers"]
+    examples = run.examples.set_index(["press", "example"])
+    for example in examples.loc["full"].index:
+        length = int(examples.loc[("full", example), "bytes"]) // (3 * 128)  # 3 layers, 1 head of 16 + 16 float32
+        assert examples.loc[("knorm", example), "bytes"] == 3 * 128 * max(1, int(length * 0.5))
+    code, stdout, _ = tiny.run_cli(["evaluate", str(run.path)], monkeypatch, capsys)
+    assert code == 0 and "local layers: kvpress" in " ".join(stdout.split())
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    for model, presses, said in (
+            (chat_decoder, "knorm", "--local-layers compress compresses sliding-window layers, but tiny-chat has "
+                                    "none"),
+            (model_dir, "decoding(knorm)", "decoding(knorm) compresses while it decodes"),
+            (model_dir, "expected_attention", "expected_attention reads rotary positions"),
+            (model_dir, "linformer", "linformer keeps rows that are no context tokens"),
+            (model_dir, "kvzip", "kvzip runs a whole-model pass, which spectra runs with each local layer keeping its window only")):
+        code, _, stderr = tiny.run_cli(["evaluate", str(model), "--data", str(path), "--presses", presses,
+                                        "--local-layers", "compress", "--out", str(tmp_path / "refused")],
+                                       monkeypatch, capsys)
+        assert code == 2 and said in stderr and stderr.count("\n") == 1, stderr
+    code, _, stderr = tiny.run_cli(["evaluate", str(model_dir), "--data", str(path), "--presses", "adakv(knorm)",
+                                    "--local-layers", "kvpress"], monkeypatch, capsys)
+    assert code == 2 and "adakv(knorm) is no scorer" in stderr and stderr.count("\n") == 1, stderr
+    for mode in (LocalLayers.COMPRESS, LocalLayers.KVPRESS):
+        assert evaluate.local_refusal(mode, ("knorm", "headbudget(runs/heads)"))[0] == "headbudget(runs/heads)"
+    assert evaluate.local_refusal(LocalLayers.KEEP, ("headbudget(runs/heads)", "kvzip")) is None
+    with pytest.raises(SpectraError, match="unknown local_layers 'all'; use one of keep, compress, kvpress"):
+        spectra.evaluate(str(model_dir), str(path), local_layers="all", **QUIET)
+    monkeypatch.undo()
+    code, _, stderr = tiny.run_cli(["evaluate", str(model_dir), "--data", str(path), "--presses", "snapkv",
+                                    "--local-layers", "compress", "--out", str(tmp_path / "refused")],
+                                   monkeypatch, capsys)
+    assert code == 2 and "snapkv reads the last 64 context queries" in stderr and stderr.count("\n") == 1, stderr
+    assert not (tmp_path / "refused").exists()

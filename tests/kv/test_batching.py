@@ -198,3 +198,37 @@ def test_cells_of_two_examples_answer_in_a_batch_as_alone(gqa_llama) -> None:
         batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], CONTEXT, [1, 2], stop, 0)
     with pytest.raises(ValueError, match="2 examples' prefills for a batch of 3 cells"):
         batching.Batch.of([cell.parts for _, cell in cells[:3]], [prefills, found], room)
+
+
+def test_local_layers_are_banded_per_key_value_head() -> None:
+    """A local layer whose key/value heads keep different rows (`--local-layers compress`) or whose window reads rows
+    at other positions (`kvpress`: `Compressed.window_positions`): each head's columns are seen by the queries whose
+    window holds their position, in a batch as in a cache decoded alone (`generation.Buffers`), and both answer
+    alike (float64, two key/value heads)."""
+    from spectra.config import LocalLayers
+    from spectra.kv.cell import Cell
+
+    model = tiny.gemma3(window=8, dtype=torch.float64, kv_heads=2)
+    generator = torch.Generator().manual_seed(4)
+    context, question = torch.randint(3, 128, (40,), generator=generator), torch.randint(3, 128, (5,),
+                                                                                          generator=generator)
+    prefills = prefill.exact(model, 3, context, 0, 0, ())
+    for mode in (LocalLayers.COMPRESS, LocalLayers.KVPRESS):
+        cell = Cell("knorm", 0.5, PRESSES["knorm"], 40, 0, 0, mode)
+        for part in prefills:
+            cell.compress(part)
+        kept = [part.kept if part.window_positions is None else part.window_positions for part in cell.parts[:2]]
+        layer = next((layer for layer, at in enumerate(kept) if not torch.equal(at[0], at[1])), 0)
+        at = kept[layer]
+        assert mode == LocalLayers.KVPRESS or not torch.equal(at[0], at[1])  # the heads keep different rows
+        batch = batching.Batch.of([cell.parts], prefills, 5 + 6)
+        batch.at = torch.arange(40, 43)[None]
+        batch.extend(layer, *(torch.zeros(1, 2, 3, 16, dtype=torch.float64),) * 2)
+        rows = torch.cat([at, torch.arange(40, 43).expand(2, -1)], dim=-1)  # (H_kv, columns)
+        queries = torch.arange(40, 43)[:, None]
+        want = (rows[:, None, :] <= queries) & (rows[:, None, :] > queries - 8)
+        assert torch.equal(batch.mask(layer, 3, 4)[0], want.repeat_interleave(2, dim=0))
+        alone = generation.greedy(model, 3, cell.buffers(prefills, 5 + 6), question, 40, 6, set(), 0)
+        together = batching.greedy(model, 3, batching.Batch.of([cell.parts], prefills, 5 + 6), question, 40, 6,
+                                   set(), 0)
+        assert together[0].ids == alone.ids

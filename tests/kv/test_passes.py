@@ -58,16 +58,24 @@ def test_the_facts_a_pass_implies() -> None:
     assert [name for name in PASSES if passes.needed([name], "repetition")] == ["reconstruction", "gradient"]
 
 
-def test_a_layer_pass_on_a_sliding_window_layer_skips_what_needs_the_whole_attention() -> None:
+def test_a_layer_pass_on_a_sliding_window_layer_reads_its_window() -> None:
+    """The layer passes on one layer against dense formulas: the queries before RoPE from the hooked projection, the
+    attention each key received from the causal P — and on a sliding-window layer (`Seen.window`) from the banded P,
+    each query seeing its last W keys."""
     q, key = torch.randn(4, 5, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
-    seen = passes.Seen(q, key, key.clone(), 8 ** -0.5, {"q": torch.randn(5, 32, dtype=torch.float64)})
-    found = passes.computed(("received", "query_pre"), seen, local=True)
-    assert list(found) == ["query_pre"] and found["query_pre"].shape == (4, 5, 8)
+    seen = passes.Seen(q, key, key.clone(), 8 ** -0.5, {"q": torch.randn(5, 32, dtype=torch.float64)}, fused=False)
+    found = passes.computed(("received", "query_pre"), seen)
+    assert list(found) == ["received", "query_pre"] and found["query_pre"].shape == (4, 5, 8)
     assert torch.equal(found["query_pre"][1], seen.hooked["q"][:, 8:16]), "head h: columns h·d … (h + 1)·d"
-    dense = torch.softmax((q @ key.repeat_interleave(2, 0).transpose(-1, -2) * 8 ** -0.5).masked_fill(
-        torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
-    received = passes.computed(("received",), dataclasses.replace(seen, fused=False))["received"]
-    torch.testing.assert_close(received, dense.sum(-2), rtol=1e-12, atol=1e-12)
+    scores = q @ key.repeat_interleave(2, 0).transpose(-1, -2) * 8 ** -0.5
+    at = torch.arange(5)
+    future = at[None] > at[:, None]
+    for window, hidden in ((None, future), (2, future | (at[None] <= at[:, None] - 2))):
+        dense = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+        received = passes.computed(("received",), dataclasses.replace(seen, window=window))["received"]
+        torch.testing.assert_close(received, dense.sum(-2), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(passes.computed(("received",), dataclasses.replace(seen, window=2))["received"],
+                              found["received"]), "the window changes what each key received"
 
 
 def test_a_pass_added_to_the_registry_alone_is_computed_for_a_press_reading_it(llama, monkeypatch) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from spectra import capture, kernels, models
+from spectra.errors import SpectraError
 from spectra.kv import continuation, passes, prefill
 from spectra.kv.presses.base import WINDOW
 
@@ -165,3 +166,32 @@ def test_a_qk_norm_model_s_keys_before_rope_rotate_into_its_cache() -> None:
     rotated, _ = apply_rotary_pos_emb(found[2].key_pre, found[2].key_pre, cos, sin, unsqueeze_dim=0)
     torch.testing.assert_close(rotated, found[2].key, rtol=1e-12, atol=1e-12)
 
+
+
+def test_a_local_layer_received_attention_within_its_window() -> None:
+    """What a press reads of a local layer under --local-layers compress|kvpress: the attention each key received,
+    Σ_i P_ij over the queries whose window holds key j (the band's column sums), against eager attention's weights
+    from transformers' own model."""
+    model = tiny.gemma3(window=8, dtype=torch.float64)
+    eager = tiny.gemma3(window=8, dtype=torch.float64, attention="eager")
+    ids = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(0))
+    found = prefill.exact(model, 3, ids, 0, 0, ("received",))
+    with torch.no_grad():
+        weights = eager(input_ids=ids[None], output_attentions=True).attentions
+    for layer, part in enumerate(found):
+        # eager takes its softmax in float32 whatever the dtype: its rounding bounds the agreement
+        torch.testing.assert_close(part.read("received"), weights[layer][0].sum(dim=-2), rtol=1e-6, atol=1e-6)
+    seen = []  # every layer's post-RoPE queries: without the window, the first layer's sums would differ
+    capture.forward(model, 3, lambda captured: seen.append(captured.q[0]), None, [0], input_ids=ids[None],
+                    use_cache=False)
+    causal = prefill.received_attention(seen[0], found[0].key, found[0].scaling, 24)
+    assert not torch.allclose(found[0].read("received"), causal)
+
+
+def test_a_whole_model_pass_not_following_windows_is_refused_on_a_model_with_local_layers() -> None:
+    """KVzip's reconstruction follows sliding-window layers (`passes.Pass.windows`); KVCompose's replay does not yet:
+    asked of a tiny Gemma 3, it is refused in one line naming it."""
+    model = tiny.gemma3(window=8)
+    ids = torch.randint(3, 128, (20,), generator=torch.Generator().manual_seed(4))
+    with pytest.raises(SpectraError, match=r"^the whole-model passes \(KVCompose's replay pass\) do not follow"):
+        prefill.exact(model, 3, ids, 0, 0, ("composition",))

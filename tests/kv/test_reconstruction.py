@@ -5,6 +5,8 @@ cache exactly, so its queries and keys are those of such a forward), in float64.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -89,10 +91,10 @@ def test_one_chunk_scores_equal_numpy(start: int) -> None:
     np.testing.assert_allclose(got.numpy(), numpy_chunk_scores(q, own, cached, start, start + 12), rtol=1e-12)
 
 
-def dense_scores(loaded, ids: torch.Tensor, pieces: Repetition, chunk: int) -> np.ndarray:
+def dense_scores(loaded, ids: torch.Tensor, pieces: Repetition, chunk: int, kv_heads: int = 2) -> np.ndarray:
     """The pass's scores from one plain causal forward over context + repeat per chunk (captured q and keys)."""
     length = ids.shape[-1]
-    found = np.zeros((loaded.layers, 2, length))
+    found = np.zeros((loaded.layers, kv_heads, length))
     for start, stop, repeat in pieces.chunks(ids, chunk):
         seen = {}
 
@@ -117,6 +119,25 @@ def test_the_pass_equals_forwards_over_the_context_and_each_repeat(gqa_llama) ->
     np.testing.assert_allclose(got.numpy(), dense_scores(loaded, ids, pieces, 16), rtol=1e-9, atol=1e-12)
     assert (got[..., SINKS:6] == 0).all(), "the template's opening beyond the sinks is not reconstructed"
     assert (got[..., 6:] > 0).all() and (got[..., :SINKS] > got[..., SINKS:].max()).all()
+
+
+def test_on_sliding_window_layers_the_pass_follows_the_models_own_forward() -> None:
+    """A tiny Gemma 3 whose local layers (window 8) come before a global one: the repeat attends within each local
+    layer's window, so every layer's scores equal those of the model's own forward over context + repeat (its
+    transformers mask), where attending the whole cache would not."""
+    model = tiny.gemma3(window=8, dtype=torch.float64)
+    loaded = SimpleNamespace(model=model, layers=3)
+    ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(3))
+    pieces = Repetition(6, torch.tensor([5, 6]), torch.tensor([7, 8, 9]), torch.tensor([10, 11]))
+    prefills = prefill.exact(model, 3, ids, 0, 0, ())
+    keys, values = [part.key for part in prefills], [part.value for part in prefills]
+    dense = dense_scores(loaded, ids, pieces, 16, kv_heads=1)
+    got = reconstruction.scores(model, 3, keys, values, ids, pieces, 0, chunk=16)
+    np.testing.assert_allclose(got.numpy(), dense, rtol=1e-9, atol=1e-12)
+    model.config.layer_types = ["full_attention"] * 3  # the pass now attends the whole cache in every layer
+    unbanded = reconstruction.scores(model, 3, keys, values, ids, pieces, 0, chunk=16)
+    model.config.layer_types = ["sliding_attention", "sliding_attention", "full_attention"]
+    assert not np.allclose(unbanded[1:].numpy(), dense[1:], rtol=1e-6), "the window changes the later layers' scores"
 
 
 def test_the_prefill_hands_every_layer_the_same_scores_only_when_asked(gqa_llama) -> None:

@@ -59,10 +59,10 @@ class Prefill:
     - `seed`, `index`: the run's seed and the sequence's global index, for presses that draw randomly; `w_o` (D, H·d):
       the layer's output projection W^O (criticalkv's value norms; None where the model has none);
     - `rope`: positions (n,) → (cos, sin) (n, d); `question_tokens`: how many of the last context tokens are a
-      query-aware record's question (FINCH's window); a local layer's `sliding_window` W (`spectra.sliding`): it
-      keeps its window, whatever the press;
+      query-aware record's question (FINCH's window); a local layer's `sliding_window` W (`spectra.sliding`; what a
+      press does to it: `kv.locallayers`);
     - `passes`: what the prefill passes a run's presses read computed (`kv.passes`, `read`): `received` (H, L), Σ_i
-      P_ij over the L context queries; `query_pre` (H, L, d), the queries before RoPE; `hidden` (L, D), the attention
+      P_ij over the L context queries (a local layer's within its window); `query_pre` (H, L, d), the queries before RoPE; `hidden` (L, D), the attention
       input; the whole-model passes' scores of *every* layer (layers, H_kv, L), one tensor shared by the layers'
       records: `reconstruction` (KVzip's), `composition` (KVCompose's), `gradient` (KVgrad's).
     """
@@ -136,6 +136,7 @@ class Compressed:
 
     `start`: the position of the continuation's first token where the press moved the kept keys to new positions
     (key_rerotation: m, its keys rotated to 0 … m − 1, as kvpress decodes after it); None: L, the original one.
+    `window_positions` (H_kv, m): where a sliding-window layer's window reads its rows, if not at `kept` (`locallayers`).
     """
 
     kept: torch.Tensor | None
@@ -145,6 +146,7 @@ class Compressed:
     valid: torch.Tensor | None = None
     stored: torch.Tensor | None = None
     start: int | None = None
+    window_positions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.kept is None and (self.key is None or self.value is None):
@@ -177,9 +179,8 @@ class Compressed:
 
     def memory(self, prefill: Prefill) -> torch.Tensor:
         """(H_kv,) int64: the bytes of each key/value head's compressed context cache — `stored` when the press
-        counted it, else its rows × (key + value dimensions) × the bytes of the cache's dtype (what an eviction press
-        or a mixed-down cache keeps, each head its own count; the kept positions are not stored: the keys carry their
-        rotation)."""
+        counted it, else its rows × (key + value dimensions) × the cache dtype's bytes (each head its own count; the
+        kept positions are not stored: the keys carry their rotation)."""
         if self.stored is not None:
             return self.stored.to(torch.int64)
         return self.counts().to(torch.int64).cpu() * row_bytes(prefill)

@@ -14,10 +14,14 @@ it holds among them, and within a layer those are evicted again by torch.topk ov
 heads and layers keep different numbers of tokens, no head fewer than the sinks (kvpress uses no safeguard).
 `layerwise=True` evicts int(H_kv · L · r) per layer instead. kvpress keeps the evicted pairs in its cache and hides
 them from attention with a fake key; here they are dropped (`presses.per_head`), the same attention up to float
-rounding. kvpress does not use `n_kept`: its kept count is what the global ranking leaves.
+rounding. kvpress does not use `n_kept`: its kept count is what the global ranking leaves. On a model with
+sliding-window layers (Gemma 3, whose every model kvpress's KVzipPress refuses) the local layers keep their windows
+(`--local-layers keep`) and the global layers' pairs alone are ranked: the ratio is the share of their cache evicted.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -55,17 +59,35 @@ class KVzip(Press):
     #: the scores it ranks across layers: one whole-model pass's (`kv.passes`), KVzip's reconstruction
     reads = ("reconstruction",)
 
-    def __init__(self, layerwise: bool = False) -> None:
-        self.layerwise = layerwise
+    def __init__(self, layerwise: bool = False, local: tuple[bool, ...] | None = None) -> None:
+        self.layerwise, self.local = layerwise, local
         #: the last (scores, ratio) ranked and its per-layer counts: every layer of an example reads the same scores
         self._ranked: tuple[torch.Tensor, float, torch.Tensor] | None = None
 
     def fresh(self) -> Press:
-        return type(self)(self.layerwise)
+        return type(self)(self.layerwise, self.local)
+
+    def for_run(self, windows: Sequence[int | None] | None = None, **settings: object) -> Press:
+        """This press for a run of a model whose layers have these sliding `windows` (None: every layer global): a
+        local layer keeps its window whatever the press (`kv.locallayers`), so the global layers' pairs alone are
+        ranked, int(N_global · r) of them evicted."""
+        if not windows or not any(window is not None for window in windows):
+            return self
+        return type(self)(self.layerwise, tuple(window is not None for window in windows))
+
+    def counts(self, scores: torch.Tensor, ratio: float) -> torch.Tensor:
+        """(layers,) the pairs each layer loses (`pruned_counts`), over the global layers only where `local` marks
+        the model's sliding-window layers (0 for those)."""
+        if self.local is None:
+            return pruned_counts(scores, ratio, self.layerwise)
+        found = torch.zeros(scores.shape[0], dtype=torch.long)
+        chosen = ~torch.tensor(self.local)
+        found[chosen] = pruned_counts(scores[chosen.to(scores.device)], ratio, self.layerwise)
+        return found
 
     def compress(self, prefill: Prefill, ratio: float) -> Compressed:
         scores = prefill.read(self.reads[0])  # every layer's scores of the example (layers, H_kv, L)
         if self._ranked is None or self._ranked[0] is not scores or self._ranked[1] != ratio:
-            self._ranked = (scores, ratio, pruned_counts(scores, ratio, self.layerwise))
+            self._ranked = (scores, ratio, self.counts(scores, ratio))
         pruned = int(self._ranked[2][prefill.layer])
         return per_head(prefill, kvzip_keep(scores[prefill.layer], pruned))

@@ -67,6 +67,22 @@ def test_layerwise_evicts_the_same_share_of_every_layer() -> None:
     assert KVzip(layerwise=True).fresh().layerwise
 
 
+def test_on_a_model_with_local_layers_the_global_layers_pairs_alone_are_ranked() -> None:
+    """Layers 0 and 2 local (sliding windows, which keep their windows whatever the press): the int(N_global · r)
+    lowest of the global layers' pairs are evicted, from the global layers, none counted to a local one."""
+    scores = random_scores(5)
+    press = REGISTRY["kvzip"].for_run(windows=[8, None, 8, None], layers=LAYERS)
+    assert press.local == (True, False, True, False) and press.fresh().local == press.local
+    evicted = numpy_evicted(scores[[1, 3]], 0.4)
+    np.testing.assert_array_equal(press.counts(torch.from_numpy(scores), 0.4).numpy(),
+                                  [0, evicted[0].sum(), 0, evicted[1].sum()])
+    prefill, _ = make_prefill(length=LENGTH)
+    part = press.compress(dataclasses.replace(prefill, layer=3, passes={"reconstruction": torch.from_numpy(scores)}),
+                          0.4)
+    np.testing.assert_array_equal(part.kept_mask(LENGTH).numpy(), ~evicted[1])
+    assert REGISTRY["kvzip"].for_run(windows=[None] * LAYERS) is REGISTRY["kvzip"]
+
+
 def test_a_layer_evicts_its_lowest_over_all_its_heads() -> None:
     scores = torch.tensor([[0.5, 0.1, 0.9, 0.3], [0.2, 0.8, 0.05, 0.7]])
     np.testing.assert_array_equal(kvzip_keep(scores, 3).numpy(), [[True, False, True, True],
