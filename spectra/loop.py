@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -106,6 +106,9 @@ class Job:
     #: settings left at a default that follows from others (--at's n/4 follows --length): a refused --resume names
     #: them only when nothing else differs, so it never lists an option the user did not type
     derived: tuple[str, ...] = ()
+    #: the analysis's identity options at their declared defaults: what a run recorded before an option existed ran
+    #: with (`options.defaults`), so adding an option never refuses resuming an older run
+    defaults: dict[str, Any] = field(default_factory=dict)
     #: sequences read first to calibrate (fitted methods, calibrated presses), not evaluated
     calibration: int = 0
 
@@ -115,13 +118,16 @@ class Job:
         return self.calibration + self.samples
 
 
-def _differences(recorded: dict[str, Any], wanted: dict[str, Any], derived: tuple[str, ...] = ()) -> list[str]:
+def _differences(recorded: dict[str, Any], wanted: dict[str, Any], derived: tuple[str, ...] = (),
+                 defaults: dict[str, Any] | None = None) -> list[str]:
     """The identity settings that differ between a recorded run and the one asked for (the analysis's own
-    options, under "extra", named one by one); a `derived` one only when no other differs (it followed them)."""
+    options, under "extra", named one by one); a `derived` one only when no other differs (it followed them). An
+    option the recorded run lacks (it predates the option) is compared as its declared default (`defaults`)."""
     def flat(settings: dict[str, Any]) -> dict[str, Any]:
         return {**{key: value for key, value in settings.items() if key != "extra"}, **settings.get("extra", {})}
 
     recorded, wanted = flat(recorded), flat(wanted)
+    recorded = {**{key: value for key, value in (defaults or {}).items() if key in wanted}, **recorded}
     keys = (set(recorded) | set(wanted)) - set(NOT_IDENTITY)
     changed = sorted(key for key in keys if recorded.get(key) != wanted.get(key))
     return [key for key in changed if key not in derived] or changed
@@ -295,7 +301,7 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
     notify = reporter.notify
     if target.complete:
         finished = target.finished_meta()
-        changed = _differences(finished["settings"], job.settings, job.derived)
+        changed = _differences(finished["settings"], job.settings, job.derived, job.defaults)
         if changed:
             raise SpectraError(f"{target.out} is a complete run with different {', '.join(changed)}; pass {OVERWRITE} "
                                f"to replace it, or choose another {spell('--out')}")
@@ -309,11 +315,12 @@ def _claimed(job: Job, target: RunDir, reporter: Reporter, timer: timings.Timing
     previous = target.checkpoint_meta()
     found: tuple[shards.Shard, ...] = ()
     if previous is not None:
-        changed = _differences(previous["settings"], job.settings, job.derived)
+        changed = _differences(previous["settings"], job.settings, job.derived, job.defaults)
         if changed:
             raise SpectraError(f"cannot resume {target.partial}: it was started with different {', '.join(changed)}; "
                                f"pass {OVERWRITE} to start over, or choose another {spell('--out')}")
-        found = shards.read(target.partial, job.kind, lambda recorded: _differences(recorded, job.settings, job.derived))
+        found = shards.read(target.partial, job.kind, lambda recorded: _differences(recorded, job.settings, job.derived,
+                                                                                  job.defaults))
     sharded = distributed.requested() or bool(found)  # each process checkpoints into its own shard
 
     device = config.device

@@ -90,6 +90,12 @@ def identity(instance: Any) -> dict[str, Any]:
             if found.identity}
 
 
+def defaults(instance: Any) -> dict[str, Any]:
+    """The declared defaults of the options `identity` records, as JSON-ready values: what a run recorded before an
+    option existed ran with (absent from its run.json, compared as its default on --resume)."""
+    return {found.name: jsonable(found.default) for found in declared(type(instance)) if found.identity}
+
+
 def jsonable(value: Any) -> Any:
     """A tuple as a list (JSON has no tuples); anything else as it is."""
     return [jsonable(part) for part in value] if isinstance(value, tuple) else value

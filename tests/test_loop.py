@@ -86,6 +86,39 @@ def test_synthetic_theorems_resume_to_the_same_tables(tmp_path) -> None:
     assert resumed.meta["samples"] == 9
 
 
+def test_a_run_recorded_before_an_option_existed_resumes_as_if_at_its_default(tmp_path) -> None:
+    """An identity option absent from a checkpoint's run.json (the run predates it: `--local-layers` came after the
+    board's reruns started) is compared as its declared default on --resume, so adding an option never strands an
+    interrupted run; recorded with another value, it is still refused, named."""
+    import json
+
+    settings = dict(synthetic=True, budget=[4, 8], eps=[0.3], d=64, heads=1, length=16, samples=9, batch_size=2,
+                    checkpoint_seconds=0.0)  # d and heads at TheoremOptions' defaults
+    whole = spectra.theorems(None, out=tmp_path / "whole", progress=None, **settings)
+
+    def interrupt(done, total):
+        if done >= 4:
+            raise Stop
+
+    def recorded(out: str, **changed) -> None:
+        with pytest.raises(Stop):
+            spectra.theorems(None, out=tmp_path / out, progress=interrupt, **settings)
+        path = tmp_path / f"{out}.partial" / "run.json"
+        meta = json.loads(path.read_text())
+        assert meta["settings"]["d"] == 64 and meta["settings"]["heads"] == 1
+        for key in ("d", "heads"):
+            del meta["settings"][key]
+        path.write_text(json.dumps({**meta, "settings": {**meta["settings"], **changed}}))
+
+    recorded("cut")
+    resumed = spectra.theorems(None, out=tmp_path / "cut", resume=True, progress=None, **settings)
+    for name, table in whole.tables.items():
+        assert resumed.tables[name].equals(table), name
+    recorded("other", heads=2)
+    with pytest.raises(SpectraError, match="started with different heads"):
+        spectra.theorems(None, out=tmp_path / "other", resume=True, progress=None, **settings)
+
+
 def as_process(monkeypatch, rank: int) -> None:
     """This process as process `rank` of two (spectra.distributed answering so, with no process group): what
     it runs and checkpoints is that process's share, so shards are written without torchrun."""

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 from .. import checkpoints
 from ..config import RunConfig
 from ..errors import SpectraError, spell
-from ..options import identity
+from ..options import defaults, identity
 from ..registry import Registry
 from ..reporter import Reporter
 
@@ -180,8 +180,8 @@ class Analysis:
         self.announce(config, options, reporter, given)
         from ..loop import execute  # torch: only once the inputs are known to be good
 
-        job = self.job(config, options, reporter, found)
-        return execute(replace(job, derived=derived) if derived else job, reporter)
+        job = replace(self.job(config, options, reporter, found), derived=derived, defaults=defaults(options))
+        return execute(job, reporter)
 
     def job(self, config: RunConfig, options: Any, reporter: Reporter, found: checkpoints.Source | None):
         """The `loop.Job` this analysis runs, built from its declarations."""
