@@ -124,8 +124,11 @@ tokens (left out: {dropped}), the full cache scores {full_score}. At r = {half},
         from ..report.leaderboard import HOLDS
         from ..report.plots.style import title_lines
 
-        run, tasks = prepared, held(prepared)
+        run = prepared
         full = run.scores[run.scores["press"] == "full"].set_index("task")["score"]
+        tasks = [task for task, score in full.items() if score >= HOLDS]  # as the run's score table has them
+        if not tasks:
+            raise SpectraError(f"{run.path}: the full cache answers no task (mean score ≥ {HOLDS:g})")
         figure = draw_scores(dataclasses.replace(run, scores=run.scores[run.scores["task"].isin(tasks)]))
         dropped = [f"{task} ({score:.2f})" for task, score in full.items() if task not in tasks]
         if dropped:  # under the title (below the panels stands the key)
