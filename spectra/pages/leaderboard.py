@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BoardOptions:
-    equality: str = option(str(TABLE), "The committed comparisons with kvpress 0.5.5 the column '= kvpress (cells)' "
-                                       "reads (none there: every press 'not compared').")
+    equality: str | None = option(None, "A table of comparisons with kvpress 0.5.5 on these runs' task file "
+                                        f"(benchmarks/kvpress_check.py --equality writes it; the repository's is {TABLE}), "
+                                        "read by the column '= kvpress (cells)' (default none: every press 'not "
+                                        "compared').")
 
 
 @dataclass
@@ -100,10 +102,10 @@ class LeaderboardPage(Page):
     order = 10
     options = BoardOptions
     paragraphs = {"leaderboard": PAGE, "front-leaderboard": "front"}
-    text = """{model}'s full cache scores {full} over the {total} examples of the {tasks} tasks it answers (a mean
-score of at least {holds}: {held}; left out: {dropped}), pooled from {runs} runs. {presses} presses are ranked by their
-mean over the ratios, in {tiers} tiers; listed without a rank, as their cache held more than 1 − r of the full cache's
-bytes: {unranked}. Equal to kvpress 0.5.5 in every answer compared: {equal_to_kvpress}. The compressed cells'
+    text = """Model {model}, runs pooled: {runs}. The tasks whose full cache answers at least {holds} of their examples:
+{held} (left out: {dropped}); over their {total} examples the full cache scores {full}. Presses ranked by their mean
+over the ratios: {presses}, in tiers: {tiers}; listed without a rank, as their cache held more than 1 − r of the full
+cache's bytes: {unranked}. Equal to kvpress 0.5.5 in every answer compared: {equal_to_kvpress}. The compressed cells'
 intervals are {widths} wide.
 
 {table}

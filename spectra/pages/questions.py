@@ -50,11 +50,11 @@ class QuestionsPage(Page):
     options = BoardOptions
     paragraphs = {"leaderboard-questions": PAGE}
     runs_help = ("Run directories of spectra evaluate on one many-question task file (or their published folders).")
-    text = """On {tasks} at {length} tokens, {model}'s full cache scores {full} over {questions} questions of {records}
-records. Presses are judged on the {answered} questions it answers, each record compressed once and asked its
-questions one by one: a cell is the share of those answers the press keeps. {presses} presses are ranked by their
-mean over the ratios, in {tiers} tiers; listed without a rank: {unranked}. {first} keeps the most, {first_score};
-SnapKV ranks {reference_rank}. The compressed cells' intervals are {widths} wide.
+    text = """Model {model}, tasks {tasks} at {length} tokens: questions {questions} of records {records}, over which the
+full cache scores {full}. Presses are judged on the questions it answers ({answered}), each record compressed once and
+asked its questions one by one: a cell is the share of those answers the press keeps. Presses ranked by their mean
+over the ratios: {presses}, in tiers: {tiers}; listed without a rank: {unranked}. {first} keeps the most,
+{first_score}; SnapKV ranks {reference_rank}. The compressed cells' intervals are {widths} wide.
 
 {table}
 

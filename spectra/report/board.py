@@ -129,13 +129,13 @@ def ranking_table(cells: pd.DataFrame, order: pd.DataFrame, top: int | None = No
 
 
 def kvpress_facts(board: Board, order: pd.DataFrame, questions: str,
-                  path: str | Path) -> tuple[dict[str, str], dict[str, str], dict[str, bool]]:
+                  path: str | Path | None) -> tuple[dict[str, str], dict[str, str], dict[str, bool]]:
     """The column `= kvpress (cells)` per press of `order` in the runs' loop and kind of records (`equality.column`,
-    the comparisons read from `path`), and the values and claim on it: `equal_to_kvpress`, the presses whose every
+    the comparisons read from `path`; None: none, every press not compared), and the values and claim on it: `equal_to_kvpress`, the presses whose every
     compared answer is kvpress's at every ratio compared (`equality.equal_everywhere`: the only ones the prose may
     call equal); `kvpress_peers`, how many presses kvpress has; `kvpress_compared`, how many of them were compared;
     the claim `every-peer-equal`, that every press kvpress has was compared and is equal."""
-    compared = equality.read(path)
+    compared = equality.read(path) if path is not None else pd.DataFrame(columns=list(equality.COLUMNS))
     aware = bool(board.runs[0].meta.get("query_aware", False))
     presses = list(order["press"])
     column = equality.column(compared, presses, aware, questions)
