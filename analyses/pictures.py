@@ -11,15 +11,13 @@ at a resolution that keeps the repository light (100 dpi, no PDF; a picture over
 
 `figure1` draws `spectra figure1`'s curves and heatmap; `heatmap` draws, per layer and head of an analyze run,
 c at index n/4 (how skewed P's spectrum is) beside the sink mass (the attention on the first token), so the two
-can be read cell by cell; `cache` draws `spectra cache --plot`'s NLL and kept-mass curves; `tasks` draws a task run's
-score against the ratio removed per task and press beside the full cache's line (`spectra cache --plot`'s
-task_scores view), on the tasks whose full cache answers (`report.leaderboard.HOLDS`), naming those left out;
-`leaderboard` pools task runs of one task file (`report.leaderboard`) and draws every press's score per ratio and
-its mean, presses in rank order; `survival` draws, for the leaderboard's top three presses and SnapKV, the share of
-the needle each layer and key/value head kept at r = 0.5 (half the cache; `--ratio` draws another of the runs'
-ratios; the ratio stands in its title and colour bar), beside the full cache's attention on it (where a ranking comes
-from); `questions` pools task runs of a many-question task file and ranks presses on the questions the full cache
-answers (the share of its answers each keeps). The README prints the command under each picture.
+can be read cell by cell; `cache` draws `spectra cache --plot`'s NLL and kept-mass curves. The others are the
+report pages' pictures (`spectra.pages`, drawn by the page: `spectra <page> RUN… --out DIR` writes the same picture
+beside the page's markdown and table): `tasks` is the task-scores page's (a task run's score against the ratio
+removed per held task and press), `leaderboard` the leaderboard's (task runs pooled, presses in rank order),
+`survival` the survival page's (the needle kept per layer and key/value head by the best presses and SnapKV at
+r = 0.5; `--ratio` draws another of the runs' ratios), `questions` the many-question page's (presses ranked on the
+share of the full cache's answers each keeps). The README prints the command under each picture.
 """
 
 from __future__ import annotations
@@ -28,11 +26,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import spectra
+from spectra.pages import PAGES, Page
 from spectra.report import summaries
 from spectra.report.survival import SURVIVAL_RATIO
-from spectra.report.plots.style import draw_heatmap, pyplot, subtitle, title_lines
+from spectra.report.plots.style import draw_heatmap, pyplot, subtitle
 
 #: the front page's resolution and the largest picture it takes
 DPI, MOST_BYTES = 100, 200_000
@@ -91,112 +91,24 @@ def draw_cache(runs: list):
     return figure
 
 
-def draw_tasks(runs: list):
-    """A task run's score per press against the ratio removed, per task with the full cache's line; a task the full
-    cache itself fails (mean score below HOLDS) says nothing about a press and is left out, named in the title."""
-    import dataclasses
+def page_picture(page: Page) -> Callable[..., Any]:
+    """The picture of a report page (`spectra.pages`): the runs checked and pooled as the page does, then drawn;
+    keywords are the page's options (the survival picture's `ratio`)."""
 
-    from spectra.report.leaderboard import HOLDS
-    from spectra.report.evaluate import TaskRun, draw_scores
+    def draw(runs: list, **options: Any):
+        return page.draw(page.prepare(runs, page.options(**options)))
 
-    run = runs[0]
-    if not isinstance(run, TaskRun):
-        raise spectra.SpectraError(f"{run.path} is not a task run of spectra cache (a task file made by spectra tasks)")
-    full = run.scores[run.scores["press"] == "full"].set_index("task")["score"]
-    held = [task for task, score in full.items() if score >= HOLDS]
-    if not held:
-        raise spectra.SpectraError(f"{run.path}: the full cache answers no task (mean score ≥ {HOLDS:g})")
-    figure = draw_scores(dataclasses.replace(run, scores=run.scores[run.scores["task"].isin(held)]))
-    dropped = [f"{task} ({score:.2f})" for task, score in full.items() if task not in held]
-    if dropped:  # under the title (below the panels stands the key)
-        figure.suptitle(f"{figure.get_suptitle()}\n" + title_lines(
-            f"left out, the full cache answering below {HOLDS:g}: {', '.join(dropped)}",
-            int(figure.get_figwidth() / 0.09)))
-    return figure
+    draw.__doc__ = page.draw.__doc__
+    return draw
 
 
-def task_runs_of(runs: list) -> list:
-    """The runs, each a task run (one line otherwise)."""
-    from spectra.report.evaluate import TaskRun
-
-    for run in runs:
-        if not isinstance(run, TaskRun):
-            raise spectra.SpectraError(f"{run.path} is not a task run of spectra evaluate (a task file made by "
-                                       "spectra tasks)")
-    return runs
-
-
-def draw_leaderboard(runs: list):
-    """The pooled runs' presses ranked: score per ratio and the mean over ratios on the tasks the full cache holds."""
-    from spectra.report import leaderboard
-    from spectra.reporter import plural
-
-    runs = task_runs_of(runs)
-    examples = leaderboard.pooled(runs)
-    seed = leaderboard.seed_of(runs)
-    tasks, dropped = leaderboard.held(examples)
-    order = leaderboard.ranking(examples, seed)
-    full = examples[(examples["press"] == "full") & examples["task"].isin(tasks)]
-    title = (f"{runs[0].meta['model']['name']}: mean score over {plural(full['example'].nunique(), 'example')} "
-             f"of {plural(len(tasks), 'task')} the full cache answers ({', '.join(tasks)})")
-    if dropped:
-        title += "\nleft out, the full cache answering below " + f"{leaderboard.HOLDS:g}: " + ", ".join(
-            f"{task} ({score:.2f})" for task, score in dropped.items())
-    return leaderboard.draw(leaderboard.standings(examples, seed), order, title)
-
-
-def draw_questions(runs: list):
-    """The pooled runs of a many-question task file, presses ranked on the questions the full cache answers: the
-    share of its answers each press keeps per ratio, and the mean over ratios."""
-    from spectra.report import leaderboard
-    from spectra.reporter import plural
-
-    runs = task_runs_of(runs)
-    examples = leaderboard.pooled(runs)
-    seed = leaderboard.seed_of(runs)
-    order = leaderboard.ranking(examples, seed, over="answered")
-    full = examples[examples["press"] == "full"]
-    answered = len(leaderboard.answered_rows(full))  # the full cache's answered questions
-    title = (f"{runs[0].meta['model']['name']}: share kept of the {answered} answers the full cache gives to "
-             f"{len(full)} questions\n({plural(full['example'].nunique(), 'record')}, each compressed once without "
-             "its questions, then asked them one by one)")
-    return leaderboard.draw(leaderboard.standings(examples, seed, over="answered"), order, title,
-                            label="Share of the full cache's answers kept")
-
-
-def draw_survival(runs: list, ratio: float | None = None):
-    """The needle kept per layer and key/value head at `ratio` (default `survival.SURVIVAL_RATIO`, 0.5) by the
-    leaderboard's best presses that evict tokens, and SnapKV (`survival.survivors`: where the ranking comes from),
-    beside the full cache's attention on the needle."""
-    import dataclasses
-
-    from spectra.report import leaderboard, survival
-    from spectra.report.evaluate import draw_survival as survival_picture
-
-    runs = task_runs_of(runs)
-    examples = leaderboard.pooled(runs)
-    order = leaderboard.ranking(examples, leaderboard.seed_of(runs))
-    needle = leaderboard.pooled_needle(runs)
-    ratio = survival.SURVIVAL_RATIO if ratio is None else ratio
-    measured = sorted(set(examples["ratio"]) - {0.0})
-    if not any(abs(ratio - other) < 1e-9 for other in measured):
-        raise spectra.SpectraError(f"--ratio {ratio:g}: the runs measured the ratios "
-                                   f"{', '.join(f'{other:g}' for other in measured)}; give one of them")
-    ratio = next(other for other in measured if abs(ratio - other) < 1e-9)
-    chosen = survival.survivors(examples, order, needle, ratio)
-    if not chosen:
-        raise spectra.SpectraError(f"no press of the runs evicted tokens at ratio {ratio:g} and recorded where the "
-                                   "needle went")
-    needle = needle[needle["press"].isin(["full", *chosen])]
-    needle = needle.assign(order=needle["press"].map({press: place for place, press in enumerate(["full", *chosen])}))
-    needle = needle.sort_values("order", kind="stable").drop(columns="order")
-    return survival_picture(dataclasses.replace(runs[0], needle=needle), ratio)
-
-
-PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache, "tasks": draw_tasks,
-            "leaderboard": draw_leaderboard, "questions": draw_questions, "survival": draw_survival}
+#: the names the README's commands give the report pages' pictures where they differ from the page's (`spectra tasks`
+#: writes task files, so the page is task-scores; the front page's command predates it)
+NAMED = {"task-scores": "tasks"}
+PICTURES = {"figure1": draw_figure1, "heatmap": draw_sink_heatmap, "cache": draw_cache,
+            **{NAMED.get(name, name): page_picture(page) for name, page in PAGES.items()}}
 #: the pictures that pool several runs
-POOLING = ("figure1", "leaderboard", "questions", "survival")
+POOLING = ("figure1", *(NAMED.get(name, name) for name, page in PAGES.items() if page.pools))
 
 
 def check_out(out: Path) -> None:
@@ -261,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ratio is not None and not 0 < args.ratio < 1:
             raise spectra.SpectraError(f"--ratio {args.ratio:g}: a ratio of the cache removed, between 0 and 1")
         runs = [spectra.load_run(path) for path in args.runs]
-        extra = {"ratio": args.ratio} if args.picture == "survival" else {}
+        extra = {"ratio": args.ratio} if args.ratio is not None else {}
         size = save(PICTURES[args.picture](runs, **extra), args.out)
     except spectra.SpectraError as error:
         print(f"error: {error}", file=sys.stderr)

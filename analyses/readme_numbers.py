@@ -9,15 +9,18 @@ prose itself stays in the documents; a renderer never writes a sentence, so a cl
 `readme.py --check` instead of rewording itself.
 
 The registry and the front page's renderers are here; the docs pages' are in readme_approx.py and
-readme_decoders.py, the long-context task paragraphs' (the front page's cache story and docs/cache.md's detail) in
-readme_tasks.py, the axis paragraphs' (which axis each head loses least, the mixed plan on tasks) in
-readme_axes.py, and what they share (formatting, reading runs) in readme_values.py.
+readme_decoders.py, docs/cache.md's task paragraphs' in readme_tasks.py, the axis paragraphs' (which axis each head
+loses least, the mixed plan on tasks) in readme_axes.py, and what they share (formatting, reading runs) in
+readme_values.py. The paragraphs of the report pages (the leaderboard, many questions, a task run's scores) are
+rendered by the pages themselves (`spectra.pages`): each page names the markers it fills (`Page.paragraphs`), and
+`page_renderers` makes their renderers from the registry, so no page is listed here by hand.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -26,12 +29,17 @@ from readme_approx import (minilm_fastformer, minilm_fitted, minilm_k_needed, mi
                            smollm2_fastformer, smollm2_scaling, speed_line, theorems_synthetic)
 from readme_axes import axes_summary, smollm2_axes
 from readme_decoders import heads_model, smollm2_cache, smollm2_cache_spectral, smollm2_decoder, smollm2_keys
-from readme_leaderboard import front_leaderboard, leaderboard_page, questions_page
-from readme_tasks import front_tasks, smollm2_tasks, tasks_vs_nll
+from readme_tasks import smollm2_tasks, tasks_vs_nll
 from readme_values import RenderError, Runs, only, sink_layers, two
 from slots import Rendered
 from spectra.errors import SpectraError
+from spectra.pages import PAGES, Page
+from spectra.report import equality
+from spectra.report.evaluate import TaskRun
 from spectra.report.summaries import c_at, headline, metric_grid
+
+#: the committed comparisons with kvpress 0.5.5 the leaderboard's column `= kvpress (cells)` reads (`report.equality`)
+EQUALITY = Path(__file__).resolve().parent.parent / equality.TABLE
 
 
 @dataclass(frozen=True)
@@ -74,10 +82,33 @@ def front_heatmap(runs: Runs) -> Rendered:
                      "sinks-mostly-late": bool(sinking[run.layers // 2:].sum() > sinking[:run.layers // 2].sum())})
 
 
+# ---------------------------------------------------------------- the report pages' paragraphs
+
+
+def read_page(page: Page, view: str, runs: Runs) -> Rendered:
+    """Paragraph `view` of `page` on the block's task runs of the page's commands (the repository's kvpress
+    comparisons where the page reads them); a page's one-line refusal is a RenderError."""
+    found = [run for command in page.commands for run in runs.get(command, []) if isinstance(run, TaskRun)]
+    if not found or (not page.pools and len(found) != 1):
+        raise RenderError(f"the block must run `spectra {page.commands[0]}` on a task file "
+                          f"{'at least once' if page.pools else 'once'}, got {len(found)} task runs")
+    options = {"equality": str(EQUALITY)} if "equality" in page.options.__dataclass_fields__ else {}
+    try:
+        sheet = page.render(found, view, **options)
+    except SpectraError as error:
+        raise RenderError(str(error)) from None
+    return Rendered(sheet.values, sheet.claims)
+
+
+def page_renderers() -> dict[str, Renderer]:
+    """The renderer of every paragraph a registered page fills (`Page.paragraphs`: marker → view)."""
+    return {paragraph: Renderer(page.commands, partial(read_page, page, view))
+            for page in PAGES.values() for paragraph, view in page.paragraphs.items()}
+
+
 RENDERERS: dict[str, Renderer] = {
     "front-figure1": Renderer(("analyze",), front_figure1),
     "front-heatmap": Renderer(("analyze",), front_heatmap),
-    "front-tasks": Renderer(("cache",), front_tasks),
     "tasks-vs-nll": Renderer(("cache", "cache", "cache"), tasks_vs_nll),
     "axes-summary": Renderer(("heads", "cache"), axes_summary),
     "smollm2-decoder": Renderer(("analyze", "approx"), smollm2_decoder),
@@ -97,9 +128,7 @@ RENDERERS: dict[str, Renderer] = {
     "smollm2-cache-spectral": Renderer(("cache",), smollm2_cache_spectral),
     "smollm2-tasks": Renderer(("cache", "cache"), smollm2_tasks),
     "smollm2-axes": Renderer(("heads", "cache"), smollm2_axes),
-    "front-leaderboard": Renderer(("evaluate",), front_leaderboard),
-    "leaderboard": Renderer(("evaluate",), leaderboard_page),
-    "leaderboard-questions": Renderer(("evaluate",), questions_page),
+    **page_renderers(),
 }
 
 

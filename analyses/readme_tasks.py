@@ -1,5 +1,5 @@
-"""The renderers of the long-context task paragraphs: the front page's headline, docs/cache.md's story against NLL
-and its detail.
+"""The renderers of docs/cache.md's long-context task paragraphs: the story against NLL and its detail (the front
+page's headline is a report page's, `spectra.pages.task_scores`, whose helpers these share).
 
 A task run of `spectra cache` (a task file made by `spectra tasks`) scores each press by the answers decoded from its
 compressed cache; the full cache's score on the same examples is the baseline. A task whose baseline fails (the model
@@ -15,11 +15,9 @@ import pandas as pd
 
 from readme_values import RenderError, Runs, listed, slashed, table, two
 from slots import Rendered
-from spectra.report import leaderboard
+from spectra.pages.task_scores import HALF, compressing, full_scores, held, press_scores, ratios_of
 from spectra.report.evaluate import TaskRun, needle_vs_score
 from spectra.report.leaderboard import HOLDS  # the full cache's mean score from which a task's baseline holds
-#: the ratio at which the presses are ranked
-HALF = 0.5
 #: ranks in words
 ORDINALS = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth"}
 
@@ -42,32 +40,6 @@ def nll_run(runs: Runs):
     if len(found) != 1:
         raise RenderError(f"the block must run `spectra cache` once on text (the NLL run), got {len(found)}")
     return found[0]
-
-
-def full_scores(run: TaskRun, by: tuple[str, ...] = ("task",)) -> pd.Series:
-    """The full cache's mean score per task (or per task and length), from the per-example table."""
-    examples = run.examples[run.examples["press"] == "full"]
-    return examples.groupby(list(by), sort=False)["score"].mean()
-
-
-def held(run: TaskRun) -> list[str]:
-    """The tasks of a run whose full-cache baseline holds (mean score ≥ HOLDS), in the run's order."""
-    return leaderboard.held(run.examples)[0]
-
-
-def press_scores(run: TaskRun, tasks: list[str]) -> pd.Series:
-    """Mean score per (press, ratio) over the examples of `tasks` (the full cache as ('full', 0.0))."""
-    examples = run.examples[run.examples["task"].isin(tasks)]
-    return examples.groupby(["press", "ratio"], sort=False)["score"].mean()
-
-
-def compressing(run: TaskRun) -> list[str]:
-    """The presses a task run compressed with, in its order."""
-    return [press for press in dict.fromkeys(run.examples["press"]) if press != "full"]
-
-
-def ratios_of(run: TaskRun) -> list[float]:
-    return sorted(set(run.examples["ratio"]) - {0.0})
 
 
 def order(values: pd.Series, ascending: bool) -> str:
@@ -108,37 +80,6 @@ def baseline_values(sweep: TaskRun) -> tuple[dict[str, str], dict[str, bool]]:
                                                 and passkey.mean()[lengths[-1]] < passkey.mean()[lengths[0]]),
               "a-task-fails-at-every-length": bool(never)}
     return values, claims
-
-
-def front_tasks(runs: Runs) -> Rendered:
-    """The front page's cache story, its headline only: per press and ratio the mean score on the tasks whose full
-    cache answers, beside the full cache's, and which press keeps most and which least at half the cache."""
-    found = [run for run in runs.get("cache", []) if isinstance(run, TaskRun)]
-    if len(found) != 1:
-        raise RenderError(f"the block must run `spectra cache` once on a task file, got {len(found)} task runs")
-    run = found[0]
-    tasks = held(run)
-    if not tasks:
-        raise RenderError(f"{run.path}: the full cache answers no task of the run (≥ {HOLDS:g}): nothing to compare "
-                          "presses on")
-    scores = press_scores(run, tasks)
-    ratios, presses = ratios_of(run), compressing(run)
-    rows = [["full (r = 0)", two(scores[("full", 0.0)]), *[""] * (len(ratios) - 1)]]
-    rows += [[f"`{press}`", *(two(scores[(press, ratio)]) for ratio in ratios)] for press in presses]
-    half = pd.Series({press: scores[(press, HALF)] for press in presses})
-    dropped = [task for task in full_scores(run).index if task not in tasks]
-    examples = run.examples[run.examples["press"] == "full"].groupby("task").size()
-    best, worst, full = half.idxmax(), half.idxmin(), float(scores[("full", 0.0)])
-    values = {"examples": str(int(examples.min())), "length": str(int(run.examples["length"].max())),
-              "held": listed([f"`{task}`" for task in tasks]), "holds": f"{HOLDS:g}",
-              "dropped": listed([f"`{task}` ({two(full_scores(run)[task])})" for task in dropped]) or "none",
-              "full_score": two(full), "half": f"{HALF:g}", "table": table(["press", *(f"r = {r:g}" for r in ratios)],
-                                                                           rows),
-              "best": f"`{best}`", "best_score": two(half[best]), "worst": f"`{worst}`",
-              "worst_score": two(half[worst])}
-    claims = {"a-press-holds-at-half": bool(half[best] >= full - 0.1 and (half == half[best]).sum() == 1),
-              "presses-spread-wide": bool(half[best] - half[worst] > 0.5)}
-    return Rendered(values, claims)
 
 
 def tasks_vs_nll(runs: Runs) -> Rendered:

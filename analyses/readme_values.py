@@ -1,5 +1,5 @@
-"""What the renderers of readme_numbers.py share: how a value is written (significant figures, ranges, lists,
-tables) and how a run is read (a command's run, a setting, an approx run's errors per budget, a scaling run's
+"""What the renderers of readme_numbers.py share: how a value is written (significant figures, ranges; two decimals,
+intervals, lists and tables as the report pages write them, `spectra.report.markdown`) and how a run is read (a command's run, a setting, an approx run's errors per budget, a scaling run's
 exponents, a decoder's sink mass per layer)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from spectra.report.summaries import approx_by_budget, interval_digits
+from spectra.report.markdown import interval, listed, table, two  # noqa: F401  (the renderers write as the pages do)
+from spectra.report.summaries import approx_by_budget
 
 #: a renderer's input: command (analyze, approx, …) → its runs, in the order of the code block
 Runs = dict[str, list[Any]]
@@ -44,32 +45,13 @@ def slashed(values: Sequence[float], format: Callable[[float], str] = str) -> st
     return " / ".join(format(value) for value in values)
 
 
-def listed(values: Sequence[Any]) -> str:
-    return ", ".join(str(value) for value in values)
-
-
-def two(value: float) -> str:
-    return f"{value:.2f}"
-
-
 def percent(value: float) -> str:
     return f"{value:.0f}"
-
-
-def interval(low: float, high: float) -> str:
-    """A 95% interval's ends with as many decimals as it takes for them to differ (never 0.98–0.98)."""
-    return "–".join(interval_digits(low, high))
 
 
 def count(number: int, noun: str) -> str:
     """'one sequence', '4 sequences'."""
     return f"one {noun}" if number == 1 else f"{number} {noun}s"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 # ---------------------------------------------------------------- reading runs

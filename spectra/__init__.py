@@ -3,7 +3,8 @@
 Every analysis is a registered kind (`spectra.kinds`) run by one loop (`spectra.loop`): `analyze` (singular
 spectra of P), `approx` (how well cheap attentions stand in at a budget), `theorems` (the Linformer paper's JL
 theorems against reality), `scaling` (how the needed rank grows with n), and whatever else is registered; each
-is a keyword function here (`spectra.analyze(model, data, …)`, built by `spectra.api`). Runs load back with
+is a keyword function here (`spectra.analyze(model, data, …)`, built by `spectra.api`), and so is every report page
+(`spectra.leaderboard(runs, out=…)`, `spectra.pages`). Runs load back with
 `load_run` (each analysis's run object, printer and figures are its read side, `spectra.report.<kind>`). Names
 are imported on first use, so `import spectra` (and `spectra --help`) stays fast.
 """
@@ -36,10 +37,12 @@ def __getattr__(name: str):
         module, _, attribute = exports[name].partition(":")
         return getattr(importlib.import_module(f".{module}", __name__), attribute or name)
     kinds = importlib.import_module(".kinds", __name__)
-    if name in kinds.REGISTRY:
-        return getattr(importlib.import_module(".api", __name__), name)
+    api = importlib.import_module(".api", __name__)
+    if name in kinds.REGISTRY or name in api.pages():
+        return getattr(api, name)
     raise AttributeError(f"module 'spectra' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({"__version__", *_exports(), *importlib.import_module(".kinds", __name__).REGISTRY})
+    return sorted({"__version__", *_exports(), *importlib.import_module(".kinds", __name__).REGISTRY,
+                   *importlib.import_module(".api", __name__).pages()})

@@ -7,7 +7,9 @@ returns the finished run, loaded. The keyword signature, defaults and docstring 
 (`spectra.options`), so an option added to an analysis appears here with nothing else to change.
 
 The two commands that are not analyses have their functions here too, written out: `tasks` (`spectra tasks`) and
-`artifacts` (`spectra artifacts`); each hands its keywords to its command as one request.
+`artifacts` (`spectra artifacts`); each hands its keywords to its command as one request. Every registered report
+page (`spectra.pages`) has its function too, `spectra.leaderboard(runs, out=…)` and the others (`page_function`: the
+page's name with underscores, its options as keywords), which writes the page as its command does.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from . import modelcache
 from .config import RunConfig
 from .kinds import REGISTRY, Analysis, load_run
 from .options import declared, split
+from .pages import PAGES, Page
 from .reporter import Progress, Reporter
 
 if TYPE_CHECKING:
     from .kv.tasks.command import Written
     from .kv.tasks.generate import Fitted
+    from .pages.written import Written as WrittenPage
 
 #: the keywords every function takes beside the options: how the run talks
 TALK = ("progress", "notify")
@@ -129,8 +133,42 @@ def artifacts(kind: str, model: str, *, data: str | os.PathLike | Sequence[str |
         return make_artifact(request, progress, reporter)
 
 
+def pages() -> dict[str, Page]:
+    """The registered report pages by their function's name (`task_scores` for the page task-scores)."""
+    return {page.function: page for page in PAGES.values()}
+
+
+def page_function(page: Page) -> Callable[..., WrittenPage]:
+    """The function of `page`: `(runs, *, out, **options)` writes the page of the finished runs (run directories or
+    published folders) into the folder `out` as `spectra <page>` does, and returns the files written."""
+    options = [inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default)
+               for option in declared(page.options)]
+    signature = inspect.Signature([inspect.Parameter("runs", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                   inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY), *options])
+
+    def function(*args: Any, **kwargs: Any) -> WrittenPage:
+        from .pages.written import write
+
+        bound = signature.bind(*args, **kwargs)
+        values = dict(bound.arguments)
+        runs = values.pop("runs")
+        return write(page, [runs] if isinstance(runs, (str, os.PathLike)) else runs, values.pop("out"), **values)
+
+    function.__name__ = function.__qualname__ = page.function
+    function.__module__ = "spectra"
+    function.__doc__ = "\n".join([page.summary, "", f"Writes <out>/{page.name}.md, .png and .csv (as `spectra "
+                                  f"{page.name} RUN... --out DIR`); returns the files written.", "",
+                                  "Keywords:", "    out: the folder to write into (made if missing).",
+                                  *(f"    {option.name}: {option.help}" for option in declared(page.options))])
+    function.__signature__ = signature  # type: ignore[attr-defined]
+    return function
+
+
 def __getattr__(name: str) -> Callable[..., Any]:
-    """`spectra.api.analyze` and the other analyses' functions, made on first use."""
+    """`spectra.api.analyze` and the other analyses' functions, and the report pages' (`spectra.api.leaderboard`),
+    made on first use."""
     if name in REGISTRY:
         return facade(REGISTRY[name])
+    if name in pages():
+        return page_function(pages()[name])
     raise AttributeError(f"module 'spectra.api' has no attribute {name!r}")

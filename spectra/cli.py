@@ -1,5 +1,6 @@
 """The `spectra` command: one command per registered analysis (built from its declarations by
-`cli_options.add_commands`), the commands that read finished runs (plot, figure1, plan-k, compare, publish), and
+`cli_options.add_commands`), one per registered report page (`spectra leaderboard RUN… --out DIR` and the others,
+`cli_pages.add_pages`), the commands that read finished runs (plot, figure1, plan-k, compare, publish), and
 `tasks`, which writes task files for `spectra cache`.
 
 Starts fast: the modules the commands are built from import neither torch, transformers nor pandas at the top,
@@ -18,8 +19,10 @@ import typer
 
 from . import runtime
 from .cli_options import MODEL_CACHE, USAGE_ERRORS, FlaglessCommand, FlaglessGroup, add_commands, notify_stderr
+from .cli_pages import add_pages
 from .errors import Interrupted, SpectraError
 from .kinds import REGISTRY
+from .pages import PAGES
 from .reporter import plural
 from .kv.tasks.family import generated, haystack_tasks, listing
 
@@ -51,6 +54,7 @@ def _root(
 
 
 add_commands(app, REGISTRY)
+add_pages(app, PAGES)
 
 
 @app.command(cls=FlaglessCommand)

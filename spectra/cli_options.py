@@ -93,7 +93,7 @@ def cli_default(value: Any) -> Any:
     return ",".join(map(str, value)) if isinstance(value, tuple) else value
 
 
-def _parameter(option: Declared, default: Any, help_text: str | None = None) -> inspect.Parameter:
+def option_parameter(option: Declared, default: Any, help_text: str | None = None) -> inspect.Parameter:
     help_text = help_text or option.help
     help_text = help_text.replace("{methods}", registry.method_listing()) if "{methods}" in help_text else help_text
     listed = isinstance(default, tuple)
@@ -114,7 +114,7 @@ def parameters(analysis: Analysis) -> list[inspect.Parameter]:
     for cls in (RunConfig, analysis.options):
         for option in declared(cls):
             if option.cli and (cls is not RunConfig or option.name in analysis.run_fields):
-                found.append(_parameter(option, analysis.defaults.get(option.name, option.default),
+                found.append(option_parameter(option, analysis.defaults.get(option.name, option.default),
                                         analysis.run_help.get(option.name) if cls is RunConfig else None))
     plot = typer.Option("--plot", help="Draw the run's figures into the run directory's figures/.")
     found.append(inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, default=False,

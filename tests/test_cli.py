@@ -125,7 +125,7 @@ def test_help_and_version_start_without_torch() -> None:
              "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
              "print('HEAVY' if {'torch', 'transformers', 'datasets', 'pandas'} & set(sys.modules) else 'LIGHT')")
     for args in (["--help"], ["analyze", "--help"], ["approx", "--help"], ["cache", "--help"], ["evaluate", "--help"],
-                 ["--version"]):
+                 ["leaderboard", "--help"], ["--version"]):
         done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
         assert done.returncode == 0 and done.stdout.strip().endswith("LIGHT"), (args, done.stdout[-300:], done.stderr)
     done = subprocess.run([sys.executable, "-m", "spectra", "--version"], capture_output=True, text=True)

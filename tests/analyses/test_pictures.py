@@ -105,14 +105,14 @@ def test_a_picture_of_a_task_run_leaves_out_tasks_the_full_cache_fails() -> None
     examples = pd.DataFrame(rows)
     run = TaskRun(Path("tasks"), {"model": {"name": "m"}, "data": {"name": "t.jsonl"}}, examples,
                   task_scores(examples, 0, replicates=100), pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
-    figure = pictures.draw_tasks([run])
+    figure = pictures.PICTURES["tasks"]([run])
     drawn = {line.get_gid() for ax in figure.axes for line in ax.lines if line.get_gid()}
     assert drawn == {"score:passkey:knorm", "full:passkey"}
     title = " ".join(figure.get_suptitle().split())  # the key stands below the panels: the note is in the title
     assert title.endswith("(95% bootstrap intervals) left out, the full cache answering below 0.8: vt (0.00)")
     failed = dataclasses.replace(run, scores=run.scores[run.scores["task"] == "vt"])
     with pytest.raises(spectra.SpectraError, match="answers no task"):
-        pictures.draw_tasks([failed])
+        pictures.PICTURES["tasks"]([failed])
 
 
 def leaderboard_runs() -> list:
@@ -141,26 +141,26 @@ def leaderboard_runs() -> list:
 
 
 def test_the_leaderboard_ranks_the_pooled_runs_presses_on_the_tasks_the_full_cache_answers() -> None:
-    figure = pictures.draw_leaderboard(leaderboard_runs())
+    figure = pictures.PICTURES["leaderboard"](leaderboard_runs())
     ax = figure.axes[0]
     assert [label.get_text() for label in ax.get_yticklabels()] == ["full", "1. knorm", "2. streaming"]
     title = " ".join(figure.get_suptitle().split())  # the figure's title, wrapped to its width
     assert "4 examples of 1 task the full cache answers (passkey)" in title
     assert "left out, the full cache answering below 0.8: vt (0.00)" in title
-    figure = pictures.draw_survival(leaderboard_runs())
+    figure = pictures.PICTURES["survival"](leaderboard_runs())
     assert [ax.get_gid() for ax in figure.axes if ax.get_gid()] == ["mass", "kept:knorm", "kept:streaming"]
     quantized = leaderboard_runs()  # knorm keeping every token (as kivi does): no eviction to show
     first = quantized[0]
     quantized[0] = dataclasses.replace(first, examples=first.examples.assign(
         kept=first.examples["kept"].where(first.examples["press"] != "knorm", 1.0)))
-    figure = pictures.draw_survival(quantized)
+    figure = pictures.PICTURES["survival"](quantized)
     assert [ax.get_gid() for ax in figure.axes if ax.get_gid()] == ["mass", "kept:streaming"]
 
 
 def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> None:
     """The same runs read as many-question runs: judged on the 4 passkey questions the full cache answers (vt's are
     left out question by question), knorm keeping 3 of 4 answers, streaming 1."""
-    figure = pictures.draw_questions(leaderboard_runs())
+    figure = pictures.PICTURES["questions"](leaderboard_runs())
     ax = figure.axes[0]
     assert [label.get_text() for label in ax.get_yticklabels()] == ["full", "1. knorm", "2. streaming"]
     title = " ".join(figure.get_suptitle().split())
@@ -227,11 +227,11 @@ def test_the_survival_picture_says_its_ratio_and_draws_another_on_request(tmp_pa
     """Issue 55, item 7: the survival picture was drawn at r = 0.5 only, the command not saying so. r = 0.5 stays the
     default, `--ratio` draws another of the runs' ratios, the ratio is in the title and the kept share's colour bar,
     and a ratio the runs did not measure (or --ratio given to another picture) is one line."""
-    figure = pictures.draw_survival(leaderboard_runs())
+    figure = pictures.PICTURES["survival"](leaderboard_runs())
     assert figure.get_suptitle().endswith("at ratio 0.5")
     labels = [ax.get_ylabel() for ax in figure.axes]
     assert "Share of the needle kept at r = 0.5 (0 to 1)" in labels
-    figure = pictures.draw_survival(leaderboard_runs(), 0.75)
+    figure = pictures.PICTURES["survival"](leaderboard_runs(), ratio=0.75)
     assert figure.get_suptitle().endswith("at ratio 0.75")
     assert "Share of the needle kept at r = 0.75 (0 to 1)" in [ax.get_ylabel() for ax in figure.axes]
     runs = {Path(run.path).name: run for run in leaderboard_runs()}

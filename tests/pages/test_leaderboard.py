@@ -1,6 +1,6 @@
-"""The leaderboard's renderers (analyses/readme_leaderboard.py) on two task runs whose per-example scores are set by
-hand: every quoted score is recounted from the examples, the ranking's order and SnapKV's place are the means', and
-runs that cannot be pooled are a RenderError."""
+"""The leaderboard's and the many-question page's values and claims (spectra/pages/leaderboard.py, questions.py) on
+two task runs whose per-example scores are set by hand: every quoted score is recounted from the examples, the
+ranking's order and SnapKV's place are the means', and runs that cannot be pooled are one line (SpectraError)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
+from spectra.errors import SpectraError
+from spectra.pages import PAGES, Sheet
+from spectra.report.board import TOP
 from spectra.report.evaluate import TaskRun
-
-from . import conftest  # noqa: F401  (puts analyses/ on the path)
-
-import readme_leaderboard as board  # noqa: E402
-from readme_values import RenderError  # noqa: E402
 
 #: the share of each task's 10 examples a cell answers (passkey and niah held by the full cache, vt not)
 ANSWERED = {("full", 0.0): (1.0, 0.9, 0.3), ("kvzip", 0.5): (1.0, 0.9, 0.3), ("kvzip", 0.75): (0.8, 0.8, 0.1),
@@ -44,8 +42,24 @@ def compared(tmp_path, monkeypatch) -> Path:
                    "data_sha256": "s", "compared": count, "equal": equal, "kvpress": "0.5.5"}
                   for press, loop, questions, ratio, count, equal in COMPARED],
                  columns=list(equality.COLUMNS)).to_csv(path, index=False)
-    monkeypatch.setattr(board, "EQUALITY", path)
+    monkeypatch.setitem(COMPARED_AT, "path", str(path))
     return path
+
+
+#: where the pages read the comparisons from in these tests (`compared`)
+COMPARED_AT: dict[str, str] = {}
+
+
+def leaderboard_page(runs: list[TaskRun]) -> Sheet:
+    return PAGES["leaderboard"].render(runs, equality=COMPARED_AT["path"])
+
+
+def front_leaderboard(runs: list[TaskRun]) -> Sheet:
+    return PAGES["leaderboard"].render(runs, "front", equality=COMPARED_AT["path"])
+
+
+def questions_page(runs: list[TaskRun]) -> Sheet:
+    return PAGES["questions"].render(runs, equality=COMPARED_AT["path"])
 
 
 def task_run(name: str, presses: tuple[str, ...], sha: str = "s") -> TaskRun:
@@ -75,11 +89,11 @@ def task_run(name: str, presses: tuple[str, ...], sha: str = "s") -> TaskRun:
 
 
 def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
-    rendered = board.leaderboard_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]})
+    rendered = leaderboard_page([task_run("a", ("kvzip",)), task_run("b", ("snapkv",))])
     values = rendered.values
     assert values["held"] == "`passkey`, `niah_single_1`" and values["dropped"] == "`vt` (0.30)"
     assert values["examples"] == "10" and values["total"] == "20" and values["presses"] == "2"
-    assert values["first"] == "`kvzip`" and values["reference_rank"] == "2" and values["top"] == str(board.TOP)
+    assert values["first"] == "`kvzip`" and values["reference_rank"] == "2" and values["top"] == str(TOP)
     kvzip_mean = np.mean([(1.0 + 0.9) / 2, (0.8 + 0.8) / 2])
     assert values["first_score"] == f"{kvzip_mean:.2f}"
     lines = values["table"].splitlines()
@@ -127,23 +141,23 @@ def test_the_page_quotes_the_pooled_ranking_with_intervals() -> None:
 
 
 def test_the_front_page_lists_the_top_of_the_ranking() -> None:
-    rendered = board.front_leaderboard({"evaluate": [task_run("a", ("kvzip", "snapkv"))]})
-    assert rendered.values["top"] == str(board.TOP)
+    rendered = front_leaderboard([task_run("a", ("kvzip", "snapkv"))])
+    assert rendered.values["top"] == str(TOP)
     assert len(rendered.values["table"].splitlines()) == 2 + 1 + 2
     assert rendered.values["table"].splitlines()[0].startswith("| rank | tier | press |")
 
 
-def test_runs_of_other_task_files_are_a_render_error() -> None:
-    with pytest.raises(RenderError, match="differ in their task file"):
-        board.leaderboard_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",), sha="x")]})
-    with pytest.raises(RenderError, match="at least once"):
-        board.leaderboard_page({})
+def test_runs_of_other_task_files_are_refused_in_one_line() -> None:
+    with pytest.raises(SpectraError, match="differ in their task file"):
+        leaderboard_page([task_run("a", ("kvzip",)), task_run("b", ("snapkv",), sha="x")])
+    with pytest.raises(SpectraError, match="one or more task runs"):
+        leaderboard_page([])
 
 
 def test_many_questions_rank_presses_on_the_answers_the_full_cache_gives() -> None:
     """The same runs as many-question runs: judged on the questions the full cache answers (10 + 9 + 3 of 30), a
     cell's score is the share of those answers kept, recounted here by hand."""
-    rendered = board.questions_page({"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]})
+    rendered = questions_page([task_run("a", ("kvzip",)), task_run("b", ("snapkv",))])
     values = rendered.values
     assert values["records"] == "30" and values["questions"] == "30" and values["answered"] == "22"
     assert values["full"].startswith(f"{(10 + 9 + 3) / 30:.2f} [")
@@ -177,7 +191,7 @@ def test_snapkv_answering_a_shallow_needle_fails_the_late_claim_and_a_partial_ne
     kvzip = (examples["press"] == "kvzip") & (examples["score"] >= 1)
     examples.loc[kvzip, "needle_kept"] = 0.6  # kvzip answers from part of the needle
     run = TaskRun(run.path, run.meta, examples, run.scores, run.lengths, run.needle, run.evicted)
-    rendered = board.leaderboard_page({"evaluate": [run]})
+    rendered = leaderboard_page([run])
     assert rendered.values["reference_depth"] == "0.00"
     assert rendered.claims["reference-answers-late"] is False and rendered.claims["leaders-keep-part"] is True
 
@@ -187,12 +201,12 @@ def test_a_press_that_stored_the_whole_cache_is_listed_without_a_rank_and_named(
     lazy = run.examples[run.examples["press"] == "kvzip"].assign(press="simlayerkv", bytes_share=1.0, kept=1.0)
     run = TaskRun(run.path, run.meta, pd.concat([run.examples, lazy], ignore_index=True), run.scores, run.lengths,
                   run.needle, run.evicted)
-    values = board.leaderboard_page({"evaluate": [run]}).values
+    values = leaderboard_page([run]).values
     assert values["presses"] == "2" and values["first"] == "`kvzip`"
     assert values["unranked"] == "`simlayerkv` (1.00 of the bytes at every ratio)"
     assert "| — | — | `simlayerkv` |" in values["table"] and values["table"].splitlines()[-1].endswith(
         " | — | not compared |")
-    assert board.leaderboard_page({"evaluate": [task_run("b", ("kvzip",))]}).values["unranked"] == "none"
+    assert leaderboard_page([task_run("b", ("kvzip",))]).values["unranked"] == "none"
 
 
 def test_the_templates_slots_and_claims_are_the_renderers() -> None:
@@ -202,16 +216,20 @@ def test_the_templates_slots_and_claims_are_the_renderers() -> None:
     with the board's reruns: rendered now, its new slots would read "not yet rendered".)"""
     import re
 
-    import slots
+    import sys
 
     root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "analyses"))  # the README's scripts import their modules from beside them
+    import readme_numbers
+    import slots
+
     runs = {"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]}
-    for template, name, renderer in (("templates/docs/leaderboard.md", "leaderboard", board.leaderboard_page),
-                                     ("templates/docs/leaderboard.md", "leaderboard-questions", board.questions_page),
-                                     ("templates/README.md", "front-leaderboard", board.front_leaderboard)):
+    for template, name in (("templates/docs/leaderboard.md", "leaderboard"),
+                           ("templates/docs/leaderboard.md", "leaderboard-questions"),
+                           ("templates/README.md", "front-leaderboard")):
         text = (root / template).read_text()
         body = re.search(rf"^<!-- numbers: {name} -->\n(.*?)^<!-- /numbers -->", text, re.M | re.S)[1]
-        filled, _ = slots.fill(body, renderer(runs), name)
+        filled, _ = slots.fill(body, readme_numbers.RENDERERS[name].read(runs), name)
         assert "not yet rendered" not in filled and "| tier |" in filled, name
 
 
@@ -223,16 +241,16 @@ def test_the_column_says_what_kvpress_lacks_and_the_claim_holds_only_where_every
     own = run.examples[run.examples["press"] == "kvzip"].assign(press="lowrank")  # spectra's own: no kvpress peer
     run = TaskRun(run.path, run.meta, pd.concat([run.examples, own], ignore_index=True), run.scores, run.lengths,
                   run.needle, run.evicted)
-    rendered = board.leaderboard_page({"evaluate": [run]})
+    rendered = leaderboard_page([run])
     assert next(line for line in rendered.values["table"].splitlines() if "`lowrank`" in line).endswith(" | — |")
     assert rendered.values["kvpress_peers"] == "2" and rendered.claims["every-peer-equal"] is False
     table = pd.read_csv(compared)
     table.loc[(table["press"] == "snapkv") & (table["ratio"] == 0.75), "equal"] = 2
     table.to_csv(compared, index=False)
-    rendered = board.leaderboard_page({"evaluate": [run]})
+    rendered = leaderboard_page([run])
     assert rendered.values["equal_to_kvpress"] == "`kvzip`, `snapkv`" and rendered.claims["every-peer-equal"]
     aware = TaskRun(run.path, {**run.meta, "query_aware": True}, run.examples, run.scores, run.lengths, run.needle,
                     run.evicted)
-    values = board.leaderboard_page({"evaluate": [aware]}).values
+    values = leaderboard_page([aware]).values
     assert next(line for line in values["table"].splitlines() if "`kvzip`" in line).endswith(" | 1/2 |")
     assert values["equal_to_kvpress"] == "none" and values["kvpress_compared"] == "1"
