@@ -18,7 +18,7 @@ from pathlib import Path
 
 from spectra import models, runtime
 from spectra.kv import artifacts, reconstruction, surrogate
-from spectra.kv.calibration import ArtifactRequest, text_blocks
+from spectra.kv.artifactfit import ArtifactRequest, text_blocks
 
 
 def main() -> None:

@@ -123,7 +123,7 @@ def artifacts(kind: str, model: str, *, data: str | os.PathLike | Sequence[str |
     block; `notify`: where one-line notices go (fewer blocks than asked for, the model cache's). Returns the
     directory written."""
     from .inputs import items
-    from .kv.calibration import ArtifactRequest, make_artifact
+    from .kv.artifactfit import ArtifactRequest, make_artifact
 
     listed = items(data, "--data") if isinstance(data, str) else [data] if isinstance(data, os.PathLike) else data
     request = ArtifactRequest(kind, model, tuple(Path(path) for path in listed), Path(out), length, samples, threads,

@@ -4,7 +4,7 @@ Some of kvpress's presses score with something fitted once per model and publish
 filters, ExpectedAttentionStatsPress's query statistics, KVzapPress's surrogate. kvpress loads each with
 `from_pretrained(folder)` (huggingface_hub's `PyTorchModelHubMixin`, transformers' `PreTrainedModel` for KVzap's): a
 directory holding `config.json` (the module's constructor arguments) and `model.safetensors` (its parameters by name).
-`spectra artifacts` writes such a directory for any model (`kv.calibration` fits it on local text), kvpress's own
+`spectra artifacts` writes such a directory for any model (`kv.artifactfit` fits it on local text), kvpress's own
 loaders read it from the local path, and the presses `qfilter(DIR)`, `expected_attention_stats(DIR)` and `kvzap(DIR)`
 read it here.
 

@@ -6,11 +6,11 @@ not the prefill, the cost of a task sweep (1–2 s per cell at 4k, ~120 cells pe
 cell of an example answers the same question (after the *original* context length, as kvpress passes its positions,
 or after the m kept tokens of a press that renumbered them, `Cell.start`: each row its own positions), so the cells
 differ only in the rows their caches hold: here they share each forward pass. Cells of several examples share it too
-(`spectra evaluate --batch-size`): each row then has its own example's prefill (`Batch.of`), question, start, global
-index and `max_new_tokens`, so the few rows still answering long after the others stopped — the cost of a sweep —
-share their steps across examples.
+(`spectra evaluate --batch-size`): each row then has its own example's prefill (`CacheBatch.of`) and its own
+request (`generation.Request`: question, start, global index, `max_new_tokens`), so the few rows still answering long
+after the others stopped — the cost of a sweep — share their steps across examples.
 
-Layout (`Batch`): per layer one key and one value buffer (B, H_kv, M + room, d). Row b's compressed context cache
+Layout (`CacheBatch`): per layer one key and one value buffer (B, H_kv, M + room, d). Row b's compressed context cache
 fills its first m_b columns (each key/value head its own count where a press keeps different numbers per head,
 `Compressed.valid`); columns m_b … M − 1 are padding, hidden from every query; the question and the answer's tokens
 are written at the same columns M, M + 1, … for every row, so a step writes one column for the whole batch. `seen`
@@ -26,12 +26,12 @@ groups whose buffers (padding and room included, `group_bytes`) and the rows the
 press at one ratio of one example) pad nothing when they share a group.
 
 Cells whose press compresses while decoding (`Cell.decodes`: decoding(<decodable>)) rewrite their caches mid-answer,
-each at its own steps; they decode on their own (`generation.greedy`), as before.
+each at its own steps; they decode on their own (`generation.greedy_alone`), as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -39,7 +39,7 @@ import torch
 from .. import capture, sliding
 from ..capture import Captured
 from ..kernels import causal_mask
-from .generation import Decoded, needle_mass, threads
+from .generation import Decoded, Request, needle_mass, threads
 from .presses import Compressed, Prefill
 
 
@@ -62,12 +62,12 @@ def group_bytes(rows: Sequence[Sequence[int]], room: int, row_bytes: int) -> int
 
 
 def batch_row_bytes(kv_heads: int, key_dim: int, value_dim: int, itemsize: int) -> int:
-    """The bytes one column of one cell takes in a `Batch`: every key/value head's key, value and mask entry."""
+    """The bytes one column of one cell takes in a `CacheBatch`: every key/value head's key, value and mask entry."""
     return kv_heads * ((key_dim + value_dim) * itemsize + 1)
 
 
 @dataclass
-class Batch:
+class CacheBatch:
     """The caches of B cells, every layer's laid out as the module docstring says: `keys[ℓ]`, `values[ℓ]`
     (B, H_kv, capacity, d), `seen[ℓ]` (B, H_kv, capacity) bool, and `filled[ℓ]`, the columns in use (the widest
     cell's context rows, then the tokens decoded so far)."""
@@ -80,12 +80,12 @@ class Batch:
     #: (B, H_kv, capacity): where its window reads the row (`Compressed.window_positions`, else `kept`)
     windows: list[int | None] = field(default_factory=list)
     positions: list[torch.Tensor | None] = field(default_factory=list)
-    #: the positions (B, n) of the tokens of the pass under way (`greedy` sets them before each forward pass)
+    #: the positions (B, n) of the tokens of the pass under way (`greedy_batch` sets them before each forward pass)
     at: torch.Tensor | None = None
 
     @classmethod
     def of(cls, cells: Sequence[Sequence[Compressed]], prefills: Sequence[Prefill] | Sequence[Sequence[Prefill]],
-           room: int) -> Batch:
+           room: int) -> CacheBatch:
         """The batch of `cells` (each its compressed cache per layer) with `room` columns per layer for the question
         and the answer; `prefills` are every layer's prefill of the one example all cells compress, or one such list
         per cell (cells of several examples: an eviction press gathers its rows from its own example's)."""
@@ -169,35 +169,30 @@ class Batch:
             self.at = self.at.index_select(0, rows)
 
 
-def batch_attention(batch: Batch, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def batch_attention(batch: CacheBatch, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            scaling: float) -> torch.Tensor:
     """The new queries q (B, H, n, d) over the layer's filled columns key, value (B, H_kv, S, d), each row over its
-    own cell's rows (`Batch.mask`): (B, H, n, d)."""
+    own cell's rows (`CacheBatch.mask`): (B, H, n, d)."""
     mask = batch.mask(layer, q.shape[-2], q.shape[1])
     return torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling,
                                                             enable_gqa=q.shape[1] != key.shape[1])
 
 
-def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Tensor | Sequence[torch.Tensor],
-           start: int | Sequence[int], max_new_tokens: int | Sequence[int], stop: Collection[int],
-           index: int | Sequence[int], needle: torch.Tensor | None = None, needle_row: int | None = None,
-           needles: Mapping[int, torch.Tensor] | None = None) -> list[Decoded]:
-    """Each row's greedy answer to `question` (n,) from its cache, as `generation.greedy` answers from one (the
-    question's pass at positions start … start + n − 1 — one `start`, or one per row — then one token a step, each
-    row stopping after a stop token produced by a decoding step, up to `max_new_tokens`). `question` may instead be
-    one question per row (rows answering different questions of one context from the same compressed caches): a
-    shorter one is left-padded to the longest, its padding written at the columns before it and hidden like a cache's
-    padding, so each row's question and answer sit at its own positions. `needle`, `needle_row` (or `needles`, row →
-    needle): the question's attention mass on the needle's context positions, measured on that row (whose cache rows
-    must be context positions). `max_new_tokens` and `index` (the example's global index, which captured records
-    carry) are one for every row or one per row: rows of several examples' cells share the batch, each stopping at
-    its own example's `max_new_tokens`."""
+def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, requests: Sequence[Request]) -> list[Decoded]:
+    """Each row's greedy answer to its request (one per row) from its cache, as `generation.greedy_alone` answers
+    from one (the question's pass at positions start … start + n − 1, then one token a step, each row stopping after
+    one of its stop tokens produced by a decoding step, up to its `max_new_tokens`). Rows may answer different
+    questions of one context from the same compressed caches: a shorter question is left-padded to the longest, its
+    padding written at the columns before it and hidden like a cache's padding, so each row's question and answer sit
+    at its own positions. A row's `needle`: the question's attention mass on the needle's context positions, measured
+    on that row (whose cache rows must be context positions). Rows of several examples' cells share the batch, each
+    with its own `start`, global `index` (which captured records carry) and `max_new_tokens`."""
     size = batch.size
-    limits = _per_row(max_new_tokens, size, "max_new_tokens")
-    indices = _per_row(index, size, "indices")
-    asked = [question] * size if isinstance(question, torch.Tensor) else list(question)
-    if len(asked) != size:
-        raise ValueError(f"{len(asked)} questions for a batch of {size} rows")
+    if len(requests) != size:
+        raise ValueError(f"{len(requests)} requests for a batch of {size} rows")
+    limits = [int(request.max_new_tokens) for request in requests]
+    indices = [int(request.index) for request in requests]
+    asked = [request.question for request in requests]
     if any(ids.shape[-1] == 0 for ids in asked):
         raise ValueError("the question holds no token: it must at least carry the template's generation suffix")
     longest = max(ids.shape[-1] for ids in asked)
@@ -205,14 +200,12 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
     device = asked[0].device
     ids = torch.stack([torch.cat([ids.new_full((pad,), int(ids[0])), ids]) for ids, pad in zip(asked, pads)])
     batch.hide(pads)
-    measured = dict(needles or {})
-    if needle is not None and needle_row is not None:
-        measured[needle_row] = needle
+    measured = {row: request.needle for row, request in enumerate(requests) if request.needle is not None}
     masses: dict[tuple[int, int], torch.Tensor] = {}
     produced: list[list[int]] = [[] for _ in range(size)]
     live = list(range(size))  # the cell of each batch row still in the batch
     # each row's first column's position: its question's first token's, minus its padding
-    base = torch.as_tensor(start, device=device).reshape(-1).expand(size) - torch.tensor(pads, device=device)
+    base = torch.tensor([int(request.start) for request in requests], device=device) - torch.tensor(pads, device=device)
 
     def substitute(captured: Captured) -> torch.Tensor:
         layer, q = captured.layer, captured.q
@@ -253,7 +246,7 @@ def greedy(model: torch.nn.Module, layers: int, batch: Batch, question: torch.Te
             for row, token in zip(live, step(last, position + offset)):
                 if row in answering:
                     produced[row].append(token)
-                    if token in stop or len(produced[row]) == limits[row]:
+                    if token in requests[row].stop or len(produced[row]) == limits[row]:
                         answering.remove(row)
     return [Decoded(ids, torch.stack([masses[row, layer] for layer in range(layers)]) if row in measured else None)
             for row, ids in enumerate(produced)]
@@ -268,12 +261,4 @@ def _positions(parts: Sequence[Compressed], capacity: int, device: torch.device)
     found = torch.zeros(len(parts), rows[0].shape[0], capacity, dtype=torch.long, device=device)
     for row, at in enumerate(rows):
         found[row, :, :at.shape[-1]] = at
-    return found
-
-
-def _per_row(value: int | Sequence[int], size: int, what: str) -> list[int]:
-    """One int for every row, or one per row, as a list of `size` ints."""
-    found = [int(item) for item in value] if isinstance(value, Sequence) else [int(value)] * size
-    if len(found) != size:
-        raise ValueError(f"{len(found)} {what} for a batch of {size} rows")
     return found

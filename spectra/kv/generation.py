@@ -2,7 +2,7 @@
 
 After one exact prefill of the context (`spectra.kv.prefill`), a press leaves each layer's cache as rows of keys and
 values per key/value head (`presses.Compressed`). `Buffers.of` lays every layer's rows into a buffer with room for the
-question and the answer; `greedy` then runs the question (question + the chat template's generation suffix + the
+question and the answer; `greedy_alone` then runs the question (question + the chat template's generation suffix + the
 answer prefix) through the model in one forward pass at positions L … L + n − 1 — L the *original* context length,
 whatever the press kept, as kvpress passes `position_ids` — and decodes greedily one token at a time at the
 positions after it, up to `max_new_tokens`, stopping after a stop token (the model's EOS) produced by a decoding
@@ -253,14 +253,27 @@ def needle_mass(q: torch.Tensor, key: torch.Tensor, scaling: float, needle: torc
     return weights[..., needle].sum(dim=-1).mean(dim=-1)
 
 
-def greedy(model: torch.nn.Module, layers: int, cache: Buffers, question: torch.Tensor, start: int, max_new_tokens: int,
-           stop: Collection[int], index: int, needle: torch.Tensor | None = None,
-           recompression: Recompression | None = None) -> Decoded:
-    """kvpress's greedy answer (see the module docstring) to `question` (n,) token ids from `cache`, the question at
-    positions start … start + n − 1; `needle`: context positions whose attention mass the question's pass measures
-    (cache rows must then be context positions). `index`: the example's global index (captured records carry it).
-    `recompression`: a DecodingPress compressing the cache while the answer is decoded (the question's pass its first
-    step)."""
+@dataclass(frozen=True)
+class Request:
+    """One greedy answer asked of a cache: the `question`'s token ids (n,) at positions start … start + n − 1, at
+    most `max_new_tokens` tokens, ending after a `stop` token produced by a decoding step; `index`, the example's
+    global index (captured records carry it); `needle`, context positions whose attention mass the question's pass
+    measures (the cache's rows must then be context positions), None to measure nothing."""
+
+    question: torch.Tensor
+    start: int
+    max_new_tokens: int
+    stop: Collection[int]
+    index: int
+    needle: torch.Tensor | None = None
+
+
+def greedy_alone(model: torch.nn.Module, layers: int, cache: Buffers, request: Request,
+                 recompression: Recompression | None = None) -> Decoded:
+    """kvpress's greedy answer (see the module docstring) to `request` from one cache, `cache`, decoded on its own;
+    `recompression`: a DecodingPress compressing the cache while the answer is decoded (the question's pass its
+    first step)."""
+    question, needle, index = request.question, request.needle, request.index
     if question.shape[-1] == 0:
         raise ValueError("the question holds no token: it must at least carry the template's generation suffix")
     masses: dict[int, torch.Tensor] = {}
@@ -290,11 +303,11 @@ def greedy(model: torch.nn.Module, layers: int, cache: Buffers, question: torch.
         return int(logits[0, -1].argmax())
 
     with threads(question.device):
-        produced = [step(question, start)]
-        position = start + question.shape[-1]
-        for offset in range(max_new_tokens - 1):
+        produced = [step(question, request.start)]
+        position = request.start + question.shape[-1]
+        for offset in range(request.max_new_tokens - 1):
             produced.append(step(question.new_tensor([produced[-1]]), position + offset))
-            if produced[-1] in stop:
+            if produced[-1] in request.stop:
                 break
     found = torch.stack([masses[layer] for layer in range(layers)]) if needle is not None else None
     return Decoded(produced, found)

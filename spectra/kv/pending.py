@@ -26,14 +26,14 @@ class Waiting:
     """One compressed cell waiting to decode: its example (`owner`, the position among the examples held) and cell
     (an index into the run's cells), the rows its cache occupies per layer (`batching.cell_rows`), the bytes it holds
     of its own (`batching.held_bytes`), its batch rows (one per question its example asks), and the tokens its rows
-    need after the context: the example's longest question and its `max_new_tokens`."""
+    need after the context: the tokens of the example's `longest` question and its `max_new_tokens`."""
 
     owner: int
     cell: int
     rows: Sequence[int]
     held: int
     copies: int
-    question: int
+    longest: int
     new_tokens: int
 
 
@@ -54,7 +54,7 @@ def order(contexts: Sequence[int], ratios: Sequence[float], new_tokens: Sequence
 def room(group: Sequence[Waiting]) -> int:
     """The columns a group's batch keeps per layer after the widest cache: the longest question (the shorter are
     left-padded to it) and the most new tokens any row may produce."""
-    return max(waiting.question for waiting in group) + max(waiting.new_tokens for waiting in group)
+    return max(waiting.longest for waiting in group) + max(waiting.new_tokens for waiting in group)
 
 
 class Groups:

@@ -20,6 +20,7 @@ import torch
 from ..errors import SpectraError
 from . import batching
 from .cell import FULL, Cell
+from .generation import Request
 from .presses import Prefill
 
 #: the relative gap between the two best logits below which two greedy decodings may part by rounding alone
@@ -76,10 +77,11 @@ def check(model: torch.nn.Module, context_ids: torch.Tensor, question_ids: torch
 def first_example(model: torch.nn.Module, layers: int, prefills: Sequence[Prefill], context_ids: torch.Tensor,
                   question_ids: torch.Tensor, max_new_tokens: int, stop: Collection[int], index: int) -> None:
     """`check` on an example: its full cache built from its `prefills` (every layer's) and decoded as the probe
-    decodes every cell (`batching.greedy`), its answer to `question_ids` compared with `model.generate`'s."""
+    decodes every cell (`batching.greedy_batch`), its answer to `question_ids` compared with `model.generate`'s."""
     cell = Cell(FULL, 0.0, None, context_ids.shape[-1], 0, index)
     for prefill in prefills:
         cell.compress(prefill)
-    batch = batching.Batch.of([cell.parts], list(prefills), question_ids.shape[-1] + max_new_tokens)
-    decoded = batching.greedy(model, layers, batch, question_ids, cell.start, max_new_tokens, stop, index)[0]
+    batch = batching.CacheBatch.of([cell.parts], list(prefills), question_ids.shape[-1] + max_new_tokens)
+    request = Request(question_ids, cell.start, max_new_tokens, stop, index)
+    decoded = batching.greedy_batch(model, layers, batch, [request])[0]
     check(model, context_ids, question_ids, decoded.ids)

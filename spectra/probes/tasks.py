@@ -6,9 +6,9 @@ greedily from each compressed cache, scored, and the needle's fate measured per 
 'full' at ratio 0, and every press at every ratio), examples of fewer max_new_tokens first, then the widest
 (`kv.pending.order`; on one example, by ratio), and decodes them together: the cells' caches join a batch until the next
 would take it past `--decode-memory` (`kv.pending.Groups`: buffers, padding and the rows a transform holds), then that
-batch is answered greedily as one (`batching.greedy`: one forward pass per step for all its cells, each row stopping at
-its own example's max_new_tokens) and freed. A press that compresses while decoding answers alone (`generation.greedy`
-with its recompression). A record asking several questions is answered from the same compressed caches: each (question,
+batch is answered greedily as one (`batching.greedy_batch`: one forward pass per step for all its cells, each row
+stopping at its own example's max_new_tokens) and freed. A press that compresses while decoding answers alone
+(`generation.greedy_alone` with its recompression). A record asking several questions is answered from the same compressed caches: each (question,
 cell) pair is a row of the group's batch (its cache copied once per question, so a group counts its buffers once per
 question against the budget), each row seeing its cell's context rows and its own question and answer only — as
 kvpress's pipeline answers question after question, each question's tokens removed before the next; its answers, needles
@@ -39,6 +39,7 @@ from .. import sliding
 from ..config import LocalLayers
 from ..kv import batching, generation, pending, selfcheck
 from ..kv.cell import Cell, Cells
+from ..kv.generation import Request
 from ..kv.presses import Prefill
 from ..kv.presses.decoding import INTERVAL
 from ..stats import State, tagged
@@ -197,13 +198,12 @@ class TaskProbe(Probe):
         owners = dict.fromkeys(waiting.owner for waiting in group)  # example by example, each question by question
         pairs = [(answering[owner], asked, waiting.cell) for owner in owners for asked in answering[owner].questions
                  for waiting in group if waiting.owner == owner]
-        batch = batching.Batch.of([at.cells[i].parts for at, _, i in pairs], [at.prefills for at, _, _ in pairs],
+        batch = batching.CacheBatch.of([at.cells[i].parts for at, _, i in pairs], [at.prefills for at, _, _ in pairs],
                                   pending.room(group))
-        needles = {row: asked.needle for row, (at, asked, i) in enumerate(pairs) if at.cells[i].compressor is None}
-        answers = batching.greedy(self.source.loaded.model, self.source.layers, batch,
-                                  [asked.ids for _, asked, _ in pairs], [at.cells[i].start for at, _, i in pairs],
-                                  [at.example.record.max_new_tokens for at, _, _ in pairs], self.stop,
-                                  [at.example.record.example for at, _, _ in pairs], needles=needles)
+        requests = [Request(asked.ids, at.cells[i].start, at.example.record.max_new_tokens, self.stop,
+                            at.example.record.example, asked.needle if at.cells[i].compressor is None else None)
+                    for at, asked, i in pairs]
+        answers = batching.greedy_batch(self.source.loaded.model, self.source.layers, batch, requests)
         del batch
         for (at, asked, i), decoded in zip(pairs, answers):
             self.answered(i, at, decoded, asked)
@@ -218,10 +218,10 @@ class TaskProbe(Probe):
         cell = at.cells[i]
         started = time.perf_counter()
         for asked in at.questions:
-            decoded = generation.greedy(self.source.loaded.model, self.source.layers,
-                                        cell.buffers(at.prefills, at.room), asked.ids, cell.start,
-                                        at.example.record.max_new_tokens, self.stop, at.example.record.example, None,
-                                        cell.recompression())
+            request = Request(asked.ids, cell.start, at.example.record.max_new_tokens, self.stop,
+                              at.example.record.example)
+            decoded = generation.greedy_alone(self.source.loaded.model, self.source.layers,
+                                              cell.buffers(at.prefills, at.room), request, cell.recompression())
             self.answered(i, at, decoded, asked)
         self.seconds[i, 1] += time.perf_counter() - started
         self.record(i, at)

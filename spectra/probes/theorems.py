@@ -37,8 +37,9 @@ from .base import Probe
 from .draws import Uncertainty, draw_seed
 
 
-class Cache:
-    """Matrices reused across batches, kept while their total stays under max_bytes (then recomputed)."""
+class DrawnMatrices:
+    """The fixed draws (Theorem 1's R, Theorem 2's Linformer E, F) reused across batches, kept while their total
+    stays under max_bytes (then drawn again)."""
 
     def __init__(self, max_bytes: int = 256 * 2**20) -> None:
         self.items: dict[tuple, torch.Tensor] = {}
@@ -67,7 +68,7 @@ class DrawingProbe(Probe):
         self.budgets = check_budgets(budgets, n)
         self.eps = check_eps(eps)
         self.draws, self.fixed = (1, True) if fixed else (_check_draws(draws), False)
-        self._cache = Cache()
+        self._drawn = DrawnMatrices()
 
     def _cells(self, per_decade: int) -> None:
         """Error statistics and draw uncertainty of every (layer, head, budget, variant) once variants are set."""
@@ -80,7 +81,7 @@ class DrawingProbe(Probe):
         """R (budget, n) of a layer: the fixed one, or one sequence's `draw` (the same numbers on every device)."""
         seed = draw_seed(self.seed, self.domain, layer, budget, None if self.fixed else sequence, draw)
         make = lambda: jl_matrix(budget, self.n, seed, device=device)  # noqa: E731
-        return self._cache.get(("r", layer, budget, str(device)), make) if self.fixed else make()
+        return self._drawn.get(("r", layer, budget, str(device)), make) if self.fixed else make()
 
 
 class Theorem1Probe(DrawingProbe):
@@ -201,7 +202,7 @@ class Theorem2Probe(DrawingProbe):
         """E, F (H, budget, n) of one sharing level: the run's, or one sequence's `draw`."""
         seed = self.seed if self.fixed else draw_seed(self.seed, Domain.LINFORMER, layer, budget, sequence, draw)
         make = lambda: tuple(t.to(device) for t in jl_pair(level, layer, self.heads, budget, self.n, seed))  # noqa
-        return self._cache.get(("ef", level, layer, budget, str(device)), make) if self.fixed else make()
+        return self._drawn.get(("ef", level, layer, budget, str(device)), make) if self.fixed else make()
 
     def _errors(self, batch: SimpleNamespace, layer: int, budget: int, draw: int) -> torch.Tensor:
         """(V, B, H, n) errors of every variant for one draw, on one captured batch (its q, k, v, valid keys,

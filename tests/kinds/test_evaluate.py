@@ -281,8 +281,8 @@ def test_answers_do_not_depend_on_how_the_cells_are_grouped(finished, chat_decod
         spectra.cache(str(chat_decoder), str(task_file), out=tmp_path / "none", decode_memory=1e-9, **SETTINGS)
     least = float(str(refused.value).split("give at least decode_memory=")[1])
     sizes = []
-    original = batching.Batch.of
-    monkeypatch.setattr(batching.Batch, "of", lambda *args: sizes.append(len(args[0])) or original(*args))
+    original = batching.CacheBatch.of
+    monkeypatch.setattr(batching.CacheBatch, "of", lambda *args: sizes.append(len(args[0])) or original(*args))
     grouped = spectra.cache(str(chat_decoder), str(task_file), out=tmp_path / "grouped", decode_memory=3 * least,
                             **SETTINGS)
     assert len(sizes) > 4 * 2 and max(sizes) < 11, sizes

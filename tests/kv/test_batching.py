@@ -1,4 +1,4 @@
-"""Cells decoded together as one batch against each cell decoded alone (`generation.greedy`, itself held equal to
+"""Cells decoded together as one batch against each cell decoded alone (`generation.greedy_alone`, itself held equal to
 `model.generate` and to dense forwards in test_generation.py): every press that compresses once, at two ratios, in
 one batch, with stop tokens that end some rows early (so the batch sheds them) — the same answers, and the full
 cache's attention on the needle the same to float64 rounding. Float64 tiny Llama with grouped-query attention, so a
@@ -15,6 +15,7 @@ import torch
 from spectra import models
 from spectra.kv import batching, generation, gradient, prefill, reconstruction
 from spectra.kv.cell import Cells
+from spectra.kv.generation import Request
 from spectra.registry import PRESSES
 
 import tiny
@@ -49,7 +50,8 @@ def compressed_cells(prefills, presses, ratios):
 
 def alone(loaded, ids, prefills, cell, stop, needle=None):
     cache = cell.buffers(prefills, QUESTION + NEW)
-    return generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, NEW, stop, 0, needle)
+    request = Request(ids[CONTEXT:], CONTEXT, NEW, stop, 0, needle)
+    return generation.greedy_alone(loaded.model, loaded.layers, cache, request)
 
 
 def test_every_press_answers_in_a_batch_as_alone(gqa_llama) -> None:
@@ -61,8 +63,9 @@ def test_every_press_answers_in_a_batch_as_alone(gqa_llama) -> None:
     want = [alone(loaded, ids, prefills, cell, stop).ids for cell in cells]
     early = sum(len(answer) < NEW for answer in want)
     assert len(want) // 2 < early < len(want) and len({len(answer) for answer in want}) > 2
-    batch = batching.Batch.of([cell.parts for cell in cells], prefills, QUESTION + NEW)
-    got = batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], CONTEXT, NEW, stop, 0)
+    batch = batching.CacheBatch.of([cell.parts for cell in cells], prefills, QUESTION + NEW)
+    requests = [Request(ids[CONTEXT:], CONTEXT, NEW, stop, 0)] * len(cells)
+    got = batching.greedy_batch(loaded.model, loaded.layers, batch, requests)
     assert [decoded.ids for decoded in got] == want
 
 
@@ -75,14 +78,16 @@ def test_cells_starting_at_different_positions_answer_in_a_batch_as_alone(gqa_ll
     want = []
     for cell in cells:
         cache = cell.buffers(prefills, QUESTION + NEW)
-        want.append(generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], cell.start, NEW, set(), 0).ids)
+        want.append(generation.greedy_alone(loaded.model, loaded.layers, cache,
+                                            Request(ids[CONTEXT:], cell.start, NEW, set(), 0)).ids)
     at_context = [alone(loaded, ids, prefills, cell, set()).ids for cell in cells[3:7]]
     assert at_context != want[3:7], "the start must change answers for the test to tell"
     stop = {want[3][2], want[4][1]}  # rows end early: the batch sheds them with their starts
-    want = [generation.greedy(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), ids[CONTEXT:],
-                              cell.start, NEW, stop, 0).ids for cell in cells]
-    batch = batching.Batch.of([cell.parts for cell in cells], prefills, QUESTION + NEW)
-    got = batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], starts, NEW, stop, 0)
+    requests = [Request(ids[CONTEXT:], cell.start, NEW, stop, 0) for cell in cells]
+    want = [generation.greedy_alone(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), request).ids
+            for cell, request in zip(cells, requests)]
+    batch = batching.CacheBatch.of([cell.parts for cell in cells], prefills, QUESTION + NEW)
+    got = batching.greedy_batch(loaded.model, loaded.layers, batch, requests)
     assert [decoded.ids for decoded in got] == want
 
 
@@ -92,8 +97,9 @@ def test_the_needle_mass_is_measured_on_its_row(gqa_llama) -> None:
     needle = torch.tensor([3, 40, 41, 90])
     want = alone(loaded, ids, prefills, cells[0], set(), needle).needle_mass
     order = [1, 0, 2, 3]  # the full cache's cell in the second row
-    batch = batching.Batch.of([cells[i].parts for i in order], prefills, QUESTION + NEW)
-    got = batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], CONTEXT, NEW, set(), 0, needle, 1)
+    batch = batching.CacheBatch.of([cells[i].parts for i in order], prefills, QUESTION + NEW)
+    requests = [Request(ids[CONTEXT:], CONTEXT, NEW, set(), 0, needle if i == 0 else None) for i in order]
+    got = batching.greedy_batch(loaded.model, loaded.layers, batch, requests)
     assert got[1].needle_mass is not None and all(decoded.needle_mass is None for i, decoded in enumerate(got) if i != 1)
     assert torch.allclose(got[1].needle_mass, want, atol=1e-12, rtol=0)
 
@@ -101,7 +107,7 @@ def test_the_needle_mass_is_measured_on_its_row(gqa_llama) -> None:
 def test_padding_is_hidden_and_new_tokens_are_seen_causally(gqa_llama) -> None:
     _, _, prefills = gqa_llama
     cells = compressed_cells(prefills, ["knorm"], (0.5,))  # full (96 rows), knorm (48), adakv(snapkv) (per head)
-    batch = batching.Batch.of([cell.parts for cell in cells], prefills, 5)
+    batch = batching.CacheBatch.of([cell.parts for cell in cells], prefills, 5)
     assert batch.filled[0] == CONTEXT and batch.keys[0].shape == (3, 2, CONTEXT + 5, 8)
     batch.extend(0, *(torch.zeros(3, 2, 3, 8, dtype=torch.float64),) * 2)
     mask = batch.mask(0, 3, 6)  # (B, H, n, S)
@@ -126,24 +132,25 @@ def test_rows_answering_different_questions_answer_as_each_alone(gqa_llama) -> N
     """(question, cell) pairs as rows of one batch, as a record asking several questions is answered: questions of
     6, 3 and 2 tokens (the shorter left-padded, the padding hidden), cells starting at L or at m
     (key_rerotation) — each row's answer and the full cache's attention on each question's needle are those of
-    `generation.greedy` answering that question alone from the cell's cache (float64)."""
+    `generation.greedy_alone` answering that question alone from the cell's cache (float64)."""
     loaded, ids, prefills = gqa_llama
     cells = compressed_cells(prefills, ["knorm", "key_rerotation(snapkv)"], (0.3, 0.7))
     questions = [ids[CONTEXT:], ids[CONTEXT + 3:], ids[CONTEXT + 4:]]
     needles = [torch.tensor([3, 40, 41]), torch.tensor([7, 8]), torch.tensor([90])]
     pairs = [(j, cell) for j in range(3) for cell in cells]
-    want = [generation.greedy(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), questions[j],
-                              cell.start, NEW, set(), 0, needles[j] if cell.compressor is None else None)
-            for j, cell in pairs]
+    def requests(stop):
+        return [Request(questions[j], cell.start, NEW, stop, 0, needles[j] if cell.compressor is None else None)
+                for j, cell in pairs]
+
+    want = [generation.greedy_alone(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), request)
+            for (_, cell), request in zip(pairs, requests(set()))]
     assert len({tuple(answer.ids) for answer in want}) > 6, "the questions must change answers for the test to tell"
     stop = {want[1].ids[2], want[8].ids[1]}
-    want = [generation.greedy(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), questions[j],
-                              cell.start, NEW, stop, 0, needles[j] if cell.compressor is None else None)
-            for j, cell in pairs]
-    batch = batching.Batch.of([cell.parts for _, cell in pairs], prefills, QUESTION + NEW)
+    want = [generation.greedy_alone(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW), request)
+            for (_, cell), request in zip(pairs, requests(stop))]
+    batch = batching.CacheBatch.of([cell.parts for _, cell in pairs], prefills, QUESTION + NEW)
     full = {row: needles[j] for row, (j, cell) in enumerate(pairs) if cell.compressor is None}
-    got = batching.greedy(loaded.model, loaded.layers, batch, [questions[j] for j, _ in pairs],
-                          [cell.start for _, cell in pairs], NEW, stop, 0, needles=full)
+    got = batching.greedy_batch(loaded.model, loaded.layers, batch, requests(stop))
     assert [decoded.ids for decoded in got] == [decoded.ids for decoded in want]
     assert sorted(full) == [0, 7, 14]  # the full cache: the first of 7 cells, once per question
     for row in range(len(pairs)):
@@ -156,7 +163,7 @@ def test_rows_answering_different_questions_answer_as_each_alone(gqa_llama) -> N
 def test_cells_of_two_examples_answer_in_a_batch_as_alone(gqa_llama) -> None:
     """Cells of two examples (contexts of 96 and 71 tokens, each its own prefill, question, start, needle, index
     and max_new_tokens, 8 and 3) as rows of one batch, as `spectra evaluate --batch-size 2` decodes them: each row's
-    answer is the one `generation.greedy` gives its cell alone, stopping at its own example's max_new_tokens, and
+    answer is the one `generation.greedy_alone` gives its cell alone, stopping at its own example's max_new_tokens, and
     the full caches' attention on their needles the same to float64 rounding."""
     loaded, ids, prefills = gqa_llama
     other = torch.randint(3, len(loaded.tokenizer), (71 + 4,), generator=torch.Generator().manual_seed(9))
@@ -174,30 +181,32 @@ def test_cells_of_two_examples_answer_in_a_batch_as_alone(gqa_llama) -> None:
     cells = cells[::2] + cells[1::2]  # the two examples' rows interleaved
     room = QUESTION + NEW
 
+    def request(owner, cell, stop):
+        _, question, new, index, needle = examples[owner]
+        return Request(question, cell.start, new, stop, index, needle if cell.compressor is None else None)
+
     def alone(owner, cell, stop):
-        own, question, new, index, needle = examples[owner]
-        return generation.greedy(loaded.model, loaded.layers, cell.buffers(own, room), question, cell.start, new,
-                                 stop, index, needle if cell.compressor is None else None)
+        return generation.greedy_alone(loaded.model, loaded.layers, cell.buffers(examples[owner][0], room),
+                                       request(owner, cell, stop))
 
     free = [alone(owner, cell, set()) for owner, cell in cells]
     stop = {free[2].ids[1], free[5].ids[2]}
     want = [alone(owner, cell, stop) for owner, cell in cells]
     assert len({tuple(answer.ids) for answer in want}) > 6, "the cells must answer otherwise for the test to tell"
     assert {len(answer.ids) for owner, answer in zip([owner for owner, _ in cells], want) if owner == 1} <= {1, 2, 3}
-    batch = batching.Batch.of([cell.parts for _, cell in cells], [examples[owner][0] for owner, _ in cells], room)
+    batch = batching.CacheBatch.of([cell.parts for _, cell in cells], [examples[owner][0] for owner, _ in cells], room)
     full = {row: examples[owner][4] for row, (owner, cell) in enumerate(cells) if cell.compressor is None}
-    got = batching.greedy(loaded.model, loaded.layers, batch, [examples[owner][1] for owner, _ in cells],
-                          [cell.start for _, cell in cells], [examples[owner][2] for owner, _ in cells], stop,
-                          [examples[owner][3] for owner, _ in cells], needles=full)
+    requests = [request(owner, cell, stop) for owner, cell in cells]
+    got = batching.greedy_batch(loaded.model, loaded.layers, batch, requests)
     assert [decoded.ids for decoded in got] == [decoded.ids for decoded in want]
     assert max(len(decoded.ids) for decoded in want) == NEW and len(full) == 2
     for row in full:
         torch.testing.assert_close(got[row].needle_mass, want[row].needle_mass, rtol=1e-12, atol=1e-12)
-    batch = batching.Batch.of([cell.parts for _, cell in cells], [examples[owner][0] for owner, _ in cells], room)
-    with pytest.raises(ValueError, match="2 max_new_tokens for a batch of 14 rows"):
-        batching.greedy(loaded.model, loaded.layers, batch, ids[CONTEXT:], CONTEXT, [1, 2], stop, 0)
+    batch = batching.CacheBatch.of([cell.parts for _, cell in cells], [examples[owner][0] for owner, _ in cells], room)
+    with pytest.raises(ValueError, match="2 requests for a batch of 14 rows"):
+        batching.greedy_batch(loaded.model, loaded.layers, batch, requests[:2])
     with pytest.raises(ValueError, match="2 examples' prefills for a batch of 3 cells"):
-        batching.Batch.of([cell.parts for _, cell in cells[:3]], [prefills, found], room)
+        batching.CacheBatch.of([cell.parts for _, cell in cells[:3]], [prefills, found], room)
 
 
 def test_local_layers_are_banded_per_key_value_head() -> None:
@@ -221,14 +230,14 @@ def test_local_layers_are_banded_per_key_value_head() -> None:
         layer = next((layer for layer, at in enumerate(kept) if not torch.equal(at[0], at[1])), 0)
         at = kept[layer]
         assert mode == LocalLayers.KVPRESS or not torch.equal(at[0], at[1])  # the heads keep different rows
-        batch = batching.Batch.of([cell.parts], prefills, 5 + 6)
+        batch = batching.CacheBatch.of([cell.parts], prefills, 5 + 6)
         batch.at = torch.arange(40, 43)[None]
         batch.extend(layer, *(torch.zeros(1, 2, 3, 16, dtype=torch.float64),) * 2)
         rows = torch.cat([at, torch.arange(40, 43).expand(2, -1)], dim=-1)  # (H_kv, columns)
         queries = torch.arange(40, 43)[:, None]
         want = (rows[:, None, :] <= queries) & (rows[:, None, :] > queries - 8)
         assert torch.equal(batch.mask(layer, 3, 4)[0], want.repeat_interleave(2, dim=0))
-        alone = generation.greedy(model, 3, cell.buffers(prefills, 5 + 6), question, 40, 6, set(), 0)
-        together = batching.greedy(model, 3, batching.Batch.of([cell.parts], prefills, 5 + 6), question, 40, 6,
-                                   set(), 0)
+        request = Request(question, 40, 6, set(), 0)
+        alone = generation.greedy_alone(model, 3, cell.buffers(prefills, 5 + 6), request)
+        together = batching.greedy_batch(model, 3, batching.CacheBatch.of([cell.parts], prefills, 5 + 6), [request])
         assert together[0].ids == alone.ids

@@ -31,7 +31,8 @@ def gqa_llama(tmp_path_factory):
 
 def decode(loaded, ids, prefills, parts, stop=(), needle=None, new=NEW):
     cache = generation.Buffers.of(parts, prefills, QUESTION + new)
-    return generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, new, set(stop), 0, needle)
+    request = generation.Request(ids[CONTEXT:], CONTEXT, new, set(stop), 0, needle)
+    return generation.greedy_alone(loaded.model, loaded.layers, cache, request)
 
 
 def test_from_the_full_cache_it_is_model_generate(gqa_llama) -> None:
@@ -210,7 +211,8 @@ def decode_during(loaded, ids, prefills, scorer: str, interval: int, target: int
     press = REGISTRY[f"decoding({scorer})"].for_run(compression_interval=interval)
     cache = generation.Buffers.of([full(p) for p in prefills], prefills, QUESTION + new)
     recompression = generation.Recompression(press, target)
-    got = generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, new, set(), 0, None, recompression)
+    request = generation.Request(ids[CONTEXT:], CONTEXT, new, set(), 0)
+    got = generation.greedy_alone(loaded.model, loaded.layers, cache, request, recompression)
     return got.ids, recompression.compressions
 
 
@@ -261,8 +263,8 @@ def test_compressing_to_a_share_of_the_tokens_seen_is_the_dense_forward(gqa_llam
     press = REGISTRY[f"compression_ratio_decoding({scorer})"].for_run(compression_interval=interval)
     cache = generation.Buffers.of([full(p) for p in prefills], prefills, QUESTION + NEW)
     recompression = generation.Recompression(press, press.target(CONTEXT, ratio), ratio=ratio)
-    got = generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, NEW, set(), 0, None,
-                            recompression)
+    request = generation.Request(ids[CONTEXT:], CONTEXT, NEW, set(), 0)
+    got = generation.greedy_alone(loaded.model, loaded.layers, cache, request, recompression)
     want, expected = reference_decoding(loaded, ids, scorer, interval, share(ratio), NEW)
     assert recompression.compressions == expected >= 2
     assert got.ids == want
@@ -296,8 +298,8 @@ def test_evicting_after_the_prefill_then_while_decoding_is_the_dense_forward(gqa
     cache = generation.Buffers.of(parts, prefills, QUESTION + NEW)
     target = press.target(CONTEXT, ratio)
     recompression = generation.Recompression(press, target, ratio=ratio)
-    got = generation.greedy(loaded.model, loaded.layers, cache, ids[CONTEXT:], CONTEXT, NEW, set(), 0, None,
-                            recompression)
+    request = generation.Request(ids[CONTEXT:], CONTEXT, NEW, set(), 0)
+    got = generation.greedy_alone(loaded.model, loaded.layers, cache, request, recompression)
     dropped = [[set(range(CONTEXT)) - set(kept.tolist()) for kept in part.kept] for part in parts]
     assert all(len(heads) == CONTEXT - target for layer in dropped for heads in layer)
     want, expected = reference_decoding(loaded, ids, scorer, interval, target, NEW, evicted=dropped)
@@ -314,8 +316,8 @@ def reference_forced(loaded, context, tokens, scorer, interval, target):
 
 
 def test_a_cache_decoded_alone_on_sliding_window_layers_answers_as_generate() -> None:
-    """`greedy` over `Buffers` (the path of presses that compress while decoding) on a tiny Gemma 3: the full cache's
-    local layers hold their window and each new token sees its own, so the answer is `model.generate`'s."""
+    """`greedy_alone` over `Buffers` (the path of presses that compress while decoding) on a tiny Gemma 3: the full
+    cache's local layers hold their window and each new token sees its own, so the answer is `model.generate`'s."""
     from spectra.kv import selfcheck
     from spectra.kv.cell import FULL, Cell
 
@@ -329,5 +331,6 @@ def test_a_cache_decoded_alone_on_sliding_window_layers_answers_as_generate() ->
         cell.compress(part)
     assert [part.kept.shape[-1] for part in cell.parts] == [7, 7, 40]
     assert cell.full_bytes() == cell.bytes() == (7 + 7 + 40) * (16 + 16) * 8  # what each layer really stores
-    decoded = generation.greedy(model, 3, cell.buffers(prefills, 5 + 12), question, 40, 12, set(), 0)
+    request = generation.Request(question, 40, 12, set(), 0)
+    decoded = generation.greedy_alone(model, 3, cell.buffers(prefills, 5 + 12), request)
     assert decoded.ids == selfcheck.generated(model, torch.cat([context, question]), 12)[0]

@@ -15,6 +15,7 @@ from torch.nn import functional
 import tiny
 from spectra.config import LocalLayers
 from spectra.kv import batching, locallayers, prefill
+from spectra.kv.generation import Request
 from spectra.kv.cell import FULL, Cell
 from spectra.kv.presses import REGISTRY
 
@@ -122,8 +123,8 @@ def spectra_answer(model, context, question, press: str, mode: LocalLayers, stri
     instead, what kvpress's pipeline does not do)."""
     cell, found = spectra_cell(model, context, press, mode)
     parts = [part if not strip else type(part)(part.kept, part.saved) for part in cell.parts]
-    batch = batching.Batch.of([parts], found, QUESTION + NEW)
-    return batching.greedy(model, LAYERS, batch, question, cell.start, NEW, set(), 0)[0].ids
+    batch = batching.CacheBatch.of([parts], found, QUESTION + NEW)
+    return batching.greedy_batch(model, LAYERS, batch, [Request(question, cell.start, NEW, set(), 0)])[0].ids
 
 
 @pytest.fixture(scope="module")

@@ -32,10 +32,10 @@ def test_examples_answering_in_fewer_tokens_go_first() -> None:
 def test_a_group_is_cut_where_the_next_cell_would_pass_the_budget() -> None:
     row = batching.batch_row_bytes(2, 8, 8, 4)
 
-    def waiting(owner, rows, held=0, copies=1, question=3, new=5):
-        return Waiting(owner, 0, rows, held, copies, question, new)
+    def waiting(owner, rows, held=0, copies=1, longest=3, new=5):
+        return Waiting(owner, 0, rows, held, copies, longest, new)
 
-    first, second = waiting(0, [10, 12]), waiting(1, [6, 4], held=50, copies=2, question=6, new=2)
+    first, second = waiting(0, [10, 12]), waiting(1, [6, 4], held=50, copies=2, longest=6, new=2)
     assert room([first, second]) == 6 + 5  # the longest question, the most new tokens
     # three rows (the second cell answers two questions), each as wide as the widest cell plus the room, per layer
     both = 3 * ((10 + 11) + (12 + 11)) * row + 50

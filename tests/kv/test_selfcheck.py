@@ -49,6 +49,6 @@ def test_decoding_without_the_window_would_be_caught(monkeypatch) -> None:
     model = tiny.gemma3(window=8, dtype=torch.float64)
     context, question = _ids(0, 40, 5)
     prefills = prefill.exact(model, 3, context, 0, 0, ())
-    monkeypatch.setattr(selfcheck.batching.Batch, "local", lambda self, layer: False)
+    monkeypatch.setattr(selfcheck.batching.CacheBatch, "local", lambda self, layer: False)
     with pytest.raises(SpectraError, match="part at token"):
         selfcheck.first_example(model, 3, prefills, context, question, 12, set(), 0)

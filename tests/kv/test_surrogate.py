@@ -17,7 +17,7 @@ from scipy.stats import spearmanr
 from spectra.errors import SpectraError
 from spectra.kv import artifacts, prefill, reconstruction, surrogate
 from spectra import api
-from spectra.kv.calibration import ArtifactRequest, text_blocks
+from spectra.kv.artifactfit import ArtifactRequest, text_blocks
 from spectra.kv.presses.kvzap import surrogate_scores
 
 

@@ -115,8 +115,8 @@ def test_tables_from_the_state(probed, monkeypatch) -> None:
 
 def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
     """decoding(knorm) cells: paced beyond the answer they are the full cache's answers; paced every step they are the
-    greedy answers of `generation.greedy` with that recompression (tests/test_decoding.py holds it against a dense forward),
-    kept share the ratio's target over the context and no needle survival (the rows are no longer positions)."""
+    greedy answers of `generation.greedy_alone` with that recompression (tests/test_decoding.py holds it against a
+    dense forward), kept share the ratio's target over the context and no needle survival (the rows are no longer positions)."""
     from spectra.kv import generation
     from spectra.kv.presses import REGISTRY
 
@@ -135,8 +135,9 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
                                          n_kept(example.context, 0.5))
             room = example.question_ids.shape[-1] + example.record.max_new_tokens
             cache = generation.Buffers.of([REGISTRY["decoding(knorm)"].compress(p, 0.5) for p in prefills], prefills, room)
-            want = generation.greedy(source.loaded.model, source.layers, cache, example.question_ids, example.context,
-                                   example.record.max_new_tokens, probe.stop, example.record.example, None, recompression)
+            request = generation.Request(example.question_ids, example.context, example.record.max_new_tokens,
+                                         probe.stop, example.record.example)
+            want = generation.greedy_alone(source.loaded.model, source.layers, cache, request, recompression)
             got = probe.ids[1, batch.index[0]]
             assert [int(token) - 1 for token in got if token] == want.ids
             assert probe.kept[1, batch.index[0]] == n_kept(example.context, 0.5) / example.context
@@ -192,10 +193,10 @@ STATE = ("ids", "survival", "kept", "bytes", "head_kept")
 def batched(monkeypatch, model, path, records, presses, ratios, batch_size, interval=INTERVAL):
     """`probe_of` in float64 at `batch_size`, and the rows of every batch it decoded."""
     sizes = []
-    original = batching.Batch.of
-    monkeypatch.setattr(batching.Batch, "of", lambda *args: sizes.append(len(args[0])) or original(*args))
+    original = batching.CacheBatch.of
+    monkeypatch.setattr(batching.CacheBatch, "of", lambda *args: sizes.append(len(args[0])) or original(*args))
     _, probe = probe_of(model, path, records, presses, ratios, double=True, batch_size=batch_size, interval=interval)
-    monkeypatch.setattr(batching.Batch, "of", original)
+    monkeypatch.setattr(batching.CacheBatch, "of", original)
     return probe, sizes
 
 
@@ -231,7 +232,7 @@ def test_examples_decoded_together_answer_as_one_at_a_time(tmp_path, monkeypatch
 
 def test_a_decoding_press_decodes_alone_beside_examples_decoded_together(tmp_path, monkeypatch) -> None:
     """decoding(knorm), paced every step, among presses decoding in a batch of three examples: its cells decode
-    alone (`generation.greedy` with recompression) and every answer equals the run one example at a time."""
+    alone (`generation.greedy_alone` with recompression) and every answer equals the run one example at a time."""
     model = task_files.save_chat_decoder(tmp_path / "tiny-chat")
     rows = task_files.records(count=2, max_new_tokens=5) + task_files.records(count=2, seed=1, max_new_tokens=9,
                                                                               task="niah_single_1")

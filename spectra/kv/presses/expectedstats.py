@@ -4,7 +4,7 @@ from the context being compressed.
 
 `expected_attention` estimates the mean μ and covariance Σ of the future queries from the context's own queries
 before RoPE. A short or unusual context gives a poor estimate; statistics gathered once over calibration text
-(`spectra artifacts expected_attention_stats`, `kv.calibration`: every query head's pre-RoPE queries of each
+(`spectra artifacts expected_attention_stats`, `kv.artifactfit`: every query head's pre-RoPE queries of each
 calibration sequence but its first 4, their mean and their covariance divided by N − 1) are a steadier prior, and the
 press then needs no query of the context at all. Per layer, μ (H, d) and Σ (H, d, d) are rotated to the next 512
 positions after the context as `expected_attention` rotates its own (R̄μ, R̄ΣR̄ᵀ, `expected.future_rotation`), and each

@@ -5,7 +5,7 @@ Queries and keys of a head are anisotropic: their distributions share one domina
 lies along it, E[q] ≈ κ u. The logit a key can expect from the queries is then E[q]·k ≈ κ (u·k), so the projection of
 each cached key on u ranks the keys as their attention would, without any query at compression time (a
 context-agnostic score, compatible with fused attention). u is fitted once per model: the top right singular vector of
-the queries of calibration text (`spectra artifacts qfilter`, `kv.calibration`), the filter f one per layer and
+the queries of calibration text (`spectra artifacts qfilter`, `kv.artifactfit`), the filter f one per layer and
 key/value head.
 
 kvpress 0.5.5's QFilterPress is the peer: its score is −f·k_j for each cached (post-RoPE) key, in the cache's dtype,

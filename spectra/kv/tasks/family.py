@@ -6,8 +6,8 @@ A family (niah, vt, cwe, fwe, passkey, qa) is a `Family` subclass declaring
 - `name` and `tasks`: its task names (each starting with the family's name and "_", or the name itself) and each
   task's number, which enters the seeds of its generated examples (never renumber a task; a new one takes a number
   no other task has) and orders the listings;
-- `question`, `answer`: where a RULER prompt's question and answer prefix begin (kvpress's split of RULER's data);
-  None for a family RULER does not write (passkey);
+- `question_pattern`, `answer_pattern`: where a RULER prompt's question and answer prefix begin (kvpress's split of
+  RULER's data); None for a family RULER does not write (passkey);
 - `max_new_tokens`: the tokens an answer may take (RULER's tokens_to_generate);
 - `metric`: RULER's score of a prediction, `string_match_all` or `string_match_part` (`scoring.py`);
 - `extractive`: whether every reference answer is a string of the context (a record whose answer is not is
@@ -15,7 +15,8 @@ A family (niah, vt, cwe, fwe, passkey, qa) is a `Family` subclass declaring
 - `haystack_type(task)`: what the task hides its needles in, RULER's type_haystack (synthetic.yaml): `essay` (a
   `--haystack` text: RULER's Paul Graham essays), `noise` (RULER's noise sentence repeated), `needle` (distractor
   needles), or None (a context of no haystack: word lists, JSON); `reads_haystack(task)`: whether it is `essay`;
-- `builder(task, target)`: the generator of the task's examples at a target length, `(rng, size, depth) → Example`
+- `builder(task, target)`: the generator of the task's examples at a target length,
+  `(rng, size, depth) → GeneratedExample`
   (a family without one is read from files, never generated), and `minimum(task)`, the smallest size it builds;
 
 and ends with `register(TheFamily())`. `registry.TASKS` imports the family files when it is first listed (they are
@@ -42,9 +43,10 @@ HAYSTACK_TYPES = ("essay", "noise", "needle")
 
 
 @dataclass(frozen=True)
-class Example:
-    """A built example: kvpress's three prompt parts, the reference answers, and the needle's depth (or None). An
-    example asking several questions of its context (kvpress's `questions=[…]`) holds them in `questions` and each
+class GeneratedExample:
+    """A generated example (a family's builder's, before it becomes a `records.TaskRecord`; not `examples.Example`,
+    a record tokenized to run): kvpress's three prompt parts, the reference answers, and the needle's depth (or
+    None). An example asking several questions of its context (kvpress's `questions=[…]`) holds them in `questions` and each
     one's answers in `question_answers`; its `question` is then empty and `answers` holds every question's."""
 
     context: str
@@ -57,7 +59,7 @@ class Example:
 
     @classmethod
     def many(cls, context: str, questions: list[str], answer_prefix: str, answers: list[list[str]],
-             depth: float | None) -> Example:
+             depth: float | None) -> GeneratedExample:
         """An example asking `questions` of one context, `answers[i]` the accepted answers of question i."""
         flat = tuple(dict.fromkeys(answer for accepted in answers for answer in accepted))
         return cls(context, "", answer_prefix, flat, depth, tuple(questions),
@@ -76,7 +78,7 @@ class Target:
 
 
 #: one generated example from (its generator, the haystack size, the needle's depth)
-Build = Callable[[random.Random, int, float], Example]
+Build = Callable[[random.Random, int, float], GeneratedExample]
 
 
 class Family:
@@ -86,8 +88,8 @@ class Family:
     tasks: ClassVar[Mapping[str, int]]
     max_new_tokens: ClassVar[int]
     metric: ClassVar[str] = "string_match_all"
-    question: ClassVar[re.Pattern[str] | None] = None
-    answer: ClassVar[re.Pattern[str] | None] = None
+    question_pattern: ClassVar[re.Pattern[str] | None] = None
+    answer_pattern: ClassVar[re.Pattern[str] | None] = None
     extractive: ClassVar[bool] = True
 
     def haystack_type(self, task: str) -> str | None:
@@ -103,7 +105,8 @@ class Family:
         return 1
 
     def builder(self, task: str, target: Target) -> Build:
-        """The function (rng, size, depth) → Example of `task` at `target`; `size` counts the haystack's units."""
+        """The function (rng, size, depth) → GeneratedExample of `task` at `target`; `size` counts the haystack's
+        units."""
         raise NotImplementedError(f"the {self.name} tasks are read from task files, not generated")
 
     @property
@@ -115,21 +118,23 @@ class Family:
         """(context, question, answer_prefix) of a RULER prompt, split as kvpress's create_huggingface_dataset
         does: the context ends where the last question pattern begins, the answer prefix starts at the answer
         pattern after it."""
-        if self.question is None or self.answer is None:
+        if self.question_pattern is None or self.answer_pattern is None:
             raise SpectraError(f"RULER writes no {self.name} task: its prompts cannot be split")
-        found = list(self.question.finditer(text))
+        found = list(self.question_pattern.finditer(text))
         if not found:
-            raise SpectraError(f"the RULER prompt has no question of a {self.name} task ('{self.question.pattern}')")
+            raise SpectraError(f"the RULER prompt has no question of a {self.name} task "
+                               f"('{self.question_pattern.pattern}')")
         context, rest = text[: found[-1].start()], text[found[-1].start():]
-        prefix = self.answer.search(rest)
+        prefix = self.answer_pattern.search(rest)
         if prefix is None:
-            raise SpectraError(f"the RULER prompt has no answer prefix of a {self.name} task ('{self.answer.pattern}')")
+            raise SpectraError(f"the RULER prompt has no answer prefix of a {self.name} task "
+                               f"('{self.answer_pattern.pattern}')")
         return context, rest[: prefix.start()], rest[prefix.start():]
 
-    def example(self, text: str, answers: list[str], depth: float | None) -> Example:
+    def example(self, text: str, answers: list[str], depth: float | None) -> GeneratedExample:
         """The example of a RULER prompt (template + answer prefix), split as kvpress splits RULER's data."""
         context, question, answer_prefix = self.split(text)
-        return Example(context, question, answer_prefix, tuple(answers), depth)
+        return GeneratedExample(context, question, answer_prefix, tuple(answers), depth)
 
 
 def register(family: Family) -> Family:

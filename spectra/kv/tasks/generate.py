@@ -31,7 +31,8 @@ from pathlib import Path
 from ...errors import SpectraError, spell
 from ...inputs import items
 from ...registry import TASKS
-from .family import Example, Family, Target, example_rng, generated, haystack_tasks, largest_fitting, listing
+from .family import (Family, GeneratedExample, Target, example_rng, generated, haystack_tasks, largest_fitting,
+                     listing)
 from . import haystack as stacks
 from .haystack import NOISE_NAME, Haystack
 from .prompt import prompt_length
@@ -88,7 +89,7 @@ def sample_rng(seed: int, task: str, length: int, sample: int) -> random.Random:
     return example_rng(seed, TASKS.facts(task)["number"], length, sample)
 
 
-def check_answers(example: Example, task: str, length: int, sample: int) -> None:
+def check_answers(example: GeneratedExample, task: str, length: int, sample: int) -> None:
     """Refuse an example whose context lacks one of its answers (the task could not be solved)."""
     for answer in example.answers:
         if answer not in example.context:
@@ -118,7 +119,7 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
     minimum = family.minimum(task)
     fitted = []
     for sample, depth in enumerate(depths(samples)):
-        built: dict[int, tuple[Example, int]] = {}
+        built: dict[int, tuple[GeneratedExample, int]] = {}
 
         def measure(size: int) -> int:
             if size not in built:

@@ -124,7 +124,7 @@ def split_ruler_prompt(text: str, task: str) -> tuple[str, str, str]:
     """(context, question, answer_prefix) of a RULER prompt of `task`, split as its family declares
     (`family.Family.split`: as kvpress's create_huggingface_dataset does)."""
     found = family_of(task)
-    if found is None or found.question is None:
+    if found is None or found.question_pattern is None:
         raise SpectraError(f"cannot split a RULER prompt of task '{task}': its family '{task.split('_')[0]}' is not "
                            f"one of {', '.join(ruler_families())}")
     return found.split(text)
@@ -132,7 +132,7 @@ def split_ruler_prompt(text: str, task: str) -> tuple[str, str, str]:
 
 def ruler_families() -> list[str]:
     """The families RULER writes (whose prompts split into context, question and answer prefix)."""
-    return sorted(name for name in families() if family_of(name).question is not None)  # type: ignore[union-attr]
+    return sorted(name for name in families() if family_of(name).question_pattern is not None)  # type: ignore[union-attr]
 
 
 def _answers(value: object, where: str) -> tuple[str, ...]:
@@ -218,7 +218,7 @@ def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> T
             raise SpectraError(f"{where} has no field '{name}' (a RULER record needs {', '.join(RULER_FIELDS)})")
     task = record.get("task", folder_task)
     found = family_of(task) if isinstance(task, str) else None
-    if found is None or found.question is None:
+    if found is None or found.question_pattern is None:
         raise SpectraError(f"{where}: a RULER record's task is its folder's name (TASK/validation.jsonl) or its "
                            f"'task' field; '{task}' is not a RULER task ({', '.join(ruler_families())}…)")
     prefix = record.get("answer_prefix", "")

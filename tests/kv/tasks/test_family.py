@@ -38,7 +38,7 @@ def test_every_family_declares_what_its_tasks_need() -> None:
         assert isinstance(family, Family) and TASKS.facts(task)["family"] == family.name
         assert task == family.name or task.startswith(family.name + "_")
         assert family.max_new_tokens >= 1 and family.metric in METRICS
-        assert (family.question is None) == (family.answer is None)
+        assert (family.question_pattern is None) == (family.answer_pattern is None)
         assert TASKS.facts(task)["generated"] == family.generated
 
 

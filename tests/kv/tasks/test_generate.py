@@ -11,7 +11,7 @@ import pytest
 import tiny
 
 from spectra.errors import SpectraError
-from spectra.kv.tasks.family import Example, generated
+from spectra.kv.tasks.family import GeneratedExample, generated
 from spectra.kv.tasks import haystack as haystack_module
 from spectra.kv.tasks.generate import (
     MOST_REPEATS,
@@ -208,9 +208,10 @@ def test_cwe_beyond_its_word_lists_is_refused(tokenizer, monkeypatch) -> None:
 def test_an_answer_missing_from_its_context_is_refused() -> None:
     """An example whose context lacks one of its answers could not be solved: generation refuses it in one line
     naming the task, length, sample and answer; one whose answers all stand in it passes."""
-    kept = Example("the pass key is 4821. remember it.", "What is the pass key?", "The pass key is", ("4821",), 0.5)
+    kept = GeneratedExample("the pass key is 4821. remember it.", "What is the pass key?", "The pass key is", ("4821",),
+                            0.5)
     check_answers(kept, "passkey", 1024, 0)
-    lost = Example("the pass key is 4821.", "What are the keys?", "They are", ("4821", "7730"), 0.5)
+    lost = GeneratedExample("the pass key is 4821.", "What are the keys?", "They are", ("4821", "7730"), 0.5)
     with pytest.raises(SpectraError, match="^niah_multikey_1 at length 2048, sample 3: the answer '7730' is not in its"):
         check_answers(lost, "niah_multikey_1", 2048, 3)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import re
 
-from ..family import Build, Example, Family, Target, register
+from ..family import Build, GeneratedExample, Family, Target, register
 from ..haystack import common_words
 
 TEMPLATE = ("Below is a numbered list of words. In these words, some appear more often than others. Memorize the "
@@ -38,8 +38,8 @@ class CweFamily(Family):
     name = "cwe"
     tasks = {"cwe": 9}
     max_new_tokens = 120
-    question = re.compile(r"Question: What are the 10 most common words in the above list\?")
-    answer = re.compile(r"Answer:")
+    question_pattern = re.compile(r"Question: What are the 10 most common words in the above list\?")
+    answer_pattern = re.compile(r"Answer:")
 
     def minimum(self, task: str) -> int:
         return COMMON
@@ -47,7 +47,7 @@ class CweFamily(Family):
     def builder(self, task: str, target: Target) -> Build:
         return lambda rng, size, depth: self.build(rng, size, target.length)
 
-    def build(self, rng: random.Random, size: int, length: int) -> Example:
+    def build(self, rng: random.Random, size: int, length: int) -> GeneratedExample:
         """A cwe example with `size` distinct words after one worked example (RULER's repeats depend on the
         length)."""
         shots, (common, rare) = ((40, 10, 3), (30, 3)) if length >= LONG else ((20, 3, 1), (6, 1))

@@ -9,7 +9,7 @@ import random
 import re
 import string
 
-from ..family import Build, Example, Family, Target, register
+from ..family import Build, GeneratedExample, Family, Target, register
 
 TEMPLATE = ("Read the following coded text and track the frequency of each coded word. Find the three most "
             "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
@@ -21,8 +21,8 @@ class FweFamily(Family):
     name = "fwe"
     tasks = {"fwe": 10}
     max_new_tokens = 50
-    question = re.compile(r"Question: Do not provide any explanation\.")
-    answer = re.compile(r"Answer:")
+    question_pattern = re.compile(r"Question: Do not provide any explanation\.")
+    answer_pattern = re.compile(r"Answer:")
 
     def minimum(self, task: str) -> int:
         return 30  # the third answer appears once from about 27 words on
@@ -30,7 +30,7 @@ class FweFamily(Family):
     def builder(self, task: str, target: Target) -> Build:
         return lambda rng, size, depth: self.build(rng, size, target.length)
 
-    def build(self, rng: random.Random, size: int, length: int) -> Example:
+    def build(self, rng: random.Random, size: int, length: int) -> GeneratedExample:
         """An fwe example of about `size` coded words over a vocabulary of (length − max_new_tokens) / 50 words."""
         vocabulary_size = max(5, (length - self.max_new_tokens) // 50)
         vocabulary: set[str] = set()

@@ -16,7 +16,7 @@ import json
 import random
 import uuid
 
-from ..family import Build, Example, Family, Target, register
+from ..family import Build, GeneratedExample, Family, Target, register
 
 TASK = "Extract the value corresponding to the specified key in the JSON object below.\n\n"
 QUESTION, PREFIX = "Key: \"{key}\"\n", "The value associated with the specified key is: "
@@ -40,13 +40,13 @@ class KvFamily(Family):
     def builder(self, task: str, target: Target) -> Build:
         return self.build
 
-    def build(self, rng: random.Random, size: int, depth: float) -> Example:
+    def build(self, rng: random.Random, size: int, depth: float) -> GeneratedExample:
         """`size` pairs of random UUIDs; `QUESTIONS` of their keys asked, the first at `depth`."""
         pairs = [(draw(rng), draw(rng)) for _ in range(size)]
         first = min(size - 1, int(size * depth))
         asked = [first] + rng.sample([i for i in range(size) if i != first], QUESTIONS - 1)
         context = TASK + json.dumps(dict(pairs), ensure_ascii=False) + "\n\n"
-        return Example.many(context, [QUESTION.format(key=pairs[i][0]) for i in asked], PREFIX,
+        return GeneratedExample.many(context, [QUESTION.format(key=pairs[i][0]) for i in asked], PREFIX,
                             [[pairs[i][1]] for i in asked], depth)
 
 

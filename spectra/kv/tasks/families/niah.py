@@ -24,7 +24,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..family import Build, Example, Family, Target, register
+from ..family import Build, GeneratedExample, Family, Target, register
 from ..haystack import NOISE, Haystack, insert, niah_words
 
 TEMPLATE = ("Some special magic {values} are hidden within the following text. Make sure to memorize it. "
@@ -85,8 +85,8 @@ class NiahFamily(Family):
     name = "niah"
     tasks = {task: spec.number for task, spec in VARIANTS.items()}
     max_new_tokens = 128
-    question = re.compile(r"What (?:is|are all) the special magic")
-    answer = re.compile(r"The special magic")
+    question_pattern = re.compile(r"What (?:is|are all) the special magic")
+    answer_pattern = re.compile(r"The special magic")
 
     def haystack_type(self, task: str) -> str:
         return VARIANTS[task].haystack
@@ -94,7 +94,7 @@ class NiahFamily(Family):
     def builder(self, task: str, target: Target) -> Build:
         return lambda rng, size, depth: self.build(task, rng, size, depth, target.haystack)
 
-    def build(self, task: str, rng: random.Random, size: int, depth: float, haystack: Haystack) -> Example:
+    def build(self, task: str, rng: random.Random, size: int, depth: float, haystack: Haystack) -> GeneratedExample:
         """A niah example with `size` haystack units (noise or needle lines, or essay words)."""
         spec = VARIANTS[task]
         keys = [draw(rng, spec.key) for _ in range(max(spec.keys, spec.queries))]
@@ -117,8 +117,10 @@ class NiahFamily(Family):
         if spec.apart:
             text = (TEMPLATE + PREFIX).format(values=spec.value, context=context, query=query)
             opening = self.split(text)[0]
-            return Example.many(opening, [QUESTION_ONE.format(value=spec.value[:-1], query=key) for key in queries],
-                                QUESTIONS_PREFIX.format(value=spec.value[:-1]), [values[k] for k in asked], depth)
+            return GeneratedExample.many(opening,
+                                         [QUESTION_ONE.format(value=spec.value[:-1], query=key) for key in queries],
+                                         QUESTIONS_PREFIX.format(value=spec.value[:-1]), [values[k] for k in asked],
+                                         depth)
         if spec.queries * spec.values == 1:
             text = (TEMPLATE_ONE + PREFIX_ONE).format(value=spec.value[:-1], context=context, query=query)
         else:

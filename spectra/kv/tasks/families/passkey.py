@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from ..family import Build, Example, Family, Target, register
+from ..family import Build, GeneratedExample, Family, Target, register
 from ..haystack import NOISE
 
 TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -26,13 +26,13 @@ class PasskeyFamily(Family):
     def builder(self, task: str, target: Target) -> Build:
         return self.build
 
-    def build(self, rng: random.Random, size: int, depth: float) -> Example:
+    def build(self, rng: random.Random, size: int, depth: float) -> GeneratedExample:
         """`size` characters of garbage, cut at `depth` around the pass key line."""
         before = int(size * depth)
         garbage = " ".join([NOISE] * (size // len(NOISE) + 2))
         key = str(rng.randint(1, 50000))
         lines = [TASK, garbage[:before], LINE.format(key=key), garbage[: size - before]]
-        return Example("\n".join(lines) + "\n", QUESTION, PREFIX, (key,), depth)
+        return GeneratedExample("\n".join(lines) + "\n", QUESTION, PREFIX, (key,), depth)
 
 
 register(PasskeyFamily())

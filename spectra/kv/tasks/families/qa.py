@@ -14,8 +14,8 @@ class QaFamily(Family):
     tasks = {"qa_1": 12, "qa_2": 13}
     max_new_tokens = 32
     metric = "string_match_part"
-    question = re.compile(r"Answer the question based on the given documents\.")
-    answer = re.compile(r"Answer:")
+    question_pattern = re.compile(r"Answer the question based on the given documents\.")
+    answer_pattern = re.compile(r"Answer:")
     extractive = False
 
 

@@ -12,7 +12,7 @@ import random
 import re
 import string
 
-from ..family import Build, Example, Family, Target, example_rng, largest_fitting, register
+from ..family import Build, GeneratedExample, Family, Target, example_rng, largest_fitting, register
 from ..haystack import NOISE
 
 TEMPLATE = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
@@ -49,8 +49,8 @@ class VtFamily(Family):
     name = "vt"
     tasks = {"vt": 8}
     max_new_tokens = 30
-    question = re.compile(r"Question: Find all variables that are assigned the value")
-    answer = re.compile(r"Answer:")
+    question_pattern = re.compile(r"Question: Find all variables that are assigned the value")
+    answer_pattern = re.compile(r"Answer:")
 
     def minimum(self, task: str) -> int:
         return HOPS + 1  # the 5 statements go between distinct noise lines
@@ -69,7 +69,7 @@ class VtFamily(Family):
         icl_size = self.icl_size(target)
         return lambda rng, size, depth: self.build(rng, size, icl_size)
 
-    def build(self, rng: random.Random, size: int, icl_size: int) -> Example:
+    def build(self, rng: random.Random, size: int, icl_size: int) -> GeneratedExample:
         """A worked example with `icl_size` noise lines and its answer, then the question's chain in `size` lines."""
         icl, icl_names = prompt(rng, icl_size, 3)
         text, names = prompt(rng, size, 5)

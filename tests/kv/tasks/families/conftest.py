@@ -7,7 +7,7 @@ import random
 import pytest
 
 from spectra.registry import TASKS
-from spectra.kv.tasks.family import Example, Target
+from spectra.kv.tasks.family import GeneratedExample, Target
 from spectra.kv.tasks.haystack import Haystack
 
 
@@ -19,7 +19,7 @@ def words(text: str) -> int:
 @pytest.fixture
 def build():
     def make(task: str, size: int, depth: float = 0.5, seed: int = 1, length: int = 1024,
-             haystack: Haystack | None = None) -> Example:
+             haystack: Haystack | None = None) -> GeneratedExample:
         target = Target(length, haystack or Haystack.noise(), 0, words)
         return TASKS[task].builder(task, target)(random.Random(seed), size, depth)
 

@@ -17,7 +17,7 @@ import torch
 from spectra.errors import SpectraError
 from spectra.kv import artifacts
 from spectra import api
-from spectra.kv.calibration import QFilterFit, StatisticsFit
+from spectra.kv.artifactfit import QFilterFit, StatisticsFit
 from spectra.kv.presses.expected import SINKS
 
 
