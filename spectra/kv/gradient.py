@@ -19,7 +19,11 @@ through query head g. The first `SINKS` positions are then raised above every sc
 The pass runs outside inference mode with gradients on: the prefilled keys and values (made under inference mode)
 are cloned, the model's parameters are frozen for the pass (only activations are differentiated), and the repeat
 enters as embeddings that require a gradient. Each layer's attention is the exact SDPA over the whole cache and the
-repeat (`reconstruction.repeat_attention`), differentiable through the repeat's queries, keys and values.
+repeat (`reconstruction.repeat_attention`), differentiable through the repeat's queries, keys and values; a
+sliding-window layer (Gemma 3's local layers, `spectra.sliding`) attends within its window, as the model's own forward
+over context and repeat does, so the hidden states, their gradients and the later layers' queries are the model's
+(the weights A stay KVzip's subset softmax, as in `kv.reconstruction`). On a model with local layers the `kvgrad`
+press ranks the global layers' pairs alone (`KVzip.for_run`), the local ones keeping their windows.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from .. import capture, models
+from .. import capture, models, sliding
 from ..capture import Captured
 from ..kernels import softmax_dtype
 from .reconstruction import SINKS, Repetition, chunk_weights, repeat_attention
@@ -72,6 +76,7 @@ def scores(model: torch.nn.Module, layers: int, keys: Sequence[torch.Tensor], va
     length = ids.shape[-1]
     w_o = models.output_projections(model)
     decoder = model.get_decoder()
+    windows = sliding.of_model(model) or [None] * layers
     with torch.inference_mode(False), torch.enable_grad(), frozen(model):
         keys = [key.clone() for key in keys]
         values = [value.clone() for value in values]
@@ -87,7 +92,7 @@ def scores(model: torch.nn.Module, layers: int, keys: Sequence[torch.Tensor], va
                     weights[layer] = chunk_weights(captured.q[0].detach(), captured.key[0].detach(), keys[layer],
                                                    start, stop)
                 return repeat_attention(captured.q, keys[layer], values[layer], captured.key, captured.value,
-                                        captured.scaling)
+                                        captured.scaling, windows[layer])
 
             def attended(module: torch.nn.Module, args: tuple, output: tuple) -> None:
                 out = output[0] if isinstance(output, tuple) else output

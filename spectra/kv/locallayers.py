@@ -41,8 +41,8 @@ Both `compress` and `kvpress` are refused (`kinds.evaluate`, before the model lo
 without local layers, and with presses whose effect on a local layer spectra does not reproduce: a press that
 compresses while decoding (kvpress's DecodingPress would compress the local layers as it decodes, spectra's decoding
 leaves them), one reading rotary positions (`Prefill.rope` is the global layers'; Gemma 3's local layers rotate with a
-base of their own), the whole-model passes (kvzip runs under `keep` only; kvcompose and kvgrad are refused on
-such models in every mode), headbudget (its budgets are the global layers');
+base of their own), the whole-model passes (kvzip, kvgrad and kvcompose run under `keep` only: each ranks
+whole-context scores across the global layers, `kv.passes`), headbudget (its budgets are the global layers');
 `compress` also a press whose rows are not context tokens (linformer: a window reads positions), `kvpress` a press
 that is no scorer (the row order above is kvpress's ScorerPress'). key_rerotation reads rotary positions: refused in
 both (in `keep`, by `cell.start`).

@@ -68,9 +68,9 @@ PASSES: dict[str, Pass] = {found.name: found for found in (
     Pass("reconstruction", "KVzip's reconstruction pass", "spectra.kv.reconstruction:scores", whole_model=True,
          needs=("model", "layers", "keys", "values", "ids", "repetition", "index"), windows=True),
     Pass("composition", "KVCompose's replay pass", "spectra.kv.composition:scores", whole_model=True,
-         needs=("model", "layers", "ids", "index")),
+         needs=("model", "layers", "ids", "index"), windows=True),
     Pass("gradient", "KVgrad's gradient pass", "spectra.kv.gradient:scores", whole_model=True,
-         needs=("model", "layers", "keys", "values", "ids", "repetition", "index")),
+         needs=("model", "layers", "keys", "values", "ids", "repetition", "index"), windows=True),
 )}
 #: the fact a press reading a whole-model pass holds (`held`)
 WHOLE_MODEL = "whole_model"

@@ -46,6 +46,25 @@ def test_the_pass_equals_the_eager_weights_of_the_context_read_twice(gqa_llama) 
     assert not torch.allclose(got[0], got[1]), "each layer its own"
 
 
+def test_on_sliding_window_layers_the_pass_follows_the_models_own_eager_attention() -> None:
+    """A tiny Gemma 3 whose local layers (window 8) come before a global one: the replay attends within each local
+    layer's window, so every layer's scores equal the weights transformers' eager attention (its sliding-window mask)
+    gives the context read twice, where attending the whole cache would not."""
+    model = tiny.gemma3(window=8, dtype=torch.float64, kv_heads=2)
+    eager = tiny.gemma3(window=8, dtype=torch.float64, kv_heads=2, attention="eager")
+    ids = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(5))
+    got = composition.scores(model, 3, ids, 0, chunk=5)
+    with torch.no_grad():
+        weights = eager(input_ids=torch.cat([ids, ids])[None], output_attentions=True).attentions
+    expected = torch.stack([p[0, :, 24:, :24].amax(dim=1).view(2, 2, 24).mean(dim=1) for p in weights])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)  # eager's float32 softmax bounds it
+    assert (got[:2, :, :24 - 7] == 0).all() and (got[:2, :, 24 - 7:] > 0).all(), "a window sees the last W − 1"
+    model.config.layer_types = ["full_attention"] * 3  # the pass now attends the whole cache in every layer
+    unbanded = composition.scores(model, 3, ids, 0, chunk=5)
+    for layer in range(3):
+        assert not torch.allclose(unbanded[layer], expected[layer], rtol=1e-3), layer
+
+
 def test_one_layers_scores_against_numpy() -> None:
     rng = np.random.default_rng(3)
     length, heads, kv_heads, dim = 9, 4, 2, 5
@@ -61,6 +80,18 @@ def test_one_layers_scores_against_numpy() -> None:
     for chunk in (1, 4, 9, 100):
         got = replay_scores(torch.from_numpy(q), torch.from_numpy(key), scaling, length, chunk)
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-14)
+    for window in (1, 3, 9, 30):  # replay row L + i sees the keys after L + i − W: the context's last W − 1 − i
+        banded = np.zeros((kv_heads, length))
+        for head in range(heads):
+            logits = q[head] @ key[head // 2].T * scaling
+            at = np.arange(2 * length)
+            logits[(at[None] > at[:, None]) | (at[None] <= at[:, None] - window)] = -np.inf
+            p = np.exp(logits - logits.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            banded[head // 2] += p[length:, :length].max(axis=0) / 2
+        for chunk in (1, 4, 100):
+            got = replay_scores(torch.from_numpy(q), torch.from_numpy(key), scaling, length, chunk, window)
+            np.testing.assert_allclose(got.numpy(), banded, rtol=1e-12, atol=1e-14)
 
 
 def test_the_prefill_hands_every_layer_the_same_scores_only_when_asked(gqa_llama) -> None:

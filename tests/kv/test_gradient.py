@@ -6,6 +6,8 @@ weights and norms then combined in numpy, in float64."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -84,13 +86,12 @@ def test_one_chunk_attribution_equals_numpy() -> None:
     np.testing.assert_allclose(got.numpy(), numpy_attribution(weights, norms, grads, 2), rtol=1e-12)
 
 
-def dense_scores(loaded, ids: torch.Tensor, pieces: Repetition, chunk: int) -> np.ndarray:
-    """The pass's scores from one plain causal forward over context + repeat per chunk, differentiated by autograd:
-    Φ = Σ ‖h‖² over the repeat's positions of the last decoder layer's output, its gradient with respect to each
-    layer's attention output at those positions."""
+def dense_scores(loaded, ids: torch.Tensor, pieces: Repetition, chunk: int, kv_heads: int = 2) -> np.ndarray:
+    """The pass's scores from one plain causal forward over context + repeat per chunk (the model's own mask: a
+    sliding-window layer's window), differentiated by autograd: Φ = Σ ‖h‖² over the repeat's positions of the last
+    decoder layer's output, its gradient with respect to each layer's attention output at those positions."""
     length = ids.shape[-1]
     decoder = loaded.model.get_decoder()
-    kv_heads = 2
     found = np.zeros((loaded.layers, kv_heads, length))
     for start, stop, repeat in pieces.chunks(ids, chunk):
         seen, outputs, last = {}, {}, []
@@ -138,6 +139,25 @@ def test_the_pass_equals_differentiated_forwards_over_the_context_and_each_repea
     np.testing.assert_allclose(got.numpy(), dense_scores(loaded, ids, pieces, 16), rtol=1e-9, atol=1e-12)
     assert (got[..., SINKS:6] == 0).all(), "the template's opening beyond the sinks is not scored"
     assert (got[..., 6:] > 0).all() and (got[..., :SINKS] > got[..., SINKS:].max()).all()
+
+
+def test_on_sliding_window_layers_the_pass_follows_the_models_own_forward() -> None:
+    """A tiny Gemma 3 whose local layers (window 8) come before a global one: the repeat attends within each local
+    layer's window, so every layer's scores equal those of autograd through the model's own forward over context +
+    repeat (its transformers mask), where attending the whole cache would give others."""
+    model = tiny.gemma3(window=8, dtype=torch.float64, kv_heads=2)
+    loaded = SimpleNamespace(model=model, layers=3)
+    ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(3))
+    pieces = Repetition(6, torch.tensor([5, 6]), torch.tensor([7, 8, 9]), torch.tensor([10, 11]))
+    prefills = prefill.exact(model, 3, ids, 0, 0, ())
+    keys, values = [part.key for part in prefills], [part.value for part in prefills]
+    dense = dense_scores(loaded, ids, pieces, 16)
+    got = gradient.scores(model, 3, keys, values, ids, pieces, 0, chunk=16)
+    np.testing.assert_allclose(got.numpy(), dense, rtol=1e-9, atol=1e-12)
+    model.config.layer_types = ["full_attention"] * 3  # the pass now attends the whole cache in every layer
+    unbanded = gradient.scores(model, 3, keys, values, ids, pieces, 0, chunk=16)
+    for layer in range(3):  # the gradients reach every layer through the local ones
+        assert not np.allclose(unbanded[layer, :, SINKS:].numpy(), dense[layer, :, SINKS:], rtol=1e-6), layer
 
 
 def test_the_pass_runs_after_a_prefill_made_in_inference_mode(gqa_llama) -> None:

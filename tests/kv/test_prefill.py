@@ -5,12 +5,14 @@ float rounding. Float64 tiny Llama with grouped-query attention, so the two rout
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from spectra import capture, kernels, models
 from spectra.errors import SpectraError
-from spectra.kv import continuation, passes, prefill
+from spectra.kv import composition, continuation, passes, prefill
 from spectra.kv.presses.base import WINDOW
 
 import tiny
@@ -188,10 +190,15 @@ def test_a_local_layer_received_attention_within_its_window() -> None:
     assert not torch.allclose(found[0].read("received"), causal)
 
 
-def test_a_whole_model_pass_not_following_windows_is_refused_on_a_model_with_local_layers() -> None:
-    """KVzip's reconstruction follows sliding-window layers (`passes.Pass.windows`); KVCompose's replay does not yet:
-    asked of a tiny Gemma 3, it is refused in one line naming it."""
+def test_a_whole_model_pass_not_following_windows_is_refused_on_a_model_with_local_layers(monkeypatch) -> None:
+    """Every whole-model pass follows sliding-window layers (`passes.Pass.windows`): asked of a tiny Gemma 3, the
+    prefill hands every layer KVCompose's replay scores; a pass declared without windows is refused in one line
+    naming it."""
     model = tiny.gemma3(window=8)
     ids = torch.randint(3, 128, (20,), generator=torch.Generator().manual_seed(4))
+    assert passes.unwindowed(passes.PASSES) == []
+    found = prefill.exact(model, 3, ids, 0, 0, ("composition",))
+    torch.testing.assert_close(found[1].read("composition"), composition.scores(model, 3, ids, 0), rtol=0, atol=0)
+    monkeypatch.setitem(passes.PASSES, "composition", dataclasses.replace(passes.PASSES["composition"], windows=False))
     with pytest.raises(SpectraError, match=r"^the whole-model passes \(KVCompose's replay pass\) do not follow"):
         prefill.exact(model, 3, ids, 0, 0, ("composition",))

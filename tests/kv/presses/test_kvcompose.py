@@ -18,12 +18,14 @@ from .conftest import make_prefill
 LAYERS, KV_HEADS, LENGTH = 4, 2, 100
 
 
-def numpy_kvcompose(raw: np.ndarray, ratio: float) -> tuple[np.ndarray, np.ndarray]:
-    """(layers,) counts and (layers, H_kv, L) bool kept, from distinct replay scores (layers, H_kv, L)."""
+def numpy_kvcompose(raw: np.ndarray, ratio: float, first: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(layers,) counts and (layers, H_kv, L) bool kept, from distinct replay scores (layers, H_kv, L); `first`:
+    raise the first layer's curve to the largest (kvpress's rule for the model's layer 0)."""
     layers, heads, length = raw.shape
     scores = raw + raw.mean(axis=1, keepdims=True)
     composite = np.sort(scores, axis=-1)[..., ::-1].mean(axis=1)  # (layers, L)
-    composite[0] = composite.max(axis=0)
+    if first:
+        composite[0] = composite.max(axis=0)
     flat = composite.ravel()
     best = np.argsort(-flat, kind="stable")[:max(1, int(flat.size * (1 - ratio)))]
     counts = np.maximum(np.bincount(best // length, minlength=layers), 1)
@@ -68,6 +70,28 @@ def test_layer_zero_takes_the_largest_curve() -> None:
     # raised by their (one-head) mean: doubled. Layer 0's curve becomes layer 2's, so the 6 best of 12 composite
     # values are 1.8, 1.6, 1.4 of layers 0 and 2 each; layer 1 holds none and keeps 1
     assert layer_counts(scores, 0.5).tolist() == [3, 1, 3]
+
+
+@pytest.mark.parametrize("windows", [[8, None, 8, None], [None, 8, None, 8]])
+def test_on_a_model_with_local_layers_the_global_layers_share_the_budget(windows) -> None:
+    """Local layers (window 8) keep their windows whatever the press (`--local-layers keep`): the n_kept(N_global, r)
+    best composite values of the global layers alone fix their counts, layer 0's curve raised to the largest only
+    where layer 0 is global (kvpress's rule for the model's first layer)."""
+    raw, ratio = replay(2), 0.5
+    chosen = [layer for layer, window in enumerate(windows) if window is None]
+    counts, kept = numpy_kvcompose(raw[chosen].astype(np.float64), ratio, first=chosen[0] == 0)
+    press = REGISTRY["kvcompose"].for_run(windows=windows, layers=LAYERS)
+    assert press.local == tuple(window is not None for window in windows) and press.fresh().local == press.local
+    prefill, _ = make_prefill(length=LENGTH)
+    for at, layer in enumerate(chosen):
+        part = press.compress(dataclasses.replace(prefill, layer=layer, passes={"composition": torch.from_numpy(raw)}),
+                              ratio)
+        np.testing.assert_array_equal(part.counts().numpy(), [counts[at]] * KV_HEADS)
+        np.testing.assert_array_equal(part.kept_mask(LENGTH).numpy(), kept[at])
+    assert n_kept(2 * LENGTH, ratio) <= counts.sum() <= n_kept(2 * LENGTH, ratio) + 1
+    unwindowed, _ = numpy_kvcompose(raw.astype(np.float64), ratio)
+    assert not np.array_equal(unwindowed[chosen], counts), "ranked among all layers, the counts would differ"
+    assert REGISTRY["kvcompose"].for_run(windows=[None] * LAYERS) is REGISTRY["kvcompose"]
 
 
 def test_bad_input_and_facts() -> None:
