@@ -176,7 +176,7 @@ def main_decoding(args) -> None:
 
     job = {"folder": folder, "presses": presses, "ratios": ratios, "interval": args.compression_interval,
            "threads": args.threads, "cam_seeds": {str(r.example): Cam.seed_of(0, r.example) for r in records},
-           "records": [{"example": r.example, "context": r.context, "question": r.question,
+           "records": [{"example": r.example, "context": r.context, "question": r.asked[0].text,
                         "answer_prefix": r.answer_prefix, "max_new_tokens": r.max_new_tokens} for r in records]}
     (scratch / "job.json").write_text(json.dumps(job))
     started = time.perf_counter()

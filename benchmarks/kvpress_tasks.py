@@ -488,7 +488,8 @@ def run_kvpress(records, python: str, presses=TASK_PRESSES, ratios=(0.5, 0.75), 
            "ratios": [float(r) for r in ratios],
            "query_aware": [bool(a) for a in query_aware], "threads": threads, "full": full,
            "records": [{"example": r.example, "context": r.context,
-                        **({"questions": list(r.questions)} if r.questions else {"question": r.question}),
+                        **({"questions": [asked.text for asked in r.asked]} if r.many else
+                           {"question": r.asked[0].text}),
                         "indices": [asked.index for asked in r.asked], "answer_prefix": r.answer_prefix,
                         "max_new_tokens": r.max_new_tokens} for r in records],
            # leverage's and compactor's sketch seed per example, as `spectra cache` (--seed 0) seeds it
@@ -567,7 +568,7 @@ def record_equality(path, kvpress, spectra, query_aware: bool, records, data, ve
     compared and those equal); returns the rows written."""
     from spectra.report import equality
 
-    questions = equality.SEVERAL if any(record.questions for record in records) else equality.ONE
+    questions = equality.SEVERAL if any(record.many for record in records) else equality.ONE
     rows = equality.counted(equality.cells(kvpress, spectra, query_aware), query_aware, questions, data, version)
     equality.record(path, rows)
     return rows

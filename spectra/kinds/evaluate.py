@@ -153,10 +153,10 @@ class Evaluate(PressStudy):
         records = selection.records_of(config.data)
         super().check(config, options, shape)
         name = Path(config.data).name
-        many = next((record for record in records if len(record.questions) > 1), None)
+        many = next((record for record in records if record.many), None)
         decoding = options.decoding_presses
         if many is not None and decoding:
-            raise SpectraError(f"{name} line {many.example + 1} asks {len(many.questions)} questions, and "
+            raise SpectraError(f"{name} line {many.example + 1} asks {len(many.asked)} questions, and "
                                f"{decoding[0]} compresses while it decodes: its cache after one answer is not the "
                                "context's, so the next question would read another cache (kvpress's pipeline refuses "
                                f"DecodingPress with several questions); drop {decoding[0]} from "

@@ -13,7 +13,7 @@ accepted only when `generate`'s own top two logits there lie within `TIE` of eac
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -75,13 +75,15 @@ def check(model: torch.nn.Module, context_ids: torch.Tensor, question_ids: torch
 
 
 def first_example(model: torch.nn.Module, layers: int, prefills: Sequence[Prefill], context_ids: torch.Tensor,
-                  question_ids: torch.Tensor, max_new_tokens: int, stop: Collection[int], index: int) -> None:
-    """`check` on an example: its full cache built from its `prefills` (every layer's) and decoded as the probe
-    decodes every cell (`batching.greedy_batch`), its answer to `question_ids` compared with `model.generate`'s."""
-    cell = Cell(FULL, 0.0, None, context_ids.shape[-1], 0, index)
+                  request: Request) -> None:
+    """`check` on an example: its full cache built from its `prefills` (every layer's, of `context_ids`) and decoded
+    as the probe decodes every cell (`batching.greedy_batch`), its answer to `request` (whose question starts right
+    after the context) compared with `model.generate`'s."""
+    cell = Cell(FULL, 0.0, None, context_ids.shape[-1], 0, request.index)
     for prefill in prefills:
         cell.compress(prefill)
-    batch = batching.CacheBatch.of([cell.parts], list(prefills), question_ids.shape[-1] + max_new_tokens)
-    request = Request(question_ids, cell.start, max_new_tokens, stop, index)
+    if request.start != cell.start:
+        raise ValueError(f"the question starts at {request.start}, not after the {cell.start} context tokens")
+    batch = batching.CacheBatch.of([cell.parts], list(prefills), request.question.shape[-1] + request.max_new_tokens)
     decoded = batching.greedy_batch(model, layers, batch, [request])[0]
-    check(model, context_ids, question_ids, decoded.ids)
+    check(model, context_ids, request.question, decoded.ids)

@@ -101,8 +101,8 @@ class TaskProbe(Probe):
         self.variants = self.cells.variants
         self.examples = list(source.examples)
         # one item per (example, question): a single-question example has one, a many-question record one a question
-        self.items = [(position, asked) for position, example in enumerate(self.examples)
-                      for asked, _, _ in example.asked]
+        self.items = [(position, asked.index) for position, example in enumerate(self.examples)
+                      for asked in example.asked]
         self.first_item = np.cumsum([0] + [len(example.asked) for example in self.examples])
         layers, kv_heads, cells, items = source.layers, source.kv_heads, len(self.variants), len(self.items)
         examples = len(self.examples)
@@ -133,10 +133,11 @@ class TaskProbe(Probe):
         answering = [self.answering(position, prefills) for position, prefills in zip(batch.index, self.prefills)]
         self.prefills = []
         if not self.checked:  # before any press runs: the full cache answers as model.generate (`kv.selfcheck`)
-            example = answering[0].example
-            selfcheck.first_example(self.source.loaded.model, self.source.layers, answering[0].prefills,
-                                    example.context_ids.to(self.source.device), answering[0].questions[0].ids,
-                                    example.record.max_new_tokens, self.stop, example.record.example)
+            at = answering[0]
+            request = Request(at.questions[0].ids, at.example.context, at.example.record.max_new_tokens, self.stop,
+                              at.example.record.example)
+            selfcheck.first_example(self.source.loaded.model, self.source.layers, at.prefills,
+                                    at.example.context_ids.to(self.source.device), request)
             self.checked = True
         first = answering[0].prefills[0]
         groups = pending.Groups(self.decode_memory, batching.batch_row_bytes(
@@ -173,8 +174,8 @@ class TaskProbe(Probe):
         """The example at `position`, prefilled (`prefills`, every layer's), ready to be compressed and answered."""
         example = self.examples[position]
         device = self.source.device
-        questions = [Asked(int(self.first_item[position]) + j, ids.to(device), torch.as_tensor(needle, device=device))
-                     for j, (_, ids, needle) in enumerate(example.asked)]
+        questions = [Asked(int(self.first_item[position]) + j, asked.ids.to(device),
+                           torch.as_tensor(asked.needle, device=device)) for j, asked in enumerate(example.asked)]
         return Answering(position, example, prefills, questions, max(asked.ids.shape[-1] for asked in questions),
                          list(self.cells.of(example.context, self.seed, example.record.example)))
 
@@ -248,9 +249,8 @@ class TaskProbe(Probe):
 
     def state(self) -> State:
         return tagged({"tasks.ids": self.ids, "tasks.done": self.done, "tasks.kept": self.kept,
-                       "tasks.bytes": self.bytes,
-                       "tasks.survival": self.survival, "tasks.mass": self.mass, "tasks.seconds": self.seconds,
-                       "tasks.head_kept": self.head_kept})
+                       "tasks.bytes": self.bytes, "tasks.survival": self.survival, "tasks.mass": self.mass,
+                       "tasks.seconds": self.seconds, "tasks.head_kept": self.head_kept})
 
     def load_state(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.ids, self.done = np.array(arrays["tasks.ids"]), np.array(arrays["tasks.done"])

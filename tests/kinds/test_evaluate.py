@@ -50,7 +50,7 @@ def test_the_full_cache_answers_as_model_generate(finished, chat_decoder, task_f
     model = AutoModelForCausalLM.from_pretrained(chat_decoder, attn_implementation="eager").eval()
     full = finished.examples[finished.examples["press"] == "full"].set_index("example")
     for record in read_records(task_file):
-        context_ids, question_ids = prompt_ids(tokenizer, record.context, record.question, record.answer_prefix)
+        context_ids, question_ids = prompt_ids(tokenizer, record.context, record.asked[0].text, record.answer_prefix)
         ids = torch.tensor([context_ids + question_ids])
         with torch.no_grad():
             generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=record.max_new_tokens,
@@ -476,7 +476,7 @@ def test_a_sliding_window_model_runs_guarded_and_answers_as_generate(tmp_path, m
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
     full = run.examples[run.examples["press"] == "full"].set_index("example")
     for record in read_records(path):
-        context_ids, question_ids = prompt_ids(tokenizer, record.context, record.question, record.answer_prefix)
+        context_ids, question_ids = prompt_ids(tokenizer, record.context, record.asked[0].text, record.answer_prefix)
         ids = torch.tensor([context_ids + question_ids])
         with torch.no_grad():
             generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,

@@ -9,6 +9,7 @@ import torch
 
 from spectra.errors import SpectraError
 from spectra.kv import prefill, selfcheck
+from spectra.kv.generation import Request
 
 import tiny
 
@@ -24,7 +25,7 @@ def test_the_full_cache_of_a_sliding_window_model_answers_as_generate(seed: int)
     model = tiny.gemma3(window=8, dtype=torch.float64)
     context, question = _ids(seed, 40, 5)
     prefills = prefill.exact(model, 3, context, 0, 0, ())
-    selfcheck.first_example(model, 3, prefills, context, question, 12, set(), 0)  # raises if they part
+    selfcheck.first_example(model, 3, prefills, context, Request(question, 40, 12, set(), 0))  # raises if they part
 
 
 def test_a_prefill_that_ignores_the_window_is_caught_in_one_line(monkeypatch) -> None:
@@ -33,7 +34,7 @@ def test_a_prefill_that_ignores_the_window_is_caught_in_one_line(monkeypatch) ->
     monkeypatch.setattr(prefill.sliding, "of_model", lambda model: [])  # every layer attended globally
     prefills = prefill.exact(model, 3, context, 0, 0, ())
     with pytest.raises(SpectraError, match=r"Gemma3ForCausalLM") as error:
-        selfcheck.first_example(model, 3, prefills, context, question, 12, set(), 0)
+        selfcheck.first_example(model, 3, prefills, context, Request(question, 40, 12, set(), 0))
     assert "\n" not in str(error.value)
 
 
@@ -51,4 +52,13 @@ def test_decoding_without_the_window_would_be_caught(monkeypatch) -> None:
     prefills = prefill.exact(model, 3, context, 0, 0, ())
     monkeypatch.setattr(selfcheck.batching.CacheBatch, "local", lambda self, layer: False)
     with pytest.raises(SpectraError, match="part at token"):
-        selfcheck.first_example(model, 3, prefills, context, question, 12, set(), 0)
+        selfcheck.first_example(model, 3, prefills, context, Request(question, 40, 12, set(), 0))
+
+
+def test_the_question_starts_after_the_context() -> None:
+    """The request is decoded after the whole context: a question placed elsewhere is a caller's slip, refused."""
+    model = tiny.gemma3(window=8, dtype=torch.float64)
+    context, question = _ids(0, 40, 5)
+    prefills = prefill.exact(model, 3, context, 0, 0, ())
+    with pytest.raises(ValueError, match="the question starts at 39, not after the 40 context tokens"):
+        selfcheck.first_example(model, 3, prefills, context, Request(question, 39, 12, set(), 0))

@@ -49,7 +49,7 @@ def dense(source, example):
     capture.forward(loaded.model, loaded.layers,
                     lambda c: prefills.__setitem__(c.layer, continuation.from_captured(c, 0, example.context, None, 0, 0)),
                     None, [0], input_ids=context)
-    whole = torch.cat([example.context_ids, example.question_ids])[None]
+    whole = torch.cat([example.context_ids, example.asked[0].ids])[None]
     capture.forward(loaded.model, loaded.layers, lambda c: rows.__setitem__(c.layer, c.p[0, :, example.context:]),
                     None, [0], input_ids=whole)
     return prefills, rows
@@ -59,7 +59,7 @@ def test_needle_kept_and_attention_equal_the_dense_prefill(probed) -> None:
     source, probe = probed
     for position, example in enumerate(source.examples):
         prefills, rows = dense(source, example)
-        needle = set(example.needle.tolist())
+        needle = set(example.asked[0].needle.tolist())
         assert needle
         for cell, (press, ratio) in enumerate(probe.variants):
             for layer in range(source.layers):
@@ -78,7 +78,7 @@ def test_needle_kept_and_attention_equal_the_dense_prefill(probed) -> None:
             kept_rows = example.context if press == "full" else n_kept(example.context, ratio)
             assert probe.bytes[cell, position].tolist() == [source.layers * source.kv_heads * kept_rows * row, whole]
         for layer in range(source.layers):
-            mass = rows[layer][..., example.needle].sum(-1).mean(-1)  # (H,)
+            mass = rows[layer][..., example.asked[0].needle].sum(-1).mean(-1)  # (H,)
             grouped = mass.unflatten(0, (source.kv_heads, -1)).mean(-1).double().numpy()
             np.testing.assert_allclose(probe.mass[position, layer], grouped, atol=1e-6)
 
@@ -133,9 +133,9 @@ def test_a_decoding_press_answers_from_the_schedules_cache(probed) -> None:
                 continue
             recompression = generation.Recompression(REGISTRY["decoding(knorm)"].for_run(compression_interval=1),
                                          n_kept(example.context, 0.5))
-            room = example.question_ids.shape[-1] + example.record.max_new_tokens
+            room = example.asked[0].ids.shape[-1] + example.record.max_new_tokens
             cache = generation.Buffers.of([REGISTRY["decoding(knorm)"].compress(p, 0.5) for p in prefills], prefills, room)
-            request = generation.Request(example.question_ids, example.context, example.record.max_new_tokens,
+            request = generation.Request(example.asked[0].ids, example.context, example.record.max_new_tokens,
                                          probe.stop, example.record.example)
             want = generation.greedy_alone(source.loaded.model, source.layers, cache, request, recompression)
             got = probe.ids[1, batch.index[0]]
@@ -170,13 +170,14 @@ def test_many_questions_are_answered_from_one_compression_as_each_alone(tmp_path
     rows = task_files.many_questions(task_files.records(count=2, max_new_tokens=6))
     path = task_files.write(tmp_path / "many.jsonl", rows)
     many = read_records(path)
-    alone = [replace(part, example=2 * i + part.first) for i, record in enumerate(many) for part in record.split()]
+    alone = [replace(part, example=2 * i + part.asked[0].index) for i, record in enumerate(many)
+             for part in record.split()]
     presses, ratios = ("knorm", "snapkv", "adakv(snapkv)", "key_rerotation(knorm)"), (0.5, 0.75)
     source, probe = probe_of(model, path, many, presses, ratios, double=True)
     _, single = probe_of(model, path, alone, presses, ratios, double=True)
     assert probe.items == [(0, 0), (0, 1), (1, 0), (1, 1)] and single.items == [(0, 0), (1, 1), (2, 0), (3, 1)]
-    assert [example.needles[1].size > 0 for example in source.examples] == [True, True]
-    assert not np.array_equal(source.examples[0].needles[0], source.examples[0].needles[1])
+    assert [example.asked[1].needle.size > 0 for example in source.examples] == [True, True]
+    assert not np.array_equal(source.examples[0].asked[0].needle, source.examples[0].asked[1].needle)
     np.testing.assert_array_equal(probe.ids, single.ids)
     assert len({tuple(row) for row in probe.ids.reshape(-1, probe.ids.shape[-1])}) > 3, "answers must differ to tell"
     np.testing.assert_array_equal(probe.survival, single.survival)

@@ -47,37 +47,36 @@ class PrefillObserver(Protocol):
 
 
 @dataclass(frozen=True)
+class TokenizedQuestion:
+    """One question of an example, tokenized: its `index` within the record's line, its `ids` (n,) decoded after the
+    context (the question, the chat template's suffix and the answer prefix) and its `needle`, the context positions
+    of its own answers."""
+
+    index: int
+    ids: torch.Tensor
+    needle: np.ndarray
+
+
+@dataclass(frozen=True)
 class Example:
-    """One record ready to run: its context ids (L,) prefilled, question ids (n,) decoded after them, the needle's
-    context positions and the tokens it may occupy (L + n + max_new_tokens); `question_tokens`, query-aware, the
-    record's question's own tokens (tokenized alone, as FINCH counts those after its delimiter), which end the
-    context (0: the question is not in the context). A many-question record's questions are
-    `questions` (each one's ids, answered one at a time from the same compressed context) and `needles` (per
-    question, the context positions of its own answers: the needle it asks about); `question_ids` and `needle` are
-    then the first question's ids and the needle of every answer. A single-question record's are the one question's."""
+    """One record ready to run: its context ids (L,) prefilled and every question it `asked`, tokenized (one, or a
+    many-question record's, each answered on its own from the same compressed context); `question_tokens`,
+    query-aware, the record's question's own tokens (tokenized alone, as FINCH counts those after its delimiter),
+    which end the context (0: the question is not in the context)."""
 
     record: TaskRecord
     context_ids: torch.Tensor
-    question_ids: torch.Tensor
-    needle: np.ndarray
+    asked: tuple[TokenizedQuestion, ...]
     question_tokens: int = 0
-    questions: tuple[torch.Tensor, ...] = ()
-    needles: tuple[np.ndarray, ...] = ()
 
     @property
     def context(self) -> int:
         return self.context_ids.shape[-1]
 
     @property
-    def asked(self) -> list[tuple[int, torch.Tensor, np.ndarray]]:
-        """(index within the record, question ids, needle) of every question, in order."""
-        questions = self.questions or (self.question_ids,)
-        needles = self.needles or (self.needle,)
-        return [(asked.index, ids, needle) for asked, ids, needle in zip(self.record.asked, questions, needles)]
-
-    @property
     def tokens(self) -> int:
-        longest = max(ids.shape[-1] for _, ids, _ in self.asked)
+        """The positions the example occupies: its context, its longest question and the tokens it may generate."""
+        longest = max(asked.ids.shape[-1] for asked in self.asked)
         return self.context + longest + self.record.max_new_tokens
 
     @property
@@ -87,25 +86,26 @@ class Example:
 
 
 def prepare(tokenizer, record: TaskRecord, query_aware: bool) -> Example:
-    """The record's prompt ids, as kvpress's pipeline tokenizes them, and its needle; for a many-question record
-    (never query-aware: `selection.units` splits it first), every question's ids and needle."""
-    if query_aware and record.questions:
+    """The record's prompt ids, as kvpress's pipeline tokenizes them, and every question's ids and needle (query-aware,
+    the one question joins the context: a many-question record is split first, `selection.units`)."""
+    if query_aware and record.many:
         raise ValueError("a many-question record is split into one record per question before a query-aware run")
-    compressed, question = (record.context + record.question, "") if query_aware else (record.context,
-                                                                                        record.question)
-    prompt = chat_prompt(tokenizer, compressed, question, record.answer_prefix)
-    context_ids = tokenizer.encode(prompt.context, add_special_tokens=False)
-    start = len(prompt.context) - len(compressed)
-    needle = needle_tokens(tokenizer, prompt.context, start, record.context, record.answers, context_ids)
-    ids = [torch.tensor(tokenizer.encode(chat_prompt(tokenizer, compressed, asked.text if record.questions else
-                                                     question, record.answer_prefix).question,
-                                         add_special_tokens=False), dtype=torch.long) for asked in record.asked]
-    needles = [needle_tokens(tokenizer, prompt.context, start, record.context, asked.answers, context_ids)
-               if record.questions else needle for asked in record.asked]
-    in_view = len(tokenizer.encode(record.question, add_special_tokens=False)) if query_aware else 0
-    return Example(record, torch.tensor(context_ids, dtype=torch.long), ids[0], needle, question_tokens=in_view,
-                   questions=tuple(ids) if record.questions else (),
-                   needles=tuple(needles) if record.questions else ())
+    compressed = record.context + record.asked[0].text if query_aware else record.context
+    context = chat_prompt(tokenizer, compressed, "", record.answer_prefix).context
+    context_ids = tokenizer.encode(context, add_special_tokens=False)
+    start = len(context) - len(compressed)
+
+    def question_ids(text: str) -> torch.Tensor:
+        question = chat_prompt(tokenizer, compressed, text, record.answer_prefix).question
+        return torch.tensor(tokenizer.encode(question, add_special_tokens=False), dtype=torch.long)
+
+    def needle(answers: tuple[str, ...]) -> np.ndarray:
+        return needle_tokens(tokenizer, context, start, record.context, answers, context_ids)
+
+    asked = tuple(TokenizedQuestion(asked.index, question_ids("" if query_aware else asked.text), needle(asked.answers))
+                  for asked in record.asked)
+    in_view = len(tokenizer.encode(record.asked[0].text, add_special_tokens=False)) if query_aware else 0
+    return Example(record, torch.tensor(context_ids, dtype=torch.long), asked, question_tokens=in_view)
 
 
 @dataclass

@@ -16,8 +16,8 @@ A family (niah, vt, cwe, fwe, passkey, qa) is a `Family` subclass declaring
   `--haystack` text: RULER's Paul Graham essays), `noise` (RULER's noise sentence repeated), `needle` (distractor
   needles), or None (a context of no haystack: word lists, JSON); `reads_haystack(task)`: whether it is `essay`;
 - `builder(task, target)`: the generator of the task's examples at a target length,
-  `(rng, size, depth) → GeneratedExample`
-  (a family without one is read from files, never generated), and `minimum(task)`, the smallest size it builds;
+  `(rng, size, depth) → GeneratedExample`, asking one question or several of one context (a family without a
+  builder is read from files, never generated), and `minimum(task)`, the smallest size it builds;
 
 and ends with `register(TheFamily())`. `registry.TASKS` imports the family files when it is first listed (they are
 torch-free and cheap), so `spectra tasks --help` lists the tasks and a task file's names are checked before any
@@ -35,6 +35,7 @@ from typing import ClassVar
 from ...errors import SpectraError
 from ...registry import TASKS
 from .haystack import Haystack
+from .question import Asking, Question, numbered
 
 #: RULER's metrics (scripts/eval/synthetic/constants.py), by name
 METRICS = ("string_match_all", "string_match_part")
@@ -43,27 +44,16 @@ HAYSTACK_TYPES = ("essay", "noise", "needle")
 
 
 @dataclass(frozen=True)
-class GeneratedExample:
+class GeneratedExample(Asking):
     """A generated example (a family's builder's, before it becomes a `records.TaskRecord`; not `examples.Example`,
-    a record tokenized to run): kvpress's three prompt parts, the reference answers, and the needle's depth (or
-    None). An example asking several questions of its context (kvpress's `questions=[…]`) holds them in `questions` and each
-    one's answers in `question_answers`; its `question` is then empty and `answers` holds every question's."""
+    a record tokenized to run): its context, the questions it `asked` (`question.Question`: one, or several of one
+    context — kvpress's `questions=[…]`), the answer prefix after each, and the needle's depth (or None); `answers`
+    are every question's (`question.Asking`)."""
 
     context: str
-    question: str
+    asked: tuple[Question, ...]
     answer_prefix: str
-    answers: tuple[str, ...]
     depth: float | None
-    questions: tuple[str, ...] = ()
-    question_answers: tuple[tuple[str, ...], ...] = ()
-
-    @classmethod
-    def many(cls, context: str, questions: list[str], answer_prefix: str, answers: list[list[str]],
-             depth: float | None) -> GeneratedExample:
-        """An example asking `questions` of one context, `answers[i]` the accepted answers of question i."""
-        flat = tuple(dict.fromkeys(answer for accepted in answers for answer in accepted))
-        return cls(context, "", answer_prefix, flat, depth, tuple(questions),
-                   tuple(tuple(accepted) for accepted in answers))
 
 
 @dataclass(frozen=True)
@@ -134,7 +124,7 @@ class Family:
     def example(self, text: str, answers: list[str], depth: float | None) -> GeneratedExample:
         """The example of a RULER prompt (template + answer prefix), split as kvpress splits RULER's data."""
         context, question, answer_prefix = self.split(text)
-        return GeneratedExample(context, question, answer_prefix, tuple(answers), depth)
+        return GeneratedExample(context, numbered([question], [answers]), answer_prefix, depth)
 
 
 def register(family: Family) -> Family:

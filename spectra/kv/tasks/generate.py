@@ -127,9 +127,9 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
                     example = build(sample_rng(seed, task, length, sample), size, depth)
                 except ValueError as error:  # cwe: more distinct words than the word lists hold
                     raise SpectraError(f"{task} at length {length}: {error}") from None
-                built[size] = (example, max(prompt_length(tokenizer, example.context, question,
+                built[size] = (example, max(prompt_length(tokenizer, example.context, asked.text,
                                                           example.answer_prefix, new_tokens)
-                                            for question in (example.questions or (example.question,))))
+                                            for asked in example.asked))
             return built[size][1]
 
         if not start:
@@ -143,12 +143,8 @@ def fit_task(tokenizer, task: str, length: int, samples: int, seed: int, haystac
                                f"{new_tokens} generated tokens")
         example, tokens = built[size]
         check_answers(example, task, length, sample)
-        if example.questions:
-            record = TaskRecord.many(example.context, example.questions, example.answer_prefix,
-                                     example.question_answers, new_tokens, task, length, example.depth, 0, **named)
-        else:
-            record = TaskRecord(example.context, example.question, example.answer_prefix, example.answers,
-                                new_tokens, task, length, example.depth, 0, **named)
+        record = TaskRecord(example.context, example.asked, example.answer_prefix, new_tokens, task, length,
+                            example.depth, 0, **named)
         fitted.append(Fitted(record, size, tokens))
         start = size
     return fitted

@@ -9,7 +9,8 @@ Two file formats are read, both jsonl with one example per line:
   named a file) (kvpress's own Hugging Face datasets name the answers `answer`, which is read too). A record may
   ask several questions of its context instead of one, as kvpress's pipeline takes `questions=[…]`: `questions` (a
   list of questions) in place of `question`, and `answers` a list holding each question's accepted answers (a
-  string or a list of strings, as a single question's);
+  string or a list of strings, as a single question's). A list of one question is the record `question` makes, as
+  in kvpress's pipeline (it turns `question=q` into `questions=[q]`): it is written back as `question`;
 - RULER's prepared jsonl (scripts/data/prepare.py): `input` and `outputs`, optionally `answer_prefix` (RULER ≥ 2025
   writes the answer prefix apart; older files leave it at the end of `input`), `length`, `index`. The prompt is
   split into context, question and answer prefix exactly as kvpress's evaluation/benchmarks/ruler does: the context
@@ -23,13 +24,13 @@ Torch-free, so the task protocol and the generator can import it cheaply.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...errors import SpectraError, spell
 from ...inputs import utf8
 from .family import families, family_of
+from .question import Asking, Question, numbered
 
 #: the fields of kvpress's evaluation format; `answers` may be spelled `answer` (kvpress's datasets)
 KVPRESS_FIELDS = ("context", "question", "answer_prefix", "answers", "max_new_tokens", "task")
@@ -41,80 +42,44 @@ TASK_FIELDS = frozenset((*KVPRESS_FIELDS, "answer", "questions", *RULER_FIELDS))
 
 
 @dataclass(frozen=True)
-class Question:
-    """One question a record asks of its context: its 0-based `index` within the record, its text and its accepted
-    answers."""
-
-    index: int
-    text: str
-    answers: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class TaskRecord:
-    """One example: the `context` the press compresses, the `question` and `answer_prefix` appended after it
-    uncompressed, the reference `answers` scored against the prediction, the greedy decoding budget, the `task`
-    name, the target `length` in tokens (template and generated tokens included, as RULER counts it), the needle's
-    `depth` as a fraction of the context (0 = start, 1 = end; None for tasks without one needle), and `example`,
-    the record's 0-based line index in its file.
-
-    A many-question record (kvpress's `questions=[…]`: the context compressed once, without any question, then
-    each question answered from that one compressed cache) holds its questions in `questions` and each one's
-    accepted answers in `question_answers`; its `question` is empty and its `answers` are every question's, in
-    order (what the needle of the whole record is). `first` is the index of the record's first question within
-    its line: a record split into one record per question (`split`) keeps each question's index.
+class TaskRecord(Asking):
+    """One example: the `context` the press compresses, the questions it `asked` (`question.Question`: one, or
+    several — kvpress's `questions=[…]`: the context compressed once, without any question, then each question
+    answered from that one compressed cache) and the `answer_prefix` appended after each question uncompressed, the
+    greedy decoding budget, the `task` name, the target `length` in tokens (template and generated tokens included,
+    as RULER counts it), the needle's `depth` as a fraction of the context (0 = start, 1 = end; None for tasks
+    without one needle), and `example`, the record's 0-based line index in its file. `answers` are the record's
+    (its question's, or every question's: `question.Asking`). A record split into one record per question (`split`)
+    keeps each question's index within its line.
 
     `haystack` names what the needles hide in (`haystack.Haystack.name`: "noise", "needle", the files of an essay
     stand-in) and `haystack_sha256` the sha256 of its text; None where the record does not say (a file written
     before spectra recorded it, RULER's or kvpress's own) or the task has no haystack."""
 
     context: str
-    question: str
+    asked: tuple[Question, ...]
     answer_prefix: str
-    answers: tuple[str, ...]
     max_new_tokens: int
     task: str
     length: int | None
     depth: float | None
     example: int
-    questions: tuple[str, ...] = ()
-    question_answers: tuple[tuple[str, ...], ...] = ()
-    first: int = 0
     haystack: str | None = None
     haystack_sha256: str | None = None
 
-    @classmethod
-    def many(cls, context: str, questions: Sequence[str], answer_prefix: str,
-             answers: Sequence[Sequence[str]], max_new_tokens: int, task: str, length: int | None,
-             depth: float | None, example: int, haystack: str | None = None,
-             haystack_sha256: str | None = None) -> TaskRecord:
-        """A record asking `questions` of one context, `answers[i]` the accepted answers of question i."""
-        flat = tuple(dict.fromkeys(answer for accepted in answers for answer in accepted))
-        return cls(context, "", answer_prefix, flat, max_new_tokens, task, length, depth, example, tuple(questions),
-                   tuple(tuple(accepted) for accepted in answers), haystack=haystack, haystack_sha256=haystack_sha256)
-
-    @property
-    def asked(self) -> tuple[Question, ...]:
-        """Every question of the record, in order, with its index within the record's line and its answers."""
-        if not self.questions:
-            return (Question(self.first, self.question, self.answers),)
-        return tuple(Question(self.first + i, text, answers)
-                     for i, (text, answers) in enumerate(zip(self.questions, self.question_answers)))
-
     def split(self) -> list[TaskRecord]:
-        """One single-question record per question (each keeping its index, `first`): the record as the
-        query-aware protocol compresses it, one question in view per compression."""
-        if not self.questions:
-            return [self]
-        return [replace(self, question=asked.text, answers=asked.answers, questions=(), question_answers=(),
-                        first=asked.index) for asked in self.asked]
+        """One single-question record per question (each keeping its index): the record as the query-aware protocol
+        compresses it, one question in view per compression."""
+        return [replace(self, asked=(asked,)) for asked in self.asked]
 
     def to_json(self) -> dict[str, object]:
-        """The record as a line of kvpress's format (plus `length`, `depth`, `haystack` and `haystack_sha256`);
+        """The record as a line of kvpress's format (plus `length`, `depth`, `haystack` and `haystack_sha256`):
+        `question` and its `answers` for one question, `questions` and a list of answers per question for several;
         `example` is the line's index."""
-        asked = ({"questions": list(self.questions), "answer_prefix": self.answer_prefix,
-                  "answers": [list(answers) for answers in self.question_answers]} if self.questions else
-                 {"question": self.question, "answer_prefix": self.answer_prefix, "answers": list(self.answers)})
+        asked = ({"questions": [asked.text for asked in self.asked], "answer_prefix": self.answer_prefix,
+                  "answers": [list(asked.answers) for asked in self.asked]} if self.many else
+                 {"question": self.asked[0].text, "answer_prefix": self.answer_prefix,
+                  "answers": list(self.asked[0].answers)})
         return {"context": self.context, **asked, "max_new_tokens": self.max_new_tokens, "task": self.task,
                 "length": self.length, "depth": self.depth, "haystack": self.haystack,
                 "haystack_sha256": self.haystack_sha256}
@@ -143,8 +108,8 @@ def _answers(value: object, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _questions(record: dict, where: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
-    """A many-question record's questions and each one's answers, refused in one line where they do not pair up."""
+def _questions(record: dict, where: str) -> tuple[Question, ...]:
+    """A `questions` record's questions, each with its answers, refused in one line where they do not pair up."""
     if "question" in record:
         raise SpectraError(f"{where} has both 'question' and 'questions'; a record asks one question ('question', "
                            "'answers' its accepted answers) or several ('questions', 'answers' a list per question), "
@@ -159,7 +124,7 @@ def _questions(record: dict, where: str) -> tuple[tuple[str, ...], tuple[tuple[s
         count = len(answers) if isinstance(answers, list) else "no list"
         raise SpectraError(f"{where}: 'answers' must hold one entry per question (the accepted answers of each: a "
                            f"string or a list of strings); it has {count} for {len(questions)} questions")
-    return tuple(questions), tuple(_answers(accepted, f"{where}: question {i}") for i, accepted in enumerate(answers))
+    return numbered(questions, [_answers(accepted, f"{where}: question {i}") for i, accepted in enumerate(answers)])
 
 
 def _optional(record: dict, name: str, kind: type, where: str) -> object:
@@ -203,13 +168,10 @@ def _kvpress_record(record: dict, example: int, where: str) -> TaskRecord:
                            "task is named after its family, e.g. niah_single_1)")
     length = _optional(record, "length", int, where)
     haystack = _haystack(record, where)
-    if many:
-        questions, answers = _questions(record, where)
-        return checked(TaskRecord.many(record["context"], questions, record["answer_prefix"], answers,
-                                       max_new_tokens, record["task"], length, depth, example, **haystack), where)
-    return checked(TaskRecord(record["context"], record["question"], record["answer_prefix"],
-                              _answers(record["answers"], where), max_new_tokens, record["task"], length, depth,
-                              example, **haystack), where)
+    asked = (_questions(record, where) if many else
+             numbered([record["question"]], [_answers(record["answers"], where)]))
+    return checked(TaskRecord(record["context"], asked, record["answer_prefix"], max_new_tokens, record["task"],
+                              length, depth, example, **haystack), where)
 
 
 def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> TaskRecord:
@@ -228,7 +190,7 @@ def _ruler_record(record: dict, example: int, where: str, folder_task: str) -> T
         context, question, answer_prefix = split_ruler_prompt(record["input"] + prefix, task)
     except SpectraError as error:
         raise SpectraError(f"{where}: {error}") from None
-    return checked(TaskRecord(context, question, answer_prefix, _answers(record["outputs"], where),
+    return checked(TaskRecord(context, numbered([question], [_answers(record["outputs"], where)]), answer_prefix,
                               found.max_new_tokens, task, _optional(record, "length", int, where), None, example),
                    where)
 

@@ -26,19 +26,44 @@ def task_file(tmp_path_factory):
 def test_prompts_are_kvpress_ids_with_their_needle(chat_tokenizer, task_file) -> None:
     for record in read_records(task_file):
         example = prepare(chat_tokenizer, record, query_aware=False)
-        context_ids, question_ids = prompt_ids(chat_tokenizer, record.context, record.question, record.answer_prefix)
-        assert example.context_ids.tolist() == context_ids and example.question_ids.tolist() == question_ids
-        assert example.tokens == len(context_ids) + len(question_ids) + record.max_new_tokens
-        spelled = chat_tokenizer.decode(example.context_ids[example.needle].tolist()).replace(" ", "")
-        assert record.answers[0] in spelled and example.needle.size <= len(record.answers[0])
-        aware = prepare(chat_tokenizer, record, query_aware=True)
-        context_ids, question_ids = prompt_ids(chat_tokenizer, record.context + record.question, "",
+        (asked,) = example.asked
+        context_ids, question_ids = prompt_ids(chat_tokenizer, record.context, record.asked[0].text,
                                                record.answer_prefix)
-        assert aware.context_ids.tolist() == context_ids and aware.question_ids.tolist() == question_ids
-        assert aware.needle.tolist() == example.needle.tolist(), "the needle sits where it sat"
-        assert aware.context > example.context and aware.question_ids.shape[-1] < example.question_ids.shape[-1]
-        asked = chat_tokenizer.encode(record.question, add_special_tokens=False)  # FINCH's window: the question alone
-        assert aware.question_tokens == len(asked) > 0 and example.question_tokens == 0
+        assert example.context_ids.tolist() == context_ids and asked.ids.tolist() == question_ids
+        assert example.tokens == len(context_ids) + len(question_ids) + record.max_new_tokens and asked.index == 0
+        spelled = chat_tokenizer.decode(example.context_ids[asked.needle].tolist()).replace(" ", "")
+        assert record.answers[0] in spelled and asked.needle.size <= len(record.answers[0])
+        aware = prepare(chat_tokenizer, record, query_aware=True)
+        (in_view,) = aware.asked
+        context_ids, question_ids = prompt_ids(chat_tokenizer, record.context + record.asked[0].text, "",
+                                               record.answer_prefix)
+        assert aware.context_ids.tolist() == context_ids and in_view.ids.tolist() == question_ids
+        assert in_view.needle.tolist() == asked.needle.tolist(), "the needle sits where it sat"
+        assert aware.context > example.context and in_view.ids.shape[-1] < asked.ids.shape[-1]
+        alone = chat_tokenizer.encode(record.asked[0].text, add_special_tokens=False)  # FINCH's window
+        assert aware.question_tokens == len(alone) > 0 and example.question_tokens == 0
+
+
+def test_each_question_of_a_record_has_its_ids_and_its_own_needle(chat_tokenizer, tmp_path) -> None:
+    """A many-question record: every question tokenized after the same context ids, in order, with the context
+    positions of its own answers (the second question's needle is the door, the first's the key); the example
+    occupies its context, its longest question and the tokens it may generate. It is split before a query-aware
+    run."""
+    path = task_files.write(tmp_path / "many.jsonl", task_files.many_questions(task_files.records(count=2)))
+    for record in read_records(path):
+        example = prepare(chat_tokenizer, record, query_aware=False)
+        assert [asked.index for asked in example.asked] == [0, 1]
+        for asked, question in zip(example.asked, record.asked):
+            context_ids, question_ids = prompt_ids(chat_tokenizer, record.context, question.text,
+                                                   record.answer_prefix)
+            assert example.context_ids.tolist() == context_ids and asked.ids.tolist() == question_ids
+            spelled = chat_tokenizer.decode(example.context_ids[asked.needle].tolist()).replace(" ", "")
+            assert question.answers[0] in spelled and asked.needle.size <= len(question.answers[0])
+        assert set(example.asked[0].needle.tolist()).isdisjoint(example.asked[1].needle.tolist())
+        longest = max(asked.ids.shape[-1] for asked in example.asked)
+        assert example.tokens == example.context + longest + record.max_new_tokens
+        with pytest.raises(ValueError, match="split into one record per question"):
+            prepare(chat_tokenizer, record, query_aware=True)
 
 
 class Recorder:

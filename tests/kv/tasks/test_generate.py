@@ -28,6 +28,7 @@ from spectra.kv.tasks.generate import (
     write_records,
 )
 from spectra.kv.tasks.haystack import NOISE, Haystack
+from spectra.kv.tasks.question import numbered
 from spectra.kv.tasks.records import TaskRecord, read_records
 from spectra.registry import TASKS as REGISTRY
 
@@ -145,7 +146,7 @@ def test_a_haystack_repeated_absurdly_often_is_refused() -> None:
     in one line saying how often it would repeat; up to MOST_REPEATS it is only noted (as RULER repeats its
     essays)."""
     def fitted(task: str, size: int) -> Fitted:
-        return Fitted(TaskRecord("c", "q", "p", ("a",), 8, task, 1024, 0.5, 0), size, 1000)
+        return Fitted(TaskRecord("c", numbered(["q"], [["a"]]), "p", 8, task, 1024, 0.5, 0), size, 1000)
 
     short = Haystack(("one", "two", "three"), "short.txt")
     check_repeats([fitted("niah_single_2", 3 * MOST_REPEATS), fitted("passkey", 10_000)], short)
@@ -177,7 +178,8 @@ def test_without_a_chat_template(tokenizer) -> None:
     for item in generate(tokenizer, ["niah_single_1", "vt"], [2048], 2, seed=0):
         record = item.record
         tokens = (len(tokenizer("<s>" + record.context, add_special_tokens=False)["input_ids"])
-                  + len(tokenizer(record.question + "\n" + record.answer_prefix, add_special_tokens=False)["input_ids"])
+                  + len(tokenizer(record.asked[0].text + "\n" + record.answer_prefix,
+                                  add_special_tokens=False)["input_ids"])
                   + record.max_new_tokens)
         assert tokens == item.tokens <= 2048 and tokens > 1800
 
@@ -208,10 +210,11 @@ def test_cwe_beyond_its_word_lists_is_refused(tokenizer, monkeypatch) -> None:
 def test_an_answer_missing_from_its_context_is_refused() -> None:
     """An example whose context lacks one of its answers could not be solved: generation refuses it in one line
     naming the task, length, sample and answer; one whose answers all stand in it passes."""
-    kept = GeneratedExample("the pass key is 4821. remember it.", "What is the pass key?", "The pass key is", ("4821",),
-                            0.5)
+    kept = GeneratedExample("the pass key is 4821. remember it.", numbered(["What is the pass key?"], [["4821"]]),
+                            "The pass key is", 0.5)
     check_answers(kept, "passkey", 1024, 0)
-    lost = GeneratedExample("the pass key is 4821.", "What are the keys?", "They are", ("4821", "7730"), 0.5)
+    lost = GeneratedExample("the pass key is 4821.", numbered(["What are the keys?"], [["4821", "7730"]]), "They are",
+                            0.5)
     with pytest.raises(SpectraError, match="^niah_multikey_1 at length 2048, sample 3: the answer '7730' is not in its"):
         check_answers(lost, "niah_multikey_1", 2048, 3)
 
@@ -230,7 +233,7 @@ def test_a_haystack_no_task_reads_is_refused() -> None:
 
 def test_a_repeated_haystack_is_noted() -> None:
     def fitted(task: str, size: int) -> Fitted:
-        return Fitted(TaskRecord("c", "q", "p", ("a",), 8, task, 1024, 0.5, 0), size, 1000)
+        return Fitted(TaskRecord("c", numbered(["q"], [["a"]]), "p", 8, task, 1024, 0.5, 0), size, 1000)
 
     short = Haystack(("one", "two", "three"), "short.txt")
     assert haystack_note([fitted("niah_single_2", 3), fitted("passkey", 900)], short) is None

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from spectra.errors import SpectraError
+from spectra.kv.tasks.question import Question, numbered
 from spectra.kv.tasks.records import TaskRecord, is_task_file, read_records, split_ruler_prompt, unreadable
 
 #: a RULER niah prompt as prepare.py builds it with the base template (one needle: "Some" → "A", "are" → "is")
@@ -36,11 +38,11 @@ def kvpress_line(**overrides) -> dict:
 
 
 def test_kvpress_records_round_trip(tmp_path: Path) -> None:
-    record = TaskRecord("c a b", "q", "p", ("a", "b"), 30, "vt", 2048, None, 0)
+    record = TaskRecord("c a b", numbered(["q"], [("a", "b")]), "p", 30, "vt", 2048, None, 0)
     path = write_jsonl(tmp_path / "t.jsonl", [record.to_json(), "", kvpress_line(length=None, depth=None)])
     first, second = read_records(path)
     assert first == record
-    assert second == TaskRecord("ctx x", "q?", "A:", ("x",), 8, "passkey", None, None, 2)  # blank line 2 counted
+    assert second == TaskRecord("ctx x", (Question(0, "q?", ("x",)),), "A:", 8, "passkey", None, None, 2)  # line 2
     assert is_task_file(path)
 
 
@@ -49,17 +51,17 @@ def test_the_haystack_a_record_read_is_a_field(tmp_path: Path) -> None:
     file written before spectra recorded it, or of kvpress's or RULER's own files, reads as unknown (None), since
     its essay tasks may have read RULER's noise or a --haystack file; null is written where there is none."""
     digest = "e702fc128a22ec5f42b88d701ba068de1515b336f5af4e0d6e144a3795587db2"
-    record = TaskRecord("c a b", "q", "p", ("a",), 30, "niah_single_2", 2048, 0.5, 0,
+    record = TaskRecord("c a b", numbered(["q"], [["a"]]), "p", 30, "niah_single_2", 2048, 0.5, 0,
                         haystack="/usr/share/common-licenses", haystack_sha256=digest)
     line = record.to_json()
     assert (line["haystack"], line["haystack_sha256"]) == ("/usr/share/common-licenses", digest)
-    many = TaskRecord.many("c a b", ["q?", "r?"], "p", [["a"], ["b"]], 8, "niah_multiquery_questions", 512, 0.0, 1,
-                           haystack="noise", haystack_sha256=digest)
+    many = TaskRecord("c a b", numbered(["q?", "r?"], [["a"], ["b"]]), "p", 8, "niah_multiquery_questions", 512, 0.0,
+                      1, haystack="noise", haystack_sha256=digest)
     path = write_jsonl(tmp_path / "t.jsonl", [line, many.to_json(), kvpress_line(context="x")])
     first, second, old = read_records(path)
     assert first == record and second == many and (second.haystack, second.haystack_sha256) == ("noise", digest)
     assert (old.haystack, old.haystack_sha256) == (None, None)
-    assert "haystack" in TaskRecord("c", "q", "p", ("c",), 8, "cwe", 64, None, 0).to_json()
+    assert "haystack" in TaskRecord("c", numbered(["q"], [["c"]]), "p", 8, "cwe", 64, None, 0).to_json()
 
 
 def test_kvpress_datasets_spell_the_answers_answer(tmp_path: Path) -> None:
@@ -85,8 +87,7 @@ def test_ruler_files_old_and_new(tmp_path: Path) -> None:
     old = {"index": 7, "input": NIAH + NIAH_PREFIX, "outputs": ["4711"], "length": 120}
     first, second = read_records(write_jsonl(tmp_path / "niah_single_1" / "validation.jsonl", [new, old]))
     assert first.task == "niah_single_1" and first.max_new_tokens == 128 and first.length == 120
-    assert (first.context, first.question, first.answer_prefix, first.answers) == (
-        second.context, second.question, second.answer_prefix, second.answers)
+    assert (first.context, first.asked, first.answer_prefix) == (second.context, second.asked, second.answer_prefix)
     assert (first.example, second.example, first.depth) == (0, 1, None)
     vt = read_records(write_jsonl(tmp_path / "x" / "v.jsonl", [{"input": VT + VT_PREFIX, "outputs": ["AB"],
                                                                  "task": "vt"}]))[0]
@@ -216,17 +217,24 @@ def test_a_record_asking_several_questions(tmp_path: Path) -> None:
     line = kvpress_line(question=None, questions=["q0?", "q1?"], answers=[["x"], "ctx"], context="ctx x")
     path = write_jsonl(tmp_path / "t.jsonl", [line, kvpress_line()])
     many, one = read_records(path)
-    assert many.questions == ("q0?", "q1?") and many.question_answers == (("x",), ("ctx",))
-    assert [(asked.index, asked.text, asked.answers) for asked in many.asked] == [(0, "q0?", ("x",)),
-                                                                                 (1, "q1?", ("ctx",))]
-    assert many.answers == ("x", "ctx") and many.question == ""
-    assert [(asked.index, asked.text, asked.answers) for asked in one.asked] == [(0, "q?", ("x",))]
+    assert many.asked == (Question(0, "q0?", ("x",)), Question(1, "q1?", ("ctx",)))
+    assert many.answers == ("x", "ctx") and many.many
+    assert one.asked == (Question(0, "q?", ("x",)),) and one.answers == ("x",) and not one.many
     assert many.to_json() == {**line, "answers": [["x"], ["ctx"]], "haystack": None, "haystack_sha256": None}
     assert read_records(write_jsonl(tmp_path / "again.jsonl", [many.to_json()]))[0] == many
     parts = many.split()
-    assert [(part.question, part.answers, part.first, part.questions, part.example) for part in parts] == [
-        ("q0?", ("x",), 0, (), 0), ("q1?", ("ctx",), 1, (), 0)]
-    assert [part.asked[0].index for part in parts] == [0, 1] and one.split() == [one]
+    assert [(part.asked, part.answers, part.example) for part in parts] == [
+        ((Question(0, "q0?", ("x",)),), ("x",), 0), ((Question(1, "q1?", ("ctx",)),), ("ctx",), 0)]
+    assert not any(part.many for part in parts) and one.split() == [one]
+
+
+def test_a_list_of_one_question_is_the_record_question_makes(tmp_path: Path) -> None:
+    """kvpress's pipeline turns `question=q` into `questions=[q]`: a record of `questions` holding one question is
+    the record `question` makes, written back as `question` with its answers."""
+    line = kvpress_line(question=None, questions=["q?"], answers=[["x"]])
+    listed, plain = read_records(write_jsonl(tmp_path / "t.jsonl", [line, kvpress_line()]))
+    assert listed == replace(plain, example=0) and not listed.many
+    assert listed.to_json() == {**kvpress_line(), "haystack": None, "haystack_sha256": None}
 
 
 @pytest.mark.parametrize("line, message", [

@@ -17,6 +17,7 @@ import random
 import uuid
 
 from ..family import Build, GeneratedExample, Family, Target, register
+from ..question import numbered
 
 TASK = "Extract the value corresponding to the specified key in the JSON object below.\n\n"
 QUESTION, PREFIX = "Key: \"{key}\"\n", "The value associated with the specified key is: "
@@ -46,8 +47,8 @@ class KvFamily(Family):
         first = min(size - 1, int(size * depth))
         asked = [first] + rng.sample([i for i in range(size) if i != first], QUESTIONS - 1)
         context = TASK + json.dumps(dict(pairs), ensure_ascii=False) + "\n\n"
-        return GeneratedExample.many(context, [QUESTION.format(key=pairs[i][0]) for i in asked], PREFIX,
-                            [[pairs[i][1]] for i in asked], depth)
+        return GeneratedExample(context, numbered([QUESTION.format(key=pairs[i][0]) for i in asked],
+                                                  [[pairs[i][1]] for i in asked]), PREFIX, depth)
 
 
 register(KvFamily())

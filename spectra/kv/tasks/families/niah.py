@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..family import Build, GeneratedExample, Family, Target, register
 from ..haystack import NOISE, Haystack, insert, niah_words
+from ..question import numbered
 
 TEMPLATE = ("Some special magic {values} are hidden within the following text. Make sure to memorize it. "
             "I will quiz you about the {values} afterwards.\n{context}\nWhat are all the special magic {values} "
@@ -117,10 +118,9 @@ class NiahFamily(Family):
         if spec.apart:
             text = (TEMPLATE + PREFIX).format(values=spec.value, context=context, query=query)
             opening = self.split(text)[0]
-            return GeneratedExample.many(opening,
-                                         [QUESTION_ONE.format(value=spec.value[:-1], query=key) for key in queries],
-                                         QUESTIONS_PREFIX.format(value=spec.value[:-1]), [values[k] for k in asked],
-                                         depth)
+            questions = [QUESTION_ONE.format(value=spec.value[:-1], query=key) for key in queries]
+            return GeneratedExample(opening, numbered(questions, [values[k] for k in asked]),
+                                    QUESTIONS_PREFIX.format(value=spec.value[:-1]), depth)
         if spec.queries * spec.values == 1:
             text = (TEMPLATE_ONE + PREFIX_ONE).format(value=spec.value[:-1], context=context, query=query)
         else:

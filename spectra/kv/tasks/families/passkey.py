@@ -8,6 +8,7 @@ import random
 
 from ..family import Build, GeneratedExample, Family, Target, register
 from ..haystack import NOISE
+from ..question import numbered
 
 TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
         "I will quiz you about the important information there.")
@@ -32,7 +33,7 @@ class PasskeyFamily(Family):
         garbage = " ".join([NOISE] * (size // len(NOISE) + 2))
         key = str(rng.randint(1, 50000))
         lines = [TASK, garbage[:before], LINE.format(key=key), garbage[: size - before]]
-        return GeneratedExample("\n".join(lines) + "\n", QUESTION, PREFIX, (key,), depth)
+        return GeneratedExample("\n".join(lines) + "\n", numbered([QUESTION], [[key]]), PREFIX, depth)
 
 
 register(PasskeyFamily())

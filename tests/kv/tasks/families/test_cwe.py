@@ -20,7 +20,7 @@ def test_cwe_answers_are_the_ten_most_common_words(length: int, common: int, rar
     counts = Counter(words)
     assert sorted(counts.values(), reverse=True) == [common] * 10 + [rare] * 50
     assert set(example.answers) == {word for word, count in counts.items() if count == common}
-    assert example.question.startswith("Question: What are the 10 most common words")
+    assert example.asked[0].text.startswith("Question: What are the 10 most common words")
     assert TASKS["cwe"].max_new_tokens == 120 and TASKS["cwe"].minimum("cwe") == 10
 
 

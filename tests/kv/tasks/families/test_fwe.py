@@ -16,4 +16,4 @@ def test_fwe_answers_are_the_three_most_frequent_coded_words(build) -> None:
     assert Counter(coded)["..."] > counts[ranked[0]]
     coded = build("fwe", 3000, length=2048).context.split("coded words. ", 1)[1].split()
     assert len(set(coded)) == (2048 - 50) // 50  # every word of the vocabulary, (length − max_new_tokens) / 50
-    assert TASKS["fwe"].max_new_tokens == 50 and example.question.startswith("Question: Do not provide")
+    assert TASKS["fwe"].max_new_tokens == 50 and example.asked[0].text.startswith("Question: Do not provide")

@@ -29,19 +29,20 @@ def test_niah_answers_are_the_values_of_the_keys_asked(task: str, haystack, buil
         values.setdefault(key, []).append(value)
     spec = VARIANTS[task]
     if spec.apart:  # one key a question, each question's answers its key's values
-        keys = [queried(question)[0] for question in example.questions]
-        assert [sorted(answers) for answers in example.question_answers] == [sorted(values[key]) for key in keys]
-        assert example.question == "" and example.answer_prefix == " The special magic number for the key asked is"
-        assert all(question.startswith("What is the special magic number for ") for question in example.questions)
+        keys = [queried(asked.text)[0] for asked in example.asked]
+        assert [sorted(asked.answers) for asked in example.asked] == [sorted(values[key]) for key in keys]
+        assert example.many and example.answer_prefix == " The special magic number for the key asked is"
+        assert all(asked.text.startswith("What is the special magic number for ") for asked in example.asked)
         assert example.context.startswith("Some special magic") and len(keys) == len(set(keys)) == spec.queries
         assert len(NEEDLE.findall(example.context)) == spec.keys and example.context.endswith("\n")
         return
-    keys = queried(example.question)
+    assert not example.many
+    keys = queried(example.asked[0].text)
     assert sorted(example.answers) == sorted(value for key in keys for value in values[key])
     assert len(keys) == spec.queries and all(len(values[key]) == spec.values for key in keys)
     one = spec.queries * spec.values == 1
     assert example.context.startswith("A special magic" if one else "Some special magic")
-    assert example.question.startswith("What is the special" if one else "What are all the special")
+    assert example.asked[0].text.startswith("What is the special" if one else "What are all the special")
     assert example.answer_prefix.endswith(" is" if one else " are")
     if spec.haystack == "needle":
         assert len(NEEDLE.findall(example.context)) == 40 + spec.keys

@@ -12,7 +12,8 @@ def test_passkey_follows_the_landmark_recipe(build) -> None:
     example = build("passkey", 1000, 0.25)
     key = example.answers[0]
     assert f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n" in example.context
-    assert (example.question, example.answer_prefix) == ("What is the pass key? ", "The pass key is")
+    assert (example.asked[0].text, example.answer_prefix) == ("What is the pass key? ", "The pass key is")
+    assert not example.many and example.asked[0].answers == example.answers
     assert 1 <= int(key) <= 50000 and TASKS["passkey"].max_new_tokens == 10
     # the task line, the garbage around the key line (1000 characters) and the key line, each ending in a newline
     assert len(example.context) == len(example.context.split("\n")[0]) + 1000 + 48 + len(key) * 2 + 4

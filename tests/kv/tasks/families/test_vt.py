@@ -18,7 +18,7 @@ def words(text: str) -> int:
 
 def test_vt_answers_are_the_variables_the_value_reaches(build) -> None:
     example = build("vt", 30)
-    value = re.search(r"assigned the value (\d+) in the text above", example.question).group(1)
+    value = re.search(r"assigned the value (\d+) in the text above", example.asked[0].text).group(1)
     reached, changed = {value}, True
     while changed:
         changed = False
@@ -29,7 +29,7 @@ def test_vt_answers_are_the_variables_the_value_reaches(build) -> None:
                 changed = True
     assert set(example.answers) == reached - {value} and len(example.answers) == 5
     assert "they are:  " in example.context  # RULER's worked example and its answer come first
-    assert example.question.startswith("Question: Find all variables") and TASKS["vt"].max_new_tokens == 30
+    assert example.asked[0].text.startswith("Question: Find all variables") and TASKS["vt"].max_new_tokens == 30
 
 
 def test_the_worked_example_is_the_largest_within_500_tokens() -> None:
