@@ -61,6 +61,7 @@ class KVCompose(Press):
     name, summary = "kvcompose", "the pairs a second reading attends to, budgets shared across layers"
     peer = "KVComposePress"
     reads = ("composition",)
+    across_layers = True  # its budget: every layer's tokens together
 
     def __init__(self) -> None:
         #: the last (scores, ratio) allocated, its enhanced scores and counts: every layer of an example reads them
