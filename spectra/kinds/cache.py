@@ -7,7 +7,9 @@ per sequence serves every press and ratio (probe: `probes.cache.CacheProbe`, eng
 `decoding(<decodable>)` (kvpress's DecodingPress, `presses.decoding`) compresses nothing after the prefill: the
 continuation is fed one decoding step per token, as kvpress would decode it with each generated token replaced by
 the text's next one, and every `--compression-interval` steps each layer's cache is brought back to the rows the
-ratio keeps of the context (`generation.teacher_forced`).
+ratio keeps of the context (`generation.teacher_forced`). On a model with sliding-window layers (Gemma 3) a local
+layer holds and attends its window (`--local-layers`: what a press does to it, `kv.locallayers`; the continuation
+attends as the model does, `kv.continuation`), and the bytes count what each layer stores.
 
 Tables: cache.csv (per press and ratio, the full cache as press 'full' at ratio 0), cache_heads.csv (per press,
 ratio, layer and head), cache_sequences.csv (per press, ratio and sequence); with `--bytes-kept`, cache_axes.csv (per
@@ -221,7 +223,7 @@ class Cache(PressStudy):
         diagnosis = None if options.heads_run is None else load_run(options.heads_run, "heads").diagnosis
         return CacheProbe(source, options.presses, options.ratios, options.context, options.continuation,
                           config.seed, range(options.fit_samples, options.fit_samples + config.samples),
-                          options.bytes_kept, diagnosis, options.compression_interval)
+                          options.bytes_kept, diagnosis, options.compression_interval, options.local_layers)
 
 
 register(Cache())

@@ -37,20 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoints
-from ..config import LocalLayers, RunConfig, choose
+from ..config import RunConfig
 from ..errors import SpectraError, spell
 from ..options import option
 from ..registry import PRESSES
 from ..reporter import Reporter, plural
-from ..kv.passes import WHOLE_MODEL
 from ..kv.tasks import selection
 from ..kv.tasks.records import TASK_FILE, unreadable
 from .base import Analysis, register
 from .pressbase import BATCH_HELP, DECODE_GIB, DECODE_HELP, PressOptions, PressStudy, check_decode_memory, smallest_gib
-
-#: the last context queries the prefill keeps for the presses (the widest window a press reads)
-WINDOW = PRESSES.most("window")
-
 
 @dataclass(frozen=True)
 class EvaluateOptions(PressOptions):
@@ -60,52 +55,10 @@ class EvaluateOptions(PressOptions):
                                "convention; a record asking several questions is compressed once per question, each "
                                "in view); by default the question is appended after compression.")
     decode_memory: float = option(DECODE_GIB, DECODE_HELP, metavar="GIB", identity=False)
-    local_layers: LocalLayers = option(LocalLayers.KEEP, "What a press does to a model's sliding-window (local) "
-                                       "layers, Gemma 3's: keep (each keeps its window as the model does; the press "
-                                       "compresses the global layers), compress (the press compresses each local "
-                                       "layer's window too, at the same ratio), kvpress (as kvpress 0.5.5's pipeline "
-                                       "does on Gemma3ForCausalLM: every layer compressed from the whole context, the "
-                                       "window then counting cache rows; to compare answers with it). docs/cache.md "
-                                       "says what each stores.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_decode_memory(self.decode_memory)
-        object.__setattr__(self, "local_layers", choose(LocalLayers, self.local_layers, "--local-layers"))
-        refused = local_refusal(self.local_layers, self.presses)
-        if refused is not None:
-            keep = spell("--local-layers keep", "local_layers='keep'")
-            raise SpectraError(f"{spell('--local-layers', 'local_layers')} {self.local_layers}: {refused[0]} "
-                               f"{refused[1]}; leave it out, or keep the local layers' windows ({keep})")
-
-
-#: the press facts each --local-layers mode refuses (`kv.locallayers` says why), each with its reason
-LOCAL_REFUSED = {"decodes": "compresses while it decodes, which spectra's decoding does not do to a local layer",
-                 "needs_rope": "reads rotary positions, which spectra knows for the global layers only (Gemma 3's "
-                               "local layers rotate with a base of their own)",
-                 "mixes": "keeps rows that are no context tokens, where a local layer's window reads positions",
-                 WHOLE_MODEL: "runs a whole-model pass, which spectra runs with each local layer keeping its window "
-                              "only"}
-#: presses each --local-layers mode but keep refuses by name, each with its reason
-LOCAL_REFUSED_NAMES = {"headbudget": "shares its budget among the global layers' heads, a local layer keeping its window"}
-
-
-def local_refusal(mode: LocalLayers, presses: tuple[str, ...]) -> tuple[str, str] | None:
-    """(press, why) for the first of `presses` whose effect on a local layer `mode` does not reproduce
-    (`kv.locallayers`), or None: `compress` refuses every fact of `LOCAL_REFUSED`, `kvpress` all but `mixes` and
-    every press that is no scorer (kvpress's row order is its ScorerPress')."""
-    if mode == LocalLayers.KEEP:
-        return None
-    for press in presses:
-        if press.split("(")[0] in LOCAL_REFUSED_NAMES:
-            return press, LOCAL_REFUSED_NAMES[press.split("(")[0]]
-        for fact, why in LOCAL_REFUSED.items():
-            if press in PRESSES.having(fact) and (fact != "mixes" or mode == LocalLayers.COMPRESS):
-                return press, why
-        if mode == LocalLayers.KVPRESS and press not in PRESSES.having("scorer"):
-            return press, ("is no scorer: kvpress's pipeline leaves a local layer's rows in its ScorerPress' order, "
-                           "which spectra reproduces for scorers only")
-    return None
 
 
 class Evaluate(PressStudy):
@@ -161,33 +114,10 @@ class Evaluate(PressStudy):
                                "context's, so the next question would read another cache (kvpress's pipeline refuses "
                                f"DecodingPress with several questions); drop {decoding[0]} from "
                                f"{spell('--presses')} or give single-question records")
-        self.check_local_layers(options, shape.windowed, shape.name)
         for record in records:
             if shape.positions is not None and record.length is not None and record.length > shape.positions:
                 raise SpectraError(f"{name} line {record.example + 1}: its length {record.length} is beyond the "
                                    f"{shape.positions} positions of {shape.name}")
-
-    def check_local_layers(self, options: EvaluateOptions, windowed: bool | None, name: str) -> None:
-        """`--local-layers compress|kvpress` on a model without sliding-window layers (`windowed` False; None: its
-        files do not tell, and the check waits for the loaded model) is refused."""
-        if options.local_layers != LocalLayers.KEEP and windowed is False:
-            raise SpectraError(f"{spell('--local-layers', 'local_layers')} {options.local_layers} compresses "
-                               f"sliding-window layers, but {name} has none: drop the option (every layer is global)")
-
-    def check_windows(self, options: EvaluateOptions, windows: list[int | None], name: str) -> None:
-        """Also, once the model has loaded: `--local-layers` on a model without local layers, and under `compress` a
-        press reading more last queries than a local layer holds (SnapKV's 64 in a window of W − 1 ≤ 64)."""
-        super().check_windows(options, windows, name)
-        self.check_local_layers(options, any(windows), name)
-        held = min((window for window in windows if window is not None), default=None)
-        if options.local_layers == LocalLayers.COMPRESS and held is not None:
-            reads = {press: PRESSES.facts(press).get("window") or WINDOW for press in options.presses
-                     if press in PRESSES.having("windowed")}
-            wide = [press for press, queries in reads.items() if queries >= held - 1]
-            if wide:
-                mode = spell("--local-layers compress", "local_layers='compress'")
-                raise SpectraError(f"{wide[0]} reads the last {reads[wide[0]]} context queries, but under {mode} a "
-                                   f"local layer of {name} holds {held - 1} tokens: leave {wide[0]} out")
 
     def announce(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, given: RunConfig) -> None:
         """Say when --samples leaves records of the file out, and which tasks it leaves out whole; or when it asks for

@@ -4,8 +4,10 @@ a press puts on a model.
 The NLL study (`spectra cache` on text, `kinds/cache.py`) and the task study (`spectra evaluate`, or `spectra cache`
 on a task file, `kinds/evaluate.py`) each declare their options as a `PressOptions` subclass and their kind as a
 `PressStudy`: the presses (spectra/presses/, kvpress 0.5.5's at their defaults, and those that take an argument),
-the ratios, the decoding presses' compression interval, and the refusals that follow from the model (an encoder, no
-language-model head, a channel press without RoPE, a head pattern of another shape) are written here once.
+the ratios, the decoding presses' compression interval, what a press does to a sliding-window layer
+(`--local-layers`, `kv.locallayers`, with the presses each mode refuses by their facts), and the refusals that follow
+from the model (an encoder, no language-model head, a channel press without RoPE, a head pattern of another shape,
+local layers a press's pass does not follow) are written here once.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .. import checkpoints, registry
-from ..config import RunConfig
+from ..config import LocalLayers, RunConfig, choose
 from ..errors import SpectraError, spell
 from ..inputs import several, split_top
 from ..kv.axes import ratio_meaning
@@ -28,6 +30,8 @@ from .base import Analysis
 DEFAULT_RATIOS = (0.25, 0.5, 0.75, 0.9)
 #: model configuration fields that say the model rotates queries and keys (RoPE)
 ROPE_FIELDS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
+#: the last context queries the prefill keeps for the presses (the widest window a press reads)
+WINDOW = PRESSES.most("window")
 #: how many decoding steps kvpress's DecodingPress waits between compressions by default, as decoding(…) declares it
 DEFAULT_INTERVAL = PRESSES.facts("decoding")["interval"]
 def default_presses() -> tuple[str, ...]:
@@ -89,6 +93,33 @@ def press_lines() -> list[tuple[str, str]]:
     return rows
 
 
+#: the press facts each --local-layers mode refuses (`kv.locallayers` says why), each with its reason
+LOCAL_REFUSED = {"decodes": "compresses while it decodes, which spectra's decoding does not do to a local layer",
+                 "needs_rope": "reads rotary positions, which spectra knows for the global layers only (Gemma 3's "
+                               "local layers rotate with a base of their own)",
+                 "mixes": "keeps rows that are no context tokens, where a local layer's window reads positions",
+                 WHOLE_MODEL: "runs a whole-model pass, which spectra runs with each local layer keeping its window "
+                              "only",
+                 "across_layers": "shares its budget among the global layers' heads, a local layer keeping its window"}
+
+
+def local_refusal(mode: LocalLayers, presses: tuple[str, ...]) -> tuple[str, str] | None:
+    """(press, why) for the first of `presses` whose effect on a local layer `mode` does not reproduce
+    (`kv.locallayers`), or None: `compress` refuses every fact of `LOCAL_REFUSED`, `kvpress` all but `mixes` and
+    every press that is no scorer (kvpress's row order is its ScorerPress')."""
+    if mode == LocalLayers.KEEP:
+        return None
+    for press in presses:
+        facts = PRESSES.facts(press)
+        for fact, why in LOCAL_REFUSED.items():
+            if facts.get(fact) and (fact != "mixes" or mode == LocalLayers.COMPRESS):
+                return press, why
+        if mode == LocalLayers.KVPRESS and not facts.get("scorer"):
+            return press, ("is no scorer: kvpress's pipeline leaves a local layer's rows in its ScorerPress' order, "
+                           "which spectra reproduces for scorers only")
+    return None
+
+
 @dataclass(frozen=True)
 class PressOptions:
     """The presses compared, the ratios each compresses at, and how often a decoding press compresses."""
@@ -120,6 +151,13 @@ class PressOptions:
     compression_interval: int = option(DEFAULT_INTERVAL, "Decoding steps between two compressions of a "
                                        "decoding(<decodable>) press (kvpress's compression_interval; the NLL protocol "
                                        "feeds the continuation one token a step).")
+    local_layers: LocalLayers = option(LocalLayers.KEEP, "What a press does to a model's sliding-window (local) "
+                                       "layers, Gemma 3's: keep (each keeps its window as the model does; the press "
+                                       "compresses the global layers), compress (the press compresses each local "
+                                       "layer's window too, at the same ratio), kvpress (as kvpress 0.5.5's pipeline "
+                                       "does on Gemma3ForCausalLM: every layer compressed from the whole context, the "
+                                       "window then counting cache rows; to compare with it). docs/cache.md says what "
+                                       "each stores.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "presses", registry.press_names(several(self.presses, "--presses")))
@@ -139,6 +177,12 @@ class PressOptions:
             raise SpectraError(f"{spell('--compression-interval')} paces the decoding presses, but none is among "
                                f"{spell('--presses')}; add one (e.g. decoding(knorm)) or drop "
                                f"{spell('--compression-interval')}")
+        object.__setattr__(self, "local_layers", choose(LocalLayers, self.local_layers, "--local-layers"))
+        refused = local_refusal(self.local_layers, self.presses)
+        if refused is not None:
+            keep = spell("--local-layers keep", "local_layers='keep'")
+            raise SpectraError(f"{spell('--local-layers', 'local_layers')} {self.local_layers}: {refused[0]} "
+                               f"{refused[1]}; leave it out, or keep the local layers' windows ({keep})")
         for press in self.presses:  # a mixed plan plays its map's budgets only: refused here, not after the prefill
             parts = registry.applied(press)
             if parts is not None and parts[0] == "mixed":
@@ -214,6 +258,21 @@ class PressStudy(Analysis):
         if shape.causal is False:
             raise SpectraError(f"{shape.name} is an encoder: {self.decodes} (a causal language model, e.g. Llama, "
                                "Qwen2, SmolLM2)")
+        self.check_local_layers(options, shape.windowed, shape.name)
+
+    def check_local_layers(self, options: PressOptions, windowed: bool | None, name: str) -> None:
+        """`--local-layers compress|kvpress` on a model without sliding-window layers (`windowed` False; None: its
+        files do not tell, and the check waits for the loaded model), and on a model with them a press moving its
+        kept keys to new positions (`renumbers`: a local layer keeps its window's, one position serving every layer),
+        are refused."""
+        if options.local_layers != LocalLayers.KEEP and windowed is False:
+            raise SpectraError(f"{spell('--local-layers', 'local_layers')} {options.local_layers} compresses "
+                               f"sliding-window layers, but {name} has none: drop the option (every layer is global)")
+        moving = [press for press in options.presses if PRESSES.facts(press).get("renumbers")]
+        if windowed and moving:
+            raise SpectraError(f"{moving[0]} moves its kept keys to positions 0 … m − 1, which the sliding-window "
+                               f"layers of {name} cannot follow (each keeps its window where it was): leave it out "
+                               "on this model")
 
     def check_rope(self, options: PressOptions, uses_rope: bool | None, name: str) -> None:
         """Presses that read RoPE (rotary key channels, future positions, keys re-rotated): a model without it is
@@ -241,13 +300,24 @@ class PressStudy(Analysis):
         self.check_windows(options, sliding.of_model(loaded.model), loaded.name)
 
     def check_windows(self, options: PressOptions, windows: list[int | None], name: str) -> None:
-        """A model with sliding-window layers (`spectra.sliding`): the task study keeps each local layer's window and
-        compresses the global ones; what does not follow local layers yet is refused here, before any example."""
+        """Once the model has loaded, on a model with sliding-window layers (`spectra.sliding`; each local layer
+        keeping its window under `--local-layers keep`): a press whose whole-model pass does not follow them yet,
+        `--local-layers` on a model without local layers, and under `compress` a press reading more last queries
+        than a local layer holds (SnapKV's 64 in a window of W − 1 ≤ 64), each refused before any sequence."""
+        self.check_local_layers(options, any(windows), name)
         if not any(windows):
             return
         passes = [press for press in options.presses if press in PRESSES.having(WHOLE_MODEL)
                   and unwindowed(PRESSES.facts(press).get("reads", ()))]
-        if self.name == "cache" or passes:
-            what = f"the presses {', '.join(passes)}" if passes else "spectra cache's study of text"
-            raise SpectraError(f"{name} has sliding-window layers, which {what} does not follow yet: "
-                               + ("leave them out" if passes else "run the task study, spectra evaluate, on it"))
+        if passes:
+            what = f"the presses {', '.join(passes)}"
+            raise SpectraError(f"{name} has sliding-window layers, which {what} does not follow yet: leave them out")
+        held = min(window for window in windows if window is not None)
+        if options.local_layers == LocalLayers.COMPRESS:
+            reads = {press: PRESSES.facts(press).get("window") or WINDOW for press in options.presses
+                     if press in PRESSES.having("windowed")}
+            wide = [press for press, queries in reads.items() if queries >= held - 1]
+            if wide:
+                mode = spell("--local-layers compress", "local_layers='compress'")
+                raise SpectraError(f"{wide[0]} reads the last {reads[wide[0]]} context queries, but under {mode} a "
+                                   f"local layer of {name} holds {held - 1} tokens: leave {wide[0]} out")

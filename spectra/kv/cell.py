@@ -122,6 +122,10 @@ class Cell:
         """The bytes of the compressed context cache, over every layer and key/value head."""
         return sum(int(memory.sum()) for memory in self._memory)
 
+    def whole(self, layer: int) -> int:
+        """The bytes `layer` stores uncompressed, over its key/value heads: a local layer's `locallayers.whole`."""
+        return self._whole[layer]
+
     def full_bytes(self) -> int:
         """The bytes of the full context cache, over every layer and key/value head."""
         return sum(self._whole)

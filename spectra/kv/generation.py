@@ -324,9 +324,11 @@ def teacher_forced(model: torch.nn.Module, layers: int, cache: Buffers, tokens: 
     """The logits (n, vocab) of `tokens` (n,) fed one decoding step each at positions start … start + n − 1 while
     `recompression` compresses `cache` every `interval` steps — kvpress's DecodingPress on a teacher-forced text. The
     steps between two compressions run as one causal pass (a token attends to the same rows either way). Also the
-    rows each token attends to (layer 0's cache, its own included), for the memory the press saves."""
+    rows each token attends to (the first global layer's cache, its own included: a local layer keeps its window),
+    for the memory the press saves."""
     interval = 1 if recompression.size(start + 1) <= 1 else recompression.press.interval  # sizes never shrink
     logits, attended = [], []
+    counted = next((layer for layer in range(layers) if not cache.local(layer)), 0)
 
     def substitute(captured: Captured) -> torch.Tensor:
         layer, q = captured.layer, captured.q[0]
@@ -337,8 +339,8 @@ def teacher_forced(model: torch.nn.Module, layers: int, cache: Buffers, tokens: 
 
     done = 0
     while done < tokens.shape[-1]:
-        count = min(interval - recompression.steps.get(0, 0), tokens.shape[-1] - done)
-        before = cache.lengths[0]
+        count = min(interval - recompression.steps.get(counted, 0), tokens.shape[-1] - done)
+        before = cache.lengths[counted]
         attended += range(before + 1, before + count + 1)
         positions = torch.arange(start + done, start + done + count, device=tokens.device)[None]
         cache.at = positions[0]

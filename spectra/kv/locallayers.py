@@ -1,4 +1,5 @@
-"""What a press does to a sliding-window (local) layer: `spectra evaluate --local-layers keep|compress|kvpress`.
+"""What a press does to a sliding-window (local) layer: `--local-layers keep|compress|kvpress` of both studies,
+`spectra evaluate` and `spectra cache` on text (whose continuation a local layer scores through its window too).
 
 A local layer (Gemma 3's five of six, `spectra.sliding`) never holds more than its window: transformers' sliding-window
 cache keeps the last W − 1 tokens after a prefill, all the next query may see (`sliding.kept`). Compressing it is
@@ -37,15 +38,16 @@ another question than compressing a global layer, so the task study asks it (`co
   row r at position L − m + r (`Compressed.window_positions`). Bytes count what kvpress's cache holds: every layer
   the whole context, compressed at r.
 
-Both `compress` and `kvpress` are refused (`kinds.evaluate`, before the model loads where its config tells) on a model
+Both `compress` and `kvpress` are refused (`kinds.pressbase`, before the model loads where its config tells) on a model
 without local layers, and with presses whose effect on a local layer spectra does not reproduce: a press that
 compresses while decoding (kvpress's DecodingPress would compress the local layers as it decodes, spectra's decoding
 leaves them), one reading rotary positions (`Prefill.rope` is the global layers'; Gemma 3's local layers rotate with a
 base of their own), the whole-model passes (kvzip, kvgrad and kvcompose run under `keep` only: each ranks
-whole-context scores across the global layers, `kv.passes`), headbudget (its budgets are the global layers');
+whole-context scores across the global layers, `kv.passes`), a press sharing one budget among every layer's heads
+(`across_layers`: headbudget, whose budgets are the global layers' under keep);
 `compress` also a press whose rows are not context tokens (linformer: a window reads positions), `kvpress` a press
-that is no scorer (the row order above is kvpress's ScorerPress'). key_rerotation reads rotary positions: refused in
-both (in `keep`, by `cell.start`).
+that is no scorer (the row order above is kvpress's ScorerPress'). finch and key_rerotation move the kept keys to
+positions 0 … m − 1 (`renumbers`), which a local layer's window cannot follow: refused on such a model in every mode.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ KL from the full cache's distribution and top-1 agreement. A sequence shorter th
 skipped and counted. The prefill passes the run's presses read (`kv.passes`) are computed as the layers go by; a
 press reading a whole-model pass (kvzip, kvcompose, kvgrad) reads every layer's cache, so its cells wait: `update`
 keeps each layer's continuation rows for them (`continuation.Tail`), and `after_batch` first runs the passes they read
-over the sequence's prefilled cache (`prefill.scored`), then compresses and measures them layer by layer.
+over the sequence's prefilled cache (`prefill.scored`), then compresses and measures them layer by layer. A
+sliding-window layer's prefill carries its window: the cell leaves it what `--local-layers` says (`kv.locallayers`),
+the continuation attends through the window (`kv.continuation`), and a head's bytes share is over what its layer stores.
 
 With `fit_samples` N > 0 the first N sequences calibrate: their prefills go to the run's own fresh instance of each
 press that `calibrates` (never to the registry's shared one), nothing is scored, and the sequences after them are
@@ -29,12 +31,12 @@ import pandas as pd
 import torch
 
 from ..kv import axes, continuation, generation, passes, prefill, reconstruction
-from .. import models
+from .. import models, sliding
+from ..config import LocalLayers
 from ..capture import Captured
 from ..kv.cell import Cell, Cells
 from ..errors import SpectraError
 from ..kv.presses import Prefill, Press
-from ..kv.presses.base import full_memory
 from ..kv.presses.decoding import INTERVAL
 from ..stats import State, tagged
 from .base import Probe
@@ -59,13 +61,16 @@ class CacheProbe(Probe):
 
     def __init__(self, source: "ModelSource", presses: Sequence[str], ratios: Sequence[float], context: int,
                  continuation: int, seed: int, evaluated: range, bytes_kept: Sequence[float] = (),
-                 diagnosis: pd.DataFrame | None = None, compression_interval: int = INTERVAL) -> None:
+                 diagnosis: pd.DataFrame | None = None, compression_interval: int = INTERVAL,
+                 local_layers: LocalLayers = LocalLayers.KEEP) -> None:
         self.source, self.context, self.continuation, self.seed = source, context, continuation, seed
         self.bytes_kept, self.diagnosis = tuple(bytes_kept), diagnosis
         self.fit_samples, samples = evaluated.start, len(evaluated)
         # the run's own presses: a calibrating press's fit belongs to this run, not to the shared registry
         loaded = source.loaded
-        self.cells = Cells(presses, ratios, compression_interval=compression_interval, layers=loaded.layers)
+        self.windows = sliding.of_model(loaded.model)  # each layer's sliding window (None: global)
+        self.cells = Cells(presses, ratios, local_layers, compression_interval=compression_interval,
+                           layers=loaded.layers, windows=self.windows)
         self.presses: dict[str, Press] = self.cells.presses
         self.calibrated = np.zeros(1)  # calibration sequences used (long enough)
         self.variants = self.cells.variants
@@ -115,7 +120,8 @@ class CacheProbe(Probe):
             key_pre = None if key_pre is None else key_pre.transpose(0, 1)
             hooked = {name: found[row, :context] for name, found in self.hooked.get(layer, {}).items()}
             prefilled = continuation.from_captured(captured, row, context, key_pre, self.seed, index[row],
-                                                   self.w_o.get(layer), self.rope, reads=self.reads, hooked=hooked)
+                                                   self.w_o.get(layer), self.rope, reads=self.reads, hooked=hooked,
+                                                   sliding_window=self.windows[layer])
             if index[row] < self.fit_samples:
                 self._calibrate(prefilled)
                 continue
@@ -129,7 +135,8 @@ class CacheProbe(Probe):
                 tails[layer] = tail.kept()
             # the prefill's tensors are views of the whole layer's: keep copies of what the continuation needs
             prefills[layer] = Prefill(layer, prefilled.q[:, :0], prefilled.key.clone(), prefilled.value.clone(), None,
-                                      prefilled.window[:, :0], prefilled.scaling, self.seed, index[row])
+                                      prefilled.window[:, :0], prefilled.scaling, self.seed, index[row],
+                                      sliding_window=prefilled.sliding_window)
         self.pre_rope.pop(layer, None)
         self.hooked.pop(layer, None)
 
@@ -150,8 +157,8 @@ class CacheProbe(Probe):
         mass[during], error[during] = float("nan"), float("nan")  # its cache changes while decoding: not one
         self.head_sums[rows, layer, :, 0] += mass.double().cpu().numpy()
         self.head_sums[rows, layer, :, 1] += error.double().cpu().numpy()
-        whole = full_memory(prefilled)  # each query head: its key/value head's bytes, over the full cache's
-        shares = torch.stack([cell.memory(layer) for cell in cells]).double() / whole
+        # each query head: its key/value head's bytes, over what the full cache stores there (a local layer's window)
+        shares = torch.stack([cell.memory(layer).double() / cell.whole(layer) * prefilled.kv_heads for cell in cells])
         self.head_sums[rows, layer, :, 2] += shares.repeat_interleave(prefilled.groups, dim=1).numpy()
         self.head_kept[rows, layer] += np.stack([cell.counts(layer) for cell in cells]) / context
 
@@ -210,8 +217,8 @@ class CacheProbe(Probe):
         reference = None
         for start in range(0, len(once), chunk):
             chosen = once[start:start + chunk]
-            stacked = {layer: continuation.stack([cells[i].parts[layer] for i in chosen], kept.key, kept.value)
-                       for layer, kept in prefills.items()}
+            stacked = {layer: continuation.stack([cells[i].parts[layer] for i in chosen], kept.key, kept.value,
+                                                 kept.sliding_window) for layer, kept in prefills.items()}
             rest = continuation.continuation_logits(loaded.model, self.layers, stacked.__getitem__, tokens[context:-1],
                                                     [cells[i].start for i in chosen], index, len(chosen))
             logits = torch.cat([first.expand(len(chosen), 1, -1).to(rest.dtype), rest], dim=1)

@@ -112,6 +112,8 @@ def show(run: CacheRun) -> None:
     if once:
         out.print(once_note(once, run.table, "cache.csv"))
     out.print(MEMORY_NOTE if "bytes_share" in columns else MEMORY_NOTE.split("; bytes_share")[0])
+    if meta.get("local_layers", "keep") != "keep":  # what the presses did to the sliding-window layers
+        out.print(f"Local layers: {meta['local_layers']} (--local-layers)")
     if meta.get("skipped"):
         out.print(f"{plural(meta['skipped'], 'sequence')} shorter than context + continuation skipped")
     from ..kv.presses.window import window_note

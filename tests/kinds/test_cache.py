@@ -501,3 +501,152 @@ def test_a_corpus_evaluates_16_sequences_unless_told(monkeypatch, capsys) -> Non
     code, stdout, _ = tiny.run_cli(["cache", "--help"], monkeypatch, capsys)
     assert code == 0 and "Sequences of a text corpus (default 16); records of a task file (default: all)" in " ".join(
         stdout.split())
+
+
+WINDOW = 8  # the tiny Gemma 3's sliding window (tiny.save_gemma3): two local layers before a global one
+
+
+def gemma_reference(eager, ids: torch.Tensor, mode: str, context: int, ratio: float) -> torch.Tensor:
+    """The continuation's NLL (C,) by transformers' own Gemma 3 (eager attention): the context prefilled into its
+    cache, each layer's cache then compressed by a forward hook as kvpress writes it (Knorm's −‖k‖, torch.topk's rows
+    in topk's order; 'full': nothing) — keep: a local layer cut to its last W − 1 tokens; compress: those scored
+    alone; kvpress: every layer's whole context —, and the continuation fed in one pass with each layer's mask
+    written by hand: a row seen by the queries whose window holds its position (kvpress: rows counted by index, the
+    queries at m + i)."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    cache, positions = DynamicCache(), {}
+
+    def press(module, args, kwargs, output):
+        layer = cache.layers[module.layer_idx]
+        local = module.sliding_window is not None and mode != "kvpress"
+        first = context - min(context, WINDOW - 1) if local else 0
+        keys, values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        if mode == "full" or (local and mode == "keep"):
+            order = torch.arange(keys.shape[2]).expand(1, keys.shape[1], -1)
+        else:
+            order = (-keys.float().norm(dim=-1)).topk(n_kept(keys.shape[2], ratio), dim=-1).indices
+        index = order[..., None].expand(-1, -1, -1, keys.shape[-1])
+        layer.keys, layer.values = keys.gather(2, index), values.gather(2, index)
+        positions[module.layer_idx] = order[0] + first
+        return output
+
+    def masked(module, args, kwargs):
+        rows, n = cache.layers[module.layer_idx].keys.shape[2], kwargs["hidden_states"].shape[1]
+        if mode == "kvpress":
+            queries = cache.layers[0].keys.shape[2] - (module.layer_idx > 0) * n + torch.arange(n)
+            at = torch.arange(rows + n)[None].expand(eager.config.num_key_value_heads, -1)
+        else:
+            queries = kwargs["position_ids"][0]
+            held = positions[module.layer_idx]
+            at = torch.cat([held, queries[None].expand(held.shape[0], -1)], dim=-1)
+        seen = at[:, None, :] <= queries[:, None]
+        if module.sliding_window is not None:
+            seen &= at[:, None, :] > queries[:, None] - WINDOW
+        seen = seen.repeat_interleave(module.config.num_attention_heads // seen.shape[0], dim=0)
+        kwargs["attention_mask"] = torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)[None]
+        return args, kwargs
+
+    name = "cache" if "cache" in inspect.signature(eager.model.forward).parameters else "past_key_values"
+    hooks = [layer.self_attn.register_forward_hook(press, with_kwargs=True) for layer in eager.model.layers]
+    with torch.no_grad():
+        first = eager(input_ids=ids[None, :context], **{name: cache}).logits[0, -1:]
+        for hook in hooks:
+            hook.remove()
+        hooks = [layer.self_attn.register_forward_pre_hook(masked, with_kwargs=True) for layer in eager.model.layers]
+        rest = eager(input_ids=ids[None, context:-1], position_ids=torch.arange(context, ids.shape[-1] - 1)[None],
+                     **{name: cache}).logits[0]
+    for hook in hooks:
+        hook.remove()
+    logits = torch.cat([first, rest]).double()
+    return torch.nn.functional.cross_entropy(logits, ids[context:], reduction="none")
+
+
+@pytest.mark.parametrize("mode", ["keep", "compress", "kvpress"])
+def test_a_sliding_window_model_is_scored_as_its_own_cache_attends(mode, tmp_path) -> None:
+    """Issue 52: `spectra cache` on text runs on a tiny Gemma 3 (local layers of window 8 before a global one) under
+    each `--local-layers` mode, and every number is the model's own: the full cache's NLL is transformers' eager
+    forward over context + continuation, knorm's that model's with its cache compressed by hooks and masks written
+    by hand; a local layer's bytes are its window's (keep, compress) or the whole context's (kvpress), the full cache
+    losing nothing in any layer (attention mass 1, output error 0) and keep leaving every local layer as it is."""
+    context, continuation, ratio = 40, 12, 0.5
+    model_dir = tiny.save_gemma3(tmp_path / "gemma")
+    text = tiny.write_text(tmp_path / "t.txt")
+    # keep: also decoding(knorm), fed the continuation step by step and due only after it: the full cache's NLL
+    decoding = dict(presses="knorm,decoding(knorm)", compression_interval=64) if mode == "keep" else {}
+    settings = {"presses": "knorm", **QUIET, **decoding}
+    run = spectra.cache(str(model_dir), str(text), context=context, continuation=continuation, ratios=str(ratio),
+                        samples=2, local_layers=mode, out=tmp_path / "run", **settings)
+    assert run.meta["local_layers"] == mode
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    nll = run.sequences.set_index(["press", "sequence"])["nll"]
+    sequences = data.sequences(tokenizer, data.open_corpus(str(text)), context + continuation, "pack")
+    for index, ids in zip(range(2), sequences):
+        ids = torch.tensor(ids)
+        with torch.no_grad():
+            own = eager(input_ids=ids[None]).logits[0, context - 1:-1].double()
+        loss = torch.nn.functional.cross_entropy(own, ids[context:], reduction="none")
+        assert nll[("full", index)] == pytest.approx(loss.mean().item(), abs=1e-5)
+        assert nll[("full", index)] == pytest.approx(gemma_reference(eager, ids, "full", context, 0).mean().item(),
+                                                     abs=1e-5)
+        assert nll[("knorm", index)] == pytest.approx(
+            gemma_reference(eager, ids, mode, context, ratio).mean().item(), abs=1e-5), index
+        if decoding:
+            assert nll[("decoding(knorm)", index)] == pytest.approx(nll[("full", index)], abs=1e-5)
+    row = 16 * 2 * 4  # one key/value head: a key and a value of 16 float32
+    local = context if mode == "kvpress" else WINDOW - 1
+    kept = {"keep": WINDOW - 1, "compress": n_kept(WINDOW - 1, ratio), "kvpress": n_kept(context, ratio)}[mode]
+    table = run.table.set_index("press")
+    assert table.loc["full", "bytes"] == (2 * local + context) * row
+    assert table.loc["knorm", "bytes"] == (2 * kept + n_kept(context, ratio)) * row
+    heads = run.head_stats
+    full = heads[heads["press"] == "full"]
+    assert (full["mass_kept"] == 1).all() and full["out_err"].max() < 1e-6 and (full["bytes_share"] == 1).all()
+    local_heads = heads[(heads["press"] == "knorm") & (heads["layer"] < 2)]
+    if mode == "keep":
+        assert (local_heads["mass_kept"] == 1).all() and local_heads["out_err"].max() < 1e-6
+    assert np.allclose(local_heads["bytes_share"], kept / local)
+
+
+def test_local_layers_on_a_model_without_them_is_refused_before_it_loads(llama_dir, text_file, tmp_path,
+                                                                          monkeypatch, capsys) -> None:
+    """`--local-layers compress|kvpress` asks what a press does to sliding-window layers: on the tiny Llama, which
+    has none, `spectra cache` refuses it in one line, exit 2, before the model loads."""
+    monkeypatch.setattr(spectra.models, "load", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    code, _, stderr = tiny.run_cli(["cache", str(llama_dir), "--data", str(text_file), "--presses", "knorm",
+                                    "--local-layers", "compress", "--out", str(tmp_path / "run")], monkeypatch, capsys)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "--local-layers compress compresses sliding-window layers, but tiny-llama has none" in stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # the real Gemma 3 270M: its GGUF dequantized once into the session's model cache, on a CPU
+def test_the_real_gemma3_full_cache_nll_is_its_own_forward(tmp_path) -> None:
+    """Issue 52 on the real model (skipped without its package): the NLL study on a context longer than the sliding
+    window (600 > 512) — the full cache's NLL is transformers' eager forward over context and continuation, and
+    knorm under `--local-layers keep` leaves every local layer its window (bytes share 1, output error 0)."""
+    from spectra import modelcache
+
+    path = tiny.gemma3_270m()
+    context, continuation = 600, 16
+    text = tmp_path / "licences.txt"
+    text.write_text(tiny.licence_text())
+    run = spectra.cache(path, str(text), context=context, continuation=continuation, presses="knorm", ratios="0.5",
+                        samples=1, out=tmp_path / "run", **QUIET)
+    where = modelcache.entry(path).directory
+    tokenizer = AutoTokenizer.from_pretrained(where)
+    model = AutoModelForCausalLM.from_pretrained(where, attn_implementation="eager").eval()
+    ids = torch.tensor([next(iter(data.sequences(tokenizer, data.open_corpus(str(text)), context + continuation,
+                                                 "pack")))])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, context - 1:-1].double()
+    loss = torch.nn.functional.cross_entropy(logits, ids[0, context:])
+    table = run.table.set_index("press")
+    assert table.loc["full", "nll"] == pytest.approx(loss.item(), abs=1e-4)
+    local = [layer for layer, kind in enumerate(model.config.layer_types) if kind == "sliding_attention"]
+    heads = run.head_stats.set_index(["press", "layer"]).loc["knorm"]
+    assert np.allclose(heads.loc[local, "bytes_share"], 1) and heads.loc[local, "out_err"].max() < 1e-4
+    assert table.loc["knorm", "bytes_share"] < 1

@@ -17,8 +17,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import spectra
 from spectra import models
-from spectra.config import LocalLayers
-from spectra.kinds import evaluate
 from spectra.errors import SpectraError
 from spectra.kv import batching
 from spectra.kv.passes import PASSES
@@ -466,8 +464,9 @@ def test_a_sliding_window_model_runs_guarded_and_answers_as_generate(tmp_path, m
     """A tiny Gemma 3 (local layers of window 8 before a global one) through the whole task study: the guard passes,
     the full cache answers every record as `model.generate`, each local layer keeps its window whatever the press
     (bytes counted so) — kvzip's and kvgrad's ranking the global layers' pairs alone, int(N_global · r) of them
-    evicted, kvcompose's budget n_kept(N_global, r) of them — and what does not follow local layers (spectra cache's
-    study of text; a whole-model pass declared without windows) is one line, exit 2, before any example."""
+    evicted, kvcompose's budget n_kept(N_global, r) of them — and what does not follow local layers is one line, exit
+    2, before any example: a press moving its kept keys (finch, among spectra cache's default presses), a whole-model
+    pass declared without windows."""
     model_dir = tiny.save_gemma3(tmp_path / "gemma")
     path = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=3, words=40))
     run = spectra.evaluate(str(model_dir), str(path), presses="knorm,streaming,kvzip,kvgrad,kvcompose",
@@ -494,7 +493,7 @@ def test_a_sliding_window_model_runs_guarded_and_answers_as_generate(tmp_path, m
     text = ["--data", str(tiny.write_text(tmp_path / "t.txt")), "--context", "96", "--continuation", "16", "--ratios", "0.25"]
     capsys.readouterr()
     monkeypatch.setitem(PASSES, "composition", dataclasses.replace(PASSES["composition"], windows=False))
-    for argv, said in ((["cache", str(model_dir), *text], "spectra evaluate"),
+    for argv, said in ((["cache", str(model_dir), *text], "finch moves its kept keys to positions 0 … m − 1"),
                        (["evaluate", str(model_dir), "--data", str(path), "--presses", "kvcompose"],
                         "the presses kvcompose does not follow yet: leave them out")):
         code, _, stderr = tiny.run_cli(argv + ["--out", str(tmp_path / "refused")], monkeypatch, capsys)
@@ -535,9 +534,6 @@ def test_local_layers_option_is_recorded_and_refused_where_it_cannot_apply(chat_
     code, _, stderr = tiny.run_cli(["evaluate", str(model_dir), "--data", str(path), "--presses", "adakv(knorm)",
                                     "--local-layers", "kvpress"], monkeypatch, capsys)
     assert code == 2 and "adakv(knorm) is no scorer" in stderr and stderr.count("\n") == 1, stderr
-    for mode in (LocalLayers.COMPRESS, LocalLayers.KVPRESS):
-        assert evaluate.local_refusal(mode, ("knorm", "headbudget(runs/heads)"))[0] == "headbudget(runs/heads)"
-    assert evaluate.local_refusal(LocalLayers.KEEP, ("headbudget(runs/heads)", "kvzip")) is None
     with pytest.raises(SpectraError, match="unknown local_layers 'all'; use one of keep, compress, kvpress"):
         spectra.evaluate(str(model_dir), str(path), local_layers="all", **QUIET)
     monkeypatch.undo()
@@ -546,3 +542,37 @@ def test_local_layers_option_is_recorded_and_refused_where_it_cannot_apply(chat_
                                    monkeypatch, capsys)
     assert code == 2 and "snapkv reads the last 64 context queries" in stderr and stderr.count("\n") == 1, stderr
     assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.slow  # the real Gemma 3 270M: its GGUF dequantized once into the session's model cache, on a CPU
+def test_the_real_gemma3_answers_as_generate_and_keeps_each_local_window(tmp_path) -> None:
+    """Issue 52 on the real model (skipped without its package): one record longer than the sliding window (512), the
+    full cache's greedy answer token for token transformers' `generate` (eager attention, the model cache's weights),
+    and knorm at r = 0.5 under `--local-layers keep` storing each local layer's window, W − 1 rows, and n_kept(L, r)
+    rows of each global layer."""
+    from spectra import modelcache, sliding
+    from spectra.kv.presses import n_kept
+
+    path = tiny.gemma3_270m()
+    file = task_files.write(tmp_path / "tasks.jsonl", task_files.records(count=1, words=700, length=None))
+    run = spectra.evaluate(path, str(file), presses="knorm", ratios="0.5", local_layers="keep", out=tmp_path / "run",
+                           **QUIET)
+    where = modelcache.entry(path).directory
+    tokenizer = AutoTokenizer.from_pretrained(where)
+    model = AutoModelForCausalLM.from_pretrained(where, attn_implementation="eager").eval()
+    record = read_records(file)[0]
+    context_ids, question_ids = prompt_ids(tokenizer, record.context, record.question, record.answer_prefix)
+    ids = torch.tensor([context_ids + question_ids])
+    with torch.no_grad():
+        generated = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                   max_new_tokens=record.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                                   pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:]
+    examples = run.examples.set_index("press")
+    assert examples.loc["full", "prediction"] == tokenizer.decode(generated, skip_special_tokens=True)
+    windows = sliding.windows(model.config)
+    length, local = len(context_ids), [window for window in windows if window is not None]
+    assert length > max(local) and 0 < len(local) < len(windows)
+    row = 2 * model.config.head_dim * model.config.num_key_value_heads * 4  # a key and a value, float32
+    assert examples.loc["full", "bytes"] == row * sum(length if window is None else window - 1 for window in windows)
+    assert examples.loc["knorm", "bytes"] == row * sum(n_kept(length, 0.5) if window is None else window - 1
+                                                       for window in windows)

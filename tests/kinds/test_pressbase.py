@@ -171,3 +171,32 @@ def test_a_budget_curve_of_another_shape_is_refused_by_either_study_before_the_m
             PressStudy.check(study, RunConfig(model="m.gguf"), options, Shape(30, 9, 8192, True, "SmolLM2",
                                                                              kv_heads=3))
         PressStudy.check(study, RunConfig(model="m.gguf"), options, Shape(30, 9, 8192, True, "SmolLM2", kv_heads=2))
+
+
+def test_a_press_sharing_its_budget_across_layers_is_refused_by_that_fact(tmp_path) -> None:
+    """Issue 52: `--local-layers compress|kvpress` refuses a press whose budget is shared by every (global) layer's
+    heads — a local layer keeping its window is no part of it — by the fact its class declares (`across_layers`:
+    headbudget, kvzip), not by its name: headbudget's line is unchanged, any press declaring the fact is refused the
+    same way, a press wrapping one (adakv(<scorer>)) inherits the fact, and `keep` refuses none of them. (kvzip,
+    kvgrad and kvcompose share theirs too, refused first for their whole-model pass.)"""
+    from spectra.config import LocalLayers
+    from spectra.kinds.pressbase import local_refusal
+
+    from ..anatomy.test_headweights import fake_run
+
+    folder, _ = fake_run(tmp_path / "run", layers=2)
+    budget = f"headbudget({folder})"
+    why = "shares its budget among the global layers' heads, a local layer keeping its window"
+    assert PRESSES.having("across_layers") & set(PRESSES.bare()) == {"kvzip", "kvgrad", "kvcompose"}
+    assert PRESSES.facts(budget)["across_layers"]
+    for mode in (LocalLayers.COMPRESS, LocalLayers.KVPRESS):
+        assert local_refusal(mode, ("knorm", budget)) == (budget, why)
+    with PRESSES.extended({"pooled": (object(), {"across_layers": True, "scorer": True})}):
+        for mode in (LocalLayers.COMPRESS, LocalLayers.KVPRESS):
+            assert local_refusal(mode, ("knorm", "pooled")) == ("pooled", why)
+            assert local_refusal(mode, ("adakv(pooled)",)) == ("adakv(pooled)", why)
+        assert local_refusal(LocalLayers.KEEP, ("pooled", "adakv(pooled)")) is None
+    assert local_refusal(LocalLayers.KEEP, (budget, "kvzip")) is None
+    with pytest.raises(SpectraError, match=re.escape(f"local_layers compress: {budget} {why}; leave it out, or keep "
+                                                     "the local layers' windows (local_layers='keep')")):
+        PressOptions(presses=budget, local_layers="compress")

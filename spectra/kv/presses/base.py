@@ -250,15 +250,15 @@ class Press:
     #: computes only when a run's press reads them; `min_context`: the fewest context tokens it compresses (compactor)
     reads: ClassVar[tuple[str, ...]] = ()
     min_context: ClassVar[int] = 0
-    #: a `ScorerPress`, which a press taking a scorer (`adakv(<scorer>)`) may wrap
-    scorer: ClassVar[bool] = False
-    #: a scorer reading only the cached keys or the last query: `decoding(<decodable>)` applies it at each step
-    decodable: ClassVar[bool] = False
-    #: a scorer reading only the cached rows and their order, so it scores any subset (`chunk(…)`, `block(…)`)
-    rowscorer: ClassVar[bool] = False
+    #: the kinds of scorer a wrapper takes: a `ScorerPress` (`adakv(<scorer>)`); `decodable`, one reading only the
+    #: cached keys or the last query (`decoding(<decodable>)` applies it at each step); `rowscorer`, one reading only
+    #: the cached rows and their order, so it scores any subset (`chunk(…)`, `block(…)`)
+    scorer, decodable, rowscorer = False, False, False
     #: compresses while the answer or continuation is decoded, not once after the prefill (`decoding(<decodable>)`);
-    #: `mixes`: its rows mix the context's tokens (linformer's E·K, F·V), which no press reads as tokens: it comes last
-    decodes, mixes = False, False
+    #: `mixes`: its rows mix the context's tokens (linformer's E·K, F·V), which no press reads as tokens: it comes last;
+    #: `across_layers`: one budget shared by every layer's heads (the global layers' where local ones keep a window);
+    #: `renumbers`: it moves its kept keys to positions 0 … m − 1 (`Compressed.start`: finch, key_rerotation)
+    decodes, mixes, across_layers, renumbers = False, False, False, False
     #: the last context queries it reads (SnapKV's window_size); 0: a `windowed` press reads the prefill's, WINDOW
     window: ClassVar[int] = 0
     #: reads a query-aware task record's question tokens as its window (`Prefill.question_tokens`: FINCH), so the

@@ -75,7 +75,7 @@ class Finch(Press):
     name, summary = "finch", "the keys the question attends to, re-rotated to contiguous positions"
     peer = "FinchPress"
     window = 64  # without a question in the context: kvpress's FinchPress with window_size 64
-    windowed, needs_rope, reads_question = True, True, True
+    windowed, needs_rope, reads_question, renumbers = True, True, True, True
 
     def __init__(self, chunk: int | None = None) -> None:
         self.chunk = chunk

@@ -58,7 +58,7 @@ class HeadBudget(Press):
              "is the uniform press's at the same ratio (the same bytes), shared out by measured need, a head capped "
              "at the whole context; on a model with sliding-window layers (Gemma 3) the global layers share the uniform "
              "press's total in them, a local layer keeping its window. Like `snapkv` it needs a `--context` above 64.")
-    windowed = True
+    windowed, across_layers = True, True  # its budget: the total over every (global) layer's heads
     argument, check = "run", "spectra.anatomy.headweights:check"
 
     def __init__(self, weights: np.ndarray | None = None, where: str = "",

@@ -75,6 +75,7 @@ class KVCompose(Press):
     name, summary = "kvcompose", "the pairs a second reading attends to, budgets shared across layers"
     peer = "KVComposePress"
     reads = ("composition",)
+    across_layers = True  # its budget: every layer's tokens together
 
     def __init__(self, local: tuple[bool, ...] | None = None) -> None:
         #: which layers slide a window (`for_run`): the budget is the global layers'

@@ -56,8 +56,9 @@ class KVzip(Press):
 
     name, summary = "kvzip", "the pairs the model attends to most while it repeats the context"
     peer = "KVzipPress"
-    #: the scores it ranks across layers: one whole-model pass's (`kv.passes`), KVzip's reconstruction
-    reads = ("reconstruction",)
+    #: the scores it ranks across layers: one whole-model pass's (`kv.passes`), KVzip's reconstruction; its budget
+    #: is the (global) layers' pairs together
+    reads, across_layers = ("reconstruction",), True
 
     def __init__(self, layerwise: bool = False, local: tuple[bool, ...] | None = None) -> None:
         self.layerwise, self.local = layerwise, local

@@ -60,7 +60,7 @@ class KeyRerotation(Wrapper):
              "tokens removed; the bytes are the scorer's at the same ratio. It needs a model with rotary positions "
              "and no input beyond the scorer's name.")
     wraps, peer = "scorer", "KeyRerotationPress"
-    needs_rope = True
+    needs_rope, renumbers = True, True
 
     def __init__(self, inner: ScorerPress | None = None) -> None:
         super().__init__(inner)
