@@ -239,3 +239,42 @@ def save_gemma3(path: Path, window: int = 8, chat: bool = True) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def window_mask(cache, positions: dict, kvpress: bool, window: int):
+    """A forward pre-hook (`with_kwargs`) for the attention layers of an eager Gemma 3 fed after its `cache` was
+    compressed by hooks, writing each layer's mask by hand: a row is seen by the queries whose window holds its
+    position (`positions[layer]`: the kept rows' positions, extended by the tokens fed), or under `kvpress` rows are
+    counted by index and the queries sit at m + i (m: layer 0's rows) — the references of the local-layer modes."""
+    import torch
+
+    def masked(module, args, kwargs):
+        rows = cache.layers[module.layer_idx].keys.shape[2]  # before this pass's keys are written
+        n = kwargs["hidden_states"].shape[1]
+        if kvpress:
+            queries = cache.layers[0].keys.shape[2] - (module.layer_idx > 0) * n + torch.arange(n)
+            at = torch.arange(rows + n)[None].expand(module.config.num_key_value_heads, -1)
+        else:  # rows at their positions: the kept ones', then the tokens fed so far
+            queries = kwargs["position_ids"][0]
+            held = positions[module.layer_idx]
+            at = positions[module.layer_idx] = torch.cat([held, queries[None].expand(held.shape[0], -1)], dim=-1)
+        seen = at[:, None, :] <= queries[:, None]
+        if module.sliding_window is not None:
+            seen &= at[:, None, :] > queries[:, None] - window
+        seen = seen.repeat_interleave(module.config.num_attention_heads // seen.shape[0], dim=0)
+        kwargs["attention_mask"] = torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)[None]
+        return args, kwargs
+
+    return masked
+
+
+def compress_layer(cache, layer: int, first: int, rank, positions: dict) -> None:
+    """Cut `layer` of a transformers `cache` to its rows from `first` on and keep those `rank` orders (keys
+    (1, H_kv, n, d) → row indices (1, H_kv, m), in the order kept, as kvpress gathers them), recording the kept rows'
+    positions in `positions[layer]` (for `window_mask`)."""
+    found = cache.layers[layer]
+    keys, values = found.keys[:, :, first:], found.values[:, :, first:]
+    order = rank(keys)
+    index = order[..., None].expand(-1, -1, -1, keys.shape[-1])
+    found.keys, found.values = keys.gather(2, index), values.gather(2, index)
+    positions[layer] = order[0] + first

@@ -520,34 +520,17 @@ def gemma_reference(eager, ids: torch.Tensor, mode: str, context: int, ratio: fl
     cache, positions = DynamicCache(), {}
 
     def press(module, args, kwargs, output):
-        layer = cache.layers[module.layer_idx]
         local = module.sliding_window is not None and mode != "kvpress"
         first = context - min(context, WINDOW - 1) if local else 0
-        keys, values = layer.keys[:, :, first:], layer.values[:, :, first:]
-        if mode == "full" or (local and mode == "keep"):
-            order = torch.arange(keys.shape[2]).expand(1, keys.shape[1], -1)
-        else:
-            order = (-keys.float().norm(dim=-1)).topk(n_kept(keys.shape[2], ratio), dim=-1).indices
-        index = order[..., None].expand(-1, -1, -1, keys.shape[-1])
-        layer.keys, layer.values = keys.gather(2, index), values.gather(2, index)
-        positions[module.layer_idx] = order[0] + first
-        return output
+        whole = mode == "full" or (local and mode == "keep")
 
-    def masked(module, args, kwargs):
-        rows, n = cache.layers[module.layer_idx].keys.shape[2], kwargs["hidden_states"].shape[1]
-        if mode == "kvpress":
-            queries = cache.layers[0].keys.shape[2] - (module.layer_idx > 0) * n + torch.arange(n)
-            at = torch.arange(rows + n)[None].expand(eager.config.num_key_value_heads, -1)
-        else:
-            queries = kwargs["position_ids"][0]
-            held = positions[module.layer_idx]
-            at = torch.cat([held, queries[None].expand(held.shape[0], -1)], dim=-1)
-        seen = at[:, None, :] <= queries[:, None]
-        if module.sliding_window is not None:
-            seen &= at[:, None, :] > queries[:, None] - WINDOW
-        seen = seen.repeat_interleave(module.config.num_attention_heads // seen.shape[0], dim=0)
-        kwargs["attention_mask"] = torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)[None]
-        return args, kwargs
+        def rank(keys: torch.Tensor) -> torch.Tensor:
+            if whole:
+                return torch.arange(keys.shape[2]).expand(1, keys.shape[1], -1)
+            return (-keys.float().norm(dim=-1)).topk(n_kept(keys.shape[2], ratio), dim=-1).indices
+
+        tiny.compress_layer(cache, module.layer_idx, first, rank, positions)
+        return output
 
     name = "cache" if "cache" in inspect.signature(eager.model.forward).parameters else "past_key_values"
     hooks = [layer.self_attn.register_forward_hook(press, with_kwargs=True) for layer in eager.model.layers]
@@ -555,6 +538,7 @@ def gemma_reference(eager, ids: torch.Tensor, mode: str, context: int, ratio: fl
         first = eager(input_ids=ids[None, :context], **{name: cache}).logits[0, -1:]
         for hook in hooks:
             hook.remove()
+        masked = tiny.window_mask(cache, positions, mode == "kvpress", WINDOW)
         hooks = [layer.self_attn.register_forward_pre_hook(masked, with_kwargs=True) for layer in eager.model.layers]
         rest = eager(input_ids=ids[None, context:-1], position_ids=torch.arange(context, ids.shape[-1] - 1)[None],
                      **{name: cache}).logits[0]

@@ -63,32 +63,12 @@ def reference(eager, context: torch.Tensor, question: torch.Tensor, score, mode:
     length = context.shape[-1]
 
     def press(module, args, kwargs, output):
-        layer = cache.layers[module.layer_idx]
         local = module.sliding_window is not None and mode == LocalLayers.COMPRESS
         first = length - min(length, WINDOW - 1) if local else 0
-        keys, values = layer.keys[:, :, first:], layer.values[:, :, first:]
-        order = score(module, kwargs, keys).topk(n_kept(keys.shape[2], RATIO), dim=-1).indices
-        index = order[..., None].expand(-1, -1, -1, keys.shape[-1])
-        layer.keys, layer.values = keys.gather(2, index), values.gather(2, index)
-        positions[module.layer_idx] = order[0] + first
+        tiny.compress_layer(cache, module.layer_idx, first,
+                            lambda keys: score(module, kwargs, keys).topk(n_kept(keys.shape[2], RATIO), dim=-1).indices,
+                            positions)
         return output
-
-    def masked(module, args, kwargs):
-        rows = cache.layers[module.layer_idx].keys.shape[2]  # before this pass's keys are written
-        n = kwargs["hidden_states"].shape[1]
-        if mode == LocalLayers.KVPRESS:  # rows by index, the queries at m + i (m: layer 0's rows)
-            queries = cache.layers[0].keys.shape[2] - (module.layer_idx > 0) * n + torch.arange(n)
-            at = torch.arange(rows + n)[None].expand(eager.config.num_key_value_heads, -1)
-        else:  # rows at their positions: the kept ones', then the tokens decoded so far
-            queries = kwargs["position_ids"][0]
-            held = positions[module.layer_idx]
-            at = positions[module.layer_idx] = torch.cat([held, queries[None].expand(held.shape[0], -1)], dim=-1)
-        seen = at[:, None, :] <= queries[:, None]
-        if module.sliding_window is not None:
-            seen &= at[:, None, :] > queries[:, None] - WINDOW
-        seen = seen.repeat_interleave(module.config.num_attention_heads // seen.shape[0], dim=0)
-        kwargs["attention_mask"] = torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)[None]
-        return args, kwargs
 
     name = "cache" if "cache" in inspect.signature(eager.model.forward).parameters else "past_key_values"
     hooks = [layer.self_attn.register_forward_hook(press, with_kwargs=True) for layer in eager.model.layers]
@@ -96,6 +76,7 @@ def reference(eager, context: torch.Tensor, question: torch.Tensor, score, mode:
         eager.model(input_ids=context[None], **{name: cache})
         for hook in hooks:
             hook.remove()
+        masked = tiny.window_mask(cache, positions, mode == LocalLayers.KVPRESS, WINDOW)
         hooks = [layer.self_attn.register_forward_pre_hook(masked, with_kwargs=True) for layer in eager.model.layers]
         produced, ids, at = [], question, length
         for _ in range(NEW):
