@@ -270,9 +270,11 @@ class PressStudy(Analysis):
                                f"sliding-window layers, but {name} has none: drop the option (every layer is global)")
         moving = [press for press in options.presses if PRESSES.facts(press).get("renumbers")]
         if windowed and moving:
-            raise SpectraError(f"{moving[0]} moves its kept keys to positions 0 … m − 1, which the sliding-window "
-                               f"layers of {name} cannot follow (each keeps its window where it was): leave it out "
-                               "on this model")
+            rest = ",".join(press for press in options.presses if press not in moving)
+            raise SpectraError(f"{', '.join(moving)} move{'s' * (len(moving) == 1)} kept keys to positions 0 … m − 1, "
+                               f"which the sliding-window layers of {name} cannot follow (each keeps its window where "
+                               f"it was): leave {'it' if len(moving) == 1 else 'them'} out on this model"
+                               + (f" ({spell(f'--presses {rest}', f'presses={rest!r}')})" if rest else ""))
 
     def check_rope(self, options: PressOptions, uses_rope: bool | None, name: str) -> None:
         """Presses that read RoPE (rotary key channels, future positions, keys re-rotated): a model without it is
