@@ -96,11 +96,30 @@ def front_sheet(pooled: Pooled) -> Sheet:
     return Sheet({**values, **kvpress}, agreed)
 
 
-class LeaderboardPage(Page):
+class BoardPage(Page):
+    """A page ranking pooled task runs' presses on the rows `over` names (`report.leaderboard.FILTERS`)."""
+
+    options = BoardOptions
+    over = "held"
+
+    def prepare(self, runs: list[Any], options: BoardOptions) -> Pooled:
+        from ..report import leaderboard
+        from ..report.board import pooled_board
+
+        board = pooled_board(runs)
+        leaderboard.chosen(board.examples, leaderboard.HOLDS, self.over)  # a row to rank on, or one line
+        return Pooled(board, options.equality)
+
+    def table(self, prepared: Pooled):
+        from ..report.board import ranking_csv
+
+        return ranking_csv(prepared.board.standings(self.over), prepared.board.ranking(self.over))
+
+
+class LeaderboardPage(BoardPage):
     name = "leaderboard"
     summary = "Task runs of one task file pooled into one ranking of presses, each score with its interval."
     order = 10
-    options = BoardOptions
     paragraphs = {"leaderboard": PAGE, "front-leaderboard": "front"}
     text = """Model {model}, runs pooled: {runs}. The tasks whose full cache answers at least {holds} of their examples:
 {held} (left out: {dropped}); over their {total} examples the full cache scores {full}. Presses ranked by their mean
@@ -122,14 +141,6 @@ intervals are {widths} wide.
 
 {survival_table}"""
 
-    def prepare(self, runs: list[Any], options: BoardOptions) -> Pooled:
-        from ..report import leaderboard
-        from ..report.board import pooled_board
-
-        board = pooled_board(runs)
-        leaderboard.held_rows(board.examples)  # a task the full cache holds, or one line
-        return Pooled(board, options.equality)
-
     def sheet(self, prepared: Pooled, view: str = PAGE) -> Sheet:
         return front_sheet(prepared) if view == "front" else page_sheet(prepared)
 
@@ -148,11 +159,6 @@ intervals are {widths} wide.
             title += "\nleft out, the full cache answering below " + f"{leaderboard.HOLDS:g}: " + ", ".join(
                 f"{task} ({score:.2f})" for task, score in dropped.items())
         return leaderboard.draw(board.standings(), board.ranking(), title)
-
-    def table(self, prepared: Pooled):
-        from ..report.board import ranking_csv
-
-        return ranking_csv(prepared.board.standings(), prepared.board.ranking())
 
 
 register(LeaderboardPage())

@@ -10,10 +10,8 @@ answered ones are the scope); the first press loses some of them.
 
 from __future__ import annotations
 
-from typing import Any
-
-from .base import PAGE, Page, Sheet, register
-from .leaderboard import BoardOptions, Pooled
+from .base import PAGE, Sheet, register
+from .leaderboard import BoardPage, Pooled
 
 
 def questions_sheet(pooled: Pooled) -> Sheet:
@@ -43,11 +41,11 @@ def questions_sheet(pooled: Pooled) -> Sheet:
                           "first-loses-some": bool(ranked["score"].iloc[0] < 1.0), **agreed})
 
 
-class QuestionsPage(Page):
+class QuestionsPage(BoardPage):
     name = "questions"
     summary = "Many questions per context: presses ranked on the share of the full cache's answers each keeps."
     order = 20
-    options = BoardOptions
+    over = "answered"
     paragraphs = {"leaderboard-questions": PAGE}
     runs_help = ("Run directories of spectra evaluate on one many-question task file (or their published folders).")
     text = """Model {model}, tasks {tasks} at {length} tokens: questions {questions} of records {records}, over which the
@@ -61,14 +59,6 @@ over the ratios: {presses}, in tiers: {tiers}; listed without a rank: {unranked}
 ## Over every question
 
 {all_table}"""
-
-    def prepare(self, runs: list[Any], options: BoardOptions) -> Pooled:
-        from ..report import leaderboard
-        from ..report.board import pooled_board
-
-        board = pooled_board(runs)
-        leaderboard.answered_rows(board.full)  # a question the full cache answers, or one line
-        return Pooled(board, options.equality)
 
     def sheet(self, prepared: Pooled, view: str = PAGE) -> Sheet:
         return questions_sheet(prepared)
@@ -87,11 +77,6 @@ over the ratios: {presses}, in tiers: {tiers}; listed without a rank: {unranked}
                  "without its questions, then asked them one by one)")
         return leaderboard.draw(board.standings("answered"), board.ranking("answered"), title,
                                 label="Share of the full cache's answers kept")
-
-    def table(self, prepared: Pooled):
-        from ..report.board import ranking_csv
-
-        return ranking_csv(prepared.board.standings("answered"), prepared.board.ranking("answered"))
 
 
 register(QuestionsPage())
