@@ -23,6 +23,7 @@ import torch
 from torch.nn import functional
 
 from .base import Prefill, ScorerPress, register
+from .memo import remembered
 from .expected import mean_rotation
 
 #: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
@@ -80,4 +81,4 @@ class Cap(ScorerPress):
     min_context = 5  # more than its sinks
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
-        return cap_scores(prefill)
+        return remembered(prefill, self, lambda: cap_scores(prefill))  # the same at every ratio

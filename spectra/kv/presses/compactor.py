@@ -33,6 +33,7 @@ import torch
 from torch.nn import functional
 
 from .base import Prefill, ScorerPress, register
+from .memo import remembered
 from .leverage import layer_sketch, sketched_leverage, z_scored
 
 #: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
@@ -64,6 +65,18 @@ def chunked_attention(q: torch.Tensor, key: torch.Tensor, chunk: int = CHUNK) ->
 def compactor_scores(prefill: Prefill, blend: float, sketch: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
     """(H_kv, L) blend·z(leverage) + z(non-causal attention) on the tokens between the sinks, the sinks scored the
     maximum (see the module docstring); `sketch` (H_kv, d, k)."""
+    return blended(blend, *compactor_parts(prefill, sketch, chunk))
+
+
+def blended(blend: float, leverage: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """(H_kv, L) blend·leverage + attention (both z-scored, between the sinks), the sinks scored the maximum."""
+    scores = blend * leverage + attention
+    return functional.pad(scores, (SINKS_START, SINKS_END), value=scores.max().item())
+
+
+def compactor_parts(prefill: Prefill, sketch: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H_kv, S) each, z(leverage) and z(non-causal attention) on the S tokens between the sinks: what does not depend
+    on the blend (the ratio), computed once per layer (`memo`)."""
     length = prefill.length
     if length <= SINKS_START + SINKS_END:
         raise ValueError(f"compactor needs more than {SINKS_START + SINKS_END} context tokens, got {length}")
@@ -80,8 +93,7 @@ def compactor_scores(prefill: Prefill, blend: float, sketch: torch.Tensor, chunk
     attention = prefill.group_mean(chunked_attention(q, keys, chunk)) * prefill.value[:, inner].norm(dim=-1)
     attention = functional.avg_pool1d(attention[None], kernel_size=3, padding=1, stride=1)[0]
     leverage = sketched_leverage(prefill.key_pre[:, inner], sketch.to(prefill.key_pre.device))
-    scores = blend * z_scored(leverage) + z_scored(attention)
-    return functional.pad(scores, (SINKS_START, SINKS_END), value=scores.max().item())
+    return z_scored(leverage), z_scored(attention)
 
 
 @register
@@ -96,4 +108,5 @@ class Compactor(ScorerPress):
     min_context = 13  # more than its sinks
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
-        return compactor_scores(prefill, ratio, layer_sketch(prefill))
+        parts = remembered(prefill, self, lambda: compactor_parts(prefill, layer_sketch(prefill)), "parts")
+        return blended(ratio, *parts)

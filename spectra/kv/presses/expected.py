@@ -26,6 +26,7 @@ import torch
 from torch.nn import functional
 
 from .base import Prefill, ScorerPress, register
+from .memo import remembered
 
 #: where this file's presses come in listings (`spectra.registry` reads it, and each class's facts, from the source)
 ORDER = 45
@@ -114,4 +115,5 @@ class ExpectedAttention(ScorerPress):
     epsilon, use_vnorm = EPSILON, True
 
     def score(self, prefill: Prefill, ratio: float) -> torch.Tensor:
-        return expected_scores(prefill, epsilon=self.epsilon, use_vnorm=self.use_vnorm)
+        return remembered(prefill, self, lambda: expected_scores(prefill, epsilon=self.epsilon,
+                                                                 use_vnorm=self.use_vnorm))  # the same at every ratio
