@@ -12,7 +12,7 @@ hold more records (a leaderboard's file whose first tasks are the noise file's),
 of its file (pooled as the leaderboard pools them). Printed: per press and ratio the score on noise and on prose
 with 95% intervals, the paired difference prose − noise [95% interval over the needles, task-stratified], the share
 of needles whose score changed; then each press's mean over the ratios and rank on each haystack, and Kendall's τ
-between the two rankings with its interval (`spectra.report.haystacks`).
+between the two rankings with its interval (`spectra.report.haystacks`, `spectra.report.arms`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from spectra.errors import SpectraError
 from spectra.report import leaderboard
 from spectra.report.console import out, print_frame
 from spectra.report.evaluate import with_interval
-from spectra.report.haystacks import compared, paired, ranked
+from spectra.report.arms import compared, ranked
+from spectra.report.haystacks import ARMS, paired
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         noise, prose = ([spectra.load_run(path) for path in paths] for paths in (args.noise, args.prose))
         rows = paired(noise, prose)
         seed = leaderboard.seed_of(noise)
-        table, (order, tau) = compared(rows, seed), ranked(rows, seed)
+        table, (order, tau) = compared(rows, seed, ARMS), ranked(rows, seed, ARMS)
     except SpectraError as error:
         print(f"error: {error.for_cli()}", file=sys.stderr)
         return 2
