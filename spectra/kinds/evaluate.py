@@ -54,11 +54,22 @@ class EvaluateOptions(PressOptions):
     query_aware: bool = option(False, "Compress the context with the question appended (kvpress's evaluation "
                                "convention; a record asking several questions is compressed once per question, each "
                                "in view); by default the question is appended after compression.")
+    tasks: str | None = option(None, "Only the records of these tasks of the task file (comma-separated, as its "
+                               "records' `task` field names them; default: every task), each keeping its line, so "
+                               "the run pools with runs of the whole file; --samples then spreads over them.",
+                               metavar="NAMES")
     decode_memory: float = option(DECODE_GIB, DECODE_HELP, metavar="GIB", identity=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_decode_memory(self.decode_memory)
+        if self.tasks is not None and not all(name.strip() for name in self.tasks.split(",")):
+            raise SpectraError(f"{spell('--tasks')} takes task names separated by commas, got {self.tasks!r}")
+
+    @property
+    def task_names(self) -> tuple[str, ...] | None:
+        """The tasks --tasks names, in its order (None: every task of the file)."""
+        return None if self.tasks is None else tuple(name.strip() for name in self.tasks.split(","))
 
 
 class Evaluate(PressStudy):
@@ -90,7 +101,7 @@ class Evaluate(PressStudy):
             raise SpectraError(f"{config.data} is not a task file (kvpress's records with context, question and "
                                "answers, as `spectra tasks` writes them): give one, or run `spectra cache` for the "
                                "NLL of text")
-        records = selection.evaluated(config)
+        records = selection.evaluated(config, options.task_names)
         longest = max((record.length for record in records if record.length is not None), default=config.length)
         return replace(config, length=max(2, longest), samples=len(records))
 
@@ -98,7 +109,8 @@ class Evaluate(PressStudy):
         """The base's job over what is prefilled: the records evaluated, or under --query-aware each question of a
         many-question record on its own (`selection.units`)."""
         job = super().job(config, options, reporter, found)
-        return replace(job, samples=len(selection.units(selection.evaluated(config), options.query_aware)))
+        return replace(job, samples=len(selection.units(selection.evaluated(config, options.task_names),
+                                                        options.query_aware)))
 
     def check(self, config: RunConfig, options: EvaluateOptions, shape: checkpoints.Shape) -> None:
         """Every record of the file is read and checked (`records.read_records`), evaluated or not; a record longer
@@ -122,23 +134,26 @@ class Evaluate(PressStudy):
     def announce(self, config: RunConfig, options: EvaluateOptions, reporter: Reporter, given: RunConfig) -> None:
         """Say when --samples leaves records of the file out, and which tasks it leaves out whole; or when it asks for
         more records than the file holds (all of them run, as analyze uses all the sequences a corpus yields)."""
-        total = len(selection.records_of(config.data))
+        name, tasks = Path(config.data).name, options.task_names
+        total = len(selection.of_tasks(selection.records_of(config.data), tasks, name))
+        held = name if tasks is None else f"{', '.join(tasks)} in {name} (--tasks)"
         if given.samples is not None and given.samples > total:
-            reporter.notify(f"{Path(config.data).name} holds {plural(total, 'record')} of the {given.samples} asked "
-                            "for (--samples); all of them are evaluated")
+            reporter.notify(f"{held} holds {plural(total, 'record')} of the {given.samples} asked for (--samples); all "
+                            "of them are evaluated")
         if config.samples < total:
-            missing = selection.left_out(config)
-            reporter.notify(f"evaluating {config.samples} of the {total} records of {Path(config.data).name} "
-                            "(--samples), spread over its tasks and lengths" +
-                            (f"; tasks left out: {', '.join(missing)}" if missing else ""))
+            missing = selection.left_out(config, tasks)
+            reporter.notify(f"evaluating {config.samples} of the {total} records of {held} (--samples), spread over "
+                            "its tasks and lengths" + (f"; tasks left out: {', '.join(missing)}" if missing else ""))
+        elif tasks is not None:
+            reporter.notify(f"evaluating the {plural(total, 'record')} of {held}, each keeping its line")
 
     def source(self, config: RunConfig, options: EvaluateOptions, where: Any):
         """A `TaskSource` over the evaluated records."""
         from ..kv import passes
         from ..kv.tasks.examples import TaskSource
 
-        records = selection.units(selection.evaluated(config), options.query_aware)
-        missing = selection.left_out(config)
+        records = selection.units(selection.evaluated(config, options.task_names), options.query_aware)
+        missing = selection.left_out(config, options.task_names)
         return TaskSource(config, where, records, query_aware=options.query_aware, reads=passes.read_by(options.presses),
                           windowed=bool(PRESSES.having("windowed") & set(options.presses)), left_out=missing,
                           questioned=[press for press in options.presses

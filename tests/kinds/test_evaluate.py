@@ -365,6 +365,44 @@ def test_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, chat_deco
     assert message2 in stderr and not out.exists() and not out.with_name("run.partial").exists()
 
 
+def test_tasks_run_the_records_of_the_tasks_named_on_their_lines_and_pool_with_the_whole_file(
+        chat_decoder, tmp_path, monkeypatch, capsys) -> None:
+    """--tasks keeps each record's line: the run's examples are the file's lines of those tasks, scored as a run of the
+    whole file scores them, and runs of the same tasks pool into one board; a task the file lacks, or an empty name,
+    is one line before the model loads."""
+    from spectra.report import leaderboard
+
+    rows = task_files.records(count=4)
+    for row in rows[2:]:
+        row["task"] = "niah_single_1"
+    path = task_files.write(tmp_path / "two.jsonl", rows)
+    notices: list[str] = []
+    part = spectra.evaluate(str(chat_decoder), str(path), out=tmp_path / "part", presses="knorm", ratios="0.5",
+                            tasks="niah_single_1", progress=None, notify=notices.append)
+    assert "evaluating the 2 records of niah_single_1 in two.jsonl (--tasks), each keeping its line" in notices
+    assert part.meta["settings"]["extra"]["tasks"] == "niah_single_1"
+    whole = spectra.evaluate(str(chat_decoder), str(path), out=tmp_path / "whole", presses="knorm", ratios="0.5",
+                             **QUIET)
+    mine, theirs = (pd.read_csv(run.path / "task_examples.csv") for run in (part, whole))
+    assert sorted(mine["example"].unique()) == [2, 3]
+    keys = ["press", "ratio", "example"]
+    pd.testing.assert_frame_equal(mine.set_index(keys)[["prediction", "score"]],
+                                  theirs[theirs["example"] >= 2].set_index(keys)[["prediction", "score"]])
+    other = spectra.evaluate(str(chat_decoder), str(path), out=tmp_path / "other", presses="streaming", ratios="0.5",
+                             tasks="niah_single_1", **QUIET)
+    pooled = leaderboard.pooled([part, other])  # runs of the same tasks pool into one board
+    assert sorted(pooled["press"].unique()) == ["full", "knorm", "streaming"] and set(pooled["example"]) == {2, 3}
+    monkeypatch.setattr(models, "load", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    for given, message in (("passkey,vt", "two.jsonl holds no record of vt (--tasks); its tasks: passkey, "
+                                          "niah_single_1"),
+                           ("passkey,", "--tasks takes task names separated by commas, got 'passkey,'")):
+        out = tmp_path / "refused"
+        code, _, stderr = tiny.run_cli(["evaluate", str(chat_decoder), "--data", str(path), "--tasks", given, "--out",
+                                        str(out)], monkeypatch, capsys)
+        assert code == 2 and message in stderr and stderr.count("\n") == 1, stderr
+        assert not out.exists() and not out.with_name("refused.partial").exists()
+
+
 def test_the_task_study_is_a_kind_of_its_own(chat_decoder, task_file, finished, tmp_path, monkeypatch,
                                              capsys) -> None:
     """Issue 37, item 1: `spectra evaluate` / `spectra.evaluate` run the task study and give what `spectra cache` on

@@ -1,8 +1,10 @@
 """Which records of a task file a run of the task study evaluates (`spectra evaluate`, `kinds/evaluate.py`).
 
-A task file (kvpress's evaluation records, `records.py`) is read once per version of the file and runs whole; `--samples
-N` evaluates N of its records spread evenly over its tasks and each task's lengths, drawn with the run's seed
-(`evaluated`), and the tasks it leaves out whole are named (`left_out`: the notice, run.json's `data.tasks_left_out`
+A task file (kvpress's evaluation records, `records.py`) is read once per version of the file and runs whole;
+`--tasks` keeps the records of the tasks it names, each with its line number (`of_tasks`: runs of one file pool by
+line, and a record's bootstrap weights depend on its line only); `--samples N` evaluates N of those records spread
+evenly over their tasks and each task's lengths, drawn with the run's seed (`evaluated`), and the tasks it leaves out
+whole are named (`left_out`: the notice, run.json's `data.tasks_left_out`
 and the printed run). What the evaluated records' needles hide in is named too (`haystacks`: run.json's `haystacks`
 and the run's opening notice). `wants_tasks` tells a task file from a text corpus, so `spectra cache` can hand a task
 file to the task study.
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import RunConfig
+from ...errors import SpectraError
 from .family import family_of
 from .records import TaskRecord, is_task_file, read_records
 
@@ -61,11 +64,24 @@ def spread(count: int, sizes: list[int], rng: random.Random) -> list[int]:
     return taken
 
 
-def evaluated(config: RunConfig) -> list[TaskRecord]:
-    """The records a run evaluates, in the file's order: every one without --samples (or with as many), else
-    `config.samples` of them spread evenly over the file's tasks, each task's share over its lengths, and drawn at
-    random within a (task, length) — seeded by the run's seed, so a resumed run evaluates the same records."""
-    records = records_of(config.data)
+def of_tasks(records: list[TaskRecord], tasks: tuple[str, ...] | None, name: str) -> list[TaskRecord]:
+    """The records of `tasks` (every record where None), in the file's order, each keeping its line (`example`: the
+    index runs pool on and the bootstrap weighs by); a task the file does not hold is one line naming those it does."""
+    if tasks is None:
+        return records
+    held = list(dict.fromkeys(record.task for record in records))
+    unknown = [task for task in tasks if task not in held]
+    if unknown:
+        raise SpectraError(f"{name} holds no record of {', '.join(unknown)} (--tasks); its tasks: {', '.join(held)}")
+    return [record for record in records if record.task in tasks]
+
+
+def evaluated(config: RunConfig, tasks: tuple[str, ...] | None = None) -> list[TaskRecord]:
+    """The records a run evaluates, in the file's order: those of `tasks` (--tasks; every task where None), all of
+    them without --samples (or with as many), else `config.samples` of them spread evenly over their tasks, each
+    task's share over its lengths, and drawn at random within a (task, length) — seeded by the run's seed, so a
+    resumed run evaluates the same records."""
+    records = of_tasks(records_of(config.data), tasks, Path(config.data).name)
     if config.samples is None or config.samples >= len(records):
         return records
     from ...seeds import Domain, derive_seed
@@ -97,10 +113,11 @@ def grouped(records: list[TaskRecord], field: str) -> dict[Any, list[TaskRecord]
     return groups
 
 
-def left_out(config: RunConfig) -> list[str]:
-    """The file's tasks of which --samples evaluates no record, in the file's order."""
-    kept = {record.task for record in evaluated(config)}
-    return [task for task in dict.fromkeys(record.task for record in records_of(config.data)) if task not in kept]
+def left_out(config: RunConfig, tasks: tuple[str, ...] | None = None) -> list[str]:
+    """The tasks (of `tasks`, or of the file) of which --samples evaluates no record, in the file's order."""
+    kept = {record.task for record in evaluated(config, tasks)}
+    return [task for task in dict.fromkeys(record.task for record in records_of(config.data))
+            if task not in kept and (tasks is None or task in tasks)]
 
 
 def haystacks(records: list[TaskRecord]) -> list[dict[str, Any]]:

@@ -1,12 +1,16 @@
-"""spectra/tasks/selection.py: the records a task study evaluates — the whole file by default; --samples N spread
-evenly over the file's tasks, then each task's lengths, seeded, with the tasks left out named."""
+"""spectra/tasks/selection.py: the records a task study evaluates — the whole file by default; --tasks the records of
+the tasks named, each keeping its line; --samples N spread evenly over the file's tasks, then each task's lengths,
+seeded, with the tasks left out named."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
 
+import pytest
+
 from spectra.config import RunConfig
+from spectra.errors import SpectraError
 from spectra.kv.tasks import selection
 from spectra.kv.tasks.records import read_records
 
@@ -29,6 +33,27 @@ def test_samples_spread_evenly_over_tasks_then_lengths(tmp_path) -> None:
     assert selection.left_out(RunConfig(data=str(path), samples=1, seed=3)) in (["niah_a"], ["vt"])
     assert selection.spread(7, [5, 1, 5], random.Random(0)) == [3, 1, 3]
     assert sorted(selection.spread(2, [3, 3, 3], random.Random(0))) == [0, 1, 1]
+
+
+def test_tasks_keep_the_records_of_the_tasks_named_each_on_its_line(tmp_path) -> None:
+    rows = task_files.records(count=9)
+    for i, row in enumerate(rows):
+        row["task"] = ("passkey", "niah_single_1", "niah_single_2")[i % 3]
+    path = task_files.write(tmp_path / "t.jsonl", rows)
+    config = RunConfig(data=str(path))
+    chosen = selection.evaluated(config, ("niah_single_2", "passkey"))
+    assert [(record.example, record.task) for record in chosen] == [
+        (0, "passkey"), (2, "niah_single_2"), (3, "passkey"), (5, "niah_single_2"), (6, "passkey"),
+        (8, "niah_single_2")]  # the file's order and lines, whatever the order named
+    assert chosen == [record for record in read_records(path) if record.task != "niah_single_1"]
+    sampled = selection.evaluated(RunConfig(data=str(path), samples=2, seed=1), ("niah_single_2", "passkey"))
+    assert sorted(record.task for record in sampled) == ["niah_single_2", "passkey"]
+    # --samples 1 leaves one of the two tasks named out, never the task not named
+    assert selection.left_out(RunConfig(data=str(path), samples=1, seed=1), ("niah_single_2", "passkey")) in (
+        ["passkey"], ["niah_single_2"])
+    with pytest.raises(SpectraError, match="t.jsonl holds no record of vt, cwe .--tasks.; its tasks: passkey, "
+                                           "niah_single_1, niah_single_2"):
+        selection.evaluated(config, ("passkey", "vt", "cwe"))
 
 
 def test_the_haystacks_of_the_records_evaluated(tmp_path) -> None:
