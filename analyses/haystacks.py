@@ -11,8 +11,9 @@ The two task files hide the same needles (keys, values, depths) and differ only 
 hold more records (a leaderboard's file whose first tasks are the noise file's), and each arm may be several runs
 of its file (pooled as the leaderboard pools them). Printed: per press and ratio the score on noise and on prose
 with 95% intervals, the paired difference prose − noise [95% interval over the needles, task-stratified], the share
-of needles whose score changed; then each press's mean over the ratios and rank on each haystack, and Kendall's τ
-between the two rankings with its interval (`spectra.report.haystacks`, `spectra.report.arms`).
+of needles whose score changed, and each haystack's verdict against its own full cache; then each press's mean over
+the ratios and rank on each haystack, and Kendall's τ between the two rankings with its interval
+(`spectra.report.haystacks`, `spectra.report.arms`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import pandas as pd
-
 import spectra
 from spectra.errors import SpectraError
 from spectra.report import leaderboard
 from spectra.report.console import out, print_frame
-from spectra.report.evaluate import with_interval
-from spectra.report.arms import compared, ranked
+from spectra.report.arms import compared, ranked, shown, tau_text
 from spectra.report.haystacks import ARMS, paired
 
 
@@ -45,19 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     except SpectraError as error:
         print(f"error: {error.for_cli()}", file=sys.stderr)
         return 2
-    shown = pd.DataFrame({
-        "press": table["press"], "ratio": table["ratio"],
-        "noise": [with_interval(*v) for v in zip(table["noise"], table["noise_low"], table["noise_high"])],
-        "prose": [with_interval(*v) for v in zip(table["prose"], table["prose_low"], table["prose_high"])],
-        "prose − noise": [with_interval(*v, sign="+") for v in zip(table["delta"], table["delta_low"],
-                                                                    table["delta_high"])],
-        "changed": table["changed"]})
-    print_frame(shown, f"the same {int(table['examples'].iloc[0])} needles in noise and in prose: the score per "
-                "press and ratio [95% interval], and the paired difference", digits={"ratio": 3, "changed": 2})
+    print_frame(shown(table, ARMS), f"the same {int(table['examples'].iloc[0])} needles in noise and in prose: the "
+                "score per press and ratio [95% interval], the paired difference, and each haystack's verdict against "
+                "its own full cache", digits={"ratio": 3, "changed": 2})
     print_frame(order, "each press's mean over the ratios and its rank on each haystack",
                 digits={"noise_score": 2, "prose_score": 2})
-    out.print(f"Kendall's τ between the two rankings ({tau['presses']} presses): {tau['tau']:.2f} "
-              f"[{tau['low']:.2f}–{tau['high']:.2f}] (95% interval over the same bootstrap replicates)")
+    out.print(f"Kendall's τ between the two rankings: {tau_text(tau)} (95% interval over the same bootstrap "
+              "replicates)")
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 0

@@ -22,14 +22,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import pandas as pd
-
 import spectra
 from spectra.errors import SpectraError
 from spectra.report import leaderboard
-from spectra.report.arms import compared, ranked
+from spectra.report.arms import compared, ranked, shown, tau_text
 from spectra.report.console import out, print_frame
-from spectra.report.evaluate import with_interval
 from spectra.report.models import draw, paired
 from spectra.report.plots import style
 
@@ -55,28 +52,20 @@ def main(argv: list[str] | None = None) -> int:
     base["compared"] = pair.baseline.groupby("task")["held"].first().map({True: "yes", False: "no"})
     print_frame(base.reset_index(), f"the full cache's score per task on each model (compared: both ≥ "
                 f"{leaderboard.HOLDS:g})", digits={one: 2, two: 2})
-    shown = pd.DataFrame({
-        "press": table["press"], "ratio": table["ratio"],
-        one: [with_interval(*v) for v in zip(table[one], table[f"{one}_low"], table[f"{one}_high"])],
-        two: [with_interval(*v) for v in zip(table[two], table[f"{two}_low"], table[f"{two}_high"])],
-        "second − first": [with_interval(*v, sign="+") for v in zip(table["delta"], table["delta_low"],
-                                                                     table["delta_high"])],
-        "verdicts": [f"{a or '—'} / {b or '—'}" for a, b in zip(table[f"{one}_verdict"], table[f"{two}_verdict"])],
-        "flips": table["flips"].map({True: "yes", False: ""})})
-    print_frame(shown, f"the same {int(table['examples'].iloc[0])} needles on both models: the score per press and "
-                "ratio [95% interval], the paired difference, and each model's verdict against its own full cache",
-                digits={"ratio": 3})
+    print_frame(shown(table, pair.arms), f"the same {int(table['examples'].iloc[0])} needles on both models: the score "
+                "per press and ratio [95% interval], the paired difference, and each model's verdict against its own "
+                "full cache",
+                digits={"ratio": 3, "changed": 2})
     print_frame(order, "each press's mean over the ratios and its rank on each model",
                 digits={f"{one}_score": 2, f"{two}_score": 2})
     flips = table.loc[table["flips"], ["press", "ratio"]].itertuples(index=False)
     flipped = [f"{press} at r = {ratio:g}" for press, ratio in flips]
-    out.print(f"Kendall's τ between the two rankings ({tau['presses']} presses): {tau['tau']:.2f} "
-              f"[{tau['low']:.2f}–{tau['high']:.2f}] (95% interval over the same bootstrap replicates); verdicts that "
-              f"flip: {', '.join(flipped) or 'none'}")
+    out.print(f"Kendall's τ between the two rankings: {tau_text(tau)} (95% interval over the same bootstrap "
+              f"replicates); verdicts that flip: {', '.join(flipped) or 'none'}")
     if args.csv:
         table.to_csv(args.csv, index=False)
     if args.out:
-        for path in style.save(draw(order, pair.arms, tau, table.loc[table['flips'], 'press']), args.out):
+        for path in style.save(draw(order, pair.arms, tau, table.loc[table["flips"], "press"]), args.out):
             out.print(f"wrote {path}")
     return 0
 

@@ -9,8 +9,9 @@ is paired over the needles. `compared`: per press and ratio, each arm's score wi
 difference second − first, the share of needles whose score changed, and each arm's verdict on the press against
 its own full cache — "holds" where the paired difference press − full cache has an interval reaching 0, "loses"
 where the interval lies below 0 (the leaderboard's comparison with the reference, `ranks.summary`) — and whether the
-verdict flips between the arms. `ranked`: each press's mean over the ratios and its rank in each arm, and Kendall's
-τ between the arms' orders with its interval over the same replicates: whether the ranking is the arm's.
+verdict flips between the arms (`shown`: the table as the analyses print it). `ranked`: each press's mean over the
+ratios and its rank in each arm, and Kendall's τ between the arms' orders with its interval over the same replicates:
+whether the ranking is the arm's.
 """
 
 from __future__ import annotations
@@ -129,3 +130,29 @@ def ranked(rows: pd.DataFrame, seed: int, arms: Sequence[str],
     interval = (np.quantile(taus, tail), np.quantile(taus, 1 - tail)) if len(taus) else (np.nan, np.nan)
     return (order.sort_values([f"{second}_rank", f"{first}_rank"], kind="stable").reset_index(drop=True),
             {"tau": float(tau), "low": float(interval[0]), "high": float(interval[1]), "presses": len(presses)})
+
+
+def shown(table: pd.DataFrame, arms: Sequence[str]) -> pd.DataFrame:
+    """`compared`'s table as printed: per press and ratio each arm's score [95% interval], the paired difference
+    second − first [95% interval], the share of examples that changed, both verdicts and whether they flip."""
+    from .evaluate import with_interval
+
+    first, second = arms
+    scored = {arm: [with_interval(*v) for v in zip(table[arm], table[f"{arm}_low"], table[f"{arm}_high"])]
+              for arm in arms}
+    return pd.DataFrame({
+        "press": table["press"], "ratio": table["ratio"], **scored,
+        f"{second} − {first}": [with_interval(*v, sign="+") for v in zip(table["delta"], table["delta_low"],
+                                                                          table["delta_high"])],
+        "changed": table["changed"],
+        "verdicts": [f"{a or '—'} / {b or '—'}" for a, b in zip(table[f"{first}_verdict"],
+                                                                table[f"{second}_verdict"])],
+        "flips": table["flips"].map({True: "yes", False: ""})})
+
+
+def tau_text(tau: dict[str, float]) -> str:
+    """Kendall's τ as written: 'τ = 0.62 [0.41–0.80] over 20 presses', or why there is none (every press ties in an
+    arm: its ranking orders nothing)."""
+    if not np.isfinite(tau["tau"]):
+        return f"τ undefined over {tau['presses']} presses: every press ties in one arm, whose ranking orders nothing"
+    return f"τ = {tau['tau']:.2f} [{tau['low']:.2f}–{tau['high']:.2f}] over {tau['presses']} presses"

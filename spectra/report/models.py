@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..errors import SpectraError
 from . import arms, leaderboard
+from .arms import tau_text
 from .haystacks import haystack_of
 
 if TYPE_CHECKING:
@@ -90,15 +91,16 @@ def draw(order: pd.DataFrame, names: tuple[str, str], tau: dict[str, float], fli
     x, y = order[f"{names[0]}_score"].to_numpy(), order[f"{names[1]}_score"].to_numpy()
     flips = order["press"].isin(list(flipped)).to_numpy()
     ax.plot([0, 1], [0, 1], **style.EXACT_STYLE)
-    ax.scatter(x[~flips], y[~flips], s=22, color="0.25", zorder=3, label="the same verdict at every ratio")
-    ax.scatter(x[flips], y[flips], s=30, color="tab:red", zorder=4, label="a verdict that flips at some ratio")
+    if (~flips).any():
+        ax.scatter(x[~flips], y[~flips], s=22, color="0.25", zorder=3, label="the same verdict at every ratio")
+    if flips.any():
+        ax.scatter(x[flips], y[flips], s=30, color="tab:red", zorder=4, label="a verdict that flips at some ratio")
     for press, px, py in zip(order["press"], x, y):
         ax.annotate(style.press_label(press, 28), (px, py), xytext=(3, 2), textcoords="offset points", fontsize=6.5)
     ax.set(xlim=(-0.03, 1.03), ylim=(-0.03, 1.03), xlabel=f"{names[0]}: mean score over the ratios",
            ylabel=f"{names[1]}: mean score over the ratios")
-    ax.set_title(style.title_lines(f"The same presses on the same needles, two models: Kendall's τ = "
-                                   f"{tau['tau']:.2f} [{tau['low']:.2f}–{tau['high']:.2f}] over "
-                                   f"{tau['presses']} presses", 70), fontsize=9)
+    ax.set_title(style.title_lines(f"The same presses on the same needles, two models: Kendall's {tau_text(tau)}",
+                                   70), fontsize=9)
     ax.legend(loc="lower right", fontsize=7)
     ax.grid(alpha=0.3)
     return figure

@@ -27,7 +27,7 @@ def test_noise_against_prose_of_two_runs(chat_decoder, tmp_path, capsys) -> None
     assert script.main(["--noise", str(arms["noise"].path), "--prose", str(arms["prose"].path), "--csv",
                         str(csv)]) == 0
     printed = capsys.readouterr().out
-    assert "Kendall's τ between the two rankings (2 presses)" in printed
+    assert "Kendall's τ between the two rankings: τ " in printed and "over 2 presses" in printed
     table = pd.read_csv(csv).set_index(["press", "ratio"])
     keys = ["press", "ratio", "example"]
     score = {arm: pd.read_csv(run.path / "task_examples.csv").set_index(keys)["score"] for arm, run in arms.items()}

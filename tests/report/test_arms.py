@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import kendalltau
 
 from spectra.kv.tasks.summary import poisson_weights
-from spectra.report.arms import HOLDS, LOSES, compared, ranked
+from spectra.report.arms import HOLDS, LOSES, compared, ranked, tau_text
 from spectra.report.haystacks import ARMS, paired
 
 from .test_haystacks import KEYS, RATIOS, TASKS, WINDOW_NOISE, WINDOW_PROSE, run
@@ -72,3 +72,10 @@ def test_each_arm_judges_a_press_against_its_own_full_cache_and_a_flip_is_a_verd
     almost = [[1] * 9 + [0], [1] * 10]
     rows = paired([run("n", "noise", {"snapkv": almost})], [run("p", "prose.txt", {"snapkv": almost})])
     assert compared(rows, 0, ARMS).set_index(["press", "ratio"]).loc[("snapkv", 0.5), "noise_verdict"] == HOLDS
+
+
+def test_tau_is_written_with_its_interval_or_said_undefined_where_an_arm_ties_every_press() -> None:
+    assert tau_text({"tau": 0.6234, "low": 0.41, "high": 0.8, "presses": 20}) == "τ = 0.62 [0.41–0.80] over 20 presses"
+    assert tau_text({"tau": float("nan"), "low": 1.0, "high": 1.0, "presses": 2}).startswith(
+        "τ undefined over 2 presses: every press ties in one arm")
+
