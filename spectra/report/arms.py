@@ -30,10 +30,11 @@ from .leaderboard import spans
 HOLDS, LOSES = "holds", "loses"
 
 
-def matched(pooled: dict[str, pd.DataFrame], every: bool = True) -> pd.Index:
+def matched(pooled: dict[str, pd.DataFrame], every: bool = True) -> pd.DataFrame:
     """The examples both arms hold (`pooled`: each arm's pooled rows by arm name, the first first), each the same
-    needle in both — the same task at the same depth —, in the first arm's order; `every`: each of the first arm's
-    examples must be in the second. One line naming the first example that is not, or where none is shared."""
+    needle in both — the same task at the same depth —, in the first arm's order, as their task and depth indexed by
+    example; `every`: each of the first arm's examples must be in the second. One line naming the first example that
+    is not, or where none is shared."""
     (one, first), (two, second) = pooled.items()
     needles = first[first["press"] == "full"].drop_duplicates("example").set_index("example")[["task", "depth"]]
     theirs = second[second["press"] == "full"].drop_duplicates("example").set_index("example")[["task", "depth"]]
@@ -54,7 +55,7 @@ def matched(pooled: dict[str, pd.DataFrame], every: bool = True) -> pd.Index:
         raise SpectraError(f"example {where} is {needles.loc[where, 'task']} at depth {needles.loc[where, 'depth']:.3f} "
                            f"in the {one} runs but {other.loc[where, 'task']} at depth {other.loc[where, 'depth']:.3f} "
                            f"in the {two} runs: the arms must hide the same needles")
-    return needles.index
+    return needles
 
 
 def joined(pooled: dict[str, pd.DataFrame], examples: pd.Index) -> pd.DataFrame:
@@ -84,16 +85,18 @@ def compared(rows: pd.DataFrame, seed: int, arms: Sequence[str], level: float = 
     table = ranks.scores(rows, ["arm", "press", "ratio"])
     boot = ranks.replicates(table, seed)
     low, high = ranks.percentile(boot, level)
-    full = {arm: table.column((arm, "full", 0.0)) for arm in arms}
+    # each cell's paired difference from its own arm's full cache, as the leaderboard takes it
+    against_full = {arm: ranks.summary(table, boot, (arm, "full", 0.0), level)["delta_high"].to_numpy()
+                    for arm in arms}
     records = []
     for press, ratio in dict.fromkeys((press, ratio) for _, press, ratio in table.cells):
         columns = {arm: table.column((arm, press, ratio)) for arm in arms}
         record = {"press": press, "ratio": ratio, "examples": len(table.values)}
         for arm, column in columns.items():
-            loss_high = ranks.percentile(boot[:, [column]] - boot[:, [full[arm]]], level)[1][0]
+            loses = against_full[arm][column] < 0
             record.update({arm: table.values[:, column].mean(), f"{arm}_low": low[column],
                            f"{arm}_high": high[column],
-                           f"{arm}_verdict": "" if press == "full" else (LOSES if loss_high < 0 else HOLDS)})
+                           f"{arm}_verdict": "" if press == "full" else (LOSES if loses else HOLDS)})
         one, two = table.values[:, columns[first]], table.values[:, columns[second]]
         delta_low, delta_high = ranks.percentile(boot[:, [columns[second]]] - boot[:, [columns[first]]], level)
         record.update({"delta": (two - one).mean(), "delta_low": delta_low[0], "delta_high": delta_high[0],

@@ -60,10 +60,10 @@ def paired(noise: Sequence[TaskRun], prose: Sequence[TaskRun]) -> pd.DataFrame:
             raise SpectraError(f"{first['noise'].path} and {first['prose'].path} differ in their {name} ({mine} vs "
                                f"{theirs}): compare haystacks on one model, seed and protocol")
     needles = arms.matched(pooled)
-    tasks = list(dict.fromkeys(pooled["noise"].set_index("example").loc[needles, "task"]))
+    tasks = list(dict.fromkeys(needles["task"]))
     read = {arm: haystack_of(list(runs), tasks) for arm, runs in (("noise", noise), ("prose", prose))}
     for task in tasks:
         if read["noise"][task] != NOISE_NAME or read["prose"][task] == NOISE_NAME:
             raise SpectraError(f"{task} read {read['noise'][task]} in the noise runs and {read['prose'][task]} in the "
                                "prose runs: the noise arm's tasks read --haystack noise and the prose arm's a text")
-    return arms.joined(pooled, needles)
+    return arms.joined(pooled, needles.index)

@@ -58,8 +58,8 @@ def paired(first: Sequence[TaskRun], second: Sequence[TaskRun], holds: float = l
         if mine != theirs:
             raise SpectraError(f"{first[0].path} and {second[0].path} differ in their {name} ({mine} vs {theirs}): "
                                "compare models on one seed and protocol")
-    examples = arms.matched(pooled, every=False)
-    tasks = list(dict.fromkeys(pooled[names[0]].set_index("example").loc[examples, "task"]))
+    needles = arms.matched(pooled, every=False)
+    tasks = list(dict.fromkeys(needles["task"]))
     read = [haystack_of(list(runs), tasks) for runs in (first, second)]
     for task in tasks:
         if read[0][task] != read[1][task]:
@@ -67,7 +67,7 @@ def paired(first: Sequence[TaskRun], second: Sequence[TaskRun], holds: float = l
                                "give both models task files of the same haystacks")
     records = []
     for name, rows in pooled.items():
-        full = rows[(rows["press"] == "full") & rows["example"].isin(examples)]
+        full = rows[(rows["press"] == "full") & rows["example"].isin(needles.index)]
         for task, scores in full.drop_duplicates("example").groupby("task", sort=False)["score"]:
             records.append({"task": task, "model": name, "examples": len(scores), "full": scores.mean()})
     baseline = pd.DataFrame(records)
@@ -76,9 +76,8 @@ def paired(first: Sequence[TaskRun], second: Sequence[TaskRun], holds: float = l
     if not held_by.any():
         raise SpectraError(f"no task's full cache answers at least {holds:g} of its examples with both models: "
                            "nothing to compare presses on (a shorter --length may hold)")
-    kept = [example for example, task in pooled[names[0]].drop_duplicates("example").set_index("example")
-            .loc[examples, "task"].items() if held_by[task]]
-    return Pair(arms.joined(pooled, pd.Index(kept)), names, baseline)
+    kept = needles.index[needles["task"].map(held_by).to_numpy(dtype=bool)]
+    return Pair(arms.joined(pooled, kept), names, baseline)
 
 
 def draw(order: pd.DataFrame, names: tuple[str, str], tau: dict[str, float], flipped: Sequence[str] = ()):

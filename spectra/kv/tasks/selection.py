@@ -116,8 +116,8 @@ def grouped(records: list[TaskRecord], field: str) -> dict[Any, list[TaskRecord]
 def left_out(config: RunConfig, tasks: tuple[str, ...] | None = None) -> list[str]:
     """The tasks (of `tasks`, or of the file) of which --samples evaluates no record, in the file's order."""
     kept = {record.task for record in evaluated(config, tasks)}
-    return [task for task in dict.fromkeys(record.task for record in records_of(config.data))
-            if task not in kept and (tasks is None or task in tasks)]
+    chosen = of_tasks(records_of(config.data), tasks, Path(config.data).name)
+    return [task for task in dict.fromkeys(record.task for record in chosen) if task not in kept]
 
 
 def haystacks(records: list[TaskRecord]) -> list[dict[str, Any]]:
