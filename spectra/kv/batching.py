@@ -10,14 +10,22 @@ differ only in the rows their caches hold: here they share each forward pass. Ce
 request (`generation.Request`: question, start, global index, `max_new_tokens`), so the few rows still answering long
 after the others stopped — the cost of a sweep — share their steps across examples.
 
-Layout (`CacheBatch`): per layer one key and one value buffer (B, H_kv, M + room, d). Row b's compressed context cache
+Layout (`CacheBatch`): the context rows an eviction press keeps are the prefill's own, so where every row of a
+global layer compresses one prefill (one example: the default `--batch-size 1`), they are read in place
+(`Shared`): the prefill's keys and values (H_kv, L, d) once, and per row which of the L it keeps (B, H_kv, L) — a
+step then reads the context once for the whole batch rather than once per row, which made attention, bound by
+memory, the largest cost of a step (measured: benchmarks/RESULTS.md). Rows whose cache is not the prefill's own
+(quantized, low-rank, ThinK's pruned keys, re-rotated keys), a sliding-window layer, and batches of several examples'
+prefills are laid out as copies: per layer one key and one value buffer (B, H_kv, M + room, d). Row b's copied cache
 fills its first m_b columns (each key/value head its own count where a press keeps different numbers per head,
 `Compressed.valid`); columns m_b … M − 1 are padding, hidden from every query; the question and the answer's tokens
 are written at the same columns M, M + 1, … for every row, so a step writes one column for the whole batch. `seen`
 (B, H_kv, M + room) marks the columns each head of each row attends to; attention is
 `scaled_dot_product_attention` under that mask (and causal among the question's tokens) — the single-cell decoding's
-call with padding hidden, so each row's answer is its cell's, up to the float rounding of a differently shaped sum (a
-tie in the greedy argmax is the only way two answers can differ; `tests/kv/test_batching.py` holds them equal). Rows
+call with padding hidden; on a layer read in place, one softmax over the shared context rows each row keeps and the
+row's own columns (`shared_attention`). Each row's answer is its cell's, up to the float rounding of a differently
+shaped sum (a tie in the greedy argmax is the only way two answers can differ; `tests/kv/test_batching.py` holds them
+equal). Rows
 that have stopped ride along until half the batch has stopped, then the batch keeps only the rows still answering.
 
 Groups: the caches of a batch's cells may not fit in memory together. The probe (`probes.tasks`) decodes them in
@@ -38,7 +46,7 @@ import torch
 
 from .. import capture, sliding
 from ..capture import Captured
-from ..kernels import causal_mask
+from ..kernels import causal_mask, softmax_dtype
 from .generation import Decoded, Request, needle_mass, threads
 from .presses import Compressed, Prefill
 
@@ -67,10 +75,27 @@ def batch_row_bytes(kv_heads: int, key_dim: int, value_dim: int, itemsize: int) 
 
 
 @dataclass
+class Shared:
+    """One layer's context rows read in place: the prefill's `key` and `value` (H_kv, L, d) and, per batch row and
+    key/value head, which of the L positions its eviction press keeps (`kept`, (B, H_kv, L) bool; none for a row
+    whose cache is copied)."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    kept: torch.Tensor
+
+
+def in_place(part: Compressed) -> bool:
+    """Whether a layer's compressed cache is rows of the prefill at its kept positions (an eviction press's)."""
+    return part.kept is not None and part.key is None and part.window_positions is None
+
+
+@dataclass
 class CacheBatch:
     """The caches of B cells, every layer's laid out as the module docstring says: `keys[ℓ]`, `values[ℓ]`
     (B, H_kv, capacity, d), `seen[ℓ]` (B, H_kv, capacity) bool, and `filled[ℓ]`, the columns in use (the widest
-    cell's context rows, then the tokens decoded so far)."""
+    copied cell's context rows, then the tokens decoded so far); `shared[ℓ]`, the context rows read in place (None:
+    every row's are copied)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
@@ -82,6 +107,7 @@ class CacheBatch:
     positions: list[torch.Tensor | None] = field(default_factory=list)
     #: the positions (B, n) of the tokens of the pass under way (`greedy_batch` sets them before each forward pass)
     at: torch.Tensor | None = None
+    shared: list[Shared | None] = field(default_factory=list)
 
     @classmethod
     def of(cls, cells: Sequence[Sequence[Compressed]], prefills: Sequence[Prefill] | Sequence[Sequence[Prefill]],
@@ -92,28 +118,37 @@ class CacheBatch:
         per_cell = [prefills] * len(cells) if isinstance(prefills[0], Prefill) else list(prefills)
         if len(per_cell) != len(cells):
             raise ValueError(f"{len(per_cell)} examples' prefills for a batch of {len(cells)} cells")
-        keys, values, seen, filled, windows, positions = [], [], [], [], [], []
+        keys, values, seen, filled, windows, positions, shared = [], [], [], [], [], [], []
         for layer, prefilled in enumerate(per_cell[0]):
-            rows = [parts[layer].rows(own[layer].key, own[layer].value) for parts, own in zip(cells, per_cell)]
+            parted = [parts[layer] for parts in cells]
+            alike = prefilled.sliding_window is None and all(own[layer] is prefilled for own in per_cell)
+            placed = [alike and in_place(part) for part in parted]
+            shared.append(Shared(prefilled.key, prefilled.value, torch.stack([
+                part.kept_mask(prefilled.length) if here else
+                torch.zeros(prefilled.kv_heads, prefilled.length, dtype=torch.bool, device=prefilled.key.device)
+                for part, here in zip(parted, placed)])) if any(placed) else None)
+            empty = prefilled.key[:, :0], prefilled.value[:, :0]
+            rows = [empty if here else part.rows(own[layer].key, own[layer].value)
+                    for part, here, own in zip(parted, placed, per_cell)]
             width = max(key.shape[-2] for key, _ in rows)
             heads, dim = prefilled.key.shape[0], prefilled.key.shape[-1]
             key_buffer = prefilled.key.new_zeros(len(cells), heads, width + room, dim)
             value_buffer = prefilled.value.new_zeros(len(cells), heads, width + room, prefilled.value.shape[-1])
             mask = torch.zeros(len(cells), heads, width + room, dtype=torch.bool, device=prefilled.key.device)
             mask[:, :, width:] = True
-            for row, ((key, value), parts) in enumerate(zip(rows, cells)):
+            for row, ((key, value), part, here) in enumerate(zip(rows, parted, placed)):
                 count = key.shape[-2]
                 key_buffer[row, :, :count], value_buffer[row, :, :count] = key, value
-                valid = parts[layer].valid
-                mask[row, :, :count] = True if valid is None else valid
+                if not here:
+                    mask[row, :, :count] = True if part.valid is None else part.valid
             keys.append(key_buffer)
             values.append(value_buffer)
             seen.append(mask)
             filled.append(width)
             windows.append(prefilled.sliding_window)
             positions.append(None if prefilled.sliding_window is None else
-                             _positions([parts[layer] for parts in cells], width + room, mask.device))
-        return cls(keys, values, seen, filled, windows, positions)
+                             _positions(parted, width + room, mask.device))
+        return cls(keys, values, seen, filled, windows, positions, shared=shared)
 
     @property
     def size(self) -> int:
@@ -165,6 +200,9 @@ class CacheBatch:
             self.seen[layer] = self.seen[layer].index_select(0, rows)
             if self.local(layer):
                 self.positions[layer] = self.positions[layer].index_select(0, rows)
+            if self.shared and self.shared[layer] is not None:
+                found = self.shared[layer]
+                self.shared[layer] = Shared(found.key, found.value, found.kept.index_select(0, rows))
         if self.at is not None:
             self.at = self.at.index_select(0, rows)
 
@@ -172,10 +210,34 @@ class CacheBatch:
 def batch_attention(batch: CacheBatch, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            scaling: float) -> torch.Tensor:
     """The new queries q (B, H, n, d) over the layer's filled columns key, value (B, H_kv, S, d), each row over its
-    own cell's rows (`CacheBatch.mask`): (B, H, n, d)."""
+    own cell's rows (`CacheBatch.mask`; the rows read in place, `shared_attention`): (B, H, n, d)."""
+    if batch.shared and batch.shared[layer] is not None:
+        return shared_attention(batch.shared[layer], batch.mask(layer, q.shape[-2], key.shape[1]), q, key, value,
+                                scaling)
     mask = batch.mask(layer, q.shape[-2], q.shape[1])
     return torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling,
                                                             enable_gqa=q.shape[1] != key.shape[1])
+
+
+def shared_attention(shared: Shared, mask: torch.Tensor, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     scaling: float) -> torch.Tensor:
+    """The new queries q (B, H, n, d) over the context rows each row keeps of `shared` and its own filled columns
+    key, value (B, H_kv, S, d) under `mask` (B, H_kv, n, S): one softmax over both, as eager attention takes it; the
+    shared rows' scores and weighted values by one product per key/value head for the whole batch. (B, H, n, d)."""
+    size, heads, n, dim = q.shape
+    kv_heads, length = shared.key.shape[0], shared.key.shape[-2]
+    width = (heads // kv_heads) * n  # a key/value head's query rows: its group's heads, n each
+    grouped = q.reshape(size, kv_heads, width, dim)
+    across = grouped.transpose(0, 1).reshape(kv_heads, size * width, dim)
+    context = torch.matmul(across, shared.key.transpose(-1, -2)).view(kv_heads, size, width, length).transpose(0, 1)
+    scores = torch.cat([context, torch.matmul(grouped, key.transpose(-1, -2))], dim=-1) * scaling
+    seen = torch.cat([shared.kept[:, :, None, :].expand(-1, -1, width, -1),
+                      mask.repeat(1, 1, width // n, 1)], dim=-1)
+    scores.masked_fill_(~seen, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(q.dtype)
+    kept = weights[..., :length].transpose(0, 1).reshape(kv_heads, size * width, length)
+    out = torch.matmul(kept, shared.value).view(kv_heads, size, width, -1).transpose(0, 1)
+    return (out + torch.matmul(weights[..., length:], value)).reshape(size, heads, n, -1)
 
 
 def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, requests: Sequence[Request]) -> list[Decoded]:
@@ -214,13 +276,15 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
             for cell, found in measured.items():
                 row = live.index(cell)
                 columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
-                shown = None
+                rows, shown = key[row][:, columns], None
+                if batch.shared and batch.shared[layer] is not None:  # its context rows read in place come first
+                    shared = batch.shared[layer]
+                    rows = torch.cat([shared.key[:, shared.kept[row, 0]], rows], dim=1)
                 if batch.local(layer):  # its rows are its window's positions: the needle's among them, banded
                     held = batch.positions[layer][row, 0, columns]  # the full cache's: the same in every head
                     found = torch.isin(held, found).nonzero().squeeze(-1)
                     shown = sliding.band(batch.at[row, pads[cell]:], held, batch.windows[layer])
-                masses[cell, layer] = needle_mass(q[row][:, pads[cell]:], key[row][:, columns], captured.scaling,
-                                                  found, shown)
+                masses[cell, layer] = needle_mass(q[row][:, pads[cell]:], rows, captured.scaling, found, shown)
         return batch_attention(batch, layer, q, key, value, captured.scaling)
 
     def step(ids: torch.Tensor, offset: int) -> list[int]:

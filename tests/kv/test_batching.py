@@ -104,22 +104,50 @@ def test_the_needle_mass_is_measured_on_its_row(gqa_llama) -> None:
     assert torch.allclose(got[1].needle_mass, want, atol=1e-12, rtol=0)
 
 
-def test_padding_is_hidden_and_new_tokens_are_seen_causally(gqa_llama) -> None:
+def test_eviction_rows_are_read_in_place_and_new_tokens_seen_causally(gqa_llama) -> None:
     _, _, prefills = gqa_llama
     cells = compressed_cells(prefills, ["knorm"], (0.5,))  # full (96 rows), knorm (48), adakv(snapkv) (per head)
     batch = batching.CacheBatch.of([cell.parts for cell in cells], prefills, 5)
-    assert batch.filled[0] == CONTEXT and batch.keys[0].shape == (3, 2, CONTEXT + 5, 8)
+    shared = batch.shared[0]
+    assert shared.key is prefills[0].key and shared.value is prefills[0].value  # read in place, not copied
+    assert batch.filled[0] == 0 and batch.keys[0].shape == (3, 2, 5, 8)
+    for row, cell in enumerate(cells):
+        assert torch.equal(shared.kept[row], cell.parts[0].kept_mask(CONTEXT))
+    assert shared.kept[0].all() and int(shared.kept[1].sum()) == 2 * 48
     batch.extend(0, *(torch.zeros(3, 2, 3, 8, dtype=torch.float64),) * 2)
-    mask = batch.mask(0, 3, 6)  # (B, H, n, S)
-    assert mask.shape == (3, 6, 3, CONTEXT + 3)
-    assert mask[0, :, :, :CONTEXT].all() and not mask[1, :, :, 48:CONTEXT].any() and mask[1, :, :, :48].all()
-    adakv = cells[2].parts[0]
-    for head in range(6):
-        kept = adakv.valid[head // 3]
-        assert torch.equal(mask[2, head, 0, :kept.shape[0]], kept) and not mask[2, head, 0, kept.shape[0]:CONTEXT].any()
-    assert torch.equal(mask[:, :, :, CONTEXT:], torch.ones(3, 3, dtype=torch.bool).tril().expand(3, 6, 3, 3))
-    with pytest.raises(ValueError, match="holds 101 columns; 102 asked"):
-        batch.extend(0, *(torch.zeros(3, 2, 3, 8, dtype=torch.float64),) * 2)
+    mask = batch.mask(0, 3, 6)  # (B, H, n, S): the new tokens, causally
+    assert torch.equal(mask, torch.ones(3, 3, dtype=torch.bool).tril().expand(3, 6, 3, 3))
+    batch.keep(torch.tensor([2, 0]))
+    assert torch.equal(batch.shared[0].kept, shared.kept[[2, 0]])
+    with pytest.raises(ValueError, match="holds 5 columns; 6 asked"):
+        batch.extend(0, *(torch.zeros(2, 2, 3, 8, dtype=torch.float64),) * 2)
+
+
+def test_rows_not_the_prefills_own_are_copied_and_padding_hidden(gqa_llama) -> None:
+    """ThinK's pruned keys are its own rows: copied, padded to the widest; the eviction rows beside them keep none."""
+    _, _, prefills = gqa_llama
+    cells = compressed_cells(prefills, ["think", "knorm"], (0.5,))  # full, think (96 own rows), knorm (48), adakv
+    assert cells[1].parts[0].key is not None and cells[2].parts[0].key is None
+    batch = batching.CacheBatch.of([cell.parts for cell in cells], prefills, 5)
+    assert batch.filled[0] == CONTEXT and batch.keys[0].shape == (4, 2, CONTEXT + 5, 8)
+    assert torch.equal(batch.keys[0][1, :, :CONTEXT], cells[1].parts[0].key)
+    assert not batch.seen[0][[0, 2, 3], :, :CONTEXT].any() and batch.seen[0][1, :, :CONTEXT].all()
+    assert not batch.shared[0].kept[1].any() and batch.shared[0].kept[0].all()
+    batch.extend(0, *(torch.zeros(4, 2, 3, 8, dtype=torch.float64),) * 2)
+    mask = batch.mask(0, 3, 6)
+    assert torch.equal(mask[:, :, :, CONTEXT:], torch.ones(3, 3, dtype=torch.bool).tril().expand(4, 6, 3, 3))
+
+
+def test_several_prefills_are_copied(gqa_llama) -> None:
+    """Rows of two examples' prefills (or of a sliding-window layer) hold their context rows in the batch itself,
+    each hidden past its own."""
+    _, _, prefills = gqa_llama
+    other = [replace(part, key=part.key.clone(), value=part.value.clone()) for part in prefills]
+    cells = compressed_cells(prefills, ["knorm"], (0.5,))
+    batch = batching.CacheBatch.of([cell.parts for cell in cells], [prefills, other, prefills], 5)
+    assert batch.shared[0] is None and batch.filled[0] == CONTEXT
+    assert batch.seen[0][0, :, :CONTEXT].all() and not batch.seen[0][1, :, 48:CONTEXT].any()
+    assert batch.seen[0][1, :, :48].all()
 
 
 def test_the_memory_of_a_group() -> None:
