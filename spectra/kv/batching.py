@@ -11,12 +11,12 @@ request (`generation.Request`: question, start, global index, `max_new_tokens`),
 after the others stopped — the cost of a sweep — share their steps across examples.
 
 Layout (`CacheBatch`): the context rows an eviction press keeps are the prefill's own, so where every row of a
-global layer compresses one prefill (one example: the default `--batch-size 1`), they are read in place
+layer compresses one prefill (one example: the default `--batch-size 1`), they are read in place
 (`Shared`): the prefill's keys and values (H_kv, L, d) once, and per row which of the L it keeps (B, H_kv, L) — a
 step then reads the context once for the whole batch rather than once per row, which made attention, bound by
 memory, the largest cost of a step (measured: benchmarks/RESULTS.md). Rows whose cache is not the prefill's own
-(quantized, low-rank, ThinK's pruned keys, re-rotated keys), a sliding-window layer, and batches of several examples'
-prefills are laid out as copies: per layer one key and one value buffer (B, H_kv, M + room, d). Row b's copied cache
+(quantized, low-rank, ThinK's pruned keys, re-rotated keys, a local layer's rows moved by `locallayers`) and batches
+of several examples' prefills are laid out as copies: per layer one key and one value buffer (B, H_kv, M + room, d). Row b's copied cache
 fills its first m_b columns (each key/value head its own count where a press keeps different numbers per head,
 `Compressed.valid`); columns m_b … M − 1 are padding, hidden from every query; the question and the answer's tokens
 are written at the same columns M, M + 1, … for every row, so a step writes one column for the whole batch. `seen`
@@ -121,7 +121,7 @@ class CacheBatch:
         keys, values, seen, filled, windows, positions, shared = [], [], [], [], [], [], []
         for layer, prefilled in enumerate(per_cell[0]):
             parted = [parts[layer] for parts in cells]
-            alike = prefilled.sliding_window is None and all(own[layer] is prefilled for own in per_cell)
+            alike = all(own[layer] is prefilled for own in per_cell)
             placed = [alike and in_place(part) for part in parted]
             shared.append(Shared(prefilled.key, prefilled.value, torch.stack([
                 part.kept_mask(prefilled.length) if here else
@@ -147,7 +147,8 @@ class CacheBatch:
             filled.append(width)
             windows.append(prefilled.sliding_window)
             positions.append(None if prefilled.sliding_window is None else
-                             _positions(parted, width + room, mask.device))
+                             _positions([None if here else part for part, here in zip(parted, placed)], heads,
+                                        width + room, mask.device))
         return cls(keys, values, seen, filled, windows, positions, shared=shared)
 
     @property
@@ -211,19 +212,22 @@ def batch_attention(batch: CacheBatch, layer: int, q: torch.Tensor, key: torch.T
            scaling: float) -> torch.Tensor:
     """The new queries q (B, H, n, d) over the layer's filled columns key, value (B, H_kv, S, d), each row over its
     own cell's rows (`CacheBatch.mask`; the rows read in place, `shared_attention`): (B, H, n, d)."""
-    if batch.shared and batch.shared[layer] is not None:
-        return shared_attention(batch.shared[layer], batch.mask(layer, q.shape[-2], key.shape[1]), q, key, value,
-                                scaling)
+    shared = batch.shared[layer] if batch.shared else None
+    if shared is not None:
+        band = None if not batch.local(layer) else sliding.band(  # a local layer: each query's window of positions
+            batch.at, torch.arange(shared.key.shape[-2], device=q.device), batch.windows[layer])
+        return shared_attention(shared, batch.mask(layer, q.shape[-2], key.shape[1]), q, key, value, scaling, band)
     mask = batch.mask(layer, q.shape[-2], q.shape[1])
     return torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling,
                                                             enable_gqa=q.shape[1] != key.shape[1])
 
 
 def shared_attention(shared: Shared, mask: torch.Tensor, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     scaling: float) -> torch.Tensor:
-    """The new queries q (B, H, n, d) over the context rows each row keeps of `shared` and its own filled columns
-    key, value (B, H_kv, S, d) under `mask` (B, H_kv, n, S): one softmax over both, as eager attention takes it; the
-    shared rows' scores and weighted values by one product per key/value head for the whole batch. (B, H, n, d)."""
+                     scaling: float, band: torch.Tensor | None = None) -> torch.Tensor:
+    """The new queries q (B, H, n, d) over the context rows each row keeps of `shared` (on a sliding-window layer,
+    within `band` (B, n, L): each query's window) and its own filled columns key, value (B, H_kv, S, d) under `mask`
+    (B, H_kv, n, S): one softmax over both, as eager attention takes it; the shared rows' scores and weighted values
+    by one product per key/value head for the whole batch. (B, H, n, d)."""
     size, heads, n, dim = q.shape
     kv_heads, length = shared.key.shape[0], shared.key.shape[-2]
     width = (heads // kv_heads) * n  # a key/value head's query rows: its group's heads, n each
@@ -231,8 +235,9 @@ def shared_attention(shared: Shared, mask: torch.Tensor, q: torch.Tensor, key: t
     across = grouped.transpose(0, 1).reshape(kv_heads, size * width, dim)
     context = torch.matmul(across, shared.key.transpose(-1, -2)).view(kv_heads, size, width, length).transpose(0, 1)
     scores = torch.cat([context, torch.matmul(grouped, key.transpose(-1, -2))], dim=-1) * scaling
-    seen = torch.cat([shared.kept[:, :, None, :].expand(-1, -1, width, -1),
-                      mask.repeat(1, 1, width // n, 1)], dim=-1)
+    visible = shared.kept[:, :, None, :] if band is None else (shared.kept[:, :, None, :] & band[:, None]).repeat(
+        1, 1, width // n, 1)
+    seen = torch.cat([visible.expand(-1, -1, width, -1), mask.repeat(1, 1, width // n, 1)], dim=-1)
     scores.masked_fill_(~seen, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1, dtype=softmax_dtype(scores.dtype)).to(q.dtype)
     kept = weights[..., :length].transpose(0, 1).reshape(kv_heads, size * width, length)
@@ -277,12 +282,13 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
                 row = live.index(cell)
                 columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
                 rows, shown = key[row][:, columns], None
+                held = batch.positions[layer][row, 0, columns] if batch.local(layer) else None
                 if batch.shared and batch.shared[layer] is not None:  # its context rows read in place come first
-                    shared = batch.shared[layer]
-                    rows = torch.cat([shared.key[:, shared.kept[row, 0]], rows], dim=1)
+                    context = batch.shared[layer].kept[row, 0].nonzero().squeeze(-1)
+                    rows = torch.cat([batch.shared[layer].key[:, context], rows], dim=1)
+                    held = None if held is None else torch.cat([context, held])
                 if batch.local(layer):  # its rows are its window's positions: the needle's among them, banded
-                    held = batch.positions[layer][row, 0, columns]  # the full cache's: the same in every head
-                    found = torch.isin(held, found).nonzero().squeeze(-1)
+                    found = torch.isin(held, found).nonzero().squeeze(-1)  # the full cache's: the same in every head
                     shown = sliding.band(batch.at[row, pads[cell]:], held, batch.windows[layer])
                 masses[cell, layer] = needle_mass(q[row][:, pads[cell]:], rows, captured.scaling, found, shown)
         return batch_attention(batch, layer, q, key, value, captured.scaling)
@@ -316,13 +322,16 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
             for row, ids in enumerate(produced)]
 
 
-def _positions(parts: Sequence[Compressed], capacity: int, device: torch.device) -> torch.Tensor:
-    """(B, H_kv, capacity) long: where each cell's local layer's window reads its context rows, per key/value head
-    (`Compressed.window_positions`, else its kept positions), the columns after them to be written as tokens come."""
-    rows = [part.kept if part.window_positions is None else part.window_positions for part in parts]
-    if any(at is None for at in rows):
-        raise ValueError("a sliding-window layer's cache must hold context positions")
-    found = torch.zeros(len(parts), rows[0].shape[0], capacity, dtype=torch.long, device=device)
-    for row, at in enumerate(rows):
+def _positions(parts: Sequence[Compressed | None], heads: int, capacity: int, device: torch.device) -> torch.Tensor:
+    """(B, H_kv, capacity) long: where each cell's local layer's window reads its copied context rows, per key/value
+    head (`Compressed.window_positions`, else its kept positions; none for a row read in place, None), the columns
+    after them to be written as tokens come."""
+    found = torch.zeros(len(parts), heads, capacity, dtype=torch.long, device=device)
+    for row, part in enumerate(parts):
+        if part is None:
+            continue
+        at = part.kept if part.window_positions is None else part.window_positions
+        if at is None:
+            raise ValueError("a sliding-window layer's cache must hold context positions")
         found[row, :, :at.shape[-1]] = at
     return found

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from spectra import models
+from spectra import models, sliding
 from spectra.kv import batching, generation, gradient, prefill, reconstruction
 from spectra.kv.cell import Cells
 from spectra.kv.generation import Request
@@ -261,8 +261,19 @@ def test_local_layers_are_banded_per_key_value_head() -> None:
         batch = batching.CacheBatch.of([cell.parts], prefills, 5 + 6)
         batch.at = torch.arange(40, 43)[None]
         batch.extend(layer, *(torch.zeros(1, 2, 3, 16, dtype=torch.float64),) * 2)
-        rows = torch.cat([at, torch.arange(40, 43).expand(2, -1)], dim=-1)  # (H_kv, columns)
         queries = torch.arange(40, 43)[:, None]
+        shared = batch.shared[layer]
+        if mode == LocalLayers.COMPRESS:  # the prefill's own rows: read in place, each head its kept positions
+            held = torch.arange(40).expand(2, -1)
+            window = (held[:, None, :] <= queries) & (held[:, None, :] > queries - 8)
+            kept = torch.zeros(2, 40, dtype=torch.bool).scatter_(1, at, True)
+            assert torch.equal(shared.kept[0], kept)
+            assert torch.equal(shared.kept[0][:, None, :] & sliding.band(batch.at[0], torch.arange(40), 8)[None],
+                               kept[:, None, :] & window)
+            rows = torch.arange(40, 43).expand(2, -1)
+        else:  # kvpress's rows moved to other positions: copied, each at its window's position
+            assert shared is None
+            rows = torch.cat([at, torch.arange(40, 43).expand(2, -1)], dim=-1)  # (H_kv, columns)
         want = (rows[:, None, :] <= queries) & (rows[:, None, :] > queries - 8)
         assert torch.equal(batch.mask(layer, 3, 4)[0], want.repeat_interleave(2, dim=0))
         request = Request(question, 40, 6, set(), 0)
