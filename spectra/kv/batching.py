@@ -101,13 +101,13 @@ class CacheBatch:
     values: list[torch.Tensor]
     seen: list[torch.Tensor]
     filled: list[int]
+    shared: list[Shared | None]
     #: per layer, its sliding window (None: global) and, for a local layer, each column's position per key/value head
     #: (B, H_kv, capacity): where its window reads the row (`Compressed.window_positions`, else `kept`)
     windows: list[int | None] = field(default_factory=list)
     positions: list[torch.Tensor | None] = field(default_factory=list)
     #: the positions (B, n) of the tokens of the pass under way (`greedy_batch` sets them before each forward pass)
     at: torch.Tensor | None = None
-    shared: list[Shared | None] = field(default_factory=list)
 
     @classmethod
     def of(cls, cells: Sequence[Sequence[Compressed]], prefills: Sequence[Prefill] | Sequence[Sequence[Prefill]],
@@ -149,7 +149,7 @@ class CacheBatch:
             positions.append(None if prefilled.sliding_window is None else
                              _positions([None if here else part for part, here in zip(parted, placed)], heads,
                                         width + room, mask.device))
-        return cls(keys, values, seen, filled, windows, positions, shared=shared)
+        return cls(keys, values, seen, filled, shared, windows, positions)
 
     @property
     def size(self) -> int:
@@ -201,7 +201,7 @@ class CacheBatch:
             self.seen[layer] = self.seen[layer].index_select(0, rows)
             if self.local(layer):
                 self.positions[layer] = self.positions[layer].index_select(0, rows)
-            if self.shared and self.shared[layer] is not None:
+            if self.shared[layer] is not None:
                 found = self.shared[layer]
                 self.shared[layer] = Shared(found.key, found.value, found.kept.index_select(0, rows))
         if self.at is not None:
@@ -212,7 +212,7 @@ def batch_attention(batch: CacheBatch, layer: int, q: torch.Tensor, key: torch.T
            scaling: float) -> torch.Tensor:
     """The new queries q (B, H, n, d) over the layer's filled columns key, value (B, H_kv, S, d), each row over its
     own cell's rows (`CacheBatch.mask`; the rows read in place, `shared_attention`): (B, H, n, d)."""
-    shared = batch.shared[layer] if batch.shared else None
+    shared = batch.shared[layer]
     if shared is not None:
         band = None if not batch.local(layer) else sliding.band(  # a local layer: each query's window of positions
             batch.at, torch.arange(shared.key.shape[-2], device=q.device), batch.windows[layer])
@@ -283,9 +283,10 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
                 columns = batch.seen[layer][row, 0, :key.shape[-2]].nonzero().squeeze(-1)
                 rows, shown = key[row][:, columns], None
                 held = batch.positions[layer][row, 0, columns] if batch.local(layer) else None
-                if batch.shared and batch.shared[layer] is not None:  # its context rows read in place come first
-                    context = batch.shared[layer].kept[row, 0].nonzero().squeeze(-1)
-                    rows = torch.cat([batch.shared[layer].key[:, context], rows], dim=1)
+                shared = batch.shared[layer]
+                if shared is not None:  # its context rows read in place come first
+                    context = shared.kept[row, 0].nonzero().squeeze(-1)
+                    rows = torch.cat([shared.key[:, context], rows], dim=1)
                     held = None if held is None else torch.cat([context, held])
                 if batch.local(layer):  # its rows are its window's positions: the needle's among them, banded
                     found = torch.isin(held, found).nonzero().squeeze(-1)  # the full cache's: the same in every head

@@ -22,7 +22,6 @@ import pandas as pd
 
 from ..errors import SpectraError
 from . import arms, leaderboard
-from .arms import tau_text
 from .haystacks import haystack_of
 
 if TYPE_CHECKING:
@@ -98,7 +97,7 @@ def draw(order: pd.DataFrame, names: tuple[str, str], tau: dict[str, float], fli
         ax.annotate(style.press_label(press, 28), (px, py), xytext=(3, 2), textcoords="offset points", fontsize=6.5)
     ax.set(xlim=(-0.03, 1.03), ylim=(-0.03, 1.03), xlabel=f"{names[0]}: mean score over the ratios",
            ylabel=f"{names[1]}: mean score over the ratios")
-    ax.set_title(style.title_lines(f"The same presses on the same needles, two models: Kendall's {tau_text(tau)}",
+    ax.set_title(style.title_lines(f"The same presses on the same needles, two models: Kendall's {arms.tau_text(tau)}",
                                    70), fontsize=9)
     ax.legend(loc="lower right", fontsize=7)
     ax.grid(alpha=0.3)
