@@ -58,6 +58,10 @@ class EvaluateOptions(PressOptions):
                                "records' `task` field names them; default: every task), each keeping its line, so "
                                "the run pools with runs of the whole file; --samples then spreads over them.",
                                metavar="NAMES")
+    stop_answered: bool = option(False, "End each answer as soon as its score is final: once it holds every "
+                                 "reference (RULER's string match cannot lose one as text is appended), so a base "
+                                 "model that goes on talking after its answer stops there. Scores are those of the "
+                                 "whole answers; the stored answers are their prefixes.")
     decode_memory: float = option(DECODE_GIB, DECODE_HELP, metavar="GIB", identity=False)
 
     def __post_init__(self) -> None:
@@ -178,7 +182,7 @@ class Evaluate(PressStudy):
             reporter.notify(said)
 
         return TaskProbe(source, options.presses, options.ratios, config.seed, options.compression_interval,
-                         int(options.decode_memory * 2**30), reporter, options.local_layers)
+                         int(options.decode_memory * 2**30), reporter, options.local_layers, options.stop_answered)
 
     def check_loaded(self, config: RunConfig, options: EvaluateOptions, source) -> None:
         """Also: --decode-memory must hold the largest cell of the longest example (its full cache), before any

@@ -26,7 +26,8 @@ call with padding hidden; on a layer read in place, one softmax over the shared 
 row's own columns (`shared_attention`). Each row's answer is its cell's, up to the float rounding of a differently
 shaped sum (a tie in the greedy argmax is the only way two answers can differ; `tests/kv/test_batching.py` holds them
 equal). Rows
-that have stopped ride along until half the batch has stopped, then the batch keeps only the rows still answering.
+that have stopped ride along until a tenth of the batch has stopped (`SHED`), then the batch keeps only the rows still
+answering: a step's cost grows with its rows, and dropping rows copies only what they hold of their own.
 
 Groups: the caches of a batch's cells may not fit in memory together. The probe (`probes.tasks`) decodes them in
 groups whose buffers (padding and room included, `group_bytes`) and the rows the cells hold of their own
@@ -49,6 +50,11 @@ from ..capture import Captured
 from ..kernels import causal_mask, softmax_dtype
 from .generation import Decoded, Request, needle_mass, threads
 from .presses import Compressed, Prefill
+
+#: the share of the batch's rows still answering at or below which the batch drops the stopped ones. On the board's
+#: answers (runs/board-artifacts, 250 examples × 17 cells) dropping at half computed 1.25× the row-steps the answers
+#: need, at 0.9 1.02× for two more drops an example (RESULTS §34)
+SHED = 0.9
 
 
 def cell_rows(parts: Sequence[Compressed]) -> list[int]:
@@ -246,14 +252,14 @@ def shared_attention(shared: Shared, mask: torch.Tensor, q: torch.Tensor, key: t
 
 
 def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, requests: Sequence[Request]) -> list[Decoded]:
-    """Each row's greedy answer to its request (one per row) from its cache, as `generation.greedy_alone` answers
-    from one (the question's pass at positions start … start + n − 1, then one token a step, each row stopping after
-    one of its stop tokens produced by a decoding step, up to its `max_new_tokens`). Rows may answer different
+    """Each row's greedy answer to its request (one per row) from its cache, as `generation.greedy_alone` answers from one
+    (the question's pass at positions start … start + n − 1, then one token a step, each row stopping after one of its
+    stop tokens produced by a decoding step, up to its `max_new_tokens`, or once `settled`). Rows may answer different
     questions of one context from the same compressed caches: a shorter question is left-padded to the longest, its
-    padding written at the columns before it and hidden like a cache's padding, so each row's question and answer sit
-    at its own positions. A row's `needle`: the question's attention mass on the needle's context positions, measured
-    on that row (whose cache rows must be context positions). Rows of several examples' cells share the batch, each
-    with its own `start`, global `index` (which captured records carry) and `max_new_tokens`."""
+    padding written at the columns before it and hidden like a cache's padding, so each row's question and answer sit at
+    its own positions. A row's `needle`: the question's attention mass on the needle's context positions, measured on
+    that row (whose cache rows must be context positions). Rows of several examples' cells share the batch, each with
+    its own `start`, global `index` (which captured records carry) and `max_new_tokens`."""
     size = batch.size
     if len(requests) != size:
         raise ValueError(f"{len(requests)} requests for a batch of {size} rows")
@@ -294,6 +300,9 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
                 masses[cell, layer] = needle_mass(q[row][:, pads[cell]:], rows, captured.scaling, found, shown)
         return batch_attention(batch, layer, q, key, value, captured.scaling)
 
+    def settled(row: int) -> bool:
+        return requests[row].settled is not None and requests[row].settled(produced[row])
+
     def step(ids: torch.Tensor, offset: int) -> list[int]:
         first = base[torch.tensor(live, device=ids.device)][:, None] + offset
         positions = (first + torch.arange(ids.shape[-1], device=ids.device)).clamp(min=0)  # padding's: any
@@ -306,18 +315,18 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
         for row, token in zip(live, step(ids, 0)):
             produced[row].append(token)
         position = longest
-        answering = [row for row in live if limits[row] > 1]
+        answering = [row for row in live if limits[row] > 1 and not settled(row)]
         for offset in range(max(limits) - 1):
             if not answering:
                 break
-            if len(answering) <= len(live) // 2:  # half the rows have stopped: drop them
+            if len(answering) <= SHED * len(live):  # a tenth of the rows have stopped: drop them
                 batch.keep(torch.tensor([live.index(row) for row in answering], device=device))
                 live = list(answering)
             last = ids.new_tensor([[produced[row][-1]] for row in live])
             for row, token in zip(live, step(last, position + offset)):
                 if row in answering:
                     produced[row].append(token)
-                    if token in requests[row].stop or len(produced[row]) == limits[row]:
+                    if token in requests[row].stop or len(produced[row]) == limits[row] or settled(row):
                         answering.remove(row)
     return [Decoded(ids, torch.stack([masses[row, layer] for layer in range(layers)]) if row in measured else None)
             for row, ids in enumerate(produced)]

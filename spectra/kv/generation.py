@@ -26,7 +26,7 @@ model looks at the answer's tokens when asked (`spectra.probes.tasks`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -258,7 +258,8 @@ class Request:
     """One greedy answer asked of a cache: the `question`'s token ids (n,) at positions start … start + n − 1, at
     most `max_new_tokens` tokens, ending after a `stop` token produced by a decoding step; `index`, the example's
     global index (captured records carry it); `needle`, context positions whose attention mass the question's pass
-    measures (the cache's rows must then be context positions), None to measure nothing."""
+    measures (the cache's rows must then be context positions), None to measure nothing; `settled`, where given, ends
+    the answer as soon as it holds for the tokens produced so far (`--stop-answered`: its score is final)."""
 
     question: torch.Tensor
     start: int
@@ -266,6 +267,7 @@ class Request:
     stop: Collection[int]
     index: int
     needle: torch.Tensor | None = None
+    settled: Callable[[Sequence[int]], bool] | None = None
 
 
 def greedy_alone(model: torch.nn.Module, layers: int, cache: Buffers, request: Request,
@@ -306,6 +308,8 @@ def greedy_alone(model: torch.nn.Module, layers: int, cache: Buffers, request: R
         produced = [step(question, request.start)]
         position = request.start + question.shape[-1]
         for offset in range(request.max_new_tokens - 1):
+            if request.settled is not None and request.settled(produced):
+                break
             produced.append(step(question.new_tensor([produced[-1]]), position + offset))
             if produced[-1] in request.stop:
                 break

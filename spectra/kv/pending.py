@@ -82,3 +82,14 @@ class Groups:
         """The last group (possibly empty), handed over and forgotten."""
         last, self.group = self.group, []
         return last
+
+
+def cost(examples: int, cells: int, groups: int, seconds: float) -> str:
+    """The notice of what the first batch of `examples` examples (`cells` cells each) took after its prefills,
+    decoded in `groups` groups."""
+    if examples == 1:
+        batches = "batch" if groups == 1 else "batches"
+        return (f"each example: {cells} cells, compressed and answered in {groups} {batches} "
+                f"({seconds:.1f} s after its prefill on the first)")
+    return (f"each batch of {examples} examples: {cells} cells each, compressed and answered in "
+            f"{groups} {'group' if groups == 1 else 'groups'} ({seconds:.1f} s after their prefills on the first)")

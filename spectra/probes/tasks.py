@@ -4,30 +4,29 @@ greedily from each compressed cache, scored, and the needle's fate measured per 
 `prefilled` receives the prefills of a batch's examples (`--batch-size` of them, one after the other) layer by layer
 (`tasks.examples.TaskSource.run`); `after_batch` compresses every cell of each (`spectra.kv.cell`: the full cache, press
 'full' at ratio 0, and every press at every ratio), examples of fewer max_new_tokens first, then the widest
-(`kv.pending.order`; on one example, by ratio), and decodes them together: the cells' caches join a batch until the next
-would take it past `--decode-memory` (`kv.pending.Groups`: buffers, padding and the rows a transform holds), then that
-batch is answered greedily as one (`batching.greedy_batch`: one forward pass per step for all its cells, each row
-stopping at its own example's max_new_tokens) and freed. A press that compresses while decoding answers alone
-(`generation.greedy_alone` with its recompression). A record asking several questions is answered from the same compressed caches: each (question,
-cell) pair is a row of the group's batch (its cache copied once per question, so a group counts its buffers once per
-question against the budget), each row seeing its cell's context rows and its own question and answer only — as
-kvpress's pipeline answers question after question, each question's tokens removed before the next; its answers, needles
-and the full cache's attention on them are kept per (example, question): an *item*. Per cell and example it keeps the
-answer's token ids and what the cell counted: the share of context rows kept (per layer and key/value head, and their
-mean), the bytes of the compressed context cache beside the full one's, and per layer and key/value head the share of
-the needle the press kept (NaN where the rows are not context positions); from the full cache's decoding, the question's
-attention mass on the needle per layer and key/value head (the mean over the head's query heads). Everything is numeric
-state, whole after any batch (an example is done once every cell answered; `--resume`, with any batch size, goes on from
+(`kv.pending.order`; on one example, by ratio), and decodes them together: the cells' caches join a batch within
+`--decode-memory` (`kv.pending.Groups`), then that batch is answered greedily as one (`batching.greedy_batch`: one
+forward pass per step for all its cells, each row stopping at its own example's max_new_tokens, or with
+`--stop-answered` once its score is final) and freed. A press that compresses while decoding answers alone
+(`generation.greedy_alone` with its recompression). A record asking several questions is answered from the same
+compressed caches: each (question, cell) pair is a row of the group's batch, each row seeing its cell's context rows and
+its own question and answer only — as kvpress's pipeline answers question after question, each question's tokens removed
+before the next; its answers, needles and the full cache's attention on them are kept per (example, question): an
+*item*. Per cell and example it keeps the answer's token ids and what the cell counted: the share of context rows kept
+(per layer and key/value head, and their mean), the bytes of the compressed context cache beside the full one's, and per
+layer and key/value head the share of the needle the press kept (NaN where the rows are not context positions); from the
+full cache's decoding, the question's attention mass on the needle per layer and key/value head (the mean over the
+head's query heads). Everything is numeric state, whole after any batch (`--resume`, with any batch size, goes on from
 the first example not done) and summed across processes; predictions are decoded and scored when the tables are written.
 Seconds spent compressing and decoding per cell go to run.json (`press_seconds`: a group's decoding time shared by its
-cells, per example), not to the tables, so a resumed run's tables equal an uninterrupted run's bit for bit (with the
-same batch size; another changes them only by the float rounding of differently shaped sums).
+cells, per example), not to the tables, so a resumed run's tables equal an uninterrupted run's bit for bit (at the
+same batch size; another changes them only by the rounding of differently shaped sums).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +43,7 @@ from ..kv.presses import Prefill
 from ..kv.presses.decoding import INTERVAL
 from ..stats import State, tagged
 from ..kv.tasks import needle as needles
-from ..kv.tasks.scoring import score
+from ..kv.tasks.scoring import score, settled
 from ..kv.tasks.summary import task_scores
 from .base import Probe
 
@@ -90,12 +89,15 @@ class Answering:
 
 class TaskProbe(Probe):
     """Every (press, ratio) of `presses` × `ratios` beside the full cache on every example of `source` (the records
-    the run evaluates), doing `local_layers` to a local layer (`kv.locallayers`); `seed`: the run's (its bootstrap)."""
+    the run evaluates), doing `local_layers` to a local layer (`kv.locallayers`); `seed`: the run's (its bootstrap);
+    `stop_answered`: each answer ends once its score is final (`scoring.settled`)."""
 
     def __init__(self, source: TaskSource, presses: Sequence[str], ratios: Sequence[float], seed: int,
                  compression_interval: int = INTERVAL, decode_memory: int = DECODE_MEMORY,
-                 reporter: Reporter | None = None, local_layers: LocalLayers = LocalLayers.KEEP) -> None:
+                 reporter: Reporter | None = None, local_layers: LocalLayers = LocalLayers.KEEP,
+                 stop_answered: bool = False) -> None:
         self.source, self.seed, self.decode_memory, self.reporter = source, seed, decode_memory, reporter
+        self.stop_answered = stop_answered
         self.cells = Cells(presses, ratios, local_layers, compression_interval=compression_interval,
                            layers=source.layers, windows=sliding.of_model(source.loaded.model))
         self.variants = self.cells.variants
@@ -166,7 +168,8 @@ class TaskProbe(Probe):
             self.decode_group(last, answering)
             decoded += 1
         if self.reporter is not None and not self.done.any() and len(self.examples) > 1:  # a batch's cost, once
-            self.reporter.notify(self.cost(len(answering), decoded, time.perf_counter() - began))
+            self.reporter.notify(pending.cost(len(answering), len(self.variants), decoded,
+                                              time.perf_counter() - began))
         for at in answering:
             self.done[at.position] = 1
 
@@ -178,16 +181,6 @@ class TaskProbe(Probe):
                            torch.as_tensor(asked.needle, device=device)) for j, asked in enumerate(example.asked)]
         return Answering(position, example, prefills, questions, max(asked.ids.shape[-1] for asked in questions),
                          list(self.cells.of(example.context, self.seed, example.record.example)))
-
-    def cost(self, examples: int, groups: int, seconds: float) -> str:
-        """The notice of what the first batch of `examples` examples took after its prefills."""
-        if examples == 1:
-            batches = "batch" if groups == 1 else "batches"
-            return (f"each example: {len(self.variants)} cells, compressed and answered in {groups} {batches} "
-                    f"({seconds:.1f} s after its prefill on the first)")
-        return (f"each batch of {examples} examples: {len(self.variants)} cells each, compressed and answered in "
-                f"{groups} {'group' if groups == 1 else 'groups'} ({seconds:.1f} s after their prefills on the "
-                "first)")
 
     def decode_group(self, group: Sequence[pending.Waiting], answering: Sequence[Answering]) -> None:
         """The answers of the cells `group` (of the examples `answering`) to every question of their examples,
@@ -202,8 +195,8 @@ class TaskProbe(Probe):
         batch = batching.CacheBatch.of([at.cells[i].parts for at, _, i in pairs], [at.prefills for at, _, _ in pairs],
                                   pending.room(group))
         requests = [Request(asked.ids, at.cells[i].start, at.example.record.max_new_tokens, self.stop,
-                            at.example.record.example, asked.needle if at.cells[i].compressor is None else None)
-                    for at, asked, i in pairs]
+                            at.example.record.example, asked.needle if at.cells[i].compressor is None else None,
+                            self.settling(asked.item)) for at, asked, i in pairs]
         answers = batching.greedy_batch(self.source.loaded.model, self.source.layers, batch, requests)
         del batch
         for (at, asked, i), decoded in zip(pairs, answers):
@@ -220,7 +213,7 @@ class TaskProbe(Probe):
         started = time.perf_counter()
         for asked in at.questions:
             request = Request(asked.ids, cell.start, at.example.record.max_new_tokens, self.stop,
-                              at.example.record.example)
+                              at.example.record.example, settled=self.settling(asked.item))
             decoded = generation.greedy_alone(self.source.loaded.model, self.source.layers,
                                               cell.buffers(at.prefills, at.room), request, cell.recompression())
             self.answered(i, at, decoded, asked)
@@ -313,6 +306,12 @@ class TaskProbe(Probe):
     def done_items(self) -> np.ndarray:
         """The items (example, question) of the examples done, in order."""
         return np.array([item for item, (position, _) in enumerate(self.items) if self.done[position]], dtype=np.int64)
+
+    def settling(self, item: int) -> Callable[[Sequence[int]], bool] | None:
+        """With `stop_answered`, whether an answer to the item's question is final (decoded as `predictions`)."""
+        task, answers = self.examples[self.items[item][0]].record.task, self.answers(item)
+        text = self.source.loaded.tokenizer.decode
+        return (lambda ids: settled(task, text(ids, skip_special_tokens=True), answers)) if self.stop_answered else None
 
     def answers(self, item: int) -> tuple[str, ...]:
         """The accepted answers of an item's question."""

@@ -144,6 +144,8 @@ def show(run: TaskRun) -> None:
     aware = "context + question compressed" if meta.get("query_aware") else "question appended uncompressed"
     if meta.get("local_layers", "keep") != "keep":  # what the presses did to the sliding-window layers
         aware += f", local layers: {meta['local_layers']} (--local-layers)"
+    if meta.get("stop_answered"):  # the stored answers are prefixes, cut where their scores settled
+        aware += ", each answer stopped once its score was final (--stop-answered)"
     out.print(f"{run.label}: {plural(meta.get('examples', meta.get('samples', 0)), 'example')}, {aware}. Per task, "
               "the mean score (RULER's string match) of the full cache and of each press and ratio, its paired "
               "difference from the full cache on the same examples (Δ) and the share of the context cache's bytes "

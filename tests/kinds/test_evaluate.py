@@ -424,6 +424,35 @@ def test_the_task_study_is_a_kind_of_its_own(chat_decoder, task_file, finished, 
     assert code == 0 and "passkey" in stdout
 
 
+def test_stop_answered_cuts_answers_where_their_scores_settle(chat_decoder, task_file, finished, tmp_path,
+                                                             monkeypatch, capsys) -> None:
+    """`--stop-answered`: the same scores (on the tiny model, which never answers, nothing settles), recorded in
+    run.json and said by the printout; with a stand-in test of settling (six characters of text), each stored answer is
+    the full answer's shortest token prefix that passes it, so the probe hands each row its own question's test."""
+    run = spectra.evaluate(str(chat_decoder), str(task_file), out=tmp_path / "real", stop_answered=True, **SETTINGS)
+    assert run.meta["stop_answered"] is True and finished.meta["stop_answered"] is False
+    code, stdout, _ = tiny.run_cli(["evaluate", str(run.path)], monkeypatch, capsys)
+    assert code == 0 and "stopped once its score was final (--stop-answered)" in " ".join(stdout.split())
+    pd.testing.assert_frame_equal(run.scores, finished.scores, check_exact=True)
+    seen = []
+
+    def stand_in(task, text, answers):
+        seen.append((task, tuple(answers)))
+        return len(text) >= 6
+
+    monkeypatch.setattr("spectra.probes.tasks.settled", stand_in)
+    cut = spectra.evaluate(str(chat_decoder), str(task_file), out=tmp_path / "cut", stop_answered=True, **SETTINGS)
+    records = {record.example: record for record in read_records(task_file)}
+    assert {(task, answers) for task, answers in seen} == {(r.task, tuple(r.asked[0].answers)) for r in records.values()}
+    whole = finished.examples.set_index(["press", "ratio", "example"])["prediction"]
+    shorter = 0
+    for (press, ratio, example), prediction in cut.examples.set_index(["press", "ratio", "example"])["prediction"].items():
+        full = whole.loc[(press, ratio, example)]
+        assert full.startswith(prediction) and (len(prediction) >= 6 or prediction == full), (prediction, full)
+        shorter += len(prediction) < len(full)
+    assert shorter > len(cut.examples) // 2
+
+
 def test_each_unreadable_task_file_is_said_as_what_it_is(chat_decoder, task_file, tmp_path, monkeypatch,
                                                          capsys) -> None:
     """Issue 55, item 2: a missing --data file, a non-UTF-8 file and invalid JSON on line 1 all said "is not a task

@@ -280,3 +280,28 @@ def test_local_layers_are_banded_per_key_value_head() -> None:
         alone = generation.greedy_alone(model, 3, cell.buffers(prefills, 5 + 6), request)
         together = batching.greedy_batch(model, 3, batching.CacheBatch.of([cell.parts], prefills, 5 + 6), [request])
         assert together[0].ids == alone.ids
+
+
+def test_settled_rows_stop_where_their_answers_settle(gqa_llama) -> None:
+    """`Request.settled` (`--stop-answered`) ends a row as soon as it holds for the tokens produced so far: each row's
+    answer, in a batch and alone, is its free answer cut right after the first prefix that settles it (rows settle
+    at different steps, so the batch sheds them)."""
+    loaded, ids, prefills = gqa_llama
+    cells = compressed_cells(prefills, ["knorm", "snapkv", "streaming", "tova"], (0.3, 0.7))
+    free = [alone(loaded, ids, prefills, cell, set()).ids for cell in cells]
+    marks = {answer[3] for answer in free[::2]}
+
+    def settled(produced) -> bool:
+        return any(token in marks for token in produced)
+
+    def cut(answer):
+        first = next((at for at, token in enumerate(answer) if token in marks), len(answer) - 1)
+        return answer[:first + 1]
+
+    want = [cut(answer) for answer in free]
+    assert len({len(answer) for answer in want}) > 2 and sum(len(answer) < NEW for answer in want) > len(want) // 2
+    requests = [Request(ids[CONTEXT:], CONTEXT, NEW, set(), 0, settled=settled)] * len(cells)
+    assert [generation.greedy_alone(loaded.model, loaded.layers, cell.buffers(prefills, QUESTION + NEW),
+                                    request).ids for cell, request in zip(cells, requests)] == want
+    batch = batching.CacheBatch.of([cell.parts for cell in cells], prefills, QUESTION + NEW)
+    assert [decoded.ids for decoded in batching.greedy_batch(loaded.model, loaded.layers, batch, requests)] == want

@@ -10,6 +10,11 @@ Before scoring, kvpress's evaluation/benchmarks/ruler/calculate_metrics.py strip
 control characters (\\x00-\\x1f) and strips again. RULER's own evaluate.py replaces them by a newline instead;
 the two differ only when a control character splits an answer (kvpress's deletion can join "12\\n34" into a match
 of "1234"). `postprocess` follows kvpress, since the task protocol is checked against kvpress.
+
+`settled`: a prediction whose score no continuation can change, so decoding may stop there (`--stop-answered`).
+Appending text to a prediction keeps its postprocessed form as a prefix (the strips only remove what ends up at either
+end; the deletion is per character), so a reference found stays found, and a score of 1 is final — except through
+str.lower's one context-dependent rule, the Greek capital sigma's final form, which such a prediction must not hold.
 """
 
 from __future__ import annotations
@@ -55,3 +60,9 @@ def score(task: str, prediction: str, answers: Sequence[str]) -> float:
     if metric(task) == "string_match_part":
         return string_match_part(cleaned, answers)
     return string_match_all(cleaned, answers)
+
+
+def settled(task: str, prediction: str, answers: Sequence[str]) -> bool:
+    """Whether no continuation of `prediction` can change its score: it scores 1 already and holds no capital sigma
+    (whose lower case depends on what follows)."""
+    return "\u03a3" not in prediction and score(task, prediction, answers) == 1.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spectra.kv.tasks.scoring import metric, postprocess, score, string_match_all, string_match_part
+from spectra.kv.tasks.scoring import metric, postprocess, score, settled, string_match_all, string_match_part
 
 
 def ruler_all(preds: list[str], refs: list[list[str]]) -> float:
@@ -52,3 +52,26 @@ def test_matching_ignores_case_and_needs_references() -> None:
     assert string_match_part("ABC", ["x", "b"]) == 1.0
     with pytest.raises(ValueError):
         string_match_all("x", [])
+
+
+def test_a_settled_prediction_scores_1_after_any_continuation() -> None:
+    """`--stop-answered` ends an answer once `settled`: whatever text follows (spaces, control characters that
+    kvpress's postprocessing deletes and could join, more words), the score stays 1; an answer missing a
+    reference, or holding a capital sigma (whose lower case depends on what follows), is not settled."""
+    import random
+    pieces = ["12", "34", " ", "\n", "\t", "\x01", "ab", "AB", ".", "Σ", "x", "1234", "ß"]
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(4000):
+        prediction = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+        references = [rng.choice(["1234", "ab", "12 34", "x."])] + ([rng.choice(["34", "b1"])] if rng.random() < .5 else [])
+        for task in ("niah_multivalue", "qa_1"):
+            if settled(task, prediction, references):
+                checked += 1
+                for _ in range(5):
+                    more = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6)))
+                    assert score(task, prediction + more, references) == 1.0, (prediction, more, references)
+    assert checked > 200
+    assert settled("niah_single_1", " 1234.", ["1234"]) and not settled("niah_multivalue", "1234", ["1234", "5"])
+    assert settled("qa_1", "1234", ["1234", "5"]) and not settled("niah_single_1", "ΟΔΟΣ 1234", ["1234"])
+    assert score("niah_single_1", "ΟΔΟΣ", ["οδοσ"]) == 0.0 < score("niah_single_1", "ΟΔΟΣX", ["οδοσ"])
