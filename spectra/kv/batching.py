@@ -300,9 +300,6 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
                 masses[cell, layer] = needle_mass(q[row][:, pads[cell]:], rows, captured.scaling, found, shown)
         return batch_attention(batch, layer, q, key, value, captured.scaling)
 
-    def settled(row: int) -> bool:
-        return requests[row].settled is not None and requests[row].settled(produced[row])
-
     def step(ids: torch.Tensor, offset: int) -> list[int]:
         first = base[torch.tensor(live, device=ids.device)][:, None] + offset
         positions = (first + torch.arange(ids.shape[-1], device=ids.device)).clamp(min=0)  # padding's: any
@@ -315,7 +312,7 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
         for row, token in zip(live, step(ids, 0)):
             produced[row].append(token)
         position = longest
-        answering = [row for row in live if limits[row] > 1 and not settled(row)]
+        answering = [row for row in live if limits[row] > 1 and not requests[row].answered(produced[row])]
         for offset in range(max(limits) - 1):
             if not answering:
                 break
@@ -326,7 +323,8 @@ def greedy_batch(model: torch.nn.Module, layers: int, batch: CacheBatch, request
             for row, token in zip(live, step(last, position + offset)):
                 if row in answering:
                     produced[row].append(token)
-                    if token in requests[row].stop or len(produced[row]) == limits[row] or settled(row):
+                    request = requests[row]
+                    if token in request.stop or len(produced[row]) == limits[row] or request.answered(produced[row]):
                         answering.remove(row)
     return [Decoded(ids, torch.stack([masses[row, layer] for layer in range(layers)]) if row in measured else None)
             for row, ids in enumerate(produced)]

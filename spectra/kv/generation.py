@@ -269,6 +269,10 @@ class Request:
     needle: torch.Tensor | None = None
     settled: Callable[[Sequence[int]], bool] | None = None
 
+    def answered(self, produced: Sequence[int]) -> bool:
+        """Whether `settled` ends the answer at the tokens `produced` so far (never without one)."""
+        return self.settled is not None and self.settled(produced)
+
 
 def greedy_alone(model: torch.nn.Module, layers: int, cache: Buffers, request: Request,
                  recompression: Recompression | None = None) -> Decoded:
@@ -308,7 +312,7 @@ def greedy_alone(model: torch.nn.Module, layers: int, cache: Buffers, request: R
         produced = [step(question, request.start)]
         position = request.start + question.shape[-1]
         for offset in range(request.max_new_tokens - 1):
-            if request.settled is not None and request.settled(produced):
+            if request.answered(produced):
                 break
             produced.append(step(question.new_tensor([produced[-1]]), position + offset))
             if produced[-1] in request.stop:
