@@ -12,10 +12,19 @@ import torch
 from spectra import batched
 from spectra.batched import (
     EXACT,
+    FLOAT32,
     FLOAT32_TOLERANCE,
+    FLOAT64,
     FLOAT64_TOLERANCE,
+    JORDAN,
+    LEVELS,
+    SVD,
     batched_sigma,
+    chunked_sigma,
     gram_sigma,
+    jordan_error,
+    jordan_sigma,
+    jordan_wielandt,
     loss,
     plan,
     precision,
@@ -98,9 +107,88 @@ def test_the_gram_route_keeps_c_within_its_tolerance(n: int, tolerance: float) -
     sigma, level = gram_sigma(p.to(torch.float32), tolerance, torch.linalg.eigvalsh)
     assert (curve_error(sigma, p.to(torch.float32)) <= tolerance).all()
     assert (sigma[-3:, n - 9:] == 0).all()
-    assert set(level.tolist()) <= ({0, 1, 2} if precision(tolerance) == torch.float32 else {1, 2})
-    if tolerance == EXACT:  # exactly uniform P (rank 1, n − 1 zeros): the bound sends it to the SVD
-        assert level[0] == 2
+    assert set(level.tolist()) <= ({FLOAT32, FLOAT64, JORDAN} if precision(tolerance) == torch.float32 else
+                                   {FLOAT64, JORDAN})
+    if tolerance == EXACT:  # exactly uniform P (rank 1, n − 1 zeros): the Gram bound sends it to Jordan–Wielandt
+        assert level[0] == JORDAN
+
+
+def test_the_jordan_wielandt_matrix_holds_plus_and_minus_sigma() -> None:
+    """[[0, P], [Pᵀ, 0]] of a rectangular P: its eigenvalues are ±σ_i and |r − m| zeros (scipy's SVD)."""
+    p = torch.rand(3, 7, 11, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    sigma = np.stack([scipy.linalg.svdvals(m) for m in p.numpy()])
+    expected = np.sort(np.concatenate([sigma, -sigma, np.zeros((3, 4))], -1), -1)
+    assert np.allclose(torch.linalg.eigvalsh(jordan_wielandt(p)).numpy(), expected, rtol=0, atol=1e-13)
+    got, bound = jordan_sigma(p, torch.full((3,), 7), torch.linalg.eigvalsh)
+    assert np.allclose(got.numpy(), sigma, rtol=0, atol=1e-13) and (bound < 1e-12).all()
+
+
+def collapsed(batch: int, n: int, seed: int, noise=(0.0, 1e-6, 1e-5, 1e-4)) -> torch.Tensor:
+    """Rank-collapsed softmax P (batch, n, n), float64: every query's logits one key vector plus a little noise, the
+    attention of a randomly initialised encoder's deep layers (their tokens' states converge)."""
+    generator = torch.Generator().manual_seed(seed)
+    scale = torch.tensor(noise, dtype=torch.float64).repeat(batch // len(noise) + 1)[:batch, None, None]
+    shared = torch.randn(batch, 1, n, generator=generator, dtype=torch.float64)
+    return torch.softmax(shared + scale * torch.randn(batch, n, n, generator=generator, dtype=torch.float64), -1)
+
+
+@pytest.mark.parametrize(("n", "tolerance"), [(64, EXACT), (256, FLOAT64_TOLERANCE)])
+def test_collapsed_heads_are_solved_batched_not_one_by_one(n: int, tolerance: float) -> None:
+    """Rank-collapsed P fail the Gram bound (hundreds of σ near √(u·λ₁) against Σσ ≈ σ₁); they go to their
+    Jordan–Wielandt matrices in one batched call of size 2n, each σ within jordan_error(2n)·u·σ₁ of scipy's, the
+    curve within the tolerance, and none to the SVD."""
+    p = collapsed(8, n, seed=n)
+    shapes: list[tuple[int, ...]] = []
+
+    def solver(a: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(a.shape))
+        return torch.linalg.eigvalsh(a)
+
+    sigma, level = gram_sigma(p, tolerance, solver)
+    hard = (level == JORDAN).nonzero().flatten().tolist()
+    assert len(hard) >= 4 and SVD not in level.tolist()
+    assert shapes == [(8, n, n), (len(hard), 2 * n, 2 * n)]  # one call for the Gram matrices, one for the hard ones
+    reference = np.stack([scipy.linalg.svdvals(m) for m in p.numpy()])
+    moved = np.abs(sigma.numpy() - reference) / (2.0**-53 * reference[:, :1])
+    print(f"n = {n}: Jordan–Wielandt max |Δσ| = {moved[hard].max():.1f}·u·σ₁ (bound {jordan_error(2 * n):.0f})")
+    assert moved[hard].max() <= jordan_error(2 * n)
+    assert (curve_error(sigma, p) <= tolerance).all()
+
+
+def test_the_svd_is_left_only_where_even_the_jordan_bound_fails() -> None:
+    """A tolerance under the Jordan–Wielandt bound (n·jordan_error(2n)·u, ~1e-13 here; the command line refuses
+    anything under 1e-6) sends every matrix on to the float64 SVD: the guard is there, and reached."""
+    p = collapsed(4, 32, seed=8)
+    sigma, level = gram_sigma(p, 1e-14, torch.linalg.eigvalsh)
+    assert (level == SVD).all()
+    assert np.allclose(sigma.numpy(), np.stack([scipy.linalg.svdvals(m) for m in p.numpy()]), rtol=0, atol=1e-15)
+
+
+def test_the_jordan_wielandt_calls_keep_within_the_budget_and_give_the_same_values_bitwise() -> None:
+    p = collapsed(6, 40, seed=9)
+    shapes: list[int] = []
+
+    def solver(a: torch.Tensor) -> torch.Tensor:
+        shapes.append(a.shape[0])
+        return torch.linalg.eigvalsh(a)
+
+    whole = gram_sigma(p, EXACT, torch.linalg.eigvalsh)
+    parts = gram_sigma(p, EXACT, solver, budget=2 * 16 * 80 * 80)  # two Jordan–Wielandt matrices a call
+    hard = int((whole[1] == JORDAN).sum())
+    assert hard >= 3 and shapes[0] == 6 and shapes[1:] == plan(hard, 1, 2)
+    assert torch.equal(whole[0], parts[0]) and torch.equal(whole[1], parts[1])
+
+
+def test_chunks_count_how_each_matrix_was_solved() -> None:
+    noise = torch.randn(5, 48, 48, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    diagonal = torch.softmax(10 * torch.eye(48, dtype=torch.float64) + 0.1 * noise, -1)  # every σ near 1: float32
+    p = torch.cat([collapsed(6, 48, seed=10), diagonal])
+    levels = torch.zeros(len(LEVELS), dtype=torch.int64)
+    sigma = chunked_sigma(p, FLOAT32_TOLERANCE, torch.linalg.eigvalsh, budget=3 * 8 * 4 * 48 * 48, levels=levels)
+    expected = torch.bincount(gram_sigma(p, FLOAT32_TOLERANCE, torch.linalg.eigvalsh)[1].long(),
+                              minlength=len(LEVELS))
+    assert torch.equal(levels, expected) and levels.sum() == len(p) and levels[FLOAT32] >= 5
+    assert torch.equal(sigma, gram_sigma(p, FLOAT32_TOLERANCE, torch.linalg.eigvalsh)[0])
 
 
 def test_float32_alone_would_break_the_tolerance_in_the_tail() -> None:
@@ -176,3 +264,23 @@ def test_on_cuda_the_batched_route_keeps_c_within_its_tolerance(n: int, toleranc
     sigma = batched_sigma(p.cuda(), tolerance, budget=budget).cpu()
     assert (curve_error(sigma, p) <= tolerance).all()
     assert torch.equal(sigma, batched_sigma(p.cuda(), tolerance, budget=budget).cpu())  # deterministic
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("n", "tolerance"), [(128, EXACT), (512, FLOAT64_TOLERANCE)])
+def test_on_cuda_collapsed_heads_take_the_jordan_wielandt_route(n: int, tolerance: float) -> None:
+    """Rank-collapsed P on the GPU: cuSOLVER's eigenvalues of their Jordan–Wielandt matrices put each σ within
+    jordan_error(2n)·u·σ₁ of scipy's, the curves within the tolerance, none to the SVD; run.json's counts agree."""
+    p = collapsed(8, n, seed=n).float()
+    sigma, level = gram_sigma(p.cuda(), tolerance, batched.cusolver_eigenvalues)
+    sigma, level = sigma.cpu(), level.cpu()
+    hard = (level == JORDAN).nonzero().flatten()
+    reference = np.stack([scipy.linalg.svdvals(m) for m in p.double().numpy()])
+    moved = np.abs(sigma.numpy() - reference) / (2.0**-53 * reference[:, :1])
+    print(f"n = {n}: cuSOLVER Jordan–Wielandt max |Δσ| = {moved[hard].max():.1f}·u·σ₁ (bound {jordan_error(2 * n):.0f})")
+    assert len(hard) >= 4 and SVD not in level.tolist()
+    assert moved[hard].max() <= jordan_error(2 * n)
+    assert (curve_error(sigma, p) <= tolerance).all()
+    levels = torch.zeros(len(LEVELS), dtype=torch.int64, device="cuda")
+    assert torch.equal(batched_sigma(p.cuda(), tolerance, levels=levels).cpu(), sigma)
+    assert torch.equal(levels.cpu(), torch.bincount(level.long(), minlength=len(LEVELS)))

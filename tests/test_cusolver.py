@@ -185,9 +185,10 @@ def _gram(batch: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n", [128, 256, 512])
-def test_on_cuda_the_batched_eigenvalues_are_torchs(n: int, dtype: torch.dtype) -> None:
-    """Against torch.linalg.eigvalsh on the GPU (one matrix at a time) and the float64 reference: within the
-    factor the route's bound assumes (GRAM_ERROR in float64, FLOAT32_ERROR in float32) times u·λ₁."""
+def test_on_cuda_the_batched_eigenvalues_are_within_the_routes_factor(n: int, dtype: torch.dtype) -> None:
+    """Against the float64 reference: within the factor the route's bound assumes (GRAM_ERROR in float64,
+    FLOAT32_ERROR in float32) times u·λ₁. torch's own eigvalsh on the GPU is printed beside it, not held to the
+    factor: in float32 it measured 678–3662·u·λ₁ on an H200 (n = 128…512), cuSOLVER's batched 8–15."""
     gram = _gram(12, n, dtype, seed=n)
     reference = torch.linalg.eigvalsh(gram.double())
     w, info = cusolver.require().eigenvalues(gram.clone())
@@ -196,7 +197,6 @@ def test_on_cuda_the_batched_eigenvalues_are_torchs(n: int, dtype: torch.dtype) 
     factor = {torch.float32: FLOAT32_ERROR, torch.float64: GRAM_ERROR}[dtype]
     scale = UNIT[dtype] * reference[:, -1:]
     measured = ((w.double() - reference).abs() / scale).max().item()
-    print(f"n = {n} {dtype}: max |Δλ| = {measured:.2f}·u·λ₁ (torch's: "
-          f"{((torch_w.double() - reference).abs() / scale).max().item():.2f})")
+    torchs = ((torch_w.double() - reference).abs() / scale).max().item()
+    print(f"n = {n} {dtype}: max |Δλ| = {measured:.2f}·u·λ₁ (torch's: {torchs:.2f})")
     assert measured <= factor
-    assert (w.double() - torch_w.double()).abs().max().item() <= 2 * factor * scale.max().item()

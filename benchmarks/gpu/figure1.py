@@ -8,8 +8,10 @@ solvers: matrices per second for the Gram matrices P Pᵀ of softmax P (temperat
 eigvalsh (which loops one matrix at a time above 32 × 32 on CUDA; timed on `--loop` matrices), cuSOLVER's batched
 eigensolver alone in float64 and float32 (`spectra.cusolver`, `--matrices` per call, up to its limit), and the
 whole batched route from P (`spectra.batched`: Gram matrix, bound, fallbacks) at the tolerances 1e-6, 1e-5 and
-1e-4, with the share of matrices each precision took; and, at the largest n, the batched solver at smaller calls
-(the probe hands it one layer of a batch: batch size × heads matrices).
+1e-4 on softmax P and on rank-collapsed P (a random encoder's deep layers), with the share of matrices each level
+took (float32, float64, Jordan–Wielandt, SVD); the batched solver on the Jordan–Wielandt matrices (2n) alone; and,
+at the largest n, the batched solver at smaller calls (the probe hands it one layer of a batch: batch size × heads
+matrices).
 workload: `spectra analyze` on a RoBERTa-base-shaped encoder with random weights (12 layers × 12 heads, hidden 768,
 initialised with --init so that attention is neither uniform nor one-hot) at n = 512, `--samples` sequences,
 the model in `--dtype`, the spectra by `--spectrum-device` (default cuda); it prints the rate as it goes (so a
@@ -63,6 +65,16 @@ def softmax(count: int, n: int, device: torch.device, seed: int = 0) -> torch.Te
     return torch.softmax(scale * torch.randn(count, n, n, generator=generator, device=device), -1)
 
 
+def collapsed(count: int, n: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """count rank-collapsed softmax matrices (float32): one key vector shared by every query plus noise of 0 … 1e-4,
+    the deep layers of a randomly initialised encoder (whose tokens' states converge), which fail the Gram bound."""
+    generator = torch.Generator(device).manual_seed(seed)
+    noise = torch.logspace(-7, -4, count, device=device)[:, None, None]
+    shared = torch.randn(count, 1, n, generator=generator, device=device, dtype=torch.float64)
+    logits = shared + noise * torch.randn(count, n, n, generator=generator, device=device, dtype=torch.float64)
+    return torch.softmax(logits, -1).float()
+
+
 def rate(fn: Callable[[], object], count: int, device: torch.device) -> float:
     """Matrices per second of fn over `count` matrices (the second of two calls: the first pays set-up)."""
     fn()
@@ -99,13 +111,19 @@ def solvers(args: argparse.Namespace) -> None:
                 row(n, f"cuSOLVER XsyevBatched {name}", count,
                     rate(lambda: batched.cusolver_eigenvalues(g.clone()), count, device))
         solve = batched.cusolver_eigenvalues if gpu else torch.linalg.eigvalsh
-        part = p if gpu else p[: args.loop]
-        for tolerance in TOLERANCES:
-            levels: list[torch.Tensor] = []
-            value = rate(lambda: levels.append(batched.gram_sigma(part, tolerance, solve)[1]), len(part), device)
-            shares = torch.bincount(levels[-1].long().cpu(), minlength=3) / len(part)
-            row(n, f"batched route, tolerance {tolerance:.0e}{'' if gpu else ' (emulated)'}", len(part), value,
-                f"float32 {shares[0]:.0%}, float64 {shares[1]:.0%}, SVD {shares[2]:.0%}")
+        jordan = batched.jordan_wielandt(p[: count // 8].double())  # 2n × 2n: a quarter of the calls' limit
+        row(n, f"{'cuSOLVER XsyevBatched' if gpu else 'torch eigvalsh'} float64, Jordan–Wielandt (2n)", len(jordan),
+            rate(lambda: solve(jordan.clone()), len(jordan), device))
+        del jordan
+        for label, part in (("softmax P", p if gpu else p[: args.loop]),
+                            ("rank-collapsed P", collapsed(count if gpu else args.loop, n, device, seed=n))):
+            for tolerance in TOLERANCES:
+                levels: list[torch.Tensor] = []
+                value = rate(lambda: levels.append(batched.gram_sigma(part, tolerance, solve)[1]), len(part), device)
+                shares = torch.bincount(levels[-1].long().cpu(), minlength=len(batched.LEVELS)) / len(part)
+                row(n, f"batched route, {label}, tolerance {tolerance:.0e}{'' if gpu else ' (emulated)'}", len(part),
+                    value, ", ".join(f"{name} {share:.0%}" for name, share in zip(batched.LEVELS, shares.tolist())))
+            del part
         if gpu and n == max(int(x) for x in args.sizes.split(",")):
             for calls in (32 * 12, 8 * 12, 2048):
                 if calls < count:

@@ -25,7 +25,8 @@
 #              eigvalsh (a loop above 32 x 32) and cuSOLVER's batched XsyevBatched (float64, float32), the batched
 #              route from P at the tolerances 1e-6, 1e-5, 1e-4 and the precisions it used
 #   figure1    the Figure 1 workload end to end with the batched route (figure1.py workload): RoBERTa-base shape,
-#              random weights, FIGURE1_SAMPLES (default 10000) x 512 tokens, float16 forward; the rate as it goes
+#              random weights, FIGURE1_SAMPLES (default 10000) x 512 tokens, float16 forward, the spectra within
+#              FIGURE1_TOLERANCE of c (default 1e-5); the rate as it goes, and how many matrices each level solved
 #   accuracy   c@k per layer and head and the mean curves of the batched route at each tolerance against the float64
 #              CPU route on the same P (figure1.py accuracy; MiniLM's real weights from .gpu/ when prepared)
 set -u
@@ -42,7 +43,7 @@ if [[ ${SMALL:-0} == 1 ]]; then
 else
     MINILM=(--length 512 --samples 16); E2E=(--samples 32 --batch-size 8); DECODER=()
     ATTENTION=(--lengths 512,65536 --budgets 128 --tokens 65536); ROUTES=(--sizes 512)
-    EIGEN=(); FIGURE1=(--samples "${FIGURE1_SAMPLES:-10000}"); ACCURACY=()
+    EIGEN=(); FIGURE1=(--samples "${FIGURE1_SAMPLES:-10000}" --tolerance "${FIGURE1_TOLERANCE:-1e-5}"); ACCURACY=()
 fi
 mkdir -p "$OUT"
 START=$(date +%s)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .. import cusolver
-from ..batched import EXACT, batched_sigma, precision, route
+from ..batched import EXACT, LEVELS, batched_sigma, precision, route
 from ..capture import Captured
 from ..config import Place, choose
 from ..errors import SpectraError
@@ -89,6 +89,7 @@ class Offloaded(Probe):
         self.device: torch.device | None = None  # decided at the first update
         self.seconds: dict[str, float] = {}
         self.fallback: str | None = None  # why the spectra fell back to the CPU, once they have
+        self._levels: torch.Tensor | None = None  # the batched route's matrices by how they were solved
         self._pending: queue.Queue = queue.Queue(maxsize=depth or probe.layers)
         self._redo: collections.deque = collections.deque()  # layers the worker could not do, in order
         self._worker: threading.Thread | None = None
@@ -104,7 +105,8 @@ class Offloaded(Probe):
             self.device = source
         elif self.route == "batched":
             self.device = source
-            self.probe.solve = partial(batched_sigma, tolerance=self.tolerance)
+            self._levels = torch.zeros(len(LEVELS), dtype=torch.int64, device=source)
+            self.probe.solve = partial(batched_sigma, tolerance=self.tolerance, levels=self._levels)
         else:
             sample = masked(p, valid)
             self.seconds = {source.type: _seconds(sample),
@@ -235,8 +237,11 @@ class Offloaded(Probe):
     def describe(self) -> dict[str, Any]:
         """Where the spectra ran, whether they overlapped the forward, the timings that chose it, any fallback."""
         batched = self.route == "batched" and not self.fallback
+        if batched and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the worker's stream may still be adding to the counts
         route = {"spectrum_route": f"batched cuSOLVER, {str(precision(self.tolerance)).split('.')[-1]} first",
-                 "spectrum_tolerance": self.tolerance} if batched else {}
+                 "spectrum_tolerance": self.tolerance,
+                 "spectrum_levels": dict(zip(LEVELS, self._levels.tolist()))} if batched else {}
         return {"spectrum_device": "cpu" if self.fallback else str(self.device), "overlap": bool(self.overlap), **route,
                 **({"spectrum_seconds": self.seconds} if self.seconds else {}),
                 **({"spectrum_fallback": self.fallback} if self.fallback else {})}

@@ -240,7 +240,7 @@ def test_the_batched_route_is_wired_to_the_probe(monkeypatch, overlap) -> None:
     """Where `route` says batched: the probe's solver becomes the batched route at the declared tolerance (off a
     GPU it is the exact CPU route, so the numbers are the inline ones bitwise), overlapped by default, and run.json
     says which route and tolerance."""
-    from spectra.batched import batched_sigma
+    from spectra.batched import LEVELS, batched_sigma
     from spectra.probes import offload
 
     monkeypatch.setattr(offload, "route", lambda place, source, width, missing: "batched")
@@ -249,10 +249,12 @@ def test_the_batched_route_is_wired_to_the_probe(monkeypatch, overlap) -> None:
     got = _fed(offloaded, _softmax_batches(3))
     described = offloaded.describe()
     offloaded.close()
-    assert offloaded.probe.solve.func is batched_sigma and offloaded.probe.solve.keywords == {"tolerance": 1e-4}
+    solve = offloaded.probe.solve
+    assert solve.func is batched_sigma and solve.keywords == {"tolerance": 1e-4, "levels": offloaded._levels}
     for name in inline:
         assert np.array_equal(inline[name], got[name]), name
-    assert described == {"spectrum_device": "cpu", "overlap": overlap is None,
+    none = dict.fromkeys(LEVELS, 0)  # off a GPU the exact CPU route solves them, and the route counts nothing
+    assert described == {"spectrum_device": "cpu", "overlap": overlap is None, "spectrum_levels": none,
                          "spectrum_route": "batched cuSOLVER, float32 first", "spectrum_tolerance": 1e-4}
 
 
