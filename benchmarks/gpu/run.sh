@@ -4,6 +4,10 @@
 #   python benchmarks/gpu/prepare.py        # here, once: .gpu/ (MiniLM in float16, the 8B shape, a 32k record)
 #   bash benchmarks/gpu/run.sh [PART ...]   # there, from the repository root; results under $OUT (default gpu-out/)
 #
+# The device tool carries at most 64 MiB: for the spectra parts carry .gpu/minilm16 and .gpu/corpus.txt (45 MiB),
+# and .whl/ holding transformers 5.24.0's wheel (13 MiB; `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl transformers==5.24.0`), not the whole .gpu/.
+#
 # PART: tests agreement decoder e2e routes presses attention eigen figure1 accuracy (default: all, in that order). Each part runs under
 # its own time limit and the whole under BUDGET seconds (default 480; the parts took ~360 s on an H100): a part
 # that would start with under 15 s left is skipped and said so, a part past its limit is stopped and said so, and
@@ -24,9 +28,11 @@
 #   eigen      the eigensolvers alone (benchmarks/gpu/figure1.py solvers): matrices/s at n = 128, 256, 512 for torch's
 #              eigvalsh (a loop above 32 x 32) and cuSOLVER's batched XsyevBatched (float64, float32), the batched
 #              route from P at the tolerances 1e-6, 1e-5, 1e-4 and the precisions it used
-#   figure1    the Figure 1 workload end to end with the batched route (figure1.py workload): RoBERTa-base shape,
-#              random weights, FIGURE1_SAMPLES (default 10000) x 512 tokens, float16 forward, the spectra within
-#              FIGURE1_TOLERANCE of c (default 1e-5); the rate as it goes, and how many matrices each level solved
+#   figure1    the Figure 1 workload end to end with the batched route (figure1.py workload): FIGURE1_ENCODER real
+#              (default: MiniLM's weights from .gpu/, 6 x 12 heads, so FIGURE1_SAMPLES' default 20000 x 512 tokens
+#              are Figure 1's 1.44 M matrices) or random (RoBERTa-base shape; rank-collapsed deep layers), float16
+#              forward, the spectra within FIGURE1_TOLERANCE of c (default 1e-5); the rate as it goes (every 10 s),
+#              and how many matrices each level solved
 #   accuracy   c@k per layer and head and the mean curves of the batched route at each tolerance against the float64
 #              CPU route on the same P (figure1.py accuracy; MiniLM's real weights from .gpu/ when prepared)
 set -u
@@ -38,12 +44,13 @@ if [[ ${SMALL:-0} == 1 ]]; then
     MINILM=(--length 128 --samples 4); E2E=(--samples 8 --batch-size 2 --length 128)
     DECODER=(--model "${TINY_DECODER:?a tiny decoder folder}" --data "${TINY_TASKS:?its task file}" --dtype float32)
     ATTENTION=(--lengths 512,1024 --budgets 128 --tokens 2048); ROUTES=(--sizes 128)
-    EIGEN=(--sizes 32,64 --matrices 16 --loop 4); FIGURE1=(--samples 4 --length 64 --batch-size 2 --dtype float32)
+    EIGEN=(--sizes 32,64 --matrices 16 --loop 4); FIGURE1=(--encoder "${FIGURE1_ENCODER:-random}" --samples 4 --length 64 --batch-size 2 --dtype float32)
     ACCURACY=(--samples 2 --length 64)
 else
     MINILM=(--length 512 --samples 16); E2E=(--samples 32 --batch-size 8); DECODER=()
     ATTENTION=(--lengths 512,65536 --budgets 128 --tokens 65536); ROUTES=(--sizes 512)
-    EIGEN=(); FIGURE1=(--samples "${FIGURE1_SAMPLES:-10000}" --tolerance "${FIGURE1_TOLERANCE:-1e-5}"); ACCURACY=()
+    EIGEN=(); FIGURE1=(--encoder "${FIGURE1_ENCODER:-real}" --samples "${FIGURE1_SAMPLES:-20000}"
+             --tolerance "${FIGURE1_TOLERANCE:-1e-5}"); ACCURACY=()
 fi
 mkdir -p "$OUT"
 START=$(date +%s)
