@@ -172,6 +172,7 @@ def gram_sigma(p: torch.Tensor, tolerance: float, solve: Solver,
             eigenvalues[again] = solve(gram[again])
     else:
         eigenvalues = solve(gram)  # overwrites gram, not needed after
+    del gram  # before any Jordan–Wielandt matrices (four times its size) are made
     hard = torch.nonzero((level == FLOAT64) & (loss(eigenvalues, ranks, UNIT[torch.float64], GRAM_ERROR) >
                                                threshold)).flatten()
     sigma = eigenvalues.clamp_min(0).sqrt().flip(-1)
