@@ -18,9 +18,9 @@ float64 (from float32), or from its Jordan–Wielandt matrix [[0, P], [Pᵀ, 0]]
 eigenvalues are ±σ_i themselves, each within e·u·σ₁ (not √(e·u)·σ₁; e = 2n, `jordan_error`), so the curve
 moves by at most 2n²·u (6e-11 at n = 512); the float64 SVD is left only where even that bound fails. It costs
 ~8× a Gram solve at n, against torch's svdvals one matrix at a time (33 a second at n = 512 on an H100):
-rank-collapsed heads, every deep layer of a randomly initialised encoder, made that loop the whole run's cost. Declared tolerances on c (c@k and the whole curve):
-`FLOAT32_TOLERANCE` (1e-4) lets the route try float32 first; anything tighter solves in float64 (1e-5 and the
-exact routes' 1e-6 alike).
+rank-collapsed heads, every deep layer of a randomly initialised encoder, made that loop the whole run's cost.
+Declared tolerances on c (c@k and the whole curve): `FLOAT32_TOLERANCE` (1e-4) lets the route try float32 first;
+anything tighter solves in float64 (1e-5 and the exact routes' 1e-6 alike).
 
 Chunks: the matrices go through in chunks that fit a memory budget (`plan`), and each chunk's eigensolves in calls
 of at most cuSOLVER's n·n·batch ≤ 2³¹ − 1 (`solve_in_chunks`); `plan` and `solve_in_chunks` are pure and are
@@ -129,7 +129,7 @@ def jordan_sigma(p: torch.Tensor, ranks: torch.Tensor, solve: Solver,
                  budget: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Descending σ (b, min(r, m)) of float64 p (b, r, m) from the eigenvalues of its Jordan–Wielandt matrices, in
     chunks of at most `budget` bytes (the matrix and a workspace as large), and the bound (b,) on max_i |Δc_i|:
-    every σ̂_i within GRAM_ERROR·u·σ₁ (the solver's backward error on a matrix of norm σ₁), over Σσ̂."""
+    every σ̂_i within jordan_error(r + m)·u·σ₁ (the solver's backward error on a matrix of norm σ₁), over Σσ̂."""
     r, m = p.shape[-2:]
     width = min(r, m)
     sizes = plan(len(p), 16 * (r + m) ** 2, budget) if budget is not None else [len(p)]

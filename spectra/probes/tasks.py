@@ -309,9 +309,10 @@ class TaskProbe(Probe):
 
     def settling(self, item: int) -> Callable[[Sequence[int]], bool] | None:
         """With `stop_answered`, whether an answer to the item's question is final (decoded as `predictions`)."""
+        if not self.stop_answered:
+            return None
         task, answers = self.examples[self.items[item][0]].record.task, self.answers(item)
-        text = self.source.loaded.tokenizer.decode
-        return (lambda ids: settled(task, text(ids, skip_special_tokens=True), answers)) if self.stop_answered else None
+        return lambda ids: settled(task, self.source.loaded.tokenizer.decode(ids, skip_special_tokens=True), answers)
 
     def answers(self, item: int) -> tuple[str, ...]:
         """The accepted answers of an item's question."""
