@@ -17,7 +17,9 @@ from pathlib import Path, PurePath
 from typing import Any, Callable
 
 from spectra.inputs import split_top
+from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
+from spectra.registry import press_names
 
 #: commands whose MODEL and --data are looked up, every registered analysis; the others (plot, plan-k, compare,
 #: figure1) read run directories
@@ -107,6 +109,11 @@ def stale(arguments: list[str], out: Path) -> list[str]:
             continue
         if key == "samples" and records is not None and recorded[key] == records and value >= records:
             continue  # a task file smaller than --samples, read whole
+        if key == "presses" and isinstance(value, str):  # a preset (kvpress's leaderboard) as the run expanded it
+            try:
+                value = list(press_names(split_top(value)))
+            except SpectraError:  # a name the command refuses: compared as typed, so it differs
+                pass
         now, then = comparable(value), comparable(recorded[key])
         if now is not None and then is not None and now != then:
             differ.append(f"{key}={recorded[key]!r}")

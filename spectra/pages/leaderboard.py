@@ -62,8 +62,9 @@ def page_sheet(pooled: Pooled) -> Sheet:
     ranking over only the examples the full cache answers, the per-task tables, the interval widths, where SnapKV
     stands and where the ranking comes from."""
     from ..report import equality, leaderboard
-    from ..report.board import (REFERENCE, TOP, facts, filter_table, kvpress_facts, leaders, ranking_table,
+    from ..report.board import (TOP, facts, filter_table, kvpress_facts, leaders, ranking_table,
                                 tier_facts, widths)
+    from ..report.survival import reference_in
     from .survival import read_at, survival_sheet
 
     board = pooled.board
@@ -76,10 +77,10 @@ def page_sheet(pooled: Pooled) -> Sheet:
               **tier_facts(order), "answered": str(len(leaderboard.answered_rows(board.full))),
               "answered_table": filter_table(answered), "answered_first": leaders(answered)[1]["first"]}
     full = float(order.set_index("press").loc["full", "score"])
-    tier = ranked["tier"]
+    tier, reference = ranked["tier"], reference_in(ranked.index)
     claims = {"first-below-full": bool(ranked["score"].iloc[0] < full),
-              "reference-outside-top": bool(REFERENCE in ranked.index and ranked.loc[REFERENCE, "rank"] > TOP),
-              "reference-below-top-tier": bool(REFERENCE in ranked.index and tier[REFERENCE] > 1)}
+              "reference-outside-top": bool(reference in ranked.index and ranked.loc[reference, "rank"] > TOP),
+              "reference-below-top-tier": bool(reference in ranked.index and tier[reference] > 1)}
     where = survival_sheet(read_at(board, None))
     return Sheet({**values, **where.values, **kvpress}, {**claims, **where.claims, **agreed})
 

@@ -46,7 +46,6 @@ class QuestionsPage(BoardPage):
     summary = "Many questions per context: presses ranked on the share of the full cache's answers each keeps."
     order = 20
     over = "answered"
-    paragraphs = {"leaderboard-questions": PAGE}
     runs_help = ("Run directories of spectra evaluate on one many-question task file (or their published folders).")
     text = """Model {model}, tasks {tasks} at {length} tokens: questions {questions} of records {records}, over which the
 full cache scores {full}. Presses are judged on the questions it answers ({answered}), each record compressed once and

@@ -76,19 +76,20 @@ def survival_sheet(read: Read) -> Sheet:
     """Per press read, its rank, the answers it kept, its failures with a layer that lost the needle, that layer and
     the needle kept where it answered and failed; the shallowest needle among SnapKV's kept answers; the claims."""
     from ..report import leaderboard
-    from ..report.board import REFERENCE
+    from ..report.survival import reference_in
     from ..report.markdown import rank_text, share, table
 
     board, examples = read.board, read.board.examples
     found = survival_table(read)
     ranks = board.ranking().set_index("press")["rank"]
+    reference = reference_in(ranks.index)
     rows = [[rank_text(ranks[row.press]), f"`{row.press}`", f"{row.kept} of {row.answered}",
              f"{row.whole_layer} of {row.failed}", "—" if row.first_layer < 0 else str(row.first_layer),
              f"{share(row.needle_answered)} / {share(row.needle_failed)}"]
             for row in found.itertuples()]
-    best = found[(found["press"] != REFERENCE) & (found["kept"] > 0)]
-    answered = leaderboard.answered_rows(examples)
-    kept = answered[(answered["press"] == REFERENCE) & (answered["ratio"] == read.ratio) & (answered["score"] >= 1)]
+    best = found[(found["press"] != reference) & (found["kept"] > 0)]
+    answered = leaderboard.answered_rows(leaderboard.held_rows(examples, leaderboard.HOLDS))  # as the table reads them
+    kept = answered[(answered["press"] == reference) & (answered["ratio"] == read.ratio) & (answered["score"] >= 1)]
     shallowest = float(kept["depth"].min()) if len(kept) and "depth" in kept else float("nan")
     values = {"survival_ratio": f"{read.ratio:g}", "survival_presses": str(len(read.chosen)),
               "survival_table": table(["rank", "press", "answers kept", "failures with a layer that lost the needle",

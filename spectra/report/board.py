@@ -26,8 +26,6 @@ from .markdown import listed, rank_interval, rank_text, table, two, with_interva
 
 #: how many presses the front page lists from the top of the ranking
 TOP = 5
-#: the press every KV-cache paper compares against, whose place in the ranking is named
-REFERENCE = survival.REFERENCE
 #: the tables' column of answers equal to kvpress 0.5.5's, and its heading
 KVPRESS = "= kvpress (cells)"
 
@@ -166,7 +164,8 @@ def tier_facts(order: pd.DataFrame, prefix: str = "") -> dict[str, str]:
     return {f"{prefix}pairs": str(len(ranked) * (len(ranked) - 1) // 2),
             f"{prefix}tiers": str(int(ranked["tier"].max())) if len(ranked) else "0",
             f"{prefix}top_tier": listed([f"`{press}`" for press in tier[tier == 1].index]),
-            f"{prefix}reference_tier": str(int(tier[REFERENCE])) if REFERENCE in tier.index else "—",
+            f"{prefix}reference_tier": str(int(tier[reference])) if (reference := survival.reference_in(tier.index))
+            in tier.index else "—",
             f"{prefix}rank_widths": f"a median of {widths.median():g} and at most {widths.max():g}" if len(ranked)
             else "—"}
 
@@ -181,8 +180,9 @@ def leaders(order: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     """(the ranking without the full cache and the unranked presses, indexed by press; the values naming its first
     press, that press's score and SnapKV's rank — '—' where SnapKV is not ranked)."""
     ranked = order[(order["press"] != "full") & order["rank"].notna()].set_index("press")
+    reference = survival.reference_in(ranked.index)
     return ranked, {"first": f"`{ranked.index[0]}`", "first_score": two(ranked["score"].iloc[0]),
-                    "reference_rank": str(int(ranked.loc[REFERENCE, "rank"])) if REFERENCE in ranked.index else "—"}
+                    "reference_rank": str(int(ranked.loc[reference, "rank"])) if reference in ranked.index else "—"}
 
 
 def ranking_csv(cells: pd.DataFrame, order: pd.DataFrame) -> pd.DataFrame:

@@ -13,7 +13,7 @@ The picture of the same presses per layer and head is `report.evaluate.draw_surv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from . import leaderboard
@@ -25,18 +25,27 @@ if TYPE_CHECKING:
 
 #: how many of the leaderboard's best presses are read, and at which ratio (kvpress's middle one)
 SURVIVING, SURVIVAL_RATIO = 3, 0.5
-#: the press every KV-cache paper compares against, read beside the best ones
-REFERENCE = "snapkv"
+#: the press every KV-cache paper compares against, read beside the best ones: spectra's name, then kvpress's
+#: registry's (`kvpress:snapkv`, SnapKVPress() as kvpress's leaderboard runs it), whichever a board ran
+REFERENCES = ("snapkv", "kvpress:snapkv")
+REFERENCE = REFERENCES[0]
+
+
+def reference_in(presses: Iterable[str]) -> str:
+    """SnapKV's name among `presses` (the first of REFERENCES a board ran; REFERENCE where it ran none)."""
+    present = set(presses)
+    return next((name for name in REFERENCES if name in present), REFERENCE)
 
 
 def survivors(examples: pd.DataFrame, order: pd.DataFrame, needle: pd.DataFrame, ratio: float = SURVIVAL_RATIO,
-              top: int = SURVIVING, reference: str = REFERENCE) -> list[str]:
+              top: int = SURVIVING, reference: str | None = None) -> list[str]:
     """The `top` best-ranked presses (`order`: `leaderboard.ranking`) that evicted tokens at `ratio` and recorded
     where the needle went there, then `reference` when it did too. A press that kept every token (kivi's bits,
     simlayerkv where it leaves every layer whole) keeps every needle and says nothing of where a ranking comes
     from; an unranked press (one that did not compress as far as r asks) is not among the best."""
     import pandas as pd
 
+    reference = reference_in(order["press"]) if reference is None else reference
     at = examples[examples["ratio"] == ratio]
     evicting = set(at.loc[at["kept"] < 1, "press"])
     recorded = set(needle[(needle["ratio"] == ratio) & needle["needle_kept"].notna()]["press"]) & evicting

@@ -256,6 +256,21 @@ def test_a_task_file_smaller_than_samples_is_read_whole(tmp_path, typed, records
     assert runs.stale(arguments, tmp_path) == differ
 
 
+@pytest.mark.parametrize("typed, differ", [
+    ("kvpress-leaderboard-query-aware", []), ("kvpress-leaderboard-query-aware,knorm", ["presses="]),
+    ("kvpress:snapkv,kvpress:adakv_snapkv,kvpress:finch,kvpress:chunkkv", []), ("snapkv", ["presses="]),
+])
+def test_a_preset_compares_as_the_presses_it_expands_to(tmp_path, typed, differ) -> None:
+    """A run records --presses expanded (`kvpress-leaderboard-query-aware`: kvpress's second loop's four presses),
+    so a command typing the preset is the run's command, and one typing another list is not."""
+    recorded = ["kvpress:snapkv", "kvpress:adakv_snapkv", "kvpress:finch", "kvpress:chunkkv"]
+    meta = {"data": {"name": "t.jsonl", "records": 4},
+            "settings": {"samples": 4, "extra": {"presses": recorded, "ratios": [0.5]}}}
+    (tmp_path / "run.json").write_text(json.dumps(meta))
+    arguments = ["evaluate", "model", "--data", "t.jsonl", "--presses", typed, "--ratios", "0.5"]
+    assert [entry.split("=")[0] + "=" for entry in runs.stale(arguments, tmp_path)] == differ
+
+
 def test_a_claim_that_fails_fails_the_script(roberta_dir, text_file, tmp_path, capsys, monkeypatch) -> None:
     path, calls = document(tmp_path, roberta_dir, text_file), []
     path.write_text(path.read_text().replace(") ended with:", ") ended with:<!--claim: fast-->"))

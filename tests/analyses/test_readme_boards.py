@@ -1,0 +1,58 @@
+"""The leaderboard's haystack paragraph (analyses/readme_boards.py) on two tiny task runs of the same needles, one
+file marked as noise and one as prose: its values are recounted from the runs' own per-example files, and a block
+without both arms is refused in one line."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import spectra
+
+import task_files
+
+from .conftest import quiet
+
+import readme_boards  # noqa: E402  (conftest puts analyses/ on the path)
+from readme_values import RenderError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def arms(chat_decoder, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("arms")
+    rows = task_files.records(count=4)
+    found = {}
+    for arm, haystack in (("noise", "noise"), ("prose", "prose.txt")):
+        marked = [{**row, "haystack": haystack, "haystack_sha256": arm * 8} for row in rows]
+        path = task_files.write(folder / f"{arm}.jsonl", marked)
+        found[arm] = spectra.evaluate(str(chat_decoder), str(path), out=folder / arm, presses="knorm,snapkv",
+                                      ratios="0.5,0.75", progress=None, notify=quiet)
+    return {arm: spectra.load_run(run.path) for arm, run in found.items()}
+
+
+def test_the_paragraph_recounts_both_arms_from_their_examples(arms) -> None:
+    rendered = readme_boards.leaderboard_haystacks({"evaluate": [arms["prose"], arms["noise"]]})
+    examples = {arm: pd.read_csv(run.path / "task_examples.csv") for arm, run in arms.items()}
+    values = rendered.values
+    assert values["examples"] == "4" and values["cells"] == "4" and values["tasks"] == "`passkey`"
+    full = {arm: table[table["press"] == "full"]["score"].mean() for arm, table in examples.items()}
+    assert values["full_noise"].startswith(f"{full['noise']:.2f} [")
+    assert values["full_prose"].startswith(f"{full['prose']:.2f} [")
+    snap = {arm: table[table["press"] == "snapkv"]["score"].mean() for arm, table in examples.items()}
+    assert values["reference_noise"] == f"{snap['noise']:.2f}" and values["reference_prose"] == f"{snap['prose']:.2f}"
+    lines = values["table"].splitlines()
+    assert lines[0] == "| press | r = 0.5 | r = 0.75 |" and len(lines) == 2 + 3  # header, rule, full and two presses
+    knorm = examples["noise"].query("press == 'knorm' and ratio == 0.5")["score"].mean()
+    after = examples["prose"].query("press == 'knorm' and ratio == 0.5")["score"].mean()
+    assert next(line for line in lines if "`knorm`" in line).split(" | ")[1].startswith(f"{knorm:.2f} → {after:.2f} (")
+    assert int(values["lower_on_prose"]) + int(values["higher_on_prose"]) <= 4
+    assert values["flattered"] == "none" and rendered.claims["noise-flatters-unusual-keys"] is False
+    assert set(rendered.claims) == {"ranking-changes", "ranking-related", "reference-low-on-both",
+                                    "noise-flatters-unusual-keys", "more-cells-lower-on-prose"}
+
+
+def test_a_block_without_both_haystacks_is_refused(arms) -> None:
+    with pytest.raises(RenderError, match="--haystack noise"):
+        readme_boards.leaderboard_haystacks({"evaluate": [arms["prose"]]})
+    with pytest.raises(RenderError, match="spectra evaluate"):
+        readme_boards.leaderboard_haystacks({})
