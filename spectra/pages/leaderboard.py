@@ -121,7 +121,8 @@ class LeaderboardPage(BoardPage):
     name = "leaderboard"
     summary = "Task runs of one task file pooled into one ranking of presses, each score with its interval."
     order = 10
-    paragraphs = {"leaderboard": PAGE, "front-leaderboard": "front"}
+    #: docs/leaderboard.md ranks kvpress's two loops in two paragraphs, each on its own runs
+    paragraphs = {"leaderboard": PAGE, "leaderboard-query-aware": PAGE, "front-leaderboard": "front"}
     text = """Model {model}, runs pooled: {runs}. The tasks whose full cache answers at least {holds} of their examples:
 {held} (left out: {dropped}); over their {total} examples the full cache scores {full}. Presses ranked by their mean
 over the ratios: {presses}, in tiers: {tiers}; listed without a rank, as their cache held more than 1 − r of the full

@@ -224,6 +224,7 @@ def test_the_templates_slots_and_claims_are_the_renderers() -> None:
 
     runs = {"evaluate": [task_run("a", ("kvzip",)), task_run("b", ("snapkv",))]}
     for template, name in (("templates/docs/leaderboard.md", "leaderboard"),
+                           ("templates/docs/leaderboard.md", "leaderboard-query-aware"),
                            ("templates/README.md", "front-leaderboard")):
         text = (root / template).read_text()
         body = re.search(rf"^<!-- numbers: {name} -->\n(.*?)^<!-- /numbers -->", text, re.M | re.S)[1]
