@@ -1,12 +1,15 @@
-"""The renderer of docs/leaderboard.md's comparison of set-ups: what the haystack does to the board, the same needles
-in RULER's noise and in prose.
+"""The renderers of docs/leaderboard.md's two comparisons of set-ups: what the haystack does to the board (the same
+needles in RULER's noise and in prose) and what compressing once for many questions costs (KVzip's comparison: the
+question in view against one compression for every question).
 
-It reads the task runs of both arms and compares them needle by needle (`spectra.report.haystacks`,
-`spectra.report.arms`), so each difference has a paired interval; the claims the prose makes on them are decided
-here, on the runs.
+Both read pairs of task runs of the same needles and compare them example by example (`spectra.report.arms`,
+`spectra.report.evaluate.question_drop`), so each difference has a paired interval; the claims the prose makes on
+them are decided here, on the runs.
 """
 
 from __future__ import annotations
+
+import re
 
 import pandas as pd
 
@@ -16,11 +19,13 @@ from spectra.errors import SpectraError
 from spectra.kv.tasks.haystack import NOISE_NAME
 from spectra.report import leaderboard
 from spectra.report.arms import compared, ranked
-from spectra.report.evaluate import TaskRun
+from spectra.report.evaluate import TaskRun, question_drop
 from spectra.report.haystacks import ARMS, paired
 from spectra.report.markdown import interval, with_interval
 from spectra.report.survival import reference_in
 
+#: a drop (in view − once) the prose calls small: a tenth of the questions
+SMALL = 0.1
 #: the presses that keep unusual or large keys, which the prose says RULER's repeated sentence flatters
 UNUSUAL_KEYS = ("kvpress:keydiff", "kvpress:knorm", "kvpress:adakv_compactor")
 
@@ -107,3 +112,56 @@ def leaderboard_haystacks(runs: Runs) -> Rendered:
               "more-cells-lower-on-prose": len(below) > len(above)}
     return Rendered(values, claims)
 
+
+def leaderboard_in_view(runs: Runs) -> Rendered:
+    """KVzip's comparison measured: per press and ratio the score with the question in view (a --query-aware run,
+    one compression per question) beside the score from one compression answering every question, with the paired
+    drop; the largest drop, the cells that do better once, and claims on them (no correction over the cells: the
+    prose quotes intervals, it does not count tests that pass)."""
+    found = task_runs(runs)
+    in_view = [run for run in found if run.meta.get("query_aware")]
+    once = [run for run in found if not run.meta.get("query_aware")]
+    if len(in_view) != 1 or len(once) != 1:
+        raise RenderError("the block must run one task file of several questions a record twice, --query-aware and "
+                          f"not, got {len(in_view)} and {len(once)}")
+    try:
+        drop = question_drop(in_view[0], once[0])
+    except SpectraError as error:
+        raise RenderError(str(error)) from None
+    full_drop = drop[drop["press"] == "full"].iloc[0]
+    drop = drop[drop["press"] != "full"]
+    ratios = sorted(drop["ratio"].unique())
+    rows = []
+    for press, mine in drop.groupby("press", sort=False):
+        row = [f"`{press}`"]
+        for ratio in ratios:
+            cell = mine[mine["ratio"] == ratio].iloc[0]
+            row.append(f"{two(cell['in_view'])} / {two(cell['once'])} "
+                       f"({signed(cell['drop'], cell['drop_low'], cell['drop_high'])})")
+        rows.append(row)
+    largest = drop.loc[drop["drop"].idxmax()]
+    better = drop[drop["drop_high"] < 0]  # cells that answer more from one compression than with the question in view
+    full = once[0].examples
+    full = full[full["press"] == "full"]
+    values = {"questions": str(int(drop["questions"].max())), "records": str(full["example"].nunique()),
+              "tasks": ", ".join(f"`{task}`" for task in dict.fromkeys(drop["task"])),
+              "length": str(int(full["length"].max())), "full_in_view": two(full_drop["in_view"]),
+              "full_once": two(full_drop["once"]),
+              "table": table(["press", *(f"r = {ratio:g}" for ratio in ratios)], rows),
+              "largest_drop": f"{signed(largest['drop'], largest['drop_low'], largest['drop_high'])}",
+              "largest_at": f"`{largest['press']}` at r = {largest['ratio']:g}",
+              "better_once": ", ".join(f"`{row.press}` at r = {row.ratio:g} ({two(row.in_view)} in view, "
+                                       f"{two(row.once)} once)" for row in better.itertuples()) or "none"}
+    for press, mine in drop.groupby("press", sort=False):  # each press's largest drop, by its name's letters
+        worst = mine.loc[mine["drop"].idxmax()]
+        values[f"worst.{slot_name(press)}"] = (f"{signed(worst['drop'], worst['drop_low'], worst['drop_high'])} at "
+                                              f"r = {worst['ratio']:g}")
+    claims = {"once-costs-little": bool(largest["drop"] < SMALL), "some-better-once": bool(len(better)),
+              "reference-gains-little-in-view": bool((drop.loc[drop["press"] == reference_in(drop["press"]), "drop"]
+                                                      < SMALL).all())}
+    return Rendered(values, claims)
+
+
+def slot_name(press: str) -> str:
+    """A press's name as a slot's or claim's name may spell it ('kvpress:snapkv' → 'kvpress-snapkv')."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", press)

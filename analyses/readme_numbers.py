@@ -10,8 +10,8 @@ prose itself stays in the documents; a renderer never writes a sentence, so a cl
 
 The registry and the front page's renderers are here; the docs pages' are in readme_approx.py and
 readme_decoders.py, docs/cache.md's task paragraphs' in readme_tasks.py, the axis paragraphs' (which axis each head
-loses least, the mixed plan on tasks) in readme_axes.py, the leaderboard's haystack paragraph (noise against prose)
-in readme_boards.py, and what they share (formatting, reading runs) in
+loses least, the mixed plan on tasks) in readme_axes.py, the leaderboard's comparisons of set-ups (noise against prose, the question in view
+against one compression for many) in readme_boards.py, and what they share (formatting, reading runs) in
 readme_values.py. The paragraphs of the report pages (the leaderboard, many questions, a task run's scores) are
 rendered by the pages themselves (`spectra.pages`): each page names the markers it fills (`Page.paragraphs`), and
 `page_renderers` makes their renderers from the registry, so no page is listed here by hand.
@@ -29,7 +29,7 @@ import spectra
 from readme_approx import (minilm_fastformer, minilm_fitted, minilm_k_needed, minilm_plan, minilm_scaling,
                            smollm2_fastformer, smollm2_scaling, speed_line, theorems_synthetic)
 from readme_axes import axes_summary, smollm2_axes
-from readme_boards import leaderboard_haystacks
+from readme_boards import leaderboard_haystacks, leaderboard_in_view
 from readme_decoders import heads_model, smollm2_cache, smollm2_cache_spectral, smollm2_decoder, smollm2_keys
 from readme_tasks import smollm2_tasks, tasks_vs_nll
 from readme_values import RenderError, Runs, only, sink_layers, two
@@ -131,6 +131,7 @@ RENDERERS: dict[str, Renderer] = {
     "smollm2-tasks": Renderer(("cache", "cache"), smollm2_tasks),
     "smollm2-axes": Renderer(("heads", "cache"), smollm2_axes),
     "leaderboard-haystacks": Renderer(("evaluate",), leaderboard_haystacks),
+    "leaderboard-in-view": Renderer(("evaluate",), leaderboard_in_view),
     **page_renderers(),
 }
 

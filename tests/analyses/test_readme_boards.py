@@ -56,3 +56,35 @@ def test_a_block_without_both_haystacks_is_refused(arms) -> None:
         readme_boards.leaderboard_haystacks({"evaluate": [arms["prose"]]})
     with pytest.raises(RenderError, match="spectra evaluate"):
         readme_boards.leaderboard_haystacks({})
+
+
+def test_the_question_drop_paragraph_recounts_both_runs(chat_decoder, tmp_path) -> None:
+    """In view / once per press and ratio, read from the two runs' per-example files question by question, the
+    largest drop and the claims on it."""
+    path = task_files.write(tmp_path / "many.jsonl", task_files.many_questions(task_files.records(count=3)))
+    settings = dict(presses="knorm,snapkv", ratios="0.5", progress=None, notify=quiet)
+    aware = spectra.evaluate(str(chat_decoder), str(path), out=tmp_path / "aware", query_aware=True, **settings)
+    once = spectra.evaluate(str(chat_decoder), str(path), out=tmp_path / "once", **settings)
+    runs = [spectra.load_run(run.path) for run in (once, aware)]
+    rendered = readme_boards.leaderboard_in_view({"evaluate": runs})
+    keys = ["press", "ratio", "example", "question"]
+    mine = pd.read_csv(aware.path / "task_examples.csv").set_index(keys)["score"]
+    theirs = pd.read_csv(once.path / "task_examples.csv").set_index(keys)["score"]
+    values = rendered.values
+    assert values["records"] == "3" and values["questions"] == "6"
+    assert values["full_in_view"] == f"{mine.loc[('full', 0.0)].mean():.2f}"
+    assert values["full_once"] == f"{theirs.loc[('full', 0.0)].mean():.2f}"
+    row = next(line for line in values["table"].splitlines() if "`snapkv`" in line)
+    drop = (mine - theirs).loc[("snapkv", 0.5)].mean()
+    assert row.split(" | ")[1].startswith(f"{mine.loc[('snapkv', 0.5)].mean():.2f} / "
+                                          f"{theirs.loc[('snapkv', 0.5)].mean():.2f} ({drop:+.2f} [")
+    assert values["worst.snapkv"].startswith(f"{drop:+.2f} [") and values["worst.snapkv"].endswith("at r = 0.5")
+    drops = {press: (mine - theirs).loc[(press, 0.5)].mean() for press in ("knorm", "snapkv")}
+    worst = max(drops, key=drops.get)
+    assert values["largest_drop"].startswith(f"{drops[worst]:+.2f} [") and values["largest_at"] == f"`{worst}` at r = 0.5"
+    assert rendered.claims["once-costs-little"] == (drops[worst] < readme_boards.SMALL)
+    assert rendered.claims["reference-gains-little-in-view"] == (drops["snapkv"] < readme_boards.SMALL)
+    assert rendered.claims["some-better-once"] == (values["better_once"] != "none")
+    with pytest.raises(RenderError, match="--query-aware and not"):
+        readme_boards.leaderboard_in_view({"evaluate": runs[:1]})
+    assert readme_boards.slot_name("kvpress:snapkv") == "kvpress-snapkv"
