@@ -9,15 +9,13 @@ them are decided here, on the runs.
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
 from readme_values import RenderError, Runs, table, two
 from slots import Rendered
 from spectra.errors import SpectraError
 from spectra.kv.tasks.haystack import NOISE_NAME
-from spectra.report import leaderboard
+from spectra.report import evaluate, leaderboard
 from spectra.report.arms import compared, ranked
 from spectra.report.evaluate import TaskRun, question_drop
 from spectra.report.haystacks import ARMS, paired
@@ -30,9 +28,9 @@ SMALL = 0.1
 UNUSUAL_KEYS = ("kvpress:keydiff", "kvpress:knorm", "kvpress:adakv_compactor")
 
 
-def signed(value: float, low: float, high: float) -> str:
-    """A paired difference with its interval, '+0.12 [+0.05, +0.20]'."""
-    return f"{value:+.2f} [{low:+.2f}, {high:+.2f}]"
+def signed(cell: pd.Series, column: str) -> str:
+    """A cell's paired difference `column` with its interval (`column`_low, `column`_high): '+0.12 [+0.05, +0.20]'."""
+    return evaluate.with_interval(cell[column], cell[f"{column}_low"], cell[f"{column}_high"], sign="+")
 
 
 def task_runs(runs: Runs) -> list[TaskRun]:
@@ -48,24 +46,18 @@ def reads_noise(run: TaskRun) -> bool:
     return bool(read) and all(name == NOISE_NAME for name in read)
 
 
-def haystack_rows(cells: pd.DataFrame) -> list[list[str]]:
-    """One row per press (the full cache first): at each ratio noise → prose and the paired difference."""
-    rows = []
+def paired_table(cells: pd.DataFrame, first: str, second: str, joiner: str, delta: str) -> str:
+    """One row per press (the full cache, where present, at ratio 0 in every column) and one column per ratio:
+    `first` `joiner` `second` and the paired difference `delta` with its interval."""
     ratios = sorted(cells.loc[cells["press"] != "full", "ratio"].unique())
+    rows = []
     for press, mine in cells.groupby("press", sort=False):
         row = [f"`{press}`" if press != "full" else "full cache"]
         for ratio in ratios:
             cell = mine[mine["ratio"] == (0.0 if press == "full" else ratio)].iloc[0]
-            row.append(f"{two(cell['noise'])} → {two(cell['prose'])} "
-                       f"({signed(cell['delta'], cell['delta_low'], cell['delta_high'])})")
+            row.append(f"{two(cell[first])} {joiner} {two(cell[second])} ({signed(cell, delta)})")
         rows.append(row)
-    return rows
-
-
-def mean_delta(cells: pd.DataFrame, press: str) -> tuple[float, float, float]:
-    """A press's paired differences prose − noise at its ratios: (mean, smallest low end, largest high end)."""
-    mine = cells[cells["press"] == press]
-    return float(mine["delta"].mean()), float(mine["delta_low"].min()), float(mine["delta_high"].max())
+    return table(["press", *(f"r = {ratio:g}" for ratio in ratios)], rows)
 
 
 def leaderboard_haystacks(runs: Runs) -> Rendered:
@@ -83,7 +75,6 @@ def leaderboard_haystacks(runs: Runs) -> Rendered:
         raise RenderError(str(error)) from None
     seed = leaderboard.seed_of(noise)
     cells, (order, tau) = compared(rows, seed, ARMS), ranked(rows, seed, ARMS)
-    ratios = sorted(cells.loc[cells["press"] != "full", "ratio"].unique())
     full = cells[cells["press"] == "full"].iloc[0]
     ranks = table(["press", "mean over r, noise", "rank, noise", "mean over r, prose", "rank, prose"],
                   [[f"`{row.press}`", two(row.noise_score), str(row.noise_rank), two(row.prose_score),
@@ -93,14 +84,14 @@ def leaderboard_haystacks(runs: Runs) -> Rendered:
         raise RenderError(f"the runs lack {named}, whose scores the paragraph quotes: run it in both arms")
     reference = by_press.loc[named]
     unusual = [press for press in UNUSUAL_KEYS if press in set(cells["press"])]
-    flattered = [press for press in unusual if mean_delta(cells, press)[0] < 0]
+    flattered = [press for press in unusual if cells.loc[cells["press"] == press, "delta"].mean() < 0]
     below = cells[(cells["press"] != "full") & (cells["delta_high"] < 0)]
     above = cells[(cells["press"] != "full") & (cells["delta_low"] > 0)]
     values = {"examples": str(int(cells["examples"].iloc[0])),
               "tasks": ", ".join(f"`{task}`" for task in dict.fromkeys(rows["task"])),
               "full_noise": with_interval(full["noise"], full["noise_low"], full["noise_high"]),
               "full_prose": with_interval(full["prose"], full["prose_low"], full["prose_high"]),
-              "table": table(["press", *(f"r = {ratio:g}" for ratio in ratios)], haystack_rows(cells)),
+              "table": paired_table(cells, "noise", "prose", "→", "delta"),
               "ranks": ranks, "tau": two(tau["tau"]), "tau_interval": interval(tau["low"], tau["high"]),
               "cells": str(len(cells) - 1), "lower_on_prose": str(len(below)), "higher_on_prose": str(len(above)),
               "reference_noise": two(reference["noise_score"]), "reference_prose": two(reference["prose_score"]),
@@ -130,15 +121,6 @@ def leaderboard_in_view(runs: Runs) -> Rendered:
         raise RenderError(str(error)) from None
     full_drop = drop[drop["press"] == "full"].iloc[0]
     drop = drop[drop["press"] != "full"]
-    ratios = sorted(drop["ratio"].unique())
-    rows = []
-    for press, mine in drop.groupby("press", sort=False):
-        row = [f"`{press}`"]
-        for ratio in ratios:
-            cell = mine[mine["ratio"] == ratio].iloc[0]
-            row.append(f"{two(cell['in_view'])} / {two(cell['once'])} "
-                       f"({signed(cell['drop'], cell['drop_low'], cell['drop_high'])})")
-        rows.append(row)
     largest = drop.loc[drop["drop"].idxmax()]
     better = drop[drop["drop_high"] < 0]  # cells that answer more from one compression than with the question in view
     full = once[0].examples
@@ -147,21 +129,12 @@ def leaderboard_in_view(runs: Runs) -> Rendered:
               "tasks": ", ".join(f"`{task}`" for task in dict.fromkeys(drop["task"])),
               "length": str(int(full["length"].max())), "full_in_view": two(full_drop["in_view"]),
               "full_once": two(full_drop["once"]),
-              "table": table(["press", *(f"r = {ratio:g}" for ratio in ratios)], rows),
-              "largest_drop": f"{signed(largest['drop'], largest['drop_low'], largest['drop_high'])}",
+              "table": paired_table(drop, "in_view", "once", "/", "drop"),
+              "largest_drop": signed(largest, "drop"),
               "largest_at": f"`{largest['press']}` at r = {largest['ratio']:g}",
               "better_once": ", ".join(f"`{row.press}` at r = {row.ratio:g} ({two(row.in_view)} in view, "
                                        f"{two(row.once)} once)" for row in better.itertuples()) or "none"}
-    for press, mine in drop.groupby("press", sort=False):  # each press's largest drop, by its name's letters
-        worst = mine.loc[mine["drop"].idxmax()]
-        values[f"worst.{slot_name(press)}"] = (f"{signed(worst['drop'], worst['drop_low'], worst['drop_high'])} at "
-                                              f"r = {worst['ratio']:g}")
     claims = {"once-costs-little": bool(largest["drop"] < SMALL), "some-better-once": bool(len(better)),
               "reference-gains-little-in-view": bool((drop.loc[drop["press"] == reference_in(drop["press"]), "drop"]
                                                       < SMALL).all())}
     return Rendered(values, claims)
-
-
-def slot_name(press: str) -> str:
-    """A press's name as a slot's or claim's name may spell it ('kvpress:snapkv' → 'kvpress-snapkv')."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", press)

@@ -161,11 +161,11 @@ def tier_facts(order: pd.DataFrame, prefix: str = "") -> dict[str, str]:
     ranked = order[(order["press"] != "full") & order["rank"].notna()]
     widths = (ranked["rank_high"] - ranked["rank_low"] + 1).astype(float)
     tier = ranked.set_index("press")["tier"]
+    reference = survival.reference_in(tier.index)
     return {f"{prefix}pairs": str(len(ranked) * (len(ranked) - 1) // 2),
             f"{prefix}tiers": str(int(ranked["tier"].max())) if len(ranked) else "0",
             f"{prefix}top_tier": listed([f"`{press}`" for press in tier[tier == 1].index]),
-            f"{prefix}reference_tier": str(int(tier[reference])) if (reference := survival.reference_in(tier.index))
-            in tier.index else "—",
+            f"{prefix}reference_tier": str(int(tier[reference])) if reference in tier.index else "—",
             f"{prefix}rank_widths": f"a median of {widths.median():g} and at most {widths.max():g}" if len(ranked)
             else "—"}
 

@@ -41,6 +41,20 @@ def layer_means(path: Path, method: str, table: str = "heads.csv") -> pd.Series:
     return frame.groupby(["budget", "layer"])["mean"].mean().groupby("budget").mean()
 
 
+def haystack_arms(decoder: Path, folder: Path, ratios: str) -> dict:
+    """Two tiny task runs of the same four passkey needles (knorm, snapkv at `ratios`), one file marked as reading
+    RULER's noise and one as reading prose: the noise-against-prose comparison's arms, by name."""
+    import task_files
+
+    rows, arms = task_files.records(count=4), {}
+    for arm, haystack in (("noise", "noise"), ("prose", "prose.txt")):
+        marked = [{**row, "haystack": haystack, "haystack_sha256": arm * 8} for row in rows]
+        path = task_files.write(folder / f"{arm}.jsonl", marked)
+        arms[arm] = spectra.evaluate(str(decoder), str(path), out=folder / arm, presses="knorm,snapkv",
+                                     ratios=ratios, progress=None, notify=quiet)
+    return arms
+
+
 def meta(run) -> dict:
     return json.loads((run.path / "run.json").read_text())
 

@@ -7,21 +7,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-import spectra
-
-import task_files
-
-from .conftest import load, quiet
+from .conftest import haystack_arms, load
 
 
 def test_noise_against_prose_of_two_runs(chat_decoder, tmp_path, capsys) -> None:
-    rows = task_files.records(count=4)
-    arms = {}
-    for arm, haystack in (("noise", "noise"), ("prose", "prose.txt")):
-        marked = [{**row, "haystack": haystack, "haystack_sha256": arm * 8} for row in rows]
-        path = task_files.write(tmp_path / f"{arm}.jsonl", marked)
-        arms[arm] = spectra.evaluate(str(chat_decoder), str(path), out=tmp_path / arm, presses="knorm,snapkv",
-                                     ratios="0.5", progress=None, notify=quiet)
+    arms = haystack_arms(chat_decoder, tmp_path, "0.5")
     script = load("haystacks")
     csv = tmp_path / "haystacks.csv"
     assert script.main(["--noise", str(arms["noise"].path), "--prose", str(arms["prose"].path), "--csv",
