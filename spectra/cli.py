@@ -86,11 +86,12 @@ def plot(
 ) -> None:
     """A run's views; for analyze: per-layer curves, heatmap of c at an index, rank for 90%/99% per layer and head."""
     from .kinds import load_run
+    from .kinds.base import read_meta
     from .report.console import out as stdout
     from .rundir import check_writable
 
     check_writable(out if out is not None else run / "figures", inside=True)
-    loaded = load_run(run)
+    loaded = load_run(run, read_meta(run).get("kind"))  # a published folder is drawn only where it is the run
     if at is not None:  # only analyze runs have an index to draw the heatmap at
         from .report.analyze import plot_run
 
@@ -159,10 +160,11 @@ def compare(
 
 @app.command(cls=FlaglessCommand)
 def publish(
-    runs: list[Path] = typer.Argument(..., help="Finished run directories of spectra evaluate."),
+    runs: list[Path] = typer.Argument(..., help="Finished run directories of spectra evaluate or spectra analyze."),
     out: Path = typer.Option(..., "--out", help="Folder receiving each run's published form as OUT/<run name>/ (results/leaderboard), replacing one of that name: its run.json and its tables gzipped, small enough to commit."),
 ) -> None:
-    """A task run's tables in a small folder to commit, each file's sha256 in its run.json; it reads back as the run."""
+    """A task or analyze run's tables in a small folder to commit, each file's sha256 in its run.json; a task run's
+    reads back as the run, an analyze run's as its per-head tables."""
     from .report.console import out as stdout
     from .report.published import publish as write_published
 

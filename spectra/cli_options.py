@@ -148,7 +148,7 @@ def saved_run(ctx: typer.Context, model: str | None, analysis: Analysis):
         raise SpectraError(f"{model} is a saved run: {', '.join(given)} cannot change it (only {views} "
                            f"{'applies' if ' and ' not in views else 'apply'}); to analyse again, give the model and "
                            "another --out")
-    return load_run(model)
+    return load_run(model, kind)
 
 
 def command(analysis: Analysis, notify: Callable[[str], None]) -> Callable[..., None]:

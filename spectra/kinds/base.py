@@ -308,8 +308,11 @@ def upgraded(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_run(path: str | Path, kind: str | None = None):
-    """A finished run directory read back as its analysis's run object; `kind` (e.g. "analyze") refuses any
-    other kind in one line."""
+    """A finished run directory (or published folder) read back as its analysis's run object; `kind` (e.g.
+    "analyze") refuses any other kind in one line, and a published folder whose form is not the run itself (an
+    analyze run's: its tables without the curves, `report.published`)."""
+    from ..report.published import PUBLISHED
+
     path = Path(path)
     meta = read_meta(path)
     found = meta.get("kind")
@@ -317,6 +320,9 @@ def load_run(path: str | Path, kind: str | None = None):
         raise SpectraError(f"{path} holds a '{found}' run, which this version of spectra cannot read")
     if kind is not None and found != kind:
         raise SpectraError(f"{path} holds a run of 'spectra {found}'; this needs a run of 'spectra {kind}'")
+    if kind is not None and PUBLISHED in meta and kind != "evaluate":
+        raise SpectraError(f"{path} is a published {found} run: it holds the run's tables, not the arrays this needs; "
+                           "give its run directory")
     try:
         return REGISTRY[found].load(path, meta)
     except (OSError, ValueError, KeyError) as error:

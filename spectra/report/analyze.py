@@ -22,6 +22,7 @@ from ..config import layers_label
 from ..runs import FinishedRun, read_arrays, read_table
 from ..timings import summary
 from . import summaries
+from .published import SUFFIX, verified
 from .console import out, plural, print_frame
 from .plan import Plan
 from .plots import (
@@ -100,8 +101,24 @@ class Run(FinishedRun):
         )
 
 
-def load(path: Path, meta: dict[str, Any]) -> Run:
-    """An analyze run directory read back."""
+@dataclass(repr=False)
+class Tables(FinishedRun):
+    """An analyze run's published folder read back (`report.published`): its per-head tables — `metrics`
+    (metrics.csv) and `qkv` (qkv.csv, None where the run did not measure the keys) — without the curves, which
+    stay in the run directory. What the bridge and a headbudget's weights read; `kinds.base.load_run` refuses it
+    where the curves are needed."""
+
+    path: Path
+    meta: dict[str, Any]
+    metrics: pd.DataFrame
+    qkv: pd.DataFrame | None = None
+
+
+def load(path: Path, meta: dict[str, Any]) -> Run | Tables:
+    """An analyze run directory read back, or its published folder as `Tables` (each file's sha256 checked first)."""
+    if verified(path, meta):
+        return Tables(path, meta, read_table(path, "metrics.csv" + SUFFIX),
+                      read_table(path, "qkv.csv" + SUFFIX, optional=True))
     curves = read_arrays(path / "curves.npz")
     qkv = read_table(path, "qkv.csv", optional=True)
     return Run(path, meta, read_table(path, "metrics.csv"), curves["cum_mean"], curves["cum_std"],

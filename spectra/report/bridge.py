@@ -46,6 +46,7 @@ from ..errors import SpectraError
 from ..kv.tasks.summary import LEVEL, REPLICATES
 from ..runs import read_table
 from . import leaderboard, ranks
+from .published import PUBLISHED, SUFFIX
 from .plots import style
 
 if TYPE_CHECKING:
@@ -105,8 +106,9 @@ def spectrum_measures(run: FinishedRun) -> pd.DataFrame:
                            "heads run of the model")
     facts = model_of(run)
     heads, kv_heads, layers = int(facts["heads"] or 0), int(facts["kv_heads"] or 0), int(facts["layers"] or 0)
-    metrics = read_table(run.path, "metrics.csv")
-    qkv = read_table(run.path, "qkv.csv", optional=True)
+    gz = SUFFIX if PUBLISHED in run.meta else ""  # a published analyze run: its files were checked when it loaded
+    metrics = read_table(run.path, "metrics.csv" + gz)
+    qkv = read_table(run.path, "qkv.csv" + gz, optional=True)
     found: dict[str, np.ndarray] = {}
     for name, (table, column, _) in MEASURES.items():
         if table == "metrics.csv" and column in metrics:
@@ -149,9 +151,6 @@ def join(analysis: FinishedRun, runs: Sequence[TaskRun], over: str = "answered",
     chosen = rows[rows["press"] == "full"].drop_duplicates(unit).set_index(unit)
     cells, blocks, needle = [], [], None
     for run in runs:
-        if not (run.path / "needle.npz").exists():
-            raise SpectraError(f"{run.path} has no needle.npz (a run before it was written): rerun it with this "
-                               "spectra")
         arrays = run.arrays()
         items = pd.MultiIndex.from_arrays([arrays["example"], arrays.get("question", np.zeros_like(arrays["example"]))])
         where = items.get_indexer(chosen.index if len(unit) > 1 else

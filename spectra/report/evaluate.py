@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runs import FinishedRun, read_table
+from . import published
 from .published import PUBLISHED, SUFFIX, verified
 from .cache import by_bytes, once_note, one_row_each, same_at_every_ratio
 from .plots import style
@@ -47,10 +48,9 @@ class TaskRun(FinishedRun):
 
     def arrays(self) -> dict[str, Any]:
         """needle.npz: survival (cells, examples, layers, key/value heads), mass (examples, layers, key/value heads),
-        press, ratio (per cell) and example (line indices)."""
-        from ..runs import read_arrays
-
-        return read_arrays(self.path / "needle.npz")
+        press, ratio (per cell) and example (line indices); from the run directory or its published folder (one line
+        where the run has none)."""
+        return published.arrays(self.path, self.meta, "needle.npz")
 
 
 def load(path: Path, meta: dict[str, Any]) -> TaskRun:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 import spectra
+from spectra.report import published
 
 import task_files
 
@@ -47,6 +48,12 @@ def test_the_bridge_of_an_analyze_run_and_a_task_run(chat_decoder, text_file, tm
     assert matplotlib.image.imread(picture).shape[1] > 1000
     compared = "\n".join(line for line in printed.splitlines() if "adakv(snapkv)" in line and "=" in line)
     assert " = " in compared and "≠" not in compared  # the same bytes as AdaKV on every example
+    # published (the analyze run's tables, the task run's with its needle.npz), the same bridge from the folders
+    folders = published.publish([analysis.path, run.path], tmp_path / "results")
+    again = tmp_path / "again.csv"
+    assert script.main([*map(str, folders), "--over", "all", "--csv", str(again)]) == 0
+    assert capsys.readouterr().out == printed[:printed.index("drawn: ")]  # the same print, no picture asked
+    assert again.read_bytes() == csv.read_bytes()
     other = tmp_path / "other"
     shutil.copytree(analysis.path, other)
     meta = json.loads((other / "run.json").read_text())

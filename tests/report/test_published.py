@@ -1,6 +1,7 @@
 """A task run's published form: its tables gzipped reproducibly beside its run.json, read back as the run itself (the
 leaderboard pooled from published folders is the leaderboard pooled from the runs), every file checked against its
-recorded sha256 first."""
+recorded sha256 first; an analyze run's: its per-head tables, read back for the bridge, refused where curves are
+needed."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import hashlib
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import spectra
 from spectra.errors import SpectraError
-from spectra.report import leaderboard, published, survival
+from spectra.report import bridge, leaderboard, published, survival
 
 import task_files
 import tiny
@@ -49,7 +51,7 @@ def test_a_published_run_reads_back_as_the_run_and_pools_alike(two_runs, folders
         # the uncompressed table is the run's own file, byte for byte
         for name, recorded in copy.meta["published"]["files"].items():
             plain = (run.path / name.removesuffix(".gz")).read_bytes()
-            assert hashlib.sha256(plain).hexdigest() == recorded["csv_sha256"]
+            assert hashlib.sha256(plain).hexdigest() == recorded[published.PLAIN[name.endswith(".csv.gz")]]
             assert gzip.decompress((copy.path / name).read_bytes()) == plain
     examples, pooled = leaderboard.pooled(two_runs), leaderboard.pooled(again)
     pd.testing.assert_frame_equal(pooled, examples)
@@ -120,3 +122,33 @@ def test_the_command_publishes_and_says_where(two_runs, tmp_path, monkeypatch, c
     code, out, err = tiny.run_cli(["publish", str(tmp_path / "r" / "board-b"), "--out", str(tmp_path / "s")],
                                   monkeypatch, capsys)
     assert code == 2 and "is a published run already" in err and err.count("\n") == 1
+
+
+def test_an_analyze_run_publishes_its_per_head_tables_not_its_curves(chat_decoder, text_file, tmp_path, monkeypatch,
+                                                                       capsys) -> None:
+    run = spectra.analyze(str(chat_decoder), str(text_file), length=32, samples=2, out=tmp_path / "analyze", **QUIET)
+    folder = published.publish([run.path], tmp_path / "results")[0]
+    assert sorted(path.name for path in folder.iterdir()) == ["metrics.csv.gz", "qkv.csv.gz", "run.json"]
+    tables = spectra.load_run(folder)
+    assert type(tables).__name__ == "Tables" and tables.meta["published"]["run"] == "analyze"
+    pd.testing.assert_frame_equal(tables.metrics, run.metrics)
+    pd.testing.assert_frame_equal(tables.qkv, run.qkv)
+    pd.testing.assert_frame_equal(bridge.spectrum_measures(tables), bridge.spectrum_measures(run))
+    with pytest.raises(SpectraError, match="is a published analyze run: it holds the run's tables, not the arrays"):
+        spectra.load_run(folder, "analyze")
+    for command in (["plot", str(folder)], ["analyze", str(folder)]):
+        code, out, err = tiny.run_cli(command, monkeypatch, capsys)
+        assert code == 2 and err.count("\n") == 1 and "give its run directory" in err and "Traceback" not in err
+    (folder / "qkv.csv.gz").write_bytes(b"changed")
+    with pytest.raises(SpectraError, match="qkv.csv.gz has sha256"):
+        spectra.load_run(folder)
+
+
+def test_a_task_run_publishes_its_needle_arrays(two_runs, folders) -> None:
+    for run, folder in zip(two_runs, folders):
+        mine, theirs = run.arrays(), spectra.load_run(folder).arrays()
+        assert mine.keys() == theirs.keys()
+        for name in mine:
+            np.testing.assert_array_equal(theirs[name], mine[name])
+        recorded = json.loads((folder / "run.json").read_text())["published"]["files"]["needle.npz.gz"]
+        assert recorded["npz_sha256"] == hashlib.sha256((run.path / "needle.npz").read_bytes()).hexdigest()
