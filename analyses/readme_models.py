@@ -1,0 +1,155 @@
+"""The renderers of docs/leaderboard.md's second model and its bridge: what of the board holds on another model (the
+same presses on the same needles with SmolLM2 and Gemma 3, `spectra.report.models`), and whether a head's spectrum
+predicts what a press keeps there (`spectra.report.bridge`: an analyze run beside task runs of the same model).
+
+Both read published folders (`spectra publish`), so each value re-derives from committed per-example data; the
+claims the prose makes on them are decided here, on the runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from readme_boards import task_runs
+from readme_values import RenderError, Runs, table, two
+from slots import Rendered
+from spectra.errors import SpectraError
+from spectra.report import evaluate, leaderboard
+from spectra.report.arms import compared, ranked
+from spectra.report.bridge import MEASURES, REFERENCES, budget_comparison, correlations, join
+from spectra.report.markdown import interval, with_interval
+from spectra.report.models import model_name, paired
+
+#: the fewest compressed heads a correlation is quoted over (Gemma 3 270M compresses 3 global heads under `keep`)
+FEWEST_HEADS = 10
+#: a correlation the prose calls strong
+STRONG = 0.5
+
+
+def signed(value: float, low: float, high: float) -> str:
+    """A difference or a correlation with its interval: '+0.12 [+0.05, +0.20]'."""
+    return evaluate.with_interval(value, low, high, sign="+")
+
+
+def leaderboard_bridge(runs: Runs) -> Rendered:
+    """A head's spectrum against the needle a press kept there: per press and ratio, Spearman's ρ of each measure
+    with the heads' survival [95% interval over the questions], the strongest correlation whose interval excludes 0,
+    and the spectrum-set budget (`headbudget(…)`) against AdaKV and SnapKV at the same bytes; claims on both."""
+    analyses, found = runs.get("analyze", []), task_runs(runs)
+    if len(analyses) != 1:
+        raise RenderError(f"the block must run one `spectra analyze` of the model, got {len(analyses)}")
+    try:
+        bridge = join(analyses[0], found)
+        rows = leaderboard.chosen(leaderboard.pooled(found), leaderboard.HOLDS, "answered")
+        budgets = [press for press in dict.fromkeys(rows["press"]) if press.startswith("headbudget(")]
+        if len(budgets) != 1:
+            raise RenderError(f"the runs must hold one headbudget(…) press, got {len(budgets)}")
+        references = [press for press in REFERENCES if press in set(rows["press"])]
+        budget = budget_comparison(rows, budgets[0], references, bridge.seed)
+    except SpectraError as error:
+        raise RenderError(str(error)) from None
+    found_rho = correlations(bridge)
+    quoted = found_rho[found_rho["heads"] >= FEWEST_HEADS]
+    names = [name for name in MEASURES if name in set(found_rho["measure"])]
+    cells = list(dict.fromkeys(zip(quoted["press"], quoted["ratio"])))
+    grid = quoted.set_index(["press", "ratio", "measure"])
+    rho_rows = [[f"`{press}`", f"{ratio:g}", str(int(grid.loc[(press, ratio, names[0]), "heads"])),
+                 *(signed(*grid.loc[(press, ratio, name), ["rho", "low", "high"]]) for name in names)]
+                for press, ratio in cells]
+    excludes = quoted[(quoted["low"] > 0) | (quoted["high"] < 0)]
+    strongest = excludes.loc[excludes["rho"].abs().idxmax()] if len(excludes) else None
+    per_reference = {reference: budget[budget["reference"] == reference].set_index("ratio")
+                     for reference in references}
+    ratios = sorted(budget["ratio"].unique())
+    budget_rows = []
+    for ratio in ratios:
+        mine = budget[budget["ratio"] == ratio].iloc[0]
+        row = [f"{ratio:g}", two(mine["score"])]
+        for reference in references:
+            other = per_reference[reference].loc[ratio]
+            row += [two(other["reference_score"]), signed(other["delta"], other["delta_low"], other["delta_high"])]
+        row.append(f"{mine['bytes_share']:.3f}" + (", the same bytes" if budget.loc[budget["ratio"] == ratio,
+                                                                                   "same_bytes"].all() else ", not"))
+        budget_rows.append(row)
+    adakv = per_reference.get("adakv(snapkv)")
+    if adakv is None:
+        raise RenderError("the runs lack adakv(snapkv), the budget the spectrum-set one is compared with")
+    values = {"model": str(analyses[0].meta["model"]["name"]), "questions": str(len(bridge.records)),
+              "heads": str(int(np.prod(bridge.shape))),
+              "fewest": str(FEWEST_HEADS),
+              "left_out": ", ".join(f"`{press}` at r = {ratio:g} ({heads})" for press, ratio, heads in
+                                    found_rho.loc[found_rho["heads"] < FEWEST_HEADS, ["press", "ratio", "heads"]]
+                                    .drop_duplicates().itertuples(index=False)) or "none",
+              "rho_table": table(["press", "r", "heads compressed", *names], rho_rows) if rho_rows else "none",
+              "excluding_zero": f"{len(excludes)} of {len(quoted)}",
+              "strongest": ("none" if strongest is None else
+                            f"{strongest['measure']} with `{strongest['press']}` at r = {strongest['ratio']:g}: "
+                            f"{signed(strongest['rho'], strongest['low'], strongest['high'])}"),
+              "budget": f"`{budgets[0]}`",
+              "budget_table": table(["r", "headbudget", *(f"{column} {reference}" for reference in references
+                                                          for column in ("score", "Δ vs")), "bytes share"],
+                                    budget_rows),
+              "budget_above": ", ".join(f"{ratio:g}" for ratio in adakv.index[adakv["delta_low"] > 0]) or "none",
+              "budget_below": ", ".join(f"{ratio:g}" for ratio in adakv.index[adakv["delta_high"] < 0]) or "none"}
+    claims = {"some-correlation-excludes-zero": bool(len(excludes)),
+              "no-strong-correlation": strongest is None or abs(strongest["rho"]) < STRONG,
+              "budget-never-beats-adakv": not (adakv["delta_low"] > 0).any(),
+              "budget-loses-to-adakv-somewhere": bool((adakv["delta_high"] < 0).any()),
+              "equal-bytes": bool(budget["same_bytes"].all())}
+    return Rendered(values, claims)
+
+
+def leaderboard_models(runs: Runs) -> Rendered:
+    """The same presses on the same needles with two models: each model's full cache per task, per press and ratio
+    both scores with the paired difference and each model's verdict against its own full cache, the verdicts that
+    flip, each model's ranking and Kendall's τ between them; claims on which conclusions hold on both."""
+    found = task_runs(runs)
+    names = list(dict.fromkeys(model_name([run]) for run in found))
+    if len(names) != 2:
+        raise RenderError(f"the block must run task runs of two models, got {len(names)} ({', '.join(names)})")
+    first, second = ([run for run in found if model_name([run]) == name] for name in names)
+    try:
+        pair = paired(first, second)
+    except SpectraError as error:
+        raise RenderError(str(error)) from None
+    one, two_ = pair.arms
+    seed = leaderboard.seed_of(first)
+    cells, (order, tau) = compared(pair.rows, seed, pair.arms), ranked(pair.rows, seed, pair.arms)
+    base = pair.baseline.pivot(index="task", columns="model", values="full").reindex(columns=list(pair.arms))
+    held = pair.baseline.groupby("task", sort=False)["held"].first()
+    baseline = table(["task", one, two_, "compared"],
+                     [[f"`{task}`", two(base.loc[task, one]), two(base.loc[task, two_]), "yes" if held[task] else "no"]
+                      for task in held.index])
+    pressed = cells[cells["press"] != "full"]
+    ratios = sorted(pressed["ratio"].unique())
+    cell_rows = []
+    for press, mine in pressed.groupby("press", sort=False):
+        row = [f"`{press}`"]
+        for ratio in ratios:
+            cell = mine[mine["ratio"] == ratio].iloc[0]
+            mark = " ⇄" if cell["flips"] else ""
+            row.append(f"{two(cell[one])} / {two(cell[two_])} "
+                       f"({signed(cell['delta'], cell['delta_low'], cell['delta_high'])}){mark}")
+        cell_rows.append(row)
+    ranks = table(["press", f"mean, {one}", f"rank, {one}", f"mean, {two_}", f"rank, {two_}"],
+                  [[f"`{row['press']}`", two(row[f"{one}_score"]), str(row[f"{one}_rank"]), two(row[f"{two_}_score"]),
+                    str(row[f"{two_}_rank"])] for _, row in order.iterrows()])
+    flips = pressed[pressed["flips"]]
+    full = cells[cells["press"] == "full"].iloc[0]
+    top = {arm: order.loc[order[f"{arm}_rank"] == order[f"{arm}_rank"].min(), "press"].tolist() for arm in pair.arms}
+    values = {"first": one, "second": two_, "baseline": baseline,
+              "held": ", ".join(f"`{task}`" for task in held.index[held.to_numpy(dtype=bool)]),
+              "examples": str(int(full["examples"])),
+              "full_first": with_interval(full[one], full[f"{one}_low"], full[f"{one}_high"]),
+              "full_second": with_interval(full[two_], full[f"{two_}_low"], full[f"{two_}_high"]),
+              "table": table(["press", *(f"r = {ratio:g}" for ratio in ratios)], cell_rows), "ranks": ranks,
+              "presses": str(tau["presses"]), "tau": two(tau["tau"]), "tau_interval": interval(tau["low"], tau["high"]),
+              "cells": str(len(pressed)), "flips": str(len(flips)),
+              "flipped": ", ".join(f"`{row.press}` at r = {row.ratio:g}" for row in flips.itertuples()) or "none",
+              "top_first": ", ".join(f"`{press}`" for press in top[one]),
+              "top_second": ", ".join(f"`{press}`" for press in top[two_])}
+    claims = {"ranking-related": bool(tau["low"] > 0), "ranking-changes": bool(tau["low"] < 1 and tau["tau"] < 1),
+              "some-verdicts-flip": bool(len(flips)), "most-verdicts-hold": bool(len(flips) < len(pressed) / 2),
+              "same-leader": bool(set(top[one]) & set(top[two_]))}
+    return Rendered(values, claims)
+

@@ -1,0 +1,118 @@
+"""The leaderboard's second-model paragraphs (analyses/readme_models.py) on tiny runs: the bridge's correlations and
+budget comparison recounted from the runs' needle.npz and per-example files (through their published folders), the
+two-model comparison recounted from both models' per-example files, and blocks that lack a part refused in one
+line."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import spearmanr
+
+import spectra
+from spectra.report import published
+
+import task_files
+
+from .conftest import quiet
+
+import readme_models  # noqa: E402  (conftest puts analyses/ on the path)
+from readme_values import RenderError  # noqa: E402
+
+
+def answered_records(path, count: int = 4):
+    """Task records answered by the letter e, which most five-token answers of the tiny decoder hold (a random tiny
+    model answers no needle; the paragraphs read the questions the full cache answered)."""
+    return task_files.write(path, [{**row, "answers": ["e"]} for row in task_files.records(count=count)])
+
+
+@pytest.fixture(scope="module")
+def bridged(chat_decoder, text_file, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("bridged")
+    analysis = spectra.analyze(str(chat_decoder), str(text_file), length=64, samples=4, batch_size=2,
+                               out=root / "analyze", progress=None, notify=quiet)
+    run = spectra.evaluate(str(chat_decoder), str(answered_records(root / "tasks.jsonl")), out=root / "tasks",
+                           ratios="0.5,0.75", presses=f"snapkv,adakv(snapkv),headbudget({analysis.path}@rank)",
+                           progress=None, notify=quiet)
+    folders = published.publish([analysis.path, run.path], root / "results")
+    return {"run": run, "analysis": analysis, "folders": [spectra.load_run(folder) for folder in folders]}
+
+
+def test_the_bridge_paragraph_recounts_the_correlations_and_the_budget(bridged, monkeypatch) -> None:
+    monkeypatch.setattr(readme_models, "FEWEST_HEADS", 2)  # the tiny decoder has 2 layers × 2 key/value heads
+    analysis, run = bridged["folders"]
+    rendered = readme_models.leaderboard_bridge({"analyze": [analysis], "evaluate": [run]})
+    values = rendered.values
+    examples = pd.read_csv(bridged["run"].path / "task_examples.csv")
+    answered = examples[(examples["press"] == "full") & (examples["score"] == 1)]["example"].to_numpy()
+    assert values["heads"] == "4" and values["questions"] == str(len(answered))
+    arrays = np.load(bridged["run"].path / "needle.npz")
+    metrics = pd.read_csv(bridged["analysis"].path / "metrics.csv")
+    rank = metrics["rank90_mean"].to_numpy().reshape(2, 2, 2).mean(-1).ravel()
+    where = np.searchsorted(arrays["example"], answered)
+    lines, checked = values["rho_table"].splitlines(), 0
+    for index, (press, ratio) in enumerate(zip(arrays["press"], arrays["ratio"])):
+        line = next((line for line in lines if line.startswith(f"| `{press}` | {ratio:g} |")), None)
+        if press == "full" or line is None:
+            continue
+        survival = arrays["survival"][index][where].mean(axis=0).ravel()
+        heads = int(line.split(" | ")[2])
+        if heads == 4 and np.ptp(survival) > 0:
+            expected = spearmanr(rank, survival).statistic
+            column = 3 + list(readme_models.MEASURES).index("rank90")
+            assert line.split(" | ")[column].startswith(f"{expected:+.2f}")
+            checked += 1
+    assert checked
+    scores = examples[examples["example"].isin(answered)].groupby(["press", "ratio"])["score"].mean()
+    budget = f"headbudget({bridged['analysis'].path}@rank)"
+    assert values["budget"] == f"`{budget}`"
+    assert len(values["budget_table"].splitlines()) == 2 + 2  # header, rule, two ratios
+    for line in values["budget_table"].splitlines()[2:]:
+        cells = line.strip("| ").split(" | ")
+        ratio = float(cells[0])
+        assert cells[1] == f"{scores.loc[(budget, ratio)]:.2f}"
+        assert cells[2] == f"{scores.loc[('adakv(snapkv)', ratio)]:.2f}"
+        assert cells[-1].endswith(", the same bytes")
+    assert rendered.claims["equal-bytes"] is True
+    assert set(rendered.claims) == {"some-correlation-excludes-zero", "no-strong-correlation",
+                                    "budget-never-beats-adakv", "budget-loses-to-adakv-somewhere", "equal-bytes"}
+
+
+def test_a_bridge_block_without_its_analyze_run_or_budget_is_refused(bridged) -> None:
+    analysis, run = bridged["folders"]
+    with pytest.raises(RenderError, match="one `spectra analyze`"):
+        readme_models.leaderboard_bridge({"evaluate": [run]})
+    with pytest.raises(RenderError, match="spectra evaluate"):
+        readme_models.leaderboard_bridge({"analyze": [analysis]})
+
+
+def test_the_models_paragraph_recounts_both_models(chat_decoder, tmp_path) -> None:
+    path = answered_records(tmp_path / "tasks.jsonl")
+    other = tmp_path / "other-decoder"
+    shutil.copytree(chat_decoder, other)
+    runs = [spectra.evaluate(str(model), str(path), out=tmp_path / name, presses="knorm,snapkv", ratios="0.5,0.75",
+                             progress=None, notify=quiet)
+            for name, model in (("first", chat_decoder), ("second", other))]
+    rendered = readme_models.leaderboard_models({"evaluate": runs})
+    values = rendered.values
+    names = [run.meta["model"]["name"] for run in runs]
+    assert (values["first"], values["second"]) == tuple(names)
+    score = {name: pd.read_csv(run.path / "task_examples.csv").set_index(["press", "ratio", "example"])["score"]
+             for name, run in zip(names, runs)}
+    lines = values["table"].splitlines()
+    assert lines[0] == "| press | r = 0.5 | r = 0.75 |" and len(lines) == 2 + 2
+    for line in lines[2:]:
+        press = line.split(" | ")[0].strip("| `")
+        for column, ratio in ((1, 0.5), (2, 0.75)):
+            cell = line.strip("| ").split(" | ")[column]
+            mine, theirs = (score[name].loc[(press, ratio)].mean() for name in names)
+            assert cell.startswith(f"{mine:.2f} / {theirs:.2f} ({theirs - mine:+.2f}")
+    full = score[names[0]].loc[("full", 0.0)].mean()
+    assert values["full_first"].startswith(f"{full:.2f} [") and values["presses"] == "2"
+    assert set(rendered.claims) == {"ranking-related", "ranking-changes", "some-verdicts-flip", "most-verdicts-hold",
+                                    "same-leader"}
+    with pytest.raises(RenderError, match="two models, got 1"):
+        readme_models.leaderboard_models({"evaluate": runs[:1]})
