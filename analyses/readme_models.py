@@ -24,6 +24,9 @@ from spectra.report.models import model_name, paired
 FEWEST_HEADS = 10
 #: a correlation the prose calls strong
 STRONG = 0.5
+#: how the tables head each measure
+HEADINGS = {"c_at": "c@n/4", "rank90": "rank90 of P", "entropy": "entropy", "sink": "sink mass",
+            "key_rank90_before_rope": "key rank90 before RoPE", "key_rank90_after_rope": "key rank90 after RoPE"}
 
 
 def signed(value: float, low: float, high: float) -> str:
@@ -57,7 +60,10 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
                  *(signed(*grid.loc[(press, ratio, name), ["rho", "low", "high"]]) for name in names)]
                 for press, ratio in cells]
     excludes = quoted[(quoted["low"] > 0) | (quoted["high"] < 0)]
-    strongest = excludes.loc[excludes["rho"].abs().idxmax()] if len(excludes) else None
+    # the budget's own ρ with the measure it is set from is its design, not a finding: the others are read
+    free = excludes[~excludes["press"].str.startswith("headbudget(")]
+    strongest = free.loc[free["rho"].abs().idxmax()] if len(free) else None
+    design = quoted[quoted["press"].str.startswith("headbudget(") & (quoted["measure"] == "rank90")]
     per_reference = {reference: budget[budget["reference"] == reference].set_index("ratio")
                      for reference in references}
     ratios = sorted(budget["ratio"].unique())
@@ -80,8 +86,10 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
               "left_out": ", ".join(f"`{press}` at r = {ratio:g} ({heads})" for press, ratio, heads in
                                     found_rho.loc[found_rho["heads"] < FEWEST_HEADS, ["press", "ratio", "heads"]]
                                     .drop_duplicates().itertuples(index=False)) or "none",
-              "rho_table": table(["press", "r", "heads compressed", *names], rho_rows) if rho_rows else "none",
+              "rho_table": (table(["press", "r", "heads compressed", *(HEADINGS.get(name, name) for name in names)],
+                                  rho_rows) if rho_rows else "none"),
               "excluding_zero": f"{len(excludes)} of {len(quoted)}",
+              "design": ("" if design.empty else f"{design['rho'].min():+.2f} to {design['rho'].max():+.2f}"),
               "strongest": ("none" if strongest is None else
                             f"{strongest['measure']} with `{strongest['press']}` at r = {strongest['ratio']:g}: "
                             f"{signed(strongest['rho'], strongest['low'], strongest['high'])}"),
@@ -91,7 +99,16 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
                                     budget_rows),
               "budget_above": ", ".join(f"{ratio:g}" for ratio in adakv.index[adakv["delta_low"] > 0]) or "none",
               "budget_below": ", ".join(f"{ratio:g}" for ratio in adakv.index[adakv["delta_high"] < 0]) or "none"}
+    scored = quoted[~quoted["press"].str.startswith("headbudget(")].set_index(["press", "ratio", "measure"])
+    by_cell = scored.groupby(level=["press", "ratio"])
     claims = {"some-correlation-excludes-zero": bool(len(excludes)),
+              "higher-rank-keeps-more": bool(len(scored)) and bool(
+                  (scored.xs("rank90", level="measure")["low"] > 0).all()
+                  and (scored.xs("c_at", level="measure")["high"] < 0).all()),
+              "adakv-follows-entropy": bool(len(scored)) and all(
+                  cell.droplevel(["press", "ratio"])["rho"].abs().idxmax() == "entropy"
+                  for (press, _), cell in by_cell if press == "adakv(snapkv)"),
+              "budget-below-adakv-at-every-ratio": bool((adakv["delta_high"] < 0).all()),
               "no-strong-correlation": strongest is None or abs(strongest["rho"]) < STRONG,
               "budget-never-beats-adakv": not (adakv["delta_low"] > 0).any(),
               "budget-loses-to-adakv-somewhere": bool((adakv["delta_high"] < 0).any()),
