@@ -161,7 +161,10 @@ def test_the_svd_is_left_only_where_even_the_jordan_bound_fails() -> None:
     p = collapsed(4, 32, seed=8)
     sigma, level = gram_sigma(p, 1e-14, torch.linalg.eigvalsh)
     assert (level == SVD).all()
-    assert np.allclose(sigma.numpy(), np.stack([scipy.linalg.svdvals(m) for m in p.numpy()]), rtol=0, atol=1e-15)
+    reference = np.stack([scipy.linalg.svdvals(m) for m in p.numpy()])
+    # two backward-stable SVDs (torch's LAPACK, scipy's) agree within 2n·u·σ₁ on any machine, not bitwise
+    bound = 2 * p.shape[-1] * np.finfo(np.float64).eps * reference.max()
+    assert np.abs(sigma.numpy() - reference).max() <= bound
 
 
 def test_the_jordan_wielandt_calls_keep_within_the_budget_and_give_the_same_values_bitwise() -> None:
