@@ -36,11 +36,14 @@ def signed(value: float, low: float, high: float) -> str:
 
 def leaderboard_bridge(runs: Runs) -> Rendered:
     """A head's spectrum against the needle a press kept there: per press and ratio, Spearman's ρ of each measure
-    with the heads' survival [95% interval over the questions], the strongest correlation whose interval excludes 0,
-    and the spectrum-set budget (`headbudget(…)`) against AdaKV and SnapKV at the same bytes; claims on both."""
+    with the heads' survival [95% interval over the questions] where the press compressed at least `FEWEST_HEADS`
+    heads, the strongest correlation whose interval excludes 0, and the spectrum-set budget (`headbudget(…)`) against
+    AdaKV and SnapKV at the same bytes; claims on both. The task runs read are those of the analyze run's model."""
     analyses, found = runs.get("analyze", []), task_runs(runs)
     if len(analyses) != 1:
         raise RenderError(f"the block must run one `spectra analyze` of the model, got {len(analyses)}")
+    # a block may run another model's task runs too (the two-model comparison's): the analyze run's model's are read
+    found = [run for run in found if model_name([run]) == model_name([analyses[0]])] or found
     try:
         bridge = join(analyses[0], found)
         rows = leaderboard.chosen(leaderboard.pooled(found), leaderboard.HOLDS, "answered")

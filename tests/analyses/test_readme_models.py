@@ -5,6 +5,7 @@ line."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -41,7 +42,7 @@ def bridged(chat_decoder, text_file, tmp_path_factory) -> dict:
     return {"run": run, "analysis": analysis, "folders": [spectra.load_run(folder) for folder in folders]}
 
 
-def test_the_bridge_paragraph_recounts_the_correlations_and_the_budget(bridged, monkeypatch) -> None:
+def test_the_bridge_paragraph_recounts_the_correlations_and_the_budget(bridged, monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(readme_models, "FEWEST_HEADS", 2)  # the tiny decoder has 2 layers × 2 key/value heads
     analysis, run = bridged["folders"]
     rendered = readme_models.leaderboard_bridge({"analyze": [analysis], "evaluate": [run]})
@@ -78,6 +79,14 @@ def test_the_bridge_paragraph_recounts_the_correlations_and_the_budget(bridged, 
         assert cells[2] == f"{scores.loc[('adakv(snapkv)', ratio)]:.2f}"
         assert cells[-1].endswith(", the same bytes")
     assert rendered.claims["equal-bytes"] is True
+    # another model's task run in the same block (the two-model comparison's) is not read
+    other = tmp_path / "other"
+    shutil.copytree(bridged["run"].path, other)
+    meta = json.loads((other / "run.json").read_text())
+    meta["model"]["name"] = "another"
+    (other / "run.json").write_text(json.dumps(meta))
+    again = readme_models.leaderboard_bridge({"analyze": [analysis], "evaluate": [spectra.load_run(other), run]})
+    assert again.values == values
     assert set(rendered.claims) == {"some-correlation-excludes-zero", "no-strong-correlation", "higher-rank-keeps-more",
                                     "adakv-follows-entropy", "budget-below-adakv-at-every-ratio",
                                     "budget-never-beats-adakv", "budget-loses-to-adakv-somewhere", "equal-bytes"}
