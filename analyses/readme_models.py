@@ -9,29 +9,52 @@ claims the prose makes on them are decided here, on the runs.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
-from readme_boards import task_runs
+from readme_boards import signed, task_runs
 from readme_values import RenderError, Runs, table, two
 from slots import Rendered
 from spectra.errors import SpectraError
 from spectra.report import evaluate, leaderboard
-from spectra.report.arms import compared, ranked
+from spectra.report.arms import HOLDS, compared, ranked
 from spectra.report.bridge import MEASURES, REFERENCES, budget_comparison, correlations, join
 from spectra.report.markdown import interval, with_interval
 from spectra.report.models import model_name, paired
 
 #: the fewest compressed heads a correlation is quoted over (Gemma 3 270M compresses 3 global heads under `keep`)
 FEWEST_HEADS = 10
+#: the most left-out cells the prose names one by one
+MANY_LEFT_OUT = 4
 #: a correlation the prose calls strong
 STRONG = 0.5
+#: the presses that prefill whole-model passes over the context (a reconstruction, a repeat, a replay)
+WHOLE_MODEL = ("kvpress:kvzip", "kvgrad", "kvcompose")
+#: the presses that score keys by the attention of the context's last queries, as kvpress's configurations run them
+LAST_QUERIES = ("kvpress:expected_attention", "kvpress:tova")
+#: KeyDiff and its two wrappers
+KEYDIFF = ("kvpress:keydiff", "block(keydiff)", "chunk(keydiff)")
+#: how many of each ranking's last presses the prose compares
+TAIL = 6
 #: how the tables head each measure
 HEADINGS = {"c_at": "c@n/4", "rank90": "rank90 of P", "entropy": "entropy", "sink": "sink mass",
             "key_rank90_before_rope": "key rank90 before RoPE", "key_rank90_after_rope": "key rank90 after RoPE"}
 
 
-def signed(value: float, low: float, high: float) -> str:
-    """A difference or a correlation with its interval: '+0.12 [+0.05, +0.20]'."""
-    return evaluate.with_interval(value, low, high, sign="+")
+def correlation(cell: pd.Series) -> str:
+    """A correlation `rho` with its interval (`low`, `high`): '+0.12 [+0.05, +0.20]'."""
+    return evaluate.with_interval(cell["rho"], cell["low"], cell["high"], sign="+")
+
+
+def left_out(cells: pd.DataFrame) -> str:
+    """The press × ratio cells too few heads were compressed in to correlate over: each named where a few, else
+    counted with the range of their heads."""
+    cells = cells[["press", "ratio", "heads"]].drop_duplicates()
+    if len(cells) <= MANY_LEFT_OUT:
+        return ", ".join(f"`{press}` at r = {ratio:g} ({heads})" for press, ratio, heads in
+                         cells.itertuples(index=False)) or "none"
+    low, high = int(cells["heads"].min()), int(cells["heads"].max())
+    return (f"{len(cells)} cells of {cells['press'].nunique()} presses, "
+            f"{low if low == high else f'{low}–{high}'} heads compressed in each")
 
 
 def leaderboard_bridge(runs: Runs) -> Rendered:
@@ -60,7 +83,7 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
     cells = list(dict.fromkeys(zip(quoted["press"], quoted["ratio"])))
     grid = quoted.set_index(["press", "ratio", "measure"])
     rho_rows = [[f"`{press}`", f"{ratio:g}", str(int(grid.loc[(press, ratio, names[0]), "heads"])),
-                 *(signed(*grid.loc[(press, ratio, name), ["rho", "low", "high"]]) for name in names)]
+                 *(correlation(grid.loc[(press, ratio, name)]) for name in names)]
                 for press, ratio in cells]
     excludes = quoted[(quoted["low"] > 0) | (quoted["high"] < 0)]
     # the budget's own ρ with the measure it is set from is its design, not a finding: the others are read
@@ -76,7 +99,7 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
         row = [f"{ratio:g}", two(mine["score"])]
         for reference in references:
             other = per_reference[reference].loc[ratio]
-            row += [two(other["reference_score"]), signed(other["delta"], other["delta_low"], other["delta_high"])]
+            row += [two(other["reference_score"]), signed(other, "delta")]
         row.append(f"{mine['bytes_share']:.3f}" + (", the same bytes" if budget.loc[budget["ratio"] == ratio,
                                                                                    "same_bytes"].all() else ", not"))
         budget_rows.append(row)
@@ -86,16 +109,15 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
     values = {"model": str(analyses[0].meta["model"]["name"]), "questions": str(len(bridge.records)),
               "heads": str(int(np.prod(bridge.shape))),
               "fewest": str(FEWEST_HEADS),
-              "left_out": ", ".join(f"`{press}` at r = {ratio:g} ({heads})" for press, ratio, heads in
-                                    found_rho.loc[found_rho["heads"] < FEWEST_HEADS, ["press", "ratio", "heads"]]
-                                    .drop_duplicates().itertuples(index=False)) or "none",
+              "left_out": left_out(found_rho[found_rho["heads"] < FEWEST_HEADS]),
+              "compressed": str(int(found_rho["heads"].max())),
               "rho_table": (table(["press", "r", "heads compressed", *(HEADINGS.get(name, name) for name in names)],
                                   rho_rows) if rho_rows else "none"),
               "excluding_zero": f"{len(excludes)} of {len(quoted)}",
               "design": ("" if design.empty else f"{design['rho'].min():+.2f} to {design['rho'].max():+.2f}"),
               "strongest": ("none" if strongest is None else
                             f"{strongest['measure']} with `{strongest['press']}` at r = {strongest['ratio']:g}: "
-                            f"{signed(strongest['rho'], strongest['low'], strongest['high'])}"),
+                            f"{correlation(strongest)}"),
               "budget": f"`{budgets[0]}`",
               "budget_table": table(["r", "headbudget", *(f"{column} {reference}" for reference in references
                                                           for column in ("score", "Δ vs")), "bytes share"],
@@ -115,6 +137,9 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
               "no-strong-correlation": strongest is None or abs(strongest["rho"]) < STRONG,
               "budget-never-beats-adakv": not (adakv["delta_low"] > 0).any(),
               "budget-loses-to-adakv-somewhere": bool((adakv["delta_high"] < 0).any()),
+              "budget-beats-adakv-somewhere": bool((adakv["delta_low"] > 0).any()),
+              "budget-beats-adakv-at-the-lowest-ratio": bool(adakv.sort_index()["delta_low"].iloc[0] > 0),
+              "too-few-heads-compressed": quoted.empty,
               "equal-bytes": bool(budget["same_bytes"].all())}
     return Rendered(values, claims)
 
@@ -149,7 +174,7 @@ def leaderboard_models(runs: Runs) -> Rendered:
             cell = mine[mine["ratio"] == ratio].iloc[0]
             mark = " ⇄" if cell["flips"] else ""
             row.append(f"{two(cell[one])} / {two(cell[two_])} "
-                       f"({signed(cell['delta'], cell['delta_low'], cell['delta_high'])}){mark}")
+                       f"({signed(cell, 'delta')}){mark}")
         cell_rows.append(row)
     ranks = table(["press", f"mean, {one}", f"rank, {one}", f"mean, {two_}", f"rank, {two_}"],
                   [[f"`{row['press']}`", two(row[f"{one}_score"]), str(row[f"{one}_rank"]), two(row[f"{two_}_score"]),
@@ -168,7 +193,25 @@ def leaderboard_models(runs: Runs) -> Rendered:
               "flipped": ", ".join(f"`{row.press}` at r = {row.ratio:g}" for row in flips.itertuples()) or "none",
               "top_first": ", ".join(f"`{press}`" for press in top[one]),
               "top_second": ", ".join(f"`{press}`" for press in top[two_])}
+    tail = [press for press in order["press"]
+            if all(order.set_index("press").loc[press, f"{arm}_rank"] > len(order) - TAIL for arm in pair.arms)]
+    values["tail"] = ", ".join(f"`{press}`" for press in tail) or "none"
+    values["tail_size"] = str(TAIL)
+    lowest = pressed[pressed["ratio"] == ratios[0]].set_index("press")
+
+    def lower_on_second(group: tuple[str, ...]) -> bool:
+        """Every press of `group` ran, and scores lower on the second model at every ratio (the interval below 0)."""
+        mine = pressed[pressed["press"].isin(group)]
+        return mine["press"].nunique() == len(group) and bool((mine["delta_high"] < 0).all())
+
     claims = {"ranking-related": bool(tau["low"] > 0), "ranking-changes": bool(tau["low"] < 1 and tau["tau"] < 1),
+              "same-tail": len(tail) >= TAIL // 2,
+              "flips-only-at-lowest-ratio": bool(len(flips)) and bool((flips["ratio"] == ratios[0]).all()),
+              "whole-model-passes-hold-only-on-second": all(
+                  press in lowest.index and lowest.loc[press, "flips"]
+                  and lowest.loc[press, f"{two_}_verdict"] == HOLDS for press in WHOLE_MODEL),
+              "last-queries-lose-more-on-second": lower_on_second(LAST_QUERIES),
+              "keydiff-loses-more-on-second": lower_on_second(KEYDIFF),
               "some-verdicts-flip": bool(len(flips)), "most-verdicts-hold": bool(len(flips) < len(pressed) / 2),
               "same-leader": bool(set(top[one]) & set(top[two_]))}
     return Rendered(values, claims)

@@ -30,7 +30,7 @@ from readme_approx import (minilm_fastformer, minilm_fitted, minilm_k_needed, mi
                            smollm2_fastformer, smollm2_scaling, speed_line, theorems_synthetic)
 from readme_axes import axes_summary, smollm2_axes
 from readme_boards import leaderboard_haystacks, leaderboard_in_view
-from readme_models import leaderboard_bridge
+from readme_models import leaderboard_bridge, leaderboard_models
 from readme_decoders import heads_model, smollm2_cache, smollm2_cache_spectral, smollm2_decoder, smollm2_keys
 from readme_tasks import smollm2_tasks, tasks_vs_nll
 from readme_values import RenderError, Runs, only, sink_layers, two
@@ -134,6 +134,8 @@ RENDERERS: dict[str, Renderer] = {
     "leaderboard-haystacks": Renderer(("evaluate",), leaderboard_haystacks),
     "leaderboard-in-view": Renderer(("evaluate",), leaderboard_in_view),
     "leaderboard-bridge": Renderer(("analyze", "evaluate"), leaderboard_bridge),
+    "leaderboard-bridge-gemma": Renderer(("analyze", "evaluate"), leaderboard_bridge),
+    "leaderboard-models": Renderer(("evaluate",), leaderboard_models),
     **page_renderers(),
 }
 

@@ -6,6 +6,7 @@ still belongs to its command (`stale`: its recorded settings are what the comman
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,8 @@ from typing import Any, Callable
 from spectra.inputs import split_top
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
-from spectra.registry import press_names
+from spectra.kv.configurations import expanded
+from spectra.registry import ALL, PRESSES, press_names
 
 #: commands whose MODEL and --data are looked up, every registered analysis; the others (plot, plan-k, compare,
 #: figure1) read run directories
@@ -112,8 +114,9 @@ def stale(arguments: list[str], out: Path) -> list[str]:
         if key == "presses" and isinstance(value, str):  # a preset (kvpress's leaderboard) as the run expanded it
             try:
                 value = list(press_names(split_top(value)))
-            except SpectraError:  # a name the command refuses: compared as typed, so it differs
-                pass
+            except SpectraError:  # a press whose argument is not here (a run directory of the block): presets only
+                with contextlib.suppress(SpectraError):
+                    value = expanded(split_top(value), {ALL: PRESSES.bare()}, PRESSES)
         now, then = comparable(value), comparable(recorded[key])
         if now is not None and then is not None and now != then:
             differ.append(f"{key}={recorded[key]!r}")

@@ -93,8 +93,14 @@ def draw(order: pd.DataFrame, names: tuple[str, str], tau: dict[str, float], fli
         ax.scatter(x[~flips], y[~flips], s=22, color="0.25", zorder=3, label="the same verdict at every ratio")
     if flips.any():
         ax.scatter(x[flips], y[flips], s=30, color="tab:red", zorder=4, label="a verdict that flips at some ratio")
-    for press, px, py in zip(order["press"], x, y):
-        ax.annotate(style.press_label(press, 28), (px, py), xytext=(3, 2), textcoords="offset points", fontsize=6.5)
+    labels = [style.press_label(press, 28) for press in order["press"]]
+    # a character of 6.5 pt on this panel is about 0.011 score units wide and a line 0.024 tall
+    widths = [0.011 * max(len(line) for line in label.split("\n")) for label in labels]
+    tall = 0.024 * max(label.count("\n") + 1 for label in labels)
+    for label, px, py, ly in zip(labels, x, y, style.label_heights(x + 0.008, y + 0.004, widths, tall)):
+        joined = {"arrowprops": {"arrowstyle": "-", "color": "0.6", "lw": 0.5}} if ly > py + 0.01 else {}
+        ax.annotate(label, (px, py), xytext=(px + 0.008, ly), textcoords="data", fontsize=6.5, va="bottom",
+                    **joined)
     ax.set(xlim=(-0.03, 1.03), ylim=(-0.03, 1.03), xlabel=f"{names[0]}: mean score over the ratios",
            ylabel=f"{names[1]}: mean score over the ratios")
     ax.set_title(style.title_lines(f"The same presses on the same needles, two models: Kendall's {arms.tau_text(tau)}",

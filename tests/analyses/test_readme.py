@@ -259,11 +259,16 @@ def test_a_task_file_smaller_than_samples_is_read_whole(tmp_path, typed, records
 @pytest.mark.parametrize("typed, differ", [
     ("kvpress-leaderboard-query-aware", []), ("kvpress-leaderboard-query-aware,knorm", ["presses="]),
     ("kvpress:snapkv,kvpress:adakv_snapkv,kvpress:finch,kvpress:chunkkv", []), ("snapkv", ["presses="]),
+    ("kvpress-leaderboard-query-aware,headbudget(runs/absent@rank)", []),
+    ("kvpress-leaderboard-query-aware,headbudget(runs/other@rank)", ["presses="]),
 ])
 def test_a_preset_compares_as_the_presses_it_expands_to(tmp_path, typed, differ) -> None:
     """A run records --presses expanded (`kvpress-leaderboard-query-aware`: kvpress's second loop's four presses),
-    so a command typing the preset is the run's command, and one typing another list is not."""
+    so a command typing the preset is the run's command, and one typing another list is not — also beside a press
+    whose argument is a run directory not made yet (a published block's `headbudget(runs/…@rank)`)."""
     recorded = ["kvpress:snapkv", "kvpress:adakv_snapkv", "kvpress:finch", "kvpress:chunkkv"]
+    if "headbudget" in typed:  # a press reading a run directory the block makes: the preset still expands
+        recorded.append("headbudget(/w/runs/absent@rank)")
     meta = {"data": {"name": "t.jsonl", "records": 4},
             "settings": {"samples": 4, "extra": {"presses": recorded, "ratios": [0.5]}}}
     (tmp_path / "run.json").write_text(json.dumps(meta))

@@ -89,7 +89,10 @@ def test_the_bridge_paragraph_recounts_the_correlations_and_the_budget(bridged, 
     assert again.values == values
     assert set(rendered.claims) == {"some-correlation-excludes-zero", "no-strong-correlation", "higher-rank-keeps-more",
                                     "adakv-follows-entropy", "budget-below-adakv-at-every-ratio",
-                                    "budget-never-beats-adakv", "budget-loses-to-adakv-somewhere", "equal-bytes"}
+                                    "budget-never-beats-adakv", "budget-loses-to-adakv-somewhere", "equal-bytes",
+                                    "budget-beats-adakv-somewhere", "budget-beats-adakv-at-the-lowest-ratio",
+                                    "too-few-heads-compressed"}
+    assert rendered.claims["too-few-heads-compressed"] is False and values["compressed"] == "4"
 
 
 def test_a_bridge_block_without_its_analyze_run_or_budget_is_refused(bridged) -> None:
@@ -124,6 +127,25 @@ def test_the_models_paragraph_recounts_both_models(chat_decoder, tmp_path) -> No
     full = score[names[0]].loc[("full", 0.0)].mean()
     assert values["full_first"].startswith(f"{full:.2f} [") and values["presses"] == "2"
     assert set(rendered.claims) == {"ranking-related", "ranking-changes", "some-verdicts-flip", "most-verdicts-hold",
-                                    "same-leader"}
+                                    "same-leader", "same-tail", "flips-only-at-lowest-ratio",
+                                    "whole-model-passes-hold-only-on-second", "last-queries-lose-more-on-second",
+                                    "keydiff-loses-more-on-second"}
+    # two presses: both are among each ranking's last six, too few to call a shared tail; no group ran
+    assert values["tail"] == "`knorm`, `snapkv`" or values["tail"] == "`snapkv`, `knorm`"
+    assert rendered.claims["same-tail"] is False
+    assert not any(rendered.claims[name] for name in ("whole-model-passes-hold-only-on-second",
+                                                      "last-queries-lose-more-on-second", "keydiff-loses-more-on-second"))
     with pytest.raises(RenderError, match="two models, got 1"):
         readme_models.leaderboard_models({"evaluate": runs[:1]})
+
+
+def test_cells_left_out_are_named_when_few_and_counted_when_many() -> None:
+    few = pd.DataFrame({"press": ["kvgrad", "kvgrad"], "ratio": [0.25, 0.25], "measure": ["c_at", "rank90"],
+                        "heads": [1, 1]})
+    assert readme_models.left_out(few) == "`kvgrad` at r = 0.25 (1)"
+    assert readme_models.left_out(few.iloc[:0]) == "none"
+    many = pd.DataFrame({"press": ["a", "a", "b", "b", "c"], "ratio": [0.25, 0.5, 0.25, 0.5, 0.25],
+                         "heads": [3, 3, 1, 3, 2]})
+    assert readme_models.left_out(many) == "5 cells of 3 presses, 1–3 heads compressed in each"
+    assert readme_models.left_out(many.assign(heads=3)) == "5 cells of 3 presses, 3 heads compressed in each"
+

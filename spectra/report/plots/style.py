@@ -305,3 +305,24 @@ def bottom_legend(figure, handles, labels) -> None:
     """One legend below the panels, in as many columns as the width holds (figures with a suptitle on top)."""
     columns = max(1, min(len(labels), int(figure.get_figwidth() / 2.0)))
     figure.legend(handles, labels, loc="outside lower center", ncols=columns, frameon=False)
+
+
+def label_heights(x: Sequence[float], y: Sequence[float], widths: Sequence[float], height: float) -> np.ndarray:
+    """Where each point's label sits, in data units, so that no two labels overlap: each label is a box `widths[i]`
+    wide and `height` tall starting at its point, placed from the lowest point up and raised above every box placed
+    before it that it would overlap. A scatter of presses crowds where scores tie; raised labels keep every name
+    legible (a line joins a raised label to its point)."""
+    placed: list[tuple[float, float, float]] = []  # (left, right, bottom) of each box placed
+    heights = np.asarray(y, dtype=float).copy()
+    for index in np.argsort(heights, kind="stable"):
+        left, right, bottom = float(x[index]), float(x[index]) + float(widths[index]), float(heights[index])
+        moved = True
+        while moved:
+            moved = False
+            for other_left, other_right, other_bottom in placed:
+                if left < other_right and other_left < right and abs(bottom - other_bottom) < height - 1e-12:
+                    bottom, moved = other_bottom + height, True
+        heights[index] = bottom
+        placed.append((left, right, bottom))
+    return heights
+

@@ -172,3 +172,17 @@ def test_a_label_is_as_wide_as_its_longest_line() -> None:
     assert style.label_inches(["criticaladakv\n(expected_attention)", "knorm"]) == pytest.approx(
         style.INCHES_PER_CHARACTER * len("(expected_attention)"))
     assert style.label_inches([]) == 0.0
+
+
+def test_labels_are_raised_until_no_two_overlap() -> None:
+    x, y = np.array([0.1, 0.1, 0.5, 0.12]), np.array([0.2, 0.2, 0.2, 0.21])
+    widths, height = [0.2, 0.2, 0.2, 0.2], 0.03
+    heights = style.label_heights(x, y, widths, height)
+    assert heights[2] == 0.2  # alone in its column: where its point is
+    assert heights.min() >= y.min() and (heights >= y).all()  # labels only rise
+    boxes = [(x[i], x[i] + widths[i], heights[i]) for i in range(len(x))]
+    for i, (left, right, bottom) in enumerate(boxes):
+        for other_left, other_right, other_bottom in boxes[i + 1:]:
+            if left < other_right and other_left < right:
+                assert abs(bottom - other_bottom) >= height - 1e-12
+
