@@ -23,6 +23,8 @@ from spectra.report.models import model_name, paired
 
 #: the fewest compressed heads a correlation is quoted over (Gemma 3 270M compresses 3 global heads under `keep`)
 FEWEST_HEADS = 10
+#: the uniform presses AdaKV(SnapKV) is compared with, example by example
+UNIFORM = ("snapkv", "kvpress:snapkv")
 #: the most left-out cells the prose names one by one
 MANY_LEFT_OUT = 4
 #: a correlation the prose calls strong
@@ -57,6 +59,19 @@ def left_out(cells: pd.DataFrame) -> str:
             f"{low if low == high else f'{low}–{high}'} heads compressed in each")
 
 
+def uniform_twin(rows: pd.DataFrame, press: str, uniform: tuple[str, ...]) -> str:
+    """The press of `uniform` whose answers and needle kept equal `press`'s on every example at every ratio both ran
+    (named in backticks), or "": with one key/value head per layer (Gemma 3) AdaKV has no heads to share a layer's
+    budget among, and answers as the uniform press it wraps."""
+    mine = rows[rows["press"] == press].set_index(["example", "ratio"]).sort_index()
+    for other in uniform:
+        theirs = rows[rows["press"] == other].set_index(["example", "ratio"]).sort_index()
+        if len(mine) and mine.index.equals(theirs.index) and all(
+                mine[column].equals(theirs[column]) for column in ("prediction", "needle_kept")):
+            return f"`{other}`"
+    return ""
+
+
 def leaderboard_bridge(runs: Runs) -> Rendered:
     """A head's spectrum against the needle a press kept there: per press and ratio, Spearman's ρ of each measure
     with the heads' survival [95% interval over the questions] where the press compressed at least `FEWEST_HEADS`
@@ -69,7 +84,8 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
     found = [run for run in found if model_name([run]) == model_name([analyses[0]])] or found
     try:
         bridge = join(analyses[0], found)
-        rows = leaderboard.chosen(leaderboard.pooled(found), leaderboard.HOLDS, "answered")
+        every = leaderboard.pooled(found)
+        rows = leaderboard.chosen(every, leaderboard.HOLDS, "answered")
         budgets = [press for press in dict.fromkeys(rows["press"]) if press.startswith("headbudget(")]
         if len(budgets) != 1:
             raise RenderError(f"the runs must hold one headbudget(…) press, got {len(budgets)}")
@@ -124,6 +140,7 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
                                     budget_rows),
               "budget_above": ", ".join(f"{ratio:g}" for ratio in adakv.index[adakv["delta_low"] > 0]) or "none",
               "budget_below": ", ".join(f"{ratio:g}" for ratio in adakv.index[adakv["delta_high"] < 0]) or "none"}
+    values["adakv_same_as"] = uniform_twin(every, "adakv(snapkv)", UNIFORM) or "none"
     scored = quoted[~quoted["press"].str.startswith("headbudget(")].set_index(["press", "ratio", "measure"])
     by_cell = scored.groupby(level=["press", "ratio"])
     claims = {"some-correlation-excludes-zero": bool(len(excludes)),
@@ -140,7 +157,8 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
               "budget-beats-adakv-somewhere": bool((adakv["delta_low"] > 0).any()),
               "budget-beats-adakv-at-the-lowest-ratio": bool(adakv.sort_index()["delta_low"].iloc[0] > 0),
               "too-few-heads-compressed": quoted.empty,
-              "equal-bytes": bool(budget["same_bytes"].all())}
+              "equal-bytes": bool(budget["same_bytes"].all()),
+              "adakv-answers-as-uniform": values["adakv_same_as"] != "none"}
     return Rendered(values, claims)
 
 

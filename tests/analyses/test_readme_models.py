@@ -91,7 +91,7 @@ def test_the_bridge_paragraph_recounts_the_correlations_and_the_budget(bridged, 
                                     "adakv-follows-entropy", "budget-below-adakv-at-every-ratio",
                                     "budget-never-beats-adakv", "budget-loses-to-adakv-somewhere", "equal-bytes",
                                     "budget-beats-adakv-somewhere", "budget-beats-adakv-at-the-lowest-ratio",
-                                    "too-few-heads-compressed"}
+                                    "too-few-heads-compressed", "adakv-answers-as-uniform"}
     assert rendered.claims["too-few-heads-compressed"] is False and values["compressed"] == "4"
 
 
@@ -148,4 +148,16 @@ def test_cells_left_out_are_named_when_few_and_counted_when_many() -> None:
                          "heads": [3, 3, 1, 3, 2]})
     assert readme_models.left_out(many) == "5 cells of 3 presses, 1–3 heads compressed in each"
     assert readme_models.left_out(many.assign(heads=3)) == "5 cells of 3 presses, 3 heads compressed in each"
+
+
+def test_adakv_is_said_to_answer_as_the_uniform_press_only_where_every_example_agrees() -> None:
+    rows = pd.DataFrame({"press": ["adakv(snapkv)"] * 2 + ["kvpress:snapkv"] * 2 + ["snapkv"] * 2,
+                         "ratio": [0.5, 0.5] * 3, "example": [0, 1] * 3,
+                         "prediction": ["a", "b", "a", "b", "a", "c"], "needle_kept": [1.0, 0.5] * 3})
+    assert readme_models.uniform_twin(rows, "adakv(snapkv)", readme_models.UNIFORM) == "`kvpress:snapkv`"
+    kept = rows.copy()
+    kept.loc[3, "needle_kept"] = 0.25  # the same answers, another share of the needle kept
+    assert readme_models.uniform_twin(kept, "adakv(snapkv)", readme_models.UNIFORM) == ""
+    assert readme_models.uniform_twin(rows[rows["press"] != "adakv(snapkv)"], "adakv(snapkv)",
+                                      readme_models.UNIFORM) == ""
 
