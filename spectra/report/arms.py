@@ -108,9 +108,10 @@ def compared(rows: pd.DataFrame, seed: int, arms: Sequence[str], level: float = 
 
 def ranked(rows: pd.DataFrame, seed: int, arms: Sequence[str],
            level: float = LEVEL) -> tuple[pd.DataFrame, dict[str, float]]:
-    """(per press its mean over the ratios and its rank in each arm (`<arm>_score`, `<arm>_rank`), the presses in the
-    second arm's order; Kendall's τ between the two arms' orders with its 95% interval over the same bootstrap
-    replicates)."""
+    """(per press its mean over the ratios, its rank and its tier in each arm (`<arm>_score`, `<arm>_rank`,
+    `<arm>_tier`: `ranks.tiers` of Holm-corrected paired tests among the presses, as the leaderboard's, so tier 1 is
+    the presses no test separates from the first), the presses in the second arm's order; Kendall's τ between the
+    two arms' orders with its 95% interval over the same bootstrap replicates)."""
     from scipy.stats import kendalltau, rankdata
 
     first, second = arms
@@ -126,6 +127,11 @@ def ranked(rows: pd.DataFrame, seed: int, arms: Sequence[str],
     order = pd.DataFrame({"press": presses, **{f"{arm}_score": score[arm] for arm in arms},
                           **{f"{arm}_rank": rankdata(-np.round(score[arm], ranks.DECIMALS), method="min").astype(int)
                              for arm in arms}})
+    for arm in arms:
+        by_score = np.argsort(order[f"{arm}_rank"].to_numpy(), kind="stable")
+        tier = ranks.tiers(ranks.separated(table, boot, [columns[arm][index] for index in by_score], level))
+        order.loc[order.index[by_score], f"{arm}_tier"] = tier
+        order[f"{arm}_tier"] = order[f"{arm}_tier"].astype(int)
     tau = kendalltau(score[first], score[second]).statistic
     taus = np.array([kendalltau(row[columns[first]], row[columns[second]]).statistic for row in boot])
     taus = taus[np.isfinite(taus)]

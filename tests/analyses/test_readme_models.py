@@ -15,6 +15,8 @@ from scipy.stats import spearmanr
 
 import spectra
 from spectra.report import published
+from spectra.report.arms import ranked
+from spectra.report.models import paired
 
 import task_files
 
@@ -127,12 +129,17 @@ def test_the_models_paragraph_recounts_both_models(chat_decoder, tmp_path) -> No
     full = score[names[0]].loc[("full", 0.0)].mean()
     assert values["full_first"].startswith(f"{full:.2f} [") and values["presses"] == "2"
     assert set(rendered.claims) == {"ranking-related", "ranking-changes", "some-verdicts-flip", "most-verdicts-hold",
-                                    "same-leader", "same-tail", "flips-only-at-lowest-ratio",
+                                    "same-leader", "same-tail", "flips-only-at-lowest-ratio", "random-in-shared-tail",
+                                    "second-leaders-lead-first",
                                     "whole-model-passes-hold-only-on-second", "last-queries-lose-more-on-second",
                                     "keydiff-loses-more-on-second"}
-    # two presses: both are among each ranking's last six, too few to call a shared tail; no group ran
-    assert values["tail"] == "`knorm`, `snapkv`" or values["tail"] == "`snapkv`, `knorm`"
-    assert rendered.claims["same-tail"] is False
+    # the first tiers and the shared last tier, read from each model's tiers (arms.ranked, tested in tests/report)
+    order = ranked(paired(runs[:1], runs[1:]).rows, 0, tuple(names))[0]
+    for arm, key in zip(names, ("top_first", "top_second")):
+        assert set(values[key].split(", ")) == {f"`{press}`" for press in order.loc[order[f"{arm}_tier"] == 1, "press"]}
+    last = [set(order.loc[order[f"{arm}_tier"] == order[f"{arm}_tier"].max(), "press"]) for arm in names]
+    assert set(values["tail"].split(", ")) == {f"`{press}`" for press in last[0] & last[1]}
+    assert rendered.claims["random-in-shared-tail"] is False  # kvpress:random did not run
     assert not any(rendered.claims[name] for name in ("whole-model-passes-hold-only-on-second",
                                                       "last-queries-lose-more-on-second", "keydiff-loses-more-on-second"))
     with pytest.raises(RenderError, match="two models, got 1"):

@@ -57,6 +57,22 @@ def test_kendall_tau_between_the_two_rankings() -> None:
     assert ranked(alike, 0, ARMS)[1] == pytest.approx({"tau": 1.0, "low": 1.0, "high": 1.0, "presses": 3})
 
 
+def test_each_arm_has_tiers_that_only_a_paired_test_separates() -> None:
+    """Two presses answering every example against two answering none: on the arm where they differ, two tiers;
+    where all four answer alike, one."""
+    kept, lost = [[1] * 10, [1] * 10], [[0] * 10, [0] * 10]
+    rows = paired([run("n", "noise", {"snapkv": kept, "keydiff": kept, "tova": lost, "random": lost})],
+                  [run("p", "prose.txt", {"snapkv": kept, "keydiff": kept, "tova": kept, "random": kept})])
+    order = ranked(rows, 0, ARMS)[0].set_index("press")
+    assert order["noise_tier"].to_dict() == {"snapkv": 1, "keydiff": 1, "tova": 2, "random": 2}
+    assert set(order["prose_tier"]) == {1}
+    # a press a single example apart from the first is not separated from it
+    close = [[1] * 10, [1] * 9 + [0]]
+    rows = paired([run("n", "noise", {"snapkv": kept, "keydiff": close})],
+                  [run("p", "prose.txt", {"snapkv": kept, "keydiff": close})])
+    assert set(ranked(rows, 0, ARMS)[0]["noise_tier"]) == {1}
+
+
 def test_each_arm_judges_a_press_against_its_own_full_cache_and_a_flip_is_a_verdict_that_differs() -> None:
     lost, kept = [[0] * 10, [0] * 10], [[1] * 10, [1] * 10]
     rows = paired([run("n", "noise", {"snapkv": lost, "keydiff": kept, "tova": lost})],

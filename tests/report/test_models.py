@@ -56,7 +56,8 @@ def test_a_verdict_flips_where_one_model_loses_what_the_other_keeps() -> None:
     assert tuple(table.loc[("snapkv", 0.5), ["smol_verdict", "gemma_verdict", "flips"]]) == (HOLDS, LOSES, True)
     assert not table.loc[("knorm", 0.5), "flips"]
     order, tau = ranked(pair.rows, 0, pair.arms)
-    assert list(order.columns) == ["press", "smol_score", "gemma_score", "smol_rank", "gemma_rank"]
+    assert list(order.columns) == ["press", "smol_score", "gemma_score", "smol_rank", "gemma_rank", "smol_tier",
+                                   "gemma_tier"]
 
 
 def test_the_examples_both_hold_are_compared() -> None:
