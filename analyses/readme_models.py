@@ -15,7 +15,7 @@ from readme_boards import signed, task_runs
 from readme_values import RenderError, Runs, table, two
 from slots import Rendered
 from spectra.errors import SpectraError
-from spectra.report import evaluate, leaderboard
+from spectra.report import evaluate, leaderboard, ranks
 from spectra.report.arms import HOLDS, compared, ranked
 from spectra.report.bridge import MEASURES, REFERENCES, budget_comparison, correlations, join
 from spectra.report.markdown import interval, with_interval
@@ -31,10 +31,6 @@ MANY_LEFT_OUT = 4
 STRONG = 0.5
 #: the presses that prefill whole-model passes over the context (a reconstruction, a repeat, a replay)
 WHOLE_MODEL = ("kvpress:kvzip", "kvgrad", "kvcompose")
-#: the presses that score keys by the attention of the context's last queries, as kvpress's configurations run them
-LAST_QUERIES = ("kvpress:expected_attention", "kvpress:tova")
-#: KeyDiff and its two wrappers
-KEYDIFF = ("kvpress:keydiff", "block(keydiff)", "chunk(keydiff)")
 #: the press that drops tokens at random, the floor the tail is read against
 RANDOM = "kvpress:random"
 #: how the tables head each measure
@@ -162,6 +158,22 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
     return Rendered(values, claims)
 
 
+def alike(rows: pd.DataFrame) -> list[list[str]]:
+    """The groups of presses (two or more, the full cache left out) whose answers are the same on every example at
+    every ratio of `rows` (one model's): a wrapper with nothing to do on a model (AdaKV over one key/value head a
+    layer) or a configuration equal to another press."""
+    groups: dict[tuple, list[str]] = {}
+    for press, mine in rows[rows["press"] != "full"].groupby("press", sort=False):
+        mine = mine.sort_values(["ratio", *ranks.units(mine)])
+        groups.setdefault((tuple(mine["ratio"]), tuple(mine["example"]), tuple(mine["prediction"])), []).append(press)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def named_groups(groups: list[list[str]]) -> str:
+    """'`a` = `b`, `c` = `d`', or 'none'."""
+    return ", ".join(" = ".join(f"`{press}`" for press in group) for group in groups) or "none"
+
+
 def leaderboard_models(runs: Runs) -> Rendered:
     """The same presses on the same needles with two models: each model's full cache per task, per press and ratio
     both scores with the paired difference and each model's verdict against its own full cache, the verdicts that
@@ -194,12 +206,12 @@ def leaderboard_models(runs: Runs) -> Rendered:
             row.append(f"{two(cell[one])} / {two(cell[two_])} "
                        f"({signed(cell, 'delta')}){mark}")
         cell_rows.append(row)
-    ranks = table(["press", *(f"{column}, {arm}" for arm in pair.arms for column in ("mean", "rank", "tier"))],
-                  [[f"`{row['press']}`", *(str(value) if column != "score" else two(value) for arm in pair.arms
-                                            for column, value in (("score", row[f"{arm}_score"]),
-                                                                  ("rank", row[f"{arm}_rank"]),
-                                                                  ("tier", row[f"{arm}_tier"])))]
-                   for _, row in order.iterrows()])
+    ranking = table(["press", *(f"{column}, {arm}" for arm in pair.arms for column in ("mean", "rank", "tier"))],
+                    [[f"`{row['press']}`", *(str(value) if column != "score" else two(value) for arm in pair.arms
+                                              for column, value in (("score", row[f"{arm}_score"]),
+                                                                    ("rank", row[f"{arm}_rank"]),
+                                                                    ("tier", row[f"{arm}_tier"])))]
+                     for _, row in order.iterrows()])
     flips = pressed[pressed["flips"]]
     full = cells[cells["press"] == "full"].iloc[0]
     # the leaders: the first tier, the presses no paired test separates from the first
@@ -210,7 +222,7 @@ def leaderboard_models(runs: Runs) -> Rendered:
               "examples": str(int(full["examples"])),
               "full_first": with_interval(full[one], full[f"{one}_low"], full[f"{one}_high"]),
               "full_second": with_interval(full[two_], full[f"{two_}_low"], full[f"{two_}_high"]),
-              "table": table(["press", *(f"r = {ratio:g}" for ratio in ratios)], cell_rows), "ranks": ranks,
+              "table": table(["press", *(f"r = {ratio:g}" for ratio in ratios)], cell_rows), "ranks": ranking,
               "presses": str(tau["presses"]), "tau": two(tau["tau"]), "tau_interval": interval(tau["low"], tau["high"]),
               "cells": str(len(pressed)), "flips": str(len(flips)),
               "flipped": ", ".join(f"`{row.press}` at r = {row.ratio:g}" for row in flips.itertuples()) or "none",
@@ -219,14 +231,19 @@ def leaderboard_models(runs: Runs) -> Rendered:
     # the tail: the presses in the last tier on both models
     last = {arm: set(order.loc[order[f"{arm}_tier"] == order[f"{arm}_tier"].max(), "press"]) for arm in pair.arms}
     tail = [press for press in order["press"] if all(press in last[arm] for arm in pair.arms)]
-    values["tail"] = ", ".join(f"`{press}`" for press in tail) or "none"
+    lower = [press for press, mine in pressed.groupby("press", sort=False) if (mine["delta_high"] < 0).all()]
+    agree = pressed[~pressed["flips"]]
     lowest = pressed[pressed["ratio"] == ratios[0]].set_index("press")
-
-    def lower_on_second(group: tuple[str, ...]) -> bool:
-        """Every press of `group` ran, and scores lower on the second model at every ratio (the interval below 0)."""
-        mine = pressed[pressed["press"].isin(group)]
-        return mine["press"].nunique() == len(group) and bool((mine["delta_high"] < 0).all())
-
+    stored = pair.rows[pair.rows["press"] != "full"].groupby(["arm", "ratio"])["bytes_share"].mean()
+    values.update({
+        "tail": ", ".join(f"`{press}`" for press in tail) or "none",
+        "lower": ", ".join(f"`{press}`" for press in lower) or "none",
+        "agree": f"{len(agree)} of {len(pressed)}", "lowest": f"{ratios[0]:g}",
+        "bytes_second": ", ".join(f"{stored.loc[(two_, ratio)]:.3f} at r = {ratio:g}" for ratio in ratios),
+        "bytes_first": ", ".join(f"{stored.loc[(one, ratio)]:.3f} at r = {ratio:g}" for ratio in ratios),
+        "alike_first": named_groups(alike(pair.rows[pair.rows["arm"] == one])),
+        "alike_second": named_groups(alike(pair.rows[pair.rows["arm"] == two_]))})
+    verdicts = {arm: pressed.groupby("press")[f"{arm}_verdict"].apply(lambda found: set(found)) for arm in pair.arms}
     claims = {"ranking-related": bool(tau["low"] > 0), "ranking-changes": bool(tau["low"] < 1 and tau["tau"] < 1),
               "same-tail": bool(tail), "random-in-shared-tail": RANDOM in tail,
               "second-leaders-lead-first": set(top[two_]) <= set(top[one]),
@@ -234,9 +251,16 @@ def leaderboard_models(runs: Runs) -> Rendered:
               "whole-model-passes-hold-only-on-second": all(
                   press in lowest.index and lowest.loc[press, "flips"]
                   and lowest.loc[press, f"{two_}_verdict"] == HOLDS for press in WHOLE_MODEL),
-              "last-queries-lose-more-on-second": lower_on_second(LAST_QUERIES),
-              "keydiff-loses-more-on-second": lower_on_second(KEYDIFF),
-              "some-verdicts-flip": bool(len(flips)), "most-verdicts-hold": bool(len(flips) < len(pressed) / 2),
-              "same-leader": bool(set(top[one]) & set(top[two_]))}
+              "whole-model-passes-lose-on-second-above-lowest": all(
+                  (pressed[(pressed["press"] == press) & (pressed["ratio"] > ratios[0])][f"{two_}_verdict"]
+                   != HOLDS).all() for press in WHOLE_MODEL),
+              "some-lower-on-second": bool(lower),
+              "agreeing-verdicts-all-lose": bool(len(agree)) and bool((agree[f"{one}_verdict"] != HOLDS).all()),
+              "none-holds-on-both": not any(HOLDS in verdicts[one][press] and HOLDS in verdicts[two_][press]
+                                            for press in verdicts[one].index),
+              "some-verdicts-flip": bool(len(flips)), "most-verdicts-agree": bool(len(flips) < len(pressed) / 2),
+              "same-leader": bool(set(top[one]) & set(top[two_])),
+              "second-removes-fewer-bytes": all(stored.loc[(two_, ratio)] > stored.loc[(one, ratio)]
+                                                for ratio in ratios)}
     return Rendered(values, claims)
 

@@ -15,7 +15,7 @@ from scipy.stats import spearmanr
 
 import spectra
 from spectra.report import published
-from spectra.report.arms import ranked
+from spectra.report.arms import compared, ranked
 from spectra.report.models import paired
 
 import task_files
@@ -128,11 +128,23 @@ def test_the_models_paragraph_recounts_both_models(chat_decoder, tmp_path) -> No
             assert cell.startswith(f"{mine:.2f} / {theirs:.2f} ({theirs - mine:+.2f}")
     full = score[names[0]].loc[("full", 0.0)].mean()
     assert values["full_first"].startswith(f"{full:.2f} [") and values["presses"] == "2"
-    assert set(rendered.claims) == {"ranking-related", "ranking-changes", "some-verdicts-flip", "most-verdicts-hold",
-                                    "same-leader", "same-tail", "flips-only-at-lowest-ratio", "random-in-shared-tail",
-                                    "second-leaders-lead-first",
-                                    "whole-model-passes-hold-only-on-second", "last-queries-lose-more-on-second",
-                                    "keydiff-loses-more-on-second"}
+    assert set(rendered.claims) == {
+        "ranking-related", "ranking-changes", "some-verdicts-flip", "most-verdicts-agree", "same-leader", "same-tail",
+        "flips-only-at-lowest-ratio", "random-in-shared-tail", "second-leaders-lead-first",
+        "whole-model-passes-hold-only-on-second", "whole-model-passes-lose-on-second-above-lowest",
+        "some-lower-on-second", "agreeing-verdicts-all-lose", "none-holds-on-both", "second-removes-fewer-bytes"}
+    assert rendered.claims["whole-model-passes-hold-only-on-second"] is False  # none of them ran
+    # the bytes each model's presses store, per ratio, from the per-example files
+    for name, key in zip(names, ("bytes_first", "bytes_second")):
+        shares = pd.read_csv(runs[names.index(name)].path / "task_examples.csv")
+        shares = shares[shares["press"] != "full"].groupby("ratio")["bytes_share"].mean()
+        assert values[key] == f"{shares.loc[0.5]:.3f} at r = 0.5, {shares.loc[0.75]:.3f} at r = 0.75"
+    # the cells whose verdicts agree, and the presses lower on the second model at every ratio
+    cells = compared(paired(runs[:1], runs[1:]).rows, 0, tuple(names))
+    pressed = cells[cells["press"] != "full"]
+    assert values["agree"] == f"{int((~pressed['flips']).sum())} of {len(pressed)}"
+    lower = [press for press, mine in pressed.groupby("press", sort=False) if (mine["delta_high"] < 0).all()]
+    assert values["lower"] == (", ".join(f"`{press}`" for press in lower) or "none")
     # the first tiers and the shared last tier, read from each model's tiers (arms.ranked, tested in tests/report)
     order = ranked(paired(runs[:1], runs[1:]).rows, 0, tuple(names))[0]
     for arm, key in zip(names, ("top_first", "top_second")):
@@ -140,8 +152,7 @@ def test_the_models_paragraph_recounts_both_models(chat_decoder, tmp_path) -> No
     last = [set(order.loc[order[f"{arm}_tier"] == order[f"{arm}_tier"].max(), "press"]) for arm in names]
     assert set(values["tail"].split(", ")) == {f"`{press}`" for press in last[0] & last[1]}
     assert rendered.claims["random-in-shared-tail"] is False  # kvpress:random did not run
-    assert not any(rendered.claims[name] for name in ("whole-model-passes-hold-only-on-second",
-                                                      "last-queries-lose-more-on-second", "keydiff-loses-more-on-second"))
+
     with pytest.raises(RenderError, match="two models, got 1"):
         readme_models.leaderboard_models({"evaluate": runs[:1]})
 
@@ -167,4 +178,13 @@ def test_adakv_is_said_to_answer_as_the_uniform_press_only_where_every_example_a
     assert readme_models.uniform_twin(kept, "adakv(snapkv)", readme_models.UNIFORM) == ""
     assert readme_models.uniform_twin(rows[rows["press"] != "adakv(snapkv)"], "adakv(snapkv)",
                                       readme_models.UNIFORM) == ""
+
+
+def test_presses_that_answer_alike_on_every_example_are_grouped() -> None:
+    rows = pd.DataFrame({"press": ["full"] * 2 + ["a"] * 2 + ["b"] * 2 + ["c"] * 2 + ["d"] * 2,
+                         "ratio": [0.0, 0.0] + [0.5, 0.5] * 4, "example": [0, 1] * 5,
+                         "prediction": ["x", "y", "x", "y", "x", "y", "x", "z", "q", "z"]})
+    assert readme_models.alike(rows) == [["a", "b"]]
+    assert readme_models.named_groups(readme_models.alike(rows)) == "`a` = `b`"
+    assert readme_models.named_groups([]) == "none"
 
