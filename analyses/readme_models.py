@@ -59,12 +59,9 @@ def uniform_twin(rows: pd.DataFrame, press: str, uniform: tuple[str, ...]) -> st
     """The press of `uniform` whose answers and needle kept equal `press`'s on every example at every ratio both ran
     (named in backticks), or "": with one key/value head per layer (Gemma 3) AdaKV has no heads to share a layer's
     budget among, and answers as the uniform press it wraps."""
-    mine = rows[rows["press"] == press].set_index(["example", "ratio"]).sort_index()
-    for other in uniform:
-        theirs = rows[rows["press"] == other].set_index(["example", "ratio"]).sort_index()
-        if len(mine) and mine.index.equals(theirs.index) and all(
-                mine[column].equals(theirs[column]) for column in ("prediction", "needle_kept")):
-            return f"`{other}`"
+    for group in alike(rows[rows["press"].isin([press, *uniform])], ("prediction", "needle_kept")):
+        if press in group:
+            return next(f"`{other}`" for other in uniform if other in group)
     return ""
 
 
@@ -158,14 +155,15 @@ def leaderboard_bridge(runs: Runs) -> Rendered:
     return Rendered(values, claims)
 
 
-def alike(rows: pd.DataFrame) -> list[list[str]]:
-    """The groups of presses (two or more, the full cache left out) whose answers are the same on every example at
-    every ratio of `rows` (one model's): a wrapper with nothing to do on a model (AdaKV over one key/value head a
-    layer) or a configuration equal to another press."""
+def alike(rows: pd.DataFrame, columns: tuple[str, ...] = ("prediction",)) -> list[list[str]]:
+    """The groups of presses (two or more, the full cache left out) whose `columns` (their answers) are the same on
+    every example at every ratio of `rows` (one model's): a wrapper with nothing to do on a model (AdaKV over one
+    key/value head a layer) or a configuration equal to another press."""
     groups: dict[tuple, list[str]] = {}
     for press, mine in rows[rows["press"] != "full"].groupby("press", sort=False):
         mine = mine.sort_values(["ratio", *ranks.units(mine)])
-        groups.setdefault((tuple(mine["ratio"]), tuple(mine["example"]), tuple(mine["prediction"])), []).append(press)
+        key = (tuple(mine["ratio"]), tuple(mine["example"]), *(tuple(mine[column]) for column in columns))
+        groups.setdefault(key, []).append(press)
     return [group for group in groups.values() if len(group) > 1]
 
 
@@ -243,7 +241,7 @@ def leaderboard_models(runs: Runs) -> Rendered:
         "bytes_first": ", ".join(f"{stored.loc[(one, ratio)]:.3f} at r = {ratio:g}" for ratio in ratios),
         "alike_first": named_groups(alike(pair.rows[pair.rows["arm"] == one])),
         "alike_second": named_groups(alike(pair.rows[pair.rows["arm"] == two_]))})
-    verdicts = {arm: pressed.groupby("press")[f"{arm}_verdict"].apply(lambda found: set(found)) for arm in pair.arms}
+    verdicts = {arm: pressed.groupby("press")[f"{arm}_verdict"].apply(set) for arm in pair.arms}
     claims = {"ranking-related": bool(tau["low"] > 0), "ranking-changes": bool(tau["low"] < 1 and tau["tau"] < 1),
               "same-tail": bool(tail), "random-in-shared-tail": RANDOM in tail,
               "second-leaders-lead-first": set(top[two_]) <= set(top[one]),

@@ -20,8 +20,7 @@ from typing import Any, Callable
 from spectra.inputs import split_top
 from spectra.errors import SpectraError
 from spectra.kinds import REGISTRY
-from spectra.kv.configurations import expanded
-from spectra.registry import ALL, PRESSES, press_names
+from spectra.registry import press_names, press_presets
 
 #: commands whose MODEL and --data are looked up, every registered analysis; the others (plot, plan-k, compare,
 #: figure1) read run directories
@@ -116,7 +115,7 @@ def stale(arguments: list[str], out: Path) -> list[str]:
                 value = list(press_names(split_top(value)))
             except SpectraError:  # a press whose argument is not here (a run directory of the block): presets only
                 with contextlib.suppress(SpectraError):
-                    value = expanded(split_top(value), {ALL: PRESSES.bare()}, PRESSES)
+                    value = press_presets(split_top(value))
         now, then = comparable(value), comparable(recorded[key])
         if now is not None and then is not None and now != then:
             differ.append(f"{key}={recorded[key]!r}")

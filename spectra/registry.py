@@ -379,11 +379,18 @@ def method_listing() -> str:
 ALL = "all"  # what `--presses` takes for every press named alone
 
 
+def press_presets(names: Iterable[str]) -> list[str]:
+    """`names` with `ALL` and each preset of `kv.configurations` replaced by its list, nothing else checked: what a
+    run records of --presses before any press is built (a press reading a run directory not made yet included)."""
+    from .kv import configurations
+
+    return configurations.expanded(names, {ALL: PRESSES.bare()}, PRESSES)
+
+
 def press_names(names: Iterable[str]) -> tuple[str, ...]:
     """Press names from user input, in the order given, once each; `ALL`: every press named alone; a preset of
     `kv.configurations`: its list (kvpress's leaderboard); `kvpress:<name>`: a name of kvpress's registry."""
     from .kv import configurations
 
-    expanded = configurations.expanded(names, {ALL: PRESSES.bare()}, PRESSES)
-    return chosen(expanded, PRESSES, example=",".join(PRESSES.bare()[:3]), flag="--presses",
+    return chosen(press_presets(names), PRESSES, example=",".join(PRESSES.bare()[:3]), flag="--presses",
                   listed=(PRESSES.listing(), f"{ALL} (every press named alone)", *configurations.LISTED))

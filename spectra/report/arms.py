@@ -127,11 +127,11 @@ def ranked(rows: pd.DataFrame, seed: int, arms: Sequence[str],
     order = pd.DataFrame({"press": presses, **{f"{arm}_score": score[arm] for arm in arms},
                           **{f"{arm}_rank": rankdata(-np.round(score[arm], ranks.DECIMALS), method="min").astype(int)
                              for arm in arms}})
-    for arm in arms:
-        by_score = np.argsort(order[f"{arm}_rank"].to_numpy(), kind="stable")
-        tier = ranks.tiers(ranks.separated(table, boot, [columns[arm][index] for index in by_score], level))
-        order.loc[order.index[by_score], f"{arm}_tier"] = tier
-        order[f"{arm}_tier"] = order[f"{arm}_tier"].astype(int)
+    for arm in arms:  # `ranks.tiers` reads the presses in rank order; each tier goes back to its press's row
+        by_rank = np.argsort(order[f"{arm}_rank"].to_numpy(), kind="stable")
+        tier = np.empty(len(presses), dtype=int)
+        tier[by_rank] = ranks.tiers(ranks.separated(table, boot, [columns[arm][index] for index in by_rank], level))
+        order[f"{arm}_tier"] = tier
     tau = kendalltau(score[first], score[second]).statistic
     taus = np.array([kendalltau(row[columns[first]], row[columns[second]]).statistic for row in boot])
     taus = taus[np.isfinite(taus)]
